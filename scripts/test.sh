@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One command for a fresh machine: install what the tests need, then lint, type-check and test.
+# Extra arguments go to pytest.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+"$root/scripts/bootstrap.sh"
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# etcd: the cluster tests start their own server from this binary.
+if ! command -v etcd >/dev/null 2>&1; then
+  echo "installing Debian's etcd-server ..." >&2
+  as_root apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q etcd-server >/dev/null
+  # The package starts a system etcd on the default ports; the tests use their own.
+  as_root systemctl disable --now etcd >/dev/null 2>&1 || true
+fi
+
+# PostgreSQL: start the installed cluster when it is stopped.
+if command -v pg_lsclusters >/dev/null 2>&1; then
+  while read -r ver name _port status _rest; do
+    if [ "$status" != "online" ]; then
+      echo "starting PostgreSQL $ver/$name ..." >&2
+      as_root pg_ctlcluster --skip-systemctl-redirect "$ver" "$name" start || true
+    fi
+  done < <(pg_lsclusters --no-header 2>/dev/null)
+fi
+
+py="$root/.venv/bin"
+"$py/ruff" check src tests benchmarks scripts
+"$py/ruff" format --check src tests benchmarks scripts
+"$py/mypy"
+exec "$py/pytest" "$@"

@@ -1,0 +1,43 @@
+"""The record of truth."""
+
+from wheel.store.base import (
+    SHARD_COUNT,
+    TERMINAL_RUN_STATES,
+    ClaimOutcome,
+    Completion,
+    CompletionOutcome,
+    ExecutionRecord,
+    FireClaim,
+    JobRecord,
+    JobState,
+    MissedFire,
+    MissedReason,
+    NewJob,
+    RunStart,
+    RunState,
+    ShardLoad,
+    Store,
+    idempotency_key,
+    shard_of,
+)
+
+__all__ = [
+    "SHARD_COUNT",
+    "TERMINAL_RUN_STATES",
+    "ClaimOutcome",
+    "Completion",
+    "CompletionOutcome",
+    "ExecutionRecord",
+    "FireClaim",
+    "JobRecord",
+    "JobState",
+    "MissedFire",
+    "MissedReason",
+    "NewJob",
+    "RunStart",
+    "RunState",
+    "ShardLoad",
+    "Store",
+    "idempotency_key",
+    "shard_of",
+]

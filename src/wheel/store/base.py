@@ -1,0 +1,267 @@
+"""The record of truth: one ``Store`` protocol, two backends (SQLite, PostgreSQL).
+
+The store holds job definitions, schedule state (``next_run_at``) and every
+execution. The shard owner keeps its fast state in memory and in the LMDB
+checkpoint, but whenever they disagree the store wins.
+
+Rules every backend keeps (the contract suite in ``tests/store`` checks them):
+
+1. ``claim_fires`` is ONE transaction for a whole batch. Per claim it inserts an
+   execution ``ON CONFLICT (job_id, scheduled_for, attempt) DO NOTHING`` and,
+   only when that insert won and the claim asks to advance the schedule, moves
+   ``next_run_at`` from ``expected_next_run_at`` to ``new_next_run_at`` with a
+   compare-and-swap: a stale owner never moves a schedule backwards (seed R4).
+2. ``complete_runs`` applies a terminal state only when the run is not terminal
+   yet, its fence equals the one given, and no execution of the same fire
+   ``(job_id, scheduled_for)`` carries a newer fence. Otherwise the completion
+   is reported as superseded and nothing changes.
+3. Lease renewals never reach the store (seed R2).
+4. Backend errors are wrapped in ``wheel.errors.StoreError`` subclasses.
+
+All times are integer milliseconds since the Unix epoch; ids are 64-bit ints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from wheel.engine.spec import JobSpec
+
+SHARD_COUNT = 256
+
+
+class JobState(StrEnum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+    CANCELLED = "cancelled"
+    # A one-shot whose fire has been claimed: nothing more to schedule.
+    COMPLETED = "completed"
+
+
+class RunState(StrEnum):
+    DISPATCHED = "dispatched"  # claimed and handed out; grace lease
+    RUNNING = "running"  # acked by a worker; full lease
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # this attempt failed; a retry may follow as attempt + 1
+    TIMED_OUT = "timed_out"  # ran past timeout_ms
+    LOST = "lost"  # lease expired; a new attempt re-dispatches the fire
+    DEAD_LETTERED = "dead_lettered"  # failed on its last attempt
+    UNKNOWN = "unknown"  # at_most_once run whose lease was lost: outcome unknown
+    CANCELLED = "cancelled"  # the job was cancelled while this run was in flight
+
+
+TERMINAL_RUN_STATES = frozenset(RunState) - {RunState.DISPATCHED, RunState.RUNNING}
+
+
+class MissedReason(StrEnum):
+    OUTSIDE_WINDOW = "outside_window"
+    OVER_CAP = "over_cap"
+    SKIPPED = "skipped"  # catch-up mode skip
+    COLLAPSED = "collapsed"  # run_latest_only kept a later fire instead
+    PAUSED = "paused"
+    OVERLAP = "overlap"
+    DST_GAP = "dst_gap"
+
+
+def shard_of(job_id: int) -> int:
+    """The shard a job lives on (fixed per cluster)."""
+    # Fibonacci hashing spreads sequential ids evenly over the shards.
+    return ((job_id * 0x9E3779B97F4A7C15) >> 56) & 0xFF
+
+
+def idempotency_key(job_id: int, scheduled_for: int) -> str:
+    """Stable across attempts: derived from the fire, never from the attempt."""
+    return f"{job_id}:{scheduled_for}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewJob:
+    spec: JobSpec
+    created_at_ms: int
+    # The first fire (None: nothing to schedule, e.g. a one-shot in the past
+    # that the caller already decided to reject).
+    next_run_at: int | None
+    # Per-tenant submission key; None = not idempotent.
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRecord:
+    job_id: int
+    shard: int
+    spec: JobSpec
+    state: JobState
+    next_run_at: int | None
+    created_at_ms: int
+    updated_at_ms: int
+    idempotency_key: str | None = None
+
+    @property
+    def tenant(self) -> str:
+        return self.spec.tenant
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FireClaim:
+    job_id: int
+    scheduled_for: int
+    attempt: int
+    fence: int
+    dispatched_at_ms: int
+    # Schedule compare-and-swap: applied only when ``advance`` is true and the
+    # insert won. ``new_next_run_at=None`` ends the schedule (one-shot done:
+    # the job becomes ``completed``).
+    advance: bool = True
+    expected_next_run_at: int | None = None
+    new_next_run_at: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimOutcome:
+    claim: FireClaim
+    run_id: int | None  # None: another claim already holds this (fire, attempt)
+    advanced: bool  # the schedule CAS applied
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStart:
+    run_id: int
+    fence: int
+    worker_id: str
+    started_at_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completion:
+    run_id: int
+    fence: int
+    state: RunState  # must be terminal
+    finished_at_ms: int
+    error: str | None = None
+    worker_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletionOutcome:
+    run_id: int
+    applied: bool  # False: superseded (stale fence, already terminal, unknown run)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MissedFire:
+    job_id: int
+    scheduled_for: int
+    reason: MissedReason
+    recorded_at_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutionRecord:
+    run_id: int
+    job_id: int
+    scheduled_for: int
+    attempt: int
+    state: RunState
+    fence: int
+    worker_id: str | None
+    dispatched_at_ms: int
+    started_at_ms: int | None
+    finished_at_ms: int | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardLoad:
+    """Everything a new owner needs for its shards."""
+
+    jobs: list[JobRecord]  # active and paused jobs
+    inflight: list[ExecutionRecord]  # dispatched or running
+    watermark: int  # pass to changes_since to see what changed after this load
+
+
+class Store(Protocol):
+    """The record of truth. Blocking calls: the node runs them off the event loop."""
+
+    def migrate(self) -> None:
+        """Apply pending schema migrations; safe to run twice and concurrently."""
+
+    def close(self) -> None: ...
+
+    # -- jobs -----------------------------------------------------------------
+
+    def submit_job(self, new: NewJob) -> tuple[JobRecord, bool]:
+        """Insert a job; returns (job, created). Same (tenant, key) and same body
+        returns the existing job with created=False; a different body raises
+        ``AlreadyExists``."""
+
+    def get_job(self, job_id: int) -> JobRecord:
+        """Raises ``NotFound``."""
+
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None = None,
+        state: JobState | None = None,
+        after_job_id: int = 0,
+        limit: int = 100,
+    ) -> list[JobRecord]:
+        """Jobs ordered by job_id, strictly after ``after_job_id`` (stable paging)."""
+
+    def set_job_state(
+        self, job_id: int, state: JobState, *, next_run_at: int | None, now_ms: int
+    ) -> JobRecord:
+        """Cancel / pause / resume: sets state and next_run_at. Raises ``NotFound``."""
+
+    # -- executions -----------------------------------------------------------
+
+    def claim_fires(self, claims: Sequence[FireClaim]) -> list[ClaimOutcome]:
+        """One transaction for the whole batch; outcomes in the order of claims."""
+
+    def mark_running(self, starts: Sequence[RunStart]) -> list[bool]:
+        """dispatched -> running where the fence matches; one transaction."""
+
+    def complete_runs(self, completions: Sequence[Completion]) -> list[CompletionOutcome]:
+        """Fenced terminal transitions; one transaction; outcomes in order."""
+
+    def record_missed(self, missed: Sequence[MissedFire]) -> None:
+        """Missed fires with reasons; a repeat of the same (job, fire) is ignored."""
+
+    def get_run(self, run_id: int) -> ExecutionRecord:
+        """Raises ``NotFound``."""
+
+    def list_runs(
+        self, job_id: int, *, before_run_id: int | None = None, limit: int = 100
+    ) -> list[ExecutionRecord]:
+        """Newest first."""
+
+    def list_missed(
+        self, job_id: int, *, before_scheduled_for: int | None = None, limit: int = 100
+    ) -> list[MissedFire]:
+        """Newest first."""
+
+    def fires_exist(self, job_id: int, scheduled_for: Sequence[int]) -> set[int]:
+        """Which of these fire times already have an execution (any attempt) or a
+        missed record: backfill skips them."""
+
+    # -- ownership ------------------------------------------------------------
+
+    def acquire_epochs(self, shards: Collection[int], owner: str) -> dict[int, int]:
+        """Bump and return each shard's ownership epoch (strictly increasing)."""
+
+    def load_shards(self, shards: Collection[int]) -> ShardLoad:
+        """Active/paused jobs and in-flight executions of these shards."""
+
+    def changes_since(
+        self, watermark: int, shards: Collection[int], limit: int = 10_000
+    ) -> tuple[list[JobRecord], int]:
+        """Jobs of these shards changed after ``watermark`` and the new watermark.
+        Never skips a change whose transaction commits late."""
+
+    # -- retention ------------------------------------------------------------
+
+    def purge_history(self, finished_before_ms: int, batch: int = 10_000) -> int:
+        """Delete terminal executions and missed records older than the cutoff, in
+        bulk; returns how many rows went."""

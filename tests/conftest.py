@@ -1,0 +1,120 @@
+"""Shared fixtures: real PostgreSQL and etcd for the tests that claim to use them.
+
+Under ``CI=true`` a missing service fails the test; elsewhere it is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PG_DSN = os.environ.get("WHEEL_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def service_missing(what: str) -> None:
+    """Fail under CI (a service test must never be silently skipped), else skip."""
+    if IN_CI:
+        pytest.fail(f"{what} is required under CI=true", pytrace=False)
+    pytest.skip(f"{what} not available")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def pg_dsn() -> Iterator[str]:
+    """A DSN whose search_path is a fresh schema, dropped afterwards."""
+    try:
+        import psycopg
+
+        admin = psycopg.connect(PG_DSN, autocommit=True, connect_timeout=3)
+    except Exception as exc:
+        service_missing(f"PostgreSQL at {PG_DSN} ({exc})")
+        raise
+    schema = f"wheel_test_{secrets.token_hex(6)}"
+    with admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+        sep = "&" if "?" in PG_DSN else "?"
+        try:
+            yield f"{PG_DSN}{sep}options=-csearch_path%3D{schema}"
+        finally:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+class EtcdServer:
+    def __init__(self, data_dir: Path) -> None:
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.data_dir = data_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def start(self) -> None:
+        binary = shutil.which("etcd")
+        if binary is None:
+            service_missing("the etcd binary (Debian package etcd-server)")
+            raise AssertionError("unreachable")
+        client = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--name=wheel-test",
+                f"--data-dir={self.data_dir}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=wheel-test={peer}",
+                "--initial-cluster-state=new",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.data_dir.parent / "etcd.log", "ab"),  # noqa: SIM115
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.client_port), timeout=0.2):
+                    return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError("etcd exited at start") from None
+                time.sleep(0.05)
+        raise RuntimeError("etcd did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def etcd_server() -> Iterator[EtcdServer]:
+    """Our own etcd process on free loopback ports in a temp dir."""
+    with tempfile.TemporaryDirectory(prefix="wheel-etcd-") as tmp:
+        server = EtcdServer(Path(tmp) / "data")
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
