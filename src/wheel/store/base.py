@@ -25,56 +25,28 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol
 
+from wheel.engine.model import (
+    SHARD_COUNT,
+    TERMINAL_RUN_STATES,
+    JobState,
+    MissedReason,
+    RunState,
+    idempotency_key,
+    shard_of,
+)
 from wheel.engine.spec import JobSpec
 
-SHARD_COUNT = 256
-
-
-class JobState(StrEnum):
-    ACTIVE = "active"
-    PAUSED = "paused"
-    CANCELLED = "cancelled"
-    # A one-shot whose fire has been claimed: nothing more to schedule.
-    COMPLETED = "completed"
-
-
-class RunState(StrEnum):
-    DISPATCHED = "dispatched"  # claimed and handed out; grace lease
-    RUNNING = "running"  # acked by a worker; full lease
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"  # this attempt failed; a retry may follow as attempt + 1
-    TIMED_OUT = "timed_out"  # ran past timeout_ms
-    LOST = "lost"  # lease expired; a new attempt re-dispatches the fire
-    DEAD_LETTERED = "dead_lettered"  # failed on its last attempt
-    UNKNOWN = "unknown"  # at_most_once run whose lease was lost: outcome unknown
-    CANCELLED = "cancelled"  # the job was cancelled while this run was in flight
-
-
-TERMINAL_RUN_STATES = frozenset(RunState) - {RunState.DISPATCHED, RunState.RUNNING}
-
-
-class MissedReason(StrEnum):
-    OUTSIDE_WINDOW = "outside_window"
-    OVER_CAP = "over_cap"
-    SKIPPED = "skipped"  # catch-up mode skip
-    COLLAPSED = "collapsed"  # run_latest_only kept a later fire instead
-    PAUSED = "paused"
-    OVERLAP = "overlap"
-    DST_GAP = "dst_gap"
-
-
-def shard_of(job_id: int) -> int:
-    """The shard a job lives on (fixed per cluster)."""
-    # Fibonacci hashing spreads sequential ids evenly over the shards.
-    return ((job_id * 0x9E3779B97F4A7C15) >> 56) & 0xFF
-
-
-def idempotency_key(job_id: int, scheduled_for: int) -> str:
-    """Stable across attempts: derived from the fire, never from the attempt."""
-    return f"{job_id}:{scheduled_for}"
+__all__ = [
+    "SHARD_COUNT",
+    "TERMINAL_RUN_STATES",
+    "JobState",
+    "MissedReason",
+    "RunState",
+    "idempotency_key",
+    "shard_of",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,0 +1,53 @@
+"""The scheduler's shared vocabulary: job and run states, missed-fire reasons,
+shards and idempotency keys. Pure values, used by the engine and every layer
+above it."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+SHARD_COUNT = 256
+
+
+class JobState(StrEnum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+    CANCELLED = "cancelled"
+    # A one-shot whose fire has been claimed: nothing more to schedule.
+    COMPLETED = "completed"
+
+
+class RunState(StrEnum):
+    DISPATCHED = "dispatched"  # claimed and handed out; grace lease
+    RUNNING = "running"  # acked by a worker; full lease
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # this attempt failed; a retry may follow as attempt + 1
+    TIMED_OUT = "timed_out"  # ran past timeout_ms
+    LOST = "lost"  # lease expired; a new attempt re-dispatches the fire
+    DEAD_LETTERED = "dead_lettered"  # failed on its last attempt
+    UNKNOWN = "unknown"  # at_most_once run whose lease was lost: outcome unknown
+    CANCELLED = "cancelled"  # the job was cancelled while this run was in flight
+
+
+TERMINAL_RUN_STATES = frozenset(RunState) - {RunState.DISPATCHED, RunState.RUNNING}
+
+
+class MissedReason(StrEnum):
+    OUTSIDE_WINDOW = "outside_window"  # later than the catch-up window allows
+    OVER_CAP = "over_cap"  # run_all past max_count: collapsed to the latest
+    SKIPPED = "skipped"  # catch-up mode skip
+    COLLAPSED = "collapsed"  # run_latest_only ran a later fire instead
+    PAUSED = "paused"  # came due while the job was paused
+    OVERLAP = "overlap"  # came due while a previous run was still going
+    DST_GAP = "dst_gap"  # wall time did not exist and the policy skips it
+
+
+def shard_of(job_id: int) -> int:
+    """The shard a job lives on (fixed per cluster)."""
+    # Fibonacci hashing spreads sequential ids evenly over the shards.
+    return ((job_id * 0x9E3779B97F4A7C15) >> 56) & 0xFF
+
+
+def idempotency_key(job_id: int, scheduled_for: int) -> str:
+    """Stable across attempts: derived from the fire, never from the attempt."""
+    return f"{job_id}:{scheduled_for}"
