@@ -92,6 +92,16 @@ class FireClaim:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleAdvance:
+    """Move a schedule without running a fire (a fire skipped by the overlap
+    policy, or fixed_delay's next fire after a completion): compare-and-swap."""
+
+    job_id: int
+    expected_next_run_at: int | None
+    new_next_run_at: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ClaimOutcome:
     claim: FireClaim
     run_id: int | None  # None: another claim already holds this (fire, attempt)
@@ -191,6 +201,10 @@ class Store(Protocol):
 
     def claim_fires(self, claims: Sequence[FireClaim]) -> list[ClaimOutcome]:
         """One transaction for the whole batch; outcomes in the order of claims."""
+
+    def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
+        """CAS ``next_run_at`` from expected to new where it still equals expected;
+        one transaction; True where applied. Never completes or reactivates a job."""
 
     def mark_running(self, starts: Sequence[RunStart]) -> list[bool]:
         """dispatched -> running where the fence matches; one transaction."""
