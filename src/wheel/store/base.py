@@ -24,7 +24,6 @@ All times are integer milliseconds since the Unix epoch; ids are 64-bit ints.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from wheel.engine.model import (
@@ -36,132 +35,40 @@ from wheel.engine.model import (
     idempotency_key,
     shard_of,
 )
-from wheel.engine.spec import JobSpec
+from wheel.engine.records import (
+    ClaimOutcome,
+    Completion,
+    CompletionOutcome,
+    ExecutionRecord,
+    FireClaim,
+    JobRecord,
+    MissedFire,
+    NewJob,
+    RunStart,
+    ScheduleAdvance,
+    ShardLoad,
+)
 
 __all__ = [
     "SHARD_COUNT",
     "TERMINAL_RUN_STATES",
+    "ClaimOutcome",
+    "Completion",
+    "CompletionOutcome",
+    "ExecutionRecord",
+    "FireClaim",
+    "JobRecord",
     "JobState",
+    "MissedFire",
     "MissedReason",
+    "NewJob",
+    "RunStart",
     "RunState",
+    "ScheduleAdvance",
+    "ShardLoad",
     "idempotency_key",
     "shard_of",
 ]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NewJob:
-    spec: JobSpec
-    created_at_ms: int
-    # The first fire (None: nothing to schedule, e.g. a one-shot in the past
-    # that the caller already decided to reject).
-    next_run_at: int | None
-    # Per-tenant submission key; None = not idempotent.
-    idempotency_key: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobRecord:
-    job_id: int
-    shard: int
-    spec: JobSpec
-    state: JobState
-    next_run_at: int | None
-    created_at_ms: int
-    updated_at_ms: int
-    idempotency_key: str | None = None
-
-    @property
-    def tenant(self) -> str:
-        return self.spec.tenant
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FireClaim:
-    job_id: int
-    scheduled_for: int
-    attempt: int
-    fence: int
-    dispatched_at_ms: int
-    # Schedule compare-and-swap: applied only when ``advance`` is true and the
-    # insert won. ``new_next_run_at=None`` ends the schedule (one-shot done:
-    # the job becomes ``completed``).
-    advance: bool = True
-    expected_next_run_at: int | None = None
-    new_next_run_at: int | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScheduleAdvance:
-    """Move a schedule without running a fire (a fire skipped by the overlap
-    policy, or fixed_delay's next fire after a completion): compare-and-swap."""
-
-    job_id: int
-    expected_next_run_at: int | None
-    new_next_run_at: int | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClaimOutcome:
-    claim: FireClaim
-    run_id: int | None  # None: another claim already holds this (fire, attempt)
-    advanced: bool  # the schedule CAS applied
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunStart:
-    run_id: int
-    fence: int
-    worker_id: str
-    started_at_ms: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Completion:
-    run_id: int
-    fence: int
-    state: RunState  # must be terminal
-    finished_at_ms: int
-    error: str | None = None
-    worker_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CompletionOutcome:
-    run_id: int
-    applied: bool  # False: superseded (stale fence, already terminal, unknown run)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MissedFire:
-    job_id: int
-    scheduled_for: int
-    reason: MissedReason
-    recorded_at_ms: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ExecutionRecord:
-    run_id: int
-    job_id: int
-    scheduled_for: int
-    attempt: int
-    state: RunState
-    fence: int
-    worker_id: str | None
-    dispatched_at_ms: int
-    started_at_ms: int | None
-    finished_at_ms: int | None
-    error: str | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ShardLoad:
-    """Everything a new owner needs for its shards."""
-
-    jobs: list[JobRecord]  # active and paused jobs
-    inflight: list[ExecutionRecord]  # dispatched or running
-    watermark: int  # pass to changes_since to see what changed after this load
 
 
 class Store(Protocol):
