@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wheel.engine.model import JobState, MissedReason, RunState, idempotency_key
+from wheel.engine.records import ExecutionRecord, JobRecord, MissedFire
 from wheel.engine.spec import (
     CatchUp,
     CatchUpMode,
@@ -25,7 +26,6 @@ from wheel.engine.spec import (
 from wheel.errors import InvalidArgument, LimitExceeded
 from wheel.rpc import convert
 from wheel.rpc.v1 import jobs_pb2
-from wheel.store.base import ExecutionRecord, JobRecord, MissedFire
 
 NOW = 1_700_000_000_000
 

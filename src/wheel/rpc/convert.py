@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from wheel.engine.model import JobState, RunState, idempotency_key
+from wheel.engine.records import ExecutionRecord, JobRecord, MissedFire
 from wheel.engine.spec import (
     CatchUp,
     CatchUpMode,
@@ -38,7 +39,6 @@ from wheel.engine.spec import (
 )
 from wheel.errors import InvalidArgument
 from wheel.rpc.v1 import jobs_pb2
-from wheel.store.base import ExecutionRecord, JobRecord, MissedFire
 
 __all__ = [
     "JOB_STATE_FROM_PROTO",
