@@ -162,7 +162,8 @@ class FairQueue(Generic[T]):
         before = len(q)
         q.extend(items)
         self._len += len(q) - before
-        if not q:
+        if not q:  # nothing was added to a new tenant: undo its registration
+            self._active.remove(tenant)
             self._drop(tenant)
 
     def _drop(self, tenant: str) -> None:
