@@ -178,6 +178,14 @@ def test_weights_give_proportional_shares() -> None:
     assert (big, len(out) - big) == (300, 100)
 
 
+def test_the_latest_push_sets_the_tenants_weight() -> None:
+    q: FairQueue[str] = FairQueue()
+    q.extend("a", ["a0", "a1", "a2", "a3"])
+    q.extend("b", ["b0", "b1", "b2", "b3"])
+    q.push("a", "a4", weight=2)
+    assert q.pop(6) == ["a0", "a1", "b0", "a2", "a3", "b1"]
+
+
 def test_weight_must_be_positive() -> None:
     q: FairQueue[int] = FairQueue()
     with pytest.raises(ValueError, match="weight"):

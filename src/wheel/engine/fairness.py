@@ -153,7 +153,10 @@ class FairQueue(Generic[T]):
 
     def push(self, tenant: str, item: T, weight: int = 1) -> None:
         """Append ``item`` to ``tenant``'s FIFO; ``weight`` becomes the tenant's share."""
-        self._queue_for(tenant, weight).append(item)
+        q = self._queues.get(tenant)
+        if q is None or self._weights[tenant] != weight:
+            q = self._queue_for(tenant, weight)
+        q.append(item)
         self._len += 1
 
     def extend(self, tenant: str, items: Iterable[T], weight: int = 1) -> None:
