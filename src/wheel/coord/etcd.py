@@ -1,0 +1,552 @@
+"""Shard ownership for a cluster, kept in etcd under one lease per node.
+
+Keys (``C`` is the cluster name)::
+
+    /C/members/{node_id}  = address   attached to the node's lease
+    /C/shards/{shard}     = node_id   attached to the owner's lease
+    /C/epochs/{shard}     = "N"       no lease: never deleted, only incremented
+
+How it works:
+
+- Each node holds one lease of ``ttl_s`` seconds, kept alive every ttl/3 by a
+  keepalive thread. Its membership key lives on that lease.
+- Shards are assigned by rendezvous (highest random weight) hashing over the
+  live members: every node computes the same assignment from the same member
+  set, and a member joining or leaving moves only the shards it gains or had.
+- A control thread reconciles whenever the watch on ``/C/`` fires (and every
+  ttl/3 in any case): it releases shards no longer assigned to it and tries to
+  acquire the assigned ones that are free. A shard held by a dead node becomes
+  free when that node's lease expires and etcd deletes its keys.
+- Acquisition is one transaction: ``create_revision(shard) == 0`` and
+  ``mod_revision(epoch) == seen`` -> put the shard key with our lease and put
+  epoch = seen + 1. Release deletes the shard key only if its mod_revision is
+  still that of our acquisition.
+
+Invariants:
+
+1. At most one holder per shard key at any etcd revision (``create_revision ==
+   0`` guard), and a key outlives its holder's lease by zero seconds.
+2. Epochs are strictly increasing per shard across owners: every acquisition
+   increments ``/C/epochs/{shard}`` in the same transaction, guarded by its
+   mod_revision, and that key is never deleted. Epochs are small dense
+   integers. The fence keeps them in 32 bits: 4 billion acquisitions of one
+   shard. Acquiring past that raises CoordinationError; the way out is a new
+   cluster name (fresh epochs) together with a store whose fences restart.
+3. ``may_dispatch(s)`` is True only while ``s`` is owned and
+   ``monotonic() < sent + ttl - safety_margin`` where ``sent`` is when the last
+   successful keepalive (or the grant) was *sent*. etcd restarts the TTL when
+   it receives the request, later than ``sent``, so the server-side expiry is
+   never before our local deadline: a paused or partitioned node stops
+   dispatching before any other node can acquire its shards (up to clock-rate
+   drift, which the safety margin covers).
+4. A lease whose local deadline passed is never trusted again, even if etcd
+   still knows it (etcd extends every lease when it restarts): the node
+   publishes all its shards as lost, revokes the old lease, grants a new one and
+   rejoins, so everything it owns afterwards carries a new epoch.
+5. A release drops the shard locally (``may_dispatch`` False, change published)
+   before deleting its key.
+6. Every etcd failure is a CoordinationError inside this module and is retried
+   with backoff; nothing here lets etcd being down crash the node.
+
+``may_dispatch`` is a gate, not the safety: a dispatch that passed the gate
+just before a release carries the old epoch, and the store's fence check
+rejects it once the new owner has written with a higher one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import etcd3
+from etcd3 import etcdrpc
+from etcd3.utils import prefix_range_end
+
+from wheel.coord.base import MAX_EPOCH, SHARD_COUNT, Member, OwnershipChange, Subscribers
+from wheel.errors import CoordinationError
+
+__all__ = ["EtcdCoordinator", "assign_shards", "rendezvous_owner"]
+
+_log = logging.getLogger(__name__)
+
+# gRPC reconnects with exponential backoff up to 2 minutes by default; a node
+# must notice etcd coming back within a second or so.
+_GRPC_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+def _weight(node_id: str, shard: int) -> int:
+    digest = hashlib.blake2b(f"{shard}/{node_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def rendezvous_owner(shard: int, members: Iterable[str]) -> str | None:
+    """The member with the highest weight for ``shard`` (ties by node id)."""
+    return max(members, key=lambda m: (_weight(m, shard), m), default=None)
+
+
+def assign_shards(members: Iterable[str]) -> dict[int, str]:
+    """Shard -> assigned member for all shards; empty without members."""
+    ids = sorted(set(members))
+    if not ids:
+        return {}
+    return {s: rendezvous_owner(s, ids) or "" for s in range(SHARD_COUNT)}
+
+
+def _parse_endpoint(endpoint: str) -> tuple[str, int]:
+    rest = endpoint.split("://", 1)[-1].rstrip("/")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        raise CoordinationError(f"etcd endpoint must be host:port, got {endpoint!r}")
+    return host.strip("[]"), int(port)
+
+
+def _is_not_found(exc: BaseException) -> bool:
+    """Whether etcd answered NOT_FOUND (a lease that no longer exists)."""
+    cause = exc.__cause__ if isinstance(exc, CoordinationError) else exc
+    code = getattr(cause, "code", None)
+    return callable(code) and getattr(code(), "name", "") == "NOT_FOUND"
+
+
+class _Backoff:
+    """Exponential backoff between retries, reset by a success."""
+
+    def __init__(self, initial: float, cap: float) -> None:
+        self._initial = initial
+        self._cap = cap
+        self._next = initial
+
+    def reset(self) -> None:
+        self._next = self._initial
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self._cap, self._next * 2)
+        return delay
+
+
+class EtcdCoordinator:
+    """A cluster member that owns the shards rendezvous hashing gives it."""
+
+    def __init__(
+        self,
+        node_id: str,
+        address: str,
+        endpoints: Sequence[str],
+        *,
+        cluster: str = "wheel",
+        ttl_s: int = 10,
+        safety_margin_s: float = 1.0,
+        start_timeout_s: float | None = None,
+    ) -> None:
+        if not endpoints:
+            raise CoordinationError("no etcd endpoints")
+        if ttl_s < 2:
+            raise CoordinationError("ttl_s must be at least 2 (etcd's minimum lease is 1.5 s)")
+        if not 0 <= safety_margin_s < ttl_s * 2 / 3:
+            raise CoordinationError("safety_margin_s must be below two thirds of ttl_s")
+        if "/" in node_id or not node_id:
+            raise CoordinationError(f"node_id must be non-empty without '/': {node_id!r}")
+        self.node_id = node_id
+        self.address = address
+        self._endpoints = [_parse_endpoint(e) for e in endpoints]
+        self._ttl = ttl_s
+        self._margin = safety_margin_s
+        self._start_timeout = start_timeout_s if start_timeout_s is not None else 3.0 * ttl_s
+        self._keepalive_interval = ttl_s / 3
+        self._rpc_timeout = max(0.5, min(ttl_s / 3, 5.0))
+        self._prefix = f"/{cluster}/"
+        self._members_prefix = f"/{cluster}/members/"
+        self._shards_prefix = f"/{cluster}/shards/"
+        self._epochs_prefix = f"/{cluster}/epochs/"
+
+        self._subscribers = Subscribers()
+        self._client: Any = None
+        self._lock = threading.Lock()
+        # Written by the worker threads; read without the lock by may_dispatch
+        # (each is replaced whole, never mutated in place).
+        self._owned: dict[int, int] = {}
+        self._valid_until = 0.0
+        # Control-thread state.
+        self._lease_id: int | None = None
+        self._lease_gone = False
+        self._acquired_rev: dict[int, int] = {}
+        self._members: dict[str, str] = {}
+        self._published_first = False
+
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._wake_keepalive = threading.Event()
+        self._started = threading.Event()
+        self._frozen = False
+        self._threads: list[threading.Thread] = []
+        self._watch_call: Any = None
+
+    # -- the Coordinator protocol -------------------------------------------
+
+    async def start(self) -> None:
+        """Join the cluster and reconcile once; raise CoordinationError if etcd
+        could not be reached within ``start_timeout_s`` (default 3 x ttl)."""
+        if self._threads:
+            raise CoordinationError("coordinator already started")
+        self._subscribers.bind(asyncio.get_running_loop())
+        self._client = self._make_client()
+        self._stopping.clear()
+        for name, target in (
+            ("control", self._run_control),
+            ("keepalive", self._run_keepalive),
+            ("watch", self._run_watch),
+        ):
+            thread = threading.Thread(
+                target=target, name=f"wheel-coord-{name}-{self.node_id}", daemon=True
+            )
+            self._threads.append(thread)
+            thread.start()
+        joined = await asyncio.to_thread(self._started.wait, self._start_timeout)
+        if not joined:
+            await self._shutdown_threads()
+            self._client.close()
+            raise CoordinationError(
+                f"could not join the cluster through etcd within {self._start_timeout} s"
+            )
+        # The first change was posted before _started was set; let it run.
+        await asyncio.sleep(0)
+
+    async def stop(self) -> None:
+        """Stop the threads, publish every shard as lost and revoke the lease,
+        which deletes the membership and shard keys at once."""
+        if not self._threads:
+            return
+        await self._shutdown_threads()
+        with self._lock:
+            lost = frozenset(self._owned)
+            self._owned = {}
+            self._valid_until = 0.0
+            lease_id, self._lease_id = self._lease_id, None
+        if lost:
+            self._subscribers.post(OwnershipChange(lost=lost))
+        if lease_id is not None:
+            try:
+                await asyncio.to_thread(self._call, self._client.revoke_lease, lease_id)
+            except CoordinationError as exc:
+                _log.warning("lease not revoked at stop (it will expire): %s", exc)
+        self._client.close()
+        await asyncio.sleep(0)
+
+    def subscribe(self, callback: Callable[[OwnershipChange], None]) -> None:
+        self._subscribers.add(callback)
+
+    def owned(self) -> Mapping[int, int]:
+        return dict(self._owned)
+
+    def may_dispatch(self, shard: int) -> bool:
+        return shard in self._owned and time.monotonic() < self._valid_until
+
+    def members(self) -> list[Member]:
+        return [Member(node_id=n, address=a) for n, a in sorted(self._members.items())]
+
+    # -- test hooks -----------------------------------------------------------
+
+    def _freeze(self, frozen: bool = True) -> None:
+        """Stop (or resume) all talk to etcd, as a partition or a long pause
+        would, without releasing anything. For failure tests."""
+        self._frozen = frozen
+        self._wake.set()
+        self._wake_keepalive.set()
+
+    # -- etcd plumbing --------------------------------------------------------
+
+    def _make_client(self) -> Any:
+        endpoints = [
+            etcd3.Endpoint(host, port, secure=False, time_retry=0.2, opts=_GRPC_OPTIONS)
+            for host, port in self._endpoints
+        ]
+        return etcd3.MultiEndpointEtcd3Client(
+            endpoints=endpoints, timeout=self._rpc_timeout, failover=True
+        )
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run one etcd call; every failure comes out as CoordinationError."""
+        try:
+            return fn(*args, **kwargs)
+        except CoordinationError:
+            raise
+        except Exception as exc:  # etcd3 raises grpc, Etcd3Exception and ValueError
+            raise CoordinationError(f"etcd: {exc!r}") from exc
+
+    async def _shutdown_threads(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        self._wake_keepalive.set()
+        call = self._watch_call
+        if call is not None:
+            call.cancel()
+        threads, self._threads = self._threads, []
+
+        def join() -> None:
+            for thread in threads:
+                thread.join(timeout=self._rpc_timeout * 4 + 1)
+
+        await asyncio.to_thread(join)
+
+    # -- keepalive thread -----------------------------------------------------
+
+    def _run_keepalive(self) -> None:
+        """Refresh the lease every ttl/3 and push the local deadline forward."""
+        while not self._stopping.is_set():
+            lease_id = self._lease_id
+            if self._frozen or lease_id is None or self._lease_gone:
+                self._wait(self._wake_keepalive, 0.05)
+                continue
+            sent = time.monotonic()
+            try:
+                responses = self._call(self._refresh, lease_id)
+            except CoordinationError as exc:
+                _log.warning("lease keepalive failed, retrying: %s", exc)
+                self._wait(self._wake_keepalive, min(0.2, self._keepalive_interval / 4))
+                continue
+            ttl = min((r.TTL for r in responses), default=0)
+            with self._lock:
+                if self._lease_id != lease_id:
+                    continue  # the control thread has moved on to a new lease
+                if ttl <= 0:
+                    _log.warning("etcd reports lease %x gone", lease_id)
+                    self._lease_gone = True
+                    self._valid_until = 0.0
+                elif sent >= self._valid_until:
+                    # Lapsed by our clock before this refresh went out: a lapse
+                    # is final (invariant 4), so the control thread rejoins.
+                    self._lease_gone = True
+                else:
+                    self._valid_until = max(
+                        self._valid_until, sent + min(ttl, self._ttl) - self._margin
+                    )
+            if self._lease_gone:
+                self._wake.set()
+            self._wait(self._wake_keepalive, self._keepalive_interval)
+
+    def _refresh(self, lease_id: int) -> list[Any]:
+        return list(self._client.refresh_lease(lease_id))
+
+    # -- watch thread -----------------------------------------------------------
+
+    def _run_watch(self) -> None:
+        """Wake the control thread on any change under the cluster prefix.
+
+        A raw gRPC watch stream: etcd3's own watcher thread crashes when its
+        stream breaks. After any break the control thread reconciles, since
+        events may have been missed.
+        """
+        backoff = _Backoff(0.1, 1.0)
+        prefix = self._prefix.encode()
+        request = etcdrpc.WatchRequest(
+            create_request=etcdrpc.WatchCreateRequest(
+                key=prefix, range_end=prefix_range_end(prefix)
+            )
+        )
+        while not self._stopping.is_set():
+            done = threading.Event()
+
+            def requests(done: threading.Event = done) -> Iterator[Any]:
+                yield request
+                done.wait()  # keep the stream open until this call is over
+
+            try:
+                if not self._frozen:
+                    stub = etcdrpc.WatchStub(self._client.channel)
+                    self._watch_call = stub.Watch(requests())
+                    if self._stopping.is_set():
+                        self._watch_call.cancel()
+                    for response in self._watch_call:
+                        if response.canceled:
+                            break  # e.g. compacted: open a new watch
+                        if response.events or response.created:
+                            self._wake.set()
+                            backoff.reset()
+            except Exception as exc:  # a broken stream, or etcd not reachable yet
+                if not self._stopping.is_set():
+                    _log.debug("etcd watch broke: %r", exc)
+            finally:
+                done.set()
+                self._watch_call = None
+            self._wake.set()
+            self._stopping.wait(backoff.next())
+
+    # -- control thread ---------------------------------------------------------
+
+    def _wait(self, event: threading.Event, timeout: float) -> bool:
+        woke = event.wait(max(0.0, timeout))
+        event.clear()
+        return woke
+
+    def _run_control(self) -> None:
+        backoff = _Backoff(0.05, max(0.2, self._ttl / 6))
+        reconcile_interval = self._ttl / 3
+        next_reconcile = 0.0
+        while not self._stopping.is_set():
+            if self._frozen:
+                self._wait(self._wake, 0.05)
+                continue
+            timeout = reconcile_interval
+            try:
+                now = time.monotonic()
+                if self._lease_id is None or self._lease_gone or now >= self._valid_until:
+                    self._drop_all()
+                    self._join()
+                    next_reconcile = 0.0
+                now = time.monotonic()
+                if now >= next_reconcile:
+                    next_reconcile = now + reconcile_interval
+                    self._reconcile()
+                    if not self._started.is_set():
+                        self._started.set()
+                backoff.reset()
+                # Wake at the local deadline to publish the loss promptly.
+                timeout = min(next_reconcile, self._valid_until) - time.monotonic()
+            except CoordinationError as exc:
+                _log.warning("coordination step failed, retrying: %s", exc)
+                next_reconcile = 0.0
+                timeout = backoff.next()
+            except Exception:
+                _log.exception("coordination step crashed, retrying")
+                next_reconcile = 0.0
+                timeout = backoff.next()
+            if self._wait(self._wake, timeout):
+                next_reconcile = 0.0
+
+    def _publish(self, change: OwnershipChange) -> None:
+        if change.gained or change.lost or not self._published_first:
+            self._published_first = True
+            self._subscribers.post(change)
+
+    def _drop_all(self) -> None:
+        """Forget every shard held under the current lease (invariant 4)."""
+        with self._lock:
+            lost = frozenset(self._owned)
+            self._owned = {}
+            self._valid_until = 0.0
+        self._acquired_rev = {}
+        if lost:
+            _log.warning("lease lapsed: dropping %d shards", len(lost))
+            self._publish(OwnershipChange(lost=lost))
+
+    def _join(self) -> None:
+        """Revoke the old lease (best effort), grant a new one, register."""
+        client = self._client
+        old = self._lease_id
+        if old is not None:
+            try:
+                self._call(client.revoke_lease, old)
+            except CoordinationError as exc:
+                if not _is_not_found(exc):
+                    raise
+            with self._lock:
+                self._lease_id = None
+                self._lease_gone = False
+        sent = time.monotonic()
+        lease = self._call(client.lease, self._ttl)
+        with self._lock:
+            self._lease_id = lease.id
+            self._lease_gone = False
+            self._valid_until = sent + min(lease.ttl, self._ttl) - self._margin
+        self._call(client.put, self._members_prefix + self.node_id, self.address, lease=lease.id)
+        self._wake_keepalive.set()
+        _log.info("%s joined with lease %x", self.node_id, lease.id)
+
+    def _lease_valid(self) -> bool:
+        return (
+            not self._stopping.is_set()
+            and not self._frozen
+            and not self._lease_gone
+            and time.monotonic() < self._valid_until
+        )
+
+    def _reconcile(self) -> None:
+        client = self._client
+        lease_id = self._lease_id
+        assert lease_id is not None
+        members: dict[str, str] = {}
+        for value, meta in self._call(client.get_prefix, self._members_prefix):
+            members[meta.key.decode()[len(self._members_prefix) :]] = value.decode()
+        if self.node_id not in members:
+            # Our key is on our lease; if it vanished, put it back.
+            self._call(
+                client.put, self._members_prefix + self.node_id, self.address, lease=lease_id
+            )
+            members[self.node_id] = self.address
+        self._members = members
+        holders: dict[int, tuple[str, int]] = {}
+        for value, meta in self._call(client.get_prefix, self._shards_prefix):
+            shard = int(meta.key.decode()[len(self._shards_prefix) :])
+            holders[shard] = (value.decode(), meta.mod_revision)
+
+        assignment = assign_shards(members)
+        mine = {s for s, owner in assignment.items() if owner == self.node_id}
+        owned = self._owned
+        # A shard we think we hold whose key says otherwise is lost already.
+        vanished = {s for s in owned if holders.get(s) != (self.node_id, self._acquired_rev.get(s))}
+        release = {s for s in owned if s not in mine} - vanished
+        if vanished or release:
+            with self._lock:
+                self._owned = {s: e for s, e in owned.items() if s not in vanished | release}
+            self._publish(OwnershipChange(lost=frozenset(vanished | release)))
+            for shard in vanished:
+                self._acquired_rev.pop(shard, None)
+        for shard in sorted(release):
+            rev = self._acquired_rev.pop(shard)
+            key = f"{self._shards_prefix}{shard}"
+            self._call(
+                client.transaction,
+                compare=[client.transactions.mod(key) == rev],
+                success=[client.transactions.delete(key)],
+                failure=[],
+            )
+
+        free = sorted(s for s in mine if s not in self._owned and s not in holders)
+        gained: dict[int, int] = {}
+        try:
+            if free:
+                epochs: dict[int, tuple[int, int]] = {}
+                for value, meta in self._call(client.get_prefix, self._epochs_prefix):
+                    shard = int(meta.key.decode()[len(self._epochs_prefix) :])
+                    epochs[shard] = (int(value), meta.mod_revision)
+                for shard in free:
+                    if not self._lease_valid():
+                        break
+                    result = self._acquire(shard, lease_id, *epochs.get(shard, (0, 0)))
+                    if result is not None:
+                        gained[shard] = result
+        finally:
+            self._publish(OwnershipChange(gained=gained))
+
+    def _acquire(self, shard: int, lease_id: int, epoch: int, epoch_rev: int) -> int | None:
+        """One acquisition transaction; the new epoch, or None if we lost a race."""
+        if epoch + 1 > MAX_EPOCH:
+            raise CoordinationError(f"shard {shard} has exhausted its 32-bit epochs")
+        client = self._client
+        tx = client.transactions
+        shard_key = f"{self._shards_prefix}{shard}"
+        epoch_key = f"{self._epochs_prefix}{shard}"
+        ok, responses = self._call(
+            client.transaction,
+            compare=[tx.create(shard_key) == 0, tx.mod(epoch_key) == epoch_rev],
+            success=[
+                tx.put(shard_key, self.node_id, lease=lease_id),
+                tx.put(epoch_key, str(epoch + 1)),
+            ],
+            failure=[],
+        )
+        if not ok:
+            return None
+        rev = int(responses[0].response_put.header.revision)
+        self._acquired_rev[shard] = rev
+        with self._lock:
+            self._owned = {**self._owned, shard: epoch + 1}
+        return epoch + 1

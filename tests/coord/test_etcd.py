@@ -1,0 +1,334 @@
+"""EtcdCoordinator against real etcd processes: assignment, handover, expiry,
+and an etcd outage. ttl is 2 s so the lease-expiry cases stay short."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wheel.coord import (
+    SHARD_COUNT,
+    Coordinator,
+    EtcdCoordinator,
+    OwnershipChange,
+    assign_shards,
+)
+from wheel.errors import CoordinationError
+
+# tests/conftest.py's EtcdServer.start leaves its etcd.log handle to the garbage
+# collector; that ResourceWarning is the fixture's, not the coordinator's.
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:Exception ignored in.*etcd\.log:pytest.PytestUnraisableExceptionWarning"
+)
+
+TTL = 2
+MARGIN = 0.5
+ALL = frozenset(range(SHARD_COUNT))
+
+
+# -- rendezvous assignment (pure) ----------------------------------------------
+
+node_ids = st.sets(st.text("abcdefgh", min_size=1, max_size=6), min_size=1, max_size=8)
+
+
+@settings(deadline=None, max_examples=60)
+@given(node_ids, st.text("xyz", min_size=1, max_size=4))
+def test_a_joining_member_only_takes_shards_and_a_leaving_one_only_gives_its_own(
+    members: set[str], newcomer: str
+) -> None:
+    before = assign_shards(members)
+    after = assign_shards(members | {newcomer})
+    assert set(before) == set(after) == ALL
+    moved = {s for s in ALL if before[s] != after[s]}
+    assert all(after[s] == newcomer for s in moved)
+    # Leaving is the same move backwards: only the leaver's shards change hands.
+    assert assign_shards(members) == before
+    assert {s for s in ALL if after[s] == newcomer} == moved
+
+
+@settings(deadline=None, max_examples=30)
+@given(node_ids)
+def test_assignment_does_not_depend_on_member_order(members: set[str]) -> None:
+    assert assign_shards(sorted(members)) == assign_shards(sorted(members, reverse=True))
+
+
+def test_assignment_spreads_shards_evenly() -> None:
+    counts: dict[str, int] = {}
+    for owner in assign_shards(["node-a", "node-b", "node-c"]).values():
+        counts[owner] = counts.get(owner, 0) + 1
+    assert sorted(counts) == ["node-a", "node-b", "node-c"]
+    assert all(50 <= c <= 120 for c in counts.values()), counts
+
+
+# -- helpers ---------------------------------------------------------------------
+
+
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Node:
+    """A coordinator and the ownership its callbacks told the node about."""
+
+    coord: EtcdCoordinator
+    view: dict[int, int] = field(default_factory=dict)
+    changes: list[OwnershipChange] = field(default_factory=list)
+
+    def on_change(self, change: OwnershipChange) -> None:
+        self.changes.append(change)
+        for shard in change.lost:
+            self.view.pop(shard, None)
+        self.view.update(change.gained)
+
+    def dispatchable(self) -> set[int]:
+        return {s for s in range(SHARD_COUNT) if self.coord.may_dispatch(s)}
+
+
+def make_node(endpoint: str, name: str, cluster: str) -> Node:
+    coord = EtcdCoordinator(
+        name,
+        f"{name}.local:7000",
+        [endpoint],
+        cluster=cluster,
+        ttl_s=TTL,
+        safety_margin_s=MARGIN,
+    )
+    node = Node(coord)
+    coord.subscribe(node.on_change)
+    return node
+
+
+async def wait_until(what: str, predicate: Callable[[], bool], timeout: float) -> float:
+    """Poll until ``predicate`` holds; return how long it took."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.02)
+    return time.monotonic() - start
+
+
+def covers_all_once(nodes: Iterable[Node]) -> bool:
+    seen: list[int] = []
+    for node in nodes:
+        seen.extend(node.coord.owned())
+    return len(seen) == SHARD_COUNT and set(seen) == ALL
+
+
+def settled(nodes: list[Node]) -> bool:
+    """Every shard owned once, by its rendezvous owner, and the callbacks agree."""
+    assignment = assign_shards(n.coord.node_id for n in nodes)
+    return covers_all_once(nodes) and all(
+        set(n.coord.owned()) == {s for s, o in assignment.items() if o == n.coord.node_id}
+        and n.view == dict(n.coord.owned())
+        for n in nodes
+    )
+
+
+class Sampler:
+    """Checks, every few ms, that no shard is dispatchable on two nodes at once."""
+
+    def __init__(self, nodes: list[Node]) -> None:
+        self.nodes = nodes
+        self.samples = 0
+        self.overlaps: list[tuple[int, list[str]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            seen: dict[int, list[str]] = {}
+            for node in self.nodes:
+                for shard in node.dispatchable():
+                    seen.setdefault(shard, []).append(node.coord.node_id)
+            self.overlaps.extend((s, ns) for s, ns in seen.items() if len(ns) > 1)
+            self.samples += 1
+            await asyncio.sleep(0.005)
+
+    def __enter__(self) -> Sampler:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        assert not self.overlaps, f"dispatchable on two nodes at once: {self.overlaps[:5]}"
+        assert self.samples > 10
+
+
+async def start_cluster(endpoint: str, names: list[str], cluster: str) -> list[Node]:
+    nodes = [make_node(endpoint, name, cluster) for name in names]
+    await asyncio.gather(*(n.coord.start() for n in nodes))
+    for n in nodes:
+        assert n.changes, "start returned before the first ownership change arrived"
+    await wait_until("the cluster to settle", lambda: settled(nodes), 10)
+    return nodes
+
+
+async def stop_all(nodes: list[Node]) -> None:
+    await asyncio.gather(*(n.coord.stop() for n in nodes))
+
+
+def run(body: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(body(), 30))  # type: ignore[arg-type]
+
+
+def epochs_of(nodes: Iterable[Node]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for node in nodes:
+        out.update(node.coord.owned())
+    return out
+
+
+def coord_threads_alive(nodes: Iterable[Node]) -> bool:
+    names = {t.name for t in threading.enumerate()}
+    return all(
+        f"wheel-coord-{kind}-{n.coord.node_id}" in names
+        for n in nodes
+        for kind in ("control", "keepalive", "watch")
+    )
+
+
+# -- against etcd ------------------------------------------------------------------
+
+
+@pytest.mark.etcd
+def test_three_nodes_own_every_shard_exactly_once_with_positive_epochs(etcd_server: Any) -> None:
+    async def body() -> None:
+        nodes = await start_cluster(etcd_server.endpoint, ["a", "b", "c"], "three")
+        try:
+            for n in nodes:
+                assert isinstance(n.coord, Coordinator)
+                assert 50 <= len(n.coord.owned()) <= 120
+                assert all(e > 0 for e in n.coord.owned().values())
+                assert n.dispatchable() == set(n.coord.owned())
+                assert [m.node_id for m in n.coord.members()] == ["a", "b", "c"]
+                assert n.coord.members()[0].address == "a.local:7000"
+        finally:
+            await stop_all(nodes)
+        for n in nodes:
+            assert not n.coord.owned() and not n.dispatchable() and not n.view
+
+    run(body)
+
+
+@pytest.mark.etcd
+def test_a_graceful_stop_hands_shards_over_at_once_with_higher_epochs(etcd_server: Any) -> None:
+    async def body() -> None:
+        nodes = await start_cluster(etcd_server.endpoint, ["a", "b", "c"], "graceful")
+        a, b, c = nodes
+        try:
+            with Sampler(nodes):
+                before = dict(c.coord.owned())
+                await c.coord.stop()
+                took = await wait_until("a and b to take c's shards", lambda: settled([a, b]), 5)
+            # Released, not expired: much faster than the lease ttl.
+            assert took < TTL - MARGIN
+            after = epochs_of([a, b])
+            assert all(after[s] > e for s, e in before.items())
+            assert not c.view and c.changes[-1].lost == frozenset(before)
+        finally:
+            await stop_all(nodes)
+
+    run(body)
+
+
+@pytest.mark.etcd
+def test_a_partitioned_node_stops_dispatching_before_anyone_takes_its_shards(
+    etcd_server: Any,
+) -> None:
+    async def body() -> None:
+        nodes = await start_cluster(etcd_server.endpoint, ["a", "b", "c"], "partition")
+        a, b, c = nodes
+        try:
+            with Sampler(nodes):
+                before = dict(c.coord.owned())
+                frozen_at = time.monotonic()
+                c.coord._freeze()  # no keepalives, no release: as if cut off
+                lapse = await wait_until("c to stop dispatching", lambda: not c.dispatchable(), 5)
+                assert lapse <= TTL - MARGIN + 0.1
+                # Nobody may take c's shards before its lease really expires.
+                assert not set(before) & (set(a.coord.owned()) | set(b.coord.owned()))
+                await wait_until("a and b to take c's shards", lambda: covers_all_once([a, b]), 6)
+                assert time.monotonic() - frozen_at >= TTL - MARGIN
+                after = epochs_of([a, b])
+                assert all(after[s] > e for s, e in before.items())
+
+                # Back from the partition: c learns its lease lapsed, says so and rejoins.
+                c.coord._freeze(False)
+                await wait_until("the cluster to settle again", lambda: settled(nodes), 8)
+            lost_everything = [ch for ch in c.changes if ch.lost == frozenset(before)]
+            assert lost_everything, "c never published the loss of its shards"
+            regained = epochs_of([c])
+            assert all(regained[s] > after.get(s, before.get(s, 0)) for s in regained)
+        finally:
+            await stop_all(nodes)
+
+    run(body)
+
+
+@pytest.mark.etcd
+def test_an_etcd_outage_stops_dispatch_by_the_local_clock_and_nodes_recover(
+    etcd_server: Any,
+) -> None:
+    async def body() -> None:
+        nodes = await start_cluster(etcd_server.endpoint, ["a", "b", "c"], "outage")
+        try:
+            before = epochs_of(nodes)
+            await asyncio.to_thread(etcd_server.stop)
+            stopped_at = time.monotonic()
+            await wait_until(
+                "every node to stop dispatching",
+                lambda: not any(n.dispatchable() for n in nodes),
+                TTL - MARGIN + 0.2,
+            )
+            # Stay down past the ttl; nobody crashes, everybody publishes the loss.
+            await wait_until("the loss to be published", lambda: not any(n.view for n in nodes), 2)
+            await asyncio.sleep(max(0.0, stopped_at + TTL + 0.3 - time.monotonic()))
+            assert coord_threads_alive(nodes)
+            assert not any(n.coord.owned() for n in nodes)
+
+            await asyncio.to_thread(etcd_server.start)
+            await wait_until("the cluster to settle after etcd returns", lambda: settled(nodes), 10)
+            after = epochs_of(nodes)
+            assert all(after[s] > before[s] for s in range(SHARD_COUNT))
+            assert coord_threads_alive(nodes)
+        finally:
+            await stop_all(nodes)
+
+    run(body)
+
+
+@pytest.mark.etcd
+def test_start_fails_with_a_coordination_error_when_etcd_is_unreachable() -> None:
+    async def body() -> None:
+        coord = EtcdCoordinator(
+            "lonely", "x:1", [f"127.0.0.1:{unused_port()}"], ttl_s=TTL, start_timeout_s=0.5
+        )
+        with pytest.raises(CoordinationError, match="could not join"):
+            await coord.start()
+        assert not coord.owned() and not coord.may_dispatch(0)
+
+    run(body)
+
+
+def test_bad_configuration_is_a_coordination_error() -> None:
+    with pytest.raises(CoordinationError):
+        EtcdCoordinator("n", "x:1", [])
+    with pytest.raises(CoordinationError):
+        EtcdCoordinator("n", "x:1", ["nohost"])
+    with pytest.raises(CoordinationError):
+        EtcdCoordinator("a/b", "x:1", ["127.0.0.1:2379"])
+    with pytest.raises(CoordinationError):
+        EtcdCoordinator("n", "x:1", ["127.0.0.1:2379"], ttl_s=2, safety_margin_s=2.0)
