@@ -354,6 +354,47 @@ def test_seconds_in_a_gap_collapse_too() -> None:
     assert len(s.skipped_between(utc(2026, 3, 7, 12), utc(2026, 3, 9))) == 3
 
 
+def test_every_second_across_a_gap_is_one_fire_at_the_transition_and_quick() -> None:
+    c = cron("* * * * * *", NY, GAP)
+    start = time.perf_counter()
+    got = fires(c, utc(2026, 3, 8, 6, 59, 58), utc(2026, 3, 8, 7, 0, 2))
+    assert time.perf_counter() - start < 0.5  # 3,600 missing wall times are jumped over
+    # 01:59:59 EST, then 02:00:00..02:59:59 collapse into 03:00:00 EDT.
+    assert got == [utc(2026, 3, 8, 6, 59, 59), *(utc(2026, 3, 8, 7, 0, s) for s in range(3))]
+    skip = cron("* * * * * *", NY, SKIP)
+    assert fires(skip, utc(2026, 3, 8, 6, 59, 58), utc(2026, 3, 8, 7, 0, 1)) == [
+        utc(2026, 3, 8, 6, 59, 59),
+        utc(2026, 3, 8, 7),
+        utc(2026, 3, 8, 7, 0, 1),
+    ]
+    assert len(skip.skipped_between(utc(2026, 3, 8, 6), utc(2026, 3, 8, 7), 10_000)) == 3600
+    assert len(skip.skipped_between(utc(2026, 3, 8, 6), utc(2026, 3, 8, 7), 10)) == 10
+
+
+def test_a_cron_that_only_matches_missing_wall_times_under_skip_never_fires() -> None:
+    # 02:30 on the second Sunday of March never exists in New York.
+    expr = "30 2 * 3 0#2"
+    skip = cron(expr, NY, SKIP)
+    assert skip.next_fire(utc(2026, 1, 1)) is None
+    assert skip.fires_between(utc(2026, 1, 1), utc(2030, 1, 1), 10) == []
+    assert [s.at_ms for s in skip.skipped_between(utc(2026, 1, 1), utc(2028, 1, 1))] == [
+        utc(2026, 3, 8, 7),
+        utc(2027, 3, 14, 7),
+    ]
+    assert cron(expr, NY, GAP).fires_between(utc(2026, 1, 1), utc(2028, 1, 1), 10) == [
+        utc(2026, 3, 8, 7),
+        utc(2027, 3, 14, 7),
+    ]
+
+
+def test_times_beyond_the_calendar_have_no_fires() -> None:
+    c = cron("0 0 1 1 *")
+    assert c.next_fire(2**53) is None
+    assert c.next_fire(utc(9999, 6, 1)) is None
+    assert c.fires_between(2**53, 2**54, 10) == []
+    assert c.next_fire(utc(2026, 12, 31)) == utc(2027, 1, 1)
+
+
 def test_sub_second_after_is_exclusive() -> None:
     c = cron("* * * * * *")
     assert c.next_fire(utc(2026, 5, 1) - 1) == utc(2026, 5, 1)
@@ -573,7 +614,7 @@ def reference_fires(
     until_s: int,
     gap: DstGap,
     fold: DstFold,
-) -> list[int]:
+) -> tuple[list[int], list[SkippedFire]]:
     """Scan UTC instants (not wall times) and decide each by the policy."""
     zone = ZoneInfo(zone_name)
 
@@ -585,23 +626,28 @@ def reference_fires(
         assert off is not None
         return off
 
-    out: list[int] = []
+    fired: list[int] = []
+    skipped: list[SkippedFire] = []
     first = after_s - after_s % STEP_S + STEP_S
     for s in range(first, until_s + 1, STEP_S):
         local = datetime.fromtimestamp(s, zone)
         fire = False
         before, now = offset(s - STEP_S), offset(s)
-        if now > before and gap is DstGap.FIRE_AT_TRANSITION:
-            # s is where a gap ends: did any missing wall time match?
-            wall = datetime.fromtimestamp(s, UTC).replace(tzinfo=None) + before
-            while wall < datetime.fromtimestamp(s, UTC).replace(tzinfo=None) + now:
-                fire = fire or matches(wall)
+        if now > before:
+            # s is where a gap ends: which missing wall times matched?
+            utc_wall = datetime.fromtimestamp(s, UTC).replace(tzinfo=None)
+            wall = utc_wall + before
+            while wall < utc_wall + now:
+                if matches(wall):
+                    fire = gap is DstGap.FIRE_AT_TRANSITION
+                    if gap is DstGap.SKIP:
+                        skipped.append(SkippedFire(at_ms=s * 1000, wall_time=wall.isoformat()))
                 wall += timedelta(seconds=STEP_S)
         if matches(local) and (local.fold == 0 or fold is DstFold.BOTH):
             fire = True
         if fire:
-            out.append(s * 1000)
-    return out
+            fired.append(s * 1000)
+    return fired, skipped
 
 
 @settings(deadline=None, max_examples=60)
@@ -649,7 +695,8 @@ def test_cron_fires_agree_with_an_instant_scan(
     assert walked == got
     assert c.count_between(after, until, 100_000) == len(got)
     # And an independent scan of instants decides the same fires.
-    expected = reference_fires(
+    expected, skipped = reference_fires(
         SECONDS[sec], MINUTES[minute], HOURS[hour], zone, after // 1000, until // 1000, gap, fold
     )
     assert got == expected
+    assert c.skipped_between(after, until, 100_000) == skipped

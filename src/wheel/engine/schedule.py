@@ -76,8 +76,9 @@ _MAX_S = 253_402_300_799 - 366 * 86_400
 # within this long (real folds are at most two hours).
 _FOLD_LOOKAHEAD_S = 3 * 3600
 # A cron that produced no fire for this long of wall time has none left (for
-# instance an expression that only matches inside DST gaps under SKIP).
-_GIVE_UP_S = 100 * 366 * 86_400
+# instance an expression that only matches inside DST gaps under SKIP). The
+# longest real wait is a leap day: eight years around 2100.
+_GIVE_UP_S = 30 * 366 * 86_400
 
 _FIRE = 0
 _SKIP = 1
@@ -350,9 +351,12 @@ class _CronSchedule(CompiledSchedule):
             f"fold={'both' if self._fold_both else 'first'})"
         )
 
-    def _events(self, after_s: int) -> Generator[tuple[int, int, int], None, None]:
-        """``(instant_s, kind, wall_s)`` for every fire (kind _FIRE) and skipped gap
-        wall time (kind _SKIP) with instant > after_s, ascending by instant.
+    def _events(
+        self, after_s: int, want_skips: bool = False
+    ) -> Generator[tuple[int, int, int], None, None]:
+        """``(instant_s, kind, wall_s)`` for every fire (kind _FIRE), and with
+        ``want_skips`` every skipped gap wall time (kind _SKIP), with instant >
+        after_s, ascending by instant.
 
         croniter walks wall times upwards; each maps to instants by the policy.
         The first-occurrence (or transition) instant of successive wall times
@@ -372,6 +376,7 @@ class _CronSchedule(CompiledSchedule):
         heap: list[tuple[int, int, int]] = []
         last_fire = t
         progress_wall = wall
+        gap_t = gap_start = gap_end = 0
         try:
             it.set_current(float(wall), force=True)
             while True:
@@ -386,8 +391,18 @@ class _CronSchedule(CompiledSchedule):
                     first = w - o0
                     heapq.heappush(heap, (first, _FIRE, w))
                 elif o0 < o1:  # gap: w does not exist
-                    first = _transition(zone, w - o1, w - o0)
-                    heapq.heappush(heap, (first, _SKIP if self._gap_skip else _FIRE, w))
+                    # Wall times [T + o0, T + o1) are missing; one search per gap.
+                    if not gap_start <= w < gap_end:
+                        gap_t = _transition(zone, w - o1, w - o0)
+                        gap_start, gap_end = gap_t + o0, gap_t + o1
+                    first = gap_t
+                    if not self._gap_skip:
+                        heapq.heappush(heap, (first, _FIRE, w))
+                    elif want_skips:
+                        heapq.heappush(heap, (first, _SKIP, w))
+                    if not (self._gap_skip and want_skips):
+                        # The rest of the gap adds nothing more: jump to its end.
+                        it.set_current(float(gap_end - 1), force=True)
                 else:  # fold: w happens twice
                     first = w - o0
                     heapq.heappush(heap, (first, _FIRE, w))
@@ -455,7 +470,7 @@ class _CronSchedule(CompiledSchedule):
         out: list[SkippedFire] = []
         if not self._gap_skip or limit <= 0 or until_ms <= after_ms:
             return out
-        events = self._events(after_ms // 1000)
+        events = self._events(after_ms // 1000, want_skips=True)
         try:
             for instant_s, kind, wall_s in events:
                 at = instant_s * 1000
