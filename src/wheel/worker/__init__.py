@@ -1,0 +1,32 @@
+"""The worker SDK: register handlers, connect to wheel nodes, run what they assign.
+
+```python
+worker = Worker("localhost:50051", capacity=32)
+
+@worker.handler("send-report")
+async def send_report(ctx: RunContext) -> None:
+    ...  # raise Retryable / Permanent to fail; return to succeed
+
+asyncio.run(worker.run())
+```
+"""
+
+from wheel.worker._worker import (
+    Permanent,
+    Retryable,
+    RunContext,
+    Worker,
+    WorkerStats,
+    load_handler,
+    run_worker,
+)
+
+__all__ = [
+    "Permanent",
+    "Retryable",
+    "RunContext",
+    "Worker",
+    "WorkerStats",
+    "load_handler",
+    "run_worker",
+]

@@ -1,0 +1,683 @@
+"""The worker SDK against a scripted WorkerService on a real loopback gRPC server.
+
+The scripted node records every message the worker sends and lets each test
+push Welcome / Assignments / Revokes / Results / errors and drop the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os.path
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+
+from wheel.errors import InvalidArgument
+from wheel.rpc.v1 import worker_service_pb2 as pb
+from wheel.rpc.v1 import worker_service_pb2_grpc as pb_grpc
+from wheel.worker import Permanent, Retryable, RunContext, Worker, load_handler
+
+DROP = object()
+
+
+class Conn:
+    """One Connect stream as the node sees it."""
+
+    def __init__(self) -> None:
+        self.inbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
+        self.outbox: asyncio.Queue[Any] = asyncio.Queue()
+        self.log: list[tuple[float, pb.WorkerMessage]] = []
+
+    def send(self, **kind: Any) -> None:
+        self.outbox.put_nowait(pb.ServerMessage(**kind))
+
+    def drop(self) -> None:
+        self.outbox.put_nowait(DROP)
+
+    async def expect(self, kind: str, timeout: float = 5.0) -> Any:
+        """The next message of ``kind`` (others are skipped but stay in ``log``)."""
+        async with asyncio.timeout(timeout):
+            while True:
+                msg = await self.inbox.get()
+                assert msg is not None, f"stream ended while waiting for {kind}"
+                if msg.WhichOneof("kind") == kind:
+                    return getattr(msg, kind)
+
+    def sent(self, kind: str) -> list[Any]:
+        return [getattr(m, kind) for _, m in self.log if m.WhichOneof("kind") == kind]
+
+    def completions(self) -> dict[int, pb.Completion]:
+        return {c.run_id: c for m in self.sent("complete") for c in m.completions}
+
+    async def completed(self, n: int, timeout: float = 5.0) -> dict[int, pb.Completion]:
+        async with asyncio.timeout(timeout):
+            while len(self.completions()) < n:
+                await asyncio.sleep(0.005)
+        return self.completions()
+
+
+class ScriptedNode(pb_grpc.WorkerServiceServicer):
+    def __init__(self) -> None:
+        self.conns: asyncio.Queue[Conn] = asyncio.Queue()
+
+    async def Connect(self, request_iterator: Any, context: Any) -> None:
+        conn = Conn()
+        self.conns.put_nowait(conn)
+
+        async def pump() -> None:
+            async for m in request_iterator:
+                conn.log.append((time.monotonic(), m))
+                conn.inbox.put_nowait(m)
+
+        reader = asyncio.create_task(pump())
+        try:
+            while True:
+                getter = asyncio.create_task(conn.outbox.get())
+                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    return
+                out = getter.result()
+                if out is DROP:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "dropped by the test")
+                await context.write(out)
+        finally:
+            reader.cancel()
+            conn.inbox.put_nowait(None)
+
+    async def accept(
+        self, *, heartbeat_ms: int = 1_000, lease_ms: int = 60_000
+    ) -> tuple[Conn, pb.Hello]:
+        conn = await asyncio.wait_for(self.conns.get(), 5)
+        first = await asyncio.wait_for(conn.inbox.get(), 5)
+        assert first is not None
+        assert first.WhichOneof("kind") == "hello", "Hello must be the first message"
+        conn.send(
+            welcome=pb.Welcome(
+                node_id="node-1",
+                grace_lease_ms=5_000,
+                lease_ms=lease_ms,
+                heartbeat_interval_ms=heartbeat_ms,
+            )
+        )
+        return conn, first.hello
+
+
+@contextlib.asynccontextmanager
+async def node() -> AsyncIterator[tuple[ScriptedNode, str]]:
+    server = grpc.aio.server()
+    svc = ScriptedNode()
+    pb_grpc.add_WorkerServiceServicer_to_server(svc, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield svc, f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+@contextlib.asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(worker.run())
+    try:
+        yield task
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 5)
+
+
+def scenario(fn: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(fn(), 20))
+
+
+def assignment(
+    run_id: int, handler: str, *, fence: int | None = None, timeout_ms: int = 10_000, **kw: Any
+) -> pb.Assignment:
+    return pb.Assignment(
+        run_id=run_id,
+        job_id=run_id * 10,
+        handler=handler,
+        fence=run_id + 1000 if fence is None else fence,
+        timeout_ms=timeout_ms,
+        attempt=kw.pop("attempt", 1),
+        lease_ms=5_000,
+        **kw,
+    )
+
+
+def assign(conn: Conn, *runs: pb.Assignment) -> None:
+    conn.send(assignments=pb.Assignments(assignments=list(runs)))
+
+
+async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not cond():
+            await asyncio.sleep(0.005)
+
+
+def refs(hb: pb.Heartbeat) -> set[tuple[int, int]]:
+    return {(r.run_id, r.fence) for r in hb.runs}
+
+
+# -- handshake and heartbeats ----------------------------------------------------------
+
+
+def test_hello_first_then_heartbeats_at_the_interval_listing_held_runs() -> None:
+    async def go() -> None:
+        release = asyncio.Event()
+        async with node() as (svc, target):
+            w = Worker(target, worker_id="w-1", capacity=7, pools=("a", "b"))
+
+            @w.handler("beta")
+            async def beta(ctx: RunContext) -> None:
+                await release.wait()
+
+            w.register("alpha", lambda ctx: None)
+            async with running(w):
+                conn, hello = await svc.accept(heartbeat_ms=50)
+                assert hello.worker_id == "w-1"
+                assert hello.capacity == 7
+                assert list(hello.pools) == ["a", "b"]
+                assert list(hello.handlers) == ["alpha", "beta"]
+                await asyncio.sleep(0.5)
+                beats = [t for t, m in conn.log if m.WhichOneof("kind") == "heartbeat"]
+                # The first beat follows Welcome at once; the rest keep the interval.
+                gaps = [b - a for a, b in itertools.pairwise(beats[1:])]
+                assert 6 <= len(beats) <= 12, beats
+                assert min(gaps) > 0.03
+                assert all(not hb.runs for hb in conn.sent("heartbeat"))
+
+                assign(conn, assignment(5, "beta", fence=77))
+                await conn.expect("ack")
+                hb = await conn.expect("heartbeat")
+                assert refs(hb) == {(5, 77)}
+                release.set()
+                done = await conn.completed(1)
+                assert done[5].outcome == pb.OUTCOME_SUCCEEDED
+                assert refs(await conn.expect("heartbeat")) == set()
+
+    scenario(go)
+
+
+# -- outcomes --------------------------------------------------------------------------
+
+
+def test_outcomes_of_sync_and_async_handlers_with_one_batched_ack() -> None:
+    seen: list[RunContext] = []
+
+    async def go() -> None:
+        async with node() as (svc, target):
+            w = Worker(target, capacity=16)
+
+            @w.handler()
+            def ok_sync(ctx: RunContext) -> None:
+                seen.append(ctx)
+
+            @w.handler()
+            async def ok_async(ctx: RunContext) -> str:
+                seen.append(ctx)
+                return "ignored"
+
+            @w.handler()
+            async def later(ctx: RunContext) -> None:
+                raise Retryable("try later")
+
+            @w.handler()
+            def bad_input(ctx: RunContext) -> None:
+                raise Permanent("bad input")
+
+            @w.handler()
+            async def boom(ctx: RunContext) -> None:
+                raise ValueError("x is 3")
+
+            @w.handler()
+            def boom_sync(ctx: RunContext) -> None:
+                raise RuntimeError
+
+            async with running(w):
+                conn, _ = await svc.accept()
+                names = ["ok_sync", "ok_async", "later", "bad_input", "boom", "boom_sync", "nope"]
+                runs = [
+                    assignment(
+                        i + 1,
+                        n,
+                        payload=n.encode(),
+                        idempotency_key=f"k{i}",
+                        scheduled_for_ms=123,
+                        attempt=2,
+                        tenant="t",
+                    )
+                    for i, n in enumerate(names)
+                ]
+                assign(conn, *runs)
+                ack = await conn.expect("ack")
+                assert [(r.run_id, r.fence) for r in ack.runs] == [
+                    (a.run_id, a.fence) for a in runs
+                ]
+                done = await conn.completed(len(runs))
+                await asyncio.sleep(0.05)
+                assert len(conn.sent("ack")) == 1
+
+        outcomes = {names[rid - 1]: (c.outcome, c.error, c.fence - rid) for rid, c in done.items()}
+        assert outcomes == {
+            "ok_sync": (pb.OUTCOME_SUCCEEDED, "", 1000),
+            "ok_async": (pb.OUTCOME_SUCCEEDED, "", 1000),
+            "later": (pb.OUTCOME_RETRYABLE, "try later", 1000),
+            "bad_input": (pb.OUTCOME_FAILED, "bad input", 1000),
+            "boom": (pb.OUTCOME_RETRYABLE, "ValueError: x is 3", 1000),
+            "boom_sync": (pb.OUTCOME_RETRYABLE, "RuntimeError", 1000),
+            "nope": (pb.OUTCOME_FAILED, "no handler registered for 'nope'", 1000),
+        }
+        assert w.stats.received == 7
+        assert w.stats.succeeded == 2
+        assert w.stats.failed == 5
+        ctx = next(c for c in seen if c.handler == "ok_async")
+        assert (ctx.run_id, ctx.job_id, ctx.fence, ctx.attempt) == (2, 20, 1002, 2)
+        assert (ctx.payload, ctx.idempotency_key, ctx.tenant) == (b"ok_async", "k1", "t")
+        assert (ctx.scheduled_for_ms, ctx.timeout_ms) == (123, 10_000)
+        assert 9 < ctx.deadline - time.monotonic() < 10.5
+
+    scenario(go)
+
+
+def test_completions_are_batched_into_few_messages() -> None:
+    async def go() -> None:
+        async with node() as (svc, target):
+            w = Worker(target, capacity=2_000)
+            w.register("noop", lambda ctx: None)
+
+            @w.handler()
+            async def anoop(ctx: RunContext) -> None:
+                return None
+
+            async with running(w):
+                conn, _ = await svc.accept()
+                assign(conn, *[assignment(i, "anoop") for i in range(1, 501)])
+                assign(conn, *[assignment(i, "noop") for i in range(501, 1001)])
+                done = await conn.completed(1000)
+        assert all(c.outcome == pb.OUTCOME_SUCCEEDED for c in done.values())
+        assert len(conn.sent("complete")) <= 60, len(conn.sent("complete"))
+        assert len(conn.sent("ack")) <= 4
+
+    scenario(go)
+
+
+# -- superseded runs -------------------------------------------------------------------
+
+
+def test_revoked_runs_are_cancelled_or_discarded_and_never_completed() -> None:
+    cancelled = threading.Event()
+    sync_started = threading.Event()
+    sync_release = threading.Event()
+
+    async def go() -> None:
+        started = asyncio.Event()
+        async with node() as (svc, target):
+            w = Worker(target)
+
+            @w.handler()
+            async def slow(ctx: RunContext) -> None:
+                started.set()
+                try:
+                    await asyncio.sleep(60)
+                except asyncio.CancelledError:
+                    cancelled.set()
+                    raise
+
+            @w.handler()
+            def slow_sync(ctx: RunContext) -> None:
+                sync_started.set()
+                sync_release.wait(5)
+
+            w.register("ok", lambda ctx: None)
+            async with running(w):
+                conn, _ = await svc.accept(heartbeat_ms=30)
+                assign(conn, assignment(1, "slow"), assignment(2, "slow_sync"))
+                await started.wait()
+                await asyncio.to_thread(sync_started.wait, 5)
+                conn.send(
+                    revokes=pb.Revokes(
+                        revokes=[
+                            pb.Revoke(run_id=1, fence=1001, reason=pb.REVOKE_REASON_CANCELLED),
+                            pb.Revoke(run_id=2, fence=1002, reason=pb.REVOKE_REASON_SUPERSEDED),
+                        ]
+                    )
+                )
+                await until(cancelled.is_set)
+                sync_release.set()
+                assign(conn, assignment(3, "ok"))
+                await conn.completed(1)
+                await asyncio.sleep(0.1)
+                assert set(conn.completions()) == {3}
+                assert refs(await conn.expect("heartbeat")) == set()
+                assert w.stats.revoked == 2
+
+    scenario(go)
+
+
+def test_a_revoke_with_a_stale_fence_is_ignored() -> None:
+    async def go() -> None:
+        release = asyncio.Event()
+        async with node() as (svc, target):
+            w = Worker(target)
+
+            @w.handler()
+            async def wait(ctx: RunContext) -> None:
+                await release.wait()
+
+            async with running(w):
+                conn, _ = await svc.accept()
+                assign(conn, assignment(1, "wait", fence=9))
+                await conn.expect("ack")
+                conn.send(revokes=pb.Revokes(revokes=[pb.Revoke(run_id=1, fence=8)]))
+                await asyncio.sleep(0.05)
+                release.set()
+                done = await conn.completed(1)
+                assert done[1].outcome == pb.OUTCOME_SUCCEEDED
+                assert done[1].fence == 9
+
+    scenario(go)
+
+
+def test_rejected_renewal_aborts_the_run_and_rejected_completions_are_counted() -> None:
+    async def go() -> None:
+        cancelled = asyncio.Event()
+        async with node() as (svc, target):
+            w = Worker(target)
+
+            @w.handler()
+            async def slow(ctx: RunContext) -> None:
+                try:
+                    await asyncio.sleep(60)
+                except asyncio.CancelledError:
+                    cancelled.set()
+                    raise
+
+            w.register("ok", lambda ctx: None)
+            async with running(w):
+                conn, _ = await svc.accept(heartbeat_ms=30)
+                assign(conn, assignment(1, "slow", fence=41))
+                while refs(await conn.expect("heartbeat")) != {(1, 41)}:
+                    pass
+                conn.send(results=pb.Results(rejected_renewals=[pb.RunRef(run_id=1, fence=41)]))
+                await asyncio.wait_for(cancelled.wait(), 2)
+                assert refs(await conn.expect("heartbeat")) == set()
+
+                assign(conn, assignment(2, "ok"))
+                await conn.completed(1)
+                conn.send(
+                    results=pb.Results(
+                        completions=[pb.CompletionResult(run_id=2, accepted=False, reason="stale")]
+                    )
+                )
+                await until(lambda: w.stats.rejected == 1)
+                assert set(conn.completions()) == {2}
+                assert w.stats.revoked == 1
+
+    scenario(go)
+
+
+# -- timeouts --------------------------------------------------------------------------
+
+
+def test_timed_out_handlers_report_a_retryable_failure_once() -> None:
+    async def go() -> None:
+        cancelled = asyncio.Event()
+        async with node() as (svc, target):
+            w = Worker(target)
+
+            @w.handler()
+            async def hang(ctx: RunContext) -> None:
+                try:
+                    await asyncio.sleep(60)
+                except asyncio.CancelledError:
+                    cancelled.set()
+                    raise
+
+            @w.handler()
+            def hang_sync(ctx: RunContext) -> None:
+                time.sleep(0.4)
+
+            async with running(w):
+                conn, _ = await svc.accept()
+                t0 = time.monotonic()
+                assign(
+                    conn,
+                    assignment(1, "hang", timeout_ms=100),
+                    assignment(2, "hang_sync", timeout_ms=150),
+                )
+                done = await conn.completed(2)
+                elapsed = time.monotonic() - t0
+                assert elapsed < 0.38
+                assert cancelled.is_set()
+                assert (done[1].outcome, done[1].error) == (
+                    pb.OUTCOME_RETRYABLE,
+                    "timed out after 100 ms",
+                )
+                assert (done[2].outcome, done[2].error) == (
+                    pb.OUTCOME_RETRYABLE,
+                    "timed out after 150 ms",
+                )
+                await asyncio.sleep(0.45)  # the sync handler returns; its result is dropped
+                completions = [c for m in conn.sent("complete") for c in m.completions]
+                assert len(completions) == 2
+                assert w.stats.timed_out == 2
+
+    scenario(go)
+
+
+# -- streams ---------------------------------------------------------------------------
+
+
+def test_lost_stream_reconnects_says_hello_again_and_keeps_its_runs() -> None:
+    async def go() -> None:
+        release = asyncio.Event()
+        async with node() as (svc, target):
+            w = Worker(target, worker_id="w-9", reconnect_initial=0.05)
+
+            @w.handler()
+            async def wait(ctx: RunContext) -> None:
+                await release.wait()
+
+            w.register("ok", lambda ctx: None)
+            async with running(w):
+                conn, _ = await svc.accept(heartbeat_ms=1_000)
+                assign(conn, assignment(1, "wait", fence=5), assignment(2, "ok", fence=6))
+                await conn.completed(1)
+                # Run 2's completion is never confirmed; the stream then drops.
+                conn.drop()
+                t0 = time.monotonic()
+                conn2, hello = await svc.accept(heartbeat_ms=1_000)
+                assert time.monotonic() - t0 >= 0.02  # backed off
+                assert hello.worker_id == "w-9"
+                assert w.stats.reconnects == 1
+                # The first heartbeat on the new stream reports what the worker holds.
+                assert refs(await conn2.expect("heartbeat")) == {(1, 5)}
+                # ... and re-sends the completion the old stream never confirmed.
+                resent = await conn2.completed(1)
+                assert [(c.run_id, c.fence) for c in resent.values()] == [(2, 6)]
+                release.set()
+                done = await conn2.completed(2)
+                assert (done[1].fence, done[1].outcome) == (5, pb.OUTCOME_SUCCEEDED)
+                assert w.stats.revoked == 0
+
+    scenario(go)
+
+
+def test_unreachable_node_is_retried_until_it_comes_up(unused_port: int) -> None:
+    async def go() -> None:
+        w = Worker(f"127.0.0.1:{unused_port}", reconnect_initial=0.02, reconnect_max=0.05)
+        w.register("ok", lambda ctx: None)
+        async with running(w):
+            await until(lambda: w.stats.reconnects >= 3)
+            assert w.connected == 0
+            server = grpc.aio.server()
+            svc = ScriptedNode()
+            pb_grpc.add_WorkerServiceServicer_to_server(svc, server)
+            server.add_insecure_port(f"127.0.0.1:{unused_port}")
+            await server.start()
+            try:
+                _, hello = await svc.accept()
+                assert list(hello.handlers) == ["ok"]
+                await until(lambda: w.connected == 1)
+            finally:
+                w.stop()
+                await server.stop(None)
+
+    scenario(go)
+
+
+@pytest.fixture
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_protocol_errors_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    async def go() -> None:
+        async with node() as (svc, target):
+            w = Worker(target)
+            async with running(w):
+                conn, _ = await svc.accept()
+                conn.send(
+                    error=pb.ProtocolError(code="FAILED_PRECONDITION", message="no", run_id=4)
+                )
+                await until(lambda: "FAILED_PRECONDITION" in caplog.text)
+
+    with caplog.at_level(logging.INFO, logger="wheel.worker"):
+        scenario(go)
+    assert "run 4" in caplog.text
+
+
+# -- drain and capacity ----------------------------------------------------------------
+
+
+def test_drain_finishes_in_flight_runs_and_hands_back_the_rest() -> None:
+    async def go() -> None:
+        quick = asyncio.Event()
+        async with node() as (svc, target):
+            w = Worker(target, capacity=2)
+
+            @w.handler()
+            async def soon(ctx: RunContext) -> None:
+                await quick.wait()
+
+            @w.handler()
+            async def never(ctx: RunContext) -> None:
+                await asyncio.sleep(60)
+
+            task = asyncio.create_task(w.run())
+            conn, _ = await svc.accept()
+            # capacity 2: run 3 waits locally and has not started when the drain begins.
+            assign(conn, assignment(1, "soon"), assignment(2, "never"), assignment(3, "never"))
+            await conn.expect("ack")
+            t0 = time.monotonic()
+            drain = asyncio.create_task(w.drain(timeout=0.5))
+            await conn.expect("drain")
+            early = await conn.completed(1)
+            assert early[3].outcome == pb.OUTCOME_HANDED_BACK
+            # Work arriving after the drain goes straight back.
+            assign(conn, assignment(4, "soon"))
+            await conn.completed(2)
+            assert conn.completions()[4].outcome == pb.OUTCOME_HANDED_BACK
+            await asyncio.sleep(0.1)
+            quick.set()
+            await conn.completed(3)
+            assert conn.completions()[1].outcome == pb.OUTCOME_SUCCEEDED
+            await conn.completed(4)
+            assert time.monotonic() - t0 >= 0.45
+            assert conn.completions()[2].outcome == pb.OUTCOME_HANDED_BACK
+            conn.send(
+                results=pb.Results(
+                    completions=[pb.CompletionResult(run_id=i, accepted=True) for i in (1, 2, 3, 4)]
+                )
+            )
+            await asyncio.wait_for(drain, 3)
+            await asyncio.wait_for(task, 3)
+            assert time.monotonic() - t0 < 1.0
+            assert w.stats.handed_back == 3
+
+    scenario(go)
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_never_more_than_capacity_handlers_at_once(kind: str) -> None:
+    lock = threading.Lock()
+    now = 0
+    peak = 0
+
+    def enter() -> None:
+        nonlocal now, peak
+        with lock:
+            now += 1
+            peak = max(peak, now)
+
+    def leave() -> None:
+        nonlocal now
+        with lock:
+            now -= 1
+
+    async def go() -> None:
+        async with node() as (svc, target):
+            w = Worker(target, capacity=3)
+
+            if kind == "async":
+
+                @w.handler("work")
+                async def work_async(ctx: RunContext) -> None:
+                    enter()
+                    await asyncio.sleep(0.03)
+                    leave()
+            else:
+
+                @w.handler("work")
+                def work_sync(ctx: RunContext) -> None:
+                    enter()
+                    time.sleep(0.03)
+                    leave()
+
+            async with running(w):
+                conn, hello = await svc.accept()
+                assert hello.capacity == 3
+                # A node (or several) sending more than the capacity: the excess waits.
+                assign(conn, *[assignment(i, "work") for i in range(1, 13)])
+                done = await conn.completed(12)
+        assert all(c.outcome == pb.OUTCOME_SUCCEEDED for c in done.values())
+        assert peak == 3
+
+    scenario(go)
+
+
+# -- registration ----------------------------------------------------------------------
+
+
+def test_registration_rejects_duplicates_and_empty_names() -> None:
+    w = Worker("127.0.0.1:1")
+    w.register("a", lambda ctx: None)
+    with pytest.raises(InvalidArgument):
+        w.register("a", lambda ctx: None)
+    with pytest.raises(InvalidArgument):
+        w.register("", lambda ctx: None)
+    with pytest.raises(InvalidArgument):
+        Worker("127.0.0.1:1", capacity=0)
+
+
+def test_load_handler_resolves_module_function_references() -> None:
+    assert load_handler("json:dumps") == ("dumps", json.dumps)
+    assert load_handler("enc=json:dumps") == ("enc", json.dumps)
+    assert load_handler("os.path:join") == ("join", os.path.join)
+    assert load_handler("j=json:JSONEncoder.encode") == ("j", json.JSONEncoder.encode)
+    for bad in ("json", "json:", ":dumps", "no_such_module_zz:f", "json:nope", "json:__doc__"):
+        with pytest.raises(InvalidArgument):
+            load_handler(bad)
