@@ -1,4 +1,25 @@
-"""Local checkpoint of a shard owner's state: an LMDB write-ahead log plus snapshots."""
+"""Local checkpoint of a shard owner's state: an LMDB write-ahead log plus snapshots.
+
+Restart, with the store as the fallback for every doubt::
+
+    try:
+        cp = Checkpoint.open(path, identity)
+    except CheckpointError:  # the files cannot even be opened safely
+        log.error(...)
+        Checkpoint.destroy(path)
+        cp = Checkpoint.open(path, identity)
+        state = None  # rebuild from the store
+    else:
+        try:
+            rec = cp.recover()  # snapshot chunks, then (seq, record) after it
+        except CheckpointError:  # corrupt, foreign identity, unknown format
+            log.error(...)
+            cp.reset()
+            state = None  # rebuild from the store
+    ...
+    cp.append(batch)  # before releasing the batch's effects
+    cp.write_snapshot(chunks, upto_seq)  # when cp.log_bytes() or log_records() is large
+"""
 
 from wheel.checkpoint.codec import (
     Field,

@@ -360,6 +360,7 @@ class Checkpoint:
         except lmdb.Error as e:
             raise CheckpointError(f"cannot open LMDB checkpoint at {root}: {e}") from e
         try:
+            env.reader_check()  # reader slots a killed process left would pin freed pages
             # DB handles are opened in a write transaction so a tiny map grows
             # like for any other write; the placeholders are replaced at once.
             cp = cls(
@@ -394,7 +395,8 @@ class Checkpoint:
             return
         self._closed = True
         try:
-            with self._lock:
+            # Waits for a snapshot being written in another thread to finish.
+            with self._snapshot_lock, self._lock:
                 if self._durability is not Durability.SYNC:
                     self._env.sync(True)
                     with contextlib.suppress(FileNotFoundError):
