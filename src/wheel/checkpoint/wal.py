@@ -397,11 +397,14 @@ class Checkpoint:
         try:
             # Waits for a snapshot being written in another thread to finish.
             with self._snapshot_lock, self._lock:
-                if self._durability is not Durability.SYNC:
-                    self._env.sync(True)
-                    with contextlib.suppress(FileNotFoundError):
-                        (self._path / _UNCLEAN).unlink()
-                self._env.close()
+                try:
+                    if self._durability is not Durability.SYNC:
+                        self._env.sync(True)
+                        # Only once flushed: a marker left behind makes open() verify.
+                        with contextlib.suppress(FileNotFoundError):
+                            (self._path / _UNCLEAN).unlink()
+                finally:
+                    self._env.close()
         finally:
             with _open_paths_lock:
                 _open_paths.discard(self._path)
