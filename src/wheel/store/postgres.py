@@ -1,0 +1,848 @@
+"""The shared record of truth: PostgreSQL through psycopg 3 and a connection pool.
+
+Durability: the backend relies on the server's defaults (``synchronous_commit
+= on``, ``fsync = on``): a commit returns only after its WAL record is flushed
+on the server, so an acknowledged write survives a crash of this process, of
+the server process, and a power loss of the server's machine as far as its
+disk honours fsync. With streaming replication and ``synchronous_standby_names``
+the same holds for a failover; without it a promoted replica may miss the last
+commits.
+
+Batches are set-based: a claim batch is ONE statement built on ``unnest()``
+arrays (insert executions ``ON CONFLICT DO NOTHING``, then the schedule
+compare-and-swap only for the inserts that won), a completion batch another.
+
+A lost connection is retried with backoff for every operation whose retry is
+safe. When the connection died while COMMIT was in flight, the first attempt
+may have committed; the retry then recognises its own earlier work: a claim
+whose insert conflicts with a row carrying the SAME fence is reported won with
+that row's run id, a completion or start that finds the run already in exactly
+the requested state with the same fence is reported applied. Fences are unique
+per assignment, so the same fence means the same claim.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg.errors
+from psycopg import Connection
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import ConnectionPool
+
+from wheel.errors import AlreadyExists, InvalidArgument, NotFound, StoreError, StoreUnavailable
+from wheel.store._schema import (
+    INFLIGHT_SQL,
+    JOB_COLUMNS,
+    JOB_FROM,
+    MISSED_COLUMNS,
+    PG_MIGRATIONS,
+    RUN_COLUMNS,
+    body_hash,
+    job_from_row,
+    missed_from_row,
+    run_from_row,
+    wall_ms,
+)
+from wheel.store.base import (
+    SHARD_COUNT,
+    TERMINAL_RUN_STATES,
+    ClaimOutcome,
+    Completion,
+    CompletionOutcome,
+    ExecutionRecord,
+    FireClaim,
+    JobRecord,
+    JobState,
+    MissedFire,
+    NewJob,
+    RunStart,
+    ScheduleAdvance,
+    ShardLoad,
+    shard_of,
+)
+
+__all__ = ["PostgresStore"]
+
+T = TypeVar("T")
+Conn = Connection[tuple[Any, ...]]
+
+_TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_RUN_STATES)) + ")"
+_RUN_COLUMNS_E = ", ".join("e." + c.strip() for c in RUN_COLUMNS.split(","))
+
+# One claim batch (one "round", see _rounds): insert the executions, keep the
+# ones that won, compare-and-swap their jobs' next_run_at, report both. Inside a
+# round every job_id is unique, so joins on job_id are one-to-one and the UPDATE
+# touches each job at most once. Inserts go in job_id order so concurrent
+# batches take unique-index locks in the same order (no deadlock cycles).
+_CLAIM_SQL = """
+WITH input AS (
+    SELECT * FROM unnest(%(idx)b::int4[], %(job)b::int8[], %(sf)b::int8[], %(att)b::int4[],
+                         %(fence)b::int8[], %(disp)b::int8[], %(adv)b::bool[],
+                         %(exp)b::int8[], %(new)b::int8[])
+        AS t(idx, job_id, scheduled_for, attempt, fence, dispatched_at_ms, advance,
+             expected, new_next)
+), ins AS (
+    INSERT INTO executions (job_id, scheduled_for, attempt, state, fence, dispatched_at_ms)
+    SELECT job_id, scheduled_for, attempt, 'dispatched', fence, dispatched_at_ms
+      FROM input ORDER BY job_id
+    ON CONFLICT (job_id, scheduled_for, attempt) DO NOTHING
+    RETURNING run_id, job_id
+), won AS (
+    SELECT i.idx, ins.run_id, i.job_id, i.advance, i.expected, i.new_next, i.dispatched_at_ms
+      FROM ins JOIN input AS i ON i.job_id = ins.job_id
+), moved AS (
+    UPDATE jobs AS j
+       SET next_run_at = w.new_next,
+           state = CASE WHEN w.new_next IS NULL AND j.one_shot AND j.state = 'active'
+                        THEN 'completed' ELSE j.state END,
+           updated_at_ms = greatest(j.updated_at_ms, w.dispatched_at_ms),
+           change_xid = pg_current_xact_id()
+      FROM won AS w
+     WHERE w.advance AND j.job_id = w.job_id
+       AND j.next_run_at IS NOT DISTINCT FROM w.expected
+    RETURNING w.idx
+)
+SELECT w.idx, w.run_id, m.idx IS NOT NULL FROM won AS w LEFT JOIN moved AS m ON m.idx = w.idx
+"""
+
+# Retry only: claims whose insert lost to a row with the same fence are our own
+# earlier, committed attempt.
+_RECOGNISE_CLAIMS_SQL = """
+SELECT t.idx, e.run_id,
+       CASE WHEN t.new_next IS NULL
+            THEN j.next_run_at IS NULL
+            ELSE j.next_run_at = t.new_next END
+  FROM unnest(%(idx)b::int4[], %(job)b::int8[], %(sf)b::int8[], %(att)b::int4[],
+              %(fence)b::int8[], %(new)b::int8[])
+       AS t(idx, job_id, scheduled_for, attempt, fence, new_next)
+  JOIN executions AS e ON e.job_id = t.job_id AND e.scheduled_for = t.scheduled_for
+                      AND e.attempt = t.attempt AND e.fence = t.fence
+  JOIN jobs AS j ON j.job_id = t.job_id
+"""
+
+_ADVANCE_SQL = """
+UPDATE jobs AS j
+   SET next_run_at = t.new_next, updated_at_ms = greatest(j.updated_at_ms, %(now)s),
+       change_xid = pg_current_xact_id()
+  FROM unnest(%(idx)b::int4[], %(job)b::int8[], %(exp)b::int8[], %(new)b::int8[])
+       AS t(idx, job_id, expected, new_next)
+ WHERE j.job_id = t.job_id AND j.next_run_at IS NOT DISTINCT FROM t.expected
+RETURNING t.idx
+"""
+
+_MARK_RUNNING_SQL = """
+UPDATE executions AS e
+   SET state = 'running', worker_id = t.worker_id, started_at_ms = t.started_at_ms
+  FROM unnest(%(idx)b::int4[], %(run)b::int8[], %(fence)b::int8[], %(worker)s::text[],
+              %(started)b::int8[])
+       AS t(idx, run_id, fence, worker_id, started_at_ms)
+ WHERE e.run_id = t.run_id AND e.fence = t.fence AND e.state = 'dispatched'
+RETURNING t.idx
+"""
+
+_RECOGNISE_STARTS_SQL = """
+SELECT t.idx
+  FROM unnest(%(idx)b::int4[], %(run)b::int8[], %(fence)b::int8[], %(worker)s::text[])
+       AS t(idx, run_id, fence, worker_id)
+  JOIN executions AS e ON e.run_id = t.run_id AND e.fence = t.fence
+ WHERE e.state = 'running' AND e.worker_id = t.worker_id
+"""
+
+_COMPLETE_SQL = f"""
+UPDATE executions AS e
+   SET state = t.state, finished_at_ms = t.finished_at_ms, error = t.error,
+       worker_id = coalesce(t.worker_id, e.worker_id)
+  FROM unnest(%(idx)b::int4[], %(run)b::int8[], %(fence)b::int8[], %(state)s::text[],
+              %(finished)b::int8[], %(error)s::text[], %(worker)s::text[])
+       AS t(idx, run_id, fence, state, finished_at_ms, error, worker_id)
+ WHERE e.run_id = t.run_id AND e.fence = t.fence AND e.state IN {INFLIGHT_SQL}
+   AND NOT EXISTS (SELECT 1 FROM executions AS newer
+                    WHERE newer.job_id = e.job_id AND newer.scheduled_for = e.scheduled_for
+                      AND newer.fence > e.fence)
+RETURNING t.idx
+"""
+
+_RECOGNISE_COMPLETIONS_SQL = """
+SELECT t.idx
+  FROM unnest(%(idx)b::int4[], %(run)b::int8[], %(fence)b::int8[], %(state)s::text[],
+              %(finished)b::int8[])
+       AS t(idx, run_id, fence, state, finished_at_ms)
+  JOIN executions AS e ON e.run_id = t.run_id AND e.fence = t.fence
+ WHERE e.state = t.state AND e.finished_at_ms = t.finished_at_ms
+"""
+
+
+def _shards(shards: Collection[int]) -> list[int]:
+    for s in shards:
+        if not 0 <= s < SHARD_COUNT:
+            raise InvalidArgument("shards", f"shard {s} is outside [0, {SHARD_COUNT})")
+    return sorted(set(shards))
+
+
+def _rounds(job_ids: Sequence[int]) -> list[list[int]]:
+    """Split claim indexes so that no job appears twice in one round; a job's
+    k-th claim of the batch goes to round k (claim order is kept per job)."""
+    seen: dict[int, int] = {}
+    rounds: list[list[int]] = [[]]
+    for i, job_id in enumerate(job_ids):
+        k = seen.get(job_id, 0)
+        seen[job_id] = k + 1
+        if k == len(rounds):
+            rounds.append([])
+        rounds[k].append(i)
+    return rounds
+
+
+class _Attempt:
+    """Per-attempt facts the operation may use: is this a retry after a commit
+    whose outcome is unknown?"""
+
+    __slots__ = ("after_unknown_commit",)
+
+    def __init__(self, after_unknown_commit: bool) -> None:
+        self.after_unknown_commit = after_unknown_commit
+
+
+class PostgresStore:
+    """``Store`` on PostgreSQL (tables in the connection's ``search_path``)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 4,
+        retries: int = 8,
+        pool_timeout_s: float = 10.0,
+    ) -> None:
+        params = conninfo_to_dict(dsn)
+        kwargs: dict[str, Any] = {"autocommit": False}
+        if "application_name" not in params:
+            kwargs["application_name"] = "wheel"
+        if "connect_timeout" not in params:
+            kwargs["connect_timeout"] = 5
+        self._retries = max(1, retries)
+        self._pool: ConnectionPool[Conn] = ConnectionPool(
+            dsn,
+            min_size=min_size,
+            max_size=max(min_size, max_size),
+            kwargs=kwargs,
+            timeout=pool_timeout_s,
+            name="wheel-store",
+            open=True,
+        )
+
+    # -- plumbing -------------------------------------------------------------
+
+    def _run(self, op: Callable[[Conn, _Attempt], T], *, idempotent: bool) -> T:
+        """Run ``op`` in one transaction, retrying lost connections with backoff.
+
+        A failure before COMMIT rolled everything back: always safe to retry. A
+        failure during COMMIT has an unknown outcome: retried only for
+        ``idempotent`` operations, which then get ``after_unknown_commit``.
+        """
+        attempt = _Attempt(after_unknown_commit=False)
+        delay = 0.05
+        last: Exception | None = None
+        for n in range(self._retries):
+            committing = False
+            try:
+                with self._pool.connection() as conn:
+                    result = op(conn, attempt)
+                    committing = True
+                    conn.commit()
+                    return result
+            except psycopg.OperationalError as exc:
+                # Lost connections, server shutdown, pool timeouts, deadlocks and
+                # serialization failures all land here.
+                last = exc
+                if committing:
+                    if not idempotent:
+                        raise StoreUnavailable(
+                            f"postgresql: connection lost during commit (outcome unknown): {exc}"
+                        ) from exc
+                    attempt = _Attempt(after_unknown_commit=True)
+                if n + 1 < self._retries:
+                    time.sleep(delay * (0.5 + random.random()))
+                    delay = min(delay * 2, 1.0)
+            except psycopg.Error as exc:
+                raise StoreError(f"postgresql: {exc}") from exc
+        raise StoreUnavailable(f"postgresql unavailable: {last}") from last
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def migrate(self) -> None:
+        """Apply pending migrations under a transaction-scoped advisory lock keyed
+        by the schema, so concurrent migrators wait for each other."""
+
+        def op(conn: Conn, _: _Attempt) -> None:
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtext('wheel.migrate:' || current_schema()))"
+            )
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS wheel_schema_version (version integer NOT NULL)"
+            )
+            row = conn.execute("SELECT max(version) FROM wheel_schema_version").fetchone()
+            current = row[0] if row is not None else None
+            for version, statements in PG_MIGRATIONS:
+                if current is not None and version <= current:
+                    continue
+                for statement in statements:
+                    conn.execute(statement)
+                conn.execute("INSERT INTO wheel_schema_version (version) VALUES (%s)", (version,))
+
+        self._run(op, idempotent=True)
+
+    def schema_version(self) -> int:
+        def op(conn: Conn, _: _Attempt) -> int:
+            row = conn.execute("SELECT max(version) FROM wheel_schema_version").fetchone()
+            return int(row[0]) if row is not None else 0
+
+        return self._run(op, idempotent=True)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    # -- jobs -----------------------------------------------------------------
+
+    def submit_job(self, new: NewJob) -> tuple[JobRecord, bool]:
+        spec = new.spec
+        spec_json = spec.to_json()
+        key = new.idempotency_key
+        digest = body_hash(spec) if key is not None else ""
+
+        def op(conn: Conn, _: _Attempt) -> tuple[JobRecord, bool]:
+            if key is not None:
+                # Claim the key first: a concurrent submit with the same key waits
+                # here for ours to commit and then sees it.
+                row = conn.execute(
+                    "INSERT INTO idempotency_keys (tenant, idempotency_key, body_hash, job_id,"
+                    " created_at_ms) VALUES (%s, %s, %s, nextval('job_id_seq'), %s)"
+                    " ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING job_id",
+                    (spec.tenant, key, digest, new.created_at_ms),
+                ).fetchone()
+                if row is None:
+                    existing = conn.execute(
+                        "SELECT body_hash, job_id FROM idempotency_keys"
+                        " WHERE tenant = %s AND idempotency_key = %s",
+                        (spec.tenant, key),
+                    ).fetchone()
+                    if existing is None:  # pragma: no cover - the conflict row committed
+                        raise StoreError("idempotency key vanished during submit")
+                    if existing[0] != digest:
+                        raise AlreadyExists(
+                            f"idempotency key {key!r} of tenant {spec.tenant!r} was used"
+                            " with a different request"
+                        )
+                    return self._get_job(conn, existing[1]), False
+                job_id = int(row[0])
+            else:
+                seq = conn.execute("SELECT nextval('job_id_seq')").fetchone()
+                assert seq is not None
+                job_id = int(seq[0])
+            conn.execute(
+                "INSERT INTO jobs (job_id, shard, tenant, name, state, next_run_at, one_shot,"
+                " idempotency_key, created_at_ms, updated_at_ms)"
+                " VALUES (%s, %s, %s, %s, 'active', %s, %s, %s, %s, %s)",
+                (
+                    job_id,
+                    shard_of(job_id),
+                    spec.tenant,
+                    spec.name,
+                    new.next_run_at,
+                    not spec.recurring,
+                    key,
+                    new.created_at_ms,
+                    new.created_at_ms,
+                ),
+            )
+            conn.execute(
+                "INSERT INTO job_specs (job_id, spec) VALUES (%s, %s)", (job_id, spec_json)
+            )
+            return self._get_job(conn, job_id), True
+
+        # With a key a retry after an unknown commit finds its own job again.
+        return self._run(op, idempotent=key is not None)
+
+    def import_jobs(self, news: Sequence[NewJob]) -> list[int]:
+        """Bulk insert of jobs without idempotency keys in one transaction
+        (imports, benchmarks); returns their ids in order."""
+        if not news:
+            return []
+        if any(n.idempotency_key is not None for n in news):
+            raise InvalidArgument("idempotency_key", "import_jobs does not take keys")
+
+        def op(conn: Conn, _: _Attempt) -> list[int]:
+            ids = [
+                int(r[0])
+                for r in conn.execute(
+                    "SELECT nextval('job_id_seq') FROM generate_series(1, %s)", (len(news),)
+                )
+            ]
+            with conn.cursor() as cur:
+                with cur.copy(
+                    "COPY jobs (job_id, shard, tenant, name, state, next_run_at, one_shot,"
+                    " created_at_ms, updated_at_ms) FROM STDIN"
+                ) as copy:
+                    for job_id, n in zip(ids, news, strict=True):
+                        copy.write_row(
+                            (
+                                job_id,
+                                shard_of(job_id),
+                                n.spec.tenant,
+                                n.spec.name,
+                                "active",
+                                n.next_run_at,
+                                not n.spec.recurring,
+                                n.created_at_ms,
+                                n.created_at_ms,
+                            )
+                        )
+                with cur.copy("COPY job_specs (job_id, spec) FROM STDIN") as copy:
+                    for job_id, n in zip(ids, news, strict=True):
+                        copy.write_row((job_id, n.spec.to_json()))
+            return ids
+
+        return self._run(op, idempotent=False)
+
+    @staticmethod
+    def _get_job(conn: Conn, job_id: int) -> JobRecord:
+        row = conn.execute(
+            f"SELECT {JOB_COLUMNS} FROM {JOB_FROM} WHERE j.job_id = %s", (job_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"job {job_id} does not exist")
+        return job_from_row(row)
+
+    def get_job(self, job_id: int) -> JobRecord:
+        return self._run(lambda conn, _: self._get_job(conn, job_id), idempotent=True)
+
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None = None,
+        state: JobState | None = None,
+        after_job_id: int = 0,
+        limit: int = 100,
+    ) -> list[JobRecord]:
+        where = ["j.job_id > %s"]
+        params: list[Any] = [after_job_id]
+        if tenant is not None:
+            where.append("j.tenant = %s")
+            params.append(tenant)
+        if state is not None:
+            where.append("j.state = %s")
+            params.append(state.value)
+        params.append(max(0, limit))
+        sql = (
+            f"SELECT {JOB_COLUMNS} FROM {JOB_FROM} WHERE {' AND '.join(where)}"
+            " ORDER BY j.job_id LIMIT %s"
+        )
+
+        def op(conn: Conn, _: _Attempt) -> list[JobRecord]:
+            return [job_from_row(r) for r in conn.execute(sql, params)]
+
+        return self._run(op, idempotent=True)
+
+    def set_job_state(
+        self, job_id: int, state: JobState, *, next_run_at: int | None, now_ms: int
+    ) -> JobRecord:
+        def op(conn: Conn, _: _Attempt) -> JobRecord:
+            conn.execute(
+                "UPDATE jobs SET state = %s, next_run_at = %s, updated_at_ms = %s,"
+                " change_xid = pg_current_xact_id() WHERE job_id = %s",
+                (state.value, next_run_at, now_ms, job_id),
+            )
+            return self._get_job(conn, job_id)
+
+        return self._run(op, idempotent=True)
+
+    # -- executions -----------------------------------------------------------
+
+    def claim_fires(self, claims: Sequence[FireClaim]) -> list[ClaimOutcome]:
+        n = len(claims)
+        if n == 0:
+            return []
+        rounds = _rounds([c.job_id for c in claims])
+
+        def op(conn: Conn, attempt: _Attempt) -> tuple[list[int | None], list[bool]]:
+            run_ids: list[int | None] = [None] * n
+            advanced = [False] * n
+            with conn.cursor(binary=True) as cur:
+                for members in rounds:
+                    part = [claims[i] for i in members] if len(rounds) > 1 else claims
+                    cur.execute(
+                        _CLAIM_SQL,
+                        {
+                            "idx": members,
+                            "job": [c.job_id for c in part],
+                            "sf": [c.scheduled_for for c in part],
+                            "att": [c.attempt for c in part],
+                            "fence": [c.fence for c in part],
+                            "disp": [c.dispatched_at_ms for c in part],
+                            "adv": [c.advance for c in part],
+                            "exp": [c.expected_next_run_at for c in part],
+                            "new": [c.new_next_run_at for c in part],
+                        },
+                    )
+                    for i, run_id, moved in cur:
+                        run_ids[i] = run_id
+                        advanced[i] = moved
+                if attempt.after_unknown_commit:
+                    lost = [i for i in range(n) if run_ids[i] is None]
+                    if lost:
+                        part = [claims[i] for i in lost]
+                        cur.execute(
+                            _RECOGNISE_CLAIMS_SQL,
+                            {
+                                "idx": lost,
+                                "job": [c.job_id for c in part],
+                                "sf": [c.scheduled_for for c in part],
+                                "att": [c.attempt for c in part],
+                                "fence": [c.fence for c in part],
+                                "new": [c.new_next_run_at for c in part],
+                            },
+                        )
+                        for i, run_id, moved in cur:
+                            run_ids[i] = run_id
+                            advanced[i] = bool(moved) and claims[i].advance
+            return run_ids, advanced
+
+        run_ids, advanced = self._run(op, idempotent=True)
+        return [
+            ClaimOutcome(claim=c, run_id=run_ids[i], advanced=advanced[i])
+            for i, c in enumerate(claims)
+        ]
+
+    def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
+        n = len(advances)
+        if n == 0:
+            return []
+        rounds = _rounds([a.job_id for a in advances])
+        now = wall_ms()
+
+        def op(conn: Conn, _: _Attempt) -> list[bool]:
+            applied = [False] * n
+            with conn.cursor(binary=True) as cur:
+                for members in rounds:
+                    part = [advances[i] for i in members]
+                    cur.execute(
+                        _ADVANCE_SQL,
+                        {
+                            "now": now,
+                            "idx": members,
+                            "job": [a.job_id for a in part],
+                            "exp": [a.expected_next_run_at for a in part],
+                            "new": [a.new_next_run_at for a in part],
+                        },
+                    )
+                    for (i,) in cur:
+                        applied[i] = True
+            return applied
+
+        # Not retried after an unknown commit: a CAS that applied would then
+        # report False. A lost connection before commit is still retried.
+        return self._run(op, idempotent=False)
+
+    def mark_running(self, starts: Sequence[RunStart]) -> list[bool]:
+        n = len(starts)
+        if n == 0:
+            return []
+        first = self._first_per_key([s.run_id for s in starts])
+
+        def op(conn: Conn, attempt: _Attempt) -> list[bool]:
+            applied = [False] * n
+            params = {
+                "idx": first,
+                "run": [starts[i].run_id for i in first],
+                "fence": [starts[i].fence for i in first],
+                "worker": [starts[i].worker_id for i in first],
+                "started": [starts[i].started_at_ms for i in first],
+            }
+            with conn.cursor(binary=True) as cur:
+                cur.execute(_MARK_RUNNING_SQL, params)
+                for (i,) in cur:
+                    applied[i] = True
+                if attempt.after_unknown_commit:
+                    del params["started"]
+                    cur.execute(_RECOGNISE_STARTS_SQL, params)
+                    for (i,) in cur:
+                        applied[i] = True
+            return applied
+
+        return self._run(op, idempotent=True)
+
+    @staticmethod
+    def _first_per_key(keys: Sequence[int]) -> list[int]:
+        """Indexes of the first occurrence of each key: a repeat in one batch is
+        reported as not applied (the first one took the transition)."""
+        seen: set[int] = set()
+        out = []
+        for i, k in enumerate(keys):
+            if k not in seen:
+                seen.add(k)
+                out.append(i)
+        return out
+
+    def complete_runs(self, completions: Sequence[Completion]) -> list[CompletionOutcome]:
+        n = len(completions)
+        if n == 0:
+            return []
+        for c in completions:
+            if c.state not in TERMINAL_RUN_STATES:
+                raise InvalidArgument("completion.state", f"{c.state} is not a terminal state")
+        first = self._first_per_key([c.run_id for c in completions])
+        part = [completions[i] for i in first] if len(first) < n else completions
+
+        def op(conn: Conn, attempt: _Attempt) -> list[bool]:
+            applied = [False] * n
+            params = {
+                "idx": first,
+                "run": [c.run_id for c in part],
+                "fence": [c.fence for c in part],
+                "state": [c.state.value for c in part],
+                "finished": [c.finished_at_ms for c in part],
+                "error": [c.error for c in part],
+                "worker": [c.worker_id for c in part],
+            }
+            with conn.cursor(binary=True) as cur:
+                cur.execute(_COMPLETE_SQL, params)
+                for (i,) in cur:
+                    applied[i] = True
+                if attempt.after_unknown_commit:
+                    del params["error"], params["worker"]
+                    cur.execute(_RECOGNISE_COMPLETIONS_SQL, params)
+                    for (i,) in cur:
+                        applied[i] = True
+            return applied
+
+        applied = self._run(op, idempotent=True)
+        return [
+            CompletionOutcome(run_id=c.run_id, applied=applied[i])
+            for i, c in enumerate(completions)
+        ]
+
+    def record_missed(self, missed: Sequence[MissedFire]) -> None:
+        if not missed:
+            return
+
+        def op(conn: Conn, _: _Attempt) -> None:
+            conn.execute(
+                "INSERT INTO missed_fires (job_id, scheduled_for, reason, recorded_at_ms)"
+                " SELECT * FROM unnest(%b::int8[], %b::int8[], %s::text[], %b::int8[])"
+                " ON CONFLICT (job_id, scheduled_for) DO NOTHING",
+                (
+                    [m.job_id for m in missed],
+                    [m.scheduled_for for m in missed],
+                    [m.reason.value for m in missed],
+                    [m.recorded_at_ms for m in missed],
+                ),
+            )
+
+        self._run(op, idempotent=True)
+
+    def get_run(self, run_id: int) -> ExecutionRecord:
+        def op(conn: Conn, _: _Attempt) -> ExecutionRecord:
+            row = conn.execute(
+                f"SELECT {RUN_COLUMNS} FROM executions WHERE run_id = %s", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"run {run_id} does not exist")
+            return run_from_row(row)
+
+        return self._run(op, idempotent=True)
+
+    def list_runs(
+        self, job_id: int, *, before_run_id: int | None = None, limit: int = 100
+    ) -> list[ExecutionRecord]:
+        before = before_run_id if before_run_id is not None else 2**63 - 1
+
+        def op(conn: Conn, _: _Attempt) -> list[ExecutionRecord]:
+            rows = conn.execute(
+                f"SELECT {RUN_COLUMNS} FROM executions WHERE job_id = %s AND run_id < %s"
+                " ORDER BY run_id DESC LIMIT %s",
+                (job_id, before, max(0, limit)),
+            ).fetchall()
+            return [run_from_row(r) for r in rows]
+
+        return self._run(op, idempotent=True)
+
+    def list_missed(
+        self, job_id: int, *, before_scheduled_for: int | None = None, limit: int = 100
+    ) -> list[MissedFire]:
+        before = before_scheduled_for if before_scheduled_for is not None else 2**63 - 1
+
+        def op(conn: Conn, _: _Attempt) -> list[MissedFire]:
+            rows = conn.execute(
+                f"SELECT {MISSED_COLUMNS} FROM missed_fires"
+                " WHERE job_id = %s AND scheduled_for < %s ORDER BY scheduled_for DESC LIMIT %s",
+                (job_id, before, max(0, limit)),
+            ).fetchall()
+            return [missed_from_row(r) for r in rows]
+
+        return self._run(op, idempotent=True)
+
+    def fires_exist(self, job_id: int, scheduled_for: Sequence[int]) -> set[int]:
+        if not scheduled_for:
+            return set()
+        times = list(scheduled_for)
+
+        def op(conn: Conn, _: _Attempt) -> set[int]:
+            rows = conn.execute(
+                "SELECT scheduled_for FROM executions"
+                " WHERE job_id = %(job)s AND scheduled_for = ANY(%(times)s::int8[])"
+                " UNION SELECT scheduled_for FROM missed_fires"
+                " WHERE job_id = %(job)s AND scheduled_for = ANY(%(times)s::int8[])",
+                {"job": job_id, "times": times},
+            ).fetchall()
+            return {int(r[0]) for r in rows}
+
+        return self._run(op, idempotent=True)
+
+    # -- ownership ------------------------------------------------------------
+
+    def acquire_epochs(self, shards: Collection[int], owner: str) -> dict[int, int]:
+        wanted = _shards(shards)
+        if not wanted:
+            return {}
+
+        def op(conn: Conn, _: _Attempt) -> dict[int, int]:
+            rows = conn.execute(
+                "INSERT INTO shard_epochs (shard, epoch, owner)"
+                " SELECT s, 1, %s FROM unnest(%s::int4[]) AS s"
+                " ON CONFLICT (shard) DO UPDATE"
+                " SET epoch = shard_epochs.epoch + 1, owner = excluded.owner"
+                " RETURNING shard, epoch",
+                (owner, wanted),
+            ).fetchall()
+            return {int(s): int(e) for s, e in rows}
+
+        # A retry after an unknown commit bumps once more: still strictly increasing.
+        return self._run(op, idempotent=True)
+
+    @staticmethod
+    def _safe_xid(conn: Conn) -> int:
+        """The oldest transaction still running when this transaction's snapshot
+        was taken: every change by a transaction below it has committed (and is
+        visible to this snapshot) or rolled back."""
+        row = conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def load_shards(self, shards: Collection[int]) -> ShardLoad:
+        wanted = _shards(shards)
+
+        def op(conn: Conn, _: _Attempt) -> ShardLoad:
+            # One snapshot for the jobs, the runs and the watermark.
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            watermark = self._safe_xid(conn)
+            jobs = conn.execute(
+                f"SELECT {JOB_COLUMNS} FROM {JOB_FROM}"
+                " WHERE j.state IN ('active', 'paused') AND j.shard = ANY(%s::int2[])"
+                " ORDER BY j.job_id",
+                (wanted,),
+            ).fetchall()
+            runs = conn.execute(
+                f"SELECT {_RUN_COLUMNS_E} FROM executions AS e JOIN jobs AS j USING (job_id)"
+                f" WHERE e.state IN {INFLIGHT_SQL} AND j.shard = ANY(%s::int2[])"
+                " ORDER BY e.run_id",
+                (wanted,),
+            ).fetchall()
+            return ShardLoad(
+                jobs=[job_from_row(r) for r in jobs],
+                inflight=[run_from_row(r) for r in runs],
+                watermark=watermark,
+            )
+
+        return self._run(op, idempotent=True)
+
+    def changes_since(
+        self, watermark: int, shards: Collection[int], limit: int = 10_000
+    ) -> tuple[list[JobRecord], int]:
+        """Jobs changed by transactions in ``[watermark, xmin)``.
+
+        Why not a sequence: a transaction that took sequence value 10 may commit
+        after one that took 11; a reader that saw 11 and moved its watermark past
+        it would never see 10. Instead each job row carries the id of the
+        transaction that last changed it (``change_xid``), and a reader only
+        hands out transactions below its snapshot's ``xmin``: all of those have
+        finished, so nothing can still commit below the new watermark. Changes of
+        transactions at or above ``xmin`` wait for a later call (a long-running
+        transaction anywhere in the cluster delays, never loses, them). The
+        watermark is exclusive: "every change with xid below it was seen".
+        """
+        wanted = _shards(shards)
+        limit = max(1, limit)
+
+        def op(conn: Conn, _: _Attempt) -> tuple[list[JobRecord], int]:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            xmin = self._safe_xid(conn)
+            rows = conn.execute(
+                f"SELECT {JOB_COLUMNS}, j.change_xid::text::int8 FROM {JOB_FROM}"
+                " WHERE j.change_xid >= %s::text::xid8 AND j.change_xid < %s::text::xid8"
+                " AND j.shard = ANY(%s::int2[])"
+                " ORDER BY j.change_xid, j.job_id LIMIT %s",
+                (str(watermark), str(xmin), wanted, limit + 1),
+            ).fetchall()
+            if len(rows) <= limit:
+                return [job_from_row(r) for r in rows], max(watermark, xmin)
+            # More than a page: end the page on a whole transaction.
+            cut = int(rows[limit][-1])
+            page = [r for r in rows[:limit] if int(r[-1]) < cut]
+            if page:
+                return [job_from_row(r) for r in page], cut
+            # One transaction changed more than `limit` jobs: hand all of it out.
+            rows = conn.execute(
+                f"SELECT {JOB_COLUMNS} FROM {JOB_FROM}"
+                " WHERE j.change_xid = %s::text::xid8 AND j.shard = ANY(%s::int2[])"
+                " ORDER BY j.job_id",
+                (str(cut), wanted),
+            ).fetchall()
+            return [job_from_row(r) for r in rows], cut + 1
+
+        return self._run(op, idempotent=True)
+
+    # -- retention ------------------------------------------------------------
+
+    def purge_history(self, finished_before_ms: int, batch: int = 10_000) -> int:
+        batch = max(1, batch)
+        total = self._purge_ranges(
+            "executions",
+            "run_id",
+            f"finished_at_ms < %s AND state IN {_TERMINAL_SQL}",
+            finished_before_ms,
+            batch,
+        )
+        total += self._purge_ranges(
+            "missed_fires", "id", "recorded_at_ms < %s", finished_before_ms, batch
+        )
+        return total
+
+    def _purge_ranges(self, table: str, key: str, cond: str, cutoff: int, batch: int) -> int:
+        """Delete in key ranges of ``batch`` rows, one short transaction each."""
+        total = 0
+        low = 0
+        while True:
+
+            def op(conn: Conn, _: _Attempt, low: int = low) -> tuple[int, int | None]:
+                row = conn.execute(
+                    f"SELECT {key} FROM {table} WHERE {key} > %s ORDER BY {key} OFFSET %s LIMIT 1",
+                    (low, batch - 1),
+                ).fetchone()
+                high = int(row[0]) if row is not None else None
+                cur = conn.execute(
+                    f"DELETE FROM {table} WHERE {key} > %s AND {key} <= %s AND {cond}",
+                    (low, high if high is not None else 2**63 - 1, cutoff),
+                )
+                return cur.rowcount, high
+
+            deleted, high = self._run(op, idempotent=True)
+            total += deleted
+            if high is None:
+                return total
+            low = high

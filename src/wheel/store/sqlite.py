@@ -1,0 +1,614 @@
+"""The embedded record of truth: one SQLite file in WAL mode.
+
+Durability: by default the database runs in WAL mode with ``synchronous=FULL``,
+so the WAL is fsynced before every commit returns. An acknowledged write then
+survives a crash of the process (SIGKILL) and, as far as the disk honours
+fsync, a power loss or kernel panic too. With ``synchronous=normal`` (URL
+query ``?synchronous=normal``) commits are only fsynced at checkpoints: still
+safe against process crashes and never corrupt, but the last transactions
+before a power loss may roll back.
+
+SQLite serializes writers, which this backend leans on: ids and the change
+sequence come from counter rows bumped inside the write transaction, so they
+are handed out in commit order and ``changes_since`` can use a plain
+``change_seq > watermark``. The store is safe to call from several threads: one
+connection guarded by a lock (the node calls it from worker threads, one call
+at a time per call site).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from wheel.errors import AlreadyExists, InvalidArgument, NotFound, StoreError, StoreUnavailable
+from wheel.store._schema import (
+    INFLIGHT_SQL,
+    JOB_COLUMNS,
+    JOB_FROM,
+    MISSED_COLUMNS,
+    RUN_COLUMNS,
+    SQLITE_MIGRATIONS,
+    body_hash,
+    job_from_row,
+    missed_from_row,
+    run_from_row,
+    wall_ms,
+)
+from wheel.store.base import (
+    SHARD_COUNT,
+    TERMINAL_RUN_STATES,
+    ClaimOutcome,
+    Completion,
+    CompletionOutcome,
+    ExecutionRecord,
+    FireClaim,
+    JobRecord,
+    JobState,
+    MissedFire,
+    NewJob,
+    RunStart,
+    ScheduleAdvance,
+    ShardLoad,
+    shard_of,
+)
+
+__all__ = ["SQLiteStore"]
+
+_SYNCHRONOUS = {"off", "normal", "full", "extra"}
+_TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_RUN_STATES)) + ")"
+
+_INSERT_RUN = (
+    "INSERT INTO executions (run_id, job_id, scheduled_for, attempt, state, fence,"
+    " dispatched_at_ms) VALUES (?, ?, ?, ?, 'dispatched', ?, ?)"
+    " ON CONFLICT (job_id, scheduled_for, attempt) DO NOTHING"
+)
+# The schedule compare-and-swap of a won claim (seed R4). ``IS`` so that a
+# claim may also swap from "no next fire" (NULL).
+# The common case leaves ``state`` out of the SET list: SQLite then skips the
+# indexes that only depend on state.
+_ADVANCE_CAS = (
+    "UPDATE jobs SET next_run_at = ?1, updated_at_ms = max(updated_at_ms, ?2), change_seq = ?3"
+    " WHERE job_id = ?4 AND next_run_at IS ?5"
+)
+# For batches with a claim that ends its schedule: a one-shot whose next fire
+# is None becomes completed.
+_CLAIM_CAS_END = (
+    "UPDATE jobs SET next_run_at = ?1,"
+    " state = CASE WHEN ?1 IS NULL AND one_shot = 1 AND state = 'active'"
+    " THEN 'completed' ELSE state END,"
+    " updated_at_ms = max(updated_at_ms, ?2), change_seq = ?3"
+    " WHERE job_id = ?4 AND next_run_at IS ?5"
+)
+_MARK_RUNNING = (
+    "UPDATE executions SET state = 'running', worker_id = ?, started_at_ms = ?"
+    " WHERE run_id = ? AND fence = ? AND state = 'dispatched'"
+)
+_COMPLETE = (
+    "UPDATE executions SET state = ?, finished_at_ms = ?, error = ?,"
+    " worker_id = coalesce(?, worker_id)"
+    f" WHERE run_id = ? AND fence = ? AND state IN {INFLIGHT_SQL}"
+    " AND NOT EXISTS (SELECT 1 FROM executions AS newer"
+    "  WHERE newer.job_id = executions.job_id"
+    "  AND newer.scheduled_for = executions.scheduled_for"
+    "  AND newer.fence > executions.fence)"
+)
+
+
+def _wrap(exc: sqlite3.Error) -> StoreError:
+    text = str(exc).lower()
+    if isinstance(exc, sqlite3.OperationalError) and any(
+        word in text for word in ("locked", "busy", "unable to open", "disk i/o")
+    ):
+        return StoreUnavailable(f"sqlite: {exc}")
+    return StoreError(f"sqlite: {exc}")
+
+
+def _shard_list(shards: Collection[int]) -> str:
+    for s in shards:
+        if not 0 <= s < SHARD_COUNT:
+            raise InvalidArgument("shards", f"shard {s} is outside [0, {SHARD_COUNT})")
+    return json.dumps(sorted(set(shards)))
+
+
+class SQLiteStore:
+    """``Store`` on one SQLite file (``:memory:`` works for throwaway use)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        synchronous: str = "full",
+        busy_timeout_ms: int = 10_000,
+    ) -> None:
+        synchronous = synchronous.lower()
+        if synchronous not in _SYNCHRONOUS:
+            raise InvalidArgument("synchronous", f"must be one of {sorted(_SYNCHRONOUS)}")
+        self._lock = threading.Lock()
+        try:
+            conn = sqlite3.connect(
+                str(path),
+                isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+                check_same_thread=False,  # guarded by self._lock
+                timeout=busy_timeout_ms / 1000,
+                cached_statements=256,
+            )
+            # busy_timeout first: switching to WAL needs a lock another process
+            # may hold while it migrates.
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+            conn.execute("PRAGMA temp_store = MEMORY")
+            conn.execute("PRAGMA cache_size = -65536")
+        except sqlite3.Error as exc:
+            raise _wrap(exc) from exc
+        self._conn = conn
+
+    # -- plumbing -------------------------------------------------------------
+
+    @contextmanager
+    def _tx(self, write: bool) -> Iterator[sqlite3.Cursor]:
+        """One transaction; sqlite3 errors come out as ``StoreError``."""
+        with self._lock:
+            try:
+                cur = self._conn.cursor()
+                # IMMEDIATE takes the write lock up front, so a transaction never
+                # fails half-way with SQLITE_BUSY on its first write.
+                cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                try:
+                    yield cur
+                    cur.execute("COMMIT")
+                except BaseException:
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise _wrap(exc) from exc
+
+    @staticmethod
+    def _bump(cur: sqlite3.Cursor, name: str, n: int) -> int:
+        """Reserve ``n`` values of a counter; returns the first."""
+        row = cur.execute(
+            "UPDATE counters SET value = value + ?1 WHERE name = ?2 RETURNING value - ?1 + 1",
+            (n, name),
+        ).fetchone()
+        return int(row[0])
+
+    @staticmethod
+    def _apply_each(cur: sqlite3.Cursor, sql: str, rows: list[tuple[Any, ...]]) -> list[bool]:
+        """Run ``sql`` once per row; True where it changed a row.
+
+        Fast path: one executemany; when every row applied we are done. Else roll
+        back to a savepoint and redo row by row to learn which ones applied.
+        """
+        if not rows:
+            return []
+        cur.execute("SAVEPOINT apply_each")
+        cur.executemany(sql, rows)
+        if cur.rowcount == len(rows):
+            cur.execute("RELEASE apply_each")
+            return [True] * len(rows)
+        cur.execute("ROLLBACK TO apply_each")
+        out = []
+        for row in rows:
+            cur.execute(sql, row)
+            out.append(cur.rowcount == 1)
+        cur.execute("RELEASE apply_each")
+        return out
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def migrate(self) -> None:
+        """Apply pending migrations under ``BEGIN IMMEDIATE`` (one writer at a time)."""
+        with self._tx(write=True) as cur:
+            cur.execute(
+                "CREATE TABLE IF NOT EXISTS wheel_schema_version (version INTEGER NOT NULL)"
+            )
+            current = cur.execute("SELECT max(version) FROM wheel_schema_version").fetchone()[0]
+            for version, statements in SQLITE_MIGRATIONS:
+                if current is not None and version <= current:
+                    continue
+                for statement in statements:
+                    cur.execute(statement)
+                cur.execute("INSERT INTO wheel_schema_version (version) VALUES (?)", (version,))
+
+    def schema_version(self) -> int:
+        with self._tx(write=False) as cur:
+            return int(cur.execute("SELECT max(version) FROM wheel_schema_version").fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # -- jobs -----------------------------------------------------------------
+
+    def submit_job(self, new: NewJob) -> tuple[JobRecord, bool]:
+        spec = new.spec
+        spec_json = spec.to_json()
+        key = new.idempotency_key
+        digest = body_hash(spec) if key is not None else ""
+        with self._tx(write=True) as cur:
+            if key is not None:
+                row = cur.execute(
+                    "SELECT body_hash, job_id FROM idempotency_keys"
+                    " WHERE tenant = ? AND idempotency_key = ?",
+                    (spec.tenant, key),
+                ).fetchone()
+                if row is not None:
+                    if row[0] != digest:
+                        raise AlreadyExists(
+                            f"idempotency key {key!r} of tenant {spec.tenant!r} was used"
+                            " with a different request"
+                        )
+                    return self._get_job(cur, row[1]), False
+            job_id = self._bump(cur, "job_id", 1)
+            seq = self._bump(cur, "change_seq", 1)
+            cur.execute(
+                "INSERT INTO jobs (job_id, shard, tenant, name, state, next_run_at, one_shot,"
+                " idempotency_key, created_at_ms, updated_at_ms, change_seq)"
+                " VALUES (?, ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?)",
+                (
+                    job_id,
+                    shard_of(job_id),
+                    spec.tenant,
+                    spec.name,
+                    new.next_run_at,
+                    0 if spec.recurring else 1,
+                    key,
+                    new.created_at_ms,
+                    new.created_at_ms,
+                    seq,
+                ),
+            )
+            cur.execute("INSERT INTO job_specs (job_id, spec) VALUES (?, ?)", (job_id, spec_json))
+            if key is not None:
+                cur.execute(
+                    "INSERT INTO idempotency_keys (tenant, idempotency_key, body_hash, job_id,"
+                    " created_at_ms) VALUES (?, ?, ?, ?, ?)",
+                    (spec.tenant, key, digest, job_id, new.created_at_ms),
+                )
+            return self._get_job(cur, job_id), True
+
+    def import_jobs(self, news: Sequence[NewJob]) -> list[int]:
+        """Bulk insert of jobs without idempotency keys, in one transaction
+        (imports, benchmarks); returns their ids in order."""
+        if not news:
+            return []
+        if any(n.idempotency_key is not None for n in news):
+            raise InvalidArgument("idempotency_key", "import_jobs does not take keys")
+        with self._tx(write=True) as cur:
+            first = self._bump(cur, "job_id", len(news))
+            seq = self._bump(cur, "change_seq", len(news))
+            ids = list(range(first, first + len(news)))
+            cur.executemany(
+                "INSERT INTO jobs (job_id, shard, tenant, name, state, next_run_at, one_shot,"
+                " created_at_ms, updated_at_ms, change_seq)"
+                " VALUES (?, ?, ?, ?, 'active', ?, ?, ?, ?, ?)",
+                [
+                    (
+                        job_id,
+                        shard_of(job_id),
+                        n.spec.tenant,
+                        n.spec.name,
+                        n.next_run_at,
+                        0 if n.spec.recurring else 1,
+                        n.created_at_ms,
+                        n.created_at_ms,
+                        seq + k,
+                    )
+                    for k, (job_id, n) in enumerate(zip(ids, news, strict=True))
+                ],
+            )
+            cur.executemany(
+                "INSERT INTO job_specs (job_id, spec) VALUES (?, ?)",
+                [(job_id, n.spec.to_json()) for job_id, n in zip(ids, news, strict=True)],
+            )
+        return ids
+
+    @staticmethod
+    def _get_job(cur: sqlite3.Cursor, job_id: int) -> JobRecord:
+        row = cur.execute(
+            f"SELECT {JOB_COLUMNS} FROM {JOB_FROM} WHERE j.job_id = ?", (job_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"job {job_id} does not exist")
+        return job_from_row(row)
+
+    def get_job(self, job_id: int) -> JobRecord:
+        with self._tx(write=False) as cur:
+            return self._get_job(cur, job_id)
+
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None = None,
+        state: JobState | None = None,
+        after_job_id: int = 0,
+        limit: int = 100,
+    ) -> list[JobRecord]:
+        where = ["j.job_id > ?"]
+        params: list[Any] = [after_job_id]
+        if tenant is not None:
+            where.append("j.tenant = ?")
+            params.append(tenant)
+        if state is not None:
+            where.append("j.state = ?")
+            params.append(state.value)
+        params.append(max(0, limit))
+        sql = (
+            f"SELECT {JOB_COLUMNS} FROM {JOB_FROM} WHERE {' AND '.join(where)}"
+            " ORDER BY j.job_id LIMIT ?"
+        )
+        with self._tx(write=False) as cur:
+            return [job_from_row(r) for r in cur.execute(sql, params)]
+
+    def set_job_state(
+        self, job_id: int, state: JobState, *, next_run_at: int | None, now_ms: int
+    ) -> JobRecord:
+        with self._tx(write=True) as cur:
+            seq = self._bump(cur, "change_seq", 1)
+            cur.execute(
+                "UPDATE jobs SET state = ?, next_run_at = ?, updated_at_ms = ?, change_seq = ?"
+                " WHERE job_id = ?",
+                (state.value, next_run_at, now_ms, seq, job_id),
+            )
+            return self._get_job(cur, job_id)
+
+    # -- executions -----------------------------------------------------------
+
+    def claim_fires(self, claims: Sequence[FireClaim]) -> list[ClaimOutcome]:
+        n = len(claims)
+        if n == 0:
+            return []
+        with self._tx(write=True) as cur:
+            base = self._bump(cur, "run_id", n)
+            cur.executemany(
+                _INSERT_RUN,
+                [
+                    (base + i, c.job_id, c.scheduled_for, c.attempt, c.fence, c.dispatched_at_ms)
+                    for i, c in enumerate(claims)
+                ],
+            )
+            if cur.rowcount == n:
+                won: list[bool] | None = None  # all of them
+            else:
+                # Ids are ours alone (the counter was bumped under the write
+                # lock): the ones present in the range are the inserts that won.
+                present = {
+                    r[0]
+                    for r in cur.execute(
+                        "SELECT run_id FROM executions WHERE run_id BETWEEN ? AND ?",
+                        (base, base + n - 1),
+                    )
+                }
+                won = [base + i in present for i in range(n)]
+            cas_idx = [i for i, c in enumerate(claims) if c.advance and (won is None or won[i])]
+            advanced = [False] * n
+            if cas_idx:
+                seq = self._bump(cur, "change_seq", len(cas_idx))
+                rows: list[tuple[Any, ...]] = []
+                ending = False
+                for k, i in enumerate(cas_idx):
+                    c = claims[i]
+                    ending = ending or c.new_next_run_at is None
+                    rows.append(
+                        (
+                            c.new_next_run_at,
+                            c.dispatched_at_ms,
+                            seq + k,
+                            c.job_id,
+                            c.expected_next_run_at,
+                        )
+                    )
+                # Batches that end a schedule take the statement that may set
+                # state (it is a no-op on state when next_run_at stays set).
+                sql = _CLAIM_CAS_END if ending else _ADVANCE_CAS
+                for i, ok in zip(cas_idx, self._apply_each(cur, sql, rows), strict=True):
+                    advanced[i] = ok
+        if won is None:
+            return [
+                ClaimOutcome(claim=c, run_id=base + i, advanced=advanced[i])
+                for i, c in enumerate(claims)
+            ]
+        return [
+            ClaimOutcome(claim=c, run_id=base + i if won[i] else None, advanced=advanced[i])
+            for i, c in enumerate(claims)
+        ]
+
+    def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
+        if not advances:
+            return []
+        now = wall_ms()
+        with self._tx(write=True) as cur:
+            seq = self._bump(cur, "change_seq", len(advances))
+            rows: list[tuple[Any, ...]] = [
+                (a.new_next_run_at, now, seq + k, a.job_id, a.expected_next_run_at)
+                for k, a in enumerate(advances)
+            ]
+            return self._apply_each(cur, _ADVANCE_CAS, rows)
+
+    def mark_running(self, starts: Sequence[RunStart]) -> list[bool]:
+        if not starts:
+            return []
+        rows: list[tuple[Any, ...]] = [
+            (s.worker_id, s.started_at_ms, s.run_id, s.fence) for s in starts
+        ]
+        with self._tx(write=True) as cur:
+            return self._apply_each(cur, _MARK_RUNNING, rows)
+
+    def complete_runs(self, completions: Sequence[Completion]) -> list[CompletionOutcome]:
+        if not completions:
+            return []
+        for c in completions:
+            if c.state not in TERMINAL_RUN_STATES:
+                raise InvalidArgument("completion.state", f"{c.state} is not a terminal state")
+        rows: list[tuple[Any, ...]] = [
+            (c.state.value, c.finished_at_ms, c.error, c.worker_id, c.run_id, c.fence)
+            for c in completions
+        ]
+        with self._tx(write=True) as cur:
+            applied = self._apply_each(cur, _COMPLETE, rows)
+        return [
+            CompletionOutcome(run_id=c.run_id, applied=ok)
+            for c, ok in zip(completions, applied, strict=True)
+        ]
+
+    def record_missed(self, missed: Sequence[MissedFire]) -> None:
+        if not missed:
+            return
+        with self._tx(write=True) as cur:
+            cur.executemany(
+                "INSERT INTO missed_fires (job_id, scheduled_for, reason, recorded_at_ms)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (job_id, scheduled_for) DO NOTHING",
+                [(m.job_id, m.scheduled_for, m.reason.value, m.recorded_at_ms) for m in missed],
+            )
+
+    def get_run(self, run_id: int) -> ExecutionRecord:
+        with self._tx(write=False) as cur:
+            row = cur.execute(
+                f"SELECT {RUN_COLUMNS} FROM executions WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"run {run_id} does not exist")
+        return run_from_row(row)
+
+    def list_runs(
+        self, job_id: int, *, before_run_id: int | None = None, limit: int = 100
+    ) -> list[ExecutionRecord]:
+        before = before_run_id if before_run_id is not None else 2**63 - 1
+        with self._tx(write=False) as cur:
+            rows = cur.execute(
+                f"SELECT {RUN_COLUMNS} FROM executions WHERE job_id = ? AND run_id < ?"
+                " ORDER BY run_id DESC LIMIT ?",
+                (job_id, before, max(0, limit)),
+            ).fetchall()
+        return [run_from_row(r) for r in rows]
+
+    def list_missed(
+        self, job_id: int, *, before_scheduled_for: int | None = None, limit: int = 100
+    ) -> list[MissedFire]:
+        before = before_scheduled_for if before_scheduled_for is not None else 2**63 - 1
+        with self._tx(write=False) as cur:
+            rows = cur.execute(
+                f"SELECT {MISSED_COLUMNS} FROM missed_fires"
+                " WHERE job_id = ? AND scheduled_for < ? ORDER BY scheduled_for DESC LIMIT ?",
+                (job_id, before, max(0, limit)),
+            ).fetchall()
+        return [missed_from_row(r) for r in rows]
+
+    def fires_exist(self, job_id: int, scheduled_for: Sequence[int]) -> set[int]:
+        if not scheduled_for:
+            return set()
+        times = json.dumps(list(scheduled_for))
+        with self._tx(write=False) as cur:
+            rows = cur.execute(
+                "SELECT scheduled_for FROM executions WHERE job_id = ?1"
+                " AND scheduled_for IN (SELECT value FROM json_each(?2))"
+                " UNION SELECT scheduled_for FROM missed_fires WHERE job_id = ?1"
+                " AND scheduled_for IN (SELECT value FROM json_each(?2))",
+                (job_id, times),
+            ).fetchall()
+        return {r[0] for r in rows}
+
+    # -- ownership ------------------------------------------------------------
+
+    def acquire_epochs(self, shards: Collection[int], owner: str) -> dict[int, int]:
+        wanted = json.loads(_shard_list(shards))
+        if not wanted:
+            return {}
+        with self._tx(write=True) as cur:
+            rows = cur.execute(
+                "INSERT INTO shard_epochs (shard, epoch, owner)"
+                " SELECT value, 1, ?1 FROM json_each(?2) WHERE true"
+                " ON CONFLICT (shard) DO UPDATE SET epoch = epoch + 1, owner = excluded.owner"
+                " RETURNING shard, epoch",
+                (owner, json.dumps(wanted)),
+            ).fetchall()
+        return {int(s): int(e) for s, e in rows}
+
+    def load_shards(self, shards: Collection[int]) -> ShardLoad:
+        wanted = _shard_list(shards)
+        with self._tx(write=False) as cur:
+            # One read transaction: jobs, runs and the watermark are one snapshot.
+            watermark = cur.execute(
+                "SELECT value FROM counters WHERE name = 'change_seq'"
+            ).fetchone()[0]
+            jobs = cur.execute(
+                f"SELECT {JOB_COLUMNS} FROM {JOB_FROM} WHERE j.state IN ('active', 'paused')"
+                " AND j.shard IN (SELECT value FROM json_each(?)) ORDER BY j.job_id",
+                (wanted,),
+            ).fetchall()
+            runs = cur.execute(
+                f"SELECT {', '.join('e.' + c.strip() for c in RUN_COLUMNS.split(','))}"
+                " FROM executions AS e JOIN jobs AS j ON j.job_id = e.job_id"
+                f" WHERE e.state IN {INFLIGHT_SQL}"
+                " AND j.shard IN (SELECT value FROM json_each(?)) ORDER BY e.run_id",
+                (wanted,),
+            ).fetchall()
+        return ShardLoad(
+            jobs=[job_from_row(r) for r in jobs],
+            inflight=[run_from_row(r) for r in runs],
+            watermark=int(watermark),
+        )
+
+    def changes_since(
+        self, watermark: int, shards: Collection[int], limit: int = 10_000
+    ) -> tuple[list[JobRecord], int]:
+        wanted = _shard_list(shards)
+        limit = max(1, limit)
+        with self._tx(write=False) as cur:
+            # Writers are serialized and bump change_seq inside their transaction,
+            # so every committed change has a seq at most the counter's value and
+            # no later commit can take a smaller one.
+            top = cur.execute("SELECT value FROM counters WHERE name = 'change_seq'").fetchone()[0]
+            rows = cur.execute(
+                f"SELECT {JOB_COLUMNS}, j.change_seq FROM {JOB_FROM} WHERE j.change_seq > ?"
+                " AND j.shard IN (SELECT value FROM json_each(?)) ORDER BY j.change_seq LIMIT ?",
+                (watermark, wanted, limit),
+            ).fetchall()
+        # change_seq is unique per job change, so a full page ends exactly at its
+        # last row; otherwise everything up to the counter has been seen.
+        new_watermark = int(rows[-1][-1]) if len(rows) == limit else max(int(top), watermark)
+        return [job_from_row(r) for r in rows], new_watermark
+
+    # -- retention ------------------------------------------------------------
+
+    def purge_history(self, finished_before_ms: int, batch: int = 10_000) -> int:
+        batch = max(1, batch)
+        total = self._purge_ranges(
+            "executions",
+            "run_id",
+            f"finished_at_ms < ? AND state IN {_TERMINAL_SQL}",
+            finished_before_ms,
+            batch,
+        )
+        total += self._purge_ranges(
+            "missed_fires", "id", "recorded_at_ms < ?", finished_before_ms, batch
+        )
+        return total
+
+    def _purge_ranges(self, table: str, key: str, cond: str, cutoff: int, batch: int) -> int:
+        """Delete in key ranges of ``batch`` rows, one short transaction each, so
+        the write lock is never held for long."""
+        total = 0
+        low = 0
+        while True:
+            with self._tx(write=True) as cur:
+                row = cur.execute(
+                    f"SELECT {key} FROM {table} WHERE {key} > ? ORDER BY {key} LIMIT 1 OFFSET ?",
+                    (low, batch - 1),
+                ).fetchone()
+                high = int(row[0]) if row is not None else 2**63 - 1
+                cur.execute(
+                    f"DELETE FROM {table} WHERE {key} > ? AND {key} <= ? AND {cond}",
+                    (low, high, cutoff),
+                )
+                total += cur.rowcount
+            if row is None:
+                return total
+            low = high
