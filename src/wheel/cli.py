@@ -1,0 +1,379 @@
+"""``wheelctl``: run a node or a worker, and talk to a running node.
+
+wheelctl serve  [--data-dir DIR] [--listen HOST:PORT] [--store URL]
+wheelctl worker [--target HOST:PORT] [--capacity N] module:function ...
+wheelctl submit --name N --handler H (--at WHEN | --cron EXPR | --every DURATION) ...
+wheelctl jobs | runs JOB_ID | cancel JOB_ID | pause JOB_ID | resume JOB_ID
+wheelctl trigger JOB_ID | status | demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import logging
+import os
+import re
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from wheel.engine.spec import (
+    CatchUp,
+    CatchUpMode,
+    Cron,
+    Interval,
+    IntervalMode,
+    JobSpec,
+    Once,
+    Overlap,
+    OverlapPolicy,
+    Retry,
+    SideEffect,
+)
+from wheel.errors import InvalidArgument, WheelError
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(text: str, field: str) -> int:
+    """'250ms', '5s', '2m', '1h', '1d' -> milliseconds."""
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise InvalidArgument(field, f"{text!r} is not a duration like 500ms, 5s, 2m, 1h")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def parse_time_ms(text: str, now_ms: int) -> int:
+    """'+5s' (from now), epoch milliseconds, or an ISO 8601 time (UTC if no zone)."""
+    text = text.strip()
+    if text.startswith("+"):
+        return now_ms + parse_duration_ms(text[1:], "at")
+    if text.isdigit():
+        return int(text)
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgument("at", f"{text!r} is not +DURATION, epoch ms or ISO 8601") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return int(when.timestamp() * 1000)
+
+
+def _now_ms() -> int:
+    return int(dt.datetime.now(dt.UTC).timestamp() * 1000)
+
+
+def spec_from_args(ns: argparse.Namespace, now_ms: int) -> JobSpec:
+    schedules = [x for x in (ns.at, ns.cron, ns.every) if x]
+    if len(schedules) != 1:
+        raise InvalidArgument("schedule", "give exactly one of --at, --cron, --every")
+    schedule: Once | Cron | Interval
+    if ns.at:
+        schedule = Once(at_ms=parse_time_ms(ns.at, now_ms))
+    elif ns.cron:
+        schedule = Cron(expr=ns.cron, time_zone=ns.tz)
+    else:
+        period = parse_duration_ms(ns.every, "every")
+        schedule = Interval(
+            period_ms=period,
+            mode=IntervalMode.FIXED_DELAY if ns.fixed_delay else IntervalMode.FIXED_RATE,
+            start_at_ms=parse_time_ms(ns.start, now_ms) if ns.start else now_ms + period,
+        )
+    return JobSpec(
+        name=ns.name,
+        handler=ns.handler,
+        schedule=schedule,
+        tenant=ns.tenant,
+        payload=ns.payload.encode(),
+        jitter_ms=parse_duration_ms(ns.jitter, "jitter") if ns.jitter else 0,
+        catch_up=CatchUp(
+            mode=CatchUpMode(ns.catch_up),
+            window_ms=parse_duration_ms(ns.catch_up_window, "catch_up_window")
+            if ns.catch_up_window
+            else None,
+            max_count=ns.catch_up_max,
+        ),
+        overlap=Overlap(policy=OverlapPolicy(ns.overlap), max_concurrent=ns.max_concurrent),
+        retry=Retry(max_attempts=ns.max_attempts),
+        timeout_ms=parse_duration_ms(ns.timeout, "timeout"),
+        side_effect=SideEffect.AT_MOST_ONCE if ns.at_most_once else SideEffect.IDEMPOTENT,
+        pool=ns.pool,
+    )
+
+
+def _fmt_ms(ms: int) -> str:
+    if not ms:
+        return "-"
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+# -- commands ------------------------------------------------------------------------
+
+
+def cmd_serve(ns: argparse.Namespace) -> int:
+    from wheel.node import Node, NodeConfig
+    from wheel.rpc.server import serve
+    from wheel.store.open import open_store
+
+    data_dir = Path(ns.data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    url = ns.store or f"sqlite:///{data_dir / 'wheel.db'}"
+
+    async def main() -> None:
+        store = open_store(url)
+        node = Node(store, NodeConfig(node_id=ns.node_id))
+        await node.start()
+        server, port = await serve(node, ns.listen)
+        logging.getLogger("wheel").info(
+            "wheel node %s serving on port %d (store %s)", ns.node_id, port, url.split("?")[0]
+        )
+        print(f"wheel serving on {ns.listen.rsplit(':', 1)[0]}:{port}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        stopping = asyncio.create_task(stop.wait())
+        died = asyncio.create_task(node.stopped.wait())
+        await asyncio.wait({stopping, died}, return_when=asyncio.FIRST_COMPLETED)
+        crashed = died.done() and not stop.is_set()
+        stopping.cancel()
+        died.cancel()
+        await server.stop(grace=2.0)
+        await node.stop()
+        store.close()
+        if crashed:
+            raise SystemExit("wheel: the dispatch loop died; see the log above")
+
+    asyncio.run(main())
+    return 0
+
+
+def cmd_worker(ns: argparse.Namespace) -> int:
+    from wheel.worker import load_handler, run_worker
+
+    if not ns.handlers:
+        raise InvalidArgument("handlers", "give at least one module:function")
+    handlers = dict(load_handler(h) for h in ns.handlers)
+    sys.path.insert(0, os.getcwd())
+    run_worker(
+        ns.target,
+        handlers,
+        capacity=ns.capacity,
+        worker_id=ns.worker_id,
+        pools=ns.pool or ["default"],
+    )
+    return 0
+
+
+def _client(ns: argparse.Namespace) -> Any:
+    from wheel.client import Client
+
+    return Client(ns.target)
+
+
+def _job_line(job: Any) -> str:
+    from wheel.rpc.v1 import jobs_pb2
+
+    state = jobs_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_").lower()
+    return (
+        f"{job.job_id:>20}  {state:<9}  {job.spec.name:<24}  "
+        f"next {_fmt_ms(job.next_fire_ms)}  handler {job.spec.handler}"
+    )
+
+
+def cmd_submit(ns: argparse.Namespace) -> int:
+    spec = spec_from_args(ns, _now_ms())
+    with _client(ns) as client:
+        job, created = client.submit(spec, idempotency_key=ns.key or "")
+    if ns.json:
+        print(json.dumps({"job_id": job.job_id, "created": created}))
+    else:
+        print(f"{'submitted' if created else 'already submitted'} job {job.job_id}")
+        print(_job_line(job))
+    return 0
+
+
+def cmd_jobs(ns: argparse.Namespace) -> int:
+    with _client(ns) as client:
+        for job in client.list_jobs(tenant=ns.tenant or ""):
+            print(_job_line(job))
+    return 0
+
+
+def cmd_runs(ns: argparse.Namespace) -> int:
+    from wheel.rpc.v1 import jobs_pb2
+
+    with _client(ns) as client:
+        runs = list(client.runs(ns.job_id))
+    if ns.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "run_id": r.run_id,
+                        "scheduled_for_ms": r.scheduled_for_ms,
+                        "attempt": r.attempt,
+                        "state": jobs_pb2.RunState.Name(r.state).removeprefix("RUN_STATE_").lower(),
+                        "fence": r.fence,
+                        "worker_id": r.worker_id,
+                        "error": r.error,
+                        "missed_reason": r.missed_reason,
+                    }
+                    for r in runs
+                ]
+            )
+        )
+        return 0
+    for r in runs:
+        state = jobs_pb2.RunState.Name(r.state).removeprefix("RUN_STATE_").lower()
+        detail = r.missed_reason or r.error
+        print(
+            f"{_fmt_ms(r.scheduled_for_ms)}  attempt {r.attempt}  {state:<13} "
+            f"run {r.run_id:<8} worker {r.worker_id or '-':<20} {detail}"
+        )
+    return 0
+
+
+def _state_cmd(method: str) -> Any:
+    def run(ns: argparse.Namespace) -> int:
+        with _client(ns) as client:
+            job = getattr(client, method)(ns.job_id)
+        print(_job_line(job))
+        return 0
+
+    return run
+
+
+def cmd_trigger(ns: argparse.Namespace) -> int:
+    with _client(ns) as client:
+        out = client.trigger(ns.job_id)
+    fire = _fmt_ms(out.scheduled_for_ms)
+    print(f"triggered job {out.job_id}: fire {fire} key {out.idempotency_key}")
+    return 0
+
+
+def cmd_status(ns: argparse.Namespace) -> int:
+    from google.protobuf import json_format
+
+    with _client(ns) as client:
+        status = client.status()
+    print(json.dumps(json_format.MessageToDict(status), indent=2))
+    return 0
+
+
+def cmd_demo(ns: argparse.Namespace) -> int:
+    from wheel.demo import run_demo
+
+    return run_demo(duration_s=ns.duration, port=ns.port, data_dir=ns.data_dir)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="wheelctl", description="wheel: a fault-tolerant job scheduler"
+    )
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+    target = os.environ.get("WHEEL_TARGET", DEFAULT_TARGET)
+
+    s = sub.add_parser("serve", help="run a node (embedded SQLite store, all shards)")
+    s.add_argument("--data-dir", default=os.environ.get("WHEEL_DATA_DIR", "wheel-data"))
+    s.add_argument("--listen", default="127.0.0.1:50051")
+    s.add_argument(
+        "--store", help="sqlite:///path or postgresql://... (default: SQLite in data dir)"
+    )
+    s.add_argument("--node-id", default="node-1")
+    s.set_defaults(fn=cmd_serve)
+
+    w = sub.add_parser("worker", help="run handlers for assigned runs")
+    w.add_argument("handlers", nargs="*", help="module:function or name=module:function")
+    w.add_argument("--target", default=target)
+    w.add_argument("--capacity", type=int, default=16)
+    w.add_argument("--worker-id")
+    w.add_argument("--pool", action="append")
+    w.set_defaults(fn=cmd_worker)
+
+    sb = sub.add_parser("submit", help="submit a job")
+    sb.add_argument("--target", default=target)
+    sb.add_argument("--name", required=True)
+    sb.add_argument("--handler", required=True)
+    sb.add_argument("--at", help="one-shot: +5s, epoch ms, or ISO 8601")
+    sb.add_argument("--cron", help="cron expression (5 fields, or 6 with seconds first)")
+    sb.add_argument("--tz", default="UTC", help="IANA time zone of the cron expression")
+    sb.add_argument("--every", help="interval, e.g. 30s")
+    sb.add_argument("--start", help="first fire of an interval (default: now + period)")
+    sb.add_argument("--fixed-delay", action="store_true")
+    sb.add_argument("--jitter")
+    sb.add_argument("--payload", default="")
+    sb.add_argument("--tenant", default="default")
+    sb.add_argument("--pool", default="default")
+    sb.add_argument("--key", help="idempotency key")
+    sb.add_argument("--catch-up", default="run_latest_only", choices=[m.value for m in CatchUpMode])
+    sb.add_argument("--catch-up-window")
+    sb.add_argument("--catch-up-max", type=int, default=100)
+    sb.add_argument("--overlap", default="skip", choices=[o.value for o in OverlapPolicy])
+    sb.add_argument("--max-concurrent", type=int, default=1)
+    sb.add_argument("--max-attempts", type=int, default=5)
+    sb.add_argument("--timeout", default="5m")
+    sb.add_argument("--at-most-once", action="store_true")
+    sb.add_argument("--json", action="store_true")
+    sb.set_defaults(fn=cmd_submit)
+
+    j = sub.add_parser("jobs", help="list jobs")
+    j.add_argument("--target", default=target)
+    j.add_argument("--tenant")
+    j.set_defaults(fn=cmd_jobs)
+
+    r = sub.add_parser("runs", help="list a job's runs and missed fires")
+    r.add_argument("job_id", type=int)
+    r.add_argument("--target", default=target)
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=cmd_runs)
+
+    for name, method in (("cancel", "cancel"), ("pause", "pause"), ("resume", "resume")):
+        c = sub.add_parser(name, help=f"{name} a job")
+        c.add_argument("job_id", type=int)
+        c.add_argument("--target", default=target)
+        c.set_defaults(fn=_state_cmd(method))
+
+    t = sub.add_parser("trigger", help="run a job now, out of band")
+    t.add_argument("job_id", type=int)
+    t.add_argument("--target", default=target)
+    t.set_defaults(fn=cmd_trigger)
+
+    st = sub.add_parser("status", help="node status")
+    st.add_argument("--target", default=target)
+    st.set_defaults(fn=cmd_status)
+
+    d = sub.add_parser("demo", help="a server, two workers and sample jobs, with live output")
+    d.add_argument("--duration", type=float, default=30.0, help="seconds (0: until Ctrl-C)")
+    d.add_argument("--port", type=int, default=50051)
+    d.add_argument("--data-dir", help="default: a temporary directory")
+    d.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if ns.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        code: int = ns.fn(ns)
+    except WheelError as exc:
+        print(f"wheelctl: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

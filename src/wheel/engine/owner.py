@@ -1,0 +1,1100 @@
+"""The shard owner: wheel's scheduling logic as a pure state machine.
+
+The owner is fed events -- the clock advanced, a job was submitted or changed,
+a worker said hello / acked / heartbeated / completed / went away, the store
+answered a claim or a completion -- and appends what must happen to an
+``Effects`` accumulator: store writes, assignments and revokes for workers,
+results for completions. It never reads a clock, never sleeps, never does I/O;
+``now_ms`` is always an argument. The node (``wheel.node``) executes effects
+in this order per loop iteration: completions, missed fires, schedule
+advances, claims, starts; then it feeds the store's answers back in.
+
+Invariants (each has a test in tests/engine/test_owner.py):
+
+1. No silent drop. Every fire that comes due ends in exactly one of: a claim
+   (an execution row), a missed record with its reason, or a buffered entry
+   that later ends in one of those.
+2. Never early. A fire is claimed only after a FIRE timer for its (jittered)
+   due time expired; the wheel never fires a timer before its deadline.
+3. Schedules only move forward, in order. Per job, claims that advance the
+   schedule are emitted in fire order, and each carries the owner's belief of
+   the store's ``next_run_at`` as the compare-and-swap's expected value
+   (``_Job.store_next``), so a stale owner never moves a schedule backwards.
+4. One holder per run. A run is held by at most one worker; an ack, renewal
+   or completion is accepted only from that worker with that fence. The store
+   re-checks every completion's fence: the owner's check is a filter, the
+   store's is the authority.
+5. Fences strictly increase per shard: ``(epoch << 32) | counter``.
+6. Per-job serialization. A job has at most ``overlap.max_concurrent`` runs
+   in flight (1 unless the policy is ``allow``); a newer attempt of the same
+   fire is only created after the older one was made terminal (lost, failed,
+   timed out) in the store.
+7. A run leaves the owner only through a terminal state sent to the store.
+
+Run lifecycle (``_RUN_TRANSITIONS`` is the table; ``_move`` enforces it):
+
+    CLAIMING --claim won--> DISPATCHED (grace lease) --ack--> RUNNING (full lease)
+    CLAIMING --worker gone--> READY --assigned--> DISPATCHED
+    DISPATCHED/RUNNING --complete / lease expired / timeout / cancel--> ENDING
+    ENDING --store applied--> (gone)
+
+Timer ids pack a kind into the low two bits: ``(n << 2) | kind`` where n is a
+job id (FIRE), a run id (LEASE, TIMEOUT) or a retry sequence number (RETRY).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from wheel.engine.fairness import FairQueue, TokenBucket
+from wheel.engine.model import JobState, MissedReason, RunState, idempotency_key, shard_of
+from wheel.engine.policy import plan_catch_up, retry_delay_ms, should_retry
+from wheel.engine.records import (
+    ClaimOutcome,
+    Completion,
+    CompletionOutcome,
+    ExecutionRecord,
+    FireClaim,
+    JobRecord,
+    MissedFire,
+    RunStart,
+    ScheduleAdvance,
+)
+from wheel.engine.schedule import CompiledSchedule, compile_schedule
+from wheel.engine.spec import JobSpec, OverlapPolicy, SideEffect
+from wheel.engine.timerwheel import TimerWheel
+
+FIRE, LEASE, TIMEOUT, RETRY = 0, 1, 2, 3
+COUNTER_BITS = 32
+COUNTER_MASK = (1 << COUNTER_BITS) - 1
+
+
+class Phase(IntEnum):
+    CLAIMING = 0
+    READY = 1
+    DISPATCHED = 2
+    RUNNING = 3
+    ENDING = 4
+
+
+_RUN_TRANSITIONS: frozenset[tuple[Phase, Phase]] = frozenset(
+    {
+        (Phase.CLAIMING, Phase.DISPATCHED),
+        (Phase.CLAIMING, Phase.READY),
+        (Phase.READY, Phase.DISPATCHED),
+        (Phase.DISPATCHED, Phase.RUNNING),
+        (Phase.DISPATCHED, Phase.ENDING),
+        (Phase.RUNNING, Phase.ENDING),
+        (Phase.READY, Phase.ENDING),
+    }
+)
+
+
+class Outcome(IntEnum):
+    """What a worker reports about a run (mirrors the wire enum)."""
+
+    SUCCEEDED = 1
+    FAILED = 2
+    RETRYABLE = 3
+    HANDED_BACK = 4
+
+
+class RevokeReason(IntEnum):
+    SUPERSEDED = 1
+    TIMED_OUT = 2
+    CANCELLED = 3
+    LEASE_EXPIRED = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OwnerConfig:
+    grace_lease_ms: int = 5_000
+    lease_ms: int = 60_000
+    # A fire dispatched this much later than due counts as catch-up work.
+    overdue_after_ms: int = 2_000
+    # Dispatch capacity; overdue work gets ``overdue_fraction`` of it.
+    dispatch_rate_per_s: float = 100_000.0
+    overdue_fraction: float = 0.2
+    # Re-dispatch of expired leases, rate limited (seed C6/R6).
+    reaper_rate_per_s: float = 500.0
+    reaper_burst: int = 100
+    # Above this fleet utilisation the reaper stops and alerts (seed R6).
+    busy_threshold: float = 0.85
+    max_claim_batch: int = 10_000
+    # Upper bound on missed records listed for one catch-up or pause.
+    max_missed_listed: int = 100_000
+
+    @property
+    def heartbeat_interval_ms(self) -> int:
+        return self.lease_ms // 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Assignment:
+    run_id: int
+    job_id: int
+    handler: str
+    tenant: str
+    scheduled_for: int
+    attempt: int
+    fence: int
+    payload: bytes
+    lease_ms: int
+    timeout_ms: int
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key(self.job_id, self.scheduled_for)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Revoke:
+    run_id: int
+    fence: int
+    reason: RevokeReason
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletionResult:
+    run_id: int
+    accepted: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProtocolViolation:
+    code: str  # gRPC status code name
+    message: str
+    run_id: int = 0
+
+
+@dataclass(slots=True)
+class Effects:
+    """What the node must do, in this order: store writes, then messages."""
+
+    completions: list[Completion] = field(default_factory=list)
+    missed: list[MissedFire] = field(default_factory=list)
+    advances: list[ScheduleAdvance] = field(default_factory=list)
+    claims: list[FireClaim] = field(default_factory=list)
+    starts: list[RunStart] = field(default_factory=list)
+    assignments: dict[str, list[Assignment]] = field(default_factory=dict)
+    revokes: dict[str, list[Revoke]] = field(default_factory=dict)
+    results: dict[str, list[CompletionResult]] = field(default_factory=dict)
+    rejected_renewals: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    violations: dict[str, list[ProtocolViolation]] = field(default_factory=dict)
+    # Jobs whose store row disagrees with the owner: the node re-reads them.
+    resync: set[int] = field(default_factory=set)
+    alerts: list[str] = field(default_factory=list)
+    # Dispatch lag samples (ms) of runs handed out.
+    lags: list[int] = field(default_factory=list)
+
+    def store_work(self) -> bool:
+        return bool(self.completions or self.missed or self.advances or self.claims or self.starts)
+
+    def take_store_work(self) -> Effects:
+        """Move the store writes into a new Effects, leaving messages here."""
+        out = Effects(
+            completions=self.completions,
+            missed=self.missed,
+            advances=self.advances,
+            claims=self.claims,
+            starts=self.starts,
+        )
+        self.completions, self.missed, self.advances, self.claims, self.starts = [], [], [], [], []
+        return out
+
+
+class _Job:
+    __slots__ = (
+        "buffered",
+        "compiled",
+        "due",
+        "inflight",
+        "job_id",
+        "next_fire",
+        "paused",
+        "queued",
+        "shard",
+        "spec",
+        "store_next",
+    )
+
+    def __init__(self, job_id: int, spec: JobSpec, compiled: CompiledSchedule) -> None:
+        self.job_id = job_id
+        self.shard = shard_of(job_id)
+        self.spec = spec
+        self.compiled = compiled
+        self.paused = False
+        # What the store's next_run_at is (or will be once our pending writes land).
+        self.store_next: int | None = None
+        # The next nominal fire armed in the wheel (None: nothing armed).
+        self.next_fire: int | None = None
+        # Fires ready to claim: (scheduled_for, attempt, advances_schedule).
+        self.due: deque[tuple[int, int, bool]] = deque()
+        # Fires held back by buffer_one / buffer_all while a run is going.
+        self.buffered: deque[int] = deque()
+        # Runs of this job in flight (claiming .. ending) + pending retries.
+        self.inflight = 0
+        self.queued = False
+
+
+class _Run:
+    __slots__ = (
+        "attempt",
+        "fence",
+        "job_id",
+        "lease_deadline",
+        "phase",
+        "run_id",
+        "scheduled_for",
+        "timeout_deadline",
+        "worker_id",
+    )
+
+    def __init__(
+        self, run_id: int, job_id: int, scheduled_for: int, attempt: int, fence: int
+    ) -> None:
+        self.run_id = run_id
+        self.job_id = job_id
+        self.scheduled_for = scheduled_for
+        self.attempt = attempt
+        self.fence = fence
+        self.phase = Phase.CLAIMING
+        self.worker_id: str | None = None
+        self.lease_deadline = 0
+        self.timeout_deadline = 0
+
+
+class _Worker:
+    __slots__ = ("capacity", "draining", "held", "pools", "reserved", "worker_id")
+
+    def __init__(self, worker_id: str, capacity: int, pools: frozenset[str]) -> None:
+        self.worker_id = worker_id
+        self.capacity = capacity
+        self.pools = pools
+        self.held: set[int] = set()
+        self.reserved = 0
+        self.draining = False
+
+    @property
+    def free(self) -> int:
+        if self.draining:
+            return 0
+        return self.capacity - len(self.held) - self.reserved
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A claim on its way to the store."""
+
+    job_id: int
+    scheduled_for: int
+    attempt: int
+    fence: int
+    worker_id: str | None
+
+
+@dataclass(slots=True)
+class OwnerStats:
+    dispatched: int = 0
+    completed: int = 0
+    missed: int = 0
+    dead_lettered: int = 0
+    lost_leases: int = 0
+    timed_out: int = 0
+    superseded_completions: int = 0
+
+
+def _limit(job: _Job) -> int:
+    """How many runs of the job may be in flight at once (per-job serialization)."""
+    overlap = job.spec.overlap
+    return overlap.max_concurrent if overlap.policy is OverlapPolicy.ALLOW else 1
+
+
+def _move(run: _Run, to: Phase) -> None:
+    if (run.phase, to) not in _RUN_TRANSITIONS:
+        raise AssertionError(f"illegal run transition {run.phase.name} -> {to.name}")
+    run.phase = to
+
+
+class Owner:
+    """Owns a set of shards: their jobs' pending fires, in-flight runs and leases."""
+
+    def __init__(
+        self, *, epochs: dict[int, int], now_ms: int, config: OwnerConfig | None = None
+    ) -> None:
+        self.config = config or OwnerConfig()
+        self.wheel = TimerWheel(now_ms)
+        self.jobs: dict[int, _Job] = {}
+        self.runs: dict[int, _Run] = {}
+        self.workers: dict[str, _Worker] = {}
+        self.stats = OwnerStats()
+        self._epochs = dict(epochs)
+        self._counters = dict.fromkeys(epochs, 0)
+        self._pending: dict[tuple[int, int, int], _Pending] = {}
+        self._ending: dict[int, tuple[_Run, RunState, str | None]] = {}
+        self._fresh: dict[str, deque[int]] = {}
+        self._overdue: dict[str, FairQueue[int]] = {}
+        self._ready: deque[int] = deque()  # claimed runs whose worker went away
+        self._retries: dict[int, tuple[int, int, int]] = {}  # seq -> (job, fire, attempt)
+        self._retry_seq = 0
+        self._reaper: deque[tuple[int, int, int]] = deque()
+        self._reaper_bucket = TokenBucket(
+            self.config.reaper_rate_per_s, self.config.reaper_burst, now_ms
+        )
+        rate = self.config.dispatch_rate_per_s * self.config.overdue_fraction
+        self._overdue_bucket = TokenBucket(rate, max(1.0, rate / 10), now_ms)
+        self._reaper_paused = False
+
+    # -- ownership ------------------------------------------------------------
+
+    def owns(self, job_id: int) -> bool:
+        return shard_of(job_id) in self._epochs
+
+    def shards(self) -> dict[int, int]:
+        return dict(self._epochs)
+
+    def _next_fence(self, shard: int) -> int:
+        counter = self._counters[shard] + 1
+        if counter > COUNTER_MASK:
+            raise OverflowError(f"fence counter of shard {shard} exhausted; bump the epoch")
+        self._counters[shard] = counter
+        return (self._epochs[shard] << COUNTER_BITS) | counter
+
+    # -- jobs -------------------------------------------------------------------
+
+    def upsert_job(self, record: JobRecord, now_ms: int, fx: Effects) -> None:
+        """A job as the store has it now (submitted, changed, or reloaded). Store wins."""
+        job = self.jobs.get(record.job_id)
+        if record.state in (JobState.CANCELLED, JobState.COMPLETED):
+            if job is not None:
+                self._drop_job(job, cancelled=record.state is JobState.CANCELLED, fx=fx)
+            return
+        if job is None:
+            job = _Job(record.job_id, record.spec, self._compile(record.job_id, record.spec))
+            self.jobs[record.job_id] = job
+        elif job.spec != record.spec:
+            job.spec = record.spec
+            job.compiled = self._compile(record.job_id, record.spec)
+        if record.state is JobState.PAUSED:
+            if not job.paused:
+                job.paused = True
+                self._clear_pending_fires(job, MissedReason.PAUSED, now_ms, fx)
+            job.store_next = record.next_run_at
+            return
+        job.paused = False
+        if record.next_run_at != job.store_next or (
+            job.next_fire is None and not job.due and record.next_run_at is not None
+        ):
+            # The store moved the schedule (a resume, another node, a reload):
+            # forget fires derived from the old value and re-arm from the store.
+            job.due = deque(d for d in job.due if not d[2])
+            job.store_next = record.next_run_at
+            self._arm(job, record.next_run_at)
+        if job.due:
+            self._enqueue(job, now_ms, overdue=False)
+
+    def _compile(self, job_id: int, spec: JobSpec) -> CompiledSchedule:
+        return compile_schedule(spec.schedule, jitter_ms=spec.jitter_ms, job_id=job_id)
+
+    def _arm(self, job: _Job, fire: int | None) -> None:
+        job.next_fire = fire
+        tid = (job.job_id << 2) | FIRE
+        if fire is None:
+            self.wheel.cancel(tid)
+        else:
+            self.wheel.add(tid, job.compiled.jittered(fire))
+
+    def cancel_job(self, job_id: int, fx: Effects) -> None:
+        job = self.jobs.get(job_id)
+        if job is not None:
+            self._drop_job(job, cancelled=True, fx=fx)
+
+    def _drop_job(self, job: _Job, *, cancelled: bool, fx: Effects) -> None:
+        self.wheel.cancel((job.job_id << 2) | FIRE)
+        job.next_fire = None
+        job.due.clear()
+        job.buffered.clear()
+        job.paused = True
+        if cancelled:
+            for run in list(self.runs.values()):
+                if run.job_id == job.job_id and run.phase in (
+                    Phase.READY,
+                    Phase.DISPATCHED,
+                    Phase.RUNNING,
+                ):
+                    self._end_run(run, RunState.CANCELLED, "job cancelled", fx)
+                    if run.worker_id is not None:
+                        self._revoke(run, RevokeReason.CANCELLED, fx)
+        if job.inflight <= 0:
+            del self.jobs[job.job_id]
+
+    def _clear_pending_fires(
+        self, job: _Job, reason: MissedReason, now_ms: int, fx: Effects
+    ) -> None:
+        """Drop armed/due/buffered fires, each recorded as missed with ``reason``."""
+        self.wheel.cancel((job.job_id << 2) | FIRE)
+        fires = [d[0] for d in job.due if d[1] == 0] + list(job.buffered)
+        # Retries of fires already run keep their place; new fires are dropped.
+        job.due = deque(d for d in job.due if d[1] > 0)
+        job.buffered.clear()
+        job.next_fire = None
+        self._record_missed(job, fires, reason, now_ms, fx)
+
+    def record_paused_fires(
+        self, job_id: int, paused_from_ms: int, resumed_at_ms: int, fx: Effects
+    ) -> None:
+        """Fires that came due while a job was paused become missed records."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        fires = job.compiled.fires_between(
+            paused_from_ms, resumed_at_ms, self.config.max_missed_listed
+        )
+        self._record_missed(job, fires, MissedReason.PAUSED, resumed_at_ms, fx)
+
+    def _record_missed(
+        self, job: _Job, fires: Iterable[int], reason: MissedReason, now_ms: int, fx: Effects
+    ) -> None:
+        for f in fires:
+            fx.missed.append(
+                MissedFire(job_id=job.job_id, scheduled_for=f, reason=reason, recorded_at_ms=now_ms)
+            )
+            self.stats.missed += 1
+
+    def trigger(self, job_id: int, now_ms: int, fx: Effects) -> int:
+        """An out-of-band fire at ``now_ms``; returns its scheduled_for."""
+        job = self.jobs[job_id]
+        job.due.append((now_ms, 0, False))
+        self._enqueue(job, now_ms, overdue=False)
+        return now_ms
+
+    def backfill(self, job_id: int, fires: Sequence[int], now_ms: int) -> None:
+        """Past fires to run as catch-up work (low priority, fair across tenants)."""
+        job = self.jobs[job_id]
+        job.due.extend((f, 0, False) for f in fires)
+        if fires:
+            self._enqueue(job, now_ms, overdue=True)
+
+    # -- the clock ------------------------------------------------------------
+
+    def next_deadline(self) -> int | None:
+        """When the node should call ``advance`` next (None: only on events)."""
+        return self.wheel.next_deadline()
+
+    def advance(self, now_ms: int, fx: Effects) -> None:
+        """Fire every timer due at ``now_ms``, then hand out what workers can take."""
+        for tid in self.wheel.advance(now_ms):
+            kind, n = tid & 3, tid >> 2
+            if kind == FIRE:
+                job = self.jobs.get(n)
+                if job is not None and not job.paused and job.next_fire is not None:
+                    self._on_fire(job, now_ms, fx)
+            elif kind == LEASE:
+                self._on_lease_timer(n, now_ms, fx)
+            elif kind == TIMEOUT:
+                self._on_timeout(n, now_ms, fx)
+            else:
+                self._on_retry(n, now_ms)
+        self._run_reaper(now_ms, fx)
+        self._dispatch(now_ms, fx)
+
+    def _on_fire(self, job: _Job, now_ms: int, fx: Effects) -> None:
+        fire = job.next_fire
+        assert fire is not None
+        compiled = job.compiled
+        if compiled.completion_driven and job.inflight > 0:
+            # fixed_delay: the next fire is computed when the run completes.
+            job.next_fire = None
+            return
+        nxt = None if compiled.completion_driven else compiled.next_fire(fire)
+        overdue = now_ms - fire > self.config.overdue_after_ms
+        if overdue:
+            # The owner was down or behind: one or more fires are late. The
+            # job's catch-up policy decides which run; the rest become missed.
+            fires = [fire]
+            if nxt is not None and nxt <= now_ms:
+                fires += compiled.fires_between(fire, now_ms, self.config.max_missed_listed)
+                nxt = compiled.next_fire(fires[-1])
+            plan = plan_catch_up(job.spec.catch_up, fires, now_ms)
+            for f, reason in plan.missed:
+                fx.missed.append(
+                    MissedFire(
+                        job_id=job.job_id, scheduled_for=f, reason=reason, recorded_at_ms=now_ms
+                    )
+                )
+                self.stats.missed += 1
+            if plan.alert:
+                fx.alerts.append(f"job {job.job_id}: {plan.alert}")
+            self._arm(job, nxt)
+            # Planned catch-up runs one after another: the overlap gate
+            # applies to the batch as a whole, not between its fires.
+            if plan.run:
+                self._admit(job, plan.run[0], now_ms, overdue=True, fx=fx)
+                job.due.extend((f, 0, True) for f in plan.run[1:])
+        else:
+            self._arm(job, nxt)
+            self._admit(job, fire, now_ms, overdue=False, fx=fx)
+        self._sync_schedule(job, fx)
+
+    def _admit(self, job: _Job, fire: int, now_ms: int, *, overdue: bool, fx: Effects) -> None:
+        """Apply the overlap policy to a fire that came due."""
+        overlap = job.spec.overlap
+        if job.inflight + len(job.due) < _limit(job):
+            job.due.append((fire, 0, True))
+            self._enqueue(job, now_ms, overdue=overdue)
+            return
+        room = {OverlapPolicy.BUFFER_ONE: 1, OverlapPolicy.BUFFER_ALL: overlap.max_buffered}
+        if len(job.buffered) < room.get(overlap.policy, 0):
+            job.buffered.append(fire)
+            return
+        self._record_missed(job, (fire,), MissedReason.OVERLAP, now_ms, fx)
+
+    def _sync_schedule(self, job: _Job, fx: Effects) -> None:
+        """Move the store's next_run_at past fires that will never be claimed
+        (missed, skipped by overlap) when no claim of ours will move it."""
+        if any(d[2] for d in job.due) or job.buffered:
+            return
+        target = job.next_fire
+        if job.store_next != target and job.store_next is not None:
+            if target is None and not job.compiled.completion_driven:
+                # A one-shot whose only fire was skipped: a claim-less advance
+                # must not complete the job; leave it for the catch-up record.
+                return
+            fx.advances.append(
+                ScheduleAdvance(
+                    job_id=job.job_id,
+                    expected_next_run_at=job.store_next,
+                    new_next_run_at=target,
+                )
+            )
+            job.store_next = target
+
+    def _enqueue(self, job: _Job, now_ms: int, *, overdue: bool) -> None:
+        if job.queued or not job.due:
+            return
+        job.queued = True
+        pool = job.spec.pool
+        if overdue:
+            q = self._overdue.get(pool)
+            if q is None:
+                q = self._overdue[pool] = FairQueue()
+            q.push(job.spec.tenant, job.job_id)
+        else:
+            self._fresh.setdefault(pool, deque()).append(job.job_id)
+
+    # -- dispatch ---------------------------------------------------------------
+
+    def _dispatch(self, now_ms: int, fx: Effects) -> None:
+        if not self.workers:
+            return
+        if self._ready:
+            self._assign_ready(now_ms, fx)
+        budget = self.config.max_claim_batch - len(self._pending)
+        for pool in set(self._fresh) | set(self._overdue):
+            if budget <= 0:
+                break
+            fresh = self._fresh.get(pool)
+            over = self._overdue.get(pool)
+            if not fresh and not over:
+                continue
+            workers = [w for w in self.workers.values() if pool in w.pools and w.free > 0]
+            capacity = min(budget, sum(w.free for w in workers))
+            if capacity <= 0:
+                continue
+            picked: list[tuple[int, bool]] = []
+            while fresh and len(picked) < capacity:
+                picked.append((fresh.popleft(), False))
+            if over and len(picked) < capacity:
+                n = self._overdue_bucket.take(min(capacity - len(picked), len(over)), now_ms)
+                picked.extend((j, True) for j in over.pop(n))
+            budget -= len(picked)
+            self._claim(picked, workers, now_ms, fx)
+
+    def _claim(
+        self, picked: list[tuple[int, bool]], workers: list[_Worker], now_ms: int, fx: Effects
+    ) -> None:
+        wi = 0
+        for job_id, overdue in picked:
+            job = self.jobs.get(job_id)
+            if job is None:
+                continue
+            job.queued = False
+            if not job.due or job.paused or job.inflight >= _limit(job):
+                continue  # re-enqueued when a run of the job finishes
+            fire, attempt, advance = job.due.popleft()
+            job.inflight += 1
+            while workers[wi % len(workers)].free <= 0:
+                wi += 1
+            worker = workers[wi % len(workers)]
+            wi += 1
+            worker.reserved += 1
+            fence = self._next_fence(job.shard)
+            expected = new = None
+            if advance:
+                expected = job.store_next
+                new = next((d[0] for d in job.due if d[2]), job.next_fire)
+                if new is None and job.compiled.completion_driven:
+                    # fixed_delay: provisional next fire, corrected on completion.
+                    new = job.compiled.next_after_completion(fire)
+                job.store_next = new
+            fx.claims.append(
+                FireClaim(
+                    job_id=job_id,
+                    scheduled_for=fire,
+                    attempt=attempt,
+                    fence=fence,
+                    dispatched_at_ms=now_ms,
+                    advance=advance,
+                    expected_next_run_at=expected,
+                    new_next_run_at=new,
+                )
+            )
+            self._pending[(job_id, fire, attempt)] = _Pending(
+                job_id, fire, attempt, fence, worker.worker_id
+            )
+            if job.due and job.inflight < _limit(job):
+                self._enqueue(job, now_ms, overdue=overdue)
+
+    def on_claimed(self, outcomes: Sequence[ClaimOutcome], now_ms: int, fx: Effects) -> None:
+        """The store's answer to a claim batch."""
+        for out in outcomes:
+            c = out.claim
+            pend = self._pending.pop((c.job_id, c.scheduled_for, c.attempt), None)
+            if pend is None:
+                continue
+            worker = self.workers.get(pend.worker_id) if pend.worker_id else None
+            if worker is not None:
+                worker.reserved -= 1
+            job = self.jobs.get(c.job_id)
+            if c.advance and not out.advanced:
+                fx.resync.add(c.job_id)
+            if out.run_id is None:
+                # Someone else holds this fire (another owner, or an earlier
+                # life of this one): it is not ours to run.
+                if job is not None:
+                    self._run_finished(job, now_ms, fx)
+                continue
+            run = _Run(out.run_id, c.job_id, c.scheduled_for, c.attempt, c.fence)
+            self.runs[run.run_id] = run
+            if job is not None:
+                run.timeout_deadline = now_ms + job.spec.timeout_ms
+                self.wheel.add((run.run_id << 2) | TIMEOUT, run.timeout_deadline)
+            if worker is not None and worker.free >= 0 and not worker.draining:
+                self._hand_out(run, worker, now_ms, fx)
+            else:
+                _move(run, Phase.READY)
+                self._ready.append(run.run_id)
+
+    def _assign_ready(self, now_ms: int, fx: Effects) -> None:
+        while self._ready:
+            run = self.runs.get(self._ready[0])
+            if run is None or run.phase is not Phase.READY:
+                self._ready.popleft()
+                continue
+            job = self.jobs.get(run.job_id)
+            pool = job.spec.pool if job is not None else "default"
+            worker = next(
+                (w for w in self.workers.values() if pool in w.pools and w.free > 0), None
+            )
+            if worker is None:
+                return
+            self._ready.popleft()
+            self._hand_out(run, worker, now_ms, fx)
+
+    def _hand_out(self, run: _Run, worker: _Worker, now_ms: int, fx: Effects) -> None:
+        job = self.jobs.get(run.job_id)
+        if job is None:  # pragma: no cover - a run keeps its job alive
+            return
+        _move(run, Phase.DISPATCHED)
+        run.worker_id = worker.worker_id
+        worker.held.add(run.run_id)
+        run.lease_deadline = now_ms + self.config.grace_lease_ms
+        self.wheel.add((run.run_id << 2) | LEASE, run.lease_deadline)
+        spec = job.spec
+        fx.assignments.setdefault(worker.worker_id, []).append(
+            Assignment(
+                run_id=run.run_id,
+                job_id=run.job_id,
+                handler=spec.handler,
+                tenant=spec.tenant,
+                scheduled_for=run.scheduled_for,
+                attempt=run.attempt,
+                fence=run.fence,
+                payload=spec.payload,
+                lease_ms=self.config.grace_lease_ms,
+                timeout_ms=max(0, run.timeout_deadline - now_ms),
+            )
+        )
+        fx.lags.append(now_ms - run.scheduled_for)
+        self.stats.dispatched += 1
+
+    # -- workers ----------------------------------------------------------------
+
+    def worker_hello(
+        self, worker_id: str, capacity: int, pools: Sequence[str], now_ms: int, fx: Effects
+    ) -> None:
+        old = self.workers.get(worker_id)
+        w = _Worker(worker_id, capacity, frozenset(pools or ("default",)))
+        if old is not None:
+            w.held = old.held
+            w.reserved = old.reserved
+        self.workers[worker_id] = w
+        self._dispatch(now_ms, fx)
+
+    def worker_drain(self, worker_id: str) -> None:
+        w = self.workers.get(worker_id)
+        if w is not None:
+            w.draining = True
+
+    def worker_credit(self, worker_id: str, add: int, now_ms: int, fx: Effects) -> None:
+        w = self.workers.get(worker_id)
+        if w is not None:
+            w.capacity = max(0, w.capacity + add)
+            self._dispatch(now_ms, fx)
+
+    def worker_disconnect(self, worker_id: str) -> None:
+        """The stream is gone. Its runs keep their leases: the worker may come
+        back and renew them; otherwise they expire and are re-dispatched."""
+        w = self.workers.pop(worker_id, None)
+        if w is None:
+            return
+        for pend in self._pending.values():
+            if pend.worker_id == worker_id:
+                pend.worker_id = None
+
+    def _held_run(
+        self, worker_id: str, run_id: int, fence: int, fx: Effects, what: str
+    ) -> _Run | None:
+        run = self.runs.get(run_id)
+        if run is None or run.phase is Phase.ENDING:
+            reason = "run not held by this node (unknown or finished)"
+        elif run.fence != fence:
+            reason = f"stale fence {fence}; the run's fence is {run.fence}"
+        elif run.worker_id != worker_id:
+            reason = "run is held by another worker"
+        else:
+            return run
+        fx.violations.setdefault(worker_id, []).append(
+            ProtocolViolation(
+                code="FAILED_PRECONDITION", message=f"{what}: {reason}", run_id=run_id
+            )
+        )
+        return None
+
+    def worker_ack(
+        self, worker_id: str, refs: Sequence[tuple[int, int]], now_ms: int, fx: Effects
+    ) -> None:
+        for run_id, fence in refs:
+            run = self._held_run(worker_id, run_id, fence, fx, "ack")
+            if run is None:
+                continue
+            if run.phase is Phase.DISPATCHED:
+                _move(run, Phase.RUNNING)
+                fx.starts.append(
+                    RunStart(run_id=run_id, fence=fence, worker_id=worker_id, started_at_ms=now_ms)
+                )
+            run.lease_deadline = now_ms + self.config.lease_ms
+
+    def worker_heartbeat(
+        self, worker_id: str, refs: Sequence[tuple[int, int]], now_ms: int, fx: Effects
+    ) -> None:
+        """One stream-level heartbeat renews every run the worker holds."""
+        worker = self.workers.get(worker_id)
+        rejected: list[tuple[int, int]] = []
+        deadline = now_ms + self.config.lease_ms
+        for run_id, fence in refs:
+            run = self.runs.get(run_id)
+            ok = run is not None and run.fence == fence and run.phase is not Phase.ENDING
+            if ok and run is not None and run.worker_id != worker_id:
+                # A run restored from the store after a restart has no holder
+                # yet: the worker that still runs it adopts it with its fence.
+                ok = run.worker_id is None and run.phase is Phase.RUNNING
+                if ok and worker is not None:
+                    run.worker_id = worker_id
+                    worker.held.add(run_id)
+            if ok and run is not None and worker is not None and run_id not in worker.held:
+                worker.held.add(run_id)  # a reconnect: the stream is new, the lease is not
+            if ok and run is not None:
+                run.lease_deadline = deadline
+            else:
+                rejected.append((run_id, fence))
+        if rejected:
+            fx.rejected_renewals.setdefault(worker_id, []).extend(rejected)
+
+    def worker_complete(
+        self,
+        worker_id: str,
+        completions: Sequence[tuple[int, int, Outcome, str]],
+        now_ms: int,
+        fx: Effects,
+    ) -> None:
+        for run_id, fence, outcome, error in completions:
+            run = self.runs.get(run_id)
+            if run is None or run.phase is Phase.ENDING:
+                # Not ours in memory (finished, superseded, or from before a
+                # restart). The store is the authority: it applies the
+                # completion only if the fence is still the newest.
+                fx.results.setdefault(worker_id, []).append(
+                    CompletionResult(run_id=run_id, accepted=False, reason="run not held")
+                )
+                self.stats.superseded_completions += 1
+                continue
+            if run.fence != fence or run.worker_id != worker_id:
+                fx.results.setdefault(worker_id, []).append(
+                    CompletionResult(
+                        run_id=run_id,
+                        accepted=False,
+                        reason=f"stale fence {fence}; the run's fence is {run.fence}"
+                        if run.fence != fence
+                        else "run is held by another worker",
+                    )
+                )
+                self.stats.superseded_completions += 1
+                continue
+            job = self.jobs.get(run.job_id)
+            if outcome is Outcome.SUCCEEDED:
+                self._end_run(run, RunState.SUCCEEDED, None, fx, reply_to=worker_id)
+            elif outcome is Outcome.HANDED_BACK:
+                self._end_run(run, RunState.LOST, "handed back by worker", fx, reply_to=worker_id)
+            elif (
+                outcome is Outcome.RETRYABLE
+                and job is not None
+                and should_retry(job.spec.retry, failed_attempt=run.attempt)
+            ):
+                self._end_run(run, RunState.FAILED, error or "failed", fx, reply_to=worker_id)
+            else:
+                self._end_run(
+                    run, RunState.DEAD_LETTERED, error or "failed", fx, reply_to=worker_id
+                )
+
+    # -- run endings --------------------------------------------------------------
+
+    def _end_run(
+        self,
+        run: _Run,
+        state: RunState,
+        error: str | None,
+        fx: Effects,
+        *,
+        reply_to: str | None = None,
+    ) -> None:
+        """Send a terminal state to the store; follow-ups wait for its answer."""
+        _move(run, Phase.ENDING)
+        if run.worker_id is not None:
+            w = self.workers.get(run.worker_id)
+            if w is not None:
+                w.held.discard(run.run_id)
+        self.wheel.cancel((run.run_id << 2) | LEASE)
+        self.wheel.cancel((run.run_id << 2) | TIMEOUT)
+        fx.completions.append(
+            Completion(
+                run_id=run.run_id,
+                fence=run.fence,
+                state=state,
+                finished_at_ms=0,  # the node stamps it
+                error=error,
+                worker_id=run.worker_id,
+            )
+        )
+        self._ending[run.run_id] = (run, state, reply_to)
+
+    def on_completed(self, outcomes: Sequence[CompletionOutcome], now_ms: int, fx: Effects) -> None:
+        """The store's answer to a completion batch: follow-ups for applied ones."""
+        for out in outcomes:
+            entry = self._ending.pop(out.run_id, None)
+            if entry is None:
+                continue
+            run, state, reply_to = entry
+            self.runs.pop(run.run_id, None)
+            if reply_to is not None:
+                fx.results.setdefault(reply_to, []).append(
+                    CompletionResult(
+                        run_id=run.run_id,
+                        accepted=out.applied,
+                        reason="" if out.applied else "superseded: a newer attempt exists",
+                    )
+                )
+            job = self.jobs.get(run.job_id)
+            if job is None:
+                continue
+            if not out.applied:
+                self.stats.superseded_completions += 1
+                self._run_finished(job, now_ms, fx)
+                continue
+            if state is RunState.SUCCEEDED:
+                self.stats.completed += 1
+            elif state is RunState.DEAD_LETTERED:
+                self.stats.dead_lettered += 1
+                fx.alerts.append(f"job {job.job_id} fire {run.scheduled_for}: dead-lettered")
+            if state in (RunState.FAILED, RunState.TIMED_OUT) and should_retry(
+                job.spec.retry, failed_attempt=run.attempt
+            ):
+                self._schedule_retry(job, run, now_ms)
+                continue
+            if state is RunState.LOST:
+                self._reaper.append((job.job_id, run.scheduled_for, run.attempt + 1))
+                continue
+            self._run_finished(job, now_ms, fx)
+
+    def _run_finished(self, job: _Job, now_ms: int, fx: Effects) -> None:
+        job.inflight -= 1
+        if job.compiled.completion_driven and not job.paused and job.next_fire is None:
+            nxt = job.compiled.next_after_completion(now_ms)
+            if job.inflight == 0 and nxt is not None:
+                self._arm(job, nxt)
+                self._sync_schedule(job, fx)
+        if job.buffered and not job.paused and job.inflight + len(job.due) < _limit(job):
+            job.due.append((job.buffered.popleft(), 0, True))
+        if job.due and not job.paused:
+            self._enqueue(
+                job, now_ms, overdue=now_ms - job.due[0][0] > self.config.overdue_after_ms
+            )
+        if (
+            job.inflight <= 0
+            and job.next_fire is None
+            and not job.due
+            and (job.paused or not job.compiled.completion_driven)
+        ):
+            self.wheel.cancel((job.job_id << 2) | FIRE)
+            del self.jobs[job.job_id]
+
+    def _schedule_retry(self, job: _Job, run: _Run, now_ms: int) -> None:
+        delay = retry_delay_ms(
+            job.spec.retry,
+            failed_attempt=run.attempt,
+            job_id=job.job_id,
+            scheduled_for=run.scheduled_for,
+        )
+        self._retry_seq += 1
+        self._retries[self._retry_seq] = (job.job_id, run.scheduled_for, run.attempt + 1)
+        self.wheel.add((self._retry_seq << 2) | RETRY, now_ms + delay)
+
+    def _on_retry(self, seq: int, now_ms: int) -> None:
+        entry = self._retries.pop(seq, None)
+        if entry is None:
+            return
+        self._requeue(*entry, now_ms=now_ms)
+
+    def _requeue(self, job_id: int, fire: int, attempt: int, *, now_ms: int) -> None:
+        """A retry or a re-dispatch of a fire that already ran: first in line."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        job.inflight -= 1
+        job.due.appendleft((fire, attempt, False))
+        self._enqueue(job, now_ms, overdue=False)
+
+    def _on_lease_timer(self, run_id: int, now_ms: int, fx: Effects) -> None:
+        run = self.runs.get(run_id)
+        if run is None or run.phase not in (Phase.DISPATCHED, Phase.RUNNING):
+            return
+        if run.lease_deadline > now_ms:
+            # Renewed since the timer was set: renewals only move the deadline.
+            self.wheel.add((run_id << 2) | LEASE, run.lease_deadline)
+            return
+        self.stats.lost_leases += 1
+        job = self.jobs.get(run.job_id)
+        if run.worker_id is not None:
+            self._revoke(run, RevokeReason.LEASE_EXPIRED, fx)
+        if job is not None and job.spec.side_effect is SideEffect.AT_MOST_ONCE:
+            fx.alerts.append(
+                f"job {run.job_id} fire {run.scheduled_for}: at_most_once run lost its lease; "
+                "outcome unknown, not re-dispatched"
+            )
+            self._end_run(run, RunState.UNKNOWN, "lease lost", fx)
+        elif job is not None and should_retry(job.spec.retry, failed_attempt=run.attempt):
+            self._end_run(run, RunState.LOST, "lease expired", fx)
+        else:
+            self._end_run(run, RunState.DEAD_LETTERED, "lease expired on the last attempt", fx)
+
+    def _on_timeout(self, run_id: int, now_ms: int, fx: Effects) -> None:
+        run = self.runs.get(run_id)
+        if run is None or run.phase not in (Phase.DISPATCHED, Phase.RUNNING, Phase.READY):
+            return
+        self.stats.timed_out += 1
+        if run.worker_id is not None:
+            self._revoke(run, RevokeReason.TIMED_OUT, fx)
+        job = self.jobs.get(run.job_id)
+        last = job is None or not should_retry(job.spec.retry, failed_attempt=run.attempt)
+        self._end_run(
+            run,
+            RunState.DEAD_LETTERED if last else RunState.TIMED_OUT,
+            "timed out",
+            fx,
+        )
+
+    def _revoke(self, run: _Run, reason: RevokeReason, fx: Effects) -> None:
+        if run.worker_id is not None and run.worker_id in self.workers:
+            fx.revokes.setdefault(run.worker_id, []).append(
+                Revoke(run_id=run.run_id, fence=run.fence, reason=reason)
+            )
+
+    def _run_reaper(self, now_ms: int, fx: Effects) -> None:
+        """Re-dispatch fires whose lease expired, rate limited, and not at all
+        while the fleet is nearly saturated (seed R6: a spiral is worse)."""
+        if not self._reaper:
+            return
+        capacity = sum(w.capacity for w in self.workers.values())
+        busy = sum(len(w.held) for w in self.workers.values())
+        if capacity == 0 or busy / capacity > self.config.busy_threshold:
+            if not self._reaper_paused:
+                self._reaper_paused = True
+                fx.alerts.append(
+                    f"reaper paused: fleet {busy}/{capacity} busy; "
+                    f"{len(self._reaper)} expired leases wait for capacity"
+                )
+            return
+        self._reaper_paused = False
+        n = self._reaper_bucket.take(len(self._reaper), now_ms)
+        for _ in range(n):
+            self._requeue(*self._reaper.popleft(), now_ms=now_ms)
+
+    @property
+    def reaper_paused(self) -> bool:
+        return self._reaper_paused
+
+    # -- recovery -----------------------------------------------------------------
+
+    def restore_inflight(self, executions: Sequence[ExecutionRecord], now_ms: int) -> None:
+        """Runs the store says are in flight, after a restart or takeover. They
+        get a full lease from now: their workers reconnect and renew (adopt)
+        them; runs nobody renews expire and are re-dispatched."""
+        for ex in executions:
+            if ex.run_id in self.runs:
+                continue
+            run = _Run(ex.run_id, ex.job_id, ex.scheduled_for, ex.attempt, ex.fence)
+            run.phase = Phase.RUNNING
+            run.lease_deadline = now_ms + self.config.lease_ms
+            self.wheel.add((run.run_id << 2) | LEASE, run.lease_deadline)
+            job = self.jobs.get(ex.job_id)
+            if job is not None:
+                job.inflight += 1
+                run.timeout_deadline = ex.dispatched_at_ms + job.spec.timeout_ms
+                self.wheel.add((run.run_id << 2) | TIMEOUT, max(now_ms, run.timeout_deadline))
+            self.runs[run.run_id] = run
+            shard = shard_of(ex.job_id)
+            if shard in self._counters and ex.fence >> COUNTER_BITS == self._epochs[shard]:
+                self._counters[shard] = max(self._counters[shard], ex.fence & COUNTER_MASK)
+
+    # -- introspection --------------------------------------------------------------
+
+    def backlog(self) -> tuple[int, int]:
+        fresh = sum(len(q) for q in self._fresh.values())
+        overdue = sum(len(q) for q in self._overdue.values())
+        return fresh + len(self._ready), overdue
+
+    def next_fires(self, job_id: int, count: int) -> list[int]:
+        job = self.jobs.get(job_id)
+        if job is None or job.next_fire is None:
+            return []
+        out = [job.next_fire]
+        while len(out) < count:
+            nxt = job.compiled.next_fire(out[-1])
+            if nxt is None:
+                break
+            out.append(nxt)
+        return out

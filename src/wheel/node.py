@@ -1,0 +1,425 @@
+"""The I/O shell of one node: drives the pure shard owner with a clock, the
+record of truth and worker streams.
+
+One asyncio loop iteration (``_loop``):
+
+1. feed the owner ``advance(now)``: due timers fire, work is claimed;
+2. run the accumulated store writes in ONE pass on the store thread, in the
+   order the owner requires (completions, missed, advances, claims, starts);
+3. feed the store's answers back (``on_completed``, ``on_claimed``), which
+   produces assignments and results;
+4. send one message per worker per kind (batched), then sleep until the
+   wheel's next deadline or until an event (a worker message, an API call)
+   wakes the loop.
+
+Everything that touches the owner runs on the event loop thread, so the owner
+needs no locks. Store calls run on one dedicated thread for dispatch and a
+small pool for API reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+from wheel.engine.model import SHARD_COUNT, JobState
+from wheel.engine.owner import Effects, Outcome, Owner, OwnerConfig
+from wheel.engine.records import (
+    ClaimOutcome,
+    CompletionOutcome,
+    JobRecord,
+    NewJob,
+)
+from wheel.engine.schedule import compile_schedule
+from wheel.engine.spec import JobSpec
+from wheel.errors import FailedPrecondition, NotFound, StoreError, StoreUnavailable
+from wheel.store.base import Store
+
+log = logging.getLogger("wheel.node")
+T = TypeVar("T")
+
+
+class Clock:
+    """Milliseconds on the wall-clock scale that never step backwards: the wall
+    time at start plus monotonic time elapsed since (leases must not jump when
+    NTP steps the wall clock)."""
+
+    def __init__(self) -> None:
+        self._wall0 = time.time_ns() // 1_000_000
+        self._mono0 = time.monotonic_ns()
+
+    def now_ms(self) -> int:
+        return self._wall0 + (time.monotonic_ns() - self._mono0) // 1_000_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeConfig:
+    node_id: str = "node-1"
+    owner: OwnerConfig = field(default_factory=OwnerConfig)
+    # How often to read jobs changed by others (other nodes, direct writes).
+    changes_interval_s: float = 1.0
+    # Longest sleep of the dispatch loop without an event.
+    max_idle_s: float = 0.5
+
+
+@dataclass(slots=True)
+class _StoreResults:
+    completions: list[CompletionOutcome]
+    claims: list[ClaimOutcome]
+
+
+class WorkerSession:
+    """One worker stream: the node writes server messages into ``outbox``."""
+
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self.outbox: asyncio.Queue[object] = asyncio.Queue()
+        self.closed = False
+
+
+# Translates an owner Effects into per-worker wire messages; set by the rpc layer.
+MessageSink = Callable[[WorkerSession, Effects], None]
+
+
+class Node:
+    """One node owning shards (all 256 on a single node)."""
+
+    def __init__(self, store: Store, config: NodeConfig | None = None) -> None:
+        self.store = store
+        self.config = config or NodeConfig()
+        self.clock = Clock()
+        self.owner: Owner | None = None
+        self.sessions: dict[str, WorkerSession] = {}
+        self.message_sink: MessageSink | None = None
+        self._fx = Effects()
+        self._wake = asyncio.Event()
+        self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-store")
+        self._api_threads = ThreadPoolExecutor(4, thread_name_prefix="wheel-api")
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._watermark = 0
+        self._lags: deque[int] = deque(maxlen=10_000)
+        self.alerts: deque[str] = deque(maxlen=1_000)
+        self.ready = asyncio.Event()
+        # Set when the dispatch loop ends; a node whose loop died must exit
+        # (and be restarted) rather than keep serving without dispatching.
+        self.stopped = asyncio.Event()
+
+    # -- life cycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._api(self.store.migrate)
+        shards = list(range(SHARD_COUNT))
+        epochs = await self._api(self.store.acquire_epochs, shards, self.config.node_id)
+        load = await self._api(self.store.load_shards, shards)
+        now = self.clock.now_ms()
+        owner = Owner(epochs=epochs, now_ms=now, config=self.config.owner)
+        fx = self._fx
+        for record in load.jobs:
+            try:
+                owner.upsert_job(record, now, fx)
+            except Exception:
+                log.exception("job %s could not be loaded; skipped", record.job_id)
+        owner.restore_inflight(load.inflight, now)
+        self._watermark = load.watermark
+        self.owner = owner
+        log.info(
+            "node %s owns %d shards: %d jobs, %d runs in flight",
+            self.config.node_id,
+            len(epochs),
+            len(owner.jobs),
+            len(owner.runs),
+        )
+        self._task = asyncio.create_task(self._loop(), name="wheel-dispatch")
+        self._task.add_done_callback(self._loop_done)
+        self.ready.set()
+
+    def _loop_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.critical("dispatch loop died", exc_info=task.exception())
+        self.stopped.set()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for session in list(self.sessions.values()):
+            session.closed = True
+            session.outbox.put_nowait(None)
+        self._store_thread.shutdown(wait=True)
+        self._api_threads.shutdown(wait=True)
+
+    def _owner(self) -> Owner:
+        if self.owner is None:
+            raise FailedPrecondition("node is starting")
+        return self.owner
+
+    async def _api(self, fn: Callable[..., T], *args: object) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._api_threads, fn, *args)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # -- the dispatch loop ------------------------------------------------------
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_changes = time.monotonic() + self.config.changes_interval_s
+        backoff = 0.05
+        while not self._stopping:
+            owner = self._owner()
+            now = self.clock.now_ms()
+            fx = self._fx
+            owner.advance(now, fx)
+            work = fx.take_store_work()
+            if work.store_work():
+                try:
+                    results = await loop.run_in_executor(
+                        self._store_thread, self._apply_store, work, now
+                    )
+                except StoreError as exc:
+                    # Nothing is lost: the same writes are retried (claims are
+                    # idempotent by (job, fire, attempt), completions by fence).
+                    log.warning("store write failed (%s); retrying in %.2fs", exc, backoff)
+                    self._requeue_store_work(work)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                    continue
+                backoff = 0.05
+                now = self.clock.now_ms()
+                owner.on_completed(results.completions, now, fx)
+                owner.on_claimed(results.claims, now, fx)
+            self._publish(fx)
+            if fx.resync or time.monotonic() >= next_changes:
+                await self._read_changes(fx.resync)
+                fx.resync = set()
+                next_changes = time.monotonic() + self.config.changes_interval_s
+            if fx.store_work():
+                continue
+            await self._sleep_until(owner.next_deadline())
+
+    def _requeue_store_work(self, work: Effects) -> None:
+        fx = self._fx
+        fx.completions[:0] = work.completions
+        fx.missed[:0] = work.missed
+        fx.advances[:0] = work.advances
+        fx.claims[:0] = work.claims
+        fx.starts[:0] = work.starts
+
+    async def _sleep_until(self, deadline: int | None) -> None:
+        timeout = self.config.max_idle_s
+        if deadline is not None:
+            timeout = min(timeout, max(0.0, (deadline - self.clock.now_ms()) / 1000))
+        if timeout <= 0:
+            await asyncio.sleep(0)
+            return
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _apply_store(self, work: Effects, now: int) -> _StoreResults:
+        store = self.store
+        completions: list[CompletionOutcome] = []
+        claims: list[ClaimOutcome] = []
+        if work.completions:
+            completions = store.complete_runs(
+                [replace(c, finished_at_ms=now) for c in work.completions]
+            )
+        if work.missed:
+            store.record_missed(work.missed)
+        if work.advances:
+            store.advance_schedules(work.advances)
+        if work.claims:
+            claims = store.claim_fires(work.claims)
+        if work.starts:
+            store.mark_running(work.starts)
+        return _StoreResults(completions=completions, claims=claims)
+
+    def _publish(self, fx: Effects) -> None:
+        for alert in fx.alerts:
+            log.warning("alert: %s", alert)
+            self.alerts.append(alert)
+        fx.alerts.clear()
+        self._lags.extend(fx.lags)
+        fx.lags.clear()
+        workers = (
+            set(fx.assignments)
+            | set(fx.revokes)
+            | set(fx.results)
+            | set(fx.rejected_renewals)
+            | set(fx.violations)
+        )
+        for worker_id in workers:
+            session = self.sessions.get(worker_id)
+            if session is not None and self.message_sink is not None:
+                self.message_sink(session, fx)
+        fx.assignments.clear()
+        fx.revokes.clear()
+        fx.results.clear()
+        fx.rejected_renewals.clear()
+        fx.violations.clear()
+
+    async def _read_changes(self, resync: set[int]) -> None:
+        owner = self._owner()
+        try:
+            records: list[JobRecord] = []
+            for job_id in resync:
+                with contextlib.suppress(NotFound):
+                    records.append(await self._api(self.store.get_job, job_id))
+            changed, self._watermark = await self._api(
+                self.store.changes_since, self._watermark, list(owner.shards())
+            )
+            records.extend(changed)
+        except StoreError as exc:
+            log.warning("reading job changes failed: %s", exc)
+            return
+        now = self.clock.now_ms()
+        for record in records:
+            if owner.owns(record.job_id):
+                owner.upsert_job(record, now, self._fx)
+
+    # -- worker streams ---------------------------------------------------------
+
+    def attach_worker(self, worker_id: str, capacity: int, pools: Sequence[str]) -> WorkerSession:
+        old = self.sessions.pop(worker_id, None)
+        if old is not None:
+            old.closed = True
+            old.outbox.put_nowait(None)
+        session = WorkerSession(worker_id)
+        self.sessions[worker_id] = session
+        self._owner().worker_hello(worker_id, capacity, pools, self.clock.now_ms(), self._fx)
+        self.wake()
+        return session
+
+    def detach_worker(self, session: WorkerSession) -> None:
+        session.closed = True
+        if self.sessions.get(session.worker_id) is session:
+            del self.sessions[session.worker_id]
+            self._owner().worker_disconnect(session.worker_id)
+            self.wake()
+
+    def worker_ack(self, worker_id: str, refs: Sequence[tuple[int, int]]) -> None:
+        self._owner().worker_ack(worker_id, refs, self.clock.now_ms(), self._fx)
+        self.wake()
+
+    def worker_heartbeat(self, worker_id: str, refs: Sequence[tuple[int, int]]) -> None:
+        self._owner().worker_heartbeat(worker_id, refs, self.clock.now_ms(), self._fx)
+        self.wake()
+
+    def worker_complete(
+        self, worker_id: str, completions: Sequence[tuple[int, int, Outcome, str]]
+    ) -> None:
+        self._owner().worker_complete(worker_id, completions, self.clock.now_ms(), self._fx)
+        self.wake()
+
+    def worker_credit(self, worker_id: str, add: int) -> None:
+        self._owner().worker_credit(worker_id, add, self.clock.now_ms(), self._fx)
+        self.wake()
+
+    def worker_drain(self, worker_id: str) -> None:
+        self._owner().worker_drain(worker_id)
+
+    # -- the job API --------------------------------------------------------------
+
+    def first_fire(self, job_id: int, spec: JobSpec, now_ms: int) -> int | None:
+        return compile_schedule(spec.schedule, jitter_ms=spec.jitter_ms, job_id=job_id).next_fire(
+            now_ms - 1
+        )
+
+    async def submit(self, spec: JobSpec, idempotency_key: str | None) -> tuple[JobRecord, bool]:
+        now = self.clock.now_ms()
+        # Validates the schedule (cron syntax, zone) before anything is stored.
+        first = self.first_fire(0, spec, now)
+        new = NewJob(
+            spec=spec, created_at_ms=now, next_run_at=first, idempotency_key=idempotency_key
+        )
+        record, created = await self._api(self.store.submit_job, new)
+        if created:
+            self._apply_record(record)
+        return record, created
+
+    def _apply_record(self, record: JobRecord) -> None:
+        owner = self._owner()
+        if owner.owns(record.job_id):
+            owner.upsert_job(record, self.clock.now_ms(), self._fx)
+            self.wake()
+
+    async def get_job(self, job_id: int) -> JobRecord:
+        return await self._api(self.store.get_job, job_id)
+
+    async def set_state(self, job_id: int, state: JobState) -> JobRecord:
+        record = await self.get_job(job_id)
+        now = self.clock.now_ms()
+        if record.state in (JobState.CANCELLED, JobState.COMPLETED):
+            if state is JobState.CANCELLED:
+                return record  # cancel is idempotent
+            raise FailedPrecondition(f"job {job_id} is {record.state.value}")
+        if record.state is state:
+            return record
+        next_run: int | None = None
+        if state is JobState.ACTIVE:
+            # Resume from now: fires missed while paused are recorded, not run.
+            next_run = self.first_fire(job_id, record.spec, now + 1)
+        updated = await self._api(
+            functools.partial(
+                self.store.set_job_state, job_id, state, next_run_at=next_run, now_ms=now
+            )
+        )
+        owner = self._owner()
+        if owner.owns(job_id):
+            if state is JobState.CANCELLED:
+                owner.cancel_job(job_id, self._fx)
+            owner.upsert_job(updated, now, self._fx)
+            if state is JobState.ACTIVE:
+                owner.record_paused_fires(job_id, record.updated_at_ms, now, self._fx)
+            self.wake()
+        return updated
+
+    async def trigger(self, job_id: int) -> int:
+        record = await self.get_job(job_id)
+        if record.state is not JobState.ACTIVE:
+            raise FailedPrecondition(f"job {job_id} is {record.state.value}, not active")
+        owner = self._owner()
+        if record.job_id not in owner.jobs:
+            owner.upsert_job(record, self.clock.now_ms(), self._fx)
+        at = owner.trigger(job_id, self.clock.now_ms(), self._fx)
+        self.wake()
+        return at
+
+    async def backfill(self, job_id: int, fires: Sequence[int]) -> tuple[list[int], int]:
+        record = await self.get_job(job_id)
+        if record.state is not JobState.ACTIVE:
+            raise FailedPrecondition(f"job {job_id} is {record.state.value}, not active")
+        existing = await self._api(self.store.fires_exist, job_id, list(fires))
+        todo = [f for f in fires if f not in existing]
+        owner = self._owner()
+        if record.job_id not in owner.jobs:
+            owner.upsert_job(record, self.clock.now_ms(), self._fx)
+        owner.backfill(job_id, todo, self.clock.now_ms())
+        self.wake()
+        return todo, len(fires) - len(todo)
+
+    def next_fires(self, job_id: int, count: int) -> list[int]:
+        return self._owner().next_fires(job_id, count)
+
+    # -- status -----------------------------------------------------------------
+
+    def lag_percentiles(self) -> tuple[float, float]:
+        if not self._lags:
+            return 0.0, 0.0
+        lags = sorted(self._lags)
+        return float(lags[len(lags) // 2]), float(lags[min(len(lags) - 1, len(lags) * 99 // 100)])
+
+    def store_unavailable(self, exc: Exception) -> StoreUnavailable:
+        return StoreUnavailable(str(exc))

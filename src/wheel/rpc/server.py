@@ -1,0 +1,580 @@
+"""The gRPC edge: JobService, WorkerService and AdminService on a grpc.aio server,
+plus health and reflection. Errors become status codes in one place
+(``status_of``); a bad request never changes state or disturbs other streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from wheel.engine.model import JobState
+from wheel.engine.owner import Effects, Outcome
+from wheel.engine.schedule import compile_schedule
+from wheel.engine.spec import DEFAULT_LIMITS
+from wheel.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    LimitExceeded,
+    NotFound,
+    NotOwner,
+    ResourceExhausted,
+    StaleFence,
+    StoreUnavailable,
+    WheelError,
+)
+from wheel.node import Node, WorkerSession
+from wheel.rpc import convert
+from wheel.rpc.v1 import (
+    admin_service_pb2,
+    admin_service_pb2_grpc,
+    job_service_pb2,
+    job_service_pb2_grpc,
+    jobs_pb2,
+    worker_service_pb2,
+    worker_service_pb2_grpc,
+)
+
+log = logging.getLogger("wheel.rpc")
+T = TypeVar("T")
+
+MAX_PAGE = 1000
+MAX_NEXT_FIRES = 100
+MAX_CAPACITY = 100_000
+MAX_WORKER_ID = 200
+MAX_IDEMPOTENCY_KEY = 200
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+_STATUS: list[tuple[type[WheelError], grpc.StatusCode]] = [
+    (LimitExceeded, grpc.StatusCode.INVALID_ARGUMENT),
+    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
+    (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (StaleFence, grpc.StatusCode.FAILED_PRECONDITION),
+    (NotOwner, grpc.StatusCode.UNAVAILABLE),
+    (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
+]
+
+
+def status_of(exc: WheelError) -> grpc.StatusCode:
+    """The one mapping from wheel's errors to gRPC status codes."""
+    for cls, code in _STATUS:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+async def _call(context: grpc.aio.ServicerContext, work: Awaitable[T]) -> T:
+    try:
+        return await work
+    except WheelError as exc:
+        await context.abort(status_of(exc), str(exc))
+        raise AssertionError("unreachable") from exc
+
+
+def _page_size(value: int, field: str = "page_size") -> int:
+    if value < 0:
+        raise InvalidArgument(field, f"{value} is negative")
+    if value > MAX_PAGE:
+        raise LimitExceeded(field, f"{value} is over the limit of {MAX_PAGE}")
+    return value or 100
+
+
+def _job_id(value: int) -> int:
+    if value <= 0:
+        raise InvalidArgument("job_id", "must be a positive job id")
+    return value
+
+
+class JobServicer(job_service_pb2_grpc.JobServiceServicer):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def SubmitJob(
+        self, request: job_service_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.SubmitJobResponse:
+        async def work() -> job_service_pb2.SubmitJobResponse:
+            if not request.HasField("spec"):
+                raise InvalidArgument("spec", "is required")
+            if len(request.idempotency_key) > MAX_IDEMPOTENCY_KEY:
+                raise LimitExceeded(
+                    "idempotency_key", f"longer than {MAX_IDEMPOTENCY_KEY} characters"
+                )
+            spec = convert.spec_from_proto(request.spec, now_ms=self.node.clock.now_ms())
+            record, created = await self.node.submit(spec, request.idempotency_key or None)
+            return job_service_pb2.SubmitJobResponse(
+                job=convert.job_to_proto(
+                    record, next_fires_ms=self.node.next_fires(record.job_id, 5)
+                ),
+                created=created,
+            )
+
+        return await _call(context, work())
+
+    async def GetJob(
+        self, request: job_service_pb2.GetJobRequest, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.Job:
+        async def work() -> jobs_pb2.Job:
+            job_id = _job_id(request.job_id)
+            if not 0 <= request.next_fires <= MAX_NEXT_FIRES:
+                raise InvalidArgument("next_fires", f"must be within [0, {MAX_NEXT_FIRES}]")
+            if not 0 <= request.recent_runs <= MAX_NEXT_FIRES:
+                raise InvalidArgument("recent_runs", f"must be within [0, {MAX_NEXT_FIRES}]")
+            record = await self.node.get_job(job_id)
+            runs = await self.node._api(
+                self.node.store.list_runs, job_id, None, request.recent_runs or 10
+            )
+            return convert.job_to_proto(
+                record,
+                next_fires_ms=self.node.next_fires(job_id, request.next_fires or 5),
+                recent_runs=[convert.run_to_proto(r) for r in runs],
+            )
+
+        return await _call(context, work())
+
+    async def ListJobs(
+        self, request: job_service_pb2.ListJobsRequest, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.ListJobsResponse:
+        async def work() -> job_service_pb2.ListJobsResponse:
+            size = _page_size(request.page_size)
+            after = _token_int(request.page_token, "page_token")
+            state = convert.job_state_from_proto(request.state)
+            node = self.node
+
+            def query() -> list[Any]:
+                return node.store.list_jobs(
+                    tenant=request.tenant or None, state=state, after_job_id=after, limit=size
+                )
+
+            records = await node._api(query)
+            token = str(records[-1].job_id) if len(records) == size else ""
+            return job_service_pb2.ListJobsResponse(
+                jobs=[convert.job_to_proto(r) for r in records], next_page_token=token
+            )
+
+        return await _call(context, work())
+
+    async def _state(
+        self, request: job_service_pb2.JobRef, context: grpc.aio.ServicerContext, state: JobState
+    ) -> jobs_pb2.Job:
+        async def work() -> jobs_pb2.Job:
+            record = await self.node.set_state(_job_id(request.job_id), state)
+            return convert.job_to_proto(
+                record, next_fires_ms=self.node.next_fires(record.job_id, 5)
+            )
+
+        return await _call(context, work())
+
+    async def CancelJob(
+        self, request: job_service_pb2.JobRef, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.Job:
+        return await self._state(request, context, JobState.CANCELLED)
+
+    async def PauseJob(
+        self, request: job_service_pb2.JobRef, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.Job:
+        return await self._state(request, context, JobState.PAUSED)
+
+    async def ResumeJob(
+        self, request: job_service_pb2.JobRef, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.Job:
+        return await self._state(request, context, JobState.ACTIVE)
+
+    async def TriggerJob(
+        self, request: job_service_pb2.JobRef, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.TriggerJobResponse:
+        async def work() -> job_service_pb2.TriggerJobResponse:
+            job_id = _job_id(request.job_id)
+            at = await self.node.trigger(job_id)
+            return job_service_pb2.TriggerJobResponse(
+                job_id=job_id, scheduled_for_ms=at, idempotency_key=f"{job_id}:{at}"
+            )
+
+        return await _call(context, work())
+
+    async def BackfillJob(
+        self, request: job_service_pb2.BackfillJobRequest, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.BackfillJobResponse:
+        async def work() -> job_service_pb2.BackfillJobResponse:
+            job_id = _job_id(request.job_id)
+            if request.to_ms <= request.from_ms:
+                raise InvalidArgument("to_ms", "must be after from_ms")
+            now = self.node.clock.now_ms()
+            if request.to_ms > now:
+                raise InvalidArgument("to_ms", "backfill covers past fires only")
+            record = await self.node.get_job(job_id)
+            compiled = compile_schedule(
+                record.spec.schedule, jitter_ms=record.spec.jitter_ms, job_id=job_id
+            )
+            cap = DEFAULT_LIMITS.max_backfill_fires
+            fires = compiled.fires_between(request.from_ms - 1, request.to_ms - 1, cap + 1)
+            if len(fires) > cap:
+                raise ResourceExhausted(
+                    f"backfill of {len(fires)}+ fires is over the limit of {cap} per request"
+                )
+            todo, skipped = await self.node.backfill(job_id, fires)
+            return job_service_pb2.BackfillJobResponse(
+                scheduled=len(todo), skipped_existing=skipped, scheduled_for_ms=todo
+            )
+
+        return await _call(context, work())
+
+    async def ListRuns(
+        self, request: job_service_pb2.ListRunsRequest, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.ListRunsResponse:
+        async def work() -> job_service_pb2.ListRunsResponse:
+            job_id = _job_id(request.job_id)
+            size = _page_size(request.page_size)
+            wanted = convert.run_filter_from_proto(request.states)
+            before_run, before_missed = _runs_token(request.page_token)
+            node = self.node
+            await node.get_job(job_id)  # NOT_FOUND for unknown ids
+
+            def query() -> tuple[list[Any], list[Any]]:
+                runs = (
+                    node.store.list_runs(job_id, before_run_id=before_run, limit=size)
+                    if before_run != 0
+                    else []
+                )
+                missed = (
+                    node.store.list_missed(job_id, before_scheduled_for=before_missed, limit=size)
+                    if wanted.missed and before_missed != 0
+                    else []
+                )
+                return runs, missed
+
+            runs, missed = await node._api(query)
+            merged: list[tuple[int, int, jobs_pb2.Run, str]] = [
+                (r.scheduled_for, r.run_id, convert.run_to_proto(r), "r") for r in runs
+            ]
+            merged += [(m.scheduled_for, 0, convert.missed_to_proto(m), "m") for m in missed]
+            merged.sort(key=lambda t: (t[0], t[1]), reverse=True)
+            page = merged[:size]
+            next_run, next_missed = before_run, before_missed
+            for sf, run_id, _, kind in page:
+                if kind == "r":
+                    next_run = run_id
+                else:
+                    next_missed = sf
+            more = len(merged) > size or len(runs) == size or len(missed) == size
+            # Exhausted sources get 0 so the next page does not read them again.
+            if len(runs) < size and all(k != "r" for *_, k in merged[size:]):
+                next_run = 0
+            if len(missed) < size and all(k != "m" for *_, k in merged[size:]):
+                next_missed = 0
+            token = (
+                f"{next_run or 0}:{next_missed or 0}" if more and (next_run or next_missed) else ""
+            )
+            out = [p for _, _, p, _ in page if p.state in _proto_states(wanted)]
+            return job_service_pb2.ListRunsResponse(runs=out, next_page_token=token)
+
+        return await _call(context, work())
+
+
+def _proto_states(wanted: convert.RunFilter) -> set[int]:
+    states: set[int] = {convert.run_state_to_proto(s) for s in wanted.states}
+    if wanted.missed:
+        states.add(jobs_pb2.RUN_STATE_MISSED)
+    return states
+
+
+def _token_int(token: str, field: str) -> int:
+    if not token:
+        return 0
+    try:
+        value = int(token)
+    except ValueError:
+        raise InvalidArgument(field, "is not a token this server issued") from None
+    if value < 0:
+        raise InvalidArgument(field, "is not a token this server issued")
+    return value
+
+
+def _runs_token(token: str) -> tuple[int | None, int | None]:
+    """(before_run_id, before_missed_sf); None = from the newest; 0 = exhausted."""
+    if not token:
+        return None, None
+    try:
+        a, b = token.split(":")
+        return int(a), int(b)
+    except ValueError:
+        raise InvalidArgument("page_token", "is not a token this server issued") from None
+
+
+class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
+    """The lease stream. A bad message gets a ProtocolError for that message; it
+    never affects other runs or other workers."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def Connect(
+        self,
+        request_iterator: AsyncIterator[worker_service_pb2.WorkerMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[worker_service_pb2.ServerMessage]:
+        node = self.node
+        await node.ready.wait()
+        try:
+            first = await request_iterator.__anext__()
+        except StopAsyncIteration:
+            return
+        hello = first.hello
+        problem = _check_hello(first)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+            return
+        session = node.attach_worker(
+            hello.worker_id, hello.capacity, list(hello.pools) or ["default"]
+        )
+        cfg = node.config.owner
+        yield worker_service_pb2.ServerMessage(
+            welcome=worker_service_pb2.Welcome(
+                node_id=node.config.node_id,
+                grace_lease_ms=cfg.grace_lease_ms,
+                lease_ms=cfg.lease_ms,
+                heartbeat_interval_ms=cfg.heartbeat_interval_ms,
+            )
+        )
+        reader = asyncio.create_task(self._read(session, request_iterator))
+        try:
+            while True:
+                msg = await session.outbox.get()
+                if msg is None:
+                    break
+                assert isinstance(msg, worker_service_pb2.ServerMessage)
+                yield msg
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            node.detach_worker(session)
+
+    async def _read(
+        self,
+        session: WorkerSession,
+        requests: AsyncIterator[worker_service_pb2.WorkerMessage],
+    ) -> None:
+        node = self.node
+        wid = session.worker_id
+        try:
+            async for msg in requests:
+                if session.closed:
+                    break
+                kind = msg.WhichOneof("kind")
+                if kind == "ack":
+                    node.worker_ack(wid, [(r.run_id, r.fence) for r in msg.ack.runs])
+                elif kind == "heartbeat":
+                    node.worker_heartbeat(wid, [(r.run_id, r.fence) for r in msg.heartbeat.runs])
+                elif kind == "complete":
+                    done = []
+                    for c in msg.complete.completions:
+                        if c.outcome not in _OUTCOMES:
+                            _protocol_error(
+                                session,
+                                "INVALID_ARGUMENT",
+                                f"completions.outcome: unknown value {c.outcome}",
+                                c.run_id,
+                            )
+                            continue
+                        done.append((c.run_id, c.fence, _OUTCOMES[c.outcome], c.error[:4000]))
+                    if done:
+                        node.worker_complete(wid, done)
+                elif kind == "credit":
+                    node.worker_credit(wid, msg.credit.add)
+                elif kind == "drain":
+                    node.worker_drain(wid)
+                else:
+                    _protocol_error(
+                        session, "INVALID_ARGUMENT", f"unexpected message {kind!r} after hello", 0
+                    )
+        finally:
+            session.outbox.put_nowait(None)
+
+
+_OUTCOMES = {
+    worker_service_pb2.OUTCOME_SUCCEEDED: Outcome.SUCCEEDED,
+    worker_service_pb2.OUTCOME_FAILED: Outcome.FAILED,
+    worker_service_pb2.OUTCOME_RETRYABLE: Outcome.RETRYABLE,
+    worker_service_pb2.OUTCOME_HANDED_BACK: Outcome.HANDED_BACK,
+}
+
+
+def _check_hello(msg: worker_service_pb2.WorkerMessage) -> str | None:
+    if msg.WhichOneof("kind") != "hello":
+        return "the first message on a Connect stream must be hello"
+    h = msg.hello
+    if not h.worker_id:
+        return "hello.worker_id: must not be empty"
+    if len(h.worker_id) > MAX_WORKER_ID:
+        return f"hello.worker_id: longer than {MAX_WORKER_ID} characters"
+    if not 1 <= h.capacity <= MAX_CAPACITY:
+        return f"hello.capacity: {h.capacity} is outside [1, {MAX_CAPACITY}]"
+    return None
+
+
+def _protocol_error(session: WorkerSession, code: str, message: str, run_id: int) -> None:
+    session.outbox.put_nowait(
+        worker_service_pb2.ServerMessage(
+            error=worker_service_pb2.ProtocolError(code=code, message=message, run_id=run_id)
+        )
+    )
+
+
+def send_effects(session: WorkerSession, fx: Effects) -> None:
+    """One message per kind per worker per loop iteration (batching)."""
+    wid = session.worker_id
+    put = session.outbox.put_nowait
+    assignments = fx.assignments.get(wid)
+    if assignments:
+        put(
+            worker_service_pb2.ServerMessage(
+                assignments=worker_service_pb2.Assignments(
+                    assignments=[
+                        worker_service_pb2.Assignment(
+                            run_id=a.run_id,
+                            job_id=a.job_id,
+                            handler=a.handler,
+                            scheduled_for_ms=a.scheduled_for,
+                            attempt=a.attempt,
+                            fence=a.fence,
+                            idempotency_key=a.idempotency_key,
+                            payload=a.payload,
+                            lease_ms=a.lease_ms,
+                            timeout_ms=a.timeout_ms,
+                            tenant=a.tenant,
+                        )
+                        for a in assignments
+                    ]
+                )
+            )
+        )
+    revokes = fx.revokes.get(wid)
+    if revokes:
+        put(
+            worker_service_pb2.ServerMessage(
+                revokes=worker_service_pb2.Revokes(
+                    revokes=[
+                        worker_service_pb2.Revoke(
+                            run_id=r.run_id,
+                            fence=r.fence,
+                            reason=worker_service_pb2.RevokeReason.Name(int(r.reason)),
+                        )
+                        for r in revokes
+                    ]
+                )
+            )
+        )
+    results = fx.results.get(wid)
+    rejected = fx.rejected_renewals.get(wid)
+    if results or rejected:
+        put(
+            worker_service_pb2.ServerMessage(
+                results=worker_service_pb2.Results(
+                    completions=[
+                        worker_service_pb2.CompletionResult(
+                            run_id=r.run_id, accepted=r.accepted, reason=r.reason
+                        )
+                        for r in results or ()
+                    ],
+                    rejected_renewals=[
+                        worker_service_pb2.RunRef(run_id=run_id, fence=fence)
+                        for run_id, fence in rejected or ()
+                    ],
+                )
+            )
+        )
+    for v in fx.violations.get(wid, ()):
+        _protocol_error(session, v.code, v.message, v.run_id)
+
+
+class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def GetClusterStatus(
+        self,
+        request: admin_service_pb2.GetClusterStatusRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> admin_service_pb2.ClusterStatus:
+        node = self.node
+        owner = node.owner
+        p50, p99 = node.lag_percentiles()
+        status = admin_service_pb2.ClusterStatus(
+            node_id=node.config.node_id,
+            dispatch_lag_p50_ms=p50,
+            dispatch_lag_p99_ms=p99,
+        )
+        status.nodes.append(
+            admin_service_pb2.NodeStatus(
+                node_id=node.config.node_id,
+                shards_owned=len(owner.shards()) if owner else 0,
+            )
+        )
+        if owner is not None:
+            fresh, overdue = owner.backlog()
+            s = owner.stats
+            status.jobs = len(owner.jobs)
+            status.pending_timers = len(owner.wheel)
+            status.in_flight = len(owner.runs)
+            status.backlog = fresh + overdue
+            status.overdue_backlog = overdue
+            status.workers = len(owner.workers)
+            status.worker_capacity = sum(w.capacity for w in owner.workers.values())
+            status.dispatched_total = s.dispatched
+            status.completed_total = s.completed
+            status.missed_total = s.missed
+            status.dead_lettered_total = s.dead_lettered
+            status.reaper_paused = owner.reaper_paused
+            if request.include_shards:
+                for shard, epoch in sorted(owner.shards().items()):
+                    status.shards.append(
+                        admin_service_pb2.ShardStatus(
+                            shard=shard, owner=node.config.node_id, epoch=epoch
+                        )
+                    )
+        return status
+
+
+async def serve(node: Node, listen: str) -> tuple[grpc.aio.Server, int]:
+    """Start the gRPC server for ``node``; returns it and the bound port."""
+    options = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+    server = grpc.aio.server(options=options)
+    node.message_sink = send_effects
+    job_service_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(node), server)
+    worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(node), server)
+    admin_service_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(node), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [
+        job_service_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
+        worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
+        admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        reflection.SERVICE_NAME,
+    ]
+    reflection.enable_server_reflection(names, server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}")
+    await server.start()
+    await node.ready.wait()
+    for name in ["", *names[:3]]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, port

@@ -1,0 +1,145 @@
+"""Real wheel processes for end-to-end tests: a node and workers on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.conftest import free_port
+
+HERE = Path(__file__).resolve().parent
+
+
+def wheelctl(
+    *args: str, check: bool = True, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "wheel", *args],
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=timeout,
+    )
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class ServerProc:
+    """`wheelctl serve` in a subprocess, restartable on the same data dir and port."""
+
+    def __init__(self, data_dir: Path, *, store: str | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.store = store
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        args = ["serve", "--data-dir", str(self.data_dir), "--listen", self.target]
+        if self.store:
+            args += ["--store", self.store]
+        self.starts += 1
+        with open(self.data_dir.parent / f"server-{self.starts}.log", "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "wheel", *args], stderr=log, stdout=log
+            )
+        wait_for(self.healthy, 30, "the node to serve")
+
+    def healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"server exited with {self.proc.returncode}; see {self.data_dir.parent}"
+            )
+        try:
+            with grpc.insecure_channel(self.target) as ch:
+                resp = health_pb2_grpc.HealthStub(ch).Check(
+                    health_pb2.HealthCheckRequest(), timeout=1
+                )
+                return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+        except grpc.RpcError:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class WorkerProc:
+    def __init__(self, target: str, out: Path, worker_id: str, *handlers: str) -> None:
+        env = dict(os.environ, WHEEL_E2E_OUT=str(out), PYTHONPATH=str(HERE))
+        with open(out.parent / f"{worker_id}.log", "wb") as log:
+            self.proc = self._spawn(target, worker_id, handlers, env, log)
+
+    @staticmethod
+    def _spawn(
+        target: str, worker_id: str, handlers: tuple[str, ...], env: dict[str, str], log: Any
+    ) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "wheel",
+                "worker",
+                "--target",
+                target,
+                "--worker-id",
+                worker_id,
+                *(handlers or ("e2e_handlers:record",)),
+            ],
+            env=env,
+            stderr=log,
+            stdout=log,
+        )
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def runs_of(target: str, job_id: int) -> list[dict[str, Any]]:
+    out = wheelctl("runs", str(job_id), "--target", target, "--json").stdout
+    runs: list[dict[str, Any]] = json.loads(out)
+    return runs
+
+
+def recorded(out: Path) -> list[tuple[str, int, int]]:
+    if not out.exists():
+        return []
+    rows = []
+    for line in out.read_text().splitlines():
+        key, attempt, fence, _run = line.split()
+        rows.append((key, int(attempt), int(fence)))
+    return rows
