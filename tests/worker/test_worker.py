@@ -12,7 +12,9 @@ import itertools
 import json
 import logging
 import os.path
+import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -681,3 +683,36 @@ def test_load_handler_resolves_module_function_references() -> None:
     for bad in ("json", "json:", ":dumps", "no_such_module_zz:f", "json:nope", "json:__doc__"):
         with pytest.raises(InvalidArgument):
             load_handler(bad)
+
+
+def test_run_worker_drains_on_sigterm() -> None:
+    script = (
+        "import sys, time\n"
+        "from wheel.worker import run_worker\n"
+        "def slow(ctx):\n"
+        "    time.sleep(0.3)\n"
+        "run_worker(sys.argv[1], {'slow': slow}, capacity=2, worker_id='proc', drain_timeout=5)\n"
+    )
+
+    async def go() -> None:
+        async with node() as (svc, target):
+            proc = await asyncio.create_subprocess_exec(sys.executable, "-c", script, target)
+            try:
+                conn, hello = await svc.accept()
+                assert (hello.worker_id, list(hello.handlers)) == ("proc", ["slow"])
+                assign(conn, assignment(1, "slow"))
+                await conn.expect("ack")
+                proc.send_signal(signal.SIGTERM)
+                await conn.expect("drain")
+                done = await conn.completed(1)
+                assert done[1].outcome == pb.OUTCOME_SUCCEEDED
+                conn.send(
+                    results=pb.Results(completions=[pb.CompletionResult(run_id=1, accepted=True)])
+                )
+                assert await asyncio.wait_for(proc.wait(), 5) == 0
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+
+    scenario(go)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import heapq
 import importlib
 import inspect
 import logging
@@ -73,6 +74,8 @@ MAX_ERROR_CHARS = 2_000
 # Keeps every message far below gRPC's 4 MB default.
 MAX_ITEMS_PER_MESSAGE = 1_000
 DEFAULT_HEARTBEAT_S = 1.0
+# A node that does not answer Hello within this is treated as down.
+WELCOME_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,7 +140,7 @@ _HANDED_BACK = pb.OUTCOME_HANDED_BACK
 
 
 class _Run:
-    __slots__ = ("ctx", "fn", "is_async", "link", "state", "task", "timer")
+    __slots__ = ("ctx", "fn", "is_async", "link", "state", "task")
 
     def __init__(self, link: _Link, ctx: RunContext, fn: Handler | None, is_async: bool) -> None:
         self.link = link
@@ -146,7 +149,6 @@ class _Run:
         self.is_async = is_async
         self.state = _QUEUED
         self.task: asyncio.Task[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None
 
 
 def _outcome_of(exc: BaseException) -> tuple[pb.Outcome, str]:
@@ -208,6 +210,10 @@ class Worker:
         self._jobs: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._sync_inflight = 0
+        self._deadlines: list[tuple[float, int, _Run]] = []
+        self._deadline_seq = 0
+        self._deadline_at = math.inf
+        self._deadline_timer: asyncio.TimerHandle | None = None
         self._results: collections.deque[tuple[_Run, pb.Outcome, str]] = collections.deque()
         self._results_lock = threading.Lock()
         self._results_scheduled = False
@@ -312,12 +318,13 @@ class Worker:
         self.stop()
 
     async def _abort_all(self) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._deadlines.clear()
         tasks = []
         for link in self._links:
             for run in link.held.values():
                 run.state = _ABORTED
-                if run.timer is not None:
-                    run.timer.cancel()
                 if run.task is not None:
                     run.task.cancel()
                     tasks.append(run.task)
@@ -379,8 +386,7 @@ class Worker:
         run.state = _RUNNING
         self._active += 1
         if run.ctx.deadline != math.inf:
-            # loop.time() is time.monotonic(), the clock of RunContext.deadline.
-            run.timer = self._loop.call_at(run.ctx.deadline, self._on_timeout, run)
+            self._watch_deadline(run)
         if run.is_async:
             run.task = self._loop.create_task(self._run_async(run))
         else:
@@ -454,13 +460,46 @@ class Worker:
         if run.state != _RUNNING:
             return  # superseded, timed out or handed back meanwhile: discard
         run.state = _DONE
-        if run.timer is not None:
-            run.timer.cancel()
         if outcome == _SUCCEEDED:
             self.stats.succeeded += 1
         else:
             self.stats.failed += 1
         run.link.complete(run, outcome, error)
+
+    # Timeouts: one heap and one loop timer for all runs, not a TimerHandle per
+    # run. Entries of finished runs are dropped lazily (when they reach the top,
+    # or in a compaction once they outnumber the running ones).
+
+    def _watch_deadline(self, run: _Run) -> None:
+        assert self._loop is not None
+        heap = self._deadlines
+        if len(heap) > 2 * self._active + 1024:
+            heap[:] = [e for e in heap if e[2].state == _RUNNING]
+            heapq.heapify(heap)
+        self._deadline_seq += 1
+        heapq.heappush(heap, (run.ctx.deadline, self._deadline_seq, run))
+        if run.ctx.deadline < self._deadline_at:
+            self._arm_deadline_timer(run.ctx.deadline)
+
+    def _arm_deadline_timer(self, at: float) -> None:
+        assert self._loop is not None
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._deadline_at = at
+        # loop.time() is time.monotonic(), the clock of RunContext.deadline.
+        self._deadline_timer = self._loop.call_at(at, self._on_deadlines)
+
+    def _on_deadlines(self) -> None:
+        assert self._loop is not None
+        self._deadline_timer = None
+        self._deadline_at = math.inf
+        heap = self._deadlines
+        now = self._loop.time()
+        while heap and (heap[0][0] <= now or heap[0][2].state != _RUNNING):
+            _, _, run = heapq.heappop(heap)
+            self._on_timeout(run)
+        if heap:
+            self._arm_deadline_timer(heap[0][0])
 
     def _on_timeout(self, run: _Run) -> None:
         if run.state != _RUNNING:
@@ -479,8 +518,6 @@ class Worker:
             return
         run.state = _ABORTED
         self.stats.revoked += 1
-        if run.timer is not None:
-            run.timer.cancel()
         if run.task is not None:
             run.task.cancel()
 
@@ -489,8 +526,6 @@ class Worker:
             return
         run.state = _DONE
         self.stats.handed_back += 1
-        if run.timer is not None:
-            run.timer.cancel()
         if run.task is not None:
             run.task.cancel()
         run.link.complete(run, _HANDED_BACK, "worker is draining")
@@ -515,6 +550,7 @@ class _Link:
         self.drain_requested = False
         self.drain_sent = False
         self.connected = False
+        self.welcomed = False
         self.welcome = pb.Welcome()
         self.wake = asyncio.Event()
 
@@ -532,16 +568,18 @@ class _Link:
     async def run(self) -> None:
         failures = 0
         while not self.worker._closing:
+            self.welcomed = False
             try:
-                welcomed = await self._session()
+                await self._session()
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
-                welcomed = False
                 log.info("stream to %s ended: %s %s", self.target, exc.code().name, exc.details())
+            except TimeoutError:
+                log.warning("%s did not answer Hello in %.0f s", self.target, WELCOME_TIMEOUT_S)
             except Exception:
-                welcomed = False
                 log.exception("stream to %s failed", self.target)
+            welcomed = self.welcomed
             self.connected = False
             if self.worker._closing:
                 return
@@ -553,8 +591,8 @@ class _Link:
             await asyncio.sleep(ceiling / 2 + random.uniform(0, ceiling / 2))
             self.worker.stats.reconnects += 1
 
-    async def _session(self) -> bool:
-        """One stream, Hello to end; True when the node welcomed us."""
+    async def _session(self) -> None:
+        """One stream, from Hello to its end (``welcomed`` says if it got that far)."""
         w = self.worker
         async with grpc.aio.insecure_channel(self.target) as channel:
             call = pb_grpc.WorkerServiceStub(channel).Connect()
@@ -569,14 +607,15 @@ class _Link:
                         )
                     )
                 )
-                first = await call.read()
+                first = await asyncio.wait_for(call.read(), WELCOME_TIMEOUT_S)
                 if first is grpc.aio.EOF:
-                    return False
+                    return
                 if first.WhichOneof("kind") != "welcome":
                     self._on_message(first)
                     log.warning("%s did not answer Hello with Welcome; reconnecting", self.target)
-                    return False
+                    return
                 self.welcome = first.welcome
+                self.welcomed = True
                 self.connected = True
                 log.info("connected to %s (node %s)", self.target, self.welcome.node_id)
                 # Rule 4: what the last stream left unsettled goes out first.
@@ -602,7 +641,6 @@ class _Link:
                     await asyncio.gather(*tasks, return_exceptions=True)
                 for t in done:
                     t.result()  # re-raise the stream error, if any
-                return True
             finally:
                 self.connected = False
                 call.cancel()
