@@ -287,8 +287,10 @@ def analyse(
     rec_keys = fire_keys(rec_job, records["sched"], workload.start_ms)
 
     # Duplicate effects: the same idempotency key completed more than once.
+    # Counted on the system's own (job id, scheduled_for), before any id mapping.
     done = records["done"] > 0
-    _, done_counts = np.unique(rec_keys[done], return_counts=True)
+    pairs = np.stack([records["job"][done], records["sched"][done]], axis=1)
+    _, done_counts = np.unique(pairs, axis=0, return_counts=True)
     duplicates = int((done_counts - 1).sum()) if len(done_counts) else 0
 
     # First receipt and first completion per key.

@@ -27,6 +27,7 @@ import os
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -152,7 +153,12 @@ class _QueueDriver:
         raise NotImplementedError
 
     def launch(self) -> list[int]:
-        sched = subprocess.Popen(self.scheduler_cmd(), stdout=subprocess.PIPE, text=True, cwd=HERE)
+        # The scheduler's own log (APScheduler complains loudly once the workers hang
+        # up at the end) goes to a file kept with the run's other artefacts.
+        log = open(self.tmp / "scheduler.log", "wb")  # noqa: SIM115
+        sched = subprocess.Popen(
+            self.scheduler_cmd(), stdout=subprocess.PIPE, stderr=log, text=True, cwd=HERE
+        )
         self.procs.append(sched)
         port = int(_wait_line(sched, "PORT").split()[1])
         for path in self.records:
@@ -300,7 +306,7 @@ class WheelDriver:
                     # Every fire must run however late (no catch-up drops, no overlap
                     # skips): the same at-least-once terms the baselines are held to.
                     catch_up=jobs_pb2.CatchUp(
-                        mode=jobs_pb2.CATCH_UP_MODE_RUN_ALL, window_ms=0, max_count=2**31 - 1
+                        mode=jobs_pb2.CATCH_UP_MODE_RUN_ALL, window_ms=0, max_count=100_000
                     ),
                     overlap=jobs_pb2.Overlap(
                         policy=jobs_pb2.OVERLAP_POLICY_ALLOW, max_concurrent=1000
@@ -552,6 +558,8 @@ def write_results(
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # SIGTERM unwinds like Ctrl-C, so the finally blocks stop every child process.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--system", default="poll", help="wheel|poll|apscheduler, comma-separated")
     p.add_argument("--store", default="sqlite", help="sqlite|postgres, comma-separated")

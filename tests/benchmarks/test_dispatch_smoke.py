@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,3 +78,28 @@ def test_poll_baseline_on_postgres_dispatches_every_fire_once(tmp_path: Path, pg
 @pytest.mark.skip(reason="server lands separately")
 def test_wheel_on_sqlite_dispatches_every_fire_once(tmp_path: Path) -> None:
     assert_sound(run_bench(tmp_path, "wheel", "sqlite"), "wheel", "sqlite")
+
+
+def _harness() -> Any:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _harness
+
+    return _harness
+
+
+def test_lost_fires_count_with_censored_lag_and_repeats_count_as_duplicates() -> None:
+    h = _harness()
+    w = h.Workload.build(rate=10, duration_s=2, start_ms=1_000, recurring_fraction=0.5, period_s=1)
+    job, sched = w.fires()
+    assert len(job) == 20  # rate x duration fires come due, one-shot and recurring mixed
+    rec = np.zeros(len(job), h.RECORD_DTYPE)
+    rec["job"], rec["sched"] = job, sched
+    rec["recv"], rec["done"] = sched + 5, sched + 6
+    # Fire 0 never arrives; fire 1 arrives and completes twice.
+    records = np.concatenate([rec[1:], rec[1:2]])
+    a = h.analyse(w, records, job_index=None, end_ms=10_000)
+    assert (a.lost, a.duplicates, a.dispatched) == (1, 1, 19)
+    # The lost fire is not dropped from the lag distribution: it counts as late
+    # as the run's end, so it dominates the tail.
+    assert a.lag_ms.max() == 10_000 - sched[0]
+    assert sorted(a.lag_ms)[:19] == [5.0] * 19
