@@ -8,6 +8,8 @@ Offsets used in the hand computations below (all 2026):
   Australia/Lord_Howe  LHST +10:30 / LHDT +11 (a 30 minute shift).
                     Fold 04-05: 02:00 LHDT (04-04 15:00Z) -> 01:30 LHST; 01:30..01:59 twice.
                     Gap 10-04: 02:00 LHST (10-03 15:30Z) -> 02:30 LHDT.
+  America/Santiago  -04 / -03, changing at midnight. Fold 04-04: 24:00 -03 (04-05 03:00Z)
+                    -> 23:00 -04; 23:00..23:59 twice. Gap 09-06: 00:00 -04 (04:00Z) -> 01:00 -03.
   Asia/Tokyo        JST +9, no DST.
 """
 
@@ -28,12 +30,11 @@ from wheel.errors import InvalidArgument
 
 GAP, SKIP = DstGap.FIRE_AT_TRANSITION, DstGap.SKIP
 FIRST, BOTH = DstFold.FIRST, DstFold.BOTH
-NY, LONDON, LORD_HOWE, TOKYO = (
-    "America/New_York",
-    "Europe/London",
-    "Australia/Lord_Howe",
-    "Asia/Tokyo",
-)
+NY = "America/New_York"
+LONDON = "Europe/London"
+LORD_HOWE = "Australia/Lord_Howe"
+SANTIAGO = "America/Santiago"
+TOKYO = "Asia/Tokyo"
 MIN = 60_000
 HOUR = 3_600_000
 DAY = 86_400_000
@@ -313,6 +314,33 @@ def test_lord_howe_gap_of_thirty_minutes() -> None:
     ]
 
 
+# -- America/Santiago (changes at midnight) ---------------------------------------------
+
+
+def test_santiago_midnight_gap_and_late_evening_fold() -> None:
+    window = (utc(2026, 9, 5), utc(2026, 9, 8))
+    # 09-05 00:00 -04 = 04:00Z; 09-06 00:00 is missing -> 01:00 -03 = 04:00Z;
+    # 09-07 00:00 -03 = 03:00Z.
+    assert fires(cron("0 0 * * *", SANTIAGO, GAP), *window) == [
+        utc(2026, 9, 5, 4),
+        utc(2026, 9, 6, 4),
+        utc(2026, 9, 7, 3),
+    ]
+    assert fires(cron("0 0 * * *", SANTIAGO, SKIP), *window) == [
+        utc(2026, 9, 5, 4),
+        utc(2026, 9, 7, 3),
+    ]
+    fold_window = (utc(2026, 4, 4, 12), utc(2026, 4, 6))
+    # 04-04 23:30 -03 = 04-05 02:30Z, again 23:30 -04 = 03:30Z; 04-05 23:30 -04 = 04-06 03:30Z.
+    assert fires(cron("30 23 * * *", SANTIAGO, GAP, FIRST), *fold_window) == [
+        utc(2026, 4, 5, 2, 30)
+    ]
+    assert fires(cron("30 23 * * *", SANTIAGO, GAP, BOTH), *fold_window) == [
+        utc(2026, 4, 5, 2, 30),
+        utc(2026, 4, 5, 3, 30),
+    ]
+
+
 # -- zones without DST ------------------------------------------------------------------
 
 
@@ -577,6 +605,8 @@ TRANSITIONS = [
     (LONDON, utc(2026, 10, 25, 1)),
     (LORD_HOWE, utc(2026, 4, 4, 15)),
     (LORD_HOWE, utc(2026, 10, 3, 15, 30)),
+    (SANTIAGO, utc(2026, 4, 5, 3)),
+    (SANTIAGO, utc(2026, 9, 6, 4)),
     (TOKYO, utc(2026, 3, 8, 7)),
     ("UTC", utc(2026, 3, 8, 7)),
 ]
@@ -601,6 +631,7 @@ HOURS = {
     "1,2": {1, 2},
     "1-3": {1, 2, 3},
     "0-2": {0, 1, 2},
+    "0,23": {0, 23},
 }
 STEP_S = 15  # every candidate second in the grammar is a multiple of 15
 

@@ -46,6 +46,7 @@ Fires are strictly increasing and never repeat an instant.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import re
 from collections.abc import Generator
@@ -490,9 +491,16 @@ class _CronSchedule(CompiledSchedule):
 
 def _cron_expr(expr: Any) -> str:
     """Validate and normalise a cron expression; the result is what croniter parses."""
-    field = "spec.schedule.cron.expr"
     if not isinstance(expr, str) or not expr.strip():
-        raise InvalidArgument(field, "must be a non-empty cron expression")
+        raise InvalidArgument("spec.schedule.cron.expr", "must be a non-empty cron expression")
+    return _valid_cron_expr(expr)
+
+
+# Rebuilding an owner compiles every job's schedule; most share a handful of
+# expressions, and parsing one costs a croniter construction and a search.
+@functools.lru_cache(maxsize=4096)
+def _valid_cron_expr(expr: str) -> str:
+    field = "spec.schedule.cron.expr"
     parts = expr.split()
     norm = " ".join(parts)
     if not norm.startswith("@") and len(parts) not in (5, 6):
