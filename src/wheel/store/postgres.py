@@ -227,6 +227,9 @@ class PostgresStore:
         if "connect_timeout" not in params:
             kwargs["connect_timeout"] = 5
         self._retries = max(1, retries)
+        # Test seam: runs inside the commit phase right after COMMIT returned, so
+        # a test can lose the connection "while the commit was acknowledged".
+        self._after_commit: Callable[[Conn], None] | None = None
         self._pool: ConnectionPool[Conn] = ConnectionPool(
             dsn,
             min_size=min_size,
@@ -256,6 +259,8 @@ class PostgresStore:
                     result = op(conn, attempt)
                     committing = True
                     conn.commit()
+                    if self._after_commit is not None:
+                        self._after_commit(conn)
                     return result
             except psycopg.OperationalError as exc:
                 # Lost connections, server shutdown, pool timeouts, deadlocks and
@@ -553,7 +558,7 @@ class PostgresStore:
         n = len(starts)
         if n == 0:
             return []
-        first = self._first_per_key([s.run_id for s in starts])
+        first = self._first_per_key([(s.run_id, s.fence) for s in starts])
 
         def op(conn: Conn, attempt: _Attempt) -> list[bool]:
             applied = [False] * n
@@ -578,10 +583,10 @@ class PostgresStore:
         return self._run(op, idempotent=True)
 
     @staticmethod
-    def _first_per_key(keys: Sequence[int]) -> list[int]:
-        """Indexes of the first occurrence of each key: a repeat in one batch is
-        reported as not applied (the first one took the transition)."""
-        seen: set[int] = set()
+    def _first_per_key(keys: Sequence[tuple[int, int]]) -> list[int]:
+        """Indexes of the first occurrence of each (run, fence): a repeat in one
+        batch is reported as not applied (the first one took the transition)."""
+        seen: set[tuple[int, int]] = set()
         out = []
         for i, k in enumerate(keys):
             if k not in seen:
@@ -596,7 +601,7 @@ class PostgresStore:
         for c in completions:
             if c.state not in TERMINAL_RUN_STATES:
                 raise InvalidArgument("completion.state", f"{c.state} is not a terminal state")
-        first = self._first_per_key([c.run_id for c in completions])
+        first = self._first_per_key([(c.run_id, c.fence) for c in completions])
         part = [completions[i] for i in first] if len(first) < n else completions
 
         def op(conn: Conn, attempt: _Attempt) -> list[bool]:

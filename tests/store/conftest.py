@@ -1,0 +1,73 @@
+"""The store fixtures: every contract test runs on SQLite and on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from wheel.engine.spec import Interval, JobSpec, Once
+from wheel.store.base import NewJob, Store
+from wheel.store.open import open_store
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def app_name() -> str:
+    """PostgreSQL application_name of this test's store connections (the kill
+    switch of the connection-loss tests targets exactly these)."""
+    return f"wheel_store_test_{secrets.token_hex(4)}"
+
+
+@pytest.fixture
+def store_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest, app_name: str) -> str:
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path}/store.db"
+    dsn = str(request.getfixturevalue("pg_dsn"))
+    return f"{dsn}&application_name={app_name}&retries=20"
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    s = open_store(store_url)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def interval_job(
+    name: str = "report",
+    *,
+    tenant: str = "acme",
+    period_ms: int = 60_000,
+    next_run_at: int | None = 60_000,
+    key: str | None = None,
+    created_at_ms: int = 1_000,
+) -> NewJob:
+    return NewJob(
+        spec=JobSpec(
+            name=name,
+            handler="reports.build",
+            tenant=tenant,
+            payload=b"\x00payload",
+            schedule=Interval(period_ms=period_ms),
+        ),
+        created_at_ms=created_at_ms,
+        next_run_at=next_run_at,
+        idempotency_key=key,
+    )
+
+
+def once_job(at_ms: int = 50_000, *, tenant: str = "acme") -> NewJob:
+    return NewJob(
+        spec=JobSpec(name="once", handler="h", tenant=tenant, schedule=Once(at_ms=at_ms)),
+        created_at_ms=1_000,
+        next_run_at=at_ms,
+    )

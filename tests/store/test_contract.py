@@ -1,0 +1,578 @@
+"""The Store contract, run against SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.store.conftest import interval_job, once_job
+from wheel.errors import AlreadyExists, InvalidArgument, NotFound
+from wheel.store.base import (
+    SHARD_COUNT,
+    Completion,
+    FireClaim,
+    JobState,
+    MissedFire,
+    MissedReason,
+    RunStart,
+    RunState,
+    ScheduleAdvance,
+    Store,
+    shard_of,
+)
+from wheel.store.open import open_store
+
+
+def claim(
+    job_id: int,
+    fire: int,
+    *,
+    attempt: int = 0,
+    fence: int = 1,
+    expected: int | None = None,
+    new: int | None = None,
+    advance: bool = True,
+) -> FireClaim:
+    return FireClaim(
+        job_id=job_id,
+        scheduled_for=fire,
+        attempt=attempt,
+        fence=fence,
+        dispatched_at_ms=fire + 3,
+        advance=advance,
+        expected_next_run_at=fire if expected is None else expected,
+        new_next_run_at=new,
+    )
+
+
+def done(run_id: int, fence: int, state: RunState = RunState.SUCCEEDED) -> Completion:
+    return Completion(
+        run_id=run_id, fence=fence, state=state, finished_at_ms=99_000, worker_id="w-1"
+    )
+
+
+# -- migrations ------------------------------------------------------------------
+
+
+def test_migrate_twice_is_a_no_op(store: Store, store_url: str) -> None:
+    store.migrate()
+    again = open_store(store_url)  # migrates on open
+    try:
+        job, _ = again.submit_job(interval_job())
+        assert store.get_job(job.job_id) == job
+        assert again.schema_version() == store.schema_version() == 1  # type: ignore[attr-defined]
+    finally:
+        again.close()
+
+
+# -- jobs ------------------------------------------------------------------------
+
+
+def test_submit_then_get_round_trips_the_job(store: Store) -> None:
+    new = interval_job(next_run_at=120_000)
+    job, created = store.submit_job(new)
+    assert created
+    assert job.job_id > 0
+    assert job.shard == shard_of(job.job_id)
+    assert job.spec == new.spec
+    assert job.state is JobState.ACTIVE
+    assert job.next_run_at == 120_000
+    assert job.created_at_ms == job.updated_at_ms == 1_000
+    assert store.get_job(job.job_id) == job
+
+
+def test_job_ids_are_unique_positive_and_spread_over_shards(store: Store) -> None:
+    ids = [store.submit_job(interval_job(f"j{i}"))[0].job_id for i in range(40)]
+    assert len(set(ids)) == 40
+    assert all(0 < i < 2**63 for i in ids)
+    assert len({shard_of(i) for i in ids}) > 20
+
+
+def test_get_unknown_job_raises_not_found(store: Store) -> None:
+    with pytest.raises(NotFound):
+        store.get_job(123_456)
+
+
+def test_same_idempotency_key_and_body_returns_the_same_job(store: Store) -> None:
+    first, created = store.submit_job(interval_job(key="k1"))
+    # A retry arrives later (other created_at, other first fire): same body.
+    again, created_again = store.submit_job(
+        interval_job(key="k1", created_at_ms=5_000, next_run_at=180_000)
+    )
+    assert created and not created_again
+    assert again == first
+    assert first.idempotency_key == "k1"
+
+
+def test_same_idempotency_key_with_another_body_is_already_exists(store: Store) -> None:
+    store.submit_job(interval_job(key="k1"))
+    with pytest.raises(AlreadyExists):
+        store.submit_job(interval_job("another name", key="k1"))
+
+
+def test_idempotency_keys_are_per_tenant(store: Store) -> None:
+    a, _ = store.submit_job(interval_job(key="k1", tenant="a"))
+    b, created = store.submit_job(interval_job(key="k1", tenant="b"))
+    assert created and a.job_id != b.job_id
+
+
+def test_list_jobs_pages_stably_and_filters(store: Store) -> None:
+    ids = [
+        store.submit_job(interval_job(f"j{i}", tenant="a" if i % 2 else "b"))[0].job_id
+        for i in range(7)
+    ]
+    store.set_job_state(ids[1], JobState.PAUSED, next_run_at=None, now_ms=2_000)
+    seen: list[int] = []
+    after = 0
+    while True:
+        page = store.list_jobs(after_job_id=after, limit=3)
+        if not page:
+            break
+        seen += [j.job_id for j in page]
+        after = page[-1].job_id
+    assert seen == sorted(ids)
+    assert [j.job_id for j in store.list_jobs(tenant="a")] == ids[1::2]
+    assert [j.job_id for j in store.list_jobs(state=JobState.PAUSED)] == [ids[1]]
+    assert [j.job_id for j in store.list_jobs(tenant="a", state=JobState.ACTIVE)] == ids[3::2]
+
+
+def test_set_job_state_changes_state_and_schedule(store: Store) -> None:
+    job, _ = store.submit_job(interval_job())
+    paused = store.set_job_state(job.job_id, JobState.PAUSED, next_run_at=None, now_ms=7_000)
+    assert (paused.state, paused.next_run_at, paused.updated_at_ms) == (
+        JobState.PAUSED,
+        None,
+        7_000,
+    )
+    resumed = store.set_job_state(job.job_id, JobState.ACTIVE, next_run_at=300_000, now_ms=8_000)
+    assert (resumed.state, resumed.next_run_at) == (JobState.ACTIVE, 300_000)
+    assert store.get_job(job.job_id) == resumed
+    with pytest.raises(NotFound):
+        store.set_job_state(999_999, JobState.CANCELLED, next_run_at=None, now_ms=1)
+
+
+# -- claims ----------------------------------------------------------------------
+
+
+def test_claim_inserts_a_dispatched_run_and_advances_the_schedule(store: Store) -> None:
+    job, _ = store.submit_job(interval_job(next_run_at=60_000))
+    [out] = store.claim_fires([claim(job.job_id, 60_000, fence=7, new=120_000)])
+    assert out.run_id is not None and out.advanced
+    run = store.get_run(out.run_id)
+    assert (run.job_id, run.scheduled_for, run.attempt, run.fence) == (job.job_id, 60_000, 0, 7)
+    assert run.state is RunState.DISPATCHED and run.dispatched_at_ms == 60_003
+    assert run.started_at_ms is None and run.finished_at_ms is None and run.worker_id is None
+    assert store.get_job(job.job_id).next_run_at == 120_000
+
+
+def test_a_fire_attempt_is_claimed_once(store: Store) -> None:
+    job, _ = store.submit_job(interval_job(next_run_at=60_000))
+    [first] = store.claim_fires([claim(job.job_id, 60_000, fence=1, new=120_000)])
+    [second] = store.claim_fires([claim(job.job_id, 60_000, fence=2, new=999_000)])
+    assert first.run_id is not None
+    assert second.run_id is None and not second.advanced
+    assert store.get_job(job.job_id).next_run_at == 120_000
+    assert len(store.list_runs(job.job_id)) == 1
+
+
+def test_stale_schedule_cas_leaves_the_schedule_untouched(store: Store) -> None:
+    job, _ = store.submit_job(interval_job(next_run_at=120_000))
+    # A stale owner still believes the next fire is 60_000: its run is recorded
+    # (it is a distinct fire) but the schedule does not move backwards.
+    [out] = store.claim_fires([claim(job.job_id, 60_000, expected=60_000, new=120_000)])
+    assert out.run_id is not None and not out.advanced
+    assert store.get_job(job.job_id).next_run_at == 120_000
+    assert store.get_job(job.job_id).updated_at_ms == 1_000
+
+
+def test_claim_without_advance_keeps_the_schedule(store: Store) -> None:
+    job, _ = store.submit_job(interval_job(next_run_at=60_000))
+    [out] = store.claim_fires([claim(job.job_id, 60_000, advance=False, new=120_000)])
+    assert out.run_id is not None and not out.advanced
+    assert store.get_job(job.job_id).next_run_at == 60_000
+
+
+def test_claiming_a_one_shot_completes_the_job(store: Store) -> None:
+    job, _ = store.submit_job(once_job(50_000))
+    [out] = store.claim_fires([claim(job.job_id, 50_000, new=None)])
+    assert out.run_id is not None and out.advanced
+    after = store.get_job(job.job_id)
+    assert (after.state, after.next_run_at) == (JobState.COMPLETED, None)
+
+
+def test_ending_a_recurring_schedule_keeps_it_active(store: Store) -> None:
+    job, _ = store.submit_job(interval_job(next_run_at=60_000))
+    [out] = store.claim_fires([claim(job.job_id, 60_000, new=None)])
+    assert out.advanced
+    after = store.get_job(job.job_id)
+    assert (after.state, after.next_run_at) == (JobState.ACTIVE, None)
+
+
+def test_claim_batch_outcomes_follow_claim_order_and_chain_per_job(store: Store) -> None:
+    a, _ = store.submit_job(interval_job("a", next_run_at=60_000))
+    b, _ = store.submit_job(interval_job("b", next_run_at=60_000))
+    store.claim_fires([claim(b.job_id, 60_000, fence=1, new=120_000)])
+    claims = [
+        claim(a.job_id, 60_000, fence=2, new=120_000),
+        claim(b.job_id, 60_000, fence=3, new=120_000),  # already claimed
+        claim(a.job_id, 120_000, fence=4, new=180_000),  # a's next fire, same batch
+        claim(b.job_id, 120_000, fence=5, new=180_000),
+        claim(a.job_id, 60_000, attempt=1, fence=6, advance=False),  # a retry attempt
+    ]
+    outs = store.claim_fires(claims)
+    assert [o.claim for o in outs] == claims
+    assert [o.run_id is not None for o in outs] == [True, False, True, True, True]
+    assert [o.advanced for o in outs] == [True, False, True, True, False]
+    assert store.get_job(a.job_id).next_run_at == 180_000
+    assert store.get_job(b.job_id).next_run_at == 180_000
+    run_ids = [o.run_id for o in outs if o.run_id is not None]
+    assert len(set(run_ids)) == len(run_ids)
+
+
+def test_empty_batches_are_no_ops(store: Store) -> None:
+    assert store.claim_fires([]) == []
+    assert store.complete_runs([]) == []
+    assert store.mark_running([]) == []
+    assert store.advance_schedules([]) == []
+    store.record_missed([])
+
+
+def test_advance_schedules_is_a_cas_that_never_completes_a_job(store: Store) -> None:
+    one, _ = store.submit_job(once_job(50_000))
+    rec, _ = store.submit_job(interval_job(next_run_at=60_000))
+    applied = store.advance_schedules(
+        [
+            ScheduleAdvance(
+                job_id=rec.job_id, expected_next_run_at=60_000, new_next_run_at=120_000
+            ),
+            ScheduleAdvance(job_id=rec.job_id, expected_next_run_at=60_000, new_next_run_at=1),
+            ScheduleAdvance(job_id=one.job_id, expected_next_run_at=50_000, new_next_run_at=None),
+            ScheduleAdvance(job_id=424_242, expected_next_run_at=1, new_next_run_at=2),
+        ]
+    )
+    assert applied == [True, False, True, False]
+    assert store.get_job(rec.job_id).next_run_at == 120_000
+    after = store.get_job(one.job_id)
+    assert (after.state, after.next_run_at) == (JobState.ACTIVE, None)
+
+
+# -- running and completion ---------------------------------------------------------
+
+
+def test_mark_running_needs_the_current_fence(store: Store) -> None:
+    job, _ = store.submit_job(interval_job())
+    [out] = store.claim_fires([claim(job.job_id, 60_000, fence=5, new=120_000)])
+    assert out.run_id is not None
+    starts = [
+        RunStart(run_id=out.run_id, fence=4, worker_id="w-0", started_at_ms=61_000),
+        RunStart(run_id=out.run_id, fence=5, worker_id="w-1", started_at_ms=61_000),
+        RunStart(run_id=out.run_id, fence=5, worker_id="w-1", started_at_ms=61_000),
+    ]
+    assert store.mark_running(starts) == [False, True, False]
+    run = store.get_run(out.run_id)
+    assert (run.state, run.worker_id, run.started_at_ms) == (RunState.RUNNING, "w-1", 61_000)
+
+
+def test_completion_applies_once_with_the_right_fence(store: Store) -> None:
+    job, _ = store.submit_job(interval_job())
+    [out] = store.claim_fires([claim(job.job_id, 60_000, fence=5, new=120_000)])
+    assert out.run_id is not None
+    store.mark_running(
+        [RunStart(run_id=out.run_id, fence=5, worker_id="w-1", started_at_ms=61_000)]
+    )
+    outcomes = store.complete_runs(
+        [
+            done(out.run_id, 4),  # stale fence
+            Completion(
+                run_id=out.run_id,
+                fence=5,
+                state=RunState.FAILED,
+                finished_at_ms=62_000,
+                error="boom",
+            ),
+            done(out.run_id, 5),  # already terminal
+            done(777_777, 1),  # unknown run
+        ]
+    )
+    assert [o.applied for o in outcomes] == [False, True, False, False]
+    assert [o.run_id for o in outcomes] == [out.run_id, out.run_id, out.run_id, 777_777]
+    run = store.get_run(out.run_id)
+    assert (run.state, run.finished_at_ms, run.error, run.worker_id) == (
+        RunState.FAILED,
+        62_000,
+        "boom",
+        "w-1",
+    )
+    assert store.complete_runs([done(out.run_id, 5)])[0].applied is False
+
+
+def test_completion_with_an_older_fence_is_rejected_after_a_newer_attempt(store: Store) -> None:
+    job, _ = store.submit_job(interval_job())
+    [old] = store.claim_fires([claim(job.job_id, 60_000, fence=10, new=120_000)])
+    # The lease was lost; the fire is re-dispatched as attempt 1 with a newer fence.
+    [new] = store.claim_fires([claim(job.job_id, 60_000, attempt=1, fence=11, advance=False)])
+    assert old.run_id is not None and new.run_id is not None
+    assert store.complete_runs([done(old.run_id, 10)])[0].applied is False
+    assert store.get_run(old.run_id).state is RunState.DISPATCHED
+    assert store.complete_runs([done(new.run_id, 11)])[0].applied is True
+
+
+def test_completion_state_must_be_terminal(store: Store) -> None:
+    with pytest.raises(InvalidArgument):
+        store.complete_runs([done(1, 1, RunState.RUNNING)])
+
+
+def test_get_run_and_list_runs(store: Store) -> None:
+    job, _ = store.submit_job(interval_job(next_run_at=60_000))
+    outs = store.claim_fires(
+        [claim(job.job_id, 60_000 * k, fence=k, new=60_000 * (k + 1)) for k in range(1, 6)]
+    )
+    ids = [o.run_id for o in outs]
+    assert all(ids)
+    runs = store.list_runs(job.job_id, limit=3)
+    assert [r.run_id for r in runs] == sorted(ids, reverse=True)[:3]  # type: ignore[type-var]
+    rest = store.list_runs(job.job_id, before_run_id=runs[-1].run_id)
+    assert [r.run_id for r in rest] == sorted(ids, reverse=True)[3:]  # type: ignore[type-var]
+    with pytest.raises(NotFound):
+        store.get_run(10**12)
+
+
+# -- missed fires ----------------------------------------------------------------------
+
+
+def test_missed_fires_are_recorded_once_and_listed_newest_first(store: Store) -> None:
+    job, _ = store.submit_job(interval_job())
+    store.record_missed(
+        [
+            MissedFire(
+                job_id=job.job_id, scheduled_for=t, reason=MissedReason.OVERLAP, recorded_at_ms=t
+            )
+            for t in (1_000, 2_000, 3_000)
+        ]
+    )
+    store.record_missed(
+        [
+            MissedFire(
+                job_id=job.job_id,
+                scheduled_for=2_000,
+                reason=MissedReason.PAUSED,
+                recorded_at_ms=9,
+            )
+        ]
+    )
+    missed = store.list_missed(job.job_id)
+    assert [(m.scheduled_for, m.reason) for m in missed] == [
+        (3_000, MissedReason.OVERLAP),
+        (2_000, MissedReason.OVERLAP),
+        (1_000, MissedReason.OVERLAP),
+    ]
+    assert [m.scheduled_for for m in store.list_missed(job.job_id, before_scheduled_for=3_000)] == [
+        2_000,
+        1_000,
+    ]
+
+
+def test_fires_exist_sees_runs_and_missed_fires(store: Store) -> None:
+    job, _ = store.submit_job(interval_job())
+    store.claim_fires([claim(job.job_id, 60_000, new=120_000)])
+    store.record_missed(
+        [
+            MissedFire(
+                job_id=job.job_id,
+                scheduled_for=180_000,
+                reason=MissedReason.SKIPPED,
+                recorded_at_ms=1,
+            )
+        ]
+    )
+    assert store.fires_exist(job.job_id, [60_000, 120_000, 180_000]) == {60_000, 180_000}
+    assert store.fires_exist(job.job_id, []) == set()
+
+
+# -- ownership ---------------------------------------------------------------------------
+
+
+def test_epochs_strictly_increase_per_shard(store: Store) -> None:
+    first = store.acquire_epochs([0, 5, 255], "node-a")
+    second = store.acquire_epochs([5, 7], "node-b")
+    assert first == {0: 1, 5: 1, 255: 1}
+    assert second == {5: 2, 7: 1}
+    assert store.acquire_epochs([5], "node-a") == {5: 3}
+    with pytest.raises(InvalidArgument):
+        store.acquire_epochs([SHARD_COUNT], "node-a")
+
+
+def test_load_shards_returns_live_jobs_and_inflight_runs_of_those_shards(store: Store) -> None:
+    jobs = [store.submit_job(interval_job(f"j{i}"))[0] for i in range(30)]
+    mine = {jobs[0].shard, jobs[1].shard, jobs[2].shard}
+    store.set_job_state(jobs[1].job_id, JobState.PAUSED, next_run_at=None, now_ms=2)
+    store.set_job_state(jobs[2].job_id, JobState.CANCELLED, next_run_at=None, now_ms=2)
+    outs = store.claim_fires([claim(j.job_id, 60_000, fence=1, new=120_000) for j in jobs])
+    finished = outs[0].run_id
+    assert finished is not None
+    store.complete_runs([done(finished, 1)])
+    load = store.load_shards(mine)
+    expected_jobs = [j.job_id for j in jobs if j.shard in mine and j is not jobs[2]]
+    assert [j.job_id for j in load.jobs] == expected_jobs
+    assert {j.state for j in load.jobs} <= {JobState.ACTIVE, JobState.PAUSED}
+    expected_runs = sorted(
+        o.run_id
+        for o, j in zip(outs, jobs, strict=True)
+        if j.shard in mine and o.run_id != finished
+    )
+    assert [r.run_id for r in load.inflight] == expected_runs
+    assert all(r.state is RunState.DISPATCHED for r in load.inflight)
+
+
+def test_changes_since_reports_every_kind_of_change_after_a_load(store: Store) -> None:
+    job, _ = store.submit_job(interval_job(next_run_at=60_000))
+    shards = range(SHARD_COUNT)
+    load = store.load_shards(shards)
+    changed, mark = store.changes_since(load.watermark, shards)
+    assert job.job_id not in [j.job_id for j in changed] or changed[-1].next_run_at == 60_000
+
+    def changes(expect: int = 1) -> list[tuple[int, JobState, int | None]]:
+        # PostgreSQL hands out a change once every older transaction in the
+        # cluster has finished; other sessions on the shared server may delay it.
+        nonlocal mark
+        seen: list[tuple[int, JobState, int | None]] = []
+        deadline = time.monotonic() + 10
+        while True:
+            got, mark = store.changes_since(mark, shards)
+            seen += [(j.job_id, j.state, j.next_run_at) for j in got]
+            if len(seen) >= expect or time.monotonic() > deadline:
+                return seen
+            time.sleep(0.02)
+
+    assert changes(expect=0) == []
+    other, _ = store.submit_job(interval_job("other"))
+    assert changes() == [(other.job_id, JobState.ACTIVE, 60_000)]
+    store.claim_fires([claim(job.job_id, 60_000, new=120_000)])
+    assert changes() == [(job.job_id, JobState.ACTIVE, 120_000)]
+    store.set_job_state(job.job_id, JobState.PAUSED, next_run_at=None, now_ms=5)
+    assert changes() == [(job.job_id, JobState.PAUSED, None)]
+    store.set_job_state(job.job_id, JobState.ACTIVE, next_run_at=240_000, now_ms=6)
+    store.set_job_state(other.job_id, JobState.CANCELLED, next_run_at=None, now_ms=6)
+    assert sorted(changes(expect=2)) == sorted(
+        [(job.job_id, JobState.ACTIVE, 240_000), (other.job_id, JobState.CANCELLED, None)]
+    )
+    # A stale CAS changes nothing and reports nothing.
+    store.claim_fires([claim(job.job_id, 60_000, attempt=1, expected=60_000, new=1)])
+    store.set_job_state(other.job_id, JobState.CANCELLED, next_run_at=None, now_ms=7)
+    assert changes() == [(other.job_id, JobState.CANCELLED, None)]
+
+
+def test_changes_since_filters_shards_and_pages_without_losing_changes(store: Store) -> None:
+    jobs = [store.submit_job(interval_job(f"j{i}"))[0] for i in range(25)]
+    # One transaction changes many jobs: a page must not split it unsafely.
+    store.claim_fires([claim(j.job_id, 60_000, new=120_000) for j in jobs[:15]])
+    shards = {j.shard for j in jobs[::2]}
+    expected = {j.job_id for j in jobs if j.shard in shards}
+    seen: set[int] = set()
+    mark = 0
+    deadline = time.monotonic() + 10
+    while seen != expected and time.monotonic() < deadline:
+        page, new_mark = store.changes_since(mark, shards, limit=4)
+        assert new_mark >= mark
+        assert len(page) <= 4 or len({j.updated_at_ms for j in page}) == 1
+        assert all(j.shard in shards for j in page)
+        seen |= {j.job_id for j in page}
+        mark = new_mark
+    assert seen == expected
+
+
+# -- retention ---------------------------------------------------------------------------
+
+
+def test_purge_history_deletes_only_old_terminal_rows(store: Store) -> None:
+    job, _ = store.submit_job(interval_job())
+    outs = store.claim_fires(
+        [claim(job.job_id, 60_000 * k, fence=k, advance=False) for k in range(1, 8)]
+    )
+    ids = [o.run_id for o in outs]
+    assert all(i is not None for i in ids)
+    old = [
+        Completion(run_id=i, fence=k, state=RunState.SUCCEEDED, finished_at_ms=1_000)
+        for k, i in enumerate(ids[:5], start=1)
+        if i is not None
+    ]
+    store.complete_runs(old)
+    late = ids[5]
+    assert late is not None
+    store.complete_runs(
+        [Completion(run_id=late, fence=6, state=RunState.FAILED, finished_at_ms=9_000)]
+    )
+    store.record_missed(
+        [
+            MissedFire(
+                job_id=job.job_id, scheduled_for=t, reason=MissedReason.SKIPPED, recorded_at_ms=t
+            )
+            for t in (500, 1_500, 8_000)
+        ]
+    )
+    assert store.purge_history(5_000, batch=2) == 5 + 2
+    left = {r.run_id for r in store.list_runs(job.job_id)}
+    assert left == {ids[5], ids[6]}  # the late one and the one still in flight
+    assert [m.scheduled_for for m in store.list_missed(job.job_id)] == [8_000]
+
+
+# -- a reference model -------------------------------------------------------------------
+
+fire_times = st.sampled_from([60_000, 120_000, 180_000])
+claim_ops = st.lists(
+    st.tuples(
+        st.integers(0, 2),  # job index
+        fire_times,
+        st.integers(0, 1),  # attempt
+        st.sampled_from([None, 60_000, 120_000, 180_000]),  # expected
+        st.booleans(),  # advance
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(
+    deadline=None,
+    max_examples=15,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(batches=st.lists(claim_ops, min_size=1, max_size=3))
+def test_claims_match_a_reference_model(
+    store: Store, batches: list[list[tuple[int, int, int, int | None, bool]]]
+) -> None:
+    jobs = [store.submit_job(interval_job(f"m{i}", next_run_at=60_000))[0].job_id for i in range(3)]
+    # Each example gets fresh jobs; the model starts from their state.
+    taken: set[tuple[int, int, int]] = set()
+    schedule = dict.fromkeys(jobs, 60_000)
+    fence = 0
+    for batch in batches:
+        claims = []
+        for j, fire, attempt, expected, advance in batch:
+            fence += 1
+            claims.append(
+                claim(
+                    jobs[j],
+                    fire,
+                    attempt=attempt,
+                    fence=fence,
+                    expected=expected if expected is not None else fire,
+                    new=fire + 60_000,
+                    advance=advance,
+                )
+            )
+        outs = store.claim_fires(claims)
+        for c, o in zip(claims, outs, strict=True):
+            key = (c.job_id, c.scheduled_for, c.attempt)
+            wins = key not in taken
+            taken.add(key)
+            moves = wins and c.advance and schedule[c.job_id] == c.expected_next_run_at
+            if moves:
+                assert c.new_next_run_at is not None
+                schedule[c.job_id] = c.new_next_run_at
+            assert (o.run_id is not None, o.advanced) == (wins, moves)
+    for job_id, next_run_at in schedule.items():
+        assert store.get_job(job_id).next_run_at == next_run_at
