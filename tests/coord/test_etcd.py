@@ -4,7 +4,9 @@ and an etcd outage. ttl is 2 s so the lease-expiry cases stay short."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -273,6 +275,100 @@ def test_a_partitioned_node_stops_dispatching_before_anyone_takes_its_shards(
             regained = epochs_of([c])
             assert all(regained[s] > after.get(s, before.get(s, 0)) for s in regained)
         finally:
+            await stop_all(nodes)
+
+    run(body)
+
+
+# A coordinator in its own process: prints its local dispatch deadline (on the
+# machine-wide monotonic clock) every time it moves, until it is killed.
+CHILD = """
+import asyncio, json, logging, sys
+from wheel.coord import EtcdCoordinator
+
+logging.basicConfig(level=logging.INFO, format="%(relativeCreated)d %(threadName)s %(message)s")
+
+async def main():
+    coord = EtcdCoordinator("k", "k:1", [sys.argv[1]], cluster=sys.argv[2],
+                            ttl_s=int(sys.argv[3]), safety_margin_s=float(sys.argv[4]))
+    await coord.start()
+    last = None
+    while True:
+        state = (dict(coord.owned()), coord._valid_until)
+        if state != last:
+            print(json.dumps({"owned": state[0], "deadline": state[1]}), flush=True)
+            last = state
+        await asyncio.sleep(0.002)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.etcd
+@pytest.mark.slow
+def test_a_killed_node_s_shards_move_only_after_its_own_deadline(etcd_server: Any) -> None:
+    async def body() -> None:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            CHILD,
+            etcd_server.endpoint,
+            "killed",
+            str(TTL),
+            str(MARGIN),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        deadline = 0.0
+        owned_by_k: dict[int, int] = {}
+
+        async def read_child() -> None:
+            nonlocal deadline, owned_by_k
+            assert child.stdout is not None
+            async for line in child.stdout:
+                state = json.loads(line)
+                owned_by_k = {int(s): e for s, e in state["owned"].items()}
+                deadline = state["deadline"]
+
+        reader = asyncio.get_running_loop().create_task(read_child())
+        nodes: list[Node] = []
+        try:
+            nodes = [make_node(etcd_server.endpoint, name, "killed") for name in ("a", "b")]
+            await asyncio.gather(*(n.coord.start() for n in nodes))
+            expected = assign_shards(["a", "b", "k"])
+            mine = {s for s, o in expected.items() if o == "k"}
+            await wait_until(
+                "a, b and the child to settle",
+                lambda: (
+                    set(owned_by_k) == mine
+                    and set(epochs_of(nodes)) == ALL - mine
+                    and all(len(n.coord.members()) == 3 for n in nodes)
+                ),
+                10,
+            )
+            before = dict(owned_by_k)
+            child.kill()  # SIGKILL: no release, no revoke
+            await child.wait()
+            killed_at = time.monotonic()
+            await asyncio.sleep(0.05)  # let the reader take the last line
+            dead_deadline = deadline
+            assert dead_deadline <= killed_at + TTL - MARGIN
+
+            first_seen = 0.0
+            while not covers_all_once(nodes):
+                if not first_seen and mine & set(epochs_of(nodes)):
+                    first_seen = time.monotonic()
+                assert time.monotonic() < killed_at + TTL + 3, "shards never moved"
+                await asyncio.sleep(0.005)
+            first_seen = first_seen or time.monotonic()
+            # The dead node would have stopped dispatching before anyone took over.
+            assert first_seen >= dead_deadline
+            after = epochs_of(nodes)
+            assert all(after[s] > e for s, e in before.items())
+        finally:
+            reader.cancel()
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
             await stop_all(nodes)
 
     run(body)

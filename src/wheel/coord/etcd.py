@@ -65,6 +65,7 @@ from typing import Any
 
 import etcd3
 from etcd3 import etcdrpc
+from etcd3.etcdrpc import kv_pb2
 from etcd3.utils import prefix_range_end
 
 from wheel.coord.base import MAX_EPOCH, SHARD_COUNT, Member, OwnershipChange, Subscribers
@@ -367,17 +368,27 @@ class EtcdCoordinator:
                     for response in self._watch_call:
                         if response.canceled:
                             break  # e.g. compacted: open a new watch
-                        if response.events or response.created:
-                            self._wake.set()
+                        if response.created:
+                            # (Re)connected: events may have been missed.
                             backoff.reset()
+                            self._wake.set()
+                        elif any(self._worth_a_look(e) for e in response.events):
+                            self._wake.set()
             except Exception as exc:  # a broken stream, or etcd not reachable yet
                 if not self._stopping.is_set():
                     _log.debug("etcd watch broke: %r", exc)
             finally:
                 done.set()
                 self._watch_call = None
-            self._wake.set()
             self._stopping.wait(backoff.next())
+
+    def _worth_a_look(self, event: Any) -> bool:
+        """Membership changes and freed shards call for a reconcile; shard
+        acquisitions and epoch bumps (our own included) do not."""
+        key: bytes = event.kv.key
+        if key.startswith(self._members_prefix.encode()):
+            return True
+        return event.type == kv_pb2.Event.DELETE and key.startswith(self._shards_prefix.encode())
 
     # -- control thread ---------------------------------------------------------
 
