@@ -1,0 +1,298 @@
+"""Races and crashes for real: separate processes, concurrent connections,
+connections killed on the server, SIGKILL after an acknowledged write."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.store.conftest import interval_job
+from wheel.store.base import Completion, FireClaim, JobState, RunStart, RunState, Store
+from wheel.store.open import open_store
+
+CHILD = str(Path(__file__).with_name("_child.py"))
+
+
+def spawn(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, CHILD, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str]) -> str:
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    return out
+
+
+def import_jobs(store: Store, count: int) -> list[int]:
+    ids: list[int] = store.import_jobs(  # type: ignore[attr-defined]
+        [interval_job(f"j{i}", next_run_at=60_000) for i in range(count)]
+    )
+    return ids
+
+
+def test_two_processes_claim_the_same_fires_exactly_once(
+    store: Store, store_url: str, tmp_path: Path
+) -> None:
+    ids = import_jobs(store, 300)
+    go = tmp_path / "go"
+    # Opposite orders and different batch sizes: the batches overlap in every way.
+    procs = [
+        spawn("claim", store_url, str(go), str(1 << 32), "25", json.dumps(ids)),
+        spawn("claim", store_url, str(go), str(2 << 32), "40", json.dumps(ids[::-1])),
+    ]
+    time.sleep(0.8)  # both opened their stores
+    go.touch()
+    results = [json.loads(finish(p)) for p in procs]
+    won = Counter(j for r in results for j in r["won"])
+    advanced = Counter(j for r in results for j in r["advanced"])
+    assert won == Counter(ids)  # every fire won by exactly one process
+    assert advanced == Counter(ids)  # and its schedule moved exactly once
+    for j in ids[::37]:
+        runs = store.list_runs(j)
+        assert len(runs) == 1 and runs[0].scheduled_for == 60_000
+        assert store.get_job(j).next_run_at == 120_000
+    both_won = [len(r["won"]) for r in results]
+    assert sum(both_won) == len(ids)
+
+
+def test_migrations_run_concurrently_from_two_processes(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path}/fresh.db"
+    else:
+        url = str(request.getfixturevalue("pg_dsn"))
+    go = tmp_path / "go"
+    procs = [spawn("migrate", url, str(go)) for _ in range(2)]
+    time.sleep(0.6)
+    go.touch()
+    for p in procs:
+        finish(p)
+    store = open_store(url, migrate=False)
+    try:
+        assert store.schema_version() == 1  # type: ignore[attr-defined]
+        job, _ = store.submit_job(interval_job())
+        assert store.get_job(job.job_id).job_id == job.job_id
+    finally:
+        store.close()
+
+
+def test_an_acknowledged_submit_survives_sigkill(store_url: str) -> None:
+    proc = spawn("submit", store_url)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+    assert line.strip(), "the child did not acknowledge a submit"
+    store = open_store(store_url)
+    try:
+        job = store.get_job(int(line))
+        assert job.spec.name == "durable" and job.state is JobState.ACTIVE
+    finally:
+        store.close()
+
+
+# -- PostgreSQL only ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_url(pg_dsn: str, app_name: str) -> str:
+    return f"{pg_dsn}&application_name={app_name}&retries=30"
+
+
+@pytest.fixture
+def pg_store(pg_url: str) -> Any:
+    store = open_store(pg_url)
+    yield store
+    store.close()
+
+
+@pytest.mark.postgres
+def test_changes_since_never_skips_a_transaction_that_commits_late(
+    pg_store: Any, pg_dsn: str
+) -> None:
+    a, _ = pg_store.submit_job(interval_job("a"))
+    b, _ = pg_store.submit_job(interval_job("b"))
+    shards = range(256)
+    _, mark = pg_store.changes_since(0, shards)
+    slow = psycopg.connect(pg_dsn)  # a transaction that starts first and commits last
+    try:
+        slow.execute(
+            "UPDATE jobs SET state = 'paused', change_xid = pg_current_xact_id() WHERE job_id = %s",
+            (a.job_id,),
+        )
+        # A later transaction changes b and commits first.
+        pg_store.set_job_state(b.job_id, JobState.CANCELLED, next_run_at=None, now_ms=5)
+        seen: dict[int, JobState] = {}
+        for _ in range(3):
+            got, mark = pg_store.changes_since(mark, shards)
+            seen.update({j.job_id: j.state for j in got})
+        # b is committed but must wait: handing it out would move the watermark
+        # past a's still-open transaction.
+        assert a.job_id not in seen
+        slow.commit()
+    finally:
+        slow.close()
+    deadline = time.monotonic() + 10
+    while (a.job_id not in seen or b.job_id not in seen) and time.monotonic() < deadline:
+        got, mark = pg_store.changes_since(mark, shards)
+        seen.update({j.job_id: j.state for j in got})
+        time.sleep(0.01)
+    assert seen == {a.job_id: JobState.PAUSED, b.job_id: JobState.CANCELLED}
+
+
+def kill_backends(dsn: str, app_name: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND application_name = %s",
+            (app_name,),
+        ).fetchall()
+    return len(rows)
+
+
+@pytest.mark.postgres
+def test_claim_loop_loses_and_duplicates_nothing_when_connections_are_killed(
+    pg_store: Any, pg_dsn: str, app_name: str
+) -> None:
+    ids = import_jobs(pg_store, 1_200)
+    claims = [
+        FireClaim(
+            job_id=j,
+            scheduled_for=60_000,
+            attempt=0,
+            fence=(7 << 32) + k,
+            dispatched_at_ms=60_001,
+            expected_next_run_at=60_000,
+            new_next_run_at=120_000,
+        )
+        for k, j in enumerate(ids)
+    ]
+    outcomes: list[Any] = []
+    applied: list[bool] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def loop() -> None:
+        try:
+            for k in range(0, len(claims), 20):
+                batch = pg_store.claim_fires(claims[k : k + 20])
+                outcomes.extend(batch)
+                applied.extend(
+                    o.applied
+                    for o in pg_store.complete_runs(
+                        [
+                            Completion(
+                                run_id=o.run_id,
+                                fence=o.claim.fence,
+                                state=RunState.SUCCEEDED,
+                                finished_at_ms=61_000,
+                            )
+                            for o in batch
+                        ]
+                    )
+                )
+        except BaseException as exc:  # surfaced in the test thread below
+            errors.append(exc)
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=loop)
+    worker.start()
+    kills = rounds = 0
+    # Kill every connection of the store a few times while the loop runs: each
+    # kill lands wherever the loop is (claim, completion, commit, reconnect).
+    while not done.wait(0.05) and rounds < 12:
+        kills += kill_backends(pg_dsn, app_name)
+        rounds += 1
+    worker.join()
+    assert not errors, errors
+    assert kills >= 3, "the loop finished before the connections could be killed"
+    assert len(outcomes) == len(claims)
+    assert all(o.run_id is not None for o in outcomes), "a committed claim lost its run id"
+    assert all(o.advanced for o in outcomes)
+    assert all(applied)
+    with psycopg.connect(pg_dsn) as conn:
+        count, distinct, running = conn.execute(
+            "SELECT count(*), count(DISTINCT (job_id, scheduled_for)),"
+            " count(*) FILTER (WHERE state <> 'succeeded') FROM executions"
+        ).fetchone()  # type: ignore[misc]
+        moved = conn.execute("SELECT count(*) FROM jobs WHERE next_run_at = 120000").fetchone()
+    assert (count, distinct, running) == (len(claims), len(claims), 0)
+    assert moved == (len(claims),)
+    assert len({o.run_id for o in outcomes}) == len(claims)
+
+
+@pytest.mark.postgres
+def test_a_retry_after_an_acknowledged_commit_reports_its_own_work(pg_store: Any) -> None:
+    job, _ = pg_store.submit_job(interval_job(next_run_at=60_000))
+    lost_once: list[bool] = []
+
+    def lose_connection(conn: Any) -> None:
+        # The commit went through; the connection dies before the caller hears.
+        if not lost_once:
+            lost_once.append(True)
+            conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    pg_store._after_commit = lose_connection
+    [out] = pg_store.claim_fires(
+        [
+            FireClaim(
+                job_id=job.job_id,
+                scheduled_for=60_000,
+                attempt=0,
+                fence=9,
+                dispatched_at_ms=60_001,
+                expected_next_run_at=60_000,
+                new_next_run_at=120_000,
+            )
+        ]
+    )
+    assert lost_once
+    assert out.run_id is not None and out.advanced
+    assert [r.run_id for r in pg_store.list_runs(job.job_id)] == [out.run_id]
+    assert pg_store.get_job(job.job_id).next_run_at == 120_000
+
+    lost_once.clear()
+    start = RunStart(run_id=out.run_id, fence=9, worker_id="w", started_at_ms=60_002)
+    assert pg_store.mark_running([start]) == [True]
+    assert lost_once
+
+    lost_once.clear()
+    [result] = pg_store.complete_runs(
+        [Completion(run_id=out.run_id, fence=9, state=RunState.SUCCEEDED, finished_at_ms=61_000)]
+    )
+    assert lost_once and result.applied
+    # A competing claim with another fence is still reported lost after a retry.
+    lost_once.clear()
+    [other] = pg_store.claim_fires(
+        [
+            FireClaim(
+                job_id=job.job_id,
+                scheduled_for=60_000,
+                attempt=0,
+                fence=10,
+                dispatched_at_ms=60_001,
+                expected_next_run_at=60_000,
+                new_next_run_at=999_000,
+            )
+        ]
+    )
+    assert lost_once and other.run_id is None and not other.advanced
