@@ -118,6 +118,7 @@ def _fmt_ms(ms: int) -> str:
 
 
 def cmd_serve(ns: argparse.Namespace) -> int:
+    from wheel.engine.owner import OwnerConfig
     from wheel.node import Node, NodeConfig
     from wheel.rpc.server import serve
     from wheel.store.open import open_store
@@ -128,7 +129,12 @@ def cmd_serve(ns: argparse.Namespace) -> int:
 
     async def main() -> None:
         store = open_store(url)
-        node = Node(store, NodeConfig(node_id=ns.node_id))
+        owner = OwnerConfig(
+            lease_ms=ns.lease_ms,
+            grace_lease_ms=ns.grace_lease_ms,
+            overdue_after_ms=ns.overdue_after_ms,
+        )
+        node = Node(store, NodeConfig(node_id=ns.node_id, owner=owner))
         await node.start()
         server, port = await serve(node, ns.listen)
         logging.getLogger("wheel").info(
@@ -274,6 +280,19 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     return run_demo(duration_s=ns.duration, port=ns.port, data_dir=ns.data_dir)
 
 
+def _positive_ms(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number of milliseconds")
+    return value
+
+
+def _owner_defaults() -> Any:
+    from wheel.engine.owner import OwnerConfig
+
+    return OwnerConfig()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="wheelctl", description="wheel: a fault-tolerant job scheduler"
@@ -289,6 +308,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--store", help="sqlite:///path or postgresql://... (default: SQLite in data dir)"
     )
     s.add_argument("--node-id", default="node-1")
+    defaults = _owner_defaults()
+    s.add_argument(
+        "--lease-ms",
+        type=_positive_ms,
+        default=defaults.lease_ms,
+        help="full lease after a worker's ack; heartbeats come every third of it",
+    )
+    s.add_argument(
+        "--grace-lease-ms",
+        type=_positive_ms,
+        default=defaults.grace_lease_ms,
+        help="lease of a run handed out but not yet acked",
+    )
+    s.add_argument(
+        "--overdue-after-ms",
+        type=_positive_ms,
+        default=defaults.overdue_after_ms,
+        help="a fire this late counts as catch-up work",
+    )
     s.set_defaults(fn=cmd_serve)
 
     w = sub.add_parser("worker", help="run handlers for assigned runs")
