@@ -636,7 +636,13 @@ class Owner:
             expected = new = None
             if advance:
                 expected = job.store_next
-                new = next((d[0] for d in job.due if d[2]), job.next_fire)
+                # The oldest fire not claimed yet: queued, then buffered behind
+                # this run, then armed. Moving the store past a buffered fire
+                # would lose it to a restart (the store is all a new owner has).
+                new = next(
+                    (d[0] for d in job.due if d[2]),
+                    job.buffered[0] if job.buffered else job.next_fire,
+                )
                 if new is None and job.compiled.completion_driven:
                     # fixed_delay: provisional next fire, corrected on completion.
                     new = job.compiled.next_after_completion(fire)
