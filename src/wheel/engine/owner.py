@@ -1025,7 +1025,13 @@ class Owner:
         if run.worker_id is not None:
             self._revoke(run, RevokeReason.TIMED_OUT, fx)
         job = self.jobs.get(run.job_id)
-        last = job is None or not should_retry(job.spec.retry, failed_attempt=run.attempt)
+        # An at_most_once run that was handed out may have had its effect: a
+        # timeout is no proof it did not, so it is never re-dispatched.
+        last = (
+            job is None
+            or job.spec.side_effect is SideEffect.AT_MOST_ONCE
+            or not should_retry(job.spec.retry, failed_attempt=run.attempt)
+        )
         self._end_run(
             run,
             RunState.DEAD_LETTERED if last else RunState.TIMED_OUT,
