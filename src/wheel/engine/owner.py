@@ -511,7 +511,9 @@ class Owner:
             job.next_fire = None
             return
         nxt = None if compiled.completion_driven else compiled.next_fire(fire)
-        overdue = now_ms - fire > self.config.overdue_after_ms
+        # Late relative to when the fire was due: its jittered time, not its
+        # nominal one (a jitter is a delay the job asked for, not lateness).
+        overdue = now_ms - compiled.jittered(fire) > self.config.overdue_after_ms
         if overdue:
             # The owner was down or behind: one or more fires are late. The
             # job's catch-up policy decides which run; the rest become missed.
