@@ -531,6 +531,10 @@ class Owner:
                 self.stats.missed += 1
             if plan.alert:
                 fx.alerts.append(f"job {job.job_id}: {plan.alert}")
+            if compiled.completion_driven and not plan.run:
+                # fixed_delay whose fire was not run: no completion will arm
+                # the next one, so count from now or the schedule stops.
+                nxt = compiled.next_after_completion(now_ms)
             self._arm(job, nxt)
             # Planned catch-up runs one after another: the overlap gate
             # applies to the batch as a whole, not between its fires.
