@@ -394,6 +394,17 @@ class Owner:
             job.due = deque(d for d in job.due if not d[2])
             job.store_next = record.next_run_at
             self._arm(job, record.next_run_at)
+        if (
+            job.compiled.completion_driven
+            and record.next_run_at is None
+            and job.next_fire is None
+            and job.inflight <= 0
+            and not job.due
+        ):
+            # fixed_delay with nothing running and nothing armed (resumed past
+            # its start, where ``next_fire`` has no answer): count the delay
+            # from now, or the job would never fire again.
+            self._arm(job, job.compiled.next_after_completion(now_ms))
         if job.due:
             self._enqueue(job, now_ms, overdue=False)
 
