@@ -130,11 +130,14 @@ def covers_all_once(nodes: Iterable[Node]) -> bool:
 
 
 def settled(nodes: list[Node]) -> bool:
-    """Every shard owned once, by its rendezvous owner, and the callbacks agree."""
-    assignment = assign_shards(n.coord.node_id for n in nodes)
+    """Every shard owned once, by its rendezvous owner; every node sees every
+    other; the callbacks agree with ``owned()``."""
+    ids = sorted(n.coord.node_id for n in nodes)
+    assignment = assign_shards(ids)
     return covers_all_once(nodes) and all(
         set(n.coord.owned()) == {s for s, o in assignment.items() if o == n.coord.node_id}
         and n.view == dict(n.coord.owned())
+        and [m.node_id for m in n.coord.members()] == ids
         for n in nodes
     )
 
