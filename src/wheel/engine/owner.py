@@ -219,13 +219,17 @@ class _Job:
         "queued",
         "shard",
         "spec",
+        "spec_json",
         "store_next",
     )
 
-    def __init__(self, job_id: int, spec: JobSpec, compiled: CompiledSchedule) -> None:
+    def __init__(
+        self, job_id: int, spec: JobSpec, compiled: CompiledSchedule, spec_json: bytes
+    ) -> None:
         self.job_id = job_id
         self.shard = shard_of(job_id)
         self.spec = spec
+        self.spec_json = spec_json
         self.compiled = compiled
         self.paused = False
         # What the store's next_run_at is (or will be once our pending writes land).
@@ -308,6 +312,17 @@ class OwnerStats:
     superseded_completions: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class JobImage:
+    """A job as the checkpoint keeps it: its spec as stored, whether it is
+    paused, the earliest fire not yet claimed and when that fire is due."""
+
+    spec_json: bytes
+    paused: bool
+    store_next: int | None
+    due_at: int | None
+
+
 def _limit(job: _Job) -> int:
     """How many runs of the job may be in flight at once (per-job serialization)."""
     overlap = job.spec.overlap
@@ -329,6 +344,12 @@ class Owner:
         self.config = config or OwnerConfig()
         self.wheel = TimerWheel(now_ms)
         self.jobs: dict[int, _Job] = {}
+        # Jobs restored from a checkpoint, kept as their image until first
+        # touched: a restart arms a million timers without parsing a million
+        # specs (see ``load_images``).
+        self._dormant: dict[int, JobImage] = {}
+        # Jobs whose image changed since ``take_dirty`` (the node logs them).
+        self.dirty: set[int] = set()
         self.runs: dict[int, _Run] = {}
         self.workers: dict[str, _Worker] = {}
         self.stats = OwnerStats()
@@ -357,6 +378,70 @@ class Owner:
     def shards(self) -> dict[int, int]:
         return dict(self._epochs)
 
+    def _job(self, job_id: int) -> _Job | None:
+        job = self.jobs.get(job_id)
+        if job is None and job_id in self._dormant:
+            job = self._wake(job_id)
+        return job
+
+    def _job_or_raise(self, job_id: int) -> _Job:
+        job = self._job(job_id)
+        if job is None:
+            raise KeyError(job_id)
+        return job
+
+    def _wake(self, job_id: int) -> _Job:
+        image = self._dormant.pop(job_id)
+        spec = JobSpec.from_json(image.spec_json.decode())
+        job = _Job(job_id, spec, self._compile(job_id, spec), image.spec_json)
+        job.paused = image.paused
+        job.store_next = image.store_next
+        # The FIRE timer was armed at image.due_at by load_images.
+        job.next_fire = None if image.paused else image.store_next
+        self.jobs[job_id] = job
+        return job
+
+    def job_count(self) -> int:
+        return len(self.jobs) + len(self._dormant)
+
+    # -- checkpoint images ------------------------------------------------------
+
+    def image_of(self, job_id: int) -> JobImage | None:
+        """What a checkpoint keeps of a job (None: the job is gone)."""
+        dormant = self._dormant.get(job_id)
+        if dormant is not None:
+            return dormant
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        due_at = None
+        if job.store_next is not None and not job.paused:
+            due_at = job.compiled.jittered(job.store_next)
+        return JobImage(
+            spec_json=job.spec_json, paused=job.paused, store_next=job.store_next, due_at=due_at
+        )
+
+    def take_dirty(self) -> set[int]:
+        dirty, self.dirty = self.dirty, set()
+        return dirty
+
+    def job_ids(self) -> list[int]:
+        return [*self.jobs, *self._dormant]
+
+    def load_images(self, images: dict[int, JobImage]) -> None:
+        """Restore jobs from a checkpoint: armed at the earliest fire not yet
+        claimed (``store_next``), specs parsed only when a job is touched."""
+        ids: list[int] = []
+        deadlines: list[int] = []
+        for job_id, image in images.items():
+            if not self.owns(job_id):
+                continue
+            self._dormant[job_id] = image
+            if image.due_at is not None:
+                ids.append((job_id << 2) | FIRE)
+                deadlines.append(image.due_at)
+        self.wheel.add_many(ids, deadlines)
+
     def _next_fence(self, shard: int) -> int:
         counter = self._counters[shard] + 1
         if counter > COUNTER_MASK:
@@ -368,16 +453,23 @@ class Owner:
 
     def upsert_job(self, record: JobRecord, now_ms: int, fx: Effects) -> None:
         """A job as the store has it now (submitted, changed, or reloaded). Store wins."""
-        job = self.jobs.get(record.job_id)
+        job = self._job(record.job_id)
         if record.state in (JobState.CANCELLED, JobState.COMPLETED):
             if job is not None:
                 self._drop_job(job, cancelled=record.state is JobState.CANCELLED, fx=fx)
             return
+        self.dirty.add(record.job_id)
         if job is None:
-            job = _Job(record.job_id, record.spec, self._compile(record.job_id, record.spec))
+            job = _Job(
+                record.job_id,
+                record.spec,
+                self._compile(record.job_id, record.spec),
+                record.spec.to_json().encode(),
+            )
             self.jobs[record.job_id] = job
         elif job.spec != record.spec:
             job.spec = record.spec
+            job.spec_json = record.spec.to_json().encode()
             job.compiled = self._compile(record.job_id, record.spec)
         if record.state is JobState.PAUSED:
             if not job.paused:
@@ -420,7 +512,7 @@ class Owner:
             self.wheel.add(tid, job.compiled.jittered(fire))
 
     def cancel_job(self, job_id: int, fx: Effects) -> None:
-        job = self.jobs.get(job_id)
+        job = self._job(job_id)
         if job is not None:
             self._drop_job(job, cancelled=True, fx=fx)
 
@@ -442,6 +534,7 @@ class Owner:
                         self._revoke(run, RevokeReason.CANCELLED, fx)
         if job.inflight <= 0:
             del self.jobs[job.job_id]
+            self.dirty.add(job.job_id)
 
     def _clear_pending_fires(
         self, job: _Job, reason: MissedReason, now_ms: int, fx: Effects
@@ -459,7 +552,7 @@ class Owner:
         self, job_id: int, paused_from_ms: int, resumed_at_ms: int, fx: Effects
     ) -> None:
         """Fires that came due while a job was paused become missed records."""
-        job = self.jobs.get(job_id)
+        job = self._job(job_id)
         if job is None:
             return
         fires = job.compiled.fires_between(
@@ -478,14 +571,14 @@ class Owner:
 
     def trigger(self, job_id: int, now_ms: int, fx: Effects) -> int:
         """An out-of-band fire at ``now_ms``; returns its scheduled_for."""
-        job = self.jobs[job_id]
+        job = self._job_or_raise(job_id)
         job.due.append((now_ms, 0, False))
         self._enqueue(job, now_ms, overdue=False)
         return now_ms
 
     def backfill(self, job_id: int, fires: Sequence[int], now_ms: int) -> None:
         """Past fires to run as catch-up work (low priority, fair across tenants)."""
-        job = self.jobs[job_id]
+        job = self._job_or_raise(job_id)
         job.due.extend((f, 0, False) for f in fires)
         if fires:
             self._enqueue(job, now_ms, overdue=True)
@@ -501,7 +594,7 @@ class Owner:
         for tid in self.wheel.advance(now_ms):
             kind, n = tid & 3, tid >> 2
             if kind == FIRE:
-                job = self.jobs.get(n)
+                job = self._job(n)
                 if job is not None and not job.paused and job.next_fire is not None:
                     self._on_fire(job, now_ms, fx)
             elif kind == LEASE:
@@ -589,6 +682,7 @@ class Owner:
                 )
             )
             job.store_next = target
+            self.dirty.add(job.job_id)
 
     def _enqueue(self, job: _Job, now_ms: int, *, overdue: bool) -> None:
         if job.queued or not job.due:
@@ -636,7 +730,7 @@ class Owner:
     ) -> None:
         wi = 0
         for job_id, overdue in picked:
-            job = self.jobs.get(job_id)
+            job = self._job(job_id)
             if job is None:
                 continue
             job.queued = False
@@ -664,6 +758,7 @@ class Owner:
                     # fixed_delay: provisional next fire, corrected on completion.
                     new = job.compiled.next_after_completion(fire)
                 job.store_next = new
+                self.dirty.add(job_id)
             fx.claims.append(
                 FireClaim(
                     job_id=job_id,
@@ -692,7 +787,7 @@ class Owner:
             worker = self.workers.get(pend.worker_id) if pend.worker_id else None
             if worker is not None:
                 worker.reserved -= 1
-            job = self.jobs.get(c.job_id)
+            job = self._job(c.job_id)
             if c.advance and not out.advanced:
                 fx.resync.add(c.job_id)
             if out.run_id is None:
@@ -718,7 +813,7 @@ class Owner:
             if run is None or run.phase is not Phase.READY:
                 self._ready.popleft()
                 continue
-            job = self.jobs.get(run.job_id)
+            job = self._job(run.job_id)
             pool = job.spec.pool if job is not None else "default"
             worker = next(
                 (w for w in self.workers.values() if pool in w.pools and w.free > 0), None
@@ -729,7 +824,7 @@ class Owner:
             self._hand_out(run, worker, now_ms, fx)
 
     def _hand_out(self, run: _Run, worker: _Worker, now_ms: int, fx: Effects) -> None:
-        job = self.jobs.get(run.job_id)
+        job = self._job(run.job_id)
         if job is None:  # pragma: no cover - a run keeps its job alive
             return
         _move(run, Phase.DISPATCHED)
@@ -835,7 +930,7 @@ class Owner:
             if ok and run is not None and run.worker_id != worker_id:
                 # A run restored from the store after a restart has no holder
                 # yet: the worker that still runs it adopts it with its fence.
-                ok = run.worker_id is None and run.phase is Phase.RUNNING
+                ok = run.worker_id is None and run.phase in (Phase.DISPATCHED, Phase.RUNNING)
                 if ok and worker is not None:
                     run.worker_id = worker_id
                     worker.held.add(run_id)
@@ -878,7 +973,7 @@ class Owner:
                 )
                 self.stats.superseded_completions += 1
                 continue
-            job = self.jobs.get(run.job_id)
+            job = self._job(run.job_id)
             if outcome is Outcome.SUCCEEDED:
                 self._end_run(run, RunState.SUCCEEDED, None, fx, reply_to=worker_id)
             elif outcome is Outcome.HANDED_BACK:
@@ -941,7 +1036,7 @@ class Owner:
                         reason="" if out.applied else "superseded: a newer attempt exists",
                     )
                 )
-            job = self.jobs.get(run.job_id)
+            job = self._job(run.job_id)
             if job is None:
                 continue
             if not out.applied:
@@ -984,6 +1079,7 @@ class Owner:
         ):
             self.wheel.cancel((job.job_id << 2) | FIRE)
             del self.jobs[job.job_id]
+            self.dirty.add(job.job_id)
 
     def _schedule_retry(self, job: _Job, run: _Run, now_ms: int) -> None:
         delay = retry_delay_ms(
@@ -1004,7 +1100,7 @@ class Owner:
 
     def _requeue(self, job_id: int, fire: int, attempt: int, *, now_ms: int) -> None:
         """A retry or a re-dispatch of a fire that already ran: first in line."""
-        job = self.jobs.get(job_id)
+        job = self._job(job_id)
         if job is None:
             return
         job.inflight -= 1
@@ -1020,7 +1116,7 @@ class Owner:
             self.wheel.add((run_id << 2) | LEASE, run.lease_deadline)
             return
         self.stats.lost_leases += 1
-        job = self.jobs.get(run.job_id)
+        job = self._job(run.job_id)
         if run.worker_id is not None:
             self._revoke(run, RevokeReason.LEASE_EXPIRED, fx)
         if job is not None and job.spec.side_effect is SideEffect.AT_MOST_ONCE:
@@ -1041,7 +1137,7 @@ class Owner:
         self.stats.timed_out += 1
         if run.worker_id is not None:
             self._revoke(run, RevokeReason.TIMED_OUT, fx)
-        job = self.jobs.get(run.job_id)
+        job = self._job(run.job_id)
         # An at_most_once run that was handed out may have had its effect: a
         # timeout is no proof it did not, so it is never re-dispatched.
         last = (
@@ -1088,18 +1184,39 @@ class Owner:
 
     # -- recovery -----------------------------------------------------------------
 
+    def adopt_finished_jobs(self, records: Sequence[JobRecord]) -> None:
+        """Jobs that schedule nothing more (completed one-shots, cancelled) but
+        still have runs in flight or retries due: kept until those end."""
+        for record in records:
+            if record.job_id in self.jobs or record.job_id in self._dormant:
+                continue
+            job = _Job(
+                record.job_id,
+                record.spec,
+                self._compile(record.job_id, record.spec),
+                record.spec.to_json().encode(),
+            )
+            job.paused = True
+            self.jobs[record.job_id] = job
+
     def restore_inflight(self, executions: Sequence[ExecutionRecord], now_ms: int) -> None:
-        """Runs the store says are in flight, after a restart or takeover. They
-        get a full lease from now: their workers reconnect and renew (adopt)
-        them; runs nobody renews expire and are re-dispatched."""
+        """Runs the store says are in flight, after a restart or takeover. A
+        running run gets a full lease from now and one never acked the grace
+        lease (seed R1): their workers reconnect and renew (adopt) them; runs
+        nobody renews expire and are re-dispatched."""
         for ex in executions:
             if ex.run_id in self.runs:
                 continue
             run = _Run(ex.run_id, ex.job_id, ex.scheduled_for, ex.attempt, ex.fence)
-            run.phase = Phase.RUNNING
-            run.lease_deadline = now_ms + self.config.lease_ms
+            if ex.state is RunState.RUNNING:
+                run.phase = Phase.RUNNING
+                run.lease_deadline = now_ms + self.config.lease_ms
+            else:
+                run.phase = Phase.DISPATCHED
+                run.lease_deadline = now_ms + self.config.grace_lease_ms
+            run.worker_id = None
             self.wheel.add((run.run_id << 2) | LEASE, run.lease_deadline)
-            job = self.jobs.get(ex.job_id)
+            job = self._job(ex.job_id)
             if job is not None:
                 job.inflight += 1
                 run.timeout_deadline = ex.dispatched_at_ms + job.spec.timeout_ms
@@ -1109,6 +1226,23 @@ class Owner:
             if shard in self._counters and ex.fence >> COUNTER_BITS == self._epochs[shard]:
                 self._counters[shard] = max(self._counters[shard], ex.fence & COUNTER_MASK)
 
+    def restore_retries(self, executions: Sequence[ExecutionRecord], now_ms: int) -> None:
+        """Latest attempts that ended failed, lost or timed out with no newer
+        attempt: their retry (or re-dispatch) was pending when the previous
+        owner stopped. Without this a restart would silently drop them."""
+        for ex in executions:
+            job = self._job(ex.job_id)
+            if job is None:
+                continue
+            if ex.state is RunState.LOST:
+                job.inflight += 1
+                self._reaper.append((job.job_id, ex.scheduled_for, ex.attempt + 1))
+            elif should_retry(job.spec.retry, failed_attempt=ex.attempt):
+                job.inflight += 1
+                self._retry_seq += 1
+                self._retries[self._retry_seq] = (job.job_id, ex.scheduled_for, ex.attempt + 1)
+                self.wheel.add((self._retry_seq << 2) | RETRY, now_ms)
+
     # -- introspection --------------------------------------------------------------
 
     def backlog(self) -> tuple[int, int]:
@@ -1117,7 +1251,7 @@ class Owner:
         return fresh + len(self._ready), overdue
 
     def next_fires(self, job_id: int, count: int) -> list[int]:
-        job = self.jobs.get(job_id)
+        job = self._job(job_id)
         if job is None or job.next_fire is None:
             return []
         out = [job.next_fire]

@@ -147,6 +147,15 @@ class Store(Protocol):
     def load_shards(self, shards: Collection[int]) -> ShardLoad:
         """Active/paused jobs and in-flight executions of these shards."""
 
+    def inflight_runs(self, shards: Collection[int]) -> list[ExecutionRecord]:
+        """Dispatched or running executions of these shards (``load_shards``
+        without the jobs: a restart from a checkpoint needs only these)."""
+
+    def retry_candidates(self, shards: Collection[int]) -> list[ExecutionRecord]:
+        """Latest attempts of fires in these shards that ended failed, lost or
+        timed out with no newer attempt (job not cancelled): a retry or
+        re-dispatch the previous owner had pending when it stopped."""
+
     def changes_since(
         self, watermark: int, shards: Collection[int], limit: int = 10_000
     ) -> tuple[list[JobRecord], int]:
