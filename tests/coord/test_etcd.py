@@ -243,6 +243,14 @@ def test_a_graceful_stop_hands_shards_over_at_once_with_higher_epochs(etcd_serve
             after = epochs_of([a, b])
             assert all(after[s] > e for s, e in before.items())
             assert not c.view and c.changes[-1].lost == frozenset(before)
+
+            # The same node comes back: its shards return to it, fenced anew.
+            with Sampler(nodes):
+                await c.coord.start()
+                await wait_until("c to take its shards back", lambda: settled(nodes), 5)
+            back = epochs_of([c])
+            assert set(back) == set(before)
+            assert all(back[s] > after[s] for s in back)
         finally:
             await stop_all(nodes)
 

@@ -200,6 +200,10 @@ class EtcdCoordinator:
         self._subscribers.bind(asyncio.get_running_loop())
         self._client = self._make_client()
         self._stopping.clear()
+        self._started.clear()
+        self._published_first = False
+        self._lease_gone = False
+        self._frozen = False
         for name, target in (
             ("control", self._run_control),
             ("keepalive", self._run_keepalive),
