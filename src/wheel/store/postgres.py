@@ -79,6 +79,8 @@ _RUN_COLUMNS_E = ", ".join("e." + c.strip() for c in RUN_COLUMNS.split(","))
 # round every job_id is unique, so joins on job_id are one-to-one and the UPDATE
 # touches each job at most once. Inserts go in job_id order so concurrent
 # batches take unique-index locks in the same order (no deadlock cycles).
+# ``j.job_id = ANY(...)`` steers the planner to primary-key lookups: joined to
+# the CTE alone it chose a merge join that walked the whole jobs_pkey index.
 _CLAIM_SQL = """
 WITH input AS (
     SELECT * FROM unnest(%(idx)b::int4[], %(job)b::int8[], %(sf)b::int8[], %(att)b::int4[],
@@ -103,7 +105,8 @@ WITH input AS (
            updated_at_ms = greatest(j.updated_at_ms, w.dispatched_at_ms),
            change_xid = pg_current_xact_id()
       FROM won AS w
-     WHERE w.advance AND j.job_id = w.job_id
+     WHERE j.job_id = ANY(%(job)b::int8[])
+       AND w.advance AND j.job_id = w.job_id
        AND j.next_run_at IS NOT DISTINCT FROM w.expected
     RETURNING w.idx
 )
@@ -236,11 +239,21 @@ class PostgresStore:
             max_size=max(min_size, max_size),
             kwargs=kwargs,
             timeout=pool_timeout_s,
+            configure=self._configure,
             name="wheel-store",
             open=True,
         )
 
     # -- plumbing -------------------------------------------------------------
+
+    @staticmethod
+    def _configure(conn: Conn) -> None:
+        # psycopg prepares statements it sees repeatedly; a generic plan for an
+        # unnest() of a parameter array guesses its size and picked sequential
+        # scans (measured: 6 ms instead of 0.1 ms for a one-row completion).
+        # Plan each execution for its real arrays instead.
+        conn.execute("SET plan_cache_mode = force_custom_plan")
+        conn.commit()
 
     def _run(self, op: Callable[[Conn, _Attempt], T], *, idempotent: bool) -> T:
         """Run ``op`` in one transaction, retrying lost connections with backoff.
