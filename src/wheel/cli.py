@@ -118,6 +118,7 @@ def _fmt_ms(ms: int) -> str:
 
 
 def cmd_serve(ns: argparse.Namespace) -> int:
+    from wheel.checkpoint import Durability
     from wheel.engine.owner import OwnerConfig
     from wheel.node import Node, NodeConfig
     from wheel.rpc.server import serve
@@ -134,7 +135,16 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             grace_lease_ms=ns.grace_lease_ms,
             overdue_after_ms=ns.overdue_after_ms,
         )
-        node = Node(store, NodeConfig(node_id=ns.node_id, owner=owner))
+        checkpoint = None if ns.no_checkpoint else str(data_dir / "checkpoint")
+        node = Node(
+            store,
+            NodeConfig(
+                node_id=ns.node_id,
+                owner=owner,
+                checkpoint_dir=checkpoint,
+                checkpoint_durability=Durability(ns.checkpoint_durability),
+            ),
+        )
         await node.start()
         server, port = await serve(node, ns.listen)
         logging.getLogger("wheel").info(
@@ -308,6 +318,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--store", help="sqlite:///path or postgresql://... (default: SQLite in data dir)"
     )
     s.add_argument("--node-id", default="node-1")
+    s.add_argument(
+        "--checkpoint-durability",
+        default="sync",
+        choices=["sync", "async", "none"],
+        help="LMDB checkpoint: fsync per batch (sync), on process crash only (async), none",
+    )
+    s.add_argument("--no-checkpoint", action="store_true", help="always rebuild from the store")
     defaults = _owner_defaults()
     s.add_argument(
         "--lease-ms",

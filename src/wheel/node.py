@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -30,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
+from wheel.checkpoint.owner_state import log_records, snapshot_chunks
+from wheel.checkpoint.wal import Checkpoint, Durability, Identity
 from wheel.engine.model import SHARD_COUNT, JobState
 from wheel.engine.owner import Effects, Outcome, Owner, OwnerConfig
 from wheel.engine.records import (
@@ -39,8 +42,15 @@ from wheel.engine.records import (
     NewJob,
 )
 from wheel.engine.schedule import compile_schedule
-from wheel.engine.spec import JobSpec
-from wheel.errors import FailedPrecondition, NotFound, StoreError, StoreUnavailable
+from wheel.engine.spec import JobSpec, Once
+from wheel.errors import (
+    CheckpointError,
+    FailedPrecondition,
+    NotFound,
+    StoreError,
+    StoreUnavailable,
+)
+from wheel.recovery import restore_owner
 from wheel.store.base import Store
 
 log = logging.getLogger("wheel.node")
@@ -68,6 +78,13 @@ class NodeConfig:
     changes_interval_s: float = 1.0
     # Longest sleep of the dispatch loop without an event.
     max_idle_s: float = 0.5
+    # Local LMDB checkpoint for fast restarts (None: rebuild from the store).
+    checkpoint_dir: str | None = None
+    checkpoint_durability: Durability = Durability.SYNC
+    # A checkpoint written for another cluster is never used.
+    cluster_id: str = "wheel"
+    # Take a snapshot (and truncate the log) past this many log records.
+    snapshot_every_records: int = 500_000
 
 
 @dataclass(slots=True)
@@ -109,6 +126,9 @@ class Node:
         self._lags: deque[int] = deque(maxlen=10_000)
         self.alerts: deque[str] = deque(maxlen=1_000)
         self.ready = asyncio.Event()
+        self._checkpoint: Checkpoint | None = None
+        self._logged_watermark = -1
+        self._snapshotting: threading.Thread | None = None
         # Set when the dispatch loop ends; a node whose loop died must exit
         # (and be restarted) rather than keep serving without dispatching.
         self.stopped = asyncio.Event()
@@ -119,24 +139,35 @@ class Node:
         await self._api(self.store.migrate)
         shards = list(range(SHARD_COUNT))
         epochs = await self._api(self.store.acquire_epochs, shards, self.config.node_id)
-        load = await self._api(self.store.load_shards, shards)
-        now = self.clock.now_ms()
-        owner = Owner(epochs=epochs, now_ms=now, config=self.config.owner)
-        fx = self._fx
-        for record in load.jobs:
-            try:
-                owner.upsert_job(record, now, fx)
-            except Exception:
-                log.exception("job %s could not be loaded; skipped", record.job_id)
-        owner.restore_inflight(load.inflight, now)
-        self._watermark = load.watermark
+        if self.config.checkpoint_dir is not None:
+            self._checkpoint = await self._api(self._open_checkpoint)
+        restored = await self._api(
+            functools.partial(
+                restore_owner,
+                self.store,
+                self._checkpoint,
+                epochs=epochs,
+                config=self.config.owner,
+                now_ms=self.clock.now_ms(),
+            )
+        )
+        owner = restored.owner
+        self._fx = restored.effects
+        self._watermark = restored.watermark
         self.owner = owner
+        if self._checkpoint is not None:
+            if restored.source == "store":
+                owner.take_dirty()  # a full snapshot follows instead of a huge log batch
+                self._start_snapshot()
+            self._logged_watermark = -1  # log the watermark with the first batch
         log.info(
-            "node %s owns %d shards: %d jobs, %d runs in flight",
+            "node %s owns %d shards: %d jobs, %d runs in flight (restored from the %s in %.2fs)",
             self.config.node_id,
             len(epochs),
-            len(owner.jobs),
+            owner.job_count(),
             len(owner.runs),
+            restored.source,
+            restored.seconds,
         )
         self._task = asyncio.create_task(self._loop(), name="wheel-dispatch")
         self._task.add_done_callback(self._loop_done)
@@ -158,6 +189,84 @@ class Node:
             session.outbox.put_nowait(None)
         self._store_thread.shutdown(wait=True)
         self._api_threads.shutdown(wait=True)
+        if self._snapshotting is not None:
+            self._snapshotting.join()
+        if self._checkpoint is not None:
+            self._checkpoint.close()
+
+    # -- the checkpoint ---------------------------------------------------------
+
+    def _open_checkpoint(self) -> Checkpoint | None:
+        assert self.config.checkpoint_dir is not None
+        path = self.config.checkpoint_dir
+        identity = Identity(cluster_id=self.config.cluster_id, shard_set=f"0-{SHARD_COUNT - 1}")
+        durability = self.config.checkpoint_durability
+        try:
+            return Checkpoint.open(path, identity, durability=durability)
+        except CheckpointError as exc:
+            log.error("checkpoint at %s cannot be opened (%s); starting a new one", path, exc)
+            try:
+                Checkpoint.destroy(path)
+                return Checkpoint.open(path, identity, durability=durability)
+            except CheckpointError:
+                log.exception("running without a checkpoint")
+                return None
+
+    async def _log_dirty(self, owner: Owner) -> None:
+        """Append the images that changed (one LMDB transaction) before this
+        iteration's effects leave the process."""
+        checkpoint = self._checkpoint
+        if checkpoint is None:
+            return
+        watermark = self._watermark if self._watermark != self._logged_watermark else None
+        dirty = owner.take_dirty()
+        if not dirty and watermark is None:
+            return
+        records = log_records(dirty, owner.image_of, watermark)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._store_thread, checkpoint.append, records)
+        except CheckpointError:
+            # The store is the record of truth: losing the checkpoint costs a
+            # slow restart, not correctness. Say so and go on without it.
+            log.exception("checkpoint append failed; continuing without a checkpoint")
+            self._checkpoint = None
+            return
+        if watermark is not None:
+            self._logged_watermark = watermark
+        if checkpoint.log_records() >= self.config.snapshot_every_records:
+            self._start_snapshot()
+
+    def _start_snapshot(self) -> None:
+        """A fuzzy snapshot on its own thread: the log replays everything after
+        the sequence number it starts at (see wheel.checkpoint.owner_state)."""
+        checkpoint, owner = self._checkpoint, self.owner
+        if checkpoint is None or owner is None:
+            return
+        if self._snapshotting is not None and self._snapshotting.is_alive():
+            return
+        job_ids = owner.job_ids()
+        upto = checkpoint.last_seq()
+        # The owner reflects every store change up to this watermark, and the
+        # fuzzy snapshot holds images at least that new.
+        watermark = self._watermark
+
+        def write() -> None:
+            started = time.perf_counter()
+            try:
+                checkpoint.write_snapshot(snapshot_chunks(job_ids, owner.image_of, watermark), upto)
+            except Exception:
+                log.exception("snapshot failed; the log keeps growing until the next one")
+                return
+            log.info(
+                "snapshot of %d jobs up to log record %d in %.2fs",
+                len(job_ids),
+                upto,
+                time.perf_counter() - started,
+            )
+
+        self._snapshotting = threading.Thread(target=write, name="wheel-snapshot", daemon=True)
+        self._snapshotting.start()
 
     def _owner(self) -> Owner:
         if self.owner is None:
@@ -200,6 +309,7 @@ class Node:
                 now = self.clock.now_ms()
                 owner.on_completed(results.completions, now, fx)
                 owner.on_claimed(results.claims, now, fx)
+            await self._log_dirty(owner)
             self._publish(fx)
             if fx.resync or time.monotonic() >= next_changes:
                 await self._read_changes(fx.resync)
@@ -341,6 +451,10 @@ class Node:
         now = self.clock.now_ms()
         # Validates the schedule (cron syntax, zone) before anything is stored.
         first = self.first_fire(0, spec, now)
+        if first is None and isinstance(spec.schedule, Once):
+            # A one-shot submitted late is due now, not never: its catch-up
+            # policy decides whether it runs or is recorded as missed.
+            first = spec.schedule.at_ms
         new = NewJob(
             spec=spec, created_at_ms=now, next_run_at=first, idempotency_key=idempotency_key
         )

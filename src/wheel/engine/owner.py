@@ -401,6 +401,9 @@ class Owner:
         self.jobs[job_id] = job
         return job
 
+    def has_job(self, job_id: int) -> bool:
+        return job_id in self.jobs or job_id in self._dormant
+
     def job_count(self) -> int:
         return len(self.jobs) + len(self._dormant)
 
