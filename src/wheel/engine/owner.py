@@ -545,6 +545,13 @@ class Owner:
         """Drop armed/due/buffered fires, each recorded as missed with ``reason``."""
         self.wheel.cancel((job.job_id << 2) | FIRE)
         fires = [d[0] for d in job.due if d[1] == 0] + list(job.buffered)
+        # The armed fire may already be past its nominal time (its jitter, or
+        # the loop not having woken yet): ``record_paused_fires`` on resume only
+        # covers fires after the pause, so it is recorded here.
+        armed = job.next_fire
+        while armed is not None and armed <= now_ms and len(fires) < self.config.max_missed_listed:
+            fires.append(armed)
+            armed = job.compiled.next_fire(armed)
         # Retries of fires already run keep their place; new fires are dropped.
         job.due = deque(d for d in job.due if d[1] > 0)
         job.buffered.clear()
