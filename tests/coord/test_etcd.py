@@ -13,11 +13,13 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import etcd3
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wheel.coord import (
+    MAX_EPOCH,
     SHARD_COUNT,
     Coordinator,
     EtcdCoordinator,
@@ -413,6 +415,33 @@ def test_an_etcd_outage_stops_dispatch_by_the_local_clock_and_nodes_recover(
             assert coord_threads_alive(nodes)
         finally:
             await stop_all(nodes)
+
+    run(body)
+
+
+@pytest.mark.etcd
+def test_epochs_continue_from_the_cluster_counter_and_stop_at_32_bits(etcd_server: Any) -> None:
+    host, port = etcd_server.endpoint.rsplit(":", 1)
+    client = etcd3.client(host=host, port=int(port), timeout=5)
+    for _ in range(50):  # the fixture returns on TCP accept; gRPC may lag
+        try:
+            client.put("/limits/epochs/5", str(MAX_EPOCH))
+            break
+        except etcd3.Etcd3Exception:
+            time.sleep(0.1)
+    client.put("/limits/epochs/6", "41")
+    client.close()
+
+    async def body() -> None:
+        node = make_node(etcd_server.endpoint, "solo", "limits")
+        await node.coord.start()
+        try:
+            await wait_until("all but shard 5", lambda: len(node.coord.owned()) == 255, 5)
+            assert 5 not in node.coord.owned() and not node.coord.may_dispatch(5)
+            assert node.coord.owned()[6] == 42
+            assert node.coord.owned()[7] == 1
+        finally:
+            await node.coord.stop()
 
     run(body)
 

@@ -30,8 +30,9 @@ Invariants:
    increments ``/C/epochs/{shard}`` in the same transaction, guarded by its
    mod_revision, and that key is never deleted. Epochs are small dense
    integers. The fence keeps them in 32 bits: 4 billion acquisitions of one
-   shard. Acquiring past that raises CoordinationError; the way out is a new
-   cluster name (fresh epochs) together with a store whose fences restart.
+   shard. A shard at the limit is logged and left unowned (the others carry
+   on); the way out is a new cluster name (fresh epochs) together with a store
+   whose fences restart.
 3. ``may_dispatch(s)`` is True only while ``s`` is owned and
    ``monotonic() < sent + ttl - safety_margin`` where ``sent`` is when the last
    successful keepalive (or the grant) was *sent*. etcd restarts the TTL when
@@ -544,7 +545,9 @@ class EtcdCoordinator:
     def _acquire(self, shard: int, lease_id: int, epoch: int, epoch_rev: int) -> int | None:
         """One acquisition transaction; the new epoch, or None if we lost a race."""
         if epoch + 1 > MAX_EPOCH:
-            raise CoordinationError(f"shard {shard} has exhausted its 32-bit epochs")
+            # Not retryable and not worth stopping the other shards for.
+            _log.error("shard %d has exhausted its 32-bit epochs; not acquiring it", shard)
+            return None
         client = self._client
         tx = client.transactions
         shard_key = f"{self._shards_prefix}{shard}"
