@@ -45,12 +45,19 @@ job id (FIRE), a run id (LEASE, TIMEOUT) or a retry sequence number (RETRY).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
 from wheel.engine.fairness import FairQueue, TokenBucket
-from wheel.engine.model import JobState, MissedReason, RunState, idempotency_key, shard_of
+from wheel.engine.model import (
+    SHARD_COUNT,
+    JobState,
+    MissedReason,
+    RunState,
+    idempotency_key,
+    shard_of,
+)
 from wheel.engine.policy import plan_catch_up, retry_delay_ms, should_retry
 from wheel.engine.records import (
     ClaimOutcome,
@@ -347,7 +354,8 @@ class Owner:
         # Jobs restored from a checkpoint, kept as their image until first
         # touched: a restart arms a million timers without parsing a million
         # specs (see ``load_images``).
-        self._dormant: dict[int, JobImage] = {}
+        self._dormant: dict[int, object] = {}
+        self._decode_image: Callable[[object], JobImage] | None = None
         # Jobs whose image changed since ``take_dirty`` (the node logs them).
         self.dirty: set[int] = set()
         self.runs: dict[int, _Run] = {}
@@ -390,8 +398,12 @@ class Owner:
             raise KeyError(job_id)
         return job
 
+    def _dormant_image(self, raw: object) -> JobImage:
+        assert self._decode_image is not None
+        return self._decode_image(raw)
+
     def _wake(self, job_id: int) -> _Job:
-        image = self._dormant.pop(job_id)
+        image = self._dormant_image(self._dormant.pop(job_id))
         spec = JobSpec.from_json(image.spec_json.decode())
         job = _Job(job_id, spec, self._compile(job_id, spec), image.spec_json)
         job.paused = image.paused
@@ -413,7 +425,7 @@ class Owner:
         """What a checkpoint keeps of a job (None: the job is gone)."""
         dormant = self._dormant.get(job_id)
         if dormant is not None:
-            return dormant
+            return self._dormant_image(dormant)
         job = self.jobs.get(job_id)
         if job is None:
             return None
@@ -431,18 +443,28 @@ class Owner:
     def job_ids(self) -> list[int]:
         return [*self.jobs, *self._dormant]
 
-    def load_images(self, images: dict[int, JobImage]) -> None:
-        """Restore jobs from a checkpoint: armed at the earliest fire not yet
-        claimed (``store_next``), specs parsed only when a job is touched."""
+    def load_images(
+        self,
+        images: Mapping[int, tuple[int | None, object]],
+        decode: Callable[[object], JobImage],
+    ) -> None:
+        """Restore jobs from a checkpoint: ``images`` maps a job id to (when its
+        earliest unclaimed fire is due, its image in the checkpoint's own
+        encoding). Each is armed now and decoded by ``decode`` only when the
+        job is first touched: a restart arms a million jobs without parsing
+        a million specs."""
+        self._decode_image = decode
+        owns_all = len(self._epochs) == SHARD_COUNT
         ids: list[int] = []
         deadlines: list[int] = []
-        for job_id, image in images.items():
-            if not self.owns(job_id):
+        dormant = self._dormant
+        for job_id, (due_at, raw) in images.items():
+            if not owns_all and not self.owns(job_id):
                 continue
-            self._dormant[job_id] = image
-            if image.due_at is not None:
+            dormant[job_id] = raw
+            if due_at is not None:
                 ids.append((job_id << 2) | FIRE)
-                deadlines.append(image.due_at)
+                deadlines.append(due_at)
         self.wheel.add_many(ids, deadlines)
 
     def _next_fence(self, shard: int) -> int:
@@ -634,6 +656,10 @@ class Owner:
             fires = [fire]
             if nxt is not None and nxt <= now_ms:
                 fires += compiled.fires_between(fire, now_ms, self.config.max_missed_listed)
+                # A fire whose nominal time passed but whose jittered time has
+                # not is not late: it stays armed, or it would run early.
+                if len(fires) > 1 and compiled.jittered(fires[-1]) > now_ms:
+                    fires.pop()
                 nxt = compiled.next_fire(fires[-1])
             plan = plan_catch_up(job.spec.catch_up, fires, now_ms)
             for f, reason in plan.missed:
