@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -60,6 +61,7 @@ class EtcdServer:
         self.peer_port = free_port()
         self.data_dir = data_dir
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
@@ -72,6 +74,7 @@ class EtcdServer:
             raise AssertionError("unreachable")
         client = f"http://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
+        self._log = open(self.data_dir.parent / "etcd.log", "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [
                 binary,
@@ -85,7 +88,7 @@ class EtcdServer:
                 "--initial-cluster-state=new",
             ],
             stdout=subprocess.DEVNULL,
-            stderr=open(self.data_dir.parent / "etcd.log", "ab"),  # noqa: SIM115
+            stderr=self._log,
         )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -106,6 +109,9 @@ class EtcdServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from wheel.checkpoint.owner_state import recover_state
+from wheel.checkpoint.owner_state import decode_image, recover_state
 from wheel.checkpoint.wal import Checkpoint
 from wheel.engine.owner import Effects, Owner, OwnerConfig
 from wheel.engine.records import JobRecord
@@ -68,7 +68,7 @@ def restore_owner(
             log.error("checkpoint unusable, rebuilding from the store: %s", exc)
             checkpoint.reset()
     if state is not None:
-        owner.load_images(state.images)
+        owner.load_images(state.images, decode_image)
         watermark = state.watermark
         while True:
             changed, new_watermark = store.changes_since(watermark, shards, CHANGES_PAGE)

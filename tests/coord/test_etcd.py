@@ -28,11 +28,6 @@ from wheel.coord import (
 )
 from wheel.errors import CoordinationError
 
-# tests/conftest.py's EtcdServer.start leaves its etcd.log handle to the garbage
-# collector; that ResourceWarning is the fixture's, not the coordinator's.
-pytestmark = pytest.mark.filterwarnings(
-    r"ignore:Exception ignored in.*etcd\.log:pytest.PytestUnraisableExceptionWarning"
-)
 
 TTL = 2
 MARGIN = 0.5

@@ -61,16 +61,30 @@ def encode_watermark(watermark: int) -> bytes:
 
 @dataclass(slots=True)
 class OwnerState:
-    """What a checkpoint restores: job images and the store watermark."""
+    """What a checkpoint restores: for each job, when its earliest unclaimed
+    fire is due and its encoded image (decoded lazily by ``decode_image``),
+    and the store watermark."""
 
-    images: dict[int, JobImage] = field(default_factory=dict)
+    images: dict[int, tuple[int | None, bytes]] = field(default_factory=dict)
     watermark: int = 0
+
+
+def decode_image(raw: object) -> JobImage:
+    """A job image from its record (the owner calls this when it wakes a job)."""
+    assert isinstance(raw, bytes)
+    _, _job_id, paused, store_next, due_at, n = _JOB.unpack_from(raw, 0)
+    return JobImage(
+        spec_json=raw[_JOB.size : _JOB.size + n],
+        paused=bool(paused),
+        store_next=None if store_next == _NONE else store_next,
+        due_at=None if due_at == _NONE else due_at,
+    )
 
 
 def apply_records(state: OwnerState, data: bytes, *, concatenated: bool) -> None:
     """Apply one record, or a snapshot chunk of records laid end to end."""
     images = state.images
-    mv = memoryview(data)
+    mv = data  # bytes: indexing and slicing bytes is cheaper than a memoryview
     end = len(mv)
     pos = 0
     job_size = _JOB.size
@@ -79,17 +93,12 @@ def apply_records(state: OwnerState, data: bytes, *, concatenated: bool) -> None
         while pos < end:
             kind = mv[pos]
             if kind == KIND_JOB:
-                _, job_id, paused, store_next, due_at, n = unpack_job(mv, pos)
-                pos += job_size
-                if pos + n > end:
+                _, job_id, _paused, _store_next, due_at, n = unpack_job(mv, pos)
+                stop = pos + job_size + n
+                if stop > end:
                     raise CheckpointError("job image runs past the end of its record")
-                images[job_id] = JobImage(
-                    spec_json=bytes(mv[pos : pos + n]),
-                    paused=bool(paused),
-                    store_next=None if store_next == _NONE else store_next,
-                    due_at=None if due_at == _NONE else due_at,
-                )
-                pos += n
+                images[job_id] = (None if due_at == _NONE else due_at, mv[pos:stop])
+                pos = stop
             elif kind == KIND_GONE:
                 images.pop(_GONE.unpack_from(mv, pos)[1], None)
                 pos += _GONE.size
