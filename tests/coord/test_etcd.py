@@ -28,7 +28,6 @@ from wheel.coord import (
 )
 from wheel.errors import CoordinationError
 
-
 TTL = 2
 MARGIN = 0.5
 ALL = frozenset(range(SHARD_COUNT))
