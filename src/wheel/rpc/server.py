@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from wheel.engine.model import JobState
 from wheel.engine.owner import Effects, Outcome
 from wheel.engine.schedule import compile_schedule
-from wheel.engine.spec import DEFAULT_LIMITS
+from wheel.engine.spec import DEFAULT_LIMITS, Cron, Interval, JobSpec, Once
 from wheel.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -110,7 +110,9 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
                 raise LimitExceeded(
                     "idempotency_key", f"longer than {MAX_IDEMPOTENCY_KEY} characters"
                 )
-            spec = convert.spec_from_proto(request.spec, now_ms=self.node.clock.now_ms())
+            now = self.node.clock.now_ms()
+            spec = convert.spec_from_proto(request.spec, now_ms=now)
+            _check_horizon(spec, now)
             record, created = await self.node.submit(spec, request.idempotency_key or None)
             return job_service_pb2.SubmitJobResponse(
                 job=convert.job_to_proto(
@@ -131,9 +133,8 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
             if not 0 <= request.recent_runs <= MAX_NEXT_FIRES:
                 raise InvalidArgument("recent_runs", f"must be within [0, {MAX_NEXT_FIRES}]")
             record = await self.node.get_job(job_id)
-            runs = await self.node._api(
-                self.node.store.list_runs, job_id, None, request.recent_runs or 10
-            )
+            store, limit = self.node.store, request.recent_runs or 10
+            runs = await self.node._api(lambda: store.list_runs(job_id, limit=limit))
             return convert.job_to_proto(
                 record,
                 next_fires_ms=self.node.next_fires(job_id, request.next_fires or 5),
@@ -207,6 +208,8 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
     ) -> job_service_pb2.BackfillJobResponse:
         async def work() -> job_service_pb2.BackfillJobResponse:
             job_id = _job_id(request.job_id)
+            if request.from_ms < 0:
+                raise InvalidArgument("from_ms", f"{request.from_ms} is before the epoch")
             if request.to_ms <= request.from_ms:
                 raise InvalidArgument("to_ms", "must be after from_ms")
             now = self.node.clock.now_ms()
@@ -240,6 +243,9 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
             node = self.node
             await node.get_job(job_id)  # NOT_FOUND for unknown ids
 
+            if not wanted.missed:
+                before_missed = 0
+
             def query() -> tuple[list[Any], list[Any]]:
                 runs = (
                     node.store.list_runs(job_id, before_run_id=before_run, limit=size)
@@ -248,34 +254,36 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
                 )
                 missed = (
                     node.store.list_missed(job_id, before_scheduled_for=before_missed, limit=size)
-                    if wanted.missed and before_missed != 0
+                    if before_missed != 0
                     else []
                 )
                 return runs, missed
 
             runs, missed = await node._api(query)
-            merged: list[tuple[int, int, jobs_pb2.Run, str]] = [
-                (r.scheduled_for, r.run_id, convert.run_to_proto(r), "r") for r in runs
-            ]
-            merged += [(m.scheduled_for, 0, convert.missed_to_proto(m), "m") for m in missed]
-            merged.sort(key=lambda t: (t[0], t[1]), reverse=True)
-            page = merged[:size]
-            next_run, next_missed = before_run, before_missed
-            for sf, run_id, _, kind in page:
-                if kind == "r":
-                    next_run = run_id
+            # Merge the two newest-first streams without reordering either, so
+            # each cursor only ever passes items that were on a page: runs are
+            # paged by run id, missed fires by fire time.
+            page: list[jobs_pb2.Run] = []
+            i = j = 0
+            while len(page) < size and (i < len(runs) or j < len(missed)):
+                if j >= len(missed) or (
+                    i < len(runs) and runs[i].scheduled_for >= missed[j].scheduled_for
+                ):
+                    page.append(convert.run_to_proto(runs[i]))
+                    i += 1
                 else:
-                    next_missed = sf
-            more = len(merged) > size or len(runs) == size or len(missed) == size
-            # Exhausted sources get 0 so the next page does not read them again.
-            if len(runs) < size and all(k != "r" for *_, k in merged[size:]):
-                next_run = 0
-            if len(missed) < size and all(k != "m" for *_, k in merged[size:]):
-                next_missed = 0
-            token = (
-                f"{next_run or 0}:{next_missed or 0}" if more and (next_run or next_missed) else ""
+                    page.append(convert.missed_to_proto(missed[j]))
+                    j += 1
+            # A source read to its end (fewer than a page) is exhausted: 0.
+            next_run = 0 if i == len(runs) < size else (runs[i - 1].run_id if i else before_run)
+            next_missed = (
+                0
+                if j == len(missed) < size
+                else (missed[j - 1].scheduled_for if j else before_missed)
             )
-            out = [p for _, _, p, _ in page if p.state in _proto_states(wanted)]
+            token = f"{_cursor(next_run)}:{_cursor(next_missed)}" if next_run or next_missed else ""
+            states = _proto_states(wanted)
+            out = [p for p in page if p.state in states]
             return job_service_pb2.ListRunsResponse(runs=out, next_page_token=token)
 
         return await _call(context, work())
@@ -286,6 +294,25 @@ def _proto_states(wanted: convert.RunFilter) -> set[int]:
     if wanted.missed:
         states.add(jobs_pb2.RUN_STATE_MISSED)
     return states
+
+
+_HORIZON_FIELD = {
+    Once: "spec.schedule.once.at_ms",
+    Interval: "spec.schedule.interval.start_at_ms",
+    Cron: "spec.schedule.cron.expr",
+}
+
+
+def _check_horizon(spec: JobSpec, now_ms: int) -> None:
+    """A schedule whose first fire is further ahead than the horizon is a
+    mistake (seconds for milliseconds, a wrong year), not a job to keep."""
+    limit = DEFAULT_LIMITS.max_horizon_ms
+    first = compile_schedule(spec.schedule, jitter_ms=0, job_id=0).next_fire(now_ms - 1)
+    if first is not None and first - now_ms > limit:
+        raise LimitExceeded(
+            _HORIZON_FIELD[type(spec.schedule)],
+            f"first fire {first} is more than the schedule horizon of {limit} ms ahead",
+        )
 
 
 def _token_int(token: str, field: str) -> int:
@@ -300,15 +327,23 @@ def _token_int(token: str, field: str) -> int:
     return value
 
 
+def _cursor(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
 def _runs_token(token: str) -> tuple[int | None, int | None]:
-    """(before_run_id, before_missed_sf); None = from the newest; 0 = exhausted."""
+    """(before_run_id, before_missed_sf) from "RUN:MISSED"; an empty part (None)
+    means from the newest, 0 means that source is exhausted."""
     if not token:
         return None, None
     try:
         a, b = token.split(":")
-        return int(a), int(b)
+        before_run, before_missed = (int(a) if a else None), (int(b) if b else None)
     except ValueError:
         raise InvalidArgument("page_token", "is not a token this server issued") from None
+    if (before_run or 0) < 0 or (before_missed or 0) < 0:
+        raise InvalidArgument("page_token", "is not a token this server issued")
+    return before_run, before_missed
 
 
 class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
