@@ -1,13 +1,132 @@
-"""Handlers the end-to-end tests' worker processes run."""
+"""Handlers the end-to-end tests' worker processes run, and a worker entry point
+with test-friendly reconnect timing (``python -m e2e_handlers --target ...``)."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
 import os
+import signal
+import sqlite3
+import time
+from typing import Any
 
-from wheel.worker import RunContext
+from wheel.worker import Permanent, Retryable, RunContext, Worker
 
 
 def record(ctx: RunContext) -> None:
     """Append the run to the file named by WHEEL_E2E_OUT (one line per run)."""
     with open(os.environ["WHEEL_E2E_OUT"], "a") as f:
         f.write(f"{ctx.idempotency_key} {ctx.attempt} {ctx.fence} {ctx.run_id}\n")
+
+
+def _event(ctx: RunContext, event: str, **extra: Any) -> None:
+    """One JSON line per event in WHEEL_E2E_OUT + '.events' (a single O_APPEND
+    write, so lines from concurrent threads and processes never interleave)."""
+    line = json.dumps(
+        {
+            "event": event,
+            "job": ctx.job_id,
+            "run": ctx.run_id,
+            "attempt": ctx.attempt,
+            "fence": ctx.fence,
+            "key": ctx.idempotency_key,
+            "scheduled_for": ctx.scheduled_for_ms,
+            "pid": os.getpid(),
+            "t": time.time(),
+            **extra,
+        }
+    )
+    fd = os.open(os.environ["WHEEL_E2E_OUT"] + ".events", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _fenced_write(ctx: RunContext) -> bool:
+    """The protected resource of seed deep dive B: a conditional write keyed by the
+    fire's idempotency key that only a fence at least as new as the last one wins."""
+    db = sqlite3.connect(os.environ["WHEEL_E2E_OUT"] + ".resource.db", timeout=10)
+    try:
+        with db:
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS resource"
+                " (key TEXT PRIMARY KEY, fence INTEGER NOT NULL, run INTEGER NOT NULL)"
+            )
+            cur = db.execute(
+                "INSERT INTO resource (key, fence, run) VALUES (?, ?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET fence = excluded.fence, run = excluded.run"
+                " WHERE excluded.fence >= resource.fence",
+                (ctx.idempotency_key, ctx.fence, ctx.run_id),
+            )
+            return cur.rowcount == 1
+    finally:
+        db.close()
+
+
+def scripted(ctx: RunContext) -> None:
+    """Behaviour chosen by the JSON payload, every step logged as an event:
+
+    ``sleep_s``: seconds to sleep, a number or a list indexed by attempt;
+    ``fail``: attempts before this one fail (retryable);
+    ``permanent``: fail for good;
+    ``fenced``: finish with a fenced write to the shared resource.
+    """
+    opts: dict[str, Any] = json.loads(ctx.payload or b"{}")
+    _event(ctx, "start")
+    sleep = opts.get("sleep_s", 0)
+    if isinstance(sleep, list):
+        sleep = sleep[ctx.attempt] if ctx.attempt < len(sleep) else 0
+    if sleep:
+        time.sleep(sleep)
+    if opts.get("permanent"):
+        _event(ctx, "end", outcome="permanent")
+        raise Permanent("scripted permanent failure")
+    if ctx.attempt < int(opts.get("fail", 0)):
+        _event(ctx, "end", outcome="retryable")
+        raise Retryable(f"scripted failure of attempt {ctx.attempt}")
+    if opts.get("fenced"):
+        won = _fenced_write(ctx)
+        _event(ctx, "fenced_write", accepted=won)
+    _event(ctx, "end", outcome="succeeded")
+
+
+def events(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The events written so far by ``scripted`` for this output file."""
+    try:
+        with open(f"{os.fspath(out)}.events") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--target", required=True)
+    p.add_argument("--worker-id", required=True)
+    p.add_argument("--pool", default="default")
+    p.add_argument("--capacity", type=int, default=8)
+    ns = p.parse_args()
+    worker = Worker(
+        ns.target,
+        worker_id=ns.worker_id,
+        capacity=ns.capacity,
+        pools=[ns.pool],
+        reconnect_initial=0.05,
+        reconnect_max=0.3,
+    )
+    worker.register("record", record)
+    worker.register("scripted", scripted)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, worker.stop)
+        await worker.run()
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()
