@@ -997,6 +997,13 @@ class Owner:
                 )
                 self.stats.superseded_completions += 1
                 continue
+            if run.fence == fence and run.worker_id is None:
+                # A run restored after a restart, completed by the worker that
+                # still ran it before its first heartbeat on the new stream
+                # (the SDK re-sends completions first): adopt it, as a
+                # heartbeat would. Rejecting it let the lease expire and re-ran
+                # a fire that had succeeded.
+                run.worker_id = worker_id
             if run.fence != fence or run.worker_id != worker_id:
                 fx.results.setdefault(worker_id, []).append(
                     CompletionResult(
