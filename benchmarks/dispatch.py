@@ -477,6 +477,8 @@ def find_max(
             rate = round((lo * hi) ** 0.5) if lo else hi / 2
     out = dict(best) if best else {"system": system, "store": cfg.store}
     out["max_sustained_per_s"] = lo
+    # No step failed inside the time bound: the figure is a floor, not the ceiling.
+    out["max_is_lower_bound"] = hi == float("inf")
     out["find_max_steps"] = steps
     out["step_duration_s"] = cfg.duration_s
     return out
@@ -545,7 +547,11 @@ def write_results(
                 f"{s['rate']:g}/s p99={s['lag_p99_ms']:.0f}ms{'' if s['ok'] else ' FAIL'}"
                 for s in m.get("find_max_steps", [])
             )
-            lines.append(f"- {m['system']}/{m['store']}: {steps}")
+            floor = " (no step failed within the time bound: a lower bound)"
+            lines.append(
+                f"- {m['system']}/{m['store']}: {steps}"
+                + (floor if m.get("max_is_lower_bound") else "")
+            )
         lines.append("")
     if plots:
         lines += ["## Plots", ""]
