@@ -280,7 +280,7 @@ class _Run:
 
 
 class _Worker:
-    __slots__ = ("capacity", "draining", "held", "pools", "reserved", "worker_id")
+    __slots__ = ("capacity", "draining", "held", "pools", "reserved", "silent", "worker_id")
 
     def __init__(self, worker_id: str, capacity: int, pools: frozenset[str]) -> None:
         self.worker_id = worker_id
@@ -289,10 +289,13 @@ class _Worker:
         self.held: set[int] = set()
         self.reserved = 0
         self.draining = False
+        # Let a lease it held expire (stopped, partitioned, not acking): no new
+        # work until it sends something again.
+        self.silent = False
 
     @property
     def free(self) -> int:
-        if self.draining:
+        if self.draining or self.silent:
             return 0
         return self.capacity - len(self.held) - self.reserved
 
@@ -904,9 +907,15 @@ class Owner:
         if w is not None:
             w.draining = True
 
+    def _heard_from(self, worker_id: str) -> None:
+        w = self.workers.get(worker_id)
+        if w is not None:
+            w.silent = False
+
     def worker_credit(self, worker_id: str, add: int, now_ms: int, fx: Effects) -> None:
         w = self.workers.get(worker_id)
         if w is not None:
+            w.silent = False
             w.capacity = max(0, w.capacity + add)
             self._dispatch(now_ms, fx)
 
@@ -942,6 +951,7 @@ class Owner:
     def worker_ack(
         self, worker_id: str, refs: Sequence[tuple[int, int]], now_ms: int, fx: Effects
     ) -> None:
+        self._heard_from(worker_id)
         for run_id, fence in refs:
             run = self._held_run(worker_id, run_id, fence, fx, "ack")
             if run is None:
@@ -957,6 +967,7 @@ class Owner:
         self, worker_id: str, refs: Sequence[tuple[int, int]], now_ms: int, fx: Effects
     ) -> None:
         """One stream-level heartbeat renews every run the worker holds."""
+        self._heard_from(worker_id)
         worker = self.workers.get(worker_id)
         rejected: list[tuple[int, int]] = []
         deadline = now_ms + self.config.lease_ms
@@ -986,6 +997,7 @@ class Owner:
         now_ms: int,
         fx: Effects,
     ) -> None:
+        self._heard_from(worker_id)
         for run_id, fence, outcome, error in completions:
             run = self.runs.get(run_id)
             if run is None or run.phase is Phase.ENDING:
@@ -1161,6 +1173,11 @@ class Owner:
         self.stats.lost_leases += 1
         job = self._job(run.job_id)
         if run.worker_id is not None:
+            holder = self.workers.get(run.worker_id)
+            if holder is not None:
+                # Its stream is up but it did not renew: do not hand the
+                # re-dispatch (or anything else) straight back to it.
+                holder.silent = True
             self._revoke(run, RevokeReason.LEASE_EXPIRED, fx)
         if job is not None and job.spec.side_effect is SideEffect.AT_MOST_ONCE:
             fx.alerts.append(
