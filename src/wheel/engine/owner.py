@@ -933,6 +933,13 @@ class Owner:
         self, worker_id: str, run_id: int, fence: int, fx: Effects, what: str
     ) -> _Run | None:
         run = self.runs.get(run_id)
+        if run is not None and run.worker_id is None and run.fence == fence:
+            # Restored after a restart and not adopted yet: the worker that
+            # still holds it takes it back, as with a heartbeat.
+            run.worker_id = worker_id
+            worker = self.workers.get(worker_id)
+            if worker is not None:
+                worker.held.add(run_id)
         if run is None or run.phase is Phase.ENDING:
             reason = "run not held by this node (unknown or finished)"
         elif run.fence != fence:
