@@ -547,9 +547,14 @@ class Owner:
     def _drop_job(self, job: _Job, *, cancelled: bool, fx: Effects) -> None:
         self.wheel.cancel((job.job_id << 2) | FIRE)
         job.next_fire = None
-        job.due.clear()
         job.buffered.clear()
-        job.paused = True
+        if cancelled:
+            job.due.clear()
+            job.paused = True
+        else:
+            # Completed (a one-shot is, once its fire is claimed): the schedule
+            # is over, but that fire's retries and re-dispatches must still run.
+            job.due = deque(d for d in job.due if not d[2])
         if cancelled:
             for run in list(self.runs.values()):
                 if run.job_id == job.job_id and run.phase in (
@@ -560,7 +565,7 @@ class Owner:
                     self._end_run(run, RunState.CANCELLED, "job cancelled", fx)
                     if run.worker_id is not None:
                         self._revoke(run, RevokeReason.CANCELLED, fx)
-        if job.inflight <= 0:
+        if job.inflight <= 0 and not job.due:
             del self.jobs[job.job_id]
             self.dirty.add(job.job_id)
 
@@ -683,7 +688,14 @@ class Owner:
             # applies to the batch as a whole, not between its fires.
             if plan.run:
                 self._admit(job, plan.run[0], now_ms, overdue=True, fx=fx)
-                job.due.extend((f, 0, True) for f in plan.run[1:])
+                if job.buffered and job.buffered[-1] == plan.run[0]:
+                    # The batch waits behind the running run as a whole, in
+                    # fire order: queued ahead of its first fire, the rest
+                    # would be claimed first and the first one's claim would
+                    # move the schedule backwards (invariant 3).
+                    job.buffered.extend(plan.run[1:])
+                else:
+                    job.due.extend((f, 0, True) for f in plan.run[1:])
         else:
             self._arm(job, nxt)
             self._admit(job, fire, now_ms, overdue=False, fx=fx)
