@@ -1,0 +1,1437 @@
+"""A deterministic simulation of one node driving the shard owner.
+
+Everything the owner talks to is simulated on one clock: an in-memory
+reference store that keeps the ``Store`` contract of ``wheel.store.base``
+(claims insert-or-nothing with a schedule CAS where the insert won, fenced
+completions, ``advance_schedules`` CAS, deduplicated missed fires,
+``load_shards``), workers with capacity that ack, heartbeat and complete after
+random delays and sometimes crash, freeze past their lease (a GC pause) and
+then complete with their old fence, or ack past the grace lease; node restarts
+(a new owner built from the store with bumped epochs, as ``Node.start`` does),
+some of them between a store write and its answer; and the job API (submit,
+pause, resume, cancel, trigger, backfill) as ``wheel.node.Node`` implements it.
+
+The owner is driven like the node drives it: ``advance(now)``, then the store
+writes in the order completions, missed, advances, claims, starts, then
+``on_completed`` and ``on_claimed`` with the store's answers, then messages.
+
+``check(sim)`` verifies the design's promises over the whole recorded history
+and returns the violations it found. One ``random.Random(seed)`` drives it all,
+so a seed replays a run exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+from wheel.engine.model import (
+    SHARD_COUNT,
+    TERMINAL_RUN_STATES,
+    JobState,
+    MissedReason,
+    RunState,
+    idempotency_key,
+    shard_of,
+)
+from wheel.engine.owner import (
+    Assignment,
+    CompletionResult,
+    Effects,
+    Outcome,
+    Owner,
+    OwnerConfig,
+)
+from wheel.engine.records import (
+    ClaimOutcome,
+    Completion,
+    CompletionOutcome,
+    ExecutionRecord,
+    FireClaim,
+    JobRecord,
+    MissedFire,
+    RunStart,
+    ScheduleAdvance,
+    ShardLoad,
+)
+from wheel.engine.schedule import CompiledSchedule, compile_schedule
+from wheel.engine.spec import (
+    CatchUp,
+    CatchUpMode,
+    Cron,
+    DstFold,
+    DstGap,
+    Interval,
+    IntervalMode,
+    JobSpec,
+    Once,
+    Overlap,
+    OverlapPolicy,
+    Retry,
+    SideEffect,
+)
+from wheel.recovery import restore_owner
+
+SEC = 1_000
+MIN = 60 * SEC
+HOUR = 60 * MIN
+DAY = 24 * HOUR
+# 2026-03-07 00:00 UTC: the first simulated days cross the US spring-forward.
+T0 = 1_772_841_600_000
+INFLIGHT = (RunState.DISPATCHED, RunState.RUNNING)
+
+
+# -- the reference store ------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _JobRow:
+    job_id: int
+    spec: JobSpec
+    state: JobState
+    next_run_at: int | None
+    created_at_ms: int
+    updated_at_ms: int
+
+    def record(self) -> JobRecord:
+        return JobRecord(
+            job_id=self.job_id,
+            shard=shard_of(self.job_id),
+            spec=self.spec,
+            state=self.state,
+            next_run_at=self.next_run_at,
+            created_at_ms=self.created_at_ms,
+            updated_at_ms=self.updated_at_ms,
+        )
+
+
+@dataclass(slots=True)
+class _ExecRow:
+    run_id: int
+    job_id: int
+    scheduled_for: int
+    attempt: int
+    state: RunState
+    fence: int
+    worker_id: str | None
+    dispatched_at_ms: int
+    started_at_ms: int | None = None
+    finished_at_ms: int | None = None
+    error: str | None = None
+
+    def record(self) -> ExecutionRecord:
+        return ExecutionRecord(
+            run_id=self.run_id,
+            job_id=self.job_id,
+            scheduled_for=self.scheduled_for,
+            attempt=self.attempt,
+            state=self.state,
+            fence=self.fence,
+            worker_id=self.worker_id,
+            dispatched_at_ms=self.dispatched_at_ms,
+            started_at_ms=self.started_at_ms,
+            finished_at_ms=self.finished_at_ms,
+            error=self.error,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppliedCompletion:
+    at_ms: int
+    seq: int  # position in the store's write order
+    run_id: int
+    fence: int
+    state: RunState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleMove:
+    at_ms: int
+    job_id: int
+    old: int | None
+    new: int | None
+    by: str  # "claim" or "advance"
+
+
+class RefStore:
+    """The ``Store`` contract's semantics in memory, with a log for the checker.
+
+    ``now_ms`` is set by the simulation before each call (the real stores
+    stamp some columns with their own clock).
+    """
+
+    def __init__(self) -> None:
+        self.now_ms = 0
+        self.jobs: dict[int, _JobRow] = {}
+        self.execs: dict[int, _ExecRow] = {}
+        self.by_attempt: dict[tuple[int, int, int], int] = {}
+        self.fire_fences: dict[tuple[int, int], list[int]] = defaultdict(list)
+        self.missed: dict[tuple[int, int], MissedFire] = {}
+        self.epochs: dict[int, int] = {}
+        self._next_job = 1
+        self._next_run = 1
+        # History for the checker.
+        self.seq = 0
+        # (time, write order, claim, run_id or None when the insert lost)
+        self.claims_log: list[tuple[int, int, FireClaim, int | None]] = []
+        self.applied: list[AppliedCompletion] = []
+        self.moves: list[ScheduleMove] = []
+
+    # -- jobs ---------------------------------------------------------------------
+
+    def submit_job(self, spec: JobSpec, now_ms: int, next_run_at: int | None) -> JobRecord:
+        job_id = self._next_job
+        self._next_job += 1
+        row = _JobRow(job_id, spec, JobState.ACTIVE, next_run_at, now_ms, now_ms)
+        self.jobs[job_id] = row
+        return row.record()
+
+    def get_job(self, job_id: int) -> JobRecord:
+        return self.jobs[job_id].record()
+
+    def set_job_state(
+        self, job_id: int, state: JobState, *, next_run_at: int | None, now_ms: int
+    ) -> JobRecord:
+        row = self.jobs[job_id]
+        row.state, row.next_run_at, row.updated_at_ms = state, next_run_at, now_ms
+        return row.record()
+
+    def _cas(self, job_id: int, expected: int | None, new: int | None, by: str) -> bool:
+        row = self.jobs.get(job_id)
+        if row is None or row.next_run_at != expected:
+            return False
+        self.moves.append(
+            ScheduleMove(at_ms=self.now_ms, job_id=job_id, old=expected, new=new, by=by)
+        )
+        row.next_run_at = new
+        return True
+
+    # -- executions ---------------------------------------------------------------
+
+    def claim_fires(self, claims: Sequence[FireClaim]) -> list[ClaimOutcome]:
+        out: list[ClaimOutcome] = []
+        for c in claims:
+            key = (c.job_id, c.scheduled_for, c.attempt)
+            if key in self.by_attempt:
+                self.seq += 1
+                self.claims_log.append((self.now_ms, self.seq, c, None))
+                out.append(ClaimOutcome(claim=c, run_id=None, advanced=False))
+                continue
+            run_id = self._next_run
+            self._next_run += 1
+            self.by_attempt[key] = run_id
+            self.execs[run_id] = _ExecRow(
+                run_id,
+                c.job_id,
+                c.scheduled_for,
+                c.attempt,
+                RunState.DISPATCHED,
+                c.fence,
+                None,
+                c.dispatched_at_ms,
+            )
+            self.fire_fences[(c.job_id, c.scheduled_for)].append(c.fence)
+            self.seq += 1
+            self.claims_log.append((self.now_ms, self.seq, c, run_id))
+            advanced = False
+            if c.advance:
+                advanced = self._cas(c.job_id, c.expected_next_run_at, c.new_next_run_at, "claim")
+                row = self.jobs.get(c.job_id)
+                if advanced and row is not None:
+                    row.updated_at_ms = max(row.updated_at_ms, c.dispatched_at_ms)
+                    if (
+                        c.new_next_run_at is None
+                        and isinstance(row.spec.schedule, Once)
+                        and row.state is JobState.ACTIVE
+                    ):
+                        row.state = JobState.COMPLETED
+            out.append(ClaimOutcome(claim=c, run_id=run_id, advanced=advanced))
+        return out
+
+    def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
+        out = []
+        for a in advances:
+            ok = self._cas(a.job_id, a.expected_next_run_at, a.new_next_run_at, "advance")
+            if ok:
+                self.jobs[a.job_id].updated_at_ms = self.now_ms
+            out.append(ok)
+        return out
+
+    def mark_running(self, starts: Sequence[RunStart]) -> list[bool]:
+        out = []
+        for s in starts:
+            ex = self.execs.get(s.run_id)
+            ok = ex is not None and ex.fence == s.fence and ex.state is RunState.DISPATCHED
+            if ok and ex is not None:
+                ex.state, ex.worker_id, ex.started_at_ms = (
+                    RunState.RUNNING,
+                    s.worker_id,
+                    s.started_at_ms,
+                )
+            out.append(ok)
+        return out
+
+    def complete_runs(self, completions: Sequence[Completion]) -> list[CompletionOutcome]:
+        out = []
+        for c in completions:
+            if c.state not in TERMINAL_RUN_STATES:
+                raise AssertionError(f"completion with non-terminal state {c.state}")
+            ex = self.execs.get(c.run_id)
+            ok = (
+                ex is not None
+                and ex.state in INFLIGHT
+                and ex.fence == c.fence
+                and max(self.fire_fences[(ex.job_id, ex.scheduled_for)]) <= c.fence
+            )
+            if ok and ex is not None:
+                ex.state, ex.finished_at_ms, ex.error = c.state, c.finished_at_ms, c.error
+                if c.worker_id is not None:
+                    ex.worker_id = c.worker_id
+                self.seq += 1
+                self.applied.append(
+                    AppliedCompletion(
+                        at_ms=self.now_ms,
+                        seq=self.seq,
+                        run_id=c.run_id,
+                        fence=c.fence,
+                        state=c.state,
+                    )
+                )
+            out.append(CompletionOutcome(run_id=c.run_id, applied=ok))
+        return out
+
+    def record_missed(self, missed: Sequence[MissedFire]) -> None:
+        for m in missed:
+            self.missed.setdefault((m.job_id, m.scheduled_for), m)
+
+    def fires_exist(self, job_id: int, scheduled_for: Sequence[int]) -> set[int]:
+        return {
+            f
+            for f in scheduled_for
+            if (job_id, f) in self.fire_fences or (job_id, f) in self.missed
+        }
+
+    # -- ownership ----------------------------------------------------------------
+
+    def acquire_epochs(self, shards: Iterable[int]) -> dict[int, int]:
+        for s in shards:
+            self.epochs[s] = self.epochs.get(s, 0) + 1
+        return dict(self.epochs)
+
+    def inflight_runs(self, shards: Iterable[int]) -> list[ExecutionRecord]:
+        wanted = set(shards)
+        return [
+            e.record()
+            for e in sorted(self.execs.values(), key=lambda e: e.run_id)
+            if e.state in INFLIGHT and shard_of(e.job_id) in wanted
+        ]
+
+    def retry_candidates(self, shards: Iterable[int]) -> list[ExecutionRecord]:
+        wanted = set(shards)
+        latest: dict[tuple[int, int], _ExecRow] = {}
+        for e in self.execs.values():
+            key = (e.job_id, e.scheduled_for)
+            if shard_of(e.job_id) in wanted and (
+                key not in latest or e.attempt > latest[key].attempt
+            ):
+                latest[key] = e
+        return [
+            e.record()
+            for e in sorted(latest.values(), key=lambda e: e.run_id)
+            if e.state in (RunState.FAILED, RunState.LOST, RunState.TIMED_OUT)
+            and self.jobs[e.job_id].state is not JobState.CANCELLED
+        ]
+
+    def changes_since(
+        self, watermark: int, shards: Iterable[int], limit: int = 10_000
+    ) -> tuple[list[JobRecord], int]:
+        raise AssertionError("the simulation restarts from the store, never from a checkpoint")
+
+    def load_shards(self, shards: Iterable[int]) -> ShardLoad:
+        wanted = set(shards)
+        return ShardLoad(
+            jobs=[
+                r.record()
+                for r in sorted(self.jobs.values(), key=lambda r: r.job_id)
+                if r.state in (JobState.ACTIVE, JobState.PAUSED) and shard_of(r.job_id) in wanted
+            ],
+            inflight=[
+                e.record()
+                for e in sorted(self.execs.values(), key=lambda e: e.run_id)
+                if e.state in INFLIGHT and shard_of(e.job_id) in wanted
+            ],
+            watermark=0,
+        )
+
+
+# -- workers ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _WRun:
+    run_id: int
+    fence: int
+    job_id: int
+    scheduled_for: int
+    attempt: int
+    outcome: Outcome
+    duration_ms: int
+
+
+class SimWorker:
+    """A worker process: one lease stream to the node, handlers as timers."""
+
+    def __init__(self, sim: Sim, worker_id: str, capacity: int, pools: tuple[str, ...]) -> None:
+        self.sim = sim
+        self.worker_id = worker_id
+        self.capacity = capacity
+        self.pools = pools
+        self.token: int | None = None  # the current stream
+        self.gen = 0  # bumped by a crash: timers of the old process die
+        self.runs: dict[int, _WRun] = {}
+        self.unconfirmed: dict[int, tuple[int, int, Outcome, str]] = {}
+        self.frozen_until = 0
+        self.inbox: list[Callable[[], None]] = []
+        self.down = False
+
+    # -- the stream -------------------------------------------------------------------
+
+    def connect(self) -> None:
+        sim = self.sim
+        if self.down or self.token is not None:
+            return
+        if not sim.node_up():
+            sim.at(sim.now + sim.rng.randint(500, 2_000), self._gen_guard(self.connect))
+            return
+        self.token = sim.attach(self)
+        # SDK rule 4: unconfirmed completions first, then the heartbeat.
+        resend = list(self.unconfirmed.values())
+        if resend:
+            self.send("complete", resend)
+        self.heartbeat_now()
+
+    def stream_lost(self) -> None:
+        self.token = None
+        self.sim.at(self.sim.now + self.sim.rng.randint(200, 2_000), self._gen_guard(self.connect))
+
+    def _gen_guard(self, fn: Callable[[], None]) -> Callable[[], None]:
+        gen = self.gen
+
+        def run() -> None:
+            if self.gen != gen or self.down:
+                return
+            if self.sim.now < self.frozen_until:
+                self.sim.at(self.frozen_until, run)
+                return
+            fn()
+
+        return run
+
+    def send(self, kind: str, payload: object) -> None:
+        if self.token is not None:
+            self.sim.to_node(self, self.token, kind, payload)
+
+    def deliver(self, token: int, fn: Callable[[], None]) -> None:
+        if token != self.token or self.down:
+            return
+        if self.sim.now < self.frozen_until:
+            self.inbox.append(fn)
+            return
+        fn()
+
+    # -- server messages ----------------------------------------------------------------
+
+    def on_assignments(self, items: list[Assignment]) -> None:
+        sim, rng = self.sim, self.sim.rng
+        for a in items:
+            if a.run_id in self.runs:
+                continue
+            job = sim.jobs[a.job_id]
+            outcome = rng.choices(
+                (Outcome.SUCCEEDED, Outcome.RETRYABLE, Outcome.FAILED, Outcome.HANDED_BACK),
+                (85, 9, 4, 2),
+            )[0]
+            r = rng.random()
+            if r < 0.85:
+                duration = rng.randint(5, 3 * SEC)
+            elif r < 0.96:
+                duration = rng.randint(3 * SEC, 90 * SEC)
+            else:
+                duration = rng.randint(job.spec.timeout_ms // 2, 2 * job.spec.timeout_ms)
+            run = _WRun(a.run_id, a.fence, a.job_id, a.scheduled_for, a.attempt, outcome, duration)
+            self.runs[a.run_id] = run
+            slow_ack = sim.chaos() and rng.random() < sim.scale.slow_ack_rate
+            ack = rng.randint(5_500, 9_000) if slow_ack else rng.randint(1, 300)
+            sim.at(sim.now + ack, self._gen_guard(lambda r=run: self._ack(r)))
+            sim.at(sim.now + ack + duration, self._gen_guard(lambda r=run: self._finish(r)))
+
+    def _ack(self, run: _WRun) -> None:
+        if self.runs.get(run.run_id) is run:
+            self.send("ack", [(run.run_id, run.fence)])
+
+    def _finish(self, run: _WRun) -> None:
+        if self.runs.pop(run.run_id, None) is not run:
+            return  # revoked or superseded: no completion (SDK rule 2)
+        error = "" if run.outcome is Outcome.SUCCEEDED else f"sim {run.outcome.name.lower()}"
+        c = (run.run_id, run.fence, run.outcome, error)
+        self.unconfirmed[run.run_id] = c
+        self.sim.history.worker_completions.append(
+            (self.sim.now, self.worker_id, run.run_id, run.fence)
+        )
+        self.send("complete", [c])
+
+    def supersede(self, run_id: int, fence: int) -> None:
+        run = self.runs.get(run_id)
+        if run is not None and run.fence == fence:
+            del self.runs[run_id]
+
+    def on_results(self, results: list[CompletionResult]) -> None:
+        for r in results:
+            self.unconfirmed.pop(r.run_id, None)
+
+    def heartbeat_now(self) -> None:
+        self.send("heartbeat", [(r.run_id, r.fence) for r in self.runs.values()])
+
+    def heartbeat_loop(self) -> None:
+        if self.token is not None:
+            self.heartbeat_now()
+        interval = self.sim.config.heartbeat_interval_ms
+        self.sim.at(self.sim.now + interval, self._gen_guard(self.heartbeat_loop))
+
+    # -- faults -----------------------------------------------------------------------
+
+    def crash(self, down_for: int) -> None:
+        """The process dies: its runs never complete; a fresh one starts later."""
+        self.sim.history.crashes += 1
+        if self.token is not None:
+            self.sim.detach(self, self.token)
+        self.token = None
+        self.gen += 1
+        self.runs.clear()
+        self.unconfirmed.clear()
+        self.inbox.clear()
+        self.frozen_until = 0
+        self.down = True
+
+        def restart() -> None:
+            self.down = False
+            self.connect()
+            self.heartbeat_loop()
+
+        self.sim.at(self.sim.now + down_for, restart)
+
+    def freeze(self, for_ms: int) -> None:
+        """A GC pause: nothing runs, nothing is sent, the stream stays open."""
+        self.sim.history.freezes += 1
+        self.frozen_until = self.sim.now + for_ms
+        gen = self.gen
+
+        def wake() -> None:
+            if self.gen != gen:
+                return
+            inbox, self.inbox = self.inbox, []
+            for fn in inbox:
+                fn()
+
+        # Timers deferred to frozen_until (late completions with the old fence)
+        # run first; the messages that arrived meanwhile are read after.
+        self.sim.at(self.frozen_until + 1, wake)
+
+
+# -- the simulation -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimScale:
+    jobs: int = 1_500
+    days: float = 2.0
+    workers: int = 8
+    capacity: int = 60
+    # Mean time between faults, per worker / for the node (ms).
+    worker_crash_every: int = 10 * HOUR
+    worker_freeze_every: int = 8 * HOUR
+    node_restart_every: int = 10 * HOUR
+    slow_ack_rate: float = 0.01
+    api_ops_per_hour: float = 12.0
+    # The last stretch runs without faults or API calls, so work settles.
+    quiet_ms: int = 2 * HOUR
+    # Granularity of the node's loop: events within one tick are handled by
+    # one iteration (as a busy node batches them).
+    tick_ms: int = 1_000
+
+
+@dataclass(slots=True)
+class SimJob:
+    job_id: int
+    spec: JobSpec
+    compiled: CompiledSchedule
+    submitted_at: int
+    first_fire: int | None
+    pauses: list[tuple[int, int | None]] = field(default_factory=list)  # (paused, resumed)
+    cancelled_at: int | None = None
+    dropped_at_cancel: set[int] = field(default_factory=set)
+    extra_fires: set[int] = field(default_factory=set)  # triggers and backfills
+
+
+@dataclass(slots=True)
+class History:
+    # (publish time, worker, assignment)
+    dispatches: list[tuple[int, str, Assignment]] = field(default_factory=list)
+    # (time the node read it, worker, run_id, fence, outcome)
+    received_completions: list[tuple[int, str, int, int, Outcome]] = field(default_factory=list)
+    # (time, worker, result)
+    results: list[tuple[int, str, CompletionResult]] = field(default_factory=list)
+    worker_completions: list[tuple[int, str, int, int]] = field(default_factory=list)
+    alerts: list[str] = field(default_factory=list)
+    restarts: int = 0
+    mid_iteration_crashes: int = 0
+    crashes: int = 0
+    freezes: int = 0
+    iterations: int = 0
+    api_ops: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+class Sim:
+    """One node, its store, its workers and its users on a simulated clock."""
+
+    def __init__(
+        self, seed: int, scale: SimScale | None = None, config: OwnerConfig | None = None
+    ) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.scale = scale or SimScale()
+        self.config = config or OwnerConfig(max_missed_listed=10_000)
+        self.now = T0
+        self.end = T0 + int(self.scale.days * DAY)
+        self.chaos_end = self.end - self.scale.quiet_ms
+        self.store = RefStore()
+        self.owner: Owner | None = None
+        self.fx = Effects()
+        self.jobs: dict[int, SimJob] = {}
+        self.workers: list[SimWorker] = []
+        self.sessions: dict[str, int] = {}
+        self.history = History()
+        self._heap: list[tuple[int, int, Callable[[], None]]] = []
+        self._seq = 0
+        self._token = 0
+        self._crash_mid_iteration = False
+        self._lat_node: dict[str, int] = {}
+        self._lat_worker: dict[str, int] = {}
+        self._by_id: dict[str, SimWorker] = {}
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    def at(self, t: int, fn: Callable[[], None]) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, fn))
+
+    def chaos(self) -> bool:
+        return self.now < self.chaos_end
+
+    def node_up(self) -> bool:
+        return self.owner is not None
+
+    def attach(self, w: SimWorker) -> int:
+        assert self.owner is not None
+        self._token += 1
+        self.sessions[w.worker_id] = self._token
+        self.owner.worker_hello(w.worker_id, w.capacity, w.pools, self.now, self.fx)
+        return self._token
+
+    def detach(self, w: SimWorker, token: int) -> None:
+        if self.owner is not None and self.sessions.get(w.worker_id) == token:
+            del self.sessions[w.worker_id]
+            self.owner.worker_disconnect(w.worker_id)
+
+    def to_node(self, w: SimWorker, token: int, kind: str, payload: object) -> None:
+        """A worker message, delivered in stream order after a network delay."""
+        t = max(self.now + self.rng.randint(0, 20), self._lat_node.get(w.worker_id, 0))
+        self._lat_node[w.worker_id] = t
+
+        def deliver() -> None:
+            owner = self.owner
+            if owner is None or self.sessions.get(w.worker_id) != token:
+                return
+            wid, now, fx = w.worker_id, self.now, self.fx
+            if kind == "ack":
+                owner.worker_ack(wid, payload, now, fx)  # type: ignore[arg-type]
+            elif kind == "heartbeat":
+                owner.worker_heartbeat(wid, payload, now, fx)  # type: ignore[arg-type]
+            else:
+                items: list[tuple[int, int, Outcome, str]] = payload  # type: ignore[assignment]
+                for run_id, fence, outcome, _ in items:
+                    self.history.received_completions.append((now, wid, run_id, fence, outcome))
+                owner.worker_complete(wid, items, now, fx)
+
+        self.at(t, deliver)
+
+    def to_worker(self, w: SimWorker, token: int, fn: Callable[[], None]) -> None:
+        t = max(self.now + self.rng.randint(0, 20), self._lat_worker.get(w.worker_id, 0))
+        self._lat_worker[w.worker_id] = t
+        self.at(t, lambda: w.deliver(token, fn))
+
+    # -- the node -----------------------------------------------------------------------
+
+    def start_node(self) -> None:
+        """``Node.start``: epochs, load, a new owner, jobs and runs restored."""
+        store, now = self.store, self.now
+        store.now_ms = now
+        epochs = store.acquire_epochs(range(SHARD_COUNT))
+        restored = restore_owner(
+            store,  # type: ignore[arg-type]
+            None,
+            epochs=epochs,
+            config=self.config,
+            now_ms=now,
+        )
+        self.owner = restored.owner
+        self.fx = restored.effects
+        self.sessions = {}
+
+    def crash_node(self, down_for: int) -> None:
+        self.history.restarts += 1
+        self.owner = None
+        self.fx = Effects()
+        self.sessions = {}
+        for w in self.workers:
+            if w.token is not None and not w.down:
+                w.stream_lost()
+        self.at(self.now + down_for, self.start_node)
+
+    def iterate(self) -> None:
+        """One pass of ``Node._loop`` (repeated while it leaves store work)."""
+        for _ in range(1_000):
+            owner, fx, store, now = self.owner, self.fx, self.store, self.now
+            if owner is None:
+                return
+            self.history.iterations += 1
+            owner.advance(now, fx)
+            if fx.store_work():
+                work = fx.take_store_work()
+                store.now_ms = now
+                completions: list[CompletionOutcome] = []
+                claims: list[ClaimOutcome] = []
+                if work.completions:
+                    completions = store.complete_runs(
+                        [_with_finished(c, now) for c in work.completions]
+                    )
+                if work.missed:
+                    store.record_missed(work.missed)
+                if work.advances:
+                    store.advance_schedules(work.advances)
+                if work.claims:
+                    claims = store.claim_fires(work.claims)
+                if work.starts:
+                    store.mark_running(work.starts)
+                if self._crash_mid_iteration:
+                    # The store committed; the node dies before it hears back.
+                    self._crash_mid_iteration = False
+                    self.history.mid_iteration_crashes += 1
+                    self.crash_node(self._down_time())
+                    return
+                owner.on_completed(completions, now, fx)
+                owner.on_claimed(claims, now, fx)
+            self._publish(fx)
+            if fx.resync:
+                for job_id in sorted(fx.resync):
+                    if owner.owns(job_id):
+                        owner.upsert_job(store.get_job(job_id), now, fx)
+                fx.resync = set()
+            if not fx.store_work():
+                return
+        raise AssertionError("the owner keeps producing store work without time passing")
+
+    def _publish(self, fx: Effects) -> None:
+        self.history.alerts.extend(fx.alerts)
+        fx.alerts.clear()
+        fx.lags.clear()
+        if not (fx.assignments or fx.revokes or fx.results or fx.rejected_renewals):
+            fx.violations.clear()
+            return
+        by_id = self._by_id
+        for wid, items in fx.assignments.items():
+            for a in items:
+                self.history.dispatches.append((self.now, wid, a))
+            self._send(by_id, wid, lambda w, items=items: w.on_assignments(items))
+        for wid, revokes in fx.revokes.items():
+            self._send(
+                by_id,
+                wid,
+                lambda w, rs=revokes: _supersede_all(w, [(r.run_id, r.fence) for r in rs]),
+            )
+        for wid, results in fx.results.items():
+            for r in results:
+                self.history.results.append((self.now, wid, r))
+            self._send(by_id, wid, lambda w, rs=results: w.on_results(rs))
+        for wid, refs in fx.rejected_renewals.items():
+            self._send(by_id, wid, lambda w, rs=refs: _supersede_all(w, rs))
+        fx.assignments.clear()
+        fx.revokes.clear()
+        fx.results.clear()
+        fx.rejected_renewals.clear()
+        fx.violations.clear()  # the SDK only logs protocol errors
+
+    def _send(self, by_id: dict[str, SimWorker], wid: str, fn: Callable[[SimWorker], None]) -> None:
+        w = by_id.get(wid)
+        token = self.sessions.get(wid)
+        if w is not None and token is not None:
+            self.to_worker(w, token, lambda: fn(w))
+
+    # -- users --------------------------------------------------------------------------
+
+    def random_spec(self, name: str) -> JobSpec:
+        rng, now = self.rng, self.now
+        kind = rng.choices(("cron", "rate", "delay", "once"), (40, 32, 15, 13))[0]
+        schedule: Once | Cron | Interval
+        if kind == "cron":
+            expr = rng.choices(
+                (
+                    "0 * * * *",
+                    "*/20 * * * *",
+                    "30 2 * * *",  # in the spring-forward gap in New York and Berlin
+                    "30 1 * * *",  # in the fall-back fold elsewhere
+                    "0 */6 * * *",
+                    "15 9 * * 1-5",
+                    "0 0 */2 * * *",  # seconds field: every two hours
+                    "30 */10 * * * *",  # seconds field: every ten minutes at :30
+                    "*/5 * * * *",
+                ),
+                (40, 4, 10, 10, 15, 10, 10, 1, 1),
+            )[0]
+            schedule = Cron(
+                expr=expr,
+                time_zone=rng.choice(
+                    (
+                        "UTC",
+                        "America/New_York",
+                        "Europe/Berlin",
+                        "Asia/Kolkata",
+                        "Australia/Lord_Howe",
+                    )
+                ),
+                dst_gap=DstGap.FIRE_AT_TRANSITION,
+                dst_fold=rng.choice(tuple(DstFold)),
+            )
+        elif kind in ("rate", "delay"):
+            period = rng.choices(
+                (2 * MIN, 10 * MIN, 30 * MIN, HOUR, 2 * HOUR, 6 * HOUR), (1, 4, 15, 35, 25, 20)
+            )[0]
+            schedule = Interval(
+                period_ms=period,
+                mode=IntervalMode.FIXED_RATE if kind == "rate" else IntervalMode.FIXED_DELAY,
+                start_at_ms=now + rng.randint(0, period),
+            )
+        else:
+            schedule = Once(at_ms=now + rng.randint(0, int((self.end - now) * 0.9)))
+        policy = rng.choice(tuple(OverlapPolicy))
+        return JobSpec(
+            name=name,
+            handler="sim",
+            schedule=schedule,
+            tenant=rng.choice(("acme", "globex", "initech", "umbrella", "hooli")),
+            jitter_ms=0 if rng.random() < 0.7 else rng.randint(1, 30 * SEC),
+            catch_up=CatchUp(
+                mode=rng.choice(tuple(CatchUpMode)),
+                window_ms=None if rng.random() < 0.5 else rng.randint(MIN, 2 * HOUR),
+                max_count=rng.randint(1, 20),
+            ),
+            overlap=Overlap(
+                policy=policy,
+                max_concurrent=rng.randint(1, 3),
+                max_buffered=rng.randint(1, 5),
+            ),
+            retry=Retry(
+                max_attempts=rng.randint(1, 4),
+                initial_backoff_ms=rng.randint(0, 5 * SEC),
+                max_backoff_ms=30 * SEC,
+                multiplier=2.0,
+            ),
+            timeout_ms=rng.randint(30 * SEC, 10 * MIN),
+            side_effect=SideEffect.AT_MOST_ONCE if rng.random() < 0.2 else SideEffect.IDEMPOTENT,
+            # One pool: the owner walks its pools as a set of str, whose order
+            # changes with PYTHONHASHSEED, and a seed must replay exactly.
+            pool="default",
+        )
+
+    def submit(self, spec: JobSpec) -> None:
+        """``Node.submit``: the first fire, the store row, then the owner."""
+        now = self.now
+        first = compile_schedule(spec.schedule, jitter_ms=spec.jitter_ms, job_id=0).next_fire(
+            now - 1
+        )
+        record = self.store.submit_job(spec, now, first)
+        compiled = compile_schedule(spec.schedule, jitter_ms=spec.jitter_ms, job_id=record.job_id)
+        self.jobs[record.job_id] = SimJob(record.job_id, spec, compiled, now, first)
+        assert self.owner is not None
+        self.owner.upsert_job(record, now, self.fx)
+        self.history.api_ops["submit"] += 1
+
+    def _owner_pending(self, job_id: int) -> set[int]:
+        owner = self.owner
+        if owner is None or job_id not in owner.jobs:
+            return set()
+        job = owner.jobs[job_id]
+        return {d[0] for d in job.due} | set(job.buffered)
+
+    def api_op(self) -> None:
+        if not self.chaos() or self.owner is None:
+            return
+        rng, owner, now = self.rng, self.owner, self.now
+        op = rng.choices(
+            ("submit", "pause", "cancel", "trigger", "backfill"), (25, 30, 10, 20, 15)
+        )[0]
+        if op == "submit":
+            self.submit(self.random_spec(f"late-{len(self.jobs)}"))
+            return
+        job = self.jobs[rng.randint(1, len(self.jobs))]
+        row = self.store.jobs[job.job_id]
+        if row.state is not JobState.ACTIVE:
+            return
+        self.history.api_ops[op] += 1
+        if op == "pause":
+            self.set_state(job, JobState.PAUSED)
+            resume_in = rng.randint(10 * MIN, 6 * HOUR)
+            self.at(now + resume_in, lambda: self._resume(job))
+        elif op == "cancel":
+            job.dropped_at_cancel = self._owner_pending(job.job_id)
+            self.set_state(job, JobState.CANCELLED)
+        elif op == "trigger":
+            record = self.store.get_job(job.job_id)
+            if record.job_id not in owner.jobs:
+                owner.upsert_job(record, now, self.fx)
+            job.extra_fires.add(owner.trigger(job.job_id, now, self.fx))
+        else:
+            fires = job.compiled.fires_between(now - 6 * HOUR, now - HOUR, 5)
+            todo = [f for f in fires if f not in self.store.fires_exist(job.job_id, fires)]
+            record = self.store.get_job(job.job_id)
+            if record.job_id not in owner.jobs:
+                owner.upsert_job(record, now, self.fx)
+            owner.backfill(job.job_id, todo, now)
+            job.extra_fires.update(todo)
+
+    def _resume(self, job: SimJob) -> None:
+        if self.owner is None:
+            self.at(self.now + 10 * SEC, lambda: self._resume(job))
+            return
+        if self.store.jobs[job.job_id].state is JobState.PAUSED:
+            self.history.api_ops["resume"] += 1
+            self.set_state(job, JobState.ACTIVE)
+
+    def set_state(self, job: SimJob, state: JobState) -> None:
+        """``Node.set_state``, line for line."""
+        owner, now = self.owner, self.now
+        assert owner is not None
+        record = self.store.get_job(job.job_id)
+        next_run: int | None = None
+        if state is JobState.ACTIVE:
+            next_run = compile_schedule(
+                record.spec.schedule, jitter_ms=record.spec.jitter_ms, job_id=job.job_id
+            ).next_fire(now)
+        updated = self.store.set_job_state(job.job_id, state, next_run_at=next_run, now_ms=now)
+        if state is JobState.PAUSED:
+            job.pauses.append((now, None))
+        elif state is JobState.ACTIVE:
+            job.pauses[-1] = (job.pauses[-1][0], now)
+        else:
+            job.cancelled_at = now
+        if state is JobState.CANCELLED:
+            owner.cancel_job(job.job_id, self.fx)
+        owner.upsert_job(updated, now, self.fx)
+        if state is JobState.ACTIVE:
+            owner.record_paused_fires(job.job_id, record.updated_at_ms, now, self.fx)
+
+    # -- faults -------------------------------------------------------------------------
+
+    def _down_time(self) -> int:
+        if self.rng.random() < 0.7:
+            return self.rng.randint(500, 5 * SEC)
+        return self.rng.randint(5 * MIN, 2 * HOUR)
+
+    def _poisson(self, every: int, fn: Callable[[], None]) -> None:
+        def tick() -> None:
+            if not self.chaos():
+                return
+            fn()
+            self.at(self.now + int(self.rng.expovariate(1 / every)) + 1, tick)
+
+        self.at(self.now + int(self.rng.expovariate(1 / every)) + 1, tick)
+
+    def _node_fault(self) -> None:
+        if self.owner is None:
+            return
+        if self.rng.random() < 0.3:
+            self._crash_mid_iteration = True
+        else:
+            self.crash_node(self._down_time())
+
+    # -- running ------------------------------------------------------------------------
+
+    def run(self) -> Sim:
+        scale, rng = self.scale, self.rng
+        self.start_node()
+        for i in range(scale.jobs):
+            self.submit(self.random_spec(f"job-{i}"))
+        for i in range(scale.workers):
+            pools = ("default",)
+            w = SimWorker(self, f"w{i}", scale.capacity, pools)
+            self.workers.append(w)
+            self._by_id[w.worker_id] = w
+            w.connect()
+            self.at(
+                self.now + rng.randint(0, self.config.heartbeat_interval_ms),
+                w._gen_guard(w.heartbeat_loop),
+            )
+            self._poisson(
+                scale.worker_crash_every, lambda w=w: w.crash(rng.randint(10 * SEC, 10 * MIN))
+            )
+            self._poisson(
+                scale.worker_freeze_every,
+                lambda w=w: w.freeze(self.config.lease_ms + rng.randint(1 * SEC, 90 * SEC)),
+            )
+        self._poisson(scale.node_restart_every, self._node_fault)
+        self._poisson(int(HOUR / scale.api_ops_per_hour), self.api_op)
+        heap, tick = self._heap, scale.tick_ms
+        while True:
+            t = heap[0][0] if heap else None
+            owner = self.owner
+            if owner is not None:
+                nd = owner.next_deadline()
+                if nd is not None and (t is None or nd < t):
+                    t = nd
+                # Node._sleep_until wakes at least every max_idle (0.5 s): work
+                # held back by a token bucket goes out then.
+                if (
+                    owner._ready
+                    or owner._reaper
+                    or any(owner._fresh.values())
+                    or any(len(q) for q in owner._overdue.values())
+                ):
+                    t = self.now + 500 if t is None else min(t, self.now + 500)
+            if t is None or t > self.end:
+                break
+            # The node's loop wakes in ticks: events of one tick share an iteration.
+            self.now = max(self.now, -(-t // tick) * tick)
+            while heap and heap[0][0] <= self.now:
+                heapq.heappop(heap)[2]()
+            self.iterate()
+        self.now = self.end
+        if self.owner is None:
+            self.start_node()
+            self.iterate()
+        return self
+
+
+def _with_finished(c: Completion, now: int) -> Completion:
+    return Completion(
+        run_id=c.run_id,
+        fence=c.fence,
+        state=c.state,
+        finished_at_ms=now,
+        error=c.error,
+        worker_id=c.worker_id,
+    )
+
+
+def _supersede_all(w: SimWorker, refs: Iterable[tuple[int, int]]) -> None:
+    for run_id, fence in refs:
+        w.supersede(run_id, fence)
+
+
+# -- the checker --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    promise: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"[{self.promise}] {self.detail}"
+
+
+_HANDED_BACK = "handed back by worker"
+_RETRIED_FROM = (RunState.FAILED, RunState.TIMED_OUT, RunState.LOST)
+_OUTCOME_STATES = {
+    Outcome.SUCCEEDED: {RunState.SUCCEEDED},
+    Outcome.FAILED: {RunState.DEAD_LETTERED},
+    Outcome.RETRYABLE: {RunState.FAILED, RunState.DEAD_LETTERED},
+    Outcome.HANDED_BACK: {RunState.LOST},
+}
+
+
+def _limit(spec: JobSpec) -> int:
+    o = spec.overlap
+    return o.max_concurrent if o.policy is OverlapPolicy.ALLOW else 1
+
+
+def check(sim: Sim, *, settle_ms: int = 30 * MIN) -> list[Violation]:
+    """Every promise of DESIGN.md "The promise to users" over the history."""
+    out: list[Violation] = []
+    store, owner, end = sim.store, sim.owner, sim.end
+    assert owner is not None, "check runs on a live node"
+    horizon = end - settle_ms
+
+    execs_by_fire: dict[tuple[int, int], list[_ExecRow]] = defaultdict(list)
+    for ex in store.execs.values():
+        execs_by_fire[(ex.job_id, ex.scheduled_for)].append(ex)
+
+    # What the owner still holds at the end: fires waiting, retries, re-dispatches.
+    pending: set[tuple[int, int]] = set()
+    for job_id, job in owner.jobs.items():
+        pending.update((job_id, d[0]) for d in job.due)
+        pending.update((job_id, f) for f in job.buffered)
+    retry_pending = {(j, f, a) for j, f, a in owner._retries.values()}
+    retry_pending.update(owner._reaper)
+    for job_id, job in owner.jobs.items():
+        retry_pending.update((job_id, d[0], d[1]) for d in job.due if d[1] > 0)
+    retry_pending.update(owner._pending)
+
+    # 1. No silent drop: every nominal fire up to the horizon has an execution,
+    # a missed record with its reason, or is still held by the owner.
+    for job in sim.jobs.values():
+        expected: set[int] = set(job.extra_fires)
+        life_end = horizon
+        if job.cancelled_at is not None:
+            life_end = min(life_end, job.cancelled_at)
+        if job.pauses and job.pauses[-1][1] is None:
+            life_end = min(life_end, job.pauses[-1][0])
+        c = job.compiled
+        if job.first_fire is not None:
+            if c.completion_driven:
+                if c.jittered(job.first_fire) < life_end:
+                    expected.add(job.first_fire)
+            else:
+                f: int | None = job.first_fire
+                while f is not None and c.jittered(f) < life_end:
+                    expected.add(f)
+                    f = c.next_fire(f)
+        for f in sorted(expected):
+            key = (job.job_id, f)
+            if key in execs_by_fire or key in store.missed or key in pending:
+                continue
+            if f in job.dropped_at_cancel:
+                continue
+            out.append(
+                Violation(
+                    "no silent drop",
+                    f"job {job.job_id} ({_describe(job.spec)}) fire {f} (T0{f - T0:+d} ms) has "
+                    "no execution and no missed record",
+                )
+            )
+        # Liveness: an active job with fires left is armed, running or queued.
+        row = store.jobs[job.job_id]
+        if row.state is JobState.ACTIVE and c.completion_driven and job.first_fire is not None:
+            oj = owner.jobs.get(job.job_id)
+            if oj is None or (oj.next_fire is None and not oj.due and oj.inflight <= 0):
+                last = max(
+                    (
+                        ex.finished_at_ms or 0
+                        for (j, _), exs in execs_by_fire.items()
+                        if j == job.job_id
+                        for ex in exs
+                    ),
+                    default=0,
+                )
+                out.append(
+                    Violation(
+                        "no silent drop",
+                        f"fixed_delay job {job.job_id} is active but nothing is armed "
+                        f"(last run finished at T0{last - T0:+d} ms, pauses {job.pauses})",
+                    )
+                )
+
+    # Missed records carry a reason the job's policies can give.
+    for (job_id, f), m in store.missed.items():
+        spec = sim.jobs[job_id].spec
+        allowed = {MissedReason.PAUSED, MissedReason.DST_GAP}
+        mode = spec.catch_up.mode
+        allowed.add(
+            {
+                CatchUpMode.SKIP: MissedReason.SKIPPED,
+                CatchUpMode.RUN_LATEST_ONLY: MissedReason.COLLAPSED,
+                CatchUpMode.RUN_ALL: MissedReason.OVER_CAP,
+            }[mode]
+        )
+        if spec.catch_up.window_ms is not None and mode is not CatchUpMode.SKIP:
+            allowed.add(MissedReason.OUTSIDE_WINDOW)
+        # Every overlap policy can skip a fire (allow past max_concurrent).
+        allowed.add(MissedReason.OVERLAP)
+        if m.reason not in allowed:
+            out.append(
+                Violation(
+                    "missed with a reason",
+                    f"job {job_id} fire {f}: {m.reason} under {_describe(spec)}",
+                )
+            )
+        if m.reason is MissedReason.PAUSED and not sim.jobs[job_id].pauses:
+            out.append(
+                Violation(
+                    "missed with a reason", f"job {job_id} fire {f} missed as paused, never paused"
+                )
+            )
+        if (job_id, f) in execs_by_fire and f not in sim.jobs[job_id].extra_fires:
+            out.append(
+                Violation(
+                    "no silent drop",
+                    f"job {job_id} fire {f} both ran and was recorded missed ({m.reason})",
+                )
+            )
+
+    # 2. Never early.
+    for _, _, claim, run_id in store.claims_log:
+        if run_id is None:
+            continue
+        job = sim.jobs[claim.job_id]
+        due = claim.scheduled_for
+        if claim.attempt == 0 and claim.scheduled_for not in job.extra_fires:
+            due = job.compiled.jittered(claim.scheduled_for)
+        if claim.dispatched_at_ms < due:
+            out.append(
+                Violation(
+                    "never early",
+                    f"job {claim.job_id} fire {claim.scheduled_for} attempt {claim.attempt} "
+                    f"claimed at {claim.dispatched_at_ms}, due {due}",
+                )
+            )
+    for t, _, a in sim.history.dispatches:
+        if t < a.scheduled_for:
+            out.append(
+                Violation("never early", f"run {a.run_id} handed out at {t} < {a.scheduled_for}")
+            )
+
+    # 3. Per-job serialization: runs live in the store at once <= the overlap limit.
+    points: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    for ex in store.execs.values():
+        stop = ex.finished_at_ms if ex.finished_at_ms is not None else end + 1
+        points[ex.job_id].append((ex.dispatched_at_ms, 1, ex.run_id))
+        points[ex.job_id].append((stop, -1, ex.run_id))
+    for job_id, pts in points.items():
+        limit = _limit(sim.jobs[job_id].spec)
+        live, live_ids = 0, set()
+        for t, d, run_id in sorted(pts, key=lambda p: (p[0], p[1])):
+            live += d
+            if d > 0:
+                live_ids.add(run_id)
+            else:
+                live_ids.discard(run_id)
+            if live > limit:
+                out.append(
+                    Violation(
+                        "per-job serialization",
+                        f"job {job_id} ({_describe(sim.jobs[job_id].spec)}): "
+                        f"{live} runs in flight at "
+                        f"{t} (limit {limit}): {sorted(live_ids)}",
+                    )
+                )
+                break
+
+    # 4. Fences: per shard strictly increasing in claim order; a completion
+    # applied in the store carries the newest fence of its fire.
+    last_fence: dict[int, int] = {}
+    claimed_at: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+    for _, seq, claim, run_id in store.claims_log:
+        shard = shard_of(claim.job_id)
+        if claim.fence <= last_fence.get(shard, -1):
+            out.append(
+                Violation(
+                    "fences increase",
+                    f"shard {shard}: fence {claim.fence} after {last_fence[shard]}",
+                )
+            )
+        last_fence[shard] = claim.fence
+        if run_id is not None:
+            claimed_at[(claim.job_id, claim.scheduled_for)].append((seq, claim.fence))
+    applied_by_run = {a.run_id: a for a in store.applied}
+    for a in store.applied:
+        ex = store.execs[a.run_id]
+        newer = [
+            fence
+            for seq, fence in claimed_at[(ex.job_id, ex.scheduled_for)]
+            if seq < a.seq and fence > a.fence
+        ]
+        if newer:
+            out.append(
+                Violation(
+                    "no stale fence",
+                    f"run {a.run_id} completed with fence {a.fence}; newer {newer}",
+                )
+            )
+    received = {
+        (t, wid, run_id): (fence, outcome)
+        for t, wid, run_id, fence, outcome in sim.history.received_completions
+    }
+    for t, wid, res in sim.history.results:
+        if (t, wid, res.run_id) not in received:
+            continue
+        fence, outcome = received[(t, wid, res.run_id)]
+        applied = applied_by_run.get(res.run_id)
+        if res.accepted:
+            ok = (
+                applied is not None
+                and applied.at_ms == t
+                and applied.fence == fence
+                and applied.state in _OUTCOME_STATES[outcome]
+            )
+            if not ok:
+                out.append(
+                    Violation(
+                        "no stale fence",
+                        f"worker {wid}'s completion of run {res.run_id} (fence {fence}) "
+                        "was accepted "
+                        f"but the store holds {applied}",
+                    )
+                )
+        else:
+            ex = store.execs.get(res.run_id)
+            if (
+                ex is not None
+                and ex.fence == fence
+                and ex.worker_id in (None, wid)
+                and applied is not None
+                and applied.at_ms >= t
+                and applied.state in (RunState.LOST, RunState.UNKNOWN, RunState.DEAD_LETTERED)
+                and (applied.state is not RunState.DEAD_LETTERED or "lease" in (ex.error or ""))
+                and max(f for _, f in claimed_at[(ex.job_id, ex.scheduled_for)] if True) == fence
+            ):
+                out.append(
+                    Violation(
+                        "valid completion accepted",
+                        f"worker {wid} completed run {res.run_id} (fence {fence}, the newest, "
+                        f"not terminal) at {t}: rejected ({res.reason}); "
+                        f"later ended {applied.state}",
+                    )
+                )
+
+    # 5. Retries: contiguous attempts, stop at max_attempts, never dropped;
+    # at_most_once never re-dispatched once its outcome is unknown.
+    for (job_id, f), exs in execs_by_fire.items():
+        job = sim.jobs[job_id]
+        spec = job.spec
+        exs.sort(key=lambda e: e.attempt)
+        attempts = [e.attempt for e in exs]
+        if attempts != list(range(len(exs))):
+            out.append(Violation("retries", f"job {job_id} fire {f}: attempts {attempts}"))
+            continue
+        # A hand-back (the worker did not run it) takes an attempt number but
+        # is not a failed attempt.
+        tried = [e for e in exs if not (e.state is RunState.LOST and e.error == _HANDED_BACK)]
+        if len(tried) > spec.retry.max_attempts:
+            out.append(
+                Violation(
+                    "retries stop",
+                    f"job {job_id} fire {f}: {len(tried)} attempts > "
+                    f"max {spec.retry.max_attempts}: "
+                    f"{[(e.state.value, e.error) for e in exs]}",
+                )
+            )
+        for prev, nxt in pairwise(exs):
+            if prev.state not in _RETRIED_FROM:
+                out.append(
+                    Violation(
+                        "retries",
+                        f"job {job_id} fire {f}: attempt {nxt.attempt} after {prev.state}",
+                    )
+                )
+            if spec.side_effect is SideEffect.AT_MOST_ONCE and not (
+                prev.state is RunState.FAILED
+                or (prev.state is RunState.LOST and prev.error == _HANDED_BACK)
+            ):
+                out.append(
+                    Violation(
+                        "at_most_once",
+                        f"job {job_id} fire {f}: attempt {nxt.attempt} re-dispatched after "
+                        f"{prev.state} ({prev.error}): the first may have run",
+                    )
+                )
+        last = exs[-1]
+        if last.state in _RETRIED_FROM:
+            if (job_id, f, last.attempt + 1) in retry_pending:
+                continue
+            if store.jobs[job_id].state is JobState.CANCELLED:
+                continue
+            out.append(
+                Violation(
+                    "retries continue",
+                    f"job {job_id} fire {f}: attempt {last.attempt} ended {last.state} "
+                    f"({last.error}) at {last.finished_at_ms}; no further attempt, none pending",
+                )
+            )
+        if (
+            spec.side_effect is SideEffect.AT_MOST_ONCE
+            and last.state is RunState.LOST
+            and last.error != _HANDED_BACK
+        ):
+            out.append(
+                Violation(
+                    "at_most_once", f"job {job_id} fire {f}: at_most_once run lost, not unknown"
+                )
+            )
+
+    # 6. Idempotency keys: derived from the fire only, equal across attempts.
+    keys: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for _, _, a in sim.history.dispatches:
+        keys[(a.job_id, a.scheduled_for)].add(a.idempotency_key)
+        ex = store.execs.get(a.run_id)
+        if ex is None or ex.fence != a.fence or ex.attempt != a.attempt:
+            out.append(
+                Violation("fenced assignment", f"assignment {a} does not match the store's {ex}")
+            )
+    for (job_id, f), ks in keys.items():
+        if ks != {idempotency_key(job_id, f)}:
+            out.append(Violation("stable idempotency key", f"job {job_id} fire {f}: keys {ks}"))
+
+    # Schedules only move forward.
+    for m in store.moves:
+        if m.old is not None and m.new is not None and m.new < m.old:
+            out.append(Violation("schedule moves forward", f"{m}"))
+    return out
+
+
+def _describe(spec: JobSpec) -> str:
+    s = spec.schedule
+    if isinstance(s, Once):
+        sched = "once"
+    elif isinstance(s, Cron):
+        sched = f"cron {s.expr!r} {s.time_zone}"
+    else:
+        sched = f"{s.mode.value} {s.period_ms // 1000}s"
+    return (
+        f"{sched}, overlap {spec.overlap.policy.value}, catch-up {spec.catch_up.mode.value}, "
+        f"{spec.side_effect.value}, jitter {spec.jitter_ms}, retry {spec.retry.max_attempts}"
+    )
+
+
+def summary(sim: Sim) -> dict[str, object]:
+    h = sim.history
+    states: dict[str, int] = defaultdict(int)
+    for ex in sim.store.execs.values():
+        states[ex.state.value] += 1
+    return {
+        "seed": sim.seed,
+        "jobs": len(sim.jobs),
+        "executions": len(sim.store.execs),
+        "missed": len(sim.store.missed),
+        "states": dict(states),
+        "restarts": h.restarts,
+        "mid_iteration_crashes": h.mid_iteration_crashes,
+        "worker_crashes": h.crashes,
+        "freezes": h.freezes,
+        "iterations": h.iterations,
+        "api_ops": dict(h.api_ops),
+        "alerts": len(h.alerts),
+    }
+
+
+__all__ = [
+    "RefStore",
+    "Sim",
+    "SimScale",
+    "SimWorker",
+    "Violation",
+    "check",
+    "summary",
+]

@@ -1,0 +1,768 @@
+"""The shard owner's rules, one test each (invariants 1-7 of its header, the
+run lifecycle table, and the policies it applies).
+
+A small ``Node`` stand-in drives the owner exactly like ``wheel.node`` does
+(advance, store writes in order, answers fed back) against the reference
+store of ``tests/engine/sim.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engine.sim import HOUR, MIN, SEC, RefStore
+from wheel.engine.model import JobState, MissedReason, RunState, shard_of
+from wheel.engine.owner import (
+    COUNTER_BITS,
+    Assignment,
+    Effects,
+    Outcome,
+    Owner,
+    OwnerConfig,
+    Phase,
+    RevokeReason,
+)
+from wheel.engine.records import Completion, JobRecord
+from wheel.engine.schedule import compile_schedule
+from wheel.engine.spec import (
+    CatchUp,
+    CatchUpMode,
+    Interval,
+    IntervalMode,
+    JobSpec,
+    Once,
+    Overlap,
+    OverlapPolicy,
+    Retry,
+    SideEffect,
+)
+
+T = 1_800_000_000_000  # a round start time (ms)
+
+
+def spec(**kw: object) -> JobSpec:
+    base: dict[str, object] = {
+        "name": "j",
+        "handler": "h",
+        "schedule": Interval(period_ms=MIN, start_at_ms=T + MIN),
+        "retry": Retry(max_attempts=3, initial_backoff_ms=0, max_backoff_ms=0),
+    }
+    base.update(kw)
+    return JobSpec(**base)  # type: ignore[arg-type]
+
+
+class Node:
+    """Drives the owner the way ``wheel.node.Node._loop`` does."""
+
+    def __init__(self, config: OwnerConfig | None = None, *, now: int = T, epoch: int = 1) -> None:
+        self.store = RefStore()
+        self.now = now
+        self.config = config or OwnerConfig()
+        self.owner = Owner(epochs={s: epoch for s in range(256)}, now_ms=now, config=self.config)
+        self.fx = Effects()
+        self.out = Effects()  # messages accumulated since the last take()
+        self.silent: set[str] = set()  # workers that stopped heartbeating
+
+    def submit(self, s: JobSpec, *, next_run_at: int | None = None) -> int:
+        first = next_run_at
+        if first is None:
+            first = compile_schedule(s.schedule, jitter_ms=s.jitter_ms, job_id=0).next_fire(
+                self.now - 1
+            )
+        record = self.store.submit_job(s, self.now, first)
+        self.owner.upsert_job(record, self.now, self.fx)
+        return record.job_id
+
+    def hello(self, worker: str = "w1", capacity: int = 10) -> None:
+        self.owner.worker_hello(worker, capacity, ["default"], self.now, self.fx)
+
+    def step(self, to: int | None = None) -> Effects:
+        """Advance the clock (if given) and run loop iterations until quiet."""
+        if to is not None:
+            assert to >= self.now
+            # Healthy workers heartbeat every lease/3 on the way (not the silent ones).
+            while self.now + self.config.heartbeat_interval_ms < to:
+                self.now += self.config.heartbeat_interval_ms
+                self._heartbeats()
+                self._iterate()
+            self.now = to
+            self._heartbeats()
+        self._iterate()
+        return self.take()
+
+    def _heartbeats(self) -> None:
+        for wid, w in list(self.owner.workers.items()):
+            if wid not in self.silent and w.held:
+                refs = [(r, self.owner.runs[r].fence) for r in w.held if r in self.owner.runs]
+                self.owner.worker_heartbeat(wid, refs, self.now, self.fx)
+
+    def _iterate(self) -> None:
+        # Until a pass does nothing: the node wakes again within max_idle, so
+        # work queued by answers (a retry, a buffered fire) goes out then.
+        self._pass()
+        self._pass()
+
+    def _pass(self) -> None:
+        for _ in range(100):
+            self.owner.advance(self.now, self.fx)
+            work = self.fx.take_store_work()
+            self.store.now_ms = self.now
+            comps = self.store.complete_runs(
+                [
+                    Completion(
+                        run_id=c.run_id,
+                        fence=c.fence,
+                        state=c.state,
+                        finished_at_ms=self.now,
+                        error=c.error,
+                        worker_id=c.worker_id,
+                    )
+                    for c in work.completions
+                ]
+            )
+            self.store.record_missed(work.missed)
+            self.store.advance_schedules(work.advances)
+            claims = self.store.claim_fires(work.claims)
+            self.store.mark_running(work.starts)
+            self.owner.on_completed(comps, self.now, self.fx)
+            self.owner.on_claimed(claims, self.now, self.fx)
+            self._collect(work)
+            if not self.fx.store_work():
+                break
+
+    def _collect(self, work: Effects) -> None:
+        o, fx = self.out, self.fx
+        o.claims += work.claims
+        o.missed += work.missed
+        o.completions += work.completions
+        o.advances += work.advances
+        for name in ("assignments", "revokes", "results", "rejected_renewals", "violations"):
+            mine, theirs = getattr(o, name), getattr(fx, name)
+            for k, v in theirs.items():
+                mine.setdefault(k, []).extend(v)
+            theirs.clear()
+        o.alerts += fx.alerts
+        fx.alerts.clear()
+
+    def take(self) -> Effects:
+        out, self.out = self.out, Effects()
+        return out
+
+    def run_once(self, job_id: int, at: int, worker: str = "w1", *, ack: bool = True) -> Assignment:
+        """Step to ``at``; the one assignment of the job (acked unless told not to)."""
+        fx = self.step(at)
+        [a] = [a for a in fx.assignments.get(worker, []) if a.job_id == job_id]
+        if ack:
+            self.owner.worker_ack(worker, [(a.run_id, a.fence)], self.now, self.fx)
+            self.step()
+        return a
+
+    def complete(
+        self, a: Assignment, outcome: Outcome = Outcome.SUCCEEDED, worker: str = "w1"
+    ) -> Effects:
+        self.owner.worker_complete(worker, [(a.run_id, a.fence, outcome, "")], self.now, self.fx)
+        return self.step()
+
+    def missed(self, job_id: int) -> dict[int, MissedReason]:
+        return {f: m.reason for (j, f), m in self.store.missed.items() if j == job_id}
+
+    def execs(self, job_id: int) -> list[tuple[int, int, RunState]]:
+        return sorted(
+            (e.scheduled_for, e.attempt, e.state)
+            for e in self.store.execs.values()
+            if e.job_id == job_id
+        )
+
+
+# -- invariants ----------------------------------------------------------------------
+
+
+def test_1_a_fire_that_comes_due_during_a_run_is_recorded_missed_not_dropped() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec())
+    a = n.run_once(j, T + MIN)
+    n.step(T + 2 * MIN)  # the first run is still going; overlap policy skip
+    assert n.missed(j) == {T + 2 * MIN: MissedReason.OVERLAP}
+    n.complete(a)
+    assert n.execs(j) == [(T + MIN, 0, RunState.SUCCEEDED)]
+    assert n.store.jobs[j].next_run_at == T + 3 * MIN
+
+
+def test_2_never_early_not_even_by_a_millisecond_and_jitter_delays_the_due_time() -> None:
+    n = Node()
+    n.hello()
+    s = spec(jitter_ms=20 * SEC)
+    j = n.submit(s)
+    due = compile_schedule(s.schedule, jitter_ms=s.jitter_ms, job_id=j).jittered(T + MIN)
+    assert due > T + MIN
+    assert not n.step(due - 1).claims
+    [claim] = n.step(due).claims
+    assert claim.scheduled_for == T + MIN and claim.dispatched_at_ms == due
+    # A jitter beyond overdue_after_ms is not lateness: no catch-up, no missed record.
+    assert n.missed(j) == {}
+
+
+def test_3_claims_carry_the_store_schedule_as_the_cas_expected_value() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec())
+    [c1] = n.step(T + MIN).claims
+    assert (c1.expected_next_run_at, c1.new_next_run_at) == (T + MIN, T + 2 * MIN)
+    n.complete(next(iter(n.store.execs.values())) and _assignment(n, c1.fence))
+    [c2] = n.step(T + 2 * MIN).claims
+    assert (c2.expected_next_run_at, c2.new_next_run_at) == (T + 2 * MIN, T + 3 * MIN)
+    assert n.store.jobs[j].next_run_at == T + 3 * MIN
+
+
+def test_3_a_claimed_buffered_fire_moves_the_schedule_only_to_the_next_buffered_one() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(overlap=Overlap(policy=OverlapPolicy.BUFFER_ALL, max_buffered=5)))
+    a = n.run_once(j, T + MIN)
+    n.step(T + 2 * MIN)
+    n.step(T + 3 * MIN)  # two fires buffered behind the run
+    assert n.store.jobs[j].next_run_at == T + 2 * MIN
+    fx = n.complete(a)
+    [claim] = fx.claims
+    assert claim.scheduled_for == T + 2 * MIN
+    # Not past T+3min, still buffered: a restart now must find it in the store.
+    assert claim.new_next_run_at == T + 3 * MIN
+    assert n.store.jobs[j].next_run_at == T + 3 * MIN
+
+
+def _assignment(n: Node, fence: int) -> Assignment:
+    ex = next(e for e in n.store.execs.values() if e.fence == fence)
+    run = n.owner.runs[ex.run_id]
+    return Assignment(
+        run_id=ex.run_id,
+        job_id=ex.job_id,
+        handler="h",
+        tenant="default",
+        scheduled_for=ex.scheduled_for,
+        attempt=ex.attempt,
+        fence=run.fence,
+        payload=b"",
+        lease_ms=0,
+        timeout_ms=0,
+    )
+
+
+def test_4_ack_renewal_and_completion_only_from_the_holder_with_its_fence() -> None:
+    n = Node()
+    n.hello("w1")
+    n.hello("w2")
+    j = n.submit(spec())
+    fx = n.step(T + MIN)
+    [(holder, [a])] = list(fx.assignments.items())
+    other = "w2" if holder == "w1" else "w1"
+    n.owner.worker_ack(other, [(a.run_id, a.fence)], n.now, n.fx)
+    n.owner.worker_ack(holder, [(a.run_id, a.fence + 1)], n.now, n.fx)
+    n.owner.worker_heartbeat(other, [(a.run_id, a.fence)], n.now, n.fx)
+    n.owner.worker_complete(other, [(a.run_id, a.fence, Outcome.SUCCEEDED, "")], n.now, n.fx)
+    n.owner.worker_complete(holder, [(a.run_id, a.fence - 1, Outcome.SUCCEEDED, "")], n.now, n.fx)
+    fx = n.step()
+    assert len(fx.violations[other]) == 1 and len(fx.violations[holder]) == 1
+    assert all(v.code == "FAILED_PRECONDITION" for vs in fx.violations.values() for v in vs)
+    assert fx.rejected_renewals[other] == [(a.run_id, a.fence)]
+    assert [r.accepted for rs in fx.results.values() for r in rs] == [False, False]
+    # Nothing else changed: no store write, the run is still dispatched to its holder.
+    assert not fx.completions and not fx.claims
+    run = n.owner.runs[a.run_id]
+    assert (run.phase, run.worker_id) == (Phase.DISPATCHED, holder)
+    assert n.execs(j) == [(T + MIN, 0, RunState.DISPATCHED)]
+
+
+def test_4_the_store_rejects_a_stale_fence_even_if_the_owner_would_not() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec())
+    a = n.run_once(j, T + MIN)
+    # A second claim of the same fire with a newer fence (another owner's retry).
+    n.store.claim_fires(
+        [
+            _claim(j, T + MIN, attempt=1, fence=a.fence + 10),
+        ]
+    )
+    fx = n.complete(a)
+    assert fx.results["w1"][0].accepted is False
+    assert n.execs(j)[0] == (T + MIN, 0, RunState.RUNNING)
+
+
+def _claim(job_id: int, fire: int, *, attempt: int, fence: int):  # type: ignore[no-untyped-def]
+    from wheel.engine.records import FireClaim
+
+    return FireClaim(
+        job_id=job_id,
+        scheduled_for=fire,
+        attempt=attempt,
+        fence=fence,
+        dispatched_at_ms=fire,
+        advance=False,
+    )
+
+
+def test_5_fences_strictly_increase_and_carry_the_epoch() -> None:
+    n = Node(epoch=7)
+    n.hello(capacity=100)
+    for _ in range(20):
+        n.submit(spec())
+    claims = n.step(T + MIN).claims
+    assert len(claims) == 20
+    assert all(c.fence >> COUNTER_BITS == 7 for c in claims)
+    by_shard: dict[int, list[int]] = {}
+    for c in claims:
+        by_shard.setdefault(shard_of(c.job_id), []).append(c.fence)
+    for fences in by_shard.values():
+        assert fences == sorted(set(fences))  # strictly increasing within a shard
+
+
+def test_6_a_retry_is_claimed_only_after_the_failed_attempt_is_terminal_in_the_store() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec())
+    a = n.run_once(j, T + MIN)
+    fx = n.complete(a, Outcome.RETRYABLE)
+    [done] = fx.completions
+    assert done.state is RunState.FAILED
+    [retry] = fx.claims  # backoff 0: same iteration, after the completion was applied
+    assert retry.attempt == 1 and retry.fence > a.fence and not retry.advance
+    assert [s for _, _, s in n.execs(j)] == [RunState.FAILED, RunState.DISPATCHED]
+
+
+def test_6_allow_runs_up_to_max_concurrent_and_skips_beyond() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(overlap=Overlap(policy=OverlapPolicy.ALLOW, max_concurrent=2)))
+    n.step(T + MIN)
+    n.step(T + 2 * MIN)
+    n.step(T + 3 * MIN)
+    assert len(n.execs(j)) == 2
+    assert n.missed(j) == {T + 3 * MIN: MissedReason.OVERLAP}
+
+
+def test_7_a_run_leaves_only_after_the_store_applied_its_terminal_state() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec())
+    a = n.run_once(j, T + MIN)
+    n.owner.worker_complete("w1", [(a.run_id, a.fence, Outcome.SUCCEEDED, "")], n.now, n.fx)
+    assert n.owner.runs[a.run_id].phase is Phase.ENDING
+    assert n.fx.completions[0].state is RunState.SUCCEEDED
+    n.step()
+    assert a.run_id not in n.owner.runs
+    assert n.execs(j) == [(T + MIN, 0, RunState.SUCCEEDED)]
+
+
+# -- the run lifecycle -------------------------------------------------------------------
+
+
+def test_dispatch_grants_the_grace_lease_and_the_ack_the_full_lease() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(timeout_ms=HOUR))
+    a = n.run_once(j, T + MIN, ack=False)
+    assert a.lease_ms == n.config.grace_lease_ms
+    run = n.owner.runs[a.run_id]
+    assert (run.phase, run.lease_deadline) == (Phase.DISPATCHED, T + MIN + n.config.grace_lease_ms)
+    n.now += 1_000
+    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
+    n.step()
+    assert (run.phase, run.lease_deadline) == (Phase.RUNNING, n.now + n.config.lease_ms)
+    assert n.execs(j) == [(T + MIN, 0, RunState.RUNNING)]
+
+
+def test_an_unacked_run_loses_its_grace_lease_and_is_redispatched() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec())
+    a = n.run_once(j, T + MIN, ack=False)
+    n.silent.add("w1")
+    n.hello("w2")
+    fx = n.step(T + MIN + n.config.grace_lease_ms)
+    assert fx.revokes["w1"][0].reason is RevokeReason.LEASE_EXPIRED
+    assert [c.attempt for c in fx.claims] == [1]
+    # The worker that let its lease lapse gets nothing until it speaks again.
+    assert [b.attempt for b in fx.assignments["w2"]] == [1] and "w1" not in fx.assignments
+    assert n.execs(j)[0] == (T + MIN, 0, RunState.LOST)
+    # The slow worker's late ack is refused.
+    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
+    assert n.step().violations["w1"]
+
+
+def test_heartbeats_renew_the_lease_and_silence_loses_it() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(timeout_ms=HOUR, schedule=Once(at_ms=T + MIN)))
+    a = n.run_once(j, T + MIN)
+    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
+    for k in range(1, 10):  # 9 heartbeats, each within a lease of the last
+        n.step(T + MIN + k * n.config.heartbeat_interval_ms)
+        n.owner.worker_heartbeat("w1", [(a.run_id, a.fence)], n.now, n.fx)
+    assert n.step().claims == [] and n.execs(j) == [(T + MIN, 0, RunState.RUNNING)]
+    n.silent.add("w1")
+    n.hello("w2")
+    fx = n.step(n.now + n.config.lease_ms)
+    assert fx.revokes["w1"][0].reason is RevokeReason.LEASE_EXPIRED
+    assert n.execs(j)[0][2] is RunState.LOST and fx.claims[0].attempt == 1
+
+
+def test_a_claimed_run_whose_worker_left_waits_ready_for_another() -> None:
+    n = Node()
+    n.hello("w1")
+    j = n.submit(spec())
+    n.owner.advance(T + MIN, n.fx)  # the claim is on its way to the store
+    n.now = T + MIN
+    n.owner.worker_disconnect("w1")
+    fx = n.step()
+    assert not fx.assignments
+    [run] = n.owner.runs.values()
+    assert run.phase is Phase.READY
+    n.hello("w2")
+    fx = n.step()
+    assert [a.job_id for a in fx.assignments["w2"]] == [j] and run.phase is Phase.DISPATCHED
+
+
+def test_timeout_revokes_and_retries_then_dead_letters_on_the_last_attempt() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(
+        spec(
+            timeout_ms=10 * SEC, retry=Retry(max_attempts=2, initial_backoff_ms=0, max_backoff_ms=0)
+        )
+    )
+    a = n.run_once(j, T + MIN)
+    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
+    fx = n.step(T + MIN + 10 * SEC)
+    assert fx.revokes["w1"][0].reason is RevokeReason.TIMED_OUT
+    [retry] = fx.assignments["w1"]
+    assert retry.attempt == 1 and retry.idempotency_key == a.idempotency_key
+    n.owner.worker_ack("w1", [(retry.run_id, retry.fence)], n.now, n.fx)
+    fx = n.step(n.now + 10 * SEC)
+    assert [s for _, _, s in n.execs(j)] == [RunState.TIMED_OUT, RunState.DEAD_LETTERED]
+    assert any("dead-lettered" in x for x in fx.alerts)
+
+
+def test_an_at_most_once_run_is_never_redispatched_once_handed_out() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(side_effect=SideEffect.AT_MOST_ONCE, timeout_ms=10 * SEC))
+    a = n.run_once(j, T + MIN, ack=False)
+    n.silent.add("w1")
+    n.hello("w2")
+    fx = n.step(T + MIN + n.config.grace_lease_ms)  # lease lost: outcome unknown
+    assert n.execs(j) == [(T + MIN, 0, RunState.UNKNOWN)] and not fx.claims
+    assert any("at_most_once" in x for x in fx.alerts)
+    n.silent.clear()
+    b = n.run_once(j, T + 2 * MIN, "w2", ack=False)
+    n.owner.worker_ack("w2", [(b.run_id, b.fence)], n.now, n.fx)
+    fx = n.step(T + 2 * MIN + 10 * SEC)  # timed out: may have run, not retried
+    assert n.execs(j)[1] == (T + 2 * MIN, 0, RunState.DEAD_LETTERED) and not fx.claims
+    del a
+
+
+def test_cancel_during_a_run_revokes_it_and_records_it_cancelled() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec())
+    a = n.run_once(j, T + MIN)
+    updated = n.store.set_job_state(j, JobState.CANCELLED, next_run_at=None, now_ms=n.now)
+    n.owner.cancel_job(j, n.fx)
+    n.owner.upsert_job(updated, n.now, n.fx)
+    fx = n.step()
+    assert fx.revokes["w1"][0].reason is RevokeReason.CANCELLED
+    assert n.execs(j) == [(T + MIN, 0, RunState.CANCELLED)]
+    assert not n.step(T + HOUR).claims and j not in n.owner.jobs
+    fx = n.complete(a)  # the worker finishes anyway: refused
+    assert fx.results["w1"][0].accepted is False
+
+
+def test_pause_records_fires_as_paused_and_resume_starts_from_now_without_a_burst() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec())
+    n.complete(n.run_once(j, T + MIN))
+    n.now = T + MIN + 30 * SEC
+    paused = n.store.set_job_state(j, JobState.PAUSED, next_run_at=None, now_ms=n.now)
+    n.owner.upsert_job(paused, n.now, n.fx)
+    assert not n.step(T + 10 * MIN).claims
+    resume_at = T + 10 * MIN + 30 * SEC
+    n.now = resume_at
+    record = n.store.get_job(j)
+    nxt = compile_schedule(record.spec.schedule, jitter_ms=0, job_id=j).next_fire(resume_at)
+    updated = n.store.set_job_state(j, JobState.ACTIVE, next_run_at=nxt, now_ms=resume_at)
+    n.owner.upsert_job(updated, resume_at, n.fx)
+    n.owner.record_paused_fires(j, record.updated_at_ms, resume_at, n.fx)
+    fx = n.step()
+    assert not fx.claims  # no burst of the nine fires missed while paused
+    assert n.missed(j) == {T + k * MIN: MissedReason.PAUSED for k in range(2, 11)}
+    assert [c.scheduled_for for c in n.step(T + 11 * MIN).claims] == [T + 11 * MIN]
+
+
+def test_pausing_after_the_nominal_time_of_a_jittered_fire_records_it() -> None:
+    n = Node()
+    n.hello()
+    s = spec(jitter_ms=30 * SEC)
+    j = n.submit(s)
+    due = compile_schedule(s.schedule, jitter_ms=s.jitter_ms, job_id=j).jittered(T + MIN)
+    n.step(T + MIN)
+    n.now = (T + MIN + due) // 2 if due > T + MIN + 1 else T + MIN
+    paused = n.store.set_job_state(j, JobState.PAUSED, next_run_at=None, now_ms=n.now)
+    n.owner.upsert_job(paused, n.now, n.fx)
+    n.step()
+    assert n.missed(j) == {T + MIN: MissedReason.PAUSED}
+
+
+def test_trigger_runs_now_with_its_own_fire_time_and_leaves_the_schedule_alone() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec())
+    n.now = T + 10 * SEC
+    at = n.owner.trigger(j, n.now, n.fx)
+    [c] = n.step().claims
+    assert (c.scheduled_for, c.advance) == (at, False)
+    assert n.store.jobs[j].next_run_at == T + MIN
+
+
+def test_backfill_runs_past_fires_as_overdue_work_without_moving_the_schedule() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(overlap=Overlap(policy=OverlapPolicy.ALLOW, max_concurrent=5)))
+    n.owner.backfill(j, [T - 3 * MIN, T - 2 * MIN], n.now)
+    fx = n.step()
+    assert sorted(c.scheduled_for for c in fx.claims) == [T - 3 * MIN, T - 2 * MIN]
+    assert all(not c.advance for c in fx.claims)
+    assert n.store.jobs[j].next_run_at == T + MIN
+
+
+def test_fixed_delay_next_fire_counts_from_the_completion() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(
+        spec(schedule=Interval(period_ms=MIN, start_at_ms=T + MIN, mode=IntervalMode.FIXED_DELAY))
+    )
+    a = n.run_once(j, T + MIN)
+    assert not n.step(T + 2 * MIN).claims  # not a fixed rate: the run is still going
+    n.now = T + 2 * MIN + 17 * SEC
+    n.complete(a)
+    assert n.owner.next_fires(j, 1) == [T + 3 * MIN + 17 * SEC]
+    assert n.store.jobs[j].next_run_at == T + 3 * MIN + 17 * SEC
+    assert [c.scheduled_for for c in n.step(T + 3 * MIN + 17 * SEC).claims] == [
+        T + 3 * MIN + 17 * SEC
+    ]
+
+
+def test_a_one_shot_completes_the_job_when_claimed() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
+    [c] = n.step(T + MIN).claims
+    assert c.new_next_run_at is None
+    assert n.store.jobs[j].state is JobState.COMPLETED
+    n.complete(_assignment(n, c.fence))
+    assert j not in n.owner.jobs and not n.step(T + DAY_MS).claims
+
+
+DAY_MS = 24 * HOUR
+
+
+# -- catch-up after downtime ----------------------------------------------------------------
+
+
+def _restarted_with_backlog(mode: CatchUpMode, **kw: object) -> tuple[Node, int]:
+    """A job every minute whose next_run_at is 10 minutes in the past."""
+    n = Node(now=T + 10 * MIN + 30 * SEC)
+    n.hello()
+    j = n.submit(
+        spec(
+            catch_up=CatchUp(mode=mode, **kw),  # type: ignore[arg-type]
+            overlap=Overlap(policy=OverlapPolicy.ALLOW, max_concurrent=20),
+        ),
+        next_run_at=T + MIN,
+    )
+    return n, j
+
+
+def test_catch_up_run_latest_only_runs_the_newest_and_records_the_rest_collapsed() -> None:
+    n, j = _restarted_with_backlog(CatchUpMode.RUN_LATEST_ONLY)
+    fx = n.step()
+    assert [c.scheduled_for for c in fx.claims] == [T + 10 * MIN]
+    assert n.missed(j) == {T + k * MIN: MissedReason.COLLAPSED for k in range(1, 10)}
+    assert n.store.jobs[j].next_run_at == T + 11 * MIN
+
+
+def test_catch_up_run_all_runs_every_fire_inside_the_cap() -> None:
+    n, j = _restarted_with_backlog(CatchUpMode.RUN_ALL, max_count=100)
+    claimed: list[int] = []
+    for k in range(20):
+        claimed += [c.scheduled_for for c in n.step(n.now + k).claims]
+    assert claimed == [T + k * MIN for k in range(1, 11)] and n.missed(j) == {}
+
+
+def test_catch_up_run_all_past_the_cap_collapses_with_an_alert() -> None:
+    n, j = _restarted_with_backlog(CatchUpMode.RUN_ALL, max_count=3)
+    fx = n.step()
+    assert [c.scheduled_for for c in fx.claims] == [T + 10 * MIN]
+    assert set(n.missed(j).values()) == {MissedReason.OVER_CAP}
+    assert any("max_count" in a for a in fx.alerts)
+
+
+def test_catch_up_skip_runs_nothing_and_records_every_fire_skipped() -> None:
+    n, j = _restarted_with_backlog(CatchUpMode.SKIP)
+    assert not n.step().claims
+    assert n.missed(j) == {T + k * MIN: MissedReason.SKIPPED for k in range(1, 11)}
+    assert n.store.jobs[j].next_run_at == T + 11 * MIN
+
+
+def test_catch_up_window_records_older_fires_outside_it() -> None:
+    n, j = _restarted_with_backlog(CatchUpMode.RUN_ALL, window_ms=3 * MIN)
+    n.step()
+    missed = n.missed(j)
+    assert {f for f, r in missed.items() if r is MissedReason.OUTSIDE_WINDOW} == {
+        T + k * MIN for k in range(1, 8)
+    }
+
+
+def test_catch_up_of_a_fixed_delay_job_that_skips_keeps_the_schedule_alive() -> None:
+    n = Node(now=T + HOUR)
+    n.hello()
+    j = n.submit(
+        spec(
+            schedule=Interval(period_ms=MIN, start_at_ms=T + MIN, mode=IntervalMode.FIXED_DELAY),
+            catch_up=CatchUp(mode=CatchUpMode.SKIP),
+        ),
+        next_run_at=T + MIN,
+    )
+    n.step()
+    assert n.missed(j) == {T + MIN: MissedReason.SKIPPED}
+    assert [c.scheduled_for for c in n.step(T + HOUR + MIN).claims] == [T + HOUR + MIN]
+
+
+# -- overdue budget and fairness --------------------------------------------------------------
+
+
+def _tenant_spec(tenant: str, start: int) -> JobSpec:
+    return spec(
+        tenant=tenant,
+        schedule=Once(at_ms=start),
+        catch_up=CatchUp(mode=CatchUpMode.RUN_ALL),
+    )
+
+
+def test_fresh_fires_go_before_overdue_ones_and_overdue_work_is_budgeted_fairly() -> None:
+    # 1,000 overdue/s budget (20% of 5,000/s), burst 100.
+    n = Node(OwnerConfig(dispatch_rate_per_s=5_000))
+    n.hello(capacity=100_000)
+    a_jobs = [n.submit(_tenant_spec("A", T - HOUR), next_run_at=T - HOUR) for _ in range(10_000)]
+    b_over = [n.submit(_tenant_spec("B", T - HOUR), next_run_at=T - HOUR) for _ in range(50)]
+    b_fresh = n.submit(_tenant_spec("B", T + SEC))
+    fx = n.step()
+    first = {c.job_id for c in fx.claims}
+    assert len(first) <= 100  # the overdue bucket's burst
+    # B's overdue fires are not starved behind A's 10,000: they share the budget.
+    assert len(first & set(b_over)) >= 40
+    fx = n.step(T + SEC)
+    ids = [c.job_id for c in fx.claims]
+    assert ids[0] == b_fresh  # fresh before overdue, whatever the backlog
+    assert len(ids) <= 1 + 1_000 + 1  # one second of overdue budget
+    # A node waking every 100 ms gets the budget's rate: ~1,000 overdue/s.
+    total = 0
+    for k in range(1, 101):
+        total += len(n.step(T + SEC + k * 100).claims)
+    assert total == pytest.approx(10 * 1_000, rel=0.02)
+    assert len(set(a_jobs)) == 10_000
+
+
+# -- the reaper ---------------------------------------------------------------------------------
+
+
+def test_reaper_redispatches_expired_leases_while_the_fleet_has_room() -> None:
+    n = Node(OwnerConfig(busy_threshold=0.85))
+    n.hello("w1", capacity=10)
+    n.hello("w2", capacity=10)
+    for _ in range(20):
+        n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=HOUR))
+    fx = n.step(T + MIN)
+    for a in fx.assignments["w1"]:
+        n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
+    n.silent.add("w2")  # w2 never acks: its 10 grace leases expire
+    n.hello("w3", capacity=10)
+    fx = n.step(T + MIN + n.config.grace_lease_ms)
+    assert len([r for r in fx.revokes["w2"] if r.reason is RevokeReason.LEASE_EXPIRED]) == 10
+    # 10 busy of 30 slots (<= 85%): all ten re-dispatched, to the healthy worker.
+    assert len(fx.assignments["w3"]) == 10 and all(a.attempt == 1 for a in fx.assignments["w3"])
+    assert not n.owner.reaper_paused
+
+
+def test_reaper_pauses_and_alerts_above_the_busy_threshold_and_resumes_below() -> None:
+    n = Node(OwnerConfig(busy_threshold=0.5))
+    n.hello("w1", capacity=10)
+    n.hello("w2", capacity=4)
+    for _ in range(14):
+        n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=HOUR))
+    fx = n.step(T + MIN)
+    w1 = fx.assignments["w1"]
+    for a in w1:
+        n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
+    n.silent.add("w2")
+    n.hello("w3", capacity=4)
+    fx = n.step(T + MIN + n.config.grace_lease_ms)  # w2's 4 runs lose their lease
+    assert n.owner.reaper_paused  # 10 of 18 slots busy > 50%
+    assert not [c for c in fx.claims if c.attempt == 1]
+    assert any("reaper paused" in a for a in fx.alerts)
+    redispatched = []
+    for a in w1[:6]:
+        redispatched += [c for c in n.complete(a).claims if c.attempt == 1]
+    redispatched += [c for c in n.step(n.now + 1).claims if c.attempt == 1]
+    assert not n.owner.reaper_paused
+    assert len(redispatched) == 4
+
+
+def test_reaper_rate_limits_redispatch() -> None:
+    n = Node(OwnerConfig(reaper_rate_per_s=10, reaper_burst=5, busy_threshold=1.0))
+    n.hello("w1", capacity=100)
+    for _ in range(50):
+        n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=HOUR))
+    n.step(T + MIN)
+    n.silent.add("w1")
+    n.hello("w2", capacity=100)
+    fx = n.step(T + MIN + n.config.grace_lease_ms)
+    assert len([c for c in fx.claims if c.attempt == 1]) == 5  # the burst
+    start = n.now
+    again = 0
+    for k in range(1, 11):  # the node wakes at least every 0.5 s; here every 100 ms
+        again += len([c for c in n.step(start + k * 100).claims if c.attempt == 1])
+    assert again == 10  # then 10/s
+
+
+# -- restarts ---------------------------------------------------------------------------------
+
+
+def test_a_restored_run_completed_before_its_first_heartbeat_is_accepted() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=HOUR))
+    a = n.run_once(j, T + MIN)
+    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
+    n.step()
+    # The node restarts; the worker reconnects and re-sends its completion first.
+    owner = Owner(epochs={s: 2 for s in range(256)}, now_ms=n.now, config=n.config)
+    load = n.store.load_shards(range(256))
+    for record in load.jobs:
+        owner.upsert_job(record, n.now, n.fx)
+    owner.restore_inflight(load.inflight, n.now)
+    n.owner = owner
+    n.hello()
+    fx = n.complete(a)
+    assert fx.results["w1"][0].accepted
+    assert n.execs(j) == [(T + MIN, 0, RunState.SUCCEEDED)]
+
+
+def test_upsert_of_a_store_row_is_idempotent() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec())
+    record: JobRecord = n.store.get_job(j)
+    for _ in range(3):
+        n.owner.upsert_job(record, n.now, n.fx)
+    assert [c.scheduled_for for c in n.step(T + MIN).claims] == [T + MIN]
