@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import sqlite3
@@ -109,6 +110,7 @@ def main() -> None:
     p.add_argument("--pool", default="default")
     p.add_argument("--capacity", type=int, default=8)
     ns = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     worker = Worker(
         ns.target,
         worker_id=ns.worker_id,

@@ -1,0 +1,407 @@
+"""Leases, fences and run policies with real processes on loopback: a node
+(`wheelctl serve` with a 2 s lease) and worker processes that the tests kill,
+stop and resume. Each test has its own pool, so its runs go to its own workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.e2e_handlers import events
+from tests.e2e.procs import HERE, ServerProc, wait_for
+from wheel.client import Client
+from wheel.engine.spec import (
+    Interval,
+    JobSpec,
+    Once,
+    Overlap,
+    OverlapPolicy,
+    Retry,
+)
+from wheel.rpc.v1 import jobs_pb2
+
+pytestmark = pytest.mark.slow
+
+LEASE_MS = 2_000
+GRACE_MS = 1_000
+
+
+class TunedServer(ServerProc):
+    """``wheelctl serve`` with extra flags (short leases for fast tests)."""
+
+    def __init__(self, data_dir: Path, *flags: str) -> None:
+        super().__init__(data_dir)
+        self.flags = list(flags)
+
+    def start(self) -> None:
+        args = ["serve", "--data-dir", str(self.data_dir), "--listen", self.target, *self.flags]
+        self.starts += 1
+        with open(self.data_dir.parent / f"server-{self.starts}.log", "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "wheel", *args], stderr=log, stdout=log
+            )
+        wait_for(self.healthy, 30, "the node to serve")
+
+
+class Workers:
+    """Worker processes (``python -m e2e_handlers``) of one test, by pid."""
+
+    def __init__(self, target: str, out: Path, pool: str) -> None:
+        self.target = target
+        self.out = out
+        self.pool = pool
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.logs: dict[int, Path] = {}
+
+    def start(self, worker_id: str, capacity: int = 8) -> int:
+        env = dict(os.environ, WHEEL_E2E_OUT=str(self.out), PYTHONPATH=str(HERE))
+        log_path = self.out.parent / f"{worker_id}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "e2e_handlers",
+                    "--target",
+                    self.target,
+                    "--worker-id",
+                    worker_id,
+                    "--pool",
+                    self.pool,
+                    "--capacity",
+                    str(capacity),
+                ],
+                env=env,
+                stdout=log,
+                stderr=log,
+            )
+        self.procs[proc.pid] = proc
+        self.logs[proc.pid] = log_path
+        wait_for(lambda: b"connected to" in log_path.read_bytes(), 30, f"{worker_id} to connect")
+        return proc.pid
+
+    def signal(self, pid: int, sig: int) -> None:
+        self.procs[pid].send_signal(sig)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TunedServer]:
+    root = tmp_path_factory.mktemp("leases")
+    srv = TunedServer(root / "data", "--lease-ms", str(LEASE_MS), "--grace-lease-ms", str(GRACE_MS))
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def client(server: TunedServer) -> Iterator[Client]:
+    with Client(server.target) as c:
+        yield c
+
+
+@pytest.fixture
+def workers(
+    server: TunedServer, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Workers]:
+    ws = Workers(server.target, tmp_path / "out.txt", pool=request.node.name[:90])
+    try:
+        yield ws
+    finally:
+        ws.stop_all()
+
+
+STATE = {v: k.removeprefix("RUN_STATE_").lower() for k, v in jobs_pb2.RunState.items()}
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def job(pool: str, payload: dict[str, Any] | None = None, **kw: Any) -> JobSpec:
+    kw.setdefault("schedule", Once(at_ms=now_ms()))
+    return JobSpec(
+        name="lease-test",
+        handler="scripted",
+        pool=pool,
+        payload=json.dumps(payload or {}).encode(),
+        **kw,
+    )
+
+
+def runs(client: Client, job_id: int) -> list[tuple[int, str]]:
+    """(attempt, state) of every execution, oldest attempt first."""
+    return sorted((r.attempt, STATE[r.state]) for r in client.runs(job_id) if r.run_id)
+
+
+def submit(client: Client, spec: JobSpec) -> int:
+    return int(client.submit(spec)[0].job_id)
+
+
+def of_job(out: Path, job_id: int, event: str | None = None) -> list[dict[str, Any]]:
+    return [e for e in events(out) if e["job"] == job_id and event in (None, e["event"])]
+
+
+def test_a_worker_killed_mid_run_loses_the_fire_to_another_within_the_lease(
+    client: Client, workers: Workers
+) -> None:
+    a = workers.start("kill-a")
+    b = workers.start("kill-b")
+    job_id = submit(client, job(workers.pool, {"sleep_s": [60, 0]}))
+    started = wait_for(lambda: of_job(workers.out, job_id, "start"), 20, "the first attempt")
+    holder = started[0]["pid"]
+    assert holder in (a, b)
+    workers.signal(holder, signal.SIGKILL)
+    killed_at = now_ms()
+    wait_for(
+        lambda: runs(client, job_id) == [(0, "lost"), (1, "succeeded")],
+        20,
+        "the re-dispatched attempt to succeed",
+    )
+    by_attempt = {r.attempt: r for r in client.runs(job_id)}
+    # Re-dispatched once the lease (renewed by heartbeats until the kill) ran out.
+    assert by_attempt[1].dispatched_at_ms - killed_at <= LEASE_MS + 1_500
+    assert by_attempt[1].fence > by_attempt[0].fence
+    assert by_attempt[1].idempotency_key == by_attempt[0].idempotency_key
+    ends = of_job(workers.out, job_id, "end")
+    assert [(e["attempt"], e["pid"]) for e in ends] == [(1, ({a, b} - {holder}).pop())]
+
+
+def test_a_stopped_worker_past_its_lease_is_fenced_out_by_the_newer_attempt(
+    client: Client, workers: Workers
+) -> None:
+    a = workers.start("stop-a")
+    b = workers.start("stop-b")
+    job_id = submit(client, job(workers.pool, {"sleep_s": [3, 0], "fenced": True}))
+    first = wait_for(lambda: of_job(workers.out, job_id, "start"), 20, "the first attempt")[0]
+    holder = first["pid"]
+    workers.signal(holder, signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: runs(client, job_id) == [(0, "lost"), (1, "succeeded")],
+            20,
+            "the newer attempt to win",
+        )
+        writes = of_job(workers.out, job_id, "fenced_write")
+        assert [(w["attempt"], w["accepted"], w["pid"]) for w in writes] == [
+            (1, True, ({a, b} - {holder}).pop())
+        ]
+    finally:
+        workers.signal(holder, signal.SIGCONT)
+    # The zombie wakes up believing nothing happened and writes with its old
+    # fence: the resource refuses it.
+    stale = wait_for(
+        lambda: [w for w in of_job(workers.out, job_id, "fenced_write") if w["attempt"] == 0],
+        20,
+        "the stale attempt's write",
+    )
+    assert stale[0]["accepted"] is False and stale[0]["fence"] < writes[0]["fence"]
+    # ...and the scheduler's record of the fire does not move either.
+    wait_for(
+        lambda: (
+            of_job(workers.out, job_id, "end")[-1:] and len(of_job(workers.out, job_id, "end")) == 2
+        ),
+        20,
+        "the stale attempt to finish",
+    )
+    time.sleep(0.5)  # room for a stale completion to (wrongly) land
+    assert runs(client, job_id) == [(0, "lost"), (1, "succeeded")]
+    # The stopped worker did not get the fire back while it was silent.
+    assert [r.worker_id for r in client.runs(job_id) if r.attempt == 1] != [
+        r.worker_id for r in client.runs(job_id) if r.attempt == 0
+    ]
+
+
+def test_retries_back_off_and_then_dead_letter(client: Client, workers: Workers) -> None:
+    workers.start("retry")
+    retry = Retry(max_attempts=3, initial_backoff_ms=100, max_backoff_ms=300)
+    doomed = submit(client, job(workers.pool, {"fail": 99}, retry=retry))
+    flaky = submit(client, job(workers.pool, {"fail": 2}, retry=retry))
+    permanent = submit(client, job(workers.pool, {"permanent": True}, retry=retry))
+    wait_for(
+        lambda: runs(client, doomed) == [(0, "failed"), (1, "failed"), (2, "dead_lettered")],
+        20,
+        "the dead letter",
+    )
+    wait_for(
+        lambda: runs(client, flaky) == [(0, "failed"), (1, "failed"), (2, "succeeded")],
+        20,
+        "the third attempt to succeed",
+    )
+    wait_for(lambda: runs(client, permanent) == [(0, "dead_lettered")], 20, "no retry")
+    dead = list(client.runs(doomed, states=["dead_lettered"]))
+    assert len(dead) == 1 and "scripted failure of attempt 2" in dead[0].error
+    keys = {r.idempotency_key for r in client.runs(doomed)}
+    assert len(keys) == 1  # stable across attempts
+
+
+def test_a_run_past_its_timeout_is_revoked_and_retried(client: Client, workers: Workers) -> None:
+    workers.start("timeout")
+    job_id = submit(
+        client,
+        job(
+            workers.pool,
+            {"sleep_s": 30},
+            timeout_ms=800,
+            retry=Retry(max_attempts=2, initial_backoff_ms=100, max_backoff_ms=100),
+        ),
+    )
+    wait_for(
+        lambda: (
+            len(runs(client, job_id)) == 2
+            and runs(client, job_id)[1][1] not in ("dispatched", "running")
+        ),
+        20,
+        "both attempts to end",
+    )
+    attempts = sorted((r for r in client.runs(job_id) if r.run_id), key=lambda r: r.attempt)
+    assert STATE[attempts[0].state] in ("timed_out", "failed")
+    assert STATE[attempts[1].state] == "dead_lettered"
+    for r in attempts:
+        assert "timed out" in r.error
+        # Ended near the timeout, not after the handler's 30 s.
+        assert r.finished_at_ms - r.dispatched_at_ms < 800 + 1_500
+
+
+def test_cancel_during_a_run_revokes_it_and_nothing_more_runs(
+    client: Client, workers: Workers
+) -> None:
+    workers.start("cancel")
+    job_id = submit(
+        client,
+        job(workers.pool, {"sleep_s": 2}, schedule=Interval(period_ms=500, start_at_ms=now_ms())),
+    )
+    wait_for(lambda: of_job(workers.out, job_id, "start"), 20, "the run to start")
+    cancelled = client.cancel(job_id)
+    assert cancelled.state == jobs_pb2.JOB_STATE_CANCELLED
+    wait_for(lambda: runs(client, job_id) == [(0, "cancelled")], 10, "the run to be cancelled")
+    # The handler finishes its sleep; its completion must not revive the run.
+    wait_for(lambda: of_job(workers.out, job_id, "end"), 10, "the handler to return")
+    time.sleep(0.5)
+    assert runs(client, job_id) == [(0, "cancelled")]
+    assert len(of_job(workers.out, job_id, "start")) == 1
+    assert client.cancel(job_id).state == jobs_pb2.JOB_STATE_CANCELLED  # idempotent
+
+
+def test_pause_then_resume_runs_from_now_without_a_burst(client: Client, workers: Workers) -> None:
+    workers.start("pause")
+    period = 300
+    job_id = submit(
+        client,
+        job(workers.pool, schedule=Interval(period_ms=period, start_at_ms=now_ms() + period)),
+    )
+    wait_for(lambda: len(of_job(workers.out, job_id, "end")) >= 2, 20, "two runs")
+    client.pause(job_id)
+    paused_at = now_ms()
+    time.sleep(2.0)  # fires come due while paused
+    resume_sent = now_ms()
+    client.resume(job_id)
+    wait_for(
+        lambda: (
+            len([e for e in of_job(workers.out, job_id, "start") if e["t"] * 1000 > resume_sent])
+            >= 3
+        ),
+        20,
+        "runs after the resume",
+    )
+    client.pause(job_id)
+    all_runs = list(client.runs(job_id))
+    ran = sorted(r.scheduled_for_ms for r in all_runs if r.run_id)
+    missed = {r.scheduled_for_ms: r.missed_reason for r in all_runs if not r.run_id}
+    # Nothing that came due while paused ran, late or otherwise: no burst.
+    assert not [f for f in ran if paused_at + 50 < f < resume_sent - 50]
+    while_paused = [
+        f for f in range(ran[0], resume_sent, period) if paused_at + 50 < f < resume_sent - 50
+    ]
+    assert len(while_paused) >= 5
+    assert all(missed.get(f) == "paused" for f in while_paused), (while_paused, missed)
+    # After the resume, runs follow the schedule one period apart.
+    starts = sorted(
+        e["t"] * 1000 for e in of_job(workers.out, job_id, "start") if e["t"] * 1000 > resume_sent
+    )
+    first_second = [t for t in starts if t < resume_sent + 1000]
+    assert len(first_second) <= 1000 // period + 1
+
+
+def _max_concurrency(evs: list[dict[str, Any]]) -> int:
+    edges = sorted(
+        (e["t"], 1 if e["event"] == "start" else -1) for e in evs if e["event"] in ("start", "end")
+    )
+    level = peak = 0
+    for _, d in edges:
+        level += d
+        peak = max(peak, level)
+    return peak
+
+
+def test_overlap_policies(client: Client, workers: Workers) -> None:
+    workers.start("overlap", capacity=8)
+    period, run_s = 400, 1.0
+    start = now_ms() + 300
+    ids = {}
+    for name, overlap in {
+        "skip": Overlap(policy=OverlapPolicy.SKIP),
+        "buffer_one": Overlap(policy=OverlapPolicy.BUFFER_ONE),
+        "buffer_all": Overlap(policy=OverlapPolicy.BUFFER_ALL, max_buffered=100),
+        "allow": Overlap(policy=OverlapPolicy.ALLOW, max_concurrent=2),
+    }.items():
+        ids[name] = submit(
+            client,
+            job(
+                workers.pool,
+                {"sleep_s": run_s},
+                schedule=Interval(period_ms=period, start_at_ms=start),
+                overlap=overlap,
+            ),
+        )
+    wait_for(
+        lambda: all(len(of_job(workers.out, j, "end")) >= 3 for j in ids.values()),
+        30,
+        "three runs of every job",
+    )
+    for j in ids.values():
+        client.pause(j)
+    # Let the runs in flight finish.
+    wait_for(
+        lambda: all(
+            len(of_job(workers.out, j, "end")) == len(of_job(workers.out, j, "start"))
+            for j in ids.values()
+        ),
+        10,
+        "runs in flight to end",
+    )
+    out: dict[str, tuple[int, list[str]]] = {}
+    for name, j in ids.items():
+        rs = list(client.runs(j))
+        out[name] = (
+            _max_concurrency(of_job(workers.out, j)),
+            [r.missed_reason for r in rs if not r.run_id],
+        )
+        fires = sorted(r.scheduled_for_ms for r in rs)
+        # No silent drop: every fire from the first to the last has a record.
+        assert fires == list(range(start, fires[-1] + 1, period)), name
+    assert out["skip"][0] == 1 and "overlap" in out["skip"][1]
+    assert out["buffer_one"][0] == 1 and "overlap" in out["buffer_one"][1]
+    assert out["buffer_all"][0] == 1 and "overlap" not in out["buffer_all"][1]
+    assert out["allow"][0] == 2 and "overlap" in out["allow"][1]
+    # buffer_one runs the fire it held back right after the run it waited for.
+    ran = sorted(r.scheduled_for_ms for r in client.runs(ids["buffer_one"]) if r.run_id)
+    skipped = sorted(r.scheduled_for_ms for r in client.runs(ids["skip"]) if r.run_id)
+    assert len(ran) >= len(skipped)
