@@ -49,11 +49,14 @@ from wheel.errors import (
     NotFound,
     StoreError,
     StoreUnavailable,
+    WheelError,
 )
 from wheel.recovery import restore_owner
 from wheel.store.base import Store
 
 log = logging.getLogger("wheel.node")
+# Submits written in one store transaction at most.
+MAX_SUBMIT_BATCH = 1_000
 T = TypeVar("T")
 
 
@@ -126,6 +129,9 @@ class Node:
         self._lags: deque[int] = deque(maxlen=10_000)
         self.alerts: deque[str] = deque(maxlen=1_000)
         self.ready = asyncio.Event()
+        self._submits: list[tuple[NewJob, asyncio.Future[tuple[JobRecord, bool] | WheelError]]]
+        self._submits = []
+        self._submit_flusher: asyncio.Task[None] | None = None
         self._checkpoint: Checkpoint | None = None
         self._logged_watermark = -1
         self._snapshotting: threading.Thread | None = None
@@ -448,6 +454,40 @@ class Node:
         )
 
     async def submit(self, spec: JobSpec, idempotency_key: str | None) -> tuple[JobRecord, bool]:
+        """Validate, then store with every other submit waiting at the same
+        moment in one transaction (group commit), then schedule."""
+        new = self._new_job(spec, idempotency_key)
+        future: asyncio.Future[tuple[JobRecord, bool] | WheelError] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._submits.append((new, future))
+        if self._submit_flusher is None or self._submit_flusher.done():
+            self._submit_flusher = asyncio.create_task(self._flush_submits())
+        result = await future
+        if isinstance(result, WheelError):
+            raise result
+        return result
+
+    async def _flush_submits(self) -> None:
+        while self._submits:
+            batch, self._submits = (
+                self._submits[:MAX_SUBMIT_BATCH],
+                self._submits[MAX_SUBMIT_BATCH:],
+            )
+            try:
+                results = await self._api(self.store.submit_jobs, [n for n, _ in batch])
+            except WheelError as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), result in zip(batch, results, strict=True):
+                if not isinstance(result, WheelError) and result[1]:
+                    self._apply_record(result[0])
+                if not future.done():
+                    future.set_result(result)
+
+    def _new_job(self, spec: JobSpec, idempotency_key: str | None) -> NewJob:
         now = self.clock.now_ms()
         # Validates the schedule (cron syntax, zone) before anything is stored.
         first = self.first_fire(0, spec, now)
@@ -455,13 +495,9 @@ class Node:
             # A one-shot submitted late is due now, not never: its catch-up
             # policy decides whether it runs or is recorded as missed.
             first = spec.schedule.at_ms
-        new = NewJob(
+        return NewJob(
             spec=spec, created_at_ms=now, next_run_at=first, idempotency_key=idempotency_key
         )
-        record, created = await self._api(self.store.submit_job, new)
-        if created:
-            self._apply_record(record)
-        return record, created
 
     def _apply_record(self, record: JobRecord) -> None:
         owner = self._owner()

@@ -113,6 +113,25 @@ def test_same_idempotency_key_with_another_body_is_already_exists(store: Store) 
         store.submit_job(interval_job("another name", key="k1"))
 
 
+def test_submit_jobs_commits_a_batch_and_isolates_a_key_conflict(store: Store) -> None:
+    store.submit_job(interval_job(key="taken"))
+    results = store.submit_jobs(
+        [
+            interval_job("a"),
+            interval_job("other body", key="taken"),
+            interval_job("b", key="fresh"),
+            interval_job("b", key="fresh"),  # the same key twice in one batch
+        ]
+    )
+    assert isinstance(results[1], AlreadyExists)
+    ok = [r for r in results if not isinstance(r, Exception)]
+    assert [created for _, created in ok] == [True, True, False]
+    assert ok[1][0] == ok[2][0]
+    for record, _ in ok:
+        assert store.get_job(record.job_id) == record
+    assert store.submit_jobs([]) == []
+
+
 def test_idempotency_keys_are_per_tenant(store: Store) -> None:
     a, _ = store.submit_job(interval_job(key="k1", tenant="a"))
     b, created = store.submit_job(interval_job(key="k1", tenant="b"))

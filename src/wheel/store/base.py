@@ -48,6 +48,7 @@ from wheel.engine.records import (
     ScheduleAdvance,
     ShardLoad,
 )
+from wheel.errors import WheelError
 
 __all__ = [
     "SHARD_COUNT",
@@ -85,6 +86,10 @@ class Store(Protocol):
         """Insert a job; returns (job, created). Same (tenant, key) and same body
         returns the existing job with created=False; a different body raises
         ``AlreadyExists``."""
+
+    def submit_jobs(self, news: Sequence[NewJob]) -> list[tuple[JobRecord, bool] | WheelError]:
+        """``submit_job`` for many in ONE transaction (group commit of concurrent
+        submits); a key conflict is returned in that submit's place."""
 
     def get_job(self, job_id: int) -> JobRecord:
         """Raises ``NotFound``."""

@@ -34,7 +34,14 @@ from psycopg import Connection
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
-from wheel.errors import AlreadyExists, InvalidArgument, NotFound, StoreError, StoreUnavailable
+from wheel.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    StoreError,
+    StoreUnavailable,
+    WheelError,
+)
 from wheel.store._schema import (
     INFLIGHT_SQL,
     JOB_COLUMNS,
@@ -340,63 +347,79 @@ class PostgresStore:
     # -- jobs -----------------------------------------------------------------
 
     def submit_job(self, new: NewJob) -> tuple[JobRecord, bool]:
+        # With a key a retry after an unknown commit finds its own job again.
+        return self._run(
+            lambda conn, _: self._submit(conn, new), idempotent=new.idempotency_key is not None
+        )
+
+    def submit_jobs(self, news: Sequence[NewJob]) -> list[tuple[JobRecord, bool] | WheelError]:
+        """Many submits in one transaction (group commit); a key conflict is
+        returned in that submit's place and does not affect the others."""
+        if not news:
+            return []
+
+        def op(conn: Conn, _: _Attempt) -> list[tuple[JobRecord, bool] | WheelError]:
+            out: list[tuple[JobRecord, bool] | WheelError] = []
+            for new in news:
+                try:
+                    out.append(self._submit(conn, new))
+                except AlreadyExists as exc:  # raised before any write of that submit
+                    out.append(exc)
+            return out
+
+        return self._run(op, idempotent=all(n.idempotency_key is not None for n in news))
+
+    def _submit(self, conn: Conn, new: NewJob) -> tuple[JobRecord, bool]:
         spec = new.spec
         spec_json = spec.to_json()
         key = new.idempotency_key
         digest = body_hash(spec) if key is not None else ""
-
-        def op(conn: Conn, _: _Attempt) -> tuple[JobRecord, bool]:
-            if key is not None:
-                # Claim the key first: a concurrent submit with the same key waits
-                # here for ours to commit and then sees it.
-                row = conn.execute(
-                    "INSERT INTO idempotency_keys (tenant, idempotency_key, body_hash, job_id,"
-                    " created_at_ms) VALUES (%s, %s, %s, nextval('job_id_seq'), %s)"
-                    " ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING job_id",
-                    (spec.tenant, key, digest, new.created_at_ms),
+        if key is not None:
+            # Claim the key first: a concurrent submit with the same key waits
+            # here for ours to commit and then sees it.
+            row = conn.execute(
+                "INSERT INTO idempotency_keys (tenant, idempotency_key, body_hash, job_id,"
+                " created_at_ms) VALUES (%s, %s, %s, nextval('job_id_seq'), %s)"
+                " ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING job_id",
+                (spec.tenant, key, digest, new.created_at_ms),
+            ).fetchone()
+            if row is None:
+                existing = conn.execute(
+                    "SELECT body_hash, job_id FROM idempotency_keys"
+                    " WHERE tenant = %s AND idempotency_key = %s",
+                    (spec.tenant, key),
                 ).fetchone()
-                if row is None:
-                    existing = conn.execute(
-                        "SELECT body_hash, job_id FROM idempotency_keys"
-                        " WHERE tenant = %s AND idempotency_key = %s",
-                        (spec.tenant, key),
-                    ).fetchone()
-                    if existing is None:  # pragma: no cover - the conflict row committed
-                        raise StoreError("idempotency key vanished during submit")
-                    if existing[0] != digest:
-                        raise AlreadyExists(
-                            f"idempotency key {key!r} of tenant {spec.tenant!r} was used"
-                            " with a different request"
-                        )
-                    return self._get_job(conn, existing[1]), False
-                job_id = int(row[0])
-            else:
-                seq = conn.execute("SELECT nextval('job_id_seq')").fetchone()
-                assert seq is not None
-                job_id = int(seq[0])
-            conn.execute(
-                "INSERT INTO jobs (job_id, shard, tenant, name, state, next_run_at, one_shot,"
-                " idempotency_key, created_at_ms, updated_at_ms)"
-                " VALUES (%s, %s, %s, %s, 'active', %s, %s, %s, %s, %s)",
-                (
-                    job_id,
-                    shard_of(job_id),
-                    spec.tenant,
-                    spec.name,
-                    new.next_run_at,
-                    not spec.recurring,
-                    key,
-                    new.created_at_ms,
-                    new.created_at_ms,
-                ),
-            )
-            conn.execute(
-                "INSERT INTO job_specs (job_id, spec) VALUES (%s, %s)", (job_id, spec_json)
-            )
-            return self._get_job(conn, job_id), True
-
-        # With a key a retry after an unknown commit finds its own job again.
-        return self._run(op, idempotent=key is not None)
+                if existing is None:  # pragma: no cover - the conflict row committed
+                    raise StoreError("idempotency key vanished during submit")
+                if existing[0] != digest:
+                    raise AlreadyExists(
+                        f"idempotency key {key!r} of tenant {spec.tenant!r} was used"
+                        " with a different request"
+                    )
+                return self._get_job(conn, existing[1]), False
+            job_id = int(row[0])
+        else:
+            seq = conn.execute("SELECT nextval('job_id_seq')").fetchone()
+            assert seq is not None
+            job_id = int(seq[0])
+        conn.execute(
+            "INSERT INTO jobs (job_id, shard, tenant, name, state, next_run_at, one_shot,"
+            " idempotency_key, created_at_ms, updated_at_ms)"
+            " VALUES (%s, %s, %s, %s, 'active', %s, %s, %s, %s, %s)",
+            (
+                job_id,
+                shard_of(job_id),
+                spec.tenant,
+                spec.name,
+                new.next_run_at,
+                not spec.recurring,
+                key,
+                new.created_at_ms,
+                new.created_at_ms,
+            ),
+        )
+        conn.execute("INSERT INTO job_specs (job_id, spec) VALUES (%s, %s)", (job_id, spec_json))
+        return self._get_job(conn, job_id), True
 
     def import_jobs(self, news: Sequence[NewJob]) -> list[int]:
         """Bulk insert of jobs without idempotency keys in one transaction

@@ -26,7 +26,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from wheel.errors import AlreadyExists, InvalidArgument, NotFound, StoreError, StoreUnavailable
+from wheel.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    StoreError,
+    StoreUnavailable,
+    WheelError,
+)
 from wheel.store._schema import (
     INFLIGHT_SQL,
     JOB_COLUMNS,
@@ -228,51 +235,68 @@ class SQLiteStore:
     # -- jobs -----------------------------------------------------------------
 
     def submit_job(self, new: NewJob) -> tuple[JobRecord, bool]:
+        with self._tx(write=True) as cur:
+            return self._submit(cur, new)
+
+    def submit_jobs(self, news: Sequence[NewJob]) -> list[tuple[JobRecord, bool] | WheelError]:
+        """Many submits in one transaction (group commit); a key conflict is
+        returned in that submit's place and does not affect the others."""
+        out: list[tuple[JobRecord, bool] | WheelError] = []
+        if not news:
+            return out
+        with self._tx(write=True) as cur:
+            for new in news:
+                try:
+                    out.append(self._submit(cur, new))
+                except AlreadyExists as exc:  # raised before any write of that submit
+                    out.append(exc)
+        return out
+
+    def _submit(self, cur: sqlite3.Cursor, new: NewJob) -> tuple[JobRecord, bool]:
         spec = new.spec
         spec_json = spec.to_json()
         key = new.idempotency_key
         digest = body_hash(spec) if key is not None else ""
-        with self._tx(write=True) as cur:
-            if key is not None:
-                row = cur.execute(
-                    "SELECT body_hash, job_id FROM idempotency_keys"
-                    " WHERE tenant = ? AND idempotency_key = ?",
-                    (spec.tenant, key),
-                ).fetchone()
-                if row is not None:
-                    if row[0] != digest:
-                        raise AlreadyExists(
-                            f"idempotency key {key!r} of tenant {spec.tenant!r} was used"
-                            " with a different request"
-                        )
-                    return self._get_job(cur, row[1]), False
-            job_id = self._bump(cur, "job_id", 1)
-            seq = self._bump(cur, "change_seq", 1)
+        if key is not None:
+            row = cur.execute(
+                "SELECT body_hash, job_id FROM idempotency_keys"
+                " WHERE tenant = ? AND idempotency_key = ?",
+                (spec.tenant, key),
+            ).fetchone()
+            if row is not None:
+                if row[0] != digest:
+                    raise AlreadyExists(
+                        f"idempotency key {key!r} of tenant {spec.tenant!r} was used"
+                        " with a different request"
+                    )
+                return self._get_job(cur, row[1]), False
+        job_id = self._bump(cur, "job_id", 1)
+        seq = self._bump(cur, "change_seq", 1)
+        cur.execute(
+            "INSERT INTO jobs (job_id, shard, tenant, name, state, next_run_at, one_shot,"
+            " idempotency_key, created_at_ms, updated_at_ms, change_seq)"
+            " VALUES (?, ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?)",
+            (
+                job_id,
+                shard_of(job_id),
+                spec.tenant,
+                spec.name,
+                new.next_run_at,
+                0 if spec.recurring else 1,
+                key,
+                new.created_at_ms,
+                new.created_at_ms,
+                seq,
+            ),
+        )
+        cur.execute("INSERT INTO job_specs (job_id, spec) VALUES (?, ?)", (job_id, spec_json))
+        if key is not None:
             cur.execute(
-                "INSERT INTO jobs (job_id, shard, tenant, name, state, next_run_at, one_shot,"
-                " idempotency_key, created_at_ms, updated_at_ms, change_seq)"
-                " VALUES (?, ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?)",
-                (
-                    job_id,
-                    shard_of(job_id),
-                    spec.tenant,
-                    spec.name,
-                    new.next_run_at,
-                    0 if spec.recurring else 1,
-                    key,
-                    new.created_at_ms,
-                    new.created_at_ms,
-                    seq,
-                ),
+                "INSERT INTO idempotency_keys (tenant, idempotency_key, body_hash, job_id,"
+                " created_at_ms) VALUES (?, ?, ?, ?, ?)",
+                (spec.tenant, key, digest, job_id, new.created_at_ms),
             )
-            cur.execute("INSERT INTO job_specs (job_id, spec) VALUES (?, ?)", (job_id, spec_json))
-            if key is not None:
-                cur.execute(
-                    "INSERT INTO idempotency_keys (tenant, idempotency_key, body_hash, job_id,"
-                    " created_at_ms) VALUES (?, ?, ?, ?, ?)",
-                    (spec.tenant, key, digest, job_id, new.created_at_ms),
-                )
-            return self._get_job(cur, job_id), True
+        return self._get_job(cur, job_id), True
 
     def import_jobs(self, news: Sequence[NewJob]) -> list[int]:
         """Bulk insert of jobs without idempotency keys, in one transaction
