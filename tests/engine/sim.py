@@ -1084,6 +1084,7 @@ def check(sim: Sim, *, settle_ms: int = 30 * MIN) -> list[Violation]:
     for job_id, job in owner.jobs.items():
         pending.update((job_id, d[0]) for d in job.due)
         pending.update((job_id, f) for f in job.buffered)
+        pending.update((job_id, f) for f in job.skipped)
     retry_pending = {(j, f, a) for j, f, a in owner._retries.values()}
     retry_pending.update(owner._reaper)
     for job_id, job in owner.jobs.items():

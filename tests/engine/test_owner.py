@@ -36,6 +36,7 @@ from wheel.engine.spec import (
     Retry,
     SideEffect,
 )
+from wheel.recovery import restore_owner
 
 T = 1_800_000_000_000  # a round start time (ms)
 
@@ -72,6 +73,19 @@ class Node:
         record = self.store.submit_job(s, self.now, first)
         self.owner.upsert_job(record, self.now, self.fx)
         return record.job_id
+
+    def restart(self) -> None:
+        """The node dies (its owner's memory is gone) and starts from the store."""
+        epoch = max(self.store.epochs.values(), default=1) + 1
+        self.store.epochs = dict.fromkeys(range(256), epoch)
+        restored = restore_owner(
+            self.store,  # type: ignore[arg-type]
+            None,
+            epochs=dict(self.store.epochs),
+            config=self.config,
+            now_ms=self.now,
+        )
+        self.owner, self.fx = restored.owner, restored.effects
 
     def hello(self, worker: str = "w1", capacity: int = 10) -> None:
         self.owner.worker_hello(worker, capacity, ["default"], self.now, self.fx)
@@ -229,6 +243,55 @@ def test_3_a_claimed_buffered_fire_moves_the_schedule_only_to_the_next_buffered_
     # Not past T+3min, still buffered: a restart now must find it in the store.
     assert claim.new_next_run_at == T + 3 * MIN
     assert n.store.jobs[j].next_run_at == T + 3 * MIN
+
+
+def test_1_a_fire_skipped_behind_a_buffered_one_is_recorded_when_the_schedule_passes_it() -> None:
+    # buffer_all with room for one: T+2min waits behind the run, T+3min is skipped.
+    n = Node()
+    n.hello()
+    j = n.submit(
+        spec(
+            overlap=Overlap(policy=OverlapPolicy.BUFFER_ALL, max_buffered=1),
+            catch_up=CatchUp(mode=CatchUpMode.RUN_ALL),
+        )
+    )
+    a = n.run_once(j, T + MIN)
+    n.step(T + 2 * MIN)
+    n.step(T + 3 * MIN)
+    # next_run_at still says T+2min (buffered, not claimed): a missed record
+    # of T+3min now would be ahead of the schedule, and a restart from the
+    # store would catch up through T+3min and run it after all.
+    assert n.store.jobs[j].next_run_at == T + 2 * MIN
+    assert n.missed(j) == {}
+    fx = n.complete(a)
+    assert [c.scheduled_for for c in fx.claims] == [T + 2 * MIN]
+    assert n.store.jobs[j].next_run_at == T + 4 * MIN
+    assert n.missed(j) == {T + 3 * MIN: MissedReason.OVERLAP}
+
+
+def test_1_a_restart_never_runs_a_fire_already_recorded_missed() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(
+        spec(
+            overlap=Overlap(policy=OverlapPolicy.BUFFER_ALL, max_buffered=1),
+            catch_up=CatchUp(mode=CatchUpMode.RUN_ALL),
+        )
+    )
+    a = n.run_once(j, T + MIN)
+    n.step(T + 2 * MIN)
+    n.step(T + 3 * MIN)  # T+2min buffered, T+3min skipped
+    n.restart()
+    n.hello()
+    n.owner.worker_heartbeat("w1", [(a.run_id, a.fence)], n.now, n.fx)
+    fx = n.complete(a)
+    for k in range(1, 30):
+        for b in fx.assignments.get("w1", []):
+            n.complete(b)
+        fx = n.step(T + 3 * MIN + k * SEC)
+    ran = {f for f, _, _ in n.execs(j)}
+    assert not ran & set(n.missed(j)), (n.execs(j), n.missed(j))
+    assert {T + MIN, T + 2 * MIN, T + 3 * MIN} <= ran | set(n.missed(j))
 
 
 def _assignment(n: Node, fence: int) -> Assignment:

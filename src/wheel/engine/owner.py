@@ -225,6 +225,7 @@ class _Job:
         "paused",
         "queued",
         "shard",
+        "skipped",
         "spec",
         "spec_json",
         "store_next",
@@ -247,6 +248,9 @@ class _Job:
         self.due: deque[tuple[int, int, bool]] = deque()
         # Fires held back by buffer_one / buffer_all while a run is going.
         self.buffered: deque[int] = deque()
+        # Fires skipped by the overlap policy whose missed record waits for the
+        # store write that moves next_run_at past them (``_flush_skipped``).
+        self.skipped: list[int] = []
         # Runs of this job in flight (claiming .. ending) + pending retries.
         self.inflight = 0
         self.queued = False
@@ -484,7 +488,9 @@ class Owner:
         job = self._job(record.job_id)
         if record.state in (JobState.CANCELLED, JobState.COMPLETED):
             if job is not None:
-                self._drop_job(job, cancelled=record.state is JobState.CANCELLED, fx=fx)
+                self._drop_job(
+                    job, cancelled=record.state is JobState.CANCELLED, now_ms=now_ms, fx=fx
+                )
             return
         self.dirty.add(record.job_id)
         if job is None:
@@ -512,6 +518,10 @@ class Owner:
             # The store moved the schedule (a resume, another node, a reload):
             # forget fires derived from the old value and re-arm from the store.
             job.due = deque(d for d in job.due if not d[2])
+            # Skipped fires the store moved past are recorded; the others come
+            # due again from the store's value and are decided again.
+            self._flush_skipped(job, record.next_run_at, now_ms, fx)
+            job.skipped.clear()
             job.store_next = record.next_run_at
             self._arm(job, record.next_run_at)
         if (
@@ -539,14 +549,16 @@ class Owner:
         else:
             self.wheel.add(tid, job.compiled.jittered(fire))
 
-    def cancel_job(self, job_id: int, fx: Effects) -> None:
+    def cancel_job(self, job_id: int, fx: Effects, now_ms: int | None = None) -> None:
         job = self._job(job_id)
         if job is not None:
-            self._drop_job(job, cancelled=True, fx=fx)
+            now = self.wheel.now if now_ms is None else now_ms
+            self._drop_job(job, cancelled=True, now_ms=now, fx=fx)
 
-    def _drop_job(self, job: _Job, *, cancelled: bool, fx: Effects) -> None:
+    def _drop_job(self, job: _Job, *, cancelled: bool, now_ms: int, fx: Effects) -> None:
         self.wheel.cancel((job.job_id << 2) | FIRE)
         job.next_fire = None
+        self._flush_skipped(job, None, now_ms, fx)
         job.buffered.clear()
         if cancelled:
             job.due.clear()
@@ -587,6 +599,7 @@ class Owner:
         job.buffered.clear()
         job.next_fire = None
         self._record_missed(job, fires, reason, now_ms, fx)
+        self._flush_skipped(job, None, now_ms, fx)
 
     def record_paused_fires(
         self, job_id: int, paused_from_ms: int, resumed_at_ms: int, fx: Effects
@@ -699,7 +712,7 @@ class Owner:
         else:
             self._arm(job, nxt)
             self._admit(job, fire, now_ms, overdue=False, fx=fx)
-        self._sync_schedule(job, fx)
+        self._sync_schedule(job, now_ms, fx)
 
     def _admit(self, job: _Job, fire: int, now_ms: int, *, overdue: bool, fx: Effects) -> None:
         """Apply the overlap policy to a fire that came due."""
@@ -712,9 +725,11 @@ class Owner:
         if len(job.buffered) < room.get(overlap.policy, 0):
             job.buffered.append(fire)
             return
-        self._record_missed(job, (fire,), MissedReason.OVERLAP, now_ms, fx)
+        # Recorded missed once next_run_at moves past it (``_sync_schedule``
+        # right after, or the claim of the fire that holds it back).
+        job.skipped.append(fire)
 
-    def _sync_schedule(self, job: _Job, fx: Effects) -> None:
+    def _sync_schedule(self, job: _Job, now_ms: int, fx: Effects) -> None:
         """Move the store's next_run_at past fires that will never be claimed
         (missed, skipped by overlap) when no claim of ours will move it."""
         if any(d[2] for d in job.due) or job.buffered:
@@ -734,6 +749,27 @@ class Owner:
             )
             job.store_next = target
             self.dirty.add(job.job_id)
+        self._flush_skipped(job, job.store_next, now_ms, fx)
+
+    def _flush_skipped(self, job: _Job, upto: int | None, now_ms: int, fx: Effects) -> None:
+        """Record overlap-skipped fires before ``upto`` (all of them if None) as
+        missed, in the same store pass as the write that moves next_run_at to
+        ``upto`` (missed records are written first).
+
+        Recorded while an older buffered or queued fire still held next_run_at
+        back, a restart from the store would arm that older fire, catch up
+        through the skipped one and run it: a fire both run and missed.
+        """
+        if not job.skipped:
+            return
+        if upto is None:
+            gone, job.skipped = job.skipped, []
+        else:
+            gone = [f for f in job.skipped if f < upto]
+            if not gone:
+                return
+            job.skipped = [f for f in job.skipped if f >= upto]
+        self._record_missed(job, gone, MissedReason.OVERLAP, now_ms, fx)
 
     def _enqueue(self, job: _Job, now_ms: int, *, overdue: bool) -> None:
         if job.queued or not job.due:
@@ -810,6 +846,7 @@ class Owner:
                     new = job.compiled.next_after_completion(fire)
                 job.store_next = new
                 self.dirty.add(job_id)
+                self._flush_skipped(job, new, now_ms, fx)
             fx.claims.append(
                 FireClaim(
                     job_id=job_id,
@@ -1138,7 +1175,7 @@ class Owner:
             nxt = job.compiled.next_after_completion(now_ms)
             if job.inflight == 0 and nxt is not None:
                 self._arm(job, nxt)
-                self._sync_schedule(job, fx)
+                self._sync_schedule(job, now_ms, fx)
         if job.buffered and not job.paused and job.inflight + len(job.due) < _limit(job):
             job.due.append((job.buffered.popleft(), 0, True))
         if job.due and not job.paused:
