@@ -294,6 +294,22 @@ def test_1_a_restart_never_runs_a_fire_already_recorded_missed() -> None:
     assert {T + MIN, T + 2 * MIN, T + 3 * MIN} <= ran | set(n.missed(j))
 
 
+def test_3_a_schedule_advance_never_overtakes_the_claim_it_follows() -> None:
+    # The node writes a pass's advances before its claims. A claim made when a
+    # worker says hello, then an overlap skip in the same pass, used to send an
+    # advance whose expected value the claim had not written yet: it failed,
+    # and the owner went on believing the store had moved.
+    n = Node()
+    j = n.submit(spec())
+    n.step(T + MIN)  # no worker yet: T+1min waits
+    n.now = T + 2 * MIN
+    n.hello()  # claims T+1min (next_run_at T+1min -> T+2min)
+    n.step()  # T+2min comes due while T+1min is in flight: skipped
+    assert n.store.jobs[j].next_run_at == T + 3 * MIN
+    assert n.missed(j) == {T + 2 * MIN: MissedReason.OVERLAP}
+    assert [m.new for m in n.store.moves] == [T + 2 * MIN, T + 3 * MIN]
+
+
 def _assignment(n: Node, fence: int) -> Assignment:
     ex = next(e for e in n.store.execs.values() if e.fence == fence)
     run = n.owner.runs[ex.run_id]

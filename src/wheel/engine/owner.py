@@ -216,6 +216,7 @@ class Effects:
 
 class _Job:
     __slots__ = (
+        "advancing",
         "buffered",
         "compiled",
         "due",
@@ -253,6 +254,8 @@ class _Job:
         self.skipped: list[int] = []
         # Runs of this job in flight (claiming .. ending) + pending retries.
         self.inflight = 0
+        # Claims that move next_run_at, sent to the store and not answered yet.
+        self.advancing = 0
         self.queued = False
 
 
@@ -734,7 +737,15 @@ class Owner:
         (missed, skipped by overlap) when no claim of ours will move it."""
         if any(d[2] for d in job.due) or job.buffered:
             return
+        if job.advancing:
+            # The node writes a pass's advances before its claims: an advance
+            # chained after a claim still on its way would find the store's
+            # next_run_at not moved yet, fail, and leave the owner believing
+            # it had moved. It is sent once the claim is answered.
+            return
         target = job.next_fire
+        if target is None and job.compiled.completion_driven and job.inflight > 0:
+            return  # fixed_delay: the run's completion sets the next fire
         if job.store_next != target and job.store_next is not None:
             if target is None and not job.compiled.completion_driven:
                 # A one-shot whose only fire was skipped: a claim-less advance
@@ -845,6 +856,7 @@ class Owner:
                     # fixed_delay: provisional next fire, corrected on completion.
                     new = job.compiled.next_after_completion(fire)
                 job.store_next = new
+                job.advancing += 1
                 self.dirty.add(job_id)
                 self._flush_skipped(job, new, now_ms, fx)
             fx.claims.append(
@@ -876,8 +888,13 @@ class Owner:
             if worker is not None:
                 worker.reserved -= 1
             job = self._job(c.job_id)
+            if c.advance and job is not None:
+                job.advancing -= 1
             if c.advance and not out.advanced:
                 fx.resync.add(c.job_id)
+            elif c.advance and job is not None and job.advancing == 0 and not job.paused:
+                # Fires passed over while the claim was on its way.
+                self._sync_schedule(job, now_ms, fx)
             if out.run_id is None:
                 # Someone else holds this fire (another owner, or an earlier
                 # life of this one): it is not ours to run.
