@@ -741,9 +741,11 @@ class Sim:
                     if owner.owns(job_id):
                         owner.upsert_job(store.get_job(job_id), now, fx)
                 fx.resync = set()
-            if not fx.store_work():
+            # Node._loop goes round again at once when the answers left work
+            # that can go out now (a released buffered fire, a ready run).
+            if not fx.store_work() and not owner.has_dispatchable_work():
                 return
-        raise AssertionError("the owner keeps producing store work without time passing")
+        raise AssertionError("the owner keeps producing work without time passing")
 
     def _publish(self, fx: Effects) -> None:
         self.history.alerts.extend(fx.alerts)

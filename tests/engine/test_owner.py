@@ -729,8 +729,8 @@ def _tenant_spec(tenant: str, start: int) -> JobSpec:
 
 
 def test_fresh_fires_go_before_overdue_ones_and_overdue_work_is_budgeted_fairly() -> None:
-    # 1,000 overdue/s budget (20% of 5,000/s), burst 100.
-    n = Node(OwnerConfig(dispatch_rate_per_s=5_000))
+    # 1,000 overdue/s budget (20% of 5,000/s), burst 100 (0.1 s).
+    n = Node(OwnerConfig(dispatch_rate_per_s=5_000, overdue_burst_s=0.1))
     n.hello(capacity=100_000)
     a_jobs = [n.submit(_tenant_spec("A", T - HOUR), next_run_at=T - HOUR) for _ in range(10_000)]
     b_over = [n.submit(_tenant_spec("B", T - HOUR), next_run_at=T - HOUR) for _ in range(50)]
@@ -743,13 +743,89 @@ def test_fresh_fires_go_before_overdue_ones_and_overdue_work_is_budgeted_fairly(
     fx = n.step(T + SEC)
     ids = [c.job_id for c in fx.claims]
     assert ids[0] == b_fresh  # fresh before overdue, whatever the backlog
-    assert len(ids) <= 1 + 1_000 + 1  # one second of overdue budget
+    assert len(ids) <= 1 + 100 + 1  # the burst caps what piles up
     # A node waking every 100 ms gets the budget's rate: ~1,000 overdue/s.
     total = 0
     for k in range(1, 101):
         total += len(n.step(T + SEC + k * 100).claims)
     assert total == pytest.approx(10 * 1_000, rel=0.02)
     assert len(set(a_jobs)) == 10_000
+
+
+def _overdue_backlog(config: OwnerConfig, jobs: int = 10_000) -> Node:
+    n = Node(config)
+    n.hello(capacity=100_000)
+    for _ in range(jobs):
+        n.submit(_tenant_spec("A", T - HOUR), next_run_at=T - HOUR)
+    return n
+
+
+def test_a_node_waking_every_half_second_delivers_the_overdue_budget() -> None:
+    n = _overdue_backlog(OwnerConfig(dispatch_rate_per_s=5_000))  # 1,000 overdue/s
+    first = len(n.step().claims)
+    assert first == 1_000  # one second of budget
+    total = 0
+    for k in range(1, 11):  # Node.max_idle_s: 0.5 s
+        total += len(n.step(T + k * 500).claims)
+    assert total == pytest.approx(5 * 1_000, rel=0.01)
+
+
+def test_next_deadline_wakes_the_node_for_the_next_overdue_token() -> None:
+    n = _overdue_backlog(OwnerConfig(dispatch_rate_per_s=500))  # 100 overdue/s
+    n.step()  # the burst is spent; 9,900 wait for tokens
+    assert n.owner.next_deadline() == T + 10  # one token every 10 ms
+    # A node sleeping until next_deadline (at most max_idle) gets the rate.
+    claimed = 0
+    while n.now < T + 2 * SEC:
+        deadline = n.owner.next_deadline()
+        assert deadline is not None
+        claimed += len(n.step(min(deadline, n.now + 500)).claims)
+    assert claimed == 200
+    # Nobody with credit: overdue work waits for a worker, not for the clock.
+    n.owner.worker_credit("w1", -100_000, n.now, n.fx)
+    assert n.owner.next_deadline() == n.owner.wheel.next_deadline()  # leases only
+
+
+def test_next_deadline_wakes_the_node_for_the_reaper() -> None:
+    n = Node(OwnerConfig(reaper_rate_per_s=10, reaper_burst=5, busy_threshold=1.0))
+    n.hello("w1", capacity=100)
+    for _ in range(50):
+        n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=HOUR))
+    n.step(T + MIN)
+    n.silent.add("w1")
+    n.hello("w2", capacity=100)
+    n.step(T + MIN + n.config.grace_lease_ms)  # 50 leases lost, 5 re-dispatched
+    assert n.owner.next_deadline() == n.now + 100  # 10 tokens/s
+
+
+def test_has_dispatchable_work_when_a_completion_releases_a_buffered_fire() -> None:
+    n = Node()
+    n.hello(capacity=1)
+    j = n.submit(spec(overlap=Overlap(policy=OverlapPolicy.BUFFER_ONE)))
+    a = n.run_once(j, T + MIN)
+    n.step(T + 2 * MIN)  # buffered behind the run
+    assert not n.owner.has_dispatchable_work()
+    n.owner.worker_complete("w1", [(a.run_id, a.fence, Outcome.SUCCEEDED, "")], n.now, n.fx)
+    work = n.fx.take_store_work()
+    n.owner.on_completed(n.store.complete_runs(work.completions), n.now, n.fx)
+    # The buffered fire is queued and the worker has its credit back.
+    assert n.owner.has_dispatchable_work()
+    n.owner.advance(n.now, n.fx)
+    assert [c.scheduled_for for c in n.fx.claims] == [T + 2 * MIN]
+    assert not n.owner.has_dispatchable_work()
+
+
+def test_has_dispatchable_work_needs_credit_and_overdue_tokens() -> None:
+    n = _overdue_backlog(OwnerConfig(dispatch_rate_per_s=500), jobs=200)
+    n.step()
+    assert not n.owner.has_dispatchable_work()  # 100 wait for tokens
+    n.owner.advance(T + 10, n.fx)  # one token, taken by that advance
+    assert not n.owner.has_dispatchable_work()
+    n.now = T + 30
+    n.owner.wheel.advance(n.now)  # the clock moved: two tokens wait
+    assert n.owner.has_dispatchable_work()
+    n.owner.worker_credit("w1", -100_000, n.now, n.fx)
+    assert not n.owner.has_dispatchable_work()  # but no worker has credit
 
 
 # -- the reaper ---------------------------------------------------------------------------------

@@ -125,9 +125,14 @@ class OwnerConfig:
     # Dispatch capacity; overdue work gets ``overdue_fraction`` of it.
     dispatch_rate_per_s: float = 100_000.0
     overdue_fraction: float = 0.2
-    # Re-dispatch of expired leases, rate limited (seed C6/R6).
+    # Overdue tokens that may pile up while the loop is busy elsewhere (a slow
+    # store pass): one second of the budget, so the loop delivers its rate
+    # whatever its wake-up rhythm (``next_deadline`` wakes it for tokens too).
+    overdue_burst_s: float = 1.0
+    # Re-dispatch of expired leases, rate limited (seed C6/R6); one second of
+    # burst, as for overdue work.
     reaper_rate_per_s: float = 500.0
-    reaper_burst: int = 100
+    reaper_burst: int = 500
     # Above this fleet utilisation the reaper stops and alerts (seed R6).
     busy_threshold: float = 0.85
     max_claim_batch: int = 10_000
@@ -385,7 +390,9 @@ class Owner:
             self.config.reaper_rate_per_s, self.config.reaper_burst, now_ms
         )
         rate = self.config.dispatch_rate_per_s * self.config.overdue_fraction
-        self._overdue_bucket = TokenBucket(rate, max(1.0, rate / 10), now_ms)
+        self._overdue_bucket = TokenBucket(
+            rate, max(1.0, rate * self.config.overdue_burst_s), now_ms
+        )
         self._reaper_paused = False
 
     # -- ownership ------------------------------------------------------------
@@ -642,8 +649,69 @@ class Owner:
     # -- the clock ------------------------------------------------------------
 
     def next_deadline(self) -> int | None:
-        """When the node should call ``advance`` next (None: only on events)."""
-        return self.wheel.next_deadline()
+        """When the node should call ``advance`` next (None: only on events):
+        the wheel's next timer, or sooner when budgeted work (overdue fires,
+        expired leases to re-dispatch) waits only for the next token of its
+        bucket -- waking just every ``max_idle`` would deliver a fraction of
+        the configured rate."""
+        deadline = self.wheel.next_deadline()
+        if not self._reaper and not any(len(q) for q in self._overdue.values()):
+            return deadline
+        now = self.wheel.now
+        free = self._free_pools()
+        waits: list[int | None] = [deadline]
+        if any(over and pool in free for pool, over in self._overdue.items()):
+            waits.append(self._overdue_bucket.next_available_ms(now))
+        if self._reaper and free and not self._fleet_busy():
+            waits.append(self._reaper_bucket.next_available_ms(now))
+        return min((w for w in waits if w is not None), default=None)
+
+    def has_dispatchable_work(self) -> bool:
+        """Whether ``advance(now)`` would hand out or claim something right
+        away: ready runs or queued fresh fires with a worker of their pool
+        that has credit, or overdue fires / expired leases with tokens too.
+        The node asks after feeding the store's answers back, so a buffered
+        fire released by a completion or a claim lost to a gone worker goes
+        out at once instead of at the next wake. O(pools + workers)."""
+        if not self.workers:
+            return False
+        free = self._free_pools()
+        if not free:
+            return False
+        now = self.wheel.now
+        for run_id in self._ready:
+            run = self.runs.get(run_id)
+            if run is None or run.phase is not Phase.READY:
+                continue
+            job = self._job(run.job_id)
+            if (job.spec.pool if job is not None else "default") in free:
+                return True
+            break  # ``_assign_ready`` hands out in order
+        if len(self._pending) >= self.config.max_claim_batch:
+            return False
+        if any(q and pool in free for pool, q in self._fresh.items()):
+            return True
+        if any(q and pool in free for pool, q in self._overdue.items()) and (
+            self._overdue_bucket.available(now) > 0
+        ):
+            return True
+        return bool(
+            self._reaper and not self._fleet_busy() and self._reaper_bucket.available(now) > 0
+        )
+
+    def _free_pools(self) -> set[str]:
+        """Pools in which some worker has credit."""
+        free: set[str] = set()
+        for w in self.workers.values():
+            if w.free > 0:
+                free |= w.pools
+        return free
+
+    def _fleet_busy(self) -> bool:
+        """Above the reaper's busy threshold (or no capacity at all)."""
+        capacity = sum(w.capacity for w in self.workers.values())
+        busy = sum(len(w.held) for w in self.workers.values())
+        return capacity == 0 or busy / capacity > self.config.busy_threshold
 
     def advance(self, now_ms: int, fx: Effects) -> None:
         """Fire every timer due at ``now_ms``, then hand out what workers can take."""
@@ -1296,10 +1364,10 @@ class Owner:
         while the fleet is nearly saturated (seed R6: a spiral is worse)."""
         if not self._reaper:
             return
-        capacity = sum(w.capacity for w in self.workers.values())
-        busy = sum(len(w.held) for w in self.workers.values())
-        if capacity == 0 or busy / capacity > self.config.busy_threshold:
+        if self._fleet_busy():
             if not self._reaper_paused:
+                capacity = sum(w.capacity for w in self.workers.values())
+                busy = sum(len(w.held) for w in self.workers.values())
                 self._reaper_paused = True
                 fx.alerts.append(
                     f"reaper paused: fleet {busy}/{capacity} busy; "
