@@ -431,7 +431,8 @@ def run_once(
     }
     if system == "poll":
         result["poll_limit"] = cfg.poll_limit
-    shutil.rmtree(tmp, ignore_errors=True)
+    if not os.environ.get("WHEEL_BENCH_KEEP"):
+        shutil.rmtree(tmp, ignore_errors=True)
     return result, workload, a
 
 

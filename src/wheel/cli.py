@@ -167,6 +167,15 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         if crashed:
             raise SystemExit("wheel: the dispatch loop died; see the log above")
 
+    profile = os.environ.get("WHEEL_PROFILE")
+    if profile:
+        # Operators' and benchmarks' view of where a node's time goes.
+        import cProfile
+
+        with cProfile.Profile() as prof:
+            asyncio.run(main())
+        prof.dump_stats(profile)
+        return 0
     asyncio.run(main())
     return 0
 

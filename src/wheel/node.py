@@ -36,8 +36,6 @@ from wheel.checkpoint.wal import Checkpoint, Durability, Identity
 from wheel.engine.model import SHARD_COUNT, JobState
 from wheel.engine.owner import Effects, Outcome, Owner, OwnerConfig
 from wheel.engine.records import (
-    ClaimOutcome,
-    CompletionOutcome,
     JobRecord,
     NewJob,
 )
@@ -52,11 +50,13 @@ from wheel.errors import (
     WheelError,
 )
 from wheel.recovery import restore_owner
-from wheel.store.base import Store
+from wheel.store.base import BatchOutcome, Store, WriteBatch
 
 log = logging.getLogger("wheel.node")
 # Submits written in one store transaction at most.
 MAX_SUBMIT_BATCH = 1_000
+# Store batches committing while the loop forms the next one.
+MAX_BATCHES_IN_FLIGHT = 2
 T = TypeVar("T")
 
 
@@ -88,12 +88,6 @@ class NodeConfig:
     cluster_id: str = "wheel"
     # Take a snapshot (and truncate the log) past this many log records.
     snapshot_every_records: int = 500_000
-
-
-@dataclass(slots=True)
-class _StoreResults:
-    completions: list[CompletionOutcome]
-    claims: list[ClaimOutcome]
 
 
 class WorkerSession:
@@ -134,6 +128,7 @@ class Node:
         self._submit_flusher: asyncio.Task[None] | None = None
         self._checkpoint: Checkpoint | None = None
         self._logged_watermark = -1
+        self._snapshot_due = False
         self._snapshotting: threading.Thread | None = None
         # Set when the dispatch loop ends; a node whose loop died must exit
         # (and be restarted) rather than keep serving without dispatching.
@@ -218,31 +213,6 @@ class Node:
                 log.exception("running without a checkpoint")
                 return None
 
-    async def _log_dirty(self, owner: Owner) -> None:
-        """Append the images that changed (one LMDB transaction) before this
-        iteration's effects leave the process."""
-        checkpoint = self._checkpoint
-        if checkpoint is None:
-            return
-        watermark = self._watermark if self._watermark != self._logged_watermark else None
-        dirty = owner.take_dirty()
-        if not dirty and watermark is None:
-            return
-        records = log_records(dirty, owner.image_of, watermark)
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(self._store_thread, checkpoint.append, records)
-        except CheckpointError:
-            # The store is the record of truth: losing the checkpoint costs a
-            # slow restart, not correctness. Say so and go on without it.
-            log.exception("checkpoint append failed; continuing without a checkpoint")
-            self._checkpoint = None
-            return
-        if watermark is not None:
-            self._logged_watermark = watermark
-        if checkpoint.log_records() >= self.config.snapshot_every_records:
-            self._start_snapshot()
-
     def _start_snapshot(self) -> None:
         """A fuzzy snapshot on its own thread: the log replays everything after
         the sequence number it starts at (see wheel.checkpoint.owner_state)."""
@@ -289,49 +259,97 @@ class Node:
     # -- the dispatch loop ------------------------------------------------------
 
     async def _loop(self) -> None:
+        """Pipelined: while the store thread commits batch N, the loop keeps
+        firing timers and serving workers and forms batch N+1. Batches commit
+        in order on the one store thread, and their answers are fed back in
+        order; a batch's checkpoint records are appended after its store
+        commit (never ahead of the store) and before the messages its answers
+        produce are sent."""
         loop = asyncio.get_running_loop()
         next_changes = time.monotonic() + self.config.changes_interval_s
-        backoff = 0.05
+        pending: deque[asyncio.Future[BatchOutcome]] = deque()
         while not self._stopping:
             owner = self._owner()
-            now = self.clock.now_ms()
             fx = self._fx
-            owner.advance(now, fx)
-            work = fx.take_store_work()
-            if work.store_work():
-                try:
-                    results = await loop.run_in_executor(
-                        self._store_thread, self._apply_store, work, now
-                    )
-                except StoreError as exc:
-                    # Nothing is lost: the same writes are retried (claims are
-                    # idempotent by (job, fire, attempt), completions by fence).
-                    log.warning("store write failed (%s); retrying in %.2fs", exc, backoff)
-                    self._requeue_store_work(work)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
-                    continue
-                backoff = 0.05
+            owner.advance(self.clock.now_ms(), fx)
+            if len(pending) < MAX_BATCHES_IN_FLIGHT:
+                batch = self._form_batch(owner, fx)
+                if batch is not None:
+                    future = loop.run_in_executor(self._store_thread, self._write, *batch)
+                    future.add_done_callback(lambda _: self._wake.set())
+                    pending.append(future)
+            while pending and pending[0].done():
+                outcome = pending.popleft().result()
                 now = self.clock.now_ms()
-                owner.on_completed(results.completions, now, fx)
-                owner.on_claimed(results.claims, now, fx)
-            await self._log_dirty(owner)
+                owner.on_completed(outcome.completions, now, fx)
+                owner.on_claimed(outcome.claims, now, fx)
             self._publish(fx)
             if fx.resync or time.monotonic() >= next_changes:
                 await self._read_changes(fx.resync)
                 fx.resync = set()
                 next_changes = time.monotonic() + self.config.changes_interval_s
-            if fx.store_work():
+            if len(pending) < MAX_BATCHES_IN_FLIGHT and fx.store_work():
+                await asyncio.sleep(0)  # let stream reads and API calls in
                 continue
             await self._sleep_until(owner.next_deadline())
+        for future in pending:
+            with contextlib.suppress(Exception):
+                await future
 
-    def _requeue_store_work(self, work: Effects) -> None:
-        fx = self._fx
-        fx.completions[:0] = work.completions
-        fx.missed[:0] = work.missed
-        fx.advances[:0] = work.advances
-        fx.claims[:0] = work.claims
-        fx.starts[:0] = work.starts
+    def _form_batch(self, owner: Owner, fx: Effects) -> tuple[WriteBatch, list[bytes]] | None:
+        """Take the store writes and the checkpoint records of what changed."""
+        records: list[bytes] = []
+        if self._checkpoint is not None:
+            watermark = self._watermark if self._watermark != self._logged_watermark else None
+            dirty = owner.take_dirty()
+            if dirty or watermark is not None:
+                records = log_records(dirty, owner.image_of, watermark)
+                if watermark is not None:
+                    self._logged_watermark = watermark
+        if not fx.store_work() and not records:
+            return None
+        now = self.clock.now_ms()
+        work = fx.take_store_work()
+        # A run that completes in this batch needs no separate start.
+        done = {c.run_id for c in work.completions}
+        batch = WriteBatch(
+            completions=[replace(c, finished_at_ms=now) for c in work.completions],
+            missed=work.missed,
+            advances=work.advances,
+            claims=work.claims,
+            starts=[st for st in work.starts if st.run_id not in done],
+        )
+        return batch, records
+
+    def _write(self, batch: WriteBatch, records: list[bytes]) -> BatchOutcome:
+        """On the store thread: commit the batch, retrying an unavailable store
+        with backoff (later batches wait behind it, so order holds; claims are
+        idempotent by (job, fire, attempt) and completions by fence), then
+        append its checkpoint records."""
+        backoff = 0.05
+        while True:
+            try:
+                outcome = self.store.write_batch(batch)
+                break
+            except StoreError as exc:
+                if self._stopping:
+                    raise
+                log.warning("store write failed (%s); retrying in %.2fs", exc, backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+        checkpoint = self._checkpoint
+        if records and checkpoint is not None:
+            try:
+                checkpoint.append(records)
+            except CheckpointError:
+                # The store is the record of truth: losing the checkpoint costs
+                # a slow restart, not correctness. Say so and go on without it.
+                log.exception("checkpoint append failed; continuing without a checkpoint")
+                self._checkpoint = None
+            else:
+                if checkpoint.log_records() >= self.config.snapshot_every_records:
+                    self._snapshot_due = True
+        return outcome
 
     async def _sleep_until(self, deadline: int | None) -> None:
         timeout = self.config.max_idle_s
@@ -344,25 +362,10 @@ class Node:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout)
 
-    def _apply_store(self, work: Effects, now: int) -> _StoreResults:
-        store = self.store
-        completions: list[CompletionOutcome] = []
-        claims: list[ClaimOutcome] = []
-        if work.completions:
-            completions = store.complete_runs(
-                [replace(c, finished_at_ms=now) for c in work.completions]
-            )
-        if work.missed:
-            store.record_missed(work.missed)
-        if work.advances:
-            store.advance_schedules(work.advances)
-        if work.claims:
-            claims = store.claim_fires(work.claims)
-        if work.starts:
-            store.mark_running(work.starts)
-        return _StoreResults(completions=completions, claims=claims)
-
     def _publish(self, fx: Effects) -> None:
+        if self._snapshot_due:
+            self._snapshot_due = False
+            self._start_snapshot()
         for alert in fx.alerts:
             log.warning("alert: %s", alert)
             self.alerts.append(alert)

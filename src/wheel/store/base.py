@@ -24,6 +24,7 @@ All times are integer milliseconds since the Unix epoch; ids are 64-bit ints.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from wheel.engine.model import (
@@ -53,6 +54,7 @@ from wheel.errors import WheelError
 __all__ = [
     "SHARD_COUNT",
     "TERMINAL_RUN_STATES",
+    "BatchOutcome",
     "ClaimOutcome",
     "Completion",
     "CompletionOutcome",
@@ -67,9 +69,25 @@ __all__ = [
     "RunState",
     "ScheduleAdvance",
     "ShardLoad",
+    "WriteBatch",
     "idempotency_key",
     "shard_of",
 ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteBatch:
+    completions: Sequence[Completion] = ()
+    missed: Sequence[MissedFire] = ()
+    advances: Sequence[ScheduleAdvance] = ()
+    claims: Sequence[FireClaim] = ()
+    starts: Sequence[RunStart] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchOutcome:
+    completions: list[CompletionOutcome]
+    claims: list[ClaimOutcome]
 
 
 class Store(Protocol):
@@ -113,6 +131,12 @@ class Store(Protocol):
 
     def claim_fires(self, claims: Sequence[FireClaim]) -> list[ClaimOutcome]:
         """One transaction for the whole batch; outcomes in the order of claims."""
+
+    def write_batch(self, batch: WriteBatch) -> BatchOutcome:
+        """One dispatch-loop iteration's writes, in this order: completions,
+        missed fires, schedule advances, claims, starts (a retry's claim must
+        follow its failed attempt's completion; an advance must precede the
+        claim that expects it). SQLite does it in one transaction."""
 
     def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
         """CAS ``next_run_at`` from expected to new where it still equals expected;

@@ -58,6 +58,7 @@ from wheel.store._schema import (
 from wheel.store.base import (
     SHARD_COUNT,
     TERMINAL_RUN_STATES,
+    BatchOutcome,
     ClaimOutcome,
     Completion,
     CompletionOutcome,
@@ -70,6 +71,7 @@ from wheel.store.base import (
     RunStart,
     ScheduleAdvance,
     ShardLoad,
+    WriteBatch,
     shard_of,
 )
 
@@ -570,6 +572,17 @@ class PostgresStore:
             ClaimOutcome(claim=c, run_id=run_ids[i], advanced=advanced[i])
             for i, c in enumerate(claims)
         ]
+
+    def write_batch(self, batch: WriteBatch) -> BatchOutcome:
+        """A loop iteration's writes in the order the owner needs. Each kind is
+        its own transaction here (each is retried on its own when the
+        connection drops, which keeps the retry rules per operation)."""
+        completed = self.complete_runs(batch.completions)
+        self.record_missed(batch.missed)
+        self.advance_schedules(batch.advances)
+        claimed = self.claim_fires(batch.claims)
+        self.mark_running(batch.starts)
+        return BatchOutcome(completions=completed, claims=claimed)
 
     def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
         n = len(advances)

@@ -50,6 +50,7 @@ from wheel.store._schema import (
 from wheel.store.base import (
     SHARD_COUNT,
     TERMINAL_RUN_STATES,
+    BatchOutcome,
     ClaimOutcome,
     Completion,
     CompletionOutcome,
@@ -62,6 +63,7 @@ from wheel.store.base import (
     RunStart,
     ScheduleAdvance,
     ShardLoad,
+    WriteBatch,
     shard_of,
 )
 
@@ -136,7 +138,9 @@ class SQLiteStore:
         synchronous = synchronous.lower()
         if synchronous not in _SYNCHRONOUS:
             raise InvalidArgument("synchronous", f"must be one of {sorted(_SYNCHRONOUS)}")
-        self._lock = threading.Lock()
+        # Reentrant: write_batch runs several operations in one transaction.
+        self._lock = threading.RLock()
+        self._open: sqlite3.Cursor | None = None
         try:
             conn = sqlite3.connect(
                 str(path),
@@ -160,13 +164,18 @@ class SQLiteStore:
 
     @contextmanager
     def _tx(self, write: bool) -> Iterator[sqlite3.Cursor]:
-        """One transaction; sqlite3 errors come out as ``StoreError``."""
+        """One transaction; sqlite3 errors come out as ``StoreError``. Inside
+        another ``_tx`` of the same thread it joins that transaction."""
         with self._lock:
+            if self._open is not None:
+                yield self._open
+                return
             try:
                 cur = self._conn.cursor()
                 # IMMEDIATE takes the write lock up front, so a transaction never
                 # fails half-way with SQLITE_BUSY on its first write.
                 cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                self._open = cur
                 try:
                     yield cur
                     cur.execute("COMMIT")
@@ -174,6 +183,8 @@ class SQLiteStore:
                     if self._conn.in_transaction:
                         self._conn.execute("ROLLBACK")
                     raise
+                finally:
+                    self._open = None
             except sqlite3.Error as exc:
                 raise _wrap(exc) from exc
 
@@ -443,6 +454,17 @@ class SQLiteStore:
             ClaimOutcome(claim=c, run_id=base + i if won[i] else None, advanced=advanced[i])
             for i, c in enumerate(claims)
         ]
+
+    def write_batch(self, batch: WriteBatch) -> BatchOutcome:
+        """A loop iteration's writes in ONE transaction (one fsync), in the
+        order the owner needs: completions, missed, advances, claims, starts."""
+        with self._tx(write=True):
+            completed = self.complete_runs(batch.completions)
+            self.record_missed(batch.missed)
+            self.advance_schedules(batch.advances)
+            claimed = self.claim_fires(batch.claims)
+            self.mark_running(batch.starts)
+        return BatchOutcome(completions=completed, claims=claimed)
 
     def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
         if not advances:
