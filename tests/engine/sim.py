@@ -573,7 +573,6 @@ class SimJob:
     first_fire: int | None
     pauses: list[tuple[int, int | None]] = field(default_factory=list)  # (paused, resumed)
     cancelled_at: int | None = None
-    dropped_at_cancel: set[int] = field(default_factory=set)
     extra_fires: set[int] = field(default_factory=set)  # triggers and backfills
 
 
@@ -872,13 +871,6 @@ class Sim:
         self.owner.upsert_job(record, now, self.fx)
         self.history.api_ops["submit"] += 1
 
-    def _owner_pending(self, job_id: int) -> set[int]:
-        owner = self.owner
-        if owner is None or job_id not in owner.jobs:
-            return set()
-        job = owner.jobs[job_id]
-        return {d[0] for d in job.due} | set(job.buffered)
-
     def api_op(self) -> None:
         if not self.chaos() or self.owner is None:
             return
@@ -899,7 +891,6 @@ class Sim:
             resume_in = rng.randint(10 * MIN, 6 * HOUR)
             self.at(now + resume_in, lambda: self._resume(job))
         elif op == "cancel":
-            job.dropped_at_cancel = self._owner_pending(job.job_id)
             self.set_state(job, JobState.CANCELLED)
         elif op == "trigger":
             record = self.store.get_job(job.job_id)
@@ -1116,8 +1107,6 @@ def check(sim: Sim, *, settle_ms: int = 30 * MIN) -> list[Violation]:
             key = (job.job_id, f)
             if key in execs_by_fire or key in store.missed or key in pending:
                 continue
-            if f in job.dropped_at_cancel:
-                continue
             out.append(
                 Violation(
                     "no silent drop",
@@ -1163,6 +1152,9 @@ def check(sim: Sim, *, settle_ms: int = 30 * MIN) -> list[Violation]:
             allowed.add(MissedReason.OUTSIDE_WINDOW)
         # Every overlap policy can skip a fire (allow past max_concurrent).
         allowed.add(MissedReason.OVERLAP)
+        cancelled_at = sim.jobs[job_id].cancelled_at
+        if cancelled_at is not None and f <= cancelled_at:
+            allowed.add(MissedReason.CANCELLED)
         if m.reason not in allowed:
             out.append(
                 Violation(

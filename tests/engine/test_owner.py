@@ -556,6 +556,24 @@ def test_cancel_during_a_run_revokes_it_and_records_it_cancelled() -> None:
     assert fx.results["w1"][0].accepted is False
 
 
+def test_cancel_records_fires_that_were_queued_or_buffered_as_cancelled() -> None:
+    n = Node()
+    n.hello(capacity=1)
+    j = n.submit(spec(overlap=Overlap(policy=OverlapPolicy.BUFFER_ONE)))
+    n.run_once(j, T + MIN)
+    n.step(T + 2 * MIN)  # buffered behind the run
+    k = n.submit(spec(schedule=Interval(period_ms=MIN, start_at_ms=T + 3 * MIN)))
+    n.step(T + 3 * MIN)  # k's fire waits for the busy worker; j's is skipped
+    assert n.owner.backlog() == (1, 0)
+    for job_id in (j, k):
+        n.store.set_job_state(job_id, JobState.CANCELLED, next_run_at=None, now_ms=n.now)
+        n.owner.cancel_job(job_id, n.fx, n.now)
+    n.step()
+    assert n.missed(j) == {T + 2 * MIN: MissedReason.CANCELLED, T + 3 * MIN: MissedReason.OVERLAP}
+    assert n.missed(k) == {T + 3 * MIN: MissedReason.CANCELLED}
+    assert n.execs(k) == []
+
+
 def test_pause_records_fires_as_paused_and_resume_starts_from_now_without_a_burst() -> None:
     n = Node()
     n.hello()

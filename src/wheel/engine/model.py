@@ -40,6 +40,7 @@ class MissedReason(StrEnum):
     PAUSED = "paused"  # came due while the job was paused
     OVERLAP = "overlap"  # came due while a previous run was still going
     DST_GAP = "dst_gap"  # wall time did not exist and the policy skips it
+    CANCELLED = "cancelled"  # queued or buffered when the job was cancelled
 
 
 def shard_of(job_id: int) -> int:

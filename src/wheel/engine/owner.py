@@ -566,11 +566,17 @@ class Owner:
             self._drop_job(job, cancelled=True, now_ms=now, fx=fx)
 
     def _drop_job(self, job: _Job, *, cancelled: bool, now_ms: int, fx: Effects) -> None:
+        if cancelled:
+            # Fires queued, buffered or already past due that no run will
+            # serve: recorded, never dropped silently (invariant 1).
+            self._clear_pending_fires(job, MissedReason.CANCELLED, now_ms, fx)
         self.wheel.cancel((job.job_id << 2) | FIRE)
         job.next_fire = None
         self._flush_skipped(job, None, now_ms, fx)
         job.buffered.clear()
         if cancelled:
+            # Retries of fires that ran end with the job: their last attempt
+            # is in the store.
             job.due.clear()
             job.paused = True
         else:
