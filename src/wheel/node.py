@@ -397,7 +397,12 @@ class Node:
                 with contextlib.suppress(NotFound):
                     records.append(await self._api(self.store.get_job, job_id))
             changed, self._watermark = await self._api(
-                self.store.changes_since, self._watermark, list(owner.shards())
+                functools.partial(
+                    self.store.changes_since,
+                    self._watermark,
+                    list(owner.shards()),
+                    owner_moves=False,
+                )
             )
             records.extend(changed)
         except StoreError as exc:

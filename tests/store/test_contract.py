@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from tests.store.conftest import interval_job, once_job
 from wheel.errors import AlreadyExists, InvalidArgument, NotFound
+from wheel.store._schema import PG_MIGRATIONS, SQLITE_MIGRATIONS
 from wheel.store.base import (
     SHARD_COUNT,
     Completion,
@@ -24,6 +25,9 @@ from wheel.store.base import (
     shard_of,
 )
 from wheel.store.open import open_store
+
+LATEST = max(v for v, _ in SQLITE_MIGRATIONS)
+assert max(v for v, _ in PG_MIGRATIONS) == LATEST
 
 
 def claim(
@@ -63,7 +67,7 @@ def test_migrate_twice_is_a_no_op(store: Store, store_url: str) -> None:
     try:
         job, _ = again.submit_job(interval_job())
         assert store.get_job(job.job_id) == job
-        assert again.schema_version() == store.schema_version() == 1  # type: ignore[attr-defined]
+        assert again.schema_version() == store.schema_version() == LATEST  # type: ignore[attr-defined]
     finally:
         again.close()
 
@@ -482,6 +486,33 @@ def test_changes_since_reports_every_kind_of_change_after_a_load(store: Store) -
     store.claim_fires([claim(job.job_id, 60_000, attempt=1, expected=60_000, new=1)])
     store.set_job_state(other.job_id, JobState.CANCELLED, next_run_at=None, now_ms=7)
     assert changes() == [(other.job_id, JobState.CANCELLED, None)]
+
+
+def test_changes_since_can_leave_out_the_owner_s_own_schedule_moves(store: Store) -> None:
+    shards = range(SHARD_COUNT)
+    job, _ = store.submit_job(interval_job(next_run_at=60_000))
+    mark = store.load_shards(shards).watermark
+
+    def changes(owner_moves: bool, expect: int) -> list[tuple[int, int | None]]:
+        seen: list[tuple[int, int | None]] = []
+        got_mark = mark
+        deadline = time.monotonic() + 10
+        while True:
+            got, got_mark = store.changes_since(got_mark, shards, owner_moves=owner_moves)
+            seen += [(j.job_id, j.next_run_at) for j in got]
+            if len(seen) >= expect or time.monotonic() > deadline:
+                return seen
+
+    store.claim_fires([claim(job.job_id, 60_000, new=120_000)])
+    store.advance_schedules(
+        [ScheduleAdvance(job_id=job.job_id, expected_next_run_at=120_000, new_next_run_at=180_000)]
+    )
+    # A restarting owner sees its predecessor's moves; a running one does not.
+    assert changes(owner_moves=True, expect=1) == [(job.job_id, 180_000)]
+    assert changes(owner_moves=False, expect=0) == []
+    # A change through the API is seen either way, even after owner moves.
+    store.set_job_state(job.job_id, JobState.PAUSED, next_run_at=None, now_ms=9)
+    assert changes(owner_moves=False, expect=1) == [(job.job_id, None)]
 
 
 def test_changes_since_filters_shards_and_pages_without_losing_changes(store: Store) -> None:

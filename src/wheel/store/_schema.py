@@ -118,6 +118,16 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
             )""",
         ],
     ),
+    (
+        2,
+        [
+            # A schedule move by the shard's owner (claim or advance CAS), as
+            # opposed to a change made through the API: a running owner reads
+            # only the latter back (it made the former itself); a restarting
+            # owner reads both.
+            "ALTER TABLE jobs ADD COLUMN owner_move INTEGER NOT NULL DEFAULT 0",
+        ],
+    ),
 ]
 
 PG_MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -183,6 +193,16 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
                 epoch bigint  NOT NULL,
                 owner text    NOT NULL
             )""",
+        ],
+    ),
+    (
+        2,
+        [
+            # A schedule move by the shard's owner (claim or advance CAS), as
+            # opposed to a change made through the API: a running owner reads
+            # only the latter back (it made the former itself); a restarting
+            # owner reads both.
+            "ALTER TABLE jobs ADD COLUMN owner_move boolean NOT NULL DEFAULT false",
         ],
     ),
 ]

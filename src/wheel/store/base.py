@@ -186,10 +186,18 @@ class Store(Protocol):
         re-dispatch the previous owner had pending when it stopped."""
 
     def changes_since(
-        self, watermark: int, shards: Collection[int], limit: int = 10_000
+        self,
+        watermark: int,
+        shards: Collection[int],
+        limit: int = 10_000,
+        *,
+        owner_moves: bool = True,
     ) -> tuple[list[JobRecord], int]:
         """Jobs of these shards changed after ``watermark`` and the new watermark.
-        Never skips a change whose transaction commits late."""
+        Never skips a change whose transaction commits late. ``owner_moves=False``
+        leaves out jobs whose last change was the owner's own schedule move (a
+        claim or advance CAS): a running owner needs only what others changed,
+        while a restarting one needs both."""
 
     # -- retention ------------------------------------------------------------
 

@@ -112,7 +112,7 @@ WITH input AS (
            state = CASE WHEN w.new_next IS NULL AND j.one_shot AND j.state = 'active'
                         THEN 'completed' ELSE j.state END,
            updated_at_ms = greatest(j.updated_at_ms, w.dispatched_at_ms),
-           change_xid = pg_current_xact_id()
+           change_xid = pg_current_xact_id(), owner_move = true
       FROM won AS w
      WHERE j.job_id = ANY(%(job)b::int8[])
        AND w.advance AND j.job_id = w.job_id
@@ -140,7 +140,7 @@ SELECT t.idx, e.run_id,
 _ADVANCE_SQL = """
 UPDATE jobs AS j
    SET next_run_at = t.new_next, updated_at_ms = greatest(j.updated_at_ms, %(now)s),
-       change_xid = pg_current_xact_id()
+       change_xid = pg_current_xact_id(), owner_move = true
   FROM unnest(%(idx)b::int4[], %(job)b::int8[], %(exp)b::int8[], %(new)b::int8[])
        AS t(idx, job_id, expected, new_next)
  WHERE j.job_id = t.job_id AND j.next_run_at IS NOT DISTINCT FROM t.expected
@@ -509,7 +509,7 @@ class PostgresStore:
         def op(conn: Conn, _: _Attempt) -> JobRecord:
             conn.execute(
                 "UPDATE jobs SET state = %s, next_run_at = %s, updated_at_ms = %s,"
-                " change_xid = pg_current_xact_id() WHERE job_id = %s",
+                " change_xid = pg_current_xact_id(), owner_move = false WHERE job_id = %s",
                 (state.value, next_run_at, now_ms, job_id),
             )
             return self._get_job(conn, job_id)
@@ -858,7 +858,12 @@ class PostgresStore:
         return self._run(op, idempotent=True)
 
     def changes_since(
-        self, watermark: int, shards: Collection[int], limit: int = 10_000
+        self,
+        watermark: int,
+        shards: Collection[int],
+        limit: int = 10_000,
+        *,
+        owner_moves: bool = True,
     ) -> tuple[list[JobRecord], int]:
         """Jobs changed by transactions in ``[watermark, xmin)``.
 
@@ -874,6 +879,7 @@ class PostgresStore:
         """
         wanted = _shards(shards)
         limit = max(1, limit)
+        only_api = "" if owner_moves else " AND NOT j.owner_move"
 
         def op(conn: Conn, _: _Attempt) -> tuple[list[JobRecord], int]:
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -881,7 +887,7 @@ class PostgresStore:
             rows = conn.execute(
                 f"SELECT {JOB_COLUMNS}, j.change_xid::text::int8 FROM {JOB_FROM}"
                 " WHERE j.change_xid >= %s::text::xid8 AND j.change_xid < %s::text::xid8"
-                " AND j.shard = ANY(%s::int2[])"
+                f" AND j.shard = ANY(%s::int2[]){only_api}"
                 " ORDER BY j.change_xid, j.job_id LIMIT %s",
                 (str(watermark), str(xmin), wanted, limit + 1),
             ).fetchall()
@@ -895,7 +901,8 @@ class PostgresStore:
             # One transaction changed more than `limit` jobs: hand all of it out.
             rows = conn.execute(
                 f"SELECT {JOB_COLUMNS} FROM {JOB_FROM}"
-                " WHERE j.change_xid = %s::text::xid8 AND j.shard = ANY(%s::int2[])"
+                " WHERE j.change_xid = %s::text::xid8"
+                f" AND j.shard = ANY(%s::int2[]){only_api}"
                 " ORDER BY j.job_id",
                 (str(cut), wanted),
             ).fetchall()

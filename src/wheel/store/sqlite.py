@@ -82,8 +82,8 @@ _INSERT_RUN = (
 # The common case leaves ``state`` out of the SET list: SQLite then skips the
 # indexes that only depend on state.
 _ADVANCE_CAS = (
-    "UPDATE jobs SET next_run_at = ?1, updated_at_ms = max(updated_at_ms, ?2), change_seq = ?3"
-    " WHERE job_id = ?4 AND next_run_at IS ?5"
+    "UPDATE jobs SET next_run_at = ?1, updated_at_ms = max(updated_at_ms, ?2),"
+    " change_seq = ?3, owner_move = 1 WHERE job_id = ?4 AND next_run_at IS ?5"
 )
 # For batches with a claim that ends its schedule: a one-shot whose next fire
 # is None becomes completed.
@@ -91,7 +91,7 @@ _CLAIM_CAS_END = (
     "UPDATE jobs SET next_run_at = ?1,"
     " state = CASE WHEN ?1 IS NULL AND one_shot = 1 AND state = 'active'"
     " THEN 'completed' ELSE state END,"
-    " updated_at_ms = max(updated_at_ms, ?2), change_seq = ?3"
+    " updated_at_ms = max(updated_at_ms, ?2), change_seq = ?3, owner_move = 1"
     " WHERE job_id = ?4 AND next_run_at IS ?5"
 )
 _MARK_RUNNING = (
@@ -388,7 +388,8 @@ class SQLiteStore:
         with self._tx(write=True) as cur:
             seq = self._bump(cur, "change_seq", 1)
             cur.execute(
-                "UPDATE jobs SET state = ?, next_run_at = ?, updated_at_ms = ?, change_seq = ?"
+                "UPDATE jobs SET state = ?, next_run_at = ?, updated_at_ms = ?, change_seq = ?,"
+                " owner_move = 0"
                 " WHERE job_id = ?",
                 (state.value, next_run_at, now_ms, seq, job_id),
             )
@@ -630,9 +631,15 @@ class SQLiteStore:
         return [run_from_row(r) for r in rows]
 
     def changes_since(
-        self, watermark: int, shards: Collection[int], limit: int = 10_000
+        self,
+        watermark: int,
+        shards: Collection[int],
+        limit: int = 10_000,
+        *,
+        owner_moves: bool = True,
     ) -> tuple[list[JobRecord], int]:
         wanted = _shard_list(shards)
+        only_api = "" if owner_moves else " AND j.owner_move = 0"
         limit = max(1, limit)
         with self._tx(write=False) as cur:
             # Writers are serialized and bump change_seq inside their transaction,
@@ -641,7 +648,8 @@ class SQLiteStore:
             top = cur.execute("SELECT value FROM counters WHERE name = 'change_seq'").fetchone()[0]
             rows = cur.execute(
                 f"SELECT {JOB_COLUMNS}, j.change_seq FROM {JOB_FROM} WHERE j.change_seq > ?"
-                " AND j.shard IN (SELECT value FROM json_each(?)) ORDER BY j.change_seq LIMIT ?",
+                f" AND j.shard IN (SELECT value FROM json_each(?)){only_api}"
+                " ORDER BY j.change_seq LIMIT ?",
                 (watermark, wanted, limit),
             ).fetchall()
         # change_seq is unique per job change, so a full page ends exactly at its
