@@ -814,7 +814,8 @@ class Sim:
                         "Australia/Lord_Howe",
                     )
                 ),
-                dst_gap=DstGap.FIRE_AT_TRANSITION,
+                # skip: gap wall times are recorded missed (dst_gap), not run.
+                dst_gap=DstGap.SKIP if rng.random() < 0.3 else DstGap.FIRE_AT_TRANSITION,
                 dst_fold=rng.choice(tuple(DstFold)),
             )
         elif kind in ("rate", "delay"):
@@ -1103,6 +1104,26 @@ def check(sim: Sim, *, settle_ms: int = 30 * MIN) -> list[Violation]:
                 while f is not None and c.jittered(f) < life_end:
                     expected.add(f)
                     f = c.next_fire(f)
+        # DST gaps under skip: each transition instant that had skipped wall
+        # times and no real fire is recorded missed (dst_gap) once the
+        # schedule passed it: at the fire before it, or from the job's
+        # submission or resume when it comes before the next fire.
+        if job.first_fire is not None:
+            for skip in c.skipped_between(job.submitted_at, life_end):
+                s = skip.at_ms
+                if c.next_fire(s - 1) == s or (job.job_id, s) in store.missed:
+                    continue
+                before = [p for p in c.fires_between(job.first_fire - 1, s - 1, 10_000)]
+                if before and c.jittered(before[-1]) >= life_end:
+                    continue
+                out.append(
+                    Violation(
+                        "no silent drop",
+                        f"job {job.job_id} ({_describe(job.spec)}): DST gap wall time "
+                        f"{skip.wall_time} skipped at {s} (T0{s - T0:+d} ms) has no "
+                        "dst_gap record",
+                    )
+                )
         for f in sorted(expected):
             key = (job.job_id, f)
             if key in execs_by_fire or key in store.missed or key in pending:
@@ -1139,7 +1160,10 @@ def check(sim: Sim, *, settle_ms: int = 30 * MIN) -> list[Violation]:
     # Missed records carry a reason the job's policies can give.
     for (job_id, f), m in store.missed.items():
         spec = sim.jobs[job_id].spec
-        allowed = {MissedReason.PAUSED, MissedReason.DST_GAP}
+        allowed = {MissedReason.PAUSED}
+        compiled = sim.jobs[job_id].compiled
+        if compiled.skipped_between(f - 1, f, 1) and compiled.next_fire(f - 1) != f:
+            allowed.add(MissedReason.DST_GAP)  # a gap instant that no fire shares
         mode = spec.catch_up.mode
         allowed.add(
             {

@@ -27,6 +27,8 @@ from wheel.engine.schedule import compile_schedule
 from wheel.engine.spec import (
     CatchUp,
     CatchUpMode,
+    Cron,
+    DstGap,
     Interval,
     IntervalMode,
     JobSpec,
@@ -661,6 +663,73 @@ def test_a_one_shot_completes_the_job_when_claimed() -> None:
 
 
 DAY_MS = 24 * HOUR
+
+
+# -- DST gaps under the skip policy -------------------------------------------------------------
+
+MAR_7_NY = 1_772_859_600_000  # 2026-03-07 00:00 EST
+NY_SPRING_FORWARD = 1_772_953_200_000  # 2026-03-08 03:00 EDT: 02:00-03:00 never happens
+
+
+def _ny_skip(expr: str) -> JobSpec:
+    return spec(schedule=Cron(expr=expr, time_zone="America/New_York", dst_gap=DstGap.SKIP))
+
+
+def _run_until(n: Node, end: int, every: int = 10 * MIN) -> None:
+    """Step to ``end``, completing every run handed out on the way."""
+    while n.now < end:
+        fx = n.step(min(end, n.now + every))
+        for a in fx.assignments.get("w1", []):
+            n.complete(a)
+
+
+def test_a_skipped_dst_gap_wall_time_is_recorded_missed_once_the_schedule_passes_it() -> None:
+    n = Node(now=MAR_7_NY)
+    n.hello()
+    j = n.submit(_ny_skip("30 2 * * *"))
+    march_7 = MAR_7_NY + 150 * MIN
+    _run_until(n, march_7 - 1)
+    assert n.missed(j) == {}
+    # Its next fire is March 9: 02:30 on March 8 does not exist. Passed over
+    # by the schedule now, it is recorded once, at the transition instant.
+    _run_until(n, march_7 + MIN)
+    assert n.missed(j) == {NY_SPRING_FORWARD: MissedReason.DST_GAP}
+    _run_until(n, NY_SPRING_FORWARD + 2 * DAY_MS, every=HOUR)
+    assert n.missed(j) == {NY_SPRING_FORWARD: MissedReason.DST_GAP}
+    assert [f for f, _, _ in n.execs(j)] == [march_7, 1_773_037_800_000, 1_773_124_200_000]
+
+
+def test_gap_wall_times_sharing_their_instant_with_a_real_fire_are_not_recorded() -> None:
+    # */20: 02:00, 02:20 and 02:40 are skipped; their instant is 03:00, which fires.
+    n = Node(now=NY_SPRING_FORWARD - HOUR)
+    n.hello()
+    j = n.submit(_ny_skip("*/20 * * * *"))
+    _run_until(n, NY_SPRING_FORWARD + HOUR, every=MIN)
+    assert n.missed(j) == {}
+    fires = [f for f, _, _ in n.execs(j)]
+    # 01:00, 01:20, 01:40 EST, 03:00, 03:20, 03:40, 04:00 EDT
+    assert NY_SPRING_FORWARD in fires and len(fires) == 7
+
+
+def test_a_gap_passed_during_downtime_is_recorded_by_the_catch_up() -> None:
+    # Two-hourly with a seconds field: 02:00 is skipped and 03:00 does not fire.
+    n = Node(now=NY_SPRING_FORWARD + 3 * HOUR)
+    n.hello()
+    j = n.submit(
+        _ny_skip("0 0 */2 * * *"), next_run_at=NY_SPRING_FORWARD - 2 * HOUR
+    )  # 00:00 EST, the owner was down since
+    n.step()
+    missed = n.missed(j)
+    assert missed[NY_SPRING_FORWARD] is MissedReason.DST_GAP
+    assert missed[NY_SPRING_FORWARD - 2 * HOUR] is MissedReason.COLLAPSED
+
+
+def test_a_gap_before_the_first_fire_is_recorded_at_submission() -> None:
+    n = Node(now=NY_SPRING_FORWARD - 2 * HOUR)  # 00:00 EST on March 8
+    n.hello()
+    j = n.submit(_ny_skip("30 2 * * *"))  # first fire: March 9 02:30 EDT
+    n.step()
+    assert n.missed(j) == {NY_SPRING_FORWARD: MissedReason.DST_GAP}
 
 
 # -- catch-up after downtime ----------------------------------------------------------------

@@ -533,6 +533,9 @@ class Owner:
             self._flush_skipped(job, record.next_run_at, now_ms, fx)
             job.skipped.clear()
             job.store_next = record.next_run_at
+            # A first fire or a resume from now: gap wall times between now
+            # and that fire are passed over already.
+            self._record_gap_skips(job, now_ms, record.next_run_at, (), now_ms, fx)
             self._arm(job, record.next_run_at)
         if (
             job.compiled.completion_driven
@@ -606,10 +609,12 @@ class Owner:
         # The armed fire may already be past its nominal time (its jitter, or
         # the loop not having woken yet): ``record_paused_fires`` on resume only
         # covers fires after the pause, so it is recorded here.
-        armed = job.next_fire
+        armed = first_armed = job.next_fire
         while armed is not None and armed <= now_ms and len(fires) < self.config.max_missed_listed:
             fires.append(armed)
             armed = job.compiled.next_fire(armed)
+        if first_armed is not None and first_armed <= now_ms:
+            self._record_gap_skips(job, first_armed, now_ms + 1, fires, now_ms, fx)
         # Retries of fires already run keep their place; new fires are dropped.
         job.due = deque(d for d in job.due if d[1] > 0)
         job.buffered.clear()
@@ -628,6 +633,7 @@ class Owner:
             paused_from_ms, resumed_at_ms, self.config.max_missed_listed
         )
         self._record_missed(job, fires, MissedReason.PAUSED, resumed_at_ms, fx)
+        self._record_gap_skips(job, paused_from_ms, resumed_at_ms + 1, fires, resumed_at_ms, fx)
 
     def _record_missed(
         self, job: _Job, fires: Iterable[int], reason: MissedReason, now_ms: int, fx: Effects
@@ -773,6 +779,7 @@ class Owner:
                 # fixed_delay whose fire was not run: no completion will arm
                 # the next one, so count from now or the schedule stops.
                 nxt = compiled.next_after_completion(now_ms)
+            self._record_gap_skips(job, fire, nxt, fires, now_ms, fx)
             self._arm(job, nxt)
             # Planned catch-up runs one after another: the overlap gate
             # applies to the batch as a whole, not between its fires.
@@ -787,9 +794,33 @@ class Owner:
                 else:
                     job.due.extend((f, 0, True) for f in plan.run[1:])
         else:
+            self._record_gap_skips(job, fire, nxt, (fire,), now_ms, fx)
             self._arm(job, nxt)
             self._admit(job, fire, now_ms, overdue=False, fx=fx)
         self._sync_schedule(job, now_ms, fx)
+
+    def _record_gap_skips(
+        self,
+        job: _Job,
+        after: int,
+        until: int | None,
+        fires: Iterable[int],
+        now_ms: int,
+        fx: Effects,
+    ) -> None:
+        """Record the wall times a ``DstGap.SKIP`` cron policy passed over in
+        ``(after, until)`` as missed (dst_gap), once the schedule moves past
+        them. Several skipped wall times of one gap share its transition
+        instant: one record per instant, and none where a real fire is due at
+        that instant too (a fire is never both run and missed). Recorded
+        again after a restart from an older next_run_at, it is deduplicated
+        by the store like every missed record."""
+        if until is None or until <= after + 1:
+            return
+        skips = job.compiled.skipped_between(after, until - 1, self.config.max_missed_listed)
+        if skips:
+            instants = sorted({s.at_ms for s in skips}.difference(fires))
+            self._record_missed(job, instants, MissedReason.DST_GAP, now_ms, fx)
 
     def _admit(self, job: _Job, fire: int, now_ms: int, *, overdue: bool, fx: Effects) -> None:
         """Apply the overlap policy to a fire that came due."""
