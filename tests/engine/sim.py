@@ -897,15 +897,31 @@ class Sim:
             record = self.store.get_job(job.job_id)
             if record.job_id not in owner.jobs:
                 owner.upsert_job(record, now, self.fx)
-            job.extra_fires.add(owner.trigger(job.job_id, now, self.fx))
+            self._claim_now(job, [now], overdue=False)
         else:
             fires = job.compiled.fires_between(now - 6 * HOUR, now - HOUR, 5)
             todo = [f for f in fires if f not in self.store.fires_exist(job.job_id, fires)]
             record = self.store.get_job(job.job_id)
             if record.job_id not in owner.jobs:
                 owner.upsert_job(record, now, self.fx)
-            owner.backfill(job.job_id, todo, now)
-            job.extra_fires.update(todo)
+            self._claim_now(job, todo, overdue=True)
+
+    def _claim_now(self, job: SimJob, fires: list[int], *, overdue: bool) -> None:
+        """``Node.trigger`` / ``Node.backfill``: the claims are in the store
+        before the API answers; the store's answer is fed back after."""
+        owner = self.owner
+        assert owner is not None
+        fx = Effects()
+        owner.claim_now(job.job_id, fires, self.now, fx, overdue=overdue)
+        self.store.now_ms = self.now
+        outcomes = self.store.claim_fires(fx.claims)
+        job.extra_fires.update(fires)  # acknowledged
+        if self.rng.random() < 0.1:
+            # The node dies after the store write, before it hears back.
+            self.history.mid_iteration_crashes += 1
+            self.crash_node(self._down_time())
+            return
+        owner.on_claimed(outcomes, self.now, self.fx)
 
     def _resume(self, job: SimJob) -> None:
         if self.owner is None:
@@ -1222,11 +1238,20 @@ def check(sim: Sim, *, settle_ms: int = 30 * MIN) -> list[Violation]:
                 Violation("never early", f"run {a.run_id} handed out at {t} < {a.scheduled_for}")
             )
 
-    # 3. Per-job serialization: runs live in the store at once <= the overlap limit.
+    # 3. Per-job serialization: runs held by workers at once <= the overlap
+    # limit, each from its first hand-out until the store applied its terminal
+    # state. (A run claimed ahead -- a trigger, a backfill -- is an execution
+    # row from its claim on, but runs nowhere until it is handed out.)
+    handed: dict[int, int] = {}
+    for t, _, a in sim.history.dispatches:
+        handed.setdefault(a.run_id, t)
     points: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
     for ex in store.execs.values():
+        start = handed.get(ex.run_id)
+        if start is None:
+            continue
         stop = ex.finished_at_ms if ex.finished_at_ms is not None else end + 1
-        points[ex.job_id].append((ex.dispatched_at_ms, 1, ex.run_id))
+        points[ex.job_id].append((start, 1, ex.run_id))
         points[ex.job_id].append((stop, -1, ex.run_id))
     for job_id, pts in points.items():
         limit = _limit(sim.jobs[job_id].spec)

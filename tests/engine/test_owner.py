@@ -627,11 +627,69 @@ def test_backfill_runs_past_fires_as_overdue_work_without_moving_the_schedule() 
     n = Node()
     n.hello()
     j = n.submit(spec(overlap=Overlap(policy=OverlapPolicy.ALLOW, max_concurrent=5)))
-    n.owner.backfill(j, [T - 3 * MIN, T - 2 * MIN], n.now)
+    n.owner.backfill(j, [T - 3 * MIN, T - 2 * MIN], n.now, n.fx)
     fx = n.step()
     assert sorted(c.scheduled_for for c in fx.claims) == [T - 3 * MIN, T - 2 * MIN]
     assert all(not c.advance for c in fx.claims)
     assert n.store.jobs[j].next_run_at == T + MIN
+
+
+def test_a_trigger_is_claimed_at_once_without_credit_and_survives_a_restart() -> None:
+    n = Node()
+    j = n.submit(spec())
+    n.now = T + 10 * SEC
+    fx = Effects()
+    n.owner.claim_now(j, [n.now], n.now, fx)  # no worker at all yet
+    [claim] = fx.claims
+    assert (claim.scheduled_for, claim.attempt, claim.advance) == (n.now, 0, False)
+    n.owner.on_claimed(n.store.claim_fires(fx.claims), n.now, n.fx)
+    assert n.execs(j) == [(T + 10 * SEC, 0, RunState.DISPATCHED)]  # acknowledged = stored
+    n.restart()  # before any worker took it
+    n.hello()
+    done = []
+    for _ in range(20):
+        for a in n.step(n.now + SEC).assignments.get("w1", []):
+            if a.job_id == j and a.scheduled_for == T + 10 * SEC:
+                n.complete(a)
+                done.append(a.attempt)
+    assert done and n.execs(j)[-1][2] is RunState.SUCCEEDED
+
+
+def test_runs_claimed_ahead_are_handed_out_one_at_a_time_per_job() -> None:
+    n = Node()
+    n.hello(capacity=10)
+    j = n.submit(spec(schedule=Interval(period_ms=HOUR, start_at_ms=T + HOUR)))
+    fires = [T - 3 * HOUR, T - 2 * HOUR, T - HOUR]
+    n.owner.backfill(j, fires, n.now, n.fx)
+    fx = n.step()
+    assert sorted(c.scheduled_for for c in fx.claims) == fires  # all stored at once
+    handed: list[int] = []
+    for _ in range(3):
+        [a] = fx.assignments["w1"]  # overlap limit 1: one at a time, in fire order
+        handed.append(a.scheduled_for)
+        fx = n.complete(a)
+    assert handed == fires and not fx.assignments
+
+
+def test_a_backfill_without_effects_at_hand_is_claimed_with_the_next_advance() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(schedule=Interval(period_ms=HOUR, start_at_ms=T + HOUR)))
+    n.owner.backfill(j, [T - HOUR], n.now)
+    assert [c.scheduled_for for c in n.step().claims] == [T - HOUR]
+
+
+def test_a_backfill_is_handed_out_after_fresh_work() -> None:
+    n = Node()
+    n.hello(capacity=1)
+    j = n.submit(spec(schedule=Interval(period_ms=HOUR, start_at_ms=T + HOUR)))
+    k = n.submit(spec(schedule=Once(at_ms=T + MIN)))
+    n.now = T + MIN
+    n.owner.backfill(j, [T - HOUR], n.now, n.fx)
+    fx = n.step()
+    assert [a.job_id for a in fx.assignments["w1"]] == [k]
+    fx = n.complete(fx.assignments["w1"][0])
+    assert [a.scheduled_for for a in fx.assignments["w1"]] == [T - HOUR]
 
 
 def test_fixed_delay_next_fire_counts_from_the_completion() -> None:

@@ -28,13 +28,15 @@ Invariants (each has a test in tests/engine/test_owner.py):
 6. Per-job serialization. A job has at most ``overlap.max_concurrent`` runs
    in flight (1 unless the policy is ``allow``); a newer attempt of the same
    fire is only created after the older one was made terminal (lost, failed,
-   timed out) in the store.
+   timed out) in the store. Runs claimed ahead (``claim_now``: triggers and
+   backfills) count as in flight from their claim, and are handed out only
+   while fewer than that many runs of the job are held by workers.
 7. A run leaves the owner only through a terminal state sent to the store.
 
 Run lifecycle (``_RUN_TRANSITIONS`` is the table; ``_move`` enforces it):
 
     CLAIMING --claim won--> DISPATCHED (grace lease) --ack--> RUNNING (full lease)
-    CLAIMING --worker gone--> READY --assigned--> DISPATCHED
+    CLAIMING --worker gone, or claimed ahead--> READY --assigned--> DISPATCHED
     DISPATCHED/RUNNING --complete / lease expired / timeout / cancel--> ENDING
     ENDING --store applied--> (gone)
 
@@ -230,6 +232,8 @@ class _Job:
         "next_fire",
         "paused",
         "queued",
+        "ready",
+        "running",
         "shard",
         "skipped",
         "spec",
@@ -261,6 +265,12 @@ class _Job:
         self.inflight = 0
         # Claims that move next_run_at, sent to the store and not answered yet.
         self.advancing = 0
+        # Runs claimed ahead of any worker (``claim_now``: triggers and
+        # backfills), in fire order, waiting to be handed out.
+        self.ready: deque[tuple[int, bool]] = deque()  # (run_id, overdue)
+        # Runs handed out (or restored) whose terminal state the store has
+        # not applied yet: what per-job serialization bounds.
+        self.running = 0
         self.queued = False
 
 
@@ -268,6 +278,7 @@ class _Run:
     __slots__ = (
         "attempt",
         "fence",
+        "held_out",
         "job_id",
         "lease_deadline",
         "phase",
@@ -289,6 +300,8 @@ class _Run:
         self.worker_id: str | None = None
         self.lease_deadline = 0
         self.timeout_deadline = 0
+        # Handed to a worker (or restored): counted in its job's ``running``.
+        self.held_out = False
 
 
 class _Worker:
@@ -321,6 +334,9 @@ class _Pending:
     attempt: int
     fence: int
     worker_id: str | None
+    # ``claim_now``: the won run waits on its job, handed out as overdue work.
+    ahead: bool = False
+    overdue: bool = False
 
 
 @dataclass(slots=True)
@@ -394,6 +410,8 @@ class Owner:
             rate, max(1.0, rate * self.config.overdue_burst_s), now_ms
         )
         self._reaper_paused = False
+        # Claims made without an Effects at hand, sent with the next advance.
+        self._later = Effects()
 
     # -- ownership ------------------------------------------------------------
 
@@ -644,19 +662,56 @@ class Owner:
             )
             self.stats.missed += 1
 
-    def trigger(self, job_id: int, now_ms: int, fx: Effects) -> int:
-        """An out-of-band fire at ``now_ms``; returns its scheduled_for."""
+    def claim_now(
+        self,
+        job_id: int,
+        fires: Sequence[int],
+        now_ms: int,
+        fx: Effects,
+        *,
+        overdue: bool = False,
+    ) -> None:
+        """Claim out-of-band fires (a trigger, a backfill) at once, whatever the
+        workers' credit, so that they are in the store before the API answers:
+        acknowledged, they survive a crash (a restart restores the runs). Won
+        runs wait on their job (READY) and are handed out like its fires:
+        first in line, or with ``overdue`` as catch-up work inside the overdue
+        budget, fair across tenants; never more at once than the job's
+        overlap limit allows. The schedule is left alone (advance=False)."""
         job = self._job_or_raise(job_id)
-        job.due.append((now_ms, 0, False))
-        self._enqueue(job, now_ms, overdue=False)
+        for fire in fires:
+            job.inflight += 1
+            fence = self._next_fence(job.shard)
+            fx.claims.append(
+                FireClaim(
+                    job_id=job_id,
+                    scheduled_for=fire,
+                    attempt=0,
+                    fence=fence,
+                    dispatched_at_ms=now_ms,
+                    advance=False,
+                )
+            )
+            self._pending[(job_id, fire, 0)] = _Pending(
+                job_id, fire, 0, fence, None, ahead=True, overdue=overdue
+            )
+
+    def trigger(self, job_id: int, now_ms: int, fx: Effects) -> int:
+        """An out-of-band fire at ``now_ms``, claimed at once (``claim_now``);
+        returns its scheduled_for."""
+        self.claim_now(job_id, (now_ms,), now_ms, fx)
         return now_ms
 
-    def backfill(self, job_id: int, fires: Sequence[int], now_ms: int) -> None:
-        """Past fires to run as catch-up work (low priority, fair across tenants)."""
-        job = self._job_or_raise(job_id)
-        job.due.extend((f, 0, False) for f in fires)
-        if fires:
-            self._enqueue(job, now_ms, overdue=True)
+    def backfill(
+        self, job_id: int, fires: Sequence[int], now_ms: int, fx: Effects | None = None
+    ) -> None:
+        """Past fires to run as catch-up work, claimed at once (``claim_now``)
+        and handed out inside the overdue budget, fair across tenants.
+        Without ``fx`` the claims go out with the next ``advance`` (not yet
+        durable when this returns)."""
+        if fx is None:
+            fx = self._later
+        self.claim_now(job_id, fires, now_ms, fx, overdue=True)
 
     # -- the clock ------------------------------------------------------------
 
@@ -727,6 +782,9 @@ class Owner:
 
     def advance(self, now_ms: int, fx: Effects) -> None:
         """Fire every timer due at ``now_ms``, then hand out what workers can take."""
+        if self._later.claims:
+            fx.claims.extend(self._later.claims)
+            self._later.claims.clear()
         for tid in self.wheel.advance(now_ms):
             kind, n = tid & 3, tid >> 2
             if kind == FIRE:
@@ -887,8 +945,8 @@ class Owner:
             job.skipped = [f for f in job.skipped if f >= upto]
         self._record_missed(job, gone, MissedReason.OVERLAP, now_ms, fx)
 
-    def _enqueue(self, job: _Job, now_ms: int, *, overdue: bool) -> None:
-        if job.queued or not job.due:
+    def _enqueue(self, job: _Job, now_ms: int, *, overdue: bool, front: bool = False) -> None:
+        if job.queued or not (job.due or job.ready):
             return
         job.queued = True
         pool = job.spec.pool
@@ -897,6 +955,8 @@ class Owner:
             if q is None:
                 q = self._overdue[pool] = FairQueue()
             q.push(job.spec.tenant, job.job_id)
+        elif front:
+            self._fresh.setdefault(pool, deque()).appendleft(job.job_id)
         else:
             self._fresh.setdefault(pool, deque()).append(job.job_id)
 
@@ -937,6 +997,20 @@ class Owner:
             if job is None:
                 continue
             job.queued = False
+            if job.ready:
+                # Runs claimed ahead go first, one per turn, while the job is
+                # below its limit of runs held by workers.
+                if job.running >= _limit(job):
+                    continue  # re-enqueued when a run of the job finishes
+                run_id, _ = job.ready.popleft()
+                run = self.runs.get(run_id)
+                if run is not None and run.phase is Phase.READY:
+                    while workers[wi % len(workers)].free <= 0:
+                        wi += 1
+                    self._hand_out(run, workers[wi % len(workers)], now_ms, fx)
+                    wi += 1
+                self._requeue_job(job, now_ms)
+                continue
             if not job.due or job.paused or job.inflight >= _limit(job):
                 continue  # re-enqueued when a run of the job finishes
             fire, attempt, advance = job.due.popleft()
@@ -1008,6 +1082,12 @@ class Owner:
                 continue
             run = _Run(out.run_id, c.job_id, c.scheduled_for, c.attempt, c.fence)
             self.runs[run.run_id] = run
+            if pend.ahead and job is not None:
+                # Its timeout starts when a worker gets it (``_hand_out``).
+                _move(run, Phase.READY)
+                job.ready.append((run.run_id, pend.overdue))
+                self._requeue_job(job, now_ms)
+                continue
             if job is not None:
                 run.timeout_deadline = now_ms + job.spec.timeout_ms
                 self.wheel.add((run.run_id << 2) | TIMEOUT, run.timeout_deadline)
@@ -1033,11 +1113,27 @@ class Owner:
             self._ready.popleft()
             self._hand_out(run, worker, now_ms, fx)
 
+    def _requeue_job(self, job: _Job, now_ms: int) -> None:
+        """Queue the job for its next piece of work: a run claimed ahead (a
+        trigger first in line, a backfill as overdue work), else a due fire."""
+        if job.ready:
+            overdue = job.ready[0][1]
+            self._enqueue(job, now_ms, overdue=overdue, front=not overdue)
+        elif job.due and not job.paused:
+            self._enqueue(
+                job, now_ms, overdue=now_ms - job.due[0][0] > self.config.overdue_after_ms
+            )
+
     def _hand_out(self, run: _Run, worker: _Worker, now_ms: int, fx: Effects) -> None:
         job = self._job(run.job_id)
         if job is None:  # pragma: no cover - a run keeps its job alive
             return
         _move(run, Phase.DISPATCHED)
+        run.held_out = True
+        job.running += 1
+        if run.timeout_deadline == 0:
+            run.timeout_deadline = now_ms + job.spec.timeout_ms
+            self.wheel.add((run.run_id << 2) | TIMEOUT, run.timeout_deadline)
         run.worker_id = worker.worker_id
         worker.held.add(run.run_id)
         run.lease_deadline = now_ms + self.config.grace_lease_ms
@@ -1272,6 +1368,10 @@ class Owner:
             job = self._job(run.job_id)
             if job is None:
                 continue
+            if run.held_out:
+                job.running -= 1
+                if job.ready:
+                    self._requeue_job(job, now_ms)  # a run claimed ahead may go now
             if not out.applied:
                 self.stats.superseded_completions += 1
                 self._run_finished(job, now_ms, fx)
@@ -1300,10 +1400,7 @@ class Owner:
                 self._sync_schedule(job, now_ms, fx)
         if job.buffered and not job.paused and job.inflight + len(job.due) < _limit(job):
             job.due.append((job.buffered.popleft(), 0, True))
-        if job.due and not job.paused:
-            self._enqueue(
-                job, now_ms, overdue=now_ms - job.due[0][0] > self.config.overdue_after_ms
-            )
+        self._requeue_job(job, now_ms)
         if (
             job.inflight <= 0
             and job.next_fire is None
@@ -1453,10 +1550,12 @@ class Owner:
                 run.phase = Phase.DISPATCHED
                 run.lease_deadline = now_ms + self.config.grace_lease_ms
             run.worker_id = None
+            run.held_out = True
             self.wheel.add((run.run_id << 2) | LEASE, run.lease_deadline)
             job = self._job(ex.job_id)
             if job is not None:
                 job.inflight += 1
+                job.running += 1
                 run.timeout_deadline = ex.dispatched_at_ms + job.spec.timeout_ms
                 self.wheel.add((run.run_id << 2) | TIMEOUT, max(now_ms, run.timeout_deadline))
             self.runs[run.run_id] = run
