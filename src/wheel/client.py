@@ -8,7 +8,7 @@ calls follow page tokens, and every gRPC failure is raised as a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
@@ -55,6 +55,10 @@ def error_from_rpc(exc: grpc.RpcError) -> WheelError:
     """
     code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
     details = (exc.details() if isinstance(exc, grpc.Call) else None) or ""
+    return _error(code, details)
+
+
+def _error(code: Any, details: str) -> WheelError:
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         field, sep, reason = details.partition(": ")
         if sep and field and " " not in field:
@@ -109,6 +113,29 @@ class Client:
             js.SubmitJobResponse,
         )
         return resp.job, resp.created
+
+    def submit_many(
+        self, jobs: Sequence[tuple[JobSpec, str]]
+    ) -> list[tuple[jobs_pb2.Job, bool] | WheelError]:
+        """Submit (spec, idempotency key) pairs in one call (at most 10,000);
+        each result is (job, created) or the error of that submit alone."""
+        resp = self._call(
+            self._jobs.SubmitJobs,
+            js.SubmitJobsRequest(
+                jobs=[
+                    js.SubmitJobRequest(spec=spec_to_proto(spec), idempotency_key=key)
+                    for spec, key in jobs
+                ]
+            ),
+            js.SubmitJobsResponse,
+        )
+        out: list[tuple[jobs_pb2.Job, bool] | WheelError] = []
+        for r in resp.results:
+            if r.error_code:
+                out.append(_error(grpc.StatusCode[r.error_code], r.error_message))
+            else:
+                out.append((r.response.job, r.response.created))
+        return out
 
     def get(self, job_id: int, *, next_fires: int = 5, recent_runs: int = 10) -> jobs_pb2.Job:
         return self._call(

@@ -1130,3 +1130,39 @@ def test_list_runs_pages_through_runs_and_newer_missed_fires_without_losing_any(
     assert len(set(keys)) == len(keys)
     for size in (1, 2, 3, 5):
         assert all_runs(api, job, page_size=size) == full, size
+
+
+def test_submit_jobs_stores_a_batch_and_reports_each_bad_item_on_its_own(api: Api) -> None:
+    taken_spec = spec(name="taken")
+    taken = submit(api, taken_spec, key="k-taken").job.job_id
+    req = job_service_pb2.SubmitJobsRequest(
+        jobs=[
+            job_service_pb2.SubmitJobRequest(spec=spec(name="a"), idempotency_key="k-a"),
+            job_service_pb2.SubmitJobRequest(spec=spec(name="")),
+            job_service_pb2.SubmitJobRequest(spec=spec(name="other"), idempotency_key="k-taken"),
+            job_service_pb2.SubmitJobRequest(spec=taken_spec, idempotency_key="k-taken"),
+            job_service_pb2.SubmitJobRequest(spec=spec(name="b", schedule=cron("61 * * * *"))),
+        ]
+    )
+    results = api.jobs.SubmitJobs(req, timeout=10).results
+    assert [r.error_code for r in results] == [
+        "",
+        "INVALID_ARGUMENT",
+        "ALREADY_EXISTS",
+        "",
+        "INVALID_ARGUMENT",
+    ]
+    assert "spec.name" in results[1].error_message
+    assert "spec.schedule.cron.expr" in results[4].error_message
+    assert results[0].response.created and results[0].response.job.spec.name == "a"
+    assert not results[3].response.created and results[3].response.job.job_id == taken
+    names = sorted(j.spec.name for j in api.jobs.ListJobs(job_service_pb2.ListJobsRequest()).jobs)
+    assert names == ["a", "taken"]
+
+    too_many = job_service_pb2.SubmitJobsRequest(
+        jobs=[job_service_pb2.SubmitJobRequest(spec=spec())] * 10_001
+    )
+    with pytest.raises(grpc.RpcError) as err:
+        api.jobs.SubmitJobs(too_many, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "10000" in (err.value.details() or "")

@@ -51,7 +51,8 @@ MAX_NEXT_FIRES = 100
 MAX_CAPACITY = 100_000
 MAX_WORKER_ID = 200
 MAX_IDEMPOTENCY_KEY = 200
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_SUBMIT_MANY = 10_000
 
 _STATUS: list[tuple[type[WheelError], grpc.StatusCode]] = [
     (LimitExceeded, grpc.StatusCode.INVALID_ARGUMENT),
@@ -103,25 +104,46 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
     async def SubmitJob(
         self, request: job_service_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext
     ) -> job_service_pb2.SubmitJobResponse:
-        async def work() -> job_service_pb2.SubmitJobResponse:
-            if not request.HasField("spec"):
-                raise InvalidArgument("spec", "is required")
-            if len(request.idempotency_key) > MAX_IDEMPOTENCY_KEY:
+        return await _call(context, self._submit_one(request))
+
+    async def SubmitJobs(
+        self, request: job_service_pb2.SubmitJobsRequest, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.SubmitJobsResponse:
+        async def work() -> job_service_pb2.SubmitJobsResponse:
+            if len(request.jobs) > MAX_SUBMIT_MANY:
                 raise LimitExceeded(
-                    "idempotency_key", f"longer than {MAX_IDEMPOTENCY_KEY} characters"
+                    "jobs", f"{len(request.jobs)} submits is over the limit of {MAX_SUBMIT_MANY}"
                 )
-            now = self.node.clock.now_ms()
-            spec = convert.spec_from_proto(request.spec, now_ms=now)
-            _check_horizon(spec, now)
-            record, created = await self.node.submit(spec, request.idempotency_key or None)
-            return job_service_pb2.SubmitJobResponse(
-                job=convert.job_to_proto(
-                    record, next_fires_ms=self.node.next_fires(record.job_id, 5)
-                ),
-                created=created,
+            results = await asyncio.gather(
+                *(self._submit_one(item) for item in request.jobs), return_exceptions=True
             )
+            out = job_service_pb2.SubmitJobsResponse()
+            for result in results:
+                if isinstance(result, WheelError):
+                    out.results.add(error_code=status_of(result).name, error_message=str(result))
+                elif isinstance(result, BaseException):
+                    raise result
+                else:
+                    out.results.add(response=result)
+            return out
 
         return await _call(context, work())
+
+    async def _submit_one(
+        self, request: job_service_pb2.SubmitJobRequest
+    ) -> job_service_pb2.SubmitJobResponse:
+        if not request.HasField("spec"):
+            raise InvalidArgument("spec", "is required")
+        if len(request.idempotency_key) > MAX_IDEMPOTENCY_KEY:
+            raise LimitExceeded("idempotency_key", f"longer than {MAX_IDEMPOTENCY_KEY} characters")
+        now = self.node.clock.now_ms()
+        spec = convert.spec_from_proto(request.spec, now_ms=now)
+        _check_horizon(spec, now)
+        record, created = await self.node.submit(spec, request.idempotency_key or None)
+        return job_service_pb2.SubmitJobResponse(
+            job=convert.job_to_proto(record, next_fires_ms=self.node.next_fires(record.job_id, 5)),
+            created=created,
+        )
 
     async def GetJob(
         self, request: job_service_pb2.GetJobRequest, context: grpc.aio.ServicerContext

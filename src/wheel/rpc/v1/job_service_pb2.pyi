@@ -24,6 +24,28 @@ class SubmitJobResponse(_message.Message):
     created: bool
     def __init__(self, job: _Optional[_Union[_jobs_pb2.Job, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
+class SubmitJobsRequest(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[SubmitJobRequest]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[SubmitJobRequest, _Mapping]]] = ...) -> None: ...
+
+class SubmitJobResult(_message.Message):
+    __slots__ = ("response", "error_code", "error_message")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    response: SubmitJobResponse
+    error_code: str
+    error_message: str
+    def __init__(self, response: _Optional[_Union[SubmitJobResponse, _Mapping]] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class SubmitJobsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SubmitJobResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[SubmitJobResult, _Mapping]]] = ...) -> None: ...
+
 class JobRef(_message.Message):
     __slots__ = ("job_id",)
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

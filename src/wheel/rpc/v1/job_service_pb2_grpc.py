@@ -41,6 +41,11 @@ class JobServiceStub:
                 request_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.SubmitJobRequest.SerializeToString,
                 response_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.SubmitJobResponse.FromString,
                 _registered_method=True)
+        self.SubmitJobs = channel.unary_unary(
+                '/wheel.rpc.v1.JobService/SubmitJobs',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.SubmitJobsRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.SubmitJobsResponse.FromString,
+                _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/wheel.rpc.v1.JobService/GetJob',
                 request_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.GetJobRequest.SerializeToString,
@@ -89,6 +94,15 @@ class JobServiceServicer:
     def SubmitJob(self, request, context):
         """Idempotent per (tenant, idempotency_key): the same body returns the same
         job; a different body is ALREADY_EXISTS.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitJobs(self, request, context):
+        """Many submits in one call and one store transaction (bulk scheduling). Each
+        item succeeds or fails on its own; the call fails only when the request as
+        a whole is bad (too many items).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -154,6 +168,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.SubmitJob,
                     request_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.SubmitJobRequest.FromString,
                     response_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.SubmitJobResponse.SerializeToString,
+            ),
+            'SubmitJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitJobs,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.SubmitJobsRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.SubmitJobsResponse.SerializeToString,
             ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
@@ -223,6 +242,33 @@ class JobService:
             '/wheel.rpc.v1.JobService/SubmitJob',
             wheel_dot_rpc_dot_v1_dot_job__service__pb2.SubmitJobRequest.SerializeToString,
             wheel_dot_rpc_dot_v1_dot_job__service__pb2.SubmitJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.JobService/SubmitJobs',
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.SubmitJobsRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.SubmitJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,
