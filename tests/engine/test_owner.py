@@ -312,6 +312,22 @@ def test_3_a_schedule_advance_never_overtakes_the_claim_it_follows() -> None:
     assert [m.new for m in n.store.moves] == [T + 2 * MIN, T + 3 * MIN]
 
 
+def test_3_a_schedule_moved_by_the_store_drops_buffered_fires_of_the_old_one() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(overlap=Overlap(policy=OverlapPolicy.BUFFER_ALL, max_buffered=5)))
+    a = n.run_once(j, T + MIN)
+    n.step(T + 2 * MIN)  # buffered behind the run
+    # Another writer moved the schedule past T+2min (the store wins).
+    n.store.jobs[j].next_run_at = T + 3 * MIN
+    n.owner.upsert_job(n.store.get_job(j), n.now, n.fx)
+    n.complete(a)
+    n.step(T + 3 * MIN)
+    claimed = [c.scheduled_for for _, _, c, _ in n.store.claims_log]
+    assert claimed == [T + MIN, T + 3 * MIN]  # T+2min is not ours any more
+    assert all(m.new > m.old for m in n.store.moves if m.new and m.old), n.store.moves
+
+
 def _assignment(n: Node, fence: int) -> Assignment:
     ex = next(e for e in n.store.execs.values() if e.fence == fence)
     run = n.owner.runs[ex.run_id]

@@ -545,7 +545,12 @@ class Owner:
         ):
             # The store moved the schedule (a resume, another node, a reload):
             # forget fires derived from the old value and re-arm from the store.
+            # Buffered ones too: those before the store's value are not ours
+            # any more, the others come due again from it. Kept, a buffered
+            # fire behind the new value was claimed with the new value as its
+            # CAS and moved the schedule nowhere, or backwards.
             job.due = deque(d for d in job.due if not d[2])
+            job.buffered.clear()
             # Skipped fires the store moved past are recorded; the others come
             # due again from the store's value and are decided again.
             self._flush_skipped(job, record.next_run_at, now_ms, fx)
