@@ -903,7 +903,8 @@ class Owner:
     def _sync_schedule(self, job: _Job, now_ms: int, fx: Effects) -> None:
         """Move the store's next_run_at past fires that will never be claimed
         (missed, skipped by overlap) when no claim of ours will move it."""
-        if any(d[2] for d in job.due) or job.buffered:
+        due = job.due
+        if (due and (due[0][2] or any(d[2] for d in due))) or job.buffered:
             return
         if job.advancing:
             # The node writes a pass's advances before its claims: an advance
@@ -1032,10 +1033,14 @@ class Owner:
                 # The oldest fire not claimed yet: queued, then buffered behind
                 # this run, then armed. Moving the store past a buffered fire
                 # would lose it to a restart (the store is all a new owner has).
-                new = next(
-                    (d[0] for d in job.due if d[2]),
-                    job.buffered[0] if job.buffered else job.next_fire,
-                )
+                due = job.due
+                if due and due[0][2]:  # the common case, without a scan
+                    new = due[0][0]
+                else:
+                    new = next(
+                        (d[0] for d in due if d[2]),
+                        job.buffered[0] if job.buffered else job.next_fire,
+                    )
                 if new is None and job.compiled.completion_driven:
                     # fixed_delay: provisional next fire, corrected on completion.
                     new = job.compiled.next_after_completion(fire)
