@@ -125,6 +125,8 @@ class Node:
         self.ready = asyncio.Event()
         self._submits: list[tuple[NewJob, asyncio.Future[tuple[JobRecord, bool] | WheelError]]]
         self._submits = []
+        # API calls waiting for the next batch's commit (durable triggers).
+        self._commit_waiters: list[asyncio.Future[None]] = []
         self._submit_flusher: asyncio.Task[None] | None = None
         self._checkpoint: Checkpoint | None = None
         self._logged_watermark = -1
@@ -267,7 +269,8 @@ class Node:
         produce are sent."""
         loop = asyncio.get_running_loop()
         next_changes = time.monotonic() + self.config.changes_interval_s
-        pending: deque[asyncio.Future[BatchOutcome]] = deque()
+        pending: deque[tuple[asyncio.Future[BatchOutcome], list[asyncio.Future[None]]]]
+        pending = deque()
         while not self._stopping:
             owner = self._owner()
             fx = self._fx
@@ -277,24 +280,37 @@ class Node:
                 if batch is not None:
                     future = loop.run_in_executor(self._store_thread, self._write, *batch)
                     future.add_done_callback(lambda _: self._wake.set())
-                    pending.append(future)
-            while pending and pending[0].done():
-                outcome = pending.popleft().result()
+                    pending.append((future, self._commit_waiters))
+                    self._commit_waiters = []
+            while pending and pending[0][0].done():
+                done, waiters = pending.popleft()
+                outcome = done.result()
                 now = self.clock.now_ms()
                 owner.on_completed(outcome.completions, now, fx)
                 owner.on_claimed(outcome.claims, now, fx)
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
             self._publish(fx)
             if fx.resync or time.monotonic() >= next_changes:
                 await self._read_changes(fx.resync)
                 fx.resync = set()
                 next_changes = time.monotonic() + self.config.changes_interval_s
-            if len(pending) < MAX_BATCHES_IN_FLIGHT and fx.store_work():
+            if len(pending) < MAX_BATCHES_IN_FLIGHT and (
+                fx.store_work() or self._commit_waiters or owner.has_dispatchable_work()
+            ):
                 await asyncio.sleep(0)  # let stream reads and API calls in
                 continue
             await self._sleep_until(owner.next_deadline())
-        for future in pending:
+        for future, waiters in pending:
             with contextlib.suppress(Exception):
                 await future
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        for waiter in self._commit_waiters:
+            if not waiter.done():
+                waiter.set_exception(FailedPrecondition("node is stopping"))
 
     def _form_batch(self, owner: Owner, fx: Effects) -> tuple[WriteBatch, list[bytes]] | None:
         """Take the store writes and the checkpoint records of what changed."""
@@ -306,7 +322,7 @@ class Node:
                 records = log_records(dirty, owner.image_of, watermark)
                 if watermark is not None:
                     self._logged_watermark = watermark
-        if not fx.store_work() and not records:
+        if not fx.store_work() and not records and not self._commit_waiters:
             return None
         now = self.clock.now_ms()
         work = fx.take_store_work()
@@ -537,7 +553,7 @@ class Node:
         owner = self._owner()
         if owner.owns(job_id):
             if state is JobState.CANCELLED:
-                owner.cancel_job(job_id, self._fx)
+                owner.cancel_job(job_id, self._fx, now)
             owner.upsert_job(updated, now, self._fx)
             if state is JobState.ACTIVE:
                 owner.record_paused_fires(job_id, record.updated_at_ms, now, self._fx)
@@ -549,10 +565,10 @@ class Node:
         if record.state is not JobState.ACTIVE:
             raise FailedPrecondition(f"job {job_id} is {record.state.value}, not active")
         owner = self._owner()
-        if record.job_id not in owner.jobs:
+        if not owner.has_job(record.job_id):
             owner.upsert_job(record, self.clock.now_ms(), self._fx)
         at = owner.trigger(job_id, self.clock.now_ms(), self._fx)
-        self.wake()
+        await self._committed()
         return at
 
     async def backfill(self, job_id: int, fires: Sequence[int]) -> tuple[list[int], int]:
@@ -562,11 +578,19 @@ class Node:
         existing = await self._api(self.store.fires_exist, job_id, list(fires))
         todo = [f for f in fires if f not in existing]
         owner = self._owner()
-        if record.job_id not in owner.jobs:
+        if not owner.has_job(record.job_id):
             owner.upsert_job(record, self.clock.now_ms(), self._fx)
-        owner.backfill(job_id, todo, self.clock.now_ms())
-        self.wake()
+        owner.backfill(job_id, todo, self.clock.now_ms(), self._fx)
+        await self._committed()
         return todo, len(fires) - len(todo)
+
+    async def _committed(self) -> None:
+        """Wait until what the owner emitted so far is in the store: an
+        acknowledged trigger or backfill survives a crash right after."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._commit_waiters.append(waiter)
+        self.wake()
+        await waiter
 
     def next_fires(self, job_id: int, count: int) -> list[int]:
         return self._owner().next_fires(job_id, count)
