@@ -467,6 +467,9 @@ class Node:
         self._owner().worker_credit(worker_id, add, self.clock.now_ms(), self._fx)
         self.wake()
 
+    def worker_capacity(self, worker_id: str) -> int | None:
+        return self._owner().worker_capacity(worker_id)
+
     def worker_drain(self, worker_id: str) -> None:
         self._owner().worker_drain(worker_id)
 
@@ -477,10 +480,12 @@ class Node:
             now_ms - 1
         )
 
-    async def submit(self, spec: JobSpec, idempotency_key: str | None) -> tuple[JobRecord, bool]:
+    async def submit(
+        self, spec: JobSpec, idempotency_key: str | None, *, body_hash: str | None = None
+    ) -> tuple[JobRecord, bool]:
         """Validate, then store with every other submit waiting at the same
         moment in one transaction (group commit), then schedule."""
-        new = self._new_job(spec, idempotency_key)
+        new = replace(self._new_job(spec, idempotency_key), body_hash=body_hash)
         future: asyncio.Future[tuple[JobRecord, bool] | WheelError] = (
             asyncio.get_running_loop().create_future()
         )

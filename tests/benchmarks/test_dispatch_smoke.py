@@ -75,7 +75,6 @@ def test_poll_baseline_on_postgres_dispatches_every_fire_once(tmp_path: Path, pg
 
 
 @pytest.mark.slow
-@pytest.mark.skip(reason="server lands separately")
 def test_wheel_on_sqlite_dispatches_every_fire_once(tmp_path: Path) -> None:
     assert_sound(run_bench(tmp_path, "wheel", "sqlite"), "wheel", "sqlite")
 

@@ -968,11 +968,6 @@ def test_submit_every_kind_of_job_and_read_it_back(api: Api) -> None:
     assert list(fires) == [t + 10_000, t + 100_000, t + 190_000]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the store hashes the converted spec, whose start_at_ms is now + period, "
-    "so a retry hashes differently; needs the request body hashed as sent",
-)
 def test_an_idempotent_retry_of_an_interval_without_a_start_returns_the_same_job(
     api: Api,
 ) -> None:
@@ -984,6 +979,10 @@ def test_an_idempotent_retry_of_an_interval_without_a_start_returns_the_same_job
     again = submit(api, msg, key="every-1")
     assert first.created and not again.created
     assert again.job.job_id == first.job.job_id
+    # A different body under the same key is still a conflict.
+    with pytest.raises(grpc.RpcError) as err:
+        submit(api, spec(name="every", schedule=every(30_000)), key="every-1")
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
 
 
 def test_list_jobs_pages_and_filters(api: Api) -> None:

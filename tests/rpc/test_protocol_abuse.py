@@ -305,3 +305,16 @@ def test_a_bad_hello_ends_only_that_stream(
         assert good.connected == 1
         job = one_shot(api)
         wait_for(lambda: states(api, job) == [(0, "succeeded")], 10, "the bystander's run")
+
+
+def test_credit_cannot_take_a_worker_past_the_capacity_limit(api: Api) -> None:
+    worker = RawWorker(api.server.target, "greedy", pool="greedy")
+    try:
+        worker.send(pb.WorkerMessage(credit=pb.Credit(add=10**6)))
+        err = worker.expect("error", timeout=10, where=lambda m: "credit.add" in m.error.message)
+        assert "100000" in err.error.message
+        worker.send(pb.WorkerMessage(credit=pb.Credit(add=-(10**6))))
+        worker.expect("error", timeout=10, where=lambda m: "credit.add" in m.error.message)
+        assert api.server.call(lambda: api.server.node.worker_capacity("greedy")) == 1
+    finally:
+        worker.close()

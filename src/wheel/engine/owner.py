@@ -1179,6 +1179,10 @@ class Owner:
         self.workers[worker_id] = w
         self._dispatch(now_ms, fx)
 
+    def worker_capacity(self, worker_id: str) -> int | None:
+        w = self.workers.get(worker_id)
+        return None if w is None else w.capacity
+
     def worker_drain(self, worker_id: str) -> None:
         w = self.workers.get(worker_id)
         if w is not None:

@@ -23,6 +23,11 @@ class NewJob:
     next_run_at: int | None
     # Per-tenant submission key; None = not idempotent.
     idempotency_key: str | None = None
+    # What "the same request" means for that key: a digest of the request as
+    # the client sent it (defaults filled in later, such as an interval's
+    # start of now + period, must not make a retry look different). None: a
+    # digest of the spec.
+    body_hash: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

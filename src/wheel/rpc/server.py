@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
@@ -53,6 +54,8 @@ MAX_WORKER_ID = 200
 MAX_IDEMPOTENCY_KEY = 200
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_SUBMIT_MANY = 10_000
+# Server messages queued for one worker stream before it is judged not reading.
+MAX_PENDING_MESSAGES = 10_000
 
 _STATUS: list[tuple[type[WheelError], grpc.StatusCode]] = [
     (LimitExceeded, grpc.StatusCode.INVALID_ARGUMENT),
@@ -139,7 +142,15 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
         now = self.node.clock.now_ms()
         spec = convert.spec_from_proto(request.spec, now_ms=now)
         _check_horizon(spec, now)
-        record, created = await self.node.submit(spec, request.idempotency_key or None)
+        digest = None
+        if request.idempotency_key:
+            # The request as sent decides "same body" for a retry, not the spec
+            # after server-side defaults (an interval's start is now + period).
+            wire = request.spec.SerializeToString(deterministic=True)
+            digest = hashlib.sha256(wire).hexdigest()
+        record, created = await self.node.submit(
+            spec, request.idempotency_key or None, body_hash=digest
+        )
         return job_service_pb2.SubmitJobResponse(
             job=convert.job_to_proto(record, next_fires_ms=self.node.next_fires(record.job_id, 5)),
             created=created,
@@ -448,7 +459,17 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                     if done:
                         node.worker_complete(wid, done)
                 elif kind == "credit":
-                    node.worker_credit(wid, msg.credit.add)
+                    held = node.worker_capacity(wid)
+                    if held is None or not 0 <= held + msg.credit.add <= MAX_CAPACITY:
+                        _protocol_error(
+                            session,
+                            "INVALID_ARGUMENT",
+                            f"credit.add: {msg.credit.add} would take the capacity outside"
+                            f" [0, {MAX_CAPACITY}]",
+                            0,
+                        )
+                    else:
+                        node.worker_credit(wid, msg.credit.add)
                 elif kind == "drain":
                     node.worker_drain(wid)
                 else:
@@ -481,6 +502,12 @@ def _check_hello(msg: worker_service_pb2.WorkerMessage) -> str | None:
 
 
 def _protocol_error(session: WorkerSession, code: str, message: str, run_id: int) -> None:
+    if session.outbox.qsize() > MAX_PENDING_MESSAGES:
+        # A client that floods bad messages and reads none of the answers: end
+        # its stream rather than buffer without bound (other streams go on).
+        session.closed = True
+        session.outbox.put_nowait(None)
+        return
     session.outbox.put_nowait(
         worker_service_pb2.ServerMessage(
             error=worker_service_pb2.ProtocolError(code=code, message=message, run_id=run_id)

@@ -375,7 +375,7 @@ class PostgresStore:
         spec = new.spec
         spec_json = spec.to_json()
         key = new.idempotency_key
-        digest = body_hash(spec) if key is not None else ""
+        digest = (new.body_hash or body_hash(spec)) if key is not None else ""
         if key is not None:
             # Claim the key first: a concurrent submit with the same key waits
             # here for ours to commit and then sees it.

@@ -267,7 +267,7 @@ class SQLiteStore:
         spec = new.spec
         spec_json = spec.to_json()
         key = new.idempotency_key
-        digest = body_hash(spec) if key is not None else ""
+        digest = (new.body_hash or body_hash(spec)) if key is not None else ""
         if key is not None:
             row = cur.execute(
                 "SELECT body_hash, job_id FROM idempotency_keys"
