@@ -361,15 +361,130 @@ class PostgresStore:
             return []
 
         def op(conn: Conn, _: _Attempt) -> list[tuple[JobRecord, bool] | WheelError]:
-            out: list[tuple[JobRecord, bool] | WheelError] = []
-            for new in news:
-                try:
-                    out.append(self._submit(conn, new))
-                except AlreadyExists as exc:  # raised before any write of that submit
-                    out.append(exc)
-            return out
+            return self._submit_many(conn, news)
 
         return self._run(op, idempotent=all(n.idempotency_key is not None for n in news))
+
+    def _submit_many(
+        self, conn: Conn, news: Sequence[NewJob]
+    ) -> list[tuple[JobRecord, bool] | WheelError]:
+        """Set-based: a handful of statements for the whole batch instead of
+        four round trips per job."""
+        digests = [
+            (n.body_hash or body_hash(n.spec)) if n.idempotency_key is not None else ""
+            for n in news
+        ]
+        first: dict[tuple[str, str], int] = {}  # (tenant, key) -> first index in batch
+        for i, n in enumerate(news):
+            if n.idempotency_key is not None:
+                first.setdefault((n.spec.tenant, n.idempotency_key), i)
+        ids: dict[int, int] = {}  # index -> new job id
+        if first:
+            # Claim every key at once; keys already taken come back absent.
+            won = conn.execute(
+                "INSERT INTO idempotency_keys (tenant, idempotency_key, body_hash, job_id,"
+                " created_at_ms) SELECT t, k, h, nextval('job_id_seq'), c"
+                " FROM unnest(%s::text[], %s::text[], %s::text[], %s::int8[]) AS u(t, k, h, c)"
+                " ON CONFLICT (tenant, idempotency_key) DO NOTHING"
+                " RETURNING tenant, idempotency_key, job_id",
+                (
+                    [t for t, _ in first],
+                    [k for _, k in first],
+                    [digests[i] for i in first.values()],
+                    [news[i].created_at_ms for i in first.values()],
+                ),
+            ).fetchall()
+            for tenant, key, job_id in won:
+                ids[first[(tenant, key)]] = int(job_id)
+        fresh = [i for i, n in enumerate(news) if n.idempotency_key is None]
+        if fresh:
+            rows = conn.execute(
+                "SELECT nextval('job_id_seq') FROM generate_series(1, %s)", (len(fresh),)
+            ).fetchall()
+            for i, row in zip(fresh, rows, strict=True):
+                ids[i] = int(row[0])
+        made = sorted(ids)
+        if made:
+            conn.execute(
+                "INSERT INTO jobs (job_id, shard, tenant, name, state, next_run_at, one_shot,"
+                " idempotency_key, created_at_ms, updated_at_ms)"
+                " SELECT j, s, t, n, 'active', r, o, k, c, c FROM unnest(%s::int8[], %s::int2[],"
+                " %s::text[], %s::text[], %s::int8[], %s::bool[], %s::text[], %s::int8[])"
+                " AS u(j, s, t, n, r, o, k, c)",
+                (
+                    [ids[i] for i in made],
+                    [shard_of(ids[i]) for i in made],
+                    [news[i].spec.tenant for i in made],
+                    [news[i].spec.name for i in made],
+                    [news[i].next_run_at for i in made],
+                    [not news[i].spec.recurring for i in made],
+                    [news[i].idempotency_key for i in made],
+                    [news[i].created_at_ms for i in made],
+                ),
+            )
+            conn.execute(
+                "INSERT INTO job_specs (job_id, spec) SELECT * FROM unnest(%s::int8[], %s::text[])",
+                ([ids[i] for i in made], [news[i].spec.to_json() for i in made]),
+            )
+        # Keys held by an earlier request (or earlier in this batch).
+        taken = {
+            (n.spec.tenant, n.idempotency_key)
+            for i, n in enumerate(news)
+            if n.idempotency_key is not None and i not in ids
+        }
+        held: dict[tuple[str, str], tuple[str, int]] = {}
+        if taken:
+            for tenant, key, digest, job_id in conn.execute(
+                "SELECT i.tenant, i.idempotency_key, i.body_hash, i.job_id"
+                " FROM idempotency_keys AS i"
+                " JOIN unnest(%s::text[], %s::text[]) AS u(t, k)"
+                " ON i.tenant = u.t AND i.idempotency_key = u.k",
+                ([t for t, _ in taken], [k for _, k in taken]),
+            ).fetchall():
+                held[(tenant, key)] = (digest, int(job_id))
+        existing: dict[int, JobRecord] = {}
+        if held:
+            for row in conn.execute(
+                f"SELECT {JOB_COLUMNS} FROM {JOB_FROM} WHERE j.job_id = ANY(%s::int8[])",
+                ([job_id for _, job_id in held.values()],),
+            ).fetchall():
+                record = job_from_row(row)
+                existing[record.job_id] = record
+        out: list[tuple[JobRecord, bool] | WheelError] = []
+        for i, n in enumerate(news):
+            if i in ids:
+                job_id = ids[i]
+                out.append(
+                    (
+                        JobRecord(
+                            job_id=job_id,
+                            shard=shard_of(job_id),
+                            spec=n.spec,
+                            state=JobState.ACTIVE,
+                            next_run_at=n.next_run_at,
+                            created_at_ms=n.created_at_ms,
+                            updated_at_ms=n.created_at_ms,
+                            idempotency_key=n.idempotency_key,
+                        ),
+                        True,
+                    )
+                )
+                continue
+            assert n.idempotency_key is not None
+            pair = (n.spec.tenant, n.idempotency_key)
+            if pair not in held:  # pragma: no cover - the key row committed
+                raise StoreError("idempotency key vanished during submit")
+            digest, job_id = held[pair]
+            if digest != digests[i]:
+                out.append(
+                    AlreadyExists(
+                        f"idempotency key {n.idempotency_key!r} of tenant {n.spec.tenant!r}"
+                        " was used with a different request"
+                    )
+                )
+            else:
+                out.append((existing[job_id], False))
+        return out
 
     def _submit(self, conn: Conn, new: NewJob) -> tuple[JobRecord, bool]:
         spec = new.spec
