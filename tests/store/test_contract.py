@@ -626,3 +626,31 @@ def test_claims_match_a_reference_model(
             assert (o.run_id is not None, o.advanced) == (wins, moves)
     for job_id, next_run_at in schedule.items():
         assert store.get_job(job_id).next_run_at == next_run_at
+
+
+def test_inflight_runs_and_retry_candidates_tell_a_restarting_owner_what_was_pending(
+    store: Store,
+) -> None:
+    shards = range(SHARD_COUNT)
+    job, _ = store.submit_job(interval_job(next_run_at=60_000))
+    first = store.claim_fires([claim(job.job_id, 60_000, new=120_000)])[0].run_id
+    assert first is not None
+    assert [r.run_id for r in store.inflight_runs(shards)] == [first]
+    assert store.retry_candidates(shards) == []
+
+    store.complete_runs([done(first, 1, RunState.FAILED)])
+    assert store.inflight_runs(shards) == []
+    pending = store.retry_candidates(shards)
+    assert [(r.run_id, r.attempt, r.state) for r in pending] == [(first, 0, RunState.FAILED)]
+
+    # Once the next attempt exists the failed one is no longer pending.
+    retry = store.claim_fires([claim(job.job_id, 60_000, attempt=1, fence=2, advance=False)])
+    assert retry[0].run_id is not None
+    assert store.retry_candidates(shards) == []
+    assert [r.attempt for r in store.inflight_runs(shards)] == [1]
+
+    # A cancelled job's failed attempts are not retried.
+    store.complete_runs([done(retry[0].run_id, 2, RunState.LOST)])
+    assert [r.state for r in store.retry_candidates(shards)] == [RunState.LOST]
+    store.set_job_state(job.job_id, JobState.CANCELLED, next_run_at=None, now_ms=7)
+    assert store.retry_candidates(shards) == []

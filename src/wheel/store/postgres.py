@@ -942,30 +942,23 @@ class PostgresStore:
         return self._run(op, idempotent=True)
 
     def inflight_runs(self, shards: Collection[int]) -> list[ExecutionRecord]:
-        wanted = _shards(shards)
-
-        def op(conn: Conn, _: _Attempt) -> list[ExecutionRecord]:
-            rows = conn.execute(
-                f"SELECT {_RUN_COLUMNS_E} FROM executions AS e JOIN jobs AS j USING (job_id)"
-                f" WHERE e.state IN {INFLIGHT_SQL} AND j.shard = ANY(%s::int2[])"
-                " ORDER BY e.run_id",
-                (wanted,),
-            ).fetchall()
-            return [run_from_row(r) for r in rows]
-
-        return self._run(op, idempotent=True)
+        return self._runs_of_shards(f"e.state IN {INFLIGHT_SQL}", shards)
 
     def retry_candidates(self, shards: Collection[int]) -> list[ExecutionRecord]:
+        return self._runs_of_shards(
+            "e.state IN ('failed', 'lost', 'timed_out') AND j.state <> 'cancelled'"
+            " AND NOT EXISTS (SELECT 1 FROM executions AS n WHERE n.job_id = e.job_id"
+            " AND n.scheduled_for = e.scheduled_for AND n.attempt > e.attempt)",
+            shards,
+        )
+
+    def _runs_of_shards(self, where: str, shards: Collection[int]) -> list[ExecutionRecord]:
         wanted = _shards(shards)
 
         def op(conn: Conn, _: _Attempt) -> list[ExecutionRecord]:
             rows = conn.execute(
                 f"SELECT {_RUN_COLUMNS_E} FROM executions AS e JOIN jobs AS j USING (job_id)"
-                " WHERE e.state IN ('failed', 'lost', 'timed_out') AND j.state <> 'cancelled'"
-                " AND j.shard = ANY(%s::int2[])"
-                " AND NOT EXISTS (SELECT 1 FROM executions AS n WHERE n.job_id = e.job_id"
-                " AND n.scheduled_for = e.scheduled_for AND n.attempt > e.attempt)"
-                " ORDER BY e.run_id",
+                f" WHERE {where} AND j.shard = ANY(%s::int2[]) ORDER BY e.run_id",
                 (wanted,),
             ).fetchall()
             return [run_from_row(r) for r in rows]

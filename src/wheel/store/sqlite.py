@@ -604,29 +604,24 @@ class SQLiteStore:
         )
 
     def inflight_runs(self, shards: Collection[int]) -> list[ExecutionRecord]:
-        wanted = _shard_list(shards)
-        with self._tx(write=False) as cur:
-            rows = cur.execute(
-                f"SELECT {', '.join('e.' + c.strip() for c in RUN_COLUMNS.split(','))}"
-                " FROM executions AS e JOIN jobs AS j ON j.job_id = e.job_id"
-                f" WHERE e.state IN {INFLIGHT_SQL}"
-                " AND j.shard IN (SELECT value FROM json_each(?)) ORDER BY e.run_id",
-                (wanted,),
-            ).fetchall()
-        return [run_from_row(r) for r in rows]
+        return self._runs_of_shards(f"e.state IN {INFLIGHT_SQL}", shards)
 
     def retry_candidates(self, shards: Collection[int]) -> list[ExecutionRecord]:
-        wanted = _shard_list(shards)
+        return self._runs_of_shards(
+            "e.state IN ('failed', 'lost', 'timed_out') AND j.state <> 'cancelled'"
+            " AND NOT EXISTS (SELECT 1 FROM executions AS n WHERE n.job_id = e.job_id"
+            " AND n.scheduled_for = e.scheduled_for AND n.attempt > e.attempt)",
+            shards,
+        )
+
+    def _runs_of_shards(self, where: str, shards: Collection[int]) -> list[ExecutionRecord]:
         with self._tx(write=False) as cur:
             rows = cur.execute(
                 f"SELECT {', '.join('e.' + c.strip() for c in RUN_COLUMNS.split(','))}"
                 " FROM executions AS e JOIN jobs AS j ON j.job_id = e.job_id"
-                " WHERE e.state IN ('failed', 'lost', 'timed_out') AND j.state <> 'cancelled'"
-                " AND j.shard IN (SELECT value FROM json_each(?))"
-                " AND NOT EXISTS (SELECT 1 FROM executions AS n WHERE n.job_id = e.job_id"
-                " AND n.scheduled_for = e.scheduled_for AND n.attempt > e.attempt)"
+                f" WHERE {where} AND j.shard IN (SELECT value FROM json_each(?))"
                 " ORDER BY e.run_id",
-                (wanted,),
+                (_shard_list(shards),),
             ).fetchall()
         return [run_from_row(r) for r in rows]
 
