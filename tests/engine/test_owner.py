@@ -1082,3 +1082,30 @@ def test_upsert_of_a_store_row_is_idempotent() -> None:
     for _ in range(3):
         n.owner.upsert_job(record, n.now, n.fx)
     assert [c.scheduled_for for c in n.step(T + MIN).claims] == [T + MIN]
+
+
+def test_fires_spread_over_workers_even_one_per_tick() -> None:
+    n = Node()
+    n.hello("w1")
+    n.hello("w2")
+    got: dict[str, int] = {"w1": 0, "w2": 0}
+    for k in range(8):
+        j = n.submit(spec(name=f"j{k}", schedule=Interval(period_ms=HOUR, start_at_ms=T + k + 1)))
+        fx = n.step(T + k + 1)
+        for worker, assignments in fx.assignments.items():
+            got[worker] += len([a for a in assignments if a.job_id == j])
+    assert got["w1"] >= 3 and got["w2"] >= 3, got
+
+
+def test_dispatch_lag_counts_first_attempts_only() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(
+        spec(retry=Retry(max_attempts=3, initial_backoff_ms=10_000, max_backoff_ms=10_000))
+    )
+    a = n.run_once(j, T + MIN)
+    n.fx.lags.clear()
+    n.complete(a, Outcome.RETRYABLE)
+    fx = n.step(T + MIN + 20_000)
+    assert [x.attempt for x in fx.assignments["w1"]] == [1]
+    assert n.fx.lags == []  # the retry waited its backoff; that is not lag

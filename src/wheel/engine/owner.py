@@ -406,6 +406,7 @@ class Owner:
             self.config.reaper_rate_per_s, self.config.reaper_burst, now_ms
         )
         rate = self.config.dispatch_rate_per_s * self.config.overdue_fraction
+        self._next_worker = 0
         self._overdue_bucket = TokenBucket(
             rate, max(1.0, rate * self.config.overdue_burst_s), now_ms
         )
@@ -997,7 +998,9 @@ class Owner:
     def _claim(
         self, picked: list[tuple[int, bool]], workers: list[_Worker], now_ms: int, fx: Effects
     ) -> None:
-        wi = 0
+        # Start where the last batch stopped: one fire a tick must not always
+        # land on the same worker.
+        wi = self._next_worker
         for job_id, overdue in picked:
             job = self._job(job_id)
             if job is None:
@@ -1065,6 +1068,7 @@ class Owner:
             )
             if job.due and job.inflight < _limit(job):
                 self._enqueue(job, now_ms, overdue=overdue)
+        self._next_worker = wi % len(workers)
 
     def on_claimed(self, outcomes: Sequence[ClaimOutcome], now_ms: int, fx: Effects) -> None:
         """The store's answer to a claim batch."""
@@ -1163,7 +1167,8 @@ class Owner:
                 timeout_ms=max(0, run.timeout_deadline - now_ms),
             )
         )
-        fx.lags.append(now_ms - run.scheduled_for)
+        if run.attempt == 0:  # a retry's wait is its backoff, not dispatch lag
+            fx.lags.append(now_ms - run.scheduled_for)
         self.stats.dispatched += 1
 
     # -- workers ----------------------------------------------------------------
