@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             store = SQLiteStore(Path(tmp) / "bench.db", synchronous=args.synchronous)
         else:
             import psycopg
+
             from wheel.store.postgres import PostgresStore
 
             schema = f"wheel_bench_{secrets.token_hex(4)}"
