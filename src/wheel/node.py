@@ -46,7 +46,6 @@ from wheel.errors import (
     FailedPrecondition,
     NotFound,
     StoreError,
-    StoreUnavailable,
     WheelError,
 )
 from wheel.recovery import restore_owner
@@ -607,6 +606,3 @@ class Node:
             return 0.0, 0.0
         lags = sorted(self._lags)
         return float(lags[len(lags) // 2]), float(lags[min(len(lags) - 1, len(lags) * 99 // 100)])
-
-    def store_unavailable(self, exc: Exception) -> StoreUnavailable:
-        return StoreUnavailable(str(exc))

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from wheel.engine.fairness import FairQueue, TokenBucket
+from wheel.engine.fairness import FairQueue, TokenBucket, split_capacity
 from wheel.engine.model import (
     SHARD_COUNT,
     JobState,
@@ -986,11 +986,17 @@ class Owner:
             capacity = min(budget, sum(w.free for w in workers))
             if capacity <= 0:
                 continue
+            split = split_capacity(
+                capacity=capacity,
+                fresh_waiting=len(fresh) if fresh else 0,
+                overdue_waiting=len(over) if over else 0,
+                overdue_tokens=self._overdue_bucket.available(now_ms) if over else 0,
+            )
             picked: list[tuple[int, bool]] = []
-            while fresh and len(picked) < capacity:
-                picked.append((fresh.popleft(), False))
-            if over and len(picked) < capacity:
-                n = self._overdue_bucket.take(min(capacity - len(picked), len(over)), now_ms)
+            if fresh:
+                picked.extend((fresh.popleft(), False) for _ in range(split.fresh))
+            if over and split.overdue:
+                n = self._overdue_bucket.take(split.overdue, now_ms)
                 picked.extend((j, True) for j in over.pop(n))
             budget -= len(picked)
             self._claim(picked, workers, now_ms, fx)
