@@ -1109,3 +1109,16 @@ def test_dispatch_lag_counts_first_attempts_only() -> None:
     fx = n.step(T + MIN + 20_000)
     assert [x.attempt for x in fx.assignments["w1"]] == [1]
     assert n.fx.lags == []  # the retry waited its backoff; that is not lag
+
+
+def test_a_backlog_longer_than_one_listing_is_one_catch_up() -> None:
+    # 500 overdue fires listed 50 at a time: still one run_latest_only run.
+    n = Node(OwnerConfig(max_missed_listed=50), now=T + 500 * SEC + 10)
+    j = n.submit(spec(schedule=Interval(period_ms=SEC, start_at_ms=T + SEC)), next_run_at=T + SEC)
+    n.hello()
+    fx = n.step()
+    runs = [a for a in fx.assignments.get("w1", []) if a.job_id == j]
+    assert [a.scheduled_for for a in runs] == [T + 500 * SEC]
+    missed = n.missed(j)
+    assert len(missed) == 499
+    assert set(missed.values()) == {MissedReason.COLLAPSED}

@@ -60,7 +60,7 @@ from wheel.engine.model import (
     idempotency_key,
     shard_of,
 )
-from wheel.engine.policy import plan_catch_up, retry_delay_ms, should_retry
+from wheel.engine.policy import CatchUpStream, retry_delay_ms, should_retry
 from wheel.engine.records import (
     ClaimOutcome,
     Completion,
@@ -559,7 +559,7 @@ class Owner:
             job.store_next = record.next_run_at
             # A first fire or a resume from now: gap wall times between now
             # and that fire are passed over already.
-            self._record_gap_skips(job, now_ms, record.next_run_at, (), now_ms, fx)
+            self._record_gap_skips(job, now_ms, record.next_run_at, now_ms, fx)
             self._arm(job, record.next_run_at)
         if (
             job.compiled.completion_driven
@@ -638,7 +638,7 @@ class Owner:
             fires.append(armed)
             armed = job.compiled.next_fire(armed)
         if first_armed is not None and first_armed <= now_ms:
-            self._record_gap_skips(job, first_armed, now_ms + 1, fires, now_ms, fx)
+            self._record_gap_skips(job, first_armed, now_ms + 1, now_ms, fx)
         # Retries of fires already run keep their place; new fires are dropped.
         job.due = deque(d for d in job.due if d[1] > 0)
         job.buffered.clear()
@@ -657,7 +657,7 @@ class Owner:
             paused_from_ms, resumed_at_ms, self.config.max_missed_listed
         )
         self._record_missed(job, fires, MissedReason.PAUSED, resumed_at_ms, fx)
-        self._record_gap_skips(job, paused_from_ms, resumed_at_ms + 1, fires, resumed_at_ms, fx)
+        self._record_gap_skips(job, paused_from_ms, resumed_at_ms + 1, resumed_at_ms, fx)
 
     def _record_missed(
         self, job: _Job, fires: Iterable[int], reason: MissedReason, now_ms: int, fx: Effects
@@ -821,29 +821,38 @@ class Owner:
         if overdue:
             # The owner was down or behind: one or more fires are late. The
             # job's catch-up policy decides which run; the rest become missed.
-            fires = [fire]
+            # However long the backlog, it is planned as ONE catch-up (in
+            # chunks of fires listed at a time): run_latest_only runs one fire,
+            # not one per chunk. The last fire is held back until it is known
+            # to be late: one whose nominal time passed but whose jittered
+            # time has not stays armed, or it would run early.
+            stream = CatchUpStream(job.spec.catch_up, now_ms)
+            chunk = self.config.max_missed_listed
+            held, count = fire, 1
             if nxt is not None and nxt <= now_ms:
-                fires += compiled.fires_between(fire, now_ms, self.config.max_missed_listed)
-                # A fire whose nominal time passed but whose jittered time has
-                # not is not late: it stays armed, or it would run early.
-                if len(fires) > 1 and compiled.jittered(fires[-1]) > now_ms:
-                    fires.pop()
-                nxt = compiled.next_fire(fires[-1])
-            plan = plan_catch_up(job.spec.catch_up, fires, now_ms)
-            for f, reason in plan.missed:
-                fx.missed.append(
-                    MissedFire(
-                        job_id=job.job_id, scheduled_for=f, reason=reason, recorded_at_ms=now_ms
-                    )
-                )
-                self.stats.missed += 1
+                while True:
+                    more = compiled.fires_between(held, now_ms, chunk)
+                    if not more:
+                        break
+                    self._note_missed(job, stream.feed([held, *more[:-1]]).missed, now_ms, fx)
+                    held, count = more[-1], count + len(more)
+                    if len(more) < chunk:
+                        break
+                if count > 1 and compiled.jittered(held) > now_ms:
+                    nxt = held
+                else:
+                    self._note_missed(job, stream.feed([held]).missed, now_ms, fx)
+                    nxt = compiled.next_fire(held)
+            else:
+                self._note_missed(job, stream.feed([held]).missed, now_ms, fx)
+            plan = stream.finish()
             if plan.alert:
                 fx.alerts.append(f"job {job.job_id}: {plan.alert}")
             if compiled.completion_driven and not plan.run:
                 # fixed_delay whose fire was not run: no completion will arm
                 # the next one, so count from now or the schedule stops.
                 nxt = compiled.next_after_completion(now_ms)
-            self._record_gap_skips(job, fire, nxt, fires, now_ms, fx)
+            self._record_gap_skips(job, fire, nxt, now_ms, fx)
             self._arm(job, nxt)
             # Planned catch-up runs one after another: the overlap gate
             # applies to the batch as a whole, not between its fires.
@@ -858,7 +867,7 @@ class Owner:
                 else:
                     job.due.extend((f, 0, True) for f in plan.run[1:])
         else:
-            self._record_gap_skips(job, fire, nxt, (fire,), now_ms, fx)
+            self._record_gap_skips(job, fire, nxt, now_ms, fx)
             self._arm(job, nxt)
             self._admit(job, fire, now_ms, overdue=False, fx=fx)
         self._sync_schedule(job, now_ms, fx)
@@ -868,7 +877,6 @@ class Owner:
         job: _Job,
         after: int,
         until: int | None,
-        fires: Iterable[int],
         now_ms: int,
         fx: Effects,
     ) -> None:
@@ -883,8 +891,24 @@ class Owner:
             return
         skips = job.compiled.skipped_between(after, until - 1, self.config.max_missed_listed)
         if skips:
-            instants = sorted({s.at_ms for s in skips}.difference(fires))
+            compiled = job.compiled
+            instants = sorted(
+                {s.at_ms for s in skips if compiled.next_fire(s.at_ms - 1) != s.at_ms}
+            )
             self._record_missed(job, instants, MissedReason.DST_GAP, now_ms, fx)
+
+    def _note_missed(
+        self,
+        job: _Job,
+        missed: Sequence[tuple[int, MissedReason]],
+        now_ms: int,
+        fx: Effects,
+    ) -> None:
+        for f, reason in missed:
+            fx.missed.append(
+                MissedFire(job_id=job.job_id, scheduled_for=f, reason=reason, recorded_at_ms=now_ms)
+            )
+        self.stats.missed += len(missed)
 
     def _admit(self, job: _Job, fire: int, now_ms: int, *, overdue: bool, fx: Effects) -> None:
         """Apply the overlap policy to a fire that came due."""
