@@ -147,6 +147,22 @@ UPDATE jobs AS j
 RETURNING t.idx
 """
 
+
+def _claim_arrays(idx: Sequence[int], claims: Sequence[FireClaim]) -> dict[str, Any]:
+    """A claim batch as the column arrays the claim statements unnest."""
+    return {
+        "idx": list(idx),
+        "job": [c.job_id for c in claims],
+        "sf": [c.scheduled_for for c in claims],
+        "att": [c.attempt for c in claims],
+        "fence": [c.fence for c in claims],
+        "disp": [c.dispatched_at_ms for c in claims],
+        "adv": [c.advance for c in claims],
+        "exp": [c.expected_next_run_at for c in claims],
+        "new": [c.new_next_run_at for c in claims],
+    }
+
+
 _MARK_RUNNING_SQL = """
 UPDATE executions AS e
    SET state = 'running', worker_id = t.worker_id, started_at_ms = t.started_at_ms
@@ -645,20 +661,7 @@ class PostgresStore:
             with conn.cursor(binary=True) as cur:
                 for members in rounds:
                     part = [claims[i] for i in members] if len(rounds) > 1 else claims
-                    cur.execute(
-                        _CLAIM_SQL,
-                        {
-                            "idx": members,
-                            "job": [c.job_id for c in part],
-                            "sf": [c.scheduled_for for c in part],
-                            "att": [c.attempt for c in part],
-                            "fence": [c.fence for c in part],
-                            "disp": [c.dispatched_at_ms for c in part],
-                            "adv": [c.advance for c in part],
-                            "exp": [c.expected_next_run_at for c in part],
-                            "new": [c.new_next_run_at for c in part],
-                        },
-                    )
+                    cur.execute(_CLAIM_SQL, _claim_arrays(members, part))
                     for i, run_id, moved in cur:
                         run_ids[i] = run_id
                         advanced[i] = moved
@@ -666,17 +669,7 @@ class PostgresStore:
                     lost = [i for i in range(n) if run_ids[i] is None]
                     if lost:
                         part = [claims[i] for i in lost]
-                        cur.execute(
-                            _RECOGNISE_CLAIMS_SQL,
-                            {
-                                "idx": lost,
-                                "job": [c.job_id for c in part],
-                                "sf": [c.scheduled_for for c in part],
-                                "att": [c.attempt for c in part],
-                                "fence": [c.fence for c in part],
-                                "new": [c.new_next_run_at for c in part],
-                            },
-                        )
+                        cur.execute(_RECOGNISE_CLAIMS_SQL, _claim_arrays(lost, part))
                         for i, run_id, moved in cur:
                             run_ids[i] = run_id
                             advanced[i] = bool(moved) and claims[i].advance

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -125,6 +126,22 @@ def _shard_list(shards: Collection[int]) -> str:
     return json.dumps(sorted(set(shards)))
 
 
+def _switch_to_wal(conn: sqlite3.Connection, busy_timeout_ms: int) -> None:
+    """Put the file in WAL mode. SQLite answers "database is locked" at once,
+    without waiting on busy_timeout, when another process holds the lock while
+    it creates the file or switches it itself; so wait here, within the same
+    limit."""
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 class SQLiteStore:
     """``Store`` on one SQLite file (``:memory:`` works for throwaway use)."""
 
@@ -152,7 +169,7 @@ class SQLiteStore:
             # busy_timeout first: switching to WAL needs a lock another process
             # may hold while it migrates.
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-            conn.execute("PRAGMA journal_mode = WAL")
+            _switch_to_wal(conn, busy_timeout_ms)
             conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
             conn.execute("PRAGMA temp_store = MEMORY")
             conn.execute("PRAGMA cache_size = -65536")
