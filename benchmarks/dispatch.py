@@ -422,6 +422,8 @@ def run_once(
             driver.teardown()
     a = h.analyse(workload, records_all, job_index=job_index, end_ms=end_ms)
     cpu = sum(cpu1[p] - cpu0.get(p, 0.0) for p in cpu1)
+    server_pid = pids[0]
+    server_cpu = cpu1.get(server_pid, 0.0) - cpu0.get(server_pid, 0.0)
     db_cpu = sum(db1[p] - db0.get(p, 0.0) for p in db1)
     per_k = 1000 / a.dispatched if a.dispatched else float("nan")
     result: dict[str, Any] = {
@@ -439,6 +441,8 @@ def run_once(
         "duplicates": a.duplicates,
         # Context for reading the figures above.
         "db_cpu_s_per_1k": round(db_cpu * per_k, 4) if cfg.store == "postgres" else 0.0,
+        "server_cpu_s_per_1k": round(server_cpu * per_k, 4),
+        "worker_cpu_s_per_1k": round((cpu - server_cpu) * per_k, 4),
         "expected_fires": a.expected,
         "dispatched": a.dispatched,
         "completed": a.completed,
