@@ -73,11 +73,6 @@ __all__ = ["SQLiteStore"]
 _SYNCHRONOUS = {"off", "normal", "full", "extra"}
 _TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_RUN_STATES)) + ")"
 
-_INSERT_RUN = (
-    "INSERT INTO executions (run_id, job_id, scheduled_for, attempt, state, fence,"
-    " dispatched_at_ms) VALUES (?, ?, ?, ?, 'dispatched', ?, ?)"
-    " ON CONFLICT (job_id, scheduled_for, attempt) DO NOTHING"
-)
 # The schedule compare-and-swap of a won claim (seed R4). ``IS`` so that a
 # claim may also swap from "no next fire" (NULL).
 # The common case leaves ``state`` out of the SET list: SQLite then skips the
@@ -103,6 +98,55 @@ _COMPLETE = (
     "UPDATE executions SET state = ?, finished_at_ms = ?, error = ?,"
     " worker_id = coalesce(?, worker_id)"
     f" WHERE run_id = ? AND fence = ? AND state IN {INFLIGHT_SQL}"
+    " AND NOT EXISTS (SELECT 1 FROM executions AS newer"
+    "  WHERE newer.job_id = executions.job_id"
+    "  AND newer.scheduled_for = executions.scheduled_for"
+    "  AND newer.fence > executions.fence)"
+)
+
+
+# Set-based forms of the statements above, one execution per batch: the rows
+# travel as ONE JSON parameter, unpacked with json_each. ``executemany`` binds
+# and steps row by row, giving up and taking back the GIL around every row; a
+# node's store thread then queued behind its busy event loop for each row of
+# a batch (measured: most of a batch's time at 13k dispatches/s). Column k of
+# row i is ``json_extract(t.value, '$[k]')``, in the order of the per-row
+# statement's parameters. The rows drive the plan: each looks its target up
+# by primary key. A unary ``+`` keeps the planner off the other indexes (with
+# ``executions_inflight`` it scanned every in-flight run and probed the batch
+# for each one); ``test_set_based_statements_look_rows_up_by_key`` checks it.
+def _col(k: int) -> str:
+    return f"json_extract(t.value, '$[{k}]')"
+
+
+_INSERT_RUNS = (
+    "INSERT INTO executions (run_id, job_id, scheduled_for, attempt, state, fence,"
+    f" dispatched_at_ms) SELECT {_col(0)}, {_col(1)}, {_col(2)}, {_col(3)}, 'dispatched',"
+    f" {_col(4)}, {_col(5)} FROM json_each(?1) AS t WHERE true"
+    " ON CONFLICT (job_id, scheduled_for, attempt) DO NOTHING"
+)
+_ADVANCE_CAS_SET = (
+    f"UPDATE jobs SET next_run_at = {_col(0)}, updated_at_ms = max(updated_at_ms, {_col(1)}),"
+    f" change_seq = {_col(2)}, owner_move = 1 FROM json_each(?1) AS t"
+    f" WHERE jobs.job_id = {_col(3)} AND +jobs.next_run_at IS {_col(4)}"
+)
+_CLAIM_CAS_END_SET = (
+    f"UPDATE jobs SET next_run_at = {_col(0)},"
+    f" state = CASE WHEN {_col(0)} IS NULL AND one_shot = 1 AND state = 'active'"
+    " THEN 'completed' ELSE state END,"
+    f" updated_at_ms = max(updated_at_ms, {_col(1)}), change_seq = {_col(2)}, owner_move = 1"
+    f" FROM json_each(?1) AS t WHERE jobs.job_id = {_col(3)} AND +jobs.next_run_at IS {_col(4)}"
+)
+_MARK_RUNNING_SET = (
+    f"UPDATE executions SET state = 'running', worker_id = {_col(0)}, started_at_ms = {_col(1)}"
+    f" FROM json_each(?1) AS t WHERE executions.run_id = {_col(2)}"
+    f" AND executions.fence = {_col(3)} AND +executions.state = 'dispatched'"
+)
+_COMPLETE_SET = (
+    f"UPDATE executions SET state = {_col(0)}, finished_at_ms = {_col(1)}, error = {_col(2)},"
+    f" worker_id = coalesce({_col(3)}, executions.worker_id)"
+    f" FROM json_each(?1) AS t WHERE executions.run_id = {_col(4)}"
+    f" AND executions.fence = {_col(5)} AND +executions.state IN {INFLIGHT_SQL}"
     " AND NOT EXISTS (SELECT 1 FROM executions AS newer"
     "  WHERE newer.job_id = executions.job_id"
     "  AND newer.scheduled_for = executions.scheduled_for"
@@ -215,16 +259,22 @@ class SQLiteStore:
         return int(row[0])
 
     @staticmethod
-    def _apply_each(cur: sqlite3.Cursor, sql: str, rows: list[tuple[Any, ...]]) -> list[bool]:
-        """Run ``sql`` once per row; True where it changed a row.
+    def _apply_each(
+        cur: sqlite3.Cursor, set_sql: str, sql: str, rows: list[tuple[Any, ...]]
+    ) -> list[bool]:
+        """Apply ``sql`` to each row as if run once per row, in order; True
+        where it changed a row.
 
-        Fast path: one executemany; when every row applied we are done. Else roll
-        back to a savepoint and redo row by row to learn which ones applied.
+        Fast path: ``set_sql``, its set-based form, once over all the rows.
+        When every row applied, each changed a row of its own (an UPDATE ...
+        FROM changes a row at most once), which is what running them in order
+        does too. Else roll back to a savepoint and redo row by row to learn
+        which ones applied (conflicts, or two rows for one key: rare).
         """
         if not rows:
             return []
         cur.execute("SAVEPOINT apply_each")
-        cur.executemany(sql, rows)
+        cur.execute(set_sql, (json.dumps(rows),))
         if cur.rowcount == len(rows):
             cur.execute("RELEASE apply_each")
             return [True] * len(rows)
@@ -420,12 +470,23 @@ class SQLiteStore:
             return []
         with self._tx(write=True) as cur:
             base = self._bump(cur, "run_id", n)
-            cur.executemany(
-                _INSERT_RUN,
-                [
-                    (base + i, c.job_id, c.scheduled_for, c.attempt, c.fence, c.dispatched_at_ms)
-                    for i, c in enumerate(claims)
-                ],
+            cur.execute(
+                _INSERT_RUNS,
+                (
+                    json.dumps(
+                        [
+                            (
+                                base + i,
+                                c.job_id,
+                                c.scheduled_for,
+                                c.attempt,
+                                c.fence,
+                                c.dispatched_at_ms,
+                            )
+                            for i, c in enumerate(claims)
+                        ]
+                    ),
+                ),
             )
             if cur.rowcount == n:
                 won: list[bool] | None = None  # all of them
@@ -460,8 +521,13 @@ class SQLiteStore:
                     )
                 # Batches that end a schedule take the statement that may set
                 # state (it is a no-op on state when next_run_at stays set).
-                sql = _CLAIM_CAS_END if ending else _ADVANCE_CAS
-                for i, ok in zip(cas_idx, self._apply_each(cur, sql, rows), strict=True):
+                sql, set_sql = (
+                    (_CLAIM_CAS_END, _CLAIM_CAS_END_SET)
+                    if ending
+                    else (_ADVANCE_CAS, _ADVANCE_CAS_SET)
+                )
+                applied = self._apply_each(cur, set_sql, sql, rows)
+                for i, ok in zip(cas_idx, applied, strict=True):
                     advanced[i] = ok
         if won is None:
             return [
@@ -494,7 +560,7 @@ class SQLiteStore:
                 (a.new_next_run_at, now, seq + k, a.job_id, a.expected_next_run_at)
                 for k, a in enumerate(advances)
             ]
-            return self._apply_each(cur, _ADVANCE_CAS, rows)
+            return self._apply_each(cur, _ADVANCE_CAS_SET, _ADVANCE_CAS, rows)
 
     def mark_running(self, starts: Sequence[RunStart]) -> list[bool]:
         if not starts:
@@ -503,7 +569,7 @@ class SQLiteStore:
             (s.worker_id, s.started_at_ms, s.run_id, s.fence) for s in starts
         ]
         with self._tx(write=True) as cur:
-            return self._apply_each(cur, _MARK_RUNNING, rows)
+            return self._apply_each(cur, _MARK_RUNNING_SET, _MARK_RUNNING, rows)
 
     def complete_runs(self, completions: Sequence[Completion]) -> list[CompletionOutcome]:
         if not completions:
@@ -516,7 +582,7 @@ class SQLiteStore:
             for c in completions
         ]
         with self._tx(write=True) as cur:
-            applied = self._apply_each(cur, _COMPLETE, rows)
+            applied = self._apply_each(cur, _COMPLETE_SET, _COMPLETE, rows)
         return [
             CompletionOutcome(run_id=c.run_id, applied=ok)
             for c, ok in zip(completions, applied, strict=True)

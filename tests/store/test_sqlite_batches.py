@@ -1,0 +1,107 @@
+"""SQLite's set-based batch statements: rows looked up by key, one statement a batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.store.conftest import interval_job
+from wheel.store import sqlite as sq
+from wheel.store.base import Completion, FireClaim, RunStart, RunState
+from wheel.store.sqlite import SQLiteStore
+
+SET_STATEMENTS = {
+    "insert runs": sq._INSERT_RUNS,
+    "advance": sq._ADVANCE_CAS_SET,
+    "claim end": sq._CLAIM_CAS_END_SET,
+    "mark running": sq._MARK_RUNNING_SET,
+    "complete": sq._COMPLETE_SET,
+}
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> SQLiteStore:
+    store = SQLiteStore(tmp_path / "plans.db")
+    store.migrate()
+    return store
+
+
+@pytest.mark.parametrize("name", sorted(SET_STATEMENTS))
+def test_set_based_statements_look_rows_up_by_key(sqlite_store: SQLiteStore, name: str) -> None:
+    """The batch drives the loop and each target row is found by primary key.
+    A plan that walks an index of the table instead costs a scan per batch
+    row (the completion statement did that through the in-flight index)."""
+    sql = SET_STATEMENTS[name]
+    plan = [r[3] for r in sqlite_store._conn.execute("EXPLAIN QUERY PLAN " + sql, ("[]",))]
+    assert plan[0].startswith("SCAN t"), plan
+    if name != "insert runs":
+        assert "USING INTEGER PRIMARY KEY" in plan[1], plan
+
+
+def test_a_batch_is_one_statement_however_many_rows(sqlite_store: SQLiteStore) -> None:
+    """What the set-based forms are for: SQLite steps once per batch, not once
+    per row (``executemany`` gives the GIL up around every row), and the
+    result is the same as applying the rows one by one."""
+    store = sqlite_store
+    jobs = [store.submit_job(interval_job(f"j{i}", next_run_at=60_000))[0] for i in range(300)]
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+    claims = [
+        FireClaim(
+            job_id=j.job_id,
+            scheduled_for=60_000,
+            attempt=0,
+            fence=7,
+            dispatched_at_ms=60_003,
+            expected_next_run_at=60_000,
+            new_next_run_at=120_000,
+        )
+        for j in jobs
+    ]
+    outcomes = store.claim_fires(claims)
+    assert all(o.run_id is not None and o.advanced for o in outcomes)
+    runs = [o.run_id for o in outcomes if o.run_id is not None]
+    starts = [RunStart(run_id=r, fence=7, worker_id="w", started_at_ms=60_010) for r in runs]
+    assert store.mark_running(starts[:100]) == [True] * 100
+    completions = [
+        Completion(run_id=r, fence=7, state=RunState.SUCCEEDED, finished_at_ms=60_020) for r in runs
+    ]
+    assert all(c.applied for c in store.complete_runs(completions))
+    store._conn.set_trace_callback(None)
+    writes = [s.split()[0:3] for s in statements if s.startswith(("INSERT", "UPDATE"))]
+    assert writes == [
+        ["UPDATE", "counters", "SET"],  # run ids
+        ["INSERT", "INTO", "executions"],
+        ["UPDATE", "counters", "SET"],  # change sequence
+        ["UPDATE", "jobs", "SET"],
+        ["UPDATE", "executions", "SET"],  # 100 starts
+        ["UPDATE", "executions", "SET"],  # 300 completions
+    ]
+    assert {store.get_job(j.job_id).next_run_at for j in jobs} == {120_000}
+    assert {store.get_run(r).state for r in runs} == {RunState.SUCCEEDED}
+    assert store.get_run(runs[0]).started_at_ms == 60_010
+    assert store.get_run(runs[-1]).started_at_ms is None
+
+
+def test_a_partly_applying_batch_falls_back_to_row_by_row(sqlite_store: SQLiteStore) -> None:
+    """One stale compare-and-swap in a batch: the set form applies fewer rows
+    than it got, so the batch is redone row by row and only that row fails."""
+    store = sqlite_store
+    jobs = [store.submit_job(interval_job(f"j{i}", next_run_at=60_000))[0] for i in range(50)]
+    claims = [
+        FireClaim(
+            job_id=j.job_id,
+            scheduled_for=60_000,
+            attempt=0,
+            fence=7,
+            dispatched_at_ms=60_003,
+            expected_next_run_at=59_000 if i == 17 else 60_000,
+            new_next_run_at=120_000,
+        )
+        for i, j in enumerate(jobs)
+    ]
+    outcomes = store.claim_fires(claims)
+    assert [o.advanced for o in outcomes] == [i != 17 for i in range(50)]
+    assert store.get_job(jobs[17].job_id).next_run_at == 60_000
+    assert store.get_job(jobs[18].job_id).next_run_at == 120_000
