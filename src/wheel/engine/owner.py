@@ -617,7 +617,7 @@ class Owner:
                     Phase.DISPATCHED,
                     Phase.RUNNING,
                 ):
-                    self._end_run(run, RunState.CANCELLED, "job cancelled", fx)
+                    self._end_run(run, RunState.CANCELLED, "job cancelled", fx, now_ms)
                     if run.worker_id is not None:
                         self._revoke(run, RevokeReason.CANCELLED, fx)
         if job.inflight <= 0 and not job.due:
@@ -1353,18 +1353,22 @@ class Owner:
                 continue
             job = self._job(run.job_id)
             if outcome is Outcome.SUCCEEDED:
-                self._end_run(run, RunState.SUCCEEDED, None, fx, reply_to=worker_id)
+                self._end_run(run, RunState.SUCCEEDED, None, fx, now_ms, reply_to=worker_id)
             elif outcome is Outcome.HANDED_BACK:
-                self._end_run(run, RunState.LOST, "handed back by worker", fx, reply_to=worker_id)
+                self._end_run(
+                    run, RunState.LOST, "handed back by worker", fx, now_ms, reply_to=worker_id
+                )
             elif (
                 outcome is Outcome.RETRYABLE
                 and job is not None
                 and should_retry(job.spec.retry, failed_attempt=run.attempt)
             ):
-                self._end_run(run, RunState.FAILED, error or "failed", fx, reply_to=worker_id)
+                self._end_run(
+                    run, RunState.FAILED, error or "failed", fx, now_ms, reply_to=worker_id
+                )
             else:
                 self._end_run(
-                    run, RunState.DEAD_LETTERED, error or "failed", fx, reply_to=worker_id
+                    run, RunState.DEAD_LETTERED, error or "failed", fx, now_ms, reply_to=worker_id
                 )
 
     # -- run endings --------------------------------------------------------------
@@ -1375,6 +1379,7 @@ class Owner:
         state: RunState,
         error: str | None,
         fx: Effects,
+        now_ms: int,
         *,
         reply_to: str | None = None,
     ) -> None:
@@ -1391,7 +1396,7 @@ class Owner:
                 run_id=run.run_id,
                 fence=run.fence,
                 state=state,
-                finished_at_ms=0,  # the node stamps it
+                finished_at_ms=now_ms,
                 error=error,
                 worker_id=run.worker_id,
             )
@@ -1508,11 +1513,13 @@ class Owner:
                 f"job {run.job_id} fire {run.scheduled_for}: at_most_once run lost its lease; "
                 "outcome unknown, not re-dispatched"
             )
-            self._end_run(run, RunState.UNKNOWN, "lease lost", fx)
+            self._end_run(run, RunState.UNKNOWN, "lease lost", fx, now_ms)
         elif job is not None and should_retry(job.spec.retry, failed_attempt=run.attempt):
-            self._end_run(run, RunState.LOST, "lease expired", fx)
+            self._end_run(run, RunState.LOST, "lease expired", fx, now_ms)
         else:
-            self._end_run(run, RunState.DEAD_LETTERED, "lease expired on the last attempt", fx)
+            self._end_run(
+                run, RunState.DEAD_LETTERED, "lease expired on the last attempt", fx, now_ms
+            )
 
     def _on_timeout(self, run_id: int, now_ms: int, fx: Effects) -> None:
         run = self.runs.get(run_id)
@@ -1534,6 +1541,7 @@ class Owner:
             RunState.DEAD_LETTERED if last else RunState.TIMED_OUT,
             "timed out",
             fx,
+            now_ms,
         )
 
     def _revoke(self, run: _Run, reason: RevokeReason, fx: Effects) -> None:

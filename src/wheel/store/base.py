@@ -83,6 +83,16 @@ class WriteBatch:
     claims: Sequence[FireClaim] = ()
     starts: Sequence[RunStart] = ()
 
+    def size(self) -> int:
+        """Rows this batch writes."""
+        return (
+            len(self.completions)
+            + len(self.missed)
+            + len(self.advances)
+            + len(self.claims)
+            + len(self.starts)
+        )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BatchOutcome:
