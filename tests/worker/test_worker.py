@@ -28,6 +28,7 @@ from wheel.errors import InvalidArgument
 from wheel.rpc.v1 import worker_service_pb2 as pb
 from wheel.rpc.v1 import worker_service_pb2_grpc as pb_grpc
 from wheel.worker import Permanent, Retryable, RunContext, Worker, load_handler
+from wheel.worker._worker import ACK_DELAY_S
 
 DROP = object()
 
@@ -214,7 +215,7 @@ def test_hello_first_then_heartbeats_at_the_interval_listing_held_runs() -> None
 # -- outcomes --------------------------------------------------------------------------
 
 
-def test_outcomes_of_sync_and_async_handlers_with_one_batched_ack() -> None:
+def test_outcomes_of_sync_and_async_handlers_and_no_ack_for_runs_done_at_once() -> None:
     seen: list[RunContext] = []
 
     async def go() -> None:
@@ -262,13 +263,10 @@ def test_outcomes_of_sync_and_async_handlers_with_one_batched_ack() -> None:
                     for i, n in enumerate(names)
                 ]
                 assign(conn, *runs)
-                ack = await conn.expect("ack")
-                assert [(r.run_id, r.fence) for r in ack.runs] == [
-                    (a.run_id, a.fence) for a in runs
-                ]
                 done = await conn.completed(len(runs))
-                await asyncio.sleep(0.05)
-                assert len(conn.sent("ack")) == 1
+                # Each completion says its run ran: no ack was due before it.
+                await asyncio.sleep(ACK_DELAY_S * 2)
+                assert conn.sent("ack") == []
 
         outcomes = {names[rid - 1]: (c.outcome, c.error, c.fence - rid) for rid, c in done.items()}
         assert outcomes == {
@@ -288,6 +286,33 @@ def test_outcomes_of_sync_and_async_handlers_with_one_batched_ack() -> None:
         assert (ctx.payload, ctx.idempotency_key, ctx.tenant) == (b"ok_async", "k1", "t")
         assert (ctx.scheduled_for_ms, ctx.timeout_ms) == (123, 10_000)
         assert 9 < ctx.deadline - time.monotonic() < 10.5
+
+    scenario(go)
+
+
+def test_a_run_still_going_after_the_ack_delay_is_acked_once_and_a_quick_one_never() -> None:
+    async def go() -> None:
+        async with node() as (svc, target):
+            w = Worker(target, capacity=16)
+            release = asyncio.Event()
+
+            @w.handler()
+            async def slow(ctx: RunContext) -> None:
+                await release.wait()
+
+            w.register("quick", lambda ctx: None)
+            async with running(w):
+                conn, _ = await svc.accept()
+                t0 = time.monotonic()
+                assign(conn, assignment(1, "slow"), assignment(2, "quick"))
+                ack = await conn.expect("ack")
+                assert time.monotonic() - t0 >= ACK_DELAY_S * 0.9
+                assert [(r.run_id, r.fence) for r in ack.runs] == [(1, 1001)]
+                assert set(conn.completions()) == {2}
+                release.set()
+                await conn.completed(2)
+                await asyncio.sleep(ACK_DELAY_S * 2)
+                assert len(conn.sent("ack")) == 1
 
     scenario(go)
 
@@ -600,11 +625,7 @@ def test_drain_finishes_in_flight_runs_and_hands_back_the_rest() -> None:
             await conn.completed(4)
             assert time.monotonic() - t0 >= 0.45
             assert conn.completions()[2].outcome == pb.OUTCOME_HANDED_BACK
-            conn.send(
-                results=pb.Results(
-                    completions=[pb.CompletionResult(run_id=i, accepted=True) for i in (1, 2, 3, 4)]
-                )
-            )
+            conn.send(results=pb.Results(accepted=[1, 2, 3, 4]))
             await asyncio.wait_for(drain, 3)
             await asyncio.wait_for(task, 3)
             assert time.monotonic() - t0 < 1.0
@@ -706,9 +727,7 @@ def test_run_worker_drains_on_sigterm() -> None:
                 await conn.expect("drain")
                 done = await conn.completed(1)
                 assert done[1].outcome == pb.OUTCOME_SUCCEEDED
-                conn.send(
-                    results=pb.Results(completions=[pb.CompletionResult(run_id=1, accepted=True)])
-                )
+                conn.send(results=pb.Results(accepted=[1]))
                 assert await asyncio.wait_for(proc.wait(), 5) == 0
             finally:
                 if proc.returncode is None:

@@ -562,14 +562,17 @@ def send_effects(session: WorkerSession, fx: Effects) -> None:
     results = fx.results.get(wid)
     rejected = fx.rejected_renewals.get(wid)
     if results or rejected:
+        results = results or []
         put(
             worker_service_pb2.ServerMessage(
                 results=worker_service_pb2.Results(
+                    accepted=[r.run_id for r in results if r.accepted],
                     completions=[
                         worker_service_pb2.CompletionResult(
-                            run_id=r.run_id, accepted=r.accepted, reason=r.reason
+                            run_id=r.run_id, accepted=False, reason=r.reason
                         )
-                        for r in results or ()
+                        for r in results
+                        if not r.accepted
                     ],
                     rejected_renewals=[
                         worker_service_pb2.RunRef(run_id=run_id, fence=fence)

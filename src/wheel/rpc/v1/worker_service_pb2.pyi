@@ -195,12 +195,14 @@ class CompletionResult(_message.Message):
     def __init__(self, run_id: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Results(_message.Message):
-    __slots__ = ("completions", "rejected_renewals")
+    __slots__ = ("completions", "rejected_renewals", "accepted")
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     REJECTED_RENEWALS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     completions: _containers.RepeatedCompositeFieldContainer[CompletionResult]
     rejected_renewals: _containers.RepeatedCompositeFieldContainer[RunRef]
-    def __init__(self, completions: _Optional[_Iterable[_Union[CompletionResult, _Mapping]]] = ..., rejected_renewals: _Optional[_Iterable[_Union[RunRef, _Mapping]]] = ...) -> None: ...
+    accepted: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, completions: _Optional[_Iterable[_Union[CompletionResult, _Mapping]]] = ..., rejected_renewals: _Optional[_Iterable[_Union[RunRef, _Mapping]]] = ..., accepted: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProtocolError(_message.Message):
     __slots__ = ("code", "message", "run_id")
