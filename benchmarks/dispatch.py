@@ -654,11 +654,15 @@ def main(argv: list[str] | None = None) -> int:
     if len(out) == 1:
         out = out[0]
     text = json.dumps(out, indent=2)
-    if args.json:
-        args.json.write_text(text + "\n")
     print(text)
+    # The results page first: it is what a long run is for. Output folders
+    # may not exist yet on a fresh checkout (benchmarks/out is not tracked).
     if args.results:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
         write_results(args.results, argv, side, maxes, plots)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")
     return 0
 
 
