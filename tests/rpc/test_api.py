@@ -38,9 +38,12 @@ class InProcessServer:
     """``Node`` + ``serve`` on their own asyncio loop in a thread, SQLite on disk,
     listening on a loopback port: real gRPC, no subprocess start-up cost."""
 
-    def __init__(self, data_dir: Path, owner: OwnerConfig | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, owner: OwnerConfig | None = None, **node_config: Any
+    ) -> None:
         self.data_dir = data_dir
         self.owner = owner or OwnerConfig()
+        self.node_config = node_config
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.node: Node | None = None
@@ -58,7 +61,7 @@ class InProcessServer:
 
     async def _start(self) -> None:
         store = open_store(f"sqlite:///{self.data_dir / 'wheel.db'}")
-        self.node = Node(store, NodeConfig(owner=self.owner))
+        self.node = Node(store, NodeConfig(owner=self.owner, **self.node_config))
         await self.node.start()
         self.server, self.port = await serve(self.node, "127.0.0.1:0")
 
