@@ -1067,13 +1067,13 @@ class Owner:
                 # this run, then armed. Moving the store past a buffered fire
                 # would lose it to a restart (the store is all a new owner has).
                 due = job.due
-                if due and due[0][2]:  # the common case, without a scan
+                later = job.buffered[0] if job.buffered else job.next_fire
+                if not due:  # the common cases, without a scan
+                    new = later
+                elif due[0][2]:
                     new = due[0][0]
                 else:
-                    new = next(
-                        (d[0] for d in due if d[2]),
-                        job.buffered[0] if job.buffered else job.next_fire,
-                    )
+                    new = next((d[0] for d in due if d[2]), later)
                 if new is None and job.compiled.completion_driven:
                     # fixed_delay: provisional next fire, corrected on completion.
                     new = job.compiled.next_after_completion(fire)
