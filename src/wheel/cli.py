@@ -117,10 +117,27 @@ def _fmt_ms(ms: int) -> str:
 # -- commands ------------------------------------------------------------------------
 
 
-def cmd_serve(ns: argparse.Namespace) -> int:
+def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
+    """The node's configuration from ``wheelctl serve``'s flags."""
     from wheel.checkpoint import Durability
     from wheel.engine.owner import OwnerConfig
-    from wheel.node import Node, NodeConfig
+    from wheel.node import NodeConfig
+
+    return NodeConfig(
+        node_id=ns.node_id,
+        owner=OwnerConfig(
+            lease_ms=ns.lease_ms,
+            grace_lease_ms=ns.grace_lease_ms,
+            overdue_after_ms=ns.overdue_after_ms,
+        ),
+        checkpoint_dir=None if ns.no_checkpoint else str(data_dir / "checkpoint"),
+        checkpoint_durability=Durability(ns.checkpoint_durability),
+        group_commit_ms=ns.group_commit_ms,
+    )
+
+
+def cmd_serve(ns: argparse.Namespace) -> int:
+    from wheel.node import Node
     from wheel.rpc.server import serve
     from wheel.store.open import open_store
 
@@ -130,21 +147,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
 
     async def main() -> None:
         store = open_store(url)
-        owner = OwnerConfig(
-            lease_ms=ns.lease_ms,
-            grace_lease_ms=ns.grace_lease_ms,
-            overdue_after_ms=ns.overdue_after_ms,
-        )
-        checkpoint = None if ns.no_checkpoint else str(data_dir / "checkpoint")
-        node = Node(
-            store,
-            NodeConfig(
-                node_id=ns.node_id,
-                owner=owner,
-                checkpoint_dir=checkpoint,
-                checkpoint_durability=Durability(ns.checkpoint_durability),
-            ),
-        )
+        node = Node(store, serve_config(ns, data_dir))
         await node.start()
         server, port = await serve(node, ns.listen)
         logging.getLogger("wheel").info(
@@ -306,10 +309,23 @@ def _positive_ms(text: str) -> int:
     return value
 
 
+def _ms(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is a negative number of milliseconds")
+    return value
+
+
 def _owner_defaults() -> Any:
     from wheel.engine.owner import OwnerConfig
 
     return OwnerConfig()
+
+
+def _node_defaults() -> Any:
+    from wheel.node import NodeConfig
+
+    return NodeConfig()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -352,6 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_ms,
         default=defaults.overdue_after_ms,
         help="a fire this late counts as catch-up work",
+    )
+    s.add_argument(
+        "--group-commit-ms",
+        type=_ms,
+        default=_node_defaults().group_commit_ms,
+        help="under load, at most one store batch per this many ms (0: no holding back);"
+        " more fires per commit for a few ms of lag",
     )
     s.set_defaults(fn=cmd_serve)
 
