@@ -7,16 +7,17 @@ from pathlib import Path
 import pytest
 
 from tests.store.conftest import interval_job
+from tests.store.test_contract import claim
 from wheel.store import sqlite as sq
-from wheel.store.base import Completion, FireClaim, RunStart, RunState
+from wheel.store.base import Completion, RunStart, RunState
 from wheel.store.sqlite import SQLiteStore
 
 SET_STATEMENTS = {
     "insert runs": sq._INSERT_RUNS,
-    "advance": sq._ADVANCE_CAS_SET,
-    "claim end": sq._CLAIM_CAS_END_SET,
-    "mark running": sq._MARK_RUNNING_SET,
-    "complete": sq._COMPLETE_SET,
+    "advance": sq._ADVANCE_CAS,
+    "claim end": sq._CLAIM_CAS_END,
+    "mark running": sq._MARK_RUNNING,
+    "complete": sq._COMPLETE,
 }
 
 
@@ -47,19 +48,7 @@ def test_a_batch_is_one_statement_however_many_rows(sqlite_store: SQLiteStore) -
     jobs = [store.submit_job(interval_job(f"j{i}", next_run_at=60_000))[0] for i in range(300)]
     statements: list[str] = []
     store._conn.set_trace_callback(statements.append)
-    claims = [
-        FireClaim(
-            job_id=j.job_id,
-            scheduled_for=60_000,
-            attempt=0,
-            fence=7,
-            dispatched_at_ms=60_003,
-            expected_next_run_at=60_000,
-            new_next_run_at=120_000,
-        )
-        for j in jobs
-    ]
-    outcomes = store.claim_fires(claims)
+    outcomes = store.claim_fires([claim(j.job_id, 60_000, fence=7, new=120_000) for j in jobs])
     assert all(o.run_id is not None and o.advanced for o in outcomes)
     runs = [o.run_id for o in outcomes if o.run_id is not None]
     starts = [RunStart(run_id=r, fence=7, worker_id="w", started_at_ms=60_010) for r in runs]
@@ -89,19 +78,12 @@ def test_a_partly_applying_batch_falls_back_to_row_by_row(sqlite_store: SQLiteSt
     than it got, so the batch is redone row by row and only that row fails."""
     store = sqlite_store
     jobs = [store.submit_job(interval_job(f"j{i}", next_run_at=60_000))[0] for i in range(50)]
-    claims = [
-        FireClaim(
-            job_id=j.job_id,
-            scheduled_for=60_000,
-            attempt=0,
-            fence=7,
-            dispatched_at_ms=60_003,
-            expected_next_run_at=59_000 if i == 17 else 60_000,
-            new_next_run_at=120_000,
-        )
-        for i, j in enumerate(jobs)
-    ]
-    outcomes = store.claim_fires(claims)
+    outcomes = store.claim_fires(
+        [
+            claim(j.job_id, 60_000, fence=7, expected=59_000 if i == 17 else 60_000, new=120_000)
+            for i, j in enumerate(jobs)
+        ]
+    )
     assert [o.advanced for o in outcomes] == [i != 17 for i in range(50)]
     assert store.get_job(jobs[17].job_id).next_run_at == 60_000
     assert store.get_job(jobs[18].job_id).next_run_at == 120_000

@@ -73,48 +73,17 @@ __all__ = ["SQLiteStore"]
 _SYNCHRONOUS = {"off", "normal", "full", "extra"}
 _TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_RUN_STATES)) + ")"
 
-# The schedule compare-and-swap of a won claim (seed R4). ``IS`` so that a
-# claim may also swap from "no next fire" (NULL).
-# The common case leaves ``state`` out of the SET list: SQLite then skips the
-# indexes that only depend on state.
-_ADVANCE_CAS = (
-    "UPDATE jobs SET next_run_at = ?1, updated_at_ms = max(updated_at_ms, ?2),"
-    " change_seq = ?3, owner_move = 1 WHERE job_id = ?4 AND next_run_at IS ?5"
-)
-# For batches with a claim that ends its schedule: a one-shot whose next fire
-# is None becomes completed.
-_CLAIM_CAS_END = (
-    "UPDATE jobs SET next_run_at = ?1,"
-    " state = CASE WHEN ?1 IS NULL AND one_shot = 1 AND state = 'active'"
-    " THEN 'completed' ELSE state END,"
-    " updated_at_ms = max(updated_at_ms, ?2), change_seq = ?3, owner_move = 1"
-    " WHERE job_id = ?4 AND next_run_at IS ?5"
-)
-_MARK_RUNNING = (
-    "UPDATE executions SET state = 'running', worker_id = ?, started_at_ms = ?"
-    " WHERE run_id = ? AND fence = ? AND state = 'dispatched'"
-)
-_COMPLETE = (
-    "UPDATE executions SET state = ?, finished_at_ms = ?, error = ?,"
-    " worker_id = coalesce(?, worker_id)"
-    f" WHERE run_id = ? AND fence = ? AND state IN {INFLIGHT_SQL}"
-    " AND NOT EXISTS (SELECT 1 FROM executions AS newer"
-    "  WHERE newer.job_id = executions.job_id"
-    "  AND newer.scheduled_for = executions.scheduled_for"
-    "  AND newer.fence > executions.fence)"
-)
 
-
-# Set-based forms of the statements above, one execution per batch: the rows
-# travel as ONE JSON parameter, unpacked with json_each. ``executemany`` binds
-# and steps row by row, giving up and taking back the GIL around every row; a
-# node's store thread then queued behind its busy event loop for each row of
-# a batch (measured: most of a batch's time at 13k dispatches/s). Column k of
-# row i is ``json_extract(t.value, '$[k]')``, in the order of the per-row
-# statement's parameters. The rows drive the plan: each looks its target up
-# by primary key. A unary ``+`` keeps the planner off the other indexes (with
-# ``executions_inflight`` it scanned every in-flight run and probed the batch
-# for each one); ``test_set_based_statements_look_rows_up_by_key`` checks it.
+# A batch's writes of one kind are ONE statement: the rows travel as one JSON
+# parameter, unpacked with json_each. ``executemany`` binds and steps row by
+# row, giving up and taking back the GIL around every row; a node's store
+# thread then queued behind its busy event loop for each row of a batch
+# (measured: most of a batch's time at 13k dispatches/s). Column k of a row is
+# ``json_extract(t.value, '$[k]')``. The rows drive the plan: each looks its
+# target up by primary key. A unary ``+`` keeps the planner off the other
+# indexes (with ``executions_inflight`` it scanned every in-flight run and
+# probed the batch for each one); ``test_set_based_statements_look_rows_up_by_key``
+# checks it.
 def _col(k: int) -> str:
     return f"json_extract(t.value, '$[{k}]')"
 
@@ -125,24 +94,30 @@ _INSERT_RUNS = (
     f" {_col(4)}, {_col(5)} FROM json_each(?1) AS t WHERE true"
     " ON CONFLICT (job_id, scheduled_for, attempt) DO NOTHING"
 )
-_ADVANCE_CAS_SET = (
+# The schedule compare-and-swap of a won claim (seed R4). ``IS`` so that a
+# claim may also swap from "no next fire" (NULL). The common case leaves
+# ``state`` out of the SET list: SQLite then skips the indexes that only
+# depend on state.
+_ADVANCE_CAS = (
     f"UPDATE jobs SET next_run_at = {_col(0)}, updated_at_ms = max(updated_at_ms, {_col(1)}),"
     f" change_seq = {_col(2)}, owner_move = 1 FROM json_each(?1) AS t"
     f" WHERE jobs.job_id = {_col(3)} AND +jobs.next_run_at IS {_col(4)}"
 )
-_CLAIM_CAS_END_SET = (
+# For batches with a claim that ends its schedule: a one-shot whose next fire
+# is None becomes completed.
+_CLAIM_CAS_END = (
     f"UPDATE jobs SET next_run_at = {_col(0)},"
     f" state = CASE WHEN {_col(0)} IS NULL AND one_shot = 1 AND state = 'active'"
     " THEN 'completed' ELSE state END,"
     f" updated_at_ms = max(updated_at_ms, {_col(1)}), change_seq = {_col(2)}, owner_move = 1"
     f" FROM json_each(?1) AS t WHERE jobs.job_id = {_col(3)} AND +jobs.next_run_at IS {_col(4)}"
 )
-_MARK_RUNNING_SET = (
+_MARK_RUNNING = (
     f"UPDATE executions SET state = 'running', worker_id = {_col(0)}, started_at_ms = {_col(1)}"
     f" FROM json_each(?1) AS t WHERE executions.run_id = {_col(2)}"
     f" AND executions.fence = {_col(3)} AND +executions.state = 'dispatched'"
 )
-_COMPLETE_SET = (
+_COMPLETE = (
     f"UPDATE executions SET state = {_col(0)}, finished_at_ms = {_col(1)}, error = {_col(2)},"
     f" worker_id = coalesce({_col(3)}, executions.worker_id)"
     f" FROM json_each(?1) AS t WHERE executions.run_id = {_col(4)}"
@@ -259,29 +234,27 @@ class SQLiteStore:
         return int(row[0])
 
     @staticmethod
-    def _apply_each(
-        cur: sqlite3.Cursor, set_sql: str, sql: str, rows: list[tuple[Any, ...]]
-    ) -> list[bool]:
-        """Apply ``sql`` to each row as if run once per row, in order; True
-        where it changed a row.
+    def _apply_each(cur: sqlite3.Cursor, sql: str, rows: list[tuple[Any, ...]]) -> list[bool]:
+        """Apply the set-based ``sql`` to each row as if run once per row, in
+        order; True where it changed a row.
 
-        Fast path: ``set_sql``, its set-based form, once over all the rows.
-        When every row applied, each changed a row of its own (an UPDATE ...
-        FROM changes a row at most once), which is what running them in order
-        does too. Else roll back to a savepoint and redo row by row to learn
-        which ones applied (conflicts, or two rows for one key: rare).
+        Fast path: once over all the rows. When every row applied, each
+        changed a row of its own (an UPDATE ... FROM changes a row at most
+        once), which is what running them in order does too. Else roll back
+        to a savepoint and redo the rows one at a time to learn which ones
+        applied (conflicts, or two rows for one key: rare).
         """
         if not rows:
             return []
         cur.execute("SAVEPOINT apply_each")
-        cur.execute(set_sql, (json.dumps(rows),))
+        cur.execute(sql, (json.dumps(rows),))
         if cur.rowcount == len(rows):
             cur.execute("RELEASE apply_each")
             return [True] * len(rows)
         cur.execute("ROLLBACK TO apply_each")
         out = []
         for row in rows:
-            cur.execute(sql, row)
+            cur.execute(sql, (json.dumps([row]),))
             out.append(cur.rowcount == 1)
         cur.execute("RELEASE apply_each")
         return out
@@ -521,12 +494,8 @@ class SQLiteStore:
                     )
                 # Batches that end a schedule take the statement that may set
                 # state (it is a no-op on state when next_run_at stays set).
-                sql, set_sql = (
-                    (_CLAIM_CAS_END, _CLAIM_CAS_END_SET)
-                    if ending
-                    else (_ADVANCE_CAS, _ADVANCE_CAS_SET)
-                )
-                applied = self._apply_each(cur, set_sql, sql, rows)
+                sql = _CLAIM_CAS_END if ending else _ADVANCE_CAS
+                applied = self._apply_each(cur, sql, rows)
                 for i, ok in zip(cas_idx, applied, strict=True):
                     advanced[i] = ok
         if won is None:
@@ -560,7 +529,7 @@ class SQLiteStore:
                 (a.new_next_run_at, now, seq + k, a.job_id, a.expected_next_run_at)
                 for k, a in enumerate(advances)
             ]
-            return self._apply_each(cur, _ADVANCE_CAS_SET, _ADVANCE_CAS, rows)
+            return self._apply_each(cur, _ADVANCE_CAS, rows)
 
     def mark_running(self, starts: Sequence[RunStart]) -> list[bool]:
         if not starts:
@@ -569,7 +538,7 @@ class SQLiteStore:
             (s.worker_id, s.started_at_ms, s.run_id, s.fence) for s in starts
         ]
         with self._tx(write=True) as cur:
-            return self._apply_each(cur, _MARK_RUNNING_SET, _MARK_RUNNING, rows)
+            return self._apply_each(cur, _MARK_RUNNING, rows)
 
     def complete_runs(self, completions: Sequence[Completion]) -> list[CompletionOutcome]:
         if not completions:
@@ -582,7 +551,7 @@ class SQLiteStore:
             for c in completions
         ]
         with self._tx(write=True) as cur:
-            applied = self._apply_each(cur, _COMPLETE_SET, _COMPLETE, rows)
+            applied = self._apply_each(cur, _COMPLETE, rows)
         return [
             CompletionOutcome(run_id=c.run_id, applied=ok)
             for c, ok in zip(completions, applied, strict=True)
