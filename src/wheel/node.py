@@ -307,7 +307,7 @@ class Node:
             if fx.resync or time.monotonic() >= next_changes:
                 await self._read_changes(fx.resync)
                 fx.resync = set()
-                next_changes = time.monotonic() + self.config.changes_interval_s
+                next_changes = time.monotonic() + config.changes_interval_s
             deadline = owner.next_deadline()
             if next_batch_ms > self.clock.now_ms():
                 # Holding writes for the group commit: wake for it, for the

@@ -715,9 +715,7 @@ class Sim:
                 completions: list[CompletionOutcome] = []
                 claims: list[ClaimOutcome] = []
                 if work.completions:
-                    completions = store.complete_runs(
-                        [_with_finished(c, now) for c in work.completions]
-                    )
+                    completions = store.complete_runs(work.completions)
                 if work.missed:
                     store.record_missed(work.missed)
                 if work.advances:
@@ -1033,17 +1031,6 @@ class Sim:
             self.start_node()
             self.iterate()
         return self
-
-
-def _with_finished(c: Completion, now: int) -> Completion:
-    return Completion(
-        run_id=c.run_id,
-        fence=c.fence,
-        state=c.state,
-        finished_at_ms=now,
-        error=c.error,
-        worker_id=c.worker_id,
-    )
 
 
 def _supersede_all(w: SimWorker, refs: Iterable[tuple[int, int]]) -> None:

@@ -700,9 +700,8 @@ class _Link:
             for r in msg.revokes.revokes:
                 self._supersede(r.run_id, r.fence)
         elif kind == "results":
-            unconfirmed = self.unconfirmed
             for run_id in msg.results.accepted:
-                unconfirmed.pop(run_id, None)
+                self.unconfirmed.pop(run_id, None)
             for c in msg.results.completions:
                 self.unconfirmed.pop(c.run_id, None)
                 if not c.accepted:
