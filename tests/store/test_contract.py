@@ -118,18 +118,22 @@ def test_same_idempotency_key_with_another_body_is_already_exists(store: Store) 
 
 
 def test_submit_jobs_commits_a_batch_and_isolates_a_key_conflict(store: Store) -> None:
-    store.submit_job(interval_job(key="taken"))
+    taken, _ = store.submit_job(interval_job(key="taken"))
     results = store.submit_jobs(
         [
             interval_job("a"),
             interval_job("other body", key="taken"),
             interval_job("b", key="fresh"),
             interval_job("b", key="fresh"),  # the same key twice in one batch
+            interval_job("c", key="fresh"),  # ... and once more with another body
+            interval_job(key="taken"),  # a retry of the stored one
         ]
     )
     assert isinstance(results[1], AlreadyExists)
+    assert isinstance(results[4], AlreadyExists)
+    assert results[5] == (taken, False)
     ok = [r for r in results if not isinstance(r, Exception)]
-    assert [created for _, created in ok] == [True, True, False]
+    assert [created for _, created in ok] == [True, True, False, False]
     assert ok[1][0] == ok[2][0]
     for record, _ in ok:
         assert store.get_job(record.job_id) == record
