@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -139,6 +140,9 @@ class JobSpec:
     timeout_ms: int = 300_000
     side_effect: SideEffect = SideEffect.IDEMPOTENT
     pool: str = "default"
+    # Its JSON once written or read: a spec is serialized for the store, the
+    # idempotency digest and the checkpoint, and must not pay for it thrice.
+    _json: str | None = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     @property
     def recurring(self) -> bool:
@@ -240,7 +244,12 @@ class JobSpec:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        text = self._json
+        if text is None:
+            text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+            object.__setattr__(self, "_json", text)
+            _RECENT.remember(text, self)
+        return text
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> JobSpec:
@@ -290,7 +299,35 @@ class JobSpec:
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
-        return cls.from_dict(json.loads(text))
+        spec = _RECENT.get(text)
+        if spec is None:
+            spec = cls.from_dict(json.loads(text))
+            object.__setattr__(spec, "_json", text)
+        return spec
+
+
+class _RecentSpecs:
+    """The specs serialized lately, by their JSON. A node reads back the jobs
+    it has just stored (its change feed does not tell its own writes from
+    others'), so without this every submit parses its spec a second time."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._specs: dict[str, JobSpec] = {}
+        self._lock = threading.Lock()
+
+    def remember(self, text: str, spec: JobSpec) -> None:
+        with self._lock:
+            specs = self._specs
+            specs[text] = spec
+            if len(specs) > self.capacity:
+                del specs[next(iter(specs))]
+
+    def get(self, text: str) -> JobSpec | None:
+        return self._specs.get(text)
+
+
+_RECENT = _RecentSpecs(capacity=20_000)
 
 
 def _text(name: str, value: str, limit: int) -> None:
