@@ -146,7 +146,8 @@ class OwnerConfig:
         return self.lease_ms // 3
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+# Not frozen: one is built per dispatch (see wheel.engine.records.FireClaim).
+@dataclass(slots=True, kw_only=True)
 class Assignment:
     run_id: int
     job_id: int
@@ -171,7 +172,7 @@ class Revoke:
     reason: RevokeReason
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class CompletionResult:
     run_id: int
     accepted: bool
@@ -350,7 +351,7 @@ class OwnerStats:
     superseded_completions: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class JobImage:
     """A job as the checkpoint keeps it: its spec as stored, whether it is
     paused, the earliest fire not yet claimed and when that fire is due."""

@@ -46,7 +46,9 @@ class JobRecord:
         return self.spec.tenant
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+# Not frozen, like the other per-dispatch records here: a frozen dataclass
+# sets each field through object.__setattr__ and costs 2.5x to build.
+@dataclass(slots=True, kw_only=True)
 class FireClaim:
     job_id: int
     scheduled_for: int
@@ -71,14 +73,14 @@ class ScheduleAdvance:
     new_next_run_at: int | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class ClaimOutcome:
     claim: FireClaim
     run_id: int | None  # None: another claim already holds this (fire, attempt)
     advanced: bool  # the schedule CAS applied
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class RunStart:
     run_id: int
     fence: int
@@ -86,7 +88,7 @@ class RunStart:
     started_at_ms: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Completion:
     run_id: int
     fence: int
@@ -96,7 +98,7 @@ class Completion:
     worker_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class CompletionOutcome:
     run_id: int
     applied: bool  # False: superseded (stale fence, already terminal, unknown run)
