@@ -167,7 +167,9 @@ class Node:
         self.owner = owner
         if self._checkpoint is not None:
             if restored.source == "store":
-                owner.take_dirty()  # a full snapshot follows instead of a huge log batch
+                # A full snapshot follows instead of a huge log batch.
+                owner.take_dirty()
+                owner.take_new_specs()
                 self._start_snapshot()
             self._logged_watermark = -1  # log the watermark with the first batch
         log.info(
@@ -333,11 +335,11 @@ class Node:
     def _form_batch(self, owner: Owner, fx: Effects) -> tuple[WriteBatch, list[bytes]] | None:
         """Take the store writes and the checkpoint records of what changed."""
         records: list[bytes] = []
+        dirty, new_specs = owner.take_dirty(), owner.take_new_specs()
         if self._checkpoint is not None:
             watermark = self._watermark if self._watermark != self._logged_watermark else None
-            dirty = owner.take_dirty()
             if dirty or watermark is not None:
-                records = log_records(dirty, owner.image_of, watermark)
+                records = log_records(dirty, owner.image_of, watermark, full=new_specs)
                 if watermark is not None:
                     self._logged_watermark = watermark
         if not fx.store_work() and not records and not self._commit_waiters:

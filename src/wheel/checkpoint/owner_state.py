@@ -8,6 +8,14 @@ of a job wins -- so a snapshot may be *fuzzy*: written from a live owner while
 it keeps changing, as long as replay starts at the sequence number the log had
 when the snapshot began. Every change after that point is in the log.
 
+Most changes move a schedule and leave the spec alone (every fire moves its
+job's next fire): those are *move* records, the image without the spec, and
+replay keeps the spec of the job's last full image. A job's first record in
+the log after it arrives (or its spec changes) is a full image, and a snapshot
+holds full images only, so a move always finds one before it; one that does
+not makes the checkpoint unusable (the store rebuilds the owner), never a
+job without a spec.
+
 In-flight runs and their leases are not kept here: the store has every
 in-flight execution with its fence, and a restarted owner gives them a fresh
 lease (workers renew and so adopt them). What is slow to rebuild from the
@@ -20,7 +28,7 @@ fields: a restart decodes a million of them.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from wheel.checkpoint.wal import Recovery
@@ -30,11 +38,14 @@ from wheel.errors import CheckpointError
 KIND_JOB = 1
 KIND_GONE = 2
 KIND_WATERMARK = 3
+KIND_MOVE = 4
 
 _NONE = -(1 << 63)
 _JOB = struct.Struct("<BqBqqI")
 _GONE = struct.Struct("<Bq")
 _WATERMARK = struct.Struct("<Bq")
+_MOVE = struct.Struct("<BqBqq")  # the head of _JOB: all of the image but its spec
+_KIND_JOB_BYTE = bytes((KIND_JOB,))
 
 
 def encode_job(job_id: int, image: JobImage) -> bytes:
@@ -48,6 +59,16 @@ def encode_job(job_id: int, image: JobImage) -> bytes:
             len(image.spec_json),
         )
         + image.spec_json
+    )
+
+
+def encode_move(job_id: int, image: JobImage) -> bytes:
+    return _MOVE.pack(
+        KIND_MOVE,
+        job_id,
+        image.paused,
+        _NONE if image.store_next is None else image.store_next,
+        _NONE if image.due_at is None else image.due_at,
     )
 
 
@@ -99,6 +120,15 @@ def apply_records(state: OwnerState, data: bytes, *, concatenated: bool) -> None
                     raise CheckpointError("job image runs past the end of its record")
                 images[job_id] = (None if due_at == _NONE else due_at, mv[pos:stop])
                 pos = stop
+            elif kind == KIND_MOVE:
+                _, job_id, _paused, _store_next, due_at = _MOVE.unpack_from(mv, pos)
+                known = images.get(job_id)
+                if known is None:
+                    raise CheckpointError(f"move of job {job_id} before any image of it")
+                # A full image again: the move's head, the last image's spec.
+                raw = _KIND_JOB_BYTE + mv[pos + 1 : pos + _MOVE.size] + known[1][_MOVE.size :]
+                images[job_id] = (None if due_at == _NONE else due_at, raw)
+                pos += _MOVE.size
             elif kind == KIND_GONE:
                 images.pop(_GONE.unpack_from(mv, pos)[1], None)
                 pos += _GONE.size
@@ -123,13 +153,24 @@ def recover_state(recovery: Recovery) -> OwnerState:
 
 
 def log_records(
-    dirty: Iterable[int], image_of: Callable[[int], JobImage | None], watermark: int | None
+    dirty: Iterable[int],
+    image_of: Callable[[int], JobImage | None],
+    watermark: int | None,
+    *,
+    full: Container[int] | None = None,
 ) -> list[bytes]:
-    """The log records for jobs whose image changed (and a new watermark)."""
+    """The log records for jobs whose image changed (and a new watermark):
+    a full image for the jobs in ``full`` (all of them when it is None),
+    whose spec the log may not hold yet, a move for the others."""
     out = []
     for job_id in dirty:
         image = image_of(job_id)
-        out.append(encode_gone(job_id) if image is None else encode_job(job_id, image))
+        if image is None:
+            out.append(encode_gone(job_id))
+        elif full is None or job_id in full:
+            out.append(encode_job(job_id, image))
+        else:
+            out.append(encode_move(job_id, image))
     if watermark is not None:
         out.append(encode_watermark(watermark))
     return out

@@ -388,8 +388,11 @@ class Owner:
         # specs (see ``load_images``).
         self._dormant: dict[int, object] = {}
         self._decode_image: Callable[[object], JobImage] | None = None
-        # Jobs whose image changed since ``take_dirty`` (the node logs them).
+        # Jobs whose image changed since ``take_dirty`` (the node logs them),
+        # and those of them that arrived or whose spec changed: the log needs
+        # their spec again, the others' moves go without it.
         self.dirty: set[int] = set()
+        self.new_specs: set[int] = set()
         self.runs: dict[int, _Run] = {}
         self.workers: dict[str, _Worker] = {}
         self.stats = OwnerStats()
@@ -477,6 +480,11 @@ class Owner:
         dirty, self.dirty = self.dirty, set()
         return dirty
 
+    def take_new_specs(self) -> set[int]:
+        """Jobs among the dirty ones whose spec the checkpoint has not seen."""
+        new, self.new_specs = self.new_specs, set()
+        return new
+
     def job_ids(self) -> list[int]:
         return [*self.jobs, *self._dormant]
 
@@ -531,10 +539,12 @@ class Owner:
                 record.spec.to_json().encode(),
             )
             self.jobs[record.job_id] = job
+            self.new_specs.add(record.job_id)
         elif job.spec != record.spec:
             job.spec = record.spec
             job.spec_json = record.spec.to_json().encode()
             job.compiled = self._compile(record.job_id, record.spec)
+            self.new_specs.add(record.job_id)
         if record.state is JobState.PAUSED:
             if not job.paused:
                 job.paused = True
