@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,29 @@ def test_a_partly_applying_batch_falls_back_to_row_by_row(sqlite_store: SQLiteSt
     assert [o.advanced for o in outcomes] == [i != 17 for i in range(50)]
     assert store.get_job(jobs[17].job_id).next_run_at == 60_000
     assert store.get_job(jobs[18].job_id).next_run_at == 120_000
+
+
+def test_a_database_of_schema_2_loses_the_due_index_nothing_reads(tmp_path: Path) -> None:
+    """Every claim moved its job's entry in ``jobs_due`` and no query read it."""
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE wheel_schema_version (version INTEGER NOT NULL)")
+    for version, statements in sq.SQLITE_MIGRATIONS[:2]:
+        for statement in statements:
+            conn.execute(statement)
+        conn.execute("INSERT INTO wheel_schema_version VALUES (?)", (version,))
+    conn.commit()
+
+    def indexes_on_next_run_at() -> list[str]:
+        rows = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'")
+        return [name for name, sql in rows if sql and "next_run_at" in sql]
+
+    assert indexes_on_next_run_at() == ["jobs_due"]
+    store = SQLiteStore(path)
+    store.migrate()
+    job, _ = store.submit_job(interval_job())
+    store.claim_fires([claim(job.job_id, 60_000, expected=60_000, new=120_000)])
+    assert store.get_job(job.job_id).next_run_at == 120_000
+    store.close()
+    assert indexes_on_next_run_at() == []
+    conn.close()
