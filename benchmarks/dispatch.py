@@ -481,6 +481,9 @@ def _run_once(
     return result, workload, a
 
 
+TIGHT_P99_MS = 100.0  # the dispatch target: p99 lag <= 100 ms
+
+
 def sustains(result: dict[str, Any]) -> bool:
     """The seed's SLO: p99 dispatch lag <= 1 s, and nothing lost."""
     return bool(result["lag_p99_ms"] <= h.SLO_P99_MS and result["lost"] == 0)
@@ -525,6 +528,9 @@ def find_max(
     out["max_sustained_per_s"] = lo
     # No step failed inside the time bound: the figure is a floor, not the ceiling.
     out["max_is_lower_bound"] = hi == float("inf")
+    # The issue's tighter bar, read off the same steps (not searched for).
+    tight = [st["rate"] for st in steps if st["ok"] and st["lag_p99_ms"] <= TIGHT_P99_MS]
+    out["max_p99_100ms_per_s"] = max(tight, default=0.0)
     out["find_max_steps"] = steps
     out["step_duration_s"] = cfg.duration_s
     return out
@@ -585,7 +591,13 @@ def write_results(
             "The columns after the first show the step at that rate.",
             "",
         ]
-        lines += table(maxes, [("max_sustained_per_s", "max sustained/s")])
+        lines += table(
+            maxes,
+            [
+                ("max_sustained_per_s", "max sustained/s"),
+                ("max_p99_100ms_per_s", "max step with p99 <= 100 ms"),
+            ],
+        )
         lines.append("")
         lines += ["Steps:", ""]
         for m in maxes:
@@ -670,7 +682,8 @@ def main(argv: list[str] | None = None) -> int:
                 m = find_max(system, step_cfg, start_rate=args.start_rate, max_time_s=args.max_time)
                 maxes.append(m)
                 print(
-                    f"{system}/{store}: max_sustained_per_s={m['max_sustained_per_s']:g}",
+                    f"{system}/{store}: max_sustained_per_s={m['max_sustained_per_s']:g}"
+                    f" max_p99_100ms_per_s={m['max_p99_100ms_per_s']:g}",
                     file=sys.stderr,
                 )
 

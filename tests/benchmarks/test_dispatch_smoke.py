@@ -102,3 +102,21 @@ def test_lost_fires_count_with_censored_lag_and_repeats_count_as_duplicates() ->
     # as the run's end, so it dominates the tail.
     assert a.lag_ms.max() == 10_000 - sched[0]
     assert sorted(a.lag_ms)[:19] == [5.0] * 19
+
+
+@pytest.mark.slow
+def test_find_max_reports_the_highest_sustained_rate_and_its_steps(tmp_path: Path) -> None:
+    out = tmp_path / "max.json"
+    cmd = [sys.executable, str(DISPATCH), "--system", "wheel", "--store", "sqlite"]
+    cmd += ["--workers", "1", "--find-max", "--start-rate", "100", "--step-duration", "2"]
+    cmd += ["--drain", "2", "--max-time", "5", "--json", str(out), "--no-plots"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    steps = result["find_max_steps"]
+    assert [s["rate"] for s in steps] == [100]  # the time bound allows one step
+    assert steps[0]["ok"] and result["lost"] == 0
+    assert result["max_sustained_per_s"] == 100
+    assert result["max_is_lower_bound"]
+    tight = [s["rate"] for s in steps if s["ok"] and s["lag_p99_ms"] <= 100]
+    assert result["max_p99_100ms_per_s"] == max(tight, default=0.0)
