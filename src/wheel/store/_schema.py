@@ -20,8 +20,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from wheel.engine.model import JobState, MissedReason, RunState
+from wheel.engine.model import JobState, MissedReason, RunState, shard_of
+from wheel.engine.records import NewJob
 from wheel.engine.spec import JobSpec
+from wheel.errors import AlreadyExists
 from wheel.store.base import ExecutionRecord, JobRecord, MissedFire
 
 # Run states that still hold a lease: the partial in-flight index covers them.
@@ -253,6 +255,40 @@ def run_from_row(row: Sequence[Any]) -> ExecutionRecord:
 def missed_from_row(row: Sequence[Any]) -> MissedFire:
     return MissedFire(
         job_id=row[0], scheduled_for=row[1], reason=MissedReason(row[2]), recorded_at_ms=row[3]
+    )
+
+
+def batch_keys(news: Sequence[NewJob]) -> tuple[list[str], dict[tuple[str, str], int]]:
+    """For a batch of submits: each one's body digest ("" without a key), and
+    for each (tenant, key) the first submit of the batch that uses it."""
+    digests = [
+        (n.body_hash or body_hash(n.spec)) if n.idempotency_key is not None else "" for n in news
+    ]
+    first: dict[tuple[str, str], int] = {}
+    for i, n in enumerate(news):
+        if n.idempotency_key is not None:
+            first.setdefault((n.spec.tenant, n.idempotency_key), i)
+    return digests, first
+
+
+def created_record(job_id: int, new: NewJob) -> JobRecord:
+    """The job a submit created, as the store now has it."""
+    return JobRecord(
+        job_id=job_id,
+        shard=shard_of(job_id),
+        spec=new.spec,
+        state=JobState.ACTIVE,
+        next_run_at=new.next_run_at,
+        created_at_ms=new.created_at_ms,
+        updated_at_ms=new.created_at_ms,
+        idempotency_key=new.idempotency_key,
+    )
+
+
+def key_conflict(new: NewJob) -> AlreadyExists:
+    return AlreadyExists(
+        f"idempotency key {new.idempotency_key!r} of tenant {new.spec.tenant!r}"
+        " was used with a different request"
     )
 
 

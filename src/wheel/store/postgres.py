@@ -49,8 +49,11 @@ from wheel.store._schema import (
     MISSED_COLUMNS,
     PG_MIGRATIONS,
     RUN_COLUMNS,
+    batch_keys,
     body_hash,
+    created_record,
     job_from_row,
+    key_conflict,
     missed_from_row,
     run_from_row,
     wall_ms,
@@ -386,14 +389,7 @@ class PostgresStore:
     ) -> list[tuple[JobRecord, bool] | WheelError]:
         """Set-based: a handful of statements for the whole batch instead of
         four round trips per job."""
-        digests = [
-            (n.body_hash or body_hash(n.spec)) if n.idempotency_key is not None else ""
-            for n in news
-        ]
-        first: dict[tuple[str, str], int] = {}  # (tenant, key) -> first index in batch
-        for i, n in enumerate(news):
-            if n.idempotency_key is not None:
-                first.setdefault((n.spec.tenant, n.idempotency_key), i)
+        digests, first = batch_keys(news)
         ids: dict[int, int] = {}  # index -> new job id
         if first:
             # Claim every key at once; keys already taken come back absent.
@@ -469,22 +465,7 @@ class PostgresStore:
         out: list[tuple[JobRecord, bool] | WheelError] = []
         for i, n in enumerate(news):
             if i in ids:
-                job_id = ids[i]
-                out.append(
-                    (
-                        JobRecord(
-                            job_id=job_id,
-                            shard=shard_of(job_id),
-                            spec=n.spec,
-                            state=JobState.ACTIVE,
-                            next_run_at=n.next_run_at,
-                            created_at_ms=n.created_at_ms,
-                            updated_at_ms=n.created_at_ms,
-                            idempotency_key=n.idempotency_key,
-                        ),
-                        True,
-                    )
-                )
+                out.append((created_record(ids[i], n), True))
                 continue
             assert n.idempotency_key is not None
             pair = (n.spec.tenant, n.idempotency_key)
@@ -492,12 +473,7 @@ class PostgresStore:
                 raise StoreError("idempotency key vanished during submit")
             digest, job_id = held[pair]
             if digest != digests[i]:
-                out.append(
-                    AlreadyExists(
-                        f"idempotency key {n.idempotency_key!r} of tenant {n.spec.tenant!r}"
-                        " was used with a different request"
-                    )
-                )
+                out.append(key_conflict(n))
             else:
                 out.append((existing[job_id], False))
         return out

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from wheel.errors import (
-    AlreadyExists,
     InvalidArgument,
     NotFound,
     StoreError,
@@ -42,8 +41,10 @@ from wheel.store._schema import (
     MISSED_COLUMNS,
     RUN_COLUMNS,
     SQLITE_MIGRATIONS,
-    body_hash,
+    batch_keys,
+    created_record,
     job_from_row,
+    key_conflict,
     missed_from_row,
     run_from_row,
     wall_ms,
@@ -305,14 +306,7 @@ class SQLiteStore:
     ) -> list[tuple[JobRecord, bool] | WheelError]:
         """Set-based: one lookup of the batch's keys, one bump of each counter
         and one statement per table, instead of seven statements per job."""
-        digests = [
-            (n.body_hash or body_hash(n.spec)) if n.idempotency_key is not None else ""
-            for n in news
-        ]
-        first: dict[tuple[str, str], int] = {}  # (tenant, key) -> first index in batch
-        for i, n in enumerate(news):
-            if n.idempotency_key is not None:
-                first.setdefault((n.spec.tenant, n.idempotency_key), i)
+        digests, first = batch_keys(news)
         held: dict[tuple[str, str], tuple[str, int]] = {}  # key -> (digest, job id)
         if first:
             for tenant, key, digest, job_id in cur.execute(
@@ -383,18 +377,7 @@ class SQLiteStore:
         created: dict[int, JobRecord] = {}
         for i, n in enumerate(news):
             if i in ids:
-                job_id = ids[i]
-                record = JobRecord(
-                    job_id=job_id,
-                    shard=shard_of(job_id),
-                    spec=n.spec,
-                    state=JobState.ACTIVE,
-                    next_run_at=n.next_run_at,
-                    created_at_ms=n.created_at_ms,
-                    updated_at_ms=n.created_at_ms,
-                    idempotency_key=n.idempotency_key,
-                )
-                created[i] = record
+                created[i] = record = created_record(ids[i], n)
                 out.append((record, True))
                 continue
             assert n.idempotency_key is not None
@@ -405,12 +388,7 @@ class SQLiteStore:
             else:  # the key's first use is earlier in this batch
                 digest, same = digests[first[pair]], created[first[pair]]
             if digest != digests[i]:
-                out.append(
-                    AlreadyExists(
-                        f"idempotency key {n.idempotency_key!r} of tenant {n.spec.tenant!r}"
-                        " was used with a different request"
-                    )
-                )
+                out.append(key_conflict(n))
             elif same is None:  # pragma: no cover - a key row keeps its job
                 raise StoreError(f"job of idempotency key {n.idempotency_key!r} is gone")
             else:
