@@ -335,11 +335,14 @@ class Node:
     def _form_batch(self, owner: Owner, fx: Effects) -> tuple[WriteBatch, list[bytes]] | None:
         """Take the store writes and the checkpoint records of what changed."""
         records: list[bytes] = []
-        dirty, new_specs = owner.take_dirty(), owner.take_new_specs()
-        if self._checkpoint is not None:
+        dirty = owner.take_dirty()
+        if self._checkpoint is None:
+            owner.take_new_specs()  # nothing is logged: keep no marks
+        else:
+            full = owner.take_new_specs(dirty)
             watermark = self._watermark if self._watermark != self._logged_watermark else None
             if dirty or watermark is not None:
-                records = log_records(dirty, owner.image_of, watermark, full=new_specs)
+                records = log_records(dirty, owner.image_of, watermark, full=full)
                 if watermark is not None:
                     self._logged_watermark = watermark
         if not fx.store_work() and not records and not self._commit_waiters:

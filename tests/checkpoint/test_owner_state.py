@@ -58,6 +58,31 @@ def test_log_records_write_full_images_only_for_new_specs() -> None:
     assert log_records([1], images.get, None) == [encode_job(1, images[1])]
 
 
+def test_a_job_adopted_for_its_runs_is_logged_whole_when_it_first_changes() -> None:
+    """A finished job kept for its in-flight runs after a restart was never
+    in the checkpoint: a move of it would replay onto nothing."""
+    owner = Owner(epochs=dict.fromkeys(range(SHARD_COUNT), 1), now_ms=T0)
+    spec = JobSpec(name="once", handler="h", schedule=Once(at_ms=T0))
+    record = JobRecord(
+        job_id=5,
+        shard=shard_of(5),
+        spec=spec,
+        state=JobState.COMPLETED,
+        next_run_at=None,
+        created_at_ms=T0,
+        updated_at_ms=T0,
+    )
+    owner.adopt_finished_jobs([record])
+    assert owner.take_new_specs(set()) == set()  # not logged in this batch: still marked
+    full = owner.take_new_specs({5})
+    assert full == {5}
+    state = OwnerState()
+    for r in log_records({5}, owner.image_of, None, full=full):
+        apply_records(state, r, concatenated=False)
+    assert decode_image(state.images[5][1]).spec_json == spec.to_json().encode()
+    assert owner.take_new_specs({5}) == set()  # once logged whole, moves will do
+
+
 def _owner_with_jobs(n: int) -> Owner:
     owner = Owner(epochs=dict.fromkeys(range(SHARD_COUNT), 1), now_ms=T0)
     fx = Effects()
@@ -110,7 +135,8 @@ def test_replaying_a_snapshot_and_moves_restores_every_image(tmp_path: Path) -> 
         for step in range(1, 400):
             now = T0 + step
             _tick(owner, now, run_ids)
-            dirty, full = owner.take_dirty(), owner.take_new_specs()
+            dirty = owner.take_dirty()
+            full = owner.take_new_specs(dirty)
             records = log_records(dirty, owner.image_of, watermark=step, full=full)
             moves += sum(1 for r in records if r[0] == 4)
             cp.append(records)

@@ -480,9 +480,16 @@ class Owner:
         dirty, self.dirty = self.dirty, set()
         return dirty
 
-    def take_new_specs(self) -> set[int]:
-        """Jobs among the dirty ones whose spec the checkpoint has not seen."""
-        new, self.new_specs = self.new_specs, set()
+    def take_new_specs(self, dirty: set[int] | None = None) -> set[int]:
+        """Of ``dirty`` (the jobs about to be logged), those whose spec the
+        checkpoint has not seen: they are logged as full images, the others as
+        moves. The rest stay marked until they are logged (None: take all,
+        when a snapshot of everything follows or nothing is logged)."""
+        if dirty is None:
+            new, self.new_specs = self.new_specs, set()
+            return new
+        new = self.new_specs & dirty
+        self.new_specs -= new
         return new
 
     def job_ids(self) -> list[int]:
@@ -1601,6 +1608,8 @@ class Owner:
             )
             job.paused = True
             self.jobs[record.job_id] = job
+            # Not in the checkpoint: its first record there must be whole.
+            self.new_specs.add(record.job_id)
 
     def restore_inflight(self, executions: Sequence[ExecutionRecord], now_ms: int) -> None:
         """Runs the store says are in flight, after a restart or takeover. A
