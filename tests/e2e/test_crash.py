@@ -83,8 +83,21 @@ def test_sigkill_restarts_lose_nothing_acknowledged(tmp_path: Path) -> None:
             kill_times.append(time.time())
             server.stop(signal.SIGKILL)
             server.start()
-        # Let the last fires and the one-shots finish.
+        # Let the last fires and the one-shots finish. A one-shot claimed just
+        # before a kill that never reached a worker runs again once its grace
+        # lease (5 s) runs out after the last restart: wait for that too.
         time.sleep(3.0)
+        once = [job for job, kind in acknowledged.items() if kind == "once"]
+        deadline = time.monotonic() + 12
+        probe = SQLiteStore(server.data_dir / "wheel.db")
+        try:
+            while time.monotonic() < deadline and not all(
+                any(r.state is RunState.SUCCEEDED for r in probe.list_runs(job, limit=100))
+                for job in once
+            ):
+                time.sleep(0.5)
+        finally:
+            probe.close()
     finally:
         for w in workers:
             w.stop()
@@ -144,3 +157,11 @@ def test_sigkill_restarts_lose_nothing_acknowledged(tmp_path: Path) -> None:
         )
     finally:
         store.close()
+
+    # 5. Every restart came back from its checkpoint: a SIGKILL never leaves
+    # LMDB unusable, so a fallback to the store here means the owner's log
+    # records (full images, moves) no longer replay.
+    for start in range(2, server.starts + 1):
+        log = (tmp_path / f"server-{start}.log").read_text()
+        assert "restored from the checkpoint" in log, f"start {start}: {log[-2000:]}"
+        assert "checkpoint unusable" not in log, f"start {start}: {log[-2000:]}"
