@@ -39,6 +39,7 @@ from typing import Any, Protocol
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
+import _report
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -690,16 +691,12 @@ def main(argv: list[str] | None = None) -> int:
     out: Any = maxes if args.find_max else side
     if len(out) == 1:
         out = out[0]
-    text = json.dumps(out, indent=2)
-    print(text)
     # The results page first: it is what a long run is for. Output folders
     # may not exist yet on a fresh checkout (benchmarks/out is not tracked).
     if args.results:
         args.results.parent.mkdir(parents=True, exist_ok=True)
         write_results(args.results, argv, side, maxes, plots)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    _report.emit(out, args.json)
     return 0
 
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import gc
 import heapq
-import json
 import platform
 import random
 import sys
@@ -51,6 +50,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+import _report
 
 from wheel.engine.timerwheel import TimerWheel
 
@@ -384,11 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         "heapq": largest["heapq"],
         "ratios": largest["ratios"],
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    _report.emit(out, args.json)
     return 0
 
 

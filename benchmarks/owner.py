@@ -19,11 +19,12 @@ out of ``owner_per_timer_round``: how many timer rounds one dispatch costs.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import _report
 
 from wheel.engine.model import SHARD_COUNT, JobState, shard_of
 from wheel.engine.owner import Effects, Outcome, Owner
@@ -128,11 +129,7 @@ def main() -> int:
         "timer_round_us": round(per_round * 1e6, 3),
         "owner_per_timer_round": round(per_dispatch / per_round, 1) if per_round else None,
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    _report.emit(out, args.json)
     return 0
 
 

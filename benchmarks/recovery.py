@@ -13,12 +13,13 @@ fsync per batch) and ``snapshot_s``.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _report
 
 from wheel.checkpoint import Checkpoint, Durability, Identity
 from wheel.checkpoint.owner_state import log_records, snapshot_chunks
@@ -117,10 +118,7 @@ def main() -> int:
             "wal_appends_per_s": round(wal_appends_per_s),
             "snapshot_s": round(snapshot_s, 3),
         }
-        text = json.dumps(result, indent=2)
-        print(text)
-        if ns.json_path:
-            Path(ns.json_path).write_text(text + "\n")
+        _report.emit(result, ns.json_path)
         return 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -13,7 +13,6 @@ PostgreSQL runs in its own schema of the ``test`` database, dropped afterwards.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import _report
 
 from wheel.engine.spec import Interval, JobSpec
 from wheel.store.base import Completion, FireClaim, NewJob, RunState
@@ -175,10 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         **top,
         "runs": runs,
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json_path:
-        Path(args.json_path).write_text(text + "\n")
+    _report.emit(result, args.json_path)
     return 0
 
 
