@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
 
-from wheel.cli import build_parser, serve_config
+from wheel.cli import GC_YOUNG_THRESHOLD, build_parser, serve_config, tune_collector
 from wheel.node import NodeConfig
 
 
@@ -30,3 +31,14 @@ def test_a_negative_group_commit_is_refused(capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--group-commit-ms", "-1"])
     assert "negative number of milliseconds" in capsys.readouterr().err
+
+
+def test_serve_lets_a_runs_objects_die_young() -> None:
+    before = gc.get_threshold()
+    try:
+        tune_collector()
+        young, middle, old = gc.get_threshold()
+        assert young == GC_YOUNG_THRESHOLD > 10 * before[0]
+        assert (middle, old) == before[1:]
+    finally:
+        gc.set_threshold(*before)
