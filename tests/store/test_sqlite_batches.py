@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,38 @@ def test_a_database_of_schema_2_loses_the_due_index_nothing_reads(tmp_path: Path
     store.close()
     assert indexes_on_next_run_at() == []
     conn.close()
+
+
+def test_the_wal_is_copied_back_off_the_writers_thread(tmp_path: Path) -> None:
+    """The writer's own checkpoints start only past WRITER_CHECKPOINT_PAGES;
+    below that the background checkpointer copies committed pages into the
+    database file, and closing the store stops its thread."""
+    path = tmp_path / "ckpt.db"
+    store = SQLiteStore(path)
+    store.migrate()
+    empty = path.stat().st_size
+    store.submit_jobs([interval_job(f"j{i}", next_run_at=60_000) for i in range(2_000)])
+    wal_pages = path.with_name("ckpt.db-wal").stat().st_size // 4096
+    assert 0 < wal_pages < sq.WRITER_CHECKPOINT_PAGES
+    deadline = time.monotonic() + 5
+    while path.stat().st_size < empty + 256 * 1024 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert path.stat().st_size >= empty + 256 * 1024
+    checkpointer = store._checkpointer
+    assert checkpointer is not None
+    store.close()
+    assert not checkpointer._thread.is_alive()
+    # What the checkpointer copied is the data: it reads back without the log.
+    reopened = SQLiteStore(path)
+    assert reopened.get_job(1).spec.name == "j0"
+    reopened.close()
+
+
+def test_a_store_dropped_without_close_stops_its_checkpointer(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "dropped.db")
+    checkpointer = store._checkpointer
+    assert checkpointer is not None
+    del store
+    gc.collect()
+    checkpointer._thread.join(timeout=5)
+    assert not checkpointer._thread.is_alive()

@@ -19,9 +19,11 @@ at a time per call site).
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -70,6 +72,8 @@ from wheel.store.base import (
 )
 
 __all__ = ["SQLiteStore"]
+
+log = logging.getLogger("wheel.store.sqlite")
 
 _SYNCHRONOUS = {"off", "normal", "full", "extra"}
 _TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_RUN_STATES)) + ")"
@@ -162,6 +166,62 @@ def _switch_to_wal(conn: sqlite3.Connection, busy_timeout_ms: int) -> None:
             time.sleep(0.01)
 
 
+# WAL pages past which a committing writer copies the WAL back into the
+# database itself (SQLite's default does it every 1,000 pages).
+WRITER_CHECKPOINT_PAGES = 20_000
+# A WAL file left larger than this after a checkpoint is truncated back to it.
+WAL_SIZE_LIMIT_BYTES = 64 << 20
+# How often the checkpointer copies the WAL back into the database file.
+CHECKPOINT_INTERVAL_S = 0.2
+
+
+class _Checkpointer:
+    """Copies the WAL back into the database file on its own thread and
+    connection, so the writer never does it inside a commit.
+
+    In WAL mode every commit appends the pages it changed to the log, and by
+    default the committing connection copies the log back into the database
+    every 1,000 pages, fsyncing both files, while it holds the write lock. A
+    dispatch changes about two pages at random (its job's schedule row and an
+    entry of the executions key index), so at 12,000 dispatches/s that was a
+    checkpoint every few batches, each stalling the batch behind it (measured:
+    p99 lag 1.2 s at 12,000/s with the writer checkpointing, 0.25 s without).
+    A PASSIVE checkpoint takes no write lock: commits go on meanwhile. Pages
+    written several times between two checkpoints are copied once."""
+
+    def __init__(self, path: str, busy_timeout_ms: int) -> None:
+        self._conn = sqlite3.connect(
+            path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
+        )
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name="wheel-sqlite-checkpoint", daemon=True
+        )
+        self._thread.start()
+
+    def _checkpoint_until_stopped(self) -> None:
+        while not self._stopping.wait(CHECKPOINT_INTERVAL_S):
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            except sqlite3.Error as exc:
+                # The writer's own checkpoints (past WRITER_CHECKPOINT_PAGES)
+                # still bound the log; say why this one failed and go on.
+                log.warning("background WAL checkpoint failed: %s", exc)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def close(self) -> None:
+        self.stop()
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            self._checkpoint_until_stopped()
+        finally:
+            self._conn.close()
+
+
 class SQLiteStore:
     """``Store`` on one SQLite file (``:memory:`` works for throwaway use)."""
 
@@ -193,9 +253,19 @@ class SQLiteStore:
             conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
             conn.execute("PRAGMA temp_store = MEMORY")
             conn.execute("PRAGMA cache_size = -65536")
+            # Checkpoints run on their own thread (_Checkpointer); the writer
+            # checkpoints itself only past this many WAL pages, should that
+            # thread fall behind.
+            conn.execute(f"PRAGMA wal_autocheckpoint = {WRITER_CHECKPOINT_PAGES}")
+            conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES}")
         except sqlite3.Error as exc:
             raise _wrap(exc) from exc
         self._conn = conn
+        self._checkpointer: _Checkpointer | None = None
+        if str(path) != ":memory:" and not str(path).startswith("file::memory:"):
+            self._checkpointer = _Checkpointer(str(path), busy_timeout_ms)
+            # A store dropped without close() stops its checkpointer too.
+            weakref.finalize(self, self._checkpointer.stop)
 
     # -- plumbing -------------------------------------------------------------
 
@@ -281,6 +351,8 @@ class SQLiteStore:
             return int(cur.execute("SELECT max(version) FROM wheel_schema_version").fetchone()[0])
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()
         with self._lock:
             self._conn.close()
 
