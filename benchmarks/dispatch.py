@@ -246,7 +246,9 @@ class WheelDriver:
             self.schema = PgSchema(self.cfg.pg_dsn, f"wheel-bench-{secrets.token_hex(4)}")
             store = self.schema.dsn
         else:
-            store = f"sqlite:///{data / 'wheel.db'}"
+            # The durability the poll baseline runs at (see poll_scheduler.py):
+            # commits survive a process crash, the WAL is fsynced at checkpoints.
+            store = f"sqlite:///{data / 'wheel.db'}?synchronous=normal"
         port = _free_port()
         self.target = f"127.0.0.1:{port}"
         cmd = [self.cfg.wheelctl, "serve", "--data-dir", str(data), "--listen", self.target]
@@ -559,6 +561,8 @@ def write_results(
         "utime+stime from /proc of the scheduler/server and worker processes over the "
         "measured window; `db cpu` adds the PostgreSQL backends serving them. "
         "The poll baseline uses LIMIT 10,000 per poll (re-polls at once on a full batch).",
+        "On SQLite, wheel and poll both run `synchronous=NORMAL` in WAL mode (a commit survives a"
+        " process crash; wheel's own default is FULL).",
         "",
     ]
     cols = [
