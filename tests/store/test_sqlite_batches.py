@@ -32,21 +32,34 @@ def sqlite_store(tmp_path: Path) -> SQLiteStore:
 
 
 @pytest.mark.parametrize("name", sorted(SET_STATEMENTS))
-def test_set_based_statements_look_rows_up_by_key(sqlite_store: SQLiteStore, name: str) -> None:
+@pytest.mark.parametrize("rows", [1, 3, sq.ROWS_PER_STATEMENT])
+def test_set_based_statements_look_rows_up_by_key(
+    sqlite_store: SQLiteStore, name: str, rows: int
+) -> None:
     """The batch drives the loop and each target row is found by primary key.
     A plan that walks an index of the table instead costs a scan per batch
     row (the completion statement did that through the in-flight index)."""
-    sql = SET_STATEMENTS[name]
-    plan = [r[3] for r in sqlite_store._conn.execute("EXPLAIN QUERY PLAN " + sql, ("[]",))]
-    assert plan[0].startswith("SCAN t"), plan
-    if name != "insert runs":
-        assert "USING INTEGER PRIMARY KEY" in plan[1], plan
+    form = SET_STATEMENTS[name]
+    sql = sq._statement(form, rows)
+    params = [None] * (form[1].count("?") * rows)
+    plan = [r[3] for r in sqlite_store._conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+    if name == "insert runs":
+        return  # a plain multi-row INSERT: nothing to look up
+    scan = plan.index("SCAN t")
+    assert "USING INTEGER PRIMARY KEY" in plan[scan + 1], plan
 
 
-def test_a_batch_is_one_statement_however_many_rows(sqlite_store: SQLiteStore) -> None:
-    """What the set-based forms are for: SQLite steps once per batch, not once
-    per row (``executemany`` gives the GIL up around every row), and the
-    result is the same as applying the rows one by one."""
+def test_a_batch_goes_out_in_full_statements_and_power_of_two_pieces() -> None:
+    sizes = [len(p) for p in sq._pieces([(i,) for i in range(3 * sq.ROWS_PER_STATEMENT + 77)])]
+    assert sizes == [sq.ROWS_PER_STATEMENT] * 3 + [64, 8, 4, 1]
+    assert sum(sizes) == 3 * sq.ROWS_PER_STATEMENT + 77
+    assert [len(p) for p in sq._pieces([])] == []
+
+
+def test_a_batch_is_a_few_statements_however_many_rows(sqlite_store: SQLiteStore) -> None:
+    """What the set-based forms are for: SQLite steps once per piece of a
+    batch, not once per row (``executemany`` gives the GIL up around every
+    row), and the result is the same as applying the rows one by one."""
     store = sqlite_store
     jobs = [store.submit_job(interval_job(f"j{i}", next_run_at=60_000))[0] for i in range(300)]
     statements: list[str] = []
@@ -61,14 +74,16 @@ def test_a_batch_is_one_statement_however_many_rows(sqlite_store: SQLiteStore) -
     ]
     assert all(c.applied for c in store.complete_runs(completions))
     store._conn.set_trace_callback(None)
-    writes = [s.split()[0:3] for s in statements if s.startswith(("INSERT", "UPDATE"))]
+    writes = [" ".join(s.split()[0:3]) for s in statements if s.startswith(("INSERT", "UPDATE"))]
+    pieces = {n: len(list(sq._pieces([()] * n))) for n in (100, 300)}
+    assert pieces == {100: 3, 300: 4}  # 64 + 32 + 4; 256 + 32 + 8 + 4
     assert writes == [
-        ["UPDATE", "counters", "SET"],  # run ids
-        ["INSERT", "INTO", "executions"],
-        ["UPDATE", "counters", "SET"],  # change sequence
-        ["UPDATE", "jobs", "SET"],
-        ["UPDATE", "executions", "SET"],  # 100 starts
-        ["UPDATE", "executions", "SET"],  # 300 completions
+        "UPDATE counters SET",  # run ids
+        *["INSERT INTO executions"] * pieces[300],
+        "UPDATE counters SET",  # change sequence
+        *["UPDATE jobs SET"] * pieces[300],
+        *["UPDATE executions SET"] * pieces[100],  # 100 starts
+        *["UPDATE executions SET"] * pieces[300],  # 300 completions
     ]
     assert {store.get_job(j.job_id).next_run_at for j in jobs} == {120_000}
     assert {store.get_run(r).state for r in runs} == {RunState.SUCCEEDED}
