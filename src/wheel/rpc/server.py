@@ -521,28 +521,25 @@ def send_effects(session: WorkerSession, fx: Effects) -> None:
     put = session.outbox.put_nowait
     assignments = fx.assignments.get(wid)
     if assignments:
-        put(
-            worker_service_pb2.ServerMessage(
-                assignments=worker_service_pb2.Assignments(
-                    assignments=[
-                        worker_service_pb2.Assignment(
-                            run_id=a.run_id,
-                            job_id=a.job_id,
-                            handler=a.handler,
-                            scheduled_for_ms=a.scheduled_for,
-                            attempt=a.attempt,
-                            fence=a.fence,
-                            idempotency_key=a.idempotency_key,
-                            payload=a.payload,
-                            lease_ms=a.lease_ms,
-                            timeout_ms=a.timeout_ms,
-                            tenant=a.tenant,
-                        )
-                        for a in assignments
-                    ]
-                )
+        msg = worker_service_pb2.ServerMessage()
+        # add() builds each in place: a message per run built apart and then
+        # copied into the list cost twice as much (4.7 against 2.6 us a run).
+        add = msg.assignments.assignments.add
+        for a in assignments:
+            add(
+                run_id=a.run_id,
+                job_id=a.job_id,
+                handler=a.handler,
+                scheduled_for_ms=a.scheduled_for,
+                attempt=a.attempt,
+                fence=a.fence,
+                idempotency_key=a.idempotency_key,
+                payload=a.payload,
+                lease_ms=a.lease_ms,
+                timeout_ms=a.timeout_ms,
+                tenant=a.tenant,
             )
-        )
+        put(msg)
     revokes = fx.revokes.get(wid)
     if revokes:
         put(

@@ -140,6 +140,8 @@ _DONE = 2  # outcome decided and queued for the server
 _ABORTED = 3  # superseded or stopped: never completed
 
 _SUCCEEDED = pb.OUTCOME_SUCCEEDED
+# A completion on its way: run id, fence, outcome, error.
+_Done = tuple[int, int, "pb.Outcome", str]
 _FAILED = pb.OUTCOME_FAILED
 _RETRYABLE = pb.OUTCOME_RETRYABLE
 _HANDED_BACK = pb.OUTCOME_HANDED_BACK
@@ -544,6 +546,10 @@ async def _await(aw: Any) -> None:
 class _Link:
     """One node: its stream across reconnects and the runs it assigned us."""
 
+    _welcome: pb.Welcome
+    # How long a run may go unacked: a run done sooner needs no ack at all.
+    ack_delay: float
+
     def __init__(self, worker: Worker, target: str) -> None:
         self.worker = worker
         self.target = target
@@ -552,9 +558,10 @@ class _Link:
         # Acks held back until their time (rule 1), in the order they are due.
         self.later_acks: collections.deque[tuple[float, _Run]] = collections.deque()
         self._ack_timer: asyncio.TimerHandle | None = None
-        self.completions: list[pb.Completion] = []
+        # (run id, fence, outcome, error): built into messages in place when sent.
+        self.completions: list[_Done] = []
         # Sent but not yet answered in Results; re-sent after a reconnect.
-        self.unconfirmed: dict[int, tuple[pb.Completion, float]] = {}
+        self.unconfirmed: dict[int, tuple[_Done, float]] = {}
         self.heartbeat_due = False
         self.drain_requested = False
         self.drain_sent = False
@@ -568,9 +575,15 @@ class _Link:
         return bool(self.completions or self.unconfirmed)
 
     @property
-    def ack_delay(self) -> float:
-        grace = self.welcome.grace_lease_ms / 10_000
-        return min(ACK_DELAY_S, grace) if grace > 0 else ACK_DELAY_S
+    def welcome(self) -> pb.Welcome:
+        return self._welcome
+
+    @welcome.setter
+    def welcome(self, welcome: pb.Welcome) -> None:
+        self._welcome = welcome
+        grace = welcome.grace_lease_ms / 10_000
+        # Read for every run received: worked out once per Welcome.
+        self.ack_delay = min(ACK_DELAY_S, grace) if grace > 0 else ACK_DELAY_S
 
     def defer_ack(self, run: _Run, now: float) -> None:
         self.later_acks.append((now + self.ack_delay, run))
@@ -598,9 +611,7 @@ class _Link:
 
     def complete(self, run: _Run, outcome: pb.Outcome, error: str) -> None:
         self.held.pop(run.ctx.run_id, None)
-        self.completions.append(
-            pb.Completion(run_id=run.ctx.run_id, fence=run.ctx.fence, outcome=outcome, error=error)
-        )
+        self.completions.append((run.ctx.run_id, run.ctx.fence, outcome, error))
         self.wake.set()
 
     async def run(self) -> None:
@@ -744,13 +755,13 @@ class _Link:
             done, self.completions = self.completions, []
             now = time.monotonic()
             for c in done:
-                self.unconfirmed[c.run_id] = (c, now)
+                self.unconfirmed[c[0]] = (c, now)
             for i in range(0, len(done), MAX_ITEMS_PER_MESSAGE):
-                out.append(
-                    pb.WorkerMessage(
-                        complete=pb.Complete(completions=done[i : i + MAX_ITEMS_PER_MESSAGE])
-                    )
-                )
+                msg = pb.WorkerMessage()
+                add = msg.complete.completions.add
+                for run_id, fence, outcome, error in done[i : i + MAX_ITEMS_PER_MESSAGE]:
+                    add(run_id=run_id, fence=fence, outcome=outcome, error=error)
+                out.append(msg)
         if self.heartbeat_due:
             self.heartbeat_due = False
             refs = [pb.RunRef(run_id=r.ctx.run_id, fence=r.ctx.fence) for r in self.held.values()]
