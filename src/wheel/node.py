@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from wheel.checkpoint.owner_state import log_records, snapshot_chunks
-from wheel.checkpoint.wal import Checkpoint, Durability, Identity
+from wheel.checkpoint.wal import Checkpoint, Durability, DutyCycle, Identity
 from wheel.engine.model import SHARD_COUNT, JobState
 from wheel.engine.owner import Effects, Outcome, Owner, OwnerConfig
 from wheel.engine.records import (
@@ -57,6 +57,10 @@ MAX_SUBMIT_BATCH = 1_000
 # Store batches committing while the loop forms the next one.
 MAX_BATCHES_IN_FLIGHT = 2
 T = TypeVar("T")
+# A snapshot's share of the process's time, taken in chunks of this many jobs
+# (each some milliseconds of Python): see wheel.checkpoint.wal.DutyCycle.
+SNAPSHOT_SHARE = 0.2
+SNAPSHOT_JOBS_PER_CHUNK = 2_000
 
 
 class Clock:
@@ -241,7 +245,11 @@ class Node:
         def write() -> None:
             started = time.perf_counter()
             try:
-                checkpoint.write_snapshot(snapshot_chunks(job_ids, owner.image_of, watermark), upto)
+                checkpoint.write_snapshot(
+                    snapshot_chunks(job_ids, owner.image_of, watermark, SNAPSHOT_JOBS_PER_CHUNK),
+                    upto,
+                    pause=DutyCycle(SNAPSHOT_SHARE).pause,
+                )
             except Exception:
                 log.exception("snapshot failed; the log keeps growing until the next one")
                 return

@@ -15,7 +15,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from wheel.checkpoint import Checkpoint, CheckpointError, Durability, Identity
+from wheel.checkpoint import Checkpoint, CheckpointError, Durability, DutyCycle, Identity, wal
 from wheel.errors import InvalidArgument
 
 IDENT = Identity(cluster_id="cluster-a", shard_set="0-255")
@@ -492,3 +492,41 @@ def test_record_checksum_covers_the_seq(path: Path) -> None:
     raw_edit(path, b"log", swap)
     with Checkpoint.open(path, IDENT) as c, pytest.raises(CheckpointError, match="record 3"):
         c.recover()
+
+
+def test_a_duty_cycle_sleeps_in_proportion_to_the_work_since_its_last_pause() -> None:
+    now = [100.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    duty = DutyCycle(0.2, clock=lambda: now[0], sleep=sleep)
+    now[0] += 0.010  # 10 ms of work
+    duty.pause()
+    now[0] += 0.001
+    duty.pause()
+    duty.pause()  # no work since: no sleep
+    assert slept == pytest.approx([0.040, 0.004])
+    with pytest.raises(InvalidArgument, match="share"):
+        DutyCycle(0)
+    full = DutyCycle(1.0, sleep=sleep)
+    full.pause()
+    assert len(slept) == 2  # a share of 1 never sleeps
+
+
+def test_a_snapshot_pauses_between_chunks_and_between_batches_of_deletes(
+    cp: Checkpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pauses fall outside write transactions, after every chunk and
+    every full batch of log records truncated; the snapshot is the same."""
+    monkeypatch.setattr(wal, "_DELETE_BATCH", 100)
+    fill(cp, 1_000, batch=100)
+    calls: list[int] = []
+    cp.write_snapshot([b"a", b"b", b"c"], 950, pause=lambda: calls.append(cp.last_seq()))
+    # 3 chunks, then 950 records deleted 100 at a time: 9 full batches.
+    assert len(calls) == 3 + 9
+    r = cp.recover()
+    assert r.snapshot == [b"a", b"b", b"c"]
+    assert r.records == expected(951, 1_000)

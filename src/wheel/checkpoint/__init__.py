@@ -36,7 +36,14 @@ from wheel.checkpoint.codec import (
     unpack_i64s,
     unpack_u64s,
 )
-from wheel.checkpoint.wal import FORMAT_VERSION, Checkpoint, Durability, Identity, Recovery
+from wheel.checkpoint.wal import (
+    FORMAT_VERSION,
+    Checkpoint,
+    Durability,
+    DutyCycle,
+    Identity,
+    Recovery,
+)
 from wheel.errors import CheckpointError
 
 __all__ = [
@@ -44,6 +51,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "Durability",
+    "DutyCycle",
     "Field",
     "Identity",
     "RecordWriter",
