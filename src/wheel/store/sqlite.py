@@ -235,14 +235,17 @@ class _Checkpointer:
         )
         self._thread.start()
 
-    def _checkpoint_until_stopped(self) -> None:
-        while not self._stopping.wait(CHECKPOINT_INTERVAL_S):
-            try:
-                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-            except sqlite3.Error as exc:
-                # The writer's own checkpoints (past WRITER_CHECKPOINT_PAGES)
-                # still bound the log; say why this one failed and go on.
-                log.warning("background WAL checkpoint failed: %s", exc)
+    def _run(self) -> None:
+        try:
+            while not self._stopping.wait(CHECKPOINT_INTERVAL_S):
+                try:
+                    self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                except sqlite3.Error as exc:
+                    # The writer's own checkpoints (past WRITER_CHECKPOINT_PAGES)
+                    # still bound the log; say why this one failed and go on.
+                    log.warning("background WAL checkpoint failed: %s", exc)
+        finally:
+            self._conn.close()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -250,12 +253,6 @@ class _Checkpointer:
     def close(self) -> None:
         self.stop()
         self._thread.join()
-
-    def _run(self) -> None:
-        try:
-            self._checkpoint_until_stopped()
-        finally:
-            self._conn.close()
 
 
 class SQLiteStore:

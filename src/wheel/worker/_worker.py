@@ -140,11 +140,11 @@ _DONE = 2  # outcome decided and queued for the server
 _ABORTED = 3  # superseded or stopped: never completed
 
 _SUCCEEDED = pb.OUTCOME_SUCCEEDED
-# A completion on its way: run id, fence, outcome, error.
-_Done = tuple[int, int, "pb.Outcome", str]
 _FAILED = pb.OUTCOME_FAILED
 _RETRYABLE = pb.OUTCOME_RETRYABLE
 _HANDED_BACK = pb.OUTCOME_HANDED_BACK
+# A completion on its way: run id, fence, outcome, error.
+_Done = tuple[int, int, "pb.Outcome", str]
 
 
 class _Run:
