@@ -19,7 +19,16 @@ import pytest
 
 from tests.store.conftest import interval_job
 from wheel.store._schema import PG_MIGRATIONS, SQLITE_MIGRATIONS
-from wheel.store.base import Completion, FireClaim, JobState, RunStart, RunState, Store
+from wheel.store.base import (
+    BatchOutcome,
+    Completion,
+    FireClaim,
+    JobState,
+    RunStart,
+    RunState,
+    Store,
+    WriteBatch,
+)
 from wheel.store.open import open_store
 
 CHILD = str(Path(__file__).with_name("_child.py"))
@@ -301,3 +310,51 @@ def test_a_retry_after_an_acknowledged_commit_reports_its_own_work(pg_store: Any
         ]
     )
     assert lost_once and other.run_id is None and not other.advanced
+
+
+@pytest.mark.postgres
+def test_a_batch_commits_its_claims_while_its_completions_wait(pg_store: Any, pg_dsn: str) -> None:
+    """A batch's completions commit on a connection of their own: a lock that
+    holds them up does not hold up the batch's claims, and both apply."""
+    done, _ = pg_store.submit_job(interval_job("done", next_run_at=60_000))
+    due, _ = pg_store.submit_job(interval_job("due", next_run_at=60_000))
+    [ran] = pg_store.claim_fires([claim(done.job_id, 60_000, fence=1)])
+    assert ran.run_id is not None
+    batch = WriteBatch(
+        completions=[
+            Completion(run_id=ran.run_id, fence=1, state=RunState.SUCCEEDED, finished_at_ms=61_000)
+        ],
+        claims=[claim(due.job_id, 60_000, fence=2)],
+    )
+    blocker = psycopg.connect(pg_dsn)
+    try:
+        blocker.execute("SELECT 1 FROM executions WHERE run_id = %s FOR UPDATE", [ran.run_id])
+        outcome: list[BatchOutcome] = []
+        writer = threading.Thread(target=lambda: outcome.append(pg_store.write_batch(batch)))
+        writer.start()
+        deadline = time.monotonic() + 10
+        while not pg_store.list_runs(due.job_id) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(pg_store.list_runs(due.job_id)) == 1  # committed behind the lock
+        assert writer.is_alive()  # the batch still waits for its completion
+        assert pg_store.get_run(ran.run_id).state is RunState.DISPATCHED
+    finally:
+        blocker.rollback()
+        blocker.close()
+    writer.join(10)
+    [result] = outcome
+    assert [c.applied for c in result.completions] == [True]
+    assert [c.run_id is not None and c.advanced for c in result.claims] == [True]
+    assert pg_store.get_run(ran.run_id).state is RunState.SUCCEEDED
+
+
+def claim(job_id: int, fire: int, *, fence: int) -> FireClaim:
+    return FireClaim(
+        job_id=job_id,
+        scheduled_for=fire,
+        attempt=0,
+        fence=fence,
+        dispatched_at_ms=fire + 1,
+        expected_next_run_at=fire,
+        new_next_run_at=fire + 60_000,
+    )
