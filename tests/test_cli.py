@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import gc
+import sys
 from pathlib import Path
 
 import pytest
 
-from wheel.cli import GC_YOUNG_THRESHOLD, build_parser, serve_config, tune_collector
+from wheel.cli import (
+    GC_YOUNG_THRESHOLD,
+    SWITCH_INTERVAL_S,
+    build_parser,
+    serve_config,
+    tune_runtime,
+)
 from wheel.node import NodeConfig
 
 
@@ -33,12 +40,16 @@ def test_a_negative_group_commit_is_refused(capsys: pytest.CaptureFixture[str]) 
     assert "negative number of milliseconds" in capsys.readouterr().err
 
 
-def test_serve_lets_a_runs_objects_die_young() -> None:
+def test_serve_lets_a_runs_objects_die_young_and_hands_the_gil_on_sooner() -> None:
     before = gc.get_threshold()
+    switch = sys.getswitchinterval()
     try:
-        tune_collector()
+        tune_runtime()
         young, middle, old = gc.get_threshold()
         assert young == GC_YOUNG_THRESHOLD > 10 * before[0]
         assert (middle, old) == before[1:]
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
+        assert SWITCH_INTERVAL_S < switch / 10
     finally:
         gc.set_threshold(*before)
+        sys.setswitchinterval(switch)
