@@ -82,20 +82,23 @@ _TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_RUN_STAT
 
 # A batch's writes of one kind go out as few statements: the rows are bound as
 # multi-row ``VALUES`` lists, ``ROWS_PER_STATEMENT`` at a time and the rest in
-# power-of-two pieces, so a batch of n rows is at most 8 + n // 256 steps over
-# at most 9 statement texts per kind (all in the connection's statement
-# cache). ``executemany`` binds and steps row by row, giving up and taking back
-# the GIL around every row: the node's store thread then queued behind its
-# busy event loop for each row of a batch (measured: most of a batch's time at
-# 13k dispatches/s). An earlier form sent the rows as one JSON text unpacked
-# with json_each: json_extract parsed each row once per column, and encoding
-# the JSON held the GIL (measured: 7.3 us a row inserted against 3.0 us with
-# VALUES, and 7% of the node's GIL at 12,000 dispatches/s). In the UPDATE
-# forms the rows drive the plan and each looks its target up by primary key; a
-# unary ``+`` keeps the planner off the other indexes (with
-# ``executions_inflight`` it scanned every in-flight run and probed the batch
-# for each one); ``test_set_based_statements_look_rows_up_by_key`` checks it.
-ROWS_PER_STATEMENT = 256
+# power-of-two pieces, so a batch of n rows is at most 10 + n // 1024 steps
+# over at most 11 statement texts per kind (all in the connection's statement
+# cache). Each step hands the GIL back and waits to take it again: 1,024 rows
+# a statement rather than 256 took p99 at 28,000 dispatches/s from 539 and
+# 282 ms to 259 and 116 ms (two runs each). ``executemany`` binds and steps
+# row by row, giving up and taking back the GIL around every row: the node's
+# store thread then queued behind its busy event loop for each row of a batch
+# (measured: most of a batch's time at 13k dispatches/s). An earlier form
+# sent the rows as one JSON text unpacked with json_each: json_extract parsed
+# each row once per column, and encoding the JSON held the GIL (measured:
+# 7.3 us a row inserted against 3.0 us with VALUES, and 7% of the node's GIL
+# at 12,000 dispatches/s). In the UPDATE forms the rows drive the plan and
+# each looks its target up by primary key; a unary ``+`` keeps the planner
+# off the other indexes (with ``executions_inflight`` it scanned every
+# in-flight run and probed the batch for each one);
+# ``test_set_based_statements_look_rows_up_by_key`` checks it.
+ROWS_PER_STATEMENT = 1024
 
 _INSERT_RUNS = (
     "INSERT INTO executions (run_id, job_id, scheduled_for, attempt, state, fence,"
