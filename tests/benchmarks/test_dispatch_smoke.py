@@ -120,3 +120,18 @@ def test_find_max_reports_the_highest_sustained_rate_and_its_steps(tmp_path: Pat
     assert result["max_is_lower_bound"]
     tight = [s["rate"] for s in steps if s["ok"] and s["lag_p99_ms"] <= 100]
     assert result["max_p99_100ms_per_s"] == max(tight, default=0.0)
+
+
+def test_find_max_bisects_the_100_ms_bar_between_the_steps_either_side_of_it() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import dispatch
+
+    def st(rate: float, p99: float, ok: bool = True) -> dict[str, Any]:
+        return {"rate": rate, "lag_p99_ms": p99, "ok": ok}
+
+    doubled = [st(8000, 29), st(16000, 37), st(32000, 815), st(64000, 9592, ok=False)]
+    assert dispatch.next_tight_rate(doubled) == 22627  # between 16,000 and 32,000
+    narrowed = [*doubled, st(22627, 80), st(26908, 640), st(24675, 99)]
+    assert dispatch.next_tight_rate(narrowed) is None  # 24,675 and 26,908: within 15%
+    assert dispatch.next_tight_rate([st(1000, 500), st(2000, 600)]) is None  # never met
+    assert dispatch.next_tight_rate([st(1000, 20), st(2000, 40)]) is None  # nothing above
