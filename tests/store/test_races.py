@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from tests.store.conftest import interval_job
+from tests.store.test_contract import claim
 from wheel.store._schema import PG_MIGRATIONS, SQLITE_MIGRATIONS
 from wheel.store.base import (
     BatchOutcome,
@@ -318,13 +319,13 @@ def test_a_batch_commits_its_claims_while_its_completions_wait(pg_store: Any, pg
     holds them up does not hold up the batch's claims, and both apply."""
     done, _ = pg_store.submit_job(interval_job("done", next_run_at=60_000))
     due, _ = pg_store.submit_job(interval_job("due", next_run_at=60_000))
-    [ran] = pg_store.claim_fires([claim(done.job_id, 60_000, fence=1)])
+    [ran] = pg_store.claim_fires([claim(done.job_id, 60_000, fence=1, new=120_000)])
     assert ran.run_id is not None
     batch = WriteBatch(
         completions=[
             Completion(run_id=ran.run_id, fence=1, state=RunState.SUCCEEDED, finished_at_ms=61_000)
         ],
-        claims=[claim(due.job_id, 60_000, fence=2)],
+        claims=[claim(due.job_id, 60_000, fence=2, new=120_000)],
     )
     blocker = psycopg.connect(pg_dsn)
     try:
@@ -346,15 +347,3 @@ def test_a_batch_commits_its_claims_while_its_completions_wait(pg_store: Any, pg
     assert [c.applied for c in result.completions] == [True]
     assert [c.run_id is not None and c.advanced for c in result.claims] == [True]
     assert pg_store.get_run(ran.run_id).state is RunState.SUCCEEDED
-
-
-def claim(job_id: int, fire: int, *, fence: int) -> FireClaim:
-    return FireClaim(
-        job_id=job_id,
-        scheduled_for=fire,
-        attempt=0,
-        fence=fence,
-        dispatched_at_ms=fire + 1,
-        expected_next_run_at=fire,
-        new_next_run_at=fire + 60_000,
-    )
