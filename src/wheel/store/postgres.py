@@ -43,6 +43,8 @@ from wheel.errors import (
     StoreUnavailable,
     WheelError,
 )
+from wheel.store._pgarrays import Bools, Int4s, Int8s, Texts
+from wheel.store._pgarrays import register as register_arrays
 from wheel.store._schema import (
     INFLIGHT_SQL,
     JOB_COLUMNS,
@@ -155,22 +157,22 @@ RETURNING t.idx
 def _claim_arrays(idx: Sequence[int], claims: Sequence[FireClaim]) -> dict[str, Any]:
     """A claim batch as the column arrays the claim statements unnest."""
     return {
-        "idx": list(idx),
-        "job": [c.job_id for c in claims],
-        "sf": [c.scheduled_for for c in claims],
-        "att": [c.attempt for c in claims],
-        "fence": [c.fence for c in claims],
-        "disp": [c.dispatched_at_ms for c in claims],
-        "adv": [c.advance for c in claims],
-        "exp": [c.expected_next_run_at for c in claims],
-        "new": [c.new_next_run_at for c in claims],
+        "idx": Int4s(idx),
+        "job": Int8s([c.job_id for c in claims]),
+        "sf": Int8s([c.scheduled_for for c in claims]),
+        "att": Int4s([c.attempt for c in claims]),
+        "fence": Int8s([c.fence for c in claims]),
+        "disp": Int8s([c.dispatched_at_ms for c in claims]),
+        "adv": Bools([c.advance for c in claims]),
+        "exp": Int8s([c.expected_next_run_at for c in claims]),
+        "new": Int8s([c.new_next_run_at for c in claims]),
     }
 
 
 _MARK_RUNNING_SQL = """
 UPDATE executions AS e
    SET state = 'running', worker_id = t.worker_id, started_at_ms = t.started_at_ms
-  FROM unnest(%(idx)b::int4[], %(run)b::int8[], %(fence)b::int8[], %(worker)s::text[],
+  FROM unnest(%(idx)b::int4[], %(run)b::int8[], %(fence)b::int8[], %(worker)b::text[],
               %(started)b::int8[])
        AS t(idx, run_id, fence, worker_id, started_at_ms)
  WHERE e.run_id = ANY(%(run)b::int8[]) AND e.run_id = t.run_id AND e.fence = t.fence
@@ -180,7 +182,7 @@ RETURNING t.idx
 
 _RECOGNISE_STARTS_SQL = """
 SELECT t.idx
-  FROM unnest(%(idx)b::int4[], %(run)b::int8[], %(fence)b::int8[], %(worker)s::text[])
+  FROM unnest(%(idx)b::int4[], %(run)b::int8[], %(fence)b::int8[], %(worker)b::text[])
        AS t(idx, run_id, fence, worker_id)
   JOIN executions AS e ON e.run_id = t.run_id AND e.fence = t.fence
  WHERE e.state = 'running' AND e.worker_id = t.worker_id
@@ -193,8 +195,8 @@ _COMPLETE_SQL = f"""
 UPDATE executions AS e
    SET state = t.state, finished_at_ms = t.finished_at_ms, error = t.error,
        worker_id = coalesce(t.worker_id, e.worker_id)
-  FROM unnest(%(idx)b::int4[], %(run)b::int8[], %(fence)b::int8[], %(state)s::text[],
-              %(finished)b::int8[], %(error)s::text[], %(worker)s::text[])
+  FROM unnest(%(idx)b::int4[], %(run)b::int8[], %(fence)b::int8[], %(state)b::text[],
+              %(finished)b::int8[], %(error)b::text[], %(worker)b::text[])
        AS t(idx, run_id, fence, state, finished_at_ms, error, worker_id)
  WHERE e.run_id = ANY(%(run)b::int8[]) AND e.run_id = t.run_id AND e.fence = t.fence
    AND e.state || '' IN {INFLIGHT_SQL}
@@ -206,7 +208,7 @@ RETURNING t.idx
 
 _RECOGNISE_COMPLETIONS_SQL = """
 SELECT t.idx
-  FROM unnest(%(idx)b::int4[], %(run)b::int8[], %(fence)b::int8[], %(state)s::text[],
+  FROM unnest(%(idx)b::int4[], %(run)b::int8[], %(fence)b::int8[], %(state)b::text[],
               %(finished)b::int8[])
        AS t(idx, run_id, fence, state, finished_at_ms)
   JOIN executions AS e ON e.run_id = t.run_id AND e.fence = t.fence
@@ -297,6 +299,8 @@ class PostgresStore:
         conn.execute("SET enable_seqscan = off")
         conn.execute("SET enable_mergejoin = off")
         conn.commit()
+        # Batch arrays go out through the C-speed encoders of _pgarrays.
+        register_arrays(conn.adapters)
 
     def _run(self, op: Callable[[Conn, _Attempt], T], *, idempotent: bool) -> T:
         """Run ``op`` in one transaction, retrying lost connections with backoff.
@@ -712,10 +716,10 @@ class PostgresStore:
                         _ADVANCE_SQL,
                         {
                             "now": now,
-                            "idx": members,
-                            "job": [a.job_id for a in part],
-                            "exp": [a.expected_next_run_at for a in part],
-                            "new": [a.new_next_run_at for a in part],
+                            "idx": Int4s(members),
+                            "job": Int8s([a.job_id for a in part]),
+                            "exp": Int8s([a.expected_next_run_at for a in part]),
+                            "new": Int8s([a.new_next_run_at for a in part]),
                         },
                     )
                     for (i,) in cur:
@@ -735,11 +739,11 @@ class PostgresStore:
         def op(conn: Conn, attempt: _Attempt) -> list[bool]:
             applied = [False] * n
             params = {
-                "idx": first,
-                "run": [starts[i].run_id for i in first],
-                "fence": [starts[i].fence for i in first],
-                "worker": [starts[i].worker_id for i in first],
-                "started": [starts[i].started_at_ms for i in first],
+                "idx": Int4s(first),
+                "run": Int8s([starts[i].run_id for i in first]),
+                "fence": Int8s([starts[i].fence for i in first]),
+                "worker": Texts([starts[i].worker_id for i in first]),
+                "started": Int8s([starts[i].started_at_ms for i in first]),
             }
             with conn.cursor(binary=True) as cur:
                 cur.execute(_MARK_RUNNING_SQL, params)
@@ -779,13 +783,13 @@ class PostgresStore:
         def op(conn: Conn, attempt: _Attempt) -> list[bool]:
             applied = [False] * n
             params = {
-                "idx": first,
-                "run": [c.run_id for c in part],
-                "fence": [c.fence for c in part],
-                "state": [c.state.value for c in part],
-                "finished": [c.finished_at_ms for c in part],
-                "error": [c.error for c in part],
-                "worker": [c.worker_id for c in part],
+                "idx": Int4s(first),
+                "run": Int8s([c.run_id for c in part]),
+                "fence": Int8s([c.fence for c in part]),
+                "state": Texts([c.state.value for c in part]),
+                "finished": Int8s([c.finished_at_ms for c in part]),
+                "error": Texts([c.error for c in part]),
+                "worker": Texts([c.worker_id for c in part]),
             }
             with conn.cursor(binary=True) as cur:
                 cur.execute(_COMPLETE_SQL, params)
@@ -811,13 +815,13 @@ class PostgresStore:
         def op(conn: Conn, _: _Attempt) -> None:
             conn.execute(
                 "INSERT INTO missed_fires (job_id, scheduled_for, reason, recorded_at_ms)"
-                " SELECT * FROM unnest(%b::int8[], %b::int8[], %s::text[], %b::int8[])"
+                " SELECT * FROM unnest(%b::int8[], %b::int8[], %b::text[], %b::int8[])"
                 " ON CONFLICT (job_id, scheduled_for) DO NOTHING",
                 (
-                    [m.job_id for m in missed],
-                    [m.scheduled_for for m in missed],
-                    [m.reason.value for m in missed],
-                    [m.recorded_at_ms for m in missed],
+                    Int8s([m.job_id for m in missed]),
+                    Int8s([m.scheduled_for for m in missed]),
+                    Texts([m.reason.value for m in missed]),
+                    Int8s([m.recorded_at_ms for m in missed]),
                 ),
             )
 
