@@ -75,6 +75,7 @@ from wheel.store.base import (
     MissedFire,
     NewJob,
     RunStart,
+    RunState,
     ScheduleAdvance,
     ShardLoad,
     WriteBatch,
@@ -87,6 +88,23 @@ T = TypeVar("T")
 Conn = Connection[tuple[Any, ...]]
 
 _TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_RUN_STATES)) + ")"
+
+
+def _none_of(states: Collection[RunState]) -> str:
+    """``<> ALL`` of these states: the filter the batch updates put on the
+    row they look up, written as what the row must NOT be.
+
+    The planner gives an expression compared ``= ANY`` a default selectivity
+    of 0.5% an element. Filtering the looked-up runs with ``IN (in flight)``,
+    it expected about 1 of a batch's B runs to pass and nested the unnest of
+    the batch inside a loop over them: B x B comparisons (8.5 ms instead of
+    1.8 ms for B = 100). ``<> ALL`` gets 99.5% an element, the estimate
+    follows B, and the join is hashed at every size."""
+    return "ALL (ARRAY[" + ", ".join(f"'{s.value}'" for s in sorted(states)) + "])"
+
+
+_NOT_INFLIGHT = _none_of(TERMINAL_RUN_STATES)
+_NOT_DISPATCHED = _none_of(set(RunState) - {RunState.DISPATCHED})
 _RUN_COLUMNS_E = ", ".join("e." + c.strip() for c in RUN_COLUMNS.split(","))
 
 # One claim batch (one "round", see _rounds): insert the executions, keep the
@@ -169,14 +187,38 @@ def _claim_arrays(idx: Sequence[int], claims: Sequence[FireClaim]) -> dict[str, 
     }
 
 
-_MARK_RUNNING_SQL = """
+def _start_arrays(idx: Sequence[int], starts: Sequence[RunStart]) -> dict[str, Any]:
+    """Starts as the column arrays the start statements unnest."""
+    return {
+        "idx": Int4s(idx),
+        "run": Int8s([s.run_id for s in starts]),
+        "fence": Int8s([s.fence for s in starts]),
+        "worker": Texts([s.worker_id for s in starts]),
+        "started": Int8s([s.started_at_ms for s in starts]),
+    }
+
+
+def _completion_arrays(idx: Sequence[int], completions: Sequence[Completion]) -> dict[str, Any]:
+    """Completions as the column arrays the completion statements unnest."""
+    return {
+        "idx": Int4s(idx),
+        "run": Int8s([c.run_id for c in completions]),
+        "fence": Int8s([c.fence for c in completions]),
+        "state": Texts([c.state.value for c in completions]),
+        "finished": Int8s([c.finished_at_ms for c in completions]),
+        "error": Texts([c.error for c in completions]),
+        "worker": Texts([c.worker_id for c in completions]),
+    }
+
+
+_MARK_RUNNING_SQL = f"""
 UPDATE executions AS e
    SET state = 'running', worker_id = t.worker_id, started_at_ms = t.started_at_ms
   FROM unnest(%(idx)b::int4[], %(run)b::int8[], %(fence)b::int8[], %(worker)b::text[],
               %(started)b::int8[])
        AS t(idx, run_id, fence, worker_id, started_at_ms)
  WHERE e.run_id = ANY(%(run)b::int8[]) AND e.run_id = t.run_id AND e.fence = t.fence
-   AND e.state || '' = 'dispatched'
+   AND e.state || '' <> {_NOT_DISPATCHED}
 RETURNING t.idx
 """
 
@@ -190,7 +232,8 @@ SELECT t.idx
 
 # Runs are found by primary key: ``run_id = ANY(...)`` offers the lookup and
 # ``state || ''`` keeps the planner off the partial in-flight index, which it
-# otherwise scanned whole (every in-flight run) and hashed for a 1000-row batch.
+# otherwise scanned whole (every in-flight run) and hashed for a 1000-row batch;
+# the state test is written as ``<> ALL`` (see ``_none_of``).
 _COMPLETE_SQL = f"""
 UPDATE executions AS e
    SET state = t.state, finished_at_ms = t.finished_at_ms, error = t.error,
@@ -199,7 +242,7 @@ UPDATE executions AS e
               %(finished)b::int8[], %(error)b::text[], %(worker)b::text[])
        AS t(idx, run_id, fence, state, finished_at_ms, error, worker_id)
  WHERE e.run_id = ANY(%(run)b::int8[]) AND e.run_id = t.run_id AND e.fence = t.fence
-   AND e.state || '' IN {INFLIGHT_SQL}
+   AND e.state || '' <> {_NOT_INFLIGHT}
    AND NOT EXISTS (SELECT 1 FROM executions AS newer
                     WHERE newer.job_id = e.job_id AND newer.scheduled_for = e.scheduled_for
                       AND newer.fence > e.fence)
@@ -738,13 +781,7 @@ class PostgresStore:
 
         def op(conn: Conn, attempt: _Attempt) -> list[bool]:
             applied = [False] * n
-            params = {
-                "idx": Int4s(first),
-                "run": Int8s([starts[i].run_id for i in first]),
-                "fence": Int8s([starts[i].fence for i in first]),
-                "worker": Texts([starts[i].worker_id for i in first]),
-                "started": Int8s([starts[i].started_at_ms for i in first]),
-            }
+            params = _start_arrays(first, [starts[i] for i in first])
             with conn.cursor(binary=True) as cur:
                 cur.execute(_MARK_RUNNING_SQL, params)
                 for (i,) in cur:
@@ -782,15 +819,7 @@ class PostgresStore:
 
         def op(conn: Conn, attempt: _Attempt) -> list[bool]:
             applied = [False] * n
-            params = {
-                "idx": Int4s(first),
-                "run": Int8s([c.run_id for c in part]),
-                "fence": Int8s([c.fence for c in part]),
-                "state": Texts([c.state.value for c in part]),
-                "finished": Int8s([c.finished_at_ms for c in part]),
-                "error": Texts([c.error for c in part]),
-                "worker": Texts([c.worker_id for c in part]),
-            }
+            params = _completion_arrays(first, part)
             with conn.cursor(binary=True) as cur:
                 cur.execute(_COMPLETE_SQL, params)
                 for (i,) in cur:
