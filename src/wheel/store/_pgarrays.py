@@ -24,7 +24,7 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from psycopg.adapt import AdaptersMap, Dumper
@@ -36,11 +36,8 @@ INT4_ARRAY_OID, INT8_ARRAY_OID, BOOL_ARRAY_OID, TEXT_ARRAY_OID = 1007, 1016, 100
 _NULL = struct.pack(">i", -1)
 _HEADER = struct.Struct(">iiIii")
 _EMPTY = struct.Struct(">iiI")
-_INT8 = struct.Struct(">iq")
-_INT4 = struct.Struct(">ii")
-# Big-endian element lengths as this machine reads a uint32 in memory.
-_LEN8 = struct.unpack("=I", struct.pack(">i", 8))[0]
-_LEN4 = struct.unpack("=I", struct.pack(">i", 4))[0]
+# A big-endian element length as this machine reads a uint32 in memory.
+_LENGTH_WORD = {w: struct.unpack("=I", struct.pack(">i", w))[0] for w in (4, 8)}
 _LITTLE = sys.byteorder == "little"
 # The layouts below need 4-byte "i"/"I" and 8-byte "q" array items.
 assert array("i").itemsize == array("I").itemsize == 4 and array("q").itemsize == 8
@@ -53,34 +50,34 @@ def _header(oid: int, n: int, has_null: bool) -> bytes:
     return _HEADER.pack(1, int(has_null), oid, n, 1)
 
 
-def int8_array(values: Sequence[int | None]) -> bytes:
+def _int_array(values: Sequence[int | None], oid: int, typecode: str) -> bytes:
+    """An int4 ("i") or int8 ("q") array: each element a big-endian length
+    word then the value's big-endian words, laid out by slice assignment."""
     n = len(values)
+    width = array(typecode).itemsize
     if None in values:
-        body = b"".join(_NULL if v is None else _INT8.pack(8, v) for v in values)
-        return _header(INT8_OID, n, True) + body
-    wide = array("q", cast("Sequence[int]", values))
+        element = struct.Struct(">i" + typecode)
+        body = b"".join(_NULL if v is None else element.pack(width, v) for v in values)
+        return _header(oid, n, True) + body
+    numbers = array(typecode, cast("Sequence[int]", values))
     if _LITTLE:
-        wide.byteswap()
-    halves = array("I", wide.tobytes())  # each value as two big-endian uint32 halves
-    out = array("I", bytes(12 * n))
-    out[0::3] = array("I", [_LEN8]) * n
-    out[1::3] = halves[0::2]
-    out[2::3] = halves[1::2]
-    return _header(INT8_OID, n, False) + out.tobytes()
+        numbers.byteswap()
+    words = array("I", numbers.tobytes())  # each value as width / 4 big-endian words
+    per_value = width // 4
+    stride = 1 + per_value
+    out = array("I", bytes(4 * stride * n))
+    out[0::stride] = array("I", [_LENGTH_WORD[width]]) * n
+    for k in range(per_value):
+        out[1 + k :: stride] = words[k::per_value]
+    return _header(oid, n, False) + out.tobytes()
+
+
+def int8_array(values: Sequence[int | None]) -> bytes:
+    return _int_array(values, INT8_OID, "q")
 
 
 def int4_array(values: Sequence[int | None]) -> bytes:
-    n = len(values)
-    if None in values:
-        body = b"".join(_NULL if v is None else _INT4.pack(4, v) for v in values)
-        return _header(INT4_OID, n, True) + body
-    narrow = array("i", cast("Sequence[int]", values))
-    if _LITTLE:
-        narrow.byteswap()
-    out = array("I", bytes(8 * n))
-    out[0::2] = array("I", [_LEN4]) * n
-    out[1::2] = array("I", narrow.tobytes())
-    return _header(INT4_OID, n, False) + out.tobytes()
+    return _int_array(values, INT4_OID, "i")
 
 
 def bool_array(values: Sequence[bool | None]) -> bytes:
@@ -134,41 +131,29 @@ class Texts(_Values):
     __slots__ = ()
 
 
-class _Int8sDumper(Dumper):
+class _ArrayDumper(Dumper):
+    """Sends a wrapper's values through its encoder, as its array type."""
+
     format = Format.BINARY
-    oid = INT8_ARRAY_OID
+    encode: Callable[[Sequence[Any]], bytes]
 
-    def dump(self, obj: Int8s) -> bytes:
-        return int8_array(obj.values)
-
-
-class _Int4sDumper(Dumper):
-    format = Format.BINARY
-    oid = INT4_ARRAY_OID
-
-    def dump(self, obj: Int4s) -> bytes:
-        return int4_array(obj.values)
+    def dump(self, obj: _Values) -> bytes:
+        return type(self).encode(obj.values)
 
 
-class _BoolsDumper(Dumper):
-    format = Format.BINARY
-    oid = BOOL_ARRAY_OID
-
-    def dump(self, obj: Bools) -> bytes:
-        return bool_array(obj.values)
+def _dumper(name: str, oid: int, encode: Callable[[Sequence[Any]], bytes]) -> type[Dumper]:
+    return type(name, (_ArrayDumper,), {"oid": oid, "encode": staticmethod(encode)})
 
 
-class _TextsDumper(Dumper):
-    format = Format.BINARY
-    oid = TEXT_ARRAY_OID
-
-    def dump(self, obj: Texts) -> bytes:
-        return text_array(obj.values)
+_DUMPERS: tuple[tuple[type[_Values], type[Dumper]], ...] = (
+    (Int8s, _dumper("Int8sDumper", INT8_ARRAY_OID, int8_array)),
+    (Int4s, _dumper("Int4sDumper", INT4_ARRAY_OID, int4_array)),
+    (Bools, _dumper("BoolsDumper", BOOL_ARRAY_OID, bool_array)),
+    (Texts, _dumper("TextsDumper", TEXT_ARRAY_OID, text_array)),
+)
 
 
 def register(adapters: AdaptersMap) -> None:
     """Teach a connection (or a context) to send the wrapper types."""
-    adapters.register_dumper(Int8s, _Int8sDumper)
-    adapters.register_dumper(Int4s, _Int4sDumper)
-    adapters.register_dumper(Bools, _BoolsDumper)
-    adapters.register_dumper(Texts, _TextsDumper)
+    for cls, dumper in _DUMPERS:
+        adapters.register_dumper(cls, dumper)
