@@ -655,6 +655,15 @@ def write_results(
     path.write_text("\n".join(lines))
 
 
+def plots_dir(results: Path | None, plots: Path | None) -> Path:
+    """Where the PNGs go: as told, else beside the results page they belong
+    to, else the untracked output folder (a one-off run must not leave files
+    among the tracked plots of RESULTS.md)."""
+    if plots is not None:
+        return plots
+    return results.parent / "plots" if results is not None else HERE / "out" / "plots"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # SIGTERM unwinds like Ctrl-C, so the finally blocks stop every child process.
@@ -688,9 +697,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--capacity", type=int, default=4000, help="wheel: runs per worker")
     p.add_argument("--serve-args", default="", help="wheel: extra flags for wheelctl serve")
     p.add_argument("--results", type=Path, help="write RESULTS.md (and plots) here")
-    p.add_argument("--plots", type=Path, default=HERE / "plots", help="PNG directory")
+    p.add_argument(
+        "--plots",
+        type=Path,
+        help="PNG directory (default: plots/ beside --results, else benchmarks/out/plots)",
+    )
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
+    args.plots = plots_dir(args.results, args.plots)
 
     systems = [s.strip() for s in args.system.split(",") if s.strip()]
     stores = [s.strip() for s in args.store.split(",") if s.strip()]

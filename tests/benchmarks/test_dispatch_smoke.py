@@ -135,3 +135,19 @@ def test_find_max_bisects_the_100_ms_bar_between_the_steps_either_side_of_it() -
     assert dispatch.next_tight_rate(narrowed) is None  # 24,675 and 26,908: within 15%
     assert dispatch.next_tight_rate([st(1000, 500), st(2000, 600)]) is None  # never met
     assert dispatch.next_tight_rate([st(1000, 20), st(2000, 40)]) is None  # nothing above
+
+
+def test_plots_go_beside_the_results_page_or_out_of_the_tracked_tree(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import dispatch
+
+    page = ROOT / "benchmarks" / "RESULTS.md"
+    assert dispatch.plots_dir(page, None) == ROOT / "benchmarks" / "plots"
+    # A one-off run writes where git ignores it.
+    one_off = dispatch.plots_dir(None, None)
+    assert one_off == ROOT / "benchmarks" / "out" / "plots"
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", str(one_off / "lag.png")], cwd=ROOT, check=False
+    )
+    assert ignored.returncode == 0
+    assert dispatch.plots_dir(page, tmp_path) == tmp_path
