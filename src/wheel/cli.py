@@ -134,6 +134,7 @@ def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
         checkpoint_dir=None if ns.no_checkpoint else str(data_dir / "checkpoint"),
         checkpoint_durability=Durability(ns.checkpoint_durability),
         group_commit_ms=ns.group_commit_ms,
+        group_commit_light_ms=ns.group_commit_light_ms,
     )
 
 
@@ -403,6 +404,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=_node_defaults().group_commit_ms,
         help="under load, at most one store batch per this many ms (0: no holding back);"
         " more fires per commit for a few ms of lag",
+    )
+    s.add_argument(
+        "--group-commit-light-ms",
+        type=_ms,
+        default=_node_defaults().group_commit_light_ms,
+        help="the same after a small batch: a steady trickle commits at most once per"
+        " this many ms (0: at once)",
     )
     s.set_defaults(fn=cmd_serve)
 
