@@ -489,11 +489,16 @@ TIGHT_P99_MS = 100.0  # the dispatch target: p99 lag <= 100 ms
 TIGHT_STEPS = 3
 
 
+def tight_rates(steps: list[dict[str, Any]]) -> list[float]:
+    """The rates of the steps that met the 100 ms bar (and the 1 s SLO)."""
+    return [st["rate"] for st in steps if st["ok"] and st["lag_p99_ms"] <= TIGHT_P99_MS]
+
+
 def next_tight_rate(steps: list[dict[str, Any]]) -> float | None:
     """The next rate to try for the 100 ms bar: between the highest step that
     met it and the lowest step above that one (which did not); None when
     there is no such pair or the two are within 15% of each other."""
-    met = [st["rate"] for st in steps if st["ok"] and st["lag_p99_ms"] <= TIGHT_P99_MS]
+    met = tight_rates(steps)
     if not met:
         return None
     lo = max(met)
@@ -562,8 +567,7 @@ def find_max(
     # No step failed inside the time bound: the figure is a floor, not the ceiling.
     out["max_is_lower_bound"] = hi == float("inf")
     # The issue's tighter bar, read off the same steps (the last ones searched for it).
-    tight = [st["rate"] for st in steps if st["ok"] and st["lag_p99_ms"] <= TIGHT_P99_MS]
-    out["max_p99_100ms_per_s"] = max(tight, default=0.0)
+    out["max_p99_100ms_per_s"] = max(tight_rates(steps), default=0.0)
     out["find_max_steps"] = steps
     out["step_duration_s"] = cfg.duration_s
     return out
