@@ -487,6 +487,41 @@ def test_an_unacked_run_loses_its_grace_lease_and_is_redispatched() -> None:
     assert n.step().violations["w1"]
 
 
+def test_runs_that_end_within_their_grace_lease_never_touch_the_wheel() -> None:
+    n = Node()
+    n.hello(capacity=100)
+    jobs = [n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=HOUR)) for _ in range(50)]
+    timers = len(n.owner.wheel)  # the jobs' FIRE timers
+    fx = n.step(T + MIN)
+    handed = fx.assignments["w1"]
+    assert sorted(a.job_id for a in handed) == jobs
+    # No LEASE or TIMEOUT timer each: one grace deadline for the tick.
+    assert len(n.owner.wheel) == timers - 50
+    assert n.owner.pending_timers() == len(n.owner.wheel) + 50
+    assert n.owner.next_timer() == T + MIN + n.config.grace_lease_ms
+    n.owner.worker_complete(
+        "w1", [(a.run_id, a.fence, Outcome.SUCCEEDED, "") for a in handed], n.now, n.fx
+    )
+    n.step()
+    assert n.owner.pending_timers() == len(n.owner.wheel) == timers - 50
+    assert [s for j in jobs for _, _, s in n.execs(j)] == [RunState.SUCCEEDED] * 50
+    # Their grace deadline passes with nothing left to expire.
+    fx = n.step(T + MIN + n.config.grace_lease_ms)
+    assert not fx.revokes and not fx.claims and n.owner.next_timer() is None
+
+
+def test_a_timeout_shorter_than_the_grace_lease_fires_on_time() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(timeout_ms=2 * SEC, schedule=Once(at_ms=T + MIN)))
+    a = n.run_once(j, T + MIN)
+    assert not n.step(T + MIN + 2 * SEC - 1).revokes
+    fx = n.step(T + MIN + 2 * SEC)
+    assert fx.revokes["w1"][0].reason is RevokeReason.TIMED_OUT
+    assert n.execs(j)[0] == (T + MIN, 0, RunState.TIMED_OUT)
+    assert fx.assignments["w1"][0].attempt == a.attempt + 1
+
+
 def test_heartbeats_renew_the_lease_and_silence_loses_it() -> None:
     n = Node()
     n.hello()
@@ -944,7 +979,7 @@ def test_next_deadline_wakes_the_node_for_the_next_overdue_token() -> None:
     assert claimed == 200
     # Nobody with credit: overdue work waits for a worker, not for the clock.
     n.owner.worker_credit("w1", -100_000, n.now, n.fx)
-    assert n.owner.next_deadline() == n.owner.wheel.next_deadline()  # leases only
+    assert n.owner.next_deadline() == n.owner.next_timer()  # leases only
 
 
 def test_next_deadline_wakes_the_node_for_the_reaper() -> None:

@@ -42,6 +42,15 @@ Run lifecycle (``_RUN_TRANSITIONS`` is the table; ``_move`` enforces it):
 
 Timer ids pack a kind into the low two bits: ``(n << 2) | kind`` where n is a
 job id (FIRE), a run id (LEASE, TIMEOUT) or a retry sequence number (RETRY).
+
+A run's first grace lease is not a wheel timer of its own. Runs handed out
+in one tick share a grace deadline, and those deadlines only grow, so they
+wait in one FIFO (``_grace``), a list of run ids per deadline. Most runs end
+within their grace lease and never touch the wheel: no LEASE or TIMEOUT to
+add, none to cancel. A run still in flight at its grace deadline is checked
+then and, if its lease was renewed, gets its own LEASE and TIMEOUT timers
+(``_arm_run``). A run whose timeout falls within the grace lease gets them at
+once, so no deadline is ever checked late.
 """
 
 from __future__ import annotations
@@ -277,6 +286,7 @@ class _Job:
 
 class _Run:
     __slots__ = (
+        "armed",
         "attempt",
         "fence",
         "held_out",
@@ -303,6 +313,9 @@ class _Run:
         self.timeout_deadline = 0
         # Handed to a worker (or restored): counted in its job's ``running``.
         self.held_out = False
+        # Its LEASE and TIMEOUT deadlines are wheel timers (else its grace
+        # lease waits in the owner's ``_grace`` FIFO, or it has no lease yet).
+        self.armed = False
 
 
 class _Worker:
@@ -403,6 +416,10 @@ class Owner:
         self._fresh: dict[str, deque[int]] = {}
         self._overdue: dict[str, FairQueue[int]] = {}
         self._ready: deque[int] = deque()  # claimed runs whose worker went away
+        # Grace leases in hand-out order: (deadline, run ids), deadlines
+        # increasing (see the module docstring).
+        self._grace: deque[tuple[int, list[int]]] = deque()
+        self._graced = 0  # runs in there that have not ended
         self._retries: dict[int, tuple[int, int, int]] = {}  # seq -> (job, fire, attempt)
         self._retry_seq = 0
         self._reaper: deque[tuple[int, int, int]] = deque()
@@ -739,13 +756,24 @@ class Owner:
 
     # -- the clock ------------------------------------------------------------
 
+    def next_timer(self) -> int | None:
+        """The earliest deadline of a timer: the wheel's, or a grace lease's."""
+        deadline = self.wheel.next_deadline()
+        if self._grace and (deadline is None or self._grace[0][0] < deadline):
+            return self._grace[0][0]
+        return deadline
+
+    def pending_timers(self) -> int:
+        """Timers pending: the wheel's, and grace leases of runs not ended."""
+        return len(self.wheel) + self._graced
+
     def next_deadline(self) -> int | None:
         """When the node should call ``advance`` next (None: only on events):
         the wheel's next timer, or sooner when budgeted work (overdue fires,
         expired leases to re-dispatch) waits only for the next token of its
         bucket -- waking just every ``max_idle`` would deliver a fraction of
         the configured rate."""
-        deadline = self.wheel.next_deadline()
+        deadline = self.next_timer()
         if not self._reaper and not any(len(q) for q in self._overdue.values()):
             return deadline
         now = self.wheel.now
@@ -809,6 +837,9 @@ class Owner:
         if self._later.claims:
             fx.claims.extend(self._later.claims)
             self._later.claims.clear()
+        grace = self._grace
+        while grace and grace[0][0] <= now_ms:
+            self._grace_expired(grace.popleft()[1], now_ms, fx)
         for tid in self.wheel.advance(now_ms):
             kind, n = tid & 3, tid >> 2
             if kind == FIRE:
@@ -1152,12 +1183,13 @@ class Owner:
                 continue
             if job is not None:
                 run.timeout_deadline = now_ms + job.spec.timeout_ms
-                self.wheel.add((run.run_id << 2) | TIMEOUT, run.timeout_deadline)
             if worker is not None and worker.free >= 0 and not worker.draining:
                 self._hand_out(run, worker, now_ms, fx)
             else:
                 _move(run, Phase.READY)
                 self._ready.append(run.run_id)
+                if run.timeout_deadline:
+                    self._arm_run(run)
 
     def _assign_ready(self, now_ms: int, fx: Effects) -> None:
         while self._ready:
@@ -1195,11 +1227,20 @@ class Owner:
         job.running += 1
         if run.timeout_deadline == 0:
             run.timeout_deadline = now_ms + job.spec.timeout_ms
-            self.wheel.add((run.run_id << 2) | TIMEOUT, run.timeout_deadline)
         run.worker_id = worker.worker_id
         worker.held.add(run.run_id)
-        run.lease_deadline = now_ms + self.config.grace_lease_ms
-        self.wheel.add((run.run_id << 2) | LEASE, run.lease_deadline)
+        deadline = run.lease_deadline = now_ms + self.config.grace_lease_ms
+        grace = self._grace
+        if run.armed or run.timeout_deadline <= deadline:
+            self._arm_run(run)
+        elif grace and grace[-1][0] == deadline:
+            grace[-1][1].append(run.run_id)
+            self._graced += 1
+        elif not grace or grace[-1][0] < deadline:
+            grace.append((deadline, [run.run_id]))
+            self._graced += 1
+        else:  # handed out with an earlier now than the last run: keep the FIFO sorted
+            self._arm_run(run)
         spec = job.spec
         fx.assignments.setdefault(worker.worker_id, []).append(
             Assignment(
@@ -1407,8 +1448,11 @@ class Owner:
             w = self.workers.get(run.worker_id)
             if w is not None:
                 w.held.discard(run.run_id)
-        self.wheel.cancel((run.run_id << 2) | LEASE)
-        self.wheel.cancel((run.run_id << 2) | TIMEOUT)
+        if run.armed:
+            self.wheel.cancel((run.run_id << 2) | LEASE)
+            self.wheel.cancel((run.run_id << 2) | TIMEOUT)
+        elif run.lease_deadline:
+            self._graced -= 1  # its entry in ``_grace`` is skipped when due
         fx.completions.append(
             Completion(
                 run_id=run.run_id,
@@ -1508,6 +1552,24 @@ class Owner:
         job.inflight -= 1
         job.due.appendleft((fire, attempt, False))
         self._enqueue(job, now_ms, overdue=False)
+
+    def _arm_run(self, run: _Run) -> None:
+        """Give the run its own wheel timers: TIMEOUT, and LEASE once handed out."""
+        run.armed = True
+        if run.lease_deadline:
+            self.wheel.add((run.run_id << 2) | LEASE, run.lease_deadline)
+        self.wheel.add((run.run_id << 2) | TIMEOUT, run.timeout_deadline)
+
+    def _grace_expired(self, run_ids: list[int], now_ms: int, fx: Effects) -> None:
+        """Grace leases handed out together are due: runs that ended are
+        gone; the rest get their own timers, which fire at once if due."""
+        runs = self.runs
+        for run_id in run_ids:
+            run = runs.get(run_id)
+            if run is None or run.armed or run.phase not in (Phase.DISPATCHED, Phase.RUNNING):
+                continue
+            self._graced -= 1
+            self._arm_run(run)
 
     def _on_lease_timer(self, run_id: int, now_ms: int, fx: Effects) -> None:
         run = self.runs.get(run_id)
@@ -1628,6 +1690,7 @@ class Owner:
                 run.lease_deadline = now_ms + self.config.grace_lease_ms
             run.worker_id = None
             run.held_out = True
+            run.armed = True
             self.wheel.add((run.run_id << 2) | LEASE, run.lease_deadline)
             job = self._job(ex.job_id)
             if job is not None:

@@ -609,7 +609,7 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
             fresh, overdue = owner.backlog()
             s = owner.stats
             status.jobs = len(owner.jobs)
-            status.pending_timers = len(owner.wheel)
+            status.pending_timers = owner.pending_timers()
             status.in_flight = len(owner.runs)
             status.backlog = fresh + overdue
             status.overdue_backlog = overdue
