@@ -77,7 +77,8 @@ class RawWorker:
         self._out.put(msg)
 
     def expect(self, kind: str, timeout: float = 10, where: Any = None) -> pb.ServerMessage:
-        """The next message of ``kind`` (matching ``where``); others are kept in ``seen``."""
+        """The next message of ``kind`` (matching ``where``); others are kept in
+        ``seen``. Results carried by an assignments message count as results."""
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -90,6 +91,9 @@ class RawWorker:
             if isinstance(msg, BaseException):
                 raise AssertionError(f"stream ended waiting for {kind}: {msg}")
             self.seen.append(msg)
+            if kind == "results" and msg.assignments.HasField("results"):
+                # Answers that rode along with the tick's assignments.
+                msg = pb.ServerMessage(results=msg.assignments.results)
             if msg.WhichOneof("kind") == kind and (where is None or where(msg)):
                 return msg
 

@@ -541,6 +541,44 @@ def test_lost_stream_reconnects_says_hello_again_and_keeps_its_runs() -> None:
     scenario(go)
 
 
+def test_results_carried_with_assignments_confirm_completions_and_revoke_renewals() -> None:
+    async def go() -> None:
+        release = asyncio.Event()
+        async with node() as (svc, target):
+            w = Worker(target, worker_id="w-8", reconnect_initial=0.05)
+
+            @w.handler()
+            async def wait(ctx: RunContext) -> None:
+                await release.wait()
+
+            w.register("ok", lambda ctx: None)
+            async with running(w):
+                conn, _ = await svc.accept(heartbeat_ms=1_000)
+                assign(conn, assignment(1, "ok", fence=5), assignment(2, "wait", fence=6))
+                await conn.completed(1)
+                # The next tick's work comes with the answer to run 1 and the
+                # news that run 2 is no longer this worker's.
+                conn.send(
+                    assignments=pb.Assignments(
+                        assignments=[assignment(3, "wait", fence=7)],
+                        results=pb.Results(
+                            accepted=[1], rejected_renewals=[pb.RunRef(run_id=2, fence=6)]
+                        ),
+                    )
+                )
+                await until(lambda: w.stats.revoked == 1)
+                conn.drop()
+                conn2, _ = await svc.accept(heartbeat_ms=1_000)
+                # Run 1 was confirmed: not re-sent. Run 3 arrived and is held.
+                assert refs(await conn2.expect("heartbeat")) == {(3, 7)}
+                await asyncio.sleep(0.1)
+                assert conn2.completions() == {}
+                release.set()
+                assert list(await conn2.completed(1)) == [3]
+
+    scenario(go)
+
+
 def test_unreachable_node_is_retried_until_it_comes_up(unused_port: int) -> None:
     async def go() -> None:
         w = Worker(f"127.0.0.1:{unused_port}", reconnect_initial=0.02, reconnect_max=0.05)

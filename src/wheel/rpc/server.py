@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -17,7 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from wheel.engine.model import JobState
-from wheel.engine.owner import Effects, Outcome
+from wheel.engine.owner import CompletionResult, Effects, Outcome
 from wheel.engine.schedule import compile_schedule
 from wheel.engine.spec import DEFAULT_LIMITS, Cron, Interval, JobSpec, Once
 from wheel.errors import (
@@ -516,9 +516,12 @@ def _protocol_error(session: WorkerSession, code: str, message: str, run_id: int
 
 
 def send_effects(session: WorkerSession, fx: Effects) -> None:
-    """One message per kind per worker per loop iteration (batching)."""
+    """One message per worker per loop iteration (batching): its assignments
+    carry the answers to its completions; revokes go on their own."""
     wid = session.worker_id
     put = session.outbox.put_nowait
+    results = fx.results.get(wid)
+    rejected = fx.rejected_renewals.get(wid)
     assignments = fx.assignments.get(wid)
     if assignments:
         msg = worker_service_pb2.ServerMessage()
@@ -539,6 +542,12 @@ def send_effects(session: WorkerSession, fx: Effects) -> None:
                 timeout_ms=a.timeout_ms,
                 tenant=a.tenant,
             )
+        if results or rejected:
+            _fill_results(msg.assignments.results, results or (), rejected or ())
+        put(msg)
+    elif results or rejected:
+        msg = worker_service_pb2.ServerMessage()
+        _fill_results(msg.results, results or (), rejected or ())
         put(msg)
     revokes = fx.revokes.get(wid)
     if revokes:
@@ -556,30 +565,21 @@ def send_effects(session: WorkerSession, fx: Effects) -> None:
                 )
             )
         )
-    results = fx.results.get(wid)
-    rejected = fx.rejected_renewals.get(wid)
-    if results or rejected:
-        results = results or []
-        put(
-            worker_service_pb2.ServerMessage(
-                results=worker_service_pb2.Results(
-                    accepted=[r.run_id for r in results if r.accepted],
-                    completions=[
-                        worker_service_pb2.CompletionResult(
-                            run_id=r.run_id, accepted=False, reason=r.reason
-                        )
-                        for r in results
-                        if not r.accepted
-                    ],
-                    rejected_renewals=[
-                        worker_service_pb2.RunRef(run_id=run_id, fence=fence)
-                        for run_id, fence in rejected or ()
-                    ],
-                )
-            )
-        )
     for v in fx.violations.get(wid, ()):
         _protocol_error(session, v.code, v.message, v.run_id)
+
+
+def _fill_results(
+    out: worker_service_pb2.Results,
+    results: Sequence[CompletionResult],
+    rejected: Sequence[tuple[int, int]],
+) -> None:
+    out.accepted.extend([r.run_id for r in results if r.accepted])
+    for r in results:
+        if not r.accepted:
+            out.completions.add(run_id=r.run_id, accepted=False, reason=r.reason)
+    for run_id, fence in rejected:
+        out.rejected_renewals.add(run_id=run_id, fence=fence)
 
 
 class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):

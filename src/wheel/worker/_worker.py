@@ -707,21 +707,13 @@ class _Link:
         w = self.worker
         if kind == "assignments":
             w._on_assignments(self, msg.assignments.assignments)
+            if msg.assignments.HasField("results"):
+                self._on_results(msg.assignments.results)
         elif kind == "revokes":
             for r in msg.revokes.revokes:
                 self._supersede(r.run_id, r.fence)
         elif kind == "results":
-            for run_id in msg.results.accepted:
-                self.unconfirmed.pop(run_id, None)
-            for c in msg.results.completions:
-                self.unconfirmed.pop(c.run_id, None)
-                if not c.accepted:
-                    w.stats.rejected += 1
-                    log.info(
-                        "%s rejected the completion of run %d: %s", self.target, c.run_id, c.reason
-                    )
-            for ref in msg.results.rejected_renewals:
-                self._supersede(ref.run_id, ref.fence)
+            self._on_results(msg.results)
         elif kind == "error":
             e = msg.error
             log.warning(
@@ -729,6 +721,19 @@ class _Link:
             )
         elif kind == "welcome":
             self.welcome = msg.welcome
+
+    def _on_results(self, results: pb.Results) -> None:
+        for run_id in results.accepted:
+            self.unconfirmed.pop(run_id, None)
+        for c in results.completions:
+            self.unconfirmed.pop(c.run_id, None)
+            if not c.accepted:
+                self.worker.stats.rejected += 1
+                log.info(
+                    "%s rejected the completion of run %d: %s", self.target, c.run_id, c.reason
+                )
+        for ref in results.rejected_renewals:
+            self._supersede(ref.run_id, ref.fence)
 
     def _supersede(self, run_id: int, fence: int) -> None:
         run = self.held.get(run_id)

@@ -163,10 +163,12 @@ class Assignment(_message.Message):
     def __init__(self, run_id: _Optional[int] = ..., job_id: _Optional[int] = ..., handler: _Optional[str] = ..., scheduled_for_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., fence: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., payload: _Optional[bytes] = ..., lease_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class Assignments(_message.Message):
-    __slots__ = ("assignments",)
+    __slots__ = ("assignments", "results")
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     assignments: _containers.RepeatedCompositeFieldContainer[Assignment]
-    def __init__(self, assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ...) -> None: ...
+    results: Results
+    def __init__(self, assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., results: _Optional[_Union[Results, _Mapping]] = ...) -> None: ...
 
 class Revoke(_message.Message):
     __slots__ = ("run_id", "fence", "reason")

@@ -1,0 +1,80 @@
+"""What one loop iteration's effects become on a worker's stream: one message
+a tick, the answers to its completions riding with its new work."""
+
+from __future__ import annotations
+
+from wheel.engine.owner import Assignment, CompletionResult, Effects, Revoke, RevokeReason
+from wheel.node import WorkerSession
+from wheel.rpc.server import send_effects
+from wheel.rpc.v1 import worker_service_pb2 as pb
+
+
+def _assignment(run_id: int) -> Assignment:
+    return Assignment(
+        run_id=run_id,
+        job_id=run_id * 10,
+        handler="h",
+        tenant="t",
+        scheduled_for=1_000 + run_id,
+        attempt=0,
+        fence=(1 << 32) | run_id,
+        payload=b"p",
+        lease_ms=5_000,
+        timeout_ms=60_000,
+    )
+
+
+def _sent(session: WorkerSession) -> list[pb.ServerMessage]:
+    out = []
+    while not session.outbox.empty():
+        msg = session.outbox.get_nowait()
+        assert isinstance(msg, pb.ServerMessage)
+        out.append(msg)
+    return out
+
+
+def _results() -> list[CompletionResult]:
+    return [
+        CompletionResult(run_id=1, accepted=True),
+        CompletionResult(run_id=2, accepted=False, reason="stale fence"),
+        CompletionResult(run_id=3, accepted=True),
+    ]
+
+
+def test_assignments_carry_the_ticks_results_in_one_message() -> None:
+    session, fx = WorkerSession("w1"), Effects()
+    fx.assignments["w1"] = [_assignment(7), _assignment(8)]
+    fx.results["w1"] = _results()
+    fx.rejected_renewals["w1"] = [(4, 44)]
+    fx.assignments["w2"] = [_assignment(9)]  # another worker's: not on this stream
+    send_effects(session, fx)
+    [msg] = _sent(session)
+    assert msg.WhichOneof("kind") == "assignments"
+    a = msg.assignments
+    assert [x.run_id for x in a.assignments] == [7, 8]
+    assert a.assignments[0].idempotency_key == _assignment(7).idempotency_key
+    assert list(a.results.accepted) == [1, 3]
+    assert [(c.run_id, c.accepted, c.reason) for c in a.results.completions] == [
+        (2, False, "stale fence")
+    ]
+    assert [(r.run_id, r.fence) for r in a.results.rejected_renewals] == [(4, 44)]
+
+
+def test_results_without_new_work_go_on_their_own_and_revokes_apart() -> None:
+    session, fx = WorkerSession("w1"), Effects()
+    fx.results["w1"] = _results()
+    fx.revokes["w1"] = [Revoke(run_id=5, fence=55, reason=RevokeReason.TIMED_OUT)]
+    send_effects(session, fx)
+    results, revokes = _sent(session)
+    assert results.WhichOneof("kind") == "results"
+    assert list(results.results.accepted) == [1, 3]
+    assert revokes.WhichOneof("kind") == "revokes"
+    assert revokes.revokes.revokes[0].reason == pb.REVOKE_REASON_TIMED_OUT
+
+
+def test_assignments_alone_carry_no_results() -> None:
+    session, fx = WorkerSession("w1"), Effects()
+    fx.assignments["w1"] = [_assignment(7)]
+    send_effects(session, fx)
+    [msg] = _sent(session)
+    assert not msg.assignments.HasField("results")
