@@ -239,6 +239,7 @@ class _Job:
         "due",
         "inflight",
         "job_id",
+        "limit",
         "next_fire",
         "paused",
         "queued",
@@ -259,6 +260,7 @@ class _Job:
         self.spec = spec
         self.spec_json = spec_json
         self.compiled = compiled
+        self.limit = _limit(spec)
         self.paused = False
         # What the store's next_run_at is (or will be once our pending writes land).
         self.store_next: int | None = None
@@ -375,9 +377,9 @@ class JobImage:
     due_at: int | None
 
 
-def _limit(job: _Job) -> int:
-    """How many runs of the job may be in flight at once (per-job serialization)."""
-    overlap = job.spec.overlap
+def _limit(spec: JobSpec) -> int:
+    """How many runs of a job may be in flight at once (per-job serialization)."""
+    overlap = spec.overlap
     return overlap.max_concurrent if overlap.policy is OverlapPolicy.ALLOW else 1
 
 
@@ -444,6 +446,9 @@ class Owner:
         return dict(self._epochs)
 
     def _job(self, job_id: int) -> _Job | None:
+        """The job, woken from its checkpoint image if it is dormant. The
+        dispatch path writes ``self.jobs.get(j) or self._job(j)``: a job it
+        touches is nearly always awake, and the call costs more than the get."""
         job = self.jobs.get(job_id)
         if job is None and job_id in self._dormant:
             job = self._wake(job_id)
@@ -566,6 +571,7 @@ class Owner:
             self.new_specs.add(record.job_id)
         elif job.spec != record.spec:
             job.spec = record.spec
+            job.limit = _limit(record.spec)
             job.spec_json = record.spec.to_json().encode()
             job.compiled = self._compile(record.job_id, record.spec)
             self.new_specs.add(record.job_id)
@@ -843,7 +849,7 @@ class Owner:
         for tid in self.wheel.advance(now_ms):
             kind, n = tid & 3, tid >> 2
             if kind == FIRE:
-                job = self._job(n)
+                job = self.jobs.get(n) or self._job(n)
                 if job is not None and not job.paused and job.next_fire is not None:
                     self._on_fire(job, now_ms, fx)
             elif kind == LEASE:
@@ -962,7 +968,7 @@ class Owner:
     def _admit(self, job: _Job, fire: int, now_ms: int, *, overdue: bool, fx: Effects) -> None:
         """Apply the overlap policy to a fire that came due."""
         overlap = job.spec.overlap
-        if job.inflight + len(job.due) < _limit(job):
+        if job.inflight + len(job.due) < job.limit:
             job.due.append((fire, 0, True))
             self._enqueue(job, now_ms, overdue=overdue)
             return
@@ -1081,14 +1087,14 @@ class Owner:
         # land on the same worker.
         wi = self._next_worker
         for job_id, overdue in picked:
-            job = self._job(job_id)
+            job = self.jobs.get(job_id) or self._job(job_id)
             if job is None:
                 continue
             job.queued = False
             if job.ready:
                 # Runs claimed ahead go first, one per turn, while the job is
                 # below its limit of runs held by workers.
-                if job.running >= _limit(job):
+                if job.running >= job.limit:
                     continue  # re-enqueued when a run of the job finishes
                 run_id, _ = job.ready.popleft()
                 run = self.runs.get(run_id)
@@ -1099,7 +1105,7 @@ class Owner:
                     wi += 1
                 self._requeue_job(job, now_ms)
                 continue
-            if not job.due or job.paused or job.inflight >= _limit(job):
+            if not job.due or job.paused or job.inflight >= job.limit:
                 continue  # re-enqueued when a run of the job finishes
             fire, attempt, advance = job.due.popleft()
             job.inflight += 1
@@ -1145,7 +1151,7 @@ class Owner:
             self._pending[(job_id, fire, attempt)] = _Pending(
                 job_id, fire, attempt, fence, worker.worker_id
             )
-            if job.due and job.inflight < _limit(job):
+            if job.due and job.inflight < job.limit:
                 self._enqueue(job, now_ms, overdue=overdue)
         self._next_worker = wi % len(workers)
 
@@ -1159,7 +1165,7 @@ class Owner:
             worker = self.workers.get(pend.worker_id) if pend.worker_id else None
             if worker is not None:
                 worker.reserved -= 1
-            job = self._job(c.job_id)
+            job = self.jobs.get(c.job_id) or self._job(c.job_id)
             if c.advance and job is not None:
                 job.advancing -= 1
             if c.advance and not out.advanced:
@@ -1219,7 +1225,7 @@ class Owner:
             )
 
     def _hand_out(self, run: _Run, worker: _Worker, now_ms: int, fx: Effects) -> None:
-        job = self._job(run.job_id)
+        job = self.jobs.get(run.job_id) or self._job(run.job_id)
         if job is None:  # pragma: no cover - a run keeps its job alive
             return
         _move(run, Phase.DISPATCHED)
@@ -1410,7 +1416,6 @@ class Owner:
                 )
                 self.stats.superseded_completions += 1
                 continue
-            job = self._job(run.job_id)
             if outcome is Outcome.SUCCEEDED:
                 self._end_run(run, RunState.SUCCEEDED, None, fx, now_ms, reply_to=worker_id)
             elif outcome is Outcome.HANDED_BACK:
@@ -1419,7 +1424,7 @@ class Owner:
                 )
             elif (
                 outcome is Outcome.RETRYABLE
-                and job is not None
+                and (job := self._job(run.job_id)) is not None
                 and should_retry(job.spec.retry, failed_attempt=run.attempt)
             ):
                 self._end_run(
@@ -1481,7 +1486,7 @@ class Owner:
                         reason="" if out.applied else "superseded: a newer attempt exists",
                     )
                 )
-            job = self._job(run.job_id)
+            job = self.jobs.get(run.job_id) or self._job(run.job_id)
             if job is None:
                 continue
             if run.held_out:
@@ -1514,7 +1519,7 @@ class Owner:
             if job.inflight == 0 and nxt is not None:
                 self._arm(job, nxt)
                 self._sync_schedule(job, now_ms, fx)
-        if job.buffered and not job.paused and job.inflight + len(job.due) < _limit(job):
+        if job.buffered and not job.paused and job.inflight + len(job.due) < job.limit:
             job.due.append((job.buffered.popleft(), 0, True))
         self._requeue_job(job, now_ms)
         if (
