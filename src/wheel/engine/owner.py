@@ -845,7 +845,7 @@ class Owner:
             self._later.claims.clear()
         grace = self._grace
         while grace and grace[0][0] <= now_ms:
-            self._grace_expired(grace.popleft()[1], now_ms, fx)
+            self._grace_expired(grace.popleft()[1])
         for tid in self.wheel.advance(now_ms):
             kind, n = tid & 3, tid >> 2
             if kind == FIRE:
@@ -1565,7 +1565,7 @@ class Owner:
             self.wheel.add((run.run_id << 2) | LEASE, run.lease_deadline)
         self.wheel.add((run.run_id << 2) | TIMEOUT, run.timeout_deadline)
 
-    def _grace_expired(self, run_ids: list[int], now_ms: int, fx: Effects) -> None:
+    def _grace_expired(self, run_ids: list[int]) -> None:
         """Grace leases handed out together are due: runs that ended are
         gone; the rest get their own timers, which fire at once if due."""
         runs = self.runs
