@@ -506,75 +506,73 @@ def test_timed_out_handlers_report_a_retryable_failure_once() -> None:
 # -- streams ---------------------------------------------------------------------------
 
 
+@contextlib.asynccontextmanager
+async def wait_and_ok(target: str, worker_id: str) -> AsyncIterator[tuple[Worker, asyncio.Event]]:
+    """A running worker that reconnects fast, with two handlers: ``wait``
+    returns once the event is set, ``ok`` at once."""
+    release = asyncio.Event()
+    w = Worker(target, worker_id=worker_id, reconnect_initial=0.05)
+
+    @w.handler()
+    async def wait(ctx: RunContext) -> None:
+        await release.wait()
+
+    w.register("ok", lambda ctx: None)
+    async with running(w):
+        yield w, release
+
+
 def test_lost_stream_reconnects_says_hello_again_and_keeps_its_runs() -> None:
     async def go() -> None:
-        release = asyncio.Event()
-        async with node() as (svc, target):
-            w = Worker(target, worker_id="w-9", reconnect_initial=0.05)
-
-            @w.handler()
-            async def wait(ctx: RunContext) -> None:
-                await release.wait()
-
-            w.register("ok", lambda ctx: None)
-            async with running(w):
-                conn, _ = await svc.accept(heartbeat_ms=1_000)
-                assign(conn, assignment(1, "wait", fence=5), assignment(2, "ok", fence=6))
-                await conn.completed(1)
-                # Run 2's completion is never confirmed; the stream then drops.
-                conn.drop()
-                t0 = time.monotonic()
-                conn2, hello = await svc.accept(heartbeat_ms=1_000)
-                assert time.monotonic() - t0 >= 0.02  # backed off
-                assert hello.worker_id == "w-9"
-                assert w.stats.reconnects == 1
-                # The first heartbeat on the new stream reports what the worker holds.
-                assert refs(await conn2.expect("heartbeat")) == {(1, 5)}
-                # ... and re-sends the completion the old stream never confirmed.
-                resent = await conn2.completed(1)
-                assert [(c.run_id, c.fence) for c in resent.values()] == [(2, 6)]
-                release.set()
-                done = await conn2.completed(2)
-                assert (done[1].fence, done[1].outcome) == (5, pb.OUTCOME_SUCCEEDED)
-                assert w.stats.revoked == 0
+        async with node() as (svc, target), wait_and_ok(target, "w-9") as (w, release):
+            conn, _ = await svc.accept(heartbeat_ms=1_000)
+            assign(conn, assignment(1, "wait", fence=5), assignment(2, "ok", fence=6))
+            await conn.completed(1)
+            # Run 2's completion is never confirmed; the stream then drops.
+            conn.drop()
+            t0 = time.monotonic()
+            conn2, hello = await svc.accept(heartbeat_ms=1_000)
+            assert time.monotonic() - t0 >= 0.02  # backed off
+            assert hello.worker_id == "w-9"
+            assert w.stats.reconnects == 1
+            # The first heartbeat on the new stream reports what the worker holds.
+            assert refs(await conn2.expect("heartbeat")) == {(1, 5)}
+            # ... and re-sends the completion the old stream never confirmed.
+            resent = await conn2.completed(1)
+            assert [(c.run_id, c.fence) for c in resent.values()] == [(2, 6)]
+            release.set()
+            done = await conn2.completed(2)
+            assert (done[1].fence, done[1].outcome) == (5, pb.OUTCOME_SUCCEEDED)
+            assert w.stats.revoked == 0
 
     scenario(go)
 
 
 def test_results_carried_with_assignments_confirm_completions_and_revoke_renewals() -> None:
     async def go() -> None:
-        release = asyncio.Event()
-        async with node() as (svc, target):
-            w = Worker(target, worker_id="w-8", reconnect_initial=0.05)
-
-            @w.handler()
-            async def wait(ctx: RunContext) -> None:
-                await release.wait()
-
-            w.register("ok", lambda ctx: None)
-            async with running(w):
-                conn, _ = await svc.accept(heartbeat_ms=1_000)
-                assign(conn, assignment(1, "ok", fence=5), assignment(2, "wait", fence=6))
-                await conn.completed(1)
-                # The next tick's work comes with the answer to run 1 and the
-                # news that run 2 is no longer this worker's.
-                conn.send(
-                    assignments=pb.Assignments(
-                        assignments=[assignment(3, "wait", fence=7)],
-                        results=pb.Results(
-                            accepted=[1], rejected_renewals=[pb.RunRef(run_id=2, fence=6)]
-                        ),
-                    )
+        async with node() as (svc, target), wait_and_ok(target, "w-8") as (w, release):
+            conn, _ = await svc.accept(heartbeat_ms=1_000)
+            assign(conn, assignment(1, "ok", fence=5), assignment(2, "wait", fence=6))
+            await conn.completed(1)
+            # The next tick's work comes with the answer to run 1 and the
+            # news that run 2 is no longer this worker's.
+            conn.send(
+                assignments=pb.Assignments(
+                    assignments=[assignment(3, "wait", fence=7)],
+                    results=pb.Results(
+                        accepted=[1], rejected_renewals=[pb.RunRef(run_id=2, fence=6)]
+                    ),
                 )
-                await until(lambda: w.stats.revoked == 1)
-                conn.drop()
-                conn2, _ = await svc.accept(heartbeat_ms=1_000)
-                # Run 1 was confirmed: not re-sent. Run 3 arrived and is held.
-                assert refs(await conn2.expect("heartbeat")) == {(3, 7)}
-                await asyncio.sleep(0.1)
-                assert conn2.completions() == {}
-                release.set()
-                assert list(await conn2.completed(1)) == [3]
+            )
+            await until(lambda: w.stats.revoked == 1)
+            conn.drop()
+            conn2, _ = await svc.accept(heartbeat_ms=1_000)
+            # Run 1 was confirmed: not re-sent. Run 3 arrived and is held.
+            assert refs(await conn2.expect("heartbeat")) == {(3, 7)}
+            await asyncio.sleep(0.1)
+            assert conn2.completions() == {}
+            release.set()
+            assert list(await conn2.completed(1)) == [3]
 
     scenario(go)
 
