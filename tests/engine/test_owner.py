@@ -510,6 +510,28 @@ def test_runs_that_end_within_their_grace_lease_never_touch_the_wheel() -> None:
     assert not fx.revokes and not fx.claims and n.owner.next_timer() is None
 
 
+def test_a_run_handed_out_with_an_earlier_now_still_loses_its_grace_lease_on_time() -> None:
+    n = Node()
+    n.hello(capacity=10)
+    a, b = (n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=HOUR)) for _ in range(2))
+    n.owner.advance(T + MIN, n.fx)
+    claimed = n.store.claim_fires(n.fx.take_store_work().claims)
+    # The store's answers come back out of clock order: the second is fed
+    # with an earlier now than the first, so its grace deadline is earlier.
+    n.owner.on_claimed(claimed[:1], T + MIN + 10, n.fx)
+    n.owner.on_claimed(claimed[1:], T + MIN, n.fx)
+    assert {x.job_id for x in n.fx.assignments["w1"]} == {a, b}
+    n.fx.assignments.clear()
+    n.now = T + MIN + 10
+    n.silent.add("w1")
+    assert n.owner.next_timer() == T + MIN + n.config.grace_lease_ms
+    first = n.step(T + MIN + n.config.grace_lease_ms)
+    assert [r.reason for r in first.revokes["w1"]] == [RevokeReason.LEASE_EXPIRED]
+    second = n.step(T + MIN + 10 + n.config.grace_lease_ms)
+    assert [r.reason for r in second.revokes["w1"]] == [RevokeReason.LEASE_EXPIRED]
+    assert first.revokes["w1"][0].run_id != second.revokes["w1"][0].run_id
+
+
 def test_a_timeout_shorter_than_the_grace_lease_fires_on_time() -> None:
     n = Node()
     n.hello()

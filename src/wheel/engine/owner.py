@@ -1237,16 +1237,17 @@ class Owner:
         worker.held.add(run.run_id)
         deadline = run.lease_deadline = now_ms + self.config.grace_lease_ms
         grace = self._grace
-        if run.armed or run.timeout_deadline <= deadline:
+        last = grace[-1][0] if grace else None
+        # Own timers when it has them already, when its timeout comes first,
+        # or when an earlier now than the last hand-out would unsort the FIFO.
+        if run.armed or run.timeout_deadline <= deadline or (last is not None and last > deadline):
             self._arm_run(run)
-        elif grace and grace[-1][0] == deadline:
-            grace[-1][1].append(run.run_id)
+        else:
+            if last == deadline:
+                grace[-1][1].append(run.run_id)
+            else:
+                grace.append((deadline, [run.run_id]))
             self._graced += 1
-        elif not grace or grace[-1][0] < deadline:
-            grace.append((deadline, [run.run_id]))
-            self._graced += 1
-        else:  # handed out with an earlier now than the last run: keep the FIFO sorted
-            self._arm_run(run)
         spec = job.spec
         fx.assignments.setdefault(worker.worker_id, []).append(
             Assignment(
