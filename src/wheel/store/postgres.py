@@ -114,7 +114,14 @@ _RUN_COLUMNS_E = ", ".join("e." + c.strip() for c in RUN_COLUMNS.split(","))
 # batches take unique-index locks in the same order (no deadlock cycles).
 # ``j.job_id = ANY(...)`` steers the planner to primary-key lookups: joined to
 # the CTE alone it chose a merge join that walked the whole jobs_pkey index.
-_CLAIM_SQL = """
+#
+# Two forms: ``_CLAIM_SQL`` drops the claims another transaction already holds
+# (``ON CONFLICT DO NOTHING``); ``_CLAIM_FIRST_SQL`` is a plain insert, which
+# fails the whole statement on such a claim. A conflict needs another owner of
+# the shard or a retry of our own commit, so batches try the plain form first:
+# speculative insertion cost PostgreSQL 2-3 us more a row (4-5 against 6-9 us
+# measured for 1000-row inserts into executions).
+_CLAIM_TEMPLATE = """
 WITH input AS (
     SELECT * FROM unnest(%(idx)b::int4[], %(job)b::int8[], %(sf)b::int8[], %(att)b::int4[],
                          %(fence)b::int8[], %(disp)b::int8[], %(adv)b::bool[],
@@ -124,8 +131,7 @@ WITH input AS (
 ), ins AS (
     INSERT INTO executions (job_id, scheduled_for, attempt, state, fence, dispatched_at_ms)
     SELECT job_id, scheduled_for, attempt, 'dispatched', fence, dispatched_at_ms
-      FROM input ORDER BY job_id
-    ON CONFLICT (job_id, scheduled_for, attempt) DO NOTHING
+      FROM input ORDER BY job_id{on_conflict}
     RETURNING run_id, job_id
 ), won AS (
     SELECT i.idx, ins.run_id, i.job_id, i.advance, i.expected, i.new_next, i.dispatched_at_ms
@@ -145,6 +151,10 @@ WITH input AS (
 )
 SELECT w.idx, w.run_id, m.idx IS NOT NULL FROM won AS w LEFT JOIN moved AS m ON m.idx = w.idx
 """
+_CLAIM_SQL = _CLAIM_TEMPLATE.format(
+    on_conflict="\n    ON CONFLICT (job_id, scheduled_for, attempt) DO NOTHING"
+)
+_CLAIM_FIRST_SQL = _CLAIM_TEMPLATE.format(on_conflict="")
 
 # Retry only: claims whose insert lost to a row with the same fence are our own
 # earlier, committed attempt.
@@ -684,12 +694,20 @@ class PostgresStore:
         rounds = _rounds([c.job_id for c in claims])
 
         def op(conn: Conn, attempt: _Attempt) -> tuple[list[int | None], list[bool]]:
+            if not attempt.after_unknown_commit:
+                try:
+                    return claim(conn, attempt, _CLAIM_FIRST_SQL)
+                except psycopg.errors.UniqueViolation:
+                    conn.rollback()  # some fire is claimed already: sort them out
+            return claim(conn, attempt, _CLAIM_SQL)
+
+        def claim(conn: Conn, attempt: _Attempt, sql: str) -> tuple[list[int | None], list[bool]]:
             run_ids: list[int | None] = [None] * n
             advanced = [False] * n
             with conn.cursor(binary=True) as cur:
                 for members in rounds:
                     part = [claims[i] for i in members] if len(rounds) > 1 else claims
-                    cur.execute(_CLAIM_SQL, _claim_arrays(members, part))
+                    cur.execute(sql, _claim_arrays(members, part))
                     for i, run_id, moved in cur:
                         run_ids[i] = run_id
                         advanced[i] = moved
