@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from wheel.checkpoint.owner_state import log_records, snapshot_chunks
+from wheel.checkpoint.owner_state import log_entry, log_records, snapshot_chunks
 from wheel.checkpoint.wal import Checkpoint, Durability, DutyCycle, Identity
 from wheel.engine.model import SHARD_COUNT, JobState
 from wheel.engine.owner import Effects, Outcome, Owner, OwnerConfig
@@ -89,7 +89,8 @@ class NodeConfig:
     checkpoint_durability: Durability = Durability.SYNC
     # A checkpoint written for another cluster is never used.
     cluster_id: str = "wheel"
-    # Take a snapshot (and truncate the log) past this many log records.
+    # Take a snapshot (and truncate the log) once this many job records
+    # were logged since the last one began.
     snapshot_every_records: int = 500_000
     # Group commit under load: after a store batch of at least
     # ``group_commit_min_writes`` writes, the next batch is formed no sooner
@@ -149,6 +150,10 @@ class Node:
         self._logged_watermark = -1
         self._snapshot_due = False
         self._snapshotting: threading.Thread | None = None
+        # Job records in the log: all logged (counted by the store thread) and
+        # those the running or last snapshot covers (set by the loop).
+        self._log_records = 0
+        self._snapshot_covers = 0
         # Set when the dispatch loop ends; a node whose loop died must exit
         # (and be restarted) rather than keep serving without dispatching.
         self.stopped = asyncio.Event()
@@ -174,6 +179,7 @@ class Node:
         owner = restored.owner
         self._fx = restored.effects
         self._watermark = restored.watermark
+        self._log_records, self._snapshot_covers = restored.log_records, 0
         self.owner = owner
         if self._checkpoint is not None:
             if restored.source == "store":
@@ -244,6 +250,7 @@ class Node:
             return
         job_ids = owner.job_ids()
         upto = checkpoint.last_seq()
+        covered_before, self._snapshot_covers = self._snapshot_covers, self._log_records
         # The owner reflects every store change up to this watermark, and the
         # fuzzy snapshot holds images at least that new.
         watermark = self._watermark
@@ -258,6 +265,7 @@ class Node:
                 )
             except Exception:
                 log.exception("snapshot failed; the log keeps growing until the next one")
+                self._snapshot_covers = covered_before  # due again
                 return
             log.info(
                 "snapshot of %d jobs up to log record %d in %.2fs",
@@ -394,14 +402,16 @@ class Node:
         checkpoint = self._checkpoint
         if records and checkpoint is not None:
             try:
-                checkpoint.append(records)
+                checkpoint.append([log_entry(records)])
             except CheckpointError:
                 # The store is the record of truth: losing the checkpoint costs
                 # a slow restart, not correctness. Say so and go on without it.
                 log.exception("checkpoint append failed; continuing without a checkpoint")
                 self._checkpoint = None
             else:
-                if checkpoint.log_records() >= self.config.snapshot_every_records:
+                self._log_records += len(records)
+                logged = self._log_records - self._snapshot_covers
+                if logged >= self.config.snapshot_every_records:
                     self._snapshot_due = True
         return outcome
 

@@ -39,6 +39,8 @@ class Restored:
     owner: Owner
     watermark: int
     source: str  # "checkpoint" or "store"
+    # Job records replayed from the checkpoint's log (0: rebuilt from the store).
+    log_records: int
     seconds: float
     # Effects produced while reconciling (missed fires of paused jobs, ...).
     effects: Effects
@@ -79,12 +81,14 @@ def restore_owner(
                 break
         inflight = store.inflight_runs(shards)
         source = "checkpoint"
+        log_records = state.log_records
     else:
         load = store.load_shards(shards)
         _upsert_all(owner, load.jobs, now_ms, fx)
         inflight = load.inflight
         watermark = load.watermark
         source = "store"
+        log_records = 0
     retries = store.retry_candidates(shards)
     missing = {e.job_id for e in (*inflight, *retries) if not owner.has_job(e.job_id)}
     finished = []
@@ -100,6 +104,7 @@ def restore_owner(
         owner=owner,
         watermark=watermark,
         source=source,
+        log_records=log_records,
         seconds=time.perf_counter() - started,
         effects=fx,
     )

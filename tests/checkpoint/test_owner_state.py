@@ -14,6 +14,7 @@ from wheel.checkpoint.owner_state import (
     decode_image,
     encode_job,
     encode_move,
+    log_entry,
     log_records,
     recover_state,
     snapshot_chunks,
@@ -124,13 +125,19 @@ def _tick(owner: Owner, now: int, run_ids: list[int]) -> None:
         owner.worker_complete(worker_id, done, now, fx)
 
 
-def test_replaying_a_snapshot_and_moves_restores_every_image(tmp_path: Path) -> None:
-    """The node's way of logging (full images for new specs, moves otherwise,
-    a fuzzy snapshot in the middle), against the live owner's images."""
+@pytest.mark.parametrize("per_batch", [True, False], ids=["entry-per-batch", "entry-per-record"])
+def test_replaying_a_snapshot_and_moves_restores_every_image(
+    tmp_path: Path, per_batch: bool
+) -> None:
+    """The node's way of logging (a log entry per batch, full images for new
+    specs, moves otherwise, a fuzzy snapshot in the middle), against the live
+    owner's images. A log written an entry per record (as before batches were
+    joined) replays the same."""
     owner = _owner_with_jobs(60)
     cp = Checkpoint.open(tmp_path / "cp", IDENT)
     run_ids: list[int] = []
     moves = 0
+    after_snapshot = 0
     try:
         for step in range(1, 400):
             now = T0 + step
@@ -139,16 +146,21 @@ def test_replaying_a_snapshot_and_moves_restores_every_image(tmp_path: Path) -> 
             full = owner.take_new_specs(dirty)
             records = log_records(dirty, owner.image_of, watermark=step, full=full)
             moves += sum(1 for r in records if r[0] == 4)
-            cp.append(records)
+            cp.append([log_entry(records)] if per_batch else records)
+            if step > 150:
+                after_snapshot += len(records)
             if step == 150:
                 upto = cp.last_seq()
                 cp.write_snapshot(snapshot_chunks(owner.job_ids(), owner.image_of, step), upto)
-        state = recover_state(cp.recover())
+        recovery = cp.recover()
+        state = recover_state(recovery)
     finally:
         cp.close()
     assert moves > 100  # the interval jobs fired many times
     assert run_ids
     assert state.watermark == 399
+    assert state.log_records == after_snapshot  # what the node counts toward a snapshot
+    assert len(recovery.records) == (399 - 150 if per_batch else after_snapshot)
     live = {job_id: owner.image_of(job_id) for job_id in owner.job_ids()}
     restored = {job_id: decode_image(raw) for job_id, (_, raw) in state.images.items()}
     assert restored == live

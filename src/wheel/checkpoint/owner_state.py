@@ -22,7 +22,10 @@ lease (workers renew and so adopt them). What is slow to rebuild from the
 store is the job set, and that is what this module makes fast.
 
 Records are fixed-layout structs (``<BqBqqI`` + spec bytes) rather than tagged
-fields: a restart decodes a million of them.
+fields: a restart decodes a million of them. A log entry holds one store
+batch's records laid end to end, as a snapshot chunk holds its jobs': one
+checksum, one key and one B-tree insert a batch instead of one a job (at
+18,000 dispatches/s the per-record appends were 3% of the node's time).
 """
 
 from __future__ import annotations
@@ -88,6 +91,8 @@ class OwnerState:
 
     images: dict[int, tuple[int | None, bytes]] = field(default_factory=dict)
     watermark: int = 0
+    # Records replayed from the log after the snapshot: how far it has grown.
+    log_records: int = 0
 
 
 def decode_image(raw: object) -> JobImage:
@@ -102,16 +107,19 @@ def decode_image(raw: object) -> JobImage:
     )
 
 
-def apply_records(state: OwnerState, data: bytes, *, concatenated: bool) -> None:
-    """Apply one record, or a snapshot chunk of records laid end to end."""
+def apply_records(state: OwnerState, data: bytes, *, concatenated: bool) -> int:
+    """Apply one record, or records laid end to end (a log entry or a snapshot
+    chunk); return how many."""
     images = state.images
     mv = data  # bytes: indexing and slicing bytes is cheaper than a memoryview
     end = len(mv)
     pos = 0
     job_size = _JOB.size
     unpack_job = _JOB.unpack_from
+    count = 0
     try:
         while pos < end:
+            count += 1
             kind = mv[pos]
             if kind == KIND_JOB:
                 _, job_id, _paused, _store_next, due_at, n = unpack_job(mv, pos)
@@ -141,14 +149,20 @@ def apply_records(state: OwnerState, data: bytes, *, concatenated: bool) -> None
                 raise CheckpointError("trailing bytes after an owner record")
     except struct.error as exc:
         raise CheckpointError(f"malformed owner record: {exc}") from exc
+    return count
+
+
+def log_entry(records: Sequence[bytes]) -> bytes:
+    """One batch's records as one log entry (``recover_state`` splits it)."""
+    return b"".join(records)
 
 
 def recover_state(recovery: Recovery) -> OwnerState:
     state = OwnerState()
     for chunk in recovery.snapshot or ():
         apply_records(state, chunk, concatenated=True)
-    for _seq, record in recovery.records:
-        apply_records(state, record, concatenated=False)
+    for _seq, entry in recovery.records:
+        state.log_records += apply_records(state, entry, concatenated=True)
     return state
 
 
