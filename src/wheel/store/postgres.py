@@ -156,8 +156,8 @@ _CLAIM_SQL = _CLAIM_TEMPLATE.format(
 )
 _CLAIM_FIRST_SQL = _CLAIM_TEMPLATE.format(on_conflict="")
 
-# Retry only: claims whose insert lost to a row with the same fence are our own
-# earlier, committed attempt.
+# Claims whose insert lost to a row with the same fence are our own earlier,
+# committed write of the same claim (see ``claim_fires``).
 _RECOGNISE_CLAIMS_SQL = """
 SELECT t.idx, e.run_id,
        CASE WHEN t.new_next IS NULL
@@ -696,12 +696,12 @@ class PostgresStore:
         def op(conn: Conn, attempt: _Attempt) -> tuple[list[int | None], list[bool]]:
             if not attempt.after_unknown_commit:
                 try:
-                    return claim(conn, attempt, _CLAIM_FIRST_SQL)
+                    return claim(conn, _CLAIM_FIRST_SQL)
                 except psycopg.errors.UniqueViolation:
                     conn.rollback()  # some fire is claimed already: sort them out
-            return claim(conn, attempt, _CLAIM_SQL)
+            return claim(conn, _CLAIM_SQL)
 
-        def claim(conn: Conn, attempt: _Attempt, sql: str) -> tuple[list[int | None], list[bool]]:
+        def claim(conn: Conn, sql: str) -> tuple[list[int | None], list[bool]]:
             run_ids: list[int | None] = [None] * n
             advanced = [False] * n
             with conn.cursor(binary=True) as cur:
@@ -711,7 +711,11 @@ class PostgresStore:
                     for i, run_id, moved in cur:
                         run_ids[i] = run_id
                         advanced[i] = moved
-                if attempt.after_unknown_commit:
+                if sql is _CLAIM_SQL:
+                    # A claim that lost to a row with its own fence lost to our
+                    # own earlier commit: after an unknown commit, or when the
+                    # node writes a batch again because a later part of it
+                    # failed. It is ours.
                     lost = [i for i in range(n) if run_ids[i] is None]
                     if lost:
                         part = [claims[i] for i in lost]
@@ -797,14 +801,14 @@ class PostgresStore:
             return []
         first = self._first_per_key([(s.run_id, s.fence) for s in starts])
 
-        def op(conn: Conn, attempt: _Attempt) -> list[bool]:
+        def op(conn: Conn, _: _Attempt) -> list[bool]:
             applied = [False] * n
             params = _start_arrays(first, [starts[i] for i in first])
             with conn.cursor(binary=True) as cur:
                 cur.execute(_MARK_RUNNING_SQL, params)
                 for (i,) in cur:
                     applied[i] = True
-                if attempt.after_unknown_commit:
+                if not all(applied[i] for i in first):
                     del params["started"]
                     cur.execute(_RECOGNISE_STARTS_SQL, params)
                     for (i,) in cur:
@@ -835,14 +839,16 @@ class PostgresStore:
         first = self._first_per_key([(c.run_id, c.fence) for c in completions])
         part = [completions[i] for i in first] if len(first) < n else completions
 
-        def op(conn: Conn, attempt: _Attempt) -> list[bool]:
+        def op(conn: Conn, _: _Attempt) -> list[bool]:
             applied = [False] * n
             params = _completion_arrays(first, part)
             with conn.cursor(binary=True) as cur:
                 cur.execute(_COMPLETE_SQL, params)
                 for (i,) in cur:
                     applied[i] = True
-                if attempt.after_unknown_commit:
+                if not all(applied[i] for i in first):
+                    # Ours already, if the run holds exactly this ending: after
+                    # an unknown commit, or a batch written again (see claims).
                     del params["error"], params["worker"]
                     cur.execute(_RECOGNISE_COMPLETIONS_SQL, params)
                     for (i,) in cur:
