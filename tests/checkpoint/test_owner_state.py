@@ -32,8 +32,8 @@ def test_a_move_keeps_the_spec_of_the_last_full_image() -> None:
     state = OwnerState()
     first = JobImage(spec_json=b'{"a":1}', paused=False, store_next=100, due_at=105)
     moved = JobImage(spec_json=b"not logged", paused=True, store_next=200, due_at=None)
-    apply_records(state, encode_job(7, first), concatenated=False)
-    apply_records(state, encode_move(7, moved), concatenated=False)
+    apply_records(state, encode_job(7, first))
+    apply_records(state, encode_move(7, moved))
     due_at, raw = state.images[7]
     assert due_at is None
     assert decode_image(raw) == JobImage(
@@ -44,7 +44,7 @@ def test_a_move_keeps_the_spec_of_the_last_full_image() -> None:
 def test_a_move_of_a_job_with_no_image_makes_the_checkpoint_unusable() -> None:
     image = JobImage(spec_json=b"{}", paused=False, store_next=1, due_at=1)
     with pytest.raises(CheckpointError, match="job 9"):
-        apply_records(OwnerState(), encode_move(9, image), concatenated=False)
+        apply_records(OwnerState(), encode_move(9, image))
 
 
 def test_log_records_write_full_images_only_for_new_specs() -> None:
@@ -79,7 +79,7 @@ def test_a_job_adopted_for_its_runs_is_logged_whole_when_it_first_changes() -> N
     assert full == {5}
     state = OwnerState()
     for r in log_records({5}, owner.image_of, None, full=full):
-        apply_records(state, r, concatenated=False)
+        apply_records(state, r)
     assert decode_image(state.images[5][1]).spec_json == spec.to_json().encode()
     assert owner.take_new_specs({5}) == set()  # once logged whole, moves will do
 

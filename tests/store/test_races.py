@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from tests.store.conftest import interval_job
-from tests.store.test_contract import claim
+from tests.store.test_contract import claim, done
 from wheel.store._schema import PG_MIGRATIONS, SQLITE_MIGRATIONS
 from wheel.store.base import (
     BatchOutcome,
@@ -362,16 +362,7 @@ def test_a_batch_written_again_reports_what_its_first_write_applied(pg_store: An
     [ran_b] = pg_store.claim_fires([claim(b.job_id, 60_000, fence=1, new=120_000)])
     [ran_c] = pg_store.claim_fires([claim(c.job_id, 60_000, fence=2, new=120_000)])
     batch = WriteBatch(
-        completions=[
-            Completion(
-                run_id=ran_b.run_id,
-                fence=1,
-                state=RunState.FAILED,
-                finished_at_ms=61_000,
-                error="boom",
-                worker_id="w-1",
-            )
-        ],
+        completions=[done(ran_b.run_id, 1, RunState.FAILED)],
         claims=[
             claim(a.job_id, 60_000, fence=3, new=120_000),
             claim(a.job_id, 120_000, fence=4, new=180_000),

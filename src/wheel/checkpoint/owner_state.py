@@ -107,9 +107,9 @@ def decode_image(raw: object) -> JobImage:
     )
 
 
-def apply_records(state: OwnerState, data: bytes, *, concatenated: bool) -> int:
-    """Apply one record, or records laid end to end (a log entry or a snapshot
-    chunk); return how many."""
+def apply_records(state: OwnerState, data: bytes) -> int:
+    """Apply records laid end to end (a log entry, a snapshot chunk, or a
+    single record); return how many."""
     images = state.images
     mv = data  # bytes: indexing and slicing bytes is cheaper than a memoryview
     end = len(mv)
@@ -145,8 +145,6 @@ def apply_records(state: OwnerState, data: bytes, *, concatenated: bool) -> int:
                 pos += _WATERMARK.size
             else:
                 raise CheckpointError(f"unknown owner record kind {kind}")
-            if not concatenated and pos != end:
-                raise CheckpointError("trailing bytes after an owner record")
     except struct.error as exc:
         raise CheckpointError(f"malformed owner record: {exc}") from exc
     return count
@@ -160,9 +158,9 @@ def log_entry(records: Sequence[bytes]) -> bytes:
 def recover_state(recovery: Recovery) -> OwnerState:
     state = OwnerState()
     for chunk in recovery.snapshot or ():
-        apply_records(state, chunk, concatenated=True)
+        apply_records(state, chunk)
     for _seq, entry in recovery.records:
-        state.log_records += apply_records(state, entry, concatenated=True)
+        state.log_records += apply_records(state, entry)
     return state
 
 
