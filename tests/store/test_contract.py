@@ -517,6 +517,15 @@ def test_changes_since_can_leave_out_the_owner_s_own_schedule_moves(store: Store
     # A change through the API is seen either way, even after owner moves.
     store.set_job_state(job.job_id, JobState.PAUSED, next_run_at=None, now_ms=9)
     assert changes(owner_moves=False, expect=1) == [(job.job_id, None)]
+    # ... and an owner move after it does not hide it: a running owner that
+    # had not read it yet still gets the job, as it is now.
+    mark = store.load_shards(shards).watermark
+    store.set_job_state(job.job_id, JobState.ACTIVE, next_run_at=240_000, now_ms=10)
+    store.advance_schedules(
+        [ScheduleAdvance(job_id=job.job_id, expected_next_run_at=240_000, new_next_run_at=300_000)]
+    )
+    assert changes(owner_moves=False, expect=1) == [(job.job_id, 300_000)]
+    assert changes(owner_moves=True, expect=1) == [(job.job_id, 300_000)]
 
 
 def test_changes_since_filters_shards_and_pages_without_losing_changes(store: Store) -> None:

@@ -127,6 +127,18 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
         ],
     ),
     (3, ["DROP INDEX IF EXISTS jobs_due"]),
+    (
+        4,
+        [
+            # An owner's schedule move takes its change number in move_seq,
+            # which no index covers; change_seq (indexed) is left to changes
+            # through the API, so a claim's update of its job writes no index.
+            # A running owner reads back only API changes, now also those an
+            # owner move followed (owner_move hid them).
+            "ALTER TABLE jobs ADD COLUMN move_seq INTEGER",
+            "ALTER TABLE jobs DROP COLUMN owner_move",
+        ],
+    ),
 ]
 
 PG_MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -205,6 +217,20 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
         ],
     ),
     (3, ["DROP INDEX IF EXISTS jobs_due"]),
+    (
+        4,
+        [
+            # An owner's schedule move records its transaction in move_xid,
+            # which no index covers; change_xid (indexed) is left to changes
+            # through the API. A claim's update of its job touches no indexed
+            # column and stays HOT, and the room a page keeps free lets it stay
+            # on its page. A running owner reads back only API changes, now
+            # also those an owner move followed (owner_move hid them).
+            "ALTER TABLE jobs ADD COLUMN move_xid xid8",
+            "ALTER TABLE jobs DROP COLUMN owner_move",
+            "ALTER TABLE jobs SET (fillfactor = 90)",
+        ],
+    ),
 ]
 
 

@@ -205,9 +205,11 @@ class Store(Protocol):
     ) -> tuple[list[JobRecord], int]:
         """Jobs of these shards changed after ``watermark`` and the new watermark.
         Never skips a change whose transaction commits late. ``owner_moves=False``
-        leaves out jobs whose last change was the owner's own schedule move (a
-        claim or advance CAS): a running owner needs only what others changed,
-        while a restarting one needs both."""
+        reports only jobs changed through the API (each as it is now, owner
+        moves included), not the owner's own schedule moves (claim and advance
+        CAS): a running owner needs only what others changed, while a
+        restarting one needs both. An owner move after an API change never
+        hides the API change."""
 
     # -- retention ------------------------------------------------------------
 

@@ -142,7 +142,7 @@ WITH input AS (
            state = CASE WHEN w.new_next IS NULL AND j.one_shot AND j.state = 'active'
                         THEN 'completed' ELSE j.state END,
            updated_at_ms = greatest(j.updated_at_ms, w.dispatched_at_ms),
-           change_xid = pg_current_xact_id(), owner_move = true
+           move_xid = pg_current_xact_id()
       FROM won AS w
      WHERE j.job_id = ANY(%(job)b::int8[])
        AND w.advance AND j.job_id = w.job_id
@@ -174,7 +174,7 @@ SELECT t.idx, e.run_id,
 _ADVANCE_SQL = """
 UPDATE jobs AS j
    SET next_run_at = t.new_next, updated_at_ms = greatest(j.updated_at_ms, %(now)s),
-       change_xid = pg_current_xact_id(), owner_move = true
+       move_xid = pg_current_xact_id()
   FROM unnest(%(idx)b::int4[], %(job)b::int8[], %(exp)b::int8[], %(new)b::int8[])
        AS t(idx, job_id, expected, new_next)
  WHERE j.job_id = t.job_id AND j.next_run_at IS NOT DISTINCT FROM t.expected
@@ -678,7 +678,7 @@ class PostgresStore:
         def op(conn: Conn, _: _Attempt) -> JobRecord:
             conn.execute(
                 "UPDATE jobs SET state = %s, next_run_at = %s, updated_at_ms = %s,"
-                " change_xid = pg_current_xact_id(), owner_move = false WHERE job_id = %s",
+                " change_xid = pg_current_xact_id() WHERE job_id = %s",
                 (state.value, next_run_at, now_ms, job_id),
             )
             return self._get_job(conn, job_id)
@@ -1032,25 +1032,31 @@ class PostgresStore:
         Why not a sequence: a transaction that took sequence value 10 may commit
         after one that took 11; a reader that saw 11 and moved its watermark past
         it would never see 10. Instead each job row carries the id of the
-        transaction that last changed it (``change_xid``), and a reader only
-        hands out transactions below its snapshot's ``xmin``: all of those have
-        finished, so nothing can still commit below the new watermark. Changes of
+        transaction that last changed it, and a reader only hands out
+        transactions below its snapshot's ``xmin``: all of those have finished,
+        so nothing can still commit below the new watermark. Changes of
         transactions at or above ``xmin`` wait for a later call (a long-running
         transaction anywhere in the cluster delays, never loses, them). The
         watermark is exclusive: "every change with xid below it was seen".
+
+        A change through the API sets ``change_xid``, which is indexed: a
+        running owner reads only those. An owner's schedule move sets
+        ``move_xid``, which no index covers, so the update of a claim stays a
+        HOT update (no new index entries for the job); a restarting owner
+        finds the moves with one scan of the jobs table.
         """
         wanted = _shards(shards)
         limit = max(1, limit)
-        only_api = "" if owner_moves else " AND NOT j.owner_move"
+        last = "greatest(j.change_xid, j.move_xid)" if owner_moves else "j.change_xid"
 
         def op(conn: Conn, _: _Attempt) -> tuple[list[JobRecord], int]:
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             xmin = self._safe_xid(conn)
             rows = conn.execute(
-                f"SELECT {JOB_COLUMNS}, j.change_xid::text::int8 FROM {JOB_FROM}"
-                " WHERE j.change_xid >= %s::text::xid8 AND j.change_xid < %s::text::xid8"
-                f" AND j.shard = ANY(%s::int2[]){only_api}"
-                " ORDER BY j.change_xid, j.job_id LIMIT %s",
+                f"SELECT {JOB_COLUMNS}, {last}::text::int8 FROM {JOB_FROM}"
+                f" WHERE {last} >= %s::text::xid8 AND {last} < %s::text::xid8"
+                " AND j.shard = ANY(%s::int2[])"
+                f" ORDER BY {last}, j.job_id LIMIT %s",
                 (str(watermark), str(xmin), wanted, limit + 1),
             ).fetchall()
             if len(rows) <= limit:
@@ -1063,8 +1069,7 @@ class PostgresStore:
             # One transaction changed more than `limit` jobs: hand all of it out.
             rows = conn.execute(
                 f"SELECT {JOB_COLUMNS} FROM {JOB_FROM}"
-                " WHERE j.change_xid = %s::text::xid8"
-                f" AND j.shard = ANY(%s::int2[]){only_api}"
+                f" WHERE {last} = %s::text::xid8 AND j.shard = ANY(%s::int2[])"
                 " ORDER BY j.job_id",
                 (str(cut), wanted),
             ).fetchall()

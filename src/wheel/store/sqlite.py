@@ -111,7 +111,7 @@ _INSERT_RUNS = (
 # depend on state.
 _ADVANCE_CAS = (
     "UPDATE jobs SET next_run_at = t.column1, updated_at_ms = max(updated_at_ms, t.column2),"
-    " change_seq = t.column3, owner_move = 1 FROM (VALUES {rows}) AS t"
+    " move_seq = t.column3 FROM (VALUES {rows}) AS t"
     " WHERE jobs.job_id = t.column4 AND +jobs.next_run_at IS t.column5",
     "(?, ?, ?, ?, ?)",
 )
@@ -121,7 +121,7 @@ _CLAIM_CAS_END = (
     "UPDATE jobs SET next_run_at = t.column1,"
     " state = CASE WHEN t.column1 IS NULL AND one_shot = 1 AND state = 'active'"
     " THEN 'completed' ELSE state END,"
-    " updated_at_ms = max(updated_at_ms, t.column2), change_seq = t.column3, owner_move = 1"
+    " updated_at_ms = max(updated_at_ms, t.column2), move_seq = t.column3"
     " FROM (VALUES {rows}) AS t WHERE jobs.job_id = t.column4 AND +jobs.next_run_at IS t.column5",
     "(?, ?, ?, ?, ?)",
 )
@@ -584,8 +584,7 @@ class SQLiteStore:
         with self._tx(write=True) as cur:
             seq = self._bump(cur, "change_seq", 1)
             cur.execute(
-                "UPDATE jobs SET state = ?, next_run_at = ?, updated_at_ms = ?, change_seq = ?,"
-                " owner_move = 0"
+                "UPDATE jobs SET state = ?, next_run_at = ?, updated_at_ms = ?, change_seq = ?"
                 " WHERE job_id = ?",
                 (state.value, next_run_at, now_ms, seq, job_id),
             )
@@ -832,7 +831,9 @@ class SQLiteStore:
         owner_moves: bool = True,
     ) -> tuple[list[JobRecord], int]:
         wanted = _shard_list(shards)
-        only_api = "" if owner_moves else " AND j.owner_move = 0"
+        # API changes take change_seq (indexed), owner moves move_seq (not
+        # indexed: a restarting owner reads them with one scan of the table).
+        last = "max(j.change_seq, coalesce(j.move_seq, 0))" if owner_moves else "j.change_seq"
         limit = max(1, limit)
         with self._tx(write=False) as cur:
             # Writers are serialized and bump change_seq inside their transaction,
@@ -840,9 +841,9 @@ class SQLiteStore:
             # no later commit can take a smaller one.
             top = cur.execute("SELECT value FROM counters WHERE name = 'change_seq'").fetchone()[0]
             rows = cur.execute(
-                f"SELECT {JOB_COLUMNS}, j.change_seq FROM {JOB_FROM} WHERE j.change_seq > ?"
-                f" AND j.shard IN (SELECT value FROM json_each(?)){only_api}"
-                " ORDER BY j.change_seq LIMIT ?",
+                f"SELECT {JOB_COLUMNS}, {last} FROM {JOB_FROM} WHERE {last} > ?"
+                " AND j.shard IN (SELECT value FROM json_each(?))"
+                f" ORDER BY {last} LIMIT ?",
                 (watermark, wanted, limit),
             ).fetchall()
         # change_seq is unique per job change, so a full page ends exactly at its
