@@ -697,8 +697,12 @@ def main(argv: list[str] | None = None) -> int:
     # The baselines' workers take whatever their queue frames carry. A wheel
     # worker holds a run from its claim to its completion (about 100 ms at
     # 20,000/s on PostgreSQL, two commits included): 1,000 a worker capped
-    # two workers near 21,000/s, below what the scheduler sustains.
-    p.add_argument("--capacity", type=int, default=4000, help="wheel: runs per worker")
+    # two workers near 21,000/s, below what the scheduler sustains. Near the
+    # top the claim waits behind a store batch or two of up to 300 ms, and
+    # 4,000 a worker held the node back again: at 17,000/s offered on
+    # PostgreSQL, 15,409 dispatched/s at p99 1,718 ms against 16,834 at
+    # 345 ms with 10,000.
+    p.add_argument("--capacity", type=int, default=10_000, help="wheel: runs per worker")
     p.add_argument("--serve-args", default="", help="wheel: extra flags for wheelctl serve")
     p.add_argument("--results", type=Path, help="write RESULTS.md (and plots) here")
     p.add_argument(
