@@ -132,7 +132,8 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
         [
             # An owner's schedule move takes its change number in move_seq,
             # which no index covers; change_seq (indexed) is left to changes
-            # through the API, so a claim's update of its job writes no index.
+            # through the API, so a claim's update of its job writes no index
+            # (unless it ends a one-shot: state is in jobs_owned).
             # A running owner reads back only API changes, now also those an
             # owner move followed (owner_move hid them).
             "ALTER TABLE jobs ADD COLUMN move_seq INTEGER",

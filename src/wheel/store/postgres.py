@@ -1043,7 +1043,7 @@ class PostgresStore:
         running owner reads only those. An owner's schedule move sets
         ``move_xid``, which no index covers, so the update of a claim stays a
         HOT update (no new index entries for the job); a restarting owner
-        finds the moves with one scan of the jobs table.
+        finds the moves with a scan of the jobs table for each page.
         """
         wanted = _shards(shards)
         limit = max(1, limit)

@@ -832,7 +832,8 @@ class SQLiteStore:
     ) -> tuple[list[JobRecord], int]:
         wanted = _shard_list(shards)
         # API changes take change_seq (indexed), owner moves move_seq (not
-        # indexed: a restarting owner reads them with one scan of the table).
+        # indexed: a restarting owner reads them with a scan of the table
+        # for each page).
         last = "max(j.change_seq, coalesce(j.move_seq, 0))" if owner_moves else "j.change_seq"
         limit = max(1, limit)
         with self._tx(write=False) as cur:
