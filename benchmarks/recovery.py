@@ -4,8 +4,9 @@
     python benchmarks/recovery.py --timers 1000000 --json out.json
 
 JSON keys: ``timers``, ``checkpoint_restart_s`` (open the checkpoint, replay
-it, reconcile with the store: back to dispatching), ``store_rebuild_s`` (load
-and compile every job from SQLite), ``speedup`` (their ratio),
+it, reconcile with the store: back to dispatching), ``store_rebuild_s`` (read
+every job from SQLite and arm it; specs are parsed when a job is first
+touched, as after a checkpoint), ``speedup`` (their ratio),
 ``wal_appends_per_s`` (job-image log records per second, batches of 1000,
 fsync per batch) and ``snapshot_s``.
 """

@@ -6,7 +6,9 @@ the store otherwise, and reconciled with the store either way (it wins).
    Then every job the store changed since that watermark is applied on top
    (jobs submitted, cancelled or advanced by others, or by this node after its
    last logged batch).
-2. Store: ``load_shards`` -- every active and paused job, parsed and compiled.
+2. Store: ``load_shards`` -- every active and paused job. Those the row
+   alone arms (paused, or with a next fire) are made into images and armed
+   as a checkpoint's are, unparsed; only the rest are parsed and compiled.
 3. Either way, in-flight executions come from the store (with their fences),
    and so do retries that were pending: the latest failed/lost attempt of a
    fire with no newer one.
@@ -22,9 +24,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from wheel.checkpoint.owner_state import decode_image, recover_state
+from wheel.checkpoint.owner_state import decode_image, encode_job, recover_state
 from wheel.checkpoint.wal import Checkpoint
-from wheel.engine.owner import Effects, Owner, OwnerConfig
+from wheel.engine.owner import Effects, JobImage, Owner, OwnerConfig
 from wheel.engine.records import JobRecord
 from wheel.errors import CheckpointError, NotFound
 from wheel.store.base import Store
@@ -83,7 +85,8 @@ def restore_owner(
         source = "checkpoint"
         log_records = state.log_records
     else:
-        load = store.load_shards(shards)
+        load = store.load_shards(shards, unparsed=True)
+        owner.load_images(_images_of_rows(load.unparsed), decode_image)
         _upsert_all(owner, load.jobs, now_ms, fx)
         inflight = load.inflight
         watermark = load.watermark
@@ -108,6 +111,21 @@ def restore_owner(
         seconds=time.perf_counter() - started,
         effects=fx,
     )
+
+
+def _images_of_rows(
+    rows: Sequence[tuple[int, bool, int | None, str]],
+) -> dict[int, tuple[int | None, bytes]]:
+    """Store rows as checkpoint images, armed at the nominal time of their
+    next fire (the owner applies a jitter when it wakes the job)."""
+    images: dict[int, tuple[int | None, bytes]] = {}
+    for job_id, paused, next_run_at, spec in rows:
+        due_at = None if paused else next_run_at
+        image = JobImage(
+            spec_json=spec.encode(), paused=paused, store_next=next_run_at, due_at=due_at
+        )
+        images[job_id] = (due_at, encode_job(job_id, image))
+    return images
 
 
 def _upsert_all(owner: Owner, records: Sequence[JobRecord], now_ms: int, fx: Effects) -> None:

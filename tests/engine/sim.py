@@ -39,6 +39,7 @@ from wheel.engine.model import (
     shard_of,
 )
 from wheel.engine.owner import (
+    FIRE,
     Assignment,
     CompletionResult,
     Effects,
@@ -351,13 +352,24 @@ class RefStore:
     ) -> tuple[list[JobRecord], int]:
         raise AssertionError("the simulation restarts from the store, never from a checkpoint")
 
-    def load_shards(self, shards: Iterable[int]) -> ShardLoad:
+    def load_shards(self, shards: Iterable[int], *, unparsed: bool = False) -> ShardLoad:
         wanted = set(shards)
+        jobs = [
+            r.record()
+            for r in sorted(self.jobs.values(), key=lambda r: r.job_id)
+            if r.state in (JobState.ACTIVE, JobState.PAUSED) and shard_of(r.job_id) in wanted
+        ]
+
+        # As the stores do: what the row alone arms stays unparsed.
+        def armed_by_row(j: JobRecord) -> bool:
+            return unparsed and (j.state is JobState.PAUSED or j.next_run_at is not None)
+
+        lazy = [j for j in jobs if armed_by_row(j)]
         return ShardLoad(
-            jobs=[
-                r.record()
-                for r in sorted(self.jobs.values(), key=lambda r: r.job_id)
-                if r.state in (JobState.ACTIVE, JobState.PAUSED) and shard_of(r.job_id) in wanted
+            jobs=[j for j in jobs if not armed_by_row(j)],
+            unparsed=[
+                (j.job_id, j.state is JobState.PAUSED, j.next_run_at, j.spec.to_json())
+                for j in lazy
             ],
             inflight=[
                 e.record()
@@ -1142,7 +1154,11 @@ def check(sim: Sim, *, settle_ms: int = 30 * MIN) -> list[Violation]:
         row = store.jobs[job.job_id]
         if row.state is JobState.ACTIVE and c.completion_driven and job.first_fire is not None:
             oj = owner.jobs.get(job.job_id)
-            if oj is None or (oj.next_fire is None and not oj.due and oj.inflight <= 0):
+            # A job not touched since a restart is dormant: armed if its timer is.
+            dormant_armed = oj is None and ((job.job_id << 2) | FIRE) in owner.wheel
+            if not dormant_armed and (
+                oj is None or (oj.next_fire is None and not oj.due and oj.inflight <= 0)
+            ):
                 last = max(
                     (
                         ex.finished_at_ms or 0

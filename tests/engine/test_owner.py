@@ -11,11 +11,13 @@ from __future__ import annotations
 import pytest
 
 from tests.engine.sim import HOUR, MIN, SEC, RefStore
+from wheel.checkpoint.owner_state import encode_job
 from wheel.engine.model import JobState, MissedReason, RunState, shard_of
 from wheel.engine.owner import (
     COUNTER_BITS,
     Assignment,
     Effects,
+    JobImage,
     Outcome,
     Owner,
     OwnerConfig,
@@ -217,6 +219,46 @@ def test_2_never_early_not_even_by_a_millisecond_and_jitter_delays_the_due_time(
     assert claim.scheduled_for == T + MIN and claim.dispatched_at_ms == due
     # A jitter beyond overdue_after_ms is not lateness: no catch-up, no missed record.
     assert n.missed(j) == {}
+
+
+def test_2_a_restart_from_the_store_never_runs_a_jittered_fire_early() -> None:
+    # The store's row has the fire's nominal time; the restarted owner arms
+    # it there without parsing the spec, and must apply the jitter when the
+    # job wakes, whether its timer wakes it or something else does first.
+    for woken_early in (False, True):
+        n = Node()
+        s = spec(jitter_ms=20 * SEC)
+        j = n.submit(s)
+        due = compile_schedule(s.schedule, jitter_ms=s.jitter_ms, job_id=j).jittered(T + MIN)
+        assert due > T + MIN
+        n.restart()
+        n.hello()
+        if woken_early:
+            assert n.owner.next_fires(j, 1) == [T + MIN]
+        assert not n.step(T + MIN).claims
+        assert not n.step(due - 1).claims
+        [claim] = n.step(due).claims
+        assert claim.scheduled_for == T + MIN and claim.dispatched_at_ms == due
+
+
+def test_a_job_whose_stored_spec_cannot_be_loaded_is_skipped_not_fatal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    n = Node()
+    n.hello()
+    good = n.submit(spec())
+    bad = n.submit(spec())
+    n.restart()
+    n.hello()
+    # As if the stored spec were one this version rejects.
+    n.owner._dormant[bad] = encode_job(
+        bad,
+        JobImage(spec_json=b'{"schedule": 1}', paused=False, store_next=T + MIN, due_at=T + MIN),
+    )
+    [claim] = n.step(T + MIN).claims
+    assert claim.job_id == good
+    assert f"job {bad} could not be loaded" in caplog.text
+    assert not n.owner.has_job(bad)
 
 
 def test_3_claims_carry_the_store_schedule_as_the_cas_expected_value() -> None:

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.store.conftest import interval_job, once_job
+from wheel.engine.spec import JobSpec
 from wheel.errors import AlreadyExists, InvalidArgument, NotFound
 from wheel.store._schema import PG_MIGRATIONS, SQLITE_MIGRATIONS
 from wheel.store.base import (
@@ -452,6 +453,25 @@ def test_load_shards_returns_live_jobs_and_inflight_runs_of_those_shards(store: 
     )
     assert [r.run_id for r in load.inflight] == expected_runs
     assert all(r.state is RunState.DISPATCHED for r in load.inflight)
+
+
+def test_load_shards_unparsed_leaves_the_jobs_their_row_arms_as_rows(store: Store) -> None:
+    jobs = [store.submit_job(interval_job(f"j{i}"))[0] for i in range(6)]
+    store.set_job_state(jobs[1].job_id, JobState.PAUSED, next_run_at=None, now_ms=2)
+    store.set_job_state(jobs[2].job_id, JobState.ACTIVE, next_run_at=None, now_ms=2)
+    store.set_job_state(jobs[3].job_id, JobState.CANCELLED, next_run_at=None, now_ms=2)
+    shards = range(SHARD_COUNT)
+    parsed = store.load_shards(shards)
+    load = store.load_shards(shards, unparsed=True)
+    # Active with no next fire: only its spec can say what arms it.
+    assert [j.job_id for j in load.jobs] == [jobs[2].job_id]
+    live = {j.job_id: j for j in parsed.jobs}
+    assert sorted(row[0] for row in load.unparsed) == sorted(set(live) - {jobs[2].job_id})
+    for job_id, paused, next_run_at, spec in load.unparsed:
+        assert paused == (live[job_id].state is JobState.PAUSED)
+        assert next_run_at == live[job_id].next_run_at
+        assert JobSpec.from_json(spec) == live[job_id].spec
+    assert load.inflight == parsed.inflight
 
 
 def test_changes_since_reports_every_kind_of_change_after_a_load(store: Store) -> None:

@@ -55,6 +55,7 @@ once, so no deadline is ever checked late.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +85,8 @@ from wheel.engine.records import (
 from wheel.engine.schedule import CompiledSchedule, compile_schedule
 from wheel.engine.spec import JobSpec, OverlapPolicy, SideEffect
 from wheel.engine.timerwheel import TimerWheel
+
+log = logging.getLogger("wheel.owner")
 
 FIRE, LEASE, TIMEOUT, RETRY = 0, 1, 2, 3
 COUNTER_BITS = 32
@@ -464,15 +467,39 @@ class Owner:
         assert self._decode_image is not None
         return self._decode_image(raw)
 
-    def _wake(self, job_id: int) -> _Job:
-        image = self._dormant_image(self._dormant.pop(job_id))
-        spec = JobSpec.from_json(image.spec_json.decode())
-        job = _Job(job_id, spec, self._compile(job_id, spec), image.spec_json)
+    def _wake(self, job_id: int) -> _Job | None:
+        raw = self._dormant.pop(job_id)
+        try:
+            image = self._dormant_image(raw)
+            spec = JobSpec.from_json(image.spec_json.decode())
+            compiled = self._compile(job_id, spec)
+        except Exception:
+            # One bad row (an expression this version rejects) must not stop
+            # the owner, nor every other job of the shard from running.
+            log.exception("job %s could not be loaded; skipped", job_id)
+            self.wheel.cancel((job_id << 2) | FIRE)
+            return None
+        job = _Job(job_id, spec, compiled, image.spec_json)
         job.paused = image.paused
         job.store_next = image.store_next
-        # The FIRE timer was armed at image.due_at by load_images.
+        # The FIRE timer was armed at image.due_at by load_images. An image
+        # made from a store row knows only the fire's nominal time: the job's
+        # jitter (never earlier) moves the timer now.
         job.next_fire = None if image.paused else image.store_next
+        if job.next_fire is not None:
+            due = compiled.jittered(job.next_fire)
+            if due != image.due_at:
+                self.wheel.add((job_id << 2) | FIRE, due)
         self.jobs[job_id] = job
+        return job
+
+    def _wake_to_fire(self, job_id: int, now_ms: int) -> _Job | None:
+        """A dormant job whose FIRE timer went off, if its fire is due: one
+        armed at the nominal time of a jittered fire is due later (``_wake``
+        armed it again for then)."""
+        job = self._job(job_id)
+        if job is None or job.next_fire is None or job.compiled.jittered(job.next_fire) > now_ms:
+            return None
         return job
 
     def has_job(self, job_id: int) -> bool:
@@ -522,11 +549,12 @@ class Owner:
         images: Mapping[int, tuple[int | None, object]],
         decode: Callable[[object], JobImage],
     ) -> None:
-        """Restore jobs from a checkpoint: ``images`` maps a job id to (when its
-        earliest unclaimed fire is due, its image in the checkpoint's own
-        encoding). Each is armed now and decoded by ``decode`` only when the
-        job is first touched: a restart arms a million jobs without parsing
-        a million specs."""
+        """Restore jobs from a checkpoint, or from the store's rows made into
+        images: ``images`` maps a job id to (when its earliest unclaimed fire
+        is due, or its nominal time if it may be jittered later; its image in
+        the checkpoint's own encoding). Each is armed now and decoded by
+        ``decode`` only when the job is first touched: a restart arms a
+        million jobs without parsing a million specs."""
         self._decode_image = decode
         owns_all = len(self._epochs) == SHARD_COUNT
         ids: list[int] = []
@@ -849,7 +877,7 @@ class Owner:
         for tid in self.wheel.advance(now_ms):
             kind, n = tid & 3, tid >> 2
             if kind == FIRE:
-                job = self.jobs.get(n) or self._job(n)
+                job = self.jobs.get(n) or self._wake_to_fire(n, now_ms)
                 if job is not None and not job.paused and job.next_fire is not None:
                     self._on_fire(job, now_ms, fx)
             elif kind == LEASE:

@@ -8,7 +8,7 @@ re-exports them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from wheel.engine.model import JobState, MissedReason, RunState
 from wheel.engine.spec import JobSpec
@@ -134,3 +134,7 @@ class ShardLoad:
     jobs: list[JobRecord]  # active and paused jobs
     inflight: list[ExecutionRecord]  # dispatched or running
     watermark: int  # pass to changes_since to see what changed after this load
+    # With ``load_shards(..., unparsed=True)``: the jobs their row alone can
+    # arm (paused, or active with a next fire), left unparsed and not in
+    # ``jobs``: (job_id, paused, next_run_at, spec as stored).
+    unparsed: list[tuple[int, bool, int | None, str]] = field(default_factory=list)

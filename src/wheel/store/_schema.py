@@ -250,6 +250,24 @@ RUN_COLUMNS = (
 MISSED_COLUMNS = "job_id, scheduled_for, reason, recorded_at_ms"
 
 
+def split_job_rows(
+    rows: Sequence[Sequence[Any]], unparsed: bool
+) -> tuple[list[JobRecord], list[tuple[int, bool, int | None, str]]]:
+    """Rows of ``JOB_COLUMNS`` as ``load_shards`` returns them: parsed, or
+    with ``unparsed`` the paused jobs and the active ones with a next fire
+    left as (job_id, paused, next_run_at, spec)."""
+    if not unparsed:
+        return [job_from_row(r) for r in rows], []
+    parsed, raw = [], []
+    for r in rows:
+        paused = r[3] == "paused"
+        if paused or r[4] is not None:
+            raw.append((r[0], paused, r[4], r[2]))
+        else:
+            parsed.append(job_from_row(r))
+    return parsed, raw
+
+
 def job_from_row(row: Sequence[Any]) -> JobRecord:
     return JobRecord(
         job_id=row[0],

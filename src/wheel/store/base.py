@@ -183,8 +183,11 @@ class Store(Protocol):
     def acquire_epochs(self, shards: Collection[int], owner: str) -> dict[int, int]:
         """Bump and return each shard's ownership epoch (strictly increasing)."""
 
-    def load_shards(self, shards: Collection[int]) -> ShardLoad:
-        """Active/paused jobs and in-flight executions of these shards."""
+    def load_shards(self, shards: Collection[int], *, unparsed: bool = False) -> ShardLoad:
+        """Active/paused jobs and in-flight executions of these shards. With
+        ``unparsed``, paused jobs and active ones with a next fire come as
+        rows in ``ShardLoad.unparsed`` (a restart arms them without parsing
+        their specs); the rest are parsed into ``jobs`` as without it."""
 
     def inflight_runs(self, shards: Collection[int]) -> list[ExecutionRecord]:
         """Dispatched or running executions of these shards (``load_shards``

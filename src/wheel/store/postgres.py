@@ -59,6 +59,7 @@ from wheel.store._schema import (
     key_conflict,
     missed_from_row,
     run_from_row,
+    split_job_rows,
     wall_ms,
 )
 from wheel.store.base import (
@@ -968,7 +969,7 @@ class PostgresStore:
         assert row is not None
         return int(row[0])
 
-    def load_shards(self, shards: Collection[int]) -> ShardLoad:
+    def load_shards(self, shards: Collection[int], *, unparsed: bool = False) -> ShardLoad:
         wanted = _shards(shards)
 
         def op(conn: Conn, _: _Attempt) -> ShardLoad:
@@ -987,8 +988,10 @@ class PostgresStore:
                 " ORDER BY e.run_id",
                 (wanted,),
             ).fetchall()
+            parsed, raw = split_job_rows(jobs, unparsed)
             return ShardLoad(
-                jobs=[job_from_row(r) for r in jobs],
+                jobs=parsed,
+                unparsed=raw,
                 inflight=[run_from_row(r) for r in runs],
                 watermark=watermark,
             )

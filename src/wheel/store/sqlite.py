@@ -50,6 +50,7 @@ from wheel.store._schema import (
     key_conflict,
     missed_from_row,
     run_from_row,
+    split_job_rows,
     wall_ms,
 )
 from wheel.store.base import (
@@ -775,7 +776,7 @@ class SQLiteStore:
             ).fetchall()
         return {int(s): int(e) for s, e in rows}
 
-    def load_shards(self, shards: Collection[int]) -> ShardLoad:
+    def load_shards(self, shards: Collection[int], *, unparsed: bool = False) -> ShardLoad:
         wanted = _shard_list(shards)
         with self._tx(write=False) as cur:
             # One read transaction: jobs, runs and the watermark are one snapshot.
@@ -794,8 +795,10 @@ class SQLiteStore:
                 " AND j.shard IN (SELECT value FROM json_each(?)) ORDER BY e.run_id",
                 (wanted,),
             ).fetchall()
+        parsed, raw = split_job_rows(jobs, unparsed)
         return ShardLoad(
-            jobs=[job_from_row(r) for r in jobs],
+            jobs=parsed,
+            unparsed=raw,
             inflight=[run_from_row(r) for r in runs],
             watermark=int(watermark),
         )
