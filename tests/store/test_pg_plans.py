@@ -87,3 +87,38 @@ def test_the_planner_is_the_one_the_store_configures(store: PostgresStore) -> No
     with store._pool.connection() as conn:
         assert isinstance(conn, psycopg.Connection)
         assert conn.execute("SHOW plan_cache_mode").fetchone() == ("force_custom_plan",)
+
+
+def plan_nodes(plan: dict[str, Any]) -> list[tuple[str, str]]:
+    """(node type, relation or index) of every node of a plan tree."""
+    out = [(plan["Node Type"], plan.get("Index Name") or plan.get("Relation Name") or "")]
+    for child in plan.get("Plans", []):
+        out += plan_nodes(child)
+    return out
+
+
+def test_a_restart_finds_runs_owed_a_retry_without_reading_every_execution(
+    store: PostgresStore,
+) -> None:
+    runs = batch_runs(store, 20_000)
+    ended = [
+        Completion(run_id=r, fence=f, state=RunState.SUCCEEDED, finished_at_ms=70_000)
+        for r, f in runs[:-3]
+    ]
+    ended += [
+        Completion(run_id=r, fence=f, state=RunState.FAILED, finished_at_ms=70_000, error="x")
+        for r, f in runs[-3:]
+    ]
+    store.complete_runs(ended)
+    with store._pool.connection() as conn:
+        conn.execute("ANALYZE executions")
+        plan = conn.execute(
+            "EXPLAIN (FORMAT JSON) " + pg._runs_of_shards_sql(pg._RETRY_WHERE), (list(range(256)),)
+        ).fetchone()
+    assert plan is not None
+    nodes = plan_nodes(plan[0][0]["Plan"])
+    assert ("Seq Scan", "executions") not in nodes, nodes
+    assert any(name == "executions_unwell" for _, name in nodes), nodes
+    assert sorted(r.run_id for r in store.retry_candidates(range(256))) == sorted(
+        r for r, _ in runs[-3:]
+    )

@@ -41,6 +41,13 @@ INFLIGHT_INDEX = (
     f"CREATE INDEX executions_inflight ON executions (state) WHERE state IN {INFLIGHT_SQL}"
 )
 
+# Ended states whose fire may still be owed a retry or a re-dispatch.
+UNWELL_SQL = "('failed', 'lost', 'timed_out')"
+# Those runs by job: a restarting owner reads them (``retry_candidates``) and
+# without it scanned every execution ever kept. Runs that end in these
+# states are few; the index stays small and success writes nothing to it.
+UNWELL_INDEX = f"CREATE INDEX executions_unwell ON executions (job_id) WHERE state IN {UNWELL_SQL}"
+
 SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
     (
         1,
@@ -140,6 +147,7 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
             "ALTER TABLE jobs DROP COLUMN owner_move",
         ],
     ),
+    (5, [UNWELL_INDEX]),
 ]
 
 PG_MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -232,6 +240,7 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
             "ALTER TABLE jobs SET (fillfactor = 90)",
         ],
     ),
+    (5, [UNWELL_INDEX]),
 ]
 
 

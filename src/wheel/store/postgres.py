@@ -52,6 +52,7 @@ from wheel.store._schema import (
     MISSED_COLUMNS,
     PG_MIGRATIONS,
     RUN_COLUMNS,
+    UNWELL_SQL,
     batch_keys,
     body_hash,
     created_record,
@@ -268,6 +269,22 @@ SELECT t.idx
   JOIN executions AS e ON e.run_id = t.run_id AND e.fence = t.fence
  WHERE e.state = t.state AND e.finished_at_ms = t.finished_at_ms
 """
+
+
+# Latest attempts owed a retry or re-dispatch: found through the small
+# partial index ``executions_unwell``, not a scan of every execution kept.
+_RETRY_WHERE = (
+    f"e.state IN {UNWELL_SQL} AND j.state <> 'cancelled'"
+    " AND NOT EXISTS (SELECT 1 FROM executions AS n WHERE n.job_id = e.job_id"
+    " AND n.scheduled_for = e.scheduled_for AND n.attempt > e.attempt)"
+)
+
+
+def _runs_of_shards_sql(where: str) -> str:
+    return (
+        f"SELECT {_RUN_COLUMNS_E} FROM executions AS e JOIN jobs AS j USING (job_id)"
+        f" WHERE {where} AND j.shard = ANY(%s::int2[]) ORDER BY e.run_id"
+    )
 
 
 def _shards(shards: Collection[int]) -> list[int]:
@@ -1002,22 +1019,13 @@ class PostgresStore:
         return self._runs_of_shards(f"e.state IN {INFLIGHT_SQL}", shards)
 
     def retry_candidates(self, shards: Collection[int]) -> list[ExecutionRecord]:
-        return self._runs_of_shards(
-            "e.state IN ('failed', 'lost', 'timed_out') AND j.state <> 'cancelled'"
-            " AND NOT EXISTS (SELECT 1 FROM executions AS n WHERE n.job_id = e.job_id"
-            " AND n.scheduled_for = e.scheduled_for AND n.attempt > e.attempt)",
-            shards,
-        )
+        return self._runs_of_shards(_RETRY_WHERE, shards)
 
     def _runs_of_shards(self, where: str, shards: Collection[int]) -> list[ExecutionRecord]:
         wanted = _shards(shards)
 
         def op(conn: Conn, _: _Attempt) -> list[ExecutionRecord]:
-            rows = conn.execute(
-                f"SELECT {_RUN_COLUMNS_E} FROM executions AS e JOIN jobs AS j USING (job_id)"
-                f" WHERE {where} AND j.shard = ANY(%s::int2[]) ORDER BY e.run_id",
-                (wanted,),
-            ).fetchall()
+            rows = conn.execute(_runs_of_shards_sql(where), (wanted,)).fetchall()
             return [run_from_row(r) for r in rows]
 
         return self._run(op, idempotent=True)
