@@ -24,9 +24,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from wheel.checkpoint.owner_state import decode_image, encode_job, recover_state
+from wheel.checkpoint.owner_state import decode_image, encode_job_fields, recover_state
 from wheel.checkpoint.wal import Checkpoint
-from wheel.engine.owner import Effects, JobImage, Owner, OwnerConfig
+from wheel.engine.owner import Effects, Owner, OwnerConfig
 from wheel.engine.records import JobRecord
 from wheel.errors import CheckpointError, NotFound
 from wheel.store.base import Store
@@ -121,10 +121,10 @@ def _images_of_rows(
     images: dict[int, tuple[int | None, bytes]] = {}
     for job_id, paused, next_run_at, spec in rows:
         due_at = None if paused else next_run_at
-        image = JobImage(
-            spec_json=spec.encode(), paused=paused, store_next=next_run_at, due_at=due_at
+        images[job_id] = (
+            due_at,
+            encode_job_fields(job_id, spec.encode(), paused, next_run_at, due_at),
         )
-        images[job_id] = (due_at, encode_job(job_id, image))
     return images
 
 

@@ -52,16 +52,24 @@ _KIND_JOB_BYTE = bytes((KIND_JOB,))
 
 
 def encode_job(job_id: int, image: JobImage) -> bytes:
+    return encode_job_fields(job_id, image.spec_json, image.paused, image.store_next, image.due_at)
+
+
+def encode_job_fields(
+    job_id: int, spec_json: bytes, paused: bool, store_next: int | None, due_at: int | None
+) -> bytes:
+    """``encode_job`` of an image not built as a ``JobImage`` (a million store
+    rows at a restart)."""
     return (
         _JOB.pack(
             KIND_JOB,
             job_id,
-            image.paused,
-            _NONE if image.store_next is None else image.store_next,
-            _NONE if image.due_at is None else image.due_at,
-            len(image.spec_json),
+            paused,
+            _NONE if store_next is None else store_next,
+            _NONE if due_at is None else due_at,
+            len(spec_json),
         )
-        + image.spec_json
+        + spec_json
     )
 
 

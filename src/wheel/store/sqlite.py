@@ -784,10 +784,15 @@ class SQLiteStore:
             watermark = cur.execute(
                 "SELECT value FROM counters WHERE name = 'change_seq'"
             ).fetchone()[0]
+            # All shards (one node: always) read the table in job_id order;
+            # through jobs_owned the rows came in shard order and were sorted,
+            # 4x slower at a million jobs.
+            every = len(json.loads(wanted)) == SHARD_COUNT
             jobs = cur.execute(
                 f"SELECT {JOB_COLUMNS} FROM {JOB_FROM} WHERE j.state IN ('active', 'paused')"
-                " AND j.shard IN (SELECT value FROM json_each(?)) ORDER BY j.job_id",
-                (wanted,),
+                + ("" if every else " AND j.shard IN (SELECT value FROM json_each(?))")
+                + " ORDER BY j.job_id",
+                () if every else (wanted,),
             ).fetchall()
             runs = cur.execute(
                 f"SELECT {', '.join('e.' + c.strip() for c in RUN_COLUMNS.split(','))}"
