@@ -87,7 +87,13 @@ def main() -> int:
         cp = Checkpoint.open(tmp / "checkpoint", IDENTITY, durability=Durability.SYNC)
         t0 = time.perf_counter()
         cp.write_snapshot(
-            snapshot_chunks(owner.job_ids(), owner.image_of, rebuilt.watermark), cp.last_seq()
+            snapshot_chunks(
+                owner.job_ids(),
+                owner.image_of,
+                rebuilt.watermark,
+                record_of=owner.dormant_record,
+            ),
+            cp.last_seq(),
         )
         snapshot_s = time.perf_counter() - t0
         ids = owner.job_ids()

@@ -259,7 +259,13 @@ class Node:
             started = time.perf_counter()
             try:
                 checkpoint.write_snapshot(
-                    snapshot_chunks(job_ids, owner.image_of, watermark, SNAPSHOT_JOBS_PER_CHUNK),
+                    snapshot_chunks(
+                        job_ids,
+                        owner.image_of,
+                        watermark,
+                        SNAPSHOT_JOBS_PER_CHUNK,
+                        record_of=owner.dormant_record,
+                    ),
                     upto,
                     pause=DutyCycle(SNAPSHOT_SHARE).pause,
                 )

@@ -167,3 +167,44 @@ def test_replaying_a_snapshot_and_moves_restores_every_image(
     for job_id, (due_at, _) in state.images.items():
         image = live[job_id]
         assert image is not None and due_at == image.due_at
+
+
+def test_a_snapshot_copies_the_records_of_jobs_not_woken_since_a_restart(
+    tmp_path: Path,
+) -> None:
+    owner = Owner(epochs=dict.fromkeys(range(SHARD_COUNT), 1), now_ms=T0)
+    images = {}
+    for job_id in range(1, 41):
+        spec = JobSpec(
+            name=f"job-{job_id}", handler="h", schedule=Interval(period_ms=60_000, start_at_ms=T0)
+        )
+        nxt = T0 + 1_000 * job_id
+        paused = job_id % 5 == 0
+        images[job_id] = JobImage(
+            spec_json=spec.to_json().encode(),
+            paused=paused,
+            store_next=nxt,
+            due_at=None if paused else nxt,
+        )
+    owner.load_images({j: (im.due_at, encode_job(j, im)) for j, im in images.items()}, decode_image)
+    woken = list(range(1, 41, 4))
+    for job_id in woken:
+        owner.next_fires(job_id, 1)  # touched: awake, its image is built anew
+    decoded: list[int] = []
+
+    def image_of(job_id: int) -> JobImage | None:
+        decoded.append(job_id)
+        return owner.image_of(job_id)
+
+    cp = Checkpoint.open(tmp_path / "cp", IDENT)
+    try:
+        chunks = snapshot_chunks(owner.job_ids(), image_of, 7, record_of=owner.dormant_record)
+        cp.write_snapshot(chunks, cp.last_seq())
+        state = recover_state(cp.recover())
+    finally:
+        cp.close()
+    assert sorted(decoded) == woken
+    assert state.watermark == 7
+    restored = {job_id: decode_image(raw) for job_id, (_, raw) in state.images.items()}
+    assert restored == {job_id: owner.image_of(job_id) for job_id in owner.job_ids()}
+    assert restored == images

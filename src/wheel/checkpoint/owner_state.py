@@ -201,12 +201,22 @@ def snapshot_chunks(
     image_of: Callable[[int], JobImage | None],
     watermark: int,
     per_chunk: int = 20_000,
+    *,
+    record_of: Callable[[int], object] | None = None,
 ) -> Iterator[bytes]:
-    """A fuzzy snapshot, chunk by chunk (see the module docstring)."""
+    """A fuzzy snapshot, chunk by chunk (see the module docstring).
+    ``record_of`` gives a job's record as it stands in this encoding, if it
+    has one (a job not touched since a restart): copied, not decoded and
+    encoded again."""
     yield encode_watermark(watermark)
     for start in range(0, len(job_ids), per_chunk):
         parts = []
         for job_id in job_ids[start : start + per_chunk]:
+            if record_of is not None:
+                record = record_of(job_id)
+                if isinstance(record, bytes):
+                    parts.append(record)
+                    continue
             image = image_of(job_id)
             if image is not None:
                 parts.append(encode_job(job_id, image))

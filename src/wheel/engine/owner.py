@@ -510,6 +510,11 @@ class Owner:
 
     # -- checkpoint images ------------------------------------------------------
 
+    def dormant_record(self, job_id: int) -> object | None:
+        """A dormant job's image as ``load_images`` was given it (None: the
+        job is awake or gone)."""
+        return self._dormant.get(job_id)
+
     def image_of(self, job_id: int) -> JobImage | None:
         """What a checkpoint keeps of a job (None: the job is gone)."""
         dormant = self._dormant.get(job_id)
