@@ -17,6 +17,7 @@ import pytest
 
 from tests.store.test_contract import claim
 from wheel.store import postgres as pg
+from wheel.store._schema import RETRY_WHERE
 from wheel.store.base import Completion, NewJob, RunStart, RunState
 from wheel.store.postgres import PostgresStore
 
@@ -113,7 +114,7 @@ def test_a_restart_finds_runs_owed_a_retry_without_reading_every_execution(
     with store._pool.connection() as conn:
         conn.execute("ANALYZE executions")
         plan = conn.execute(
-            "EXPLAIN (FORMAT JSON) " + pg._runs_of_shards_sql(pg._RETRY_WHERE), (list(range(256)),)
+            "EXPLAIN (FORMAT JSON) " + pg._runs_of_shards_sql(RETRY_WHERE), (list(range(256)),)
         ).fetchone()
     assert plan is not None
     nodes = plan_nodes(plan[0][0]["Plan"])

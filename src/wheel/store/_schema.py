@@ -47,6 +47,13 @@ UNWELL_SQL = "('failed', 'lost', 'timed_out')"
 # without it scanned every execution ever kept. Runs that end in these
 # states are few; the index stays small and success writes nothing to it.
 UNWELL_INDEX = f"CREATE INDEX executions_unwell ON executions (job_id) WHERE state IN {UNWELL_SQL}"
+# ``retry_candidates`` on both stores (``e`` the execution, ``j`` its job):
+# latest attempts owed a retry or re-dispatch, found through that index.
+RETRY_WHERE = (
+    f"e.state IN {UNWELL_SQL} AND j.state <> 'cancelled'"
+    " AND NOT EXISTS (SELECT 1 FROM executions AS n WHERE n.job_id = e.job_id"
+    " AND n.scheduled_for = e.scheduled_for AND n.attempt > e.attempt)"
+)
 
 SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
     (

@@ -51,8 +51,8 @@ from wheel.store._schema import (
     JOB_FROM,
     MISSED_COLUMNS,
     PG_MIGRATIONS,
+    RETRY_WHERE,
     RUN_COLUMNS,
-    UNWELL_SQL,
     batch_keys,
     body_hash,
     created_record,
@@ -269,15 +269,6 @@ SELECT t.idx
   JOIN executions AS e ON e.run_id = t.run_id AND e.fence = t.fence
  WHERE e.state = t.state AND e.finished_at_ms = t.finished_at_ms
 """
-
-
-# Latest attempts owed a retry or re-dispatch: found through the small
-# partial index ``executions_unwell``, not a scan of every execution kept.
-_RETRY_WHERE = (
-    f"e.state IN {UNWELL_SQL} AND j.state <> 'cancelled'"
-    " AND NOT EXISTS (SELECT 1 FROM executions AS n WHERE n.job_id = e.job_id"
-    " AND n.scheduled_for = e.scheduled_for AND n.attempt > e.attempt)"
-)
 
 
 def _runs_of_shards_sql(where: str) -> str:
@@ -1019,7 +1010,7 @@ class PostgresStore:
         return self._runs_of_shards(f"e.state IN {INFLIGHT_SQL}", shards)
 
     def retry_candidates(self, shards: Collection[int]) -> list[ExecutionRecord]:
-        return self._runs_of_shards(_RETRY_WHERE, shards)
+        return self._runs_of_shards(RETRY_WHERE, shards)
 
     def _runs_of_shards(self, where: str, shards: Collection[int]) -> list[ExecutionRecord]:
         wanted = _shards(shards)

@@ -42,9 +42,9 @@ from wheel.store._schema import (
     JOB_COLUMNS,
     JOB_FROM,
     MISSED_COLUMNS,
+    RETRY_WHERE,
     RUN_COLUMNS,
     SQLITE_MIGRATIONS,
-    UNWELL_SQL,
     batch_keys,
     created_record,
     job_from_row,
@@ -787,7 +787,7 @@ class SQLiteStore:
             # All shards (one node: always) read the table in job_id order;
             # through jobs_owned the rows came in shard order and were sorted,
             # 4x slower at a million jobs.
-            every = len(json.loads(wanted)) == SHARD_COUNT
+            every = len(set(shards)) == SHARD_COUNT  # validated by _shard_list
             jobs = cur.execute(
                 f"SELECT {JOB_COLUMNS} FROM {JOB_FROM} WHERE j.state IN ('active', 'paused')"
                 + ("" if every else " AND j.shard IN (SELECT value FROM json_each(?))")
@@ -815,13 +815,7 @@ class SQLiteStore:
     def retry_candidates(self, shards: Collection[int]) -> list[ExecutionRecord]:
         # Without the hint the planner walks every execution in run_id order
         # to save a sort, rather than the few the partial index holds.
-        return self._runs_of_shards(
-            f"e.state IN {UNWELL_SQL} AND j.state <> 'cancelled'"
-            " AND NOT EXISTS (SELECT 1 FROM executions AS n WHERE n.job_id = e.job_id"
-            " AND n.scheduled_for = e.scheduled_for AND n.attempt > e.attempt)",
-            shards,
-            index=" INDEXED BY executions_unwell",
-        )
+        return self._runs_of_shards(RETRY_WHERE, shards, index=" INDEXED BY executions_unwell")
 
     def _runs_of_shards(
         self, where: str, shards: Collection[int], index: str = ""
