@@ -141,6 +141,31 @@ def test_submit_jobs_commits_a_batch_and_isolates_a_key_conflict(store: Store) -
     assert store.submit_jobs([]) == []
 
 
+AWKWARD_TEXTS = ['say "hi"', "back\\slash", "a,b", "{braces}", "NULL", "", " pad ", "żółw ✓"]
+
+
+def test_submit_jobs_keeps_every_character_of_names_tenants_and_keys(store: Store) -> None:
+    # A batch goes to the store as arrays; text that array literals would
+    # have to quote or escape must arrive exactly as it was sent.
+    news = [
+        interval_job(f"{t}-{i}", tenant=t or "empty", key=f"{t}|{i}")
+        for i, t in enumerate(AWKWARD_TEXTS)
+    ]
+    results = store.submit_jobs([*news, interval_job("NULL", key=None)])
+    assert all(not isinstance(r, Exception) and r[1] for r in results)
+    for new, result in zip(news, results, strict=False):
+        assert not isinstance(result, Exception)
+        stored = store.get_job(result[0].job_id)
+        assert stored.spec == new.spec
+        assert stored.idempotency_key == new.idempotency_key
+    # A retry of the whole batch finds every key it sent.
+    again = store.submit_jobs(news)
+    assert [r[0].job_id for r in again if not isinstance(r, Exception)] == [
+        r[0].job_id for r in results[:-1] if not isinstance(r, Exception)
+    ]
+    assert all(not isinstance(r, Exception) and not r[1] for r in again)
+
+
 def test_idempotency_keys_are_per_tenant(store: Store) -> None:
     a, _ = store.submit_job(interval_job(key="k1", tenant="a"))
     b, created = store.submit_job(interval_job(key="k1", tenant="b"))

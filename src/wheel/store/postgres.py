@@ -467,14 +467,14 @@ class PostgresStore:
             won = conn.execute(
                 "INSERT INTO idempotency_keys (tenant, idempotency_key, body_hash, job_id,"
                 " created_at_ms) SELECT t, k, h, nextval('job_id_seq'), c"
-                " FROM unnest(%s::text[], %s::text[], %s::text[], %s::int8[]) AS u(t, k, h, c)"
+                " FROM unnest(%b::text[], %b::text[], %b::text[], %b::int8[]) AS u(t, k, h, c)"
                 " ON CONFLICT (tenant, idempotency_key) DO NOTHING"
                 " RETURNING tenant, idempotency_key, job_id",
                 (
-                    [t for t, _ in first],
-                    [k for _, k in first],
-                    [digests[i] for i in first.values()],
-                    [news[i].created_at_ms for i in first.values()],
+                    Texts([t for t, _ in first]),
+                    Texts([k for _, k in first]),
+                    Texts([digests[i] for i in first.values()]),
+                    Int8s([news[i].created_at_ms for i in first.values()]),
                 ),
             ).fetchall()
             for tenant, key, job_id in won:
@@ -488,26 +488,27 @@ class PostgresStore:
                 ids[i] = int(row[0])
         made = sorted(ids)
         if made:
+            job_ids = Int8s([ids[i] for i in made])
             conn.execute(
                 "INSERT INTO jobs (job_id, shard, tenant, name, state, next_run_at, one_shot,"
                 " idempotency_key, created_at_ms, updated_at_ms)"
-                " SELECT j, s, t, n, 'active', r, o, k, c, c FROM unnest(%s::int8[], %s::int2[],"
-                " %s::text[], %s::text[], %s::int8[], %s::bool[], %s::text[], %s::int8[])"
+                " SELECT j, s, t, n, 'active', r, o, k, c, c FROM unnest(%b::int8[], %b::int4[],"
+                " %b::text[], %b::text[], %b::int8[], %b::bool[], %b::text[], %b::int8[])"
                 " AS u(j, s, t, n, r, o, k, c)",
                 (
-                    [ids[i] for i in made],
-                    [shard_of(ids[i]) for i in made],
-                    [news[i].spec.tenant for i in made],
-                    [news[i].spec.name for i in made],
-                    [news[i].next_run_at for i in made],
-                    [not news[i].spec.recurring for i in made],
-                    [news[i].idempotency_key for i in made],
-                    [news[i].created_at_ms for i in made],
+                    job_ids,
+                    Int4s([shard_of(ids[i]) for i in made]),
+                    Texts([news[i].spec.tenant for i in made]),
+                    Texts([news[i].spec.name for i in made]),
+                    Int8s([news[i].next_run_at for i in made]),
+                    Bools([not news[i].spec.recurring for i in made]),
+                    Texts([news[i].idempotency_key for i in made]),
+                    Int8s([news[i].created_at_ms for i in made]),
                 ),
             )
             conn.execute(
-                "INSERT INTO job_specs (job_id, spec) SELECT * FROM unnest(%s::int8[], %s::text[])",
-                ([ids[i] for i in made], [news[i].spec.to_json() for i in made]),
+                "INSERT INTO job_specs (job_id, spec) SELECT * FROM unnest(%b::int8[], %b::text[])",
+                (job_ids, Texts([news[i].spec.to_json() for i in made])),
             )
         # Keys held by an earlier request (or earlier in this batch).
         taken = {
@@ -520,9 +521,9 @@ class PostgresStore:
             for tenant, key, digest, job_id in conn.execute(
                 "SELECT i.tenant, i.idempotency_key, i.body_hash, i.job_id"
                 " FROM idempotency_keys AS i"
-                " JOIN unnest(%s::text[], %s::text[]) AS u(t, k)"
+                " JOIN unnest(%b::text[], %b::text[]) AS u(t, k)"
                 " ON i.tenant = u.t AND i.idempotency_key = u.k",
-                ([t for t, _ in taken], [k for _, k in taken]),
+                (Texts([t for t, _ in taken]), Texts([k for _, k in taken])),
             ).fetchall():
                 held[(tenant, key)] = (digest, int(job_id))
         existing: dict[int, JobRecord] = {}
