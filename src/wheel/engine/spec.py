@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -313,7 +314,10 @@ class _RecentSpecs:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._specs: dict[str, JobSpec] = {}
+        # Oldest first. Not a dict: dropping its first key leaves a hole that
+        # the next ``next(iter(d))`` walks over, so a full dict made each
+        # submit walk thousands of them.
+        self._specs: OrderedDict[str, JobSpec] = OrderedDict()
         self._lock = threading.Lock()
 
     def remember(self, text: str, spec: JobSpec) -> None:
@@ -321,7 +325,7 @@ class _RecentSpecs:
             specs = self._specs
             specs[text] = spec
             if len(specs) > self.capacity:
-                del specs[next(iter(specs))]
+                specs.popitem(last=False)
 
     def get(self, text: str) -> JobSpec | None:
         return self._specs.get(text)
