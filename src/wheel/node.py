@@ -539,6 +539,18 @@ class Node:
     ) -> tuple[JobRecord, bool]:
         """Validate, then store with every other submit waiting at the same
         moment in one transaction (group commit), then schedule."""
+        result = await self.submit_later(spec, idempotency_key, body_hash=body_hash)
+        if isinstance(result, WheelError):
+            raise result
+        return result
+
+    def submit_later(
+        self, spec: JobSpec, idempotency_key: str | None, *, body_hash: str | None = None
+    ) -> asyncio.Future[tuple[JobRecord, bool] | WheelError]:
+        """``submit`` without waiting: validates now (raising what is wrong
+        with the spec), queues the job for the next group commit and returns
+        the future of its outcome, a per-job error (a key conflict) included.
+        A batch of requests queues all its jobs without a task for each."""
         new = replace(self._new_job(spec, idempotency_key), body_hash=body_hash)
         future: asyncio.Future[tuple[JobRecord, bool] | WheelError] = (
             asyncio.get_running_loop().create_future()
@@ -546,10 +558,7 @@ class Node:
         self._submits.append((new, future))
         if self._submit_flusher is None or self._submit_flusher.done():
             self._submit_flusher = asyncio.create_task(self._flush_submits())
-        result = await future
-        if isinstance(result, WheelError):
-            raise result
-        return result
+        return future
 
     async def _flush_submits(self) -> None:
         while self._submits:
@@ -559,10 +568,12 @@ class Node:
             )
             try:
                 results = await self._api(self.store.submit_jobs, [n for n, _ in batch])
-            except WheelError as exc:
+            except Exception as exc:  # every waiter hears of it: none hangs
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
+                if not isinstance(exc, WheelError):
+                    log.exception("storing %d submits failed", len(batch))
                 continue
             for (_, future), result in zip(batch, results, strict=True):
                 if not isinstance(result, WheelError) and result[1]:

@@ -1174,3 +1174,29 @@ def test_submit_jobs_stores_a_batch_and_reports_each_bad_item_on_its_own(api: Ap
         api.jobs.SubmitJobs(too_many, timeout=30)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "10000" in (err.value.details() or "")
+
+
+def test_a_submit_batch_the_store_fails_unexpectedly_answers_and_the_next_one_works(
+    api: Api,
+) -> None:
+    # Not a store error the node knows: every submit of the batch must still
+    # get an answer (none waits forever), and later submits are stored.
+    node = api.server.node
+    assert node is not None
+    real = node.store.submit_jobs
+
+    def broken(news: Any) -> Any:
+        raise RuntimeError("driver bug")
+
+    node.store.submit_jobs = broken  # type: ignore[method-assign]
+    req = job_service_pb2.SubmitJobsRequest(
+        jobs=[job_service_pb2.SubmitJobRequest(spec=spec(name=f"n{i}")) for i in range(3)]
+    )
+    with pytest.raises(grpc.RpcError) as err:
+        api.jobs.SubmitJobs(req, timeout=10)
+    assert err.value.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+    with pytest.raises(grpc.RpcError) as err:
+        submit(api, spec(name="alone"))
+    assert err.value.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+    node.store.submit_jobs = real  # type: ignore[method-assign]
+    assert submit(api, spec(name="after")).created

@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 
 from wheel.engine.model import JobState
 from wheel.engine.owner import CompletionResult, Effects, Outcome
+from wheel.engine.records import JobRecord
 from wheel.engine.schedule import compile_schedule
 from wheel.engine.spec import DEFAULT_LIMITS, Cron, Interval, JobSpec, Once
 from wheel.errors import (
@@ -86,6 +87,11 @@ async def _call(context: grpc.aio.ServicerContext, work: Awaitable[T]) -> T:
         raise AssertionError("unreachable") from exc
 
 
+def _ignore_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # marks it retrieved
+
+
 def _page_size(value: int, field: str = "page_size") -> int:
     if value < 0:
         raise InvalidArgument(field, f"{value} is negative")
@@ -117,17 +123,35 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
                 raise LimitExceeded(
                     "jobs", f"{len(request.jobs)} submits is over the limit of {MAX_SUBMIT_MANY}"
                 )
-            results = await asyncio.gather(
-                *(self._submit_one(item) for item in request.jobs), return_exceptions=True
-            )
+            # Every job is validated and queued first, so the whole request
+            # goes into one group commit; then each outcome is awaited in turn.
+            pending: list[asyncio.Future[tuple[JobRecord, bool] | WheelError] | WheelError] = []
             out = job_service_pb2.SubmitJobsResponse()
-            for result in results:
-                if isinstance(result, WheelError):
-                    out.results.add(error_code=status_of(result).name, error_message=str(result))
-                elif isinstance(result, BaseException):
-                    raise result
-                else:
-                    out.results.add(response=result)
+            awaited = 0
+            try:
+                for item in request.jobs:
+                    try:
+                        pending.append(self._queue_submit(item))
+                    except WheelError as exc:
+                        pending.append(exc)
+                for entry in pending:
+                    awaited += 1
+                    try:
+                        result = entry if isinstance(entry, WheelError) else await entry
+                    except WheelError as exc:  # the batch's store write failed
+                        result = exc
+                    if isinstance(result, WheelError):
+                        out.results.add(
+                            error_code=status_of(result).name, error_message=str(result)
+                        )
+                    else:
+                        out.results.add(response=self._submitted(*result))
+            except BaseException:
+                # Nobody awaits the rest now: their endings are not errors to log.
+                for rest in pending[awaited:]:
+                    if isinstance(rest, asyncio.Future):
+                        rest.add_done_callback(_ignore_outcome)
+                raise
             return out
 
         return await _call(context, work())
@@ -135,6 +159,15 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
     async def _submit_one(
         self, request: job_service_pb2.SubmitJobRequest
     ) -> job_service_pb2.SubmitJobResponse:
+        result = await self._queue_submit(request)
+        if isinstance(result, WheelError):
+            raise result
+        return self._submitted(*result)
+
+    def _queue_submit(
+        self, request: job_service_pb2.SubmitJobRequest
+    ) -> asyncio.Future[tuple[JobRecord, bool] | WheelError]:
+        """Validate one submit and queue it for the node's next group commit."""
         if not request.HasField("spec"):
             raise InvalidArgument("spec", "is required")
         if len(request.idempotency_key) > MAX_IDEMPOTENCY_KEY:
@@ -148,9 +181,9 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
             # after server-side defaults (an interval's start is now + period).
             wire = request.spec.SerializeToString(deterministic=True)
             digest = hashlib.sha256(wire).hexdigest()
-        record, created = await self.node.submit(
-            spec, request.idempotency_key or None, body_hash=digest
-        )
+        return self.node.submit_later(spec, request.idempotency_key or None, body_hash=digest)
+
+    def _submitted(self, record: JobRecord, created: bool) -> job_service_pb2.SubmitJobResponse:
         return job_service_pb2.SubmitJobResponse(
             job=convert.job_to_proto(record, next_fires_ms=self.node.next_fires(record.job_id, 5)),
             created=created,
