@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import pytest
 
+from wheel.engine.model import JobState
 from wheel.engine.owner import OwnerConfig
 from wheel.engine.spec import DEFAULT_LIMITS
 from wheel.node import Node, NodeConfig
@@ -1200,3 +1201,37 @@ def test_a_submit_batch_the_store_fails_unexpectedly_answers_and_the_next_one_wo
     assert err.value.code() != grpc.StatusCode.DEADLINE_EXCEEDED
     node.store.submit_jobs = real  # type: ignore[method-assign]
     assert submit(api, spec(name="after")).created
+
+
+def test_a_busy_change_feed_is_read_page_after_page_not_a_page_an_interval(
+    tmp_path: Path,
+) -> None:
+    # Pages of 4 and a read every 3 s: 40 jobs paused by another writer take
+    # ten pages or more. Read a page an interval, the last pause would reach
+    # the owner half a minute later; read back to back, within one interval.
+    server = InProcessServer(tmp_path, changes_interval_s=3.0, changes_page=4).start()
+    try:
+        with connect(server) as api:
+            hourly = every(HOUR_MS, now_ms() + HOUR_MS)
+            ids = [submit(api, spec(name=f"j{i}", schedule=hourly)).job.job_id for i in range(40)]
+        node = server.node
+        assert node is not None
+        other = open_store(f"sqlite:///{tmp_path / 'wheel.db'}")
+        try:
+            for job_id in ids:
+                job = other.get_job(job_id)
+                other.set_job_state(
+                    job_id, JobState.PAUSED, next_run_at=job.next_run_at, now_ms=now_ms()
+                )
+        finally:
+            other.close()
+
+        def paused() -> int:
+            owner = node._owner()
+            return sum(
+                1 for job_id in ids if (job := owner._job(job_id)) is not None and job.paused
+            )
+
+        wait_for(lambda: server.call(paused) == len(ids), 8, "every pause to reach the owner")
+    finally:
+        server.stop()
