@@ -718,48 +718,43 @@ class PostgresStore:
         def op(conn: Conn, attempt: _Attempt) -> tuple[list[int | None], list[bool]]:
             if not attempt.after_unknown_commit:
                 try:
-                    return claim_all(conn)
+                    return claim(conn, plain=True)
                 except psycopg.errors.UniqueViolation:
                     conn.rollback()  # some fire is claimed already: sort them out
-            return claim_winners(conn)
+            return claim(conn, plain=False)
 
-        def claim_all(conn: Conn) -> tuple[list[int | None], list[bool]]:
+        def claim(conn: Conn, *, plain: bool) -> tuple[list[int | None], list[bool]]:
             run_ids: list[int | None] = [None] * n
             advanced = [False] * n
             with conn.cursor(binary=True) as cur:
                 for members in rounds:
                     part = [claims[i] for i in members] if len(rounds) > 1 else claims
                     arrays = _claim_arrays(members, part)
-                    cur.execute(_CLAIM_INSERT_SQL, arrays)
-                    index = {claims[i].job_id: i for i in members}  # unique in a round
-                    for job_id, run_id in cur:
-                        run_ids[index[job_id]] = run_id
-                    cur.execute(_CLAIM_MOVE_SQL, arrays)
-                    for (i,) in cur:
-                        advanced[i] = True
-            return run_ids, advanced
-
-        def claim_winners(conn: Conn) -> tuple[list[int | None], list[bool]]:
-            run_ids: list[int | None] = [None] * n
-            advanced = [False] * n
-            with conn.cursor(binary=True) as cur:
-                for members in rounds:
-                    part = [claims[i] for i in members] if len(rounds) > 1 else claims
-                    cur.execute(_CLAIM_SQL, _claim_arrays(members, part))
-                    for i, run_id, moved in cur:
-                        run_ids[i] = run_id
-                        advanced[i] = moved
-                # A claim that lost to a row with its own fence lost to our
-                # own earlier commit: after an unknown commit, or when the
-                # node writes a batch again because a later part of it
-                # failed. It is ours.
-                lost = [i for i in range(n) if run_ids[i] is None]
-                if lost:
-                    part = [claims[i] for i in lost]
-                    cur.execute(_RECOGNISE_CLAIMS_SQL, _claim_arrays(lost, part))
-                    for i, run_id, moved in cur:
-                        run_ids[i] = run_id
-                        advanced[i] = bool(moved) and claims[i].advance
+                    if plain:  # every claim wins, or the insert fails them all
+                        cur.execute(_CLAIM_INSERT_SQL, arrays)
+                        index = {claims[i].job_id: i for i in members}  # unique in a round
+                        for job_id, run_id in cur:
+                            run_ids[index[job_id]] = run_id
+                        cur.execute(_CLAIM_MOVE_SQL, arrays)
+                        for (i,) in cur:
+                            advanced[i] = True
+                    else:
+                        cur.execute(_CLAIM_SQL, arrays)
+                        for i, run_id, moved in cur:
+                            run_ids[i] = run_id
+                            advanced[i] = moved
+                if not plain:
+                    # A claim that lost to a row with its own fence lost to our
+                    # own earlier commit: after an unknown commit, or when the
+                    # node writes a batch again because a later part of it
+                    # failed. It is ours.
+                    lost = [i for i in range(n) if run_ids[i] is None]
+                    if lost:
+                        part = [claims[i] for i in lost]
+                        cur.execute(_RECOGNISE_CLAIMS_SQL, _claim_arrays(lost, part))
+                        for i, run_id, moved in cur:
+                            run_ids[i] = run_id
+                            advanced[i] = bool(moved) and claims[i].advance
             return run_ids, advanced
 
         run_ids, advanced = self._run(op, idempotent=True)
