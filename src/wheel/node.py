@@ -548,23 +548,14 @@ class Node:
             now_ms - 1
         )
 
-    async def submit(
-        self, spec: JobSpec, idempotency_key: str | None, *, body_hash: str | None = None
-    ) -> tuple[JobRecord, bool]:
-        """Validate, then store with every other submit waiting at the same
-        moment in one transaction (group commit), then schedule."""
-        result = await self.submit_later(spec, idempotency_key, body_hash=body_hash)
-        if isinstance(result, WheelError):
-            raise result
-        return result
-
     def submit_later(
         self, spec: JobSpec, idempotency_key: str | None, *, body_hash: str | None = None
     ) -> asyncio.Future[tuple[JobRecord, bool] | WheelError]:
-        """``submit`` without waiting: validates now (raising what is wrong
-        with the spec), queues the job for the next group commit and returns
-        the future of its outcome, a per-job error (a key conflict) included.
-        A batch of requests queues all its jobs without a task for each."""
+        """Validate now (raising what is wrong with the spec), then queue the
+        job to be stored with every other submit waiting at the same moment
+        in one transaction (group commit) and scheduled. Returns the future
+        of its outcome, a per-job error (a key conflict) included: a batch of
+        requests queues all its jobs without a task for each."""
         new = replace(self._new_job(spec, idempotency_key), body_hash=body_hash)
         future: asyncio.Future[tuple[JobRecord, bool] | WheelError] = (
             asyncio.get_running_loop().create_future()

@@ -37,6 +37,8 @@ DUE_INDEX = (
 )
 # In-flight runs by state: keyed by state then run id, so claims append and
 # completions delete near the old end.
+# The same as a condition on "executions AS e".
+INFLIGHT_WHERE = f"e.state IN {INFLIGHT_SQL}"
 INFLIGHT_INDEX = (
     f"CREATE INDEX executions_inflight ON executions (state) WHERE state IN {INFLIGHT_SQL}"
 )
@@ -263,6 +265,8 @@ RUN_COLUMNS = (
     "run_id, job_id, scheduled_for, attempt, state, fence, worker_id,"
     " dispatched_at_ms, started_at_ms, finished_at_ms, error"
 )
+# The same, qualified for "executions AS e" in a join.
+RUN_COLUMNS_E = ", ".join("e." + c.strip() for c in RUN_COLUMNS.split(","))
 MISSED_COLUMNS = "job_id, scheduled_for, reason, recorded_at_ms"
 
 

@@ -46,13 +46,14 @@ from wheel.errors import (
 from wheel.store._pgarrays import Bools, Int4s, Int8s, Texts
 from wheel.store._pgarrays import register as register_arrays
 from wheel.store._schema import (
-    INFLIGHT_SQL,
+    INFLIGHT_WHERE,
     JOB_COLUMNS,
     JOB_FROM,
     MISSED_COLUMNS,
     PG_MIGRATIONS,
     RETRY_WHERE,
     RUN_COLUMNS,
+    RUN_COLUMNS_E,
     batch_keys,
     body_hash,
     created_record,
@@ -107,7 +108,6 @@ def _none_of(states: Collection[RunState]) -> str:
 
 _NOT_INFLIGHT = _none_of(TERMINAL_RUN_STATES)
 _NOT_DISPATCHED = _none_of(set(RunState) - {RunState.DISPATCHED})
-_RUN_COLUMNS_E = ", ".join("e." + c.strip() for c in RUN_COLUMNS.split(","))
 
 # One claim batch (one "round", see _rounds): insert the executions, keep the
 # ones that won, compare-and-swap their jobs' next_run_at, report both. Inside a
@@ -285,7 +285,7 @@ SELECT t.idx
 
 def _runs_of_shards_sql(where: str) -> str:
     return (
-        f"SELECT {_RUN_COLUMNS_E} FROM executions AS e JOIN jobs AS j USING (job_id)"
+        f"SELECT {RUN_COLUMNS_E} FROM executions AS e JOIN jobs AS j USING (job_id)"
         f" WHERE {where} AND j.shard = ANY(%s::int2[]) ORDER BY e.run_id"
     )
 
@@ -1013,12 +1013,7 @@ class PostgresStore:
                 " ORDER BY j.job_id",
                 (wanted,),
             ).fetchall()
-            runs = conn.execute(
-                f"SELECT {_RUN_COLUMNS_E} FROM executions AS e JOIN jobs AS j USING (job_id)"
-                f" WHERE e.state IN {INFLIGHT_SQL} AND j.shard = ANY(%s::int2[])"
-                " ORDER BY e.run_id",
-                (wanted,),
-            ).fetchall()
+            runs = conn.execute(_runs_of_shards_sql(INFLIGHT_WHERE), (wanted,)).fetchall()
             parsed, raw = split_job_rows(jobs, unparsed)
             return ShardLoad(
                 jobs=parsed,
@@ -1030,7 +1025,7 @@ class PostgresStore:
         return self._run(op, idempotent=True)
 
     def inflight_runs(self, shards: Collection[int]) -> list[ExecutionRecord]:
-        return self._runs_of_shards(f"e.state IN {INFLIGHT_SQL}", shards)
+        return self._runs_of_shards(INFLIGHT_WHERE, shards)
 
     def retry_candidates(self, shards: Collection[int]) -> list[ExecutionRecord]:
         return self._runs_of_shards(RETRY_WHERE, shards)

@@ -39,11 +39,13 @@ from wheel.errors import (
 )
 from wheel.store._schema import (
     INFLIGHT_SQL,
+    INFLIGHT_WHERE,
     JOB_COLUMNS,
     JOB_FROM,
     MISSED_COLUMNS,
     RETRY_WHERE,
     RUN_COLUMNS,
+    RUN_COLUMNS_E,
     SQLITE_MIGRATIONS,
     batch_keys,
     created_record,
@@ -258,6 +260,14 @@ class _Checkpointer:
     def close(self) -> None:
         self.stop()
         self._thread.join()
+
+
+def _runs_of_shards_sql(where: str, index: str = "") -> str:
+    """Executions matching ``where`` of jobs in the shards of a JSON list."""
+    return (
+        f"SELECT {RUN_COLUMNS_E} FROM executions AS e{index} JOIN jobs AS j ON j.job_id = e.job_id"
+        f" WHERE {where} AND j.shard IN (SELECT value FROM json_each(?)) ORDER BY e.run_id"
+    )
 
 
 class SQLiteStore:
@@ -794,13 +804,7 @@ class SQLiteStore:
                 + " ORDER BY j.job_id",
                 () if every else (wanted,),
             ).fetchall()
-            runs = cur.execute(
-                f"SELECT {', '.join('e.' + c.strip() for c in RUN_COLUMNS.split(','))}"
-                " FROM executions AS e JOIN jobs AS j ON j.job_id = e.job_id"
-                f" WHERE e.state IN {INFLIGHT_SQL}"
-                " AND j.shard IN (SELECT value FROM json_each(?)) ORDER BY e.run_id",
-                (wanted,),
-            ).fetchall()
+            runs = cur.execute(_runs_of_shards_sql(INFLIGHT_WHERE), (wanted,)).fetchall()
         parsed, raw = split_job_rows(jobs, unparsed)
         return ShardLoad(
             jobs=parsed,
@@ -810,7 +814,7 @@ class SQLiteStore:
         )
 
     def inflight_runs(self, shards: Collection[int]) -> list[ExecutionRecord]:
-        return self._runs_of_shards(f"e.state IN {INFLIGHT_SQL}", shards)
+        return self._runs_of_shards(INFLIGHT_WHERE, shards)
 
     def retry_candidates(self, shards: Collection[int]) -> list[ExecutionRecord]:
         # Without the hint the planner walks every execution in run_id order
@@ -821,13 +825,7 @@ class SQLiteStore:
         self, where: str, shards: Collection[int], index: str = ""
     ) -> list[ExecutionRecord]:
         with self._tx(write=False) as cur:
-            rows = cur.execute(
-                f"SELECT {', '.join('e.' + c.strip() for c in RUN_COLUMNS.split(','))}"
-                f" FROM executions AS e{index} JOIN jobs AS j ON j.job_id = e.job_id"
-                f" WHERE {where} AND j.shard IN (SELECT value FROM json_each(?))"
-                " ORDER BY e.run_id",
-                (_shard_list(shards),),
-            ).fetchall()
+            rows = cur.execute(_runs_of_shards_sql(where, index), (_shard_list(shards),)).fetchall()
         return [run_from_row(r) for r in rows]
 
     def changes_since(
