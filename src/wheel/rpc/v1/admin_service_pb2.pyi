@@ -37,8 +37,36 @@ class NodeStatus(_message.Message):
     shards_owned: int
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., shards_owned: _Optional[int] = ...) -> None: ...
 
+class WorkerStatus(_message.Message):
+    __slots__ = ("worker_id", "capacity", "held", "pools", "handlers", "draining", "silent")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    HANDLERS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    SILENT_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    capacity: int
+    held: int
+    pools: _containers.RepeatedScalarFieldContainer[str]
+    handlers: _containers.RepeatedScalarFieldContainer[str]
+    draining: bool
+    silent: bool
+    def __init__(self, worker_id: _Optional[str] = ..., capacity: _Optional[int] = ..., held: _Optional[int] = ..., pools: _Optional[_Iterable[str]] = ..., handlers: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., silent: _Optional[bool] = ...) -> None: ...
+
+class UnservedHandler(_message.Message):
+    __slots__ = ("pool", "handler", "waiting")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    handler: str
+    waiting: int
+    def __init__(self, pool: _Optional[str] = ..., handler: _Optional[str] = ..., waiting: _Optional[int] = ...) -> None: ...
+
 class ClusterStatus(_message.Message):
-    __slots__ = ("node_id", "nodes", "shards", "jobs", "pending_timers", "in_flight", "backlog", "overdue_backlog", "workers", "worker_capacity", "dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatched_total", "completed_total", "missed_total", "dead_lettered_total", "reaper_paused")
+    __slots__ = ("node_id", "nodes", "shards", "jobs", "pending_timers", "in_flight", "backlog", "overdue_backlog", "workers", "worker_capacity", "dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatched_total", "completed_total", "missed_total", "dead_lettered_total", "reaper_paused", "worker_list", "unserved")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +84,8 @@ class ClusterStatus(_message.Message):
     MISSED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTERED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     REAPER_PAUSED_FIELD_NUMBER: _ClassVar[int]
+    WORKER_LIST_FIELD_NUMBER: _ClassVar[int]
+    UNSERVED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     shards: _containers.RepeatedCompositeFieldContainer[ShardStatus]
@@ -73,4 +103,6 @@ class ClusterStatus(_message.Message):
     missed_total: int
     dead_lettered_total: int
     reaper_paused: bool
-    def __init__(self, node_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., jobs: _Optional[int] = ..., pending_timers: _Optional[int] = ..., in_flight: _Optional[int] = ..., backlog: _Optional[int] = ..., overdue_backlog: _Optional[int] = ..., workers: _Optional[int] = ..., worker_capacity: _Optional[int] = ..., dispatch_lag_p50_ms: _Optional[float] = ..., dispatch_lag_p99_ms: _Optional[float] = ..., dispatched_total: _Optional[int] = ..., completed_total: _Optional[int] = ..., missed_total: _Optional[int] = ..., dead_lettered_total: _Optional[int] = ..., reaper_paused: _Optional[bool] = ...) -> None: ...
+    worker_list: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
+    unserved: _containers.RepeatedCompositeFieldContainer[UnservedHandler]
+    def __init__(self, node_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., jobs: _Optional[int] = ..., pending_timers: _Optional[int] = ..., in_flight: _Optional[int] = ..., backlog: _Optional[int] = ..., overdue_backlog: _Optional[int] = ..., workers: _Optional[int] = ..., worker_capacity: _Optional[int] = ..., dispatch_lag_p50_ms: _Optional[float] = ..., dispatch_lag_p99_ms: _Optional[float] = ..., dispatched_total: _Optional[int] = ..., completed_total: _Optional[int] = ..., missed_total: _Optional[int] = ..., dead_lettered_total: _Optional[int] = ..., reaper_paused: _Optional[bool] = ..., worker_list: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., unserved: _Optional[_Iterable[_Union[UnservedHandler, _Mapping]]] = ...) -> None: ...
