@@ -101,7 +101,7 @@ def restore_owner(
         except NotFound:
             log.warning("run of unknown job %s ignored", job_id)
     owner.adopt_finished_jobs(finished)
-    owner.restore_inflight(inflight, now_ms)
+    owner.restore_inflight(inflight, now_ms, fx)
     owner.restore_retries(retries, now_ms)
     return Restored(
         owner=owner,

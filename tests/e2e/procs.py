@@ -45,10 +45,14 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 class ServerProc:
     """`wheelctl serve` in a subprocess, restartable on the same data dir and port."""
 
-    def __init__(self, data_dir: Path, *, store: str | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, *, store: str | None = None, args: tuple[str, ...] = ()
+    ) -> None:
         self.data_dir = data_dir
         self.port = free_port()
         self.store = store
+        # More `wheelctl serve` flags, given at every start.
+        self.args = args
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -60,6 +64,7 @@ class ServerProc:
         args = ["serve", "--data-dir", str(self.data_dir), "--listen", self.target]
         if self.store:
             args += ["--store", self.store]
+        args += self.args
         self.starts += 1
         with open(self.data_dir.parent / f"server-{self.starts}.log", "wb") as log:
             self.proc = subprocess.Popen(

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.procs import ServerProc, WorkerProc, wheelctl
+from tests.e2e.e2e_handlers import events
+from tests.e2e.procs import ServerProc, WorkerProc, runs_of, wait_for, wheelctl
 from wheel.engine.model import RunState
 from wheel.store.sqlite import SQLiteStore
 
@@ -165,3 +166,52 @@ def test_sigkill_restarts_lose_nothing_acknowledged(tmp_path: Path) -> None:
         log = (tmp_path / f"server-{start}.log").read_text()
         assert "restored from the checkpoint" in log, f"start {start}: {log[-2000:]}"
         assert "checkpoint unusable" not in log, f"start {start}: {log[-2000:]}"
+
+
+def test_a_one_shot_in_flight_when_node_and_worker_die_runs_once_after_a_rebuild(
+    tmp_path: Path,
+) -> None:
+    """The one-shot's claim completed the job in the store; its worker and the
+    node are SIGKILLed mid-run; the node comes back rebuilt from the store
+    (no checkpoint). The lost run is dispatched again, as attempt 1, and the
+    handler's work is done exactly once."""
+    server = ServerProc(tmp_path / "data", args=("--no-checkpoint", "--lease-ms", "3000"))
+    server.start()
+    out = tmp_path / "runs.txt"
+    first = WorkerProc(server.target, out, "w1", "e2e_handlers:scripted")
+    second: WorkerProc | None = None
+    try:
+        # Attempt 0 runs long enough to be killed in the middle; attempt 1 is quick.
+        payload = json.dumps({"sleep_s": [60, 0]})
+        job = _submit(
+            server.target, "--name", "once", "--handler", "scripted", "--at", "+1s",
+            "--payload", payload,
+        )  # fmt: skip
+        wait_for(lambda: [e for e in events(out) if e["job"] == job], 20, "attempt 0 to start")
+        wait_for(
+            lambda: any(r["state"] == "running" for r in runs_of(server.target, job)),
+            10,
+            "the worker's ack to reach the store",
+        )
+        first.stop(signal.SIGKILL)
+        server.stop(signal.SIGKILL)
+        server.start()
+        second = WorkerProc(server.target, out, "w2", "e2e_handlers:scripted")
+        runs = wait_for(
+            lambda: (
+                [r for r in runs_of(server.target, job) if r["state"] == "succeeded"]
+                and runs_of(server.target, job)
+            ),
+            30,
+            "the lost run to be dispatched again and succeed",
+        )
+    finally:
+        for w in (first, second):
+            if w is not None:
+                w.stop()
+        server.stop()
+    states = sorted((r["attempt"], r["state"]) for r in runs)
+    assert states == [(0, "lost"), (1, "succeeded")], runs
+    ends = [e for e in events(out) if e["job"] == job and e["event"] == "end"]
+    assert [(e["attempt"], e["outcome"]) for e in ends] == [(1, "succeeded")]
+    assert "restored from the store" in (tmp_path / "server-2.log").read_text()

@@ -1165,12 +1165,66 @@ def test_a_restored_run_completed_before_its_first_heartbeat_is_accepted() -> No
     load = n.store.load_shards(range(256))
     for record in load.jobs:
         owner.upsert_job(record, n.now, n.fx)
-    owner.restore_inflight(load.inflight, n.now)
+    owner.restore_inflight(load.inflight, n.now, n.fx)
     n.owner = owner
     n.hello()
     fx = n.complete(a)
     assert fx.results["w1"][0].accepted
     assert n.execs(j) == [(T + MIN, 0, RunState.SUCCEEDED)]
+
+
+def test_a_one_shot_in_flight_at_a_rebuild_from_the_store_runs_again() -> None:
+    """Its claim completed the job in the store; the worker dies with the
+    node. The rebuilt owner must re-dispatch the lost run: a completed job
+    is over for its schedule, not for its fire's runs."""
+    n = Node()
+    n.hello()
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
+    n.run_once(j, T + MIN)
+    assert n.store.jobs[j].state is JobState.COMPLETED
+    n.restart()
+    n.hello("w2")
+    fx = n.step(n.now + n.config.lease_ms + SEC)  # nobody renews the restored run
+    [again] = fx.assignments["w2"]
+    assert (again.scheduled_for, again.attempt) == (T + MIN, 1)
+    n.complete(again, worker="w2")
+    assert n.execs(j) == [(T + MIN, 0, RunState.LOST), (T + MIN, 1, RunState.SUCCEEDED)]
+    assert j not in n.owner.jobs  # nothing left behind
+
+
+def test_a_retry_of_a_one_shot_owed_at_a_rebuild_from_the_store_runs() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
+    a = n.run_once(j, T + MIN)
+    n.owner.worker_complete("w1", [(a.run_id, a.fence, Outcome.RETRYABLE, "busy")], n.now, n.fx)
+    n.owner.advance(n.now, n.fx)  # the failure is sent; the node dies before the retry
+    n._pass()
+    n.restart()
+    n.hello()
+    fx = n.step(n.now + SEC)
+    [again] = fx.assignments["w1"]
+    assert again.attempt == 1
+    n.complete(again)
+    assert n.execs(j) == [(T + MIN, 0, RunState.FAILED), (T + MIN, 1, RunState.SUCCEEDED)]
+
+
+def test_a_run_of_a_cancelled_job_restored_from_the_store_is_cancelled() -> None:
+    """The cancel reached the store but the node died before it ended the
+    run: the rebuilt owner ends it as the cancel would have, and the worker
+    that still holds it hears that its lease is gone."""
+    n = Node()
+    n.hello()
+    j = n.submit(spec())
+    a = n.run_once(j, T + MIN)
+    n.store.set_job_state(j, JobState.CANCELLED, next_run_at=None, now_ms=n.now)
+    n.restart()
+    n.hello()
+    n.step()
+    assert n.execs(j) == [(T + MIN, 0, RunState.CANCELLED)]
+    n.owner.worker_heartbeat("w1", [(a.run_id, a.fence)], n.now, n.fx)
+    assert n.fx.rejected_renewals["w1"] == [(a.run_id, a.fence)]
+    assert j not in n.owner.jobs
 
 
 def test_upsert_of_a_store_row_is_idempotent() -> None:

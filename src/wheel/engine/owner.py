@@ -238,6 +238,7 @@ class _Job:
     __slots__ = (
         "advancing",
         "buffered",
+        "cancelled",
         "compiled",
         "due",
         "inflight",
@@ -265,6 +266,8 @@ class _Job:
         self.compiled = compiled
         self.limit = _limit(spec)
         self.paused = False
+        # Cancelled: nothing of it runs any more (``paused`` is set too).
+        self.cancelled = False
         # What the store's next_run_at is (or will be once our pending writes land).
         self.store_next: int | None = None
         # The next nominal fire armed in the wheel (None: nothing armed).
@@ -679,7 +682,7 @@ class Owner:
             # Retries of fires that ran end with the job: their last attempt
             # is in the store.
             job.due.clear()
-            job.paused = True
+            job.paused = job.cancelled = True
         else:
             # Completed (a one-shot is, once its fire is claimed): the schedule
             # is over, but that fire's retries and re-dispatches must still run.
@@ -1696,8 +1699,14 @@ class Owner:
     # -- recovery -----------------------------------------------------------------
 
     def adopt_finished_jobs(self, records: Sequence[JobRecord]) -> None:
-        """Jobs that schedule nothing more (completed one-shots, cancelled) but
-        still have runs in flight or retries due: kept until those end."""
+        """Jobs whose schedule is over but that still have runs in flight or
+        retries owed (see ``restore_inflight`` and ``restore_retries``).
+
+        A completed one-shot schedules nothing more, but its fire's runs,
+        retries and re-dispatches go on exactly as they would have without the
+        restart: the job is not paused, or a re-dispatch of its lost run would
+        wait for a resume that cannot come (a silent drop). A cancelled job
+        is kept only to end its runs as the cancel would have."""
         for record in records:
             if record.job_id in self.jobs or record.job_id in self._dormant:
                 continue
@@ -1707,16 +1716,20 @@ class Owner:
                 self._compile(record.job_id, record.spec),
                 record.spec.to_json().encode(),
             )
-            job.paused = True
+            if record.state is JobState.CANCELLED:
+                job.paused = job.cancelled = True
             self.jobs[record.job_id] = job
             # Not in the checkpoint: its first record there must be whole.
             self.new_specs.add(record.job_id)
 
-    def restore_inflight(self, executions: Sequence[ExecutionRecord], now_ms: int) -> None:
+    def restore_inflight(
+        self, executions: Sequence[ExecutionRecord], now_ms: int, fx: Effects
+    ) -> None:
         """Runs the store says are in flight, after a restart or takeover. A
         running run gets a full lease from now and one never acked the grace
         lease (seed R1): their workers reconnect and renew (adopt) them; runs
-        nobody renews expire and are re-dispatched."""
+        nobody renews expire and are re-dispatched. A run of a cancelled job
+        is cancelled, as the cancel would have done had the node lived."""
         for ex in executions:
             if ex.run_id in self.runs:
                 continue
@@ -1741,6 +1754,8 @@ class Owner:
             shard = shard_of(ex.job_id)
             if shard in self._counters and ex.fence >> COUNTER_BITS == self._epochs[shard]:
                 self._counters[shard] = max(self._counters[shard], ex.fence & COUNTER_MASK)
+            if job is not None and job.cancelled:
+                self._end_run(run, RunState.CANCELLED, "job cancelled", fx, now_ms)
 
     def restore_retries(self, executions: Sequence[ExecutionRecord], now_ms: int) -> None:
         """Latest attempts that ended failed, lost or timed out with no newer
@@ -1748,7 +1763,7 @@ class Owner:
         owner stopped. Without this a restart would silently drop them."""
         for ex in executions:
             job = self._job(ex.job_id)
-            if job is None:
+            if job is None or job.cancelled:
                 continue
             if ex.state is RunState.LOST:
                 job.inflight += 1
