@@ -8,16 +8,21 @@ completions, ``advance_schedules`` CAS, deduplicated missed fires,
 random delays and sometimes crash, freeze past their lease (a GC pause) and
 then complete with their old fence, or ack past the grace lease; node restarts
 (a new owner built from the store with bumped epochs, as ``Node.start`` does),
-some of them between a store write and its answer; and the job API (submit,
-pause, resume, cancel, trigger, backfill) as ``wheel.node.Node`` implements it.
+some of them between a store write and its answer; takeovers (a new owner
+rebuilt from the store at once while every worker keeps running and says
+hello to it, as when a shard moves to another node of a cluster); and the job
+API (submit, pause, resume, cancel, trigger, backfill) as ``wheel.node.Node``
+implements it. After the end the run drains (``Sim.drain``): workers quick
+and alive, paused jobs resumed, the clock advanced until nothing owed is left.
 
 The owner is driven like the node drives it: ``advance(now)``, then the store
 writes in the order completions, missed, advances, claims, starts, then
 ``on_completed`` and ``on_claimed`` with the store's answers, then messages.
 
 ``check(sim)`` verifies the design's promises over the whole recorded history
-and returns the violations it found. One ``random.Random(seed)`` drives it all,
-so a seed replays a run exactly.
+and returns the violations it found; a fire due before the end that is still
+pending after the drain is one (a fire that would never have ended). One
+``random.Random(seed)`` drives it all, so a seed replays a run exactly.
 """
 
 from __future__ import annotations
@@ -468,7 +473,7 @@ class SimWorker:
                 (85, 9, 4, 2),
             )[0]
             r = rng.random()
-            if r < 0.85:
+            if sim.draining or r < 0.85:
                 duration = rng.randint(5, 3 * SEC)
             elif r < 0.96:
                 duration = rng.randint(3 * SEC, 90 * SEC)
@@ -600,6 +605,9 @@ class History:
     alerts: list[str] = field(default_factory=list)
     restarts: int = 0
     mid_iteration_crashes: int = 0
+    takeovers: int = 0
+    # Simulated time the drain took after the end (see ``Sim.drain``).
+    drain_ms: int = 0
     crashes: int = 0
     freezes: int = 0
     iterations: int = 0
@@ -619,6 +627,8 @@ class Sim:
         self.now = T0
         self.end = T0 + int(self.scale.days * DAY)
         self.chaos_end = self.end - self.scale.quiet_ms
+        # After the end: workers quick and alive, run until what is owed settles.
+        self.draining = False
         self.store = RefStore()
         self.owner: Owner | None = None
         self.fx = Effects()
@@ -712,6 +722,24 @@ class Sim:
             if w.token is not None and not w.down:
                 w.stream_lost()
         self.at(self.now + down_for, self.start_node)
+
+    def take_over(self) -> None:
+        """Another owner takes the shards at once, rebuilt from the store with
+        new epochs, while every worker keeps running: in a cluster each
+        worker already holds a stream to the new owner. Messages on their way
+        to or from the old owner are lost; live workers say hello to the new
+        one at once, re-send unconfirmed completions and heartbeat the runs
+        they hold (a frozen one does so when it wakes)."""
+        self.history.takeovers += 1
+        self.start_node()
+        for w in self.workers:
+            if w.down or w.token is None:
+                continue
+            w.token = None
+            if self.now < w.frozen_until:
+                w.stream_lost()
+            else:
+                w.connect()
 
     def iterate(self) -> None:
         """One pass of ``Node._loop`` (repeated while it leaves store work)."""
@@ -981,10 +1009,16 @@ class Sim:
         self.at(self.now + int(self.rng.expovariate(1 / every)) + 1, tick)
 
     def _node_fault(self) -> None:
+        """A crash (the node comes back after a while and rebuilds from the
+        store), a crash between a store write and its answer, or a takeover
+        (a new owner rebuilt from the store at once, workers still running)."""
         if self.owner is None:
             return
-        if self.rng.random() < 0.3:
+        r = self.rng.random()
+        if r < 0.25:
             self._crash_mid_iteration = True
+        elif r < 0.5:
+            self.take_over()
         else:
             self.crash_node(self._down_time())
 
@@ -1014,7 +1048,16 @@ class Sim:
             )
         self._poisson(scale.node_restart_every, self._node_fault)
         self._poisson(int(HOUR / scale.api_ops_per_hour), self.api_op)
-        heap, tick = self._heap, scale.tick_ms
+        self._run_until(self.end)
+        self.now = self.end
+        if self.owner is None:
+            self.start_node()
+            self.iterate()
+        self.drain()
+        return self
+
+    def _run_until(self, end: int) -> None:
+        heap, tick = self._heap, self.scale.tick_ms
         while True:
             t = heap[0][0] if heap else None
             owner = self.owner
@@ -1031,18 +1074,58 @@ class Sim:
                     or any(len(q) for q in owner._overdue.values())
                 ):
                     t = self.now + 500 if t is None else min(t, self.now + 500)
-            if t is None or t > self.end:
+            if t is None or t > end:
                 break
             # The node's loop wakes in ticks: events of one tick share an iteration.
             self.now = max(self.now, -(-t // tick) * tick)
             while heap and heap[0][0] <= self.now:
                 heapq.heappop(heap)[2]()
             self.iterate()
-        self.now = self.end
-        if self.owner is None:
-            self.start_node()
-            self.iterate()
-        return self
+
+    def drain(self, *, step_ms: int = 5 * MIN, limit_ms: int = 12 * HOUR) -> None:
+        """Let everything owed by the end settle: workers alive and quick
+        (they come back from crashes and pauses by themselves; no faults
+        after the quiet stretch), paused jobs resumed, and the clock advanced
+        past every lease, backoff and grace until no fire due before the end
+        is still in flight or waiting. ``check`` then requires each such fire
+        to be terminal or recorded missed: one still pending is a drop that
+        would never have ended. Stops after ``limit_ms`` whatever is left."""
+        self.draining = True
+        start = self.now
+        for job in self.jobs.values():
+            if self.store.jobs[job.job_id].state is JobState.PAUSED:
+                self.history.api_ops["resume"] += 1
+                self.set_state(job, JobState.ACTIVE)
+        self.iterate()
+        while self.now < start + limit_ms and self.unsettled(start):
+            target = self.now + step_ms
+            self._run_until(target)
+            self.now = target
+        self.history.drain_ms = self.now - start
+
+    def unsettled(self, before: int) -> list[tuple[int, int]]:
+        """Fires due before ``before`` that are not settled yet: a run in
+        flight or waiting, or a latest attempt owed another one."""
+        out: list[tuple[int, int]] = []
+        latest: dict[tuple[int, int], _ExecRow] = {}
+        for ex in self.store.execs.values():
+            key = (ex.job_id, ex.scheduled_for)
+            if ex.scheduled_for < before and (
+                key not in latest or ex.attempt > latest[key].attempt
+            ):
+                latest[key] = ex
+        for key, ex in latest.items():
+            if ex.state in INFLIGHT or (
+                ex.state in _RETRIED_FROM
+                and self.store.jobs[ex.job_id].state is not JobState.CANCELLED
+            ):
+                out.append(key)
+        owner = self.owner
+        if owner is not None:
+            for job_id, job in owner.jobs.items():
+                out.extend((job_id, d[0]) for d in job.due if d[0] < before)
+                out.extend((job_id, f) for f in job.buffered if f < before)
+        return out
 
 
 def _supersede_all(w: SimWorker, refs: Iterable[tuple[int, int]]) -> None:
@@ -1077,31 +1160,53 @@ def _limit(spec: JobSpec) -> int:
     return o.max_concurrent if o.policy is OverlapPolicy.ALLOW else 1
 
 
-def check(sim: Sim, *, settle_ms: int = 30 * MIN) -> list[Violation]:
-    """Every promise of DESIGN.md "The promise to users" over the history."""
+def check(sim: Sim) -> list[Violation]:
+    """Every promise of DESIGN.md "The promise to users" over the history.
+
+    Run after ``Sim.drain``: every fire due before the end (``sim.end``, when
+    the drain began) must be settled -- its latest attempt terminal, or the
+    fire recorded missed with a reason. A fire still in flight, waiting on a
+    job or owed a retry after the drain would never have ended: a silent
+    drop. Fires that came due during the drain may still be on their way.
+    """
     out: list[Violation] = []
     store, owner, end = sim.store, sim.owner, sim.end
     assert owner is not None, "check runs on a live node"
-    horizon = end - settle_ms
+    assert sim.draining, "check runs after the drain"
+    horizon = end
 
     execs_by_fire: dict[tuple[int, int], list[_ExecRow]] = defaultdict(list)
     for ex in store.execs.values():
         execs_by_fire[(ex.job_id, ex.scheduled_for)].append(ex)
 
-    # What the owner still holds at the end: fires waiting, retries, re-dispatches.
-    pending: set[tuple[int, int]] = set()
-    for job_id, job in owner.jobs.items():
-        pending.update((job_id, d[0]) for d in job.due)
-        pending.update((job_id, f) for f in job.buffered)
-        pending.update((job_id, f) for f in job.skipped)
+    # Retries and re-dispatches of fires due during the drain may still wait.
     retry_pending = {(j, f, a) for j, f, a in owner._retries.values()}
     retry_pending.update(owner._reaper)
     for job_id, job in owner.jobs.items():
         retry_pending.update((job_id, d[0], d[1]) for d in job.due if d[1] > 0)
     retry_pending.update(owner._pending)
 
-    # 1. No silent drop: every nominal fire up to the horizon has an execution,
-    # a missed record with its reason, or is still held by the owner.
+    # 0. Settled: nothing owed before the end is left in flight or waiting.
+    for job_id, f in sorted(set(sim.unsettled(horizon))):
+        exs = sorted(execs_by_fire.get((job_id, f), ()), key=lambda e: e.attempt)
+        held = owner.jobs.get(job_id)
+        out.append(
+            Violation(
+                "no silent drop",
+                f"job {job_id} ({_describe(sim.jobs[job_id].spec)}) fire {f} (T0{f - T0:+d} ms) "
+                f"still pending {sim.history.drain_ms // MIN} min after the end: attempts "
+                f"{[(e.attempt, e.state.value, e.error) for e in exs]}, owner holds "
+                + (
+                    "nothing"
+                    if held is None
+                    else f"due={list(held.due)} buffered={list(held.buffered)} "
+                    f"paused={held.paused} inflight={held.inflight}"
+                ),
+            )
+        )
+
+    # 1. No silent drop: every nominal fire up to the horizon has an execution
+    # or a missed record with its reason.
     for job in sim.jobs.values():
         expected: set[int] = set(job.extra_fires)
         life_end = horizon
@@ -1141,7 +1246,7 @@ def check(sim: Sim, *, settle_ms: int = 30 * MIN) -> list[Violation]:
                 )
         for f in sorted(expected):
             key = (job.job_id, f)
-            if key in execs_by_fire or key in store.missed or key in pending:
+            if key in execs_by_fire or key in store.missed:
                 continue
             out.append(
                 Violation(
@@ -1396,7 +1501,7 @@ def check(sim: Sim, *, settle_ms: int = 30 * MIN) -> list[Violation]:
                 )
         last = exs[-1]
         if last.state in _RETRIED_FROM:
-            if (job_id, f, last.attempt + 1) in retry_pending:
+            if f >= horizon and (job_id, f, last.attempt + 1) in retry_pending:
                 continue
             if store.jobs[job_id].state is JobState.CANCELLED:
                 continue
@@ -1465,6 +1570,8 @@ def summary(sim: Sim) -> dict[str, object]:
         "states": dict(states),
         "restarts": h.restarts,
         "mid_iteration_crashes": h.mid_iteration_crashes,
+        "takeovers": h.takeovers,
+        "drain_min": h.drain_ms // MIN,
         "worker_crashes": h.crashes,
         "freezes": h.freezes,
         "iterations": h.iterations,

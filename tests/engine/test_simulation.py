@@ -1,10 +1,14 @@
 """The shard owner under a simulated fleet, checked against the design's promises.
 
 Each seed runs thousands of jobs over simulated days with worker crashes,
-GC-paused workers, slow acks, node restarts (some between a store write and
-its answer) and users pausing, resuming, cancelling, triggering and
-backfilling (see ``tests/engine/sim.py``). ``check`` then verifies every
-promise over the whole history.
+GC-paused workers, slow acks, node restarts rebuilt from the store (some
+between a store write and its answer), takeovers (a new owner rebuilt from
+the store at once while the workers keep running) and users pausing,
+resuming, cancelling, triggering and backfilling (see ``tests/engine/sim.py``).
+The run then drains -- workers alive and quick, the clock advanced past every
+lease, backoff and grace -- and ``check`` verifies every promise over the
+whole history: each fire due before the end is terminal or recorded missed,
+none still pending.
 
 Replay one seed: ``WHEEL_SIM_SEED=123 pytest tests/engine/test_simulation.py``.
 Stress: ``WHEEL_SIM_SEEDS=50 pytest tests/engine/test_simulation.py`` runs 50
@@ -31,7 +35,7 @@ def _seeds() -> list[int]:
     return [*DEFAULT_SEEDS, *range(1_000, 1_000 + extra)]
 
 
-def _run(seed: int, scale: SimScale) -> None:
+def _run(seed: int, scale: SimScale) -> Sim:
     sim = Sim(seed, scale).run()
     violations = check(sim)
     if violations:
@@ -45,6 +49,7 @@ def _run(seed: int, scale: SimScale) -> None:
     # The run exercised what it claims to: faults happened, work was done.
     assert s["executions"] > 10 * scale.jobs
     assert sim.history.freezes and sim.history.crashes
+    return sim
 
 
 @pytest.mark.parametrize("seed", _seeds())
@@ -52,8 +57,13 @@ def test_every_promise_holds_over_a_simulated_fleet(seed: int) -> None:
     _run(seed, SCALE)
 
 
-@pytest.mark.parametrize("seed", [7, 8])
+# Seeds 8 and 10 failed the drain check before a completed one-shot adopted
+# after a rebuild was no longer left paused: its lost run's re-dispatch (8) or
+# its retry (10) waited forever for a resume.
+@pytest.mark.parametrize("seed", [7, 8, 10])
 def test_every_promise_holds_across_frequent_node_restarts(seed: int) -> None:
-    # A restart every ~40 minutes, a third of them between a store write and
-    # its answer, with long outages that exercise every catch-up mode.
-    _run(seed, SimScale(jobs=250, days=1, node_restart_every=40 * 60_000))
+    # A node fault every ~40 minutes: crashes rebuilt from the store, a
+    # quarter of them between a store write and its answer, and takeovers,
+    # with long outages that exercise every catch-up mode.
+    sim = _run(seed, SimScale(jobs=250, days=1, node_restart_every=40 * 60_000))
+    assert sim.history.takeovers and sim.history.mid_iteration_crashes
