@@ -499,14 +499,23 @@ class Node:
 
     # -- worker streams ---------------------------------------------------------
 
-    def attach_worker(self, worker_id: str, capacity: int, pools: Sequence[str]) -> WorkerSession:
+    def attach_worker(
+        self,
+        worker_id: str,
+        capacity: int,
+        pools: Sequence[str],
+        *,
+        handlers: Sequence[str] = (),
+    ) -> WorkerSession:
         old = self.sessions.pop(worker_id, None)
         if old is not None:
             old.closed = True
             old.outbox.put_nowait(None)
         session = WorkerSession(worker_id)
         self.sessions[worker_id] = session
-        self._owner().worker_hello(worker_id, capacity, pools, self.clock.now_ms(), self._fx)
+        self._owner().worker_hello(
+            worker_id, capacity, pools, self.clock.now_ms(), self._fx, handlers=handlers
+        )
         self.wake()
         return session
 

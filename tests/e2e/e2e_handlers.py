@@ -22,6 +22,34 @@ def record(ctx: RunContext) -> None:
         f.write(f"{ctx.idempotency_key} {ctx.attempt} {ctx.fence} {ctx.run_id}\n")
 
 
+def record_where(ctx: RunContext) -> None:
+    """Append the run with the handler it was sent for and the worker that ran
+    it (WHEEL_E2E_WORKER) to WHEEL_E2E_OUT + '.where', one JSON line each."""
+    line = json.dumps(
+        {
+            "job": ctx.job_id,
+            "run": ctx.run_id,
+            "attempt": ctx.attempt,
+            "handler": ctx.handler,
+            "worker": os.environ.get("WHEEL_E2E_WORKER", ""),
+        }
+    )
+    fd = os.open(os.environ["WHEEL_E2E_OUT"] + ".where", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def where(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The runs ``record_where`` wrote for this output file."""
+    try:
+        with open(f"{os.fspath(out)}.where") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
 def _event(ctx: RunContext, event: str, **extra: Any) -> None:
     """One JSON line per event in WHEEL_E2E_OUT + '.events' (a single O_APPEND
     write, so lines from concurrent threads and processes never interleave)."""

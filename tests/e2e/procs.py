@@ -99,7 +99,9 @@ class ServerProc:
 
 class WorkerProc:
     def __init__(self, target: str, out: Path, worker_id: str, *handlers: str) -> None:
-        env = dict(os.environ, WHEEL_E2E_OUT=str(out), PYTHONPATH=str(HERE))
+        env = dict(
+            os.environ, WHEEL_E2E_OUT=str(out), WHEEL_E2E_WORKER=worker_id, PYTHONPATH=str(HERE)
+        )
         with open(out.parent / f"{worker_id}.log", "wb") as log:
             self.proc = self._spawn(target, worker_id, handlers, env, log)
 

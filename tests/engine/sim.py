@@ -89,6 +89,19 @@ DAY = 24 * HOUR
 # 2026-03-07 00:00 UTC: the first simulated days cross the US spring-forward.
 T0 = 1_772_841_600_000
 INFLIGHT = (RunState.DISPATCHED, RunState.RUNNING)
+# Jobs' handlers, and what the workers register in turn (w0 runs any; "mail"
+# has two workers of eight, so crashes leave it unserved now and then).
+HANDLERS = ("sim", "report", "mail")
+WORKER_HANDLERS: tuple[tuple[str, ...], ...] = (
+    (),
+    ("sim",),
+    ("sim", "report"),
+    ("report", "mail"),
+    ("sim",),
+    ("sim", "report"),
+    ("report",),
+    ("sim",),
+)
 
 
 # -- the reference store ------------------------------------------------------------------
@@ -402,11 +415,20 @@ class _WRun:
 class SimWorker:
     """A worker process: one lease stream to the node, handlers as timers."""
 
-    def __init__(self, sim: Sim, worker_id: str, capacity: int, pools: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        sim: Sim,
+        worker_id: str,
+        capacity: int,
+        pools: tuple[str, ...],
+        handlers: tuple[str, ...] = (),
+    ) -> None:
         self.sim = sim
         self.worker_id = worker_id
         self.capacity = capacity
         self.pools = pools
+        # Handler names it registers (none: it runs any).
+        self.handlers = handlers
         self.token: int | None = None  # the current stream
         self.gen = 0  # bumped by a crash: timers of the old process die
         self.runs: dict[int, _WRun] = {}
@@ -467,11 +489,28 @@ class SimWorker:
         for a in items:
             if a.run_id in self.runs:
                 continue
+            if self.handlers and a.handler not in self.handlers:
+                sim.history.misrouted.append((sim.now, self.worker_id, a))
             job = sim.jobs[a.job_id]
             outcome = rng.choices(
-                (Outcome.SUCCEEDED, Outcome.RETRYABLE, Outcome.FAILED, Outcome.HANDED_BACK),
-                (85, 9, 4, 2),
+                (
+                    Outcome.SUCCEEDED,
+                    Outcome.RETRYABLE,
+                    Outcome.FAILED,
+                    Outcome.HANDED_BACK,
+                    Outcome.ABANDONED,
+                ),
+                (85, 9, 4, 2, 1),
             )[0]
+            if outcome is Outcome.HANDED_BACK:
+                # It never starts the run (a redeploy, a drain): it says so
+                # at once, with no ack.
+                run = _WRun(a.run_id, a.fence, a.job_id, a.scheduled_for, a.attempt, outcome, 0)
+                self.runs[a.run_id] = run
+                sim.at(
+                    sim.now + rng.randint(1, 300), self._gen_guard(lambda r=run: self._finish(r))
+                )
+                continue
             r = rng.random()
             if sim.draining or r < 0.85:
                 duration = rng.randint(5, 3 * SEC)
@@ -602,6 +641,8 @@ class History:
     # (time, worker, result)
     results: list[tuple[int, str, CompletionResult]] = field(default_factory=list)
     worker_completions: list[tuple[int, str, int, int]] = field(default_factory=list)
+    # Runs a worker got for a handler it did not register: (time, worker, assignment).
+    misrouted: list[tuple[int, str, Assignment]] = field(default_factory=list)
     alerts: list[str] = field(default_factory=list)
     restarts: int = 0
     mid_iteration_crashes: int = 0
@@ -660,7 +701,9 @@ class Sim:
         assert self.owner is not None
         self._token += 1
         self.sessions[w.worker_id] = self._token
-        self.owner.worker_hello(w.worker_id, w.capacity, w.pools, self.now, self.fx)
+        self.owner.worker_hello(
+            w.worker_id, w.capacity, w.pools, self.now, self.fx, handlers=w.handlers
+        )
         return self._token
 
     def detach(self, w: SimWorker, token: int) -> None:
@@ -870,7 +913,7 @@ class Sim:
         policy = rng.choice(tuple(OverlapPolicy))
         return JobSpec(
             name=name,
-            handler="sim",
+            handler=rng.choices(HANDLERS, (6, 3, 1))[0],
             schedule=schedule,
             tenant=rng.choice(("acme", "globex", "initech", "umbrella", "hooli")),
             jitter_ms=0 if rng.random() < 0.7 else rng.randint(1, 30 * SEC),
@@ -1031,7 +1074,8 @@ class Sim:
             self.submit(self.random_spec(f"job-{i}"))
         for i in range(scale.workers):
             pools = ("default",)
-            w = SimWorker(self, f"w{i}", scale.capacity, pools)
+            handlers = WORKER_HANDLERS[i % len(WORKER_HANDLERS)]
+            w = SimWorker(self, f"w{i}", scale.capacity, pools, handlers)
             self.workers.append(w)
             self._by_id[w.worker_id] = w
             w.connect()
@@ -1145,13 +1189,14 @@ class Violation:
         return f"[{self.promise}] {self.detail}"
 
 
-_HANDED_BACK = "handed back by worker"
 _RETRIED_FROM = (RunState.FAILED, RunState.TIMED_OUT, RunState.LOST)
+# What the store holds once a completion with each outcome was accepted (a
+# hand-back writes nothing: the run goes to another worker as it is).
 _OUTCOME_STATES = {
     Outcome.SUCCEEDED: {RunState.SUCCEEDED},
     Outcome.FAILED: {RunState.DEAD_LETTERED},
     Outcome.RETRYABLE: {RunState.FAILED, RunState.DEAD_LETTERED},
-    Outcome.HANDED_BACK: {RunState.LOST},
+    Outcome.ABANDONED: {RunState.LOST, RunState.UNKNOWN, RunState.DEAD_LETTERED},
 }
 
 
@@ -1421,6 +1466,8 @@ def check(sim: Sim) -> list[Violation]:
             continue
         fence, outcome = received[(t, wid, res.run_id)]
         applied = applied_by_run.get(res.run_id)
+        if outcome is Outcome.HANDED_BACK:
+            continue  # the run went back to the queue: nothing in the store
         if res.accepted:
             ok = (
                 applied is not None
@@ -1468,15 +1515,27 @@ def check(sim: Sim) -> list[Violation]:
         if attempts != list(range(len(exs))):
             out.append(Violation("retries", f"job {job_id} fire {f}: attempts {attempts}"))
             continue
-        # A hand-back (the worker did not run it) takes an attempt number but
-        # is not a failed attempt.
-        tried = [e for e in exs if not (e.state is RunState.LOST and e.error == _HANDED_BACK)]
-        if len(tried) > spec.retry.max_attempts:
+        if len(exs) > spec.retry.max_attempts:
             out.append(
                 Violation(
                     "retries stop",
-                    f"job {job_id} fire {f}: {len(tried)} attempts > "
+                    f"job {job_id} fire {f}: {len(exs)} attempts > "
                     f"max {spec.retry.max_attempts}: "
+                    f"{[(e.state.value, e.error) for e in exs]}",
+                )
+            )
+        # A hand-back uses no attempt: a fire whose handler kept failing
+        # (retryable) is dead-lettered only after all of its attempts.
+        if (
+            exs[-1].state is RunState.DEAD_LETTERED
+            and exs[-1].error == "sim retryable"
+            and len(exs) < spec.retry.max_attempts
+        ):
+            out.append(
+                Violation(
+                    "retries use every attempt",
+                    f"job {job_id} fire {f}: dead-lettered after {len(exs)} of "
+                    f"{spec.retry.max_attempts} attempts: "
                     f"{[(e.state.value, e.error) for e in exs]}",
                 )
             )
@@ -1488,10 +1547,7 @@ def check(sim: Sim) -> list[Violation]:
                         f"job {job_id} fire {f}: attempt {nxt.attempt} after {prev.state}",
                     )
                 )
-            if spec.side_effect is SideEffect.AT_MOST_ONCE and not (
-                prev.state is RunState.FAILED
-                or (prev.state is RunState.LOST and prev.error == _HANDED_BACK)
-            ):
+            if spec.side_effect is SideEffect.AT_MOST_ONCE and prev.state is not RunState.FAILED:
                 out.append(
                     Violation(
                         "at_most_once",
@@ -1512,16 +1568,18 @@ def check(sim: Sim) -> list[Violation]:
                     f"({last.error}) at {last.finished_at_ms}; no further attempt, none pending",
                 )
             )
-        if (
-            spec.side_effect is SideEffect.AT_MOST_ONCE
-            and last.state is RunState.LOST
-            and last.error != _HANDED_BACK
-        ):
+        if spec.side_effect is SideEffect.AT_MOST_ONCE and last.state is RunState.LOST:
             out.append(
                 Violation(
                     "at_most_once", f"job {job_id} fire {f}: at_most_once run lost, not unknown"
                 )
             )
+
+    # Routing: a run goes only to a worker that registered its handler.
+    for t, wid, a in sim.history.misrouted:
+        out.append(
+            Violation("routing", f"run {a.run_id} of handler {a.handler!r} went to {wid} at {t}")
+        )
 
     # 6. Idempotency keys: derived from the fire only, equal across attempts.
     keys: dict[tuple[int, int], set[str]] = defaultdict(set)

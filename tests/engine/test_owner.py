@@ -91,8 +91,8 @@ class Node:
         )
         self.owner, self.fx = restored.owner, restored.effects
 
-    def hello(self, worker: str = "w1", capacity: int = 10) -> None:
-        self.owner.worker_hello(worker, capacity, ["default"], self.now, self.fx)
+    def hello(self, worker: str = "w1", capacity: int = 10, handlers: tuple[str, ...] = ()) -> None:
+        self.owner.worker_hello(worker, capacity, ["default"], self.now, self.fx, handlers=handlers)
 
     def step(self, to: int | None = None) -> Effects:
         """Advance the clock (if given) and run loop iterations until quiet."""
@@ -1275,3 +1275,97 @@ def test_a_backlog_longer_than_one_listing_is_one_catch_up() -> None:
     missed = n.missed(j)
     assert len(missed) == 499
     assert set(missed.values()) == {MissedReason.COLLAPSED}
+
+
+# -- routing by handler -----------------------------------------------------------------------
+
+
+def test_a_run_goes_only_to_a_worker_that_registered_its_handler() -> None:
+    n = Node()
+    n.hello("mailer", handlers=("mail",))
+    n.hello("reporter", handlers=("report",))
+    mail = n.submit(spec(handler="mail"))
+    report = n.submit(spec(handler="report"))
+    for k in range(1, 6):
+        fx = n.step(T + k * MIN)
+        assert {a.job_id for a in fx.assignments.get("mailer", [])} == {mail}
+        assert {a.job_id for a in fx.assignments.get("reporter", [])} == {report}
+        for wid, items in fx.assignments.items():
+            for a in items:
+                n.complete(a, worker=wid)
+
+
+def test_work_with_no_worker_for_its_handler_waits_unclaimed_and_is_reported() -> None:
+    n = Node(OwnerConfig(unserved_alert_ms=10 * SEC))
+    n.hello("mailer", handlers=("mail",))
+    j = n.submit(spec(handler="report", schedule=Once(at_ms=T + MIN)))
+    fx = n.step(T + MIN)
+    assert not fx.assignments and not fx.claims  # no claim: no grace, no attempt
+    [waiting] = n.owner.unserved()
+    assert (waiting.pool, waiting.handler, waiting.waiting) == ("default", "report", 1)
+    assert not fx.alerts
+    fx = n.step(T + MIN + 10 * SEC)
+    assert [a for a in fx.alerts if "no worker for handler 'report'" in a]
+    fx = n.step(T + MIN + HOUR)  # waits as long as it takes; one alert
+    assert not fx.alerts and not fx.claims
+    n.hello("reporter", handlers=("report",))
+    fx = n.step()
+    [a] = fx.assignments["reporter"]
+    assert (a.job_id, a.attempt) == (j, 0)
+    assert a.timeout_ms == n.store.jobs[j].spec.timeout_ms  # its timeout starts now
+    assert n.owner.unserved() == []
+
+
+def test_a_worker_with_no_handler_names_runs_any_handler() -> None:
+    n = Node()
+    n.hello("any")
+    j = n.submit(spec(handler="whatever"))
+    assert [a.job_id for a in n.step(T + MIN).assignments["any"]] == [j]
+
+
+def test_a_run_handed_back_goes_to_another_worker_with_the_same_attempt_and_fence() -> None:
+    n = Node()
+    n.hello("w1")
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN), retry=Retry(max_attempts=1)))
+    a = n.run_once(j, T + MIN)  # acked: the store has it running on w1
+    fx = n.complete(a, Outcome.HANDED_BACK)
+    assert fx.results["w1"][0].accepted
+    assert not fx.assignments  # never back to the worker that gave it back
+    assert n.execs(j) == [(T + MIN, 0, RunState.RUNNING)]  # nothing written
+    n.hello("w2")
+    [b] = n.step().assignments["w2"]
+    assert (b.run_id, b.attempt, b.fence) == (a.run_id, a.attempt, a.fence)
+    n.owner.worker_ack("w2", [(b.run_id, b.fence)], n.now, n.fx)
+    n.complete(b, worker="w2")  # its one attempt was not used by the hand-back
+    assert n.execs(j) == [(T + MIN, 0, RunState.SUCCEEDED)]
+    assert n.store.execs[b.run_id].worker_id == "w2"
+
+
+def test_a_handed_back_run_waits_without_a_lease_or_timeout() -> None:
+    n = Node()
+    n.hello("w1")
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=MIN))
+    a = n.run_once(j, T + MIN, ack=False)
+    n.complete(a, Outcome.HANDED_BACK)
+    fx = n.step(T + 3 * HOUR)  # far past its grace lease, lease and timeout
+    assert not fx.completions and not fx.assignments
+    assert n.owner.unserved() == []  # w1 serves the route; it just gave this one back
+    n.hello("w1")  # a new hello (a redeployed worker): it may have the handler now
+    [b] = n.step().assignments["w1"]
+    assert (b.run_id, b.attempt) == (a.run_id, 0)
+
+
+def test_a_run_abandoned_while_running_is_a_new_attempt_or_unknown() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
+    a = n.run_once(j, T + MIN)
+    fx = n.complete(a, Outcome.ABANDONED)
+    assert fx.results["w1"][0].accepted
+    [b] = fx.assignments["w1"]  # re-dispatched at once, as after a lost lease
+    assert (b.attempt, b.fence > a.fence) == (1, True)  # a new fence shuts out the old holder
+    amo = n.submit(spec(schedule=Once(at_ms=n.now + MIN), side_effect=SideEffect.AT_MOST_ONCE))
+    c = n.run_once(amo, n.now + MIN)
+    n.complete(c, Outcome.ABANDONED)
+    n.step(n.now + HOUR)
+    assert n.execs(amo)[-1][1:] == (0, RunState.UNKNOWN)

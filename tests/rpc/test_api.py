@@ -1235,3 +1235,42 @@ def test_a_busy_change_feed_is_read_page_after_page_not_a_page_an_interval(
         wait_for(lambda: server.call(paused) == len(ids), 8, "every pause to reach the owner")
     finally:
         server.stop()
+
+
+def test_fires_before_the_submit_are_not_owed_whatever_the_catch_up_mode(api: Api) -> None:
+    """An interval whose start lies in the past, under run_all: the fires
+    before the submit are neither run nor recorded missed (catch-up covers
+    fires the job missed while it existed); the first fire owed is the first
+    at or after the submit, on the start's grid; BackfillJob runs the earlier
+    ones on request. A one-shot whose time has passed is owed: its one fire
+    is the job."""
+    ran: list[tuple[int, int]] = []
+
+    def ok(ctx: RunContext) -> None:
+        ran.append((ctx.job_id, ctx.scheduled_for_ms))
+
+    with WorkerThread(api.server.target, "w-past", ok=ok):
+        t = now_ms()
+        start = t - 30_500
+        job = submit(
+            api,
+            spec(
+                handler="ok",
+                schedule=every(1_000, start),
+                catch_up=jobs_pb2.CatchUp(mode=jobs_pb2.CATCH_UP_MODE_RUN_ALL),
+            ),
+        ).job
+        assert job.next_fire_ms >= t and (job.next_fire_ms - start) % 1_000 == 0
+        assert job.next_fire_ms - t <= 1_000
+        late = submit(api, spec(name="late", handler="ok", schedule=once(t - 5_000))).job
+        wait_for(lambda: len({sf for j, sf in ran if j == job.job_id}) >= 2, 10, "two fires")
+        wait_for(lambda: (late.job_id, t - 5_000) in ran, 10, "the past one-shot to run")
+        history = all_runs(api, job.job_id)
+        assert min(r.scheduled_for_ms for r in history) == job.next_fire_ms
+        assert not [r for r in history if RUN_STATE[r.state] == "missed"]
+        back = api.jobs.BackfillJob(
+            job_service_pb2.BackfillJobRequest(job_id=job.job_id, from_ms=start, to_ms=t),
+            timeout=10,
+        )
+        assert back.scheduled == 31
+        assert sorted(back.scheduled_for_ms) == [start + k * 1_000 for k in range(31)]

@@ -191,10 +191,15 @@ def test_a_wrong_fence_is_rejected_on_ack_heartbeat_and_completion(api: Api) -> 
     try:
         job = one_shot(api)
         a = w.expect("assignments").assignments.assignments[0]
-        for bad in (a.fence - 1, a.fence + 1):
-            w.send(ack((a.run_id, bad)))
-            err = w.expect("error", where=error_for(a.run_id)).error
-            assert err.code == "FAILED_PRECONDITION" and f"stale fence {bad}" in err.message
+        w.send(ack((a.run_id, a.fence - 1)))
+        err = w.expect("error", where=error_for(a.run_id)).error
+        assert err.code == "FAILED_PRECONDITION" and f"stale fence {a.fence - 1}" in err.message
+        # A fence never issued for the run is not "stale": it does not match.
+        w.send(ack((a.run_id, a.fence + 1)))
+        err = w.expect("error", where=error_for(a.run_id)).error
+        assert err.code == "FAILED_PRECONDITION"
+        assert f"fence {a.fence + 1} does not match the run's fence {a.fence}" in err.message
+        assert "stale" not in err.message
         w.send(ack((a.run_id, a.fence)))
         w.send(heartbeat((a.run_id, a.fence + 7)))
         rej = w.expect("results", where=lambda m: m.results.rejected_renewals).results
@@ -202,6 +207,9 @@ def test_a_wrong_fence_is_rejected_on_ack_heartbeat_and_completion(api: Api) -> 
         w.send(complete(a.run_id, a.fence - 1))
         res = w.expect("results", where=result_for(a.run_id)).results.completions[0]
         assert not res.accepted and "stale fence" in res.reason
+        w.send(complete(a.run_id, a.fence + 1))
+        res = w.expect("results", where=result_for(a.run_id)).results.completions[0]
+        assert not res.accepted and "does not match" in res.reason and "stale" not in res.reason
         # The ack's start is written with a later batch than this answer (it
         # needs no store round trip): the run shows running, never ended.
         wait_for(lambda: states(api, job) == [(0, "running")], 10, "the ack's start")

@@ -276,11 +276,13 @@ def test_outcomes_of_sync_and_async_handlers_and_no_ack_for_runs_done_at_once() 
             "bad_input": (pb.OUTCOME_FAILED, "bad input", 1000),
             "boom": (pb.OUTCOME_RETRYABLE, "ValueError: x is 3", 1000),
             "boom_sync": (pb.OUTCOME_RETRYABLE, "RuntimeError", 1000),
-            "nope": (pb.OUTCOME_FAILED, "no handler registered for 'nope'", 1000),
+            # Handed back, not failed: another worker with the handler takes it.
+            "nope": (pb.OUTCOME_HANDED_BACK, "no handler registered for 'nope'", 1000),
         }
         assert w.stats.received == 7
         assert w.stats.succeeded == 2
-        assert w.stats.failed == 5
+        assert w.stats.failed == 4
+        assert w.stats.handed_back == 1
         ctx = next(c for c in seen if c.handler == "ok_async")
         assert (ctx.run_id, ctx.job_id, ctx.fence, ctx.attempt) == (2, 20, 1002, 2)
         assert (ctx.payload, ctx.idempotency_key, ctx.tenant) == (b"ok_async", "k1", "t")
@@ -626,7 +628,7 @@ def test_protocol_errors_are_logged(caplog: pytest.LogCaptureFixture) -> None:
 # -- drain and capacity ----------------------------------------------------------------
 
 
-def test_drain_finishes_in_flight_runs_and_hands_back_the_rest() -> None:
+def test_drain_finishes_in_flight_runs_hands_back_unstarted_ones_and_abandons_the_rest() -> None:
     async def go() -> None:
         quick = asyncio.Event()
         async with node() as (svc, target):
@@ -660,12 +662,13 @@ def test_drain_finishes_in_flight_runs_and_hands_back_the_rest() -> None:
             assert conn.completions()[1].outcome == pb.OUTCOME_SUCCEEDED
             await conn.completed(4)
             assert time.monotonic() - t0 >= 0.45
-            assert conn.completions()[2].outcome == pb.OUTCOME_HANDED_BACK
+            # Its handler started: given up, not handed back (its effect is unknown).
+            assert conn.completions()[2].outcome == pb.OUTCOME_ABANDONED
             conn.send(results=pb.Results(accepted=[1, 2, 3, 4]))
             await asyncio.wait_for(drain, 3)
             await asyncio.wait_for(task, 3)
             assert time.monotonic() - t0 < 1.0
-            assert w.stats.handed_back == 3
+            assert (w.stats.handed_back, w.stats.abandoned) == (2, 1)
 
     scenario(go)
 

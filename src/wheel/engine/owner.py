@@ -37,8 +37,18 @@ Run lifecycle (``_RUN_TRANSITIONS`` is the table; ``_move`` enforces it):
 
     CLAIMING --claim won--> DISPATCHED (grace lease) --ack--> RUNNING (full lease)
     CLAIMING --worker gone, or claimed ahead--> READY --assigned--> DISPATCHED
+    DISPATCHED/RUNNING --handed back, never started--> READY
     DISPATCHED/RUNNING --complete / lease expired / timeout / cancel--> ENDING
     ENDING --store applied--> (gone)
+
+A READY run has no lease and no timeout running: it waits for a worker of its
+route, and its timeout starts when one gets it.
+
+Routing: a job's route is (pool, handler). A run goes only to a worker that
+serves the pool and registered the handler (a worker that registered no
+handler names takes any). Work whose route no connected worker serves waits
+unclaimed -- no grace lease, no attempt used -- and is reported by
+``unserved`` (an alert once it has waited ``unserved_alert_ms``).
 
 Timer ids pack a kind into the low two bits: ``(n << 2) | kind`` where n is a
 job id (FIRE), a run id (LEASE, TIMEOUT) or a retry sequence number (RETRY).
@@ -89,6 +99,8 @@ from wheel.engine.timerwheel import TimerWheel
 log = logging.getLogger("wheel.owner")
 
 FIRE, LEASE, TIMEOUT, RETRY = 0, 1, 2, 3
+# Where a run may go: (pool, handler).
+Route = tuple[str, str]
 COUNTER_BITS = 32
 COUNTER_MASK = (1 << COUNTER_BITS) - 1
 
@@ -110,6 +122,9 @@ _RUN_TRANSITIONS: frozenset[tuple[Phase, Phase]] = frozenset(
         (Phase.DISPATCHED, Phase.ENDING),
         (Phase.RUNNING, Phase.ENDING),
         (Phase.READY, Phase.ENDING),
+        # Handed back by a worker that never started it.
+        (Phase.DISPATCHED, Phase.READY),
+        (Phase.RUNNING, Phase.READY),
     }
 )
 
@@ -120,7 +135,12 @@ class Outcome(IntEnum):
     SUCCEEDED = 1
     FAILED = 2
     RETRYABLE = 3
+    # Not started: the run goes to another worker with the same attempt and
+    # fence (no attempt is used; nothing ran that a fence must shut out).
     HANDED_BACK = 4
+    # Started, then given up (the worker is stopping): its effect is
+    # unknown, as after a lost lease.
+    ABANDONED = 5
 
 
 class RevokeReason(IntEnum):
@@ -152,6 +172,10 @@ class OwnerConfig:
     max_claim_batch: int = 10_000
     # Upper bound on missed records listed for one catch-up or pause.
     max_missed_listed: int = 100_000
+    # Work that waits this long for a worker of its route raises an alert
+    # ("no worker for handler H"); workers reconnecting after a restart of
+    # the node or a redeploy of the fleet stay below it.
+    unserved_alert_ms: int = 10_000
 
     @property
     def heartbeat_interval_ms(self) -> int:
@@ -248,6 +272,7 @@ class _Job:
         "paused",
         "queued",
         "ready",
+        "route",
         "running",
         "shard",
         "skipped",
@@ -265,6 +290,7 @@ class _Job:
         self.spec_json = spec_json
         self.compiled = compiled
         self.limit = _limit(spec)
+        self.route: Route = (spec.pool, spec.handler)
         self.paused = False
         # Cancelled: nothing of it runs any more (``paused`` is set too).
         self.cancelled = False
@@ -301,6 +327,7 @@ class _Run:
         "job_id",
         "lease_deadline",
         "phase",
+        "refused",
         "run_id",
         "scheduled_for",
         "timeout_deadline",
@@ -324,15 +351,39 @@ class _Run:
         # Its LEASE and TIMEOUT deadlines are wheel timers (else its grace
         # lease waits in the owner's ``_grace`` FIFO, or it has no lease yet).
         self.armed = False
+        # Workers (by incarnation) that handed it back: it does not go back
+        # to them until they say hello again.
+        self.refused: set[int] | None = None
 
 
 class _Worker:
-    __slots__ = ("capacity", "draining", "held", "pools", "reserved", "silent", "worker_id")
+    __slots__ = (
+        "capacity",
+        "draining",
+        "handlers",
+        "held",
+        "incarnation",
+        "pools",
+        "reserved",
+        "silent",
+        "worker_id",
+    )
 
-    def __init__(self, worker_id: str, capacity: int, pools: frozenset[str]) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        capacity: int,
+        pools: frozenset[str],
+        handlers: frozenset[str],
+        incarnation: int,
+    ) -> None:
         self.worker_id = worker_id
         self.capacity = capacity
         self.pools = pools
+        # Handler names it runs; empty: any.
+        self.handlers = handlers
+        # Which hello this is: refusals of an earlier one do not count.
+        self.incarnation = incarnation
         self.held: set[int] = set()
         self.reserved = 0
         self.draining = False
@@ -345,6 +396,32 @@ class _Worker:
         if self.draining or self.silent:
             return 0
         return self.capacity - len(self.held) - self.reserved
+
+    def serves(self, route: Route) -> bool:
+        return route[0] in self.pools and (not self.handlers or route[1] in self.handlers)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerView:
+    """A connected worker as status reports it."""
+
+    worker_id: str
+    capacity: int
+    held: int
+    pools: tuple[str, ...]
+    handlers: tuple[str, ...]
+    draining: bool
+    silent: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unserved:
+    """Work that waits because no connected worker serves its route."""
+
+    pool: str
+    handler: str
+    waiting: int
+    since_ms: int
 
 
 @dataclass(slots=True)
@@ -389,6 +466,15 @@ def _limit(spec: JobSpec) -> int:
     return overlap.max_concurrent if overlap.policy is OverlapPolicy.ALLOW else 1
 
 
+def _fence_mismatch(given: int, current: int) -> str:
+    """Why a message about a run with the wrong fence is refused: an older
+    fence is stale (a newer attempt superseded it); a newer one was never
+    issued for this run, so it simply does not match."""
+    if given < current:
+        return f"stale fence {given}: the run's fence is now {current}"
+    return f"fence {given} does not match the run's fence {current}"
+
+
 def _move(run: _Run, to: Phase) -> None:
     if (run.phase, to) not in _RUN_TRANSITIONS:
         raise AssertionError(f"illegal run transition {run.phase.name} -> {to.name}")
@@ -421,9 +507,17 @@ class Owner:
         self._counters = dict.fromkeys(epochs, 0)
         self._pending: dict[tuple[int, int, int], _Pending] = {}
         self._ending: dict[int, tuple[_Run, RunState, str | None]] = {}
-        self._fresh: dict[str, deque[int]] = {}
-        self._overdue: dict[str, FairQueue[int]] = {}
-        self._ready: deque[int] = deque()  # claimed runs whose worker went away
+        # Queued work by route: jobs with a fresh fire, jobs with overdue
+        # work (fair across tenants), and claimed runs that wait for a worker
+        # (theirs went away, or it handed them back).
+        self._fresh: dict[Route, deque[int]] = {}
+        self._overdue: dict[Route, FairQueue[int]] = {}
+        self._ready: dict[Route, deque[int]] = {}
+        # Routes with work and no connected worker serving them: since when,
+        # and whether the alert went out.
+        self._unserved: dict[Route, int] = {}
+        self._unserved_alerted: set[Route] = set()
+        self._incarnations = 0
         # Grace leases in hand-out order: (deadline, run ids), deadlines
         # increasing (see the module docstring).
         self._grace: deque[tuple[int, list[int]]] = deque()
@@ -608,6 +702,7 @@ class Owner:
         elif job.spec != record.spec:
             job.spec = record.spec
             job.limit = _limit(record.spec)
+            job.route = (record.spec.pool, record.spec.handler)
             job.spec_json = record.spec.to_json().encode()
             job.compiled = self._compile(record.job_id, record.spec)
             self.new_specs.add(record.job_id)
@@ -814,65 +909,79 @@ class Owner:
         the wheel's next timer, or sooner when budgeted work (overdue fires,
         expired leases to re-dispatch) waits only for the next token of its
         bucket -- waking just every ``max_idle`` would deliver a fraction of
-        the configured rate."""
+        the configured rate -- or when waiting work is due an alert."""
         deadline = self.next_timer()
-        if not self._reaper and not any(len(q) for q in self._overdue.values()):
-            return deadline
-        now = self.wheel.now
-        free = self._free_pools()
         waits: list[int | None] = [deadline]
-        if any(over and pool in free for pool, over in self._overdue.items()):
-            waits.append(self._overdue_bucket.next_available_ms(now))
-        if self._reaper and free and not self._fleet_busy():
-            waits.append(self._reaper_bucket.next_available_ms(now))
+        if self._unserved:
+            limit = self.config.unserved_alert_ms
+            waits.extend(
+                since + limit
+                for route, since in self._unserved.items()
+                if route not in self._unserved_alerted
+            )
+        if self._reaper or any(len(q) for q in self._overdue.values()):
+            now = self.wheel.now
+            if any(len(q) and self._has_server(route) for route, q in self._overdue.items()):
+                waits.append(self._overdue_bucket.next_available_ms(now))
+            if self._reaper and self._any_free() and not self._fleet_busy():
+                waits.append(self._reaper_bucket.next_available_ms(now))
         return min((w for w in waits if w is not None), default=None)
 
     def has_dispatchable_work(self) -> bool:
         """Whether ``advance(now)`` would hand out or claim something right
-        away: ready runs or queued fresh fires with a worker of their pool
+        away: a waiting run or a queued fresh fire with a worker of its route
         that has credit, or overdue fires / expired leases with tokens too.
         The node asks after feeding the store's answers back, so a buffered
         fire released by a completion or a claim lost to a gone worker goes
-        out at once instead of at the next wake. O(pools + workers)."""
-        if not self.workers:
-            return False
-        free = self._free_pools()
-        if not free:
+        out at once instead of at the next wake. O(routes x workers)."""
+        if not self.workers or not self._any_free():
             return False
         now = self.wheel.now
-        for run_id in self._ready:
-            run = self.runs.get(run_id)
-            if run is None or run.phase is not Phase.READY:
-                continue
-            job = self._job(run.job_id)
-            if (job.spec.pool if job is not None else "default") in free:
+        for route, q in self._ready.items():
+            if q and any(self._placeable(run_id, route) for run_id in q):
                 return True
-            break  # ``_assign_ready`` hands out in order
         if len(self._pending) >= self.config.max_claim_batch:
             return False
-        if any(q and pool in free for pool, q in self._fresh.items()):
+        if any(q and self._has_server(route) for route, q in self._fresh.items()):
             return True
-        if any(q and pool in free for pool, q in self._overdue.items()) and (
-            self._overdue_bucket.available(now) > 0
+        if self._overdue_bucket.available(now) > 0 and any(
+            len(q) and self._has_server(route) for route, q in self._overdue.items()
         ):
             return True
         return bool(
             self._reaper and not self._fleet_busy() and self._reaper_bucket.available(now) > 0
         )
 
-    def _free_pools(self) -> set[str]:
-        """Pools in which some worker has credit."""
-        free: set[str] = set()
-        for w in self.workers.values():
-            if w.free > 0:
-                free |= w.pools
-        return free
-
     def _fleet_busy(self) -> bool:
         """Above the reaper's busy threshold (or no capacity at all)."""
         capacity = sum(w.capacity for w in self.workers.values())
         busy = sum(len(w.held) for w in self.workers.values())
         return capacity == 0 or busy / capacity > self.config.busy_threshold
+
+    def _any_free(self) -> bool:
+        return any(w.free > 0 for w in self.workers.values())
+
+    def _has_server(self, route: Route) -> bool:
+        """Some worker with credit serves ``route``."""
+        return any(w.free > 0 and w.serves(route) for w in self.workers.values())
+
+    def _placeable(self, run_id: int, route: Route) -> bool:
+        """A waiting run could go out now: a worker of its route that did not
+        hand it back has credit, and its job is below its limit."""
+        run = self.runs.get(run_id)
+        if run is None or run.phase is not Phase.READY:
+            return True  # dropped from the queue on the next pass
+        job = self.jobs.get(run.job_id) or self._job(run.job_id)
+        if job is not None and job.running >= job.limit:
+            return False
+        return self._server_for(run, route) is not None
+
+    def _server_for(self, run: _Run, route: Route) -> _Worker | None:
+        refused = run.refused
+        for w in self.workers.values():
+            if w.free > 0 and w.serves(route) and (not refused or w.incarnation not in refused):
+                return w
+        return None
 
     def advance(self, now_ms: int, fx: Effects) -> None:
         """Fire every timer due at ``now_ms``, then hand out what workers can take."""
@@ -1071,33 +1180,45 @@ class Owner:
         if job.queued or not (job.due or job.ready):
             return
         job.queued = True
-        pool = job.spec.pool
+        route = job.route
         if overdue:
-            q = self._overdue.get(pool)
+            q = self._overdue.get(route)
             if q is None:
-                q = self._overdue[pool] = FairQueue()
+                q = self._overdue[route] = FairQueue()
             q.push(job.spec.tenant, job.job_id)
         elif front:
-            self._fresh.setdefault(pool, deque()).appendleft(job.job_id)
+            self._fresh.setdefault(route, deque()).appendleft(job.job_id)
         else:
-            self._fresh.setdefault(pool, deque()).append(job.job_id)
+            self._fresh.setdefault(route, deque()).append(job.job_id)
 
     # -- dispatch ---------------------------------------------------------------
 
     def _dispatch(self, now_ms: int, fx: Effects) -> None:
-        if not self.workers:
-            return
+        starved: list[Route] = []  # routes with work and no worker with credit
         if self._ready:
-            self._assign_ready(now_ms, fx)
+            starved.extend(self._assign_ready(now_ms, fx))
         budget = self.config.max_claim_batch - len(self._pending)
-        for pool in set(self._fresh) | set(self._overdue):
-            if budget <= 0:
-                break
-            fresh = self._fresh.get(pool)
-            over = self._overdue.get(pool)
+        workers_all = self.workers.values()
+        # In the order routes first had work (a set's order would change
+        # with the hash seed, and a simulation must replay exactly).
+        routes = list(self._fresh)
+        routes.extend(r for r in self._overdue if r not in self._fresh)
+        for route in routes:
+            fresh = self._fresh.get(route)
+            over = self._overdue.get(route)
             if not fresh and not over:
+                self._fresh.pop(route, None)
+                self._overdue.pop(route, None)
                 continue
-            workers = [w for w in self.workers.values() if pool in w.pools and w.free > 0]
+            pool, handler = route
+            workers = [
+                w
+                for w in workers_all
+                if pool in w.pools and (not w.handlers or handler in w.handlers) and w.free > 0
+            ]
+            if not workers:
+                starved.append(route)
+                continue
             capacity = min(budget, sum(w.free for w in workers))
             if capacity <= 0:
                 continue
@@ -1115,6 +1236,66 @@ class Owner:
                 picked.extend((j, True) for j in over.pop(n))
             budget -= len(picked)
             self._claim(picked, workers, now_ms, fx)
+        if starved or self._unserved:
+            self._note_unserved(starved, now_ms, fx)
+
+    def _note_unserved(self, starved: list[Route], now_ms: int, fx: Effects) -> None:
+        """Of the routes whose work found no worker with credit, those no
+        connected worker serves at all: their work waits (unclaimed, or
+        claimed without a lease), reported by ``unserved`` and, once it has
+        waited ``unserved_alert_ms``, by an alert."""
+        workers = self.workers.values()
+        was = self._unserved
+        self._unserved = {
+            route: was.get(route, now_ms)
+            for route in starved
+            if not any(w.serves(route) for w in workers)
+        }
+        self._unserved_alerted &= self._unserved.keys()
+        limit = self.config.unserved_alert_ms
+        for route, since in self._unserved.items():
+            if now_ms - since >= limit and route not in self._unserved_alerted:
+                self._unserved_alerted.add(route)
+                pool, handler = route
+                fx.alerts.append(
+                    f"no worker for handler {handler!r} in pool {pool!r}: "
+                    f"{self._waiting_on(route)} runs wait for one"
+                )
+
+    def _waiting_on(self, route: Route) -> int:
+        """Fires and claimed runs queued for ``route``."""
+        n = 0
+        for queues in (self._fresh, self._overdue, self._ready):
+            q = queues.get(route)
+            if q is not None:
+                n += len(q)
+        return n
+
+    def unserved(self) -> list[Unserved]:
+        """Work waiting because no connected worker serves its route."""
+        return [
+            Unserved(
+                pool=pool,
+                handler=handler,
+                waiting=self._waiting_on((pool, handler)),
+                since_ms=since,
+            )
+            for (pool, handler), since in sorted(self._unserved.items())
+        ]
+
+    def worker_views(self) -> list[WorkerView]:
+        return [
+            WorkerView(
+                worker_id=w.worker_id,
+                capacity=w.capacity,
+                held=len(w.held),
+                pools=tuple(sorted(w.pools)),
+                handlers=tuple(sorted(w.handlers)),
+                draining=w.draining,
+                silent=w.silent,
+            )
+            for w in sorted(self.workers.values(), key=lambda w: w.worker_id)
+        ]
 
     def _claim(
         self, picked: list[tuple[int, bool]], workers: list[_Worker], now_ms: int, fx: Effects
@@ -1223,31 +1404,46 @@ class Owner:
                 job.ready.append((run.run_id, pend.overdue))
                 self._requeue_job(job, now_ms)
                 continue
-            if job is not None:
-                run.timeout_deadline = now_ms + job.spec.timeout_ms
             if worker is not None and worker.free >= 0 and not worker.draining:
                 self._hand_out(run, worker, now_ms, fx)
             else:
+                # Its worker went away: it waits for another of its route,
+                # with no lease and no timeout running until one gets it.
                 _move(run, Phase.READY)
-                self._ready.append(run.run_id)
-                if run.timeout_deadline:
-                    self._arm_run(run)
+                self._wait_ready(run, job)
 
-    def _assign_ready(self, now_ms: int, fx: Effects) -> None:
-        while self._ready:
-            run = self.runs.get(self._ready[0])
-            if run is None or run.phase is not Phase.READY:
-                self._ready.popleft()
-                continue
-            job = self._job(run.job_id)
-            pool = job.spec.pool if job is not None else "default"
-            worker = next(
-                (w for w in self.workers.values() if pool in w.pools and w.free > 0), None
-            )
-            if worker is None:
-                return
-            self._ready.popleft()
-            self._hand_out(run, worker, now_ms, fx)
+    def _wait_ready(self, run: _Run, job: _Job | None) -> None:
+        route = job.route if job is not None else ("default", "")
+        self._ready.setdefault(route, deque()).append(run.run_id)
+
+    def _assign_ready(self, now_ms: int, fx: Effects) -> list[Route]:
+        """Hand out claimed runs that wait for a worker, in order per route,
+        each to a worker of its route that did not hand it back, while its
+        job is below its limit; the others keep their place. Returns the
+        routes with runs left and no worker with credit."""
+        starved: list[Route] = []
+        for route, q in list(self._ready.items()):
+            kept: list[int] = []
+            while q:
+                run = self.runs.get(q[0])
+                if run is None or run.phase is not Phase.READY:
+                    q.popleft()
+                    continue
+                if not any(w.free > 0 and w.serves(route) for w in self.workers.values()):
+                    starved.append(route)
+                    break
+                q.popleft()
+                job = self.jobs.get(run.job_id) or self._job(run.job_id)
+                worker = self._server_for(run, route)
+                if worker is None or (job is not None and job.running >= job.limit):
+                    kept.append(run.run_id)
+                    continue
+                self._hand_out(run, worker, now_ms, fx)
+            if kept:
+                q.extendleft(reversed(kept))
+            if not q:
+                del self._ready[route]
+        return starved
 
     def _requeue_job(self, job: _Job, now_ms: int) -> None:
         """Queue the job for its next piece of work: a run claimed ahead (a
@@ -1306,10 +1502,27 @@ class Owner:
     # -- workers ----------------------------------------------------------------
 
     def worker_hello(
-        self, worker_id: str, capacity: int, pools: Sequence[str], now_ms: int, fx: Effects
+        self,
+        worker_id: str,
+        capacity: int,
+        pools: Sequence[str],
+        now_ms: int,
+        fx: Effects,
+        *,
+        handlers: Sequence[str] = (),
     ) -> None:
+        """A worker's stream opened: it serves ``pools`` and runs ``handlers``
+        (none named: any). A hello again (a reconnect) keeps the runs it holds
+        and forgets the runs it handed back."""
         old = self.workers.get(worker_id)
-        w = _Worker(worker_id, capacity, frozenset(pools or ("default",)))
+        self._incarnations += 1
+        w = _Worker(
+            worker_id,
+            capacity,
+            frozenset(pools or ("default",)),
+            frozenset(handlers),
+            self._incarnations,
+        )
         if old is not None:
             w.held = old.held
             w.reserved = old.reserved
@@ -1361,7 +1574,7 @@ class Owner:
         if run is None or run.phase is Phase.ENDING:
             reason = "run not held by this node (unknown or finished)"
         elif run.fence != fence:
-            reason = f"stale fence {fence}; the run's fence is {run.fence}"
+            reason = _fence_mismatch(fence, run.fence)
         elif run.worker_id != worker_id:
             reason = "run is held by another worker"
         else:
@@ -1446,7 +1659,7 @@ class Owner:
                     CompletionResult(
                         run_id=run_id,
                         accepted=False,
-                        reason=f"stale fence {fence}; the run's fence is {run.fence}"
+                        reason=_fence_mismatch(fence, run.fence)
                         if run.fence != fence
                         else "run is held by another worker",
                     )
@@ -1456,8 +1669,13 @@ class Owner:
             if outcome is Outcome.SUCCEEDED:
                 self._end_run(run, RunState.SUCCEEDED, None, fx, now_ms, reply_to=worker_id)
             elif outcome is Outcome.HANDED_BACK:
-                self._end_run(
-                    run, RunState.LOST, "handed back by worker", fx, now_ms, reply_to=worker_id
+                self._take_back(run, now_ms)
+                fx.results.setdefault(worker_id, []).append(
+                    CompletionResult(run_id=run_id, accepted=True)
+                )
+            elif outcome is Outcome.ABANDONED:
+                self._lose(
+                    run, "abandoned by its worker while running", now_ms, fx, reply_to=worker_id
                 )
             elif (
                 outcome is Outcome.RETRYABLE
@@ -1506,6 +1724,32 @@ class Owner:
             )
         )
         self._ending[run.run_id] = (run, state, reply_to)
+
+    def _take_back(self, run: _Run, now_ms: int) -> None:
+        """A worker gives back a run it never started: it goes to another
+        worker of its route with the same attempt and fence (nothing ran that
+        a newer fence must shut out), and waits with no lease and no timeout
+        running until one takes it. The worker is not given it again."""
+        worker = self.workers.get(run.worker_id) if run.worker_id is not None else None
+        if worker is not None:
+            worker.held.discard(run.run_id)
+            if run.refused is None:
+                run.refused = set()
+            run.refused.add(worker.incarnation)
+        if run.armed:
+            self.wheel.cancel((run.run_id << 2) | LEASE)
+            self.wheel.cancel((run.run_id << 2) | TIMEOUT)
+            run.armed = False
+        elif run.lease_deadline:
+            self._graced -= 1  # its entry in ``_grace`` is skipped when due
+        run.worker_id = None
+        run.lease_deadline = run.timeout_deadline = 0
+        _move(run, Phase.READY)
+        job = self.jobs.get(run.job_id) or self._job(run.job_id)
+        if job is not None and run.held_out:
+            job.running -= 1
+        run.held_out = False
+        self._wait_ready(run, job)
 
     def on_completed(self, outcomes: Sequence[CompletionOutcome], now_ms: int, fx: Effects) -> None:
         """The store's answer to a completion batch: follow-ups for applied ones."""
@@ -1622,7 +1866,6 @@ class Owner:
             self.wheel.add((run_id << 2) | LEASE, run.lease_deadline)
             return
         self.stats.lost_leases += 1
-        job = self._job(run.job_id)
         if run.worker_id is not None:
             holder = self.workers.get(run.worker_id)
             if holder is not None:
@@ -1630,17 +1873,32 @@ class Owner:
                 # re-dispatch (or anything else) straight back to it.
                 holder.silent = True
             self._revoke(run, RevokeReason.LEASE_EXPIRED, fx)
+        self._lose(run, "lease expired", now_ms, fx)
+
+    def _lose(
+        self, run: _Run, why: str, now_ms: int, fx: Effects, *, reply_to: str | None = None
+    ) -> None:
+        """A run that may have had its effect ended without an outcome (its
+        lease lapsed, its worker gave up on it): an at_most_once run becomes
+        unknown; another is re-dispatched as a new attempt while attempts
+        remain, else dead-lettered."""
+        job = self._job(run.job_id)
         if job is not None and job.spec.side_effect is SideEffect.AT_MOST_ONCE:
             fx.alerts.append(
-                f"job {run.job_id} fire {run.scheduled_for}: at_most_once run lost its lease; "
+                f"job {run.job_id} fire {run.scheduled_for}: at_most_once run {why}; "
                 "outcome unknown, not re-dispatched"
             )
-            self._end_run(run, RunState.UNKNOWN, "lease lost", fx, now_ms)
+            self._end_run(run, RunState.UNKNOWN, why, fx, now_ms, reply_to=reply_to)
         elif job is not None and should_retry(job.spec.retry, failed_attempt=run.attempt):
-            self._end_run(run, RunState.LOST, "lease expired", fx, now_ms)
+            self._end_run(run, RunState.LOST, why, fx, now_ms, reply_to=reply_to)
         else:
             self._end_run(
-                run, RunState.DEAD_LETTERED, "lease expired on the last attempt", fx, now_ms
+                run,
+                RunState.DEAD_LETTERED,
+                f"{why} on the last attempt",
+                fx,
+                now_ms,
+                reply_to=reply_to,
             )
 
     def _on_timeout(self, run_id: int, now_ms: int, fx: Effects) -> None:
@@ -1779,7 +2037,7 @@ class Owner:
     def backlog(self) -> tuple[int, int]:
         fresh = sum(len(q) for q in self._fresh.values())
         overdue = sum(len(q) for q in self._overdue.values())
-        return fresh + len(self._ready), overdue
+        return fresh + sum(len(q) for q in self._ready.values()), overdue
 
     def next_fires(self, job_id: int, count: int) -> list[int]:
         job = self._job(job_id)

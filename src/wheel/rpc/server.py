@@ -52,6 +52,7 @@ MAX_PAGE = 1000
 MAX_NEXT_FIRES = 100
 MAX_CAPACITY = 100_000
 MAX_WORKER_ID = 200
+MAX_HANDLERS = 10_000
 MAX_IDEMPOTENCY_KEY = 200
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_SUBMIT_MANY = 10_000
@@ -436,7 +437,10 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
             return
         session = node.attach_worker(
-            hello.worker_id, hello.capacity, list(hello.pools) or ["default"]
+            hello.worker_id,
+            hello.capacity,
+            list(hello.pools) or ["default"],
+            handlers=list(hello.handlers),
         )
         cfg = node.config.owner
         yield worker_service_pb2.ServerMessage(
@@ -518,6 +522,7 @@ _OUTCOMES = {
     worker_service_pb2.OUTCOME_FAILED: Outcome.FAILED,
     worker_service_pb2.OUTCOME_RETRYABLE: Outcome.RETRYABLE,
     worker_service_pb2.OUTCOME_HANDED_BACK: Outcome.HANDED_BACK,
+    worker_service_pb2.OUTCOME_ABANDONED: Outcome.ABANDONED,
 }
 
 
@@ -531,6 +536,12 @@ def _check_hello(msg: worker_service_pb2.WorkerMessage) -> str | None:
         return f"hello.worker_id: longer than {MAX_WORKER_ID} characters"
     if not 1 <= h.capacity <= MAX_CAPACITY:
         return f"hello.capacity: {h.capacity} is outside [1, {MAX_CAPACITY}]"
+    if len(h.handlers) > MAX_HANDLERS:
+        return f"hello.handlers: {len(h.handlers)} names is over the limit of {MAX_HANDLERS}"
+    limit = DEFAULT_LIMITS.max_handler_len
+    for name in h.handlers:
+        if not name or len(name) > limit:
+            return f"hello.handlers: {name!r} is empty or longer than {limit} characters"
     return None
 
 
@@ -653,6 +664,18 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
             status.missed_total = s.missed
             status.dead_lettered_total = s.dead_lettered
             status.reaper_paused = owner.reaper_paused
+            for w in owner.worker_views():
+                status.worker_list.add(
+                    worker_id=w.worker_id,
+                    capacity=w.capacity,
+                    held=w.held,
+                    pools=w.pools,
+                    handlers=w.handlers,
+                    draining=w.draining,
+                    silent=w.silent,
+                )
+            for u in owner.unserved():
+                status.unserved.add(pool=u.pool, handler=u.handler, waiting=u.waiting)
             if request.include_shards:
                 for shard, epoch in sorted(owner.shards().items()):
                     status.shards.append(

@@ -122,14 +122,17 @@ class WorkerStats:
 
     received: int = 0
     succeeded: int = 0
-    # Every failed outcome reported: retryable, permanent, timed out, no handler.
+    # Every failed outcome reported: retryable, permanent, timed out.
     failed: int = 0
     timed_out: int = 0
     # Aborted because the server revoked the run or refused to renew its lease.
     revoked: int = 0
     # Completions the server answered with accepted=False.
     rejected: int = 0
+    # Given back unstarted (draining, no such handler): no attempt used.
     handed_back: int = 0
+    # Started, then given up at the end of a drain.
+    abandoned: int = 0
     reconnects: int = 0
 
 
@@ -143,6 +146,7 @@ _SUCCEEDED = pb.OUTCOME_SUCCEEDED
 _FAILED = pb.OUTCOME_FAILED
 _RETRYABLE = pb.OUTCOME_RETRYABLE
 _HANDED_BACK = pb.OUTCOME_HANDED_BACK
+_ABANDONED = pb.OUTCOME_ABANDONED
 # A completion on its way: run id, fence, outcome, error.
 _Done = tuple[int, int, "pb.Outcome", str]
 
@@ -310,13 +314,13 @@ class Worker:
         while self._waiting:
             run = self._waiting.popleft()
             if run.state == _QUEUED:
-                self._hand_back(run)
+                self._hand_back(run, "worker is draining")
         give_up = time.monotonic() + timeout
         while self.held and time.monotonic() < give_up and not self._closing:
             await asyncio.sleep(0.01)
         for link in self._links:
             for run in list(link.held.values()):
-                self._hand_back(run)
+                self._give_up(run)
         # Give the writers a moment to deliver the last outcomes and hear back.
         flush_until = time.monotonic() + 1.0
         while time.monotonic() < flush_until and not self._closing:
@@ -373,11 +377,11 @@ class Worker:
             link.held[a.run_id] = run
             link.defer_ack(run, now)
             if self._draining or self._closing:
-                self._hand_back(run)
+                self._hand_back(run, "worker is draining")
             elif entry is None:
-                run.state = _DONE
-                self.stats.failed += 1
-                link.complete(run, _FAILED, f"no handler registered for {a.handler!r}")
+                # A server that routes by handler sends none of these; one that
+                # raced a change of ours gets it back, no attempt used.
+                self._hand_back(run, f"no handler registered for {a.handler!r}")
             else:
                 self._waiting.append(run)
         link.wake.set()
@@ -529,14 +533,31 @@ class Worker:
         if run.task is not None:
             run.task.cancel()
 
-    def _hand_back(self, run: _Run) -> None:
-        if run.state in (_DONE, _ABORTED):
+    def _hand_back(self, run: _Run, why: str) -> None:
+        """Give back a run whose handler never started: another worker gets
+        it with the same attempt and fence."""
+        if run.state != _QUEUED:
             return
         run.state = _DONE
         self.stats.handed_back += 1
+        run.link.complete(run, _HANDED_BACK, why)
+
+    def _give_up(self, run: _Run) -> None:
+        """Stop waiting for a run at the end of a drain: one never started is
+        handed back; one whose handler started is abandoned (its effect is
+        unknown: the node dispatches it again with a new fence, or marks an
+        at_most_once run unknown). A sync handler's thread cannot be stopped;
+        its result is discarded."""
+        if run.state == _QUEUED:
+            self._hand_back(run, "worker is draining")
+            return
+        if run.state in (_DONE, _ABORTED):
+            return
+        run.state = _DONE
+        self.stats.abandoned += 1
         if run.task is not None:
             run.task.cancel()
-        run.link.complete(run, _HANDED_BACK, "worker is draining")
+        run.link.complete(run, _ABANDONED, "worker stopped before the handler finished")
 
 
 async def _await(aw: Any) -> None:

@@ -15,6 +15,7 @@ class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OUTCOME_FAILED: _ClassVar[Outcome]
     OUTCOME_RETRYABLE: _ClassVar[Outcome]
     OUTCOME_HANDED_BACK: _ClassVar[Outcome]
+    OUTCOME_ABANDONED: _ClassVar[Outcome]
 
 class RevokeReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -28,6 +29,7 @@ OUTCOME_SUCCEEDED: Outcome
 OUTCOME_FAILED: Outcome
 OUTCOME_RETRYABLE: Outcome
 OUTCOME_HANDED_BACK: Outcome
+OUTCOME_ABANDONED: Outcome
 REVOKE_REASON_UNSPECIFIED: RevokeReason
 REVOKE_REASON_SUPERSEDED: RevokeReason
 REVOKE_REASON_TIMED_OUT: RevokeReason
