@@ -146,7 +146,8 @@ def submit_many_results(
             continue
         r = next(answers)
         if r.error_code:
-            out.append(error_of(grpc.StatusCode[r.error_code], r.error_message))
+            code = grpc.StatusCode.__members__.get(r.error_code, grpc.StatusCode.UNKNOWN)
+            out.append(error_of(code, r.error_message))
         else:
             out.append(job_of(r.response.job, created=r.response.created))
     return out
@@ -194,6 +195,8 @@ def job_pages(tenant: str | None, state: JobState | str | None, page_size: int) 
 
 
 def run_pages(job_id: int, states: Iterable[RunState | str], page_size: int) -> Pages[Run]:
+    if isinstance(states, str):  # one state, not its letters
+        states = (states,)
     wanted = [_run_state_to_proto(choice(RunState, s, "states")) for s in states]
     return Pages(
         request=lambda token: js.ListRunsRequest(
