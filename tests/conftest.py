@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO
 
@@ -33,6 +34,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def epoch_ms(t: datetime) -> int:
+    """Milliseconds since the epoch of a time the client returned (whole
+    milliseconds, so the round trip through a float is exact)."""
+    return round(t.timestamp() * 1000)
+
+
+def utc_ms(ms: int) -> datetime:
+    """The UTC time ``ms`` milliseconds after the epoch."""
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
 
 
 @pytest.fixture

@@ -1,20 +1,28 @@
-"""``wheelctl serve``'s flags reach the node's configuration."""
+"""``wheelctl``: ``serve``'s flags reach the node's configuration, and the
+commands that talk to a node do it through the client SDK."""
 
 from __future__ import annotations
 
 import gc
+import json
 import sys
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.rpc.test_api import InProcessServer
 from wheel.cli import (
     GC_YOUNG_THRESHOLD,
     SWITCH_INTERVAL_S,
     build_parser,
+    main,
     serve_config,
+    status_lines,
     tune_runtime,
 )
+from wheel.client import NodeStatus, Status, UnservedHandler, WorkerStatus
 from wheel.node import NodeConfig
 
 
@@ -60,3 +68,102 @@ def test_serve_lets_a_runs_objects_die_young_and_hands_the_gil_on_sooner() -> No
     finally:
         gc.set_threshold(*before)
         sys.setswitchinterval(switch)
+
+
+def _status(**kw: Any) -> Status:
+    fields: dict[str, Any] = {
+        "node_id": "node-1",
+        "nodes": [NodeStatus(node_id="node-1", address="", shards_owned=256)],
+        "shards": [],
+        "jobs": 12,
+        "pending_timers": 10,
+        "in_flight": 2,
+        "backlog": 5,
+        "overdue_backlog": 1,
+        "workers": 2,
+        "worker_capacity": 12,
+        "dispatch_lag_p50": timedelta(milliseconds=1.5),
+        "dispatch_lag_p99": timedelta(milliseconds=20),
+        "dispatched_total": 100,
+        "completed_total": 97,
+        "missed_total": 3,
+        "dead_lettered_total": 0,
+        "reaper_paused": False,
+        "worker_list": [],
+        "unserved": [],
+    }
+    return Status(**{**fields, **kw})
+
+
+def test_status_shows_each_worker_its_handlers_and_each_handler_no_worker_runs() -> None:
+    lines = status_lines(
+        _status(
+            worker_list=[
+                WorkerStatus(
+                    worker_id="w-a",
+                    capacity=8,
+                    held=3,
+                    pools=["default"],
+                    handlers=["send_report", "flaky"],
+                    draining=False,
+                    silent=False,
+                ),
+                WorkerStatus(
+                    worker_id="w-b",
+                    capacity=4,
+                    held=0,
+                    pools=["default", "gpu"],
+                    handlers=[],
+                    draining=True,
+                    silent=True,
+                ),
+            ],
+            unserved=[UnservedHandler(pool="gpu", handler="train", waiting=9)],
+        )
+    )
+    text = "\n".join(lines)
+    assert "dispatch lag p50 1.5 ms p99 20.0 ms" in text
+    assert "workers: 2, capacity 12" in lines
+    assert "  w-a  held 3/8  pools default  handlers send_report, flaky" in lines
+    assert "  w-b  held 0/4  pools default,gpu  handlers (any)  draining  silent" in lines
+    assert lines[-1] == "no worker for handler train in pool gpu: 9 waiting"
+    assert "paused" not in text
+    assert "re-dispatch of lost runs is paused" in "\n".join(
+        status_lines(_status(reaper_paused=True))
+    )
+
+
+def test_wheelctl_talks_to_a_node_through_the_client(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = InProcessServer(tmp_path).start()
+    try:
+        target = ["--target", server.target]
+        assert main(["submit", *target, "--name", "hourly", "--handler", "h", "--every", "1h",
+                     "--catch-up", "skip", "--max-attempts", "3", "--json"]) == 0  # fmt: skip
+        job_id = json.loads(capsys.readouterr().out)["job_id"]
+        assert main(["submit", *target, "--name", "soon", "--handler", "h", "--at", "+1h"]) == 0
+        assert capsys.readouterr().out.startswith("submitted job ")
+        assert main(["jobs", *target]) == 0
+        listed = capsys.readouterr().out
+        assert "hourly" in listed and "soon" in listed and str(job_id) in listed
+        assert main(["trigger", str(job_id), *target]) == 0
+        assert f"triggered job {job_id}: fire " in capsys.readouterr().out
+        assert main(["pause", str(job_id), *target]) == 0
+        assert " paused " in capsys.readouterr().out
+        assert main(["runs", str(job_id), *target, "--json"]) == 0
+        runs = json.loads(capsys.readouterr().out)
+        assert [(r["run_id"] > 0, r["attempt"]) for r in runs] == [(True, 0)]
+        assert set(runs[0]) == {"run_id", "scheduled_for_ms", "attempt", "state", "fence",
+                                "worker_id", "error", "missed_reason"}  # fmt: skip
+        assert main(["status", *target]) == 0
+        status = capsys.readouterr().out
+        assert status.startswith("node node-1: 2 jobs") and "workers: 0, capacity 0" in status
+        assert main(["status", *target, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["node_id"] == "node-1"
+        # The client's checks come back as wheelctl's errors, naming the flag.
+        assert main(["submit", *target, "--name", "x", "--handler", "h", "--every", "5s",
+                     "--tz", "Europe/Paris"]) == 2  # fmt: skip
+        assert "tz: goes with cron= only" in capsys.readouterr().err
+    finally:
+        server.stop()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
+import dataclasses
 import gc
 import json
 import logging
@@ -20,99 +20,95 @@ import re
 import signal
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from wheel.engine.spec import (
+from wheel.client import (
+    DEFAULT_TARGET,
     CatchUp,
     CatchUpMode,
-    Cron,
-    Interval,
-    IntervalMode,
-    JobSpec,
-    Once,
+    Client,
+    Job,
+    JobArgs,
     Overlap,
     OverlapPolicy,
-    Retry,
-    SideEffect,
+    Status,
 )
 from wheel.errors import InvalidArgument, WheelError
 
-DEFAULT_TARGET = "127.0.0.1:50051"
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def parse_duration_ms(text: str, field: str) -> int:
-    """'250ms', '5s', '2m', '1h', '1d' -> milliseconds."""
+def parse_duration(text: str, field: str) -> timedelta:
+    """'250ms', '5s', '2m', '1h', '1d'."""
     m = _DURATION.match(text.strip())
     if not m:
         raise InvalidArgument(field, f"{text!r} is not a duration like 500ms, 5s, 2m, 1h")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
+    return timedelta(milliseconds=float(m.group(1)) * _UNITS[m.group(2)])
 
 
-def parse_time_ms(text: str, now_ms: int) -> int:
-    """'+5s' (from now), epoch milliseconds, or an ISO 8601 time (UTC if no zone)."""
+def parse_when(text: str, field: str) -> datetime | timedelta:
+    """'+5s' (that long from now), epoch milliseconds, or an ISO 8601 time
+    (UTC if it has no zone)."""
     text = text.strip()
     if text.startswith("+"):
-        return now_ms + parse_duration_ms(text[1:], "at")
+        return parse_duration(text[1:], field)
     if text.isdigit():
-        return int(text)
+        return _EPOCH + timedelta(milliseconds=int(text))
     try:
-        when = dt.datetime.fromisoformat(text)
+        return datetime.fromisoformat(text)
     except ValueError:
-        raise InvalidArgument("at", f"{text!r} is not +DURATION, epoch ms or ISO 8601") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    return int(when.timestamp() * 1000)
+        raise InvalidArgument(field, f"{text!r} is not +DURATION, epoch ms or ISO 8601") from None
 
 
-def _now_ms() -> int:
-    return int(dt.datetime.now(dt.UTC).timestamp() * 1000)
-
-
-def spec_from_args(ns: argparse.Namespace, now_ms: int) -> JobSpec:
-    schedules = [x for x in (ns.at, ns.cron, ns.every) if x]
-    if len(schedules) != 1:
-        raise InvalidArgument("schedule", "give exactly one of --at, --cron, --every")
-    schedule: Once | Cron | Interval
-    if ns.at:
-        schedule = Once(at_ms=parse_time_ms(ns.at, now_ms))
-    elif ns.cron:
-        schedule = Cron(expr=ns.cron, time_zone=ns.tz)
-    else:
-        period = parse_duration_ms(ns.every, "every")
-        schedule = Interval(
-            period_ms=period,
-            mode=IntervalMode.FIXED_DELAY if ns.fixed_delay else IntervalMode.FIXED_RATE,
-            start_at_ms=parse_time_ms(ns.start, now_ms) if ns.start else now_ms + period,
-        )
-    return JobSpec(
-        name=ns.name,
-        handler=ns.handler,
-        schedule=schedule,
-        tenant=ns.tenant,
-        payload=ns.payload.encode(),
-        jitter_ms=parse_duration_ms(ns.jitter, "jitter") if ns.jitter else 0,
-        catch_up=CatchUp(
-            mode=CatchUpMode(ns.catch_up),
-            window_ms=parse_duration_ms(ns.catch_up_window, "catch_up_window")
+def submit_args(ns: argparse.Namespace) -> JobArgs:
+    """``Client.submit``'s keywords from ``wheelctl submit``'s flags; the client
+    checks them (one schedule, options that go with it)."""
+    args: JobArgs = {
+        "name": ns.name,
+        "handler": ns.handler,
+        "tz": ns.tz,
+        "fixed_delay": ns.fixed_delay,
+        "payload": ns.payload,
+        "tenant": ns.tenant,
+        "pool": ns.pool,
+        "catch_up": CatchUp(
+            mode=ns.catch_up,
+            window=parse_duration(ns.catch_up_window, "catch_up_window")
             if ns.catch_up_window
             else None,
             max_count=ns.catch_up_max,
         ),
-        overlap=Overlap(policy=OverlapPolicy(ns.overlap), max_concurrent=ns.max_concurrent),
-        retry=Retry(max_attempts=ns.max_attempts),
-        timeout_ms=parse_duration_ms(ns.timeout, "timeout"),
-        side_effect=SideEffect.AT_MOST_ONCE if ns.at_most_once else SideEffect.IDEMPOTENT,
-        pool=ns.pool,
-    )
+        "overlap": Overlap(policy=ns.overlap, max_concurrent=ns.max_concurrent),
+        "retry": ns.max_attempts,
+        "timeout": parse_duration(ns.timeout, "timeout"),
+        "at_most_once": ns.at_most_once,
+        "idempotency_key": ns.key or None,
+    }
+    if ns.at:
+        args["at"] = parse_when(ns.at, "at")
+    if ns.cron:
+        args["cron"] = ns.cron
+    if ns.every:
+        args["every"] = parse_duration(ns.every, "every")
+    if ns.start:
+        start = parse_when(ns.start, "start")
+        args["start"] = datetime.now(UTC) + start if isinstance(start, timedelta) else start
+    if ns.jitter:
+        args["jitter"] = parse_duration(ns.jitter, "jitter")
+    return args
 
 
-def _fmt_ms(ms: int) -> str:
-    if not ms:
-        return "-"
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+def _fmt(t: datetime | None) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if t else "-"
+
+
+def _epoch_ms(t: datetime) -> int:
+    # The client's times are whole milliseconds: the round trip is exact.
+    return round(t.timestamp() * 1000)
 
 
 # -- commands ------------------------------------------------------------------------
@@ -229,44 +225,37 @@ def cmd_worker(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _client(ns: argparse.Namespace) -> Any:
-    from wheel.client import Client
-
+def _client(ns: argparse.Namespace) -> Client:
     return Client(ns.target)
 
 
-def _job_line(job: Any) -> str:
-    from wheel.rpc.v1 import jobs_pb2
-
-    state = jobs_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_").lower()
+def _job_line(job: Job) -> str:
     return (
-        f"{job.job_id:>20}  {state:<9}  {job.spec.name:<24}  "
-        f"next {_fmt_ms(job.next_fire_ms)}  handler {job.spec.handler}"
+        f"{job.job_id:>20}  {job.state:<9}  {job.name:<24}  "
+        f"next {_fmt(job.next_fire)}  handler {job.handler}"
     )
 
 
 def cmd_submit(ns: argparse.Namespace) -> int:
-    spec = spec_from_args(ns, _now_ms())
+    args = submit_args(ns)
     with _client(ns) as client:
-        job, created = client.submit(spec, idempotency_key=ns.key or "")
+        job = client.submit(**args)
     if ns.json:
-        print(json.dumps({"job_id": job.job_id, "created": created}))
+        print(json.dumps({"job_id": job.job_id, "created": job.created}))
     else:
-        print(f"{'submitted' if created else 'already submitted'} job {job.job_id}")
+        print(f"{'submitted' if job.created else 'already submitted'} job {job.job_id}")
         print(_job_line(job))
     return 0
 
 
 def cmd_jobs(ns: argparse.Namespace) -> int:
     with _client(ns) as client:
-        for job in client.list_jobs(tenant=ns.tenant or ""):
+        for job in client.jobs(tenant=ns.tenant):
             print(_job_line(job))
     return 0
 
 
 def cmd_runs(ns: argparse.Namespace) -> int:
-    from wheel.rpc.v1 import jobs_pb2
-
     with _client(ns) as client:
         runs = list(client.runs(ns.job_id))
     if ns.json:
@@ -275,13 +264,13 @@ def cmd_runs(ns: argparse.Namespace) -> int:
                 [
                     {
                         "run_id": r.run_id,
-                        "scheduled_for_ms": r.scheduled_for_ms,
+                        "scheduled_for_ms": _epoch_ms(r.scheduled_for),
                         "attempt": r.attempt,
-                        "state": jobs_pb2.RunState.Name(r.state).removeprefix("RUN_STATE_").lower(),
+                        "state": r.state.value,
                         "fence": r.fence,
-                        "worker_id": r.worker_id,
-                        "error": r.error,
-                        "missed_reason": r.missed_reason,
+                        "worker_id": r.worker_id or "",
+                        "error": r.error or "",
+                        "missed_reason": r.missed_reason or "",
                     }
                     for r in runs
                 ]
@@ -289,10 +278,9 @@ def cmd_runs(ns: argparse.Namespace) -> int:
         )
         return 0
     for r in runs:
-        state = jobs_pb2.RunState.Name(r.state).removeprefix("RUN_STATE_").lower()
-        detail = r.missed_reason or r.error
+        detail = r.missed_reason or r.error or ""
         print(
-            f"{_fmt_ms(r.scheduled_for_ms)}  attempt {r.attempt}  {state:<13} "
+            f"{_fmt(r.scheduled_for)}  attempt {r.attempt}  {r.state:<13} "
             f"run {r.run_id:<8} worker {r.worker_id or '-':<20} {detail}"
         )
     return 0
@@ -311,17 +299,53 @@ def _state_cmd(method: str) -> Any:
 def cmd_trigger(ns: argparse.Namespace) -> int:
     with _client(ns) as client:
         out = client.trigger(ns.job_id)
-    fire = _fmt_ms(out.scheduled_for_ms)
-    print(f"triggered job {out.job_id}: fire {fire} key {out.idempotency_key}")
+    print(f"triggered job {out.job_id}: fire {_fmt(out.scheduled_for)} key {out.idempotency_key}")
     return 0
 
 
-def cmd_status(ns: argparse.Namespace) -> int:
-    from google.protobuf import json_format
+def status_lines(st: Status) -> list[str]:
+    """``wheelctl status``: the node, its counters, a row per worker (held/capacity,
+    pools, the handlers it runs) and a row per handler that work waits for."""
+    ms = timedelta(milliseconds=1)
+    lines = [
+        f"node {st.node_id}: {st.jobs} jobs, {st.pending_timers} timers, {st.in_flight} in flight",
+        f"backlog {st.backlog} ({st.overdue_backlog} overdue), dispatch lag"
+        f" p50 {st.dispatch_lag_p50 / ms:.1f} ms p99 {st.dispatch_lag_p99 / ms:.1f} ms",
+        f"totals: {st.dispatched_total} dispatched, {st.completed_total} completed,"
+        f" {st.missed_total} missed, {st.dead_lettered_total} dead-lettered",
+    ]
+    lines += [f"  node {n.node_id} {n.address} owns {n.shards_owned} shards" for n in st.nodes]
+    if st.reaper_paused:
+        lines.append("re-dispatch of lost runs is paused: the workers are busy")
+    lines.append(f"workers: {st.workers}, capacity {st.worker_capacity}")
+    for w in st.worker_list:
+        flags = "".join(
+            f"  {flag}" for flag, on in (("draining", w.draining), ("silent", w.silent)) if on
+        )
+        lines.append(
+            f"  {w.worker_id}  held {w.held}/{w.capacity}  pools {','.join(w.pools) or '-'}"
+            f"  handlers {', '.join(w.handlers) or '(any)'}{flags}"
+        )
+    lines += [
+        f"no worker for handler {u.handler} in pool {u.pool}: {u.waiting} waiting"
+        for u in st.unserved
+    ]
+    return lines
 
+
+def _json_default(value: object) -> object:
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def cmd_status(ns: argparse.Namespace) -> int:
     with _client(ns) as client:
         status = client.status()
-    print(json.dumps(json_format.MessageToDict(status), indent=2))
+    if ns.json:
+        print(json.dumps(dataclasses.asdict(status), indent=2, default=_json_default))
+    else:
+        print("\n".join(status_lines(status)))
     return 0
 
 
@@ -470,8 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--target", default=target)
     t.set_defaults(fn=cmd_trigger)
 
-    st = sub.add_parser("status", help="node status")
+    st = sub.add_parser("status", help="node status: counters, workers, unserved handlers")
     st.add_argument("--target", default=target)
+    st.add_argument("--json", action="store_true", help="the status as JSON (durations in s)")
     st.set_defaults(fn=cmd_status)
 
     d = sub.add_parser("demo", help="a server, two workers and sample jobs, with live output")

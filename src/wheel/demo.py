@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from wheel.worker import Retryable, RunContext
@@ -43,9 +44,7 @@ def _wheelctl(*args: str) -> list[str]:
 
 
 def run_demo(*, duration_s: float, port: int, data_dir: str | None) -> int:
-    from wheel.client import Client
-    from wheel.engine.spec import Cron, Interval, JobSpec, Once, Retry
-    from wheel.rpc.v1 import jobs_pb2
+    from wheel.client import Client, JobArgs, Retry
 
     tmp = None
     if data_dir is None:
@@ -91,60 +90,63 @@ def run_demo(*, duration_s: float, port: int, data_dir: str | None) -> int:
                     stderr=open(Path(data_dir) / f"{name}.log", "ab"),  # noqa: SIM115
                 )
             )
-        now = int(time.time() * 1000)
-        specs = [
-            JobSpec(
-                name="one-shot-in-2s",
-                handler="hello",
-                schedule=Once(at_ms=now + 2000),
-                payload=b"once",
-            ),
-            JobSpec(
-                name="cron-every-5s",
-                handler="hello",
-                schedule=Cron(expr="*/5 * * * * *", time_zone="Europe/London"),
-                payload=b"cron",
-            ),
-            JobSpec(
-                name="interval-3s",
-                handler="hello",
-                schedule=Interval(period_ms=3000, start_at_ms=now + 1000),
-                payload=b"every",
-            ),
-            JobSpec(
-                name="flaky-every-7s",
-                handler="flaky",
-                schedule=Interval(period_ms=7000, start_at_ms=now + 1500),
-                retry=Retry(max_attempts=3, initial_backoff_ms=500, max_backoff_ms=2000),
-            ),
+        now = datetime.now(UTC)
+        jobs: list[JobArgs] = [
+            {
+                "name": "one-shot-in-2s",
+                "handler": "hello",
+                "at": now + timedelta(seconds=2),
+                "payload": "once",
+            },
+            {
+                "name": "cron-every-5s",
+                "handler": "hello",
+                "cron": "*/5 * * * * *",
+                "tz": "Europe/London",
+                "payload": "cron",
+            },
+            {
+                "name": "interval-3s",
+                "handler": "hello",
+                "every": 3,
+                "start": now + timedelta(seconds=1),
+                "payload": "every",
+            },
+            {
+                "name": "flaky-every-7s",
+                "handler": "flaky",
+                "every": 7,
+                "start": now + timedelta(seconds=1.5),
+                "retry": Retry(max_attempts=3, initial_backoff=0.5, max_backoff=2),
+            },
         ]
-        jobs = {}
-        for spec in specs:
-            job, _ = client.submit(spec, idempotency_key=f"demo-{spec.name}-{now}")
-            jobs[job.job_id] = spec.name
-            print(f"submitted {spec.name:<16} job {job.job_id}", flush=True)
-        seen: dict[tuple[int, int], int] = {}
+        names = {}
+        for args in jobs:
+            args["idempotency_key"] = f"demo-{args['name']}-{now.timestamp()}"
+            job = client.submit(**args)
+            names[job.job_id] = job.name
+            print(f"submitted {job.name:<16} job {job.job_id}", flush=True)
+        seen: dict[tuple[str, int, int], str] = {}
         end = time.monotonic() + duration_s if duration_s > 0 else float("inf")
         while time.monotonic() < end:
             time.sleep(1.0)
-            for job_id, name in jobs.items():
+            for job_id, name in names.items():
                 for run in client.runs(job_id):
-                    key = (run.run_id or -run.scheduled_for_ms, run.attempt)
-                    if seen.get(key) == run.state:
+                    seen_key = (run.idempotency_key, run.run_id, run.attempt)
+                    if seen.get(seen_key) == run.state:
                         continue
-                    seen[key] = run.state
-                    state = jobs_pb2.RunState.Name(run.state).removeprefix("RUN_STATE_").lower()
-                    when = time.strftime("%H:%M:%S", time.gmtime(run.scheduled_for_ms / 1000))
+                    seen[seen_key] = run.state
+                    when = run.scheduled_for.strftime("%H:%M:%S.%f")[:-3]
                     print(
-                        f"{name:<16} fire {when}.{run.scheduled_for_ms % 1000:03d} "
-                        f"attempt {run.attempt} -> {state:<10} "
-                        f"{run.worker_id or ''} {run.missed_reason or run.error}",
+                        f"{name:<16} fire {when} attempt {run.attempt} -> {run.state:<10} "
+                        f"{run.worker_id or ''} {run.missed_reason or run.error or ''}",
                         flush=True,
                     )
         status = client.status()
+        p99_ms = status.dispatch_lag_p99 / timedelta(milliseconds=1)
         print(
             f"== done: {status.dispatched_total} dispatched, {status.completed_total} succeeded, "
-            f"dispatch lag p99 {status.dispatch_lag_p99_ms:.0f} ms",
+            f"dispatch lag p99 {p99_ms:.0f} ms",
             flush=True,
         )
         client.close()

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import epoch_ms, utc_ms
 from tests.e2e.procs import wait_for
-from tests.e2e.test_leases import STATE, TunedServer, Workers, now_ms
-from wheel.client import Client
-from wheel.engine.spec import CatchUp, CatchUpMode, Cron, Interval, JobSpec, Once
+from tests.e2e.test_leases import TunedServer, Workers, now_ms
+from wheel.client import CatchUp, CatchUpMode, Client, JobArgs
 
 pytestmark = pytest.mark.slow
 
@@ -23,13 +23,13 @@ PERIOD = 1_000
 DOWNTIME_S = 3.5
 
 
-def _spec(name: str, pool: str, schedule: Any, **catch_up: Any) -> JobSpec:
-    return JobSpec(
+def _spec(name: str, pool: str, schedule: dict[str, Any], **catch_up: Any) -> JobArgs:
+    return JobArgs(
         name=name,
         handler="scripted",
         pool=pool,
-        schedule=schedule,
         catch_up=CatchUp(**catch_up),
+        **schedule,
     )
 
 
@@ -38,11 +38,12 @@ def _history(client: Client, job_id: int) -> tuple[dict[int, list[str]], dict[in
     runs: dict[int, list[str]] = {}
     missed: dict[int, Any] = {}
     for r in client.runs(job_id):
+        fire = epoch_ms(r.scheduled_for)
         if r.run_id:
-            runs.setdefault(r.scheduled_for_ms, []).append(STATE[r.state])
+            runs.setdefault(fire, []).append(r.state.value)
         else:
-            assert r.scheduled_for_ms not in missed
-            missed[r.scheduled_for_ms] = r
+            assert fire not in missed
+            missed[fire] = r
     return runs, missed
 
 
@@ -54,7 +55,7 @@ def test_downtime_fires_follow_each_jobs_catch_up_policy_exactly(tmp_path: Path)
     try:
         workers.start("catch-up-worker")
         start = (now_ms() // PERIOD + 2) * PERIOD
-        every = Interval(period_ms=PERIOD, start_at_ms=start)
+        every = {"every": PERIOD / 1000, "start": utc_ms(start)}
         window_ms = 1_800
         with Client(server.target) as client:
             ids = {
@@ -63,11 +64,11 @@ def test_downtime_fires_follow_each_jobs_catch_up_policy_exactly(tmp_path: Path)
                 "capped": _spec("capped", pool, every, mode=CatchUpMode.RUN_ALL, max_count=2),
                 "skip": _spec("skip", pool, every, mode=CatchUpMode.SKIP),
                 "window": _spec(
-                    "window", pool, every, mode=CatchUpMode.RUN_ALL, window_ms=window_ms
+                    "window", pool, every, mode=CatchUpMode.RUN_ALL, window=window_ms / 1000
                 ),
-                "cron": _spec("cron", pool, Cron(expr="* * * * * *")),
+                "cron": _spec("cron", pool, {"cron": "* * * * * *"}),
             }
-            jobs = {name: int(client.submit(s)[0].job_id) for name, s in ids.items()}
+            jobs = {name: client.submit(**s).job_id for name, s in ids.items()}
             # Normal operation first: every job runs a couple of fires.
             wait_for(
                 lambda: all(
@@ -81,12 +82,11 @@ def test_downtime_fires_follow_each_jobs_catch_up_policy_exactly(tmp_path: Path)
             wait_for(lambda: 400 <= now_ms() % PERIOD <= 600, 5, "mid-period", interval=0.01)
             killed_at = now_ms()
             at = killed_at + 1_500
-            jobs["once"] = int(client.submit(_spec("once", pool, Once(at_ms=at)))[0].job_id)
-            jobs["once_skip"] = int(
-                client.submit(_spec("once-skip", pool, Once(at_ms=at), mode=CatchUpMode.SKIP))[
-                    0
-                ].job_id
-            )
+            once = {"at": utc_ms(at)}
+            jobs["once"] = client.submit(**_spec("once", pool, once)).job_id
+            jobs["once_skip"] = client.submit(
+                **_spec("once-skip", pool, once, mode=CatchUpMode.SKIP)
+            ).job_id
             killed_at = max(killed_at, now_ms() - 50)
             server.stop(signal.SIGKILL)
             time.sleep(DOWNTIME_S)  # fires come due with nobody to dispatch them
@@ -99,7 +99,7 @@ def test_downtime_fires_follow_each_jobs_catch_up_policy_exactly(tmp_path: Path)
                 20,
                 "the skip job's missed fires",
             )
-            caught_up_at = skip_missed[0].finished_at_ms
+            caught_up_at = epoch_ms(skip_missed[0].finished_at)
             assert caught_up_at - killed_at >= DOWNTIME_S * 1000
             batch = [f for f in range(start, caught_up_at + 1, PERIOD) if f > killed_at]
             assert len(batch) >= 3, batch
@@ -170,7 +170,7 @@ def test_downtime_fires_follow_each_jobs_catch_up_policy_exactly(tmp_path: Path)
         # The missed records are stamped by the catch-up pass, not invented later.
         for name in ("latest", "capped", "skip"):
             for f in early:
-                assert hist[name][1][f].finished_at_ms == caught_up_at, name
+                assert epoch_ms(hist[name][1][f].finished_at) == caught_up_at, name
     finally:
         workers.stop_all()
         server.stop()

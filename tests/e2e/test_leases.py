@@ -16,18 +16,10 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import epoch_ms, utc_ms
 from tests.e2e.e2e_handlers import events
 from tests.e2e.procs import HERE, ServerProc, wait_for
-from wheel.client import Client
-from wheel.engine.spec import (
-    Interval,
-    JobSpec,
-    Once,
-    Overlap,
-    OverlapPolicy,
-    Retry,
-)
-from wheel.rpc.v1 import jobs_pb2
+from wheel.client import Client, JobArgs, JobState, Overlap, OverlapPolicy, Retry
 
 pytestmark = pytest.mark.slow
 
@@ -128,16 +120,15 @@ def workers(
         ws.stop_all()
 
 
-STATE = {v: k.removeprefix("RUN_STATE_").lower() for k, v in jobs_pb2.RunState.items()}
-
-
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def job(pool: str, payload: dict[str, Any] | None = None, **kw: Any) -> JobSpec:
-    kw.setdefault("schedule", Once(at_ms=now_ms()))
-    return JobSpec(
+def job(pool: str, payload: dict[str, Any] | None = None, **kw: Any) -> JobArgs:
+    """A one-shot due now, unless ``kw`` gives another schedule."""
+    if not {"cron", "every", "at"} & kw.keys():
+        kw["at"] = utc_ms(now_ms())
+    return JobArgs(
         name="lease-test",
         handler="scripted",
         pool=pool,
@@ -148,11 +139,11 @@ def job(pool: str, payload: dict[str, Any] | None = None, **kw: Any) -> JobSpec:
 
 def runs(client: Client, job_id: int) -> list[tuple[int, str]]:
     """(attempt, state) of every execution, oldest attempt first."""
-    return sorted((r.attempt, STATE[r.state]) for r in client.runs(job_id) if r.run_id)
+    return sorted((r.attempt, r.state.value) for r in client.runs(job_id) if r.run_id)
 
 
-def submit(client: Client, spec: JobSpec) -> int:
-    return int(client.submit(spec)[0].job_id)
+def submit(client: Client, args: JobArgs) -> int:
+    return client.submit(**args).job_id
 
 
 def of_job(out: Path, job_id: int, event: str | None = None) -> list[dict[str, Any]]:
@@ -177,7 +168,8 @@ def test_a_worker_killed_mid_run_loses_the_fire_to_another_within_the_lease(
     )
     by_attempt = {r.attempt: r for r in client.runs(job_id)}
     # Re-dispatched once the lease (renewed by heartbeats until the kill) ran out.
-    assert by_attempt[1].dispatched_at_ms - killed_at <= LEASE_MS + 1_500
+    dispatched_at = by_attempt[1].dispatched_at
+    assert dispatched_at is not None and epoch_ms(dispatched_at) - killed_at <= LEASE_MS + 1_500
     assert by_attempt[1].fence > by_attempt[0].fence
     assert by_attempt[1].idempotency_key == by_attempt[0].idempotency_key
     ends = of_job(workers.out, job_id, "end")
@@ -231,7 +223,7 @@ def test_a_stopped_worker_past_its_lease_is_fenced_out_by_the_newer_attempt(
 
 def test_retries_back_off_and_then_dead_letter(client: Client, workers: Workers) -> None:
     workers.start("retry")
-    retry = Retry(max_attempts=3, initial_backoff_ms=100, max_backoff_ms=300)
+    retry = Retry(max_attempts=3, initial_backoff=0.1, max_backoff=0.3)
     doomed = submit(client, job(workers.pool, {"fail": 99}, retry=retry))
     flaky = submit(client, job(workers.pool, {"fail": 2}, retry=retry))
     permanent = submit(client, job(workers.pool, {"permanent": True}, retry=retry))
@@ -247,7 +239,7 @@ def test_retries_back_off_and_then_dead_letter(client: Client, workers: Workers)
     )
     wait_for(lambda: runs(client, permanent) == [(0, "dead_lettered")], 20, "no retry")
     dead = list(client.runs(doomed, states=["dead_lettered"]))
-    assert len(dead) == 1 and "scripted failure of attempt 2" in dead[0].error
+    assert len(dead) == 1 and "scripted failure of attempt 2" in (dead[0].error or "")
     keys = {r.idempotency_key for r in client.runs(doomed)}
     assert len(keys) == 1  # stable across attempts
 
@@ -259,8 +251,8 @@ def test_a_run_past_its_timeout_is_revoked_and_retried(client: Client, workers: 
         job(
             workers.pool,
             {"sleep_s": 30},
-            timeout_ms=800,
-            retry=Retry(max_attempts=2, initial_backoff_ms=100, max_backoff_ms=100),
+            timeout=0.8,
+            retry=Retry(max_attempts=2, initial_backoff=0.1, max_backoff=0.1),
         ),
     )
     wait_for(
@@ -272,12 +264,13 @@ def test_a_run_past_its_timeout_is_revoked_and_retried(client: Client, workers: 
         "both attempts to end",
     )
     attempts = sorted((r for r in client.runs(job_id) if r.run_id), key=lambda r: r.attempt)
-    assert STATE[attempts[0].state] in ("timed_out", "failed")
-    assert STATE[attempts[1].state] == "dead_lettered"
+    assert attempts[0].state in ("timed_out", "failed")
+    assert attempts[1].state == "dead_lettered"
     for r in attempts:
-        assert "timed out" in r.error
+        assert "timed out" in (r.error or "")
         # Ended near the timeout, not after the handler's 30 s.
-        assert r.finished_at_ms - r.dispatched_at_ms < 800 + 1_500
+        assert r.finished_at is not None and r.dispatched_at is not None
+        assert epoch_ms(r.finished_at) - epoch_ms(r.dispatched_at) < 800 + 1_500
 
 
 def test_cancel_during_a_run_revokes_it_and_nothing_more_runs(
@@ -286,18 +279,18 @@ def test_cancel_during_a_run_revokes_it_and_nothing_more_runs(
     workers.start("cancel")
     job_id = submit(
         client,
-        job(workers.pool, {"sleep_s": 2}, schedule=Interval(period_ms=500, start_at_ms=now_ms())),
+        job(workers.pool, {"sleep_s": 2}, every=0.5, start=utc_ms(now_ms())),
     )
     wait_for(lambda: of_job(workers.out, job_id, "start"), 20, "the run to start")
     cancelled = client.cancel(job_id)
-    assert cancelled.state == jobs_pb2.JOB_STATE_CANCELLED
+    assert cancelled.state == JobState.CANCELLED
     wait_for(lambda: runs(client, job_id) == [(0, "cancelled")], 10, "the run to be cancelled")
     # The handler finishes its sleep; its completion must not revive the run.
     wait_for(lambda: of_job(workers.out, job_id, "end"), 10, "the handler to return")
     time.sleep(0.5)
     assert runs(client, job_id) == [(0, "cancelled")]
     assert len(of_job(workers.out, job_id, "start")) == 1
-    assert client.cancel(job_id).state == jobs_pb2.JOB_STATE_CANCELLED  # idempotent
+    assert client.cancel(job_id).state == JobState.CANCELLED  # idempotent
 
 
 def test_pause_then_resume_runs_from_now_without_a_burst(client: Client, workers: Workers) -> None:
@@ -305,7 +298,7 @@ def test_pause_then_resume_runs_from_now_without_a_burst(client: Client, workers
     period = 300
     job_id = submit(
         client,
-        job(workers.pool, schedule=Interval(period_ms=period, start_at_ms=now_ms() + period)),
+        job(workers.pool, every=period / 1000, start=utc_ms(now_ms() + period)),
     )
     wait_for(lambda: len(of_job(workers.out, job_id, "end")) >= 2, 20, "two runs")
     client.pause(job_id)
@@ -323,8 +316,8 @@ def test_pause_then_resume_runs_from_now_without_a_burst(client: Client, workers
     )
     client.pause(job_id)
     all_runs = list(client.runs(job_id))
-    ran = sorted(r.scheduled_for_ms for r in all_runs if r.run_id)
-    missed = {r.scheduled_for_ms: r.missed_reason for r in all_runs if not r.run_id}
+    ran = sorted(epoch_ms(r.scheduled_for) for r in all_runs if r.run_id)
+    missed = {epoch_ms(r.scheduled_for): r.missed_reason for r in all_runs if not r.run_id}
     # Nothing that came due while paused ran, late or otherwise: no burst.
     assert not [f for f in ran if paused_at + 50 < f < resume_sent - 50]
     while_paused = [
@@ -367,7 +360,8 @@ def test_overlap_policies(client: Client, workers: Workers) -> None:
             job(
                 workers.pool,
                 {"sleep_s": run_s},
-                schedule=Interval(period_ms=period, start_at_ms=start),
+                every=period / 1000,
+                start=utc_ms(start),
                 overlap=overlap,
             ),
         )
@@ -394,7 +388,7 @@ def test_overlap_policies(client: Client, workers: Workers) -> None:
             _max_concurrency(of_job(workers.out, j)),
             [r.missed_reason for r in rs if not r.run_id],
         )
-        fires = sorted(r.scheduled_for_ms for r in rs)
+        fires = sorted(epoch_ms(r.scheduled_for) for r in rs)
         # No silent drop: every fire from the first to the last has a record.
         assert fires == list(range(start, fires[-1] + 1, period)), name
     assert out["skip"][0] == 1 and "overlap" in out["skip"][1]
@@ -402,6 +396,6 @@ def test_overlap_policies(client: Client, workers: Workers) -> None:
     assert out["buffer_all"][0] == 1 and "overlap" not in out["buffer_all"][1]
     assert out["allow"][0] == 2 and "overlap" in out["allow"][1]
     # buffer_one runs the fire it held back right after the run it waited for.
-    ran = sorted(r.scheduled_for_ms for r in client.runs(ids["buffer_one"]) if r.run_id)
-    skipped = sorted(r.scheduled_for_ms for r in client.runs(ids["skip"]) if r.run_id)
+    ran = sorted(epoch_ms(r.scheduled_for) for r in client.runs(ids["buffer_one"]) if r.run_id)
+    skipped = sorted(epoch_ms(r.scheduled_for) for r in client.runs(ids["skip"]) if r.run_id)
     assert len(ran) >= len(skipped)

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
-
-import grpc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wheel.client import Client
 from wheel.engine.model import JobState, MissedReason, RunState, idempotency_key
 from wheel.engine.records import ExecutionRecord, JobRecord, MissedFire
 from wheel.engine.spec import (
@@ -31,20 +24,11 @@ from wheel.engine.spec import (
     SideEffect,
 )
 from wheel.errors import (
-    AlreadyExists,
-    FailedPrecondition,
     InvalidArgument,
     LimitExceeded,
-    NotFound,
-    ResourceExhausted,
-    WheelError,
 )
 from wheel.rpc import convert
 from wheel.rpc.v1 import (
-    admin_service_pb2,
-    admin_service_pb2_grpc,
-    job_service_pb2,
-    job_service_pb2_grpc,
     jobs_pb2,
 )
 
@@ -375,183 +359,3 @@ def test_missed_fire_to_run() -> None:
     assert run.scheduled_for_ms == NOW
     assert run.finished_at_ms == NOW + 9
     assert run.idempotency_key == idempotency_key(7, NOW)
-
-
-# -- the client SDK over a scripted JobService ---------------------------------------------
-# (Here because the client is the other user-side end of these conversions.)
-
-_ERRORS = {
-    404: (grpc.StatusCode.NOT_FOUND, "job 404 not found", NotFound),
-    409: (grpc.StatusCode.ALREADY_EXISTS, "key reused with another body", AlreadyExists),
-    429: (grpc.StatusCode.RESOURCE_EXHAUSTED, "backfill over 10000 fires", ResourceExhausted),
-    412: (grpc.StatusCode.FAILED_PRECONDITION, "job is cancelled", FailedPrecondition),
-    400: (grpc.StatusCode.INVALID_ARGUMENT, "spec.retry.multiplier: must be between", None),
-    503: (grpc.StatusCode.UNAVAILABLE, "store down", None),
-}
-
-
-class ScriptedJobs(
-    job_service_pb2_grpc.JobServiceServicer, admin_service_pb2_grpc.AdminServiceServicer
-):
-    """Jobs 1..250 exist; some ids answer with an error status instead."""
-
-    def __init__(self) -> None:
-        self.requests: list[Any] = []
-
-    def _fail_for(self, job_id: int, context: grpc.ServicerContext) -> None:
-        if job_id in _ERRORS:
-            code, details, _ = _ERRORS[job_id]
-            context.abort(code, details)
-
-    def SubmitJob(self, request: Any, context: grpc.ServicerContext) -> Any:
-        self.requests.append(request)
-        if request.spec.name == "bad":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "spec.name: must not be empty")
-        job = jobs_pb2.Job(job_id=1, spec=request.spec, state=jobs_pb2.JOB_STATE_ACTIVE)
-        return job_service_pb2.SubmitJobResponse(
-            job=job, created=request.idempotency_key != "again"
-        )
-
-    def GetJob(self, request: Any, context: grpc.ServicerContext) -> Any:
-        self.requests.append(request)
-        self._fail_for(request.job_id, context)
-        return jobs_pb2.Job(job_id=request.job_id)
-
-    def ListJobs(self, request: Any, context: grpc.ServicerContext) -> Any:
-        self.requests.append(request)
-        start = int(request.page_token or 0)
-        end = min(250, start + request.page_size)
-        return job_service_pb2.ListJobsResponse(
-            jobs=[jobs_pb2.Job(job_id=i + 1) for i in range(start, end)],
-            next_page_token=str(end) if end < 250 else "",
-        )
-
-    def CancelJob(self, request: Any, context: grpc.ServicerContext) -> Any:
-        self._fail_for(request.job_id, context)
-        return jobs_pb2.Job(job_id=request.job_id, state=jobs_pb2.JOB_STATE_CANCELLED)
-
-    def PauseJob(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return jobs_pb2.Job(job_id=request.job_id, state=jobs_pb2.JOB_STATE_PAUSED)
-
-    def ResumeJob(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return jobs_pb2.Job(job_id=request.job_id, state=jobs_pb2.JOB_STATE_ACTIVE)
-
-    def TriggerJob(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return job_service_pb2.TriggerJobResponse(job_id=request.job_id, scheduled_for_ms=5)
-
-    def BackfillJob(self, request: Any, context: grpc.ServicerContext) -> Any:
-        self.requests.append(request)
-        self._fail_for(request.job_id, context)
-        return job_service_pb2.BackfillJobResponse(
-            scheduled=2, scheduled_for_ms=[request.from_ms, request.to_ms - 1]
-        )
-
-    def ListRuns(self, request: Any, context: grpc.ServicerContext) -> Any:
-        self.requests.append(request)
-        start = int(request.page_token or 0)
-        end = min(7, start + request.page_size)
-        return job_service_pb2.ListRunsResponse(
-            runs=[jobs_pb2.Run(run_id=100 - i) for i in range(start, end)],
-            next_page_token=str(end) if end < 7 else "",
-        )
-
-    def GetClusterStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
-        shards = [admin_service_pb2.ShardStatus(shard=3)] if request.include_shards else []
-        return admin_service_pb2.ClusterStatus(node_id="n1", jobs=250, shards=shards)
-
-
-@pytest.fixture(scope="module")
-def scripted() -> Iterator[tuple[ScriptedJobs, Client]]:
-    server = grpc.server(ThreadPoolExecutor(max_workers=4))
-    svc = ScriptedJobs()
-    job_service_pb2_grpc.add_JobServiceServicer_to_server(svc, server)
-    admin_service_pb2_grpc.add_AdminServiceServicer_to_server(svc, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        with Client(f"127.0.0.1:{port}", timeout=5) as client:
-            yield svc, client
-    finally:
-        server.stop(None).wait()
-
-
-def test_client_submits_the_spec_and_reports_created(scripted: tuple[ScriptedJobs, Client]) -> None:
-    svc, client = scripted
-    spec = JobSpec(name="n", handler="h", schedule=Cron(expr="* * * * *"), payload=b"\x00")
-    job, created = client.submit(spec, idempotency_key="k1")
-    assert created
-    assert svc.requests[-1].idempotency_key == "k1"
-    assert convert.spec_from_proto(job.spec, now_ms=NOW) == spec
-    _, created = client.submit(spec, idempotency_key="again")
-    assert not created
-
-
-def test_client_follows_page_tokens(scripted: tuple[ScriptedJobs, Client]) -> None:
-    svc, client = scripted
-    svc.requests.clear()
-    ids = [j.job_id for j in client.list_jobs(tenant="t", state=JobState.PAUSED, page_size=100)]
-    assert ids == list(range(1, 251))
-    assert [r.page_token for r in svc.requests] == ["", "100", "200"]
-    assert {(r.tenant, r.state) for r in svc.requests} == {("t", jobs_pb2.JOB_STATE_PAUSED)}
-    svc.requests.clear()
-    runs = list(client.runs(9, states=[RunState.FAILED, "missed"], page_size=3))
-    assert [r.run_id for r in runs] == [100, 99, 98, 97, 96, 95, 94]
-    assert len(svc.requests) == 3
-    assert list(svc.requests[0].states) == [jobs_pb2.RUN_STATE_FAILED, jobs_pb2.RUN_STATE_MISSED]
-    svc.requests.clear()
-    assert len(list(client.list_jobs())) == 250
-    assert svc.requests[0].state == jobs_pb2.JOB_STATE_UNSPECIFIED
-
-
-def test_client_job_actions(scripted: tuple[ScriptedJobs, Client]) -> None:
-    svc, client = scripted
-    assert client.get(3, next_fires=2, recent_runs=4).job_id == 3
-    assert (svc.requests[-1].next_fires, svc.requests[-1].recent_runs) == (2, 4)
-    assert client.cancel(3).state == jobs_pb2.JOB_STATE_CANCELLED
-    assert client.pause(3).state == jobs_pb2.JOB_STATE_PAUSED
-    assert client.resume(3).state == jobs_pb2.JOB_STATE_ACTIVE
-    assert client.trigger(3).scheduled_for_ms == 5
-    assert list(client.backfill(3, 10, 20).scheduled_for_ms) == [10, 19]
-    assert client.status().node_id == "n1"
-    assert not client.status().shards
-    assert [s.shard for s in client.status(include_shards=True).shards] == [3]
-
-
-@pytest.mark.parametrize("job_id", sorted(_ERRORS))
-def test_client_raises_status_codes_as_wheel_errors(
-    scripted: tuple[ScriptedJobs, Client], job_id: int
-) -> None:
-    _, client = scripted
-    code, details, cls = _ERRORS[job_id]
-    for call in (lambda: client.get(job_id), lambda: client.backfill(job_id, 0, 1)):
-        with pytest.raises(WheelError) as info:
-            call()
-        err = info.value
-        assert isinstance(err.__cause__, grpc.RpcError)
-        if cls is not None:
-            assert type(err) is cls
-            assert str(err) == details
-        elif code == grpc.StatusCode.INVALID_ARGUMENT:
-            assert isinstance(err, InvalidArgument)
-            assert err.field == "spec.retry.multiplier"
-            assert str(err) == details
-        else:
-            assert type(err) is WheelError
-            assert str(err) == f"{code.name}: {details}"
-
-
-def test_client_invalid_argument_keeps_the_field(scripted: tuple[ScriptedJobs, Client]) -> None:
-    _, client = scripted
-    with pytest.raises(InvalidArgument) as info:
-        client.submit(JobSpec(name="bad", handler="h", schedule=Once(at_ms=1)))
-    assert info.value.field == "spec.name"
-    assert info.value.reason == "must not be empty"
-
-
-def test_client_reports_an_unreachable_node_as_unavailable() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with Client(f"127.0.0.1:{port}", timeout=2) as client, pytest.raises(WheelError) as info:
-        client.status()
-    assert str(info.value).startswith("UNAVAILABLE")

@@ -1,0 +1,91 @@
+"""The client SDK: submit jobs to a wheel node and manage them.
+
+```python
+from datetime import timedelta
+from wheel.client import Client, Retry
+
+with Client("127.0.0.1:50051") as client:
+    job = client.submit(
+        name="nightly-report",
+        handler="send_report",
+        cron="0 2 * * *",
+        tz="America/New_York",
+        payload={"report": "sales"},
+        retry=Retry(max_attempts=3, initial_backoff=timedelta(seconds=5)),
+        idempotency_key="nightly-report-v1",
+    )
+    print(job.job_id, job.next_fire)
+    for run in client.runs(job.job_id):
+        print(run.scheduled_for, run.attempt, run.state, run.missed_reason or run.error)
+```
+
+``AsyncClient`` has the same calls for asyncio (``async with``, ``await``,
+``async for``). Everything taken and returned is a value of this package
+(frozen dataclasses, ``StrEnum`` states and policies, ``datetime`` and
+``timedelta``); every failure is a ``wheel.errors.WheelError``.
+"""
+
+from wheel.client._async import AsyncClient
+from wheel.client._specs import JobArgs, JobRequest, Payload
+from wheel.client._sync import Client
+from wheel.client._time import Duration, When
+from wheel.client._values import (
+    At,
+    Backfill,
+    CatchUp,
+    CatchUpMode,
+    Cron,
+    DstFold,
+    DstGap,
+    Every,
+    Job,
+    JobState,
+    MissedReason,
+    NodeStatus,
+    Overlap,
+    OverlapPolicy,
+    Retry,
+    Run,
+    RunState,
+    Schedule,
+    ShardStatus,
+    Status,
+    Trigger,
+    UnservedHandler,
+    WorkerStatus,
+)
+from wheel.client._wire import DEFAULT_TARGET
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "AsyncClient",
+    "At",
+    "Backfill",
+    "CatchUp",
+    "CatchUpMode",
+    "Client",
+    "Cron",
+    "DstFold",
+    "DstGap",
+    "Duration",
+    "Every",
+    "Job",
+    "JobArgs",
+    "JobRequest",
+    "JobState",
+    "MissedReason",
+    "NodeStatus",
+    "Overlap",
+    "OverlapPolicy",
+    "Payload",
+    "Retry",
+    "Run",
+    "RunState",
+    "Schedule",
+    "ShardStatus",
+    "Status",
+    "Trigger",
+    "UnservedHandler",
+    "When",
+    "WorkerStatus",
+]

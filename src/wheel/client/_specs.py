@@ -1,0 +1,326 @@
+"""What a submit asks for (``JobRequest``), and the mapping between the
+client's values and the engine's ``JobSpec`` in both directions.
+
+The client goes through ``JobSpec`` so that ``wheel.rpc.convert`` stays the one
+place that knows the protobuf spelling of a spec and the defaults its zeros
+stand for. Checks here are the ones only the client can make: the Python
+types given, exactly one schedule, options that belong to another kind of
+schedule, and zeros the wire would silently read as "the default". Limits,
+cron syntax and time zones are the server's to check (its errors name the
+wire field, e.g. ``spec.schedule.cron.expr``), so a client never refuses what
+its server would accept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from datetime import timedelta
+from typing import Any, TypedDict
+
+from wheel.client._time import Duration, When, as_duration, duration, millis, time_ms, utc
+from wheel.client._values import (
+    At,
+    CatchUp,
+    CatchUpMode,
+    Cron,
+    DstFold,
+    DstGap,
+    Every,
+    Overlap,
+    OverlapPolicy,
+    Retry,
+    Schedule,
+    choice,
+)
+from wheel.engine import spec as engine
+from wheel.errors import InvalidArgument
+
+__all__ = [
+    "JobArgs",
+    "JobRequest",
+    "Payload",
+    "catch_up_of",
+    "job_spec",
+    "overlap_of",
+    "request_of",
+    "retry_of",
+    "schedule_of",
+]
+
+# Bytes as they are, text as UTF-8, anything else as compact JSON with sorted
+# keys (the same value always makes the same bytes: an idempotent retry of a
+# submit must send the same body).
+Payload = bytes | str | dict[str, Any] | list[Any] | int | float | bool
+
+# The engine's defaults for what a spec leaves out.
+_SPEC = engine.JobSpec(name="", handler="", schedule=engine.Once(at_ms=0))
+_CATCH_UP, _OVERLAP, _RETRY = CatchUp(), Overlap(), Retry()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRequest:
+    """One job to submit: the keywords of ``Client.submit``, as a value.
+
+    Give exactly one schedule: ``cron`` (with ``tz``, ``dst_gap`` and
+    ``dst_fold``), ``every`` (with ``start``, default a period from when the
+    node receives it, and ``fixed_delay``: the next fire a period after the
+    previous run ends) or ``at`` (a time, or a ``timedelta`` from when it is
+    sent; give a time where a retry must be idempotent). Times are ``datetime``
+    values (naive means UTC) or epoch seconds; durations are ``timedelta``
+    values or seconds. ``catch_up``, ``overlap`` and ``retry`` take their
+    policy value, or a mode, a policy name and a number of attempts. A request
+    is checked when it is made: a bad one raises ``InvalidArgument`` naming
+    the keyword.
+    """
+
+    name: str
+    handler: str
+    cron: str | None = None
+    every: Duration | None = None
+    at: When | timedelta | None = None
+    tz: str = "UTC"
+    dst_gap: DstGap | str = DstGap.FIRE_AT_TRANSITION
+    dst_fold: DstFold | str = DstFold.FIRST
+    start: When | None = None
+    fixed_delay: bool = False
+    payload: Payload = b""
+    catch_up: CatchUp | str = _CATCH_UP
+    overlap: Overlap | str = _OVERLAP
+    retry: Retry | int = _RETRY
+    jitter: Duration = timedelta(milliseconds=_SPEC.jitter_ms)
+    timeout: Duration = timedelta(milliseconds=_SPEC.timeout_ms)
+    at_most_once: bool = False
+    pool: str = _SPEC.pool
+    tenant: str = _SPEC.tenant
+    # The same key and body return the job the first submit made (``created``
+    # False); the same key with another body is ``AlreadyExists``.
+    idempotency_key: str | None = None
+
+    def __post_init__(self) -> None:
+        # Refuse a bad request where it is made, not later where it is sent.
+        job_spec(self, now_ms=0)
+
+
+class _RequiredJobArgs(TypedDict):
+    # Required keys in a base of their own: ``Required[...]`` in a string
+    # annotation (``from __future__ import annotations``) is not seen at run
+    # time by Python 3.11's TypedDict.
+    name: str
+    handler: str
+
+
+class JobArgs(_RequiredJobArgs, total=False):
+    """The keywords of ``Client.submit``, or one item of ``submit_many``: the
+    fields of ``JobRequest``, which documents them."""
+
+    cron: str | None
+    every: Duration | None
+    at: When | timedelta | None
+    tz: str
+    dst_gap: DstGap | str
+    dst_fold: DstFold | str
+    start: When | None
+    fixed_delay: bool
+    payload: Payload
+    catch_up: CatchUp | str
+    overlap: Overlap | str
+    retry: Retry | int
+    jitter: Duration
+    timeout: Duration
+    at_most_once: bool
+    pool: str
+    tenant: str
+    idempotency_key: str | None
+
+
+# -- client -> engine -------------------------------------------------------------
+
+
+def request_of(item: JobRequest | Mapping[str, Any]) -> JobRequest:
+    """A ``JobRequest`` from itself or from a dict of its fields: a dict from a
+    file or a form is refused naming the key, not with a ``TypeError``."""
+    if isinstance(item, JobRequest):
+        return item
+    known = {f.name for f in fields(JobRequest)}
+    for key in item:
+        if key not in known:
+            raise InvalidArgument(str(key), "is not a field of a job to submit")
+    for key in ("name", "handler"):
+        if key not in item:
+            raise InvalidArgument(key, "is required")
+    return JobRequest(**item)
+
+
+def job_spec(request: JobRequest, *, now_ms: int) -> engine.JobSpec:
+    """The engine's spec for a request; ``now_ms`` resolves an ``at`` given as
+    a ``timedelta``. Raises ``InvalidArgument`` naming the keyword."""
+    r = request
+    catch_up, overlap, retry = _catch_up(r.catch_up), _overlap(r.overlap), _retry(r.retry)
+    return engine.JobSpec(
+        name=_text(r.name, "name"),
+        handler=_text(r.handler, "handler"),
+        schedule=_schedule(r, now_ms),
+        tenant=_text(r.tenant, "tenant"),
+        pool=_text(r.pool, "pool"),
+        payload=payload_bytes(r.payload),
+        jitter_ms=millis(duration(r.jitter, "jitter", positive=False)),
+        catch_up=engine.CatchUp(
+            mode=engine.CatchUpMode(catch_up.mode),
+            window_ms=None if catch_up.window is None else millis(catch_up.window),
+            max_count=catch_up.max_count,
+        ),
+        overlap=engine.Overlap(
+            policy=engine.OverlapPolicy(overlap.policy),
+            max_concurrent=overlap.max_concurrent,
+            max_buffered=overlap.max_buffered,
+        ),
+        retry=engine.Retry(
+            max_attempts=retry.max_attempts,
+            initial_backoff_ms=millis(retry.initial_backoff),
+            max_backoff_ms=millis(retry.max_backoff),
+            multiplier=retry.multiplier,
+        ),
+        timeout_ms=millis(duration(r.timeout, "timeout", positive=True)),
+        side_effect=(
+            engine.SideEffect.AT_MOST_ONCE
+            if _flag(r.at_most_once, "at_most_once")
+            else engine.SideEffect.IDEMPOTENT
+        ),
+    )
+
+
+def payload_bytes(value: object) -> bytes:
+    """A payload's bytes (see ``Payload``)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument("payload", f"not bytes, str or JSON-serializable: {exc}") from None
+    return text.encode()
+
+
+def _schedule(r: JobRequest, now_ms: int) -> engine.Schedule:
+    given = [k for k, v in (("cron", r.cron), ("every", r.every), ("at", r.at)) if v is not None]
+    if len(given) != 1:
+        got = f" (got {' and '.join(given)})" if given else ""
+        raise InvalidArgument("schedule", f"give exactly one of cron=, every= or at={got}")
+    kind = given[0]
+    # Options of another kind of schedule would be ignored without a word.
+    belongs = {
+        "tz": ("cron", r.tz != "UTC"),
+        "dst_gap": ("cron", r.dst_gap != DstGap.FIRE_AT_TRANSITION),
+        "dst_fold": ("cron", r.dst_fold != DstFold.FIRST),
+        "start": ("every", r.start is not None),
+        "fixed_delay": ("every", r.fixed_delay is not False),
+    }
+    for field, (owner, set_here) in belongs.items():
+        if set_here and kind != owner:
+            raise InvalidArgument(field, f"goes with {owner}= only, not with {kind}=")
+    if r.cron is not None:
+        return engine.Cron(
+            expr=_text(r.cron, "cron"),
+            time_zone=_text(r.tz, "tz"),
+            dst_gap=engine.DstGap(choice(DstGap, r.dst_gap, "dst_gap")),
+            dst_fold=engine.DstFold(choice(DstFold, r.dst_fold, "dst_fold")),
+        )
+    if r.every is not None:
+        start_ms = 0  # the wire's "a period after the node receives it"
+        if r.start is not None:
+            start_ms = time_ms(r.start, "start")
+            if start_ms <= 0:
+                raise InvalidArgument("start", "must be after the epoch")
+        return engine.Interval(
+            period_ms=millis(duration(r.every, "every", positive=True)),
+            mode=(
+                engine.IntervalMode.FIXED_DELAY
+                if _flag(r.fixed_delay, "fixed_delay")
+                else engine.IntervalMode.FIXED_RATE
+            ),
+            start_at_ms=start_ms,
+        )
+    at = r.at
+    if isinstance(at, timedelta):
+        return engine.Once(at_ms=now_ms + millis(as_duration(at, "at")))
+    return engine.Once(at_ms=time_ms(at, "at"))
+
+
+def _catch_up(value: object) -> CatchUp:
+    if isinstance(value, CatchUp):
+        return value
+    if isinstance(value, str):
+        return CatchUp(mode=choice(CatchUpMode, value, "catch_up"))
+    raise InvalidArgument("catch_up", f"expected a CatchUp or a mode, got {type(value).__name__}")
+
+
+def _overlap(value: object) -> Overlap:
+    if isinstance(value, Overlap):
+        return value
+    if isinstance(value, str):
+        return Overlap(policy=choice(OverlapPolicy, value, "overlap"))
+    raise InvalidArgument("overlap", f"expected an Overlap or a policy, got {type(value).__name__}")
+
+
+def _retry(value: object) -> Retry:
+    if isinstance(value, Retry):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return Retry(max_attempts=value)
+    raise InvalidArgument("retry", f"expected a Retry or a number of attempts >= 1, got {value!r}")
+
+
+def _text(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(field, f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _flag(value: object, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(field, f"expected True or False, got {value!r}")
+    return value
+
+
+# -- engine -> client -------------------------------------------------------------
+
+
+def schedule_of(schedule: engine.Schedule) -> Schedule:
+    """The client's description of a spec's schedule."""
+    if isinstance(schedule, engine.Once):
+        return At(time=utc(schedule.at_ms))
+    if isinstance(schedule, engine.Cron):
+        return Cron(
+            expr=schedule.expr,
+            tz=schedule.time_zone,
+            dst_gap=DstGap(schedule.dst_gap),
+            dst_fold=DstFold(schedule.dst_fold),
+        )
+    return Every(
+        period=timedelta(milliseconds=schedule.period_ms),
+        start=utc(schedule.start_at_ms),
+        fixed_delay=schedule.mode is engine.IntervalMode.FIXED_DELAY,
+    )
+
+
+def catch_up_of(c: engine.CatchUp) -> CatchUp:
+    window = None if c.window_ms is None else timedelta(milliseconds=c.window_ms)
+    return CatchUp(mode=CatchUpMode(c.mode), window=window, max_count=c.max_count)
+
+
+def overlap_of(o: engine.Overlap) -> Overlap:
+    return Overlap(
+        policy=OverlapPolicy(o.policy), max_concurrent=o.max_concurrent, max_buffered=o.max_buffered
+    )
+
+
+def retry_of(r: engine.Retry) -> Retry:
+    return Retry(
+        max_attempts=r.max_attempts,
+        initial_backoff=timedelta(milliseconds=r.initial_backoff_ms),
+        max_backoff=timedelta(milliseconds=r.max_backoff_ms),
+        multiplier=r.multiplier,
+    )

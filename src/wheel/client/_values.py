@@ -1,0 +1,403 @@
+"""The client's values: what ``Client`` and ``AsyncClient`` take and return.
+
+Frozen dataclasses and string enums owned by ``wheel.client``, so that code
+using the SDK never depends on the engine's types or on protobuf messages.
+Times are aware UTC ``datetime`` values, durations are ``timedelta`` values.
+The enums' values are the scheduler's own words, as ``wheelctl`` prints them.
+
+The policy values (``CatchUp``, ``Overlap``, ``Retry``) are also what users
+pass in; their constructors take durations as ``timedelta`` or seconds and
+keep ``timedelta``, and refuse at once what the wire could not carry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import TypeVar
+
+from wheel.client._time import Duration, duration
+from wheel.engine import spec as _engine
+from wheel.errors import InvalidArgument
+
+__all__ = [
+    "At",
+    "Backfill",
+    "CatchUp",
+    "CatchUpMode",
+    "Cron",
+    "DstFold",
+    "DstGap",
+    "Every",
+    "Job",
+    "JobState",
+    "MissedReason",
+    "NodeStatus",
+    "Overlap",
+    "OverlapPolicy",
+    "Retry",
+    "Run",
+    "RunState",
+    "Schedule",
+    "ShardStatus",
+    "Status",
+    "Trigger",
+    "UnservedHandler",
+    "WorkerStatus",
+]
+
+_E = TypeVar("_E", bound=StrEnum)
+
+
+# -- words ------------------------------------------------------------------------
+
+
+class JobState(StrEnum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+    CANCELLED = "cancelled"
+    # A one-shot whose fire has been claimed: nothing more to schedule.
+    COMPLETED = "completed"
+
+
+class RunState(StrEnum):
+    """The state of one execution (one attempt of one fire), or ``MISSED`` for
+    a fire the job's policy did not run (see ``Run.missed_reason``)."""
+
+    DISPATCHED = "dispatched"  # handed to a worker; grace lease
+    RUNNING = "running"  # acked by the worker; full lease
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # this attempt failed; a retry may follow as attempt + 1
+    TIMED_OUT = "timed_out"
+    LOST = "lost"  # the lease lapsed; a new attempt re-dispatches the fire
+    DEAD_LETTERED = "dead_lettered"  # failed on its last attempt
+    UNKNOWN = "unknown"  # an at_most_once run whose lease was lost
+    CANCELLED = "cancelled"  # the job was cancelled while this run was in flight
+    MISSED = "missed"  # not an execution: a fire that did not run
+
+
+class MissedReason(StrEnum):
+    OUTSIDE_WINDOW = "outside_window"  # later than the catch-up window allows
+    OVER_CAP = "over_cap"  # run_all past max_count: collapsed to the latest
+    SKIPPED = "skipped"  # catch-up mode skip
+    COLLAPSED = "collapsed"  # run_latest_only ran a later fire instead
+    PAUSED = "paused"  # came due while the job was paused
+    OVERLAP = "overlap"  # came due while a previous run was still going
+    DST_GAP = "dst_gap"  # the wall time did not exist and the policy skips it
+    CANCELLED = "cancelled"  # queued or buffered when the job was cancelled
+
+
+class CatchUpMode(StrEnum):
+    """Which overdue fires run after downtime."""
+
+    RUN_LATEST_ONLY = "run_latest_only"
+    RUN_ALL = "run_all"
+    SKIP = "skip"
+
+
+class OverlapPolicy(StrEnum):
+    """What a fire does that comes due while the job's previous run is going."""
+
+    SKIP = "skip"
+    BUFFER_ONE = "buffer_one"
+    BUFFER_ALL = "buffer_all"
+    ALLOW = "allow"
+
+
+class DstGap(StrEnum):
+    """What a cron schedule does with a wall time that does not exist."""
+
+    FIRE_AT_TRANSITION = "fire_at_transition"
+    SKIP = "skip"
+
+
+class DstFold(StrEnum):
+    """What a cron schedule does with a wall time that happens twice."""
+
+    FIRST = "first"
+    BOTH = "both"
+
+
+def choice(enum: type[_E], value: object, field: str) -> _E:
+    """``value`` as a member of ``enum``, or ``InvalidArgument`` listing the members."""
+    if isinstance(value, str):
+        try:
+            return enum(value)
+        except ValueError:
+            pass
+    allowed = ", ".join(m.value for m in enum)
+    raise InvalidArgument(field, f"{value!r} is not one of {allowed}")
+
+
+def _at_least_one(value: object, field: str) -> int:
+    # Zero on the wire means "the default": a zero here would be silently replaced.
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidArgument(field, f"must be a whole number >= 1, got {value!r}")
+    return value
+
+
+# -- schedules ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cron:
+    """Fires at the times a cron expression names, in an IANA time zone."""
+
+    expr: str
+    tz: str
+    dst_gap: DstGap
+    dst_fold: DstFold
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Every:
+    """Fires every ``period`` from ``start``; with ``fixed_delay`` the next fire
+    is a period after the previous run finished instead."""
+
+    period: timedelta
+    start: datetime
+    fixed_delay: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class At:
+    """Fires once."""
+
+    time: datetime
+
+
+Schedule = Cron | Every | At
+
+
+# -- policies (given and returned) ---------------------------------------------------
+
+# The engine's defaults, so the client states each of them in one place only.
+_CATCH_UP = _engine.CatchUp()
+_OVERLAP = _engine.Overlap()
+_RETRY = _engine.Retry()
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class CatchUp:
+    """Which fires run after downtime: ``mode``; how late a fire may still run,
+    ``window`` (None: no limit); and with ``run_all``, past how many overdue
+    fires it collapses to the latest, ``max_count``."""
+
+    mode: CatchUpMode
+    window: timedelta | None
+    max_count: int
+
+    def __init__(
+        self,
+        *,
+        mode: CatchUpMode | str = CatchUpMode.RUN_LATEST_ONLY,
+        window: Duration | None = None,
+        max_count: int = _CATCH_UP.max_count,
+    ) -> None:
+        # The wire reads a zero window as "no limit": refuse it rather than widen it.
+        kept = None if window is None else duration(window, "catch_up.window", positive=True)
+        object.__setattr__(self, "mode", choice(CatchUpMode, mode, "catch_up.mode"))
+        object.__setattr__(self, "window", kept)
+        object.__setattr__(self, "max_count", _at_least_one(max_count, "catch_up.max_count"))
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Overlap:
+    """What a fire does while the job's previous run is going: ``policy``;
+    with ``allow``, at most ``max_concurrent`` runs at once; with
+    ``buffer_all``, at most ``max_buffered`` fires waiting."""
+
+    policy: OverlapPolicy
+    max_concurrent: int
+    max_buffered: int
+
+    def __init__(
+        self,
+        *,
+        policy: OverlapPolicy | str = OverlapPolicy.SKIP,
+        max_concurrent: int = _OVERLAP.max_concurrent,
+        max_buffered: int = _OVERLAP.max_buffered,
+    ) -> None:
+        object.__setattr__(self, "policy", choice(OverlapPolicy, policy, "overlap.policy"))
+        object.__setattr__(
+            self, "max_concurrent", _at_least_one(max_concurrent, "overlap.max_concurrent")
+        )
+        object.__setattr__(
+            self, "max_buffered", _at_least_one(max_buffered, "overlap.max_buffered")
+        )
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Retry:
+    """How a failed run is retried: up to ``max_attempts`` attempts in all, with
+    exponential backoff (``initial_backoff`` times ``multiplier`` per attempt,
+    at most ``max_backoff``, full jitter); then the run is dead-lettered."""
+
+    max_attempts: int
+    initial_backoff: timedelta
+    max_backoff: timedelta
+    multiplier: float
+
+    def __init__(
+        self,
+        *,
+        max_attempts: int = _RETRY.max_attempts,
+        initial_backoff: Duration = timedelta(milliseconds=_RETRY.initial_backoff_ms),
+        max_backoff: Duration = timedelta(milliseconds=_RETRY.max_backoff_ms),
+        multiplier: float = _RETRY.multiplier,
+    ) -> None:
+        if isinstance(multiplier, bool) or not isinstance(multiplier, int | float):
+            raise InvalidArgument("retry.multiplier", f"expected a number, got {multiplier!r}")
+        if multiplier <= 0:
+            raise InvalidArgument("retry.multiplier", "must be > 0")
+        object.__setattr__(self, "max_attempts", _at_least_one(max_attempts, "retry.max_attempts"))
+        object.__setattr__(
+            self,
+            "initial_backoff",
+            duration(initial_backoff, "retry.initial_backoff", positive=True),
+        )
+        object.__setattr__(
+            self, "max_backoff", duration(max_backoff, "retry.max_backoff", positive=True)
+        )
+        object.__setattr__(self, "multiplier", float(multiplier))
+
+
+# -- what calls return -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Run:
+    """One execution (one attempt of one fire), or a missed fire: ``run_id`` 0,
+    state ``missed``, ``missed_reason`` set and ``finished_at`` when the miss
+    was recorded. ``idempotency_key`` is the same on every attempt of a fire."""
+
+    run_id: int
+    job_id: int
+    scheduled_for: datetime
+    attempt: int
+    state: RunState
+    fence: int
+    worker_id: str | None
+    dispatched_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: str | None
+    missed_reason: MissedReason | None
+    idempotency_key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """A job as the node has it. ``next_fires`` and ``recent_runs`` are filled
+    by ``get`` (and the first few fires by submit, cancel, pause and resume);
+    ``created`` is True only in the answer to the submit that created it."""
+
+    job_id: int
+    name: str
+    handler: str
+    tenant: str
+    pool: str
+    state: JobState
+    schedule: Schedule
+    payload: bytes
+    next_fire: datetime | None
+    next_fires: list[datetime]
+    created_at: datetime
+    updated_at: datetime
+    shard: int
+    created: bool
+    recent_runs: list[Run]
+    catch_up: CatchUp
+    overlap: Overlap
+    retry: Retry
+    timeout: timedelta
+    jitter: timedelta
+    at_most_once: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trigger:
+    """The out-of-band fire ``trigger`` scheduled."""
+
+    job_id: int
+    scheduled_for: datetime
+    idempotency_key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Backfill:
+    """What ``backfill`` scheduled, and how many fires of the range were
+    already in the job's history (run or missed) and were left alone."""
+
+    scheduled: int
+    skipped_existing: int
+    scheduled_for: list[datetime]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeStatus:
+    node_id: str
+    address: str
+    shards_owned: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardStatus:
+    shard: int
+    owner: str
+    epoch: int
+    jobs: int
+    in_flight: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerStatus:
+    """A connected worker: runs it takes at once (``capacity``) and holds now
+    (``held``), its pools, and the handlers it registered (empty: any).
+    ``draining`` takes no new work; ``silent`` let a lease lapse and gets no
+    new work until it speaks again."""
+
+    worker_id: str
+    capacity: int
+    held: int
+    pools: list[str]
+    handlers: list[str]
+    draining: bool
+    silent: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnservedHandler:
+    """Work waiting because no connected worker of ``pool`` runs ``handler``."""
+
+    pool: str
+    handler: str
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Status:
+    """What a node reports about itself and the cluster. ``shards`` is filled
+    only when asked for; ``backlog`` counts fires due but not yet handed to a
+    worker, ``overdue_backlog`` the late ones among them."""
+
+    node_id: str
+    nodes: list[NodeStatus]
+    shards: list[ShardStatus]
+    jobs: int
+    pending_timers: int
+    in_flight: int
+    backlog: int
+    overdue_backlog: int
+    workers: int
+    worker_capacity: int
+    dispatch_lag_p50: timedelta
+    dispatch_lag_p99: timedelta
+    dispatched_total: int
+    completed_total: int
+    missed_total: int
+    dead_lettered_total: int
+    reaper_paused: bool
+    worker_list: list[WorkerStatus]
+    unserved: list[UnservedHandler]

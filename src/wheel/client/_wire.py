@@ -1,0 +1,334 @@
+"""Protobuf requests and responses <-> the client's values, for both clients.
+
+``Client`` and ``AsyncClient`` only move messages: every request is built and
+every response read here, once. Specs go through the engine's ``JobSpec`` and
+``wheel.rpc.convert``; states go through convert's tables, so the protobuf
+spelling of each value is written in one place in the project.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Generic, TypeVar
+
+import grpc  # type: ignore[import-untyped, unused-ignore]
+
+from wheel.client._specs import (
+    JobArgs,
+    JobRequest,
+    catch_up_of,
+    job_spec,
+    overlap_of,
+    request_of,
+    retry_of,
+    schedule_of,
+)
+from wheel.client._time import When, time_ms, utc, utc_or_none
+from wheel.client._values import (
+    Backfill,
+    Job,
+    JobState,
+    MissedReason,
+    NodeStatus,
+    Run,
+    RunState,
+    ShardStatus,
+    Status,
+    Trigger,
+    UnservedHandler,
+    WorkerStatus,
+    choice,
+)
+from wheel.engine import model
+from wheel.engine.spec import SideEffect
+from wheel.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    WheelError,
+)
+from wheel.rpc import convert
+from wheel.rpc.v1 import admin_service_pb2 as admin
+from wheel.rpc.v1 import job_service_pb2 as js
+from wheel.rpc.v1 import jobs_pb2
+
+_T = TypeVar("_T")
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+
+# -- errors -------------------------------------------------------------------------
+
+_BY_CODE: dict[Any, Callable[[str], WheelError]] = {
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+}
+
+
+def error_from_rpc(exc: grpc.RpcError) -> WheelError:
+    """The ``WheelError`` for a failed call (sync or ``grpc.aio``); the server's
+    message is kept as is.
+
+    INVALID_ARGUMENT details of the form ``"field: reason"`` (how the server
+    renders ``InvalidArgument``) become ``InvalidArgument(field, reason)``.
+    Codes without a wheel error of their own (UNAVAILABLE, DEADLINE_EXCEEDED,
+    INTERNAL...) become a plain ``WheelError`` whose message starts with the
+    code's name.
+    """
+    code = getattr(exc, "code", None)
+    details = getattr(exc, "details", None)
+    return error_of(
+        code() if callable(code) else grpc.StatusCode.UNKNOWN,
+        (details() if callable(details) else None) or "",
+    )
+
+
+def error_of(code: Any, details: str) -> WheelError:
+    """The ``WheelError`` for a status code and its details."""
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        field, sep, reason = details.partition(": ")
+        if sep and field and " " not in field:
+            return InvalidArgument(field, reason)
+        err = InvalidArgument("", details)
+        err.args = (details,)
+        return err
+    make = _BY_CODE.get(code)
+    if make is not None:
+        return make(details)
+    return WheelError(f"{code.name}: {details}" if details else code.name)
+
+
+# -- requests ---------------------------------------------------------------------
+
+
+def submit_request(request: JobRequest) -> js.SubmitJobRequest:
+    # The wall clock resolves an ``at`` given as a ``timedelta`` from now.
+    now_ms = time.time_ns() // 1_000_000
+    return js.SubmitJobRequest(
+        spec=convert.spec_to_proto(job_spec(request, now_ms=now_ms)),
+        idempotency_key=request.idempotency_key or "",
+    )
+
+
+def submit_many_request(
+    jobs: Iterable[JobRequest | JobArgs],
+) -> tuple[js.SubmitJobsRequest, list[WheelError | None]]:
+    """The bulk request for the items that are good, and per item the client's
+    own error for the ones that are not (None where the item was sent)."""
+    out = js.SubmitJobsRequest()
+    refused: list[WheelError | None] = []
+    for item in jobs:
+        try:
+            out.jobs.append(submit_request(request_of(item)))
+        except WheelError as exc:
+            refused.append(exc)
+        else:
+            refused.append(None)
+    return out, refused
+
+
+def submit_many_results(
+    refused: Sequence[WheelError | None], resp: js.SubmitJobsResponse | None
+) -> list[Job | WheelError]:
+    """Each item's job or error, in the order the items were given (``resp`` is
+    None when no item was good enough to send)."""
+    answers = iter(resp.results if resp is not None else ())
+    out: list[Job | WheelError] = []
+    for mine in refused:
+        if mine is not None:
+            out.append(mine)
+            continue
+        r = next(answers)
+        if r.error_code:
+            code = grpc.StatusCode.__members__.get(r.error_code, grpc.StatusCode.UNKNOWN)
+            out.append(error_of(code, r.error_message))
+        else:
+            out.append(job_of(r.response.job, created=r.response.created))
+    return out
+
+
+def job_ref(job_id: int) -> js.JobRef:
+    return js.JobRef(job_id=job_id)
+
+
+def get_request(job_id: int, next_fires: int, recent_runs: int) -> js.GetJobRequest:
+    return js.GetJobRequest(job_id=job_id, next_fires=next_fires, recent_runs=recent_runs)
+
+
+def backfill_request(job_id: int, start: When, end: When) -> js.BackfillJobRequest:
+    return js.BackfillJobRequest(
+        job_id=job_id, from_ms=time_ms(start, "start"), to_ms=time_ms(end, "end")
+    )
+
+
+def status_request(include_shards: bool) -> admin.GetClusterStatusRequest:
+    return admin.GetClusterStatusRequest(include_shards=include_shards)
+
+
+@dataclass(frozen=True, slots=True)
+class Pages(Generic[_T]):
+    """A list call: the request for a page token, and the items of a response
+    (whose ``next_page_token`` is empty on the last page)."""
+
+    request: Callable[[str], Any]
+    items: Callable[[Any], list[_T]]
+
+
+def job_pages(tenant: str | None, state: JobState | str | None, page_size: int) -> Pages[Job]:
+    wire_state = (
+        jobs_pb2.JOB_STATE_UNSPECIFIED
+        if state is None
+        else convert.job_state_to_proto(model.JobState(choice(JobState, state, "state")))
+    )
+    return Pages(
+        request=lambda token: js.ListJobsRequest(
+            tenant=tenant or "", state=wire_state, page_size=page_size, page_token=token
+        ),
+        items=lambda resp: [job_of(j) for j in resp.jobs],
+    )
+
+
+def run_pages(job_id: int, states: Iterable[RunState | str], page_size: int) -> Pages[Run]:
+    if isinstance(states, str):  # one state, not its letters
+        states = (states,)
+    wanted = [_run_state_to_proto(choice(RunState, s, "states")) for s in states]
+    return Pages(
+        request=lambda token: js.ListRunsRequest(
+            job_id=job_id, page_size=page_size, page_token=token, states=wanted
+        ),
+        items=lambda resp: [run_of(r) for r in resp.runs],
+    )
+
+
+# -- responses --------------------------------------------------------------------
+
+
+def job_of(msg: jobs_pb2.Job, *, created: bool = False) -> Job:
+    """A ``Job`` from its message; ``created`` comes from a submit's answer."""
+    spec = convert.spec_from_proto(msg.spec, now_ms=0)
+    state = convert.job_state_from_proto(msg.state)
+    if state is None:
+        raise WheelError(f"the node sent job {msg.job_id} without a state")
+    return Job(
+        job_id=msg.job_id,
+        name=spec.name,
+        handler=spec.handler,
+        tenant=spec.tenant,
+        pool=spec.pool,
+        state=JobState(state),
+        schedule=schedule_of(spec.schedule),
+        payload=spec.payload,
+        next_fire=utc_or_none(msg.next_fire_ms),
+        next_fires=[utc(ms) for ms in msg.next_fires_ms],
+        created_at=utc(msg.created_at_ms),
+        updated_at=utc(msg.updated_at_ms),
+        shard=msg.shard,
+        created=created,
+        recent_runs=[run_of(r) for r in msg.recent_runs],
+        catch_up=catch_up_of(spec.catch_up),
+        overlap=overlap_of(spec.overlap),
+        retry=retry_of(spec.retry),
+        timeout=timedelta(milliseconds=spec.timeout_ms),
+        jitter=timedelta(milliseconds=spec.jitter_ms),
+        at_most_once=spec.side_effect is SideEffect.AT_MOST_ONCE,
+    )
+
+
+def run_of(msg: jobs_pb2.Run) -> Run:
+    return Run(
+        run_id=msg.run_id,
+        job_id=msg.job_id,
+        scheduled_for=utc(msg.scheduled_for_ms),
+        attempt=msg.attempt,
+        state=_run_state_of(msg.state),
+        fence=msg.fence,
+        worker_id=msg.worker_id or None,
+        dispatched_at=utc_or_none(msg.dispatched_at_ms),
+        started_at=utc_or_none(msg.started_at_ms),
+        finished_at=utc_or_none(msg.finished_at_ms),
+        error=msg.error or None,
+        missed_reason=MissedReason(msg.missed_reason) if msg.missed_reason else None,
+        idempotency_key=msg.idempotency_key,
+    )
+
+
+def trigger_of(msg: js.TriggerJobResponse) -> Trigger:
+    return Trigger(
+        job_id=msg.job_id,
+        scheduled_for=utc(msg.scheduled_for_ms),
+        idempotency_key=msg.idempotency_key,
+    )
+
+
+def backfill_of(msg: js.BackfillJobResponse) -> Backfill:
+    return Backfill(
+        scheduled=msg.scheduled,
+        skipped_existing=msg.skipped_existing,
+        scheduled_for=[utc(ms) for ms in msg.scheduled_for_ms],
+    )
+
+
+def status_of(msg: admin.ClusterStatus) -> Status:
+    return Status(
+        node_id=msg.node_id,
+        nodes=[
+            NodeStatus(node_id=n.node_id, address=n.address, shards_owned=n.shards_owned)
+            for n in msg.nodes
+        ],
+        shards=[
+            ShardStatus(
+                shard=s.shard, owner=s.owner, epoch=s.epoch, jobs=s.jobs, in_flight=s.in_flight
+            )
+            for s in msg.shards
+        ],
+        jobs=msg.jobs,
+        pending_timers=msg.pending_timers,
+        in_flight=msg.in_flight,
+        backlog=msg.backlog,
+        overdue_backlog=msg.overdue_backlog,
+        workers=msg.workers,
+        worker_capacity=msg.worker_capacity,
+        dispatch_lag_p50=timedelta(milliseconds=msg.dispatch_lag_p50_ms),
+        dispatch_lag_p99=timedelta(milliseconds=msg.dispatch_lag_p99_ms),
+        dispatched_total=msg.dispatched_total,
+        completed_total=msg.completed_total,
+        missed_total=msg.missed_total,
+        dead_lettered_total=msg.dead_lettered_total,
+        reaper_paused=msg.reaper_paused,
+        worker_list=[
+            WorkerStatus(
+                worker_id=w.worker_id,
+                capacity=w.capacity,
+                held=w.held,
+                pools=list(w.pools),
+                handlers=list(w.handlers),
+                draining=w.draining,
+                silent=w.silent,
+            )
+            for w in msg.worker_list
+        ],
+        unserved=[
+            UnservedHandler(pool=u.pool, handler=u.handler, waiting=u.waiting) for u in msg.unserved
+        ],
+    )
+
+
+# -- run states: convert's table for executions, plus the missed fires ------------------
+
+
+def _run_state_of(value: int) -> RunState:
+    if value == jobs_pb2.RUN_STATE_MISSED:
+        return RunState.MISSED
+    return RunState(convert.run_state_from_proto(value))
+
+
+def _run_state_to_proto(state: RunState) -> jobs_pb2.RunState:
+    if state is RunState.MISSED:
+        return jobs_pb2.RUN_STATE_MISSED
+    return convert.run_state_to_proto(model.RunState(state))
