@@ -162,9 +162,11 @@ def test_status_reads_the_node_its_shards_and_its_workers(
     assert st.nodes == [NodeStatus(node_id="node-1", address="", shards_owned=256)]
     assert st.shards == []
     assert st.workers >= 1 and st.worker_capacity >= 8
-    # One row per worker once the node fills them (``workers`` counts them).
-    assert len(st.worker_list) in (0, st.workers)
-    assert all(isinstance(w, WorkerStatus) for w in st.worker_list)
+    # One row per worker, with the handlers it registered.
+    [row] = [w for w in st.worker_list if w.worker_id == "w-status"]
+    assert isinstance(row, WorkerStatus)
+    assert (row.capacity, list(row.pools), list(row.handlers)) == (8, ["default"], ["ok"])
+    assert len(st.worker_list) == st.workers
     assert isinstance(st.dispatch_lag_p99, timedelta) and st.dispatch_lag_p99 >= st.dispatch_lag_p50
     assert min(st.backlog, st.overdue_backlog, st.dispatched_total, st.missed_total) >= 0
     assert st.reaper_paused is False
