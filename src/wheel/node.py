@@ -26,21 +26,26 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from wheel.checkpoint.owner_state import log_entry, log_records, snapshot_chunks
 from wheel.checkpoint.wal import Checkpoint, Durability, DutyCycle, Identity
+from wheel.engine.driver import Driver
 from wheel.engine.model import SHARD_COUNT, JobState
-from wheel.engine.owner import Effects, Outcome, Owner, OwnerConfig
-from wheel.engine.records import (
-    JobRecord,
-    NewJob,
+from wheel.engine.owner import (
+    Effects,
+    Outcome,
+    Owner,
+    OwnerConfig,
+    OwnerStats,
+    Unserved,
+    WorkerView,
 )
-from wheel.engine.schedule import compile_schedule
-from wheel.engine.spec import JobSpec, Once
+from wheel.engine.records import ExecutionRecord, JobRecord, MissedFire, NewJob
+from wheel.engine.spec import JobSpec
 from wheel.errors import (
     CheckpointError,
     FailedPrecondition,
@@ -133,10 +138,10 @@ class Node:
         self.store = store
         self.config = config or NodeConfig()
         self.clock = Clock()
-        self.owner: Owner | None = None
+        # The owner's loop and job API without I/O; set by ``start``.
+        self._driver: Driver | None = None
         self.sessions: dict[str, WorkerSession] = {}
         self.message_sink: MessageSink | None = None
-        self._fx = Effects()
         self._wake = asyncio.Event()
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-store")
         self._api_threads = ThreadPoolExecutor(4, thread_name_prefix="wheel-api")
@@ -182,10 +187,9 @@ class Node:
             )
         )
         owner = restored.owner
-        self._fx = restored.effects
+        self._driver = Driver(owner, restored.effects)
         self._watermark = restored.watermark
         self._log_records, self._snapshot_covers = restored.log_records, 0
-        self.owner = owner
         if self._checkpoint is not None:
             if restored.source == "store":
                 # A full snapshot follows instead of a huge log batch.
@@ -248,9 +252,10 @@ class Node:
     def _start_snapshot(self) -> None:
         """A fuzzy snapshot on its own thread: the log replays everything after
         the sequence number it starts at (see wheel.checkpoint.owner_state)."""
-        checkpoint, owner = self._checkpoint, self.owner
-        if checkpoint is None or owner is None:
+        checkpoint, driver = self._checkpoint, self._driver
+        if checkpoint is None or driver is None:
             return
+        owner = driver.owner
         if self._snapshotting is not None and self._snapshotting.is_alive():
             return
         job_ids = owner.job_ids()
@@ -288,10 +293,17 @@ class Node:
         self._snapshotting = threading.Thread(target=write, name="wheel-snapshot", daemon=True)
         self._snapshotting.start()
 
-    def _owner(self) -> Owner:
-        if self.owner is None:
+    def _the_driver(self) -> Driver:
+        if self._driver is None:
             raise FailedPrecondition("node is starting")
-        return self.owner
+        return self._driver
+
+    def _owner(self) -> Owner:
+        return self._the_driver().owner
+
+    @property
+    def _fx(self) -> Effects:
+        return self._the_driver().fx
 
     async def _api(self, fn: Callable[..., T], *args: object) -> T:
         loop = asyncio.get_running_loop()
@@ -315,13 +327,13 @@ class Node:
         pending: deque[tuple[asyncio.Future[BatchOutcome], list[asyncio.Future[None]]]]
         pending = deque()
         next_batch_ms = 0  # group commit: no batch before this (clock ms)
+        driver = self._the_driver()
+        fx = driver.fx
         while not self._stopping:
-            owner = self._owner()
-            fx = self._fx
             now = self.clock.now_ms()
-            owner.advance(now, fx)
+            driver.advance(now)
             if len(pending) < MAX_BATCHES_IN_FLIGHT and now >= next_batch_ms:
-                batch = self._form_batch(owner, fx)
+                batch = self._form_batch(driver)
                 if batch is not None:
                     if batch[0].size() >= config.group_commit_min_writes:
                         next_batch_ms = now + config.group_commit_ms
@@ -333,26 +345,23 @@ class Node:
                     self._commit_waiters = []
             while pending and pending[0][0].done():
                 done, waiters = pending.popleft()
-                outcome = done.result()
-                now = self.clock.now_ms()
-                owner.on_completed(outcome.completions, now, fx)
-                owner.on_claimed(outcome.claims, now, fx)
+                driver.apply(done.result(), self.clock.now_ms())
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_result(None)
             self._publish(fx)
-            if fx.resync or time.monotonic() >= next_changes:
-                busy = await self._read_changes(fx.resync)
-                fx.resync = set()
+            resync = driver.take_resync()
+            if resync or time.monotonic() >= next_changes:
+                busy = await self._read_changes(resync)
                 next_changes = time.monotonic() + (0.0 if busy else config.changes_interval_s)
-            deadline = owner.next_deadline()
+            deadline = driver.next_deadline()
             if next_batch_ms > self.clock.now_ms():
                 # Holding writes for the group commit: wake for it, for the
                 # next timer, or for a message; never spin.
-                if fx.store_work() or self._commit_waiters:
+                if driver.has_store_work() or self._commit_waiters:
                     deadline = next_batch_ms if deadline is None else min(deadline, next_batch_ms)
             elif len(pending) < MAX_BATCHES_IN_FLIGHT and (
-                fx.store_work() or self._commit_waiters or owner.has_dispatchable_work()
+                self._commit_waiters or driver.wants_another_pass()
             ):
                 await asyncio.sleep(0)  # let stream reads and API calls in
                 continue
@@ -370,8 +379,9 @@ class Node:
             if not waiter.done():
                 waiter.set_exception(FailedPrecondition("node is stopping"))
 
-    def _form_batch(self, owner: Owner, fx: Effects) -> tuple[WriteBatch, list[bytes]] | None:
+    def _form_batch(self, driver: Driver) -> tuple[WriteBatch, list[bytes]] | None:
         """Take the store writes and the checkpoint records of what changed."""
+        owner = driver.owner
         records: list[bytes] = []
         dirty = owner.take_dirty()
         if self._checkpoint is None:
@@ -383,19 +393,9 @@ class Node:
                 records = log_records(dirty, owner.image_of, watermark, full=full)
                 if watermark is not None:
                     self._logged_watermark = watermark
-        if not fx.store_work() and not records and not self._commit_waiters:
+        if not driver.has_store_work() and not records and not self._commit_waiters:
             return None
-        work = fx.take_store_work()
-        # A run that completes in this batch needs no separate start.
-        done = {c.run_id for c in work.completions}
-        batch = WriteBatch(
-            completions=work.completions,
-            missed=work.missed,
-            advances=work.advances,
-            claims=work.claims,
-            starts=[st for st in work.starts if st.run_id not in done],
-        )
-        return batch, records
+        return driver.take_batch(), records
 
     def _write(self, batch: WriteBatch, records: list[bytes]) -> BatchOutcome:
         """On the store thread: commit the batch, retrying an unavailable store
@@ -470,7 +470,7 @@ class Node:
     async def _read_changes(self, resync: set[int]) -> bool:
         """Apply the jobs changed since the last read (and re-read ``resync``);
         True when the page was busy enough that more may be waiting."""
-        owner = self._owner()
+        driver = self._the_driver()
         page = self.config.changes_page
         try:
             records: list[JobRecord] = []
@@ -481,7 +481,7 @@ class Node:
                 functools.partial(
                     self.store.changes_since,
                     self._watermark,
-                    list(owner.shards()),
+                    list(driver.owner.shards()),
                     page,
                     owner_moves=False,
                 )
@@ -489,11 +489,9 @@ class Node:
             records.extend(changed)
         except StoreError as exc:
             log.warning("reading job changes failed: %s", exc)
+            driver.fx.resync |= resync  # read again next time
             return False
-        now = self.clock.now_ms()
-        for record in records:
-            if owner.owns(record.job_id):
-                owner.upsert_job(record, now, self._fx)
+        driver.apply_changes(records, self.clock.now_ms())
         # A page can end short of the limit on a whole transaction (PostgreSQL).
         return 2 * len(changed) >= page
 
@@ -552,11 +550,6 @@ class Node:
 
     # -- the job API --------------------------------------------------------------
 
-    def first_fire(self, job_id: int, spec: JobSpec, now_ms: int) -> int | None:
-        return compile_schedule(spec.schedule, jitter_ms=spec.jitter_ms, job_id=job_id).next_fire(
-            now_ms - 1
-        )
-
     def submit_later(
         self, spec: JobSpec, idempotency_key: str | None, *, body_hash: str | None = None
     ) -> asyncio.Future[tuple[JobRecord, bool] | WheelError]:
@@ -565,7 +558,9 @@ class Node:
         in one transaction (group commit) and scheduled. Returns the future
         of its outcome, a per-job error (a key conflict) included: a batch of
         requests queues all its jobs without a task for each."""
-        new = replace(self._new_job(spec, idempotency_key), body_hash=body_hash)
+        driver = self._the_driver()
+        new = driver.new_job(spec, idempotency_key, self.clock.now_ms())
+        new = replace(new, body_hash=body_hash)
         future: asyncio.Future[tuple[JobRecord, bool] | WheelError] = (
             asyncio.get_running_loop().create_future()
         )
@@ -589,69 +584,40 @@ class Node:
                 if not isinstance(exc, WheelError):
                     log.exception("storing %d submits failed", len(batch))
                 continue
+            driver, now = self._the_driver(), self.clock.now_ms()
             for (_, future), result in zip(batch, results, strict=True):
                 if not isinstance(result, WheelError) and result[1]:
-                    self._apply_record(result[0])
+                    driver.submitted(result[0], now)
                 if not future.done():
                     future.set_result(result)
-
-    def _new_job(self, spec: JobSpec, idempotency_key: str | None) -> NewJob:
-        now = self.clock.now_ms()
-        # Validates the schedule (cron syntax, zone) before anything is stored.
-        first = self.first_fire(0, spec, now)
-        if first is None and isinstance(spec.schedule, Once):
-            # A one-shot submitted late is due now, not never: its catch-up
-            # policy decides whether it runs or is recorded as missed.
-            first = spec.schedule.at_ms
-        return NewJob(
-            spec=spec, created_at_ms=now, next_run_at=first, idempotency_key=idempotency_key
-        )
-
-    def _apply_record(self, record: JobRecord) -> None:
-        owner = self._owner()
-        if owner.owns(record.job_id):
-            owner.upsert_job(record, self.clock.now_ms(), self._fx)
             self.wake()
 
     async def get_job(self, job_id: int) -> JobRecord:
         return await self._api(self.store.get_job, job_id)
 
     async def set_state(self, job_id: int, state: JobState) -> JobRecord:
+        """Pause, resume or cancel: the store first, then the owner."""
         record = await self.get_job(job_id)
         now = self.clock.now_ms()
-        if record.state in (JobState.CANCELLED, JobState.COMPLETED):
-            if state is JobState.CANCELLED:
-                return record  # cancel is idempotent
-            raise FailedPrecondition(f"job {job_id} is {record.state.value}")
-        if record.state is state:
+        change = self._the_driver().state_change(record, state, now)
+        if change.noop:
             return record
-        next_run: int | None = None
-        if state is JobState.ACTIVE:
-            # Resume from now: fires missed while paused are recorded, not run.
-            next_run = self.first_fire(job_id, record.spec, now + 1)
         updated = await self._api(
             functools.partial(
-                self.store.set_job_state, job_id, state, next_run_at=next_run, now_ms=now
+                self.store.set_job_state,
+                job_id,
+                change.state,
+                next_run_at=change.next_run_at,
+                now_ms=now,
             )
         )
-        owner = self._owner()
-        if owner.owns(job_id):
-            if state is JobState.CANCELLED:
-                owner.cancel_job(job_id, self._fx, now)
-            owner.upsert_job(updated, now, self._fx)
-            if state is JobState.ACTIVE:
-                owner.record_paused_fires(job_id, record.updated_at_ms, now, self._fx)
-            self.wake()
+        self._the_driver().state_changed(record, updated, change.state, now)
+        self.wake()
         return updated
 
     async def trigger(self, job_id: int) -> int:
         record = await self.get_job(job_id)
-        if record.state is not JobState.ACTIVE:
-            raise FailedPrecondition(f"job {job_id} is {record.state.value}, not active")
-        owner = self._owner()
-        if not owner.has_job(record.job_id):
-            owner.upsert_job(record, self.clock.now_ms(), self._fx)
-        at = owner.trigger(job_id, self.clock.now_ms(), self._fx)
+        at = self._the_driver().trigger(record, self.clock.now_ms())
         await self._committed()
         return at
 
@@ -661,10 +627,7 @@ class Node:
             raise FailedPrecondition(f"job {job_id} is {record.state.value}, not active")
         existing = await self._api(self.store.fires_exist, job_id, list(fires))
         todo = [f for f in fires if f not in existing]
-        owner = self._owner()
-        if not owner.has_job(record.job_id):
-            owner.upsert_job(record, self.clock.now_ms(), self._fx)
-        owner.backfill(job_id, todo, self.clock.now_ms(), self._fx)
+        self._the_driver().backfill(record, todo, self.clock.now_ms())
         await self._committed()
         return todo, len(fires) - len(todo)
 
@@ -679,10 +642,113 @@ class Node:
     def next_fires(self, job_id: int, count: int) -> list[int]:
         return self._owner().next_fires(job_id, count)
 
-    # -- status -----------------------------------------------------------------
+    # -- reads ------------------------------------------------------------------
+    #
+    # What the API serves, read from the store off the event loop or from
+    # the owner on it: the rpc layer touches nothing else of the node.
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
+
+    async def list_jobs(
+        self, *, tenant: str | None, state: JobState | None, after_job_id: int, limit: int
+    ) -> list[JobRecord]:
+        return await self._api(
+            functools.partial(
+                self.store.list_jobs,
+                tenant=tenant,
+                state=state,
+                after_job_id=after_job_id,
+                limit=limit,
+            )
+        )
+
+    async def list_runs(
+        self, job_id: int, *, before_run_id: int | None = None, limit: int
+    ) -> list[ExecutionRecord]:
+        return await self._api(
+            functools.partial(
+                self.store.list_runs, job_id, before_run_id=before_run_id, limit=limit
+            )
+        )
+
+    async def list_history(
+        self,
+        job_id: int,
+        *,
+        before_run_id: int | None,
+        before_scheduled_for: int | None,
+        limit: int,
+        runs: bool = True,
+        missed: bool = True,
+    ) -> tuple[list[ExecutionRecord], list[MissedFire]]:
+        """A page of a job's executions and of its missed fires, each newest
+        first (before the cursors given; None: from the newest), read in one
+        trip off the event loop. ``runs``/``missed`` False: that part is not
+        read (its stream was read to its end)."""
+
+        def read() -> tuple[list[ExecutionRecord], list[MissedFire]]:
+            store = self.store
+            return (
+                store.list_runs(job_id, before_run_id=before_run_id, limit=limit) if runs else [],
+                store.list_missed(job_id, before_scheduled_for=before_scheduled_for, limit=limit)
+                if missed
+                else [],
+            )
+
+        return await self._api(read)
+
+    def status(self) -> NodeStatus:
+        """The node's view of itself: shards, jobs, runs, workers, backlog,
+        lag and totals."""
+        p50, p99 = self.lag_percentiles()
+        driver = self._driver
+        if driver is None:
+            return NodeStatus(node_id=self.config.node_id, lag_p50_ms=p50, lag_p99_ms=p99)
+        owner = driver.owner
+        fresh, overdue = owner.backlog()
+        workers = owner.worker_views()
+        return NodeStatus(
+            node_id=self.config.node_id,
+            lag_p50_ms=p50,
+            lag_p99_ms=p99,
+            shards=owner.shards(),
+            jobs=owner.job_count(),
+            pending_timers=owner.pending_timers(),
+            in_flight=len(owner.runs),
+            backlog=fresh + overdue,
+            overdue_backlog=overdue,
+            workers=workers,
+            worker_capacity=sum(w.capacity for w in workers),
+            stats=replace(owner.stats),
+            reaper_paused=owner.reaper_paused,
+            unserved=owner.unserved(),
+        )
 
     def lag_percentiles(self) -> tuple[float, float]:
         if not self._lags:
             return 0.0, 0.0
         lags = sorted(self._lags)
         return float(lags[len(lags) // 2]), float(lags[min(len(lags) - 1, len(lags) * 99 // 100)])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeStatus:
+    """What ``Node.status`` reports (``AdminService.GetClusterStatus``)."""
+
+    node_id: str
+    lag_p50_ms: float
+    lag_p99_ms: float
+    # Shard -> epoch held; empty while the node starts.
+    shards: Mapping[int, int] = field(default_factory=dict)
+    # Every job held, awake or dormant.
+    jobs: int = 0
+    pending_timers: int = 0
+    in_flight: int = 0
+    backlog: int = 0
+    overdue_backlog: int = 0
+    workers: Sequence[WorkerView] = ()
+    worker_capacity: int = 0
+    stats: OwnerStats = field(default_factory=OwnerStats)
+    reaper_paused: bool = False
+    unserved: Sequence[Unserved] = ()

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from wheel.checkpoint.owner_state import decode_image, encode_job_fields, recover_state
 from wheel.checkpoint.wal import Checkpoint
-from wheel.engine.owner import Effects, Owner, OwnerConfig
-from wheel.engine.records import JobRecord
+from wheel.engine.model import JobState
+from wheel.engine.owner import Effects, Owner, OwnerConfig, ShardContents
+from wheel.engine.records import ExecutionRecord, JobRecord
 from wheel.errors import CheckpointError, NotFound
 from wheel.store.base import Store
 
@@ -56,9 +57,11 @@ def restore_owner(
     config: OwnerConfig,
     now_ms: int,
 ) -> Restored:
+    """A new owner of the shards in ``epochs``, from the checkpoint when it is
+    usable, else from the store; reconciled with the store either way."""
     started = time.perf_counter()
     shards = sorted(epochs)
-    owner = Owner(epochs=epochs, now_ms=now_ms, config=config)
+    owner = Owner(now_ms=now_ms, config=config)
     fx = Effects()
     state = None
     if checkpoint is not None:
@@ -72,37 +75,37 @@ def restore_owner(
             log.error("checkpoint unusable, rebuilding from the store: %s", exc)
             checkpoint.reset()
     if state is not None:
-        owner.load_images(state.images, decode_image)
         watermark = state.watermark
+        changed: list[JobRecord] = []
         while True:
-            changed, new_watermark = store.changes_since(watermark, shards, CHANGES_PAGE)
-            _upsert_all(owner, changed, now_ms, fx)
-            done = len(changed) < CHANGES_PAGE or new_watermark == watermark
+            page, new_watermark = store.changes_since(watermark, shards, CHANGES_PAGE)
+            changed.extend(page)
+            done = len(page) < CHANGES_PAGE or new_watermark == watermark
             watermark = new_watermark
             if done:
                 break
-        inflight = store.inflight_runs(shards)
+        contents = shard_contents(
+            store,
+            shards,
+            images=state.images,
+            jobs=changed,
+            inflight=store.inflight_runs(shards),
+        )
         source = "checkpoint"
         log_records = state.log_records
     else:
         load = store.load_shards(shards, unparsed=True)
-        owner.load_images(_images_of_rows(load.unparsed), decode_image)
-        _upsert_all(owner, load.jobs, now_ms, fx)
-        inflight = load.inflight
+        contents = shard_contents(
+            store,
+            shards,
+            images=_images_of_rows(load.unparsed),
+            jobs=load.jobs,
+            inflight=load.inflight,
+        )
         watermark = load.watermark
         source = "store"
         log_records = 0
-    retries = store.retry_candidates(shards)
-    missing = {e.job_id for e in (*inflight, *retries) if not owner.has_job(e.job_id)}
-    finished = []
-    for job_id in sorted(missing):
-        try:
-            finished.append(store.get_job(job_id))
-        except NotFound:
-            log.warning("run of unknown job %s ignored", job_id)
-    owner.adopt_finished_jobs(finished)
-    owner.restore_inflight(inflight, now_ms, fx)
-    owner.restore_retries(retries, now_ms)
+    owner.add_shards(epochs, contents, now_ms, fx)
     return Restored(
         owner=owner,
         watermark=watermark,
@@ -111,6 +114,44 @@ def restore_owner(
         seconds=time.perf_counter() - started,
         effects=fx,
     )
+
+
+def shard_contents(
+    store: Store,
+    shards: Sequence[int],
+    *,
+    images: Mapping[int, tuple[int | None, object]],
+    jobs: Sequence[JobRecord],
+    inflight: Sequence[ExecutionRecord],
+) -> ShardContents:
+    """What an owner takes on with ``shards``: the jobs it arms (as images
+    and as records), their runs in flight and pending retries from the store,
+    and the finished jobs those runs and retries still belong to."""
+    retries = store.retry_candidates(shards)
+    latest = {r.job_id: r for r in jobs}
+    over = {i: r for i, r in latest.items() if r.state not in _SCHEDULED}
+    known = (images.keys() - over.keys()) | (latest.keys() - over.keys())
+    finished: list[JobRecord] = []
+    for job_id in sorted({e.job_id for e in (*inflight, *retries)} - known):
+        record = over.get(job_id)
+        if record is None:
+            try:
+                record = store.get_job(job_id)
+            except NotFound:
+                log.warning("run of unknown job %s ignored", job_id)
+                continue
+        finished.append(record)
+    return ShardContents(
+        images=images,
+        decode=decode_image,
+        jobs=jobs,
+        finished=finished,
+        inflight=inflight,
+        retries=retries,
+    )
+
+
+_SCHEDULED = (JobState.ACTIVE, JobState.PAUSED)
 
 
 def _images_of_rows(
@@ -126,15 +167,3 @@ def _images_of_rows(
             encode_job_fields(job_id, spec.encode(), paused, next_run_at, due_at),
         )
     return images
-
-
-def _upsert_all(owner: Owner, records: Sequence[JobRecord], now_ms: int, fx: Effects) -> None:
-    for record in records:
-        if not owner.owns(record.job_id):
-            continue
-        try:
-            owner.upsert_job(record, now_ms, fx)
-        except Exception:
-            # One bad row (an expression this version rejects) must not keep
-            # every other job of the shard from running.
-            log.exception("job %s could not be loaded; skipped", record.job_id)

@@ -20,7 +20,7 @@ from wheel.checkpoint.owner_state import (
     snapshot_chunks,
 )
 from wheel.engine.model import SHARD_COUNT, JobState, shard_of
-from wheel.engine.owner import Effects, JobImage, Outcome, Owner
+from wheel.engine.owner import Effects, JobImage, Outcome, Owner, ShardContents
 from wheel.engine.records import ClaimOutcome, CompletionOutcome, JobRecord
 from wheel.engine.spec import Interval, JobSpec, Once
 
@@ -73,7 +73,7 @@ def test_a_job_adopted_for_its_runs_is_logged_whole_when_it_first_changes() -> N
         created_at_ms=T0,
         updated_at_ms=T0,
     )
-    owner.adopt_finished_jobs([record])
+    owner.add_shards({}, ShardContents(finished=[record]), T0, Effects())
     assert owner.take_new_specs(set()) == set()  # not logged in this batch: still marked
     full = owner.take_new_specs({5})
     assert full == {5}
@@ -172,7 +172,7 @@ def test_replaying_a_snapshot_and_moves_restores_every_image(
 def test_a_snapshot_copies_the_records_of_jobs_not_woken_since_a_restart(
     tmp_path: Path,
 ) -> None:
-    owner = Owner(epochs=dict.fromkeys(range(SHARD_COUNT), 1), now_ms=T0)
+    owner = Owner(now_ms=T0)
     images = {}
     for job_id in range(1, 41):
         spec = JobSpec(
@@ -186,7 +186,10 @@ def test_a_snapshot_copies_the_records_of_jobs_not_woken_since_a_restart(
             store_next=nxt,
             due_at=None if paused else nxt,
         )
-    owner.load_images({j: (im.due_at, encode_job(j, im)) for j, im in images.items()}, decode_image)
+    contents = ShardContents(
+        images={j: (im.due_at, encode_job(j, im)) for j, im in images.items()}, decode=decode_image
+    )
+    owner.add_shards(dict.fromkeys(range(SHARD_COUNT), 1), contents, T0, Effects())
     woken = list(range(1, 41, 4))
     for job_id in woken:
         owner.next_fires(job_id, 1)  # touched: awake, its image is built anew

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
+from wheel.engine.driver import Driver
 from wheel.engine.model import (
     SHARD_COUNT,
     TERMINAL_RUN_STATES,
@@ -53,6 +54,7 @@ from wheel.engine.owner import (
     OwnerConfig,
 )
 from wheel.engine.records import (
+    BatchOutcome,
     ClaimOutcome,
     Completion,
     CompletionOutcome,
@@ -63,6 +65,7 @@ from wheel.engine.records import (
     RunStart,
     ScheduleAdvance,
     ShardLoad,
+    WriteBatch,
 )
 from wheel.engine.schedule import CompiledSchedule, compile_schedule
 from wheel.engine.spec import (
@@ -322,6 +325,18 @@ class RefStore:
                 )
             out.append(CompletionOutcome(run_id=c.run_id, applied=ok))
         return out
+
+    def write_batch(self, batch: WriteBatch) -> BatchOutcome:
+        """One store pass, in the order of ``Store.write_batch``."""
+        completions = self.complete_runs(batch.completions) if batch.completions else []
+        if batch.missed:
+            self.record_missed(batch.missed)
+        if batch.advances:
+            self.advance_schedules(batch.advances)
+        claims = self.claim_fires(batch.claims) if batch.claims else []
+        if batch.starts:
+            self.mark_running(batch.starts)
+        return BatchOutcome(completions=completions, claims=claims)
 
     def record_missed(self, missed: Sequence[MissedFire]) -> None:
         for m in missed:
@@ -671,8 +686,8 @@ class Sim:
         # After the end: workers quick and alive, run until what is owed settles.
         self.draining = False
         self.store = RefStore()
-        self.owner: Owner | None = None
-        self.fx = Effects()
+        # The node's loop without its I/O (None: the node is down).
+        self.driver: Driver | None = None
         self.jobs: dict[int, SimJob] = {}
         self.workers: list[SimWorker] = []
         self.sessions: dict[str, int] = {}
@@ -695,7 +710,16 @@ class Sim:
         return self.now < self.chaos_end
 
     def node_up(self) -> bool:
-        return self.owner is not None
+        return self.driver is not None
+
+    @property
+    def owner(self) -> Owner | None:
+        return None if self.driver is None else self.driver.owner
+
+    @property
+    def fx(self) -> Effects:
+        assert self.driver is not None
+        return self.driver.fx
 
     def attach(self, w: SimWorker) -> int:
         assert self.owner is not None
@@ -752,14 +776,12 @@ class Sim:
             config=self.config,
             now_ms=now,
         )
-        self.owner = restored.owner
-        self.fx = restored.effects
+        self.driver = Driver(restored.owner, restored.effects)
         self.sessions = {}
 
     def crash_node(self, down_for: int) -> None:
         self.history.restarts += 1
-        self.owner = None
-        self.fx = Effects()
+        self.driver = None
         self.sessions = {}
         for w in self.workers:
             if w.token is not None and not w.down:
@@ -785,45 +807,29 @@ class Sim:
                 w.connect()
 
     def iterate(self) -> None:
-        """One pass of ``Node._loop`` (repeated while it leaves store work)."""
+        """One pass of ``Node._loop`` through the same ``Driver`` (repeated
+        while it leaves work that can go out at once)."""
         for _ in range(1_000):
-            owner, fx, store, now = self.owner, self.fx, self.store, self.now
-            if owner is None:
+            driver, store, now = self.driver, self.store, self.now
+            if driver is None:
                 return
             self.history.iterations += 1
-            owner.advance(now, fx)
-            if fx.store_work():
-                work = fx.take_store_work()
+            driver.advance(now)
+            if driver.has_store_work():
                 store.now_ms = now
-                completions: list[CompletionOutcome] = []
-                claims: list[ClaimOutcome] = []
-                if work.completions:
-                    completions = store.complete_runs(work.completions)
-                if work.missed:
-                    store.record_missed(work.missed)
-                if work.advances:
-                    store.advance_schedules(work.advances)
-                if work.claims:
-                    claims = store.claim_fires(work.claims)
-                if work.starts:
-                    store.mark_running(work.starts)
+                outcome = store.write_batch(driver.take_batch())
                 if self._crash_mid_iteration:
                     # The store committed; the node dies before it hears back.
                     self._crash_mid_iteration = False
                     self.history.mid_iteration_crashes += 1
                     self.crash_node(self._down_time())
                     return
-                owner.on_completed(completions, now, fx)
-                owner.on_claimed(claims, now, fx)
-            self._publish(fx)
-            if fx.resync:
-                for job_id in sorted(fx.resync):
-                    if owner.owns(job_id):
-                        owner.upsert_job(store.get_job(job_id), now, fx)
-                fx.resync = set()
-            # Node._loop goes round again at once when the answers left work
-            # that can go out now (a released buffered fire, a ready run).
-            if not fx.store_work() and not owner.has_dispatchable_work():
+                driver.apply(outcome, now)
+            self._publish(driver.fx)
+            resync = driver.take_resync()
+            if resync:
+                driver.apply_changes([store.get_job(j) for j in sorted(resync)], now)
+            if not driver.wants_another_pass():
                 return
         raise AssertionError("the owner keeps producing work without time passing")
 
@@ -941,22 +947,20 @@ class Sim:
         )
 
     def submit(self, spec: JobSpec) -> None:
-        """``Node.submit``: the first fire, the store row, then the owner."""
-        now = self.now
-        first = compile_schedule(spec.schedule, jitter_ms=spec.jitter_ms, job_id=0).next_fire(
-            now - 1
-        )
-        record = self.store.submit_job(spec, now, first)
+        """``Node.submit_later``: the first fire, the store row, then the owner."""
+        driver, now = self.driver, self.now
+        assert driver is not None
+        new = driver.new_job(spec, None, now)
+        record = self.store.submit_job(spec, now, new.next_run_at)
         compiled = compile_schedule(spec.schedule, jitter_ms=spec.jitter_ms, job_id=record.job_id)
-        self.jobs[record.job_id] = SimJob(record.job_id, spec, compiled, now, first)
-        assert self.owner is not None
-        self.owner.upsert_job(record, now, self.fx)
+        self.jobs[record.job_id] = SimJob(record.job_id, spec, compiled, now, new.next_run_at)
+        driver.submitted(record, now)
         self.history.api_ops["submit"] += 1
 
     def api_op(self) -> None:
         if not self.chaos() or self.owner is None:
             return
-        rng, owner, now = self.rng, self.owner, self.now
+        rng, now = self.rng, self.now
         op = rng.choices(
             ("submit", "pause", "cancel", "trigger", "backfill"), (25, 30, 10, 20, 15)
         )[0]
@@ -975,34 +979,29 @@ class Sim:
         elif op == "cancel":
             self.set_state(job, JobState.CANCELLED)
         elif op == "trigger":
-            record = self.store.get_job(job.job_id)
-            if record.job_id not in owner.jobs:
-                owner.upsert_job(record, now, self.fx)
-            self._claim_now(job, [now], overdue=False)
+            self._claim_now(job, lambda d, record: [d.trigger(record, now)])
         else:
             fires = job.compiled.fires_between(now - 6 * HOUR, now - HOUR, 5)
             todo = [f for f in fires if f not in self.store.fires_exist(job.job_id, fires)]
-            record = self.store.get_job(job.job_id)
-            if record.job_id not in owner.jobs:
-                owner.upsert_job(record, now, self.fx)
-            self._claim_now(job, todo, overdue=True)
 
-    def _claim_now(self, job: SimJob, fires: list[int], *, overdue: bool) -> None:
-        """``Node.trigger`` / ``Node.backfill``: the claims are in the store
-        before the API answers; the store's answer is fed back after."""
-        owner = self.owner
-        assert owner is not None
-        fx = Effects()
-        owner.claim_now(job.job_id, fires, self.now, fx, overdue=overdue)
-        self.store.now_ms = self.now
-        outcomes = self.store.claim_fires(fx.claims)
-        job.extra_fires.update(fires)  # acknowledged
+            def backfill(d: Driver, record: JobRecord) -> list[int]:
+                d.backfill(record, todo, now)
+                return todo
+
+            self._claim_now(job, backfill)
+
+    def _claim_now(self, job: SimJob, claim: Callable[[Driver, JobRecord], list[int]]) -> None:
+        """``Node.trigger`` / ``Node.backfill``: the owner claims the fires,
+        the next store pass writes them, and the API answers once they are
+        in the store (acknowledged) -- sometimes the node dies right after
+        that write, before it hears back."""
+        driver = self.driver
+        assert driver is not None
+        fires = claim(driver, self.store.get_job(job.job_id))
         if self.rng.random() < 0.1:
-            # The node dies after the store write, before it hears back.
-            self.history.mid_iteration_crashes += 1
-            self.crash_node(self._down_time())
-            return
-        owner.on_claimed(outcomes, self.now, self.fx)
+            self._crash_mid_iteration = True
+        self.iterate()
+        job.extra_fires.update(fires)  # acknowledged
 
     def _resume(self, job: SimJob) -> None:
         if self.owner is None:
@@ -1013,27 +1012,23 @@ class Sim:
             self.set_state(job, JobState.ACTIVE)
 
     def set_state(self, job: SimJob, state: JobState) -> None:
-        """``Node.set_state``, line for line."""
-        owner, now = self.owner, self.now
-        assert owner is not None
+        """``Node.set_state``: through the same ``Driver`` calls."""
+        driver, now = self.driver, self.now
+        assert driver is not None
         record = self.store.get_job(job.job_id)
-        next_run: int | None = None
-        if state is JobState.ACTIVE:
-            next_run = compile_schedule(
-                record.spec.schedule, jitter_ms=record.spec.jitter_ms, job_id=job.job_id
-            ).next_fire(now)
-        updated = self.store.set_job_state(job.job_id, state, next_run_at=next_run, now_ms=now)
+        change = driver.state_change(record, state, now)
+        if change.noop:
+            return
+        updated = self.store.set_job_state(
+            job.job_id, change.state, next_run_at=change.next_run_at, now_ms=now
+        )
         if state is JobState.PAUSED:
             job.pauses.append((now, None))
         elif state is JobState.ACTIVE:
             job.pauses[-1] = (job.pauses[-1][0], now)
         else:
             job.cancelled_at = now
-        if state is JobState.CANCELLED:
-            owner.cancel_job(job.job_id, self.fx)
-        owner.upsert_job(updated, now, self.fx)
-        if state is JobState.ACTIVE:
-            owner.record_paused_fires(job.job_id, record.updated_at_ms, now, self.fx)
+        driver.state_changed(record, updated, change.state, now)
 
     # -- faults -------------------------------------------------------------------------
 

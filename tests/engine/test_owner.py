@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from tests.engine.sim import HOUR, MIN, SEC, RefStore
-from wheel.checkpoint.owner_state import encode_job
+from wheel.checkpoint.owner_state import decode_image, encode_job
+from wheel.engine.driver import Driver
 from wheel.engine.model import JobState, MissedReason, RunState, shard_of
 from wheel.engine.owner import (
     COUNTER_BITS,
@@ -23,8 +24,9 @@ from wheel.engine.owner import (
     OwnerConfig,
     Phase,
     RevokeReason,
+    ShardContents,
 )
-from wheel.engine.records import Completion, JobRecord
+from wheel.engine.records import CompletionOutcome, JobRecord, WriteBatch
 from wheel.engine.schedule import compile_schedule
 from wheel.engine.spec import (
     CatchUp,
@@ -40,7 +42,7 @@ from wheel.engine.spec import (
     Retry,
     SideEffect,
 )
-from wheel.recovery import restore_owner
+from wheel.recovery import _images_of_rows, restore_owner, shard_contents
 
 T = 1_800_000_000_000  # a round start time (ms)
 
@@ -57,25 +59,31 @@ def spec(**kw: object) -> JobSpec:
 
 
 class Node:
-    """Drives the owner the way ``wheel.node.Node._loop`` does."""
+    """Drives the owner through the ``Driver`` that ``wheel.node.Node`` runs."""
 
     def __init__(self, config: OwnerConfig | None = None, *, now: int = T, epoch: int = 1) -> None:
         self.store = RefStore()
         self.now = now
         self.config = config or OwnerConfig()
-        self.owner = Owner(epochs={s: epoch for s in range(256)}, now_ms=now, config=self.config)
-        self.fx = Effects()
+        owner = Owner(epochs={s: epoch for s in range(256)}, now_ms=now, config=self.config)
+        self.driver = Driver(owner)
         self.out = Effects()  # messages accumulated since the last take()
         self.silent: set[str] = set()  # workers that stopped heartbeating
+
+    @property
+    def owner(self) -> Owner:
+        return self.driver.owner
+
+    @property
+    def fx(self) -> Effects:
+        return self.driver.fx
 
     def submit(self, s: JobSpec, *, next_run_at: int | None = None) -> int:
         first = next_run_at
         if first is None:
-            first = compile_schedule(s.schedule, jitter_ms=s.jitter_ms, job_id=0).next_fire(
-                self.now - 1
-            )
+            first = self.driver.new_job(s, None, self.now).next_run_at
         record = self.store.submit_job(s, self.now, first)
-        self.owner.upsert_job(record, self.now, self.fx)
+        self.driver.submitted(record, self.now)
         return record.job_id
 
     def restart(self) -> None:
@@ -89,7 +97,7 @@ class Node:
             config=self.config,
             now_ms=self.now,
         )
-        self.owner, self.fx = restored.owner, restored.effects
+        self.driver = Driver(restored.owner, restored.effects)
 
     def hello(self, worker: str = "w1", capacity: int = 10, handlers: tuple[str, ...] = ()) -> None:
         self.owner.worker_hello(worker, capacity, ["default"], self.now, self.fx, handlers=handlers)
@@ -121,34 +129,17 @@ class Node:
         self._pass()
 
     def _pass(self) -> None:
+        driver = self.driver
         for _ in range(100):
-            self.owner.advance(self.now, self.fx)
-            work = self.fx.take_store_work()
+            driver.advance(self.now)
+            batch = driver.take_batch()
             self.store.now_ms = self.now
-            comps = self.store.complete_runs(
-                [
-                    Completion(
-                        run_id=c.run_id,
-                        fence=c.fence,
-                        state=c.state,
-                        finished_at_ms=self.now,
-                        error=c.error,
-                        worker_id=c.worker_id,
-                    )
-                    for c in work.completions
-                ]
-            )
-            self.store.record_missed(work.missed)
-            self.store.advance_schedules(work.advances)
-            claims = self.store.claim_fires(work.claims)
-            self.store.mark_running(work.starts)
-            self.owner.on_completed(comps, self.now, self.fx)
-            self.owner.on_claimed(claims, self.now, self.fx)
-            self._collect(work)
-            if not self.fx.store_work():
+            driver.apply(self.store.write_batch(batch), self.now)
+            self._collect(batch)
+            if not driver.has_store_work():
                 break
 
-    def _collect(self, work: Effects) -> None:
+    def _collect(self, work: WriteBatch) -> None:
         o, fx = self.out, self.fx
         o.claims += work.claims
         o.missed += work.missed
@@ -1161,12 +1152,7 @@ def test_a_restored_run_completed_before_its_first_heartbeat_is_accepted() -> No
     n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
     n.step()
     # The node restarts; the worker reconnects and re-sends its completion first.
-    owner = Owner(epochs={s: 2 for s in range(256)}, now_ms=n.now, config=n.config)
-    load = n.store.load_shards(range(256))
-    for record in load.jobs:
-        owner.upsert_job(record, n.now, n.fx)
-    owner.restore_inflight(load.inflight, n.now, n.fx)
-    n.owner = owner
+    n.restart()
     n.hello()
     fx = n.complete(a)
     assert fx.results["w1"][0].accepted
@@ -1347,12 +1333,19 @@ def test_a_handed_back_run_waits_without_a_lease_or_timeout() -> None:
     j = n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=MIN))
     a = n.run_once(j, T + MIN, ack=False)
     n.complete(a, Outcome.HANDED_BACK)
-    fx = n.step(T + 3 * HOUR)  # far past its grace lease, lease and timeout
+    fx = n.step(n.now + n.config.grace_lease_ms - 1)  # not back to w1 for a grace lease
     assert not fx.completions and not fx.assignments
     assert n.owner.unserved() == []  # w1 serves the route; it just gave this one back
     n.hello("w1")  # a new hello (a redeployed worker): it may have the handler now
     [b] = n.step().assignments["w1"]
     assert (b.run_id, b.attempt) == (a.run_id, 0)
+    n.owner.worker_disconnect("w1")  # no worker at all: it waits, and nothing ends it
+    n.complete(b, Outcome.HANDED_BACK)
+    fx = n.step(n.now + 3 * HOUR)  # far past its grace lease, lease and timeout
+    assert not fx.completions and not fx.assignments
+    n.hello("w2")
+    [c] = n.step().assignments["w2"]
+    assert (c.run_id, c.attempt, c.timeout_ms) == (a.run_id, 0, MIN)  # a fresh timeout
 
 
 def test_a_run_abandoned_while_running_is_a_new_attempt_or_unknown() -> None:
@@ -1369,3 +1362,102 @@ def test_a_run_abandoned_while_running_is_a_new_attempt_or_unknown() -> None:
     n.complete(c, Outcome.ABANDONED)
     n.step(n.now + HOUR)
     assert n.execs(amo)[-1][1:] == (0, RunState.UNKNOWN)
+
+
+# -- shards that come and go ------------------------------------------------------------------
+
+
+def _contents(n: Node, shards: list[int]) -> ShardContents:
+    """What the store holds for ``shards``, as a gaining owner loads it."""
+    load = n.store.load_shards(shards, unparsed=True)
+    return shard_contents(
+        n.store,  # type: ignore[arg-type]
+        shards,
+        images=_images_of_rows(load.unparsed),
+        jobs=load.jobs,
+        inflight=load.inflight,
+    )
+
+
+def _two_shards(n: Node) -> tuple[int, int]:
+    """Two interval jobs of different shards."""
+    a = n.submit(spec())
+    b = n.submit(spec())
+    while shard_of(b) == shard_of(a):
+        b = n.submit(spec())
+    return a, b
+
+
+def test_removing_a_shard_hands_its_runs_over_and_another_owner_adds_it() -> None:
+    n = Node()
+    n.hello()
+    a, b = _two_shards(n)
+    fx = n.step(T + MIN)
+    held = {x.job_id: x for x in fx.assignments["w1"] if x.job_id in (a, b)}
+    for x in held.values():
+        n.owner.worker_ack("w1", [(x.run_id, x.fence)], n.now, n.fx)
+    n.step()
+    sa = shard_of(a)
+    handed = n.owner.remove_shards([sa])
+    assert handed == [(held[a].run_id, held[a].fence)]
+    assert sa not in n.owner.shards() and shard_of(b) in n.owner.shards()
+    fx = n.step(T + 2 * MIN)  # no completion written: nothing marked lost
+    assert not [c for c in fx.completions if c.run_id == held[a].run_id]
+    assert n.store.execs[held[a].run_id].state is RunState.RUNNING
+    assert held[a].run_id not in n.owner.workers["w1"].held
+    assert {x.job_id for x in fx.assignments.get("w1", [])} & {a, b} == set()  # b overlaps
+    n.complete(held[b])
+    assert {x.job_id for x in n.step(T + 3 * MIN).assignments["w1"]} == {b}  # a's shard is gone
+
+    # Another owner takes the shard over at a newer epoch, from the store.
+    other = Owner(now_ms=n.now, config=n.config)
+    fx2 = Effects()
+    other.add_shards({sa: 7}, _contents(n, [sa]), n.now, fx2)
+    assert set(other.shards()) == {sa}
+    other.worker_hello("w1", 10, ["default"], n.now, fx2)
+    other.worker_heartbeat("w1", [(held[a].run_id, held[a].fence)], n.now, fx2)
+    assert not fx2.rejected_renewals  # adopted: its worker goes on
+    other.worker_complete(
+        "w1", [(held[a].run_id, held[a].fence, Outcome.SUCCEEDED, "")], n.now, fx2
+    )
+    [done] = fx2.completions
+    assert (done.run_id, done.state) == (held[a].run_id, RunState.SUCCEEDED)
+    other.on_completed([CompletionOutcome(run_id=done.run_id, applied=True)], n.now, fx2)
+    other.advance(T + 4 * MIN, fx2)
+    [claim] = [c for c in fx2.claims if c.job_id == a]
+    assert claim.fence >> COUNTER_BITS == 7  # the new owner's fences carry its epoch
+
+
+def test_an_owner_adds_only_the_shards_it_is_given_and_can_take_more_later() -> None:
+    n = Node()
+    a, b = _two_shards(n)
+    sa, sb = shard_of(a), shard_of(b)
+    owner = Owner(now_ms=n.now, config=n.config)
+    fx = Effects()
+    everything = _contents(n, list(range(256)))
+    owner.add_shards({sa: 2}, everything, n.now, fx)
+    assert owner.has_job(a) and not owner.has_job(b)
+    owner.add_shards({sb: 3}, _contents(n, [sb]), n.now, fx)
+    assert owner.has_job(b) and owner.shards() == {sa: 2, sb: 3}
+    with pytest.raises(ValueError, match="already held"):
+        owner.add_shards({sa: 4}, ShardContents(), n.now, fx)
+    owner.remove_shards([sa])
+    assert not owner.has_job(a) and owner.has_job(b)
+    owner.add_shards({sa: 4}, _contents(n, [sa]), n.now, fx)
+    assert owner.has_job(a) and owner.shards()[sa] == 4
+
+
+def test_a_shard_added_from_checkpoint_images_wakes_its_jobs_when_touched() -> None:
+    n = Node()
+    j = n.submit(spec())
+    image = n.owner.image_of(j)
+    assert image is not None
+    owner = Owner(now_ms=n.now, config=n.config)
+    fx = Effects()
+    contents = ShardContents(images={j: (image.due_at, encode_job(j, image))}, decode=decode_image)
+    owner.add_shards({shard_of(j): 3}, contents, n.now, fx)
+    assert owner.has_job(j) and j not in owner.jobs  # armed, not parsed
+    owner.worker_hello("w1", 10, ["default"], n.now, fx)
+    owner.advance(T + MIN, fx)
+    [claim] = fx.claims
+    assert (claim.job_id, claim.scheduled_for, claim.fence >> COUNTER_BITS) == (j, T + MIN, 3)

@@ -35,7 +35,7 @@ def test_the_log_takes_a_batch_an_entry_and_a_snapshot_after_enough_job_records(
             logged = server.call(lambda: node._log_records)
             assert logged >= 300
             assert entries < logged / 2
-            fires = server.call(lambda: node.owner.stats.completed)  # type: ignore[union-attr]
+            fires = server.call(lambda: node.status().stats.completed)
             assert fires > 0
     finally:
         server.stop()
@@ -47,6 +47,6 @@ def test_the_log_takes_a_batch_an_entry_and_a_snapshot_after_enough_job_records(
     again = InProcessServer(tmp_path, checkpoint_dir=checkpoint_dir).start()
     try:
         assert "restored from the checkpoint" in caplog.text
-        assert again.call(lambda: again.node.owner.job_count()) == JOBS  # type: ignore[union-attr]
+        assert again.call(lambda: again.node.status().jobs) == JOBS  # type: ignore[union-attr]
     finally:
         again.stop()

@@ -8,6 +8,7 @@ re-exports them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from wheel.engine.model import JobState, MissedReason, RunState
@@ -138,3 +139,33 @@ class ShardLoad:
     # arm (paused, or active with a next fire), left unparsed and not in
     # ``jobs``: (job_id, paused, next_run_at, spec as stored).
     unparsed: list[tuple[int, bool, int | None, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteBatch:
+    """One store pass of an owner: what it writes, in the order it writes it
+    (see ``wheel.store.base.Store.write_batch``)."""
+
+    completions: Sequence[Completion] = ()
+    missed: Sequence[MissedFire] = ()
+    advances: Sequence[ScheduleAdvance] = ()
+    claims: Sequence[FireClaim] = ()
+    starts: Sequence[RunStart] = ()
+
+    def size(self) -> int:
+        """Rows this batch writes."""
+        return (
+            len(self.completions)
+            + len(self.missed)
+            + len(self.advances)
+            + len(self.claims)
+            + len(self.starts)
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchOutcome:
+    """The store's answer to a ``WriteBatch``, in the batch's order."""
+
+    completions: list[CompletionOutcome]
+    claims: list[ClaimOutcome]

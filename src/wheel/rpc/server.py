@@ -173,7 +173,7 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
             raise InvalidArgument("spec", "is required")
         if len(request.idempotency_key) > MAX_IDEMPOTENCY_KEY:
             raise LimitExceeded("idempotency_key", f"longer than {MAX_IDEMPOTENCY_KEY} characters")
-        now = self.node.clock.now_ms()
+        now = self.node.now_ms()
         spec = convert.spec_from_proto(request.spec, now_ms=now)
         _check_horizon(spec, now)
         digest = None
@@ -200,8 +200,7 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
             if not 0 <= request.recent_runs <= MAX_NEXT_FIRES:
                 raise InvalidArgument("recent_runs", f"must be within [0, {MAX_NEXT_FIRES}]")
             record = await self.node.get_job(job_id)
-            store, limit = self.node.store, request.recent_runs or 10
-            runs = await self.node._api(lambda: store.list_runs(job_id, limit=limit))
+            runs = await self.node.list_runs(job_id, limit=request.recent_runs or 10)
             return convert.job_to_proto(
                 record,
                 next_fires_ms=self.node.next_fires(job_id, request.next_fires or 5),
@@ -217,14 +216,9 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
             size = _page_size(request.page_size)
             after = _token_int(request.page_token, "page_token")
             state = convert.job_state_from_proto(request.state)
-            node = self.node
-
-            def query() -> list[Any]:
-                return node.store.list_jobs(
-                    tenant=request.tenant or None, state=state, after_job_id=after, limit=size
-                )
-
-            records = await node._api(query)
+            records = await self.node.list_jobs(
+                tenant=request.tenant or None, state=state, after_job_id=after, limit=size
+            )
             token = str(records[-1].job_id) if len(records) == size else ""
             return job_service_pb2.ListJobsResponse(
                 jobs=[convert.job_to_proto(r) for r in records], next_page_token=token
@@ -279,7 +273,7 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
                 raise InvalidArgument("from_ms", f"{request.from_ms} is before the epoch")
             if request.to_ms <= request.from_ms:
                 raise InvalidArgument("to_ms", "must be after from_ms")
-            now = self.node.clock.now_ms()
+            now = self.node.now_ms()
             if request.to_ms > now:
                 raise InvalidArgument("to_ms", "backfill covers past fires only")
             record = await self.node.get_job(job_id)
@@ -312,21 +306,14 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
 
             if not wanted.missed:
                 before_missed = 0
-
-            def query() -> tuple[list[Any], list[Any]]:
-                runs = (
-                    node.store.list_runs(job_id, before_run_id=before_run, limit=size)
-                    if before_run != 0
-                    else []
-                )
-                missed = (
-                    node.store.list_missed(job_id, before_scheduled_for=before_missed, limit=size)
-                    if before_missed != 0
-                    else []
-                )
-                return runs, missed
-
-            runs, missed = await node._api(query)
+            runs, missed = await node.list_history(
+                job_id,
+                before_run_id=before_run,
+                before_scheduled_for=before_missed,
+                limit=size,
+                runs=before_run != 0,
+                missed=before_missed != 0,
+            )
             # Merge the two newest-first streams without reordering either, so
             # each cursor only ever passes items that were on a page: runs are
             # paged by run id, missed fires by fire time.
@@ -635,54 +622,41 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
         request: admin_service_pb2.GetClusterStatusRequest,
         context: grpc.aio.ServicerContext,
     ) -> admin_service_pb2.ClusterStatus:
-        node = self.node
-        owner = node.owner
-        p50, p99 = node.lag_percentiles()
+        st = self.node.status()
+        s = st.stats
         status = admin_service_pb2.ClusterStatus(
-            node_id=node.config.node_id,
-            dispatch_lag_p50_ms=p50,
-            dispatch_lag_p99_ms=p99,
+            node_id=st.node_id,
+            dispatch_lag_p50_ms=st.lag_p50_ms,
+            dispatch_lag_p99_ms=st.lag_p99_ms,
+            jobs=st.jobs,
+            pending_timers=st.pending_timers,
+            in_flight=st.in_flight,
+            backlog=st.backlog,
+            overdue_backlog=st.overdue_backlog,
+            workers=len(st.workers),
+            worker_capacity=st.worker_capacity,
+            dispatched_total=s.dispatched,
+            completed_total=s.completed,
+            missed_total=s.missed,
+            dead_lettered_total=s.dead_lettered,
+            reaper_paused=st.reaper_paused,
         )
-        status.nodes.append(
-            admin_service_pb2.NodeStatus(
-                node_id=node.config.node_id,
-                shards_owned=len(owner.shards()) if owner else 0,
+        status.nodes.add(node_id=st.node_id, shards_owned=len(st.shards))
+        for w in st.workers:
+            status.worker_list.add(
+                worker_id=w.worker_id,
+                capacity=w.capacity,
+                held=w.held,
+                pools=w.pools,
+                handlers=w.handlers,
+                draining=w.draining,
+                silent=w.silent,
             )
-        )
-        if owner is not None:
-            fresh, overdue = owner.backlog()
-            s = owner.stats
-            status.jobs = len(owner.jobs)
-            status.pending_timers = owner.pending_timers()
-            status.in_flight = len(owner.runs)
-            status.backlog = fresh + overdue
-            status.overdue_backlog = overdue
-            status.workers = len(owner.workers)
-            status.worker_capacity = sum(w.capacity for w in owner.workers.values())
-            status.dispatched_total = s.dispatched
-            status.completed_total = s.completed
-            status.missed_total = s.missed
-            status.dead_lettered_total = s.dead_lettered
-            status.reaper_paused = owner.reaper_paused
-            for w in owner.worker_views():
-                status.worker_list.add(
-                    worker_id=w.worker_id,
-                    capacity=w.capacity,
-                    held=w.held,
-                    pools=w.pools,
-                    handlers=w.handlers,
-                    draining=w.draining,
-                    silent=w.silent,
-                )
-            for u in owner.unserved():
-                status.unserved.add(pool=u.pool, handler=u.handler, waiting=u.waiting)
-            if request.include_shards:
-                for shard, epoch in sorted(owner.shards().items()):
-                    status.shards.append(
-                        admin_service_pb2.ShardStatus(
-                            shard=shard, owner=node.config.node_id, epoch=epoch
-                        )
-                    )
+        for u in st.unserved:
+            status.unserved.add(pool=u.pool, handler=u.handler, waiting=u.waiting)
+        if request.include_shards:
+            for shard, epoch in sorted(st.shards.items()):
+                status.shards.add(shard=shard, owner=st.node_id, epoch=epoch)
         return status
 
 

@@ -24,7 +24,6 @@ All times are integer milliseconds since the Unix epoch; ids are 64-bit ints.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from wheel.engine.model import (
@@ -37,6 +36,7 @@ from wheel.engine.model import (
     shard_of,
 )
 from wheel.engine.records import (
+    BatchOutcome,
     ClaimOutcome,
     Completion,
     CompletionOutcome,
@@ -48,6 +48,7 @@ from wheel.engine.records import (
     RunStart,
     ScheduleAdvance,
     ShardLoad,
+    WriteBatch,
 )
 from wheel.errors import WheelError
 
@@ -73,31 +74,6 @@ __all__ = [
     "idempotency_key",
     "shard_of",
 ]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WriteBatch:
-    completions: Sequence[Completion] = ()
-    missed: Sequence[MissedFire] = ()
-    advances: Sequence[ScheduleAdvance] = ()
-    claims: Sequence[FireClaim] = ()
-    starts: Sequence[RunStart] = ()
-
-    def size(self) -> int:
-        """Rows this batch writes."""
-        return (
-            len(self.completions)
-            + len(self.missed)
-            + len(self.advances)
-            + len(self.claims)
-            + len(self.starts)
-        )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BatchOutcome:
-    completions: list[CompletionOutcome]
-    claims: list[ClaimOutcome]
 
 
 class Store(Protocol):

@@ -1,0 +1,185 @@
+"""The loop of one shard owner, without its I/O.
+
+``Driver`` is what every shell of the owner runs -- the node (``wheel.node``,
+with a real clock, a store thread and gRPC streams), the simulator and the
+engine tests (a simulated clock and an in-memory store) -- so that there is
+one copy of it:
+
+1. ``advance(now)``: due timers fire and work is claimed (``Owner.advance``);
+2. ``take_batch()``: the store writes accumulated since the last batch, as
+   ONE ``WriteBatch`` in the order the owner requires;
+3. the shell writes the batch (on a thread, in order with the batches before
+   it) and hands the store's answer to ``apply(outcome, now)``, which
+   produces assignments and results;
+4. the shell sends the messages in ``fx`` (``Effects``), reads the jobs that
+   need re-reading (``take_resync``) and the change feed, feeds them to
+   ``apply_changes``, and sleeps until ``next_deadline()`` or an event.
+
+The job API's logic is here too, between the shell's store reads and writes:
+what a submit stores (``new_job``), what a pause, resume or cancel writes
+(``state_change``) and what the owner makes of it (``state_changed``),
+triggers and backfills. The shell only moves values between the store, the
+clock and the network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from wheel.engine.model import JobState
+from wheel.engine.owner import Effects, Owner
+from wheel.engine.records import BatchOutcome, JobRecord, NewJob, WriteBatch
+from wheel.engine.schedule import compile_schedule
+from wheel.engine.spec import JobSpec, Once
+from wheel.errors import FailedPrecondition
+
+__all__ = ["Driver", "StateChange", "first_fire"]
+
+
+def first_fire(job_id: int, spec: JobSpec, now_ms: int) -> int | None:
+    """The first fire a job submitted at ``now_ms`` owes (the first one at or
+    after it: fires before the submit are not owed). Validates the schedule
+    (cron syntax, time zone) on the way."""
+    compiled = compile_schedule(spec.schedule, jitter_ms=spec.jitter_ms, job_id=job_id)
+    return compiled.next_fire(now_ms - 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateChange:
+    """What the store must write for a pause, resume or cancel: the new state
+    and schedule (a resume starts from now), or nothing (``noop``: the job is
+    already so, or a cancel of a finished job, which is idempotent)."""
+
+    state: JobState
+    next_run_at: int | None = None
+    noop: bool = False
+
+
+class Driver:
+    """One owner's loop and job API, fed values and time by its shell."""
+
+    __slots__ = ("fx", "owner")
+
+    def __init__(self, owner: Owner, fx: Effects | None = None) -> None:
+        self.owner = owner
+        # What the owner emitted and the shell has not carried out yet.
+        self.fx = fx if fx is not None else Effects()
+
+    # -- the loop -------------------------------------------------------------------
+
+    def advance(self, now_ms: int) -> None:
+        """Fire what is due and hand out what workers can take."""
+        self.owner.advance(now_ms, self.fx)
+
+    def has_store_work(self) -> bool:
+        return self.fx.store_work()
+
+    def take_batch(self) -> WriteBatch:
+        """The store writes emitted so far, as one batch: completions, missed
+        fires, schedule advances, claims, starts. A run that completes in this
+        batch needs no separate start."""
+        work = self.fx.take_store_work()
+        starts = work.starts
+        if starts and work.completions:
+            done = {c.run_id for c in work.completions}
+            starts = [st for st in starts if st.run_id not in done]
+        return WriteBatch(
+            completions=work.completions,
+            missed=work.missed,
+            advances=work.advances,
+            claims=work.claims,
+            starts=starts,
+        )
+
+    def apply(self, outcome: BatchOutcome, now_ms: int) -> None:
+        """The store's answer to a batch, fed back in batch order."""
+        owner, fx = self.owner, self.fx
+        owner.on_completed(outcome.completions, now_ms, fx)
+        owner.on_claimed(outcome.claims, now_ms, fx)
+
+    def wants_another_pass(self) -> bool:
+        """Whether the loop should go round again at once: store writes wait,
+        or the answers left work that can go out now (a released buffered
+        fire, a run whose claim outlived its worker)."""
+        return self.fx.store_work() or self.owner.has_dispatchable_work()
+
+    def next_deadline(self) -> int | None:
+        return self.owner.next_deadline()
+
+    def take_resync(self) -> set[int]:
+        """Jobs whose store row disagrees with the owner: to be read again
+        and given to ``apply_changes``."""
+        resync, self.fx.resync = self.fx.resync, set()
+        return resync
+
+    def apply_changes(self, records: Iterable[JobRecord], now_ms: int) -> None:
+        """Jobs as the store has them now (the change feed, re-reads): the
+        store wins. Jobs of shards this owner does not hold are left out."""
+        owner, fx = self.owner, self.fx
+        for record in records:
+            if owner.owns(record.job_id):
+                owner.upsert_job(record, now_ms, fx)
+
+    # -- the job API ------------------------------------------------------------------
+
+    def new_job(self, spec: JobSpec, idempotency_key: str | None, now_ms: int) -> NewJob:
+        """What a submit stores: the spec validated and its first fire. A
+        one-shot submitted late is due now, not never: its catch-up policy
+        decides whether it runs or is recorded missed."""
+        first = first_fire(0, spec, now_ms)
+        if first is None and isinstance(spec.schedule, Once):
+            first = spec.schedule.at_ms
+        return NewJob(
+            spec=spec, created_at_ms=now_ms, next_run_at=first, idempotency_key=idempotency_key
+        )
+
+    def submitted(self, record: JobRecord, now_ms: int) -> None:
+        """A job the store just created: armed at once."""
+        self.apply_changes((record,), now_ms)
+
+    def state_change(self, record: JobRecord, state: JobState, now_ms: int) -> StateChange:
+        """What to write for ``record`` to become ``state``. Raises
+        ``FailedPrecondition`` for a finished job (a cancel of one is a no-op)."""
+        if record.state in (JobState.CANCELLED, JobState.COMPLETED):
+            if state is JobState.CANCELLED:
+                return StateChange(state=state, noop=True)
+            raise FailedPrecondition(f"job {record.job_id} is {record.state.value}")
+        if record.state is state:
+            return StateChange(state=state, noop=True)
+        next_run: int | None = None
+        if state is JobState.ACTIVE:
+            # Resume from now: fires missed while paused are recorded, not run.
+            next_run = first_fire(record.job_id, record.spec, now_ms + 1)
+        return StateChange(state=state, next_run_at=next_run)
+
+    def state_changed(
+        self, before: JobRecord, after: JobRecord, state: JobState, now_ms: int
+    ) -> None:
+        """The store wrote ``state``: a cancel ends the job's runs, a resume
+        records the fires missed while it was paused."""
+        owner, fx = self.owner, self.fx
+        if not owner.owns(after.job_id):
+            return
+        if state is JobState.CANCELLED:
+            owner.cancel_job(after.job_id, fx, now_ms)
+        owner.upsert_job(after, now_ms, fx)
+        if state is JobState.ACTIVE:
+            owner.record_paused_fires(after.job_id, before.updated_at_ms, now_ms, fx)
+
+    def _active(self, record: JobRecord, now_ms: int) -> None:
+        if record.state is not JobState.ACTIVE:
+            raise FailedPrecondition(f"job {record.job_id} is {record.state.value}, not active")
+        if not self.owner.has_job(record.job_id):
+            self.owner.upsert_job(record, now_ms, self.fx)
+
+    def trigger(self, record: JobRecord, now_ms: int) -> int:
+        """An out-of-band fire now, claimed at once; returns its
+        scheduled_for. The shell answers once the claim is in the store."""
+        self._active(record, now_ms)
+        return self.owner.trigger(record.job_id, now_ms, self.fx)
+
+    def backfill(self, record: JobRecord, fires: Sequence[int], now_ms: int) -> None:
+        """Past fires not in history yet, claimed at once as catch-up work."""
+        self._active(record, now_ms)
+        self.owner.backfill(record.job_id, fires, now_ms, self.fx)

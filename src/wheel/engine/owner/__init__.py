@@ -1,0 +1,164 @@
+"""The shard owner: wheel's scheduling logic as a pure state machine.
+
+The owner is fed events -- the clock advanced, a job was submitted or changed,
+a worker said hello / acked / heartbeated / completed / went away, the store
+answered a claim or a completion -- and appends what must happen to an
+``Effects`` accumulator: store writes, assignments and revokes for workers,
+results for completions. It never reads a clock, never sleeps, never does I/O;
+``now_ms`` is always an argument. The node (``wheel.node``) executes effects
+in this order per loop iteration: completions, missed fires, schedule
+advances, claims, starts; then it feeds the store's answers back in
+(``wheel.engine.driver`` is that loop, without the I/O).
+
+Shards come and go (``add_shards``, ``remove_shards``): everything the owner
+keeps is filed under its shard, and a shard is taken on or handed over whole.
+The logic is split by seam into parts that share one state (see
+``wheel.engine.owner._state``): jobs and missed fires, dispatch, workers, run
+endings, dormant images, shards.
+
+Invariants (each has a test in tests/engine/test_owner.py):
+
+1. No silent drop. Every fire that comes due ends in exactly one of: a claim
+   (an execution row), a missed record with its reason, or a buffered entry
+   that later ends in one of those.
+2. Never early. A fire is claimed only after a FIRE timer for its (jittered)
+   due time expired; the wheel never fires a timer before its deadline.
+3. Schedules only move forward, in order. Per job, claims that advance the
+   schedule are emitted in fire order, and each carries the owner's belief of
+   the store's ``next_run_at`` as the compare-and-swap's expected value
+   (``_Job.store_next``), so a stale owner never moves a schedule backwards.
+4. One holder per run. A run is held by at most one worker; an ack, renewal
+   or completion is accepted only from that worker with that fence. The store
+   re-checks every completion's fence: the owner's check is a filter, the
+   store's is the authority.
+5. Fences strictly increase per shard: ``(epoch << 32) | counter``.
+6. Per-job serialization. A job has at most ``overlap.max_concurrent`` runs
+   in flight (1 unless the policy is ``allow``); a newer attempt of the same
+   fire is only created after the older one was made terminal (lost, failed,
+   timed out) in the store. Runs claimed ahead (``claim_now``: triggers and
+   backfills) count as in flight from their claim, and are handed out only
+   while fewer than that many runs of the job are held by workers.
+7. A run leaves the owner only through a terminal state sent to the store.
+
+Run lifecycle (``_RUN_TRANSITIONS`` is the table; ``_move`` enforces it):
+
+    CLAIMING --claim won--> DISPATCHED (grace lease) --ack--> RUNNING (full lease)
+    CLAIMING --worker gone, or claimed ahead--> READY --assigned--> DISPATCHED
+    DISPATCHED/RUNNING --handed back, never started--> READY
+    DISPATCHED/RUNNING --complete / lease expired / timeout / cancel--> ENDING
+    ENDING --store applied--> (gone)
+
+A READY run has no lease and no timeout running: it waits for a worker of its
+route, and its timeout starts when one gets it.
+
+Routing: a job's route is (pool, handler). A run goes only to a worker that
+serves the pool and registered the handler (a worker that registered no
+handler names takes any). Work whose route no connected worker serves waits
+unclaimed -- no grace lease, no attempt used -- and is reported by
+``unserved`` (an alert once it has waited ``unserved_alert_ms``).
+
+Timer ids pack a kind into the low two bits: ``(n << 2) | kind`` where n is a
+job id (FIRE), a run id (LEASE, TIMEOUT) or a retry sequence number (RETRY).
+
+A run's first grace lease is not a wheel timer of its own. Runs handed out
+in one tick share a grace deadline, and those deadlines only grow, so they
+wait in one FIFO (``_grace``), a list of run ids per deadline. Most runs end
+within their grace lease and never touch the wheel: no LEASE or TIMEOUT to
+add, none to cancel. A run still in flight at its grace deadline is checked
+then and, if its lease was renewed, gets its own LEASE and TIMEOUT timers
+(``_arm_run``). A run whose timeout falls within the grace lease gets them at
+once, so no deadline is ever checked late.
+"""
+
+from __future__ import annotations
+
+from wheel.engine.owner._dispatch import _Dispatch
+from wheel.engine.owner._images import _Images
+from wheel.engine.owner._jobs import _Jobs
+from wheel.engine.owner._runs import _Runs
+from wheel.engine.owner._shards import _Shards
+from wheel.engine.owner._state import Due, Redo
+from wheel.engine.owner._values import (
+    COUNTER_BITS,
+    COUNTER_MASK,
+    FIRE,
+    LEASE,
+    RETRY,
+    TIMEOUT,
+    Assignment,
+    CompletionResult,
+    Effects,
+    JobImage,
+    Outcome,
+    OwnerConfig,
+    OwnerStats,
+    Phase,
+    ProtocolViolation,
+    Report,
+    Revoke,
+    RevokeReason,
+    Route,
+    RunRef,
+    ShardContents,
+    Unserved,
+    WorkerView,
+)
+from wheel.engine.owner._workers import _Workers
+
+__all__ = [
+    "COUNTER_BITS",
+    "COUNTER_MASK",
+    "FIRE",
+    "LEASE",
+    "RETRY",
+    "TIMEOUT",
+    "Assignment",
+    "CompletionResult",
+    "Due",
+    "Effects",
+    "JobImage",
+    "Outcome",
+    "Owner",
+    "OwnerConfig",
+    "OwnerStats",
+    "Phase",
+    "ProtocolViolation",
+    "Redo",
+    "Report",
+    "Revoke",
+    "RevokeReason",
+    "Route",
+    "RunRef",
+    "ShardContents",
+    "Unserved",
+    "WorkerView",
+]
+
+
+class Owner(_Shards, _Images, _Jobs, _Dispatch, _Workers, _Runs):
+    """Owns a set of shards: their jobs' pending fires, in-flight runs and leases."""
+
+    __slots__ = ()
+
+    def advance(self, now_ms: int, fx: Effects) -> None:
+        """Fire every timer due at ``now_ms``, then hand out what workers can take."""
+        if self._later.claims:
+            fx.claims.extend(self._later.claims)
+            self._later.claims.clear()
+        grace = self._grace
+        while grace and grace[0][0] <= now_ms:
+            self._grace_expired(grace.popleft()[1])
+        for tid in self.wheel.advance(now_ms):
+            kind, n = tid & 3, tid >> 2
+            if kind == FIRE:
+                job = self.jobs.get(n) or self._wake_to_fire(n, now_ms)
+                if job is not None and not job.paused and job.next_fire is not None:
+                    self._on_fire(job, now_ms, fx)
+            elif kind == LEASE:
+                self._on_lease_timer(n, now_ms, fx)
+            elif kind == TIMEOUT:
+                self._on_timeout(n, now_ms, fx)
+            else:
+                self._on_retry(n, now_ms)
+        self._run_reaper(now_ms, fx)
+        self._dispatch(now_ms, fx)

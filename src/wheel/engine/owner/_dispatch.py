@@ -1,0 +1,444 @@
+"""Dispatch: work queued by route (pool, handler), claims formed within the
+workers' credit and the overdue budget, claimed runs handed out, and when the
+loop must wake next."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Sequence
+
+from wheel.engine.fairness import FairQueue, split_capacity
+from wheel.engine.owner._state import (
+    Ahead,
+    _Job,
+    _move,
+    _OwnerState,
+    _Pending,
+    _Run,
+    _Worker,
+)
+from wheel.engine.owner._values import (
+    Assignment,
+    Effects,
+    Phase,
+    Route,
+    Unserved,
+)
+from wheel.engine.records import (
+    ClaimOutcome,
+    FireClaim,
+)
+
+log = logging.getLogger("wheel.owner")
+
+
+class _Dispatch(_OwnerState):
+    __slots__ = ()
+
+    def next_timer(self) -> int | None:
+        """The earliest deadline of a timer: the wheel's, or a grace lease's."""
+        deadline = self.wheel.next_deadline()
+        if self._grace and (deadline is None or self._grace[0][0] < deadline):
+            return self._grace[0][0]
+        return deadline
+
+    def pending_timers(self) -> int:
+        """Timers pending: the wheel's, and grace leases of runs not ended."""
+        return len(self.wheel) + self._graced
+
+    def next_deadline(self) -> int | None:
+        """When the node should call ``advance`` next (None: only on events):
+        the wheel's next timer, or sooner when budgeted work (overdue fires,
+        expired leases to re-dispatch) waits only for the next token of its
+        bucket -- waking just every ``max_idle`` would deliver a fraction of
+        the configured rate -- or when waiting work is due an alert."""
+        deadline = self.next_timer()
+        waits: list[int | None] = [deadline]
+        if self._unserved:
+            limit = self.config.unserved_alert_ms
+            waits.extend(
+                since + limit
+                for route, since in self._unserved.items()
+                if route not in self._unserved_alerted
+            )
+        if self._reaper or any(len(q) for q in self._overdue.values()):
+            now = self.wheel.now
+            if any(len(q) and self._has_server(route) for route, q in self._overdue.items()):
+                waits.append(self._overdue_bucket.next_available_ms(now))
+            if self._reaper and self._any_free() and not self._fleet_busy():
+                waits.append(self._reaper_bucket.next_available_ms(now))
+        return min((w for w in waits if w is not None), default=None)
+
+    def has_dispatchable_work(self) -> bool:
+        """Whether ``advance(now)`` would hand out or claim something right
+        away: a waiting run or a queued fresh fire with a worker of its route
+        that has credit, or overdue fires / expired leases with tokens too.
+        The node asks after feeding the store's answers back, so a buffered
+        fire released by a completion or a claim lost to a gone worker goes
+        out at once instead of at the next wake. O(routes x workers)."""
+        if not self.workers or not self._any_free():
+            return False
+        now = self.wheel.now
+        for route, q in self._ready.items():
+            if q and any(self._placeable(run_id, route) for run_id in q):
+                return True
+        if len(self._pending) >= self.config.max_claim_batch:
+            return False
+        if any(q and self._has_server(route) for route, q in self._fresh.items()):
+            return True
+        if self._overdue_bucket.available(now) > 0 and any(
+            len(q) and self._has_server(route) for route, q in self._overdue.items()
+        ):
+            return True
+        return bool(
+            self._reaper and not self._fleet_busy() and self._reaper_bucket.available(now) > 0
+        )
+
+    def _fleet_busy(self) -> bool:
+        """Above the reaper's busy threshold (or no capacity at all)."""
+        capacity = sum(w.capacity for w in self.workers.values())
+        busy = sum(len(w.held) for w in self.workers.values())
+        return capacity == 0 or busy / capacity > self.config.busy_threshold
+
+    def _any_free(self) -> bool:
+        return any(w.free > 0 for w in self.workers.values())
+
+    def _has_server(self, route: Route) -> bool:
+        """Some worker with credit serves ``route``."""
+        return any(w.free > 0 and w.serves(route) for w in self.workers.values())
+
+    def _placeable(self, run_id: int, route: Route) -> bool:
+        """A waiting run could go out now: a worker of its route that did not
+        hand it back has credit, and its job is below its limit."""
+        run = self.runs.get(run_id)
+        if run is None or run.phase is not Phase.READY:
+            return True  # dropped from the queue on the next pass
+        job = self.jobs.get(run.job_id) or self._job(run.job_id)
+        if job is not None and job.running >= job.limit:
+            return False
+        return self._server_for(run, route) is not None
+
+    def _server_for(self, run: _Run, route: Route) -> _Worker | None:
+        refused = run.refused
+        now = self.wheel.now
+        for w in self.workers.values():
+            if (
+                w.free > 0
+                and w.serves(route)
+                and (not refused or refused.get(w.incarnation, 0) <= now)
+            ):
+                return w
+        return None
+
+    def _enqueue(self, job: _Job, now_ms: int, *, overdue: bool, front: bool = False) -> None:
+        if job.queued or not (job.due or job.ready):
+            return
+        job.queued = True
+        route = job.route
+        if overdue:
+            q = self._overdue.get(route)
+            if q is None:
+                q = self._overdue[route] = FairQueue()
+            q.push(job.spec.tenant, job.job_id)
+        elif front:
+            self._fresh.setdefault(route, deque()).appendleft(job.job_id)
+        else:
+            self._fresh.setdefault(route, deque()).append(job.job_id)
+
+    def _dispatch(self, now_ms: int, fx: Effects) -> None:
+        starved: list[Route] = []  # routes with work and no worker with credit
+        if self._ready:
+            starved.extend(self._assign_ready(now_ms, fx))
+        budget = self.config.max_claim_batch - len(self._pending)
+        workers_all = self.workers.values()
+        # In the order routes first had work (a set's order would change
+        # with the hash seed, and a simulation must replay exactly).
+        routes = list(self._fresh)
+        routes.extend(r for r in self._overdue if r not in self._fresh)
+        for route in routes:
+            fresh = self._fresh.get(route)
+            over = self._overdue.get(route)
+            if not fresh and not over:
+                self._fresh.pop(route, None)
+                self._overdue.pop(route, None)
+                continue
+            pool, handler = route
+            workers = [
+                w
+                for w in workers_all
+                if pool in w.pools and (not w.handlers or handler in w.handlers) and w.free > 0
+            ]
+            if not workers:
+                starved.append(route)
+                continue
+            capacity = min(budget, sum(w.free for w in workers))
+            if capacity <= 0:
+                continue
+            split = split_capacity(
+                capacity=capacity,
+                fresh_waiting=len(fresh) if fresh else 0,
+                overdue_waiting=len(over) if over else 0,
+                overdue_tokens=self._overdue_bucket.available(now_ms) if over else 0,
+            )
+            picked: list[tuple[int, bool]] = []
+            if fresh:
+                picked.extend((fresh.popleft(), False) for _ in range(split.fresh))
+            if over and split.overdue:
+                n = self._overdue_bucket.take(split.overdue, now_ms)
+                picked.extend((j, True) for j in over.pop(n))
+            budget -= len(picked)
+            self._claim(picked, workers, now_ms, fx)
+        if starved or self._unserved:
+            self._note_unserved(starved, now_ms, fx)
+
+    def _note_unserved(self, starved: list[Route], now_ms: int, fx: Effects) -> None:
+        """Of the routes whose work found no worker with credit, those no
+        connected worker serves at all: their work waits (unclaimed, or
+        claimed without a lease), reported by ``unserved`` and, once it has
+        waited ``unserved_alert_ms``, by an alert."""
+        workers = self.workers.values()
+        was = self._unserved
+        self._unserved = {
+            route: was.get(route, now_ms)
+            for route in starved
+            if not any(w.serves(route) for w in workers)
+        }
+        self._unserved_alerted &= self._unserved.keys()
+        limit = self.config.unserved_alert_ms
+        for route, since in self._unserved.items():
+            if now_ms - since >= limit and route not in self._unserved_alerted:
+                self._unserved_alerted.add(route)
+                pool, handler = route
+                fx.alerts.append(
+                    f"no worker for handler {handler!r} in pool {pool!r}: "
+                    f"{self._waiting_on(route)} runs wait for one"
+                )
+
+    def _waiting_on(self, route: Route) -> int:
+        """Fires and claimed runs queued for ``route``."""
+        n = 0
+        for queues in (self._fresh, self._overdue, self._ready):
+            q = queues.get(route)
+            if q is not None:
+                n += len(q)
+        return n
+
+    def unserved(self) -> list[Unserved]:
+        """Work waiting because no connected worker serves its route."""
+        return [
+            Unserved(
+                pool=pool,
+                handler=handler,
+                waiting=self._waiting_on((pool, handler)),
+                since_ms=since,
+            )
+            for (pool, handler), since in sorted(self._unserved.items())
+        ]
+
+    def _claim(
+        self, picked: list[tuple[int, bool]], workers: list[_Worker], now_ms: int, fx: Effects
+    ) -> None:
+        # Start where the last batch stopped: one fire a tick must not always
+        # land on the same worker.
+        wi = self._next_worker
+        for job_id, overdue in picked:
+            job = self.jobs.get(job_id) or self._job(job_id)
+            if job is None:
+                continue
+            job.queued = False
+            if job.ready:
+                # Runs claimed ahead go first, one per turn, while the job is
+                # below its limit of runs held by workers.
+                if job.running >= job.limit:
+                    continue  # re-enqueued when a run of the job finishes
+                run_id, _ = job.ready.popleft()
+                run = self.runs.get(run_id)
+                if run is not None and run.phase is Phase.READY:
+                    while workers[wi % len(workers)].free <= 0:
+                        wi += 1
+                    self._hand_out(run, workers[wi % len(workers)], now_ms, fx)
+                    wi += 1
+                self._requeue_job(job, now_ms)
+                continue
+            if not job.due or job.paused or job.inflight >= job.limit:
+                continue  # re-enqueued when a run of the job finishes
+            fire, attempt, advance = job.due.popleft()
+            job.inflight += 1
+            while workers[wi % len(workers)].free <= 0:
+                wi += 1
+            worker = workers[wi % len(workers)]
+            wi += 1
+            worker.reserved += 1
+            fence = self._next_fence(job.shard)
+            expected = new = None
+            if advance:
+                expected = job.store_next
+                # The oldest fire not claimed yet: queued, then buffered behind
+                # this run, then armed. Moving the store past a buffered fire
+                # would lose it to a restart (the store is all a new owner has).
+                due = job.due
+                later = job.buffered[0] if job.buffered else job.next_fire
+                if not due:  # the common cases, without a scan
+                    new = later
+                elif due[0][2]:
+                    new = due[0][0]
+                else:
+                    new = next((f for f, _, moves in due if moves), later)
+                if new is None and job.compiled.completion_driven:
+                    # fixed_delay: provisional next fire, corrected on completion.
+                    new = job.compiled.next_after_completion(fire)
+                job.store_next = new
+                job.advancing += 1
+                self.dirty.add(job_id)
+                self._flush_skipped(job, new, now_ms, fx)
+            fx.claims.append(
+                FireClaim(
+                    job_id=job_id,
+                    scheduled_for=fire,
+                    attempt=attempt,
+                    fence=fence,
+                    dispatched_at_ms=now_ms,
+                    advance=advance,
+                    expected_next_run_at=expected,
+                    new_next_run_at=new,
+                )
+            )
+            self._pending[(job_id, fire, attempt)] = _Pending(
+                job_id, fire, attempt, fence, worker.worker_id
+            )
+            if job.due and job.inflight < job.limit:
+                self._enqueue(job, now_ms, overdue=overdue)
+        self._next_worker = wi % len(workers)
+
+    def on_claimed(self, outcomes: Sequence[ClaimOutcome], now_ms: int, fx: Effects) -> None:
+        """The store's answer to a claim batch."""
+        for out in outcomes:
+            c = out.claim
+            pend = self._pending.pop((c.job_id, c.scheduled_for, c.attempt), None)
+            if pend is None:
+                continue
+            worker = self.workers.get(pend.worker_id) if pend.worker_id else None
+            if worker is not None:
+                worker.reserved -= 1
+            job = self.jobs.get(c.job_id) or self._job(c.job_id)
+            if c.advance and job is not None:
+                job.advancing -= 1
+            if c.advance and not out.advanced:
+                fx.resync.add(c.job_id)
+            elif c.advance and job is not None and job.advancing == 0 and not job.paused:
+                # Fires passed over while the claim was on its way.
+                self._sync_schedule(job, now_ms, fx)
+            if out.run_id is None:
+                # Someone else holds this fire (another owner, or an earlier
+                # life of this one): it is not ours to run.
+                if job is not None:
+                    self._run_finished(job, now_ms, fx)
+                continue
+            run = _Run(out.run_id, c.job_id, c.scheduled_for, c.attempt, c.fence)
+            self.runs[run.run_id] = run
+            if pend.ahead and job is not None:
+                # Its timeout starts when a worker gets it (``_hand_out``).
+                _move(run, Phase.READY)
+                job.ready.append(Ahead(run.run_id, pend.overdue))
+                self._requeue_job(job, now_ms)
+                continue
+            if worker is not None and worker.free >= 0 and not worker.draining:
+                self._hand_out(run, worker, now_ms, fx)
+            else:
+                # Its worker went away: it waits for another of its route,
+                # with no lease and no timeout running until one gets it.
+                _move(run, Phase.READY)
+                self._wait_ready(run, job)
+
+    def _wait_ready(self, run: _Run, job: _Job | None) -> None:
+        route = job.route if job is not None else ("default", "")
+        self._ready.setdefault(route, deque()).append(run.run_id)
+
+    def _assign_ready(self, now_ms: int, fx: Effects) -> list[Route]:
+        """Hand out claimed runs that wait for a worker, in order per route,
+        each to a worker of its route that did not hand it back, while its
+        job is below its limit; the others keep their place. Returns the
+        routes with runs left and no worker with credit."""
+        starved: list[Route] = []
+        for route, q in list(self._ready.items()):
+            kept: list[int] = []
+            while q:
+                run = self.runs.get(q[0])
+                if run is None or run.phase is not Phase.READY:
+                    q.popleft()
+                    continue
+                if not any(w.free > 0 and w.serves(route) for w in self.workers.values()):
+                    starved.append(route)
+                    break
+                q.popleft()
+                job = self.jobs.get(run.job_id) or self._job(run.job_id)
+                worker = self._server_for(run, route)
+                if worker is None or (job is not None and job.running >= job.limit):
+                    kept.append(run.run_id)
+                    continue
+                self._hand_out(run, worker, now_ms, fx)
+            if kept:
+                q.extendleft(reversed(kept))
+            if not q:
+                del self._ready[route]
+        return starved
+
+    def _requeue_job(self, job: _Job, now_ms: int) -> None:
+        """Queue the job for its next piece of work: a run claimed ahead (a
+        trigger first in line, a backfill as overdue work), else a due fire."""
+        if job.ready:
+            overdue = job.ready[0].overdue
+            self._enqueue(job, now_ms, overdue=overdue, front=not overdue)
+        elif job.due and not job.paused:
+            self._enqueue(
+                job, now_ms, overdue=now_ms - job.due[0][0] > self.config.overdue_after_ms
+            )
+
+    def _hand_out(self, run: _Run, worker: _Worker, now_ms: int, fx: Effects) -> None:
+        job = self.jobs.get(run.job_id) or self._job(run.job_id)
+        if job is None:  # pragma: no cover - a run keeps its job alive
+            return
+        _move(run, Phase.DISPATCHED)
+        run.held_out = True
+        job.running += 1
+        if run.timeout_deadline == 0:
+            run.timeout_deadline = now_ms + job.spec.timeout_ms
+        run.worker_id = worker.worker_id
+        worker.held.add(run.run_id)
+        deadline = run.lease_deadline = now_ms + self.config.grace_lease_ms
+        grace = self._grace
+        last = grace[-1][0] if grace else None
+        # Own timers when it has them already, when its timeout comes first,
+        # or when an earlier now than the last hand-out would unsort the FIFO.
+        if run.armed or run.timeout_deadline <= deadline or (last is not None and last > deadline):
+            self._arm_run(run)
+        else:
+            if last == deadline:
+                grace[-1][1].append(run.run_id)
+            else:
+                grace.append((deadline, [run.run_id]))
+            self._graced += 1
+        spec = job.spec
+        fx.assignments.setdefault(worker.worker_id, []).append(
+            Assignment(
+                run_id=run.run_id,
+                job_id=run.job_id,
+                handler=spec.handler,
+                tenant=spec.tenant,
+                scheduled_for=run.scheduled_for,
+                attempt=run.attempt,
+                fence=run.fence,
+                payload=spec.payload,
+                lease_ms=self.config.grace_lease_ms,
+                timeout_ms=max(0, run.timeout_deadline - now_ms),
+            )
+        )
+        if run.attempt == 0:  # a retry's wait is its backoff, not dispatch lag
+            fx.lags.append(now_ms - run.scheduled_for)
+        self.stats.dispatched += 1
+
+    def backlog(self) -> tuple[int, int]:
+        fresh = sum(len(q) for q in self._fresh.values())
+        overdue = sum(len(q) for q in self._overdue.values())
+        return fresh + sum(len(q) for q in self._ready.values()), overdue

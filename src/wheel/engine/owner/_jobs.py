@@ -1,0 +1,449 @@
+"""Jobs and their fires: schedules armed in the wheel, fires that come due
+and what the overlap and catch-up policies make of them, and every fire not
+run recorded missed with its reason."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+from wheel.engine.model import JobState, MissedReason, RunState
+from wheel.engine.owner._state import (
+    _Job,
+    _limit,
+    _moves,
+    _OwnerState,
+    _Pending,
+    _retry,
+)
+from wheel.engine.owner._values import (
+    FIRE,
+    Effects,
+    Phase,
+    RevokeReason,
+)
+from wheel.engine.policy import CatchUpStream
+from wheel.engine.records import (
+    FireClaim,
+    JobRecord,
+    MissedFire,
+    ScheduleAdvance,
+)
+from wheel.engine.spec import OverlapPolicy
+
+log = logging.getLogger("wheel.owner")
+
+
+class _Jobs(_OwnerState):
+    __slots__ = ()
+
+    def upsert_job(self, record: JobRecord, now_ms: int, fx: Effects) -> None:
+        """A job as the store has it now (submitted, changed, or reloaded). Store wins."""
+        job = self._job(record.job_id)
+        if record.state in (JobState.CANCELLED, JobState.COMPLETED):
+            if job is not None:
+                self._drop_job(
+                    job, cancelled=record.state is JobState.CANCELLED, now_ms=now_ms, fx=fx
+                )
+            return
+        if job is None:
+            if not self.owns(record.job_id):
+                return  # of a shard this owner does not hold (any more)
+            job = _Job(
+                record.job_id,
+                record.spec,
+                self._compile(record.job_id, record.spec),
+                record.spec.to_json().encode(),
+            )
+            self._keep_job(job)
+            self.new_specs.add(record.job_id)
+        elif job.spec != record.spec:
+            job.spec = record.spec
+            job.limit = _limit(record.spec)
+            job.route = (record.spec.pool, record.spec.handler)
+            job.spec_json = record.spec.to_json().encode()
+            job.compiled = self._compile(record.job_id, record.spec)
+            self.new_specs.add(record.job_id)
+        self.dirty.add(record.job_id)
+        if record.state is JobState.PAUSED:
+            if not job.paused:
+                job.paused = True
+                self._clear_pending_fires(job, MissedReason.PAUSED, now_ms, fx)
+            job.store_next = record.next_run_at
+            return
+        job.paused = False
+        if record.next_run_at != job.store_next or (
+            job.next_fire is None and not job.due and record.next_run_at is not None
+        ):
+            # The store moved the schedule (a resume, another node, a reload):
+            # forget fires derived from the old value and re-arm from the store.
+            # Buffered ones too: those before the store's value are not ours
+            # any more, the others come due again from it. Kept, a buffered
+            # fire behind the new value was claimed with the new value as its
+            # CAS and moved the schedule nowhere, or backwards.
+            job.due = deque(d for d in job.due if not _moves(d))
+            job.buffered.clear()
+            # Skipped fires the store moved past are recorded; the others come
+            # due again from the store's value and are decided again.
+            self._flush_skipped(job, record.next_run_at, now_ms, fx)
+            job.skipped.clear()
+            job.store_next = record.next_run_at
+            # A first fire or a resume from now: gap wall times between now
+            # and that fire are passed over already.
+            self._record_gap_skips(job, now_ms, record.next_run_at, now_ms, fx)
+            self._arm(job, record.next_run_at)
+        if (
+            job.compiled.completion_driven
+            and record.next_run_at is None
+            and job.next_fire is None
+            and job.inflight <= 0
+            and not job.due
+        ):
+            # fixed_delay with nothing running and nothing armed (resumed past
+            # its start, where ``next_fire`` has no answer): count the delay
+            # from now, or the job would never fire again.
+            self._arm(job, job.compiled.next_after_completion(now_ms))
+        if job.due:
+            self._enqueue(job, now_ms, overdue=False)
+
+    def _arm(self, job: _Job, fire: int | None) -> None:
+        job.next_fire = fire
+        tid = (job.job_id << 2) | FIRE
+        if fire is None:
+            self.wheel.cancel(tid)
+        else:
+            self.wheel.add(tid, job.compiled.jittered(fire))
+
+    def cancel_job(self, job_id: int, fx: Effects, now_ms: int | None = None) -> None:
+        job = self._job(job_id)
+        if job is not None:
+            now = self.wheel.now if now_ms is None else now_ms
+            self._drop_job(job, cancelled=True, now_ms=now, fx=fx)
+
+    def _drop_job(self, job: _Job, *, cancelled: bool, now_ms: int, fx: Effects) -> None:
+        if cancelled:
+            # Fires queued, buffered or already past due that no run will
+            # serve: recorded, never dropped silently (invariant 1).
+            self._clear_pending_fires(job, MissedReason.CANCELLED, now_ms, fx)
+        self.wheel.cancel((job.job_id << 2) | FIRE)
+        job.next_fire = None
+        self._flush_skipped(job, None, now_ms, fx)
+        job.buffered.clear()
+        if cancelled:
+            # Retries of fires that ran end with the job: their last attempt
+            # is in the store.
+            job.due.clear()
+            job.paused = job.cancelled = True
+        else:
+            # Completed (a one-shot is, once its fire is claimed): the schedule
+            # is over, but that fire's retries and re-dispatches must still run.
+            job.due = deque(d for d in job.due if not _moves(d))
+        if cancelled:
+            for run in list(self.runs.values()):
+                if run.job_id == job.job_id and run.phase in (
+                    Phase.READY,
+                    Phase.DISPATCHED,
+                    Phase.RUNNING,
+                ):
+                    self._end_run(run, RunState.CANCELLED, "job cancelled", fx, now_ms)
+                    if run.worker_id is not None:
+                        self._revoke(run, RevokeReason.CANCELLED, fx)
+        if job.inflight <= 0 and not job.due:
+            self._forget_job(job)
+
+    def _clear_pending_fires(
+        self, job: _Job, reason: MissedReason, now_ms: int, fx: Effects
+    ) -> None:
+        """Drop armed/due/buffered fires, each recorded as missed with ``reason``."""
+        self.wheel.cancel((job.job_id << 2) | FIRE)
+        fires = [f for f, attempt, _ in job.due if attempt == 0] + list(job.buffered)
+        # The armed fire may already be past its nominal time (its jitter, or
+        # the loop not having woken yet): ``record_paused_fires`` on resume only
+        # covers fires after the pause, so it is recorded here.
+        armed = first_armed = job.next_fire
+        while armed is not None and armed <= now_ms and len(fires) < self.config.max_missed_listed:
+            fires.append(armed)
+            armed = job.compiled.next_fire(armed)
+        if first_armed is not None and first_armed <= now_ms:
+            self._record_gap_skips(job, first_armed, now_ms + 1, now_ms, fx)
+        # Retries of fires already run keep their place; new fires are dropped.
+        job.due = deque(d for d in job.due if _retry(d))
+        job.buffered.clear()
+        job.next_fire = None
+        self._miss(job, [(f, reason) for f in fires], now_ms, fx)
+        self._flush_skipped(job, None, now_ms, fx)
+
+    def record_paused_fires(
+        self, job_id: int, paused_from_ms: int, resumed_at_ms: int, fx: Effects
+    ) -> None:
+        """Fires that came due while a job was paused become missed records."""
+        job = self._job(job_id)
+        if job is None:
+            return
+        fires = job.compiled.fires_between(
+            paused_from_ms, resumed_at_ms, self.config.max_missed_listed
+        )
+        self._miss(job, [(f, MissedReason.PAUSED) for f in fires], resumed_at_ms, fx)
+        self._record_gap_skips(job, paused_from_ms, resumed_at_ms + 1, resumed_at_ms, fx)
+
+    def _miss(
+        self, job: _Job, missed: Iterable[tuple[int, MissedReason]], now_ms: int, fx: Effects
+    ) -> None:
+        """Record fires not run, each with its reason: never dropped silently."""
+        n = len(fx.missed)
+        fx.missed.extend(
+            MissedFire(job_id=job.job_id, scheduled_for=f, reason=reason, recorded_at_ms=now_ms)
+            for f, reason in missed
+        )
+        self.stats.missed += len(fx.missed) - n
+
+    def claim_now(
+        self,
+        job_id: int,
+        fires: Sequence[int],
+        now_ms: int,
+        fx: Effects,
+        *,
+        overdue: bool = False,
+    ) -> None:
+        """Claim out-of-band fires (a trigger, a backfill) at once, whatever the
+        workers' credit, so that they are in the store before the API answers:
+        acknowledged, they survive a crash (a restart restores the runs). Won
+        runs wait on their job (READY) and are handed out like its fires:
+        first in line, or with ``overdue`` as catch-up work inside the overdue
+        budget, fair across tenants; never more at once than the job's
+        overlap limit allows. The schedule is left alone (advance=False)."""
+        job = self._job_or_raise(job_id)
+        for fire in fires:
+            job.inflight += 1
+            fence = self._next_fence(job.shard)
+            fx.claims.append(
+                FireClaim(
+                    job_id=job_id,
+                    scheduled_for=fire,
+                    attempt=0,
+                    fence=fence,
+                    dispatched_at_ms=now_ms,
+                    advance=False,
+                )
+            )
+            self._pending[(job_id, fire, 0)] = _Pending(
+                job_id, fire, 0, fence, None, ahead=True, overdue=overdue
+            )
+
+    def trigger(self, job_id: int, now_ms: int, fx: Effects) -> int:
+        """An out-of-band fire at ``now_ms``, claimed at once (``claim_now``);
+        returns its scheduled_for."""
+        self.claim_now(job_id, (now_ms,), now_ms, fx)
+        return now_ms
+
+    def backfill(
+        self, job_id: int, fires: Sequence[int], now_ms: int, fx: Effects | None = None
+    ) -> None:
+        """Past fires to run as catch-up work, claimed at once (``claim_now``)
+        and handed out inside the overdue budget, fair across tenants.
+        Without ``fx`` the claims go out with the next ``advance`` (not yet
+        durable when this returns)."""
+        if fx is None:
+            fx = self._later
+        self.claim_now(job_id, fires, now_ms, fx, overdue=True)
+
+    def _on_fire(self, job: _Job, now_ms: int, fx: Effects) -> None:
+        fire = job.next_fire
+        assert fire is not None
+        compiled = job.compiled
+        if compiled.completion_driven and job.inflight > 0:
+            # fixed_delay: the next fire is computed when the run completes.
+            job.next_fire = None
+            return
+        nxt = None if compiled.completion_driven else compiled.next_fire(fire)
+        # Late relative to when the fire was due: its jittered time, not its
+        # nominal one (a jitter is a delay the job asked for, not lateness).
+        overdue = now_ms - compiled.jittered(fire) > self.config.overdue_after_ms
+        if overdue:
+            # The owner was down or behind: one or more fires are late. The
+            # job's catch-up policy decides which run; the rest become missed.
+            # However long the backlog, it is planned as ONE catch-up (in
+            # chunks of fires listed at a time): run_latest_only runs one fire,
+            # not one per chunk. The last fire is held back until it is known
+            # to be late: one whose nominal time passed but whose jittered
+            # time has not stays armed, or it would run early.
+            stream = CatchUpStream(job.spec.catch_up, now_ms)
+            chunk = self.config.max_missed_listed
+            held, count = fire, 1
+            if nxt is not None and nxt <= now_ms:
+                while True:
+                    more = compiled.fires_between(held, now_ms, chunk)
+                    if not more:
+                        break
+                    self._miss(job, stream.feed([held, *more[:-1]]).missed, now_ms, fx)
+                    held, count = more[-1], count + len(more)
+                    if len(more) < chunk:
+                        break
+                if count > 1 and compiled.jittered(held) > now_ms:
+                    nxt = held
+                else:
+                    self._miss(job, stream.feed([held]).missed, now_ms, fx)
+                    nxt = compiled.next_fire(held)
+            else:
+                self._miss(job, stream.feed([held]).missed, now_ms, fx)
+            plan = stream.finish()
+            if plan.alert:
+                fx.alerts.append(f"job {job.job_id}: {plan.alert}")
+            if compiled.completion_driven and not plan.run:
+                # fixed_delay whose fire was not run: no completion will arm
+                # the next one, so count from now or the schedule stops.
+                nxt = compiled.next_after_completion(now_ms)
+            self._record_gap_skips(job, fire, nxt, now_ms, fx)
+            self._arm(job, nxt)
+            # Planned catch-up runs one after another: the overlap gate
+            # applies to the batch as a whole, not between its fires.
+            if plan.run:
+                self._admit(job, plan.run[0], now_ms, overdue=True, fx=fx)
+                if job.buffered and job.buffered[-1] == plan.run[0]:
+                    # The batch waits behind the running run as a whole, in
+                    # fire order: queued ahead of its first fire, the rest
+                    # would be claimed first and the first one's claim would
+                    # move the schedule backwards (invariant 3).
+                    job.buffered.extend(plan.run[1:])
+                else:
+                    job.due.extend((f, 0, True) for f in plan.run[1:])
+        else:
+            self._record_gap_skips(job, fire, nxt, now_ms, fx)
+            self._arm(job, nxt)
+            self._admit(job, fire, now_ms, overdue=False, fx=fx)
+        self._sync_schedule(job, now_ms, fx)
+
+    def _record_gap_skips(
+        self,
+        job: _Job,
+        after: int,
+        until: int | None,
+        now_ms: int,
+        fx: Effects,
+    ) -> None:
+        """Record the wall times a ``DstGap.SKIP`` cron policy passed over in
+        ``(after, until)`` as missed (dst_gap), once the schedule moves past
+        them. Several skipped wall times of one gap share its transition
+        instant: one record per instant, and none where a real fire is due at
+        that instant too (a fire is never both run and missed). Recorded
+        again after a restart from an older next_run_at, it is deduplicated
+        by the store like every missed record."""
+        if until is None or until <= after + 1:
+            return
+        skips = job.compiled.skipped_between(after, until - 1, self.config.max_missed_listed)
+        if skips:
+            compiled = job.compiled
+            instants = sorted(
+                {s.at_ms for s in skips if compiled.next_fire(s.at_ms - 1) != s.at_ms}
+            )
+            self._miss(job, [(at, MissedReason.DST_GAP) for at in instants], now_ms, fx)
+
+    def _admit(self, job: _Job, fire: int, now_ms: int, *, overdue: bool, fx: Effects) -> None:
+        """Apply the overlap policy to a fire that came due."""
+        overlap = job.spec.overlap
+        if job.inflight + len(job.due) < job.limit:
+            job.due.append((fire, 0, True))
+            self._enqueue(job, now_ms, overdue=overdue)
+            return
+        room = {OverlapPolicy.BUFFER_ONE: 1, OverlapPolicy.BUFFER_ALL: overlap.max_buffered}
+        if len(job.buffered) < room.get(overlap.policy, 0):
+            job.buffered.append(fire)
+            return
+        # Recorded missed once next_run_at moves past it (``_sync_schedule``
+        # right after, or the claim of the fire that holds it back).
+        job.skipped.append(fire)
+
+    def _sync_schedule(self, job: _Job, now_ms: int, fx: Effects) -> None:
+        """Move the store's next_run_at past fires that will never be claimed
+        (missed, skipped by overlap) when no claim of ours will move it."""
+        due = job.due
+        if job.buffered:
+            return
+        if due:
+            _, _, moves = due[0]
+            if moves or any(moves for _, _, moves in due):
+                return
+            return
+        if job.advancing:
+            # The node writes a pass's advances before its claims: an advance
+            # chained after a claim still on its way would find the store's
+            # next_run_at not moved yet, fail, and leave the owner believing
+            # it had moved. It is sent once the claim is answered.
+            return
+        target = job.next_fire
+        if target is None and job.compiled.completion_driven and job.inflight > 0:
+            return  # fixed_delay: the run's completion sets the next fire
+        if job.store_next != target and job.store_next is not None:
+            if target is None and not job.compiled.completion_driven:
+                # A one-shot whose only fire was skipped: a claim-less advance
+                # must not complete the job; leave it for the catch-up record.
+                return
+            fx.advances.append(
+                ScheduleAdvance(
+                    job_id=job.job_id,
+                    expected_next_run_at=job.store_next,
+                    new_next_run_at=target,
+                )
+            )
+            job.store_next = target
+            self.dirty.add(job.job_id)
+        self._flush_skipped(job, job.store_next, now_ms, fx)
+
+    def _flush_skipped(self, job: _Job, upto: int | None, now_ms: int, fx: Effects) -> None:
+        """Record overlap-skipped fires before ``upto`` (all of them if None) as
+        missed, in the same store pass as the write that moves next_run_at to
+        ``upto`` (missed records are written first).
+
+        Recorded while an older buffered or queued fire still held next_run_at
+        back, a restart from the store would arm that older fire, catch up
+        through the skipped one and run it: a fire both run and missed.
+        """
+        if not job.skipped:
+            return
+        if upto is None:
+            gone, job.skipped = job.skipped, []
+        else:
+            gone = [f for f in job.skipped if f < upto]
+            if not gone:
+                return
+            job.skipped = [f for f in job.skipped if f >= upto]
+        self._miss(job, [(f, MissedReason.OVERLAP) for f in gone], now_ms, fx)
+
+    def _run_finished(self, job: _Job, now_ms: int, fx: Effects) -> None:
+        job.inflight -= 1
+        if job.compiled.completion_driven and not job.paused and job.next_fire is None:
+            nxt = job.compiled.next_after_completion(now_ms)
+            if job.inflight == 0 and nxt is not None:
+                self._arm(job, nxt)
+                self._sync_schedule(job, now_ms, fx)
+        if job.buffered and not job.paused and job.inflight + len(job.due) < job.limit:
+            job.due.append((job.buffered.popleft(), 0, True))
+        self._requeue_job(job, now_ms)
+        if (
+            job.inflight <= 0
+            and job.next_fire is None
+            and not job.due
+            and (job.paused or not job.compiled.completion_driven)
+        ):
+            # ``_forget_job``, inline: once per one-shot, on the dispatch path.
+            job_id = job.job_id
+            self.wheel.cancel((job_id << 2) | FIRE)
+            del self.jobs[job_id]
+            held = self._shards.get(job.shard)
+            if held is not None:
+                held.jobs.discard(job_id)
+            self.dirty.add(job_id)
+
+    def next_fires(self, job_id: int, count: int) -> list[int]:
+        job = self._job(job_id)
+        if job is None or job.next_fire is None:
+            return []
+        out = [job.next_fire]
+        while len(out) < count:
+            nxt = job.compiled.next_fire(out[-1])
+            if nxt is None:
+                break
+            out.append(nxt)
+        return out

@@ -1,0 +1,284 @@
+"""Run endings: terminal states sent to the store and what follows their
+answer (retries with backoff, re-dispatch of lost leases through the rate
+limited reaper), hand-backs, leases and timeouts."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from wheel.engine.model import RunState
+from wheel.engine.owner._state import (
+    Redo,
+    _Job,
+    _move,
+    _OwnerState,
+    _Run,
+)
+from wheel.engine.owner._values import (
+    LEASE,
+    RETRY,
+    TIMEOUT,
+    CompletionResult,
+    Effects,
+    Phase,
+    Revoke,
+    RevokeReason,
+)
+from wheel.engine.policy import retry_delay_ms, should_retry
+from wheel.engine.records import (
+    Completion,
+    CompletionOutcome,
+)
+from wheel.engine.spec import SideEffect
+
+log = logging.getLogger("wheel.owner")
+
+
+class _Runs(_OwnerState):
+    __slots__ = ()
+
+    def _end_run(
+        self,
+        run: _Run,
+        state: RunState,
+        error: str | None,
+        fx: Effects,
+        now_ms: int,
+        *,
+        reply_to: str | None = None,
+    ) -> None:
+        """Send a terminal state to the store; follow-ups wait for its answer."""
+        _move(run, Phase.ENDING)
+        if run.worker_id is not None:
+            w = self.workers.get(run.worker_id)
+            if w is not None:
+                w.held.discard(run.run_id)
+        if run.armed:
+            self.wheel.cancel((run.run_id << 2) | LEASE)
+            self.wheel.cancel((run.run_id << 2) | TIMEOUT)
+        elif run.lease_deadline:
+            self._graced -= 1  # its entry in ``_grace`` is skipped when due
+        fx.completions.append(
+            Completion(
+                run_id=run.run_id,
+                fence=run.fence,
+                state=state,
+                finished_at_ms=now_ms,
+                error=error,
+                worker_id=run.worker_id,
+            )
+        )
+        run.end_state, run.reply_to = state, reply_to
+        self._ending[run.run_id] = run
+
+    def _take_back(self, run: _Run, now_ms: int) -> None:
+        """A worker gives back a run it never started: it goes to another
+        worker of its route with the same attempt and fence (nothing ran that
+        a newer fence must shut out), and waits with no lease and no timeout
+        running until one takes it. The worker that gave it back is not
+        offered it again for a grace lease (another may take it meanwhile),
+        or until it says hello again: a worker draining goes away, and one
+        redeployed says hello with its new handlers."""
+        worker = self.workers.get(run.worker_id) if run.worker_id is not None else None
+        if worker is not None:
+            worker.held.discard(run.run_id)
+            if run.refused is None:
+                run.refused = {}
+            run.refused[worker.incarnation] = now_ms + self.config.grace_lease_ms
+        if run.armed:
+            self.wheel.cancel((run.run_id << 2) | LEASE)
+            self.wheel.cancel((run.run_id << 2) | TIMEOUT)
+            run.armed = False
+        elif run.lease_deadline:
+            self._graced -= 1  # its entry in ``_grace`` is skipped when due
+        run.worker_id = None
+        run.lease_deadline = run.timeout_deadline = 0
+        _move(run, Phase.READY)
+        job = self.jobs.get(run.job_id) or self._job(run.job_id)
+        if job is not None and run.held_out:
+            job.running -= 1
+        run.held_out = False
+        self._wait_ready(run, job)
+
+    def on_completed(self, outcomes: Sequence[CompletionOutcome], now_ms: int, fx: Effects) -> None:
+        """The store's answer to a completion batch: follow-ups for applied ones."""
+        for out in outcomes:
+            run = self._ending.pop(out.run_id, None)
+            if run is None:
+                continue
+            state, reply_to = run.end_state, run.reply_to
+            del self.runs[run.run_id]
+            if reply_to is not None:
+                fx.results.setdefault(reply_to, []).append(
+                    CompletionResult(
+                        run_id=run.run_id,
+                        accepted=out.applied,
+                        reason="" if out.applied else "superseded: a newer attempt exists",
+                    )
+                )
+            job = self.jobs.get(run.job_id) or self._job(run.job_id)
+            if job is None:
+                continue
+            if run.held_out:
+                job.running -= 1
+                if job.ready:
+                    self._requeue_job(job, now_ms)  # a run claimed ahead may go now
+            if not out.applied:
+                self.stats.superseded_completions += 1
+                self._run_finished(job, now_ms, fx)
+                continue
+            if state is RunState.SUCCEEDED:
+                self.stats.completed += 1
+            elif state is RunState.DEAD_LETTERED:
+                self.stats.dead_lettered += 1
+                fx.alerts.append(f"job {job.job_id} fire {run.scheduled_for}: dead-lettered")
+            if state in (RunState.FAILED, RunState.TIMED_OUT) and should_retry(
+                job.spec.retry, failed_attempt=run.attempt
+            ):
+                self._schedule_retry(job, run, now_ms)
+                continue
+            if state is RunState.LOST:
+                self._reaper.append(Redo(job.job_id, run.scheduled_for, run.attempt + 1))
+                continue
+            self._run_finished(job, now_ms, fx)
+
+    def _schedule_retry(self, job: _Job, run: _Run, now_ms: int) -> None:
+        delay = retry_delay_ms(
+            job.spec.retry,
+            failed_attempt=run.attempt,
+            job_id=job.job_id,
+            scheduled_for=run.scheduled_for,
+        )
+        self._retry_seq += 1
+        self._retries[self._retry_seq] = Redo(job.job_id, run.scheduled_for, run.attempt + 1)
+        self.wheel.add((self._retry_seq << 2) | RETRY, now_ms + delay)
+
+    def _on_retry(self, seq: int, now_ms: int) -> None:
+        redo = self._retries.pop(seq, None)
+        if redo is not None:
+            self._requeue(redo, now_ms)
+
+    def _requeue(self, redo: Redo, now_ms: int) -> None:
+        """A retry or a re-dispatch of a fire that already ran: first in line."""
+        job = self._job(redo.job_id)
+        if job is None:
+            return
+        job.inflight -= 1
+        job.due.appendleft((redo.fire, redo.attempt, False))
+        self._enqueue(job, now_ms, overdue=False)
+
+    def _arm_run(self, run: _Run) -> None:
+        """Give the run its own wheel timers: TIMEOUT, and LEASE once handed out."""
+        run.armed = True
+        if run.lease_deadline:
+            self.wheel.add((run.run_id << 2) | LEASE, run.lease_deadline)
+        self.wheel.add((run.run_id << 2) | TIMEOUT, run.timeout_deadline)
+
+    def _grace_expired(self, run_ids: list[int]) -> None:
+        """Grace leases handed out together are due: runs that ended are
+        gone; the rest get their own timers, which fire at once if due."""
+        runs = self.runs
+        for run_id in run_ids:
+            run = runs.get(run_id)
+            if run is None or run.armed or run.phase not in (Phase.DISPATCHED, Phase.RUNNING):
+                continue
+            self._graced -= 1
+            self._arm_run(run)
+
+    def _on_lease_timer(self, run_id: int, now_ms: int, fx: Effects) -> None:
+        run = self.runs.get(run_id)
+        if run is None or run.phase not in (Phase.DISPATCHED, Phase.RUNNING):
+            return
+        if run.lease_deadline > now_ms:
+            # Renewed since the timer was set: renewals only move the deadline.
+            self.wheel.add((run_id << 2) | LEASE, run.lease_deadline)
+            return
+        self.stats.lost_leases += 1
+        if run.worker_id is not None:
+            holder = self.workers.get(run.worker_id)
+            if holder is not None:
+                # Its stream is up but it did not renew: do not hand the
+                # re-dispatch (or anything else) straight back to it.
+                holder.silent = True
+            self._revoke(run, RevokeReason.LEASE_EXPIRED, fx)
+        self._lose(run, "lease expired", now_ms, fx)
+
+    def _lose(
+        self, run: _Run, why: str, now_ms: int, fx: Effects, *, reply_to: str | None = None
+    ) -> None:
+        """A run that may have had its effect ended without an outcome (its
+        lease lapsed, its worker gave up on it): an at_most_once run becomes
+        unknown; another is re-dispatched as a new attempt while attempts
+        remain, else dead-lettered."""
+        job = self._job(run.job_id)
+        if job is not None and job.spec.side_effect is SideEffect.AT_MOST_ONCE:
+            fx.alerts.append(
+                f"job {run.job_id} fire {run.scheduled_for}: at_most_once run {why}; "
+                "outcome unknown, not re-dispatched"
+            )
+            self._end_run(run, RunState.UNKNOWN, why, fx, now_ms, reply_to=reply_to)
+        elif job is not None and should_retry(job.spec.retry, failed_attempt=run.attempt):
+            self._end_run(run, RunState.LOST, why, fx, now_ms, reply_to=reply_to)
+        else:
+            self._end_run(
+                run,
+                RunState.DEAD_LETTERED,
+                f"{why} on the last attempt",
+                fx,
+                now_ms,
+                reply_to=reply_to,
+            )
+
+    def _on_timeout(self, run_id: int, now_ms: int, fx: Effects) -> None:
+        run = self.runs.get(run_id)
+        if run is None or run.phase not in (Phase.DISPATCHED, Phase.RUNNING, Phase.READY):
+            return
+        self.stats.timed_out += 1
+        if run.worker_id is not None:
+            self._revoke(run, RevokeReason.TIMED_OUT, fx)
+        job = self._job(run.job_id)
+        # An at_most_once run that was handed out may have had its effect: a
+        # timeout is no proof it did not, so it is never re-dispatched.
+        last = (
+            job is None
+            or job.spec.side_effect is SideEffect.AT_MOST_ONCE
+            or not should_retry(job.spec.retry, failed_attempt=run.attempt)
+        )
+        self._end_run(
+            run,
+            RunState.DEAD_LETTERED if last else RunState.TIMED_OUT,
+            "timed out",
+            fx,
+            now_ms,
+        )
+
+    def _revoke(self, run: _Run, reason: RevokeReason, fx: Effects) -> None:
+        if run.worker_id is not None and run.worker_id in self.workers:
+            fx.revokes.setdefault(run.worker_id, []).append(
+                Revoke(run_id=run.run_id, fence=run.fence, reason=reason)
+            )
+
+    def _run_reaper(self, now_ms: int, fx: Effects) -> None:
+        """Re-dispatch fires whose lease expired, rate limited, and not at all
+        while the fleet is nearly saturated (seed R6: a spiral is worse)."""
+        if not self._reaper:
+            return
+        if self._fleet_busy():
+            if not self._reaper_paused:
+                capacity = sum(w.capacity for w in self.workers.values())
+                busy = sum(len(w.held) for w in self.workers.values())
+                self._reaper_paused = True
+                fx.alerts.append(
+                    f"reaper paused: fleet {busy}/{capacity} busy; "
+                    f"{len(self._reaper)} expired leases wait for capacity"
+                )
+            return
+        self._reaper_paused = False
+        n = self._reaper_bucket.take(len(self._reaper), now_ms)
+        for _ in range(n):
+            self._requeue(self._reaper.popleft(), now_ms)
+
+    @property
+    def reaper_paused(self) -> bool:
+        return self._reaper_paused

@@ -1,0 +1,216 @@
+"""Shards gained and lost, each as one operation: a shard's jobs and runs
+taken on (from a checkpoint or the store) with the epoch its fences carry,
+or handed over whole."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Collection, Mapping, Sequence
+
+from wheel.engine.model import SHARD_COUNT, JobState, RunState, shard_of
+from wheel.engine.owner._state import Redo, _Job, _OwnerState, _Run, _Shard
+from wheel.engine.owner._values import (
+    COUNTER_BITS,
+    COUNTER_MASK,
+    FIRE,
+    LEASE,
+    RETRY,
+    TIMEOUT,
+    Effects,
+    Phase,
+    RunRef,
+    ShardContents,
+)
+from wheel.engine.policy import should_retry
+from wheel.engine.records import ExecutionRecord, JobRecord
+
+log = logging.getLogger("wheel.owner")
+
+
+class _Shards(_OwnerState):
+    __slots__ = ()
+
+    def owns(self, job_id: int) -> bool:
+        return shard_of(job_id) in self._shards
+
+    def shards(self) -> dict[int, int]:
+        """Shard -> the epoch this owner holds it under."""
+        return {s: state.epoch for s, state in self._shards.items()}
+
+    def _next_fence(self, shard: int) -> int:
+        state = self._shards[shard]
+        counter = state.counter + 1
+        if counter > COUNTER_MASK:
+            raise OverflowError(f"fence counter of shard {shard} exhausted; bump the epoch")
+        state.counter = counter
+        return (state.epoch << COUNTER_BITS) | counter
+
+    # -- gaining shards -----------------------------------------------------------
+
+    def add_shards(
+        self, epochs: Mapping[int, int], contents: ShardContents, now_ms: int, fx: Effects
+    ) -> None:
+        """Take on the shards of ``epochs`` (shard -> the epoch this owner now
+        holds it under): arm their jobs, keep the jobs that only finish their
+        runs, adopt their runs in flight with fresh leases (their workers
+        renew them; the others lapse and are dispatched again) and owe their
+        pending retries. Whatever in ``contents`` belongs to other shards is
+        left out. A shard must not be held already: to change a shard's epoch
+        the owner hands it over first."""
+        held = set(epochs) & self._shards.keys()
+        if held:
+            raise ValueError(f"shards already held: {sorted(held)[:10]}")
+        for shard, epoch in epochs.items():
+            self._shards[shard] = _Shard(shard, epoch)
+        ours = None if len(self._shards) == SHARD_COUNT else set(epochs)
+        if contents.images:
+            if contents.decode is not None:
+                self._decode_image = contents.decode
+            self.load_images(contents.images, ours)
+        for record in contents.jobs:
+            if ours is not None and shard_of(record.job_id) not in ours:
+                continue
+            try:
+                self.upsert_job(record, now_ms, fx)
+            except Exception:
+                # One bad row (an expression this version rejects) must not keep
+                # every other job of the shard from running.
+                log.exception("job %s could not be loaded; skipped", record.job_id)
+        self._adopt_finished(contents.finished, ours)
+        self._restore_inflight(contents.inflight, ours, now_ms, fx)
+        self._restore_retries(contents.retries, ours, now_ms)
+
+    def _adopt_finished(self, records: Sequence[JobRecord], ours: set[int] | None) -> None:
+        """Jobs whose schedule is over but that still have runs in flight or
+        retries owed.
+
+        A completed one-shot schedules nothing more, but its fire's runs,
+        retries and re-dispatches go on exactly as they would have without the
+        restart: the job is not paused, or a re-dispatch of its lost run would
+        wait for a resume that cannot come (a silent drop). A cancelled job
+        is kept only to end its runs as the cancel would have."""
+        for record in records:
+            job_id = record.job_id
+            if (ours is not None and shard_of(job_id) not in ours) or self.has_job(job_id):
+                continue
+            job = _Job(
+                job_id,
+                record.spec,
+                self._compile(job_id, record.spec),
+                record.spec.to_json().encode(),
+            )
+            if record.state is JobState.CANCELLED:
+                job.paused = job.cancelled = True
+            self._keep_job(job)
+            # Not in the checkpoint: its first record there must be whole.
+            self.new_specs.add(job_id)
+
+    def _restore_inflight(
+        self,
+        executions: Sequence[ExecutionRecord],
+        ours: set[int] | None,
+        now_ms: int,
+        fx: Effects,
+    ) -> None:
+        """Runs the store says are in flight. A running run gets a full lease
+        from now and one never acked the grace lease (seed R1): their workers
+        renew (adopt) them; runs nobody renews expire and are re-dispatched.
+        A run of a cancelled job is cancelled, as the cancel would have done
+        had its owner lived."""
+        for ex in executions:
+            if ex.run_id in self.runs or (ours is not None and shard_of(ex.job_id) not in ours):
+                continue
+            run = _Run(ex.run_id, ex.job_id, ex.scheduled_for, ex.attempt, ex.fence)
+            if ex.state is RunState.RUNNING:
+                run.phase = Phase.RUNNING
+                run.lease_deadline = now_ms + self.config.lease_ms
+            else:
+                run.phase = Phase.DISPATCHED
+                run.lease_deadline = now_ms + self.config.grace_lease_ms
+            run.held_out = True
+            run.armed = True
+            self.wheel.add((run.run_id << 2) | LEASE, run.lease_deadline)
+            job = self._job(ex.job_id)
+            if job is not None:
+                job.inflight += 1
+                job.running += 1
+                run.timeout_deadline = ex.dispatched_at_ms + job.spec.timeout_ms
+                self.wheel.add((run.run_id << 2) | TIMEOUT, max(now_ms, run.timeout_deadline))
+            self.runs[run.run_id] = run
+            state = self._shards[shard_of(ex.job_id)]
+            if ex.fence >> COUNTER_BITS == state.epoch:
+                state.counter = max(state.counter, ex.fence & COUNTER_MASK)
+            if job is not None and job.cancelled:
+                self._end_run(run, RunState.CANCELLED, "job cancelled", fx, now_ms)
+
+    def _restore_retries(
+        self, executions: Sequence[ExecutionRecord], ours: set[int] | None, now_ms: int
+    ) -> None:
+        """Latest attempts that ended failed, lost or timed out with no newer
+        attempt: their retry (or re-dispatch) was pending when the previous
+        owner stopped. Without this a restart would silently drop them."""
+        for ex in executions:
+            if ours is not None and shard_of(ex.job_id) not in ours:
+                continue
+            job = self._job(ex.job_id)
+            if job is None or job.cancelled:
+                continue
+            redo = Redo(job.job_id, ex.scheduled_for, ex.attempt + 1)
+            if ex.state is RunState.LOST:
+                job.inflight += 1
+                self._reaper.append(redo)
+            elif should_retry(job.spec.retry, failed_attempt=ex.attempt):
+                job.inflight += 1
+                self._retry_seq += 1
+                self._retries[self._retry_seq] = redo
+                self.wheel.add((self._retry_seq << 2) | RETRY, now_ms)
+
+    # -- losing shards ------------------------------------------------------------
+
+    def remove_shards(self, shards: Collection[int]) -> list[RunRef]:
+        """Hand the shards over: forget their jobs, timers, queued work,
+        claims on their way and runs, at once and without a store write. No
+        run is marked lost: its worker goes on, and the next owner adopts it
+        from the store. Returns the runs handed over, as (run id, fence)."""
+        gone = [self._shards.pop(s) for s in shards if s in self._shards]
+        if not gone:
+            return []
+        lost = {state.shard for state in gone}
+        handed: list[RunRef] = []
+        wheel = self.wheel
+        for state in gone:
+            for job_id in state.jobs:
+                self.jobs.pop(job_id, None)
+                self._dormant.pop(job_id, None)
+                self.dirty.discard(job_id)
+                self.new_specs.discard(job_id)
+                wheel.cancel((job_id << 2) | FIRE)
+        for run_id, run in list(self.runs.items()):
+            if shard_of(run.job_id) in lost:
+                del self.runs[run_id]
+                self._ending.pop(run_id, None)
+                if run.armed:
+                    wheel.cancel((run_id << 2) | LEASE)
+                    wheel.cancel((run_id << 2) | TIMEOUT)
+                elif run.lease_deadline and run.phase in (Phase.DISPATCHED, Phase.RUNNING):
+                    self._graced -= 1  # its entry in ``_grace`` is skipped when due
+                if run.worker_id is not None:
+                    worker = self.workers.get(run.worker_id)
+                    if worker is not None:
+                        worker.held.discard(run_id)
+                handed.append((run_id, run.fence))
+        for key, pend in list(self._pending.items()):
+            if shard_of(pend.job_id) in lost:
+                del self._pending[key]
+                worker = self.workers.get(pend.worker_id) if pend.worker_id else None
+                if worker is not None:
+                    worker.reserved -= 1
+        for seq, redo in list(self._retries.items()):
+            if shard_of(redo.job_id) in lost:
+                del self._retries[seq]  # its RETRY timer finds nothing
+        if self._reaper:
+            self._reaper = deque(r for r in self._reaper if shard_of(r.job_id) not in lost)
+        # Queued job and run ids of these shards are skipped when their turn
+        # comes: their jobs and runs are gone.
+        return handed

@@ -1,0 +1,249 @@
+"""The shard owner's values: what it is configured with, what it is fed and
+what it returns (``Effects``), and the names of its timers, phases and
+outcomes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from wheel.engine.model import idempotency_key
+from wheel.engine.records import (
+    Completion,
+    ExecutionRecord,
+    FireClaim,
+    JobRecord,
+    MissedFire,
+    RunStart,
+    ScheduleAdvance,
+)
+
+FIRE, LEASE, TIMEOUT, RETRY = 0, 1, 2, 3
+# Where a run may go: (pool, handler).
+Route = tuple[str, str]
+# A run as a worker names it: (run id, fence).
+RunRef = tuple[int, int]
+# A worker's report of a run: (run id, fence, outcome, error text).
+Report = tuple[int, int, "Outcome", str]
+COUNTER_BITS = 32
+COUNTER_MASK = (1 << COUNTER_BITS) - 1
+
+
+class Phase(IntEnum):
+    CLAIMING = 0
+    READY = 1
+    DISPATCHED = 2
+    RUNNING = 3
+    ENDING = 4
+
+
+_RUN_TRANSITIONS: frozenset[tuple[Phase, Phase]] = frozenset(
+    {
+        (Phase.CLAIMING, Phase.DISPATCHED),
+        (Phase.CLAIMING, Phase.READY),
+        (Phase.READY, Phase.DISPATCHED),
+        (Phase.DISPATCHED, Phase.RUNNING),
+        (Phase.DISPATCHED, Phase.ENDING),
+        (Phase.RUNNING, Phase.ENDING),
+        (Phase.READY, Phase.ENDING),
+        # Handed back by a worker that never started it.
+        (Phase.DISPATCHED, Phase.READY),
+        (Phase.RUNNING, Phase.READY),
+    }
+)
+
+
+class Outcome(IntEnum):
+    """What a worker reports about a run (mirrors the wire enum)."""
+
+    SUCCEEDED = 1
+    FAILED = 2
+    RETRYABLE = 3
+    # Not started: the run goes to another worker with the same attempt and
+    # fence (no attempt is used; nothing ran that a fence must shut out).
+    HANDED_BACK = 4
+    # Started, then given up (the worker is stopping): its effect is
+    # unknown, as after a lost lease.
+    ABANDONED = 5
+
+
+class RevokeReason(IntEnum):
+    SUPERSEDED = 1
+    TIMED_OUT = 2
+    CANCELLED = 3
+    LEASE_EXPIRED = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OwnerConfig:
+    grace_lease_ms: int = 5_000
+    lease_ms: int = 60_000
+    # A fire dispatched this much later than due counts as catch-up work.
+    overdue_after_ms: int = 2_000
+    # Dispatch capacity; overdue work gets ``overdue_fraction`` of it.
+    dispatch_rate_per_s: float = 100_000.0
+    overdue_fraction: float = 0.2
+    # Overdue tokens that may pile up while the loop is busy elsewhere (a slow
+    # store pass): one second of the budget, so the loop delivers its rate
+    # whatever its wake-up rhythm (``next_deadline`` wakes it for tokens too).
+    overdue_burst_s: float = 1.0
+    # Re-dispatch of expired leases, rate limited (seed C6/R6); one second of
+    # burst, as for overdue work.
+    reaper_rate_per_s: float = 500.0
+    reaper_burst: int = 500
+    # Above this fleet utilisation the reaper stops and alerts (seed R6).
+    busy_threshold: float = 0.85
+    max_claim_batch: int = 10_000
+    # Upper bound on missed records listed for one catch-up or pause.
+    max_missed_listed: int = 100_000
+    # Work that waits this long for a worker of its route raises an alert
+    # ("no worker for handler H"); workers reconnecting after a restart of
+    # the node or a redeploy of the fleet stay below it.
+    unserved_alert_ms: int = 10_000
+
+    @property
+    def heartbeat_interval_ms(self) -> int:
+        return self.lease_ms // 3
+
+
+# Not frozen: one is built per dispatch (see wheel.engine.records.FireClaim).
+@dataclass(slots=True, kw_only=True)
+class Assignment:
+    run_id: int
+    job_id: int
+    handler: str
+    tenant: str
+    scheduled_for: int
+    attempt: int
+    fence: int
+    payload: bytes
+    lease_ms: int
+    timeout_ms: int
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key(self.job_id, self.scheduled_for)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Revoke:
+    run_id: int
+    fence: int
+    reason: RevokeReason
+
+
+@dataclass(slots=True, kw_only=True)
+class CompletionResult:
+    run_id: int
+    accepted: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProtocolViolation:
+    code: str  # gRPC status code name
+    message: str
+    run_id: int = 0
+
+
+@dataclass(slots=True)
+class Effects:
+    """What the node must do, in this order: store writes, then messages."""
+
+    completions: list[Completion] = field(default_factory=list)
+    missed: list[MissedFire] = field(default_factory=list)
+    advances: list[ScheduleAdvance] = field(default_factory=list)
+    claims: list[FireClaim] = field(default_factory=list)
+    starts: list[RunStart] = field(default_factory=list)
+    assignments: dict[str, list[Assignment]] = field(default_factory=dict)
+    revokes: dict[str, list[Revoke]] = field(default_factory=dict)
+    results: dict[str, list[CompletionResult]] = field(default_factory=dict)
+    rejected_renewals: dict[str, list[RunRef]] = field(default_factory=dict)
+    violations: dict[str, list[ProtocolViolation]] = field(default_factory=dict)
+    # Jobs whose store row disagrees with the owner: the node re-reads them.
+    resync: set[int] = field(default_factory=set)
+    alerts: list[str] = field(default_factory=list)
+    # Dispatch lag samples (ms) of runs handed out.
+    lags: list[int] = field(default_factory=list)
+
+    def store_work(self) -> bool:
+        return bool(self.completions or self.missed or self.advances or self.claims or self.starts)
+
+    def take_store_work(self) -> Effects:
+        """Move the store writes into a new Effects, leaving messages here."""
+        out = Effects(
+            completions=self.completions,
+            missed=self.missed,
+            advances=self.advances,
+            claims=self.claims,
+            starts=self.starts,
+        )
+        self.completions, self.missed, self.advances, self.claims, self.starts = [], [], [], [], []
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerView:
+    """A connected worker as status reports it."""
+
+    worker_id: str
+    capacity: int
+    held: int
+    pools: tuple[str, ...]
+    handlers: tuple[str, ...]
+    draining: bool
+    silent: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unserved:
+    """Work that waits because no connected worker serves its route."""
+
+    pool: str
+    handler: str
+    waiting: int
+    since_ms: int
+
+
+@dataclass(slots=True)
+class OwnerStats:
+    dispatched: int = 0
+    completed: int = 0
+    missed: int = 0
+    dead_lettered: int = 0
+    lost_leases: int = 0
+    timed_out: int = 0
+    superseded_completions: int = 0
+
+
+@dataclass(slots=True)
+class JobImage:
+    """A job as the checkpoint keeps it: its spec as stored, whether it is
+    paused, the earliest fire not yet claimed and when that fire is due."""
+
+    spec_json: bytes
+    paused: bool
+    store_next: int | None
+    due_at: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardContents:
+    """What an owner takes on with shards it gains (``Owner.add_shards``),
+    from its checkpoint or the store; the store wins where they differ.
+
+    ``images`` are jobs as the checkpoint keeps them (or store rows made into
+    images): job id -> (when its FIRE timer is due, its image encoded), armed
+    at once and decoded by ``decode`` only when the job is first touched.
+    ``jobs`` are records applied on top (parsed now). ``finished`` are jobs
+    whose schedule is over (completed, cancelled) but that still have runs in
+    ``inflight`` or retries owed in ``retries`` (latest attempts that ended
+    failed, lost or timed out with no newer attempt)."""
+
+    images: Mapping[int, tuple[int | None, object]] = field(default_factory=dict)
+    decode: Callable[[object], JobImage] | None = None
+    jobs: Sequence[JobRecord] = ()
+    finished: Sequence[JobRecord] = ()
+    inflight: Sequence[ExecutionRecord] = ()
+    retries: Sequence[ExecutionRecord] = ()

@@ -1,0 +1,237 @@
+"""The workers' side of the lease streams: hello, credit, drain, acks,
+heartbeats and completions, each checked against the run it names."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from wheel.engine.model import RunState
+from wheel.engine.owner._state import (
+    _fence_mismatch,
+    _move,
+    _OwnerState,
+    _Run,
+    _Worker,
+)
+from wheel.engine.owner._values import (
+    CompletionResult,
+    Effects,
+    Outcome,
+    Phase,
+    ProtocolViolation,
+    WorkerView,
+)
+from wheel.engine.policy import should_retry
+from wheel.engine.records import (
+    RunStart,
+)
+
+log = logging.getLogger("wheel.owner")
+
+
+class _Workers(_OwnerState):
+    __slots__ = ()
+
+    def worker_hello(
+        self,
+        worker_id: str,
+        capacity: int,
+        pools: Sequence[str],
+        now_ms: int,
+        fx: Effects,
+        *,
+        handlers: Sequence[str] = (),
+    ) -> None:
+        """A worker's stream opened: it serves ``pools`` and runs ``handlers``
+        (none named: any). A hello again (a reconnect) keeps the runs it holds
+        and forgets the runs it handed back."""
+        old = self.workers.get(worker_id)
+        self._incarnations += 1
+        w = _Worker(
+            worker_id,
+            capacity,
+            frozenset(pools or ("default",)),
+            frozenset(handlers),
+            self._incarnations,
+        )
+        if old is not None:
+            w.held = old.held
+            w.reserved = old.reserved
+        self.workers[worker_id] = w
+        self._dispatch(now_ms, fx)
+
+    def worker_capacity(self, worker_id: str) -> int | None:
+        w = self.workers.get(worker_id)
+        return None if w is None else w.capacity
+
+    def worker_drain(self, worker_id: str) -> None:
+        w = self.workers.get(worker_id)
+        if w is not None:
+            w.draining = True
+
+    def _heard_from(self, worker_id: str) -> None:
+        w = self.workers.get(worker_id)
+        if w is not None:
+            w.silent = False
+
+    def worker_credit(self, worker_id: str, add: int, now_ms: int, fx: Effects) -> None:
+        w = self.workers.get(worker_id)
+        if w is not None:
+            w.silent = False
+            w.capacity = max(0, w.capacity + add)
+            self._dispatch(now_ms, fx)
+
+    def worker_disconnect(self, worker_id: str) -> None:
+        """The stream is gone. Its runs keep their leases: the worker may come
+        back and renew them; otherwise they expire and are re-dispatched."""
+        w = self.workers.pop(worker_id, None)
+        if w is None:
+            return
+        for pend in self._pending.values():
+            if pend.worker_id == worker_id:
+                pend.worker_id = None
+
+    def worker_views(self) -> list[WorkerView]:
+        return [
+            WorkerView(
+                worker_id=w.worker_id,
+                capacity=w.capacity,
+                held=len(w.held),
+                pools=tuple(sorted(w.pools)),
+                handlers=tuple(sorted(w.handlers)),
+                draining=w.draining,
+                silent=w.silent,
+            )
+            for w in sorted(self.workers.values(), key=lambda w: w.worker_id)
+        ]
+
+    def _held_run(
+        self, worker_id: str, run_id: int, fence: int, fx: Effects, what: str
+    ) -> _Run | None:
+        run = self.runs.get(run_id)
+        if run is not None and run.worker_id is None and run.fence == fence:
+            # Restored after a restart and not adopted yet: the worker that
+            # still holds it takes it back, as with a heartbeat.
+            run.worker_id = worker_id
+            worker = self.workers.get(worker_id)
+            if worker is not None:
+                worker.held.add(run_id)
+        if run is None or run.phase is Phase.ENDING:
+            reason = "run not held by this node (unknown or finished)"
+        elif run.fence != fence:
+            reason = _fence_mismatch(fence, run.fence)
+        elif run.worker_id != worker_id:
+            reason = "run is held by another worker"
+        else:
+            return run
+        fx.violations.setdefault(worker_id, []).append(
+            ProtocolViolation(
+                code="FAILED_PRECONDITION", message=f"{what}: {reason}", run_id=run_id
+            )
+        )
+        return None
+
+    def worker_ack(
+        self, worker_id: str, refs: Sequence[tuple[int, int]], now_ms: int, fx: Effects
+    ) -> None:
+        self._heard_from(worker_id)
+        for run_id, fence in refs:
+            run = self._held_run(worker_id, run_id, fence, fx, "ack")
+            if run is None:
+                continue
+            if run.phase is Phase.DISPATCHED:
+                _move(run, Phase.RUNNING)
+                fx.starts.append(
+                    RunStart(run_id=run_id, fence=fence, worker_id=worker_id, started_at_ms=now_ms)
+                )
+            run.lease_deadline = now_ms + self.config.lease_ms
+
+    def worker_heartbeat(
+        self, worker_id: str, refs: Sequence[tuple[int, int]], now_ms: int, fx: Effects
+    ) -> None:
+        """One stream-level heartbeat renews every run the worker holds."""
+        self._heard_from(worker_id)
+        worker = self.workers.get(worker_id)
+        rejected: list[tuple[int, int]] = []
+        deadline = now_ms + self.config.lease_ms
+        for run_id, fence in refs:
+            run = self.runs.get(run_id)
+            ok = run is not None and run.fence == fence and run.phase is not Phase.ENDING
+            if ok and run is not None and run.worker_id != worker_id:
+                # A run restored from the store after a restart has no holder
+                # yet: the worker that still runs it adopts it with its fence.
+                ok = run.worker_id is None and run.phase in (Phase.DISPATCHED, Phase.RUNNING)
+                if ok and worker is not None:
+                    run.worker_id = worker_id
+                    worker.held.add(run_id)
+            if ok and run is not None and worker is not None and run_id not in worker.held:
+                worker.held.add(run_id)  # a reconnect: the stream is new, the lease is not
+            if ok and run is not None:
+                run.lease_deadline = deadline
+            else:
+                rejected.append((run_id, fence))
+        if rejected:
+            fx.rejected_renewals.setdefault(worker_id, []).extend(rejected)
+
+    def worker_complete(
+        self,
+        worker_id: str,
+        completions: Sequence[tuple[int, int, Outcome, str]],
+        now_ms: int,
+        fx: Effects,
+    ) -> None:
+        self._heard_from(worker_id)
+        for run_id, fence, outcome, error in completions:
+            run = self.runs.get(run_id)
+            if run is None or run.phase is Phase.ENDING:
+                # Not ours in memory (finished, superseded, or from before a
+                # restart). The store is the authority: it applies the
+                # completion only if the fence is still the newest.
+                fx.results.setdefault(worker_id, []).append(
+                    CompletionResult(run_id=run_id, accepted=False, reason="run not held")
+                )
+                self.stats.superseded_completions += 1
+                continue
+            if run.fence == fence and run.worker_id is None:
+                # A run restored after a restart, completed by the worker that
+                # still ran it before its first heartbeat on the new stream
+                # (the SDK re-sends completions first): adopt it, as a
+                # heartbeat would. Rejecting it let the lease expire and re-ran
+                # a fire that had succeeded.
+                run.worker_id = worker_id
+            if run.fence != fence or run.worker_id != worker_id:
+                fx.results.setdefault(worker_id, []).append(
+                    CompletionResult(
+                        run_id=run_id,
+                        accepted=False,
+                        reason=_fence_mismatch(fence, run.fence)
+                        if run.fence != fence
+                        else "run is held by another worker",
+                    )
+                )
+                self.stats.superseded_completions += 1
+                continue
+            if outcome is Outcome.SUCCEEDED:
+                self._end_run(run, RunState.SUCCEEDED, None, fx, now_ms, reply_to=worker_id)
+            elif outcome is Outcome.HANDED_BACK:
+                self._take_back(run, now_ms)
+                fx.results.setdefault(worker_id, []).append(
+                    CompletionResult(run_id=run_id, accepted=True)
+                )
+            elif outcome is Outcome.ABANDONED:
+                self._lose(
+                    run, "abandoned by its worker while running", now_ms, fx, reply_to=worker_id
+                )
+            elif (
+                outcome is Outcome.RETRYABLE
+                and (job := self._job(run.job_id)) is not None
+                and should_retry(job.spec.retry, failed_attempt=run.attempt)
+            ):
+                self._end_run(
+                    run, RunState.FAILED, error or "failed", fx, now_ms, reply_to=worker_id
+                )
+            else:
+                self._end_run(
+                    run, RunState.DEAD_LETTERED, error or "failed", fx, now_ms, reply_to=worker_id
+                )
