@@ -114,6 +114,22 @@ def _epoch_ms(t: datetime) -> int:
 # -- commands ------------------------------------------------------------------------
 
 
+def parse_cluster_url(url: str) -> tuple[list[str], str]:
+    """``etcd://HOST:PORT[,HOST:PORT...]/NAME`` -> (endpoints, cluster name)."""
+    scheme, sep, rest = url.partition("://")
+    hosts, slash, name = rest.partition("/")
+    if scheme != "etcd" or not sep or not slash or not name or "/" in name:
+        raise InvalidArgument("cluster", f"{url!r} is not etcd://HOST:PORT[,HOST:PORT...]/NAME")
+    endpoints = [h for h in hosts.split(",") if h]
+    for endpoint in endpoints:
+        host, colon, port = endpoint.rpartition(":")
+        if not colon or not host or not port.isdigit():
+            raise InvalidArgument("cluster", f"{endpoint!r} is not HOST:PORT")
+    if not endpoints:
+        raise InvalidArgument("cluster", f"{url!r} names no etcd endpoint")
+    return endpoints, name
+
+
 def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
     """The node's configuration from ``wheelctl serve``'s flags."""
     from wheel.checkpoint import Durability
@@ -166,9 +182,33 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     url = ns.store or f"sqlite:///{data_dir / 'wheel.db'}"
 
+    coordinator_args = None
+    if ns.cluster:
+        if not url.startswith(("postgresql://", "postgres://")):
+            raise InvalidArgument(
+                "store",
+                "--cluster needs a PostgreSQL store (--store postgresql://...): SQLite is"
+                " one node's embedded file",
+            )
+        endpoints, cluster = parse_cluster_url(ns.cluster)
+        advertise = ns.advertise or ns.listen
+        if advertise.rsplit(":", 1)[-1] in ("", "0"):
+            raise InvalidArgument(
+                "advertise", f"{advertise!r}: other members need a fixed host:port to reach"
+            )
+        coordinator_args = (endpoints, cluster, advertise)
+
     async def main() -> None:
         store = open_store(url)
-        node = Node(store, serve_config(ns, data_dir))
+        coordinator = None
+        if coordinator_args is not None:
+            from wheel.coord.etcd import EtcdCoordinator
+
+            endpoints, cluster, advertise = coordinator_args
+            coordinator = EtcdCoordinator(
+                ns.node_id, advertise, endpoints, cluster=cluster, ttl_s=ns.lease_ttl
+            )
+        node = Node(store, serve_config(ns, data_dir), coordinator=coordinator)
         await node.start()
         # What the node restored lives as long as the process: never scan it again.
         gc.collect()
@@ -389,13 +429,31 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     target = os.environ.get("WHEEL_TARGET", DEFAULT_TARGET)
 
-    s = sub.add_parser("serve", help="run a node (embedded SQLite store, all shards)")
+    s = sub.add_parser(
+        "serve", help="run a node (embedded SQLite, all shards; or a cluster member with --cluster)"
+    )
     s.add_argument("--data-dir", default=os.environ.get("WHEEL_DATA_DIR", "wheel-data"))
     s.add_argument("--listen", default="127.0.0.1:50051")
     s.add_argument(
         "--store", help="sqlite:///path or postgresql://... (default: SQLite in data dir)"
     )
     s.add_argument("--node-id", default="node-1")
+    s.add_argument(
+        "--cluster",
+        help="etcd://HOST:PORT[,HOST:PORT...]/NAME: join the cluster NAME and own the shards"
+        " it gives this node (needs --store postgresql://...)",
+    )
+    s.add_argument(
+        "--advertise",
+        help="host:port other members and workers reach this node at (default: --listen)",
+    )
+    s.add_argument(
+        "--lease-ttl",
+        type=int,
+        default=5,
+        help="cluster: seconds a node's etcd lease outlives its last keepalive; a dead"
+        " node's shards move within about this plus one second",
+    )
     s.add_argument(
         "--checkpoint-durability",
         default="sync",

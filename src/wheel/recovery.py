@@ -116,6 +116,20 @@ def restore_owner(
     )
 
 
+def load_shard_contents(store: Store, shards: Sequence[int]) -> tuple[ShardContents, int]:
+    """A shard's contents from the store alone (a node gaining shards in a
+    cluster), and the change-feed watermark they reflect."""
+    load = store.load_shards(shards, unparsed=True)
+    contents = shard_contents(
+        store,
+        shards,
+        images=_images_of_rows(load.unparsed),
+        jobs=load.jobs,
+        inflight=load.inflight,
+    )
+    return contents, load.watermark
+
+
 def shard_contents(
     store: Store,
     shards: Sequence[int],

@@ -176,7 +176,8 @@ def test_a_completion_for_a_run_not_held_is_rejected_and_the_holder_is_unaffecte
             ]
         finally:
             intruder.close()
-        assert states(api, job) == [(0, "running")]
+        # The ack's start may land with a later batch than the answers above.
+        wait_for(lambda: states(api, job) == [(0, "running")], 10, "the holder's ack")
         holder.send(complete(a.run_id, a.fence))
         res = holder.expect("results", where=accepted_for(a.run_id)).results
         assert not res.completions  # nothing rejected

@@ -72,8 +72,17 @@ class Coordinator(Protocol):
         """True only while this node holds ``shard`` and its own monotonic
         clock says the hold cannot have lapsed yet."""
 
+    def valid_until(self) -> float:
+        """``time.monotonic()`` past which nothing held may be dispatched
+        (the local lease deadline; ``inf`` when holds cannot lapse). One
+        check a loop iteration gates every shard at once."""
+
     def members(self) -> list[Member]:
         """The live members as last seen."""
+
+    def shard_owners(self) -> Mapping[int, str]:
+        """Shard -> the node id holding it as last seen (a shard between
+        holders is absent): where a call about a job of another node goes."""
 
 
 class Subscribers:

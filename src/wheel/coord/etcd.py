@@ -181,6 +181,8 @@ class EtcdCoordinator:
         self._lease_gone = False
         self._acquired_rev: dict[int, int] = {}
         self._members: dict[str, str] = {}
+        # Shard -> holder's node id as last read (replaced whole, never mutated).
+        self._holders: dict[int, str] = {}
         self._published_first = False
 
         self._stopping = threading.Event()
@@ -255,8 +257,16 @@ class EtcdCoordinator:
     def may_dispatch(self, shard: int) -> bool:
         return shard in self._owned and time.monotonic() < self._valid_until
 
+    def valid_until(self) -> float:
+        return self._valid_until
+
     def members(self) -> list[Member]:
         return [Member(node_id=n, address=a) for n, a in sorted(self._members.items())]
+
+    def shard_owners(self) -> Mapping[int, str]:
+        holders = dict(self._holders)
+        holders.update(dict.fromkeys(self._owned, self.node_id))
+        return holders
 
     # -- test hooks -----------------------------------------------------------
 
@@ -502,6 +512,7 @@ class EtcdCoordinator:
         for value, meta in self._call(client.get_prefix, self._shards_prefix):
             shard = int(meta.key.decode()[len(self._shards_prefix) :])
             holders[shard] = (value.decode(), meta.mod_revision)
+        self._holders = {s: node for s, (node, _) in holders.items()}
 
         assignment = assign_shards(members)
         mine = {s for s, owner in assignment.items() if owner == self.node_id}

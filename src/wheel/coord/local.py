@@ -8,6 +8,7 @@ incarnation handed out.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Collection, Mapping
 
 from wheel.coord.base import MAX_EPOCH, SHARD_COUNT, Member, OwnershipChange, Subscribers
@@ -71,6 +72,12 @@ class LocalCoordinator:
 
     def may_dispatch(self, shard: int) -> bool:
         return shard in self._owned
+
+    def valid_until(self) -> float:
+        return math.inf
+
+    def shard_owners(self) -> Mapping[int, str]:
+        return dict.fromkeys(self._owned, self.node_id)
 
     def members(self) -> list[Member]:
         return [Member(node_id=self.node_id, address=self.address)] if self._owned else []

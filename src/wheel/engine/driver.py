@@ -34,7 +34,7 @@ from wheel.engine.schedule import compile_schedule
 from wheel.engine.spec import JobSpec, Once
 from wheel.errors import FailedPrecondition
 
-__all__ = ["Driver", "StateChange", "first_fire"]
+__all__ = ["Driver", "StateChange", "first_fire", "next_fires_of"]
 
 
 def first_fire(job_id: int, spec: JobSpec, now_ms: int) -> int | None:
@@ -43,6 +43,22 @@ def first_fire(job_id: int, spec: JobSpec, now_ms: int) -> int | None:
     (cron syntax, time zone) on the way."""
     compiled = compile_schedule(spec.schedule, jitter_ms=spec.jitter_ms, job_id=job_id)
     return compiled.next_fire(now_ms - 1)
+
+
+def next_fires_of(record: JobRecord, count: int) -> list[int]:
+    """The next ``count`` fires of a job as its schedule computes them from
+    the store's ``next_run_at`` (the owner's memory is elsewhere)."""
+    fire = record.next_run_at
+    if fire is None or record.state is not JobState.ACTIVE:
+        return []
+    compiled = compile_schedule(record.spec.schedule, jitter_ms=0, job_id=record.job_id)
+    out = [fire]
+    while len(out) < count:
+        nxt = compiled.next_fire(out[-1])
+        if nxt is None:
+            break
+        out.append(nxt)
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

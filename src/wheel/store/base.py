@@ -23,7 +23,7 @@ All times are integer milliseconds since the Unix epoch; ids are 64-bit ints.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
 from wheel.engine.model import (
@@ -157,7 +157,19 @@ class Store(Protocol):
     # -- ownership ------------------------------------------------------------
 
     def acquire_epochs(self, shards: Collection[int], owner: str) -> dict[int, int]:
-        """Bump and return each shard's ownership epoch (strictly increasing)."""
+        """Bump and return each shard's ownership epoch (strictly increasing):
+        how a single node takes every shard at start."""
+
+    def fence_shards(self, epochs: Mapping[int, int], owner: str) -> dict[int, int]:
+        """Raise each shard's epoch to the one given (a cluster's coordinator
+        issues them, strictly increasing per shard), never lowering it. From
+        its commit on, the store refuses the shard's claims, completions and
+        schedule moves from an older epoch (seed C4), so a node that lost the
+        shard writes nothing more. Returns each shard's epoch after: one
+        higher than given means a newer owner fenced it first."""
+
+    def shard_epochs(self, shards: Collection[int]) -> dict[int, int]:
+        """The epoch each shard has in the store (absent: never owned)."""
 
     def load_shards(self, shards: Collection[int], *, unparsed: bool = False) -> ShardLoad:
         """Active/paused jobs and in-flight executions of these shards. With

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -990,6 +990,37 @@ class PostgresStore:
 
         # A retry after an unknown commit bumps once more: still strictly increasing.
         return self._run(op, idempotent=True)
+
+    def fence_shards(self, epochs: Mapping[int, int], owner: str) -> dict[int, int]:
+        if not epochs:
+            return {}
+        shards = _shards(epochs)
+        values = [int(epochs[s]) for s in shards]
+
+        def op(conn: Conn, _: _Attempt) -> dict[int, int]:
+            rows = conn.execute(
+                "INSERT INTO shard_epochs (shard, epoch, owner)"
+                " SELECT s, e, %s FROM unnest(%s::int4[], %s::int8[]) AS t(s, e)"
+                " ON CONFLICT (shard) DO UPDATE"
+                " SET epoch = excluded.epoch, owner = excluded.owner"
+                " WHERE shard_epochs.epoch < excluded.epoch",
+                (owner, shards, values),
+            )
+            del rows
+            return self._epochs_of(conn, shards)
+
+        return self._run(op, idempotent=True)
+
+    def shard_epochs(self, shards: Collection[int]) -> dict[int, int]:
+        wanted = _shards(shards)
+        return self._run(lambda conn, _: self._epochs_of(conn, wanted), idempotent=True)
+
+    @staticmethod
+    def _epochs_of(conn: Conn, shards: list[int]) -> dict[int, int]:
+        rows = conn.execute(
+            "SELECT shard, epoch FROM shard_epochs WHERE shard = ANY(%s::int4[])", (shards,)
+        ).fetchall()
+        return {int(s): int(e) for s, e in rows}
 
     @staticmethod
     def _safe_xid(conn: Conn) -> int:

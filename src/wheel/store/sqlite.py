@@ -25,7 +25,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -784,6 +784,27 @@ class SQLiteStore:
                 " ON CONFLICT (shard) DO UPDATE SET epoch = epoch + 1, owner = excluded.owner"
                 " RETURNING shard, epoch",
                 (owner, json.dumps(wanted)),
+            ).fetchall()
+        return {int(s): int(e) for s, e in rows}
+
+    def fence_shards(self, epochs: Mapping[int, int], owner: str) -> dict[int, int]:
+        if not epochs:
+            return {}
+        with self._tx(write=True) as cur:
+            cur.executemany(
+                "INSERT INTO shard_epochs (shard, epoch, owner) VALUES (?, ?, ?)"
+                " ON CONFLICT (shard) DO UPDATE SET epoch = excluded.epoch,"
+                " owner = excluded.owner WHERE shard_epochs.epoch < excluded.epoch",
+                [(int(s), int(e), owner) for s, e in epochs.items()],
+            )
+        return self.shard_epochs(epochs)
+
+    def shard_epochs(self, shards: Collection[int]) -> dict[int, int]:
+        with self._tx(write=False) as cur:
+            rows = cur.execute(
+                "SELECT shard, epoch FROM shard_epochs"
+                " WHERE shard IN (SELECT value FROM json_each(?))",
+                (_shard_list(shards),),
             ).fetchall()
         return {int(s): int(e) for s, e in rows}
 

@@ -26,21 +26,23 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from wheel.checkpoint.owner_state import log_entry, log_records, snapshot_chunks
 from wheel.checkpoint.wal import Checkpoint, Durability, DutyCycle, Identity
-from wheel.engine.driver import Driver
-from wheel.engine.model import SHARD_COUNT, JobState
+from wheel.coord.base import Coordinator, Member
+from wheel.engine.driver import Driver, next_fires_of
+from wheel.engine.model import SHARD_COUNT, JobState, shard_of
 from wheel.engine.owner import (
     Effects,
     Outcome,
     Owner,
     OwnerConfig,
     OwnerStats,
+    ShardContents,
     Unserved,
     WorkerView,
 )
@@ -50,9 +52,11 @@ from wheel.errors import (
     CheckpointError,
     FailedPrecondition,
     NotFound,
+    NotOwner,
     StoreError,
     WheelError,
 )
+from wheel.node._cluster import ShardOwnership
 from wheel.recovery import restore_owner
 from wheel.store.base import BatchOutcome, Store, WriteBatch
 
@@ -134,9 +138,25 @@ MessageSink = Callable[[WorkerSession, Effects], None]
 class Node:
     """One node owning shards (all 256 on a single node)."""
 
-    def __init__(self, store: Store, config: NodeConfig | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        config: NodeConfig | None = None,
+        *,
+        coordinator: Coordinator | None = None,
+    ) -> None:
+        """A single node owning every shard, or with ``coordinator`` a member
+        of a cluster owning the shards the coordinator gives it."""
         self.store = store
         self.config = config or NodeConfig()
+        self.coordinator = coordinator
+        self._ownership: ShardOwnership | None = None
+        # The change feed's watermark to go back to once the read on its way
+        # returns: shards gained meanwhile were loaded as of it.
+        self._rewind: int | None = None
+        self._reading_changes = False
+        # Awaited by ``stop`` (the rpc layer's channels to other members).
+        self._closers: list[Callable[[], Awaitable[None]]] = []
         self.clock = Clock()
         # The owner's loop and job API without I/O; set by ``start``.
         self._driver: Driver | None = None
@@ -172,6 +192,9 @@ class Node:
 
     async def start(self) -> None:
         await self._api(self.store.migrate)
+        if self.coordinator is not None:
+            await self._start_in_cluster(self.coordinator)
+            return
         shards = list(range(SHARD_COUNT))
         epochs = await self._api(self.store.acquire_epochs, shards, self.config.node_id)
         if self.config.checkpoint_dir is not None:
@@ -210,17 +233,84 @@ class Node:
         self._task.add_done_callback(self._loop_done)
         self.ready.set()
 
+    async def _start_in_cluster(self, coordinator: Coordinator) -> None:
+        """Join: an owner with no shards, its loop running, then the
+        coordinator's first shards fenced, loaded and added as they come.
+        There is no checkpoint in a cluster: a gained shard comes from the
+        store (a checkpoint would be of shards this node may no longer own)."""
+        if self.config.checkpoint_dir is not None:
+            log.info("cluster mode: shards are loaded from the store, not the checkpoint")
+        self._driver = Driver(Owner(now_ms=self.clock.now_ms(), config=self.config.owner))
+        self._watermark = (await self._api(self.store.load_shards, [])).watermark
+        self._ownership = ShardOwnership(self, coordinator)
+        self._task = asyncio.create_task(self._loop(), name="wheel-dispatch")
+        self._task.add_done_callback(self._loop_done)
+        await coordinator.start()
+        log.info(
+            "node %s joined the cluster: %d shards held, %d being loaded",
+            self.config.node_id,
+            len(coordinator.owned()),
+            len(self._ownership.gaining()),
+        )
+        self.ready.set()
+
+    # -- shards gained and lost (see wheel.node._cluster) -------------------------
+
+    def on_stop(self, close: Callable[[], Awaitable[None]]) -> None:
+        """Await ``close()`` when the node stops."""
+        self._closers.append(close)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    async def in_thread(self, fn: Callable[..., T], *args: object) -> T:
+        """Run a blocking store call off the event loop."""
+        return await self._api(fn, *args)
+
+    def hand_over(self, shards: Collection[int]) -> None:
+        """Stop dispatching ``shards`` at once and forget them; their runs go
+        on and their next owner adopts them from the store."""
+        handed = self._owner().remove_shards(shards)
+        log.info("handed over %d shards with %d runs in flight", len(shards), len(handed))
+        self.wake()
+
+    def take_on(self, epochs: Mapping[int, int], contents: ShardContents, watermark: int) -> None:
+        """Add shards fenced and loaded as of ``watermark``: the change feed
+        goes back there, so changes made through other nodes since are read."""
+        driver = self._the_driver()
+        driver.owner.add_shards(epochs, contents, self.clock.now_ms(), driver.fx)
+        if self._reading_changes:
+            self._rewind = watermark if self._rewind is None else min(self._rewind, watermark)
+        else:
+            self._watermark = min(self._watermark, watermark)
+        log.info(
+            "took on %d shards: %d jobs, %d runs in flight",
+            len(epochs),
+            len(contents.jobs) + len(contents.images),
+            len(contents.inflight),
+        )
+        self.wake()
+
     def _loop_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.critical("dispatch loop died", exc_info=task.exception())
         self.stopped.set()
 
     async def stop(self) -> None:
+        """Stop dispatching; in a cluster, hand every shard over first (a
+        SIGTERM moves shards to the other members at once, not after a TTL)."""
+        if self.coordinator is not None and self._driver is not None:
+            self.hand_over(list(self._driver.owner.shards()))
         self._stopping = True
         self._wake.set()
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self.coordinator is not None:
+            await self.coordinator.stop()
+        for close in self._closers:
+            await close()
         for session in list(self.sessions.values()):
             session.closed = True
             session.outbox.put_nowait(None)
@@ -329,7 +419,15 @@ class Node:
         next_batch_ms = 0  # group commit: no batch before this (clock ms)
         driver = self._the_driver()
         fx = driver.fx
+        coordinator = self.coordinator
         while not self._stopping:
+            if coordinator is not None and time.monotonic() >= coordinator.valid_until():
+                # Past the local lease deadline (a pause, a partition): nothing
+                # more goes out until the coordinator rejoins with new epochs.
+                lapsed = list(driver.owner.shards())
+                if lapsed:
+                    log.warning("lease deadline passed: %d shards stop at once", len(lapsed))
+                    self.hand_over(lapsed)
             now = self.clock.now_ms()
             driver.advance(now)
             if len(pending) < MAX_BATCHES_IN_FLIGHT and now >= next_batch_ms:
@@ -472,6 +570,7 @@ class Node:
         True when the page was busy enough that more may be waiting."""
         driver = self._the_driver()
         page = self.config.changes_page
+        self._reading_changes = True
         try:
             records: list[JobRecord] = []
             for job_id in resync:
@@ -491,6 +590,13 @@ class Node:
             log.warning("reading job changes failed: %s", exc)
             driver.fx.resync |= resync  # read again next time
             return False
+        finally:
+            self._reading_changes = False
+            if self._rewind is not None:
+                # Shards were gained while this read was on its way: read
+                # again from where they were loaded.
+                self._watermark = min(self._watermark, self._rewind)
+                self._rewind = None
         driver.apply_changes(records, self.clock.now_ms())
         # A page can end short of the limit on a whole transaction (PostgreSQL).
         return 2 * len(changed) >= page
@@ -639,8 +745,63 @@ class Node:
         self.wake()
         await waiter
 
-    def next_fires(self, job_id: int, count: int) -> list[int]:
-        return self._owner().next_fires(job_id, count)
+    def next_fires(self, job_id: int, count: int, record: JobRecord | None = None) -> list[int]:
+        """The job's next fires: as its owner has them armed, or, for a job
+        held by another node, as its schedule computes them from ``record``."""
+        owner = self._owner()
+        if owner.owns(job_id) or record is None:
+            return owner.next_fires(job_id, count)
+        return next_fires_of(record, count)
+
+    # -- the cluster --------------------------------------------------------------
+
+    def route(self, job_id: int) -> str | None:
+        """Where a call that changes the job must run: None here (this node
+        owns its shard, or is the only node), else the owner's address.
+        Raises ``NotOwner`` when no member is known to hold the shard (it is
+        moving): the client retries."""
+        coordinator = self.coordinator
+        if coordinator is None or self._owner().owns(job_id):
+            return None
+        shard = shard_of(job_id)
+        holder = coordinator.shard_owners().get(shard)
+        if holder is not None and holder != self.config.node_id:
+            for member in coordinator.members():
+                if member.node_id == holder:
+                    return member.address
+        raise NotOwner(f"shard {shard} of job {job_id} is moving between nodes; retry")
+
+    def owners_of(self, job_ids: Sequence[int]) -> dict[str, list[int]]:
+        """The jobs held by other members, by their owner's address."""
+        coordinator = self.coordinator
+        if coordinator is None:
+            return {}
+        owners = coordinator.shard_owners()
+        addresses = {m.node_id: m.address for m in coordinator.members()}
+        out: dict[str, list[int]] = {}
+        for job_id in job_ids:
+            holder = owners.get(shard_of(job_id))
+            if holder is not None and holder != self.config.node_id and holder in addresses:
+                out.setdefault(addresses[holder], []).append(job_id)
+        return out
+
+    def jobs_changed(self, job_ids: Iterable[int]) -> None:
+        """Another member stored or changed these jobs: read them now."""
+        driver = self._the_driver()
+        driver.fx.resync.update(j for j in job_ids if driver.owner.owns(j))
+        self.wake()
+
+    def members(self) -> list[Member]:
+        """The cluster's live members (this node alone without a cluster)."""
+        if self.coordinator is None:
+            return [Member(node_id=self.config.node_id, address="")]
+        return self.coordinator.members()
+
+    def shard_owners(self) -> dict[int, str]:
+        """Shard -> the node id holding it, as last seen."""
+        if self.coordinator is None:
+            return dict.fromkeys(self._owner().shards(), self.config.node_id)
+        return dict(self.coordinator.shard_owners())
 
     # -- reads ------------------------------------------------------------------
     #

@@ -1,0 +1,14 @@
+"""A node: the I/O shell around one shard owner (``wheel.engine``), with the
+record of truth, the worker streams, the checkpoint and, in a cluster, the
+coordinator that gives and takes its shards."""
+
+from wheel.node._node import (
+    Clock,
+    MessageSink,
+    Node,
+    NodeConfig,
+    NodeStatus,
+    WorkerSession,
+)
+
+__all__ = ["Clock", "MessageSink", "Node", "NodeConfig", "NodeStatus", "WorkerSession"]

@@ -1,0 +1,70 @@
+"""AdminService: what operators look at."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import grpc
+
+from wheel.node import Node
+from wheel.rpc.v1 import (
+    admin_service_pb2,
+    admin_service_pb2_grpc,
+)
+
+log = logging.getLogger("wheel.rpc")
+
+
+class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def GetClusterStatus(
+        self,
+        request: admin_service_pb2.GetClusterStatusRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> admin_service_pb2.ClusterStatus:
+        st = self.node.status()
+        s = st.stats
+        status = admin_service_pb2.ClusterStatus(
+            node_id=st.node_id,
+            dispatch_lag_p50_ms=st.lag_p50_ms,
+            dispatch_lag_p99_ms=st.lag_p99_ms,
+            jobs=st.jobs,
+            pending_timers=st.pending_timers,
+            in_flight=st.in_flight,
+            backlog=st.backlog,
+            overdue_backlog=st.overdue_backlog,
+            workers=len(st.workers),
+            worker_capacity=st.worker_capacity,
+            dispatched_total=s.dispatched,
+            completed_total=s.completed,
+            missed_total=s.missed,
+            dead_lettered_total=s.dead_lettered,
+            reaper_paused=st.reaper_paused,
+        )
+        owners = self.node.shard_owners()
+        held = Counter(owners.values())
+        for member in self.node.members():
+            status.nodes.add(
+                node_id=member.node_id,
+                address=member.address,
+                shards_owned=held.get(member.node_id, 0),
+            )
+        for w in st.workers:
+            status.worker_list.add(
+                worker_id=w.worker_id,
+                capacity=w.capacity,
+                held=w.held,
+                pools=w.pools,
+                handlers=w.handlers,
+                draining=w.draining,
+                silent=w.silent,
+            )
+        for u in st.unserved:
+            status.unserved.add(pool=u.pool, handler=u.handler, waiting=u.waiting)
+        if request.include_shards:
+            for shard, owner in sorted(owners.items()):
+                status.shards.add(shard=shard, owner=owner, epoch=st.shards.get(shard, 0))
+        return status

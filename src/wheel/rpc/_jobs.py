@@ -1,0 +1,382 @@
+"""JobService: submits (group-committed), reads, and the calls that change a
+job, each answered with a status code and a message naming the field."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from typing import Any, cast
+
+import grpc
+
+from wheel.engine.model import JobState
+from wheel.engine.records import JobRecord
+from wheel.engine.schedule import compile_schedule
+from wheel.engine.spec import DEFAULT_LIMITS, Cron, Interval, JobSpec, Once
+from wheel.errors import (
+    InvalidArgument,
+    LimitExceeded,
+    NotOwner,
+    ResourceExhausted,
+    WheelError,
+)
+from wheel.node import Node
+from wheel.rpc import convert
+from wheel.rpc._common import (
+    MAX_IDEMPOTENCY_KEY,
+    MAX_NEXT_FIRES,
+    MAX_SUBMIT_MANY,
+    _call,
+    _ignore_outcome,
+    _job_id,
+    _page_size,
+    status_of,
+)
+from wheel.rpc._peers import Peers, forwarded_by
+from wheel.rpc.v1 import (
+    job_service_pb2,
+    job_service_pb2_grpc,
+    jobs_pb2,
+)
+
+log = logging.getLogger("wheel.rpc")
+
+
+class JobServicer(job_service_pb2_grpc.JobServiceServicer):
+    """Any member serves every call: reads from the store here, submits
+    stored here (and their owners told at once), calls that change a job
+    carried out by the owner of its shard (forwarded once)."""
+
+    def __init__(self, node: Node, peers: Peers) -> None:
+        self.node = node
+        self.peers = peers
+
+    async def _elsewhere(
+        self, job_id: int, method: str, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
+        """The owner's answer when another member owns the job's shard (the
+        call is forwarded there), None when this node does."""
+        address = self.node.route(job_id)
+        if address is None:
+            return None
+        if forwarded_by(context) is not None:
+            raise NotOwner(f"job {job_id}'s shard is not owned here either; retry")
+        return await self.peers.forward(address, method, request, context)
+
+    def _tell_owners(self, job_ids: list[int]) -> None:
+        by_owner = self.node.owners_of(job_ids)
+        if by_owner:
+            self.peers.jobs_changed(by_owner)
+
+    async def SubmitJob(
+        self, request: job_service_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.SubmitJobResponse:
+        async def work() -> job_service_pb2.SubmitJobResponse:
+            response = await self._submit_one(request)
+            if response.created:
+                self._tell_owners([response.job.job_id])
+            return response
+
+        return await _call(context, work())
+
+    async def SubmitJobs(
+        self, request: job_service_pb2.SubmitJobsRequest, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.SubmitJobsResponse:
+        async def work() -> job_service_pb2.SubmitJobsResponse:
+            if len(request.jobs) > MAX_SUBMIT_MANY:
+                raise LimitExceeded(
+                    "jobs", f"{len(request.jobs)} submits is over the limit of {MAX_SUBMIT_MANY}"
+                )
+            # Every job is validated and queued first, so the whole request
+            # goes into one group commit; then each outcome is awaited in turn.
+            pending: list[asyncio.Future[tuple[JobRecord, bool] | WheelError] | WheelError] = []
+            out = job_service_pb2.SubmitJobsResponse()
+            created: list[int] = []
+            awaited = 0
+            try:
+                for item in request.jobs:
+                    try:
+                        pending.append(self._queue_submit(item))
+                    except WheelError as exc:
+                        pending.append(exc)
+                for entry in pending:
+                    awaited += 1
+                    try:
+                        result = entry if isinstance(entry, WheelError) else await entry
+                    except WheelError as exc:  # the batch's store write failed
+                        result = exc
+                    if isinstance(result, WheelError):
+                        out.results.add(
+                            error_code=status_of(result).name, error_message=str(result)
+                        )
+                    else:
+                        out.results.add(response=self._submitted(*result))
+                        if result[1]:
+                            created.append(result[0].job_id)
+            except BaseException:
+                # Nobody awaits the rest now: their endings are not errors to log.
+                for rest in pending[awaited:]:
+                    if isinstance(rest, asyncio.Future):
+                        rest.add_done_callback(_ignore_outcome)
+                raise
+            self._tell_owners(created)
+            return out
+
+        return await _call(context, work())
+
+    async def _submit_one(
+        self, request: job_service_pb2.SubmitJobRequest
+    ) -> job_service_pb2.SubmitJobResponse:
+        result = await self._queue_submit(request)
+        if isinstance(result, WheelError):
+            raise result
+        return self._submitted(*result)
+
+    def _queue_submit(
+        self, request: job_service_pb2.SubmitJobRequest
+    ) -> asyncio.Future[tuple[JobRecord, bool] | WheelError]:
+        """Validate one submit and queue it for the node's next group commit."""
+        if not request.HasField("spec"):
+            raise InvalidArgument("spec", "is required")
+        if len(request.idempotency_key) > MAX_IDEMPOTENCY_KEY:
+            raise LimitExceeded("idempotency_key", f"longer than {MAX_IDEMPOTENCY_KEY} characters")
+        now = self.node.now_ms()
+        spec = convert.spec_from_proto(request.spec, now_ms=now)
+        _check_horizon(spec, now)
+        digest = None
+        if request.idempotency_key:
+            # The request as sent decides "same body" for a retry, not the spec
+            # after server-side defaults (an interval's start is now + period).
+            wire = request.spec.SerializeToString(deterministic=True)
+            digest = hashlib.sha256(wire).hexdigest()
+        return self.node.submit_later(spec, request.idempotency_key or None, body_hash=digest)
+
+    def _submitted(self, record: JobRecord, created: bool) -> job_service_pb2.SubmitJobResponse:
+        return job_service_pb2.SubmitJobResponse(
+            job=convert.job_to_proto(record, next_fires_ms=self.node.next_fires(record.job_id, 5)),
+            created=created,
+        )
+
+    async def GetJob(
+        self, request: job_service_pb2.GetJobRequest, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.Job:
+        async def work() -> jobs_pb2.Job:
+            job_id = _job_id(request.job_id)
+            if not 0 <= request.next_fires <= MAX_NEXT_FIRES:
+                raise InvalidArgument("next_fires", f"must be within [0, {MAX_NEXT_FIRES}]")
+            if not 0 <= request.recent_runs <= MAX_NEXT_FIRES:
+                raise InvalidArgument("recent_runs", f"must be within [0, {MAX_NEXT_FIRES}]")
+            record = await self.node.get_job(job_id)
+            runs = await self.node.list_runs(job_id, limit=request.recent_runs or 10)
+            return convert.job_to_proto(
+                record,
+                next_fires_ms=self.node.next_fires(job_id, request.next_fires or 5, record),
+                recent_runs=[convert.run_to_proto(r) for r in runs],
+            )
+
+        return await _call(context, work())
+
+    async def ListJobs(
+        self, request: job_service_pb2.ListJobsRequest, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.ListJobsResponse:
+        async def work() -> job_service_pb2.ListJobsResponse:
+            size = _page_size(request.page_size)
+            after = _token_int(request.page_token, "page_token")
+            state = convert.job_state_from_proto(request.state)
+            records = await self.node.list_jobs(
+                tenant=request.tenant or None, state=state, after_job_id=after, limit=size
+            )
+            token = str(records[-1].job_id) if len(records) == size else ""
+            return job_service_pb2.ListJobsResponse(
+                jobs=[convert.job_to_proto(r) for r in records], next_page_token=token
+            )
+
+        return await _call(context, work())
+
+    async def _state(
+        self,
+        request: job_service_pb2.JobRef,
+        context: grpc.aio.ServicerContext,
+        state: JobState,
+        method: str,
+    ) -> jobs_pb2.Job:
+        async def work() -> jobs_pb2.Job:
+            job_id = _job_id(request.job_id)
+            answer = await self._elsewhere(job_id, method, request, context)
+            if answer is not None:
+                return cast(jobs_pb2.Job, answer)
+            record = await self.node.set_state(job_id, state)
+            return convert.job_to_proto(
+                record, next_fires_ms=self.node.next_fires(record.job_id, 5)
+            )
+
+        return await _call(context, work())
+
+    async def CancelJob(
+        self, request: job_service_pb2.JobRef, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.Job:
+        return await self._state(request, context, JobState.CANCELLED, "CancelJob")
+
+    async def PauseJob(
+        self, request: job_service_pb2.JobRef, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.Job:
+        return await self._state(request, context, JobState.PAUSED, "PauseJob")
+
+    async def ResumeJob(
+        self, request: job_service_pb2.JobRef, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.Job:
+        return await self._state(request, context, JobState.ACTIVE, "ResumeJob")
+
+    async def TriggerJob(
+        self, request: job_service_pb2.JobRef, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.TriggerJobResponse:
+        async def work() -> job_service_pb2.TriggerJobResponse:
+            job_id = _job_id(request.job_id)
+            answer = await self._elsewhere(job_id, "TriggerJob", request, context)
+            if answer is not None:
+                return cast(job_service_pb2.TriggerJobResponse, answer)
+            at = await self.node.trigger(job_id)
+            return job_service_pb2.TriggerJobResponse(
+                job_id=job_id, scheduled_for_ms=at, idempotency_key=f"{job_id}:{at}"
+            )
+
+        return await _call(context, work())
+
+    async def BackfillJob(
+        self, request: job_service_pb2.BackfillJobRequest, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.BackfillJobResponse:
+        async def work() -> job_service_pb2.BackfillJobResponse:
+            job_id = _job_id(request.job_id)
+            if request.from_ms < 0:
+                raise InvalidArgument("from_ms", f"{request.from_ms} is before the epoch")
+            if request.to_ms <= request.from_ms:
+                raise InvalidArgument("to_ms", "must be after from_ms")
+            now = self.node.now_ms()
+            if request.to_ms > now:
+                raise InvalidArgument("to_ms", "backfill covers past fires only")
+            record = await self.node.get_job(job_id)
+            compiled = compile_schedule(
+                record.spec.schedule, jitter_ms=record.spec.jitter_ms, job_id=job_id
+            )
+            cap = DEFAULT_LIMITS.max_backfill_fires
+            fires = compiled.fires_between(request.from_ms - 1, request.to_ms - 1, cap + 1)
+            if len(fires) > cap:
+                raise ResourceExhausted(
+                    f"backfill of {len(fires)}+ fires is over the limit of {cap} per request"
+                )
+            answer = await self._elsewhere(job_id, "BackfillJob", request, context)
+            if answer is not None:
+                return cast(job_service_pb2.BackfillJobResponse, answer)
+            todo, skipped = await self.node.backfill(job_id, fires)
+            return job_service_pb2.BackfillJobResponse(
+                scheduled=len(todo), skipped_existing=skipped, scheduled_for_ms=todo
+            )
+
+        return await _call(context, work())
+
+    async def ListRuns(
+        self, request: job_service_pb2.ListRunsRequest, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.ListRunsResponse:
+        async def work() -> job_service_pb2.ListRunsResponse:
+            job_id = _job_id(request.job_id)
+            size = _page_size(request.page_size)
+            wanted = convert.run_filter_from_proto(request.states)
+            before_run, before_missed = _runs_token(request.page_token)
+            node = self.node
+            await node.get_job(job_id)  # NOT_FOUND for unknown ids
+
+            if not wanted.missed:
+                before_missed = 0
+            runs, missed = await node.list_history(
+                job_id,
+                before_run_id=before_run,
+                before_scheduled_for=before_missed,
+                limit=size,
+                runs=before_run != 0,
+                missed=before_missed != 0,
+            )
+            # Merge the two newest-first streams without reordering either, so
+            # each cursor only ever passes items that were on a page: runs are
+            # paged by run id, missed fires by fire time.
+            page: list[jobs_pb2.Run] = []
+            i = j = 0
+            while len(page) < size and (i < len(runs) or j < len(missed)):
+                if j >= len(missed) or (
+                    i < len(runs) and runs[i].scheduled_for >= missed[j].scheduled_for
+                ):
+                    page.append(convert.run_to_proto(runs[i]))
+                    i += 1
+                else:
+                    page.append(convert.missed_to_proto(missed[j]))
+                    j += 1
+            # A source read to its end (fewer than a page) is exhausted: 0.
+            next_run = 0 if i == len(runs) < size else (runs[i - 1].run_id if i else before_run)
+            next_missed = (
+                0
+                if j == len(missed) < size
+                else (missed[j - 1].scheduled_for if j else before_missed)
+            )
+            token = f"{_cursor(next_run)}:{_cursor(next_missed)}" if next_run or next_missed else ""
+            states = _proto_states(wanted)
+            out = [p for p in page if p.state in states]
+            return job_service_pb2.ListRunsResponse(runs=out, next_page_token=token)
+
+        return await _call(context, work())
+
+
+def _proto_states(wanted: convert.RunFilter) -> set[int]:
+    states: set[int] = {convert.run_state_to_proto(s) for s in wanted.states}
+    if wanted.missed:
+        states.add(jobs_pb2.RUN_STATE_MISSED)
+    return states
+
+
+_HORIZON_FIELD = {
+    Once: "spec.schedule.once.at_ms",
+    Interval: "spec.schedule.interval.start_at_ms",
+    Cron: "spec.schedule.cron.expr",
+}
+
+
+def _check_horizon(spec: JobSpec, now_ms: int) -> None:
+    """A schedule whose first fire is further ahead than the horizon is a
+    mistake (seconds for milliseconds, a wrong year), not a job to keep."""
+    limit = DEFAULT_LIMITS.max_horizon_ms
+    first = compile_schedule(spec.schedule, jitter_ms=0, job_id=0).next_fire(now_ms - 1)
+    if first is not None and first - now_ms > limit:
+        raise LimitExceeded(
+            _HORIZON_FIELD[type(spec.schedule)],
+            f"first fire {first} is more than the schedule horizon of {limit} ms ahead",
+        )
+
+
+def _token_int(token: str, field: str) -> int:
+    if not token:
+        return 0
+    try:
+        value = int(token)
+    except ValueError:
+        raise InvalidArgument(field, "is not a token this server issued") from None
+    if value < 0:
+        raise InvalidArgument(field, "is not a token this server issued")
+    return value
+
+
+def _cursor(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+def _runs_token(token: str) -> tuple[int | None, int | None]:
+    """(before_run_id, before_missed_sf) from "RUN:MISSED"; an empty part (None)
+    means from the newest, 0 means that source is exhausted."""
+    if not token:
+        return None, None
+    try:
+        a, b = token.split(":")
+        before_run, before_missed = (int(a) if a else None), (int(b) if b else None)
+    except ValueError:
+        raise InvalidArgument("page_token", "is not a token this server issued") from None
+    if (before_run or 0) < 0 or (before_missed or 0) < 0:
+        raise InvalidArgument("page_token", "is not a token this server issued")
+    return before_run, before_missed

@@ -1,0 +1,95 @@
+"""The other members of a cluster as a node calls them: job calls forwarded to
+a shard's owner, and word that jobs of its shards changed.
+
+A call that must run on the owner of a job's shard (a pause, a trigger...) is
+forwarded once, marked with the forwarding node's id; the owner serves it, or,
+if it no longer owns the shard either, answers UNAVAILABLE and the client
+retries (``NotOwner``). Nothing is ever forwarded twice, so a stale
+membership cannot make calls circle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import grpc
+
+from wheel.rpc.v1 import job_service_pb2_grpc, node_service_pb2, node_service_pb2_grpc
+
+log = logging.getLogger("wheel.rpc")
+
+FORWARDED_BY = "wheel-forwarded-by"
+# A forwarded call gets what is left of the caller's deadline, at most this.
+FORWARD_TIMEOUT_S = 10.0
+# Word of changed jobs is a hint (the change feed carries it within a second
+# anyway): short, and never retried.
+NOTIFY_TIMEOUT_S = 2.0
+
+
+def forwarded_by(context: grpc.aio.ServicerContext) -> str | None:
+    """The node that forwarded this call, if one did."""
+    for key, value in context.invocation_metadata() or ():
+        if key == FORWARDED_BY:
+            return str(value)
+    return None
+
+
+class Peers:
+    """One channel per member address, opened on first use."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+        return channel
+
+    async def forward(
+        self, address: str, method: str, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
+        """Call ``JobService.<method>`` on the member at ``address`` and return
+        its answer; its failure is this call's failure, code and message."""
+        stub = job_service_pb2_grpc.JobServiceStub(self._channel(address))
+        remaining = context.time_remaining()
+        timeout = FORWARD_TIMEOUT_S if remaining is None else min(remaining, FORWARD_TIMEOUT_S)
+        try:
+            return await getattr(stub, method)(
+                request, timeout=timeout, metadata=((FORWARDED_BY, self.node_id),)
+            )
+        except grpc.aio.AioRpcError as exc:
+            await context.abort(exc.code(), exc.details() or "")
+            raise AssertionError("unreachable") from exc
+
+    def jobs_changed(self, by_owner: dict[str, list[int]]) -> None:
+        """Tell each owner (by address) that jobs of its shards changed here,
+        in the background."""
+        for address, job_ids in by_owner.items():
+            task = asyncio.create_task(self._notify(address, job_ids))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _notify(self, address: str, job_ids: Iterable[int]) -> None:
+        stub = node_service_pb2_grpc.NodeServiceStub(self._channel(address))
+        try:
+            await stub.JobsChanged(
+                node_service_pb2.JobsChangedRequest(
+                    job_ids=list(job_ids), from_node_id=self.node_id
+                ),
+                timeout=NOTIFY_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError as exc:
+            log.debug("%s not told of changed jobs (%s): its change feed will", address, exc)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()

@@ -1,0 +1,240 @@
+"""WorkerService: the lease stream, and how an owner's effects become one
+message per worker per loop iteration."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+
+from wheel.engine.owner import CompletionResult, Effects, Outcome
+from wheel.engine.spec import DEFAULT_LIMITS
+from wheel.node import Node, WorkerSession
+from wheel.rpc._common import (
+    MAX_CAPACITY,
+    MAX_HANDLERS,
+    MAX_PENDING_MESSAGES,
+    MAX_WORKER_ID,
+)
+from wheel.rpc.v1 import (
+    worker_service_pb2,
+    worker_service_pb2_grpc,
+)
+
+log = logging.getLogger("wheel.rpc")
+
+
+class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
+    """The lease stream. A bad message gets a ProtocolError for that message; it
+    never affects other runs or other workers."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def Connect(
+        self,
+        request_iterator: AsyncIterator[worker_service_pb2.WorkerMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[worker_service_pb2.ServerMessage]:
+        node = self.node
+        await node.ready.wait()
+        try:
+            first = await request_iterator.__anext__()
+        except StopAsyncIteration:
+            return
+        hello = first.hello
+        problem = _check_hello(first)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+            return
+        session = node.attach_worker(
+            hello.worker_id,
+            hello.capacity,
+            list(hello.pools) or ["default"],
+            handlers=list(hello.handlers),
+        )
+        cfg = node.config.owner
+        yield worker_service_pb2.ServerMessage(
+            welcome=worker_service_pb2.Welcome(
+                node_id=node.config.node_id,
+                grace_lease_ms=cfg.grace_lease_ms,
+                lease_ms=cfg.lease_ms,
+                heartbeat_interval_ms=cfg.heartbeat_interval_ms,
+            )
+        )
+        reader = asyncio.create_task(self._read(session, request_iterator))
+        try:
+            while True:
+                msg = await session.outbox.get()
+                if msg is None:
+                    break
+                assert isinstance(msg, worker_service_pb2.ServerMessage)
+                yield msg
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            node.detach_worker(session)
+
+    async def _read(
+        self,
+        session: WorkerSession,
+        requests: AsyncIterator[worker_service_pb2.WorkerMessage],
+    ) -> None:
+        node = self.node
+        wid = session.worker_id
+        try:
+            async for msg in requests:
+                if session.closed:
+                    break
+                kind = msg.WhichOneof("kind")
+                if kind == "ack":
+                    node.worker_ack(wid, [(r.run_id, r.fence) for r in msg.ack.runs])
+                elif kind == "heartbeat":
+                    node.worker_heartbeat(wid, [(r.run_id, r.fence) for r in msg.heartbeat.runs])
+                elif kind == "complete":
+                    done = []
+                    for c in msg.complete.completions:
+                        if c.outcome not in _OUTCOMES:
+                            _protocol_error(
+                                session,
+                                "INVALID_ARGUMENT",
+                                f"completions.outcome: unknown value {c.outcome}",
+                                c.run_id,
+                            )
+                            continue
+                        done.append((c.run_id, c.fence, _OUTCOMES[c.outcome], c.error[:4000]))
+                    if done:
+                        node.worker_complete(wid, done)
+                elif kind == "credit":
+                    held = node.worker_capacity(wid)
+                    if held is None or not 0 <= held + msg.credit.add <= MAX_CAPACITY:
+                        _protocol_error(
+                            session,
+                            "INVALID_ARGUMENT",
+                            f"credit.add: {msg.credit.add} would take the capacity outside"
+                            f" [0, {MAX_CAPACITY}]",
+                            0,
+                        )
+                    else:
+                        node.worker_credit(wid, msg.credit.add)
+                elif kind == "drain":
+                    node.worker_drain(wid)
+                else:
+                    _protocol_error(
+                        session, "INVALID_ARGUMENT", f"unexpected message {kind!r} after hello", 0
+                    )
+        finally:
+            session.outbox.put_nowait(None)
+
+
+_OUTCOMES = {
+    worker_service_pb2.OUTCOME_SUCCEEDED: Outcome.SUCCEEDED,
+    worker_service_pb2.OUTCOME_FAILED: Outcome.FAILED,
+    worker_service_pb2.OUTCOME_RETRYABLE: Outcome.RETRYABLE,
+    worker_service_pb2.OUTCOME_HANDED_BACK: Outcome.HANDED_BACK,
+    worker_service_pb2.OUTCOME_ABANDONED: Outcome.ABANDONED,
+}
+
+
+def _check_hello(msg: worker_service_pb2.WorkerMessage) -> str | None:
+    if msg.WhichOneof("kind") != "hello":
+        return "the first message on a Connect stream must be hello"
+    h = msg.hello
+    if not h.worker_id:
+        return "hello.worker_id: must not be empty"
+    if len(h.worker_id) > MAX_WORKER_ID:
+        return f"hello.worker_id: longer than {MAX_WORKER_ID} characters"
+    if not 1 <= h.capacity <= MAX_CAPACITY:
+        return f"hello.capacity: {h.capacity} is outside [1, {MAX_CAPACITY}]"
+    if len(h.handlers) > MAX_HANDLERS:
+        return f"hello.handlers: {len(h.handlers)} names is over the limit of {MAX_HANDLERS}"
+    limit = DEFAULT_LIMITS.max_handler_len
+    for name in h.handlers:
+        if not name or len(name) > limit:
+            return f"hello.handlers: {name!r} is empty or longer than {limit} characters"
+    return None
+
+
+def _protocol_error(session: WorkerSession, code: str, message: str, run_id: int) -> None:
+    if session.outbox.qsize() > MAX_PENDING_MESSAGES:
+        # A client that floods bad messages and reads none of the answers: end
+        # its stream rather than buffer without bound (other streams go on).
+        session.closed = True
+        session.outbox.put_nowait(None)
+        return
+    session.outbox.put_nowait(
+        worker_service_pb2.ServerMessage(
+            error=worker_service_pb2.ProtocolError(code=code, message=message, run_id=run_id)
+        )
+    )
+
+
+def send_effects(session: WorkerSession, fx: Effects) -> None:
+    """One message per worker per loop iteration (batching): its assignments
+    carry the answers to its completions; revokes go on their own."""
+    wid = session.worker_id
+    put = session.outbox.put_nowait
+    results = fx.results.get(wid)
+    rejected = fx.rejected_renewals.get(wid)
+    assignments = fx.assignments.get(wid)
+    if assignments:
+        msg = worker_service_pb2.ServerMessage()
+        # add() builds each in place: a message per run built apart and then
+        # copied into the list cost twice as much (4.7 against 2.6 us a run).
+        add = msg.assignments.assignments.add
+        for a in assignments:
+            add(
+                run_id=a.run_id,
+                job_id=a.job_id,
+                handler=a.handler,
+                scheduled_for_ms=a.scheduled_for,
+                attempt=a.attempt,
+                fence=a.fence,
+                idempotency_key=a.idempotency_key,
+                payload=a.payload,
+                lease_ms=a.lease_ms,
+                timeout_ms=a.timeout_ms,
+                tenant=a.tenant,
+            )
+        if results or rejected:
+            _fill_results(msg.assignments.results, results or (), rejected or ())
+        put(msg)
+    elif results or rejected:
+        msg = worker_service_pb2.ServerMessage()
+        _fill_results(msg.results, results or (), rejected or ())
+        put(msg)
+    revokes = fx.revokes.get(wid)
+    if revokes:
+        put(
+            worker_service_pb2.ServerMessage(
+                revokes=worker_service_pb2.Revokes(
+                    revokes=[
+                        worker_service_pb2.Revoke(
+                            run_id=r.run_id,
+                            fence=r.fence,
+                            reason=worker_service_pb2.RevokeReason.Name(int(r.reason)),
+                        )
+                        for r in revokes
+                    ]
+                )
+            )
+        )
+    for v in fx.violations.get(wid, ()):
+        _protocol_error(session, v.code, v.message, v.run_id)
+
+
+def _fill_results(
+    out: worker_service_pb2.Results,
+    results: Sequence[CompletionResult],
+    rejected: Sequence[tuple[int, int]],
+) -> None:
+    out.accepted.extend([r.run_id for r in results if r.accepted])
+    for r in results:
+        if not r.accepted:
+            out.completions.add(run_id=r.run_id, accepted=False, reason=r.reason)
+    for run_id, fence in rejected:
+        out.rejected_renewals.add(run_id=run_id, fence=fence)
