@@ -2,13 +2,7 @@
 record of truth, the worker streams, the checkpoint and, in a cluster, the
 coordinator that gives and takes its shards."""
 
-from wheel.node._node import (
-    Clock,
-    MessageSink,
-    Node,
-    NodeConfig,
-    NodeStatus,
-    WorkerSession,
-)
+from wheel.node._node import Node
+from wheel.node._values import Clock, MessageSink, NodeConfig, NodeStatus, WorkerSession
 
 __all__ = ["Clock", "MessageSink", "Node", "NodeConfig", "NodeStatus", "WorkerSession"]

@@ -28,11 +28,11 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TypeVar
 
 from wheel.checkpoint.owner_state import log_entry, log_records, snapshot_chunks
-from wheel.checkpoint.wal import Checkpoint, Durability, DutyCycle, Identity
+from wheel.checkpoint.wal import Checkpoint, DutyCycle, Identity
 from wheel.coord.base import Coordinator, Member
 from wheel.engine.driver import Driver, next_fires_of
 from wheel.engine.model import SHARD_COUNT, JobState, shard_of
@@ -40,13 +40,9 @@ from wheel.engine.owner import (
     Effects,
     Outcome,
     Owner,
-    OwnerConfig,
-    OwnerStats,
     ShardContents,
-    Unserved,
-    WorkerView,
 )
-from wheel.engine.records import ExecutionRecord, JobRecord, MissedFire, NewJob
+from wheel.engine.records import JobRecord, NewJob
 from wheel.engine.spec import JobSpec
 from wheel.errors import (
     CheckpointError,
@@ -57,6 +53,13 @@ from wheel.errors import (
     WheelError,
 )
 from wheel.node._cluster import ShardOwnership
+from wheel.node._reads import NodeReads
+from wheel.node._values import (
+    Clock,
+    MessageSink,
+    NodeConfig,
+    WorkerSession,
+)
 from wheel.recovery import restore_owner
 from wheel.store.base import BatchOutcome, Store, WriteBatch
 
@@ -72,70 +75,7 @@ SNAPSHOT_SHARE = 0.2
 SNAPSHOT_JOBS_PER_CHUNK = 2_000
 
 
-class Clock:
-    """Milliseconds on the wall-clock scale that never step backwards: the wall
-    time at start plus monotonic time elapsed since (leases must not jump when
-    NTP steps the wall clock)."""
-
-    def __init__(self) -> None:
-        self._wall0 = time.time_ns() // 1_000_000
-        self._mono0 = time.monotonic_ns()
-
-    def now_ms(self) -> int:
-        return self._wall0 + (time.monotonic_ns() - self._mono0) // 1_000_000
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeConfig:
-    node_id: str = "node-1"
-    owner: OwnerConfig = field(default_factory=OwnerConfig)
-    # How often to read jobs changed by others (other nodes, direct writes),
-    # and at most how many a read takes. A read that comes back at least half
-    # full is followed by the next one at once, not a whole interval later:
-    # jobs submitted faster than a page a second must not leave the node ever
-    # further behind on pauses and cancels made elsewhere.
-    changes_interval_s: float = 1.0
-    changes_page: int = 10_000
-    # Longest sleep of the dispatch loop without an event.
-    max_idle_s: float = 0.5
-    # Local LMDB checkpoint for fast restarts (None: rebuild from the store).
-    checkpoint_dir: str | None = None
-    checkpoint_durability: Durability = Durability.SYNC
-    # A checkpoint written for another cluster is never used.
-    cluster_id: str = "wheel"
-    # Take a snapshot (and truncate the log) once this many job records
-    # were logged since the last one began.
-    snapshot_every_records: int = 500_000
-    # Group commit under load: after a store batch of at least
-    # ``group_commit_min_writes`` writes, the next batch is formed no sooner
-    # than ``group_commit_ms`` later. Each commit then carries more fires, so
-    # fewer fsyncs and fewer store pages written per fire (measured: about a
-    # fifth of the node's CPU per dispatch at 10k/s). Light traffic waits
-    # ``group_commit_light_ms`` at most.
-    group_commit_ms: int = 20
-    group_commit_min_writes: int = 64
-    # After a smaller batch the next one waits this much: a steady trickle
-    # of fires would otherwise commit (and fsync the checkpoint) once per
-    # millisecond. At 2,000 dispatches/s on SQLite: 0.75 CPU s per 1,000
-    # dispatches and p99 13 ms at 0; 0.46 s and p99 10 ms at 5 ms. A lone
-    # event after a quiet spell still commits at once.
-    group_commit_light_ms: int = 5
-
-
-class WorkerSession:
-    """One worker stream: the node writes server messages into ``outbox``."""
-
-    def __init__(self, worker_id: str) -> None:
-        self.worker_id = worker_id
-        self.outbox: asyncio.Queue[object] = asyncio.Queue()
-        self.closed = False
-
-
-# Translates an owner Effects into per-worker wire messages; set by the rpc layer.
-MessageSink = Callable[[WorkerSession, Effects], None]
-
-
-class Node:
+class Node(NodeReads):
     """One node owning shards (all 256 on a single node)."""
 
     def __init__(
@@ -802,114 +742,3 @@ class Node:
         if self.coordinator is None:
             return dict.fromkeys(self._owner().shards(), self.config.node_id)
         return dict(self.coordinator.shard_owners())
-
-    # -- reads ------------------------------------------------------------------
-    #
-    # What the API serves, read from the store off the event loop or from
-    # the owner on it: the rpc layer touches nothing else of the node.
-
-    def now_ms(self) -> int:
-        return self.clock.now_ms()
-
-    async def list_jobs(
-        self, *, tenant: str | None, state: JobState | None, after_job_id: int, limit: int
-    ) -> list[JobRecord]:
-        return await self._api(
-            functools.partial(
-                self.store.list_jobs,
-                tenant=tenant,
-                state=state,
-                after_job_id=after_job_id,
-                limit=limit,
-            )
-        )
-
-    async def list_runs(
-        self, job_id: int, *, before_run_id: int | None = None, limit: int
-    ) -> list[ExecutionRecord]:
-        return await self._api(
-            functools.partial(
-                self.store.list_runs, job_id, before_run_id=before_run_id, limit=limit
-            )
-        )
-
-    async def list_history(
-        self,
-        job_id: int,
-        *,
-        before_run_id: int | None,
-        before_scheduled_for: int | None,
-        limit: int,
-        runs: bool = True,
-        missed: bool = True,
-    ) -> tuple[list[ExecutionRecord], list[MissedFire]]:
-        """A page of a job's executions and of its missed fires, each newest
-        first (before the cursors given; None: from the newest), read in one
-        trip off the event loop. ``runs``/``missed`` False: that part is not
-        read (its stream was read to its end)."""
-
-        def read() -> tuple[list[ExecutionRecord], list[MissedFire]]:
-            store = self.store
-            return (
-                store.list_runs(job_id, before_run_id=before_run_id, limit=limit) if runs else [],
-                store.list_missed(job_id, before_scheduled_for=before_scheduled_for, limit=limit)
-                if missed
-                else [],
-            )
-
-        return await self._api(read)
-
-    def status(self) -> NodeStatus:
-        """The node's view of itself: shards, jobs, runs, workers, backlog,
-        lag and totals."""
-        p50, p99 = self.lag_percentiles()
-        driver = self._driver
-        if driver is None:
-            return NodeStatus(node_id=self.config.node_id, lag_p50_ms=p50, lag_p99_ms=p99)
-        owner = driver.owner
-        fresh, overdue = owner.backlog()
-        workers = owner.worker_views()
-        return NodeStatus(
-            node_id=self.config.node_id,
-            lag_p50_ms=p50,
-            lag_p99_ms=p99,
-            shards=owner.shards(),
-            jobs=owner.job_count(),
-            pending_timers=owner.pending_timers(),
-            in_flight=len(owner.runs),
-            backlog=fresh + overdue,
-            overdue_backlog=overdue,
-            workers=workers,
-            worker_capacity=sum(w.capacity for w in workers),
-            stats=replace(owner.stats),
-            reaper_paused=owner.reaper_paused,
-            unserved=owner.unserved(),
-        )
-
-    def lag_percentiles(self) -> tuple[float, float]:
-        if not self._lags:
-            return 0.0, 0.0
-        lags = sorted(self._lags)
-        return float(lags[len(lags) // 2]), float(lags[min(len(lags) - 1, len(lags) * 99 // 100)])
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeStatus:
-    """What ``Node.status`` reports (``AdminService.GetClusterStatus``)."""
-
-    node_id: str
-    lag_p50_ms: float
-    lag_p99_ms: float
-    # Shard -> epoch held; empty while the node starts.
-    shards: Mapping[int, int] = field(default_factory=dict)
-    # Every job held, awake or dormant.
-    jobs: int = 0
-    pending_timers: int = 0
-    in_flight: int = 0
-    backlog: int = 0
-    overdue_backlog: int = 0
-    workers: Sequence[WorkerView] = ()
-    worker_capacity: int = 0
-    stats: OwnerStats = field(default_factory=OwnerStats)
-    reaper_paused: bool = False
-    unserved: Sequence[Unserved] = ()

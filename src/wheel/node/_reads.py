@@ -1,0 +1,117 @@
+"""What a node serves to read: jobs, runs and missed fires from the store (off
+the event loop), and its own status from the owner (on it). The rpc layer
+reads nothing else of the node."""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, TypeVar
+
+from wheel.engine.driver import Driver
+from wheel.engine.model import JobState
+from wheel.engine.records import ExecutionRecord, JobRecord, MissedFire
+from wheel.node._values import Clock, NodeConfig, NodeStatus
+from wheel.store.base import Store
+
+T = TypeVar("T")
+
+
+class NodeReads:
+    """The read API of ``wheel.node.Node``."""
+
+    store: Store
+    config: NodeConfig
+    clock: Clock
+    _driver: Driver | None
+    _lags: deque[int]
+
+    if TYPE_CHECKING:
+
+        async def _api(self, fn: Callable[..., T], *args: object) -> T: ...
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
+
+    async def list_jobs(
+        self, *, tenant: str | None, state: JobState | None, after_job_id: int, limit: int
+    ) -> list[JobRecord]:
+        return await self._api(
+            functools.partial(
+                self.store.list_jobs,
+                tenant=tenant,
+                state=state,
+                after_job_id=after_job_id,
+                limit=limit,
+            )
+        )
+
+    async def list_runs(
+        self, job_id: int, *, before_run_id: int | None = None, limit: int
+    ) -> list[ExecutionRecord]:
+        return await self._api(
+            functools.partial(
+                self.store.list_runs, job_id, before_run_id=before_run_id, limit=limit
+            )
+        )
+
+    async def list_history(
+        self,
+        job_id: int,
+        *,
+        before_run_id: int | None,
+        before_scheduled_for: int | None,
+        limit: int,
+        runs: bool = True,
+        missed: bool = True,
+    ) -> tuple[list[ExecutionRecord], list[MissedFire]]:
+        """A page of a job's executions and of its missed fires, each newest
+        first (before the cursors given; None: from the newest), read in one
+        trip off the event loop. ``runs``/``missed`` False: that part is not
+        read (its stream was read to its end)."""
+
+        def read() -> tuple[list[ExecutionRecord], list[MissedFire]]:
+            store = self.store
+            return (
+                store.list_runs(job_id, before_run_id=before_run_id, limit=limit) if runs else [],
+                store.list_missed(job_id, before_scheduled_for=before_scheduled_for, limit=limit)
+                if missed
+                else [],
+            )
+
+        return await self._api(read)
+
+    def status(self) -> NodeStatus:
+        """The node's view of itself: shards, jobs, runs, workers, backlog,
+        lag and totals."""
+        p50, p99 = self.lag_percentiles()
+        driver = self._driver
+        if driver is None:
+            return NodeStatus(node_id=self.config.node_id, lag_p50_ms=p50, lag_p99_ms=p99)
+        owner = driver.owner
+        fresh, overdue = owner.backlog()
+        workers = owner.worker_views()
+        return NodeStatus(
+            node_id=self.config.node_id,
+            lag_p50_ms=p50,
+            lag_p99_ms=p99,
+            shards=owner.shards(),
+            jobs=owner.job_count(),
+            pending_timers=owner.pending_timers(),
+            in_flight=len(owner.runs),
+            backlog=fresh + overdue,
+            overdue_backlog=overdue,
+            workers=workers,
+            worker_capacity=sum(w.capacity for w in workers),
+            stats=replace(owner.stats),
+            reaper_paused=owner.reaper_paused,
+            unserved=owner.unserved(),
+        )
+
+    def lag_percentiles(self) -> tuple[float, float]:
+        if not self._lags:
+            return 0.0, 0.0
+        lags = sorted(self._lags)
+        return float(lags[len(lags) // 2]), float(lags[min(len(lags) - 1, len(lags) * 99 // 100)])
