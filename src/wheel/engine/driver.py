@@ -106,13 +106,20 @@ class Driver:
             advances=work.advances,
             claims=work.claims,
             starts=starts,
+            epochs=self.owner.shards(),
         )
 
-    def apply(self, outcome: BatchOutcome, now_ms: int) -> None:
-        """The store's answer to a batch, fed back in batch order."""
+    def apply(self, outcome: BatchOutcome, now_ms: int) -> frozenset[int]:
+        """The store's answer to a batch, fed back in batch order. Shards the
+        store refused (a newer owner fenced them) are handed over at once and
+        returned: this owner's hold on them is over, whatever its coordinator
+        has told it so far."""
         owner, fx = self.owner, self.fx
+        if outcome.fenced:
+            owner.remove_shards(outcome.fenced)
         owner.on_completed(outcome.completions, now_ms, fx)
         owner.on_claimed(outcome.claims, now_ms, fx)
+        return outcome.fenced
 
     def wants_another_pass(self) -> bool:
         """Whether the loop should go round again at once: store writes wait,

@@ -8,7 +8,7 @@ re-exports them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from wheel.engine.model import JobState, MissedReason, RunState
@@ -151,6 +151,12 @@ class WriteBatch:
     advances: Sequence[ScheduleAdvance] = ()
     claims: Sequence[FireClaim] = ()
     starts: Sequence[RunStart] = ()
+    # Shard -> the epoch the writer holds it under (None: not checked, for
+    # tools and tests that write outside any owner). A write about a shard
+    # missing here, or whose epoch in the store is newer, is refused in the
+    # same transaction: a node that lost a shard writes nothing more to it
+    # once the next owner fenced it (seed C4).
+    epochs: Mapping[int, int] | None = None
 
     def size(self) -> int:
         """Rows this batch writes."""
@@ -169,3 +175,7 @@ class BatchOutcome:
 
     completions: list[CompletionOutcome]
     claims: list[ClaimOutcome]
+    # Shards the store refused this batch's writes for (a newer owner fenced
+    # them): their claims came back unwon, their completions unapplied, and
+    # their schedule moves, missed records and starts were not written.
+    fenced: frozenset[int] = frozenset()

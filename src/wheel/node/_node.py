@@ -383,7 +383,13 @@ class Node(NodeReads):
                     self._commit_waiters = []
             while pending and pending[0][0].done():
                 done, waiters = pending.popleft()
-                driver.apply(done.result(), self.clock.now_ms())
+                fenced = driver.apply(done.result(), self.clock.now_ms())
+                if fenced:
+                    log.warning(
+                        "the store refused writes for %d shards a newer owner holds: %s",
+                        len(fenced),
+                        sorted(fenced)[:16],
+                    )
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_result(None)
