@@ -21,6 +21,7 @@ Restart, with the store as the fallback for every doubt::
     cp.write_snapshot(chunks, upto_seq)  # when cp.log_bytes() or log_records() is large
 """
 
+from wheel.checkpoint._files import Durability, DutyCycle
 from wheel.checkpoint.codec import (
     Field,
     RecordWriter,
@@ -36,14 +37,7 @@ from wheel.checkpoint.codec import (
     unpack_i64s,
     unpack_u64s,
 )
-from wheel.checkpoint.wal import (
-    FORMAT_VERSION,
-    Checkpoint,
-    Durability,
-    DutyCycle,
-    Identity,
-    Recovery,
-)
+from wheel.checkpoint.wal import FORMAT_VERSION, Checkpoint, Identity, Recovery
 from wheel.errors import CheckpointError
 
 __all__ = [

@@ -31,8 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TypeVar
 
+from wheel.checkpoint import Checkpoint, DutyCycle, Identity
 from wheel.checkpoint.owner_state import log_entry, log_records, snapshot_chunks
-from wheel.checkpoint.wal import Checkpoint, DutyCycle, Identity
 from wheel.coord.base import Coordinator, Member
 from wheel.engine.driver import Driver, next_fires_of
 from wheel.engine.model import SHARD_COUNT, JobState, shard_of

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from wheel.checkpoint.wal import Durability
+from wheel.checkpoint import Durability
 from wheel.engine.owner import Effects, OwnerConfig, OwnerStats, Unserved, WorkerView
 
 
