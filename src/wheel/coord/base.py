@@ -53,6 +53,8 @@ class Coordinator(Protocol):
     """Shard ownership for one node: what the node calls, and nothing more."""
 
     node_id: str
+    # Where the other members and workers reach this node ("host:port").
+    address: str
 
     async def start(self) -> None:
         """Join and acquire shards; the first OwnershipChange reaches the
@@ -79,6 +81,10 @@ class Coordinator(Protocol):
 
     def members(self) -> list[Member]:
         """The live members as last seen."""
+
+    def view_version(self) -> int:
+        """Grows whenever the members or the shard holders seen change,
+        comparable across members (etcd's revision of the view; 0 alone)."""
 
     def shard_owners(self) -> Mapping[int, str]:
         """Shard -> the node id holding it as last seen (a shard between

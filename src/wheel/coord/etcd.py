@@ -181,8 +181,10 @@ class EtcdCoordinator:
         self._lease_gone = False
         self._acquired_rev: dict[int, int] = {}
         self._members: dict[str, str] = {}
-        # Shard -> holder's node id as last read (replaced whole, never mutated).
+        # Shard -> holder's node id as last read (replaced whole, never mutated),
+        # and the etcd revision that read saw.
         self._holders: dict[int, str] = {}
+        self._view_revision = 0
         self._published_first = False
 
         self._stopping = threading.Event()
@@ -262,6 +264,9 @@ class EtcdCoordinator:
 
     def members(self) -> list[Member]:
         return [Member(node_id=n, address=a) for n, a in sorted(self._members.items())]
+
+    def view_version(self) -> int:
+        return self._view_revision
 
     def shard_owners(self) -> Mapping[int, str]:
         holders = dict(self._holders)
@@ -509,10 +514,12 @@ class EtcdCoordinator:
             members[self.node_id] = self.address
         self._members = members
         holders: dict[int, tuple[str, int]] = {}
-        for value, meta in self._call(client.get_prefix, self._shards_prefix):
-            shard = int(meta.key.decode()[len(self._shards_prefix) :])
-            holders[shard] = (value.decode(), meta.mod_revision)
+        response = self._call(client.get_prefix_response, self._shards_prefix)
+        for kv in response.kvs:
+            shard = int(kv.key.decode()[len(self._shards_prefix) :])
+            holders[shard] = (kv.value.decode(), kv.mod_revision)
         self._holders = {s: node for s, (node, _) in holders.items()}
+        self._view_revision = max(self._view_revision, int(response.header.revision))
 
         assignment = assign_shards(members)
         mine = {s for s, owner in assignment.items() if owner == self.node_id}

@@ -76,6 +76,9 @@ class LocalCoordinator:
     def valid_until(self) -> float:
         return math.inf
 
+    def view_version(self) -> int:
+        return 0
+
     def shard_owners(self) -> Mapping[int, str]:
         return dict.fromkeys(self._owned, self.node_id)
 

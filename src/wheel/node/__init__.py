@@ -3,6 +3,21 @@ record of truth, the worker streams, the checkpoint and, in a cluster, the
 coordinator that gives and takes its shards."""
 
 from wheel.node._node import Node
-from wheel.node._values import Clock, MessageSink, NodeConfig, NodeStatus, WorkerSession
+from wheel.node._values import (
+    Clock,
+    Membership,
+    MessageSink,
+    NodeConfig,
+    NodeStatus,
+    WorkerSession,
+)
 
-__all__ = ["Clock", "MessageSink", "Node", "NodeConfig", "NodeStatus", "WorkerSession"]
+__all__ = [
+    "Clock",
+    "Membership",
+    "MessageSink",
+    "Node",
+    "NodeConfig",
+    "NodeStatus",
+    "WorkerSession",
+]

@@ -56,6 +56,7 @@ from wheel.node._cluster import ShardOwnership
 from wheel.node._reads import NodeReads
 from wheel.node._values import (
     Clock,
+    Membership,
     MessageSink,
     NodeConfig,
     WorkerSession,
@@ -102,6 +103,10 @@ class Node(NodeReads):
         self._driver: Driver | None = None
         self.sessions: dict[str, WorkerSession] = {}
         self.message_sink: MessageSink | None = None
+        # Pushes the cluster's view to a worker stream (set by the rpc layer);
+        # the view last pushed, to push only changes.
+        self.membership_sink: Callable[[WorkerSession, Membership], None] | None = None
+        self._pushed_view: Membership | None = None
         self._wake = asyncio.Event()
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-store")
         self._api_threads = ThreadPoolExecutor(4, thread_name_prefix="wheel-api")
@@ -213,6 +218,7 @@ class Node(NodeReads):
         on and their next owner adopts them from the store."""
         handed = self._owner().remove_shards(shards)
         log.info("handed over %d shards with %d runs in flight", len(shards), len(handed))
+        self._push_membership()
         self.wake()
 
     def take_on(self, epochs: Mapping[int, int], contents: ShardContents, watermark: int) -> None:
@@ -230,6 +236,7 @@ class Node(NodeReads):
             len(contents.jobs) + len(contents.images),
             len(contents.inflight),
         )
+        self._push_membership()
         self.wake()
 
     def _loop_done(self, task: asyncio.Task[None]) -> None:
@@ -395,6 +402,8 @@ class Node(NodeReads):
                         waiter.set_result(None)
             self._publish(fx)
             resync = driver.take_resync()
+            if coordinator is not None and time.monotonic() >= next_changes:
+                self._push_membership()
             if resync or time.monotonic() >= next_changes:
                 busy = await self._read_changes(resync)
                 next_changes = time.monotonic() + (0.0 if busy else config.changes_interval_s)
@@ -742,6 +751,50 @@ class Node(NodeReads):
         if self.coordinator is None:
             return [Member(node_id=self.config.node_id, address="")]
         return self.coordinator.members()
+
+    def membership(self) -> Membership:
+        """The cluster as this node sees it: what workers route runs by."""
+        owners = self.shard_owners()
+        version = 0 if self.coordinator is None else self.coordinator.view_version()
+        return Membership(
+            members=tuple(self.members()),
+            shard_owners=tuple(owners.get(s, "") for s in range(SHARD_COUNT)),
+            version=version,
+        )
+
+    def _push_membership(self) -> None:
+        """Tell every worker stream when the members or shard owners changed:
+        workers open streams to new members and re-home runs of gone ones."""
+        sink = self.membership_sink
+        if sink is None:
+            return
+        view = self.membership()
+        if view == self._pushed_view:
+            return
+        self._pushed_view = view
+        for session in list(self.sessions.values()):
+            sink(session, view)
+
+    def run_home(self, job_id: int) -> Member | None:
+        """Where a worker reports a run of ``job_id``: None when this node
+        holds its shard; else the member that does (this node itself while
+        it is still loading a shard it just gained, so the worker comes
+        back), or an empty member while the shard is between owners."""
+        owner = self._owner()
+        if owner.owns(job_id):
+            return None
+        coordinator = self.coordinator
+        if coordinator is None:
+            return None  # one node holds everything: nothing moves
+        shard = shard_of(job_id)
+        me = self.config.node_id
+        if shard in coordinator.owned():
+            return Member(node_id=me, address=coordinator.address)
+        holder = coordinator.shard_owners().get(shard)
+        for member in coordinator.members():
+            if member.node_id == holder and holder != me:
+                return member
+        return Member(node_id="", address="")
 
     def shard_owners(self) -> dict[int, str]:
         """Shard -> the node id holding it, as last seen."""

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from wheel.checkpoint import Durability
+from wheel.coord.base import Member
 from wheel.engine.owner import Effects, OwnerConfig, OwnerStats, Unserved, WorkerView
 
 
@@ -73,6 +74,16 @@ class WorkerSession:
 
 # Translates an owner Effects into per-worker wire messages; set by the rpc layer.
 MessageSink = Callable[[WorkerSession, Effects], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Membership:
+    """The members and each shard's owner (256 node ids, "" between owners),
+    at ``version`` (cluster-wide, growing; 0 for a single node)."""
+
+    members: tuple[Member, ...]
+    shard_owners: tuple[str, ...]
+    version: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,12 +7,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import grpc
 
+from wheel.coord.base import Member
 from wheel.engine.owner import CompletionResult, Effects, Outcome
 from wheel.engine.spec import DEFAULT_LIMITS
-from wheel.node import Node, WorkerSession
+from wheel.node import Membership, Node, WorkerSession
 from wheel.rpc._common import (
     MAX_CAPACITY,
     MAX_HANDLERS,
@@ -20,6 +22,7 @@ from wheel.rpc._common import (
     MAX_WORKER_ID,
 )
 from wheel.rpc.v1 import (
+    cluster_pb2,
     worker_service_pb2,
     worker_service_pb2_grpc,
 )
@@ -63,6 +66,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                 grace_lease_ms=cfg.grace_lease_ms,
                 lease_ms=cfg.lease_ms,
                 heartbeat_interval_ms=cfg.heartbeat_interval_ms,
+                membership=membership_to_proto(node.membership()),
             )
         )
         reader = asyncio.create_task(self._read(session, request_iterator))
@@ -92,12 +96,12 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                     break
                 kind = msg.WhichOneof("kind")
                 if kind == "ack":
-                    node.worker_ack(wid, [(r.run_id, r.fence) for r in msg.ack.runs])
+                    node.worker_ack(wid, self._here(session, msg.ack.runs))
                 elif kind == "heartbeat":
-                    node.worker_heartbeat(wid, [(r.run_id, r.fence) for r in msg.heartbeat.runs])
+                    node.worker_heartbeat(wid, self._here(session, msg.heartbeat.runs))
                 elif kind == "complete":
                     done = []
-                    for c in msg.complete.completions:
+                    for c in self._here(session, msg.complete.completions, full=True):
                         if c.outcome not in _OUTCOMES:
                             _protocol_error(
                                 session,
@@ -129,6 +133,51 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                     )
         finally:
             session.outbox.put_nowait(None)
+
+    def _here(
+        self, session: WorkerSession, refs: Sequence[Any], *, full: bool = False
+    ) -> list[Any]:
+        """Of the runs a worker names (RunRefs, or Completions with ``full``),
+        those whose shard this node holds, as (run id, fence) pairs (or the
+        messages themselves with ``full``). The others are answered at once
+        with ``Results.moved``, naming their shard's owner: not a rejection,
+        the worker reports them there."""
+        node = self.node
+        here: list[Any] = []
+        moved: list[tuple[Any, Member]] = []
+        for ref in refs:
+            home = node.run_home(ref.job_id) if ref.job_id else None
+            if home is None:
+                here.append(ref if full else (ref.run_id, ref.fence))
+            else:
+                moved.append((ref, home))
+        if moved:
+            msg = worker_service_pb2.ServerMessage()
+            for ref, home in moved:
+                msg.results.moved.add(
+                    run_id=ref.run_id,
+                    fence=ref.fence,
+                    job_id=ref.job_id,
+                    owner_node_id=home.node_id,
+                    owner_address=home.address,
+                )
+            session.outbox.put_nowait(msg)
+        return here
+
+
+def membership_to_proto(view: Membership) -> cluster_pb2.Membership:
+    return cluster_pb2.Membership(
+        members=[cluster_pb2.Member(node_id=m.node_id, address=m.address) for m in view.members],
+        shard_owners=view.shard_owners,
+        version=view.version,
+    )
+
+
+def send_membership(session: WorkerSession, view: Membership) -> None:
+    """Push the cluster's new view on one worker stream."""
+    session.outbox.put_nowait(
+        worker_service_pb2.ServerMessage(membership=membership_to_proto(view))
+    )
 
 
 _OUTCOMES = {

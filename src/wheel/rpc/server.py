@@ -16,7 +16,7 @@ from wheel.rpc._common import MAX_MESSAGE_BYTES, status_of
 from wheel.rpc._jobs import JobServicer
 from wheel.rpc._nodes import NodeServicer
 from wheel.rpc._peers import Peers
-from wheel.rpc._workers import WorkerServicer, send_effects
+from wheel.rpc._workers import WorkerServicer, send_effects, send_membership
 from wheel.rpc.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
@@ -42,6 +42,7 @@ async def serve(node: Node, listen: str) -> tuple[grpc.aio.Server, int]:
     ]
     server = grpc.aio.server(options=options)
     node.message_sink = send_effects
+    node.membership_sink = send_membership
     peers = Peers(node.config.node_id)
     node.on_stop(peers.close)
     job_service_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(node, peers), server)
