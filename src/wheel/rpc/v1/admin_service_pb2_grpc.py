@@ -5,6 +5,7 @@ import grpc
 import warnings
 
 from wheel.rpc.v1 import admin_service_pb2 as wheel_dot_rpc_dot_v1_dot_admin__service__pb2
+from wheel.rpc.v1 import cluster_pb2 as wheel_dot_rpc_dot_v1_dot_cluster__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -40,6 +41,11 @@ class AdminServiceStub:
                 request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.GetClusterStatusRequest.SerializeToString,
                 response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ClusterStatus.FromString,
                 _registered_method=True)
+        self.GetMembership = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/GetMembership',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.GetMembershipRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_cluster__pb2.Membership.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -51,6 +57,15 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetMembership(self, request, context):
+        """The members and the owner of every shard, as this node sees them now:
+        what workers and clients route by. A single node answers with itself
+        owning every shard.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +73,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetClusterStatus,
                     request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.GetClusterStatusRequest.FromString,
                     response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ClusterStatus.SerializeToString,
+            ),
+            'GetMembership': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMembership,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.GetMembershipRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_cluster__pb2.Membership.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +107,33 @@ class AdminService:
             '/wheel.rpc.v1.AdminService/GetClusterStatus',
             wheel_dot_rpc_dot_v1_dot_admin__service__pb2.GetClusterStatusRequest.SerializeToString,
             wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ClusterStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMembership(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/GetMembership',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.GetMembershipRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_cluster__pb2.Membership.FromString,
             options,
             channel_credentials,
             insecure,
