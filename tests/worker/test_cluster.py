@@ -45,8 +45,9 @@ class Slow:
 
 
 def worker(*targets: str, capacity: int = 16) -> tuple[Worker, Slow]:
-    """A worker seeded with ``targets``, with handlers ``slow`` and ``ok``."""
-    w = Worker(list(targets), worker_id="w-1", capacity=capacity, reconnect_initial=0.05)
+    """A worker seeded with ``targets`` (as ``wheelctl worker --target a,b``
+    gives them), with handlers ``slow`` and ``ok``."""
+    w = Worker(",".join(targets), worker_id="w-1", capacity=capacity, reconnect_initial=0.05)
     slow = Slow()
     w.register("slow", slow)
     w.register("ok", lambda ctx: None)
