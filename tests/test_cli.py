@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import free_port
 from tests.rpc.test_api import InProcessServer
 from wheel.cli import (
     GC_YOUNG_THRESHOLD,
@@ -165,5 +166,25 @@ def test_wheelctl_talks_to_a_node_through_the_client(
         assert main(["submit", *target, "--name", "x", "--handler", "h", "--every", "5s",
                      "--tz", "Europe/Paris"]) == 2  # fmt: skip
         assert "tz: goes with cron= only" in capsys.readouterr().err
+    finally:
+        server.stop()
+
+
+def test_wheelctl_takes_several_comma_separated_targets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = InProcessServer(tmp_path).start()
+    try:
+        # The first address has no node: every command goes on to the second.
+        target = ["--target", f"127.0.0.1:{free_port()},{server.target}"]
+        assert main(["submit", *target, "--name", "n", "--handler", "h", "--at", "+1h",
+                     "--json"]) == 0  # fmt: skip
+        job_id = json.loads(capsys.readouterr().out)["job_id"]
+        assert main(["trigger", str(job_id), *target]) == 0
+        assert f"triggered job {job_id}" in capsys.readouterr().out
+        assert main(["status", *target]) == 0
+        assert capsys.readouterr().out.startswith("node node-1: 1 jobs")
+        ns = build_parser().parse_args(["worker", "m:f", *target])
+        assert ns.target == target[1]
     finally:
         server.stop()

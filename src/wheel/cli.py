@@ -1,7 +1,7 @@
 """``wheelctl``: run a node or a worker, and talk to a running node.
 
 wheelctl serve  [--data-dir DIR] [--listen HOST:PORT] [--store URL]
-wheelctl worker [--target HOST:PORT] [--capacity N] module:function ...
+wheelctl worker [--target HOST:PORT[,HOST:PORT...]] [--capacity N] module:function ...
 wheelctl submit --name N --handler H (--at WHEN | --cron EXPR | --every DURATION) ...
 wheelctl jobs | runs JOB_ID | cancel JOB_ID | pause JOB_ID | resume JOB_ID
 wheelctl trigger JOB_ID | status | demo
@@ -428,6 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
     target = os.environ.get("WHEEL_TARGET", DEFAULT_TARGET)
+    # Several nodes: a call goes to the next when one is unavailable; a worker
+    # learns the rest of a cluster from any of them.
+    target_help = "a node's HOST:PORT, or several comma-separated ($WHEEL_TARGET; %(default)s)"
 
     s = sub.add_parser(
         "serve", help="run a node (embedded SQLite, all shards; or a cluster member with --cluster)"
@@ -498,14 +501,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("worker", help="run handlers for assigned runs")
     w.add_argument("handlers", nargs="*", help="module:function or name=module:function")
-    w.add_argument("--target", default=target)
+    w.add_argument("--target", default=target, help=target_help)
     w.add_argument("--capacity", type=int, default=16)
     w.add_argument("--worker-id")
     w.add_argument("--pool", action="append")
     w.set_defaults(fn=cmd_worker)
 
     sb = sub.add_parser("submit", help="submit a job")
-    sb.add_argument("--target", default=target)
+    sb.add_argument("--target", default=target, help=target_help)
     sb.add_argument("--name", required=True)
     sb.add_argument("--handler", required=True)
     sb.add_argument("--at", help="one-shot: +5s, epoch ms, or ISO 8601")
@@ -531,29 +534,29 @@ def build_parser() -> argparse.ArgumentParser:
     sb.set_defaults(fn=cmd_submit)
 
     j = sub.add_parser("jobs", help="list jobs")
-    j.add_argument("--target", default=target)
+    j.add_argument("--target", default=target, help=target_help)
     j.add_argument("--tenant")
     j.set_defaults(fn=cmd_jobs)
 
     r = sub.add_parser("runs", help="list a job's runs and missed fires")
     r.add_argument("job_id", type=int)
-    r.add_argument("--target", default=target)
+    r.add_argument("--target", default=target, help=target_help)
     r.add_argument("--json", action="store_true")
     r.set_defaults(fn=cmd_runs)
 
     for name, method in (("cancel", "cancel"), ("pause", "pause"), ("resume", "resume")):
         c = sub.add_parser(name, help=f"{name} a job")
         c.add_argument("job_id", type=int)
-        c.add_argument("--target", default=target)
+        c.add_argument("--target", default=target, help=target_help)
         c.set_defaults(fn=_state_cmd(method))
 
     t = sub.add_parser("trigger", help="run a job now, out of band")
     t.add_argument("job_id", type=int)
-    t.add_argument("--target", default=target)
+    t.add_argument("--target", default=target, help=target_help)
     t.set_defaults(fn=cmd_trigger)
 
     st = sub.add_parser("status", help="node status: counters, workers, unserved handlers")
-    st.add_argument("--target", default=target)
+    st.add_argument("--target", default=target, help=target_help)
     st.add_argument("--json", action="store_true", help="the status as JSON (durations in s)")
     st.set_defaults(fn=cmd_status)
 

@@ -115,7 +115,7 @@ def test_the_async_client_runs_the_core_flow(node: InProcessServer) -> None:
 
 def test_the_async_client_reports_an_unreachable_node_as_unavailable() -> None:
     async def call() -> None:
-        async with AsyncClient(f"127.0.0.1:{free_port()}", timeout=2) as client:
+        async with AsyncClient(f"127.0.0.1:{free_port()}", timeout=0.5) as client:
             await client.status()
 
     with pytest.raises(WheelError) as info:

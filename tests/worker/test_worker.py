@@ -1,8 +1,6 @@
-"""The worker SDK against a scripted WorkerService on a real loopback gRPC server.
-
-The scripted node records every message the worker sends and lets each test
-push Welcome / Assignments / Revokes / Results / errors and drop the stream.
-"""
+"""The worker SDK against one scripted node on a real loopback gRPC server
+(``tests.worker.scripted``): the lease stream's protocol, outcomes, revokes,
+timeouts, reconnects, drain and capacity."""
 
 from __future__ import annotations
 
@@ -17,160 +15,27 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import grpc
 import grpc.aio
 import pytest
 
+from tests.worker.scripted import (
+    ScriptedNode,
+    assign,
+    assignment,
+    node,
+    refs,
+    running,
+    scenario,
+    until,
+)
 from wheel.errors import InvalidArgument
 from wheel.rpc.v1 import worker_service_pb2 as pb
 from wheel.rpc.v1 import worker_service_pb2_grpc as pb_grpc
 from wheel.worker import Permanent, Retryable, RunContext, Worker, load_handler
-from wheel.worker._worker import ACK_DELAY_S
-
-DROP = object()
-
-
-class Conn:
-    """One Connect stream as the node sees it."""
-
-    def __init__(self) -> None:
-        self.inbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
-        self.outbox: asyncio.Queue[Any] = asyncio.Queue()
-        self.log: list[tuple[float, pb.WorkerMessage]] = []
-
-    def send(self, **kind: Any) -> None:
-        self.outbox.put_nowait(pb.ServerMessage(**kind))
-
-    def drop(self) -> None:
-        self.outbox.put_nowait(DROP)
-
-    async def expect(self, kind: str, timeout: float = 5.0) -> Any:
-        """The next message of ``kind`` (others are skipped but stay in ``log``)."""
-        async with asyncio.timeout(timeout):
-            while True:
-                msg = await self.inbox.get()
-                assert msg is not None, f"stream ended while waiting for {kind}"
-                if msg.WhichOneof("kind") == kind:
-                    return getattr(msg, kind)
-
-    def sent(self, kind: str) -> list[Any]:
-        return [getattr(m, kind) for _, m in self.log if m.WhichOneof("kind") == kind]
-
-    def completions(self) -> dict[int, pb.Completion]:
-        return {c.run_id: c for m in self.sent("complete") for c in m.completions}
-
-    async def completed(self, n: int, timeout: float = 5.0) -> dict[int, pb.Completion]:
-        async with asyncio.timeout(timeout):
-            while len(self.completions()) < n:
-                await asyncio.sleep(0.005)
-        return self.completions()
-
-
-class ScriptedNode(pb_grpc.WorkerServiceServicer):
-    def __init__(self) -> None:
-        self.conns: asyncio.Queue[Conn] = asyncio.Queue()
-
-    async def Connect(self, request_iterator: Any, context: Any) -> None:
-        conn = Conn()
-        self.conns.put_nowait(conn)
-
-        async def pump() -> None:
-            async for m in request_iterator:
-                conn.log.append((time.monotonic(), m))
-                conn.inbox.put_nowait(m)
-
-        reader = asyncio.create_task(pump())
-        try:
-            while True:
-                getter = asyncio.create_task(conn.outbox.get())
-                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
-                    getter.cancel()
-                    return
-                out = getter.result()
-                if out is DROP:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "dropped by the test")
-                await context.write(out)
-        finally:
-            reader.cancel()
-            conn.inbox.put_nowait(None)
-
-    async def accept(
-        self, *, heartbeat_ms: int = 1_000, lease_ms: int = 60_000
-    ) -> tuple[Conn, pb.Hello]:
-        conn = await asyncio.wait_for(self.conns.get(), 5)
-        first = await asyncio.wait_for(conn.inbox.get(), 5)
-        assert first is not None
-        assert first.WhichOneof("kind") == "hello", "Hello must be the first message"
-        conn.send(
-            welcome=pb.Welcome(
-                node_id="node-1",
-                grace_lease_ms=5_000,
-                lease_ms=lease_ms,
-                heartbeat_interval_ms=heartbeat_ms,
-            )
-        )
-        return conn, first.hello
-
-
-@contextlib.asynccontextmanager
-async def node() -> AsyncIterator[tuple[ScriptedNode, str]]:
-    server = grpc.aio.server()
-    svc = ScriptedNode()
-    pb_grpc.add_WorkerServiceServicer_to_server(svc, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield svc, f"127.0.0.1:{port}"
-    finally:
-        await server.stop(None)
-
-
-@contextlib.asynccontextmanager
-async def running(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(worker.run())
-    try:
-        yield task
-    finally:
-        worker.stop()
-        await asyncio.wait_for(task, 5)
-
-
-def scenario(fn: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(fn(), 20))
-
-
-def assignment(
-    run_id: int, handler: str, *, fence: int | None = None, timeout_ms: int = 10_000, **kw: Any
-) -> pb.Assignment:
-    return pb.Assignment(
-        run_id=run_id,
-        job_id=run_id * 10,
-        handler=handler,
-        fence=run_id + 1000 if fence is None else fence,
-        timeout_ms=timeout_ms,
-        attempt=kw.pop("attempt", 1),
-        lease_ms=5_000,
-        **kw,
-    )
-
-
-def assign(conn: Conn, *runs: pb.Assignment) -> None:
-    conn.send(assignments=pb.Assignments(assignments=list(runs)))
-
-
-async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not cond():
-            await asyncio.sleep(0.005)
-
-
-def refs(hb: pb.Heartbeat) -> set[tuple[int, int]]:
-    return {(r.run_id, r.fence) for r in hb.runs}
-
+from wheel.worker._link import ACK_DELAY_S
 
 # -- handshake and heartbeats ----------------------------------------------------------
 

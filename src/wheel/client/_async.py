@@ -1,44 +1,84 @@
-"""``AsyncClient``: the asyncio client over one ``grpc.aio`` channel.
+"""``AsyncClient``: the asyncio client over a ``grpc.aio`` channel to each node.
 
 The same calls as ``Client``, awaited, with async iterators for the lists;
-requests and responses go through the same ``_wire`` functions.
+requests and responses go through the same ``_wire`` functions, and the choice
+of node through the same ``_nodes.Tries``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
 import grpc.aio  # type: ignore[import-untyped, unused-ignore]
+from grpc_health.v1 import health_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
 
 from wheel.client import _wire
+from wheel.client._nodes import (
+    CHANNEL_OPTIONS,
+    CONNECT_TIMEOUT_S,
+    PROBE,
+    Resend,
+    Tries,
+    connected,
+)
 from wheel.client._specs import JobArgs, JobRequest
 from wheel.client._time import When
-from wheel.client._values import Backfill, Job, JobState, Run, RunState, Status, Trigger
+from wheel.client._values import (
+    Backfill,
+    Job,
+    JobState,
+    Membership,
+    Run,
+    RunState,
+    Status,
+    Trigger,
+)
 from wheel.errors import WheelError
+from wheel.rpc.targets import targets_of
 from wheel.rpc.v1 import admin_service_pb2_grpc, job_service_pb2_grpc
 
 _T = TypeVar("_T")
 
 
+class _Node:
+    """One address: its channel, the stubs on it, and whether it answered last."""
+
+    __slots__ = ("address", "admin", "answered", "channel", "health", "jobs")
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.jobs = job_service_pb2_grpc.JobServiceStub(self.channel)
+        self.admin = admin_service_pb2_grpc.AdminServiceStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+        self.answered = False
+
+
 class AsyncClient:
-    """An asyncio connection to one wheel node; use it on one event loop.
+    """An asyncio connection to wheel nodes; use it on one event loop.
 
     ``async with AsyncClient(target) as client: job = await client.submit(...)``.
-    Errors, arguments and results are those of ``Client``.
+    Targets, errors, arguments and results are those of ``Client``.
     """
 
-    def __init__(self, target: str = _wire.DEFAULT_TARGET, *, timeout: float = 10.0) -> None:
-        self.target = target
+    def __init__(
+        self, target: str | Sequence[str] = _wire.DEFAULT_TARGET, *, timeout: float = 10.0
+    ) -> None:
+        self.targets = tuple(targets_of(target))
+        self.target = ",".join(self.targets)
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(target)
-        self._jobs = job_service_pb2_grpc.JobServiceStub(self._channel)
-        self._admin = admin_service_pb2_grpc.AdminServiceStub(self._channel)
+        self._nodes = [_Node(address) for address in self.targets]
+        # The node that answered last: where the next call goes first.
+        self._preferred = 0
 
     async def close(self) -> None:
-        await self._channel.close()
+        for node in self._nodes:
+            await node.channel.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -51,13 +91,54 @@ class AsyncClient:
     ) -> None:
         await self.close()
 
-    async def _call(self, method: Callable[..., Any], request: Any) -> Any:
-        try:
-            return await method(request, timeout=self.timeout)
-        except grpc.RpcError as exc:  # grpc.aio's AioRpcError is one
-            raise _wire.error_from_rpc(exc) from exc
+    async def _call(
+        self,
+        method: Callable[[_Node], Callable[..., Any]],
+        request: Any,
+        resend: Resend = Resend.ALWAYS,
+    ) -> Any:
+        """See ``Client._call``."""
+        tries = Tries(len(self._nodes), self._preferred, self.timeout, time.monotonic())
+        while True:
+            node = self._nodes[tries.index]
+            remaining = tries.remaining(time.monotonic())
+            # Never sent: a probe that went unanswered says so.
+            failure = None
+            if resend is Resend.UNSENT or not node.answered:
+                failure = await self._probe(node, min(remaining, CONNECT_TIMEOUT_S))
+            if failure is None:
+                try:
+                    response = await method(node)(request, timeout=remaining)
+                except grpc.RpcError as exc:  # grpc.aio's AioRpcError is one
+                    failure = _wire.error_from_rpc(exc)
+                    failure.__cause__ = exc
+                    if not _wire.is_unavailable(exc) or resend is Resend.UNSENT:
+                        raise failure from exc
+                    node.answered = False
+                else:
+                    node.answered = True
+                    self._preferred = tries.index
+                    return response
+            delay = tries.next(time.monotonic())
+            if delay is None:
+                raise failure
+            await asyncio.sleep(delay)
 
-    async def _pages(self, method: Callable[..., Any], pages: _wire.Pages[_T]) -> AsyncIterator[_T]:
+    async def _probe(self, node: _Node, timeout: float) -> WheelError | None:
+        """None if ``node`` answers the health probe (any answer), else the
+        failure: a call has not been sent to it."""
+        try:
+            await node.health.Check(PROBE, timeout=timeout)
+        except grpc.RpcError as exc:
+            if not connected(exc):
+                failure = _wire.unreachable(node.address)
+                failure.__cause__ = exc
+                return failure
+        return None
+
+    async def _pages(
+        self, method: Callable[[_Node], Callable[..., Any]], pages: _wire.Pages[_T]
+    ) -> AsyncIterator[_T]:
         token = ""
         while True:
             resp = await self._call(method, pages.request(token))
@@ -71,19 +152,21 @@ class AsyncClient:
 
     async def submit(self, **job: Unpack[JobArgs]) -> Job:
         """See ``Client.submit``."""
-        resp = await self._call(self._jobs.SubmitJob, _wire.submit_request(JobRequest(**job)))
-        return _wire.job_of(resp.job, created=resp.created)
+        request, generated = _wire.submit_request(JobRequest(**job))
+        resp = await self._call(lambda n: n.jobs.SubmitJob, request)
+        return _wire.job_of(resp.job, created=resp.created or generated)
 
     async def submit_many(self, jobs: Iterable[JobRequest | JobArgs]) -> list[Job | WheelError]:
         """See ``Client.submit_many``."""
-        request, refused = _wire.submit_many_request(jobs)
-        resp = await self._call(self._jobs.SubmitJobs, request) if request.jobs else None
-        return _wire.submit_many_results(refused, resp)
+        submits = _wire.submit_many_request(jobs)
+        request = submits.request
+        resp = await self._call(lambda n: n.jobs.SubmitJobs, request) if request.jobs else None
+        return _wire.submit_many_results(submits, resp)
 
     async def get(self, job_id: int, *, next_fires: int = 5, recent_runs: int = 10) -> Job:
         """See ``Client.get``."""
         request = _wire.get_request(job_id, next_fires, recent_runs)
-        return _wire.job_of(await self._call(self._jobs.GetJob, request))
+        return _wire.job_of(await self._call(lambda n: n.jobs.GetJob, request))
 
     def jobs(
         self,
@@ -93,38 +176,45 @@ class AsyncClient:
         page_size: int = 100,
     ) -> AsyncIterator[Job]:
         """See ``Client.jobs``; ``async for job in client.jobs(): ...``."""
-        return self._pages(self._jobs.ListJobs, _wire.job_pages(tenant, state, page_size))
+        return self._pages(lambda n: n.jobs.ListJobs, _wire.job_pages(tenant, state, page_size))
 
     async def cancel(self, job_id: int) -> Job:
         """See ``Client.cancel``."""
-        return _wire.job_of(await self._call(self._jobs.CancelJob, _wire.job_ref(job_id)))
+        return _wire.job_of(await self._call(lambda n: n.jobs.CancelJob, _wire.job_ref(job_id)))
 
     async def pause(self, job_id: int) -> Job:
         """See ``Client.pause``."""
-        return _wire.job_of(await self._call(self._jobs.PauseJob, _wire.job_ref(job_id)))
+        return _wire.job_of(await self._call(lambda n: n.jobs.PauseJob, _wire.job_ref(job_id)))
 
     async def resume(self, job_id: int) -> Job:
         """See ``Client.resume``."""
-        return _wire.job_of(await self._call(self._jobs.ResumeJob, _wire.job_ref(job_id)))
+        return _wire.job_of(await self._call(lambda n: n.jobs.ResumeJob, _wire.job_ref(job_id)))
 
     async def trigger(self, job_id: int) -> Trigger:
         """See ``Client.trigger``."""
-        return _wire.trigger_of(await self._call(self._jobs.TriggerJob, _wire.job_ref(job_id)))
+        request = _wire.job_ref(job_id)
+        resp = await self._call(lambda n: n.jobs.TriggerJob, request, Resend.UNSENT)
+        return _wire.trigger_of(resp)
 
     async def backfill(self, job_id: int, start: When, end: When) -> Backfill:
         """See ``Client.backfill``."""
         request = _wire.backfill_request(job_id, start, end)
-        return _wire.backfill_of(await self._call(self._jobs.BackfillJob, request))
+        return _wire.backfill_of(await self._call(lambda n: n.jobs.BackfillJob, request))
 
     def runs(
         self, job_id: int, *, states: Iterable[RunState | str] = (), page_size: int = 100
     ) -> AsyncIterator[Run]:
         """See ``Client.runs``; ``async for run in client.runs(job_id): ...``."""
-        return self._pages(self._jobs.ListRuns, _wire.run_pages(job_id, states, page_size))
+        return self._pages(lambda n: n.jobs.ListRuns, _wire.run_pages(job_id, states, page_size))
 
     # -- admin -----------------------------------------------------------------
 
     async def status(self, *, include_shards: bool = False) -> Status:
         """See ``Client.status``."""
         request = _wire.status_request(include_shards)
-        return _wire.status_of(await self._call(self._admin.GetClusterStatus, request))
+        return _wire.status_of(await self._call(lambda n: n.admin.GetClusterStatus, request))
+
+    async def membership(self) -> Membership:
+        """See ``Client.membership``."""
+        msg = await self._call(lambda n: n.admin.GetMembership, _wire.membership_request())
+        return _wire.membership_of(msg)

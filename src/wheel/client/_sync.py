@@ -1,42 +1,83 @@
-"""``Client``: the blocking client over one gRPC channel."""
+"""``Client``: the blocking client over a gRPC channel to each node address."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
+from grpc_health.v1 import health_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
 
 from wheel.client import _wire
+from wheel.client._nodes import (
+    CHANNEL_OPTIONS,
+    CONNECT_TIMEOUT_S,
+    PROBE,
+    Resend,
+    Tries,
+    connected,
+)
 from wheel.client._specs import JobArgs, JobRequest
 from wheel.client._time import When
-from wheel.client._values import Backfill, Job, JobState, Run, RunState, Status, Trigger
+from wheel.client._values import (
+    Backfill,
+    Job,
+    JobState,
+    Membership,
+    Run,
+    RunState,
+    Status,
+    Trigger,
+)
 from wheel.errors import WheelError
+from wheel.rpc.targets import targets_of
 from wheel.rpc.v1 import admin_service_pb2_grpc, job_service_pb2_grpc
 
 _T = TypeVar("_T")
 
 
-class Client:
-    """A blocking connection to one wheel node (any node serves every call).
+class _Node:
+    """One address: its channel, the stubs on it, and whether it answered last."""
 
-    Every failure is raised as a ``wheel.errors.WheelError``: ``InvalidArgument``
-    naming the field, ``NotFound``, ``AlreadyExists``, ``FailedPrecondition``,
-    ``ResourceExhausted``, or a plain ``WheelError`` starting with the gRPC
-    code's name (``UNAVAILABLE: ...``). ``timeout`` is each call's deadline,
-    in seconds. Safe to share between threads.
+    __slots__ = ("address", "admin", "answered", "channel", "health", "jobs")
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.jobs = job_service_pb2_grpc.JobServiceStub(self.channel)
+        self.admin = admin_service_pb2_grpc.AdminServiceStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+        self.answered = False
+
+
+class Client:
+    """A blocking connection to wheel nodes (any node serves every call).
+
+    ``target`` is one address or several (a list, or ``"host:port,host:port"``):
+    a call that meets an unavailable node is tried on the next address until
+    its ``timeout`` (seconds) runs out; see ``wheel.client._nodes`` for what is
+    repeated. Every failure is raised as a ``wheel.errors.WheelError``:
+    ``InvalidArgument`` naming the field, ``NotFound``, ``AlreadyExists``,
+    ``FailedPrecondition``, ``ResourceExhausted``, or a plain ``WheelError``
+    starting with the gRPC code's name (``UNAVAILABLE: ...``). Safe to share
+    between threads.
     """
 
-    def __init__(self, target: str = _wire.DEFAULT_TARGET, *, timeout: float = 10.0) -> None:
-        self.target = target
+    def __init__(
+        self, target: str | Sequence[str] = _wire.DEFAULT_TARGET, *, timeout: float = 10.0
+    ) -> None:
+        self.targets = tuple(targets_of(target))
+        self.target = ",".join(self.targets)
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(target)
-        self._jobs = job_service_pb2_grpc.JobServiceStub(self._channel)
-        self._admin = admin_service_pb2_grpc.AdminServiceStub(self._channel)
+        self._nodes = [_Node(address) for address in self.targets]
+        # The node that answered last: where the next call goes first.
+        self._preferred = 0
 
     def close(self) -> None:
-        self._channel.close()
+        for node in self._nodes:
+            node.channel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -49,13 +90,55 @@ class Client:
     ) -> None:
         self.close()
 
-    def _call(self, method: Callable[..., Any], request: Any) -> Any:
-        try:
-            return method(request, timeout=self.timeout)
-        except grpc.RpcError as exc:
-            raise _wire.error_from_rpc(exc) from exc
+    def _call(
+        self,
+        method: Callable[[_Node], Callable[..., Any]],
+        request: Any,
+        resend: Resend = Resend.ALWAYS,
+    ) -> Any:
+        """``method`` of a node's stubs with ``request``, on one node after
+        another while they are unavailable (``_nodes``' rules)."""
+        tries = Tries(len(self._nodes), self._preferred, self.timeout, time.monotonic())
+        while True:
+            node = self._nodes[tries.index]
+            remaining = tries.remaining(time.monotonic())
+            # Never sent: a probe that went unanswered says so.
+            failure = None
+            if resend is Resend.UNSENT or not node.answered:
+                failure = self._probe(node, min(remaining, CONNECT_TIMEOUT_S))
+            if failure is None:
+                try:
+                    response = method(node)(request, timeout=remaining)
+                except grpc.RpcError as exc:
+                    failure = _wire.error_from_rpc(exc)
+                    failure.__cause__ = exc
+                    if not _wire.is_unavailable(exc) or resend is Resend.UNSENT:
+                        raise failure from exc
+                    node.answered = False
+                else:
+                    node.answered = True
+                    self._preferred = tries.index
+                    return response
+            delay = tries.next(time.monotonic())
+            if delay is None:
+                raise failure
+            time.sleep(delay)
 
-    def _pages(self, method: Callable[..., Any], pages: _wire.Pages[_T]) -> Iterator[_T]:
+    def _probe(self, node: _Node, timeout: float) -> WheelError | None:
+        """None if ``node`` answers the health probe (any answer), else the
+        failure: a call has not been sent to it."""
+        try:
+            node.health.Check(PROBE, timeout=timeout)
+        except grpc.RpcError as exc:
+            if not connected(exc):
+                failure = _wire.unreachable(node.address)
+                failure.__cause__ = exc
+                return failure
+        return None
+
+    def _pages(
+        self, method: Callable[[_Node], Callable[..., Any]], pages: _wire.Pages[_T]
+    ) -> Iterator[_T]:
         token = ""
         while True:
             resp = self._call(method, pages.request(token))
@@ -70,21 +153,24 @@ class Client:
         """Submit a job (the keywords are ``JobRequest``'s) and return it as the
         node stored it; ``created`` is False when an earlier submit with the
         same ``idempotency_key`` made it."""
-        resp = self._call(self._jobs.SubmitJob, _wire.submit_request(JobRequest(**job)))
-        return _wire.job_of(resp.job, created=resp.created)
+        request, generated = _wire.submit_request(JobRequest(**job))
+        resp = self._call(lambda n: n.jobs.SubmitJob, request)
+        # A key of this call's own: whatever job it names, this call made it.
+        return _wire.job_of(resp.job, created=resp.created or generated)
 
     def submit_many(self, jobs: Iterable[JobRequest | JobArgs]) -> list[Job | WheelError]:
         """Submit many jobs in one call and one store transaction (at most
         10,000): each item's ``Job``, or the error of that item alone."""
-        request, refused = _wire.submit_many_request(jobs)
-        resp = self._call(self._jobs.SubmitJobs, request) if request.jobs else None
-        return _wire.submit_many_results(refused, resp)
+        submits = _wire.submit_many_request(jobs)
+        request = submits.request
+        resp = self._call(lambda n: n.jobs.SubmitJobs, request) if request.jobs else None
+        return _wire.submit_many_results(submits, resp)
 
     def get(self, job_id: int, *, next_fires: int = 5, recent_runs: int = 10) -> Job:
         """A job with its next ``next_fires`` fires and ``recent_runs`` latest runs
         (each at most 100)."""
-        msg = self._call(self._jobs.GetJob, _wire.get_request(job_id, next_fires, recent_runs))
-        return _wire.job_of(msg)
+        request = _wire.get_request(job_id, next_fires, recent_runs)
+        return _wire.job_of(self._call(lambda n: n.jobs.GetJob, request))
 
     def jobs(
         self,
@@ -95,40 +181,47 @@ class Client:
     ) -> Iterator[Job]:
         """Every job (of ``tenant``, in ``state``, if given) in job id order,
         fetched ``page_size`` at a time."""
-        return self._pages(self._jobs.ListJobs, _wire.job_pages(tenant, state, page_size))
+        return self._pages(lambda n: n.jobs.ListJobs, _wire.job_pages(tenant, state, page_size))
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a job; a run in flight is revoked. Cancelling again is a no-op."""
-        return _wire.job_of(self._call(self._jobs.CancelJob, _wire.job_ref(job_id)))
+        return _wire.job_of(self._call(lambda n: n.jobs.CancelJob, _wire.job_ref(job_id)))
 
     def pause(self, job_id: int) -> Job:
         """Pause a job: fires that come due are recorded as missed (``paused``)."""
-        return _wire.job_of(self._call(self._jobs.PauseJob, _wire.job_ref(job_id)))
+        return _wire.job_of(self._call(lambda n: n.jobs.PauseJob, _wire.job_ref(job_id)))
 
     def resume(self, job_id: int) -> Job:
         """Resume a paused job from now, without a burst of the fires it missed."""
-        return _wire.job_of(self._call(self._jobs.ResumeJob, _wire.job_ref(job_id)))
+        return _wire.job_of(self._call(lambda n: n.jobs.ResumeJob, _wire.job_ref(job_id)))
 
     def trigger(self, job_id: int) -> Trigger:
-        """Run a job now, out of band, as a fire of its own."""
-        return _wire.trigger_of(self._call(self._jobs.TriggerJob, _wire.job_ref(job_id)))
+        """Run a job now, out of band, as a fire of its own. Not idempotent: it
+        goes to another node only if it never left for the first."""
+        request = _wire.job_ref(job_id)
+        return _wire.trigger_of(self._call(lambda n: n.jobs.TriggerJob, request, Resend.UNSENT))
 
     def backfill(self, job_id: int, start: When, end: When) -> Backfill:
         """Run the job's fires with ``start <= scheduled_for < end`` (both in the
         past) that are not already in its history."""
         request = _wire.backfill_request(job_id, start, end)
-        return _wire.backfill_of(self._call(self._jobs.BackfillJob, request))
+        return _wire.backfill_of(self._call(lambda n: n.jobs.BackfillJob, request))
 
     def runs(
         self, job_id: int, *, states: Iterable[RunState | str] = (), page_size: int = 100
     ) -> Iterator[Run]:
         """A job's executions (every attempt) and missed fires, newest first;
         ``states`` keeps only those states (``RunState.MISSED`` for missed fires)."""
-        return self._pages(self._jobs.ListRuns, _wire.run_pages(job_id, states, page_size))
+        return self._pages(lambda n: n.jobs.ListRuns, _wire.run_pages(job_id, states, page_size))
 
     # -- admin -----------------------------------------------------------------
 
     def status(self, *, include_shards: bool = False) -> Status:
         """The node's view of the cluster: nodes, workers, backlog, lag, totals."""
-        msg = self._call(self._admin.GetClusterStatus, _wire.status_request(include_shards))
+        msg = self._call(lambda n: n.admin.GetClusterStatus, _wire.status_request(include_shards))
         return _wire.status_of(msg)
+
+    def membership(self) -> Membership:
+        """The members and each shard's owner, as the node asked sees them."""
+        msg = self._call(lambda n: n.admin.GetMembership, _wire.membership_request())
+        return _wire.membership_of(msg)

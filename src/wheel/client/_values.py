@@ -19,6 +19,7 @@ from typing import TypeVar
 
 from wheel.client._time import Duration, duration
 from wheel.engine import spec as _engine
+from wheel.engine.model import shard_of
 from wheel.errors import InvalidArgument
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "Every",
     "Job",
     "JobState",
+    "Member",
+    "Membership",
     "MissedReason",
     "NodeStatus",
     "Overlap",
@@ -401,3 +404,30 @@ class Status:
     reaper_paused: bool
     worker_list: list[WorkerStatus]
     unserved: list[UnservedHandler]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Member:
+    """A node of the cluster and the address clients and workers reach it at."""
+
+    node_id: str
+    address: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Membership:
+    """The cluster as one node sees it: the members, and the node owning each
+    of the 256 shards (``shard_owners[shard]``, "" while a shard has none).
+    ``version`` grows with every change across the cluster; a single node
+    outside a cluster answers 0 and itself owning every shard."""
+
+    members: list[Member]
+    shard_owners: list[str]
+    version: int
+
+    def owner_of(self, job_id: int) -> Member | None:
+        """The member owning ``job_id``'s shard now (None: no owner, or one
+        that is not a member any more)."""
+        shard = shard_of(job_id)
+        owner = self.shard_owners[shard] if shard < len(self.shard_owners) else ""
+        return next((m for m in self.members if owner and m.node_id == owner), None)

@@ -8,8 +8,9 @@ spelling of each value is written in one place in the project.
 
 from __future__ import annotations
 
+import secrets
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
@@ -31,6 +32,8 @@ from wheel.client._values import (
     Backfill,
     Job,
     JobState,
+    Member,
+    Membership,
     MissedReason,
     NodeStatus,
     Run,
@@ -54,8 +57,8 @@ from wheel.errors import (
 )
 from wheel.rpc import convert
 from wheel.rpc.v1 import admin_service_pb2 as admin
+from wheel.rpc.v1 import cluster_pb2, jobs_pb2
 from wheel.rpc.v1 import job_service_pb2 as js
-from wheel.rpc.v1 import jobs_pb2
 
 _T = TypeVar("_T")
 
@@ -89,6 +92,18 @@ def error_from_rpc(exc: grpc.RpcError) -> WheelError:
     )
 
 
+def is_unavailable(exc: grpc.RpcError) -> bool:
+    """Whether a failed call may be tried on another node: UNAVAILABLE, which
+    a node also answers for a shard it does not own (NOT_OWNER)."""
+    code = getattr(exc, "code", None)
+    return callable(code) and code() == grpc.StatusCode.UNAVAILABLE
+
+
+def unreachable(address: str) -> WheelError:
+    """The failure of a call whose channel to ``address`` did not connect."""
+    return error_of(grpc.StatusCode.UNAVAILABLE, f"cannot connect to {address}")
+
+
 def error_of(code: Any, details: str) -> WheelError:
     """The ``WheelError`` for a status code and its details."""
     if code == grpc.StatusCode.INVALID_ARGUMENT:
@@ -107,40 +122,64 @@ def error_of(code: Any, details: str) -> WheelError:
 # -- requests ---------------------------------------------------------------------
 
 
-def submit_request(request: JobRequest) -> js.SubmitJobRequest:
+def submit_request(request: JobRequest) -> tuple[js.SubmitJobRequest, bool]:
+    """The request, and whether its idempotency key was generated here.
+
+    A submit without a key gets one of its own, so that the same request sent
+    again (to another node, or after an answer that was lost) finds the job
+    the first attempt made instead of making a second. Built once per call:
+    every attempt sends the same bytes, so the node sees the same body."""
     # The wall clock resolves an ``at`` given as a ``timedelta`` from now.
     now_ms = time.time_ns() // 1_000_000
-    return js.SubmitJobRequest(
-        spec=convert.spec_to_proto(job_spec(request, now_ms=now_ms)),
-        idempotency_key=request.idempotency_key or "",
+    key = request.idempotency_key
+    return (
+        js.SubmitJobRequest(
+            spec=convert.spec_to_proto(job_spec(request, now_ms=now_ms)),
+            idempotency_key=key or generated_key(),
+        ),
+        not key,
     )
 
 
-def submit_many_request(
-    jobs: Iterable[JobRequest | JobArgs],
-) -> tuple[js.SubmitJobsRequest, list[WheelError | None]]:
-    """The bulk request for the items that are good, and per item the client's
-    own error for the ones that are not (None where the item was sent)."""
-    out = js.SubmitJobsRequest()
-    refused: list[WheelError | None] = []
+def generated_key() -> str:
+    """An idempotency key nobody else will send: 128 random bits."""
+    return f"wheel-client-{secrets.token_hex(16)}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Submits:
+    """A bulk submit: the request for the items that are good, and per item
+    the client's own error (None where the item was sent) and whether its
+    idempotency key was generated here."""
+
+    request: js.SubmitJobsRequest
+    refused: list[WheelError | None]
+    generated: list[bool]
+
+
+def submit_many_request(jobs: Iterable[JobRequest | JobArgs]) -> Submits:
+    out = Submits(request=js.SubmitJobsRequest(), refused=[], generated=[])
     for item in jobs:
         try:
-            out.jobs.append(submit_request(request_of(item)))
+            request, generated = submit_request(request_of(item))
         except WheelError as exc:
-            refused.append(exc)
+            out.refused.append(exc)
+            out.generated.append(False)
         else:
-            refused.append(None)
-    return out, refused
+            out.request.jobs.append(request)
+            out.refused.append(None)
+            out.generated.append(generated)
+    return out
 
 
 def submit_many_results(
-    refused: Sequence[WheelError | None], resp: js.SubmitJobsResponse | None
+    submits: Submits, resp: js.SubmitJobsResponse | None
 ) -> list[Job | WheelError]:
     """Each item's job or error, in the order the items were given (``resp`` is
     None when no item was good enough to send)."""
     answers = iter(resp.results if resp is not None else ())
     out: list[Job | WheelError] = []
-    for mine in refused:
+    for mine, generated in zip(submits.refused, submits.generated, strict=True):
         if mine is not None:
             out.append(mine)
             continue
@@ -149,7 +188,7 @@ def submit_many_results(
             code = grpc.StatusCode.__members__.get(r.error_code, grpc.StatusCode.UNKNOWN)
             out.append(error_of(code, r.error_message))
         else:
-            out.append(job_of(r.response.job, created=r.response.created))
+            out.append(job_of(r.response.job, created=r.response.created or generated))
     return out
 
 
@@ -169,6 +208,10 @@ def backfill_request(job_id: int, start: When, end: When) -> js.BackfillJobReque
 
 def status_request(include_shards: bool) -> admin.GetClusterStatusRequest:
     return admin.GetClusterStatusRequest(include_shards=include_shards)
+
+
+def membership_request() -> admin.GetMembershipRequest:
+    return admin.GetMembershipRequest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +359,14 @@ def status_of(msg: admin.ClusterStatus) -> Status:
         unserved=[
             UnservedHandler(pool=u.pool, handler=u.handler, waiting=u.waiting) for u in msg.unserved
         ],
+    )
+
+
+def membership_of(msg: cluster_pb2.Membership) -> Membership:
+    return Membership(
+        members=[Member(node_id=m.node_id, address=m.address) for m in msg.members],
+        shard_owners=list(msg.shard_owners),
+        version=msg.version,
     )
 
 

@@ -1,7 +1,7 @@
 """The worker SDK: register handlers, connect to wheel nodes, run what they assign.
 
 ```python
-worker = Worker("localhost:50051", capacity=32)
+worker = Worker("node-a:50051,node-b:50051", capacity=32)
 
 @worker.handler("send-report")
 async def send_report(ctx: RunContext) -> None:
@@ -11,15 +11,8 @@ asyncio.run(worker.run())
 ```
 """
 
-from wheel.worker._worker import (
-    Permanent,
-    Retryable,
-    RunContext,
-    Worker,
-    WorkerStats,
-    load_handler,
-    run_worker,
-)
+from wheel.worker._api import Permanent, Retryable, RunContext, WorkerStats, load_handler
+from wheel.worker._worker import Worker, run_worker
 
 __all__ = [
     "Permanent",

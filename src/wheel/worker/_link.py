@@ -1,0 +1,362 @@
+"""One node's lease stream: Hello, Welcome, batched writes, reconnects.
+
+A ``Link`` owns one ``Connect`` stream at a time (and the channel under it),
+writes everything due in one event-loop turn as one message of each kind, and
+hands what the node says to the worker: assignments, revokes, results, moved
+runs and membership. It keeps the runs that report to its node (``held``) and
+the completions its node has not confirmed; the worker moves both between
+links when a shard moves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+import grpc  # type: ignore[import-untyped, unused-ignore]
+import grpc.aio  # type: ignore[import-untyped, unused-ignore]
+
+from wheel.rpc.v1 import worker_service_pb2 as pb
+from wheel.rpc.v1 import worker_service_pb2_grpc as pb_grpc
+from wheel.worker._runs import Done, Run
+
+if TYPE_CHECKING:
+    from wheel.worker._worker import Worker
+
+log = logging.getLogger("wheel.worker")
+
+# Keeps every message far below gRPC's 4 MB default.
+MAX_ITEMS_PER_MESSAGE = 1_000
+# Longest an ack waits for the run's completion to make it unneeded (rule 1).
+ACK_DELAY_S = 0.1
+DEFAULT_HEARTBEAT_S = 1.0
+DEFAULT_LEASE_S = 60.0
+# A node that does not answer Hello within this is treated as down.
+WELCOME_TIMEOUT_S = 10.0
+
+
+class Link:
+    """One node: its stream across reconnects and the runs that report to it."""
+
+    _welcome: pb.Welcome
+    # How long a run may go unacked: a run done sooner needs no ack at all.
+    ack_delay: float
+
+    def __init__(self, worker: Worker, target: str, *, node_id: str = "") -> None:
+        self.worker = worker
+        self.target = target
+        # The node behind ``target``: its own word once it said Welcome
+        # (``confirmed``), before that the membership's, or "" (a seed).
+        self.node_id = node_id
+        self.confirmed = False
+        self.held: dict[int, Run] = {}
+        self.acks: list[pb.RunRef] = []
+        # Acks held back until their time (rule 1), in the order they are due.
+        self.later_acks: collections.deque[tuple[float, Run]] = collections.deque()
+        self._ack_timer: asyncio.TimerHandle | None = None
+        # Built into messages in place when sent.
+        self.completions: list[Done] = []
+        # Sent but not yet answered in Results; re-sent after a reconnect.
+        self.unconfirmed: dict[int, tuple[Done, float]] = {}
+        self.heartbeat_due = False
+        self.drain_requested = False
+        self.drain_sent = False
+        self.connected = False
+        self.welcomed = False
+        self.welcome = pb.Welcome()
+        self.wake = asyncio.Event()
+        # The channel of the stream up now (for AdminService calls), else None.
+        self.channel: Any = None
+        # time.monotonic() when the stream was last lost after a Welcome.
+        self.down_since: float | None = None
+        # Closed for good: its node left the cluster, or another link reaches it.
+        self.closed = False
+        self.task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"Link({self.target!r}, node {self.node_id or '?'})"
+
+    @property
+    def unsettled(self) -> bool:
+        return bool(self.completions or self.unconfirmed)
+
+    @property
+    def lease_s(self) -> float:
+        return self._welcome.lease_ms / 1000 or DEFAULT_LEASE_S
+
+    @property
+    def welcome(self) -> pb.Welcome:
+        return self._welcome
+
+    @welcome.setter
+    def welcome(self, welcome: pb.Welcome) -> None:
+        self._welcome = welcome
+        grace = welcome.grace_lease_ms / 10_000
+        # Read for every run received: worked out once per Welcome.
+        self.ack_delay = min(ACK_DELAY_S, grace) if grace > 0 else ACK_DELAY_S
+
+    # -- what goes to the node --------------------------------------------------------
+
+    def defer_ack(self, run: Run, now: float) -> None:
+        self.later_acks.append((now + self.ack_delay, run))
+        if self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(self.ack_delay, self._acks_due)
+
+    def _acks_due(self) -> None:
+        self._ack_timer = None
+        self.wake.set()
+
+    def _due_acks(self) -> None:
+        """Move the acks whose time came into ``acks``; drop the ones whose
+        run completed, was aborted or moved to another link meanwhile."""
+        later = self.later_acks
+        now = time.monotonic()
+        while later and later[0][0] <= now:
+            _, run = later.popleft()
+            if self.held.get(run.ctx.run_id) is run:
+                self.acks.append(run.ref())
+                run.acked = True
+        if later and self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(
+                max(0.0, later[0][0] - now), self._acks_due
+            )
+
+    def complete(self, done: Done) -> None:
+        self.held.pop(done[0], None)
+        self.completions.append(done)
+        self.wake.set()
+
+    def adopt(self, run: Run) -> None:
+        """Report ``run`` here from now on: acked at once if no link acked it
+        yet, and named in a heartbeat sent now rather than an interval later."""
+        run.link = self
+        self.held[run.ctx.run_id] = run
+        if not run.acked:
+            run.acked = True
+            self.acks.append(run.ref())
+        self.heartbeat_due = True
+        self.wake.set()
+
+    def take_completion(self, run_id: int, fence: int) -> Done | None:
+        """Remove and return the completion of (run_id, fence) not confirmed yet."""
+        entry = self.unconfirmed.get(run_id)
+        if entry is not None and entry[0][1] == fence:
+            del self.unconfirmed[run_id]
+            return entry[0]
+        for i, done in enumerate(self.completions):
+            if done[0] == run_id and done[1] == fence:
+                return self.completions.pop(i)
+        return None
+
+    def release(self) -> tuple[list[Run], list[Done]]:
+        """Remove and return every run held here and every completion not yet
+        confirmed: the link's node is gone, they go elsewhere."""
+        runs = list(self.held.values())
+        self.held.clear()
+        done = [*self.completions, *(d for d, _ in self.unconfirmed.values())]
+        self.completions = []
+        self.unconfirmed.clear()
+        return runs, done
+
+    def close(self) -> None:
+        """Stop for good (its runs must have been released first)."""
+        self.closed = True
+        self.connected = False
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        if self.task is not None and self.task is not asyncio.current_task():
+            self.task.cancel()
+
+    # -- the stream -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        w = self.worker
+        failures = 0
+        while not w._closing and not self.closed:
+            self.welcomed = False
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as exc:
+                log.info("stream to %s ended: %s %s", self.target, exc.code().name, exc.details())
+            except TimeoutError:
+                log.warning("%s did not answer Hello in %.0f s", self.target, WELCOME_TIMEOUT_S)
+            except Exception:
+                log.exception("stream to %s failed", self.target)
+            welcomed = self.welcomed
+            self.connected = False
+            if w._closing or self.closed:
+                return
+            now = time.monotonic()
+            if welcomed:
+                self.down_since = now
+                w._on_link_down(self)
+            elif self.down_since is not None and now - self.down_since > self.lease_s:
+                # Down past the lease: if its shards moved, a fresh view says where.
+                w._refresh_membership()
+            failures = 1 if welcomed else failures + 1
+            ceiling = min(w.reconnect_max, w.reconnect_initial * 2 ** (failures - 1))
+            # Equal jitter: never a thundering herd, never a zero wait.
+            await asyncio.sleep(ceiling / 2 + random.uniform(0, ceiling / 2))
+            w.stats.reconnects += 1
+
+    async def _session(self) -> None:
+        """One stream, from Hello to its end (``welcomed`` says if it got that far)."""
+        w = self.worker
+        async with grpc.aio.insecure_channel(self.target) as channel:
+            call = pb_grpc.WorkerServiceStub(channel).Connect()
+            try:
+                await call.write(
+                    pb.WorkerMessage(
+                        hello=pb.Hello(
+                            worker_id=w.worker_id,
+                            capacity=w.capacity,
+                            pools=list(w.pools),
+                            handlers=w.handler_names,
+                        )
+                    )
+                )
+                first = await asyncio.wait_for(call.read(), WELCOME_TIMEOUT_S)
+                if first is grpc.aio.EOF:
+                    return
+                if first.WhichOneof("kind") != "welcome":
+                    self._on_message(first)
+                    log.warning("%s did not answer Hello with Welcome; reconnecting", self.target)
+                    return
+                if not w._on_welcome(self, first.welcome):
+                    return  # a second stream to a node already linked: closed
+                self.welcome = first.welcome
+                self.welcomed = True
+                self.connected = True
+                self.channel = channel
+                self.down_since = None
+                log.info("connected to %s (node %s)", self.target, self.welcome.node_id)
+                # Rule 4: what the last stream left unsettled goes out first.
+                resend = [c for c, _ in self.unconfirmed.values()]
+                self.unconfirmed.clear()
+                self.completions[:0] = resend
+                self.drain_sent = False
+                self.heartbeat_due = True
+                self.wake.set()
+                w._on_link_up(self)
+                if self.closed:
+                    return  # its own membership says its node left
+                interval = self.welcome.heartbeat_interval_ms / 1000 or (
+                    self.welcome.lease_ms / 3000 or DEFAULT_HEARTBEAT_S
+                )
+                tasks = [
+                    asyncio.create_task(self._reader(call)),
+                    asyncio.create_task(self._writer(call)),
+                    asyncio.create_task(self._heartbeats(interval)),
+                ]
+                try:
+                    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for t in tasks:
+                        t.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                for t in done:
+                    t.result()  # re-raise the stream error, if any
+            finally:
+                self.connected = False
+                self.channel = None
+                call.cancel()
+
+    async def _reader(self, call: Any) -> None:
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                log.info("%s closed the stream", self.target)
+                return
+            self._on_message(msg)
+
+    def _on_message(self, msg: pb.ServerMessage) -> None:
+        kind = msg.WhichOneof("kind")
+        w = self.worker
+        if kind == "assignments":
+            w._on_assignments(self, msg.assignments.assignments)
+            if msg.assignments.HasField("results"):
+                self._on_results(msg.assignments.results)
+        elif kind == "revokes":
+            for r in msg.revokes.revokes:
+                w._supersede(self, r.run_id, r.fence)
+        elif kind == "results":
+            self._on_results(msg.results)
+        elif kind == "membership":
+            w._on_membership(msg.membership)
+        elif kind == "error":
+            e = msg.error
+            log.warning(
+                "protocol error from %s: %s %s (run %d)", self.target, e.code, e.message, e.run_id
+            )
+        elif kind == "welcome":
+            self.welcome = msg.welcome
+
+    def _on_results(self, results: pb.Results) -> None:
+        for run_id in results.accepted:
+            self.unconfirmed.pop(run_id, None)
+        for c in results.completions:
+            self.unconfirmed.pop(c.run_id, None)
+            if not c.accepted:
+                self.worker.stats.rejected += 1
+                log.info(
+                    "%s rejected the completion of run %d: %s", self.target, c.run_id, c.reason
+                )
+        for ref in results.rejected_renewals:
+            self.worker._supersede(self, ref.run_id, ref.fence)
+        if results.moved:
+            self.worker._on_moved(self, results.moved)
+
+    async def _writer(self, call: Any) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            # Let the rest of this loop turn land in the same batch (rule 1).
+            await asyncio.sleep(0)
+            for msg in self._take():
+                await call.write(msg)
+
+    def _take(self) -> list[pb.WorkerMessage]:
+        out: list[pb.WorkerMessage] = []
+        self._due_acks()
+        if self.acks:
+            acks, self.acks = self.acks, []
+            for i in range(0, len(acks), MAX_ITEMS_PER_MESSAGE):
+                out.append(pb.WorkerMessage(ack=pb.Ack(runs=acks[i : i + MAX_ITEMS_PER_MESSAGE])))
+        if self.completions:
+            done, self.completions = self.completions, []
+            now = time.monotonic()
+            for c in done:
+                self.unconfirmed[c[0]] = (c, now)
+            for i in range(0, len(done), MAX_ITEMS_PER_MESSAGE):
+                msg = pb.WorkerMessage()
+                add = msg.complete.completions.add
+                for run_id, fence, outcome, error, job_id in done[i : i + MAX_ITEMS_PER_MESSAGE]:
+                    add(run_id=run_id, fence=fence, outcome=outcome, error=error, job_id=job_id)
+                out.append(msg)
+        if self.heartbeat_due:
+            self.heartbeat_due = False
+            refs = [r.ref() for r in self.held.values()]
+            out.append(pb.WorkerMessage(heartbeat=pb.Heartbeat(runs=refs)))
+        if self.drain_requested and not self.drain_sent:
+            self.drain_sent = True
+            out.append(pb.WorkerMessage(drain=pb.Drain()))
+        return out
+
+    async def _heartbeats(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            self.heartbeat_due = True
+            self.wake.set()
+            # A server that never answers some completion must not grow this forever:
+            # past two leases the run has been reaped anyway.
+            horizon = time.monotonic() - 2 * max(self._welcome.lease_ms / 1000, interval)
+            stale = [rid for rid, (_, sent) in self.unconfirmed.items() if sent < horizon]
+            for rid in stale:
+                del self.unconfirmed[rid]

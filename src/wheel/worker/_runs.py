@@ -1,0 +1,329 @@
+"""The runs a worker holds and the execution of their handlers.
+
+``Runner`` admits runs to at most ``capacity`` executing handlers (the rest
+wait locally), runs async handlers as tasks and sync ones in a pool of threads
+that hand results back in batches, and times runs out from one heap. It knows
+nothing of streams: every outcome goes to ``report``, which the worker routes
+to the node the run reports to now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import heapq
+import inspect
+import math
+import queue
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from wheel.rpc.v1 import worker_service_pb2 as pb
+from wheel.worker._api import Handler, Permanent, Retryable, RunContext, WorkerStats
+
+if TYPE_CHECKING:
+    from wheel.worker._link import Link
+
+# Error texts are for people; the server keeps them in the run's history.
+MAX_ERROR_CHARS = 2_000
+
+# Run states, local to this process.
+QUEUED = 0  # held, waiting for a free handler slot
+RUNNING = 1  # the handler is executing
+DONE = 2  # outcome decided and queued for the server
+ABORTED = 3  # superseded or stopped: never completed
+
+SUCCEEDED = pb.OUTCOME_SUCCEEDED
+FAILED = pb.OUTCOME_FAILED
+RETRYABLE = pb.OUTCOME_RETRYABLE
+HANDED_BACK = pb.OUTCOME_HANDED_BACK
+ABANDONED = pb.OUTCOME_ABANDONED
+
+# A completion on its way: run id, fence, outcome, error, job id. A tuple, not
+# an object: one is made for every run, and it only travels to a message.
+Done = tuple[int, int, "pb.Outcome", str, int]
+
+
+class Run:
+    """One held run: its context, its handler, its state, and the link of the
+    node it reports to (None while it has none: see the worker's strays)."""
+
+    __slots__ = ("acked", "ctx", "fn", "is_async", "link", "state", "task")
+
+    def __init__(self, link: Link, ctx: RunContext, fn: Handler | None, is_async: bool) -> None:
+        self.link: Link | None = link
+        self.ctx = ctx
+        self.fn = fn
+        self.is_async = is_async
+        self.state = QUEUED
+        self.task: asyncio.Task[None] | None = None
+        # An ack for it went out (or was queued) on some link.
+        self.acked = False
+
+    def ref(self) -> pb.RunRef:
+        ctx = self.ctx
+        return pb.RunRef(run_id=ctx.run_id, fence=ctx.fence, job_id=ctx.job_id)
+
+    def done(self, outcome: pb.Outcome, error: str) -> Done:
+        ctx = self.ctx
+        return (ctx.run_id, ctx.fence, outcome, error, ctx.job_id)
+
+
+def outcome_of(exc: BaseException) -> tuple[pb.Outcome, str]:
+    if isinstance(exc, Permanent):
+        return FAILED, error_text(exc)
+    return RETRYABLE, error_text(exc)
+
+
+def error_text(exc: BaseException) -> str:
+    text = str(exc)
+    if not isinstance(exc, Retryable | Permanent) or not text:
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text[:MAX_ERROR_CHARS]
+
+
+def is_async(fn: Callable[..., Any]) -> bool:
+    call = getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+async def _await(aw: Any) -> None:
+    await aw
+
+
+class Runner:
+    """At most ``capacity`` handlers at once, whatever the nodes send (rule 3);
+    sync handlers in at most ``capacity`` threads (rule 5); run timeouts."""
+
+    def __init__(
+        self,
+        capacity: int,
+        stats: WorkerStats,
+        report: Callable[[Run, pb.Outcome, str], None],
+    ) -> None:
+        self.capacity = capacity
+        self.stats = stats
+        self._report = report
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.waiting: collections.deque[Run] = collections.deque()
+        self.active = 0
+        self._jobs: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._sync_inflight = 0
+        self._deadlines: list[tuple[float, int, Run]] = []
+        self._deadline_seq = 0
+        self._deadline_at = math.inf
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._results: collections.deque[tuple[Run, pb.Outcome, str]] = collections.deque()
+        self._results_lock = threading.Lock()
+        self._results_scheduled = False
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    # -- admission ----------------------------------------------------------------
+
+    def queue(self, run: Run) -> None:
+        """Take a run whose handler is registered; it starts when a slot is free."""
+        self.waiting.append(run)
+
+    def admit(self) -> None:
+        while self.waiting and self.active < self.capacity:
+            run = self.waiting.popleft()
+            if run.state == QUEUED:
+                self._start(run)
+
+    def _start(self, run: Run) -> None:
+        assert self._loop is not None
+        run.state = RUNNING
+        self.active += 1
+        if run.ctx.deadline != math.inf:
+            self._watch_deadline(run)
+        if run.is_async:
+            run.task = self._loop.create_task(self._run_async(run))
+        else:
+            self._sync_inflight += 1
+            if self._sync_inflight > len(self._threads):
+                t = threading.Thread(
+                    target=self._thread_main,
+                    name=f"wheel-handler-{len(self._threads)}",
+                    daemon=True,
+                )
+                self._threads.append(t)
+                t.start()
+            self._jobs.put(run)
+
+    # -- execution ----------------------------------------------------------------
+
+    async def _run_async(self, run: Run) -> None:
+        assert run.fn is not None
+        outcome, error = SUCCEEDED, ""
+        try:
+            await run.fn(run.ctx)
+        except asyncio.CancelledError:
+            # Ours (revoke, timeout, hand-back, stop) unless the run is still live.
+            outcome, error = RETRYABLE, "handler was cancelled"
+        except BaseException as exc:
+            outcome, error = outcome_of(exc)
+        finally:
+            self.active -= 1
+        self._finish(run, outcome, error)
+        self.admit()
+
+    def _thread_main(self) -> None:
+        while True:
+            run = self._jobs.get()
+            if run is None:
+                return
+            outcome, error = SUCCEEDED, ""
+            if run.state != RUNNING:
+                outcome, error = RETRYABLE, "aborted before it started"
+            else:
+                assert run.fn is not None
+                try:
+                    result = run.fn(run.ctx)
+                    if inspect.isawaitable(result):
+                        # A sync-looking callable that returned an awaitable:
+                        # run it on the loop, this thread waits for it.
+                        assert self._loop is not None
+                        asyncio.run_coroutine_threadsafe(_await(result), self._loop).result()
+                except BaseException as exc:
+                    outcome, error = outcome_of(exc)
+            self._results.append((run, outcome, error))
+            with self._results_lock:
+                if self._results_scheduled:
+                    continue
+                self._results_scheduled = True
+            loop = self._loop
+            if loop is not None:
+                with contextlib.suppress(RuntimeError):  # loop closed: nobody to tell
+                    loop.call_soon_threadsafe(self._on_sync_results)
+
+    def _on_sync_results(self) -> None:
+        with self._results_lock:
+            self._results_scheduled = False
+        results = self._results
+        while results:
+            run, outcome, error = results.popleft()
+            self._sync_inflight -= 1
+            self.active -= 1
+            self._finish(run, outcome, error)
+        self.admit()
+
+    def _finish(self, run: Run, outcome: pb.Outcome, error: str) -> None:
+        if run.state != RUNNING:
+            return  # superseded, timed out or handed back meanwhile: discard
+        run.state = DONE
+        if outcome == SUCCEEDED:
+            self.stats.succeeded += 1
+        else:
+            self.stats.failed += 1
+        self._report(run, outcome, error)
+
+    # Timeouts: one heap and one loop timer for all runs, not a TimerHandle per
+    # run. Entries of finished runs are dropped lazily (when they reach the top,
+    # or in a compaction once they outnumber the running ones).
+
+    def _watch_deadline(self, run: Run) -> None:
+        heap = self._deadlines
+        if len(heap) > 2 * self.active + 1024:
+            heap[:] = [e for e in heap if e[2].state == RUNNING]
+            heapq.heapify(heap)
+        self._deadline_seq += 1
+        heapq.heappush(heap, (run.ctx.deadline, self._deadline_seq, run))
+        if run.ctx.deadline < self._deadline_at:
+            self._arm_deadline_timer(run.ctx.deadline)
+
+    def _arm_deadline_timer(self, at: float) -> None:
+        assert self._loop is not None
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._deadline_at = at
+        # loop.time() is time.monotonic(), the clock of RunContext.deadline.
+        self._deadline_timer = self._loop.call_at(at, self._on_deadlines)
+
+    def _on_deadlines(self) -> None:
+        assert self._loop is not None
+        self._deadline_timer = None
+        self._deadline_at = math.inf
+        heap = self._deadlines
+        now = self._loop.time()
+        while heap and (heap[0][0] <= now or heap[0][2].state != RUNNING):
+            _, _, run = heapq.heappop(heap)
+            self._on_timeout(run)
+        if heap:
+            self._arm_deadline_timer(heap[0][0])
+
+    def _on_timeout(self, run: Run) -> None:
+        if run.state != RUNNING:
+            return
+        run.state = DONE
+        self.stats.timed_out += 1
+        self.stats.failed += 1
+        self._report(run, RETRYABLE, f"timed out after {run.ctx.timeout_ms} ms")
+        if run.task is not None:
+            run.task.cancel()
+
+    # -- ending runs early ------------------------------------------------------------
+
+    def abort(self, run: Run) -> bool:
+        """Superseded (rule 2): stop it and never complete it. False if its
+        outcome was already decided."""
+        if run.state in (DONE, ABORTED):
+            return False
+        run.state = ABORTED
+        self.stats.revoked += 1
+        if run.task is not None:
+            run.task.cancel()
+        return True
+
+    def hand_back(self, run: Run, why: str) -> None:
+        """Give back a run whose handler never started: another worker gets
+        it with the same attempt and fence."""
+        if run.state != QUEUED:
+            return
+        run.state = DONE
+        self.stats.handed_back += 1
+        self._report(run, HANDED_BACK, why)
+
+    def hand_back_waiting(self, why: str) -> None:
+        """Hand back every run still waiting for a slot (a drain began)."""
+        while self.waiting:
+            self.hand_back(self.waiting.popleft(), why)
+
+    def give_up(self, run: Run) -> None:
+        """Stop waiting for a run at the end of a drain: one never started is
+        handed back; one whose handler started is abandoned (its effect is
+        unknown: the node dispatches it again with a new fence, or marks an
+        at_most_once run unknown). A sync handler's thread cannot be stopped;
+        its result is discarded."""
+        if run.state == QUEUED:
+            self.hand_back(run, "worker is draining")
+            return
+        if run.state in (DONE, ABORTED):
+            return
+        run.state = DONE
+        self.stats.abandoned += 1
+        if run.task is not None:
+            run.task.cancel()
+        self._report(run, ABANDONED, "worker stopped before the handler finished")
+
+    async def stop(self, runs: list[Run]) -> None:
+        """The worker is stopping: ``runs`` are aborted without a word to any
+        node (their leases lapse), the threads told to end."""
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._deadlines.clear()
+        tasks = []
+        for run in runs:
+            run.state = ABORTED
+            if run.task is not None:
+                run.task.cancel()
+                tasks.append(run.task)
+        self.waiting.clear()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+        for _ in self._threads:
+            self._jobs.put(None)
