@@ -225,6 +225,11 @@ class Node(NodeReads):
         """Add shards fenced and loaded as of ``watermark``: the change feed
         goes back there, so changes made through other nodes since are read."""
         driver = self._the_driver()
+        stale = [s for s in epochs if s in driver.owner.shards()]
+        if stale:
+            # Held under an older epoch still (its loss not heard yet): the
+            # new hold replaces it whole.
+            driver.owner.remove_shards(stale)
         driver.owner.add_shards(epochs, contents, self.clock.now_ms(), driver.fx)
         if self._reading_changes:
             self._rewind = watermark if self._rewind is None else min(self._rewind, watermark)

@@ -8,9 +8,11 @@ from collections import Counter
 import grpc
 
 from wheel.node import Node
+from wheel.rpc._workers import membership_to_proto
 from wheel.rpc.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
+    cluster_pb2,
 )
 
 log = logging.getLogger("wheel.rpc")
@@ -68,3 +70,10 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
             for shard, owner in sorted(owners.items()):
                 status.shards.add(shard=shard, owner=owner, epoch=st.shards.get(shard, 0))
         return status
+
+    async def GetMembership(
+        self,
+        request: admin_service_pb2.GetMembershipRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> cluster_pb2.Membership:
+        return membership_to_proto(self.node.membership())
