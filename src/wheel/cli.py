@@ -1,7 +1,7 @@
 """``wheelctl``: run a node or a worker, and talk to a running node.
 
 wheelctl serve  [--data-dir DIR] [--listen HOST:PORT] [--store URL]
-wheelctl worker [--target HOST:PORT] [--capacity N] module:function ...
+wheelctl worker [--target HOST:PORT ...] [--capacity N] module:function ...
 wheelctl submit --name N --handler H (--at WHEN | --cron EXPR | --every DURATION) ...
 wheelctl jobs | runs JOB_ID | cancel JOB_ID | pause JOB_ID | resume JOB_ID
 wheelctl trigger JOB_ID | status | demo
@@ -256,7 +256,7 @@ def cmd_worker(ns: argparse.Namespace) -> int:
     handlers = dict(load_handler(h) for h in ns.handlers)
     sys.path.insert(0, os.getcwd())
     run_worker(
-        ns.target,
+        ns.target or [os.environ.get("WHEEL_TARGET", DEFAULT_TARGET)],
         handlers,
         capacity=ns.capacity,
         worker_id=ns.worker_id,
@@ -498,7 +498,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("worker", help="run handlers for assigned runs")
     w.add_argument("handlers", nargs="*", help="module:function or name=module:function")
-    w.add_argument("--target", default=target)
+    w.add_argument(
+        "--target",
+        action="append",
+        help=f"a node to hold a lease stream to; once per node of a cluster (default {target})",
+    )
     w.add_argument("--capacity", type=int, default=16)
     w.add_argument("--worker-id")
     w.add_argument("--pool", action="append")
