@@ -145,7 +145,8 @@ def run_wheel_worker(args: argparse.Namespace) -> None:
         out.maybe_flush()
 
     async def main() -> None:
-        worker = Worker(args.connect, capacity=args.capacity)
+        # One stream per node of a cluster (a comma-separated --connect).
+        worker = Worker(args.connect.split(","), capacity=args.capacity)
         worker.register("bench", bench)
         task = asyncio.ensure_future(worker.run())
         while not _stop and not task.done():
@@ -170,7 +171,11 @@ def run_wheel_worker(args: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--system", choices=["poll", "apscheduler", "wheel"], required=True)
-    p.add_argument("--connect", required=True, help="host:port of the queue or the server")
+    p.add_argument(
+        "--connect",
+        required=True,
+        help="host:port of the queue or the server (wheel: several, comma-separated)",
+    )
     p.add_argument("--out", required=True, help="this worker's record file")
     p.add_argument("--store", default="", help="poll: the store URL (workers write results)")
     p.add_argument("--capacity", type=int, default=1000, help="wheel: runs in flight")

@@ -4,7 +4,9 @@ throughput and lateness of every intended fire.
     python benchmarks/dispatch.py --system wheel,poll,apscheduler --store sqlite \\
         --workers 2 --rate 500 --duration 20 --json out.json
 
-Systems: ``wheel`` (``wheelctl serve`` + ``wheel.worker.Worker`` processes), ``poll``
+Systems: ``wheel`` (``wheelctl serve`` + ``wheel.worker.Worker`` processes; with
+``--nodes N`` a cluster of N nodes on PostgreSQL and one etcd, every worker
+holding a stream to every node, jobs submitted through the first), ``poll``
 (the seed's polling scheduler, ``poll_scheduler.py``) and ``apscheduler``
 (APScheduler 3 + SQLAlchemyJobStore, ``apscheduler_baseline.py``).
 
@@ -40,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
 import _report
+from _cluster import LocalCluster
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -62,6 +65,10 @@ class RunConfig:
     wheelctl: str
     capacity: int
     serve_args: str = ""
+    # wheel: nodes of the cluster (1: one node, no etcd).
+    nodes: int = 1
+    # wheel cluster: each node's etcd lease, s.
+    ttl_s: int = 5
 
 
 def _wait_line(proc: subprocess.Popen[str], prefix: str, timeout_s: float = 60) -> str:
@@ -223,7 +230,8 @@ class ApsDriver(_QueueDriver):
 
 
 class WheelDriver:
-    """``wheelctl serve`` with K ``wheel.worker.Worker`` processes; jobs over raw gRPC stubs."""
+    """``wheelctl serve`` (or a cluster of ``--nodes`` of them) with K
+    ``wheel.worker.Worker`` processes; jobs over raw gRPC stubs."""
 
     name = "wheel"
     submit_rate_hint = 4_000.0
@@ -234,9 +242,15 @@ class WheelDriver:
         self.records = records
         self.procs: list[subprocess.Popen[Any]] = []
         self.schema: PgSchema | None = None
+        self.cluster: LocalCluster | None = None
         self.target = ""
+        # The first this many of ``launch``'s pids are nodes; the rest workers.
+        self.server_count = 1
 
     def prepare(self) -> None:
+        if self.cfg.nodes > 1:
+            self._prepare_cluster()
+            return
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -270,75 +284,38 @@ class WheelDriver:
                 if time.monotonic() > deadline:
                     raise RuntimeError("wheelctl serve did not become SERVING in 30 s")
                 time.sleep(0.2)
-        # Workers connect before anything is due.
+        self._start_workers([self.target])
+
+    def _prepare_cluster(self) -> None:
+        """etcd and ``nodes`` members on one PostgreSQL schema; jobs go in
+        through the first node, workers hold a stream to each."""
+        if self.cfg.store != "postgres":
+            raise SystemExit("--nodes above 1 needs --store postgres: a cluster shares PostgreSQL")
+        self.schema = PgSchema(self.cfg.pg_dsn, f"wheel-bench-{secrets.token_hex(4)}")
+        self.cluster = LocalCluster(
+            self.tmp / "wheel",
+            self.schema.dsn,
+            size=self.cfg.nodes,
+            ttl_s=self.cfg.ttl_s,
+            wheelctl=self.cfg.wheelctl,
+            serve_args=self.cfg.serve_args,
+        )
+        self.cluster.start()
+        self.procs += [n.proc for n in self.cluster.nodes if n.proc is not None]
+        self.server_count = len(self.cluster.nodes)
+        self.target = self.cluster.targets[0]
+        self._start_workers(self.cluster.targets)
+
+    def _start_workers(self, targets: list[str]) -> None:
+        """Workers connect before anything is due."""
         for path in self.records:
             cmd = [PY, str(HERE / "bench_worker.py"), "--system", "wheel"]
-            cmd += ["--connect", self.target, "--out", str(path)]
+            cmd += ["--connect", ",".join(targets), "--out", str(path)]
             cmd += ["--capacity", str(self.cfg.capacity)]
             self.procs.append(subprocess.Popen(cmd, cwd=HERE))
 
     def submit(self, workload: h.Workload) -> dict[int, int] | None:
-        import grpc
-
-        from wheel.rpc.v1 import job_service_pb2, job_service_pb2_grpc, jobs_pb2
-
-        index: dict[int, int] = {}
-        options = [("grpc.max_send_message_length", 64 << 20)]
-        with grpc.insecure_channel(self.target, options=options) as ch:
-            stub = job_service_pb2_grpc.JobServiceStub(ch)
-            pending: list[tuple[list[int], Any]] = []
-            chunk: list[tuple[int, Any]] = []
-
-            def send() -> None:
-                # Bulk submission (SubmitJobs): one call and one store
-                # transaction per few thousand jobs.
-                if chunk:
-                    req = job_service_pb2.SubmitJobsRequest(jobs=[r for _, r in chunk])
-                    pending.append(
-                        ([i for i, _ in chunk], stub.SubmitJobs.future(req, timeout=120))
-                    )
-                    chunk.clear()
-
-            def drain(keep: int) -> None:
-                while len(pending) > keep:
-                    ids, fut = pending.pop(0)
-                    for i, r in zip(ids, fut.result().results, strict=True):
-                        if r.error_code:
-                            raise RuntimeError(f"submit failed: {r.error_code} {r.error_message}")
-                        index[int(r.response.job.job_id)] = i
-
-            for j in workload.jobs:
-                if j.period_ms:
-                    schedule = jobs_pb2.Schedule(
-                        interval=jobs_pb2.IntervalSchedule(
-                            period_ms=j.period_ms,
-                            mode=jobs_pb2.INTERVAL_MODE_FIXED_RATE,
-                            start_at_ms=j.first_ms,
-                        )
-                    )
-                else:
-                    schedule = jobs_pb2.Schedule(once=jobs_pb2.OnceSchedule(at_ms=j.first_ms))
-                spec = jobs_pb2.JobSpec(
-                    name=f"bench-{j.index}",
-                    handler="bench",
-                    schedule=schedule,
-                    # Every fire must run however late (no catch-up drops, no overlap
-                    # skips): the same at-least-once terms the baselines are held to.
-                    catch_up=jobs_pb2.CatchUp(
-                        mode=jobs_pb2.CATCH_UP_MODE_RUN_ALL, window_ms=0, max_count=100_000
-                    ),
-                    overlap=jobs_pb2.Overlap(
-                        policy=jobs_pb2.OVERLAP_POLICY_ALLOW, max_concurrent=1000
-                    ),
-                )
-                req = job_service_pb2.SubmitJobRequest(spec=spec, idempotency_key=f"b{j.index}")
-                chunk.append((j.index, req))
-                if len(chunk) >= 2_000:
-                    send()
-                    drain(4)
-            send()
-            drain(0)
-        return index
+        return submit_workload(self.target, workload)
 
     def launch(self) -> list[int]:
         time.sleep(0.5)
@@ -348,12 +325,76 @@ class WheelDriver:
         return self.schema.backend_pids() if self.schema else []
 
     def stop(self) -> None:
-        _stop(self.procs[1:])
-        _stop(self.procs[:1])
+        _stop(self.procs[self.server_count :])
+        _stop(self.procs[: self.server_count])
+        if self.cluster is not None:
+            self.cluster.stop()
 
     def teardown(self) -> None:
         if self.schema is not None:
             self.schema.drop()
+
+
+def submit_workload(target: str, workload: h.Workload) -> dict[int, int]:
+    """Submit every job of ``workload`` through the node at ``target`` (bulk
+    SubmitJobs); the server's job id -> the workload's job index."""
+    import grpc
+
+    from wheel.rpc.v1 import job_service_pb2, job_service_pb2_grpc, jobs_pb2
+
+    index: dict[int, int] = {}
+    options = [("grpc.max_send_message_length", 64 << 20)]
+    with grpc.insecure_channel(target, options=options) as ch:
+        stub = job_service_pb2_grpc.JobServiceStub(ch)
+        pending: list[tuple[list[int], Any]] = []
+        chunk: list[tuple[int, Any]] = []
+
+        def send() -> None:
+            # Bulk submission (SubmitJobs): one call and one store
+            # transaction per few thousand jobs.
+            if chunk:
+                req = job_service_pb2.SubmitJobsRequest(jobs=[r for _, r in chunk])
+                pending.append(([i for i, _ in chunk], stub.SubmitJobs.future(req, timeout=120)))
+                chunk.clear()
+
+        def drain(keep: int) -> None:
+            while len(pending) > keep:
+                ids, fut = pending.pop(0)
+                for i, r in zip(ids, fut.result().results, strict=True):
+                    if r.error_code:
+                        raise RuntimeError(f"submit failed: {r.error_code} {r.error_message}")
+                    index[int(r.response.job.job_id)] = i
+
+        for j in workload.jobs:
+            if j.period_ms:
+                schedule = jobs_pb2.Schedule(
+                    interval=jobs_pb2.IntervalSchedule(
+                        period_ms=j.period_ms,
+                        mode=jobs_pb2.INTERVAL_MODE_FIXED_RATE,
+                        start_at_ms=j.first_ms,
+                    )
+                )
+            else:
+                schedule = jobs_pb2.Schedule(once=jobs_pb2.OnceSchedule(at_ms=j.first_ms))
+            spec = jobs_pb2.JobSpec(
+                name=f"bench-{j.index}",
+                handler="bench",
+                schedule=schedule,
+                # Every fire must run however late (no catch-up drops, no overlap
+                # skips): the same at-least-once terms the baselines are held to.
+                catch_up=jobs_pb2.CatchUp(
+                    mode=jobs_pb2.CATCH_UP_MODE_RUN_ALL, window_ms=0, max_count=100_000
+                ),
+                overlap=jobs_pb2.Overlap(policy=jobs_pb2.OVERLAP_POLICY_ALLOW, max_concurrent=1000),
+            )
+            req = job_service_pb2.SubmitJobRequest(spec=spec, idempotency_key=f"b{j.index}")
+            chunk.append((j.index, req))
+            if len(chunk) >= 2_000:
+                send()
+                drain(4)
+        send()
+        drain(0)
+    return index
 
 
 def _free_port() -> int:
@@ -447,8 +488,9 @@ def _run_once(
             driver.teardown()
     a = h.analyse(workload, records_all, job_index=job_index, end_ms=end_ms)
     cpu = sum(cpu1[p] - cpu0.get(p, 0.0) for p in cpu1)
-    server_pid = pids[0]
-    server_cpu = cpu1.get(server_pid, 0.0) - cpu0.get(server_pid, 0.0)
+    # The scheduler's processes come first: one, or every node of a cluster.
+    server_pids = pids[: getattr(driver, "server_count", 1)]
+    server_cpu = sum(cpu1.get(p, 0.0) - cpu0.get(p, 0.0) for p in server_pids)
     db_cpu = sum(db1[p] - db0.get(p, 0.0) for p in db1)
     per_k = 1000 / a.dispatched if a.dispatched else float("nan")
     result: dict[str, Any] = {
@@ -479,6 +521,8 @@ def _run_once(
     }
     if system == "poll":
         result["poll_limit"] = cfg.poll_limit
+    if system == "wheel":
+        result["nodes"] = cfg.nodes
     if not os.environ.get("WHEEL_BENCH_KEEP"):
         shutil.rmtree(tmp, ignore_errors=True)
     return result, workload, a
@@ -704,6 +748,14 @@ def main(argv: list[str] | None = None) -> int:
     # 345 ms with 10,000.
     p.add_argument("--capacity", type=int, default=10_000, help="wheel: runs per worker")
     p.add_argument("--serve-args", default="", help="wheel: extra flags for wheelctl serve")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="wheel: a cluster of this many nodes (above 1: PostgreSQL and a local etcd;"
+        " workers hold a stream to every node)",
+    )
+    p.add_argument("--ttl", type=int, default=5, help="wheel cluster: etcd lease TTL, s")
     p.add_argument("--results", type=Path, help="write RESULTS.md (and plots) here")
     p.add_argument(
         "--plots",
@@ -722,6 +774,10 @@ def main(argv: list[str] | None = None) -> int:
     for st in stores:
         if st not in ("sqlite", "postgres"):
             p.error(f"unknown store {st!r}")
+    if args.nodes < 1:
+        p.error("--nodes must be at least 1")
+    if args.nodes > 1 and "wheel" in systems and stores != ["postgres"]:
+        p.error("--nodes above 1 runs wheel on PostgreSQL only: give --store postgres")
 
     side: list[dict[str, Any]] = []
     maxes: list[dict[str, Any]] = []
@@ -731,7 +787,8 @@ def main(argv: list[str] | None = None) -> int:
             store=store, workers=args.workers, duration_s=args.duration, drain_s=args.drain,
             recurring_fraction=args.recurring_fraction, period_s=args.period,
             poll_limit=args.poll_limit, pg_dsn=args.pg_dsn, wheelctl=args.wheelctl,
-            capacity=args.capacity, serve_args=args.serve_args,
+            capacity=args.capacity, serve_args=args.serve_args, nodes=args.nodes,
+            ttl_s=args.ttl,
         )  # fmt: skip
         if not args.find_max or args.results:
             runs: list[tuple[str, h.Workload, h.Analysis]] = []

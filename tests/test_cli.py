@@ -56,6 +56,15 @@ def test_a_negative_group_commit_is_refused(capsys: pytest.CaptureFixture[str]) 
     assert "negative number of milliseconds" in capsys.readouterr().err
 
 
+def test_a_worker_takes_a_target_per_node_of_a_cluster() -> None:
+    ns = build_parser().parse_args(
+        ["worker", "--target", "10.0.0.1:50051", "--target", "10.0.0.2:50051", "m:f"]
+    )
+    assert ns.target == ["10.0.0.1:50051", "10.0.0.2:50051"]
+    # None: WHEEL_TARGET, else the default address.
+    assert build_parser().parse_args(["worker", "m:f"]).target is None
+
+
 def test_serve_lets_a_runs_objects_die_young_and_hands_the_gil_on_sooner() -> None:
     before = gc.get_threshold()
     switch = sys.getswitchinterval()

@@ -1,7 +1,7 @@
 """``wheelctl``: run a node or a worker, and talk to a running node.
 
 wheelctl serve  [--data-dir DIR] [--listen HOST:PORT] [--store URL]
-wheelctl worker [--target HOST:PORT[,HOST:PORT...]] [--capacity N] module:function ...
+wheelctl worker [--target HOST:PORT[,HOST:PORT...]]... [--capacity N] module:function ...
 wheelctl submit --name N --handler H (--at WHEN | --cron EXPR | --every DURATION) ...
 wheelctl jobs | runs JOB_ID | cancel JOB_ID | pause JOB_ID | resume JOB_ID
 wheelctl trigger JOB_ID | status | demo
@@ -255,8 +255,9 @@ def cmd_worker(ns: argparse.Namespace) -> int:
         raise InvalidArgument("handlers", "give at least one module:function")
     handlers = dict(load_handler(h) for h in ns.handlers)
     sys.path.insert(0, os.getcwd())
+    targets = [t for arg in ns.target or () for t in arg.split(",") if t]
     run_worker(
-        ns.target,
+        targets or [os.environ.get("WHEEL_TARGET", DEFAULT_TARGET)],
         handlers,
         capacity=ns.capacity,
         worker_id=ns.worker_id,
@@ -501,7 +502,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("worker", help="run handlers for assigned runs")
     w.add_argument("handlers", nargs="*", help="module:function or name=module:function")
-    w.add_argument("--target", default=target, help=target_help)
+    w.add_argument(
+        "--target",
+        action="append",
+        help="nodes to hold lease streams to: HOST:PORT[,HOST:PORT...], or the flag once per"
+        f" node; in a cluster one is enough, the others are found (default {target})",
+    )
     w.add_argument("--capacity", type=int, default=16)
     w.add_argument("--worker-id")
     w.add_argument("--pool", action="append")

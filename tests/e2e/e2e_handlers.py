@@ -133,7 +133,8 @@ def events(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--target", required=True)
+    # Once per node: the worker holds a stream to each (a cluster's members).
+    p.add_argument("--target", action="append", required=True)
     p.add_argument("--worker-id", required=True)
     p.add_argument("--pool", default="default")
     p.add_argument("--capacity", type=int, default=8)
