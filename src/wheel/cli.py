@@ -228,6 +228,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         crashed = died.done() and not stop.is_set()
         stopping.cancel()
         died.cancel()
+        await node.leave()  # shards to the other members first, then the server
         await server.stop(grace=2.0)
         await node.stop()
         store.close()

@@ -392,8 +392,10 @@ class EtcdCoordinator:
                             # (Re)connected: events may have been missed.
                             backoff.reset()
                             self._wake.set()
-                        elif any(self._worth_a_look(e) for e in response.events):
-                            self._wake.set()
+                        else:
+                            self._note_holders(response)
+                            if any(self._worth_a_look(e) for e in response.events):
+                                self._wake.set()
             except Exception as exc:  # a broken stream, or etcd not reachable yet
                 if not self._stopping.is_set():
                     _log.debug("etcd watch broke: %r", exc)
@@ -401,6 +403,24 @@ class EtcdCoordinator:
                 done.set()
                 self._watch_call = None
             self._stopping.wait(backoff.next())
+
+    def _note_holders(self, response: Any) -> None:
+        """Keep the view of who holds which shard current from the watch:
+        another node's acquisition does not call for a reconcile here, but
+        calls about its shards must be routed to it at once."""
+        prefix = self._shards_prefix.encode()
+        changes = [e for e in response.events if e.kv.key.startswith(prefix)]
+        if not changes:
+            return
+        holders = dict(self._holders)
+        for event in changes:
+            shard = int(event.kv.key[len(prefix) :])
+            if event.type == kv_pb2.Event.DELETE:
+                holders.pop(shard, None)
+            else:
+                holders[shard] = event.kv.value.decode()
+        self._holders = holders
+        self._view_revision = max(self._view_revision, int(response.header.revision))
 
     def _worth_a_look(self, event: Any) -> bool:
         """Membership changes and freed shards call for a reconcile; shard

@@ -24,11 +24,11 @@ clock and the network.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from wheel.engine.model import JobState
-from wheel.engine.owner import Effects, Owner
+from wheel.engine.model import JobState, shard_of
+from wheel.engine.owner import Effects, Owner, RunRef
 from wheel.engine.records import BatchOutcome, JobRecord, NewJob, WriteBatch
 from wheel.engine.schedule import compile_schedule
 from wheel.engine.spec import JobSpec, Once
@@ -109,6 +109,34 @@ class Driver:
             epochs=self.owner.shards(),
         )
 
+    def hand_over(self, shards: Collection[int]) -> list[RunRef]:
+        """Stop serving ``shards`` at once: the owner forgets them
+        (``Owner.remove_shards``), and the store writes emitted for them and
+        not yet in a batch are dropped -- written under this owner's epoch
+        after the next owner fenced the shard, they would be refused, or,
+        if they landed first, leave a claim no owner knows -- and so are the
+        hand-outs and revokes of its runs not sent yet. A completion dropped
+        here was not answered yet: its worker reports it again to the next
+        owner. Returns the runs handed over."""
+        handed = self.owner.remove_shards(shards)
+        lost = set(shards)
+        fx = self.fx
+        runs = {run_id for run_id, _ in handed}
+        # Hand-outs and revokes of these runs not sent yet are not this
+        # owner's to send any more: the next owner decides.
+        if fx.assignments or fx.revokes:
+            for worker_id, handouts in list(fx.assignments.items()):
+                fx.assignments[worker_id] = [a for a in handouts if a.run_id not in runs]
+            for worker_id, revokes in list(fx.revokes.items()):
+                fx.revokes[worker_id] = [r for r in revokes if r.run_id not in runs]
+        if fx.store_work():
+            fx.completions = [c for c in fx.completions if c.run_id not in runs]
+            fx.starts = [s for s in fx.starts if s.run_id not in runs]
+            fx.claims = [c for c in fx.claims if shard_of(c.job_id) not in lost]
+            fx.advances = [a for a in fx.advances if shard_of(a.job_id) not in lost]
+            fx.missed = [m for m in fx.missed if shard_of(m.job_id) not in lost]
+        return handed
+
     def apply(self, outcome: BatchOutcome, now_ms: int) -> frozenset[int]:
         """The store's answer to a batch, fed back in batch order. Shards the
         store refused (a newer owner fenced them) are handed over at once and
@@ -116,7 +144,7 @@ class Driver:
         has told it so far."""
         owner, fx = self.owner, self.fx
         if outcome.fenced:
-            owner.remove_shards(outcome.fenced)
+            self.hand_over(outcome.fenced)
         owner.on_completed(outcome.completions, now_ms, fx)
         owner.on_claimed(outcome.claims, now_ms, fx)
         return outcome.fenced

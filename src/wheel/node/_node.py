@@ -98,6 +98,7 @@ class Node(NodeReads):
         self._reading_changes = False
         # Awaited by ``stop`` (the rpc layer's channels to other members).
         self._closers: list[Callable[[], Awaitable[None]]] = []
+        self._left = False
         self.clock = Clock()
         # The owner's loop and job API without I/O; set by ``start``.
         self._driver: Driver | None = None
@@ -216,8 +217,12 @@ class Node(NodeReads):
     def hand_over(self, shards: Collection[int]) -> None:
         """Stop dispatching ``shards`` at once and forget them; their runs go
         on and their next owner adopts them from the store."""
-        handed = self._owner().remove_shards(shards)
-        log.info("handed over %d shards with %d runs in flight", len(shards), len(handed))
+        driver = self._the_driver()
+        held = [s for s in shards if s in driver.owner.shards()]
+        if not held:
+            return
+        handed = driver.hand_over(held)
+        log.info("handed over %d shards with %d runs in flight", len(held), len(handed))
         self._push_membership()
         self.wake()
 
@@ -229,7 +234,7 @@ class Node(NodeReads):
         if stale:
             # Held under an older epoch still (its loss not heard yet): the
             # new hold replaces it whole.
-            driver.owner.remove_shards(stale)
+            driver.hand_over(stale)
         driver.owner.add_shards(epochs, contents, self.clock.now_ms(), driver.fx)
         if self._reading_changes:
             self._rewind = watermark if self._rewind is None else min(self._rewind, watermark)
@@ -249,18 +254,30 @@ class Node(NodeReads):
             log.critical("dispatch loop died", exc_info=task.exception())
         self.stopped.set()
 
-    async def stop(self) -> None:
-        """Stop dispatching; in a cluster, hand every shard over first (a
-        SIGTERM moves shards to the other members at once, not after a TTL)."""
-        if self.coordinator is not None and self._driver is not None:
+    async def leave(self) -> None:
+        """In a cluster, before anything else of a stop: hand every shard
+        over, release them in etcd so the other members take them at once
+        (not a TTL later), and end the worker streams; the workers report
+        their runs to the new owners. A single node has nothing to hand
+        over: its stop ends the streams after the last batches' answers."""
+        if self._left or self.coordinator is None:
+            return
+        self._left = True
+        if self._driver is not None:
             self.hand_over(list(self._driver.owner.shards()))
+        await self.coordinator.stop()
+        for session in list(self.sessions.values()):
+            session.closed = True
+            session.outbox.put_nowait(None)
+
+    async def stop(self) -> None:
+        """Stop dispatching (after ``leave``, if it was not called)."""
+        await self.leave()
         self._stopping = True
         self._wake.set()
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self.coordinator is not None:
-            await self.coordinator.stop()
         for close in self._closers:
             await close()
         for session in list(self.sessions.values()):
@@ -373,16 +390,13 @@ class Node(NodeReads):
         fx = driver.fx
         coordinator = self.coordinator
         while not self._stopping:
-            if coordinator is not None and time.monotonic() >= coordinator.valid_until():
-                # Past the local lease deadline (a pause, a partition): nothing
-                # more goes out until the coordinator rejoins with new epochs.
-                lapsed = list(driver.owner.shards())
-                if lapsed:
-                    log.warning("lease deadline passed: %d shards stop at once", len(lapsed))
-                    self.hand_over(lapsed)
+            self._quiet_if_lapsed()
             now = self.clock.now_ms()
             driver.advance(now)
             if len(pending) < MAX_BATCHES_IN_FLIGHT and now >= next_batch_ms:
+                # Checked again right before writing: a pause between the
+                # check above and here must not let a claim out either.
+                self._quiet_if_lapsed()
                 batch = self._form_batch(driver)
                 if batch is not None:
                     if batch[0].size() >= config.group_commit_min_writes:
@@ -405,6 +419,7 @@ class Node(NodeReads):
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_result(None)
+            self._quiet_if_lapsed()  # and before a hand-out leaves
             self._publish(fx)
             resync = driver.take_resync()
             if coordinator is not None and time.monotonic() >= next_changes:
@@ -436,6 +451,18 @@ class Node(NodeReads):
         for waiter in self._commit_waiters:
             if not waiter.done():
                 waiter.set_exception(FailedPrecondition("node is stopping"))
+
+    def _quiet_if_lapsed(self) -> None:
+        """Past the local lease deadline (a pause, a partition), hand every
+        shard over at once: nothing more is claimed or handed out until the
+        coordinator rejoins with new epochs and gives shards again."""
+        coordinator = self.coordinator
+        if coordinator is None or time.monotonic() < coordinator.valid_until():
+            return
+        lapsed = list(self._owner().shards())
+        if lapsed:
+            log.warning("lease deadline passed: %d shards stop at once", len(lapsed))
+            self.hand_over(lapsed)
 
     def _form_batch(self, driver: Driver) -> tuple[WriteBatch, list[bytes]] | None:
         """Take the store writes and the checkpoint records of what changed."""

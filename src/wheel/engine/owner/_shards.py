@@ -211,6 +211,9 @@ class _Shards(_OwnerState):
                 del self._retries[seq]  # its RETRY timer finds nothing
         if self._reaper:
             self._reaper = deque(r for r in self._reaper if shard_of(r.job_id) not in lost)
+        later = self._later.claims
+        if later:
+            self._later.claims = [c for c in later if shard_of(c.job_id) not in lost]
         # Queued job and run ids of these shards are skipped when their turn
         # comes: their jobs and runs are gone.
         return handed
