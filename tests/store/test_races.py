@@ -266,7 +266,7 @@ def test_a_retry_after_an_acknowledged_commit_reports_its_own_work(pg_store: Any
             lost_once.append(True)
             conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
 
-    pg_store._after_commit = lose_connection
+    pg_store._db.after_commit = lose_connection
     [out] = pg_store.claim_fires(
         [
             FireClaim(
