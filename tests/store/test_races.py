@@ -35,6 +35,12 @@ from wheel.store.open import open_store
 CHILD = str(Path(__file__).with_name("_child.py"))
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Real stores only: these tests need files, processes and connections."""
+    return str(request.param)
+
+
 LATEST = max(v for v, _ in SQLITE_MIGRATIONS)
 assert max(v for v, _ in PG_MIGRATIONS) == LATEST
 
