@@ -143,6 +143,9 @@ class Node:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._watermark = 0
+        # Change markers of the node's own job writes: its change feed leaves
+        # those jobs out (it applied them when it wrote them).
+        self._own_changes: set[int] = set()
         self._lags: deque[int] = deque(maxlen=10_000)
         self.alerts: deque[str] = deque(maxlen=1_000)
         self.ready = asyncio.Event()
@@ -484,8 +487,11 @@ class Node:
                     list(owner.shards()),
                     page,
                     owner_moves=False,
+                    exclude=frozenset(self._own_changes),
                 )
             )
+            # A marker below the watermark is never reported again.
+            self._own_changes = {m for m in self._own_changes if m >= self._watermark}
             records.extend(changed)
         except StoreError as exc:
             log.warning("reading job changes failed: %s", exc)
@@ -590,8 +596,9 @@ class Node:
                     log.exception("storing %d submits failed", len(batch))
                 continue
             for (_, future), result in zip(batch, results, strict=True):
-                if not isinstance(result, WheelError) and result[1]:
-                    self._apply_record(result[0])
+                if not isinstance(result, WheelError) and result.created:
+                    self._own_changes.add(result.job.change)
+                    self._apply_record(result.job)
                 if not future.done():
                     future.set_result(result)
 
@@ -634,6 +641,7 @@ class Node:
                 self.store.set_job_state, job_id, state, next_run_at=next_run, now_ms=now
             )
         )
+        self._own_changes.add(updated.change)
         owner = self._owner()
         if owner.owns(job_id):
             if state is JobState.CANCELLED:
