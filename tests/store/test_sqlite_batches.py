@@ -11,8 +11,9 @@ import pytest
 
 from tests.store.conftest import interval_job
 from tests.store.test_contract import claim
+from wheel.errors import StoreError
 from wheel.store._schema import SQLITE_MIGRATIONS
-from wheel.store.base import Completion, RunStart, RunState
+from wheel.store.base import Completion, RunStart, RunState, WriteBatch
 from wheel.store.sqlite import SQLiteStore
 from wheel.store.sqlite import _sql as sq
 from wheel.store.sqlite._db import WRITER_CHECKPOINT_PAGES
@@ -107,6 +108,32 @@ def test_a_partly_applying_batch_falls_back_to_row_by_row(sqlite_store: SQLiteSt
     assert [o.advanced for o in outcomes] == [i != 17 for i in range(50)]
     assert store.get_job(jobs[17].job_id).next_run_at == 60_000
     assert store.get_job(jobs[18].job_id).next_run_at == 120_000
+
+
+def test_a_batch_is_written_all_or_nothing(sqlite_store: SQLiteStore) -> None:
+    """write_batch is one transaction: when its last kind fails, the kinds
+    before it are rolled back with it, and the batch can be written again."""
+    store = sqlite_store
+    ran, _ = store.submit_job(interval_job("ran", next_run_at=60_000))
+    due, _ = store.submit_job(interval_job("due", next_run_at=60_000))
+    [out] = store.claim_fires([claim(ran.job_id, 60_000, fence=1, new=120_000)])
+    assert out.run_id is not None
+    batch = WriteBatch(
+        completions=[
+            Completion(run_id=out.run_id, fence=1, state=RunState.SUCCEEDED, finished_at_ms=1)
+        ],
+        claims=[claim(due.job_id, 60_000, fence=2, new=120_000)],
+        # A worker id sqlite3 cannot bind: the starts fail after the rest ran.
+        starts=[RunStart(run_id=out.run_id, fence=1, worker_id=object(), started_at_ms=1)],  # type: ignore[arg-type]
+    )
+    with pytest.raises(StoreError):
+        store.write_batch(batch)
+    assert store.get_run(out.run_id).state is RunState.DISPATCHED
+    assert store.list_runs(due.job_id) == []
+    assert store.get_job(due.job_id).next_run_at == 60_000
+    outcome = store.write_batch(WriteBatch(completions=batch.completions, claims=batch.claims))
+    assert [c.applied for c in outcome.completions] == [True]
+    assert [(c.run_id is not None, c.advanced) for c in outcome.claims] == [(True, True)]
 
 
 def test_a_database_of_schema_2_loses_the_due_index_nothing_reads(tmp_path: Path) -> None:
