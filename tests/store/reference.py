@@ -44,6 +44,7 @@ from wheel.store.base import (
     UnparsedJob,
     WriteBatch,
     shard_of,
+    write_in_order,
 )
 
 INFLIGHT = (RunState.DISPATCHED, RunState.RUNNING)
@@ -311,12 +312,7 @@ class ReferenceStore:
         return out
 
     def write_batch(self, batch: WriteBatch) -> BatchOutcome:
-        completed = self.complete_runs(batch.completions)
-        self.record_missed(batch.missed)
-        self.advance_schedules(batch.advances)
-        claimed = self.claim_fires(batch.claims)
-        self.mark_running(batch.starts)
-        return BatchOutcome(completions=completed, claims=claimed)
+        return write_in_order(self, batch)
 
     def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
         out = []

@@ -18,6 +18,7 @@ from wheel.store.base import (
     Changes,
     Completion,
     FireClaim,
+    JobRecord,
     JobState,
     MissedFire,
     MissedReason,
@@ -60,6 +61,15 @@ def done(run_id: int, fence: int, state: RunState = RunState.SUCCEEDED) -> Compl
     return Completion(
         run_id=run_id, fence=fence, state=state, finished_at_ms=99_000, worker_id="w-1"
     )
+
+
+def dispatched(store: Store, name: str, fence: int) -> tuple[JobRecord, int]:
+    """A new job whose first fire (60_000) is claimed with ``fence``: the job
+    and the run."""
+    job, _ = store.submit_job(interval_job(name, next_run_at=60_000))
+    [out] = store.claim_fires([claim(job.job_id, 60_000, fence=fence, new=120_000)])
+    assert out.run_id is not None
+    return job, out.run_id
 
 
 def read_changes(
@@ -421,15 +431,12 @@ def test_get_run_and_list_runs(store: Store) -> None:
 def test_a_batch_applies_its_kinds_in_order(store: Store) -> None:
     """Completions, missed fires, advances, claims, starts: the advance a
     claim expects comes first, and every kind answers in the batch's order."""
-    ran, _ = store.submit_job(interval_job("ran", next_run_at=60_000))
+    ran, failed = dispatched(store, "ran", fence=1)
+    _, acked = dispatched(store, "acked", fence=2)
     skips, _ = store.submit_job(interval_job("skips", next_run_at=60_000))
-    acked, _ = store.submit_job(interval_job("acked", next_run_at=60_000))
-    [r1] = store.claim_fires([claim(ran.job_id, 60_000, fence=1, new=120_000)])
-    [r2] = store.claim_fires([claim(acked.job_id, 60_000, fence=2, new=120_000)])
-    assert r1.run_id is not None and r2.run_id is not None
     outcome = store.write_batch(
         WriteBatch(
-            completions=[done(r1.run_id, 1, RunState.FAILED)],
+            completions=[done(failed, 1, RunState.FAILED)],
             missed=[
                 MissedFire(
                     job_id=skips.job_id,
@@ -447,7 +454,7 @@ def test_a_batch_applies_its_kinds_in_order(store: Store) -> None:
                 claim(skips.job_id, 120_000, fence=3, expected=120_000, new=180_000),
                 claim(ran.job_id, 60_000, attempt=1, fence=4, advance=False),
             ],
-            starts=[RunStart(run_id=r2.run_id, fence=2, worker_id="w-2", started_at_ms=61_000)],
+            starts=[RunStart(run_id=acked, fence=2, worker_id="w-2", started_at_ms=61_000)],
         )
     )
     assert [c.applied for c in outcome.completions] == [True]
@@ -457,8 +464,8 @@ def test_a_batch_applies_its_kinds_in_order(store: Store) -> None:
     ]
     assert store.get_job(skips.job_id).next_run_at == 180_000
     assert [m.scheduled_for for m in store.list_missed(skips.job_id)] == [60_000]
-    assert store.get_run(r1.run_id).state is RunState.FAILED
-    assert store.get_run(r2.run_id).state is RunState.RUNNING
+    assert store.get_run(failed).state is RunState.FAILED
+    assert store.get_run(acked).state is RunState.RUNNING
 
 
 def test_a_batch_written_again_reports_what_its_first_write_applied(store: Store) -> None:
@@ -470,18 +477,15 @@ def test_a_batch_written_again_reports_what_its_first_write_applied(store: Store
     owner while its run sat dispatched in the store, and a failed run's
     completion reported superseded would never be retried."""
     a, _ = store.submit_job(interval_job("a", next_run_at=60_000))
-    b, _ = store.submit_job(interval_job("b", next_run_at=60_000))
-    c, _ = store.submit_job(interval_job("c", next_run_at=60_000))
-    [ran_b] = store.claim_fires([claim(b.job_id, 60_000, fence=1, new=120_000)])
-    [ran_c] = store.claim_fires([claim(c.job_id, 60_000, fence=2, new=120_000)])
-    assert ran_b.run_id is not None and ran_c.run_id is not None
+    _, ran_b = dispatched(store, "b", fence=1)
+    _, ran_c = dispatched(store, "c", fence=2)
     batch = WriteBatch(
-        completions=[done(ran_b.run_id, 1, RunState.FAILED)],
+        completions=[done(ran_b, 1, RunState.FAILED)],
         claims=[
             claim(a.job_id, 60_000, fence=3, new=120_000),
             claim(a.job_id, 120_000, fence=4, new=180_000),
         ],
-        starts=[RunStart(run_id=ran_c.run_id, fence=2, worker_id="w-1", started_at_ms=60_500)],
+        starts=[RunStart(run_id=ran_c, fence=2, worker_id="w-1", started_at_ms=60_500)],
     )
     first = store.write_batch(batch)
     again = store.write_batch(batch)
@@ -493,16 +497,14 @@ def test_a_batch_written_again_reports_what_its_first_write_applied(store: Store
     assert [o.applied for o in again.completions] == [True]
     assert len(store.list_runs(a.job_id)) == 2
     assert store.get_job(a.job_id).next_run_at == 180_000
-    assert store.get_run(ran_b.run_id).state is RunState.FAILED
+    assert store.get_run(ran_b).state is RunState.FAILED
     assert store.mark_running(batch.starts) == [True]
     # A write of the same run that differs from the one recorded is still
     # refused, and so is a repeat inside one batch.
-    other = Completion(
-        run_id=ran_b.run_id, fence=1, state=RunState.SUCCEEDED, finished_at_ms=62_000
-    )
+    other = Completion(run_id=ran_b, fence=1, state=RunState.SUCCEEDED, finished_at_ms=62_000)
     assert [o.applied for o in store.complete_runs([other])] == [False]
     assert store.mark_running([*batch.starts, *batch.starts]) == [True, False]
-    late = RunStart(run_id=ran_c.run_id, fence=2, worker_id="w-2", started_at_ms=60_500)
+    late = RunStart(run_id=ran_c, fence=2, worker_id="w-2", started_at_ms=60_500)
     assert store.mark_running([late]) == [False]
     # A claim of the same fire attempt with another fence is not ours.
     [rival] = store.claim_fires([claim(a.job_id, 60_000, fence=9, new=999_000)])

@@ -86,6 +86,7 @@ __all__ = [
     "WriteBatch",
     "idempotency_key",
     "shard_of",
+    "write_in_order",
 ]
 
 
@@ -306,3 +307,14 @@ class Store(Protocol):
     def purge_history(self, finished_before_ms: int, batch: int = 10_000) -> int:
         """Delete terminal executions and missed records older than the cutoff, in
         bulk; returns how many rows went."""
+
+
+def write_in_order(store: Store, batch: WriteBatch) -> BatchOutcome:
+    """``batch`` through the one-kind calls, in ``write_batch``'s order: what a
+    store that writes a batch in one transaction runs inside it."""
+    completed = store.complete_runs(batch.completions)
+    store.record_missed(batch.missed)
+    store.advance_schedules(batch.advances)
+    claimed = store.claim_fires(batch.claims)
+    store.mark_running(batch.starts)
+    return BatchOutcome(completions=completed, claims=claimed)

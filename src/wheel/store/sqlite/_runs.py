@@ -10,7 +10,7 @@ nothing for it.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from wheel.store._shared import first_per_key
@@ -123,7 +123,7 @@ def mark_running(cur: sqlite3.Cursor, starts: Sequence[RunStart]) -> list[bool]:
         sql.MARK_RUNNING,
         sql.RECOGNISE_STARTS,
         [(s.worker_id, s.started_at_ms, s.run_id, s.fence) for s in starts],
-        [(s.run_id, s.fence, s.worker_id) for s in starts],
+        lambda i: (starts[i].run_id, starts[i].fence, starts[i].worker_id),
     )
 
 
@@ -136,7 +136,12 @@ def complete(cur: sqlite3.Cursor, completions: Sequence[Completion]) -> list[boo
             (c.state.value, c.finished_at_ms, c.error, c.worker_id, c.run_id, c.fence)
             for c in completions
         ],
-        [(c.run_id, c.fence, c.state.value, c.finished_at_ms) for c in completions],
+        lambda i: (
+            completions[i].run_id,
+            completions[i].fence,
+            completions[i].state.value,
+            completions[i].finished_at_ms,
+        ),
     )
 
 
@@ -145,14 +150,16 @@ def _fenced_update(
     update: sql.SetStatement,
     recognise: sql.SetStatement,
     rows: list[tuple[Any, ...]],
-    keys: list[tuple[Any, ...]],
+    leaves: Callable[[int], tuple[Any, ...]],
 ) -> list[bool]:
     """Apply ``update`` to each row in order. The first write of each (run,
     fence) that did not apply but finds its run exactly as it would have
-    left it is applied all the same; ``keys`` are what ``recognise`` matches
-    on for each row: run, fence, then the state the write leaves."""
+    left it is applied all the same: ``leaves(i)`` is what ``recognise``
+    matches row i on (run, fence, then what the write leaves). Only a batch
+    with a row that did not apply pays for that."""
     applied = apply_each(cur, update, rows)
     if not all(applied):
+        keys = [leaves(i) for i in range(len(rows))]
         first = first_per_key([(k[0], k[1]) for k in keys])
         todo = [(i, *keys[i]) for i in first if not applied[i]]
         for (i,) in sql.select_rows(cur, recognise, todo):

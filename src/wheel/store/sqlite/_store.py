@@ -26,6 +26,7 @@ from wheel.store.base import (
     ShardLoad,
     Submitted,
     WriteBatch,
+    write_in_order,
 )
 from wheel.store.sqlite import _feed, _jobs, _runs
 from wheel.store.sqlite._db import Database
@@ -101,12 +102,7 @@ class SQLiteStore(SQLStore):
         """A loop iteration's writes in ONE transaction (one fsync), in the
         order ``Store.write_batch`` gives."""
         with self._db.tx(write=True):
-            completed = self.complete_runs(batch.completions)
-            self.record_missed(batch.missed)
-            self.advance_schedules(batch.advances)
-            claimed = self.claim_fires(batch.claims)
-            self.mark_running(batch.starts)
-        return BatchOutcome(completions=completed, claims=claimed)
+            return write_in_order(self, batch)
 
     def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
         if not advances:
