@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import PG_DSN, service_missing
-from wheel.store._pgarrays import Bools, Int4s, Int8s, Texts, register
+from wheel.store.postgres._arrays import Bools, Int4s, Int8s, Texts, register
 
 INT8 = st.integers(-(2**63), 2**63 - 1)
 INT4 = st.integers(-(2**31), 2**31 - 1)
