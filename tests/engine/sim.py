@@ -32,6 +32,7 @@ import random
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import pairwise
 
 from tests.store.reference import ExecRow as _ExecRow
@@ -206,9 +207,7 @@ class SimWorker:
                 # at once, with no ack.
                 run = _WRun(a.run_id, a.fence, a.job_id, a.scheduled_for, a.attempt, outcome, 0)
                 self.runs[a.run_id] = run
-                sim.at(
-                    sim.now + rng.randint(1, 300), self._gen_guard(lambda r=run: self._finish(r))
-                )
+                sim.at(sim.now + rng.randint(1, 300), self._gen_guard(partial(self._finish, run)))
                 continue
             r = rng.random()
             if sim.draining or r < 0.85:
@@ -221,8 +220,8 @@ class SimWorker:
             self.runs[a.run_id] = run
             slow_ack = sim.chaos() and rng.random() < sim.scale.slow_ack_rate
             ack = rng.randint(5_500, 9_000) if slow_ack else rng.randint(1, 300)
-            sim.at(sim.now + ack, self._gen_guard(lambda r=run: self._ack(r)))
-            sim.at(sim.now + ack + duration, self._gen_guard(lambda r=run: self._finish(r)))
+            sim.at(sim.now + ack, self._gen_guard(partial(self._ack, run)))
+            sim.at(sim.now + ack + duration, self._gen_guard(partial(self._finish, run)))
 
     def _ack(self, run: _WRun) -> None:
         if self.runs.get(run.run_id) is run:
@@ -454,7 +453,7 @@ class Sim:
         store.now_ms = now
         epochs = store.acquire_epochs(range(SHARD_COUNT))
         restored = restore_owner(
-            store,  # type: ignore[arg-type]
+            store,
             None,
             epochs=epochs,
             config=self.config,
@@ -528,19 +527,15 @@ class Sim:
         for wid, items in fx.assignments.items():
             for a in items:
                 self.history.dispatches.append((self.now, wid, a))
-            self._send(by_id, wid, lambda w, items=items: w.on_assignments(items))
+            self._send(by_id, wid, partial(_assign, items))
         for wid, revokes in fx.revokes.items():
-            self._send(
-                by_id,
-                wid,
-                lambda w, rs=revokes: _supersede_all(w, [(r.run_id, r.fence) for r in rs]),
-            )
+            self._send(by_id, wid, partial(_supersede_refs, [(r.run_id, r.fence) for r in revokes]))
         for wid, results in fx.results.items():
             for r in results:
                 self.history.results.append((self.now, wid, r))
-            self._send(by_id, wid, lambda w, rs=results: w.on_results(rs))
+            self._send(by_id, wid, partial(_answer, results))
         for wid, refs in fx.rejected_renewals.items():
-            self._send(by_id, wid, lambda w, rs=refs: _supersede_all(w, rs))
+            self._send(by_id, wid, partial(_supersede_refs, refs))
         fx.assignments.clear()
         fx.revokes.clear()
         fx.results.clear()
@@ -730,6 +725,12 @@ class Sim:
 
         self.at(self.now + int(self.rng.expovariate(1 / every)) + 1, tick)
 
+    def _crash_worker(self, w: SimWorker) -> None:
+        w.crash(self.rng.randint(10 * SEC, 10 * MIN))
+
+    def _freeze_worker(self, w: SimWorker) -> None:
+        w.freeze(self.config.lease_ms + self.rng.randint(1 * SEC, 90 * SEC))
+
     def _node_fault(self) -> None:
         """A crash (the node comes back after a while and rebuilds from the
         store), a crash between a store write and its answer, or a takeover
@@ -762,13 +763,8 @@ class Sim:
                 self.now + rng.randint(0, self.config.heartbeat_interval_ms),
                 w._gen_guard(w.heartbeat_loop),
             )
-            self._poisson(
-                scale.worker_crash_every, lambda w=w: w.crash(rng.randint(10 * SEC, 10 * MIN))
-            )
-            self._poisson(
-                scale.worker_freeze_every,
-                lambda w=w: w.freeze(self.config.lease_ms + rng.randint(1 * SEC, 90 * SEC)),
-            )
+            self._poisson(scale.worker_crash_every, partial(self._crash_worker, w))
+            self._poisson(scale.worker_freeze_every, partial(self._freeze_worker, w))
         self._poisson(scale.node_restart_every, self._node_fault)
         self._poisson(int(HOUR / scale.api_ops_per_hour), self.api_op)
         self._run_until(self.end)
@@ -851,6 +847,18 @@ class Sim:
         return out
 
 
+def _assign(items: list[Assignment], w: SimWorker) -> None:
+    w.on_assignments(items)
+
+
+def _answer(results: list[CompletionResult], w: SimWorker) -> None:
+    w.on_results(results)
+
+
+def _supersede_refs(refs: Iterable[tuple[int, int]], w: SimWorker) -> None:
+    _supersede_all(w, refs)
+
+
 def _supersede_all(w: SimWorker, refs: Iterable[tuple[int, int]]) -> None:
     for run_id, fence in refs:
         w.supersede(run_id, fence)
@@ -906,8 +914,8 @@ def check(sim: Sim) -> list[Violation]:
     # Retries and re-dispatches of fires due during the drain may still wait.
     retry_pending = {(j, f, a) for j, f, a in owner._retries.values()}
     retry_pending.update(owner._reaper)
-    for job_id, job in owner.jobs.items():
-        retry_pending.update((job_id, d[0], d[1]) for d in job.due if d[1] > 0)
+    for job_id, held_job in owner.jobs.items():
+        retry_pending.update((job_id, f, n) for f, n, _ in held_job.due if n > 0)
     retry_pending.update(owner._pending)
 
     # 0. Settled: nothing owed before the end is left in flight or waiting.
@@ -944,10 +952,10 @@ def check(sim: Sim) -> list[Violation]:
                 if c.jittered(job.first_fire) < life_end:
                     expected.add(job.first_fire)
             else:
-                f: int | None = job.first_fire
-                while f is not None and c.jittered(f) < life_end:
-                    expected.add(f)
-                    f = c.next_fire(f)
+                nominal: int | None = job.first_fire
+                while nominal is not None and c.jittered(nominal) < life_end:
+                    expected.add(nominal)
+                    nominal = c.next_fire(nominal)
         # DST gaps under skip: each transition instant that had skipped wall
         # times and no real fire is recorded missed (dst_gap) once the
         # schedule passed it: at the fire before it, or from the job's
@@ -988,7 +996,7 @@ def check(sim: Sim) -> list[Violation]:
             if not dormant_armed and (
                 oj is None or (oj.next_fire is None and not oj.due and oj.inflight <= 0)
             ):
-                last = max(
+                last_finish = max(
                     (
                         ex.finished_at_ms or 0
                         for (j, _), exs in execs_by_fire.items()
@@ -1001,7 +1009,7 @@ def check(sim: Sim) -> list[Violation]:
                     Violation(
                         "no silent drop",
                         f"fixed_delay job {job.job_id} is active but nothing is armed "
-                        f"(last run finished at T0{last - T0:+d} ms, pauses {job.pauses})",
+                        f"(last run finished at T0{last_finish - T0:+d} ms, pauses {job.pauses})",
                     )
                 )
 
@@ -1121,19 +1129,19 @@ def check(sim: Sim) -> list[Violation]:
         last_fence[shard] = claim.fence
         if run_id is not None:
             claimed_at[(claim.job_id, claim.scheduled_for)].append((seq, claim.fence))
-    applied_by_run = {a.run_id: a for a in store.applied}
-    for a in store.applied:
-        ex = store.execs[a.run_id]
+    applied_by_run = {ap.run_id: ap for ap in store.applied}
+    for ap in store.applied:
+        ex = store.execs[ap.run_id]
         newer = [
             fence
             for seq, fence in claimed_at[(ex.job_id, ex.scheduled_for)]
-            if seq < a.seq and fence > a.fence
+            if seq < ap.seq and fence > ap.fence
         ]
         if newer:
             out.append(
                 Violation(
                     "no stale fence",
-                    f"run {a.run_id} completed with fence {a.fence}; newer {newer}",
+                    f"run {ap.run_id} completed with fence {ap.fence}; newer {newer}",
                 )
             )
     received = {
@@ -1164,16 +1172,19 @@ def check(sim: Sim) -> list[Violation]:
                     )
                 )
         else:
-            ex = store.execs.get(res.run_id)
+            exec_row = store.execs.get(res.run_id)
             if (
-                ex is not None
-                and ex.fence == fence
-                and ex.worker_id in (None, wid)
+                exec_row is not None
+                and exec_row.fence == fence
+                and exec_row.worker_id in (None, wid)
                 and applied is not None
                 and applied.at_ms >= t
                 and applied.state in (RunState.LOST, RunState.UNKNOWN, RunState.DEAD_LETTERED)
-                and (applied.state is not RunState.DEAD_LETTERED or "lease" in (ex.error or ""))
-                and max(f for _, f in claimed_at[(ex.job_id, ex.scheduled_for)] if True) == fence
+                and (
+                    applied.state is not RunState.DEAD_LETTERED or "lease" in (exec_row.error or "")
+                )
+                and max(fc for _, fc in claimed_at[(exec_row.job_id, exec_row.scheduled_for)])
+                == fence
             ):
                 out.append(
                     Violation(
@@ -1264,19 +1275,21 @@ def check(sim: Sim) -> list[Violation]:
     keys: dict[tuple[int, int], set[str]] = defaultdict(set)
     for _, _, a in sim.history.dispatches:
         keys[(a.job_id, a.scheduled_for)].add(a.idempotency_key)
-        ex = store.execs.get(a.run_id)
-        if ex is None or ex.fence != a.fence or ex.attempt != a.attempt:
+        exec_row = store.execs.get(a.run_id)
+        if exec_row is None or exec_row.fence != a.fence or exec_row.attempt != a.attempt:
             out.append(
-                Violation("fenced assignment", f"assignment {a} does not match the store's {ex}")
+                Violation(
+                    "fenced assignment", f"assignment {a} does not match the store's {exec_row}"
+                )
             )
     for (job_id, f), ks in keys.items():
         if ks != {idempotency_key(job_id, f)}:
             out.append(Violation("stable idempotency key", f"job {job_id} fire {f}: keys {ks}"))
 
     # Schedules only move forward.
-    for m in store.moves:
-        if m.old is not None and m.new is not None and m.new < m.old:
-            out.append(Violation("schedule moves forward", f"{m}"))
+    for move in store.moves:
+        if move.old is not None and move.new is not None and move.new < move.old:
+            out.append(Violation("schedule moves forward", f"{move}"))
     return out
 
 

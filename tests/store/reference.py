@@ -15,7 +15,7 @@ watermark is the last marker seen.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, overload
 
@@ -426,6 +426,17 @@ class ReferenceStore:
             self.epochs[s] = self.epochs.get(s, 0) + 1
             self.owners[s] = owner
         return {s: self.epochs[s] for s in sorted(wanted)}
+
+    def fence_shards(self, epochs: Mapping[int, int], owner: str) -> dict[int, int]:
+        wanted = self._shards(epochs)
+        for s in wanted:
+            if self.epochs.get(s, 0) < epochs[s]:
+                self.epochs[s] = epochs[s]
+                self.owners[s] = owner
+        return {s: self.epochs[s] for s in sorted(wanted)}
+
+    def shard_epochs(self, shards: Collection[int]) -> dict[int, int]:
+        return {s: self.epochs[s] for s in sorted(self._shards(shards)) if s in self.epochs}
 
     def load_shards(self, shards: Collection[int], *, unparsed: bool = False) -> ShardLoad:
         wanted = self._shards(shards)

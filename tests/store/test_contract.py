@@ -590,7 +590,7 @@ def test_load_shards_returns_live_jobs_and_inflight_runs_of_those_shards(store: 
     assert [j.job_id for j in load.jobs] == expected_jobs
     assert {j.state for j in load.jobs} <= {JobState.ACTIVE, JobState.PAUSED}
     expected_runs = sorted(
-        o.run_id
+        o.run_id or 0
         for o, j in zip(outs, jobs, strict=True)
         if j.shard in mine and o.run_id != finished
     )
