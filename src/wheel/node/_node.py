@@ -26,16 +26,16 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TypeVar
 
 from wheel.checkpoint import Checkpoint, DutyCycle, Identity
 from wheel.checkpoint.owner_state import log_entry, log_records, snapshot_chunks
-from wheel.coord.base import Coordinator, Member
+from wheel.coord.base import Coordinator
 from wheel.engine.driver import Driver, next_fires_of
-from wheel.engine.model import SHARD_COUNT, JobState, shard_of
+from wheel.engine.model import SHARD_COUNT, JobState
 from wheel.engine.owner import (
     Effects,
     Outcome,
@@ -48,11 +48,11 @@ from wheel.errors import (
     CheckpointError,
     FailedPrecondition,
     NotFound,
-    NotOwner,
     StoreError,
     WheelError,
 )
 from wheel.node._cluster import ShardOwnership
+from wheel.node._membership import NodeMembership
 from wheel.node._reads import NodeReads
 from wheel.node._values import (
     Clock,
@@ -76,7 +76,7 @@ SNAPSHOT_SHARE = 0.2
 SNAPSHOT_JOBS_PER_CHUNK = 2_000
 
 
-class Node(NodeReads):
+class Node(NodeReads, NodeMembership):
     """One node owning shards (all 256 on a single node)."""
 
     def __init__(
@@ -747,97 +747,3 @@ class Node(NodeReads):
         if owner.owns(job_id) or record is None:
             return owner.next_fires(job_id, count)
         return next_fires_of(record, count)
-
-    # -- the cluster --------------------------------------------------------------
-
-    def route(self, job_id: int) -> str | None:
-        """Where a call that changes the job must run: None here (this node
-        owns its shard, or is the only node), else the owner's address.
-        Raises ``NotOwner`` when no member is known to hold the shard (it is
-        moving): the client retries."""
-        coordinator = self.coordinator
-        if coordinator is None or self._owner().owns(job_id):
-            return None
-        shard = shard_of(job_id)
-        holder = coordinator.shard_owners().get(shard)
-        if holder is not None and holder != self.config.node_id:
-            for member in coordinator.members():
-                if member.node_id == holder:
-                    return member.address
-        raise NotOwner(f"shard {shard} of job {job_id} is moving between nodes; retry")
-
-    def owners_of(self, job_ids: Sequence[int]) -> dict[str, list[int]]:
-        """The jobs held by other members, by their owner's address."""
-        coordinator = self.coordinator
-        if coordinator is None:
-            return {}
-        owners = coordinator.shard_owners()
-        addresses = {m.node_id: m.address for m in coordinator.members()}
-        out: dict[str, list[int]] = {}
-        for job_id in job_ids:
-            holder = owners.get(shard_of(job_id))
-            if holder is not None and holder != self.config.node_id and holder in addresses:
-                out.setdefault(addresses[holder], []).append(job_id)
-        return out
-
-    def jobs_changed(self, job_ids: Iterable[int]) -> None:
-        """Another member stored or changed these jobs: read them now."""
-        driver = self._the_driver()
-        driver.fx.resync.update(j for j in job_ids if driver.owner.owns(j))
-        self.wake()
-
-    def members(self) -> list[Member]:
-        """The cluster's live members (this node alone without a cluster)."""
-        if self.coordinator is None:
-            return [Member(node_id=self.config.node_id, address="")]
-        return self.coordinator.members()
-
-    def membership(self) -> Membership:
-        """The cluster as this node sees it: what workers route runs by."""
-        owners = self.shard_owners()
-        version = 0 if self.coordinator is None else self.coordinator.view_version()
-        return Membership(
-            members=tuple(self.members()),
-            shard_owners=tuple(owners.get(s, "") for s in range(SHARD_COUNT)),
-            version=version,
-        )
-
-    def _push_membership(self) -> None:
-        """Tell every worker stream when the members or shard owners changed:
-        workers open streams to new members and re-home runs of gone ones."""
-        sink = self.membership_sink
-        if sink is None:
-            return
-        view = self.membership()
-        if view == self._pushed_view:
-            return
-        self._pushed_view = view
-        for session in list(self.sessions.values()):
-            sink(session, view)
-
-    def run_home(self, job_id: int) -> Member | None:
-        """Where a worker reports a run of ``job_id``: None when this node
-        holds its shard; else the member that does (this node itself while
-        it is still loading a shard it just gained, so the worker comes
-        back), or an empty member while the shard is between owners."""
-        owner = self._owner()
-        if owner.owns(job_id):
-            return None
-        coordinator = self.coordinator
-        if coordinator is None:
-            return None  # one node holds everything: nothing moves
-        shard = shard_of(job_id)
-        me = self.config.node_id
-        if shard in coordinator.owned():
-            return Member(node_id=me, address=coordinator.address)
-        holder = coordinator.shard_owners().get(shard)
-        for member in coordinator.members():
-            if member.node_id == holder and holder != me:
-                return member
-        return Member(node_id="", address="")
-
-    def shard_owners(self) -> dict[int, str]:
-        """Shard -> the node id holding it, as last seen."""
-        if self.coordinator is None:
-            return dict.fromkeys(self._owner().shards(), self.config.node_id)
-        return dict(self.coordinator.shard_owners())
