@@ -21,7 +21,8 @@ judged window's end. What it reports (``Verdict``):
 - ``missed_without_reason``: missed records whose reason is not one the
   job's policy allows, or that the history contradicts: the fire also has an
   execution; ``collapsed`` with no later fire of the job claimed;
-  ``overlap`` with no earlier run of the job in flight around that time;
+  ``overlap`` with no earlier run of the job in flight between the fire's
+  due time and the record;
 - ``unknown``: at_most_once runs that ended ``unknown``;
 - ``max_late_s``: the longest any fire that ran waited past its due time
   (its first start minus its scheduled time).
@@ -335,12 +336,15 @@ def _unjustified(
         if not any(r.scheduled_for > m.scheduled_for for r in job_runs):
             return "collapsed, but no later fire of the job was claimed"
         return ""
-    # overlap: an earlier fire's run was in flight when this one came due.
-    t = m.scheduled_for
+    # overlap: an earlier fire's run was in flight at some moment between
+    # this fire's due time and the record (an owner that took the shard on
+    # late judges an overdue fire when it gets to it, not when it was due).
     for r in job_runs:
-        if r.scheduled_for >= t or r.dispatched_at_ms > t + tolerance_ms:
+        if r.scheduled_for >= m.scheduled_for or r.dispatched_at_ms > (
+            max(m.recorded_at_ms, m.scheduled_for) + tolerance_ms
+        ):
             continue
-        if r.finished_at_ms is None or r.finished_at_ms >= t - tolerance_ms:
+        if r.finished_at_ms is None or r.finished_at_ms >= m.scheduled_for - tolerance_ms:
             return ""
     return "overlap, but no earlier run of the job was in flight then"
 

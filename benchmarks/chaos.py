@@ -869,6 +869,17 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
             }
             failures = tmp / "failures.json"
             failures.write_text(json.dumps(report, indent=1, default=str))
+            # The whole record of truth and the plan of jobs, to look further.
+            (tmp / "store.json").write_text(
+                json.dumps(
+                    {
+                        "executions": [asdict(r) for r in runs],
+                        "missed": [asdict(m) for m in missed],
+                        "jobs": [j.to_json() for j in jobs],
+                        "end_ms": end_ms,
+                    }
+                )
+            )
             print(f"\nchaos FAILED with seed {args.seed}: {violations}", file=sys.stderr)
             print(f"the fault plan: {tmp / 'plan.txt'}; every fire involved: {failures}",
                   file=sys.stderr)  # fmt: skip

@@ -92,6 +92,19 @@ def test_missed_records_the_history_does_not_bear_out() -> None:
     assert v.lost == []
 
 
+def test_an_overlap_judged_late_is_borne_out_by_a_run_in_flight_when_it_was_judged() -> None:
+    # Due at 12_000, judged at 15_000 by an owner that took the shard on late,
+    # while the 11_000 fire's run (dispatched at 14_000) was going.
+    late = Run(run_id=1, job_id=2, scheduled_for=11_000, attempt=0, state="lost",
+               fence=E + 1, dispatched_at_ms=14_000, finished_at_ms=19_000)  # fmt: skip
+    missed = [Missed(job_id=2, scheduled_for=12_000, reason="overlap", recorded_at_ms=15_000)]
+    v = check([EVERY], [late], missed, [], [], end_ms=12_000, overlap_tolerance_ms=500)
+    assert v.missed_without_reason == []
+    missed = [Missed(job_id=2, scheduled_for=12_000, reason="overlap", recorded_at_ms=13_000)]
+    v = check([EVERY], [late], missed, [], [], end_ms=12_000, overlap_tolerance_ms=500)
+    assert len(v.missed_without_reason) == 1
+
+
 def test_an_at_most_once_fire_sent_again_after_a_lost_lease_is_found() -> None:
     job = PlannedJob(job_id=1, kind="once", first_ms=10_000, at_most_once=True)
     runs = [ok(1, 10_000, 1, state="lost"), ok(1, 10_000, 2, attempt=1)]
