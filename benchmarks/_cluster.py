@@ -179,7 +179,7 @@ class LocalCluster:
         self.root = root
         self.etcd = Etcd(root / "etcd-data")
         self.ttl_s = ttl_s
-        self._make = lambda i: Node(
+        self._make: Callable[[int], Node] = lambda i: Node(
             root,
             i,
             wheelctl=wheelctl,

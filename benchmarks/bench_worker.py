@@ -135,7 +135,7 @@ def run_wheel_worker(args: argparse.Namespace) -> None:
     """K of these run ``wheel.worker.Worker`` with a recording no-op handler."""
     import asyncio
 
-    from wheel.worker import Worker  # type: ignore[attr-defined]
+    from wheel.worker import Worker
 
     out = RecordWriter(Path(args.out))
 

@@ -549,7 +549,7 @@ def next_tight_rate(steps: list[dict[str, Any]]) -> float | None:
     above = [st["rate"] for st in steps if st["rate"] > lo]
     if not above or min(above) / lo <= 1.15:
         return None
-    return round((lo * min(above)) ** 0.5)
+    return float(round((lo * min(above)) ** 0.5))
 
 
 def sustains(result: dict[str, Any]) -> bool:
@@ -606,7 +606,7 @@ def find_max(
         res, ok = step(tight_rate)
         if ok and tight_rate > lo:
             lo, best = tight_rate, res
-    out = dict(best) if best else {"system": system, "store": cfg.store}
+    out: dict[str, Any] = dict(best) if best else {"system": system, "store": cfg.store}
     out["max_sustained_per_s"] = lo
     # No step failed inside the time bound: the figure is a floor, not the ceiling.
     out["max_is_lower_bound"] = hi == float("inf")

@@ -170,12 +170,12 @@ def create_schema(url: str) -> None:
     if url.startswith("postgresql"):
         import psycopg
 
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(PG_SCHEMA)
+        with psycopg.connect(url, autocommit=True) as pg:
+            pg.execute(PG_SCHEMA)
     else:
-        conn = sqlite_connect(url)
-        conn.executescript(SQLITE_SCHEMA)
-        conn.close()
+        lite = sqlite_connect(url)
+        lite.executescript(SQLITE_SCHEMA)
+        lite.close()
 
 
 def submit(url: str, workload: Workload) -> None:
@@ -199,16 +199,16 @@ def submit(url: str, workload: Workload) -> None:
             conn.execute("ANALYZE jobs")
             conn.commit()
     else:
-        conn = sqlite_connect(url)
-        conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(
+        lite = sqlite_connect(url)
+        lite.execute("BEGIN IMMEDIATE")
+        lite.executemany(
             "INSERT INTO jobs (job_id, tenant_id, shard, name, schedule, next_run_at, state)"
             " VALUES (?, ?, ?, ?, ?, ?, 'active')",
             [(*r, first) for r, first in zip(rows, firsts, strict=True)],
         )
-        conn.execute("COMMIT")
-        conn.execute("ANALYZE")
-        conn.close()
+        lite.execute("COMMIT")
+        lite.execute("ANALYZE")
+        lite.close()
 
 
 def _next_ms(schedule: dict[str, Any], fired_ms: int) -> int | None:

@@ -28,7 +28,7 @@ from wheel.checkpoint.owner_state import decode_image, encode_job_fields, recove
 from wheel.checkpoint.wal import Checkpoint
 from wheel.engine.model import JobState
 from wheel.engine.owner import Effects, Owner, OwnerConfig, ShardContents
-from wheel.engine.records import ExecutionRecord, JobRecord
+from wheel.engine.records import ExecutionRecord, JobRecord, UnparsedJob
 from wheel.errors import CheckpointError, NotFound
 from wheel.store.base import Store
 
@@ -168,16 +168,16 @@ def shard_contents(
 _SCHEDULED = (JobState.ACTIVE, JobState.PAUSED)
 
 
-def _images_of_rows(
-    rows: Sequence[tuple[int, bool, int | None, str]],
-) -> dict[int, tuple[int | None, bytes]]:
+def _images_of_rows(rows: Sequence[UnparsedJob]) -> dict[int, tuple[int | None, bytes]]:
     """Store rows as checkpoint images, armed at the nominal time of their
     next fire (the owner applies a jitter when it wakes the job)."""
     images: dict[int, tuple[int | None, bytes]] = {}
-    for job_id, paused, next_run_at, spec in rows:
-        due_at = None if paused else next_run_at
-        images[job_id] = (
+    for row in rows:
+        due_at = None if row.paused else row.next_run_at
+        images[row.job_id] = (
             due_at,
-            encode_job_fields(job_id, spec.encode(), paused, next_run_at, due_at),
+            encode_job_fields(
+                row.job_id, row.spec_json.encode(), row.paused, row.next_run_at, due_at
+            ),
         )
     return images

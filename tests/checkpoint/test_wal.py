@@ -11,6 +11,7 @@ import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import pytest
@@ -61,8 +62,13 @@ def raw_edit(path: Path, db_name: bytes, edit: object) -> None:
         env.close()
 
 
-def flip_byte(txn: lmdb.Transaction, db: object, key: bytes, index: int = -1) -> None:
-    value = bytearray(txn.get(key, db=db))
+def _stored(value: bytes | memoryview | None) -> bytes:
+    assert value is not None
+    return bytes(value)
+
+
+def flip_byte(txn: lmdb.Transaction, db: Any, key: bytes, index: int = -1) -> None:
+    value = bytearray(_stored(txn.get(key, db=db)))
     value[index] ^= 0x40
     txn.put(key, bytes(value), db=db)
 
@@ -325,7 +331,7 @@ def test_a_gap_right_after_the_snapshot_raises(path: Path) -> None:
         c.recover()
 
 
-def _only_piece_key(txn: lmdb.Transaction, db: object) -> bytes:
+def _only_piece_key(txn: lmdb.Transaction, db: Any) -> bytes:
     keys = [bytes(k) for k, _ in txn.cursor(db=db)]
     return keys[len(keys) // 2]
 
@@ -483,8 +489,8 @@ def test_record_checksum_covers_the_seq(path: Path) -> None:
     with Checkpoint.open(path, IDENT) as c:
         fill(c, 10)
 
-    def swap(txn: lmdb.Transaction, db: object) -> None:
-        a, b = txn.get(KEY.pack(3), db=db), txn.get(KEY.pack(4), db=db)
+    def swap(txn: lmdb.Transaction, db: Any) -> None:
+        a, b = _stored(txn.get(KEY.pack(3), db=db)), _stored(txn.get(KEY.pack(4), db=db))
         txn.put(KEY.pack(3), b, db=db)
         txn.put(KEY.pack(4), a, db=db)
         assert zlib.crc32(a[9:]) != zlib.crc32(b[9:])

@@ -90,6 +90,7 @@ def test_addresses_come_as_a_list_or_comma_separated_each_once() -> None:
     assert targets_of("a:1") == ["a:1"]
     assert targets_of(" a:1, b:2 ,a:1,") == ["a:1", "b:2"]
     assert targets_of(["a:1", "b:2,c:3"]) == ["a:1", "b:2", "c:3"]
+    nothing: str | list[str]
     for nothing in ("", " , ", []):
         with pytest.raises(InvalidArgument):
             targets_of(nothing)

@@ -91,7 +91,7 @@ def test_the_check_sees_an_engine_type_wherever_it_hides() -> None:
     class Holder:
         state: collections.abc.Iterator[dict[str, model.JobState]]
 
-    def returns(x: datetime.datetime) -> typing.Unpack[Leaky]:  # type: ignore[misc]
+    def returns(x: datetime.datetime) -> typing.Unpack[Leaky]:  # type: ignore[valid-type]
         raise NotImplementedError
 
     own = ("wheel.client", __name__)

@@ -218,7 +218,7 @@ def test_a_bad_argument_is_refused_by_the_client_naming_it(
         (lambda: Overlap(max_buffered=-1), "overlap.max_buffered"),
         (lambda: Retry(max_attempts=0), "retry.max_attempts"),
         (lambda: Retry(initial_backoff=timedelta(0)), "retry.initial_backoff"),
-        (lambda: Retry(max_backoff="1m"), "retry.max_backoff"),
+        (lambda: Retry(max_backoff="1m"), "retry.max_backoff"),  # type: ignore[arg-type]
         (lambda: Retry(multiplier=0), "retry.multiplier"),
     ],
 )
@@ -276,8 +276,8 @@ def test_submit_many_answers_each_item_with_its_job_or_its_own_error(client: Cli
             JobRequest(name="a", handler="h", cron="*/5 * * * *", tenant="many"),
             {"name": "", "handler": "h", "at": HOUR, "tenant": "many"},
             {"name": "no schedule", "handler": "h", "tenant": "many"},
-            {"name": "no handler", "at": HOUR, "tenant": "many"},
-            {"name": "typo", "handler": "h", "at": HOUR, "tennant": "many"},
+            {"name": "no handler", "at": HOUR, "tenant": "many"},  # type: ignore[list-item]
+            {"name": "typo", "handler": "h", "at": HOUR, "tennant": "many"},  # type: ignore[list-item]
             {"name": "other", "handler": "h", "at": HOUR, "idempotency_key": "many-taken"},
             {"name": "b", "handler": "h", "every": 30, "tenant": "many"},
         ]

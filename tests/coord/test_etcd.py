@@ -182,7 +182,7 @@ async def stop_all(nodes: list[Node]) -> None:
 
 
 def run(body: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(), 30))  # type: ignore[arg-type]
+    asyncio.run(asyncio.wait_for(body(), 30))
 
 
 def epochs_of(nodes: Iterable[Node]) -> dict[int, int]:

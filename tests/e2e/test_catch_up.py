@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -24,12 +24,10 @@ DOWNTIME_S = 3.5
 
 
 def _spec(name: str, pool: str, schedule: dict[str, Any], **catch_up: Any) -> JobArgs:
-    return JobArgs(
-        name=name,
-        handler="scripted",
-        pool=pool,
-        catch_up=CatchUp(**catch_up),
-        **schedule,
+    return cast(
+        JobArgs,
+        {"name": name, "handler": "scripted", "pool": pool, "catch_up": CatchUp(**catch_up)}
+        | schedule,
     )
 
 

@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -128,12 +128,15 @@ def job(pool: str, payload: dict[str, Any] | None = None, **kw: Any) -> JobArgs:
     """A one-shot due now, unless ``kw`` gives another schedule."""
     if not {"cron", "every", "at"} & kw.keys():
         kw["at"] = utc_ms(now_ms())
-    return JobArgs(
-        name="lease-test",
-        handler="scripted",
-        pool=pool,
-        payload=json.dumps(payload or {}).encode(),
-        **kw,
+    return cast(
+        JobArgs,
+        {
+            "name": "lease-test",
+            "handler": "scripted",
+            "pool": pool,
+            "payload": json.dumps(payload or {}).encode(),
+            **kw,
+        },
     )
 
 
@@ -386,7 +389,7 @@ def test_overlap_policies(client: Client, workers: Workers) -> None:
         rs = list(client.runs(j))
         out[name] = (
             _max_concurrency(of_job(workers.out, j)),
-            [r.missed_reason for r in rs if not r.run_id],
+            [str(r.missed_reason) for r in rs if not r.run_id],
         )
         fires = sorted(epoch_ms(r.scheduled_for) for r in rs)
         # No silent drop: every fire from the first to the last has a record.

@@ -45,7 +45,7 @@ def _submit_one_shots(target: str, handler: str, count: int, at_ms: int) -> list
 
 def _status(target: str) -> admin_service_pb2.ClusterStatus:
     with grpc.insecure_channel(target) as ch:
-        return admin_service_pb2_grpc.AdminServiceStub(ch).GetClusterStatus(
+        return admin_service_pb2_grpc.AdminServiceStub(ch).GetClusterStatus(  # type: ignore[no-any-return]
             admin_service_pb2.GetClusterStatusRequest(), timeout=5
         )
 

@@ -30,14 +30,16 @@ from __future__ import annotations
 import heapq
 import random
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import pairwise
 
+from tests.store.reference import ExecRow as _ExecRow
+from tests.store.reference import RefStore
 from wheel.engine.driver import Driver
 from wheel.engine.model import (
     SHARD_COUNT,
-    TERMINAL_RUN_STATES,
     JobState,
     MissedReason,
     RunState,
@@ -54,18 +56,7 @@ from wheel.engine.owner import (
     OwnerConfig,
 )
 from wheel.engine.records import (
-    BatchOutcome,
-    ClaimOutcome,
-    Completion,
-    CompletionOutcome,
-    ExecutionRecord,
-    FireClaim,
     JobRecord,
-    MissedFire,
-    RunStart,
-    ScheduleAdvance,
-    ShardLoad,
-    WriteBatch,
 )
 from wheel.engine.schedule import CompiledSchedule, compile_schedule
 from wheel.engine.spec import (
@@ -105,312 +96,6 @@ WORKER_HANDLERS: tuple[tuple[str, ...], ...] = (
     ("report",),
     ("sim",),
 )
-
-
-# -- the reference store ------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _JobRow:
-    job_id: int
-    spec: JobSpec
-    state: JobState
-    next_run_at: int | None
-    created_at_ms: int
-    updated_at_ms: int
-
-    def record(self) -> JobRecord:
-        return JobRecord(
-            job_id=self.job_id,
-            shard=shard_of(self.job_id),
-            spec=self.spec,
-            state=self.state,
-            next_run_at=self.next_run_at,
-            created_at_ms=self.created_at_ms,
-            updated_at_ms=self.updated_at_ms,
-        )
-
-
-@dataclass(slots=True)
-class _ExecRow:
-    run_id: int
-    job_id: int
-    scheduled_for: int
-    attempt: int
-    state: RunState
-    fence: int
-    worker_id: str | None
-    dispatched_at_ms: int
-    started_at_ms: int | None = None
-    finished_at_ms: int | None = None
-    error: str | None = None
-
-    def record(self) -> ExecutionRecord:
-        return ExecutionRecord(
-            run_id=self.run_id,
-            job_id=self.job_id,
-            scheduled_for=self.scheduled_for,
-            attempt=self.attempt,
-            state=self.state,
-            fence=self.fence,
-            worker_id=self.worker_id,
-            dispatched_at_ms=self.dispatched_at_ms,
-            started_at_ms=self.started_at_ms,
-            finished_at_ms=self.finished_at_ms,
-            error=self.error,
-        )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AppliedCompletion:
-    at_ms: int
-    seq: int  # position in the store's write order
-    run_id: int
-    fence: int
-    state: RunState
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScheduleMove:
-    at_ms: int
-    job_id: int
-    old: int | None
-    new: int | None
-    by: str  # "claim" or "advance"
-
-
-class RefStore:
-    """The ``Store`` contract's semantics in memory, with a log for the checker.
-
-    ``now_ms`` is set by the simulation before each call (the real stores
-    stamp some columns with their own clock).
-    """
-
-    def __init__(self) -> None:
-        self.now_ms = 0
-        self.jobs: dict[int, _JobRow] = {}
-        self.execs: dict[int, _ExecRow] = {}
-        self.by_attempt: dict[tuple[int, int, int], int] = {}
-        self.fire_fences: dict[tuple[int, int], list[int]] = defaultdict(list)
-        self.missed: dict[tuple[int, int], MissedFire] = {}
-        self.epochs: dict[int, int] = {}
-        self._next_job = 1
-        self._next_run = 1
-        # History for the checker.
-        self.seq = 0
-        # (time, write order, claim, run_id or None when the insert lost)
-        self.claims_log: list[tuple[int, int, FireClaim, int | None]] = []
-        self.applied: list[AppliedCompletion] = []
-        self.moves: list[ScheduleMove] = []
-
-    # -- jobs ---------------------------------------------------------------------
-
-    def submit_job(self, spec: JobSpec, now_ms: int, next_run_at: int | None) -> JobRecord:
-        job_id = self._next_job
-        self._next_job += 1
-        row = _JobRow(job_id, spec, JobState.ACTIVE, next_run_at, now_ms, now_ms)
-        self.jobs[job_id] = row
-        return row.record()
-
-    def get_job(self, job_id: int) -> JobRecord:
-        return self.jobs[job_id].record()
-
-    def set_job_state(
-        self, job_id: int, state: JobState, *, next_run_at: int | None, now_ms: int
-    ) -> JobRecord:
-        row = self.jobs[job_id]
-        row.state, row.next_run_at, row.updated_at_ms = state, next_run_at, now_ms
-        return row.record()
-
-    def _cas(self, job_id: int, expected: int | None, new: int | None, by: str) -> bool:
-        row = self.jobs.get(job_id)
-        if row is None or row.next_run_at != expected:
-            return False
-        self.moves.append(
-            ScheduleMove(at_ms=self.now_ms, job_id=job_id, old=expected, new=new, by=by)
-        )
-        row.next_run_at = new
-        return True
-
-    # -- executions ---------------------------------------------------------------
-
-    def claim_fires(self, claims: Sequence[FireClaim]) -> list[ClaimOutcome]:
-        out: list[ClaimOutcome] = []
-        for c in claims:
-            key = (c.job_id, c.scheduled_for, c.attempt)
-            if key in self.by_attempt:
-                self.seq += 1
-                self.claims_log.append((self.now_ms, self.seq, c, None))
-                out.append(ClaimOutcome(claim=c, run_id=None, advanced=False))
-                continue
-            run_id = self._next_run
-            self._next_run += 1
-            self.by_attempt[key] = run_id
-            self.execs[run_id] = _ExecRow(
-                run_id,
-                c.job_id,
-                c.scheduled_for,
-                c.attempt,
-                RunState.DISPATCHED,
-                c.fence,
-                None,
-                c.dispatched_at_ms,
-            )
-            self.fire_fences[(c.job_id, c.scheduled_for)].append(c.fence)
-            self.seq += 1
-            self.claims_log.append((self.now_ms, self.seq, c, run_id))
-            advanced = False
-            if c.advance:
-                advanced = self._cas(c.job_id, c.expected_next_run_at, c.new_next_run_at, "claim")
-                row = self.jobs.get(c.job_id)
-                if advanced and row is not None:
-                    row.updated_at_ms = max(row.updated_at_ms, c.dispatched_at_ms)
-                    if (
-                        c.new_next_run_at is None
-                        and isinstance(row.spec.schedule, Once)
-                        and row.state is JobState.ACTIVE
-                    ):
-                        row.state = JobState.COMPLETED
-            out.append(ClaimOutcome(claim=c, run_id=run_id, advanced=advanced))
-        return out
-
-    def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
-        out = []
-        for a in advances:
-            ok = self._cas(a.job_id, a.expected_next_run_at, a.new_next_run_at, "advance")
-            if ok:
-                self.jobs[a.job_id].updated_at_ms = self.now_ms
-            out.append(ok)
-        return out
-
-    def mark_running(self, starts: Sequence[RunStart]) -> list[bool]:
-        out = []
-        for s in starts:
-            ex = self.execs.get(s.run_id)
-            ok = ex is not None and ex.fence == s.fence and ex.state is RunState.DISPATCHED
-            if ok and ex is not None:
-                ex.state, ex.worker_id, ex.started_at_ms = (
-                    RunState.RUNNING,
-                    s.worker_id,
-                    s.started_at_ms,
-                )
-            out.append(ok)
-        return out
-
-    def complete_runs(self, completions: Sequence[Completion]) -> list[CompletionOutcome]:
-        out = []
-        for c in completions:
-            if c.state not in TERMINAL_RUN_STATES:
-                raise AssertionError(f"completion with non-terminal state {c.state}")
-            ex = self.execs.get(c.run_id)
-            ok = (
-                ex is not None
-                and ex.state in INFLIGHT
-                and ex.fence == c.fence
-                and max(self.fire_fences[(ex.job_id, ex.scheduled_for)]) <= c.fence
-            )
-            if ok and ex is not None:
-                ex.state, ex.finished_at_ms, ex.error = c.state, c.finished_at_ms, c.error
-                if c.worker_id is not None:
-                    ex.worker_id = c.worker_id
-                self.seq += 1
-                self.applied.append(
-                    AppliedCompletion(
-                        at_ms=self.now_ms,
-                        seq=self.seq,
-                        run_id=c.run_id,
-                        fence=c.fence,
-                        state=c.state,
-                    )
-                )
-            out.append(CompletionOutcome(run_id=c.run_id, applied=ok))
-        return out
-
-    def write_batch(self, batch: WriteBatch) -> BatchOutcome:
-        """One store pass, in the order of ``Store.write_batch``."""
-        completions = self.complete_runs(batch.completions) if batch.completions else []
-        if batch.missed:
-            self.record_missed(batch.missed)
-        if batch.advances:
-            self.advance_schedules(batch.advances)
-        claims = self.claim_fires(batch.claims) if batch.claims else []
-        if batch.starts:
-            self.mark_running(batch.starts)
-        return BatchOutcome(completions=completions, claims=claims)
-
-    def record_missed(self, missed: Sequence[MissedFire]) -> None:
-        for m in missed:
-            self.missed.setdefault((m.job_id, m.scheduled_for), m)
-
-    def fires_exist(self, job_id: int, scheduled_for: Sequence[int]) -> set[int]:
-        return {
-            f
-            for f in scheduled_for
-            if (job_id, f) in self.fire_fences or (job_id, f) in self.missed
-        }
-
-    # -- ownership ----------------------------------------------------------------
-
-    def acquire_epochs(self, shards: Iterable[int]) -> dict[int, int]:
-        for s in shards:
-            self.epochs[s] = self.epochs.get(s, 0) + 1
-        return dict(self.epochs)
-
-    def inflight_runs(self, shards: Iterable[int]) -> list[ExecutionRecord]:
-        wanted = set(shards)
-        return [
-            e.record()
-            for e in sorted(self.execs.values(), key=lambda e: e.run_id)
-            if e.state in INFLIGHT and shard_of(e.job_id) in wanted
-        ]
-
-    def retry_candidates(self, shards: Iterable[int]) -> list[ExecutionRecord]:
-        wanted = set(shards)
-        latest: dict[tuple[int, int], _ExecRow] = {}
-        for e in self.execs.values():
-            key = (e.job_id, e.scheduled_for)
-            if shard_of(e.job_id) in wanted and (
-                key not in latest or e.attempt > latest[key].attempt
-            ):
-                latest[key] = e
-        return [
-            e.record()
-            for e in sorted(latest.values(), key=lambda e: e.run_id)
-            if e.state in (RunState.FAILED, RunState.LOST, RunState.TIMED_OUT)
-            and self.jobs[e.job_id].state is not JobState.CANCELLED
-        ]
-
-    def changes_since(
-        self, watermark: int, shards: Iterable[int], limit: int = 10_000
-    ) -> tuple[list[JobRecord], int]:
-        raise AssertionError("the simulation restarts from the store, never from a checkpoint")
-
-    def load_shards(self, shards: Iterable[int], *, unparsed: bool = False) -> ShardLoad:
-        wanted = set(shards)
-        jobs = [
-            r.record()
-            for r in sorted(self.jobs.values(), key=lambda r: r.job_id)
-            if r.state in (JobState.ACTIVE, JobState.PAUSED) and shard_of(r.job_id) in wanted
-        ]
-
-        # As the stores do: what the row alone arms stays unparsed.
-        def armed_by_row(j: JobRecord) -> bool:
-            return unparsed and (j.state is JobState.PAUSED or j.next_run_at is not None)
-
-        lazy = [j for j in jobs if armed_by_row(j)]
-        return ShardLoad(
-            jobs=[j for j in jobs if not armed_by_row(j)],
-            unparsed=[
-                (j.job_id, j.state is JobState.PAUSED, j.next_run_at, j.spec.to_json())
-                for j in lazy
-            ],
-            inflight=[
-                e.record()
-                for e in sorted(self.execs.values(), key=lambda e: e.run_id)
-                if e.state in INFLIGHT and shard_of(e.job_id) in wanted
-            ],
-            watermark=0,
-        )
 
 
 # -- workers ------------------------------------------------------------------------------
@@ -522,9 +207,7 @@ class SimWorker:
                 # at once, with no ack.
                 run = _WRun(a.run_id, a.fence, a.job_id, a.scheduled_for, a.attempt, outcome, 0)
                 self.runs[a.run_id] = run
-                sim.at(
-                    sim.now + rng.randint(1, 300), self._gen_guard(lambda r=run: self._finish(r))
-                )
+                sim.at(sim.now + rng.randint(1, 300), self._gen_guard(partial(self._finish, run)))
                 continue
             r = rng.random()
             if sim.draining or r < 0.85:
@@ -537,8 +220,8 @@ class SimWorker:
             self.runs[a.run_id] = run
             slow_ack = sim.chaos() and rng.random() < sim.scale.slow_ack_rate
             ack = rng.randint(5_500, 9_000) if slow_ack else rng.randint(1, 300)
-            sim.at(sim.now + ack, self._gen_guard(lambda r=run: self._ack(r)))
-            sim.at(sim.now + ack + duration, self._gen_guard(lambda r=run: self._finish(r)))
+            sim.at(sim.now + ack, self._gen_guard(partial(self._ack, run)))
+            sim.at(sim.now + ack + duration, self._gen_guard(partial(self._finish, run)))
 
     def _ack(self, run: _WRun) -> None:
         if self.runs.get(run.run_id) is run:
@@ -770,7 +453,7 @@ class Sim:
         store.now_ms = now
         epochs = store.acquire_epochs(range(SHARD_COUNT))
         restored = restore_owner(
-            store,  # type: ignore[arg-type]
+            store,
             None,
             epochs=epochs,
             config=self.config,
@@ -844,19 +527,15 @@ class Sim:
         for wid, items in fx.assignments.items():
             for a in items:
                 self.history.dispatches.append((self.now, wid, a))
-            self._send(by_id, wid, lambda w, items=items: w.on_assignments(items))
+            self._send(by_id, wid, partial(_assign, items))
         for wid, revokes in fx.revokes.items():
-            self._send(
-                by_id,
-                wid,
-                lambda w, rs=revokes: _supersede_all(w, [(r.run_id, r.fence) for r in rs]),
-            )
+            self._send(by_id, wid, partial(_supersede_refs, [(r.run_id, r.fence) for r in revokes]))
         for wid, results in fx.results.items():
             for r in results:
                 self.history.results.append((self.now, wid, r))
-            self._send(by_id, wid, lambda w, rs=results: w.on_results(rs))
+            self._send(by_id, wid, partial(_answer, results))
         for wid, refs in fx.rejected_renewals.items():
-            self._send(by_id, wid, lambda w, rs=refs: _supersede_all(w, rs))
+            self._send(by_id, wid, partial(_supersede_refs, refs))
         fx.assignments.clear()
         fx.revokes.clear()
         fx.results.clear()
@@ -1046,6 +725,12 @@ class Sim:
 
         self.at(self.now + int(self.rng.expovariate(1 / every)) + 1, tick)
 
+    def _crash_worker(self, w: SimWorker) -> None:
+        w.crash(self.rng.randint(10 * SEC, 10 * MIN))
+
+    def _freeze_worker(self, w: SimWorker) -> None:
+        w.freeze(self.config.lease_ms + self.rng.randint(1 * SEC, 90 * SEC))
+
     def _node_fault(self) -> None:
         """A crash (the node comes back after a while and rebuilds from the
         store), a crash between a store write and its answer, or a takeover
@@ -1078,13 +763,8 @@ class Sim:
                 self.now + rng.randint(0, self.config.heartbeat_interval_ms),
                 w._gen_guard(w.heartbeat_loop),
             )
-            self._poisson(
-                scale.worker_crash_every, lambda w=w: w.crash(rng.randint(10 * SEC, 10 * MIN))
-            )
-            self._poisson(
-                scale.worker_freeze_every,
-                lambda w=w: w.freeze(self.config.lease_ms + rng.randint(1 * SEC, 90 * SEC)),
-            )
+            self._poisson(scale.worker_crash_every, partial(self._crash_worker, w))
+            self._poisson(scale.worker_freeze_every, partial(self._freeze_worker, w))
         self._poisson(scale.node_restart_every, self._node_fault)
         self._poisson(int(HOUR / scale.api_ops_per_hour), self.api_op)
         self._run_until(self.end)
@@ -1167,6 +847,18 @@ class Sim:
         return out
 
 
+def _assign(items: list[Assignment], w: SimWorker) -> None:
+    w.on_assignments(items)
+
+
+def _answer(results: list[CompletionResult], w: SimWorker) -> None:
+    w.on_results(results)
+
+
+def _supersede_refs(refs: Iterable[tuple[int, int]], w: SimWorker) -> None:
+    _supersede_all(w, refs)
+
+
 def _supersede_all(w: SimWorker, refs: Iterable[tuple[int, int]]) -> None:
     for run_id, fence in refs:
         w.supersede(run_id, fence)
@@ -1222,8 +914,8 @@ def check(sim: Sim) -> list[Violation]:
     # Retries and re-dispatches of fires due during the drain may still wait.
     retry_pending = {(j, f, a) for j, f, a in owner._retries.values()}
     retry_pending.update(owner._reaper)
-    for job_id, job in owner.jobs.items():
-        retry_pending.update((job_id, d[0], d[1]) for d in job.due if d[1] > 0)
+    for job_id, held_job in owner.jobs.items():
+        retry_pending.update((job_id, f, n) for f, n, _ in held_job.due if n > 0)
     retry_pending.update(owner._pending)
 
     # 0. Settled: nothing owed before the end is left in flight or waiting.
@@ -1260,10 +952,10 @@ def check(sim: Sim) -> list[Violation]:
                 if c.jittered(job.first_fire) < life_end:
                     expected.add(job.first_fire)
             else:
-                f: int | None = job.first_fire
-                while f is not None and c.jittered(f) < life_end:
-                    expected.add(f)
-                    f = c.next_fire(f)
+                nominal: int | None = job.first_fire
+                while nominal is not None and c.jittered(nominal) < life_end:
+                    expected.add(nominal)
+                    nominal = c.next_fire(nominal)
         # DST gaps under skip: each transition instant that had skipped wall
         # times and no real fire is recorded missed (dst_gap) once the
         # schedule passed it: at the fire before it, or from the job's
@@ -1304,7 +996,7 @@ def check(sim: Sim) -> list[Violation]:
             if not dormant_armed and (
                 oj is None or (oj.next_fire is None and not oj.due and oj.inflight <= 0)
             ):
-                last = max(
+                last_finish = max(
                     (
                         ex.finished_at_ms or 0
                         for (j, _), exs in execs_by_fire.items()
@@ -1317,7 +1009,7 @@ def check(sim: Sim) -> list[Violation]:
                     Violation(
                         "no silent drop",
                         f"fixed_delay job {job.job_id} is active but nothing is armed "
-                        f"(last run finished at T0{last - T0:+d} ms, pauses {job.pauses})",
+                        f"(last run finished at T0{last_finish - T0:+d} ms, pauses {job.pauses})",
                     )
                 )
 
@@ -1437,19 +1129,19 @@ def check(sim: Sim) -> list[Violation]:
         last_fence[shard] = claim.fence
         if run_id is not None:
             claimed_at[(claim.job_id, claim.scheduled_for)].append((seq, claim.fence))
-    applied_by_run = {a.run_id: a for a in store.applied}
-    for a in store.applied:
-        ex = store.execs[a.run_id]
+    applied_by_run = {ap.run_id: ap for ap in store.applied}
+    for ap in store.applied:
+        ex = store.execs[ap.run_id]
         newer = [
             fence
             for seq, fence in claimed_at[(ex.job_id, ex.scheduled_for)]
-            if seq < a.seq and fence > a.fence
+            if seq < ap.seq and fence > ap.fence
         ]
         if newer:
             out.append(
                 Violation(
                     "no stale fence",
-                    f"run {a.run_id} completed with fence {a.fence}; newer {newer}",
+                    f"run {ap.run_id} completed with fence {ap.fence}; newer {newer}",
                 )
             )
     received = {
@@ -1480,16 +1172,19 @@ def check(sim: Sim) -> list[Violation]:
                     )
                 )
         else:
-            ex = store.execs.get(res.run_id)
+            exec_row = store.execs.get(res.run_id)
             if (
-                ex is not None
-                and ex.fence == fence
-                and ex.worker_id in (None, wid)
+                exec_row is not None
+                and exec_row.fence == fence
+                and exec_row.worker_id in (None, wid)
                 and applied is not None
                 and applied.at_ms >= t
                 and applied.state in (RunState.LOST, RunState.UNKNOWN, RunState.DEAD_LETTERED)
-                and (applied.state is not RunState.DEAD_LETTERED or "lease" in (ex.error or ""))
-                and max(f for _, f in claimed_at[(ex.job_id, ex.scheduled_for)] if True) == fence
+                and (
+                    applied.state is not RunState.DEAD_LETTERED or "lease" in (exec_row.error or "")
+                )
+                and max(fc for _, fc in claimed_at[(exec_row.job_id, exec_row.scheduled_for)])
+                == fence
             ):
                 out.append(
                     Violation(
@@ -1580,19 +1275,21 @@ def check(sim: Sim) -> list[Violation]:
     keys: dict[tuple[int, int], set[str]] = defaultdict(set)
     for _, _, a in sim.history.dispatches:
         keys[(a.job_id, a.scheduled_for)].add(a.idempotency_key)
-        ex = store.execs.get(a.run_id)
-        if ex is None or ex.fence != a.fence or ex.attempt != a.attempt:
+        exec_row = store.execs.get(a.run_id)
+        if exec_row is None or exec_row.fence != a.fence or exec_row.attempt != a.attempt:
             out.append(
-                Violation("fenced assignment", f"assignment {a} does not match the store's {ex}")
+                Violation(
+                    "fenced assignment", f"assignment {a} does not match the store's {exec_row}"
+                )
             )
     for (job_id, f), ks in keys.items():
         if ks != {idempotency_key(job_id, f)}:
             out.append(Violation("stable idempotency key", f"job {job_id} fire {f}: keys {ks}"))
 
     # Schedules only move forward.
-    for m in store.moves:
-        if m.old is not None and m.new is not None and m.new < m.old:
-            out.append(Violation("schedule moves forward", f"{m}"))
+    for move in store.moves:
+        if move.old is not None and move.new is not None and move.new < move.old:
+            out.append(Violation("schedule moves forward", f"{move}"))
     return out
 
 

@@ -35,6 +35,12 @@ def _seeds() -> list[int]:
     return [*DEFAULT_SEEDS, *range(1_000, 1_000 + extra)]
 
 
+def sim_executions(s: dict[str, object]) -> int:
+    executions = s["executions"]
+    assert isinstance(executions, int)
+    return executions
+
+
 def _run(seed: int, scale: SimScale) -> Sim:
     sim = Sim(seed, scale).run()
     violations = check(sim)
@@ -47,7 +53,7 @@ def _run(seed: int, scale: SimScale) -> Sim:
         )
     s = summary(sim)
     # The run exercised what it claims to: faults happened, work was done.
-    assert s["executions"] > 10 * scale.jobs
+    assert sim_executions(s) > 10 * scale.jobs
     assert sim.history.freezes and sim.history.crashes
     return sim
 

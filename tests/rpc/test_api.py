@@ -202,7 +202,7 @@ def every(period_ms: int, start_at_ms: int = 0, **kw: Any) -> jobs_pb2.Schedule:
 
 
 def submit(api: Api, msg: jobs_pb2.JobSpec, key: str = "") -> job_service_pb2.SubmitJobResponse:
-    return api.jobs.SubmitJob(
+    return api.jobs.SubmitJob(  # type: ignore[no-any-return]
         job_service_pb2.SubmitJobRequest(spec=msg, idempotency_key=key), timeout=10
     )
 
@@ -526,7 +526,7 @@ BAD_REQUESTS: list[Row] = [
     (
         "unknown catch-up mode",
         "SubmitJob",
-        _submit(catch_up=jobs_pb2.CatchUp(mode=42)),
+        _submit(catch_up=jobs_pb2.CatchUp(mode=42)),  # type: ignore[arg-type]
         INVALID,
         ["spec.catch_up.mode", "42"],
     ),
@@ -547,7 +547,7 @@ BAD_REQUESTS: list[Row] = [
     (
         "unknown overlap policy",
         "SubmitJob",
-        _submit(overlap=jobs_pb2.Overlap(policy=17)),
+        _submit(overlap=jobs_pb2.Overlap(policy=17)),  # type: ignore[arg-type]
         INVALID,
         ["spec.overlap.policy", "17"],
     ),
@@ -684,7 +684,7 @@ BAD_REQUESTS: list[Row] = [
     (
         "list unknown state",
         "ListJobs",
-        lambda f: job_service_pb2.ListJobsRequest(state=99),
+        lambda f: job_service_pb2.ListJobsRequest(state=99),  # type: ignore[arg-type]
         INVALID,
         ["state", "99"],
     ),
@@ -824,7 +824,7 @@ BAD_REQUESTS: list[Row] = [
     (
         "runs unknown state filter",
         "ListRuns",
-        lambda f: job_service_pb2.ListRunsRequest(job_id=f.active, states=[55]),
+        lambda f: job_service_pb2.ListRunsRequest(job_id=f.active, states=[55]),  # type: ignore[list-item]
         INVALID,
         ["states", "55"],
     ),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -34,7 +36,7 @@ from wheel.rpc.v1 import (
 
 NOW = 1_700_000_000_000
 
-names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=20)
+names = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=20)
 schedules = st.one_of(
     st.builds(Once, at_ms=st.integers(0, 2**53)),
     st.builds(
@@ -98,7 +100,7 @@ def test_spec_round_trips_through_proto(spec: JobSpec) -> None:
     assert convert.spec_from_proto(jobs_pb2.JobSpec.FromString(wire), now_ms=NOW) == spec
 
 
-def _minimal(**schedule: object) -> jobs_pb2.JobSpec:
+def _minimal(**schedule: Any) -> jobs_pb2.JobSpec:
     return jobs_pb2.JobSpec(name="n", handler="h", schedule=jobs_pb2.Schedule(**schedule))
 
 

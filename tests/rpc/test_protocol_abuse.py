@@ -116,7 +116,7 @@ def heartbeat(*refs: tuple[int, int]) -> pb.WorkerMessage:
 def complete(run_id: int, fence: int, outcome: int = pb.OUTCOME_SUCCEEDED) -> pb.WorkerMessage:
     return pb.WorkerMessage(
         complete=pb.Complete(
-            completions=[pb.Completion(run_id=run_id, fence=fence, outcome=outcome)]
+            completions=[pb.Completion(run_id=run_id, fence=fence, outcome=outcome)]  # type: ignore[arg-type]
         )
     )
 
@@ -334,6 +334,8 @@ def test_credit_cannot_take_a_worker_past_the_capacity_limit(api: Api) -> None:
         assert "100000" in err.error.message
         worker.send(pb.WorkerMessage(credit=pb.Credit(add=-(10**6))))
         worker.expect("error", timeout=10, where=lambda m: "credit.add" in m.error.message)
-        assert api.server.call(lambda: api.server.node.worker_capacity("greedy")) == 1
+        node = api.server.node
+        assert node is not None
+        assert api.server.call(lambda: node.worker_capacity("greedy")) == 1
     finally:
         worker.close()

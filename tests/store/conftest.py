@@ -1,4 +1,5 @@
-"""The store fixtures: every contract test runs on SQLite and on a real PostgreSQL."""
+"""The store fixtures: every contract test runs on SQLite, on a real PostgreSQL,
+and on the in-memory reference model the simulator uses."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.store.reference import ReferenceStore
 from wheel.engine.spec import Interval, JobSpec, Once
 from wheel.store.base import NewJob, Store
 from wheel.store.open import open_store
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(
+    params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres), "reference"]
+)
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -27,6 +31,8 @@ def app_name() -> str:
 
 @pytest.fixture
 def store_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest, app_name: str) -> str:
+    if backend == "reference":
+        pytest.skip("the reference store lives in this process: no URL opens it again")
     if backend == "sqlite":
         return f"sqlite:///{tmp_path}/store.db"
     dsn = str(request.getfixturevalue("pg_dsn"))
@@ -34,8 +40,11 @@ def store_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest, app_
 
 
 @pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
-    s = open_store(store_url)
+def store(backend: str, request: pytest.FixtureRequest) -> Iterator[Store]:
+    if backend == "reference":
+        yield ReferenceStore()
+        return
+    s = open_store(str(request.getfixturevalue("store_url")))
     try:
         yield s
     finally:

@@ -1,8 +1,9 @@
-"""The Store contract, run against SQLite and PostgreSQL alike."""
+"""The Store contract, run against SQLite, PostgreSQL and the reference model alike."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,8 +15,10 @@ from wheel.errors import AlreadyExists, InvalidArgument, NotFound
 from wheel.store._schema import PG_MIGRATIONS, SQLITE_MIGRATIONS
 from wheel.store.base import (
     SHARD_COUNT,
+    Changes,
     Completion,
     FireClaim,
+    JobRecord,
     JobState,
     MissedFire,
     MissedReason,
@@ -23,6 +26,7 @@ from wheel.store.base import (
     RunState,
     ScheduleAdvance,
     Store,
+    WriteBatch,
     shard_of,
 )
 from wheel.store.open import open_store
@@ -57,6 +61,34 @@ def done(run_id: int, fence: int, state: RunState = RunState.SUCCEEDED) -> Compl
     return Completion(
         run_id=run_id, fence=fence, state=state, finished_at_ms=99_000, worker_id="w-1"
     )
+
+
+def dispatched(store: Store, name: str, fence: int) -> tuple[JobRecord, int]:
+    """A new job whose first fire (60_000) is claimed with ``fence``: the job
+    and the run."""
+    job, _ = store.submit_job(interval_job(name, next_run_at=60_000))
+    [out] = store.claim_fires([claim(job.job_id, 60_000, fence=fence, new=120_000)])
+    assert out.run_id is not None
+    return job, out.run_id
+
+
+def read_changes(
+    store: Store, mark: int, *, expect: int, owner_moves: bool = True, exclude: Collection[int] = ()
+) -> Changes:
+    """Every shard's changes after ``mark`` until ``expect`` jobs came (or ten
+    seconds went): PostgreSQL hands out a change once every older transaction
+    in the cluster has finished, and other sessions on the shared server may
+    delay it."""
+    seen: list[int] = []
+    deadline = time.monotonic() + 10
+    while True:
+        got, mark = store.changes_since(
+            mark, range(SHARD_COUNT), owner_moves=owner_moves, exclude=exclude
+        )
+        seen += [j.job_id for j in got]
+        if len(seen) >= expect or time.monotonic() > deadline:
+            return Changes([store.get_job(j) for j in seen], mark)
+        time.sleep(0.02)
 
 
 # -- migrations ------------------------------------------------------------------
@@ -393,6 +425,92 @@ def test_get_run_and_list_runs(store: Store) -> None:
         store.get_run(10**12)
 
 
+# -- a dispatch-loop batch -----------------------------------------------------------
+
+
+def test_a_batch_applies_its_kinds_in_order(store: Store) -> None:
+    """Completions, missed fires, advances, claims, starts: the advance a
+    claim expects comes first, and every kind answers in the batch's order."""
+    ran, failed = dispatched(store, "ran", fence=1)
+    _, acked = dispatched(store, "acked", fence=2)
+    skips, _ = store.submit_job(interval_job("skips", next_run_at=60_000))
+    outcome = store.write_batch(
+        WriteBatch(
+            completions=[done(failed, 1, RunState.FAILED)],
+            missed=[
+                MissedFire(
+                    job_id=skips.job_id,
+                    scheduled_for=60_000,
+                    reason=MissedReason.OVERLAP,
+                    recorded_at_ms=61_000,
+                )
+            ],
+            advances=[
+                ScheduleAdvance(
+                    job_id=skips.job_id, expected_next_run_at=60_000, new_next_run_at=120_000
+                )
+            ],
+            claims=[
+                claim(skips.job_id, 120_000, fence=3, expected=120_000, new=180_000),
+                claim(ran.job_id, 60_000, attempt=1, fence=4, advance=False),
+            ],
+            starts=[RunStart(run_id=acked, fence=2, worker_id="w-2", started_at_ms=61_000)],
+        )
+    )
+    assert [c.applied for c in outcome.completions] == [True]
+    assert [(c.run_id is not None, c.advanced) for c in outcome.claims] == [
+        (True, True),
+        (True, False),
+    ]
+    assert store.get_job(skips.job_id).next_run_at == 180_000
+    assert [m.scheduled_for for m in store.list_missed(skips.job_id)] == [60_000]
+    assert store.get_run(failed).state is RunState.FAILED
+    assert store.get_run(acked).state is RunState.RUNNING
+
+
+def test_a_batch_written_again_reports_what_its_first_write_applied(store: Store) -> None:
+    """The node writes a whole batch again when writing it failed, after some
+    of it may have committed (PostgreSQL commits a batch's kinds apart, and
+    a lost COMMIT leaves any store unsure). The second write must report the
+    first one's claims as won, with their runs, and its starts and
+    completions as applied: a claim reported lost would be dropped by the
+    owner while its run sat dispatched in the store, and a failed run's
+    completion reported superseded would never be retried."""
+    a, _ = store.submit_job(interval_job("a", next_run_at=60_000))
+    _, ran_b = dispatched(store, "b", fence=1)
+    _, ran_c = dispatched(store, "c", fence=2)
+    batch = WriteBatch(
+        completions=[done(ran_b, 1, RunState.FAILED)],
+        claims=[
+            claim(a.job_id, 60_000, fence=3, new=120_000),
+            claim(a.job_id, 120_000, fence=4, new=180_000),
+        ],
+        starts=[RunStart(run_id=ran_c, fence=2, worker_id="w-1", started_at_ms=60_500)],
+    )
+    first = store.write_batch(batch)
+    again = store.write_batch(batch)
+    assert all(o.run_id is not None and o.advanced for o in first.claims)
+    assert [o.run_id for o in again.claims] == [o.run_id for o in first.claims]
+    # Where the schedule stands: the job's last claim moved it. An earlier
+    # one of the same job reads as not moved, and the owner re-reads the job.
+    assert [o.advanced for o in again.claims] == [False, True]
+    assert [o.applied for o in again.completions] == [True]
+    assert len(store.list_runs(a.job_id)) == 2
+    assert store.get_job(a.job_id).next_run_at == 180_000
+    assert store.get_run(ran_b).state is RunState.FAILED
+    assert store.mark_running(batch.starts) == [True]
+    # A write of the same run that differs from the one recorded is still
+    # refused, and so is a repeat inside one batch.
+    other = Completion(run_id=ran_b, fence=1, state=RunState.SUCCEEDED, finished_at_ms=62_000)
+    assert [o.applied for o in store.complete_runs([other])] == [False]
+    assert store.mark_running([*batch.starts, *batch.starts]) == [True, False]
+    late = RunStart(run_id=ran_c, fence=2, worker_id="w-2", started_at_ms=60_500)
+    assert store.mark_running([late]) == [False]
+    # A claim of the same fire attempt with another fence is not ours.
+    [rival] = store.claim_fires([claim(a.job_id, 60_000, fence=9, new=999_000)])
+    assert rival.run_id is None and not rival.advanced
+
+
 # -- missed fires ----------------------------------------------------------------------
 
 
@@ -472,7 +590,7 @@ def test_load_shards_returns_live_jobs_and_inflight_runs_of_those_shards(store: 
     assert [j.job_id for j in load.jobs] == expected_jobs
     assert {j.state for j in load.jobs} <= {JobState.ACTIVE, JobState.PAUSED}
     expected_runs = sorted(
-        o.run_id
+        o.run_id or 0
         for o, j in zip(outs, jobs, strict=True)
         if j.shard in mine and o.run_id != finished
     )
@@ -571,6 +689,51 @@ def test_changes_since_can_leave_out_the_owner_s_own_schedule_moves(store: Store
     )
     assert changes(owner_moves=False, expect=1) == [(job.job_id, 300_000)]
     assert changes(owner_moves=True, expect=1) == [(job.job_id, 300_000)]
+
+
+def test_a_write_stamps_the_jobs_it_changes_with_one_change_marker(store: Store) -> None:
+    made = store.submit_jobs([interval_job("a"), interval_job("b", key="k"), interval_job("c")])
+    records = [r.job for r in made if not isinstance(r, Exception)]
+    assert len(records) == 3
+    marker = records[0].change
+    assert [r.change for r in records] == [marker] * 3
+    assert [store.get_job(r.job_id).change for r in records] == [marker] * 3
+    # The same key and body again: no write, the job as the first one left it.
+    [again] = store.submit_jobs([interval_job("b", key="k")])
+    assert not isinstance(again, Exception) and again == (records[1], False)
+    later, _ = store.submit_job(interval_job("d"))
+    assert later.change > marker
+    paused = store.set_job_state(records[0].job_id, JobState.PAUSED, next_run_at=None, now_ms=5)
+    assert paused.change > later.change
+    assert store.get_job(records[0].job_id).change == paused.change
+    # An owner's schedule move is not a change through the API.
+    store.claim_fires([claim(records[1].job_id, 60_000, new=120_000)])
+    assert store.get_job(records[1].job_id).change == marker
+
+
+def test_changes_since_leaves_out_the_callers_own_writes(store: Store) -> None:
+    """A node passes back the markers of its own submits and state changes:
+    it has those jobs already. What others changed still comes, the jobs
+    the node wrote included, and the watermark moves past what was left out."""
+    mark = store.load_shards(range(SHARD_COUNT)).watermark
+    made = store.submit_jobs([interval_job("a"), interval_job("b")])
+    mine = [r.job for r in made if not isinstance(r, Exception)]
+    theirs, _ = store.submit_job(interval_job("c"))
+    paused = store.set_job_state(mine[0].job_id, JobState.PAUSED, next_run_at=None, now_ms=5)
+    own = {mine[0].change, paused.change}
+    # Another writer resumes b, which this caller submitted.
+    resumed = store.set_job_state(mine[1].job_id, JobState.ACTIVE, next_run_at=120_000, now_ms=6)
+    got, mark = read_changes(store, mark, expect=2, owner_moves=False, exclude=own)
+    assert sorted(j.job_id for j in got) == sorted([theirs.job_id, resumed.job_id])
+    # The same with owner moves, and one of them after the caller's pause of
+    # a: the move is not the caller's, so a comes as it is now.
+    store.advance_schedules(
+        [ScheduleAdvance(job_id=mine[0].job_id, expected_next_run_at=None, new_next_run_at=9)]
+    )
+    got, mark = read_changes(store, mark, expect=1, exclude=own)
+    assert [(j.job_id, j.next_run_at) for j in got] == [(mine[0].job_id, 9)]
+    # Nothing below the watermark comes again, left out or not.
+    assert store.changes_since(mark, range(SHARD_COUNT)).jobs == []
 
 
 def test_changes_since_filters_shards_and_pages_without_losing_changes(store: Store) -> None:

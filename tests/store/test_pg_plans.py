@@ -16,10 +16,10 @@ import psycopg
 import pytest
 
 from tests.store.test_contract import claim
-from wheel.store import postgres as pg
 from wheel.store._schema import RETRY_WHERE
 from wheel.store.base import Completion, NewJob, RunStart, RunState
 from wheel.store.postgres import PostgresStore
+from wheel.store.postgres import _sql as pg_sql
 
 pytestmark = pytest.mark.postgres
 
@@ -46,7 +46,7 @@ def batch_runs(store: PostgresStore, jobs: int) -> list[tuple[int, int]]:
     outs = [o for k in range(0, jobs, 2_000) for o in store.claim_fires(claims[k : k + 2_000])]
     runs = [(o.run_id, o.claim.fence) for o in outs if o.run_id is not None]
     assert len(runs) == jobs
-    with store._pool.connection() as conn:
+    with store._db.pool.connection() as conn:
         conn.execute("ANALYZE executions")  # as autovacuum would have by now
     return runs
 
@@ -60,7 +60,7 @@ def function_scan_loops(plan: dict[str, Any]) -> list[int]:
 
 
 def executed_plan(store: PostgresStore, sql: str, params: dict[str, Any]) -> dict[str, Any]:
-    with store._pool.connection() as conn, conn.cursor(binary=True) as cur:
+    with store._db.pool.connection() as conn, conn.cursor(binary=True) as cur:
         cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
         row = cur.fetchone()
         conn.rollback()
@@ -74,18 +74,20 @@ def test_completion_and_start_batches_scan_their_arrays_once(store: PostgresStor
     # linear plan even for the old statements.
     runs = batch_runs(store, 200 * BATCH)[:BATCH]
     starts = [RunStart(run_id=r, fence=f, worker_id="w", started_at_ms=61_000) for r, f in runs]
-    plan = executed_plan(store, pg._MARK_RUNNING_SQL, pg._start_arrays(range(BATCH), starts))
+    plan = executed_plan(store, pg_sql.MARK_RUNNING_SQL, pg_sql.start_arrays(range(BATCH), starts))
     assert function_scan_loops(plan) == [1], json.dumps(plan)[:2000]
     completions = [
         Completion(run_id=r, fence=f, state=RunState.SUCCEEDED, finished_at_ms=70_000)
         for r, f in runs
     ]
-    plan = executed_plan(store, pg._COMPLETE_SQL, pg._completion_arrays(range(BATCH), completions))
+    plan = executed_plan(
+        store, pg_sql.COMPLETE_SQL, pg_sql.completion_arrays(range(BATCH), completions)
+    )
     assert function_scan_loops(plan) == [1], json.dumps(plan)[:2000]
 
 
 def test_the_planner_is_the_one_the_store_configures(store: PostgresStore) -> None:
-    with store._pool.connection() as conn:
+    with store._db.pool.connection() as conn:
         assert isinstance(conn, psycopg.Connection)
         assert conn.execute("SHOW plan_cache_mode").fetchone() == ("force_custom_plan",)
 
@@ -111,10 +113,11 @@ def test_a_restart_finds_runs_owed_a_retry_without_reading_every_execution(
         for r, f in runs[-3:]
     ]
     store.complete_runs(ended)
-    with store._pool.connection() as conn:
+    with store._db.pool.connection() as conn:
         conn.execute("ANALYZE executions")
         plan = conn.execute(
-            "EXPLAIN (FORMAT JSON) " + pg._runs_of_shards_sql(RETRY_WHERE), (list(range(256)),)
+            "EXPLAIN (FORMAT JSON) " + pg_sql.QUERIES.runs_of_shards(RETRY_WHERE),
+            (list(range(256)),),
         ).fetchone()
     assert plan is not None
     nodes = plan_nodes(plan[0][0]["Plan"])

@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import PG_DSN, service_missing
-from wheel.store._pgarrays import Bools, Int4s, Int8s, Texts, register
+from wheel.store.postgres._arrays import Bools, Int4s, Int8s, Texts, register
 
 INT8 = st.integers(-(2**63), 2**63 - 1)
 INT4 = st.integers(-(2**31), 2**31 - 1)
 # PostgreSQL text cannot hold NUL.
-TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))
+TEXT = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"))
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from tests.store.conftest import interval_job
-from tests.store.test_contract import claim, done
+from tests.store.test_contract import claim
 from wheel.store._schema import PG_MIGRATIONS, SQLITE_MIGRATIONS
 from wheel.store.base import (
     BatchOutcome,
@@ -33,6 +33,12 @@ from wheel.store.base import (
 from wheel.store.open import open_store
 
 CHILD = str(Path(__file__).with_name("_child.py"))
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Real stores only: these tests need files, processes and connections."""
+    return str(request.param)
 
 
 LATEST = max(v for v, _ in SQLITE_MIGRATIONS)
@@ -266,7 +272,7 @@ def test_a_retry_after_an_acknowledged_commit_reports_its_own_work(pg_store: Any
             lost_once.append(True)
             conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
 
-    pg_store._after_commit = lose_connection
+    pg_store._db.after_commit = lose_connection
     [out] = pg_store.claim_fires(
         [
             FireClaim(
@@ -347,42 +353,3 @@ def test_a_batch_commits_its_claims_while_its_completions_wait(pg_store: Any, pg
     assert [c.applied for c in result.completions] == [True]
     assert [c.run_id is not None and c.advanced for c in result.claims] == [True]
     assert pg_store.get_run(ran.run_id).state is RunState.SUCCEEDED
-
-
-def test_a_batch_written_again_reports_what_its_first_write_applied(pg_store: Any) -> None:
-    """The node writes a whole batch again when a later part of it failed after
-    earlier parts committed (PostgreSQL commits a batch's kinds apart). The
-    second write must report the first one's claims as won, with their runs,
-    and its starts and completions as applied: a claim reported lost would be
-    dropped by the owner while its run sat dispatched in the store, and a
-    failed run's completion reported superseded would never be retried."""
-    a, _ = pg_store.submit_job(interval_job("a", next_run_at=60_000))
-    b, _ = pg_store.submit_job(interval_job("b", next_run_at=60_000))
-    c, _ = pg_store.submit_job(interval_job("c", next_run_at=60_000))
-    [ran_b] = pg_store.claim_fires([claim(b.job_id, 60_000, fence=1, new=120_000)])
-    [ran_c] = pg_store.claim_fires([claim(c.job_id, 60_000, fence=2, new=120_000)])
-    batch = WriteBatch(
-        completions=[done(ran_b.run_id, 1, RunState.FAILED)],
-        claims=[
-            claim(a.job_id, 60_000, fence=3, new=120_000),
-            claim(a.job_id, 120_000, fence=4, new=180_000),
-        ],
-        starts=[RunStart(run_id=ran_c.run_id, fence=2, worker_id="w-1", started_at_ms=60_500)],
-    )
-    first = pg_store.write_batch(batch)
-    again = pg_store.write_batch(batch)
-    assert all(o.run_id is not None and o.advanced for o in first.claims)
-    assert [o.run_id for o in again.claims] == [o.run_id for o in first.claims]
-    # Where the schedule stands: the job's last claim moved it. An earlier
-    # one of the same job reads as not moved, and the owner re-reads the job.
-    assert again.claims[-1].advanced
-    assert [o.applied for o in again.completions] == [True]
-    assert len(pg_store.list_runs(a.job_id)) == 2
-    assert pg_store.get_job(a.job_id).next_run_at == 180_000
-    assert pg_store.get_run(ran_b.run_id).state is RunState.FAILED
-    assert pg_store.mark_running(batch.starts) == [True]
-    # A completion that differs from the one recorded is still refused.
-    other = Completion(
-        run_id=ran_b.run_id, fence=1, state=RunState.SUCCEEDED, finished_at_ms=62_000
-    )
-    assert [o.applied for o in pg_store.complete_runs([other])] == [False]

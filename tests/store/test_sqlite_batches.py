@@ -11,16 +11,19 @@ import pytest
 
 from tests.store.conftest import interval_job
 from tests.store.test_contract import claim
-from wheel.store import sqlite as sq
-from wheel.store.base import Completion, RunStart, RunState
+from wheel.errors import StoreError
+from wheel.store._schema import SQLITE_MIGRATIONS
+from wheel.store.base import Completion, RunStart, RunState, WriteBatch
 from wheel.store.sqlite import SQLiteStore
+from wheel.store.sqlite import _sql as sq
+from wheel.store.sqlite._db import WRITER_CHECKPOINT_PAGES
 
 SET_STATEMENTS = {
-    "insert runs": sq._INSERT_RUNS,
-    "advance": sq._ADVANCE_CAS,
-    "claim end": sq._CLAIM_CAS_END,
-    "mark running": sq._MARK_RUNNING,
-    "complete": sq._COMPLETE,
+    "insert runs": sq.INSERT_RUNS,
+    "advance": sq.ADVANCE_CAS,
+    "claim end": sq.CLAIM_CAS_END,
+    "mark running": sq.MARK_RUNNING,
+    "complete": sq.COMPLETE,
 }
 
 
@@ -40,9 +43,9 @@ def test_set_based_statements_look_rows_up_by_key(
     A plan that walks an index of the table instead costs a scan per batch
     row (the completion statement did that through the in-flight index)."""
     form = SET_STATEMENTS[name]
-    sql = sq._statement(form, rows)
-    params = [None] * (form[1].count("?") * rows)
-    plan = [r[3] for r in sqlite_store._conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+    sql = sq.statement(form, rows)
+    params = [None] * (form.row.count("?") * rows)
+    plan = [r[3] for r in sqlite_store._db.conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
     if name == "insert runs":
         return  # a plain multi-row INSERT: nothing to look up
     scan = plan.index("SCAN t")
@@ -50,10 +53,10 @@ def test_set_based_statements_look_rows_up_by_key(
 
 
 def test_a_batch_goes_out_in_full_statements_and_power_of_two_pieces() -> None:
-    sizes = [len(p) for p in sq._pieces([(i,) for i in range(3 * sq.ROWS_PER_STATEMENT + 77)])]
+    sizes = [len(p) for p in sq.pieces([(i,) for i in range(3 * sq.ROWS_PER_STATEMENT + 77)])]
     assert sizes == [sq.ROWS_PER_STATEMENT] * 3 + [64, 8, 4, 1]
     assert sum(sizes) == 3 * sq.ROWS_PER_STATEMENT + 77
-    assert [len(p) for p in sq._pieces([])] == []
+    assert [len(p) for p in sq.pieces([])] == []
 
 
 def test_a_batch_is_a_few_statements_however_many_rows(sqlite_store: SQLiteStore) -> None:
@@ -63,7 +66,7 @@ def test_a_batch_is_a_few_statements_however_many_rows(sqlite_store: SQLiteStore
     store = sqlite_store
     jobs = [store.submit_job(interval_job(f"j{i}", next_run_at=60_000))[0] for i in range(300)]
     statements: list[str] = []
-    store._conn.set_trace_callback(statements.append)
+    store._db.conn.set_trace_callback(statements.append)
     outcomes = store.claim_fires([claim(j.job_id, 60_000, fence=7, new=120_000) for j in jobs])
     assert all(o.run_id is not None and o.advanced for o in outcomes)
     runs = [o.run_id for o in outcomes if o.run_id is not None]
@@ -73,9 +76,9 @@ def test_a_batch_is_a_few_statements_however_many_rows(sqlite_store: SQLiteStore
         Completion(run_id=r, fence=7, state=RunState.SUCCEEDED, finished_at_ms=60_020) for r in runs
     ]
     assert all(c.applied for c in store.complete_runs(completions))
-    store._conn.set_trace_callback(None)
+    store._db.conn.set_trace_callback(None)
     writes = [" ".join(s.split()[0:3]) for s in statements if s.startswith(("INSERT", "UPDATE"))]
-    pieces = {n: len(list(sq._pieces([()] * n))) for n in (100, 300)}
+    pieces = {n: len(list(sq.pieces([()] * n))) for n in (100, 300)}
     assert pieces == {100: 3, 300: 4}  # 64 + 32 + 4; 256 + 32 + 8 + 4
     assert writes == [
         "UPDATE counters SET",  # run ids
@@ -107,12 +110,38 @@ def test_a_partly_applying_batch_falls_back_to_row_by_row(sqlite_store: SQLiteSt
     assert store.get_job(jobs[18].job_id).next_run_at == 120_000
 
 
+def test_a_batch_is_written_all_or_nothing(sqlite_store: SQLiteStore) -> None:
+    """write_batch is one transaction: when its last kind fails, the kinds
+    before it are rolled back with it, and the batch can be written again."""
+    store = sqlite_store
+    ran, _ = store.submit_job(interval_job("ran", next_run_at=60_000))
+    due, _ = store.submit_job(interval_job("due", next_run_at=60_000))
+    [out] = store.claim_fires([claim(ran.job_id, 60_000, fence=1, new=120_000)])
+    assert out.run_id is not None
+    batch = WriteBatch(
+        completions=[
+            Completion(run_id=out.run_id, fence=1, state=RunState.SUCCEEDED, finished_at_ms=1)
+        ],
+        claims=[claim(due.job_id, 60_000, fence=2, new=120_000)],
+        # A worker id sqlite3 cannot bind: the starts fail after the rest ran.
+        starts=[RunStart(run_id=out.run_id, fence=1, worker_id=object(), started_at_ms=1)],  # type: ignore[arg-type]
+    )
+    with pytest.raises(StoreError):
+        store.write_batch(batch)
+    assert store.get_run(out.run_id).state is RunState.DISPATCHED
+    assert store.list_runs(due.job_id) == []
+    assert store.get_job(due.job_id).next_run_at == 60_000
+    outcome = store.write_batch(WriteBatch(completions=batch.completions, claims=batch.claims))
+    assert [c.applied for c in outcome.completions] == [True]
+    assert [(c.run_id is not None, c.advanced) for c in outcome.claims] == [(True, True)]
+
+
 def test_a_database_of_schema_2_loses_the_due_index_nothing_reads(tmp_path: Path) -> None:
     """Every claim moved its job's entry in ``jobs_due`` and no query read it."""
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE wheel_schema_version (version INTEGER NOT NULL)")
-    for version, statements in sq.SQLITE_MIGRATIONS[:2]:
+    for version, statements in SQLITE_MIGRATIONS[:2]:
         for statement in statements:
             conn.execute(statement)
         conn.execute("INSERT INTO wheel_schema_version VALUES (?)", (version,))
@@ -143,12 +172,12 @@ def test_the_wal_is_copied_back_off_the_writers_thread(tmp_path: Path) -> None:
     empty = path.stat().st_size
     store.submit_jobs([interval_job(f"j{i}", next_run_at=60_000) for i in range(2_000)])
     wal_pages = path.with_name("ckpt.db-wal").stat().st_size // 4096
-    assert 0 < wal_pages < sq.WRITER_CHECKPOINT_PAGES
+    assert 0 < wal_pages < WRITER_CHECKPOINT_PAGES
     deadline = time.monotonic() + 5
     while path.stat().st_size < empty + 256 * 1024 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert path.stat().st_size >= empty + 256 * 1024
-    checkpointer = store._checkpointer
+    checkpointer = store._db.checkpointer
     assert checkpointer is not None
     store.close()
     assert not checkpointer._thread.is_alive()
@@ -160,7 +189,7 @@ def test_the_wal_is_copied_back_off_the_writers_thread(tmp_path: Path) -> None:
 
 def test_a_store_dropped_without_close_stops_its_checkpointer(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "dropped.db")
-    checkpointer = store._checkpointer
+    checkpointer = store._db.checkpointer
     assert checkpointer is not None
     del store
     gc.collect()

@@ -102,6 +102,7 @@ class ScriptedNode(pb_grpc.WorkerServiceServicer, admin_service_pb2_grpc.AdminSe
         self.membership_asked += 1
         if self.membership is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no membership here")
+            raise AssertionError("unreachable")
         return self.membership
 
     async def accept(

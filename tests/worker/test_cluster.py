@@ -57,7 +57,7 @@ def worker(*targets: str, capacity: int = 16) -> tuple[Worker, Slow]:
 async def beat_with(conn: Conn, run_id: int) -> pb.Heartbeat:
     """The next heartbeat on ``conn`` that names ``run_id``."""
     while True:
-        hb = await conn.expect("heartbeat")
+        hb: pb.Heartbeat = await conn.expect("heartbeat")
         if run_id in {r.run_id for r in hb.runs}:
             return hb
 

@@ -601,10 +601,14 @@ def test_registration_rejects_duplicates_and_empty_names() -> None:
 
 
 def test_load_handler_resolves_module_function_references() -> None:
-    assert load_handler("json:dumps") == ("dumps", json.dumps)
-    assert load_handler("enc=json:dumps") == ("enc", json.dumps)
-    assert load_handler("os.path:join") == ("join", os.path.join)
-    assert load_handler("j=json:JSONEncoder.encode") == ("j", json.JSONEncoder.encode)
+    expected: list[tuple[str, tuple[str, object]]] = [
+        ("json:dumps", ("dumps", json.dumps)),
+        ("enc=json:dumps", ("enc", json.dumps)),
+        ("os.path:join", ("join", os.path.join)),
+        ("j=json:JSONEncoder.encode", ("j", json.JSONEncoder.encode)),
+    ]
+    for ref, want in expected:
+        assert load_handler(ref) == want
     for bad in ("json", "json:", ":dumps", "no_such_module_zz:f", "json:nope", "json:__doc__"):
         with pytest.raises(InvalidArgument):
             load_handler(bad)

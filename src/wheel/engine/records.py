@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from wheel.engine.model import JobState, MissedReason, RunState
 from wheel.engine.spec import JobSpec
@@ -41,6 +42,11 @@ class JobRecord:
     created_at_ms: int
     updated_at_ms: int
     idempotency_key: str | None = None
+    # The store's marker of the job's last change through the API (a submit,
+    # a pause...): the write's transaction on PostgreSQL, its change number
+    # on SQLite. A node keeps those of its own writes and leaves them out of
+    # its change feed (``Store.changes_since(exclude=...)``).
+    change: int = 0
 
     @property
     def tenant(self) -> str:
@@ -128,6 +134,17 @@ class ExecutionRecord:
     error: str | None
 
 
+class UnparsedJob(NamedTuple):
+    """A job whose row alone arms it on a restart (paused, or active with a
+    next fire): its spec is left as the store keeps it, unparsed. A tuple:
+    a restart makes one per job."""
+
+    job_id: int
+    paused: bool
+    next_run_at: int | None
+    spec_json: str
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShardLoad:
     """Everything a new owner needs for its shards."""
@@ -136,9 +153,8 @@ class ShardLoad:
     inflight: list[ExecutionRecord]  # dispatched or running
     watermark: int  # pass to changes_since to see what changed after this load
     # With ``load_shards(..., unparsed=True)``: the jobs their row alone can
-    # arm (paused, or active with a next fire), left unparsed and not in
-    # ``jobs``: (job_id, paused, next_run_at, spec as stored).
-    unparsed: list[tuple[int, bool, int | None, str]] = field(default_factory=list)
+    # arm, not in ``jobs``.
+    unparsed: list[UnparsedJob] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -249,7 +247,6 @@ class JobSpec:
         if text is None:
             text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
             object.__setattr__(self, "_json", text)
-            _RECENT.remember(text, self)
         return text
 
     @classmethod
@@ -300,38 +297,10 @@ class JobSpec:
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
-        spec = _RECENT.get(text)
-        if spec is None:
-            spec = cls.from_dict(json.loads(text))
-            object.__setattr__(spec, "_json", text)
+        """The spec of stored JSON; it keeps that text as its own."""
+        spec = cls.from_dict(json.loads(text))
+        object.__setattr__(spec, "_json", text)
         return spec
-
-
-class _RecentSpecs:
-    """The specs serialized lately, by their JSON. A node reads back the jobs
-    it has just stored (its change feed does not tell its own writes from
-    others'), so without this every submit parses its spec a second time."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        # Oldest first. Not a dict: dropping its first key leaves a hole that
-        # the next ``next(iter(d))`` walks over, so a full dict made each
-        # submit walk thousands of them.
-        self._specs: OrderedDict[str, JobSpec] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def remember(self, text: str, spec: JobSpec) -> None:
-        with self._lock:
-            specs = self._specs
-            specs[text] = spec
-            if len(specs) > self.capacity:
-                specs.popitem(last=False)
-
-    def get(self, text: str) -> JobSpec | None:
-        return self._specs.get(text)
-
-
-_RECENT = _RecentSpecs(capacity=20_000)
 
 
 def _text(name: str, value: str, limit: int) -> None:

@@ -114,6 +114,9 @@ class Node(NodeReads):
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._watermark = 0
+        # Change markers of the node's own job writes: its change feed leaves
+        # those jobs out (it applied them when it wrote them).
+        self._own_changes: set[int] = set()
         self._lags: deque[int] = deque(maxlen=10_000)
         self.alerts: deque[str] = deque(maxlen=1_000)
         self.ready = asyncio.Event()
@@ -570,8 +573,11 @@ class Node(NodeReads):
                     list(driver.owner.shards()),
                     page,
                     owner_moves=False,
+                    exclude=frozenset(self._own_changes),
                 )
             )
+            # A marker below the watermark is never reported again.
+            self._own_changes = {m for m in self._own_changes if m >= self._watermark}
             records.extend(changed)
         except StoreError as exc:
             log.warning("reading job changes failed: %s", exc)
@@ -679,8 +685,9 @@ class Node(NodeReads):
                 continue
             driver, now = self._the_driver(), self.clock.now_ms()
             for (_, future), result in zip(batch, results, strict=True):
-                if not isinstance(result, WheelError) and result[1]:
-                    driver.submitted(result[0], now)
+                if not isinstance(result, WheelError) and result.created:
+                    self._own_changes.add(result.job.change)
+                    driver.submitted(result.job, now)
                 if not future.done():
                     future.set_result(result)
             self.wake()
@@ -704,6 +711,7 @@ class Node(NodeReads):
                 now_ms=now,
             )
         )
+        self._own_changes.add(updated.change)
         self._the_driver().state_changed(record, updated, change.state, now)
         self.wake()
         return updated

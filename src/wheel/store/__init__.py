@@ -3,6 +3,7 @@
 from wheel.store.base import (
     SHARD_COUNT,
     TERMINAL_RUN_STATES,
+    Changes,
     ClaimOutcome,
     Completion,
     CompletionOutcome,
@@ -18,6 +19,8 @@ from wheel.store.base import (
     ScheduleAdvance,
     ShardLoad,
     Store,
+    Submitted,
+    UnparsedJob,
     idempotency_key,
     shard_of,
 )
@@ -25,6 +28,7 @@ from wheel.store.base import (
 __all__ = [
     "SHARD_COUNT",
     "TERMINAL_RUN_STATES",
+    "Changes",
     "ClaimOutcome",
     "Completion",
     "CompletionOutcome",
@@ -40,6 +44,8 @@ __all__ = [
     "ScheduleAdvance",
     "ShardLoad",
     "Store",
+    "Submitted",
+    "UnparsedJob",
     "idempotency_key",
     "shard_of",
 ]

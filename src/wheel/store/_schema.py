@@ -15,17 +15,6 @@ guarantee ``UNIQUE (job_id, scheduled_for, attempt)``.
 
 from __future__ import annotations
 
-import hashlib
-import time
-from collections.abc import Sequence
-from typing import Any
-
-from wheel.engine.model import JobState, MissedReason, RunState, shard_of
-from wheel.engine.records import NewJob
-from wheel.engine.spec import JobSpec
-from wheel.errors import AlreadyExists
-from wheel.store.base import ExecutionRecord, JobRecord, MissedFire
-
 # Run states that still hold a lease: the partial in-flight index covers them.
 INFLIGHT_SQL = "('dispatched', 'running')"
 
@@ -166,7 +155,7 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
             "CREATE SEQUENCE job_id_seq AS bigint",
             # change_xid: the 64-bit id of the transaction that last changed the
             # job (pg_current_xact_id()). changes_since orders by it and only
-            # hands out transactions below the snapshot's xmin; see postgres.py.
+            # hands out transactions below the snapshot's xmin; see postgres/_feed.py.
             """CREATE TABLE jobs (
                 job_id          bigint PRIMARY KEY,
                 shard           smallint NOT NULL,
@@ -251,117 +240,3 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
     ),
     (5, [UNWELL_INDEX]),
 ]
-
-
-# -- row shapes shared by both backends --------------------------------------------
-
-# Select from "jobs AS j JOIN job_specs AS s USING (job_id)".
-JOB_COLUMNS = (
-    "j.job_id, j.shard, s.spec, j.state, j.next_run_at, j.created_at_ms, j.updated_at_ms,"
-    " j.idempotency_key"
-)
-JOB_FROM = "jobs AS j JOIN job_specs AS s ON s.job_id = j.job_id"
-RUN_COLUMNS = (
-    "run_id, job_id, scheduled_for, attempt, state, fence, worker_id,"
-    " dispatched_at_ms, started_at_ms, finished_at_ms, error"
-)
-# The same, qualified for "executions AS e" in a join.
-RUN_COLUMNS_E = ", ".join("e." + c.strip() for c in RUN_COLUMNS.split(","))
-MISSED_COLUMNS = "job_id, scheduled_for, reason, recorded_at_ms"
-
-
-def split_job_rows(
-    rows: Sequence[Sequence[Any]], unparsed: bool
-) -> tuple[list[JobRecord], list[tuple[int, bool, int | None, str]]]:
-    """Rows of ``JOB_COLUMNS`` as ``load_shards`` returns them: parsed, or
-    with ``unparsed`` the paused jobs and the active ones with a next fire
-    left as (job_id, paused, next_run_at, spec)."""
-    if not unparsed:
-        return [job_from_row(r) for r in rows], []
-    parsed, raw = [], []
-    for r in rows:
-        paused = r[3] == "paused"
-        if paused or r[4] is not None:
-            raw.append((r[0], paused, r[4], r[2]))
-        else:
-            parsed.append(job_from_row(r))
-    return parsed, raw
-
-
-def job_from_row(row: Sequence[Any]) -> JobRecord:
-    return JobRecord(
-        job_id=row[0],
-        shard=row[1],
-        spec=JobSpec.from_json(row[2]),
-        state=JobState(row[3]),
-        next_run_at=row[4],
-        created_at_ms=row[5],
-        updated_at_ms=row[6],
-        idempotency_key=row[7],
-    )
-
-
-def run_from_row(row: Sequence[Any]) -> ExecutionRecord:
-    return ExecutionRecord(
-        run_id=row[0],
-        job_id=row[1],
-        scheduled_for=row[2],
-        attempt=row[3],
-        state=RunState(row[4]),
-        fence=row[5],
-        worker_id=row[6],
-        dispatched_at_ms=row[7],
-        started_at_ms=row[8],
-        finished_at_ms=row[9],
-        error=row[10],
-    )
-
-
-def missed_from_row(row: Sequence[Any]) -> MissedFire:
-    return MissedFire(
-        job_id=row[0], scheduled_for=row[1], reason=MissedReason(row[2]), recorded_at_ms=row[3]
-    )
-
-
-def batch_keys(news: Sequence[NewJob]) -> tuple[list[str], dict[tuple[str, str], int]]:
-    """For a batch of submits: each one's body digest ("" without a key), and
-    for each (tenant, key) the first submit of the batch that uses it."""
-    digests = [
-        (n.body_hash or body_hash(n.spec)) if n.idempotency_key is not None else "" for n in news
-    ]
-    first: dict[tuple[str, str], int] = {}
-    for i, n in enumerate(news):
-        if n.idempotency_key is not None:
-            first.setdefault((n.spec.tenant, n.idempotency_key), i)
-    return digests, first
-
-
-def created_record(job_id: int, new: NewJob) -> JobRecord:
-    """The job a submit created, as the store now has it."""
-    return JobRecord(
-        job_id=job_id,
-        shard=shard_of(job_id),
-        spec=new.spec,
-        state=JobState.ACTIVE,
-        next_run_at=new.next_run_at,
-        created_at_ms=new.created_at_ms,
-        updated_at_ms=new.created_at_ms,
-        idempotency_key=new.idempotency_key,
-    )
-
-
-def key_conflict(new: NewJob) -> AlreadyExists:
-    return AlreadyExists(
-        f"idempotency key {new.idempotency_key!r} of tenant {new.spec.tenant!r}"
-        " was used with a different request"
-    )
-
-
-def body_hash(spec: JobSpec) -> str:
-    """What "the same request body" means for an idempotent submit: the spec."""
-    return hashlib.sha256(spec.to_json().encode()).hexdigest()
-
-
-def wall_ms() -> int:
-    """Wall clock for bookkeeping columns only (updated_at of a schedule CAS)."""
-    return time.time_ns() // 1_000_000

@@ -1,0 +1,452 @@
+"""What the two SQL stores share, written once: row shapes, the statements
+they run alike, and the rules they apply alike.
+
+The backends write a few things differently: PostgreSQL takes ``%s`` and
+arrays, SQLite ``?`` and JSON lists; a job's change marker is a transaction
+id (``xid8``) in one and an integer in the other. A ``Dialect`` holds those
+fragments and ``Queries`` builds every shared statement from one. What only
+one backend does (its batch writes, its submits) stays in that backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from wheel.engine.model import (
+    SHARD_COUNT,
+    TERMINAL_RUN_STATES,
+    JobState,
+    MissedReason,
+    RunState,
+    shard_of,
+)
+from wheel.engine.records import NewJob, UnparsedJob
+from wheel.engine.spec import JobSpec
+from wheel.errors import AlreadyExists, InvalidArgument, NotFound
+from wheel.store._schema import INFLIGHT_WHERE
+from wheel.store.base import Completion, ExecutionRecord, JobRecord, MissedFire
+
+Row = Sequence[Any]
+
+
+class Cursor(Protocol):
+    """What the shared code needs of a statement's result, in both drivers."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+class Executor(Protocol):
+    """A connection or cursor inside a transaction (psycopg or sqlite3)."""
+
+    def execute(self, sql: str, params: Any = ..., /) -> Cursor: ...
+
+
+TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_RUN_STATES)) + ")"
+
+# -- rows ------------------------------------------------------------------------------
+
+JOB_FROM = "jobs AS j JOIN job_specs AS s ON s.job_id = j.job_id"
+RUN_COLUMNS = (
+    "run_id, job_id, scheduled_for, attempt, state, fence, worker_id,"
+    " dispatched_at_ms, started_at_ms, finished_at_ms, error"
+)
+# The same, qualified for "executions AS e" in a join.
+RUN_COLUMNS_E = ", ".join("e." + c.strip() for c in RUN_COLUMNS.split(","))
+MISSED_COLUMNS = "job_id, scheduled_for, reason, recorded_at_ms"
+# A new job's row, as ``new_job_row`` lays it out.
+JOB_INSERT_COLUMNS = (
+    "job_id, shard, tenant, name, state, next_run_at, one_shot, idempotency_key,"
+    " created_at_ms, updated_at_ms"
+)
+
+
+def new_job_row(job_id: int, new: NewJob) -> tuple[Any, ...]:
+    """A new job's values for ``JOB_INSERT_COLUMNS``."""
+    spec = new.spec
+    return (
+        job_id,
+        shard_of(job_id),
+        spec.tenant,
+        spec.name,
+        "active",
+        new.next_run_at,
+        not spec.recurring,
+        new.idempotency_key,
+        new.created_at_ms,
+        new.created_at_ms,
+    )
+
+
+def job_from_row(row: Row) -> JobRecord:
+    """A row of ``Queries.job_columns``."""
+    return JobRecord(
+        job_id=row[0],
+        shard=row[1],
+        spec=JobSpec.from_json(row[2]),
+        state=JobState(row[3]),
+        next_run_at=row[4],
+        created_at_ms=row[5],
+        updated_at_ms=row[6],
+        idempotency_key=row[7],
+        change=row[8],
+    )
+
+
+def split_job_rows(
+    rows: Sequence[Row], unparsed: bool
+) -> tuple[list[JobRecord], list[UnparsedJob]]:
+    """Rows of ``Queries.job_columns`` as ``load_shards`` returns them: parsed,
+    or with ``unparsed`` the paused jobs and the active ones with a next fire
+    left unparsed."""
+    if not unparsed:
+        return [job_from_row(r) for r in rows], []
+    parsed, raw = [], []
+    for r in rows:
+        paused = r[3] == "paused"
+        if paused or r[4] is not None:
+            raw.append(UnparsedJob(r[0], paused, r[4], r[2]))
+        else:
+            parsed.append(job_from_row(r))
+    return parsed, raw
+
+
+def run_from_row(row: Row) -> ExecutionRecord:
+    return ExecutionRecord(
+        run_id=row[0],
+        job_id=row[1],
+        scheduled_for=row[2],
+        attempt=row[3],
+        state=RunState(row[4]),
+        fence=row[5],
+        worker_id=row[6],
+        dispatched_at_ms=row[7],
+        started_at_ms=row[8],
+        finished_at_ms=row[9],
+        error=row[10],
+    )
+
+
+def missed_from_row(row: Row) -> MissedFire:
+    return MissedFire(
+        job_id=row[0], scheduled_for=row[1], reason=MissedReason(row[2]), recorded_at_ms=row[3]
+    )
+
+
+# -- statements ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dialect:
+    """The fragments one backend writes its own way. Templates take ``{expr}``
+    and ``{type}`` (a list element's SQL type) through ``str.format``."""
+
+    # A positional parameter.
+    param: str
+    # ``{expr}`` is one of a list of integers passed as one parameter ...
+    in_ints: str
+    # ... and that list as a table with one column, ``l.value``.
+    int_rows: str
+    # The parameter value of such a list.
+    ints: Callable[[Sequence[int]], Any]
+    # A job's last change through the API, and its last change of either kind
+    # (an owner move may be NULL): change markers as the store keeps them.
+    change: str
+    last_change: str
+    # A change-marker parameter as compared with those, and its value.
+    marker: str
+    marker_value: Callable[[int], Any]
+    # ``{expr}`` is none of a list of change markers passed as one parameter,
+    # and that parameter's value.
+    not_in_markers: str
+    markers: Callable[[Collection[int]], Any]
+    # A change marker as an integer.
+    as_int: str
+
+
+class Queries:
+    """The statements both SQL stores run alike, built from one dialect."""
+
+    def __init__(self, d: Dialect) -> None:
+        self.dialect = d
+        p = d.param
+        self.shards_in = d.in_ints.format(expr="j.shard", type="int2")
+        self.job_columns = (
+            "j.job_id, j.shard, s.spec, j.state, j.next_run_at, j.created_at_ms,"
+            f" j.updated_at_ms, j.idempotency_key, {d.as_int.format(expr=d.change)}"
+        )
+        jobs = f"SELECT {self.job_columns} FROM {JOB_FROM}"
+        self.get_job = f"{jobs} WHERE j.job_id = {p}"
+        self.jobs_by_id = f"{jobs} WHERE {d.in_ints.format(expr='j.job_id', type='int8')}"
+        live = "j.state IN ('active', 'paused')"
+        self.live_jobs = f"{jobs} WHERE {live} ORDER BY j.job_id"
+        self.live_jobs_of_shards = f"{jobs} WHERE {live} AND {self.shards_in} ORDER BY j.job_id"
+        self.get_run = f"SELECT {RUN_COLUMNS} FROM executions WHERE run_id = {p}"
+        self.list_runs = (
+            f"SELECT {RUN_COLUMNS} FROM executions WHERE job_id = {p} AND run_id < {p}"
+            f" ORDER BY run_id DESC LIMIT {p}"
+        )
+        self.list_missed = (
+            f"SELECT {MISSED_COLUMNS} FROM missed_fires WHERE job_id = {p}"
+            f" AND scheduled_for < {p} ORDER BY scheduled_for DESC LIMIT {p}"
+        )
+        fires_in = d.in_ints.format(expr="scheduled_for", type="int8")
+        # Parameters: the job, its fire times, the job, its fire times.
+        self.fires_exist = (
+            f"SELECT scheduled_for FROM executions WHERE job_id = {p} AND {fires_in}"
+            f" UNION SELECT scheduled_for FROM missed_fires WHERE job_id = {p} AND {fires_in}"
+        )
+        # Parameters: the owner, the shards. ``WHERE true`` tells SQLite that
+        # ON CONFLICT belongs to the INSERT.
+        self.acquire_epochs = (
+            "INSERT INTO shard_epochs (shard, epoch, owner)"
+            f" SELECT l.value, 1, {p} FROM {d.int_rows.format(type='int4')} WHERE true"
+            " ON CONFLICT (shard) DO UPDATE"
+            " SET epoch = shard_epochs.epoch + 1, owner = excluded.owner"
+            " RETURNING shard, epoch"
+        )
+        # One shard at a time (parameters: shard, epoch, owner): never lowers.
+        self.fence_shard = (
+            f"INSERT INTO shard_epochs (shard, epoch, owner) VALUES ({p}, {p}, {p})"
+            " ON CONFLICT (shard) DO UPDATE SET epoch = excluded.epoch, owner = excluded.owner"
+            " WHERE shard_epochs.epoch < excluded.epoch"
+        )
+        self.shard_epochs = (
+            "SELECT shard, epoch FROM shard_epochs"
+            f" WHERE {d.in_ints.format(expr='shard', type='int4')}"
+        )
+        self.create_version_table = (
+            "CREATE TABLE IF NOT EXISTS wheel_schema_version (version integer NOT NULL)"
+        )
+        self.schema_version = "SELECT max(version) FROM wheel_schema_version"
+        self.record_version = f"INSERT INTO wheel_schema_version (version) VALUES ({p})"
+        # Dispatched or running executions of the shards in the one parameter.
+        self.inflight_runs = self.runs_of_shards(INFLIGHT_WHERE)
+        # Retention, one key range at a time: the top of the next range of
+        # ``batch`` rows (parameters: low, batch - 1), then what goes in it
+        # (low, high, cutoff).
+        self.purges = [
+            (
+                f"SELECT {key} FROM {table} WHERE {key} > {p} ORDER BY {key} LIMIT 1 OFFSET {p}",
+                f"DELETE FROM {table} WHERE {key} > {p} AND {key} <= {p} AND {cond}",
+            )
+            for table, key, cond in (
+                ("executions", "run_id", f"finished_at_ms < {p} AND state IN {TERMINAL_SQL}"),
+                ("missed_fires", "id", f"recorded_at_ms < {p}"),
+            )
+        ]
+
+    def list_jobs(
+        self, *, tenant: str | None, state: JobState | None, after_job_id: int, limit: int
+    ) -> tuple[str, list[Any]]:
+        """Jobs by id after ``after_job_id``, filtered: the statement and its
+        parameters."""
+        p = self.dialect.param
+        where = [f"j.job_id > {p}"]
+        params: list[Any] = [after_job_id]
+        if tenant is not None:
+            where.append(f"j.tenant = {p}")
+            params.append(tenant)
+        if state is not None:
+            where.append(f"j.state = {p}")
+            params.append(state.value)
+        params.append(max(0, limit))
+        sql = (
+            f"SELECT {self.job_columns} FROM {JOB_FROM} WHERE {' AND '.join(where)}"
+            f" ORDER BY j.job_id LIMIT {p}"
+        )
+        return sql, params
+
+    def runs_of_shards(self, where: str, index: str = "") -> str:
+        """Executions (``e``) matching ``where`` whose job (``j``) is in the
+        shards of the one parameter; ``index`` follows the executions alias."""
+        return (
+            f"SELECT {RUN_COLUMNS_E} FROM executions AS e{index}"
+            f" JOIN jobs AS j ON j.job_id = e.job_id"
+            f" WHERE {where} AND {self.shards_in} ORDER BY e.run_id"
+        )
+
+    def changes(self, *, owner_moves: bool, exclude: bool) -> str:
+        """Jobs whose last change (of the kinds asked for) has a marker in
+        ``[low, high)``, not among those left out, in marker order, the marker
+        last. Parameters: low, high, shards, (excluded markers,) limit."""
+        d = self.dialect
+        last = d.last_change if owner_moves else d.change
+        out = f" AND {d.not_in_markers.format(expr=last)}" if exclude else ""
+        return (
+            f"SELECT {self.job_columns}, {d.as_int.format(expr=last)} FROM {JOB_FROM}"
+            f" WHERE {last} >= {d.marker} AND {last} < {d.marker} AND {self.shards_in}{out}"
+            f" ORDER BY {last}, j.job_id LIMIT {d.param}"
+        )
+
+    def changes_of(self, *, owner_moves: bool) -> str:
+        """Jobs whose last change has exactly this marker: parameters marker, shards."""
+        d = self.dialect
+        last = d.last_change if owner_moves else d.change
+        return (
+            f"SELECT {self.job_columns} FROM {JOB_FROM}"
+            f" WHERE {last} = {d.marker} AND {self.shards_in} ORDER BY j.job_id"
+        )
+
+
+# -- what both stores do alike ---------------------------------------------------------
+
+
+def get_job(cur: Executor, q: Queries, job_id: int) -> JobRecord:
+    row = cur.execute(q.get_job, (job_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"job {job_id} does not exist")
+    return job_from_row(row)
+
+
+def valid_shards(shards: Collection[int]) -> list[int]:
+    """The shards, sorted and once each; ``InvalidArgument`` for one out of range."""
+    for s in shards:
+        if not 0 <= s < SHARD_COUNT:
+            raise InvalidArgument("shards", f"shard {s} is outside [0, {SHARD_COUNT})")
+    return sorted(set(shards))
+
+
+def check_terminal(completions: Sequence[Completion]) -> None:
+    for c in completions:
+        if c.state not in TERMINAL_RUN_STATES:
+            raise InvalidArgument("completion.state", f"{c.state} is not a terminal state")
+
+
+def check_importable(news: Sequence[NewJob]) -> None:
+    if any(n.idempotency_key is not None for n in news):
+        raise InvalidArgument("idempotency_key", "import_jobs does not take keys")
+
+
+def first_per_key(keys: Sequence[tuple[int, int]]) -> list[int]:
+    """Indexes of the first occurrence of each (run, fence): a repeat in one
+    batch is reported as not applied (the first one took the transition)."""
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for i, k in enumerate(keys):
+        if k not in seen:
+            seen.add(k)
+            out.append(i)
+    return out
+
+
+def apply_migrations(
+    cur: Executor, q: Queries, migrations: Sequence[tuple[int, Sequence[str]]]
+) -> None:
+    """The versions above the recorded one, inside the caller's transaction
+    (which holds the migration lock)."""
+    cur.execute(q.create_version_table)
+    current = cur.execute(q.schema_version).fetchone()[0]
+    for version, statements in migrations:
+        if current is not None and version <= current:
+            continue
+        for statement in statements:
+            cur.execute(statement)
+        cur.execute(q.record_version, (version,))
+
+
+def read_changes(
+    cur: Executor,
+    q: Queries,
+    low: int,
+    high: int,
+    shards: Sequence[int],
+    limit: int,
+    owner_moves: bool,
+    exclude: Collection[int],
+) -> tuple[list[JobRecord], int]:
+    """One page of the change feed: jobs whose last change has a marker in
+    ``[low, high)``, and the marker to read on from.
+
+    Every marker below ``high`` belongs to a write that has committed or never
+    will (the caller's reason to pick it), so a page that ends short moves on
+    to ``high``. A full page ends on a whole write: a write that changed many
+    jobs is handed out in one page, never in two that a reader could stop
+    between."""
+    d = q.dialect
+    limit = max(1, limit)
+    params = [d.marker_value(low), d.marker_value(high), d.ints(shards)]
+    # Only markers of this range can matter: leave the rest out of the statement.
+    exclude = [m for m in exclude if low <= m < high]
+    if exclude:
+        params.append(d.markers(exclude))
+    rows = cur.execute(
+        q.changes(owner_moves=owner_moves, exclude=bool(exclude)), [*params, limit + 1]
+    ).fetchall()
+    if len(rows) <= limit:
+        return [job_from_row(r) for r in rows], high
+    cut = int(rows[limit][-1])
+    page = [r for r in rows[:limit] if int(r[-1]) < cut]
+    if not page:  # one write changed more than a page: hand all of it out
+        page = cur.execute(
+            q.changes_of(owner_moves=owner_moves), [d.marker_value(cut), d.ints(shards)]
+        ).fetchall()
+        cut += 1
+    return [job_from_row(r) for r in page], cut
+
+
+def purge_range(
+    bound: str, delete: str, low: int, batch: int, cutoff: int, cur: Executor
+) -> tuple[int, int | None]:
+    """Delete in the range of ``batch`` keys above ``low``: the rows deleted,
+    and the range's top (None: it was the last)."""
+    row = cur.execute(bound, (low, batch - 1)).fetchone()
+    high = int(row[0]) if row is not None else None
+    top = high if high is not None else 2**63 - 1
+    return cur.execute(delete, (low, top, cutoff)).rowcount, high
+
+
+# -- submits -----------------------------------------------------------------------------
+
+
+def batch_keys(news: Sequence[NewJob]) -> tuple[list[str], dict[tuple[str, str], int]]:
+    """For a batch of submits: each one's body digest ("" without a key), and
+    for each (tenant, key) the first submit of the batch that uses it."""
+    digests = [
+        (n.body_hash or body_hash(n.spec)) if n.idempotency_key is not None else "" for n in news
+    ]
+    first: dict[tuple[str, str], int] = {}
+    for i, n in enumerate(news):
+        if n.idempotency_key is not None:
+            first.setdefault((n.spec.tenant, n.idempotency_key), i)
+    return digests, first
+
+
+def created_record(job_id: int, new: NewJob, change: int) -> JobRecord:
+    """The job a submit created, as the store now has it."""
+    return JobRecord(
+        job_id=job_id,
+        shard=shard_of(job_id),
+        spec=new.spec,
+        state=JobState.ACTIVE,
+        next_run_at=new.next_run_at,
+        created_at_ms=new.created_at_ms,
+        updated_at_ms=new.created_at_ms,
+        idempotency_key=new.idempotency_key,
+        change=change,
+    )
+
+
+def key_conflict(new: NewJob) -> AlreadyExists:
+    return AlreadyExists(
+        f"idempotency key {new.idempotency_key!r} of tenant {new.spec.tenant!r}"
+        " was used with a different request"
+    )
+
+
+def body_hash(spec: JobSpec) -> str:
+    """What "the same request body" means for an idempotent submit: the spec."""
+    return hashlib.sha256(spec.to_json().encode()).hexdigest()
+
+
+def wall_ms() -> int:
+    """Wall clock for bookkeeping columns only (updated_at of a schedule CAS)."""
+    return time.time_ns() // 1_000_000

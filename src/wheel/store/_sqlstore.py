@@ -1,0 +1,232 @@
+"""``SQLStore``: the ``Store`` calls both SQL backends make alike, written
+once over the two ways of running a transaction each backend provides.
+
+A backend supplies ``_read`` and ``_write`` (run a function in one read or
+write transaction, with whatever retries its driver allows), its
+``Queries``, its migrations, and the calls it makes its own way: submits,
+the batch writes, loading shards and reading the change feed.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TypeVar
+
+from wheel.errors import NotFound, WheelError
+from wheel.store._schema import RETRY_WHERE
+from wheel.store._shared import (
+    Executor,
+    Queries,
+    apply_migrations,
+    get_job,
+    job_from_row,
+    missed_from_row,
+    purge_range,
+    read_changes,
+    run_from_row,
+    valid_shards,
+)
+from wheel.store.base import (
+    Changes,
+    ExecutionRecord,
+    JobRecord,
+    JobState,
+    MissedFire,
+    NewJob,
+    ShardLoad,
+    Submitted,
+)
+
+T = TypeVar("T")
+
+
+class SQLStore:
+    """The part of ``Store`` that reads the same in both SQL backends."""
+
+    _queries: Queries
+    _migrations: Sequence[tuple[int, Sequence[str]]]
+    # Taken first in the migration's transaction (None: the write
+    # transaction alone keeps other migrators out).
+    _migration_lock: str | None = None
+    # An index hint for ``retry_candidates`` (follows "executions AS e").
+    _retry_index = ""
+
+    def _read(self, fn: Callable[[Executor], T]) -> T:
+        raise NotImplementedError
+
+    def _write(self, fn: Callable[[Executor], T]) -> T:
+        raise NotImplementedError
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def migrate(self) -> None:
+        """Apply pending migrations; safe to run twice and concurrently (the
+        second runner waits for the first, then finds nothing left to do)."""
+
+        def op(cur: Executor) -> None:
+            if self._migration_lock is not None:
+                cur.execute(self._migration_lock)
+            apply_migrations(cur, self._queries, self._migrations)
+
+        self._write(op)
+
+    def schema_version(self) -> int:
+        row = self._read(lambda cur: cur.execute(self._queries.schema_version).fetchone())
+        return int(row[0]) if row is not None and row[0] is not None else 0
+
+    # -- jobs -----------------------------------------------------------------
+
+    def submit_jobs(self, news: Sequence[NewJob]) -> list[Submitted | WheelError]:
+        raise NotImplementedError
+
+    def submit_job(self, new: NewJob) -> Submitted:
+        (result,) = self.submit_jobs([new])
+        if isinstance(result, WheelError):
+            raise result
+        return result
+
+    def get_job(self, job_id: int) -> JobRecord:
+        return self._read(lambda cur: get_job(cur, self._queries, job_id))
+
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None = None,
+        state: JobState | None = None,
+        after_job_id: int = 0,
+        limit: int = 100,
+    ) -> list[JobRecord]:
+        sql, params = self._queries.list_jobs(
+            tenant=tenant, state=state, after_job_id=after_job_id, limit=limit
+        )
+        rows = self._read(lambda cur: cur.execute(sql, params).fetchall())
+        return [job_from_row(r) for r in rows]
+
+    # -- executions -----------------------------------------------------------
+
+    def get_run(self, run_id: int) -> ExecutionRecord:
+        row = self._read(lambda cur: cur.execute(self._queries.get_run, (run_id,)).fetchone())
+        if row is None:
+            raise NotFound(f"run {run_id} does not exist")
+        return run_from_row(row)
+
+    def list_runs(
+        self, job_id: int, *, before_run_id: int | None = None, limit: int = 100
+    ) -> list[ExecutionRecord]:
+        before = before_run_id if before_run_id is not None else 2**63 - 1
+        params = (job_id, before, max(0, limit))
+        rows = self._read(lambda cur: cur.execute(self._queries.list_runs, params).fetchall())
+        return [run_from_row(r) for r in rows]
+
+    def list_missed(
+        self, job_id: int, *, before_scheduled_for: int | None = None, limit: int = 100
+    ) -> list[MissedFire]:
+        before = before_scheduled_for if before_scheduled_for is not None else 2**63 - 1
+        params = (job_id, before, max(0, limit))
+        rows = self._read(lambda cur: cur.execute(self._queries.list_missed, params).fetchall())
+        return [missed_from_row(r) for r in rows]
+
+    def fires_exist(self, job_id: int, scheduled_for: Sequence[int]) -> set[int]:
+        if not scheduled_for:
+            return set()
+        times = self._queries.dialect.ints(scheduled_for)
+        params = (job_id, times, job_id, times)
+        rows = self._read(lambda cur: cur.execute(self._queries.fires_exist, params).fetchall())
+        return {int(r[0]) for r in rows}
+
+    # -- ownership ------------------------------------------------------------
+
+    def acquire_epochs(self, shards: Collection[int], owner: str) -> dict[int, int]:
+        wanted = valid_shards(shards)
+        if not wanted:
+            return {}
+        params = (owner, self._queries.dialect.ints(wanted))
+        # A retry after an unknown commit bumps once more: still strictly increasing.
+        rows = self._write(lambda cur: cur.execute(self._queries.acquire_epochs, params).fetchall())
+        return {int(s): int(e) for s, e in rows}
+
+    def fence_shards(self, epochs: Mapping[int, int], owner: str) -> dict[int, int]:
+        wanted = valid_shards(epochs)
+        if not wanted:
+            return {}
+        queries = self._queries
+        shards = queries.dialect.ints(wanted)
+
+        def fence(cur: Executor) -> dict[int, int]:
+            for shard in wanted:
+                cur.execute(queries.fence_shard, (shard, int(epochs[shard]), owner))
+            rows = cur.execute(queries.shard_epochs, (shards,)).fetchall()
+            return {int(s): int(e) for s, e in rows}
+
+        # Written again after an unknown commit: the same epochs, a no-op.
+        return self._write(fence)
+
+    def shard_epochs(self, shards: Collection[int]) -> dict[int, int]:
+        params = (self._queries.dialect.ints(valid_shards(shards)),)
+        rows = self._read(lambda cur: cur.execute(self._queries.shard_epochs, params).fetchall())
+        return {int(s): int(e) for s, e in rows}
+
+    def load_shards(self, shards: Collection[int], *, unparsed: bool = False) -> ShardLoad:
+        return self._load(valid_shards(shards), unparsed)
+
+    def _load(self, shards: list[int], unparsed: bool) -> ShardLoad:
+        raise NotImplementedError
+
+    def inflight_runs(self, shards: Collection[int]) -> list[ExecutionRecord]:
+        return self._runs_of_shards(self._queries.inflight_runs, shards)
+
+    def retry_candidates(self, shards: Collection[int]) -> list[ExecutionRecord]:
+        return self._runs_of_shards(
+            self._queries.runs_of_shards(RETRY_WHERE, self._retry_index), shards
+        )
+
+    def _runs_of_shards(self, sql: str, shards: Collection[int]) -> list[ExecutionRecord]:
+        params = (self._queries.dialect.ints(valid_shards(shards)),)
+        rows = self._read(lambda cur: cur.execute(sql, params).fetchall())
+        return [run_from_row(r) for r in rows]
+
+    def changes_since(
+        self,
+        watermark: int,
+        shards: Collection[int],
+        limit: int = 10_000,
+        *,
+        owner_moves: bool = True,
+        exclude: Collection[int] = (),
+    ) -> Changes:
+        wanted = valid_shards(shards)
+
+        def op(cur: Executor) -> Changes:
+            low, high = self._change_range(cur, watermark)
+            jobs, mark = read_changes(
+                cur, self._queries, low, high, wanted, limit, owner_moves, exclude
+            )
+            return Changes(jobs, self._watermark_at(mark))
+
+        return self._read(op)
+
+    def _change_range(self, cur: Executor, watermark: int) -> tuple[int, int]:
+        """First thing in the feed's read transaction: the markers it may hand
+        out after ``watermark``, as ``[low, high)``."""
+        raise NotImplementedError
+
+    def _watermark_at(self, mark: int) -> int:
+        """The watermark to return when every marker below ``mark`` was read."""
+        return mark
+
+    # -- retention ------------------------------------------------------------
+
+    def purge_history(self, finished_before_ms: int, batch: int = 10_000) -> int:
+        """Delete terminal executions and missed records older than the
+        cutoff, a key range of ``batch`` rows at a time, each range in one
+        short transaction so no lock is held for long."""
+        batch = max(1, batch)
+        total = 0
+        for bound, delete in self._queries.purges:
+            low: int | None = 0
+            while low is not None:
+                step = functools.partial(purge_range, bound, delete, low, batch, finished_before_ms)
+                deleted, low = self._write(step)
+                total += deleted
+        return total

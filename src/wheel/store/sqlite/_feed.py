@@ -1,0 +1,42 @@
+"""What an owner reads of its shards on SQLite: the whole of them when it
+gains them, and the change feed after that. Each function runs inside the
+caller's read transaction, which is one snapshot.
+
+SQLite serializes writers, and each write takes its change number from a
+counter row inside its transaction, so numbers are handed out in commit
+order and every committed change has a number at most the counter's value:
+the feed is a plain "above the watermark, up to the counter". The watermark
+is inclusive: "every change numbered up to it was seen". An API change takes
+its number in ``change_seq`` (indexed); an owner's schedule move in
+``move_seq``, which no index covers, so a claim's update of its job writes
+no index (unless it ends a one-shot: state is in ``jobs_owned``) and a
+restarting owner reads the moves with a scan of the table for each page.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+
+from wheel.store._shared import run_from_row, split_job_rows
+from wheel.store.base import SHARD_COUNT, ShardLoad
+from wheel.store.sqlite._sql import DIALECT, LAST_CHANGE, QUERIES
+
+
+def load_shards(cur: sqlite3.Cursor, shards: Sequence[int], unparsed: bool) -> ShardLoad:
+    watermark = cur.execute(LAST_CHANGE).fetchone()[0]
+    # All shards (one node: always) read the table in job_id order; through
+    # jobs_owned the rows came in shard order and were sorted, 4x slower at
+    # a million jobs.
+    if len(shards) == SHARD_COUNT:
+        jobs = cur.execute(QUERIES.live_jobs).fetchall()
+    else:
+        jobs = cur.execute(QUERIES.live_jobs_of_shards, (DIALECT.ints(shards),)).fetchall()
+    runs = cur.execute(QUERIES.inflight_runs, (DIALECT.ints(shards),)).fetchall()
+    parsed, raw = split_job_rows(jobs, unparsed)
+    return ShardLoad(
+        jobs=parsed,
+        unparsed=raw,
+        inflight=[run_from_row(r) for r in runs],
+        watermark=int(watermark),
+    )

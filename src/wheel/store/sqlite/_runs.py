@@ -1,0 +1,174 @@
+"""Runs on SQLite: the dispatch loop's batch writes (claims, schedule
+advances, starts, completions, missed fires). Each function runs one batch
+inside the caller's write transaction and answers in the batch's order.
+
+A write that does not apply finds out whether its own earlier commit took it
+already (``wheel.store.base``, rule 3); only then, so the common batch pays
+nothing for it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from wheel.store._shared import first_per_key
+from wheel.store.base import (
+    ClaimOutcome,
+    Completion,
+    FireClaim,
+    MissedFire,
+    RunStart,
+    ScheduleAdvance,
+)
+from wheel.store.sqlite import _sql as sql
+from wheel.store.sqlite._db import bump
+
+
+def apply_each(
+    cur: sqlite3.Cursor, form: sql.SetStatement, rows: list[tuple[Any, ...]]
+) -> list[bool]:
+    """Apply the set-based ``form`` to each row as if run once per row, in
+    order; True where it changed a row.
+
+    Fast path: once over all the rows. When every row applied, each
+    changed a row of its own (an UPDATE ... FROM changes a row at most
+    once), which is what running them in order does too. Else roll back
+    to a savepoint and redo the rows one at a time to learn which ones
+    applied (conflicts, or two rows for one key: rare).
+    """
+    if not rows:
+        return []
+    cur.execute("SAVEPOINT apply_each")
+    if sql.execute_rows(cur, form, rows) == len(rows):
+        cur.execute("RELEASE apply_each")
+        return [True] * len(rows)
+    cur.execute("ROLLBACK TO apply_each")
+    one = sql.statement(form, 1)
+    out = []
+    for row in rows:
+        cur.execute(one, row)
+        out.append(cur.rowcount == 1)
+    cur.execute("RELEASE apply_each")
+    return out
+
+
+def claim(cur: sqlite3.Cursor, claims: Sequence[FireClaim]) -> list[ClaimOutcome]:
+    n = len(claims)
+    base = bump(cur, "run_id", n)
+    inserted = sql.execute_rows(
+        cur,
+        sql.INSERT_RUNS,
+        [
+            (base + i, c.job_id, c.scheduled_for, c.attempt, c.fence, c.dispatched_at_ms)
+            for i, c in enumerate(claims)
+        ],
+    )
+    run_ids: list[int | None] = list(range(base, base + n))
+    if inserted < n:
+        # Ids are ours alone (the counter was bumped under the write lock):
+        # the ones present in the range are the inserts that won.
+        present = {
+            r[0]
+            for r in cur.execute(
+                "SELECT run_id FROM executions WHERE run_id BETWEEN ? AND ?", (base, base + n - 1)
+            )
+        }
+        run_ids = [base + i if base + i in present else None for i in range(n)]
+    advanced = [False] * n
+    cas_idx = [i for i, c in enumerate(claims) if c.advance and run_ids[i] is not None]
+    if cas_idx:
+        change = bump(cur, "change_seq")
+        rows: list[tuple[Any, ...]] = []
+        ending = False
+        for i in cas_idx:
+            c = claims[i]
+            ending = ending or c.new_next_run_at is None
+            rows.append(
+                (c.new_next_run_at, c.dispatched_at_ms, change, c.job_id, c.expected_next_run_at)
+            )
+        # Batches that end a schedule take the statement that may set state
+        # (it is a no-op on state when next_run_at stays set).
+        applied = apply_each(cur, sql.CLAIM_CAS_END if ending else sql.ADVANCE_CAS, rows)
+        for i, ok in zip(cas_idx, applied, strict=True):
+            advanced[i] = ok
+    if inserted < n:
+        # A claim that lost to a row with its own fence lost to our own
+        # earlier commit. It is ours.
+        lost = [
+            (i, c.job_id, c.scheduled_for, c.attempt, c.fence, c.new_next_run_at)
+            for i, c in enumerate(claims)
+            if run_ids[i] is None
+        ]
+        for i, run_id, moved in sql.select_rows(cur, sql.RECOGNISE_CLAIMS, lost):
+            run_ids[i] = run_id
+            advanced[i] = bool(moved) and claims[i].advance
+    return [
+        ClaimOutcome(claim=c, run_id=run_ids[i], advanced=advanced[i]) for i, c in enumerate(claims)
+    ]
+
+
+def advance(cur: sqlite3.Cursor, advances: Sequence[ScheduleAdvance], now_ms: int) -> list[bool]:
+    change = bump(cur, "change_seq")
+    rows: list[tuple[Any, ...]] = [
+        (a.new_next_run_at, now_ms, change, a.job_id, a.expected_next_run_at) for a in advances
+    ]
+    return apply_each(cur, sql.ADVANCE_CAS, rows)
+
+
+def mark_running(cur: sqlite3.Cursor, starts: Sequence[RunStart]) -> list[bool]:
+    return _fenced_update(
+        cur,
+        sql.MARK_RUNNING,
+        sql.RECOGNISE_STARTS,
+        [(s.worker_id, s.started_at_ms, s.run_id, s.fence) for s in starts],
+        lambda i: (starts[i].run_id, starts[i].fence, starts[i].worker_id),
+    )
+
+
+def complete(cur: sqlite3.Cursor, completions: Sequence[Completion]) -> list[bool]:
+    return _fenced_update(
+        cur,
+        sql.COMPLETE,
+        sql.RECOGNISE_COMPLETIONS,
+        [
+            (c.state.value, c.finished_at_ms, c.error, c.worker_id, c.run_id, c.fence)
+            for c in completions
+        ],
+        lambda i: (
+            completions[i].run_id,
+            completions[i].fence,
+            completions[i].state.value,
+            completions[i].finished_at_ms,
+        ),
+    )
+
+
+def _fenced_update(
+    cur: sqlite3.Cursor,
+    update: sql.SetStatement,
+    recognise: sql.SetStatement,
+    rows: list[tuple[Any, ...]],
+    leaves: Callable[[int], tuple[Any, ...]],
+) -> list[bool]:
+    """Apply ``update`` to each row in order. The first write of each (run,
+    fence) that did not apply but finds its run exactly as it would have
+    left it is applied all the same: ``leaves(i)`` is what ``recognise``
+    matches row i on (run, fence, then what the write leaves). Only a batch
+    with a row that did not apply pays for that."""
+    applied = apply_each(cur, update, rows)
+    if not all(applied):
+        keys = [leaves(i) for i in range(len(rows))]
+        first = first_per_key([(k[0], k[1]) for k in keys])
+        todo = [(i, *keys[i]) for i in first if not applied[i]]
+        for (i,) in sql.select_rows(cur, recognise, todo):
+            applied[i] = True
+    return applied
+
+
+def record_missed(cur: sqlite3.Cursor, missed: Sequence[MissedFire]) -> None:
+    cur.executemany(
+        sql.RECORD_MISSED,
+        [(m.job_id, m.scheduled_for, m.reason.value, m.recorded_at_ms) for m in missed],
+    )

@@ -1,0 +1,554 @@
+"""The ``Store`` contract as an in-memory model.
+
+``ReferenceStore`` keeps the rules of ``wheel.store.base`` with plain dicts,
+one write after another, and logs what it did for the simulator's checker
+(``claims_log``, ``applied``, ``moves``). The store contract suite runs
+against it as a third backend beside SQLite and PostgreSQL, so the model
+that the simulator and the owner tests trust cannot drift from the stores
+they stand for. ``RefStore`` is the same store with the two shorthands the
+simulator drives it by.
+
+Change markers are one counter, a marker per write (SQLite's way), and the
+watermark is the last marker seen.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, overload
+
+from wheel.engine.spec import JobSpec
+from wheel.errors import AlreadyExists, InvalidArgument, NotFound, WheelError
+from wheel.store._shared import body_hash
+from wheel.store.base import (
+    SHARD_COUNT,
+    TERMINAL_RUN_STATES,
+    BatchOutcome,
+    Changes,
+    ClaimOutcome,
+    Completion,
+    CompletionOutcome,
+    ExecutionRecord,
+    FireClaim,
+    JobRecord,
+    JobState,
+    MissedFire,
+    NewJob,
+    RunStart,
+    RunState,
+    ScheduleAdvance,
+    ShardLoad,
+    Submitted,
+    UnparsedJob,
+    WriteBatch,
+    shard_of,
+    write_in_order,
+)
+
+INFLIGHT = (RunState.DISPATCHED, RunState.RUNNING)
+UNWELL = (RunState.FAILED, RunState.LOST, RunState.TIMED_OUT)
+
+
+@dataclass(slots=True)
+class JobRow:
+    job_id: int
+    spec: JobSpec
+    state: JobState
+    next_run_at: int | None
+    created_at_ms: int
+    updated_at_ms: int
+    idempotency_key: str | None
+    change: int  # marker of the last change through the API
+    move: int | None = None  # marker of the last owner move
+
+    def record(self) -> JobRecord:
+        return JobRecord(
+            job_id=self.job_id,
+            shard=shard_of(self.job_id),
+            spec=self.spec,
+            state=self.state,
+            next_run_at=self.next_run_at,
+            created_at_ms=self.created_at_ms,
+            updated_at_ms=self.updated_at_ms,
+            idempotency_key=self.idempotency_key,
+            change=self.change,
+        )
+
+
+@dataclass(slots=True)
+class ExecRow:
+    run_id: int
+    job_id: int
+    scheduled_for: int
+    attempt: int
+    state: RunState
+    fence: int
+    worker_id: str | None
+    dispatched_at_ms: int
+    started_at_ms: int | None = None
+    finished_at_ms: int | None = None
+    error: str | None = None
+
+    def record(self) -> ExecutionRecord:
+        return ExecutionRecord(
+            run_id=self.run_id,
+            job_id=self.job_id,
+            scheduled_for=self.scheduled_for,
+            attempt=self.attempt,
+            state=self.state,
+            fence=self.fence,
+            worker_id=self.worker_id,
+            dispatched_at_ms=self.dispatched_at_ms,
+            started_at_ms=self.started_at_ms,
+            finished_at_ms=self.finished_at_ms,
+            error=self.error,
+        )
+
+
+class LoggedClaim(NamedTuple):
+    at_ms: int
+    seq: int  # position in the store's write order
+    claim: FireClaim
+    run_id: int | None  # None: the insert lost
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppliedCompletion:
+    at_ms: int
+    seq: int  # position in the store's write order
+    run_id: int
+    fence: int
+    state: RunState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleMove:
+    at_ms: int
+    job_id: int
+    old: int | None
+    new: int | None
+    by: str  # "claim" or "advance"
+
+
+class ReferenceStore:
+    """``Store`` in memory, with a log for the simulator's checker.
+
+    ``now_ms`` is the clock of its bookkeeping columns (a schedule advance's
+    ``updated_at_ms``); the simulation sets it before each call, as the real
+    stores read their own clock.
+    """
+
+    def __init__(self) -> None:
+        self.now_ms = 0
+        self.jobs: dict[int, JobRow] = {}
+        self.keys: dict[tuple[str, str], tuple[str, int]] = {}  # -> (digest, job id)
+        self.execs: dict[int, ExecRow] = {}
+        self.by_attempt: dict[tuple[int, int, int], int] = {}
+        self.fire_fences: dict[tuple[int, int], list[int]] = defaultdict(list)
+        self.missed: dict[tuple[int, int], MissedFire] = {}
+        self.epochs: dict[int, int] = {}
+        self.owners: dict[int, str] = {}
+        self.last_change = 0
+        self._next_job = 1
+        self._next_run = 1
+        # History for the checker.
+        self.seq = 0
+        self.claims_log: list[LoggedClaim] = []
+        self.applied: list[AppliedCompletion] = []
+        self.moves: list[ScheduleMove] = []
+
+    def migrate(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def _marker(self) -> int:
+        self.last_change += 1
+        return self.last_change
+
+    @staticmethod
+    def _shards(shards: Collection[int]) -> set[int]:
+        for s in shards:
+            if not 0 <= s < SHARD_COUNT:
+                raise InvalidArgument("shards", f"shard {s} is outside [0, {SHARD_COUNT})")
+        return set(shards)
+
+    # -- jobs ---------------------------------------------------------------------
+
+    def submit_job(self, new: NewJob) -> Submitted:
+        (result,) = self.submit_jobs([new])
+        if isinstance(result, WheelError):
+            raise result
+        return result
+
+    def submit_jobs(self, news: Sequence[NewJob]) -> list[Submitted | WheelError]:
+        out: list[Submitted | WheelError] = []
+        change: int | None = None  # one marker for the write
+        for new in news:
+            tenant, key = new.spec.tenant, new.idempotency_key
+            digest = (new.body_hash or body_hash(new.spec)) if key is not None else ""
+            if key is not None and (tenant, key) in self.keys:
+                held, job_id = self.keys[(tenant, key)]
+                if held != digest:
+                    out.append(AlreadyExists(f"idempotency key {key!r} of tenant {tenant!r}"))
+                else:
+                    out.append(Submitted(self.jobs[job_id].record(), False))
+                continue
+            if change is None:
+                change = self._marker()
+            job_id = self._next_job
+            self._next_job += 1
+            row = JobRow(
+                job_id,
+                new.spec,
+                JobState.ACTIVE,
+                new.next_run_at,
+                new.created_at_ms,
+                new.created_at_ms,
+                key,
+                change,
+            )
+            self.jobs[job_id] = row
+            if key is not None:
+                self.keys[(tenant, key)] = (digest, job_id)
+            out.append(Submitted(row.record(), True))
+        return out
+
+    def get_job(self, job_id: int) -> JobRecord:
+        if job_id not in self.jobs:
+            raise NotFound(f"job {job_id} does not exist")
+        return self.jobs[job_id].record()
+
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None = None,
+        state: JobState | None = None,
+        after_job_id: int = 0,
+        limit: int = 100,
+    ) -> list[JobRecord]:
+        rows = [
+            r
+            for _, r in sorted(self.jobs.items())
+            if r.job_id > after_job_id
+            and (tenant is None or r.spec.tenant == tenant)
+            and (state is None or r.state is state)
+        ]
+        return [r.record() for r in rows[: max(0, limit)]]
+
+    def set_job_state(
+        self, job_id: int, state: JobState, *, next_run_at: int | None, now_ms: int
+    ) -> JobRecord:
+        if job_id not in self.jobs:
+            raise NotFound(f"job {job_id} does not exist")
+        row = self.jobs[job_id]
+        row.state, row.next_run_at, row.updated_at_ms = state, next_run_at, now_ms
+        row.change = self._marker()
+        return row.record()
+
+    def _cas(self, job_id: int, expected: int | None, new: int | None, by: str, move: int) -> bool:
+        """The schedule compare-and-swap (seed R4)."""
+        row = self.jobs.get(job_id)
+        if row is None or row.next_run_at != expected:
+            return False
+        self.moves.append(
+            ScheduleMove(at_ms=self.now_ms, job_id=job_id, old=expected, new=new, by=by)
+        )
+        row.next_run_at = new
+        row.move = move
+        return True
+
+    # -- executions ---------------------------------------------------------------
+
+    def claim_fires(self, claims: Sequence[FireClaim]) -> list[ClaimOutcome]:
+        out: list[ClaimOutcome] = []
+        move = self.last_change + 1  # the write's marker, taken if a schedule moves
+        for c in claims:
+            key = (c.job_id, c.scheduled_for, c.attempt)
+            held = self.by_attempt.get(key)
+            if held is not None:
+                self.seq += 1
+                self.claims_log.append(LoggedClaim(self.now_ms, self.seq, c, None))
+                row = self.jobs.get(c.job_id)
+                if self.execs[held].fence == c.fence:  # our own earlier write
+                    moved = c.advance and row is not None and row.next_run_at == c.new_next_run_at
+                    out.append(ClaimOutcome(claim=c, run_id=held, advanced=moved))
+                else:
+                    out.append(ClaimOutcome(claim=c, run_id=None, advanced=False))
+                continue
+            run_id = self._next_run
+            self._next_run += 1
+            self.by_attempt[key] = run_id
+            self.execs[run_id] = ExecRow(
+                run_id,
+                c.job_id,
+                c.scheduled_for,
+                c.attempt,
+                RunState.DISPATCHED,
+                c.fence,
+                None,
+                c.dispatched_at_ms,
+            )
+            self.fire_fences[(c.job_id, c.scheduled_for)].append(c.fence)
+            self.seq += 1
+            self.claims_log.append(LoggedClaim(self.now_ms, self.seq, c, run_id))
+            advanced = c.advance and self._cas(
+                c.job_id, c.expected_next_run_at, c.new_next_run_at, "claim", move
+            )
+            if advanced:
+                self.last_change = move
+                row = self.jobs[c.job_id]
+                row.updated_at_ms = max(row.updated_at_ms, c.dispatched_at_ms)
+                if (
+                    c.new_next_run_at is None
+                    and not row.spec.recurring
+                    and row.state is JobState.ACTIVE
+                ):
+                    row.state = JobState.COMPLETED
+            out.append(ClaimOutcome(claim=c, run_id=run_id, advanced=advanced))
+        return out
+
+    def write_batch(self, batch: WriteBatch) -> BatchOutcome:
+        return write_in_order(self, batch)
+
+    def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
+        out = []
+        move = self.last_change + 1
+        for a in advances:
+            ok = self._cas(a.job_id, a.expected_next_run_at, a.new_next_run_at, "advance", move)
+            if ok:
+                self.last_change = move
+                row = self.jobs[a.job_id]
+                row.updated_at_ms = max(row.updated_at_ms, self.now_ms)
+            out.append(ok)
+        return out
+
+    def mark_running(self, starts: Sequence[RunStart]) -> list[bool]:
+        out = []
+        seen: set[tuple[int, int]] = set()
+        for s in starts:
+            first = (s.run_id, s.fence) not in seen
+            seen.add((s.run_id, s.fence))
+            ex = self.execs.get(s.run_id)
+            ok = ex is not None and ex.fence == s.fence and ex.state is RunState.DISPATCHED
+            if ok and ex is not None:
+                ex.state, ex.worker_id, ex.started_at_ms = (
+                    RunState.RUNNING,
+                    s.worker_id,
+                    s.started_at_ms,
+                )
+            elif first and ex is not None and ex.fence == s.fence:
+                # Our own earlier write, if the run is exactly as it left it.
+                ok = ex.state is RunState.RUNNING and ex.worker_id == s.worker_id
+            out.append(ok)
+        return out
+
+    def complete_runs(self, completions: Sequence[Completion]) -> list[CompletionOutcome]:
+        for c in completions:
+            if c.state not in TERMINAL_RUN_STATES:
+                raise InvalidArgument("completion.state", f"{c.state} is not a terminal state")
+        out = []
+        seen: set[tuple[int, int]] = set()
+        for c in completions:
+            first = (c.run_id, c.fence) not in seen
+            seen.add((c.run_id, c.fence))
+            ex = self.execs.get(c.run_id)
+            ok = (
+                ex is not None
+                and ex.state in INFLIGHT
+                and ex.fence == c.fence
+                and max(self.fire_fences[(ex.job_id, ex.scheduled_for)]) <= c.fence
+            )
+            if ok and ex is not None:
+                ex.state, ex.finished_at_ms, ex.error = c.state, c.finished_at_ms, c.error
+                if c.worker_id is not None:
+                    ex.worker_id = c.worker_id
+                self.seq += 1
+                self.applied.append(
+                    AppliedCompletion(
+                        at_ms=self.now_ms,
+                        seq=self.seq,
+                        run_id=c.run_id,
+                        fence=c.fence,
+                        state=c.state,
+                    )
+                )
+            elif first and ex is not None and ex.fence == c.fence:
+                # Our own earlier write, if the run ended exactly so.
+                ok = ex.state is c.state and ex.finished_at_ms == c.finished_at_ms
+            out.append(CompletionOutcome(run_id=c.run_id, applied=ok))
+        return out
+
+    def record_missed(self, missed: Sequence[MissedFire]) -> None:
+        for m in missed:
+            self.missed.setdefault((m.job_id, m.scheduled_for), m)
+
+    def get_run(self, run_id: int) -> ExecutionRecord:
+        if run_id not in self.execs:
+            raise NotFound(f"run {run_id} does not exist")
+        return self.execs[run_id].record()
+
+    def list_runs(
+        self, job_id: int, *, before_run_id: int | None = None, limit: int = 100
+    ) -> list[ExecutionRecord]:
+        runs = [
+            e.record()
+            for _, e in sorted(self.execs.items(), reverse=True)
+            if e.job_id == job_id and (before_run_id is None or e.run_id < before_run_id)
+        ]
+        return runs[: max(0, limit)]
+
+    def list_missed(
+        self, job_id: int, *, before_scheduled_for: int | None = None, limit: int = 100
+    ) -> list[MissedFire]:
+        missed = [
+            m
+            for (j, f), m in sorted(self.missed.items(), reverse=True)
+            if j == job_id and (before_scheduled_for is None or f < before_scheduled_for)
+        ]
+        return missed[: max(0, limit)]
+
+    def fires_exist(self, job_id: int, scheduled_for: Sequence[int]) -> set[int]:
+        return {
+            f
+            for f in scheduled_for
+            if (job_id, f) in self.fire_fences or (job_id, f) in self.missed
+        }
+
+    # -- ownership ----------------------------------------------------------------
+
+    def acquire_epochs(self, shards: Collection[int], owner: str) -> dict[int, int]:
+        wanted = self._shards(shards)
+        for s in wanted:
+            self.epochs[s] = self.epochs.get(s, 0) + 1
+            self.owners[s] = owner
+        return {s: self.epochs[s] for s in sorted(wanted)}
+
+    def fence_shards(self, epochs: Mapping[int, int], owner: str) -> dict[int, int]:
+        wanted = self._shards(epochs)
+        for s in wanted:
+            if self.epochs.get(s, 0) < epochs[s]:
+                self.epochs[s] = epochs[s]
+                self.owners[s] = owner
+        return {s: self.epochs[s] for s in sorted(wanted)}
+
+    def shard_epochs(self, shards: Collection[int]) -> dict[int, int]:
+        return {s: self.epochs[s] for s in sorted(self._shards(shards)) if s in self.epochs}
+
+    def load_shards(self, shards: Collection[int], *, unparsed: bool = False) -> ShardLoad:
+        wanted = self._shards(shards)
+        live = [
+            r
+            for _, r in sorted(self.jobs.items())
+            if r.state in (JobState.ACTIVE, JobState.PAUSED) and shard_of(r.job_id) in wanted
+        ]
+
+        # As the stores do: what the row alone arms stays unparsed.
+        def armed_by_row(r: JobRow) -> bool:
+            return unparsed and (r.state is JobState.PAUSED or r.next_run_at is not None)
+
+        return ShardLoad(
+            jobs=[r.record() for r in live if not armed_by_row(r)],
+            unparsed=[
+                UnparsedJob(r.job_id, r.state is JobState.PAUSED, r.next_run_at, r.spec.to_json())
+                for r in live
+                if armed_by_row(r)
+            ],
+            inflight=self.inflight_runs(wanted),
+            watermark=self.last_change,
+        )
+
+    def inflight_runs(self, shards: Collection[int]) -> list[ExecutionRecord]:
+        wanted = self._shards(shards)
+        return [
+            e.record()
+            for _, e in sorted(self.execs.items())
+            if e.state in INFLIGHT and shard_of(e.job_id) in wanted
+        ]
+
+    def retry_candidates(self, shards: Collection[int]) -> list[ExecutionRecord]:
+        wanted = self._shards(shards)
+        latest: dict[tuple[int, int], ExecRow] = {}
+        for e in self.execs.values():
+            key = (e.job_id, e.scheduled_for)
+            if shard_of(e.job_id) in wanted and (
+                key not in latest or e.attempt > latest[key].attempt
+            ):
+                latest[key] = e
+        return [
+            e.record()
+            for e in sorted(latest.values(), key=lambda e: e.run_id)
+            if e.state in UNWELL and self.jobs[e.job_id].state is not JobState.CANCELLED
+        ]
+
+    def changes_since(
+        self,
+        watermark: int,
+        shards: Collection[int],
+        limit: int = 10_000,
+        *,
+        owner_moves: bool = True,
+        exclude: Collection[int] = (),
+    ) -> Changes:
+        wanted = self._shards(shards)
+        left_out = set(exclude)
+        by_marker: dict[int, list[JobRow]] = defaultdict(list)
+        for _, r in sorted(self.jobs.items()):
+            marker = max(r.change, r.move or 0) if owner_moves else r.change
+            if marker > watermark and marker not in left_out and shard_of(r.job_id) in wanted:
+                by_marker[marker].append(r)
+        page: list[JobRow] = []
+        for marker in sorted(by_marker):
+            # Whole writes only; one larger than a page comes alone.
+            if page and len(page) + len(by_marker[marker]) > max(1, limit):
+                return Changes([r.record() for r in page], marker - 1)
+            page += by_marker[marker]
+        return Changes([r.record() for r in page], max(self.last_change, watermark))
+
+    # -- retention ----------------------------------------------------------------
+
+    def purge_history(self, finished_before_ms: int, batch: int = 10_000) -> int:
+        old_runs = [
+            e
+            for e in self.execs.values()
+            if e.state in TERMINAL_RUN_STATES
+            and e.finished_at_ms is not None
+            and e.finished_at_ms < finished_before_ms
+        ]
+        for e in old_runs:
+            del self.execs[e.run_id]
+            del self.by_attempt[(e.job_id, e.scheduled_for, e.attempt)]
+            self.fire_fences[(e.job_id, e.scheduled_for)].remove(e.fence)
+            if not self.fire_fences[(e.job_id, e.scheduled_for)]:
+                del self.fire_fences[(e.job_id, e.scheduled_for)]
+        old_missed = [k for k, m in self.missed.items() if m.recorded_at_ms < finished_before_ms]
+        for k in old_missed:
+            del self.missed[k]
+        return len(old_runs) + len(old_missed)
+
+
+class RefStore(ReferenceStore):
+    """The reference store as the simulator drives it: a submit is a spec
+    with its time and first fire, answered with the job, and the epochs are
+    the simulated node's."""
+
+    @overload
+    def submit_job(self, new: NewJob) -> Submitted: ...
+
+    @overload
+    def submit_job(self, new: JobSpec, now_ms: int, next_run_at: int | None) -> JobRecord: ...
+
+    def submit_job(
+        self, new: NewJob | JobSpec, now_ms: int = 0, next_run_at: int | None = None
+    ) -> Submitted | JobRecord:
+        if isinstance(new, NewJob):
+            return super().submit_job(new)
+        return (
+            super().submit_job(NewJob(spec=new, created_at_ms=now_ms, next_run_at=next_run_at)).job
+        )
+
+    def acquire_epochs(self, shards: Collection[int], owner: str = "sim") -> dict[int, int]:
+        return super().acquire_epochs(shards, owner)
