@@ -285,8 +285,8 @@ def check(
     for w in sorted(writes, key=lambda w: w.seq):
         if not w.accepted:
             continue
-        before = newest_write.get(w.job_id)
-        if before is not None and w.fence < before.fence:
+        last = newest_write.get(w.job_id)
+        if last is not None and w.fence < last.fence:
             v.stale_fence_accepted.append(
                 {
                     "job": w.job_id,
@@ -294,7 +294,7 @@ def check(
                     "where": "resource",
                     "run": w.run_id,
                     "fence": w.fence,
-                    "newest": before.fence,
+                    "newest": last.fence,
                 }
             )
         else:

@@ -15,7 +15,8 @@ of it goes on (as it would have been).
 
 from __future__ import annotations
 
-from tests.engine.test_owner import MIN, Node, T, spec
+from tests.engine.sim import MIN
+from tests.engine.test_owner import Node, T, spec
 from wheel.engine.model import MissedReason
 from wheel.engine.owner import Outcome
 from wheel.engine.spec import Retry
