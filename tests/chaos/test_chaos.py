@@ -18,9 +18,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from tests.conftest import PG_DSN, EtcdServer
+from tests.conftest import PG_DSN, EtcdServer, service_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAOS = ROOT / "benchmarks" / "chaos.py"
@@ -37,10 +38,15 @@ ZERO = ("lost", "early", "duplicates", "stale_fence_accepted", "missed_without_r
 @pytest.mark.etcd
 @pytest.mark.timeout(5400 if STRESS else 420)
 def test_a_seeded_nemesis_loses_nothing_and_fires_nothing_early(
-    tmp_path: Path, pg_dsn: str, etcd_server: EtcdServer
+    tmp_path: Path, etcd_server: EtcdServer
 ) -> None:
-    # The fixtures prove PostgreSQL and etcd are there (or skip/fail per CI);
-    # the benchmark runs its own etcd and schema.
+    # The etcd fixture and this connection prove etcd and PostgreSQL are there
+    # (or skip/fail per CI); the benchmark runs its own etcd and schema. Not
+    # the pg_dsn fixture: its connection would not outlive the restarts.
+    try:
+        psycopg.connect(PG_DSN, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        service_missing(f"PostgreSQL at {PG_DSN} ({exc})")
     out = tmp_path / "chaos.json"
     duration, every = ("1800", "0.8") if STRESS else ("70", "1.2")
     cmd = [sys.executable, str(CHAOS), "--duration", duration, "--fault-every", every]
