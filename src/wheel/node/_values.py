@@ -13,7 +13,6 @@ from wheel.checkpoint import Durability
 from wheel.coord.base import Member
 from wheel.engine.owner import Effects, OwnerConfig, OwnerStats, Unserved, WorkerView
 
-
 # Test hook: a file holding a number of milliseconds added to the wall time
 # the node's clock reads at start, re-read on ``Clock.reload_skew`` (wheelctl
 # serve calls it on SIGUSR1). It lets fault-injection runs give one node a
