@@ -34,7 +34,13 @@ def record_where(ctx: RunContext) -> None:
             "worker": os.environ.get("WHEEL_E2E_WORKER", ""),
         }
     )
-    fd = os.open(os.environ["WHEEL_E2E_OUT"] + ".where", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    _append(".where", line)
+
+
+def _append(suffix: str, line: str) -> None:
+    """One line to WHEEL_E2E_OUT + ``suffix`` in a single O_APPEND write: lines
+    from concurrent threads and processes never interleave."""
+    fd = os.open(os.environ["WHEEL_E2E_OUT"] + suffix, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, (line + "\n").encode())
     finally:
@@ -146,11 +152,7 @@ def _effect(ctx: RunContext, kind: str, **extra: Any) -> None:
             **extra,
         }
     )
-    fd = os.open(os.environ["WHEEL_E2E_OUT"] + ".effects", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
+    _append(".effects", line)
 
 
 JOB_RESOURCE_SCHEMA = (

@@ -26,28 +26,17 @@ def test_a_fire_due_while_the_ended_runs_completion_waits_on_the_store_is_not_sk
     n = Node()
     n.hello()
     j = n.submit(spec())
-    a = n.run_once(j, T + MIN)
-    # The worker finishes 30 s into the run; the store does not answer.
-    n.now = T + MIN + 30_000
-    n.owner.worker_complete("w1", [(a.run_id, a.fence, Outcome.SUCCEEDED, "")], n.now, n.fx)
-    n.driver.advance(n.now)
-    stuck = n.driver.take_batch()
-    assert [c.run_id for c in stuck.completions] == [a.run_id]
-    # The next fire comes due while the completion is still on its way.
-    n.now = T + 2 * MIN
-    n.driver.advance(n.now)
-    later = n.driver.take_batch()
-    # The store comes back: both passes are written, in order.
-    n.driver.apply(n.store.write_batch(stuck), n.now)
-    n.driver.apply(n.store.write_batch(later), n.now)
+    _stuck_completion(n, j, Outcome.SUCCEEDED)
     n.step(T + 2 * MIN + 1_000)
     assert MissedReason.OVERLAP not in n.missed(j).values()
     assert (T + 2 * MIN, 0) in {(f, att) for f, att, _ in n.execs(j)}
 
 
-def _stuck_completion(n: Node, job: int, outcome: Outcome) -> None:
-    """Run the T + MIN fire, end it with ``outcome`` 30 s in, and let the
-    T + 2 MIN fire come due before the store answers."""
+def _stuck_completion(n: Node, job: int, outcome: Outcome, *, answered: bool = True) -> None:
+    """Run the T + MIN fire, end it with ``outcome`` 30 s in while the store
+    does not answer, let the T + 2 MIN fire come due, then let the store
+    write both passes, in order (``answered``; else they are lost with the
+    node)."""
     a = n.run_once(job, T + MIN)
     n.now = T + MIN + 30_000
     n.owner.worker_complete("w1", [(a.run_id, a.fence, outcome, "")], n.now, n.fx)
@@ -56,8 +45,9 @@ def _stuck_completion(n: Node, job: int, outcome: Outcome) -> None:
     n.now = T + 2 * MIN
     n.driver.advance(n.now)
     later = n.driver.take_batch()
-    n.driver.apply(n.store.write_batch(stuck), n.now)
-    n.driver.apply(n.store.write_batch(later), n.now)
+    if answered:
+        n.driver.apply(n.store.write_batch(stuck), n.now)
+        n.driver.apply(n.store.write_batch(later), n.now)
 
 
 def test_a_fire_held_behind_an_ending_run_that_is_retried_is_skipped_as_overlap() -> None:
@@ -75,14 +65,7 @@ def test_a_fire_held_behind_an_ending_run_survives_a_restart_before_the_answer()
     n = Node()
     n.hello()
     j = n.submit(spec())
-    a = n.run_once(j, T + MIN)
-    n.now = T + MIN + 30_000
-    n.owner.worker_complete("w1", [(a.run_id, a.fence, Outcome.SUCCEEDED, "")], n.now, n.fx)
-    n.driver.advance(n.now)
-    n.driver.take_batch()  # lost with the node
-    n.now = T + 2 * MIN
-    n.driver.advance(n.now)
-    n.driver.take_batch()
+    _stuck_completion(n, j, Outcome.SUCCEEDED, answered=False)
     n.restart()
     n.hello()
     n.step(T + 2 * MIN + 10 * 60_000)
