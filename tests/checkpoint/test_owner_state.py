@@ -123,6 +123,10 @@ def _tick(owner: Owner, now: int, run_ids: list[int]) -> None:
     for worker_id, assignments in fx.assignments.items():
         done = [(a.run_id, a.fence, Outcome.SUCCEEDED, "") for a in assignments]
         owner.worker_complete(worker_id, done, now, fx)
+    # The store applies those completions too (left unanswered, every run
+    # would stay in flight and each later fire would wait behind it).
+    ended = fx.take_store_work().completions
+    owner.on_completed([CompletionOutcome(run_id=c.run_id, applied=True) for c in ended], now, fx)
 
 
 @pytest.mark.parametrize("per_batch", [True, False], ids=["entry-per-batch", "entry-per-record"])

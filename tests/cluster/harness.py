@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -78,10 +78,20 @@ class ClusterNode(ServerProc):
     """One ``wheelctl serve --cluster`` process, restartable on the same port
     with the same node id (so rendezvous hashing gives it the same shards)."""
 
-    def __init__(self, root: Path, node_id: str, cluster_url: str, dsn: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        node_id: str,
+        cluster_url: str,
+        dsn: str,
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         (root / node_id).mkdir(parents=True, exist_ok=True)
         super().__init__(root / node_id / "data", store=dsn)
         self.node_id = node_id
+        # More environment for the process (a test hook's file, say).
+        self.env = dict(env or {})
         self.args = (
             "--cluster", cluster_url,
             "--node-id", node_id,
@@ -100,7 +110,10 @@ class ClusterNode(ServerProc):
         self.starts += 1
         with open(self.data_dir.parent / f"server-{self.starts}.log", "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "wheel", *args], stderr=log, stdout=log
+                [sys.executable, "-m", "wheel", *args],
+                stderr=log,
+                stdout=log,
+                env={**os.environ, **self.env},
             )
 
     def start(self) -> None:
@@ -148,13 +161,29 @@ class ClusterWorker:
     ) -> None:
         self.worker_id = worker_id
         self.log_path = out.parent / f"{worker_id}.log"
-        env = dict(os.environ, WHEEL_E2E_OUT=str(out), PYTHONPATH=str(E2E_DIR))
-        cmd = [sys.executable, "-m", "e2e_handlers", "--worker-id", worker_id]
-        cmd += ["--capacity", str(capacity)]
+        self.env = dict(
+            os.environ, WHEEL_E2E_OUT=str(out), WHEEL_E2E_WORKER=worker_id, PYTHONPATH=str(E2E_DIR)
+        )
+        self.cmd = [sys.executable, "-m", "e2e_handlers", "--worker-id", worker_id]
+        self.cmd += ["--capacity", str(capacity)]
         for target in targets:
-            cmd += ["--target", target]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+            self.cmd += ["--target", target]
+        self.starts = 0
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        self.starts += 1
+        with open(self.log_path, "ab") as log:
+            return subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=log)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def restart(self) -> None:
+        """Start it again, same id (a dead one: killed, or its handler exited)."""
+        assert not self.alive
+        self.proc = self._spawn()
 
     def connections(self) -> int:
         """Streams that said Welcome so far (from the worker's log)."""
@@ -165,6 +194,7 @@ class ClusterWorker:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a paused one hears the SIGTERM
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(10)
@@ -173,21 +203,41 @@ class ClusterWorker:
                 self.proc.wait()
 
 
-class StoreLink:
-    """A TCP relay between one node and PostgreSQL that a test can hold: while
-    held, bytes either way wait in the relay, as they would in the sockets of
-    a node paused with writes on their way (a real pause catches some only by
-    luck; this makes sure). Nothing is dropped: ``release`` sends them on."""
+class Link:
+    """A TCP relay between one node and a service (PostgreSQL, etcd) that a
+    test can hold or cut, as a network between them would.
 
-    def __init__(self, upstream: tuple[str, int]) -> None:
+    - ``hold``: bytes either way wait in the relay, as they would in the
+      sockets of a node paused with writes on their way (a real pause catches
+      some only by luck; this makes sure); ``release`` sends them on.
+    - ``cut``: a partition. Bytes wait as in ``hold`` and a new connection is
+      accepted but reaches nothing (its handshake and queries hang, as SYNs
+      to a dropped route would retry). ``heal`` ends it: ``reset=False`` is a
+      short partition (TCP retransmits and the bytes arrive), ``reset=True``
+      a long one (the connections timed out: each is closed both ways).
+
+    An upstream that refuses (the service restarting) closes the connection
+    that wanted it; the relay goes on accepting."""
+
+    def __init__(self, upstream: tuple[str, int], name: str = "link") -> None:
         self.upstream = upstream
+        self.name = name
         self._open = threading.Event()
         self._open.set()
         self._closed = threading.Event()
+        self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
-        self._socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, name="store-link", daemon=True).start()
+        self._socks: set[socket.socket] = set()
+        threading.Thread(target=self._accept, name=name, daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def held(self) -> bool:
+        return not self._open.is_set()
 
     def hold(self) -> None:
         self._open.clear()
@@ -195,13 +245,29 @@ class StoreLink:
     def release(self) -> None:
         self._open.set()
 
+    def cut(self) -> None:
+        self.hold()
+
+    def heal(self, *, reset: bool = False) -> None:
+        if reset:
+            self.reset()
+        self.release()
+
+    def reset(self) -> None:
+        """Close every connection through the relay, both ways."""
+        with self._lock:
+            socks, self._socks = self._socks, set()
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
+
     def close(self) -> None:
         self._closed.set()
         self._open.set()
         self._listener.close()
-        for sock in self._socks:
-            with contextlib.suppress(OSError):
-                sock.close()
+        self.reset()
 
     def _accept(self) -> None:
         while not self._closed.is_set():
@@ -209,12 +275,44 @@ class StoreLink:
                 down, _ = self._listener.accept()
             except OSError:
                 return
-            up = socket.create_connection(self.upstream)
-            self._socks += [down, up]
-            for a, b in ((down, up), (up, down)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            threading.Thread(target=self._connect, args=(down,), daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+    def _connect(self, down: socket.socket) -> None:
+        with self._lock:
+            self._socks.add(down)
+        self._open.wait()  # a cut: the new connection reaches nothing yet
+        try:
+            up = socket.create_connection(self.upstream, timeout=5)
+            up.settimeout(None)
+        except OSError:
+            self._forget(down)
+            return
+        with self._lock:
+            if down not in self._socks:  # reset meanwhile
+                up.close()
+                return
+            self._socks.add(up)
+        ends = [0]
+
+        def ended() -> None:
+            with self._lock:
+                ends[0] += 1
+                both = ends[0] == 2
+            if both:
+                self._forget(down, up)
+
+        for a, b in ((down, up), (up, down)):
+            threading.Thread(target=self._pipe, args=(a, b, ended), daemon=True).start()
+
+    def _forget(self, *socks: socket.socket) -> None:
+        with self._lock:
+            for sock in socks:
+                self._socks.discard(sock)
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, ended: Callable[[], None]) -> None:
         try:
             while True:
                 chunk = src.recv(1 << 16)
@@ -227,9 +325,14 @@ class StoreLink:
         finally:
             with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_WR)
+            ended()
 
 
-def through(dsn: str, link: StoreLink) -> str:
+# The first name it had: the relay in front of PostgreSQL.
+StoreLink = Link
+
+
+def through(dsn: str, link: Link) -> str:
     """``dsn`` with its host and port replaced by the link's."""
     parts = urlsplit(dsn)
     netloc = parts.netloc.rsplit("@", 1)
@@ -393,22 +496,41 @@ class Cluster:
         size: int = 3,
         workers: int = 2,
         name: str = "wheel-test",
+        etcd_links: bool = False,
+        node_env: Callable[[str], Mapping[str, str]] | None = None,
+        worker_capacity: int = 32,
     ) -> None:
         self.root = root
         self.etcd = etcd
         self.dsn = dsn
         self.url = f"etcd://{etcd.endpoint}/{name}"
         ids = [f"node-{chr(97 + i)}" for i in range(size)]
-        # Each node reaches PostgreSQL through its own link, which a test may hold.
-        self.links = {node_id: StoreLink(upstream_of(dsn)) for node_id in ids}
+        # Each node reaches PostgreSQL through its own link, which a test may
+        # hold, and with ``etcd_links`` etcd through another.
+        self.links = {node_id: Link(upstream_of(dsn), f"pg-{node_id}") for node_id in ids}
+        self.etcd_links: dict[str, Link] = {}
+        if etcd_links:
+            up = ("127.0.0.1", etcd.client_port)
+            self.etcd_links = {node_id: Link(up, f"etcd-{node_id}") for node_id in ids}
         self.nodes = [
-            ClusterNode(root, node_id, self.url, through(dsn, self.links[node_id]))
+            ClusterNode(
+                root,
+                node_id,
+                self._cluster_url(node_id, name),
+                through(dsn, self.links[node_id]),
+                env=node_env(node_id) if node_env is not None else None,
+            )
             for node_id in ids
         ]
         self.out = root / "runs"
         self.worker_count = workers
+        self.worker_capacity = worker_capacity
         self.workers: list[ClusterWorker] = []
         self.truth = Truth(dsn)
+
+    def _cluster_url(self, node_id: str, name: str) -> str:
+        link = self.etcd_links.get(node_id)
+        return self.url if link is None else f"etcd://{link.address}/{name}"
 
     @property
     def targets(self) -> list[str]:
@@ -424,7 +546,9 @@ class Cluster:
             wait_for(node.healthy, 30, f"{node.node_id} to serve")
         self.wait_settled(live=self.nodes, timeout=20)
         for i in range(self.worker_count):
-            self.workers.append(ClusterWorker(self.targets, self.out, f"w{i + 1}"))
+            self.workers.append(
+                ClusterWorker(self.targets, self.out, f"w{i + 1}", capacity=self.worker_capacity)
+            )
         want = len(self.nodes)
         wait_for(
             lambda: all(w.connections() >= want for w in self.workers),
@@ -464,8 +588,11 @@ class Cluster:
         wait_for(check, timeout, f"{sorted(ids)} {what} all {SHARD_COUNT} shards", 0.05)
         return found[0]
 
+    def all_links(self) -> list[Link]:
+        return [*self.links.values(), *self.etcd_links.values()]
+
     def stop(self) -> None:
-        for link in self.links.values():
+        for link in self.all_links():
             link.release()
         for w in self.workers:
             w.stop()
@@ -474,7 +601,7 @@ class Cluster:
                 node.signal(signal.SIGCONT)
             node.stop()
             node.close()
-        for link in self.links.values():
+        for link in self.all_links():
             link.close()
 
 

@@ -34,7 +34,13 @@ def record_where(ctx: RunContext) -> None:
             "worker": os.environ.get("WHEEL_E2E_WORKER", ""),
         }
     )
-    fd = os.open(os.environ["WHEEL_E2E_OUT"] + ".where", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    _append(".where", line)
+
+
+def _append(suffix: str, line: str) -> None:
+    """One line to WHEEL_E2E_OUT + ``suffix`` in a single O_APPEND write: lines
+    from concurrent threads and processes never interleave."""
+    fd = os.open(os.environ["WHEEL_E2E_OUT"] + suffix, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, (line + "\n").encode())
     finally:
@@ -122,6 +128,115 @@ def scripted(ctx: RunContext) -> None:
     _event(ctx, "end", outcome="succeeded")
 
 
+# -- the chaos workload's handler ----------------------------------------------------------
+#
+# It keeps its own record, independent of wheel's: one JSON line in
+# WHEEL_E2E_OUT + '.effects' when an attempt starts and one when it ends (its
+# outcome, with both times), and, for a success, a fenced write to a per-job
+# resource (WHEEL_E2E_OUT + '.jobs.db') that refuses a fence older than the
+# one it last accepted and keeps every write it was asked for, in order.
+
+
+def _effect(ctx: RunContext, kind: str, **extra: Any) -> None:
+    line = json.dumps(
+        {
+            "kind": kind,
+            "key": ctx.idempotency_key,
+            "job": ctx.job_id,
+            "scheduled_for": ctx.scheduled_for_ms,
+            "attempt": ctx.attempt,
+            "fence": ctx.fence,
+            "run": ctx.run_id,
+            "pid": os.getpid(),
+            "worker": os.environ.get("WHEEL_E2E_WORKER", ""),
+            **extra,
+        }
+    )
+    _append(".effects", line)
+
+
+JOB_RESOURCE_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS job_state"
+    " (job INTEGER PRIMARY KEY, fence INTEGER NOT NULL, run INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS job_writes (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    " job INTEGER NOT NULL, key TEXT NOT NULL, fence INTEGER NOT NULL, run INTEGER NOT NULL,"
+    " accepted INTEGER NOT NULL)",
+)
+
+
+def _fenced_job_write(ctx: RunContext) -> bool:
+    """A write to the job's row that only a fence at least as new as the last
+    accepted one wins; every write asked for is kept in ``job_writes``."""
+    db = sqlite3.connect(os.environ["WHEEL_E2E_OUT"] + ".jobs.db", timeout=30)
+    try:
+        with db:
+            for statement in JOB_RESOURCE_SCHEMA:
+                db.execute(statement)
+            cur = db.execute(
+                "INSERT INTO job_state (job, fence, run) VALUES (?, ?, ?)"
+                " ON CONFLICT (job) DO UPDATE SET fence = excluded.fence, run = excluded.run"
+                " WHERE excluded.fence >= job_state.fence",
+                (ctx.job_id, ctx.fence, ctx.run_id),
+            )
+            won = cur.rowcount == 1
+            db.execute(
+                "INSERT INTO job_writes (job, key, fence, run, accepted) VALUES (?, ?, ?, ?, ?)",
+                (ctx.job_id, ctx.idempotency_key, ctx.fence, ctx.run_id, int(won)),
+            )
+            return won
+    finally:
+        db.close()
+
+
+def chaos(ctx: RunContext) -> None:
+    """Behaviour chosen by the JSON payload; every attempt logged (``_effect``):
+
+    ``sleep_s``: seconds to sleep (past the lease, even past the timeout);
+    ``fail``: attempts before this one fail (retryable);
+    ``permanent``: fail for good;
+    ``crash``: attempts before this one end the worker process (``os._exit``)
+    right after their effect, before wheel hears of it.
+    """
+    opts: dict[str, Any] = json.loads(ctx.payload or b"{}")
+    start = time.time()
+    _effect(ctx, "start", t=start)
+
+    def end(outcome: str, **extra: Any) -> None:
+        _effect(ctx, "end", outcome=outcome, start=start, end=time.time(), **extra)
+
+    sleep = float(opts.get("sleep_s", 0))
+    if sleep:
+        time.sleep(sleep)
+    if opts.get("permanent"):
+        end("permanent")
+        raise Permanent("scripted permanent failure")
+    if ctx.attempt < int(opts.get("fail", 0)):
+        end("retryable")
+        raise Retryable(f"scripted failure of attempt {ctx.attempt}")
+    accepted = _fenced_job_write(ctx)
+    if ctx.attempt < int(opts.get("crash", 0)):
+        end("crash", accepted=accepted)
+        os._exit(17)
+    end("succeeded", accepted=accepted)
+
+
+def effects(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The lines ``chaos`` wrote for this output file (a torn last line, from
+    a process killed while writing it, is left out)."""
+    try:
+        with open(f"{os.fspath(out)}.effects") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return []
+    out_lines = []
+    for line in lines:
+        try:
+            out_lines.append(json.loads(line))
+        except ValueError:
+            continue
+    return out_lines
+
+
 def events(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The events written so far by ``scripted`` for this output file."""
     try:
@@ -150,6 +265,7 @@ def main() -> None:
     )
     worker.register("record", record)
     worker.register("scripted", scripted)
+    worker.register("chaos", chaos)
 
     async def run() -> None:
         loop = asyncio.get_running_loop()

@@ -4,6 +4,7 @@ coordinator that gives and takes its shards."""
 
 from wheel.node._node import Node
 from wheel.node._values import (
+    CLOCK_SKEW_ENV,
     Clock,
     Membership,
     MessageSink,
@@ -13,6 +14,7 @@ from wheel.node._values import (
 )
 
 __all__ = [
+    "CLOCK_SKEW_ENV",
     "Clock",
     "Membership",
     "MessageSink",

@@ -4,6 +4,7 @@ node sees it, and what the node reports of itself."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -12,18 +13,43 @@ from wheel.checkpoint import Durability
 from wheel.coord.base import Member
 from wheel.engine.owner import Effects, OwnerConfig, OwnerStats, Unserved, WorkerView
 
+# Test hook: a file holding a number of milliseconds added to the wall time
+# the node's clock reads at start, re-read on ``Clock.reload_skew`` (wheelctl
+# serve calls it on SIGUSR1). It lets fault-injection runs give one node a
+# skewed clock, or step it, without touching the machine's clock. Unset in
+# production.
+CLOCK_SKEW_ENV = "WHEEL_CLOCK_SKEW_FILE"
+
 
 class Clock:
     """Milliseconds on the wall-clock scale that never step backwards: the wall
     time at start plus monotonic time elapsed since (leases must not jump when
-    NTP steps the wall clock)."""
+    NTP steps the wall clock).
 
-    def __init__(self) -> None:
+    ``skew_file`` (default: the file named by ``WHEEL_CLOCK_SKEW_FILE``) is a
+    test hook: its number of milliseconds is added to that wall time, and
+    ``reload_skew`` reads it again, which steps the clock by the difference
+    (backwards too: what a node does with a clock that jumps is the point)."""
+
+    def __init__(self, skew_file: str | None = None) -> None:
         self._wall0 = time.time_ns() // 1_000_000
         self._mono0 = time.monotonic_ns()
+        self._skew_file = skew_file if skew_file is not None else os.environ.get(CLOCK_SKEW_ENV)
+        self.skew_ms = 0
+        self.reload_skew()
+
+    def reload_skew(self) -> None:
+        """Read the skew file again (no file, or no number in it: no skew)."""
+        if not self._skew_file:
+            return
+        try:
+            with open(self._skew_file) as f:
+                self.skew_ms = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            self.skew_ms = 0
 
     def now_ms(self) -> int:
-        return self._wall0 + (time.monotonic_ns() - self._mono0) // 1_000_000
+        return self._wall0 + self.skew_ms + (time.monotonic_ns() - self._mono0) // 1_000_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

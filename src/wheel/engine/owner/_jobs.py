@@ -351,6 +351,16 @@ class _Jobs(_OwnerState):
         if len(job.buffered) < room.get(overlap.policy, 0):
             job.buffered.append(fire)
             return
+        if (
+            job.ending
+            and overlap.policy not in room
+            and job.inflight - job.ending + len(job.due) + len(job.buffered) < job.limit
+        ):
+            # Only runs that have ended are in the way, their terminal state
+            # not yet applied by the store: the fire waits for its answer
+            # (``_Runs.on_completed``), it is not skipped for an overlap.
+            job.buffered.append(fire)
+            return
         # Recorded missed once next_run_at moves past it (``_sync_schedule``
         # right after, or the claim of the fire that holds it back).
         job.skipped.append(fire)

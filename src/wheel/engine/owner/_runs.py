@@ -30,9 +30,12 @@ from wheel.engine.records import (
     Completion,
     CompletionOutcome,
 )
-from wheel.engine.spec import SideEffect
+from wheel.engine.spec import OverlapPolicy, SideEffect
 
 log = logging.getLogger("wheel.owner")
+# Overlap policies that buffer nothing of their own: a fire they would skip
+# is held only while the run in its way is ending (``_Job.ending``).
+_HOLDING = (OverlapPolicy.SKIP, OverlapPolicy.ALLOW)
 
 
 class _Runs(_OwnerState):
@@ -71,6 +74,9 @@ class _Runs(_OwnerState):
         )
         run.end_state, run.reply_to = state, reply_to
         self._ending[run.run_id] = run
+        job = self.jobs.get(run.job_id)
+        if job is not None:
+            job.ending += 1
 
     def _take_back(self, run: _Run, now_ms: int) -> None:
         """A worker gives back a run it never started: it goes to another
@@ -120,6 +126,7 @@ class _Runs(_OwnerState):
             job = self.jobs.get(run.job_id) or self._job(run.job_id)
             if job is None:
                 continue
+            job.ending = max(0, job.ending - 1)
             if run.held_out:
                 job.running -= 1
                 if job.ready:
@@ -137,11 +144,27 @@ class _Runs(_OwnerState):
                 job.spec.retry, failed_attempt=run.attempt
             ):
                 self._schedule_retry(job, run, now_ms)
+                self._release_held(job, now_ms, fx)
                 continue
             if state is RunState.LOST:
                 self._reaper.append(Redo(job.job_id, run.scheduled_for, run.attempt + 1))
+                self._release_held(job, now_ms, fx)
                 continue
             self._run_finished(job, now_ms, fx)
+
+    def _release_held(self, job: _Job, now_ms: int, fx: Effects) -> None:
+        """The run a fire was held behind goes on (a retry, a re-dispatch):
+        under ``skip`` or ``allow`` the held fire is skipped after all, as it
+        would have been when it came due; fires of a catch-up batch held
+        behind it are queued, as they would have been then."""
+        if not job.buffered or job.spec.overlap.policy not in _HOLDING or job.ending:
+            return
+        job.skipped.append(job.buffered.popleft())
+        job.due.extend((f, 0, True) for f in job.buffered)
+        job.buffered.clear()
+        if job.due:
+            self._enqueue(job, now_ms, overdue=True)
+        self._sync_schedule(job, now_ms, fx)
 
     def _schedule_retry(self, job: _Job, run: _Run, now_ms: int) -> None:
         delay = retry_delay_ms(

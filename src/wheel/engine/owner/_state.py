@@ -76,6 +76,7 @@ class _Job:
         "cancelled",
         "compiled",
         "due",
+        "ending",
         "inflight",
         "job_id",
         "limit",
@@ -116,6 +117,12 @@ class _Job:
         # Fires skipped by the overlap policy whose missed record waits for the
         # store write that moves next_run_at past them (``_flush_skipped``).
         self.skipped: list[int] = []
+        # Runs of this job whose terminal state is on its way to the store.
+        # A fire that comes due while only such runs are in the way is held
+        # (in ``buffered``) until the store answers, not skipped as overlap:
+        # the run has ended, but the owner cannot know yet whether a retry
+        # or a re-dispatch of it follows (``_Runs.on_completed``).
+        self.ending = 0
         # Runs of this job in flight (claiming .. ending) + pending retries.
         self.inflight = 0
         # Claims that move next_run_at, sent to the store and not answered yet.

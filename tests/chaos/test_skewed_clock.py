@@ -1,0 +1,89 @@
+"""What a node whose clock is wrong does: its fires come due by its own
+clock. Found by the chaos benchmark's clock steps (``--faults clock_step``):
+a node whose wall time runs ahead of the true time starts runs early by
+that much, and one behind starts them late.
+
+The promise "never early" is what these tests state; the first fails today
+and is marked so until the node's wall time is anchored to something it can
+trust (the lead engineer decides how: the store's clock, say).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.harness import Cluster, utc
+from tests.conftest import EtcdServer
+from tests.e2e.e2e_handlers import effects
+from tests.e2e.procs import wait_for
+from wheel.client import Client, JobRequest
+
+SKEW_MS = 3_000
+
+
+@pytest.fixture
+def skewed(tmp_path: Path, etcd_server: EtcdServer, pg_dsn: str) -> Iterator[Cluster]:
+    """A one-node cluster whose node's clock reads SKEW_MS ahead (the
+    ``WHEEL_CLOCK_SKEW_FILE`` test hook), and one worker."""
+    skew = tmp_path / "skew"
+    skew.write_text(str(SKEW_MS))
+    c = Cluster(
+        tmp_path, etcd_server, pg_dsn, size=1, workers=1,
+        node_env=lambda _: {"WHEEL_CLOCK_SKEW_FILE": str(skew)},
+    )  # fmt: skip
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+def starts_of(cluster: Cluster, count: int) -> list[tuple[int, int]]:
+    """(scheduled_for ms, first start ms by the worker's clock) of ``count`` fires."""
+    first: dict[int, int] = {}
+
+    def all_started() -> bool:
+        for e in effects(cluster.out):
+            if e["kind"] == "start":
+                t = int(e["t"] * 1000)
+                first[e["scheduled_for"]] = min(t, first.get(e["scheduled_for"], t))
+        return len(first) >= count
+
+    wait_for(all_started, 30, f"{count} fires to start")
+    return sorted(first.items())
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.etcd
+@pytest.mark.xfail(
+    strict=True,
+    reason="a node's fires come due by its own wall clock: SKEW_MS ahead fires SKEW_MS early",
+)
+def test_a_node_whose_clock_runs_ahead_never_starts_a_run_early(skewed: Cluster) -> None:
+    at = time.time_ns() // 1_000_000 + 6_000
+    requests = [
+        JobRequest(name=f"at-{i}", handler="chaos", at=utc(at + 200 * i), idempotency_key=f"at-{i}")
+        for i in range(5)
+    ]
+    with Client(skewed.targets, timeout=5.0) as client:
+        client.submit_many(requests)
+    for scheduled_for, started in starts_of(skewed, 5):
+        assert started >= scheduled_for, f"started {scheduled_for - started} ms early"
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.etcd
+def test_a_node_whose_clock_runs_ahead_fires_by_its_own_clock(skewed: Cluster) -> None:
+    """Today's behaviour, measured: every run starts about SKEW_MS early."""
+    at = time.time_ns() // 1_000_000 + 6_000
+    with Client(skewed.targets, timeout=5.0) as client:
+        client.submit(name="every", handler="chaos", every=timedelta(seconds=1), start=utc(at))
+    for scheduled_for, started in starts_of(skewed, 3):
+        assert SKEW_MS - 1_000 <= scheduled_for - started <= SKEW_MS + 100

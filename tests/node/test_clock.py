@@ -1,0 +1,33 @@
+"""The node's clock and its skew test hook."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from wheel.node import Clock
+
+
+def test_clock_reads_the_wall_time_at_start_without_a_skew_file(tmp_path: Path) -> None:
+    before = time.time_ns() // 1_000_000
+    clock = Clock(skew_file=str(tmp_path / "absent"))
+    assert clock.skew_ms == 0
+    assert before <= clock.now_ms() <= time.time_ns() // 1_000_000
+
+
+def test_skew_file_shifts_the_clock_and_a_reload_steps_it(tmp_path: Path) -> None:
+    skew = tmp_path / "skew"
+    skew.write_text("5000\n")
+    clock = Clock(skew_file=str(skew))
+    ahead = clock.now_ms() - time.time_ns() // 1_000_000
+    assert 4_900 <= ahead <= 5_000
+    skew.write_text("-3000")
+    clock.reload_skew()  # what SIGUSR1 does in wheelctl serve
+    behind = clock.now_ms() - time.time_ns() // 1_000_000
+    assert -3_100 <= behind <= -3_000
+
+
+def test_an_unreadable_skew_means_no_skew(tmp_path: Path) -> None:
+    skew = tmp_path / "skew"
+    skew.write_text("soon")
+    assert Clock(skew_file=str(skew)).skew_ms == 0
