@@ -1462,3 +1462,24 @@ def test_a_shard_added_from_checkpoint_images_wakes_its_jobs_when_touched() -> N
     owner.advance(T + MIN, fx)
     [claim] = fx.claims
     assert (claim.job_id, claim.scheduled_for, claim.fence >> COUNTER_BITS) == (j, T + MIN, 3)
+
+
+def test_a_fixed_delay_fire_due_while_a_trigger_runs_is_recorded_missed_not_dropped() -> None:
+    """fixed_delay counts its next fire from a run's completion. A scheduled
+    fire that comes due while a triggered run is still going is replaced by
+    that next fire: it is recorded missed (overlap), never silently gone."""
+    n = Node()
+    n.hello()
+    every = Interval(period_ms=HOUR, mode=IntervalMode.FIXED_DELAY, start_at_ms=T + MIN)
+    j = n.submit(spec(schedule=every))
+    [a] = [x for x in _trigger_now(n, j).assignments["w1"]]
+    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
+    n.step(T + 2 * MIN)  # the first scheduled fire comes due during the trigger's run
+    n.complete(a)
+    assert n.missed(j) == {T + MIN: MissedReason.OVERLAP}
+    assert n.store.jobs[j].next_run_at == n.now + HOUR  # counted from the completion
+
+
+def _trigger_now(n: Node, job_id: int) -> Effects:
+    n.driver.trigger(n.store.get_job(job_id), n.now)
+    return n.step()

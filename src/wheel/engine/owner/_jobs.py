@@ -254,7 +254,11 @@ class _Jobs(_OwnerState):
         assert fire is not None
         compiled = job.compiled
         if compiled.completion_driven and job.inflight > 0:
-            # fixed_delay: the next fire is computed when the run completes.
+            # fixed_delay: a run is still going (a trigger's, a retry), and
+            # the next fire counts from its completion. This one is replaced
+            # by that fire: recorded missed (overlap) once the schedule moves
+            # past it, never dropped silently.
+            job.skipped.append(fire)
             job.next_fire = None
             return
         nxt = None if compiled.completion_driven else compiled.next_fire(fire)
