@@ -28,7 +28,7 @@ CHAOS = ROOT / "benchmarks" / "chaos.py"
 STRESS = os.environ.get("WHEEL_STRESS", "") not in ("", "0")
 KINDS = (
     "node_kill,node_pause,worker_kill,worker_pause,pg_restart,pg_terminate,etcd_restart,"
-    "node_cut_etcd,node_cut_pg,disk_full"
+    "node_cut_etcd,node_cut_pg,disk_full,clock_step"
 )
 ZERO = ("lost", "early", "duplicates", "stale_fence_accepted", "missed_without_reason")
 

@@ -31,3 +31,18 @@ def test_an_unreadable_skew_means_no_skew(tmp_path: Path) -> None:
     skew = tmp_path / "skew"
     skew.write_text("soon")
     assert Clock(skew_file=str(skew)).skew_ms == 0
+
+
+def test_an_anchored_clock_runs_on_the_anchor_and_ignores_the_hosts_skew(
+    tmp_path: Path,
+) -> None:
+    skew = tmp_path / "skew"
+    skew.write_text("5000")
+    clock = Clock(skew_file=str(skew))
+    true_ms = time.time_ns() // 1_000_000
+    clock.anchor(true_ms, time.monotonic_ns())  # what the store's clock said
+    assert abs(clock.now_ms() - time.time_ns() // 1_000_000) <= 5
+    assert clock.wall_ms() - time.time_ns() // 1_000_000 >= 4_990  # the host is still off
+    skew.write_text("-20000")
+    clock.reload_skew()  # the host's clock steps: the node's does not
+    assert abs(clock.now_ms() - time.time_ns() // 1_000_000) <= 5

@@ -420,6 +420,9 @@ class ReferenceStore:
 
     # -- ownership ----------------------------------------------------------------
 
+    def clock_ms(self) -> int:
+        return self.now_ms
+
     def acquire_epochs(self, shards: Collection[int], owner: str) -> dict[int, int]:
         wanted = self._shards(shards)
         for s in wanted:

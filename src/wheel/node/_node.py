@@ -65,6 +65,8 @@ from wheel.recovery import restore_owner
 from wheel.store.base import BatchOutcome, Store, WriteBatch
 
 log = logging.getLogger("wheel.node")
+# A host clock further than this off the store's is reported at start.
+CLOCK_WARN_MS = 500
 # Submits written in one store transaction at most.
 MAX_SUBMIT_BATCH = 1_000
 # Store batches committing while the loop forms the next one.
@@ -141,6 +143,7 @@ class Node(NodeReads, NodeMembership):
 
     async def start(self) -> None:
         await self._api(self.store.migrate)
+        await self._anchor_clock()
         if self.coordinator is not None:
             await self._start_in_cluster(self.coordinator)
             return
@@ -181,6 +184,20 @@ class Node(NodeReads, NodeMembership):
         self._task = asyncio.create_task(self._loop(), name="wheel-dispatch")
         self._task.add_done_callback(self._loop_done)
         self.ready.set()
+
+    async def _anchor_clock(self) -> None:
+        """Read the store's clock and run on it: fires come due by the record
+        of truth's time, not by this host's, which may be off (a node started
+        on a wrong clock would otherwise fire early or late by that much)."""
+        before = time.monotonic_ns()
+        store_ms = await self._api(self.store.clock_ms)
+        after = time.monotonic_ns()
+        mid = (before + after) // 2
+        host_ms = self.clock.wall_ms() - (after - mid) // 1_000_000
+        self.clock.anchor(store_ms, mid)
+        off = host_ms - store_ms
+        if abs(off) > CLOCK_WARN_MS:
+            log.warning("this host's clock is %+d ms off the store's; running on the store's", off)
 
     async def _start_in_cluster(self, coordinator: Coordinator) -> None:
         """Join: an owner with no shards, its loop running, then the

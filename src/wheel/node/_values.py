@@ -22,21 +22,39 @@ CLOCK_SKEW_ENV = "WHEEL_CLOCK_SKEW_FILE"
 
 
 class Clock:
-    """Milliseconds on the wall-clock scale that never step backwards: the wall
-    time at start plus monotonic time elapsed since (leases must not jump when
-    NTP steps the wall clock).
+    """Milliseconds on the wall-clock scale that never step backwards: a wall
+    time read once plus monotonic time elapsed since (leases must not jump
+    when NTP steps the wall clock). That wall time is the host's until
+    ``anchor`` gives the record of truth's: a cluster's nodes then fire by
+    one clock, whatever their hosts' clocks say (seed 7: one clock, the
+    database's).
 
     ``skew_file`` (default: the file named by ``WHEEL_CLOCK_SKEW_FILE``) is a
-    test hook: its number of milliseconds is added to that wall time, and
-    ``reload_skew`` reads it again, which steps the clock by the difference
-    (backwards too: what a node does with a clock that jumps is the point)."""
+    test hook that makes the host's wall clock wrong: its number of
+    milliseconds is added to the host's wall time, and ``reload_skew`` reads
+    it again, which steps that wall time by the difference (backwards too).
+    Before an anchor the node's clock follows it; after, only ``wall_ms``
+    does."""
 
     def __init__(self, skew_file: str | None = None) -> None:
-        self._wall0 = time.time_ns() // 1_000_000
-        self._mono0 = time.monotonic_ns()
         self._skew_file = skew_file if skew_file is not None else os.environ.get(CLOCK_SKEW_ENV)
         self.skew_ms = 0
+        self.anchored = False
         self.reload_skew()
+        self._wall0 = time.time_ns() // 1_000_000
+        self._mono0 = time.monotonic_ns()
+
+    def wall_ms(self) -> int:
+        """The host's wall clock now (skew included)."""
+        return time.time_ns() // 1_000_000 + self.skew_ms
+
+    def anchor(self, wall_ms: int, mono_ns: int) -> None:
+        """From now on read ``wall_ms`` as the time at ``time.monotonic_ns()
+        == mono_ns`` (the store's clock, read at that instant): the host's
+        wall clock, skew and all, no longer counts."""
+        self._wall0 = wall_ms
+        self._mono0 = mono_ns
+        self.anchored = True
 
     def reload_skew(self) -> None:
         """Read the skew file again (no file, or no number in it: no skew)."""
@@ -49,7 +67,8 @@ class Clock:
             self.skew_ms = 0
 
     def now_ms(self) -> int:
-        return self._wall0 + self.skew_ms + (time.monotonic_ns() - self._mono0) // 1_000_000
+        skew = 0 if self.anchored else self.skew_ms
+        return self._wall0 + skew + (time.monotonic_ns() - self._mono0) // 1_000_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

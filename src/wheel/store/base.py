@@ -233,6 +233,11 @@ class Store(Protocol):
 
     # -- ownership ------------------------------------------------------------
 
+    def clock_ms(self) -> int:
+        """The store's wall clock now (PostgreSQL: the server's; SQLite: the
+        host's, which is the node's). Nodes anchor their own clock to it, so
+        a cluster fires by one clock whatever its hosts' clocks say."""
+
     def acquire_epochs(self, shards: Collection[int], owner: str) -> dict[int, int]:
         """Bump and return each shard's ownership epoch (strictly increasing):
         how a single node takes every shard at start."""

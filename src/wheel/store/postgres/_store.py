@@ -69,6 +69,14 @@ class PostgresStore(SQLStore):
         # of their own, while the calling thread commits the rest.
         self._side = ThreadPoolExecutor(1, thread_name_prefix="wheel-store-side")
 
+    def clock_ms(self) -> int:
+        row = self._read(
+            lambda cur: cur.execute(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8"
+            ).fetchone()
+        )
+        return int(row[0])
+
     def _read(self, fn: Callable[[Executor], T]) -> T:
         return self._db.run(lambda conn, _: fn(conn), idempotent=True)
 

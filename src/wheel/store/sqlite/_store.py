@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -52,6 +53,9 @@ class SQLiteStore(SQLStore):
         busy_timeout_ms: int = 10_000,
     ) -> None:
         self._db = Database(path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
+
+    def clock_ms(self) -> int:
+        return time.time_ns() // 1_000_000  # the file's host is the node's
 
     def _read(self, fn: Callable[[Executor], T]) -> T:
         with self._db.tx(write=False) as cur:
