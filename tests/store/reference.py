@@ -15,12 +15,13 @@ watermark is the last marker seen.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, overload
 
 from wheel.engine.spec import JobSpec
 from wheel.errors import AlreadyExists, InvalidArgument, NotFound, WheelError
+from wheel.store._fence import stale_shards, write_checked
 from wheel.store._shared import body_hash
 from wheel.store.base import (
     SHARD_COUNT,
@@ -312,7 +313,16 @@ class ReferenceStore:
         return out
 
     def write_batch(self, batch: WriteBatch) -> BatchOutcome:
-        return write_in_order(self, batch)
+        epochs = batch.epochs
+        if epochs is None:
+            return write_in_order(self, batch)
+        stale = stale_shards(epochs, self.epochs.items())
+        return write_checked(
+            batch,
+            stale,
+            lambda run_ids: {r: self.execs[r].job_id for r in run_ids if r in self.execs},
+            lambda part: write_in_order(self, part),
+        )
 
     def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
         out = []
@@ -426,6 +436,17 @@ class ReferenceStore:
             self.epochs[s] = self.epochs.get(s, 0) + 1
             self.owners[s] = owner
         return {s: self.epochs[s] for s in sorted(wanted)}
+
+    def fence_shards(self, epochs: Mapping[int, int], owner: str) -> dict[int, int]:
+        wanted = self._shards(epochs)
+        for s in wanted:
+            if self.epochs.get(s, 0) < epochs[s]:
+                self.epochs[s] = epochs[s]
+                self.owners[s] = owner
+        return {s: self.epochs[s] for s in sorted(wanted)}
+
+    def shard_epochs(self, shards: Collection[int]) -> dict[int, int]:
+        return {s: self.epochs[s] for s in sorted(self._shards(shards)) if s in self.epochs}
 
     def load_shards(self, shards: Collection[int], *, unparsed: bool = False) -> ShardLoad:
         wanted = self._shards(shards)

@@ -191,11 +191,11 @@ UPDATE executions AS e
        AS t(idx, run_id, fence, worker_id, started_at_ms)
  WHERE e.run_id = ANY(%(run)b::int8[]) AND e.run_id = t.run_id AND e.fence = t.fence
    AND e.state || '' <> {NOT_DISPATCHED}
-RETURNING t.idx
+RETURNING t.idx, e.job_id
 """
 
 RECOGNISE_STARTS_SQL = """
-SELECT t.idx
+SELECT t.idx, e.job_id
   FROM unnest(%(idx)b::int4[], %(run)b::int8[], %(fence)b::int8[], %(worker)b::text[])
        AS t(idx, run_id, fence, worker_id)
   JOIN executions AS e ON e.run_id = t.run_id AND e.fence = t.fence
@@ -218,17 +218,36 @@ UPDATE executions AS e
    AND NOT EXISTS (SELECT 1 FROM executions AS newer
                     WHERE newer.job_id = e.job_id AND newer.scheduled_for = e.scheduled_for
                       AND newer.fence > e.fence)
-RETURNING t.idx
+RETURNING t.idx, e.job_id
 """
 
 RECOGNISE_COMPLETIONS_SQL = """
-SELECT t.idx
+SELECT t.idx, e.job_id
   FROM unnest(%(idx)b::int4[], %(run)b::int8[], %(fence)b::int8[], %(state)b::text[],
               %(finished)b::int8[])
        AS t(idx, run_id, fence, state, finished_at_ms)
   JOIN executions AS e ON e.run_id = t.run_id AND e.fence = t.fence
  WHERE e.state = t.state AND e.finished_at_ms = t.finished_at_ms
 """
+
+
+# The epoch check of a write's transaction (``Store.write_batch``), its first
+# statement: the writer's shards locked FOR SHARE until the transaction ends,
+# in shard order as ``fence_shards`` updates them (no deadlock between the
+# two). A ``fence_shards`` that updated a row first makes this wait for its
+# commit and then read the new epoch; one that comes later waits for this
+# transaction to end. Only rows above the writer's least epoch come back:
+# the ones that can be newer than the writer's, usually none.
+LOCK_EPOCHS_SQL = """
+WITH held AS MATERIALIZED (
+    SELECT shard, epoch FROM shard_epochs
+     WHERE shard = ANY(%(shards)b::int4[]) ORDER BY shard FOR SHARE
+)
+SELECT shard, epoch FROM held WHERE epoch > %(least)s::int8
+"""
+# The jobs of a batch's runs, to find their shards: only when a shard is
+# refused, or a run of a shard the writer lacks was written (``_runs``).
+JOB_IDS_SQL = "SELECT run_id, job_id FROM executions WHERE run_id = ANY(%(run)b::int8[])"
 
 
 RECORD_MISSED_SQL = """
