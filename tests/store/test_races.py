@@ -19,6 +19,7 @@ import pytest
 
 from tests.store.conftest import interval_job
 from tests.store.test_contract import claim
+from wheel.errors import StoreError
 from wheel.store._schema import PG_MIGRATIONS, SQLITE_MIGRATIONS
 from wheel.store.base import (
     BatchOutcome,
@@ -522,3 +523,51 @@ def test_an_older_epoch_batch_racing_a_fence_is_either_loaded_by_the_new_owner_o
         fencing.close()
     # Both come (about half each, measured), but which is up to the scheduler.
     assert outcomes.keys() <= {"loaded", "refused"}
+
+
+@pytest.mark.postgres
+def test_a_writer_paused_in_a_batch_holds_up_the_next_owner_s_fence_only_briefly(
+    pg_dsn: str, pg_url: str
+) -> None:
+    """A node stops in the middle of a batch, its shard's epoch row locked by
+    the check: the server ends that transaction once it has waited on the
+    node for the idle timeout, and the next owner's fence goes through then,
+    not when the node wakes."""
+    from wheel.store.postgres import PostgresStore
+    from wheel.store.postgres._runs import Held
+
+    paused_store = PostgresStore(pg_dsn, retries=1, idle_in_transaction_timeout_ms=300)
+    fencing = open_store(pg_url)
+    woke = threading.Event()
+    try:
+        job, _ = fencing.submit_job(interval_job())
+        fencing.fence_shards({job.shard: 1}, "node-old")
+
+        def stopped_mid_batch(conn: Any, _: Any) -> None:
+            assert Held({job.shard: 1}, 300).stale(conn) == set()
+            woke.wait(10)  # the node stops here, between two statements
+            conn.execute("SELECT 1")
+
+        def write() -> BaseException | None:
+            try:
+                paused_store._db.run(stopped_mid_batch, idempotent=False)
+            except StoreError as exc:
+                return exc
+            return None
+
+        writer, failed = in_thread(write)
+        deadline = time.monotonic() + 10
+        while not locks_held_on_shard_epochs(pg_dsn) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert locks_held_on_shard_epochs(pg_dsn)
+        started = time.monotonic()
+        assert fencing.fence_shards({job.shard: 2}, "node-new") == {job.shard: 2}
+        waited = time.monotonic() - started
+        assert writer.is_alive()  # still stopped: the fence did not wait for it
+        assert waited < 3, f"the fence waited {waited:.2f} s for a stopped writer"
+    finally:
+        woke.set()
+        fencing.close()
+    writer.join(10)
+    paused_store.close()
+    assert isinstance(failed[0], StoreError)  # its transaction was ended under it

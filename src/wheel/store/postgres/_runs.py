@@ -44,14 +44,19 @@ class Held:
 
     __slots__ = ("_params", "epochs", "every")
 
-    def __init__(self, epochs: Mapping[int, int]) -> None:
+    def __init__(self, epochs: Mapping[int, int], idle_ms: int) -> None:
         self.epochs = epochs
         self.every = holds_every_shard(epochs)
-        self._params = {"shards": Int4s(sorted(epochs)), "least": least_epoch(epochs)}
+        self._params = {
+            "shards": Int4s(sorted(epochs)),
+            "least": least_epoch(epochs),
+            "idle": str(idle_ms),
+        }
 
     def stale(self, conn: Conn) -> set[int]:
         """Lock the writer's shards until the transaction ends and return
-        those whose stored epoch is newer than the writer's."""
+        those whose stored epoch is newer than the writer's; from here on the
+        transaction may wait on its client ``idle_ms`` at most."""
         if not self.epochs:
             return set()
         return stale_shards(self.epochs, conn.execute(sql.LOCK_EPOCHS_SQL, self._params))

@@ -238,12 +238,21 @@ SELECT t.idx, e.job_id
 # commit and then read the new epoch; one that comes later waits for this
 # transaction to end. Only rows above the writer's least epoch come back:
 # the ones that can be newer than the writer's, usually none.
+#
+# The same statement bounds how long the server lets the rest of the
+# transaction wait on its client (``idle_in_transaction_session_timeout``,
+# for this transaction only): a node paused or cut off in the middle of a
+# batch would otherwise hold the rows, and the next owner's fence, until it
+# woke up. As an uncorrelated subquery the setting is made once, before the
+# rows are read (a one-time filter), whether any row comes back or not.
 LOCK_EPOCHS_SQL = """
 WITH held AS MATERIALIZED (
     SELECT shard, epoch FROM shard_epochs
      WHERE shard = ANY(%(shards)b::int4[]) ORDER BY shard FOR SHARE
 )
-SELECT shard, epoch FROM held WHERE epoch > %(least)s::int8
+SELECT shard, epoch FROM held
+ WHERE (SELECT set_config('idle_in_transaction_session_timeout', %(idle)s, true)) IS NOT NULL
+   AND epoch > %(least)s::int8
 """
 # The jobs of a batch's runs, to find their shards: only when a shard is
 # refused, or a run of a shard the writer lacks was written (``_runs``).

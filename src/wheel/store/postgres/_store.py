@@ -34,6 +34,18 @@ from wheel.store.postgres._sql import QUERIES
 
 T = TypeVar("T")
 
+# How long the server lets a batch transaction with epochs wait on its
+# client, once it holds its shards' epoch rows FOR SHARE, before it ends the
+# session (0: no limit). A node paused or cut off in the middle of a batch
+# would otherwise hold up the next owner's ``fence_shards`` until it woke.
+# The transaction's statements go out back to back, so a wait this long
+# means a node that stopped. The cluster coordinator's safety margin is the
+# same second: a node starts no batch later than that before its lease
+# expires, so a paused node's locks go about when its lease does (a lease
+# lasts 2 s at least). Only those transactions: a shard load, for one,
+# parses rows between its statements for longer on a large store.
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 1_000
+
 
 class PostgresStore(SQLStore):
     """``Store`` on PostgreSQL (tables in the connection's ``search_path``)."""
@@ -51,6 +63,7 @@ class PostgresStore(SQLStore):
         max_size: int = 6,
         retries: int = 8,
         pool_timeout_s: float = 10.0,
+        idle_in_transaction_timeout_ms: int = IDLE_IN_TRANSACTION_TIMEOUT_MS,
     ) -> None:
         self._db = Database(
             dsn,
@@ -59,6 +72,7 @@ class PostgresStore(SQLStore):
             retries=retries,
             pool_timeout_s=pool_timeout_s,
         )
+        self._idle_ms = max(0, idle_in_transaction_timeout_ms)
         # ``write_batch`` commits a batch's completions here, on a connection
         # of their own, while the calling thread commits the rest.
         self._side = ThreadPoolExecutor(1, thread_name_prefix="wheel-store-side")
@@ -115,7 +129,7 @@ class PostgresStore(SQLStore):
         rest. Measured at 18,000 dispatches/s the two took 40% and 37% of
         the store thread, mostly waiting on the server, which has cores to
         spare."""
-        held = None if batch.epochs is None else _runs.Held(batch.epochs)
+        held = None if batch.epochs is None else _runs.Held(batch.epochs, self._idle_ms)
         rest = batch.claims or batch.advances or batch.missed or batch.starts
         if not (batch.completions and rest):
             completed, refused = self._complete(batch.completions, held)
