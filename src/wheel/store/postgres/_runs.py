@@ -48,7 +48,7 @@ class Held:
         self.epochs = epochs
         self.every = holds_every_shard(epochs)
         self._params = {
-            "shards": Int4s(sorted(epochs)),
+            "mask": sql.shard_mask(epochs),
             "least": least_epoch(epochs),
             "idle": str(idle_ms),
         }
