@@ -215,9 +215,13 @@ class Store(Protocol):
         commits after the fence. Both take the rows in shard order, so they
         cannot deadlock. A fence that commits while a batch is being written
         there refuses the kinds whose transactions check after it and not
-        those that committed before. SQLite holds the write lock from the
-        start of the batch's one transaction, which keeps ``fence_shards``
-        out until it ends; the reference model writes one call at a time.
+        those that committed before. The lock's price is that a fence waits
+        for a writer that stopped in the middle of a batch (paused, or cut
+        off from the store): PostgreSQL ends such a transaction once it has
+        waited on its client for 1 s (``idle_tx_timeout_ms``), and the fence
+        goes on. SQLite holds the write lock from the start of the batch's
+        one transaction, which keeps ``fence_shards`` out until it ends; the
+        reference model writes one call at a time.
 
         The common case costs one small statement per transaction: each
         write's shard is worked out only when a shard is refused or the
