@@ -42,16 +42,12 @@ class Held:
     """A writer's epochs (``WriteBatch.epochs``) as the check statement
     takes them: built once for all of a batch's transactions."""
 
-    __slots__ = ("_params", "epochs", "every")
+    __slots__ = ("_check", "epochs", "every")
 
     def __init__(self, epochs: Mapping[int, int], idle_ms: int) -> None:
         self.epochs = epochs
         self.every = holds_every_shard(epochs)
-        self._params = {
-            "mask": sql.shard_mask(epochs),
-            "least": least_epoch(epochs),
-            "idle": str(idle_ms),
-        }
+        self._check = sql.lock_epochs_sql(epochs, least_epoch(epochs), idle_ms)
 
     def stale(self, conn: Conn) -> set[int]:
         """Lock the writer's shards until the transaction ends and return
@@ -59,7 +55,7 @@ class Held:
         transaction may wait on its client ``idle_ms`` at most."""
         if not self.epochs:
             return set()
-        return stale_shards(self.epochs, conn.execute(sql.LOCK_EPOCHS_SQL, self._params))
+        return stale_shards(self.epochs, conn.execute(self._check))
 
     def check_jobs(self, conn: Conn, job_ids: Sequence[int]) -> tuple[list[int] | None, set[int]]:
         """The check for writes that carry a job id: the indexes of the ones
