@@ -5,7 +5,9 @@
 
 Loads realistic interval jobs (100k by default), then claims one fire of each
 job per round (insert execution + schedule CAS, the dispatch hot path) in
-batches of N, and completes the claimed runs in batches of N. The baseline
+batches of N, and completes the claimed runs in batches of N. Both go through
+``write_batch`` as an owner of all 256 shards writes them, with its epochs, so
+the store's epoch check is part of what is measured. The baseline
 is batch size 1 measured in the same run; ``speedup_vs_batch1`` is the ratio.
 PostgreSQL runs in its own schema of the ``test`` database, dropped afterwards.
 """
@@ -26,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import _report
 
 from wheel.engine.spec import Interval, JobSpec
-from wheel.store.base import Completion, FireClaim, NewJob, RunState
+from wheel.store.base import SHARD_COUNT, Completion, FireClaim, NewJob, RunState, WriteBatch
 
 PG_DSN = os.environ.get("WHEEL_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 PERIOD_MS = 60_000
@@ -55,10 +57,16 @@ def load_jobs(store: Any, count: int) -> list[int]:
 
 
 def measure(
-    store: Any, next_fire: dict[int, int], batch: int, fires: int, round_no: int
+    store: Any,
+    epochs: dict[int, int],
+    next_fire: dict[int, int],
+    batch: int,
+    fires: int,
+    round_no: int,
 ) -> dict[str, Any]:
     """Claim the next fire of ``fires`` jobs in batches of ``batch``, then
-    complete the runs; ``next_fire`` tracks each job's schedule."""
+    complete the runs, as an owner holding ``epochs``; ``next_fire`` tracks
+    each job's schedule."""
     ids = list(next_fire)[:fires]
     fence_base = (round_no + 1) << 32
     claims = [
@@ -79,7 +87,7 @@ def measure(
     t0 = time.perf_counter()
     outcomes = []
     for chunk in chunks:
-        outcomes += store.claim_fires(chunk)
+        outcomes += store.write_batch(WriteBatch(claims=chunk, epochs=epochs)).claims
     claim_s = time.perf_counter() - t0
     won = sum(o.run_id is not None for o in outcomes)
     advanced = sum(o.advanced for o in outcomes)
@@ -100,7 +108,8 @@ def measure(
     t0 = time.perf_counter()
     applied = 0
     for chunk_c in chunks_c:
-        applied += sum(r.applied for r in store.complete_runs(chunk_c))
+        done = store.write_batch(WriteBatch(completions=chunk_c, epochs=epochs))
+        applied += sum(r.applied for r in done.completions)
     complete_s = time.perf_counter() - t0
     if applied != len(completions):
         raise SystemExit(f"benchmark invariant broken: {applied=} of {len(completions)}")
@@ -144,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             store = PostgresStore(f"{args.dsn}{sep}options=-csearch_path%3D{schema}")
         try:
             store.migrate()
+            epochs = store.acquire_epochs(range(SHARD_COUNT), "bench")
             t0 = time.perf_counter()
             ids = load_jobs(store, args.jobs)
             load_s = time.perf_counter() - t0
@@ -152,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             for round_no, batch in enumerate(sorted(batches)):
                 # Batch 1 pays one commit (fsync) per fire: measure fewer fires.
                 fires = min(len(ids), 2_000 if batch == 1 else max(20_000, batch * 100))
-                runs.append(measure(store, next_fire, batch, fires, round_no))
+                runs.append(measure(store, epochs, next_fire, batch, fires, round_no))
         finally:
             store.close()
             if schema:

@@ -1483,3 +1483,32 @@ def test_a_fixed_delay_fire_due_while_a_trigger_runs_is_recorded_missed_not_drop
 def _trigger_now(n: Node, job_id: int) -> Effects:
     n.driver.trigger(n.store.get_job(job_id), n.now)
     return n.step()
+
+
+def test_a_refused_shard_is_handed_over_unless_gained_again_since_the_batch() -> None:
+    """The store refuses a batch written under epoch 1 for two shards a newer
+    owner fenced: the shard this owner still holds under epoch 1 is handed
+    over at once. The other one it lost and gained again under epoch 3 while
+    the batch was on its way (a lapse and a rejoin): that hold is newer than
+    the refusal and stays."""
+    n = Node()
+    n.hello()
+    a, b = _two_shards(n)
+    sa, sb = shard_of(a), shard_of(b)
+    n.now = T + MIN
+    n.driver.advance(n.now)
+    old = n.driver.take_batch()
+    assert {shard_of(c.job_id) for c in old.claims} == {sa, sb}
+    n.store.fence_shards({sa: 2, sb: 2}, "node-new")
+    n.driver.hand_over([sa])
+    n.store.fence_shards({sa: 3}, "node-old")
+    n.owner.add_shards({sa: 3}, _contents(n, [sa]), n.now, n.fx)
+    out = n.store.write_batch(old)
+    assert out.fenced == {sa, sb}
+    assert [c.run_id for c in out.claims] == [None, None]
+    assert n.driver.apply(out, n.now, old.epochs) == {sb}
+    assert n.owner.shards()[sa] == 3 and sb not in n.owner.shards()
+    # The new hold claims a's fire again, under epoch 3.
+    n.driver.advance(n.now)
+    [again] = n.driver.take_batch().claims
+    assert (again.job_id, again.fence >> COUNTER_BITS) == (a, 3)

@@ -21,6 +21,7 @@ from typing import NamedTuple, overload
 
 from wheel.engine.spec import JobSpec
 from wheel.errors import AlreadyExists, InvalidArgument, NotFound, WheelError
+from wheel.store._fence import stale_shards, write_checked
 from wheel.store._shared import body_hash
 from wheel.store.base import (
     SHARD_COUNT,
@@ -312,7 +313,16 @@ class ReferenceStore:
         return out
 
     def write_batch(self, batch: WriteBatch) -> BatchOutcome:
-        return write_in_order(self, batch)
+        epochs = batch.epochs
+        if epochs is None:
+            return write_in_order(self, batch)
+        stale = stale_shards(epochs, self.epochs.items())
+        return write_checked(
+            batch,
+            stale,
+            lambda run_ids: {r: self.execs[r].job_id for r in run_ids if r in self.execs},
+            lambda part: write_in_order(self, part),
+        )
 
     def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
         out = []

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -574,6 +575,192 @@ def test_epochs_strictly_increase_per_shard(store: Store) -> None:
     assert store.acquire_epochs([5], "node-a") == {5: 3}
     with pytest.raises(InvalidArgument):
         store.acquire_epochs([SHARD_COUNT], "node-a")
+
+
+def test_fence_shards_raises_epochs_never_lowers_them_and_says_where_they_stand(
+    store: Store,
+) -> None:
+    assert store.shard_epochs([3, 9]) == {}
+    assert store.fence_shards({3: 5, 9: 2}, "node-a") == {3: 5, 9: 2}
+    # An older fence comes late: the newer owner's epoch stays, and the answer shows it.
+    assert store.fence_shards({3: 4, 9: 7}, "node-b") == {3: 5, 9: 7}
+    assert store.fence_shards({3: 5}, "node-a") == {3: 5}  # the same again: a no-op
+    assert store.shard_epochs([3, 9, 10]) == {3: 5, 9: 7}
+    with pytest.raises(InvalidArgument):
+        store.fence_shards({SHARD_COUNT: 1}, "node-a")
+
+
+# -- the epoch check of a batch (seed C4) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardWork:
+    """Two jobs of one shard, each with its 60_000 fire claimed (schedules at
+    120_000): what a batch writes about the shard, one write of each kind."""
+
+    shard: int
+    ran: JobRecord  # its run completes; its 120_000 fire is missed and skipped
+    runs: JobRecord  # its run starts; its 120_000 fire is claimed
+    ran_run: int
+    runs_run: int
+
+    def batch(self, fence: int) -> WriteBatch:
+        """The shard's writes, ``fence`` that of its new claim."""
+        return WriteBatch(
+            completions=[done(self.ran_run, 1)],
+            missed=[
+                MissedFire(
+                    job_id=self.ran.job_id,
+                    scheduled_for=120_000,
+                    reason=MissedReason.OVERLAP,
+                    recorded_at_ms=121_000,
+                )
+            ],
+            advances=[
+                ScheduleAdvance(
+                    job_id=self.ran.job_id, expected_next_run_at=120_000, new_next_run_at=180_000
+                )
+            ],
+            claims=[claim(self.runs.job_id, 120_000, fence=fence, new=180_000)],
+            starts=[RunStart(run_id=self.runs_run, fence=2, worker_id="w-1", started_at_ms=61_000)],
+        )
+
+    def untouched(self, store: Store) -> None:
+        """Nothing of ``batch`` reached the store."""
+        assert store.get_run(self.ran_run).state is RunState.DISPATCHED
+        assert store.list_missed(self.ran.job_id) == []
+        assert store.get_job(self.ran.job_id).next_run_at == 120_000
+        assert [r.run_id for r in store.list_runs(self.runs.job_id)] == [self.runs_run]
+        assert store.get_job(self.runs.job_id).next_run_at == 120_000
+        started = store.get_run(self.runs_run)
+        assert (started.state, started.worker_id) == (RunState.DISPATCHED, None)
+
+    def written(self, store: Store) -> None:
+        """All of ``batch`` reached the store."""
+        assert store.get_run(self.ran_run).state is RunState.SUCCEEDED
+        assert [m.scheduled_for for m in store.list_missed(self.ran.job_id)] == [120_000]
+        assert store.get_job(self.ran.job_id).next_run_at == 180_000
+        assert len(store.list_runs(self.runs.job_id)) == 2
+        assert store.get_job(self.runs.job_id).next_run_at == 180_000
+        assert store.get_run(self.runs_run).state is RunState.RUNNING
+
+
+def work_in_shards(store: Store, count: int) -> list[ShardWork]:
+    """``ShardWork`` in ``count`` shards: consecutive job ids spread over
+    the shards, so enough jobs are submitted for some shards to get two."""
+    submitted = store.submit_jobs([interval_job(f"j{i}", next_run_at=60_000) for i in range(300)])
+    by_shard: dict[int, list[JobRecord]] = {}
+    for s in submitted:
+        assert not isinstance(s, Exception)
+        by_shard.setdefault(s.job.shard, []).append(s.job)
+    pairs = [(shard, jobs[:2]) for shard, jobs in sorted(by_shard.items()) if len(jobs) >= 2]
+    assert len(pairs) >= count
+    out = []
+    for shard, (ran, runs) in pairs[:count]:
+        claimed = store.claim_fires(
+            [
+                claim(ran.job_id, 60_000, fence=1, new=120_000),
+                claim(runs.job_id, 60_000, fence=2, new=120_000),
+            ]
+        )
+        ran_run, runs_run = (o.run_id for o in claimed)
+        assert ran_run is not None and runs_run is not None
+        out.append(ShardWork(shard, ran, runs, ran_run, runs_run))
+    return out
+
+
+def one_batch(parts: Sequence[WriteBatch], epochs: dict[int, int] | None) -> WriteBatch:
+    return WriteBatch(
+        completions=[c for p in parts for c in p.completions],
+        missed=[m for p in parts for m in p.missed],
+        advances=[a for p in parts for a in p.advances],
+        claims=[c for p in parts for c in p.claims],
+        starts=[s for p in parts for s in p.starts],
+        epochs=epochs,
+    )
+
+
+def test_a_batch_from_an_older_epoch_than_its_shard_s_is_refused_for_that_shard_only(
+    store: Store,
+) -> None:
+    """Seed C4: a node that lost shard A to a newer owner writes a batch for
+    A and B. Nothing of A's part reaches the store -- no run created, no
+    schedule moved, no missed fire recorded, no run started or ended -- its
+    claims come back unwon and its completions unapplied; B's part is
+    written; ``fenced`` names A."""
+    a, b = work_in_shards(store, 2)
+    store.fence_shards({a.shard: 1, b.shard: 1}, "node-old")
+    assert store.fence_shards({a.shard: 2}, "node-new") == {a.shard: 2}
+    out = store.write_batch(
+        one_batch([a.batch(fence=3), b.batch(fence=4)], {a.shard: 1, b.shard: 1})
+    )
+    assert out.fenced == {a.shard}
+    won = [(c.claim.fence, c.run_id is not None, c.advanced) for c in out.claims]
+    assert won == [(3, False, False), (4, True, True)]
+    assert [(c.run_id, c.applied) for c in out.completions] == [
+        (a.ran_run, False),
+        (b.ran_run, True),
+    ]
+    a.untouched(store)
+    b.written(store)
+    # The new owner writes the same about A under its epoch: all of it goes in.
+    out = store.write_batch(one_batch([a.batch(fence=5)], {a.shard: 2, b.shard: 1}))
+    assert out.fenced == frozenset()
+    assert [c.run_id is not None and c.advanced for c in out.claims] == [True]
+    assert [c.applied for c in out.completions] == [True]
+    a.written(store)
+
+
+def test_fenced_names_every_shard_whose_epoch_is_newer_than_the_writers(store: Store) -> None:
+    """Also a shard the batch has nothing for: the writer learns every shard
+    it lost at once."""
+    [a] = work_in_shards(store, 1)
+    quiet = (a.shard + 1) % SHARD_COUNT
+    store.fence_shards({a.shard: 1, quiet: 1}, "node-old")
+    store.fence_shards({a.shard: 4, quiet: 3}, "node-new")
+    out = store.write_batch(one_batch([a.batch(fence=3)], {a.shard: 3, quiet: 2}))
+    assert out.fenced == {a.shard, quiet}
+    a.untouched(store)
+
+
+def test_a_writer_at_the_current_epoch_writes_everything(store: Store) -> None:
+    """Epochs as the store has them, or for a shard never fenced (no epoch
+    stored), are current: nothing is refused."""
+    a, b = work_in_shards(store, 2)
+    store.fence_shards({a.shard: 7}, "node-a")
+    out = store.write_batch(
+        one_batch([a.batch(fence=3), b.batch(fence=4)], {a.shard: 7, b.shard: 1})
+    )
+    assert out.fenced == frozenset()
+    assert all(c.run_id is not None and c.advanced for c in out.claims)
+    assert all(c.applied for c in out.completions)
+    a.written(store)
+    b.written(store)
+
+
+def test_writes_about_a_shard_the_writer_does_not_hold_are_refused(store: Store) -> None:
+    """A shard missing from the batch's epochs is refused like a fenced one,
+    fenced by a newer owner or never fenced at all."""
+    a, b, c = work_in_shards(store, 3)
+    store.fence_shards({a.shard: 1, c.shard: 1}, "node-a")
+    out = store.write_batch(
+        one_batch([a.batch(fence=3), b.batch(fence=4), c.batch(fence=5)], {c.shard: 1})
+    )
+    assert out.fenced == {a.shard, b.shard}
+    assert [o.run_id is not None for o in out.claims] == [False, False, True]
+    assert [o.applied for o in out.completions] == [False, False, True]
+    a.untouched(store)
+    b.untouched(store)
+    c.written(store)
+
+
+def test_a_batch_without_epochs_is_not_checked(store: Store) -> None:
+    """``epochs=None``: tools and tests writing outside any owner."""
+    [a] = work_in_shards(store, 1)
+    store.fence_shards({a.shard: 9}, "node-a")
+    out = store.write_batch(a.batch(fence=3))
+    assert out.fenced == frozenset()
+    a.written(store)
 
 
 def test_load_shards_returns_live_jobs_and_inflight_runs_of_those_shards(store: Store) -> None:

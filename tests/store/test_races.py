@@ -19,6 +19,7 @@ import pytest
 
 from tests.store.conftest import interval_job
 from tests.store.test_contract import claim
+from wheel.errors import StoreError
 from wheel.store._schema import PG_MIGRATIONS, SQLITE_MIGRATIONS
 from wheel.store.base import (
     BatchOutcome,
@@ -353,3 +354,220 @@ def test_a_batch_commits_its_claims_while_its_completions_wait(pg_store: Any, pg
     assert [c.applied for c in result.completions] == [True]
     assert [c.run_id is not None and c.advanced for c in result.claims] == [True]
     assert pg_store.get_run(ran.run_id).state is RunState.SUCCEEDED
+
+
+# -- the epoch check against a fence committing meanwhile (seed C4) ---------------------
+
+
+def fenced_work(pg_store: Any) -> tuple[int, int, WriteBatch]:
+    """A job's first fire claimed under epoch 1 of its shard, and the batch
+    the old owner then writes: that run's completion and the next fire's
+    claim. Returns the shard, the run and the batch."""
+    job, _ = pg_store.submit_job(interval_job(next_run_at=60_000))
+    pg_store.fence_shards({job.shard: 1}, "node-old")
+    [ran] = pg_store.claim_fires([claim(job.job_id, 60_000, fence=1, new=120_000)])
+    assert ran.run_id is not None
+    batch = WriteBatch(
+        completions=[
+            Completion(run_id=ran.run_id, fence=1, state=RunState.SUCCEEDED, finished_at_ms=61_000)
+        ],
+        claims=[claim(job.job_id, 120_000, fence=2, new=180_000)],
+        epochs={job.shard: 1},
+    )
+    return job.shard, ran.run_id, batch
+
+
+def in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(fn()), daemon=True)
+    thread.start()
+    return thread, result
+
+
+@pytest.mark.postgres
+def test_a_fence_waits_for_an_older_epoch_batch_that_checked_first_and_then_loads_it(
+    pg_store: Any, pg_dsn: str
+) -> None:
+    """The batch has checked its epochs and is still writing when the new
+    owner fences the shard: the fence waits for the batch to commit, so the
+    new owner's load, which follows its fence, sees what the batch wrote.
+    (Checked without the lock, the fence would commit, the load miss the
+    new run and the completion, and the batch commit after them.)"""
+    shard, run_id, batch = fenced_work(pg_store)
+    [job_id] = [c.job_id for c in batch.claims]
+    blocker = psycopg.connect(pg_dsn)
+    try:
+        # Both of the batch's transactions stop at their writes, past their checks.
+        blocker.execute("SELECT 1 FROM jobs WHERE job_id = %s FOR UPDATE", [job_id])
+        blocker.execute("SELECT 1 FROM executions WHERE run_id = %s FOR UPDATE", [run_id])
+        writer, written = in_thread(lambda: pg_store.write_batch(batch))
+        deadline = time.monotonic() + 10
+        while len(locks_held_on_shard_epochs(pg_dsn)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(locks_held_on_shard_epochs(pg_dsn)) == 2  # both checked, locks held
+
+        def take_over() -> Any:
+            assert pg_store.fence_shards({shard: 2}, "node-new") == {shard: 2}
+            return pg_store.load_shards([shard])
+
+        fencer, loaded = in_thread(take_over)
+        fencer.join(0.5)
+        assert fencer.is_alive(), "the fence committed while an older batch was writing"
+        assert writer.is_alive()
+    finally:
+        blocker.rollback()
+        blocker.close()
+    writer.join(10)
+    fencer.join(10)
+    [out] = written
+    assert out.fenced == frozenset()
+    assert [c.applied for c in out.completions] == [True]
+    [new] = out.claims
+    assert new.run_id is not None and new.advanced
+    [load] = loaded
+    assert [r.run_id for r in load.inflight] == [new.run_id]  # and not the completed one
+    assert [j.next_run_at for j in load.jobs] == [180_000]
+
+
+@pytest.mark.postgres
+def test_an_older_epoch_batch_waits_for_a_fence_in_flight_and_is_refused(
+    pg_store: Any, pg_dsn: str
+) -> None:
+    """The new owner's fence has updated the shard's epoch and not committed
+    yet when the old owner's batch checks it: the check waits for the fence,
+    then sees the new epoch and refuses the batch in both its transactions."""
+    shard, run_id, batch = fenced_work(pg_store)
+    fencer = psycopg.connect(pg_dsn)
+    try:
+        fencer.execute(
+            "UPDATE shard_epochs SET epoch = 2, owner = 'node-new' WHERE shard = %s", [shard]
+        )
+        writer, written = in_thread(lambda: pg_store.write_batch(batch))
+        writer.join(0.5)
+        assert writer.is_alive(), "the batch did not wait for the fence in flight"
+        fencer.commit()
+    finally:
+        fencer.close()
+    writer.join(10)
+    [out] = written
+    assert out.fenced == {shard}
+    assert [c.applied for c in out.completions] == [False]
+    assert [c.run_id for c in out.claims] == [None]
+    [job_id] = [c.job_id for c in batch.claims]
+    assert [r.run_id for r in pg_store.list_runs(job_id)] == [run_id]
+    assert pg_store.get_run(run_id).state is RunState.DISPATCHED
+    assert pg_store.get_job(job_id).next_run_at == 120_000
+
+
+def locks_held_on_shard_epochs(dsn: str) -> list[Any]:
+    """Transactions holding a row lock on shard_epochs (FOR SHARE takes a
+    RowShareLock on the table)."""
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        return admin.execute(
+            "SELECT l.pid FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation"
+            " WHERE c.relname = 'shard_epochs' AND c.relnamespace = current_schema()::regnamespace"
+            " AND l.mode = 'RowShareLock' AND l.granted"
+        ).fetchall()
+
+
+def race_a_fence(pg_store: Any, fencing: Any, epoch: int) -> str:
+    """One round: a claim under ``epoch`` of its shard, and the new owner's
+    fence to ``epoch + 1`` followed by its load, started together. Which of
+    the two allowed outcomes came."""
+    job, _ = pg_store.submit_job(interval_job(f"j{epoch}", next_run_at=60_000))
+    fencing.fence_shards({job.shard: epoch}, "node-old")
+    batch = WriteBatch(
+        claims=[claim(job.job_id, 60_000, fence=epoch, new=120_000)],
+        epochs={job.shard: epoch},
+    )
+    go = threading.Barrier(2)
+
+    def write() -> BatchOutcome:
+        go.wait()
+        out: BatchOutcome = pg_store.write_batch(batch)
+        return out
+
+    def take_over() -> Any:
+        go.wait()
+        fencing.fence_shards({job.shard: epoch + 1}, "node-new")
+        return fencing.load_shards([job.shard])
+
+    writer, written = in_thread(write)
+    fencer, loaded = in_thread(take_over)
+    writer.join(10)
+    fencer.join(10)
+    [out], [load] = written, loaded
+    [new] = out.claims
+    if out.fenced:
+        assert new.run_id is None and pg_store.list_runs(job.job_id) == []
+        return "refused"
+    assert new.run_id is not None
+    assert new.run_id in {r.run_id for r in load.inflight}, (
+        f"round {epoch}: the batch committed after the fence the load followed"
+    )
+    return "loaded"
+
+
+@pytest.mark.postgres
+def test_an_older_epoch_batch_racing_a_fence_is_either_loaded_by_the_new_owner_or_refused(
+    pg_store: Any, pg_url: str
+) -> None:
+    """Many rounds of the race for real: each batch either committed before
+    the fence, and the new owner's load has what it wrote, or was refused
+    and wrote nothing. Never a batch that refused nothing and is missing
+    from the load."""
+    fencing = open_store(pg_url)  # the new owner's own connections
+    try:
+        outcomes = Counter(race_a_fence(pg_store, fencing, epoch) for epoch in range(1, 41))
+    finally:
+        fencing.close()
+    # Both come (about half each, measured), but which is up to the scheduler.
+    assert outcomes.keys() <= {"loaded", "refused"}
+
+
+@pytest.mark.postgres
+def test_a_writer_paused_in_a_batch_holds_up_the_next_owner_s_fence_only_briefly(
+    pg_dsn: str, pg_url: str
+) -> None:
+    """A node stops in the middle of a batch, its shard's epoch row locked by
+    the check: the server ends that transaction once it has waited on the
+    node for the idle timeout, and the next owner's fence goes through then,
+    not when the node wakes."""
+    from wheel.store.postgres import PostgresStore
+    from wheel.store.postgres._runs import Held
+
+    paused_store = PostgresStore(pg_dsn, retries=1, idle_in_transaction_timeout_ms=300)
+    fencing = open_store(pg_url)
+    woke = threading.Event()
+    try:
+        job, _ = fencing.submit_job(interval_job())
+        fencing.fence_shards({job.shard: 1}, "node-old")
+
+        def stopped_mid_batch(conn: Any, _: Any) -> None:
+            assert Held({job.shard: 1}, 300).stale(conn) == set()
+            woke.wait(10)  # the node stops here, between two statements
+            conn.execute("SELECT 1")
+
+        def write() -> BaseException | None:
+            try:
+                paused_store._db.run(stopped_mid_batch, idempotent=False)
+            except StoreError as exc:
+                return exc
+            return None
+
+        writer, failed = in_thread(write)
+        deadline = time.monotonic() + 10
+        while not locks_held_on_shard_epochs(pg_dsn) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert locks_held_on_shard_epochs(pg_dsn)
+        started = time.monotonic()
+        assert fencing.fence_shards({job.shard: 2}, "node-new") == {job.shard: 2}
+        waited = time.monotonic() - started
+        assert writer.is_alive()  # still stopped: the fence did not wait for it
+        assert waited < 3, f"the fence waited {waited:.2f} s for a stopped writer"
+    finally:
+        woke.set()
+        fencing.close()
+    writer.join(10)
+    paused_store.close()
+    assert isinstance(failed[0], StoreError)  # its transaction was ended under it

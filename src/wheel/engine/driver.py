@@ -24,7 +24,7 @@ clock and the network.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from wheel.engine.model import JobState, shard_of
@@ -137,17 +137,31 @@ class Driver:
             fx.missed = [m for m in fx.missed if shard_of(m.job_id) not in lost]
         return handed
 
-    def apply(self, outcome: BatchOutcome, now_ms: int) -> frozenset[int]:
-        """The store's answer to a batch, fed back in batch order. Shards the
-        store refused (a newer owner fenced them) are handed over at once and
-        returned: this owner's hold on them is over, whatever its coordinator
-        has told it so far."""
+    def apply(
+        self, outcome: BatchOutcome, now_ms: int, epochs: Mapping[int, int] | None = None
+    ) -> frozenset[int]:
+        """The store's answer to a batch, fed back in batch order. ``epochs``:
+        the ones the batch was written under (its ``WriteBatch.epochs``;
+        None: the owner's own, for a caller that applies each answer before
+        it takes the next batch).
+
+        Shards the store refused under the hold this owner still has (a newer
+        owner fenced them) are handed over at once and returned: that hold
+        is over, whatever its coordinator has told it so far. A refusal of an
+        earlier hold leaves a newer one alone: a batch written under the old
+        epochs can come back after the owner lost the shard and gained it
+        again under a newer epoch."""
         owner, fx = self.owner, self.fx
+        lost: frozenset[int] = frozenset()
         if outcome.fenced:
-            self.hand_over(outcome.fenced)
+            held = owner.shards()
+            under = held if epochs is None else epochs
+            lost = frozenset(s for s in outcome.fenced if s in held and under.get(s) == held[s])
+            if lost:
+                self.hand_over(lost)
         owner.on_completed(outcome.completions, now_ms, fx)
         owner.on_claimed(outcome.claims, now_ms, fx)
-        return outcome.fenced
+        return lost
 
     def wants_another_pass(self) -> bool:
         """Whether the loop should go round again at once: store writes wait,

@@ -192,6 +192,7 @@ class BatchOutcome:
     completions: list[CompletionOutcome]
     claims: list[ClaimOutcome]
     # Shards the store refused this batch's writes for (a newer owner fenced
-    # them): their claims came back unwon, their completions unapplied, and
-    # their schedule moves, missed records and starts were not written.
+    # them, or the writer does not hold them): their claims came back unwon,
+    # their completions unapplied, and their schedule moves, missed records
+    # and starts were not written.
     fenced: frozenset[int] = frozenset()

@@ -71,6 +71,8 @@ CLOCK_WARN_MS = 500
 MAX_SUBMIT_BATCH = 1_000
 # Store batches committing while the loop forms the next one.
 MAX_BATCHES_IN_FLIGHT = 2
+# The epochs a batch was written under (``WriteBatch.epochs``).
+Epochs = Mapping[int, int] | None
 T = TypeVar("T")
 # A snapshot's share of the process's time, taken in chunks of this many jobs
 # (each some milliseconds of Python): see wheel.checkpoint.wal.DutyCycle.
@@ -403,7 +405,9 @@ class Node(NodeReads, NodeMembership):
         loop = asyncio.get_running_loop()
         config = self.config
         next_changes = time.monotonic() + config.changes_interval_s
-        pending: deque[tuple[asyncio.Future[BatchOutcome], list[asyncio.Future[None]]]]
+        # Batches on the store thread: each one's answer, the epochs it was
+        # written under and the commits waiting for it.
+        pending: deque[tuple[asyncio.Future[BatchOutcome], Epochs, list[asyncio.Future[None]]]]
         pending = deque()
         next_batch_ms = 0  # group commit: no batch before this (clock ms)
         driver = self._the_driver()
@@ -425,16 +429,19 @@ class Node(NodeReads, NodeMembership):
                         next_batch_ms = now + config.group_commit_light_ms
                     future = loop.run_in_executor(self._store_thread, self._write, *batch)
                     future.add_done_callback(lambda _: self._wake.set())
-                    pending.append((future, self._commit_waiters))
+                    pending.append((future, batch[0].epochs, self._commit_waiters))
                     self._commit_waiters = []
             while pending and pending[0][0].done():
-                done, waiters = pending.popleft()
-                fenced = driver.apply(done.result(), self.clock.now_ms())
-                if fenced:
+                done, epochs, waiters = pending.popleft()
+                outcome = done.result()
+                lost = driver.apply(outcome, self.clock.now_ms(), epochs)
+                if outcome.fenced:
                     log.warning(
-                        "the store refused writes for %d shards a newer owner holds: %s",
-                        len(fenced),
-                        sorted(fenced)[:16],
+                        "the store refused writes for %d shards a newer owner holds: %s"
+                        " (%d of them handed over now)",
+                        len(outcome.fenced),
+                        sorted(outcome.fenced)[:16],
+                        len(lost),
                     )
                 for waiter in waiters:
                     if not waiter.done():
@@ -462,7 +469,7 @@ class Node(NodeReads, NodeMembership):
                 await asyncio.sleep(0)
                 continue
             await self._sleep_until(deadline)
-        for future, waiters in pending:
+        for future, _, waiters in pending:
             with contextlib.suppress(Exception):
                 await future
             for waiter in waiters:

@@ -27,6 +27,9 @@ against an in-memory reference model of this protocol too):
    number). ``changes_since`` hands changes out in marker order.
 5. Lease renewals never reach the store (seed R2).
 6. Backend errors are wrapped in ``wheel.errors.StoreError`` subclasses.
+7. An owner's batch carries the epochs it holds its shards under, and the
+   store refuses, in the write's own transaction, every write of a shard
+   from an epoch older than the shard's (seed C4; see ``write_batch``).
 
 All times are integer milliseconds since the Unix epoch; ids are 64-bit ints.
 """
@@ -182,6 +185,51 @@ class Store(Protocol):
         in one batch anyway, either may commit first on PostgreSQL, and when
         the claim does, the fence check reports the completion superseded.
 
+        Epochs (seed C4). With ``batch.epochs`` (shard -> the epoch the
+        writer holds it under; None: not checked), every transaction the
+        batch commits reads first the stored epochs of the writer's shards,
+        locked until it ends, and refuses each shard whose stored epoch is
+        newer than the writer's, and each shard missing from
+        ``batch.epochs`` that a write is about. A refused shard gets nothing
+        of the batch: its claims come back unwon (no run id, not advanced),
+        its completions unapplied, and its missed fires, schedule advances
+        and starts are not written. The other shards' writes go on as they
+        would without the check. ``BatchOutcome.fenced`` names the refused
+        shards: every shard of ``batch.epochs`` a check found newer, whether
+        the batch writes about it or not, and the missing shards it writes
+        about (on PostgreSQL, a missing shard whose only writes are
+        completions or starts that would not have applied anyway may go
+        unnamed). A shard with no stored epoch was never fenced and is
+        current: every owner fences a shard before it writes to it. A write
+        refused after an earlier write of it committed (a batch written
+        again) reports refused all the same: the shard is the newer owner's
+        now, and it goes by what the store holds.
+
+        Why the lock makes it safe: ``fence_shards`` changes the rows the
+        check locks. On PostgreSQL the check is a ``SELECT ... FOR SHARE``
+        of the rows the fence updates, so whichever takes its lock first
+        makes the other wait for its commit. A batch transaction that locked
+        first commits before the fence does, and the new owner's load, which
+        follows its fence, sees what it wrote; one that comes second reads
+        the new epoch and is refused. No write checks an old epoch and
+        commits after the fence. Both take the rows in shard order, so they
+        cannot deadlock. A fence that commits while a batch is being written
+        there refuses the kinds whose transactions check after it and not
+        those that committed before. The lock's price is that a fence waits
+        for a writer that stopped in the middle of a batch (paused, or cut
+        off from the store): PostgreSQL ends such a transaction once it has
+        waited on its client for 1 s (``idle_tx_timeout_ms``), and the fence
+        goes on. SQLite holds the write lock from the start of the batch's
+        one transaction, which keeps ``fence_shards`` out until it ends; the
+        reference model writes one call at a time.
+
+        The common case costs one small statement per transaction: each
+        write's shard is worked out only when a shard is refused or the
+        writer does not hold every shard (from the job id of claims,
+        advances and missed fires; completions and starts carry only a run,
+        whose job is looked up then, or on PostgreSQL read back from the
+        rows they changed).
+
         Retries and errors. PostgreSQL retries each kind's transaction on a
         lost connection, with backoff; when the connection died during COMMIT
         (outcome unknown) it retries every kind but the schedule advances,
@@ -245,10 +293,13 @@ class Store(Protocol):
     def fence_shards(self, epochs: Mapping[int, int], owner: str) -> dict[int, int]:
         """Raise each shard's epoch to the one given (a cluster's coordinator
         issues them, strictly increasing per shard), never lowering it. From
-        its commit on, the store refuses the shard's claims, completions and
-        schedule moves from an older epoch (seed C4), so a node that lost the
-        shard writes nothing more. Returns each shard's epoch after: one
-        higher than given means a newer owner fenced it first."""
+        its commit on, ``write_batch`` refuses every write of the shard from
+        an older epoch, in that write's own transaction (seed C4), so a node
+        that lost the shard writes nothing more. It waits for the batch
+        transactions that checked the shard's epoch before it: a load of the
+        shard after it returns sees every write an older owner's batches
+        ever make there. Returns each shard's epoch after: a higher one than
+        given means a newer owner fenced it first."""
 
     def shard_epochs(self, shards: Collection[int]) -> dict[int, int]:
         """The epoch each shard has in the store (absent: never owned)."""

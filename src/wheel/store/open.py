@@ -5,7 +5,9 @@ SQLAlchemy convention: what follows the third slash is the path), with
 optional ``?synchronous=normal`` and ``?busy_timeout_ms=N``;
 ``sqlite:///:memory:`` for a throwaway store. ``postgresql://...`` (or
 ``postgres://``) is passed to libpq as is, except for wheel's own query
-parameters ``pool_min``, ``pool_max`` and ``retries``.
+parameters ``pool_min``, ``pool_max``, ``retries`` and ``idle_tx_timeout_ms``
+(how long the server lets a batch transaction holding its shards' epochs wait
+on the node; 0: no limit).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from wheel.store.base import Store
 
 __all__ = ["open_store"]
 
-_PG_OWN = {"pool_min", "pool_max", "retries"}
+_PG_OWN = {"pool_min", "pool_max", "retries", "idle_tx_timeout_ms"}
 
 
 def _int(name: str, value: str) -> int:
@@ -50,6 +52,7 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
         )
     elif parts.scheme in ("postgresql", "postgres"):
         from wheel.store.postgres import PostgresStore
+        from wheel.store.postgres._store import IDLE_IN_TRANSACTION_TIMEOUT_MS
 
         pairs = parse_qsl(parts.query, keep_blank_values=True)
         own = {k: v for k, v in pairs if k in _PG_OWN}
@@ -60,6 +63,10 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
             min_size=_int("pool_min", own.get("pool_min", "1")),
             max_size=_int("pool_max", own.get("pool_max", "4")),
             retries=_int("retries", own.get("retries", "8")),
+            idle_in_transaction_timeout_ms=_int(
+                "idle_tx_timeout_ms",
+                own.get("idle_tx_timeout_ms", str(IDLE_IN_TRANSACTION_TIMEOUT_MS)),
+            ),
         )
     else:
         raise InvalidArgument("store_url", f"unsupported store URL scheme {parts.scheme!r}")

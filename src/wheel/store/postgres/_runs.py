@@ -5,19 +5,71 @@ inside the caller's transaction and answers in the batch's order.
 A write that loses finds out whether it lost to its own earlier commit
 (``wheel.store.base``, rule 3): after an unknown commit, or when the node
 writes a batch again because a later part of it failed.
+
+Given a writer's ``Held`` epochs, a function checks them first thing in the
+transaction and leaves out the writes of the shards it refuses
+(``Store.write_batch``); it answers for those as not applied and returns
+the refused shards beside its answers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import psycopg.errors
 
+from wheel.engine.model import shard_of
+from wheel.store._fence import (
+    holds_every_shard,
+    job_shards,
+    kept,
+    least_epoch,
+    run_shards,
+    spread,
+    stale_shards,
+)
+from wheel.store._shared import first_per_key
 from wheel.store.base import Completion, FireClaim, MissedFire, RunStart, ScheduleAdvance
 from wheel.store.postgres import _sql as sql
 from wheel.store.postgres._arrays import Int4s, Int8s
 from wheel.store.postgres._db import Attempt, Conn
+
+W = TypeVar("W")
+
+
+class Held:
+    """A writer's epochs (``WriteBatch.epochs``) as the check statement
+    takes them: built once for all of a batch's transactions."""
+
+    __slots__ = ("_check", "epochs", "every")
+
+    def __init__(self, epochs: Mapping[int, int], idle_ms: int) -> None:
+        self.epochs = epochs
+        self.every = holds_every_shard(epochs)
+        self._check = sql.lock_epochs_sql(epochs, least_epoch(epochs), idle_ms)
+
+    def stale(self, conn: Conn) -> set[int]:
+        """Lock the writer's shards until the transaction ends and return
+        those whose stored epoch is newer than the writer's; from here on the
+        transaction may wait on its client ``idle_ms`` at most."""
+        if not self.epochs:
+            return set()
+        return stale_shards(self.epochs, conn.execute(self._check))
+
+    def check_jobs(self, conn: Conn, job_ids: Sequence[int]) -> tuple[list[int] | None, set[int]]:
+        """The check for writes that carry a job id: the indexes of the ones
+        to make (None: all of them) and the refused shards."""
+        refused = self.stale(conn)
+        if not refused and self.every:
+            return None, refused
+        return kept(job_shards(job_ids), self.epochs, refused), refused
+
+
+def _check_jobs(
+    conn: Conn, held: Held | None, job_ids: Sequence[int]
+) -> tuple[list[int] | None, set[int]]:
+    return (None, set()) if held is None else held.check_jobs(conn, job_ids)
 
 
 def _rounds(job_ids: Sequence[int]) -> list[list[int]]:
@@ -35,21 +87,37 @@ def _rounds(job_ids: Sequence[int]) -> list[list[int]]:
 
 
 def claim(
-    conn: Conn, attempt: Attempt, claims: Sequence[FireClaim]
-) -> tuple[list[int | None], list[bool]]:
-    """Each claim's run id (None: lost) and whether it moved its schedule."""
-    rounds = _rounds([c.job_id for c in claims])
-    if not attempt.after_unknown_commit:
+    conn: Conn, attempt: Attempt, claims: Sequence[FireClaim], held: Held | None
+) -> tuple[list[int | None], list[bool], set[int]]:
+    """Each claim's run id (None: lost or refused), whether it moved its
+    schedule, and the refused shards."""
+    plain = not attempt.after_unknown_commit
+    while True:
+        keep, refused = _check_jobs(conn, held, [c.job_id for c in claims])
+        part = claims if keep is None else [claims[i] for i in keep]
         try:
-            return _claim(conn, claims, rounds, plain=True)
+            run_ids, advanced = _claim(conn, part, plain=plain) if part else ([], [])
         except psycopg.errors.UniqueViolation:
-            conn.rollback()  # some fire is claimed already: sort them out
-    return _claim(conn, claims, rounds, plain=False)
+            if not plain:
+                raise
+            # Some fire is claimed already: sort them out. The rollback let
+            # the check's locks go, so the check runs again too.
+            conn.rollback()
+            plain = False
+            continue
+        if keep is None:
+            return run_ids, advanced, refused
+        return (
+            spread(claims, keep, run_ids, lambda _: None),
+            spread(claims, keep, advanced, lambda _: False),
+            refused,
+        )
 
 
 def _claim(
-    conn: Conn, claims: Sequence[FireClaim], rounds: list[list[int]], *, plain: bool
+    conn: Conn, claims: Sequence[FireClaim], *, plain: bool
 ) -> tuple[list[int | None], list[bool]]:
+    rounds = _rounds([c.job_id for c in claims])
     n = len(claims)
     run_ids: list[int | None] = [None] * n
     advanced = [False] * n
@@ -83,8 +151,19 @@ def _claim(
     return run_ids, advanced
 
 
-def advance(conn: Conn, advances: Sequence[ScheduleAdvance], now_ms: int) -> list[bool]:
-    """Schedule compare-and-swaps, a job's k-th of the batch in round k."""
+def advance(
+    conn: Conn, advances: Sequence[ScheduleAdvance], now_ms: int, held: Held | None
+) -> tuple[list[bool], set[int]]:
+    """Schedule compare-and-swaps, a job's k-th of the batch in round k;
+    and the refused shards."""
+    keep, refused = _check_jobs(conn, held, [a.job_id for a in advances])
+    if keep is None:
+        return _advance(conn, advances, now_ms), refused
+    applied = _advance(conn, [advances[i] for i in keep], now_ms) if keep else []
+    return spread(advances, keep, applied, lambda _: False), refused
+
+
+def _advance(conn: Conn, advances: Sequence[ScheduleAdvance], now_ms: int) -> list[bool]:
     applied = [False] * len(advances)
     with conn.cursor(binary=True) as cur:
         for members in _rounds([a.job_id for a in advances]):
@@ -104,27 +183,74 @@ def advance(conn: Conn, advances: Sequence[ScheduleAdvance], now_ms: int) -> lis
     return applied
 
 
-def mark_running(conn: Conn, starts: Sequence[RunStart], first: list[int]) -> list[bool]:
-    """dispatched -> running for the ``first`` of each (run, fence)."""
-    params = sql.start_arrays(first, [starts[i] for i in first])
-    return _fenced_update(
-        conn, sql.MARK_RUNNING_SQL, sql.RECOGNISE_STARTS_SQL, params, first, len(starts), "started"
-    )
+def mark_running(
+    conn: Conn, starts: Sequence[RunStart], held: Held | None
+) -> tuple[list[bool], set[int]]:
+    """dispatched -> running for the first of each (run, fence); and the
+    refused shards."""
+
+    def write(part: Sequence[RunStart]) -> tuple[list[bool], list[int]]:
+        first = first_per_key([(s.run_id, s.fence) for s in part])
+        params = sql.start_arrays(first, [part[i] for i in first])
+        update, recognise = sql.MARK_RUNNING_SQL, sql.RECOGNISE_STARTS_SQL
+        return _fenced_update(conn, update, recognise, params, first, len(part), "started")
+
+    return _run_writes(conn, held, starts, [s.run_id for s in starts], write)
 
 
-def complete(conn: Conn, completions: Sequence[Completion], first: list[int]) -> list[bool]:
-    """Fenced terminal transitions for the ``first`` of each (run, fence)."""
-    params = sql.completion_arrays(first, [completions[i] for i in first])
-    return _fenced_update(
-        conn,
-        sql.COMPLETE_SQL,
-        sql.RECOGNISE_COMPLETIONS_SQL,
-        params,
-        first,
-        len(completions),
-        "error",
-        "worker",
-    )
+def complete(
+    conn: Conn, completions: Sequence[Completion], held: Held | None
+) -> tuple[list[bool], set[int]]:
+    """Fenced terminal transitions for the first of each (run, fence); and
+    the refused shards."""
+
+    def write(part: Sequence[Completion]) -> tuple[list[bool], list[int]]:
+        first = first_per_key([(c.run_id, c.fence) for c in part])
+        params = sql.completion_arrays(first, [part[i] for i in first])
+        return _fenced_update(
+            conn,
+            sql.COMPLETE_SQL,
+            sql.RECOGNISE_COMPLETIONS_SQL,
+            params,
+            first,
+            len(part),
+            "error",
+            "worker",
+        )
+
+    return _run_writes(conn, held, completions, [c.run_id for c in completions], write)
+
+
+def _run_writes(
+    conn: Conn,
+    held: Held | None,
+    writes: Sequence[W],
+    run_ids: Sequence[int],
+    write: Callable[[Sequence[W]], tuple[list[bool], list[int]]],
+) -> tuple[list[bool], set[int]]:
+    """``write`` the runs' writes (it answers each, and gives the jobs of
+    the ones it reports applied) after the check of ``held``.
+
+    Writes carry only a run id, so their shards are looked up only when the
+    check refused a shard. A writer that does not hold every shard could
+    still write about a run of one it lacks: the jobs of the runs written
+    show it, and then the transaction starts over and looks them up."""
+    if held is None:
+        return write(writes)[0], set()
+    look_up = False
+    while True:
+        refused = held.stale(conn)
+        if not (refused or look_up):
+            applied, jobs = write(writes)
+            if held.every or all(shard_of(j) in held.epochs for j in jobs):
+                return applied, refused
+            conn.rollback()
+            look_up = True
+            continue
+        found = conn.execute(sql.JOB_IDS_SQL, {"run": Int8s(run_ids)}).fetchall()
+        keep = kept(run_shards(run_ids, dict(found)), held.epochs, refused)
+        applied = write([writes[i] for i in keep])[0] if keep else []
+        return spread(writes, keep, applied, lambda _: False), refused
 
 
 def _fenced_update(
@@ -135,24 +261,33 @@ def _fenced_update(
     first: list[int],
     n: int,
     *unmatched: str,
-) -> list[bool]:
+) -> tuple[list[bool], list[int]]:
     """Apply ``update`` to a batch of ``n`` (its ``first`` of each key); a
     row that did not apply but whose run ``recognise`` finds exactly as the
     update would leave it is applied all the same. ``unmatched``: arrays the
-    recognising statement does not take."""
+    recognising statement does not take. Returns what applied, and the jobs
+    of the runs that did."""
     applied = [False] * n
+    jobs = []
     with conn.cursor(binary=True) as cur:
         cur.execute(update, params)
-        for (i,) in cur:
+        for i, job_id in cur:
             applied[i] = True
+            jobs.append(job_id)
         if not all(applied[i] for i in first):
             for name in unmatched:
                 del params[name]
             cur.execute(recognise, params)
-            for (i,) in cur:
+            for i, job_id in cur:
                 applied[i] = True
-    return applied
+                jobs.append(job_id)
+    return applied, jobs
 
 
-def record_missed(conn: Conn, missed: Sequence[MissedFire]) -> None:
-    conn.execute(sql.RECORD_MISSED_SQL, sql.missed_arrays(missed))
+def record_missed(conn: Conn, missed: Sequence[MissedFire], held: Held | None) -> set[int]:
+    """Missed fires, once each; returns the refused shards."""
+    keep, refused = _check_jobs(conn, held, [m.job_id for m in missed])
+    part = missed if keep is None else [missed[i] for i in keep]
+    if part:
+        conn.execute(sql.RECORD_MISSED_SQL, sql.missed_arrays(part))
+    return refused

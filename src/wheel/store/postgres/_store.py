@@ -10,13 +10,7 @@ from typing import TypeVar
 
 from wheel.errors import WheelError
 from wheel.store._schema import PG_MIGRATIONS
-from wheel.store._shared import (
-    Executor,
-    check_importable,
-    check_terminal,
-    first_per_key,
-    wall_ms,
-)
+from wheel.store._shared import Executor, check_importable, check_terminal, wall_ms
 from wheel.store._sqlstore import SQLStore
 from wheel.store.base import (
     BatchOutcome,
@@ -40,6 +34,18 @@ from wheel.store.postgres._sql import QUERIES
 
 T = TypeVar("T")
 
+# How long the server lets a batch transaction with epochs wait on its
+# client, once it holds its shards' epoch rows FOR SHARE, before it ends the
+# session (0: no limit). A node paused or cut off in the middle of a batch
+# would otherwise hold up the next owner's ``fence_shards`` until it woke.
+# The transaction's statements go out back to back, so a wait this long
+# means a node that stopped. The cluster coordinator's safety margin is the
+# same second: a node starts no batch later than that before its lease
+# expires, so a paused node's locks go about when its lease does (a lease
+# lasts 2 s at least). Only those transactions: a shard load, for one,
+# parses rows between its statements for longer on a large store.
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 1_000
+
 
 class PostgresStore(SQLStore):
     """``Store`` on PostgreSQL (tables in the connection's ``search_path``)."""
@@ -57,6 +63,7 @@ class PostgresStore(SQLStore):
         max_size: int = 6,
         retries: int = 8,
         pool_timeout_s: float = 10.0,
+        idle_in_transaction_timeout_ms: int = IDLE_IN_TRANSACTION_TIMEOUT_MS,
     ) -> None:
         self._db = Database(
             dsn,
@@ -65,6 +72,7 @@ class PostgresStore(SQLStore):
             retries=retries,
             pool_timeout_s=pool_timeout_s,
         )
+        self._idle_ms = max(0, idle_in_transaction_timeout_ms)
         # ``write_batch`` commits a batch's completions here, on a connection
         # of their own, while the calling thread commits the rest.
         self._side = ThreadPoolExecutor(1, thread_name_prefix="wheel-store-side")
@@ -119,75 +127,108 @@ class PostgresStore(SQLStore):
     # -- executions -----------------------------------------------------------
 
     def claim_fires(self, claims: Sequence[FireClaim]) -> list[ClaimOutcome]:
-        if not claims:
-            return []
-        run_ids, advanced = self._db.run(
-            lambda conn, attempt: _runs.claim(conn, attempt, claims), idempotent=True
-        )
-        return [
-            ClaimOutcome(claim=c, run_id=run_ids[i], advanced=advanced[i])
-            for i, c in enumerate(claims)
-        ]
+        return self._claim(claims, None)[0]
 
     def write_batch(self, batch: WriteBatch) -> BatchOutcome:
         """A loop iteration's writes, each kind in its own transaction (each
         retried on its own when the connection drops, which keeps the retry
-        rules per operation); ``Store.write_batch`` says why the completions
-        may commit beside the rest. Measured at 18,000 dispatches/s the two
-        took 40% and 37% of the store thread, mostly waiting on the server,
-        which has cores to spare."""
+        rules per operation), each checking the writer's epochs first;
+        ``Store.write_batch`` says why the completions may commit beside the
+        rest. Measured at 18,000 dispatches/s the two took 40% and 37% of
+        the store thread, mostly waiting on the server, which has cores to
+        spare."""
+        held = None if batch.epochs is None else _runs.Held(batch.epochs, self._idle_ms)
         rest = batch.claims or batch.advances or batch.missed or batch.starts
         if not (batch.completions and rest):
-            completed = self.complete_runs(batch.completions)
-            return BatchOutcome(completions=completed, claims=self._write_rest(batch))
-        completing = self._side.submit(self.complete_runs, batch.completions)
-        try:
-            claimed = self._write_rest(batch)
-        finally:
-            completed = completing.result()  # never left running past the batch
-        return BatchOutcome(completions=completed, claims=claimed)
+            completed, refused = self._complete(batch.completions, held)
+            claimed, more = self._write_rest(batch, held)
+        else:
+            completing = self._side.submit(self._complete, batch.completions, held)
+            try:
+                claimed, more = self._write_rest(batch, held)
+            finally:
+                completed, refused = completing.result()  # never left running past the batch
+        return BatchOutcome(completions=completed, claims=claimed, fenced=frozenset(refused | more))
 
-    def _write_rest(self, batch: WriteBatch) -> list[ClaimOutcome]:
+    def _write_rest(
+        self, batch: WriteBatch, held: _runs.Held | None
+    ) -> tuple[list[ClaimOutcome], set[int]]:
         """A batch's writes other than completions, in order: missed records
-        before the advances that move past them, then claims and starts."""
-        self.record_missed(batch.missed)
-        self.advance_schedules(batch.advances)
-        claimed = self.claim_fires(batch.claims)
-        self.mark_running(batch.starts)
-        return claimed
+        before the advances that move past them, then claims and starts;
+        and the shards they refused."""
+        refused = self._record_missed(batch.missed, held)
+        refused |= self._advance(batch.advances, held)[1]
+        claimed, more = self._claim(batch.claims, held)
+        refused |= more
+        refused |= self._mark_running(batch.starts, held)[1]
+        return claimed, refused
+
+    def _claim(
+        self, claims: Sequence[FireClaim], held: _runs.Held | None
+    ) -> tuple[list[ClaimOutcome], set[int]]:
+        if not claims:
+            return [], set()
+        run_ids, advanced, refused = self._db.run(
+            lambda conn, attempt: _runs.claim(conn, attempt, claims, held), idempotent=True
+        )
+        outcomes = [
+            ClaimOutcome(claim=c, run_id=run_ids[i], advanced=advanced[i])
+            for i, c in enumerate(claims)
+        ]
+        return outcomes, refused
 
     def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
+        return self._advance(advances, None)[0]
+
+    def _advance(
+        self, advances: Sequence[ScheduleAdvance], held: _runs.Held | None
+    ) -> tuple[list[bool], set[int]]:
         if not advances:
-            return []
+            return [], set()
         now = wall_ms()
         # Not retried after an unknown commit: a CAS that applied would then
         # report False. A lost connection before commit is still retried.
-        return self._db.run(lambda conn, _: _runs.advance(conn, advances, now), idempotent=False)
+        return self._db.run(
+            lambda conn, _: _runs.advance(conn, advances, now, held), idempotent=False
+        )
 
     def mark_running(self, starts: Sequence[RunStart]) -> list[bool]:
+        return self._mark_running(starts, None)[0]
+
+    def _mark_running(
+        self, starts: Sequence[RunStart], held: _runs.Held | None
+    ) -> tuple[list[bool], set[int]]:
         if not starts:
-            return []
-        first = first_per_key([(s.run_id, s.fence) for s in starts])
-        return self._db.run(
-            lambda conn, _: _runs.mark_running(conn, starts, first), idempotent=True
-        )
+            return [], set()
+        return self._db.run(lambda conn, _: _runs.mark_running(conn, starts, held), idempotent=True)
 
     def complete_runs(self, completions: Sequence[Completion]) -> list[CompletionOutcome]:
+        return self._complete(completions, None)[0]
+
+    def _complete(
+        self, completions: Sequence[Completion], held: _runs.Held | None
+    ) -> tuple[list[CompletionOutcome], set[int]]:
         if not completions:
-            return []
+            return [], set()
         check_terminal(completions)
-        first = first_per_key([(c.run_id, c.fence) for c in completions])
-        applied = self._db.run(
-            lambda conn, _: _runs.complete(conn, completions, first), idempotent=True
+        applied, refused = self._db.run(
+            lambda conn, _: _runs.complete(conn, completions, held), idempotent=True
         )
-        return [
+        outcomes = [
             CompletionOutcome(run_id=c.run_id, applied=applied[i])
             for i, c in enumerate(completions)
         ]
+        return outcomes, refused
 
     def record_missed(self, missed: Sequence[MissedFire]) -> None:
-        if missed:
-            self._db.run(lambda conn, _: _runs.record_missed(conn, missed), idempotent=True)
+        self._record_missed(missed, None)
+
+    def _record_missed(self, missed: Sequence[MissedFire], held: _runs.Held | None) -> set[int]:
+        if not missed:
+            return set()
+        return self._db.run(
+            lambda conn, _: _runs.record_missed(conn, missed, held), idempotent=True
+        )
 
     # -- ownership ------------------------------------------------------------
 

@@ -10,9 +10,10 @@ nothing for it.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from wheel.store import _fence
 from wheel.store._shared import first_per_key
 from wheel.store.base import (
     ClaimOutcome,
@@ -172,3 +173,14 @@ def record_missed(cur: sqlite3.Cursor, missed: Sequence[MissedFire]) -> None:
         sql.RECORD_MISSED,
         [(m.job_id, m.scheduled_for, m.reason.value, m.recorded_at_ms) for m in missed],
     )
+
+
+def stale_shards(cur: sqlite3.Cursor, epochs: Mapping[int, int]) -> set[int]:
+    """The writer's shards whose stored epoch is newer than its own."""
+    rows = cur.execute(sql.EPOCHS_ABOVE, (_fence.least_epoch(epochs),))
+    return _fence.stale_shards(epochs, rows)
+
+
+def job_ids(cur: sqlite3.Cursor, run_ids: Sequence[int]) -> dict[int, int]:
+    """Run -> job, for the runs the store has."""
+    return dict(cur.execute(sql.JOB_IDS, (sql.DIALECT.ints(run_ids),)).fetchall())

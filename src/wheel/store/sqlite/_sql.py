@@ -185,6 +185,14 @@ INSERT_KEY = (
 SET_STATE = (
     "UPDATE jobs SET state = ?, next_run_at = ?, updated_at_ms = ?, change_seq = ? WHERE job_id = ?"
 )
+# The epoch check of a batch (``Store.write_batch``): the shards whose epoch
+# is above the writer's least one, the only ones that can be newer than the
+# writer's (usually none). A scan of at most 256 rows, without parameters
+# per shard.
+EPOCHS_ABOVE = "SELECT shard, epoch FROM shard_epochs WHERE epoch > ?"
+# The jobs of a batch's runs, to find their shards: only when a shard is refused
+# or the writer does not hold every shard.
+JOB_IDS = "SELECT run_id, job_id FROM executions WHERE run_id IN (SELECT value FROM json_each(?))"
 RECORD_MISSED = (
     "INSERT INTO missed_fires (job_id, scheduled_for, reason, recorded_at_ms)"
     " VALUES (?, ?, ?, ?) ON CONFLICT (job_id, scheduled_for) DO NOTHING"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from wheel.errors import WheelError
+from wheel.store._fence import write_checked
 from wheel.store._schema import SQLITE_MIGRATIONS
 from wheel.store._shared import Executor, check_importable, check_terminal, wall_ms
 from wheel.store._sqlstore import SQLStore
@@ -104,9 +105,18 @@ class SQLiteStore(SQLStore):
 
     def write_batch(self, batch: WriteBatch) -> BatchOutcome:
         """A loop iteration's writes in ONE transaction (one fsync), in the
-        order ``Store.write_batch`` gives."""
-        with self._db.tx(write=True):
-            return write_in_order(self, batch)
+        order ``Store.write_batch`` gives, after the writer's epochs are
+        checked in it. The write lock taken at its start keeps
+        ``fence_shards`` out until it ends."""
+        with self._db.tx(write=True) as cur:
+            if batch.epochs is None:
+                return write_in_order(self, batch)
+            return write_checked(
+                batch,
+                _runs.stale_shards(cur, batch.epochs),
+                lambda run_ids: _runs.job_ids(cur, run_ids),
+                lambda part: write_in_order(self, part),
+            )
 
     def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
         if not advances:
