@@ -13,7 +13,7 @@ import pytest
 from tests.engine.sim import HOUR, MIN, SEC, RefStore
 from wheel.checkpoint.owner_state import decode_image, encode_job
 from wheel.engine.driver import Driver
-from wheel.engine.model import JobState, MissedReason, RunState, shard_of
+from wheel.engine.model import AlertKind, JobState, MissedReason, RunState, shard_of
 from wheel.engine.owner import (
     COUNTER_BITS,
     Assignment,
@@ -152,6 +152,7 @@ class Node:
             theirs.clear()
         o.alerts += fx.alerts
         fx.alerts.clear()
+        fx.notes.clear()
 
     def take(self) -> Effects:
         out, self.out = self.out, Effects()
@@ -627,7 +628,9 @@ def test_timeout_revokes_and_retries_then_dead_letters_on_the_last_attempt() -> 
     n.owner.worker_ack("w1", [(retry.run_id, retry.fence)], n.now, n.fx)
     fx = n.step(n.now + 10 * SEC)
     assert [s for _, _, s in n.execs(j)] == [RunState.TIMED_OUT, RunState.DEAD_LETTERED]
-    assert any("dead-lettered" in x for x in fx.alerts)
+    [alert] = [x for x in fx.alerts if x.kind is AlertKind.DEAD_LETTERED]
+    assert "dead-lettered" in alert.message
+    assert (alert.job_id, alert.run_id, alert.fence) == (j, retry.run_id, retry.fence)
 
 
 def test_an_at_most_once_run_is_never_redispatched_once_handed_out() -> None:
@@ -639,7 +642,9 @@ def test_an_at_most_once_run_is_never_redispatched_once_handed_out() -> None:
     n.hello("w2")
     fx = n.step(T + MIN + n.config.grace_lease_ms)  # lease lost: outcome unknown
     assert n.execs(j) == [(T + MIN, 0, RunState.UNKNOWN)] and not fx.claims
-    assert any("at_most_once" in x for x in fx.alerts)
+    [alert] = fx.alerts
+    assert alert.kind is AlertKind.OUTCOME_UNKNOWN and "at_most_once" in alert.message
+    assert (alert.job_id, alert.run_id, alert.worker) == (j, a.run_id, "w1")
     n.silent.clear()
     b = n.run_once(j, T + 2 * MIN, "w2", ack=False)
     n.owner.worker_ack("w2", [(b.run_id, b.fence)], n.now, n.fx)
@@ -934,7 +939,9 @@ def test_catch_up_run_all_past_the_cap_collapses_with_an_alert() -> None:
     fx = n.step()
     assert [c.scheduled_for for c in fx.claims] == [T + 10 * MIN]
     assert set(n.missed(j).values()) == {MissedReason.OVER_CAP}
-    assert any("max_count" in a for a in fx.alerts)
+    [alert] = fx.alerts
+    assert alert.kind is AlertKind.CATCH_UP_CAPPED and alert.job_id == j
+    assert "max_count" in alert.message
 
 
 def test_catch_up_skip_runs_nothing_and_records_every_fire_skipped() -> None:
@@ -1115,7 +1122,8 @@ def test_reaper_pauses_and_alerts_above_the_busy_threshold_and_resumes_below() -
     fx = n.step(T + MIN + n.config.grace_lease_ms)  # w2's 4 runs lose their lease
     assert n.owner.reaper_paused  # 10 of 18 slots busy > 50%
     assert not [c for c in fx.claims if c.attempt == 1]
-    assert any("reaper paused" in a for a in fx.alerts)
+    assert [a.kind for a in fx.alerts] == [AlertKind.REAPER_PAUSED]
+    assert "reaper paused" in fx.alerts[0].message
     redispatched = []
     for a in w1[:6]:
         redispatched += [c for c in n.complete(a).claims if c.attempt == 1]
@@ -1291,7 +1299,9 @@ def test_work_with_no_worker_for_its_handler_waits_unclaimed_and_is_reported() -
     assert (waiting.pool, waiting.handler, waiting.waiting) == ("default", "report", 1)
     assert not fx.alerts
     fx = n.step(T + MIN + 10 * SEC)
-    assert [a for a in fx.alerts if "no worker for handler 'report'" in a]
+    [alert] = fx.alerts
+    assert alert.kind is AlertKind.NO_WORKER
+    assert "no worker for handler 'report'" in alert.message
     fx = n.step(T + MIN + HOUR)  # waits as long as it takes; one alert
     assert not fx.alerts and not fx.claims
     n.hello("reporter", handlers=("report",))
