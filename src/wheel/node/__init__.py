@@ -5,19 +5,23 @@ coordinator that gives and takes its shards."""
 from wheel.node._node import Node
 from wheel.node._values import (
     Clock,
+    Health,
     Membership,
     MessageSink,
     NodeConfig,
     NodeStatus,
+    RaisedAlert,
     WorkerSession,
 )
 
 __all__ = [
     "Clock",
+    "Health",
     "Membership",
     "MessageSink",
     "Node",
     "NodeConfig",
     "NodeStatus",
+    "RaisedAlert",
     "WorkerSession",
 ]

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
 from wheel.engine.driver import Driver
-from wheel.engine.model import JobState
+from wheel.engine.model import AlertKind, JobState
 from wheel.engine.records import ExecutionRecord, JobRecord, MissedFire
 from wheel.node._values import Clock, NodeConfig, NodeStatus
 from wheel.store.base import Store
@@ -31,6 +30,8 @@ class NodeReads:
     if TYPE_CHECKING:
 
         async def _api(self, fn: Callable[..., T], *args: object) -> T: ...
+
+        def alerts_firing(self) -> Mapping[AlertKind, int]: ...
 
     def now_ms(self) -> int:
         return self.clock.now_ms()
@@ -105,9 +106,10 @@ class NodeReads:
             overdue_backlog=overdue,
             workers=workers,
             worker_capacity=sum(w.capacity for w in workers),
-            stats=replace(owner.stats),
+            stats=owner.stats.copy(),
             reaper_paused=owner.reaper_paused,
             unserved=owner.unserved(),
+            alerts_firing=tuple(sorted(k.value for k, n in self.alerts_firing().items() if n)),
         )
 
     def lag_percentiles(self) -> tuple[float, float]:
