@@ -101,6 +101,7 @@ def _status(**kw: Any) -> Status:
         "reaper_paused": False,
         "worker_list": [],
         "unserved": [],
+        "alerts_firing": [],
     }
     return Status(**{**fields, **kw})
 
