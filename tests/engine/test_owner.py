@@ -8,6 +8,8 @@ store of ``tests/engine/sim.py``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.engine.sim import HOUR, MIN, SEC, RefStore
@@ -152,6 +154,7 @@ class Node:
             theirs.clear()
         o.alerts += fx.alerts
         fx.alerts.clear()
+        o.notes += fx.notes
         fx.notes.clear()
 
     def take(self) -> Effects:
@@ -1471,3 +1474,80 @@ def test_a_shard_added_from_checkpoint_images_wakes_its_jobs_when_touched() -> N
     owner.advance(T + MIN, fx)
     [claim] = fx.claims
     assert (claim.job_id, claim.scheduled_for, claim.fence >> COUNTER_BITS) == (j, T + MIN, 3)
+
+
+# -- counters the node's metrics read ----------------------------------------------------
+
+
+def test_stats_count_fires_claims_dispatches_and_run_endings_by_state() -> None:
+    n = Node()
+    n.hello()
+    ok = n.submit(spec(schedule=Once(at_ms=T + MIN)))
+    bad = n.submit(spec(schedule=Once(at_ms=T + MIN), retry=Retry(max_attempts=1)))
+    fx = n.step(T + MIN)
+    by_job = {a.job_id: a for a in fx.assignments["w1"]}
+    n.complete(by_job[ok])
+    n.complete(by_job[bad], Outcome.FAILED)
+    stats = n.owner.stats
+    assert (stats.fires, stats.claims_won, stats.claims_lost, stats.dispatched) == (2, 2, 0, 2)
+    assert stats.ended == {RunState.SUCCEEDED: 1, RunState.DEAD_LETTERED: 1}
+    assert (stats.completed, stats.dead_lettered) == (1, 1)
+    copy = stats.copy()
+    n.submit(spec(schedule=Once(at_ms=T + 2 * MIN)))
+    n.complete(n.run_once(n.owner.job_ids()[-1], T + 2 * MIN))
+    assert copy.ended == {RunState.SUCCEEDED: 1, RunState.DEAD_LETTERED: 1}  # a snapshot
+    assert stats.ended[RunState.SUCCEEDED] == 2
+
+
+def test_a_claim_the_store_refuses_counts_as_lost() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
+    fx = n.fx
+    n.driver.advance(T + MIN)
+    batch = n.driver.take_batch()
+    [c] = batch.claims
+    # Another owner took this fire attempt first.
+    n.store.claim_fires([dataclasses.replace(c, fence=c.fence + 1, advance=False)])
+    n.driver.apply(n.store.write_batch(batch), T + MIN)
+    assert (n.owner.stats.claims_won, n.owner.stats.claims_lost) == (0, 1)
+    assert not fx.assignments and j in n.store.jobs
+
+
+def test_missed_fires_are_counted_by_reason_and_a_catch_up_counts_every_fire() -> None:
+    n, j = _restarted_with_backlog(CatchUpMode.RUN_LATEST_ONLY)
+    n.step()
+    stats = n.owner.stats
+    assert stats.fires == 10  # the nine collapsed and the one run
+    assert stats.missed_by_reason == {MissedReason.COLLAPSED: 9}
+    assert stats.missed == len(n.missed(j)) == 9
+
+
+def test_a_lapsed_lease_is_counted_noted_with_its_ids_and_redispatched() -> None:
+    n = Node()
+    n.hello("w1")
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
+    a = n.run_once(j, T + MIN, ack=False)
+    n.silent.add("w1")
+    n.hello("w2")
+    fx = n.step(T + MIN + n.config.grace_lease_ms)
+    stats = n.owner.stats
+    assert stats.lost_leases == 1
+    assert [(x.what, x.job_id, x.run_id, x.fence, x.worker) for x in fx.notes] == [
+        ("lease expired", j, a.run_id, a.fence, "w1")
+    ]
+    assert stats.ended == {RunState.LOST: 1}
+    assert stats.redispatched == 1
+    [again] = fx.assignments["w2"]
+    assert (again.job_id, again.attempt) == (j, 1)
+
+
+def test_a_failed_attempt_retried_after_its_backoff_is_counted() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
+    a = n.run_once(j, T + MIN)
+    n.complete(a, Outcome.RETRYABLE)
+    n.step(n.now + 1)
+    assert n.owner.stats.retried == 1
+    assert n.owner.stats.ended == {RunState.FAILED: 1}
