@@ -1490,13 +1490,13 @@ def test_stats_count_fires_claims_dispatches_and_run_endings_by_state() -> None:
     n.complete(by_job[bad], Outcome.FAILED)
     stats = n.owner.stats
     assert (stats.fires, stats.claims_won, stats.claims_lost, stats.dispatched) == (2, 2, 0, 2)
-    assert stats.ended == {RunState.SUCCEEDED: 1, RunState.DEAD_LETTERED: 1}
+    assert stats.ended_by_state() == {RunState.SUCCEEDED: 1, RunState.DEAD_LETTERED: 1}
     assert (stats.completed, stats.dead_lettered) == (1, 1)
     copy = stats.copy()
     n.submit(spec(schedule=Once(at_ms=T + 2 * MIN)))
     n.complete(n.run_once(n.owner.job_ids()[-1], T + 2 * MIN))
-    assert copy.ended == {RunState.SUCCEEDED: 1, RunState.DEAD_LETTERED: 1}  # a snapshot
-    assert stats.ended[RunState.SUCCEEDED] == 2
+    assert copy.ended_by_state() == {RunState.SUCCEEDED: 1, RunState.DEAD_LETTERED: 1}  # a snapshot
+    assert stats.ended_by_state()[RunState.SUCCEEDED] == 2
 
 
 def test_a_claim_the_store_refuses_counts_as_lost() -> None:
@@ -1536,7 +1536,7 @@ def test_a_lapsed_lease_is_counted_noted_with_its_ids_and_redispatched() -> None
     assert [(x.what, x.job_id, x.run_id, x.fence, x.worker) for x in fx.notes] == [
         ("lease expired", j, a.run_id, a.fence, "w1")
     ]
-    assert stats.ended == {RunState.LOST: 1}
+    assert stats.ended_by_state() == {RunState.LOST: 1}
     assert stats.redispatched == 1
     [again] = fx.assignments["w2"]
     assert (again.job_id, again.attempt) == (j, 1)
@@ -1550,4 +1550,18 @@ def test_a_failed_attempt_retried_after_its_backoff_is_counted() -> None:
     n.complete(a, Outcome.RETRYABLE)
     n.step(n.now + 1)
     assert n.owner.stats.retried == 1
-    assert n.owner.stats.ended == {RunState.FAILED: 1}
+    assert n.owner.stats.ended_by_state() == {RunState.FAILED: 1}
+
+
+def test_a_fixed_delay_timer_while_its_run_goes_on_is_not_counted_a_fire() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(
+        spec(schedule=Interval(period_ms=MIN, start_at_ms=T + MIN, mode=IntervalMode.FIXED_DELAY))
+    )
+    a = n.run_once(j, T + MIN)
+    n.step(T + 2 * MIN)  # its provisional next fire: the run is still going
+    assert n.owner.stats.fires == 1
+    n.complete(a)
+    n.step(T + 3 * MIN + 1)
+    assert n.owner.stats.fires == 2

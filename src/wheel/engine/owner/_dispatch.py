@@ -318,10 +318,14 @@ class _Dispatch(_OwnerState):
 
     def on_claimed(self, outcomes: Sequence[ClaimOutcome], now_ms: int, fx: Effects) -> None:
         """The store's answer to a claim batch."""
+        stats = self.stats
+        # Counted won for the batch at once, less each one lost or not ours.
+        stats.claims_won += len(outcomes)
         for out in outcomes:
             c = out.claim
             pend = self._pending.pop((c.job_id, c.scheduled_for, c.attempt), None)
             if pend is None:
+                stats.claims_won -= 1
                 continue
             worker = self.workers.get(pend.worker_id) if pend.worker_id else None
             if worker is not None:
@@ -337,11 +341,11 @@ class _Dispatch(_OwnerState):
             if out.run_id is None:
                 # Someone else holds this fire (another owner, or an earlier
                 # life of this one): it is not ours to run.
-                self.stats.claims_lost += 1
+                stats.claims_won -= 1
+                stats.claims_lost += 1
                 if job is not None:
                     self._run_finished(job, now_ms, fx)
                 continue
-            self.stats.claims_won += 1
             run = _Run(out.run_id, c.job_id, c.scheduled_for, c.attempt, c.fence)
             self.runs[run.run_id] = run
             if pend.ahead and job is not None:

@@ -255,12 +255,15 @@ class _Jobs(_OwnerState):
         self.claim_now(job_id, fires, now_ms, fx, overdue=True)
 
     def _on_fire(self, job: _Job, now_ms: int, fx: Effects) -> None:
+        """A job's FIRE timer expired (``advance`` counts it in
+        ``stats.fires``; this corrects the count where it was not one fire)."""
         fire = job.next_fire
         assert fire is not None
         compiled = job.compiled
         if compiled.completion_driven and job.inflight > 0:
             # fixed_delay: the next fire is computed when the run completes.
             job.next_fire = None
+            self.stats.fires -= 1  # not a fire yet
             return
         nxt = None if compiled.completion_driven else compiled.next_fire(fire)
         # Late relative to when the fire was due: its jittered time, not its
@@ -295,7 +298,7 @@ class _Jobs(_OwnerState):
             else:
                 self._miss(job, stream.feed([held]).missed, now_ms, fx)
             plan = stream.finish()
-            self.stats.fires += count  # each fire of the catch-up, run or missed
+            self.stats.fires += count - 1  # each fire of the catch-up, run or missed
             if plan.alert:
                 fx.alerts.append(
                     Alert(
@@ -323,7 +326,6 @@ class _Jobs(_OwnerState):
                 else:
                     job.due.extend((f, 0, True) for f in plan.run[1:])
         else:
-            self.stats.fires += 1
             self._record_gap_skips(job, fire, nxt, now_ms, fx)
             self._arm(job, nxt)
             self._admit(job, fire, now_ms, overdue=False, fx=fx)

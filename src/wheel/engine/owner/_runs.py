@@ -136,11 +136,12 @@ class _Runs(_OwnerState):
                 self.stats.superseded_completions += 1
                 self._run_finished(job, now_ms, fx)
                 continue
-            ended = self.stats.ended
-            ended[state] = ended.get(state, 0) + 1
             if state is RunState.SUCCEEDED:
                 self.stats.completed += 1
-            elif state is RunState.DEAD_LETTERED:
+            else:
+                ended = self.stats.ended
+                ended[state] = ended.get(state, 0) + 1
+            if state is RunState.DEAD_LETTERED:
                 self.stats.dead_lettered += 1
                 fx.alerts.append(
                     Alert(

@@ -244,6 +244,8 @@ class OwnerStats:
     claims_won: int = 0
     claims_lost: int = 0
     dispatched: int = 0
+    # Runs the store applied as succeeded (the common ending, kept out of
+    # ``ended`` so that it costs one increment).
     completed: int = 0
     missed: int = 0
     dead_lettered: int = 0
@@ -254,9 +256,17 @@ class OwnerStats:
     # reaper), and after a failure (after its backoff).
     redispatched: int = 0
     retried: int = 0
-    # Terminal states the store applied, by state; missed fires by reason.
+    # Terminal states other than succeeded the store applied, by state;
+    # missed fires by reason.
     ended: dict[RunState, int] = field(default_factory=dict)
     missed_by_reason: dict[MissedReason, int] = field(default_factory=dict)
+
+    def ended_by_state(self) -> dict[RunState, int]:
+        """Every terminal state the store applied, succeeded included."""
+        out = dict(self.ended)
+        if self.completed:
+            out[RunState.SUCCEEDED] = self.completed
+        return out
 
     def copy(self) -> OwnerStats:
         """A copy that later counts do not change."""
