@@ -206,21 +206,25 @@ DAY_MS = 86_400_000
 
 def test_serve_and_worker_take_the_operations_flags(tmp_path: Path) -> None:
     parse = build_parser().parse_args
-    ns = parse(["serve", "--metrics-listen", ":9100", "--retain", "7d", "--log-format", "json"])
+    ns = parse(["serve", "--metrics-listen", ":9100", "--retain", "7d", "--log-format", "json",
+                "--retention-interval", "90s"])  # fmt: skip
     assert (ns.metrics_listen, ns.log_format) == (":9100", "json")
     assert serve_config(ns, tmp_path).retain_ms == 7 * DAY_MS
+    assert serve_config(ns, tmp_path).retention_interval_s == 90.0
     defaults = parse(["serve"])
     assert serve_config(defaults, tmp_path).retain_ms == 30 * DAY_MS == NodeConfig().retain_ms
+    assert serve_config(defaults, tmp_path).retention_interval_s == 600.0
     assert (defaults.metrics_listen, defaults.log_format) == (None, "text")
     assert serve_config(parse(["serve", "--retain", "forever"]), tmp_path).retain_ms is None
     worker = parse(["worker", "m:f", "--metrics-listen", "127.0.0.1:9101", "--log-format", "json"])
     assert (worker.metrics_listen, worker.log_format) == ("127.0.0.1:9101", "json")
 
 
-@pytest.mark.parametrize("retain", ["0s", "30", "soon"])
-def test_a_retention_that_is_not_a_positive_duration_is_refused(retain: str) -> None:
+@pytest.mark.parametrize("value", ["0s", "30", "soon"])
+@pytest.mark.parametrize("flag", ["--retain", "--retention-interval"])
+def test_a_retention_that_is_not_a_positive_duration_is_refused(flag: str, value: str) -> None:
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["serve", "--retain", retain])
+        build_parser().parse_args(["serve", flag, value])
 
 
 def test_status_names_the_alerts_firing() -> None:

@@ -142,6 +142,7 @@ def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
     return NodeConfig(
         node_id=ns.node_id,
         retain_ms=ns.retain,
+        retention_interval_s=ns.retention_interval,
         owner=OwnerConfig(
             lease_ms=ns.lease_ms,
             grace_lease_ms=ns.grace_lease_ms,
@@ -511,6 +512,17 @@ def _retain(text: str) -> int | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _seconds(text: str) -> float:
+    """A positive duration flag, in seconds."""
+    try:
+        seconds = parse_duration(text, "duration").total_seconds()
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration")
+    return seconds
+
+
 def _add_log_format(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--log-format",
@@ -612,6 +624,14 @@ def build_parser() -> argparse.ArgumentParser:
         " 30 days keeps a month of history to look into and to backfill against (a"
         " backfill runs again the fires whose history is gone) while the executions table"
         " stays bounded: a fire a second is 2.6 million rows a month",
+    )
+    s.add_argument(
+        "--retention-interval",
+        type=_seconds,
+        default="10m",
+        metavar="DURATION",
+        help="how often a retention pass starts (each paces itself to a tenth of the"
+        " store's time; default %(default)s)",
     )
     _add_log_format(s)
     s.set_defaults(fn=cmd_serve)

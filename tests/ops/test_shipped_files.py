@@ -41,7 +41,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[set[str
     with LiveNode(f"sqlite:///{root / 'wheel.db'}", config) as live:
         node = live.node
         assert node is not None
-        text = generate_latest(node.metrics.registry).decode()
+        # Collected on the node's loop, as its /metrics endpoint does.
+        text = live.call(lambda: generate_latest(node.metrics.registry)).decode()
     worker = Worker("127.0.0.1:1", metrics_listen="127.0.0.1:0")
     assert worker.metrics is not None
     worker.metrics.observe("h", True, 0.1)

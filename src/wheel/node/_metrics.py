@@ -173,9 +173,10 @@ class NodeCollector(Collector):
             " completion lost to a newer fence).",
             labels=["outcome"],
         )
+        by_state = s.ended_by_state()
         for state in RunState:
             if state not in (RunState.DISPATCHED, RunState.RUNNING):
-                ended.add_metric([state.value], s.ended.get(state, 0))
+                ended.add_metric([state.value], by_state.get(state, 0))
         ended.add_metric(["superseded"], s.superseded_completions)
         yield ended
         missed = CounterMetricFamily(

@@ -140,9 +140,12 @@ class NodeOps:
     async def _watch(self) -> None:
         interval = self.config.health_interval_s
         while True:
-            await self._probe_if_quiet()
-            self._check_lag_objective()
-            await self._report_health()
+            try:
+                await self._probe_if_quiet()
+                self._check_lag_objective()
+                await self._report_health()
+            except Exception:  # a bug here must not freeze what health says
+                log.exception("working out the node's health failed")
             await asyncio.sleep(interval)
 
     async def _probe_if_quiet(self) -> None:
@@ -293,13 +296,16 @@ class NodeOps:
         config = self.config
         if config.retain_ms is None:
             return
-        await asyncio.sleep(config.retention_first_s)
+        await asyncio.sleep(min(config.retention_first_s, config.retention_interval_s))
         while True:
             driver = self._driver
             # One member of a cluster purges (the holder of shard 0): the
             # tables are the cluster's, not a shard's.
             if self.coordinator is None or (driver is not None and 0 in driver.owner.shards()):
-                await self.purge_history(config.retain_ms)
+                try:
+                    await self.purge_history(config.retain_ms)
+                except Exception:  # the next pass tries again
+                    log.exception("retention pass failed")
             await asyncio.sleep(config.retention_interval_s)
 
     async def purge_history(self, retain_ms: int) -> int:

@@ -80,9 +80,10 @@ class NodeConfig:
     alerts_kept: int = 1_000
     # Retention: finished runs and missed-fire records older than this are
     # deleted (None: kept for ever), in passes every ``retention_interval_s``
-    # (the first ``retention_first_s`` after start), ``retention_batch`` rows'
-    # key range per transaction, each pass taking at most ``retention_share``
-    # of the store's time (it sleeps between transactions).
+    # (the first after ``retention_first_s``, or the interval if shorter),
+    # ``retention_batch`` rows' key range per transaction, each pass taking
+    # at most ``retention_share`` of the store's time (it sleeps between
+    # transactions).
     retain_ms: int | None = 30 * DAY_MS
     retention_interval_s: float = 600.0
     retention_first_s: float = 60.0
