@@ -68,7 +68,7 @@ class MetricsSource(Protocol):
 
     lag_histogram: BatchedHistogram
 
-    def status(self) -> NodeStatus: ...
+    def status(self, *, percentiles: bool = True) -> NodeStatus: ...
 
     def health(self) -> Health: ...
 
@@ -154,7 +154,7 @@ class NodeCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         node = self.source
-        st = node.status()
+        st = node.status(percentiles=False)
         s = st.stats
         yield _counter("wheel_fires_total", "Fires of job schedules that came due.", s.fires)
         claims = CounterMetricFamily(

@@ -84,10 +84,11 @@ class NodeReads:
 
         return await self._api(read)
 
-    def status(self) -> NodeStatus:
+    def status(self, *, percentiles: bool = True) -> NodeStatus:
         """The node's view of itself: shards, jobs, runs, workers, backlog,
-        lag and totals."""
-        p50, p99 = self.lag_percentiles()
+        lag and totals (the lag percentiles, a sort of the last 10,000
+        samples, only with ``percentiles``: metrics have the histogram)."""
+        p50, p99 = self.lag_percentiles() if percentiles else (0.0, 0.0)
         driver = self._driver
         if driver is None:
             return NodeStatus(node_id=self.config.node_id, lag_p50_ms=p50, lag_p99_ms=p99)
