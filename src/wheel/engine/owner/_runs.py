@@ -141,18 +141,18 @@ class _Runs(_OwnerState):
             else:
                 ended = self.stats.ended
                 ended[state] = ended.get(state, 0) + 1
-            if state is RunState.DEAD_LETTERED:
-                self.stats.dead_lettered += 1
-                fx.alerts.append(
-                    Alert(
-                        kind=AlertKind.DEAD_LETTERED,
-                        message=f"job {job.job_id} fire {run.scheduled_for}: dead-lettered",
-                        job_id=job.job_id,
-                        run_id=run.run_id,
-                        fence=run.fence,
-                        worker=run.worker_id,
+                if state is RunState.DEAD_LETTERED:
+                    self.stats.dead_lettered += 1
+                    fx.alerts.append(
+                        Alert(
+                            kind=AlertKind.DEAD_LETTERED,
+                            message=f"job {job.job_id} fire {run.scheduled_for}: dead-lettered",
+                            job_id=job.job_id,
+                            run_id=run.run_id,
+                            fence=run.fence,
+                            worker=run.worker_id,
+                        )
                     )
-                )
             if state in (RunState.FAILED, RunState.TIMED_OUT) and should_retry(
                 job.spec.retry, failed_attempt=run.attempt
             ):
