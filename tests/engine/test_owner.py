@@ -1551,17 +1551,3 @@ def test_a_failed_attempt_retried_after_its_backoff_is_counted() -> None:
     n.step(n.now + 1)
     assert n.owner.stats.retried == 1
     assert n.owner.stats.ended_by_state() == {RunState.FAILED: 1}
-
-
-def test_a_fixed_delay_timer_while_its_run_goes_on_is_not_counted_a_fire() -> None:
-    n = Node()
-    n.hello()
-    j = n.submit(
-        spec(schedule=Interval(period_ms=MIN, start_at_ms=T + MIN, mode=IntervalMode.FIXED_DELAY))
-    )
-    a = n.run_once(j, T + MIN)
-    n.step(T + 2 * MIN)  # its provisional next fire: the run is still going
-    assert n.owner.stats.fires == 1
-    n.complete(a)
-    n.step(T + 3 * MIN + 1)
-    assert n.owner.stats.fires == 2

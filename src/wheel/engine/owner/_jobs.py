@@ -256,14 +256,13 @@ class _Jobs(_OwnerState):
 
     def _on_fire(self, job: _Job, now_ms: int, fx: Effects) -> None:
         """A job's FIRE timer expired (``advance`` counts it in
-        ``stats.fires``; this corrects the count where it was not one fire)."""
+        ``stats.fires``; a catch-up adds the other fires it covers)."""
         fire = job.next_fire
         assert fire is not None
         compiled = job.compiled
         if compiled.completion_driven and job.inflight > 0:
             # fixed_delay: the next fire is computed when the run completes.
             job.next_fire = None
-            self.stats.fires -= 1  # not a fire yet
             return
         nxt = None if compiled.completion_driven else compiled.next_fire(fire)
         # Late relative to when the fire was due: its jittered time, not its
