@@ -19,6 +19,14 @@ with its censored lag (end of run minus scheduled time), so dropping or
 deferring work can never make a system look faster. ``--find-max`` ramps the
 rate (doubling, then bisecting) to the highest one with p99 lag <= 1 s and
 nothing lost.
+
+``--history ROWS`` (wheel, one node) fills the store with that many finished
+runs, and a fifth as many missed fires, all 40 days old, before the node
+starts; given ``--serve-args "--retain 30d --retention-interval 2s"`` the node
+purges them in the background while it dispatches, and the result says how
+many rows went during the measured window (from the node's own
+``wheel_retention_purged_rows_total``). A run without ``--history`` is the
+baseline.
 """
 
 from __future__ import annotations
@@ -69,6 +77,8 @@ class RunConfig:
     nodes: int = 1
     # wheel cluster: each node's etcd lease, s.
     ttl_s: int = 5
+    # wheel, one node: finished runs 40 days old put in the store first.
+    history: int = 0
 
 
 def _wait_line(proc: subprocess.Popen[str], prefix: str, timeout_s: float = 60) -> str:
@@ -246,6 +256,24 @@ class WheelDriver:
         self.target = ""
         # The first this many of ``launch``'s pids are nodes; the rest workers.
         self.server_count = 1
+        # The node's /metrics, served when it has history to purge.
+        self.metrics = ""
+
+    def purged(self) -> float | None:
+        """The rows the node's retention deleted so far (None: no history)."""
+        if not self.metrics:
+            return None
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(self.metrics, timeout=5) as resp:
+            text = resp.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "wheel_retention_purged_rows_total":
+                    return float(sample.value)
+        return 0.0
 
     def prepare(self) -> None:
         if self.cfg.nodes > 1:
@@ -267,6 +295,10 @@ class WheelDriver:
         self.target = f"127.0.0.1:{port}"
         cmd = [self.cfg.wheelctl, "serve", "--data-dir", str(data), "--listen", self.target]
         cmd += ["--store", store, *shlex.split(self.cfg.serve_args)]
+        if self.cfg.history:
+            fill_history(store, self.cfg.history)
+            self.metrics = f"http://127.0.0.1:{_free_port()}/metrics"
+            cmd += ["--metrics-listen", self.metrics.removeprefix("http://").split("/")[0]]
         log = open(self.tmp / "wheel-serve.log", "wb")  # noqa: SIM115
         self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 30
@@ -333,6 +365,77 @@ class WheelDriver:
     def teardown(self) -> None:
         if self.schema is not None:
             self.schema.drop()
+
+
+HISTORY_AGE_MS = 40 * 86_400_000
+HISTORY_RUNS_PER_JOB = 10_000
+
+
+def fill_history(url: str, rows: int) -> None:
+    """``rows`` finished runs and ``rows // 5`` missed fires, 40 days old, on
+    cancelled jobs of their own (nothing of them is armed), written through
+    the store's own calls, ``HISTORY_RUNS_PER_JOB`` a transaction."""
+    from wheel.engine.model import JobState, MissedReason, RunState
+    from wheel.engine.records import Completion, FireClaim, MissedFire, NewJob
+    from wheel.engine.spec import Interval, JobSpec
+    from wheel.store.open import open_store
+
+    t0 = time.monotonic()
+    old = h.now_ms() - HISTORY_AGE_MS
+    store = open_store(url)
+    try:
+        done = 0
+        while done < rows:
+            n = min(HISTORY_RUNS_PER_JOB, rows - done)
+            spec = JobSpec(
+                name=f"history-{done}", handler="bench", schedule=Interval(period_ms=1_000)
+            )
+            job, _ = store.submit_job(NewJob(spec=spec, created_at_ms=old, next_run_at=None))
+            store.set_job_state(job.job_id, JobState.CANCELLED, next_run_at=None, now_ms=old)
+            claims = [
+                FireClaim(
+                    job_id=job.job_id,
+                    scheduled_for=old + i * 1_000,
+                    attempt=0,
+                    fence=i + 1,
+                    dispatched_at_ms=old + i * 1_000,
+                    advance=False,
+                )
+                for i in range(n)
+            ]
+            outs = store.claim_fires(claims)
+            store.complete_runs(
+                [
+                    Completion(
+                        run_id=o.run_id,
+                        fence=c.fence,
+                        state=RunState.SUCCEEDED,
+                        finished_at_ms=c.scheduled_for + 50,
+                        worker_id="history",
+                    )
+                    for o, c in zip(outs, claims, strict=True)
+                    if o.run_id is not None
+                ]
+            )
+            store.record_missed(
+                [
+                    MissedFire(
+                        job_id=job.job_id,
+                        scheduled_for=c.scheduled_for + 500,
+                        reason=MissedReason.OVERLAP,
+                        recorded_at_ms=c.scheduled_for + 500,
+                    )
+                    for c in claims[::5]
+                ]
+            )
+            done += n
+    finally:
+        store.close()
+    print(
+        f"history: {rows} finished runs and {rows // 5} missed fires in"
+        f" {time.monotonic() - t0:.1f}s",
+        file=sys.stderr,
+    )
 
 
 def submit_workload(target: str, workload: h.Workload) -> dict[int, int]:
@@ -453,6 +556,7 @@ def _run_once(
         if overran:
             print(f"warning: setup ran {overran} ms into the window", file=sys.stderr)
         time.sleep(max(0.0, (workload.start_ms - h.now_ms()) / 1000))
+        purged0 = driver.purged() if system == "wheel" else None
         cpu0 = h.cpu_total(pids)
         db0 = h.cpu_total(driver.db_pids())
         reader = h.RecordReader(records)
@@ -475,6 +579,7 @@ def _run_once(
         end_ms = h.now_ms()
         progress.show(end_ms, force=True)
         progress.done()
+        purged1 = driver.purged() if system == "wheel" else None
         cpu1 = h.cpu_total(pids)
         db_pids = driver.db_pids()
         db1 = h.cpu_total(db_pids)
@@ -523,6 +628,10 @@ def _run_once(
         result["poll_limit"] = cfg.poll_limit
     if system == "wheel":
         result["nodes"] = cfg.nodes
+    if purged0 is not None and purged1 is not None:
+        result["history_rows"] = cfg.history + cfg.history // 5
+        result["purged_before_window"] = purged0
+        result["purged_in_window"] = purged1 - purged0
     if not os.environ.get("WHEEL_BENCH_KEEP"):
         shutil.rmtree(tmp, ignore_errors=True)
     return result, workload, a
@@ -756,6 +865,13 @@ def main(argv: list[str] | None = None) -> int:
         " workers hold a stream to every node)",
     )
     p.add_argument("--ttl", type=int, default=5, help="wheel cluster: etcd lease TTL, s")
+    p.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="wheel, one node: finished runs 40 days old (and a fifth as many missed\n"
+        "fires) put in the store before the run, for the node's retention to purge",
+    )
     p.add_argument("--results", type=Path, help="write RESULTS.md (and plots) here")
     p.add_argument(
         "--plots",
@@ -788,7 +904,7 @@ def main(argv: list[str] | None = None) -> int:
             recurring_fraction=args.recurring_fraction, period_s=args.period,
             poll_limit=args.poll_limit, pg_dsn=args.pg_dsn, wheelctl=args.wheelctl,
             capacity=args.capacity, serve_args=args.serve_args, nodes=args.nodes,
-            ttl_s=args.ttl,
+            ttl_s=args.ttl, history=args.history,
         )  # fmt: skip
         if not args.find_max or args.results:
             runs: list[tuple[str, h.Workload, h.Analysis]] = []

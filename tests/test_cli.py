@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import free_port
-from tests.rpc.test_api import InProcessServer
+from tests.rpc.test_api import InProcessServer, wait_for
 from wheel.cli import (
     GC_YOUNG_THRESHOLD,
     SWITCH_INTERVAL_S,
@@ -24,6 +24,7 @@ from wheel.cli import (
     tune_runtime,
 )
 from wheel.client import NodeStatus, Status, UnservedHandler, WorkerStatus
+from wheel.engine.owner import OwnerConfig
 from wheel.node import NodeConfig
 
 
@@ -101,6 +102,7 @@ def _status(**kw: Any) -> Status:
         "reaper_paused": False,
         "worker_list": [],
         "unserved": [],
+        "alerts_firing": [],
     }
     return Status(**{**fields, **kw})
 
@@ -195,5 +197,66 @@ def test_wheelctl_takes_several_comma_separated_targets(
         assert capsys.readouterr().out.startswith("node node-1: 1 jobs")
         ns = build_parser().parse_args(["worker", "m:f", *target])
         assert ns.target == [target[1]]  # the worker splits it into its nodes
+    finally:
+        server.stop()
+
+
+DAY_MS = 86_400_000
+
+
+def test_serve_and_worker_take_the_operations_flags(tmp_path: Path) -> None:
+    parse = build_parser().parse_args
+    ns = parse(["serve", "--metrics-listen", ":9100", "--retain", "7d", "--log-format", "json",
+                "--retention-interval", "90s"])  # fmt: skip
+    assert (ns.metrics_listen, ns.log_format) == (":9100", "json")
+    assert serve_config(ns, tmp_path).retain_ms == 7 * DAY_MS
+    assert serve_config(ns, tmp_path).retention_interval_s == 90.0
+    defaults = parse(["serve"])
+    assert serve_config(defaults, tmp_path).retain_ms == 30 * DAY_MS == NodeConfig().retain_ms
+    assert serve_config(defaults, tmp_path).retention_interval_s == 600.0
+    assert (defaults.metrics_listen, defaults.log_format) == (None, "text")
+    assert serve_config(parse(["serve", "--retain", "forever"]), tmp_path).retain_ms is None
+    worker = parse(["worker", "m:f", "--metrics-listen", "127.0.0.1:9101", "--log-format", "json"])
+    assert (worker.metrics_listen, worker.log_format) == ("127.0.0.1:9101", "json")
+
+
+@pytest.mark.parametrize("value", ["0s", "30", "soon"])
+@pytest.mark.parametrize("flag", ["--retain", "--retention-interval"])
+def test_a_retention_that_is_not_a_positive_duration_is_refused(flag: str, value: str) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", flag, value])
+
+
+def test_status_names_the_alerts_firing() -> None:
+    lines = status_lines(_status(alerts_firing=["no_worker", "lag_slo"]))
+    assert lines[-1] == "alerts firing: no_worker, lag_slo (wheelctl alerts)"
+    assert not any("alerts firing" in line for line in status_lines(_status()))
+
+
+def test_wheelctl_alerts_lists_what_the_node_raised(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = InProcessServer(tmp_path, OwnerConfig(unserved_alert_ms=100)).start()
+    try:
+        target = ["--target", server.target]
+        assert main(["submit", *target, "--name", "n", "--handler", "nobody", "--at", "+0s"]) == 0
+        capsys.readouterr()
+
+        def listed() -> dict[str, Any]:
+            assert main(["alerts", *target, "--json"]) == 0
+            out: dict[str, Any] = json.loads(capsys.readouterr().out)
+            return out
+
+        out = wait_for(lambda: (a := listed())["alerts"] and a, 10, "the no-worker alert")
+        assert out["firing"] == ["no_worker"]
+        [alert] = out["alerts"]
+        assert alert["kind"] == "no_worker" and "'nobody'" in alert["message"]
+        assert alert["node_id"] == "node-1" and alert["at_ms"] > 0
+        assert main(["alerts", *target, "--since", "1h"]) == 0
+        text = capsys.readouterr().out.splitlines()
+        assert text[0] == "firing: no_worker"
+        assert "no_worker" in text[1] and "'nobody'" in text[1]
+        assert main(["status", *target]) == 0
+        assert "alerts firing: no_worker" in capsys.readouterr().out
     finally:
         server.stop()

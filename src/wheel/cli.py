@@ -1,10 +1,10 @@
 """``wheelctl``: run a node or a worker, and talk to a running node.
 
-wheelctl serve  [--data-dir DIR] [--listen HOST:PORT] [--store URL]
+wheelctl serve  [--data-dir DIR] [--listen HOST:PORT] [--store URL] [--metrics-listen HOST:PORT]
 wheelctl worker [--target HOST:PORT[,HOST:PORT...]]... [--capacity N] module:function ...
 wheelctl submit --name N --handler H (--at WHEN | --cron EXPR | --every DURATION) ...
 wheelctl jobs | runs JOB_ID | cancel JOB_ID | pause JOB_ID | resume JOB_ID
-wheelctl trigger JOB_ID | status | demo
+wheelctl trigger JOB_ID | status | alerts | demo
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 
 from wheel.client import (
     DEFAULT_TARGET,
+    Alert,
     CatchUp,
     CatchUpMode,
     Client,
@@ -36,6 +37,8 @@ from wheel.client import (
     Status,
 )
 from wheel.errors import InvalidArgument, WheelError
+from wheel.logs import FORMATS
+from wheel.logs import configure as configure_logging
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -138,6 +141,8 @@ def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
 
     return NodeConfig(
         node_id=ns.node_id,
+        retain_ms=ns.retain,
+        retention_interval_s=ns.retention_interval,
         owner=OwnerConfig(
             lease_ms=ns.lease_ms,
             grace_lease_ms=ns.grace_lease_ms,
@@ -171,6 +176,16 @@ def tune_runtime() -> None:
     _, middle, old = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+
+def quiet_created_series() -> None:
+    """Leave out the ``*_created`` series prometheus_client adds next to each
+    counter and histogram: Prometheus does not read them from the text
+    format, and they double the series a scrape carries. Process-wide, so
+    set by the command that serves metrics, not by the library."""
+    import prometheus_client
+
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 def cmd_serve(ns: argparse.Namespace) -> int:
@@ -217,6 +232,15 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         logging.getLogger("wheel").info(
             "wheel node %s serving on port %d (store %s)", ns.node_id, port, url.split("?")[0]
         )
+        metrics = None
+        if ns.metrics_listen:
+            from wheel.metrics import MetricsServer
+
+            quiet_created_series()
+            metrics = MetricsServer(node.metrics.registry)
+            metrics_port = await metrics.start(ns.metrics_listen)
+            host = ns.metrics_listen.rsplit(":", 1)[0] or "0.0.0.0"
+            print(f"wheel metrics on http://{host}:{metrics_port}/metrics", flush=True)
         print(f"wheel serving on {ns.listen.rsplit(':', 1)[0]}:{port}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -233,6 +257,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         died.cancel()
         await node.leave()  # shards to the other members first, then the server
         await server.stop(grace=2.0)
+        if metrics is not None:
+            await metrics.stop()
         await node.stop()
         store.close()
         if crashed:
@@ -259,6 +285,8 @@ def cmd_worker(ns: argparse.Namespace) -> int:
         raise InvalidArgument("handlers", "give at least one module:function")
     handlers = dict(load_handler(h) for h in ns.handlers)
     sys.path.insert(0, os.getcwd())
+    if ns.metrics_listen:
+        quiet_created_series()
     targets = [t for arg in ns.target or () for t in arg.split(",") if t]
     run_worker(
         targets or [os.environ.get("WHEEL_TARGET", DEFAULT_TARGET)],
@@ -266,6 +294,7 @@ def cmd_worker(ns: argparse.Namespace) -> int:
         capacity=ns.capacity,
         worker_id=ns.worker_id,
         pools=ns.pool or ["default"],
+        metrics_listen=ns.metrics_listen,
     )
     return 0
 
@@ -375,7 +404,50 @@ def status_lines(st: Status) -> list[str]:
         f"no worker for handler {u.handler} in pool {u.pool}: {u.waiting} waiting"
         for u in st.unserved
     ]
+    if st.alerts_firing:
+        lines.append(f"alerts firing: {', '.join(st.alerts_firing)} (wheelctl alerts)")
     return lines
+
+
+def alert_line(a: Alert) -> str:
+    about = "".join(
+        f"  {name} {value}"
+        for name, value in (("job", a.job_id), ("run", a.run_id), ("worker", a.worker_id))
+        if value is not None
+    )
+    return f"{_fmt(a.at)}  {a.kind:<17} {a.node_id}  {a.message}{about}"
+
+
+def cmd_alerts(ns: argparse.Namespace) -> int:
+    since = datetime.now(UTC) - parse_duration(ns.since, "since") if ns.since else None
+    with _client(ns) as client:
+        out = client.alerts(since=since, limit=ns.limit)
+    if ns.json:
+        print(
+            json.dumps(
+                {
+                    "firing": [str(k) for k in out.firing],
+                    "alerts": [
+                        {
+                            "at_ms": _epoch_ms(a.at),
+                            "kind": str(a.kind),
+                            "message": a.message,
+                            "node_id": a.node_id,
+                            "job_id": a.job_id,
+                            "run_id": a.run_id,
+                            "fence": a.fence,
+                            "worker_id": a.worker_id,
+                        }
+                        for a in out.alerts
+                    ],
+                }
+            )
+        )
+        return 0
+    print(f"firing: {', '.join(out.firing) or 'none'}")
+    for a in out.alerts:
+        print(alert_line(a))
+    return 0
 
 
 def _json_default(value: object) -> object:
@@ -424,6 +496,44 @@ def _node_defaults() -> Any:
     from wheel.node import NodeConfig
 
     return NodeConfig()
+
+
+def parse_retain(text: str) -> int | None:
+    """``--retain``: a duration (30d, 12h), or "forever" (never purge)."""
+    if text.strip().lower() in ("forever", "never", "off"):
+        return None
+    ms = round(parse_duration(text, "retain").total_seconds() * 1000)
+    if ms <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a retention must be positive (or 'forever')")
+    return ms
+
+
+def _retain(text: str) -> int | None:
+    try:
+        return parse_retain(text)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _seconds(text: str) -> float:
+    """A positive duration flag, in seconds."""
+    try:
+        seconds = parse_duration(text, "duration").total_seconds()
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration")
+    return seconds
+
+
+def _add_log_format(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=os.environ.get("WHEEL_LOG_FORMAT", "text"),
+        help="text lines (default; $WHEEL_LOG_FORMAT), or one JSON object per line with"
+        " job_id, run_id, shard, fence and worker on every record about them",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -502,6 +612,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="the same after a small batch: a steady trickle commits at most once per"
         " this many ms (0: at once)",
     )
+    s.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)",
+    )
+    s.add_argument(
+        "--retain",
+        type=_retain,
+        default="30d",
+        metavar="DURATION",
+        help="delete finished runs and missed-fire records older than this, in the"
+        " background, in small batches ('forever': keep them; default %(default)s)."
+        " 30 days keeps a month of history to look into and to backfill against (a"
+        " backfill runs again the fires whose history is gone) while the executions table"
+        " stays bounded: a fire a second is 2.6 million rows a month",
+    )
+    s.add_argument(
+        "--retention-interval",
+        type=_seconds,
+        default="10m",
+        metavar="DURATION",
+        help="how often a retention pass starts (each paces itself to a tenth of the"
+        " store's time; default %(default)s)",
+    )
+    _add_log_format(s)
     s.set_defaults(fn=cmd_serve)
 
     w = sub.add_parser("worker", help="run handlers for assigned runs")
@@ -515,6 +650,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--capacity", type=int, default=16)
     w.add_argument("--worker-id")
     w.add_argument("--pool", action="append")
+    w.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve the worker's Prometheus metrics at http://HOST:PORT/metrics (default: off)",
+    )
+    _add_log_format(w)
     w.set_defaults(fn=cmd_worker)
 
     sb = sub.add_parser("submit", help="submit a job")
@@ -570,6 +711,13 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="the status as JSON (durations in s)")
     st.set_defaults(fn=cmd_status)
 
+    al = sub.add_parser("alerts", help="the node's alerts, and the kinds firing now")
+    al.add_argument("--target", default=target, help=target_help)
+    al.add_argument("--since", help="only those raised this long ago or later, e.g. 1h")
+    al.add_argument("--limit", type=int, default=0, help="at most the newest N (0: all)")
+    al.add_argument("--json", action="store_true")
+    al.set_defaults(fn=cmd_alerts)
+
     d = sub.add_parser("demo", help="a server, two workers and sample jobs, with live output")
     d.add_argument("--duration", type=float, default=30.0, help="seconds (0: until Ctrl-C)")
     d.add_argument("--port", type=int, default=50051)
@@ -580,9 +728,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if ns.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    configure_logging(
+        getattr(ns, "log_format", "text"), level=logging.DEBUG if ns.verbose else logging.INFO
     )
     try:
         code: int = ns.fn(ns)

@@ -107,6 +107,7 @@ def test_the_check_sees_an_engine_type_wherever_it_hides() -> None:
     [
         (wheel.client.JobState, model.JobState),
         (wheel.client.MissedReason, model.MissedReason),
+        (wheel.client.AlertKind, model.AlertKind),
         (wheel.client.CatchUpMode, engine.CatchUpMode),
         (wheel.client.OverlapPolicy, engine.OverlapPolicy),
         (wheel.client.DstGap, engine.DstGap),

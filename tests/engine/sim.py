@@ -48,6 +48,7 @@ from wheel.engine.model import (
 )
 from wheel.engine.owner import (
     FIRE,
+    Alert,
     Assignment,
     CompletionResult,
     Effects,
@@ -341,7 +342,7 @@ class History:
     worker_completions: list[tuple[int, str, int, int]] = field(default_factory=list)
     # Runs a worker got for a handler it did not register: (time, worker, assignment).
     misrouted: list[tuple[int, str, Assignment]] = field(default_factory=list)
-    alerts: list[str] = field(default_factory=list)
+    alerts: list[Alert] = field(default_factory=list)
     restarts: int = 0
     mid_iteration_crashes: int = 0
     takeovers: int = 0
@@ -519,6 +520,7 @@ class Sim:
     def _publish(self, fx: Effects) -> None:
         self.history.alerts.extend(fx.alerts)
         fx.alerts.clear()
+        fx.notes.clear()
         fx.lags.clear()
         if not (fx.assignments or fx.revokes or fx.results or fx.rejected_renewals):
             fx.violations.clear()

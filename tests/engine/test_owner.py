@@ -8,12 +8,14 @@ store of ``tests/engine/sim.py``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.engine.sim import HOUR, MIN, SEC, RefStore
 from wheel.checkpoint.owner_state import decode_image, encode_job
 from wheel.engine.driver import Driver
-from wheel.engine.model import JobState, MissedReason, RunState, shard_of
+from wheel.engine.model import AlertKind, JobState, MissedReason, RunState, shard_of
 from wheel.engine.owner import (
     COUNTER_BITS,
     Assignment,
@@ -152,6 +154,8 @@ class Node:
             theirs.clear()
         o.alerts += fx.alerts
         fx.alerts.clear()
+        o.notes += fx.notes
+        fx.notes.clear()
 
     def take(self) -> Effects:
         out, self.out = self.out, Effects()
@@ -628,7 +632,9 @@ def test_timeout_revokes_and_retries_then_dead_letters_on_the_last_attempt() -> 
     n.owner.worker_ack("w1", [(retry.run_id, retry.fence)], n.now, n.fx)
     fx = n.step(n.now + 10 * SEC)
     assert [s for _, _, s in n.execs(j)] == [RunState.TIMED_OUT, RunState.DEAD_LETTERED]
-    assert any("dead-lettered" in x for x in fx.alerts)
+    [alert] = [x for x in fx.alerts if x.kind is AlertKind.DEAD_LETTERED]
+    assert "dead-lettered" in alert.message
+    assert (alert.job_id, alert.run_id, alert.fence) == (j, retry.run_id, retry.fence)
 
 
 def test_an_at_most_once_run_is_never_redispatched_once_handed_out() -> None:
@@ -640,7 +646,9 @@ def test_an_at_most_once_run_is_never_redispatched_once_handed_out() -> None:
     n.hello("w2")
     fx = n.step(T + MIN + n.config.grace_lease_ms)  # lease lost: outcome unknown
     assert n.execs(j) == [(T + MIN, 0, RunState.UNKNOWN)] and not fx.claims
-    assert any("at_most_once" in x for x in fx.alerts)
+    [alert] = fx.alerts
+    assert alert.kind is AlertKind.OUTCOME_UNKNOWN and "at_most_once" in alert.message
+    assert (alert.job_id, alert.run_id, alert.worker) == (j, a.run_id, "w1")
     n.silent.clear()
     b = n.run_once(j, T + 2 * MIN, "w2", ack=False)
     n.owner.worker_ack("w2", [(b.run_id, b.fence)], n.now, n.fx)
@@ -935,7 +943,9 @@ def test_catch_up_run_all_past_the_cap_collapses_with_an_alert() -> None:
     fx = n.step()
     assert [c.scheduled_for for c in fx.claims] == [T + 10 * MIN]
     assert set(n.missed(j).values()) == {MissedReason.OVER_CAP}
-    assert any("max_count" in a for a in fx.alerts)
+    [alert] = fx.alerts
+    assert alert.kind is AlertKind.CATCH_UP_CAPPED and alert.job_id == j
+    assert "max_count" in alert.message
 
 
 def test_catch_up_skip_runs_nothing_and_records_every_fire_skipped() -> None:
@@ -1116,7 +1126,8 @@ def test_reaper_pauses_and_alerts_above_the_busy_threshold_and_resumes_below() -
     fx = n.step(T + MIN + n.config.grace_lease_ms)  # w2's 4 runs lose their lease
     assert n.owner.reaper_paused  # 10 of 18 slots busy > 50%
     assert not [c for c in fx.claims if c.attempt == 1]
-    assert any("reaper paused" in a for a in fx.alerts)
+    assert [a.kind for a in fx.alerts] == [AlertKind.REAPER_PAUSED]
+    assert "reaper paused" in fx.alerts[0].message
     redispatched = []
     for a in w1[:6]:
         redispatched += [c for c in n.complete(a).claims if c.attempt == 1]
@@ -1292,7 +1303,9 @@ def test_work_with_no_worker_for_its_handler_waits_unclaimed_and_is_reported() -
     assert (waiting.pool, waiting.handler, waiting.waiting) == ("default", "report", 1)
     assert not fx.alerts
     fx = n.step(T + MIN + 10 * SEC)
-    assert [a for a in fx.alerts if "no worker for handler 'report'" in a]
+    [alert] = fx.alerts
+    assert alert.kind is AlertKind.NO_WORKER
+    assert "no worker for handler 'report'" in alert.message
     fx = n.step(T + MIN + HOUR)  # waits as long as it takes; one alert
     assert not fx.alerts and not fx.claims
     n.hello("reporter", handlers=("report",))
@@ -1512,3 +1525,80 @@ def test_a_refused_shard_is_handed_over_unless_gained_again_since_the_batch() ->
     n.driver.advance(n.now)
     [again] = n.driver.take_batch().claims
     assert (again.job_id, again.fence >> COUNTER_BITS) == (a, 3)
+
+
+# -- counters the node's metrics read ----------------------------------------------------
+
+
+def test_stats_count_fires_claims_dispatches_and_run_endings_by_state() -> None:
+    n = Node()
+    n.hello()
+    ok = n.submit(spec(schedule=Once(at_ms=T + MIN)))
+    bad = n.submit(spec(schedule=Once(at_ms=T + MIN), retry=Retry(max_attempts=1)))
+    fx = n.step(T + MIN)
+    by_job = {a.job_id: a for a in fx.assignments["w1"]}
+    n.complete(by_job[ok])
+    n.complete(by_job[bad], Outcome.FAILED)
+    stats = n.owner.stats
+    assert (stats.fires, stats.claims_won, stats.claims_lost, stats.dispatched) == (2, 2, 0, 2)
+    assert stats.ended_by_state() == {RunState.SUCCEEDED: 1, RunState.DEAD_LETTERED: 1}
+    assert (stats.completed, stats.dead_lettered) == (1, 1)
+    copy = stats.copy()
+    n.submit(spec(schedule=Once(at_ms=T + 2 * MIN)))
+    n.complete(n.run_once(n.owner.job_ids()[-1], T + 2 * MIN))
+    assert copy.ended_by_state() == {RunState.SUCCEEDED: 1, RunState.DEAD_LETTERED: 1}  # a snapshot
+    assert stats.ended_by_state()[RunState.SUCCEEDED] == 2
+
+
+def test_a_claim_the_store_refuses_counts_as_lost() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
+    fx = n.fx
+    n.driver.advance(T + MIN)
+    batch = n.driver.take_batch()
+    [c] = batch.claims
+    # Another owner took this fire attempt first.
+    n.store.claim_fires([dataclasses.replace(c, fence=c.fence + 1, advance=False)])
+    n.driver.apply(n.store.write_batch(batch), T + MIN)
+    assert (n.owner.stats.claims_won, n.owner.stats.claims_lost) == (0, 1)
+    assert not fx.assignments and j in n.store.jobs
+
+
+def test_missed_fires_are_counted_by_reason_and_a_catch_up_counts_every_fire() -> None:
+    n, j = _restarted_with_backlog(CatchUpMode.RUN_LATEST_ONLY)
+    n.step()
+    stats = n.owner.stats
+    assert stats.fires == 10  # the nine collapsed and the one run
+    assert stats.missed_by_reason == {MissedReason.COLLAPSED: 9}
+    assert stats.missed == len(n.missed(j)) == 9
+
+
+def test_a_lapsed_lease_is_counted_noted_with_its_ids_and_redispatched() -> None:
+    n = Node()
+    n.hello("w1")
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
+    a = n.run_once(j, T + MIN, ack=False)
+    n.silent.add("w1")
+    n.hello("w2")
+    fx = n.step(T + MIN + n.config.grace_lease_ms)
+    stats = n.owner.stats
+    assert stats.lost_leases == 1
+    assert [(x.what, x.job_id, x.run_id, x.fence, x.worker) for x in fx.notes] == [
+        ("lease expired", j, a.run_id, a.fence, "w1")
+    ]
+    assert stats.ended_by_state() == {RunState.LOST: 1}
+    assert stats.redispatched == 1
+    [again] = fx.assignments["w2"]
+    assert (again.job_id, again.attempt) == (j, 1)
+
+
+def test_a_failed_attempt_retried_after_its_backoff_is_counted() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
+    a = n.run_once(j, T + MIN)
+    n.complete(a, Outcome.RETRYABLE)
+    n.step(n.now + 1)
+    assert n.owner.stats.retried == 1
+    assert n.owner.stats.ended_by_state() == {RunState.FAILED: 1}

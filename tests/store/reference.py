@@ -15,7 +15,7 @@ watermark is the last marker seen.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, overload
 
@@ -524,6 +524,10 @@ class ReferenceStore:
     # -- retention ----------------------------------------------------------------
 
     def purge_history(self, finished_before_ms: int, batch: int = 10_000) -> int:
+        return sum(self.purge_steps(finished_before_ms, batch))
+
+    def purge_steps(self, finished_before_ms: int, batch: int = 1_000) -> Iterator[int]:
+        batch = max(1, batch)
         old_runs = [
             e
             for e in self.execs.values()
@@ -531,16 +535,22 @@ class ReferenceStore:
             and e.finished_at_ms is not None
             and e.finished_at_ms < finished_before_ms
         ]
-        for e in old_runs:
-            del self.execs[e.run_id]
-            del self.by_attempt[(e.job_id, e.scheduled_for, e.attempt)]
-            self.fire_fences[(e.job_id, e.scheduled_for)].remove(e.fence)
-            if not self.fire_fences[(e.job_id, e.scheduled_for)]:
-                del self.fire_fences[(e.job_id, e.scheduled_for)]
+        for i in range(0, len(old_runs), batch):
+            for e in old_runs[i : i + batch]:
+                del self.execs[e.run_id]
+                del self.by_attempt[(e.job_id, e.scheduled_for, e.attempt)]
+                self.fire_fences[(e.job_id, e.scheduled_for)].remove(e.fence)
+                if not self.fire_fences[(e.job_id, e.scheduled_for)]:
+                    del self.fire_fences[(e.job_id, e.scheduled_for)]
+            yield len(old_runs[i : i + batch])
         old_missed = [k for k, m in self.missed.items() if m.recorded_at_ms < finished_before_ms]
-        for k in old_missed:
-            del self.missed[k]
-        return len(old_runs) + len(old_missed)
+        for i in range(0, len(old_missed), batch):
+            for k in old_missed[i : i + batch]:
+                del self.missed[k]
+            yield len(old_missed[i : i + batch])
+
+    def ping(self) -> None:
+        """In memory: always answers."""
 
 
 class RefStore(ReferenceStore):

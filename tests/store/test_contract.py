@@ -977,6 +977,66 @@ def test_purge_history_deletes_only_old_terminal_rows(store: Store) -> None:
     assert [m.scheduled_for for m in store.list_missed(job.job_id)] == [8_000]
 
 
+def test_purge_steps_delete_exactly_what_is_past_the_horizon(store: Store) -> None:
+    """Terminal runs finished before the cutoff and missed fires recorded
+    before it go, each step a transaction of its own; runs in flight, however
+    old, and anything at or after the cutoff stay."""
+    job, _ = store.submit_job(interval_job())
+    fires = [60_000 * k for k in range(1, 41)]
+    outs = store.claim_fires(
+        [claim(job.job_id, f, fence=k, advance=False) for k, f in enumerate(fires, start=1)]
+    )
+    runs = [o.run_id for o in outs]
+    assert all(r is not None for r in runs)
+    terminal = [s for s in RunState if s not in (RunState.DISPATCHED, RunState.RUNNING)]
+    finished: dict[int, int] = {}  # run -> finished_at, for the 30 that ended
+    completions = []
+    for k, run in enumerate(runs[:30], start=1):
+        assert run is not None
+        finished[run] = 100 * k  # 100 .. 3_000
+        completions.append(
+            Completion(
+                run_id=run,
+                fence=k,
+                state=terminal[k % len(terminal)],
+                finished_at_ms=100 * k,
+                error=None if k % 2 else "boom",
+            )
+        )
+    assert all(o.applied for o in store.complete_runs(completions))
+    store.record_missed(
+        [
+            MissedFire(
+                job_id=job.job_id,
+                scheduled_for=5_000_000 + t,
+                reason=MissedReason.OVERLAP,
+                recorded_at_ms=t,
+            )
+            for t in range(0, 3_000, 150)
+        ]
+    )
+    cutoff = 1_500  # runs that finished at 100 .. 1_400 and missed fires 0 .. 1_350 go
+    gone_runs = {r for r, at in finished.items() if at < cutoff}
+    gone_missed = {5_000_000 + t for t in range(0, 3_000, 150) if t < cutoff}
+    steps = store.purge_steps(cutoff, batch=4)
+    first = [next(steps) for _ in range(2)]
+    del steps  # dropped half-way: what it deleted stays deleted
+    deleted = sum(first) + sum(store.purge_steps(cutoff, batch=4))
+    assert deleted == len(gone_runs) + len(gone_missed)
+    left = {r.run_id for r in store.list_runs(job.job_id, limit=100)}
+    assert left == {r for r in runs if r is not None} - gone_runs
+    assert len(left) == 40 - len(gone_runs)  # the 10 in flight and the late finishers
+    missed = {m.scheduled_for for m in store.list_missed(job.job_id, limit=100)}
+    assert missed == {5_000_000 + t for t in range(0, 3_000, 150)} - gone_missed
+    assert sum(store.purge_steps(cutoff, batch=4)) == 0  # nothing more past it
+    assert store.purge_history(2**62) == len(finished) - len(gone_runs) + 20 - len(gone_missed)
+    assert {r.state for r in store.list_runs(job.job_id, limit=100)} == {RunState.DISPATCHED}
+
+
+def test_ping_answers_while_the_store_is_there(store: Store) -> None:
+    store.ping()
+
+
 # -- a reference model -------------------------------------------------------------------
 
 fire_times = st.sampled_from([60_000, 120_000, 180_000])

@@ -30,6 +30,9 @@ from wheel.client._specs import JobArgs, JobRequest, Payload
 from wheel.client._sync import Client
 from wheel.client._time import Duration, When
 from wheel.client._values import (
+    Alert,
+    AlertKind,
+    Alerts,
     At,
     Backfill,
     CatchUp,
@@ -60,6 +63,9 @@ from wheel.client._wire import DEFAULT_TARGET
 
 __all__ = [
     "DEFAULT_TARGET",
+    "Alert",
+    "AlertKind",
+    "Alerts",
     "AsyncClient",
     "At",
     "Backfill",

@@ -29,6 +29,7 @@ from wheel.client._nodes import (
 from wheel.client._specs import JobArgs, JobRequest
 from wheel.client._time import When
 from wheel.client._values import (
+    Alerts,
     Backfill,
     Job,
     JobState,
@@ -218,3 +219,8 @@ class AsyncClient:
         """See ``Client.membership``."""
         msg = await self._call(lambda n: n.admin.GetMembership, _wire.membership_request())
         return _wire.membership_of(msg)
+
+    async def alerts(self, *, since: When | None = None, limit: int = 0) -> Alerts:
+        """See ``Client.alerts``."""
+        request = _wire.alerts_request(since, limit)
+        return _wire.alerts_of(await self._call(lambda n: n.admin.ListAlerts, request))

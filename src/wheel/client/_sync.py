@@ -22,6 +22,7 @@ from wheel.client._nodes import (
 from wheel.client._specs import JobArgs, JobRequest
 from wheel.client._time import When
 from wheel.client._values import (
+    Alerts,
     Backfill,
     Job,
     JobState,
@@ -225,3 +226,11 @@ class Client:
         """The members and each shard's owner, as the node asked sees them."""
         msg = self._call(lambda n: n.admin.GetMembership, _wire.membership_request())
         return _wire.membership_of(msg)
+
+    def alerts(self, *, since: When | None = None, limit: int = 0) -> Alerts:
+        """The alerts the node asked raised at or after ``since`` (None: all
+        it keeps), oldest first, at most the newest ``limit`` (0: all), and
+        the kinds firing now. Each node keeps its own: in a cluster, ask each
+        member (``Client(member.address)`` for ``membership().members``)."""
+        request = _wire.alerts_request(since, limit)
+        return _wire.alerts_of(self._call(lambda n: n.admin.ListAlerts, request))

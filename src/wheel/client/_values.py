@@ -91,6 +91,19 @@ class MissedReason(StrEnum):
     CANCELLED = "cancelled"  # queued or buffered when the job was cancelled
 
 
+class AlertKind(StrEnum):
+    """What an alert is about. The first four are conditions a node reports
+    as firing while they hold (``Alerts.firing``); the others are events."""
+
+    REAPER_PAUSED = "reaper_paused"  # re-dispatch of lost runs paused: the fleet is busy
+    NO_WORKER = "no_worker"  # work waits for a handler no connected worker serves
+    STORE_UNREACHABLE = "store_unreachable"
+    LAG_SLO = "lag_slo"  # dispatch lag p99 over its objective
+    CATCH_UP_CAPPED = "catch_up_capped"  # run_all past its cap collapsed to the latest
+    DEAD_LETTERED = "dead_lettered"  # a fire failed its last attempt
+    OUTCOME_UNKNOWN = "outcome_unknown"  # an at_most_once run lost its lease
+
+
 class CatchUpMode(StrEnum):
     """Which overdue fires run after downtime."""
 
@@ -404,6 +417,33 @@ class Status:
     reaper_paused: bool
     worker_list: list[WorkerStatus]
     unserved: list[UnservedHandler]
+    # Alert kinds whose condition holds now (see ``Client.alerts``).
+    alerts_firing: list[AlertKind | str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Alert:
+    """An alert a node raised: when, what kind (a plain word for a kind this
+    client does not know yet), what happened, and the job and run it is
+    about (None when it is not about one)."""
+
+    at: datetime
+    kind: AlertKind | str
+    message: str
+    node_id: str
+    job_id: int | None
+    run_id: int | None
+    fence: int | None
+    worker_id: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Alerts:
+    """A node's alerts since a time, oldest first, and the condition kinds
+    that hold now."""
+
+    alerts: list[Alert]
+    firing: list[AlertKind | str]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -29,6 +29,9 @@ from wheel.client._specs import (
 )
 from wheel.client._time import When, time_ms, utc, utc_or_none
 from wheel.client._values import (
+    Alert,
+    AlertKind,
+    Alerts,
     Backfill,
     Job,
     JobState,
@@ -214,6 +217,40 @@ def membership_request() -> admin.GetMembershipRequest:
     return admin.GetMembershipRequest()
 
 
+def alerts_request(since: When | None, limit: int) -> admin.ListAlertsRequest:
+    if limit < 0:
+        raise InvalidArgument("limit", f"{limit} is negative")
+    since_ms = 0 if since is None else max(0, time_ms(since, "since"))
+    return admin.ListAlertsRequest(since_ms=since_ms, limit=limit)
+
+
+def _alert_kind(value: str) -> AlertKind | str:
+    """A kind this client knows, or the word of one a newer node added."""
+    try:
+        return AlertKind(value)
+    except ValueError:
+        return value
+
+
+def alerts_of(msg: admin.ListAlertsResponse) -> Alerts:
+    return Alerts(
+        alerts=[
+            Alert(
+                at=utc(a.at_ms),
+                kind=_alert_kind(a.kind),
+                message=a.message,
+                node_id=a.node_id,
+                job_id=a.job_id or None,
+                run_id=a.run_id or None,
+                fence=a.fence or None,
+                worker_id=a.worker_id or None,
+            )
+            for a in msg.alerts
+        ],
+        firing=[_alert_kind(k) for k in msg.firing],
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Pages(Generic[_T]):
     """A list call: the request for a page token, and the items of a response
@@ -359,6 +396,7 @@ def status_of(msg: admin.ClusterStatus) -> Status:
         unserved=[
             UnservedHandler(pool=u.pool, handler=u.handler, waiting=u.waiting) for u in msg.unserved
         ],
+        alerts_firing=[_alert_kind(k) for k in msg.alerts_firing],
     )
 
 

@@ -1,5 +1,5 @@
 """The scheduler's shared vocabulary: job and run states, missed-fire reasons,
-shards and idempotency keys. Pure values, used by the engine and every layer
+alert kinds, shards and idempotency keys. Pure values, used by the engine and every layer
 above it."""
 
 from __future__ import annotations
@@ -41,6 +41,31 @@ class MissedReason(StrEnum):
     OVERLAP = "overlap"  # came due while a previous run was still going
     DST_GAP = "dst_gap"  # wall time did not exist and the policy skips it
     CANCELLED = "cancelled"  # queued or buffered when the job was cancelled
+
+
+class AlertKind(StrEnum):
+    """What an alert is about. Some name a condition that holds for a while
+    (a node reports them as firing until it clears), the others an event."""
+
+    # Conditions.
+    REAPER_PAUSED = "reaper_paused"  # the reaper's circuit breaker: the fleet is too busy
+    NO_WORKER = "no_worker"  # work waits for a handler no connected worker serves
+    STORE_UNREACHABLE = "store_unreachable"  # the last store batch or probe failed
+    LAG_SLO = "lag_slo"  # dispatch lag p99 over its objective
+    # Events.
+    CATCH_UP_CAPPED = "catch_up_capped"  # run_all past its cap collapsed to the latest
+    DEAD_LETTERED = "dead_lettered"  # a fire failed its last attempt
+    OUTCOME_UNKNOWN = "outcome_unknown"  # an at_most_once run lost its lease
+
+
+CONDITION_ALERTS = frozenset(
+    {
+        AlertKind.REAPER_PAUSED,
+        AlertKind.NO_WORKER,
+        AlertKind.STORE_UNREACHABLE,
+        AlertKind.LAG_SLO,
+    }
+)
 
 
 def shard_of(job_id: int) -> int:

@@ -6,20 +6,24 @@ from wheel.node._node import Node
 from wheel.node._values import (
     CLOCK_SKEW_ENV,
     Clock,
+    Health,
     Membership,
     MessageSink,
     NodeConfig,
     NodeStatus,
+    RaisedAlert,
     WorkerSession,
 )
 
 __all__ = [
     "CLOCK_SKEW_ENV",
     "Clock",
+    "Health",
     "Membership",
     "MessageSink",
     "Node",
     "NodeConfig",
     "NodeStatus",
+    "RaisedAlert",
     "WorkerSession",
 ]

@@ -51,8 +51,10 @@ from wheel.errors import (
     StoreError,
     WheelError,
 )
+from wheel.logs import ids
 from wheel.node._cluster import ShardOwnership
 from wheel.node._membership import NodeMembership
+from wheel.node._ops import NodeOps
 from wheel.node._reads import NodeReads
 from wheel.node._values import (
     Clock,
@@ -80,7 +82,7 @@ SNAPSHOT_SHARE = 0.2
 SNAPSHOT_JOBS_PER_CHUNK = 2_000
 
 
-class Node(NodeReads, NodeMembership):
+class Node(NodeReads, NodeMembership, NodeOps):
     """One node owning shards (all 256 on a single node)."""
 
     def __init__(
@@ -122,7 +124,6 @@ class Node(NodeReads, NodeMembership):
         # those jobs out (it applied them when it wrote them).
         self._own_changes: set[int] = set()
         self._lags: deque[int] = deque(maxlen=10_000)
-        self.alerts: deque[str] = deque(maxlen=1_000)
         self.ready = asyncio.Event()
         self._submits: list[tuple[NewJob, asyncio.Future[tuple[JobRecord, bool] | WheelError]]]
         self._submits = []
@@ -140,6 +141,8 @@ class Node(NodeReads, NodeMembership):
         # Set when the dispatch loop ends; a node whose loop died must exit
         # (and be restarted) rather than keep serving without dispatching.
         self.stopped = asyncio.Event()
+        # Health, alerts, metrics and retention (wheel.node._ops).
+        self._init_ops()
 
     # -- life cycle -------------------------------------------------------------
 
@@ -186,6 +189,7 @@ class Node(NodeReads, NodeMembership):
         self._task = asyncio.create_task(self._loop(), name="wheel-dispatch")
         self._task.add_done_callback(self._loop_done)
         self.ready.set()
+        self._start_ops()
 
     async def _anchor_clock(self) -> None:
         """Read the store's clock and run on it: fires come due by the record
@@ -221,6 +225,7 @@ class Node(NodeReads, NodeMembership):
             len(self._ownership.gaining()),
         )
         self.ready.set()
+        self._start_ops()
 
     # -- shards gained and lost (see wheel.node._cluster) -------------------------
 
@@ -296,6 +301,7 @@ class Node(NodeReads, NodeMembership):
         """Stop dispatching (after ``leave``, if it was not called)."""
         await self.leave()
         self._stopping = True
+        await self._stop_ops()
         self._wake.set()
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
@@ -373,6 +379,9 @@ class Node(NodeReads, NodeMembership):
 
         self._snapshotting = threading.Thread(target=write, name="wheel-snapshot", daemon=True)
         self._snapshotting.start()
+
+    def _has_checkpoint(self) -> bool:
+        return self._checkpoint is not None
 
     def _the_driver(self) -> Driver:
         if self._driver is None:
@@ -515,16 +524,19 @@ class Node(NodeReads, NodeMembership):
         idempotent by (job, fire, attempt) and completions by fence), then
         append its checkpoint records."""
         backoff = 0.05
+        started = time.perf_counter()
         while True:
             try:
                 outcome = self.store.write_batch(batch)
                 break
             except StoreError as exc:
+                self._store_failed(exc)
                 if self._stopping:
                     raise
                 log.warning("store write failed (%s); retrying in %.2fs", exc, backoff)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
+        self._store_committed(time.perf_counter() - started)
         checkpoint = self._checkpoint
         if records and checkpoint is not None:
             try:
@@ -556,12 +568,28 @@ class Node(NodeReads, NodeMembership):
         if self._snapshot_due:
             self._snapshot_due = False
             self._start_snapshot()
-        for alert in fx.alerts:
-            log.warning("alert: %s", alert)
-            self.alerts.append(alert)
-        fx.alerts.clear()
-        self._lags.extend(fx.lags)
-        fx.lags.clear()
+        if fx.alerts:
+            for alert in fx.alerts:
+                self._raise(alert)
+            fx.alerts.clear()
+        lags = fx.lags
+        if lags:
+            self._lags.extend(lags)
+            self.lag_histogram.add(lags)
+            lags.clear()
+        if fx.notes:
+            for note in fx.notes:
+                log.warning(
+                    "run %d of job %d %s (worker %s)",
+                    note.run_id,
+                    note.job_id,
+                    note.what,
+                    note.worker or "-",
+                    extra=ids(
+                        job_id=note.job_id, run_id=note.run_id, fence=note.fence, worker=note.worker
+                    ),
+                )
+            fx.notes.clear()
         workers = (
             set(fx.assignments)
             | set(fx.revokes)
@@ -604,6 +632,7 @@ class Node(NodeReads, NodeMembership):
             self._own_changes = {m for m in self._own_changes if m >= self._watermark}
             records.extend(changed)
         except StoreError as exc:
+            self.metrics.store_errors.labels("changes").inc()
             log.warning("reading job changes failed: %s", exc)
             driver.fx.resync |= resync  # read again next time
             return False

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
 from wheel.engine.driver import Driver
-from wheel.engine.model import JobState
+from wheel.engine.model import AlertKind, JobState
 from wheel.engine.records import ExecutionRecord, JobRecord, MissedFire
 from wheel.node._values import Clock, NodeConfig, NodeStatus
 from wheel.store.base import Store
@@ -31,6 +30,8 @@ class NodeReads:
     if TYPE_CHECKING:
 
         async def _api(self, fn: Callable[..., T], *args: object) -> T: ...
+
+        def alerts_firing(self) -> Mapping[AlertKind, int]: ...
 
     def now_ms(self) -> int:
         return self.clock.now_ms()
@@ -83,10 +84,11 @@ class NodeReads:
 
         return await self._api(read)
 
-    def status(self) -> NodeStatus:
+    def status(self, *, percentiles: bool = True) -> NodeStatus:
         """The node's view of itself: shards, jobs, runs, workers, backlog,
-        lag and totals."""
-        p50, p99 = self.lag_percentiles()
+        lag and totals (the lag percentiles, a sort of the last 10,000
+        samples, only with ``percentiles``: metrics have the histogram)."""
+        p50, p99 = self.lag_percentiles() if percentiles else (0.0, 0.0)
         driver = self._driver
         if driver is None:
             return NodeStatus(node_id=self.config.node_id, lag_p50_ms=p50, lag_p99_ms=p99)
@@ -105,9 +107,10 @@ class NodeReads:
             overdue_backlog=overdue,
             workers=workers,
             worker_capacity=sum(w.capacity for w in workers),
-            stats=replace(owner.stats),
+            stats=owner.stats.copy(),
             reaper_paused=owner.reaper_paused,
             unserved=owner.unserved(),
+            alerts_firing=tuple(sorted(k.value for k, n in self.alerts_firing().items() if n)),
         )
 
     def lag_percentiles(self) -> tuple[float, float]:

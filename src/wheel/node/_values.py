@@ -1,5 +1,5 @@
 """A node's values: its clock, its configuration, a worker's stream as the
-node sees it, and what the node reports of itself."""
+node sees it, and what the node reports of itself (status, health, alerts)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 from wheel.checkpoint import Durability
 from wheel.coord.base import Member
-from wheel.engine.owner import Effects, OwnerConfig, OwnerStats, Unserved, WorkerView
+from wheel.engine.owner import Alert, Effects, OwnerConfig, OwnerStats, Unserved, WorkerView
+
+DAY_MS = 86_400_000
 
 # Test hook: a file holding a number of milliseconds added to the wall time
 # the node's clock reads at start, re-read on ``Clock.reload_skew`` (wheelctl
@@ -106,6 +108,32 @@ class NodeConfig:
     # dispatches and p99 13 ms at 0; 0.46 s and p99 10 ms at 5 ms. A lone
     # event after a quiet spell still commits at once.
     group_commit_light_ms: int = 5
+    # Health: how often it is worked out, and how long the store may go
+    # without a committed batch before a probe (SELECT 1) asks it; a probe
+    # that has not answered within its timeout counts as failed.
+    health_interval_s: float = 0.5
+    probe_after_s: float = 1.0
+    probe_timeout_s: float = 2.0
+    # The dispatch lag objective (the seed's: p99 <= 1 s), checked over the
+    # samples of the last ``lag_slo_window_s``; with fewer than
+    # ``lag_slo_min_samples`` there, nothing is concluded.
+    lag_slo_ms: int = 1_000
+    lag_slo_quantile: float = 0.99
+    lag_slo_window_s: float = 60.0
+    lag_slo_min_samples: int = 100
+    # Alerts kept for AdminService.ListAlerts (the oldest go first).
+    alerts_kept: int = 1_000
+    # Retention: finished runs and missed-fire records older than this are
+    # deleted (None: kept for ever), in passes every ``retention_interval_s``
+    # (the first after ``retention_first_s``, or the interval if shorter),
+    # ``retention_batch`` rows' key range per transaction, each pass taking
+    # at most ``retention_share`` of the store's time (it sleeps between
+    # transactions).
+    retain_ms: int | None = 30 * DAY_MS
+    retention_interval_s: float = 600.0
+    retention_first_s: float = 60.0
+    retention_batch: int = 1_000
+    retention_share: float = 0.1
 
 
 class WorkerSession:
@@ -132,6 +160,26 @@ class Membership:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Health:
+    """Whether the node can do its work: the store answers (its last batch,
+    or its last probe, succeeded), and it holds a shard it may dispatch (a
+    cluster member between holds, or past its lease deadline, holds none)."""
+
+    store: bool
+    dispatching: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RaisedAlert:
+    """An alert as the node keeps it: when it was raised (wall ms), and by
+    which node."""
+
+    at_ms: int
+    node_id: str
+    alert: Alert
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeStatus:
     """What ``Node.status`` reports (``AdminService.GetClusterStatus``)."""
 
@@ -151,3 +199,5 @@ class NodeStatus:
     stats: OwnerStats = field(default_factory=OwnerStats)
     reaper_paused: bool = False
     unserved: Sequence[Unserved] = ()
+    # Alert kinds whose condition holds now.
+    alerts_firing: Sequence[str] = ()

@@ -45,6 +45,7 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
             missed_total=s.missed,
             dead_lettered_total=s.dead_lettered,
             reaper_paused=st.reaper_paused,
+            alerts_firing=st.alerts_firing,
         )
         owners = self.node.shard_owners()
         held = Counter(owners.values())
@@ -77,3 +78,25 @@ class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> cluster_pb2.Membership:
         return membership_to_proto(self.node.membership())
+
+    async def ListAlerts(
+        self,
+        request: admin_service_pb2.ListAlertsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> admin_service_pb2.ListAlertsResponse:
+        out = admin_service_pb2.ListAlertsResponse(
+            firing=sorted(k.value for k, n in self.node.alerts_firing().items() if n)
+        )
+        for raised in self.node.list_alerts(request.since_ms, max(0, request.limit)):
+            alert = raised.alert
+            out.alerts.add(
+                at_ms=raised.at_ms,
+                kind=alert.kind.value,
+                message=alert.message,
+                node_id=raised.node_id,
+                job_id=alert.job_id or 0,
+                run_id=alert.run_id or 0,
+                fence=alert.fence or 0,
+                worker_id=alert.worker or "",
+            )
+        return out

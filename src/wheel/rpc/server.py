@@ -10,9 +10,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from wheel.node import Node
+from wheel.node import Health, Node
 from wheel.rpc._admin import AdminServicer
 from wheel.rpc._common import MAX_MESSAGE_BYTES, status_of
+from wheel.rpc._health import statuses
 from wheel.rpc._jobs import JobServicer
 from wheel.rpc._nodes import NodeServicer
 from wheel.rpc._peers import Peers
@@ -63,8 +64,16 @@ async def serve(node: Node, listen: str) -> tuple[grpc.aio.Server, int]:
     port = server.add_insecure_port(listen)
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
+    # NOT_SERVING until the node is ready and says otherwise.
+    for name in statuses(Health(store=False, dispatching=False)):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.start()
     await node.ready.wait()
-    for name in ["", *names[:3]]:
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def report(health: Health) -> None:
+        for name, status in statuses(health).items():
+            await health_servicer.set(name, status)
+
+    node.on_health(report)
+    await report(node.health())
     return server, port

@@ -10,7 +10,7 @@ the batch writes, loading shards and reading the change feed.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from wheel.errors import NotFound, WheelError
@@ -221,12 +221,18 @@ class SQLStore:
         """Delete terminal executions and missed records older than the
         cutoff, a key range of ``batch`` rows at a time, each range in one
         short transaction so no lock is held for long."""
+        return sum(self.purge_steps(finished_before_ms, batch))
+
+    def purge_steps(self, finished_before_ms: int, batch: int = 1_000) -> Iterator[int]:
+        """One key range of ``batch`` rows per step, executions first, then
+        missed fires; each range is one transaction."""
         batch = max(1, batch)
-        total = 0
         for bound, delete in self._queries.purges:
             low: int | None = 0
             while low is not None:
                 step = functools.partial(purge_range, bound, delete, low, batch, finished_before_ms)
                 deleted, low = self._write(step)
-                total += deleted
-        return total
+                yield deleted
+
+    def ping(self) -> None:
+        self._read(lambda cur: cur.execute("SELECT 1").fetchone())

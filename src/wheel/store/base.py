@@ -36,7 +36,7 @@ All times are integer milliseconds since the Unix epoch; ids are 64-bit ints.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 from wheel.engine.model import (
@@ -117,6 +117,10 @@ class Store(Protocol):
         """Apply pending schema migrations; safe to run twice and concurrently."""
 
     def close(self) -> None: ...
+
+    def ping(self) -> None:
+        """One trivial round trip, not retried (a health probe): raises
+        ``StoreUnavailable`` when the store cannot answer now."""
 
     # -- jobs -----------------------------------------------------------------
 
@@ -351,6 +355,14 @@ class Store(Protocol):
     def purge_history(self, finished_before_ms: int, batch: int = 10_000) -> int:
         """Delete terminal executions and missed records older than the cutoff, in
         bulk; returns how many rows went."""
+
+    def purge_steps(self, finished_before_ms: int, batch: int = 1_000) -> Iterator[int]:
+        """``purge_history`` one short transaction at a time: each step deletes
+        what is past the cutoff among at most ``batch`` rows, commits, and
+        yields how many went; the caller paces the steps (the node's
+        retention sleeps between them). Rows in flight or newer than the
+        cutoff are never touched; a generator dropped half-way leaves every
+        step it ran committed and the rest for the next pass."""
 
 
 def write_in_order(store: Store, batch: WriteBatch) -> BatchOutcome:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import grpc  # type: ignore[import-untyped, unused-ignore]
 import grpc.aio  # type: ignore[import-untyped, unused-ignore]
 
+from wheel.logs import ids
 from wheel.rpc.v1 import worker_service_pb2 as pb
 from wheel.rpc.v1 import worker_service_pb2_grpc as pb_grpc
 from wheel.worker._runs import Done, Run
@@ -306,7 +307,11 @@ class Link:
             if not c.accepted:
                 self.worker.stats.rejected += 1
                 log.info(
-                    "%s rejected the completion of run %d: %s", self.target, c.run_id, c.reason
+                    "%s rejected the completion of run %d: %s",
+                    self.target,
+                    c.run_id,
+                    c.reason,
+                    extra=ids(run_id=c.run_id, worker=self.worker.worker_id),
                 )
         for ref in results.rejected_renewals:
             self.worker._supersede(self, ref.run_id, ref.fence)

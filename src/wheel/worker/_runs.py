@@ -14,17 +14,22 @@ import collections
 import contextlib
 import heapq
 import inspect
+import logging
 import math
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from wheel.logs import ids
 from wheel.rpc.v1 import worker_service_pb2 as pb
 from wheel.worker._api import Handler, Permanent, Retryable, RunContext, WorkerStats
 
 if TYPE_CHECKING:
     from wheel.worker._link import Link
+
+log = logging.getLogger("wheel.worker")
 
 # Error texts are for people; the server keeps them in the run's history.
 MAX_ERROR_CHARS = 2_000
@@ -50,7 +55,7 @@ class Run:
     """One held run: its context, its handler, its state, and the link of the
     node it reports to (None while it has none: see the worker's strays)."""
 
-    __slots__ = ("acked", "ctx", "fn", "is_async", "link", "state", "task")
+    __slots__ = ("acked", "ctx", "fn", "is_async", "link", "started", "state", "task")
 
     def __init__(self, link: Link, ctx: RunContext, fn: Handler | None, is_async: bool) -> None:
         self.link: Link | None = link
@@ -61,6 +66,8 @@ class Run:
         self.task: asyncio.Task[None] | None = None
         # An ack for it went out (or was queued) on some link.
         self.acked = False
+        # time.perf_counter() when its handler started.
+        self.started = 0.0
 
     def ref(self) -> pb.RunRef:
         ctx = self.ctx
@@ -102,10 +109,16 @@ class Runner:
         capacity: int,
         stats: WorkerStats,
         report: Callable[[Run, pb.Outcome, str], None],
+        *,
+        worker_id: str = "",
     ) -> None:
         self.capacity = capacity
         self.stats = stats
         self._report = report
+        self.worker_id = worker_id
+        # Handler durations: (handler, succeeded, seconds); set when the
+        # worker serves metrics.
+        self.observe: Callable[[str, bool, float], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.waiting: collections.deque[Run] = collections.deque()
         self.active = 0
@@ -138,6 +151,7 @@ class Runner:
     def _start(self, run: Run) -> None:
         assert self._loop is not None
         run.state = RUNNING
+        run.started = time.perf_counter()
         self.active += 1
         if run.ctx.deadline != math.inf:
             self._watch_deadline(run)
@@ -216,11 +230,32 @@ class Runner:
         if run.state != RUNNING:
             return  # superseded, timed out or handed back meanwhile: discard
         run.state = DONE
-        if outcome == SUCCEEDED:
+        succeeded = outcome == SUCCEEDED
+        if succeeded:
             self.stats.succeeded += 1
         else:
             self.stats.failed += 1
+            self._log(run, logging.INFO, "failed", error)
+        if self.observe is not None:
+            self.observe(run.ctx.handler, succeeded, time.perf_counter() - run.started)
         self._report(run, outcome, error)
+
+    def _log(self, run: Run, level: int, what: str, detail: str = "") -> None:
+        """A line about a run, with its ids."""
+        if not log.isEnabledFor(level):
+            return
+        ctx = run.ctx
+        log.log(
+            level,
+            "run %d of job %d (attempt %d, handler %s) %s%s",
+            ctx.run_id,
+            ctx.job_id,
+            ctx.attempt,
+            ctx.handler,
+            what,
+            f": {detail}" if detail else "",
+            extra=ids(job_id=ctx.job_id, run_id=ctx.run_id, fence=ctx.fence, worker=self.worker_id),
+        )
 
     # Timeouts: one heap and one loop timer for all runs, not a TimerHandle per
     # run. Entries of finished runs are dropped lazily (when they reach the top,
@@ -262,6 +297,9 @@ class Runner:
         run.state = DONE
         self.stats.timed_out += 1
         self.stats.failed += 1
+        self._log(run, logging.WARNING, f"timed out after {run.ctx.timeout_ms} ms")
+        if self.observe is not None:
+            self.observe(run.ctx.handler, False, time.perf_counter() - run.started)
         self._report(run, RETRYABLE, f"timed out after {run.ctx.timeout_ms} ms")
         if run.task is not None:
             run.task.cancel()
@@ -275,6 +313,7 @@ class Runner:
             return False
         run.state = ABORTED
         self.stats.revoked += 1
+        self._log(run, logging.INFO, "superseded: aborted, not completed")
         if run.task is not None:
             run.task.cancel()
         return True
@@ -306,6 +345,7 @@ class Runner:
             return
         run.state = DONE
         self.stats.abandoned += 1
+        self._log(run, logging.WARNING, "abandoned: the worker stopped before the handler ended")
         if run.task is not None:
             run.task.cancel()
         self._report(run, ABANDONED, "worker stopped before the handler finished")

@@ -68,6 +68,7 @@ from typing import Any, TypeVar
 import grpc  # type: ignore[import-untyped, unused-ignore]
 
 from wheel.errors import InvalidArgument
+from wheel.metrics import MetricsServer, parse_listen
 from wheel.rpc.targets import targets_of
 from wheel.rpc.v1 import admin_service_pb2, admin_service_pb2_grpc, cluster_pb2
 from wheel.rpc.v1 import worker_service_pb2 as pb
@@ -81,6 +82,7 @@ from wheel.worker._api import (
 )
 from wheel.worker._cluster import View, view_of
 from wheel.worker._link import DEFAULT_LEASE_S, Link
+from wheel.worker._metrics import WorkerMetrics
 from wheel.worker._runs import Done, Run, Runner, is_async
 
 __all__ = [
@@ -160,7 +162,11 @@ class Worker:
         pools: Sequence[str] = ("default",),
         reconnect_initial: float = 0.1,
         reconnect_max: float = 10.0,
+        metrics_listen: str | None = None,
     ) -> None:
+        """``metrics_listen`` ("HOST:PORT", port 0 for any free one): serve the
+        worker's Prometheus metrics at ``/metrics`` there while it runs
+        (``metrics_port`` is the port bound)."""
         if capacity < 1:
             raise InvalidArgument("capacity", f"{capacity} is below 1")
         seeds = targets_of(target)
@@ -173,7 +179,14 @@ class Worker:
         self.reconnect_max = reconnect_max
         self.stats = WorkerStats()
         self._handlers: dict[str, tuple[Handler, bool]] = {}
-        self._runner = Runner(capacity, self.stats, self._report)
+        self._runner = Runner(capacity, self.stats, self._report, worker_id=self.worker_id)
+        self.metrics: WorkerMetrics | None = None
+        self._metrics_listen = metrics_listen
+        self._metrics_server: MetricsServer | None = None
+        if metrics_listen is not None:
+            parse_listen(metrics_listen)  # a bad address fails here, not in run()
+            self.metrics = WorkerMetrics(self)
+            self._runner.observe = self.metrics.observe
         self._links = [Link(self, t) for t in seeds]
         self._link_tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -220,6 +233,16 @@ class Worker:
         return sum(1 for link in self._links if link.connected)
 
     @property
+    def executing(self) -> int:
+        """Handlers executing now."""
+        return self._runner.active
+
+    @property
+    def metrics_port(self) -> int:
+        """The port ``/metrics`` is served on (0: not serving)."""
+        return self._metrics_server.port if self._metrics_server is not None else 0
+
+    @property
     def held(self) -> int:
         """Runs this worker holds (waiting or executing)."""
         strays = sum(1 for s in self._strays.values() if s.run is not None)
@@ -238,12 +261,18 @@ class Worker:
         self._runner.start(self._loop)
         if self._closing:
             return
+        if self.metrics is not None and self._metrics_listen is not None:
+            self._metrics_server = MetricsServer(self.metrics.registry)
+            port = await self._metrics_server.start(self._metrics_listen)
+            log.info("worker %s serves metrics on port %d", self.worker_id, port)
         for link in self._links:
             self._start_link(link)
         try:
             await self._stopped.wait()
         finally:
             self._closing = True
+            if self._metrics_server is not None:
+                await self._metrics_server.stop()
             if self._stray_timer is not None:
                 self._stray_timer.cancel()
             tasks = [*self._link_tasks, *([self._refresh] if self._refresh else [])]
@@ -676,9 +705,16 @@ def run_worker(
     worker_id: str | None = None,
     pools: Sequence[str] = ("default",),
     drain_timeout: float = 30.0,
+    metrics_listen: str | None = None,
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (drain gracefully; a second signal stops now)."""
-    worker = Worker(target, worker_id=worker_id, capacity=capacity, pools=pools)
+    worker = Worker(
+        target,
+        worker_id=worker_id,
+        capacity=capacity,
+        pools=pools,
+        metrics_listen=metrics_listen,
+    )
     for name, fn in handlers.items():
         worker.register(name, fn)
 

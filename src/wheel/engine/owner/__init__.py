@@ -85,6 +85,7 @@ from wheel.engine.owner._values import (
     LEASE,
     RETRY,
     TIMEOUT,
+    Alert,
     Assignment,
     CompletionResult,
     Effects,
@@ -98,6 +99,7 @@ from wheel.engine.owner._values import (
     Revoke,
     RevokeReason,
     Route,
+    RunNote,
     RunRef,
     ShardContents,
     Unserved,
@@ -112,6 +114,7 @@ __all__ = [
     "LEASE",
     "RETRY",
     "TIMEOUT",
+    "Alert",
     "Assignment",
     "CompletionResult",
     "Due",
@@ -128,6 +131,7 @@ __all__ = [
     "Revoke",
     "RevokeReason",
     "Route",
+    "RunNote",
     "RunRef",
     "ShardContents",
     "Unserved",
@@ -148,11 +152,13 @@ class Owner(_Shards, _Images, _Jobs, _Dispatch, _Workers, _Runs):
         grace = self._grace
         while grace and grace[0][0] <= now_ms:
             self._grace_expired(grace.popleft()[1])
+        fired = 0  # added to the stats once: a local costs less per fire
         for tid in self.wheel.advance(now_ms):
             kind, n = tid & 3, tid >> 2
             if kind == FIRE:
                 job = self.jobs.get(n) or self._wake_to_fire(n, now_ms)
                 if job is not None and not job.paused and job.next_fire is not None:
+                    fired += 1
                     self._on_fire(job, now_ms, fx)
             elif kind == LEASE:
                 self._on_lease_timer(n, now_ms, fx)
@@ -160,5 +166,7 @@ class Owner(_Shards, _Images, _Jobs, _Dispatch, _Workers, _Runs):
                 self._on_timeout(n, now_ms, fx)
             else:
                 self._on_retry(n, now_ms)
+        if fired:
+            self.stats.fires += fired
         self._run_reaper(now_ms, fx)
         self._dispatch(now_ms, fx)

@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from wheel.engine.fairness import FairQueue, split_capacity
+from wheel.engine.model import AlertKind
 from wheel.engine.owner._state import (
     Ahead,
     _Job,
@@ -19,6 +20,7 @@ from wheel.engine.owner._state import (
     _Worker,
 )
 from wheel.engine.owner._values import (
+    Alert,
     Assignment,
     Effects,
     Phase,
@@ -211,8 +213,11 @@ class _Dispatch(_OwnerState):
                 self._unserved_alerted.add(route)
                 pool, handler = route
                 fx.alerts.append(
-                    f"no worker for handler {handler!r} in pool {pool!r}: "
-                    f"{self._waiting_on(route)} runs wait for one"
+                    Alert(
+                        kind=AlertKind.NO_WORKER,
+                        message=f"no worker for handler {handler!r} in pool {pool!r}: "
+                        f"{self._waiting_on(route)} runs wait for one",
+                    )
                 )
 
     def _waiting_on(self, route: Route) -> int:
@@ -313,10 +318,14 @@ class _Dispatch(_OwnerState):
 
     def on_claimed(self, outcomes: Sequence[ClaimOutcome], now_ms: int, fx: Effects) -> None:
         """The store's answer to a claim batch."""
+        stats = self.stats
+        # Counted won for the batch at once, less each one lost or not ours.
+        stats.claims_won += len(outcomes)
         for out in outcomes:
             c = out.claim
             pend = self._pending.pop((c.job_id, c.scheduled_for, c.attempt), None)
             if pend is None:
+                stats.claims_won -= 1
                 continue
             worker = self.workers.get(pend.worker_id) if pend.worker_id else None
             if worker is not None:
@@ -332,6 +341,8 @@ class _Dispatch(_OwnerState):
             if out.run_id is None:
                 # Someone else holds this fire (another owner, or an earlier
                 # life of this one): it is not ours to run.
+                stats.claims_won -= 1
+                stats.claims_lost += 1
                 if job is not None:
                     self._run_finished(job, now_ms, fx)
                 continue

@@ -8,7 +8,7 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from wheel.engine.model import JobState, MissedReason, RunState
+from wheel.engine.model import AlertKind, JobState, MissedReason, RunState
 from wheel.engine.owner._state import (
     _Job,
     _limit,
@@ -19,6 +19,7 @@ from wheel.engine.owner._state import (
 )
 from wheel.engine.owner._values import (
     FIRE,
+    Alert,
     Effects,
     Phase,
     RevokeReason,
@@ -196,7 +197,11 @@ class _Jobs(_OwnerState):
             MissedFire(job_id=job.job_id, scheduled_for=f, reason=reason, recorded_at_ms=now_ms)
             for f, reason in missed
         )
-        self.stats.missed += len(fx.missed) - n
+        stats = self.stats
+        stats.missed += len(fx.missed) - n
+        by_reason = stats.missed_by_reason
+        for m in fx.missed[n:]:
+            by_reason[m.reason] = by_reason.get(m.reason, 0) + 1
 
     def claim_now(
         self,
@@ -250,6 +255,8 @@ class _Jobs(_OwnerState):
         self.claim_now(job_id, fires, now_ms, fx, overdue=True)
 
     def _on_fire(self, job: _Job, now_ms: int, fx: Effects) -> None:
+        """A job's FIRE timer expired (``advance`` counts it in
+        ``stats.fires``; a catch-up adds the other fires it covers)."""
         fire = job.next_fire
         assert fire is not None
         compiled = job.compiled
@@ -287,14 +294,22 @@ class _Jobs(_OwnerState):
                         break
                 if count > 1 and compiled.jittered(held) > now_ms:
                     nxt = held
+                    count -= 1  # not due yet: it fires later
                 else:
                     self._miss(job, stream.feed([held]).missed, now_ms, fx)
                     nxt = compiled.next_fire(held)
             else:
                 self._miss(job, stream.feed([held]).missed, now_ms, fx)
             plan = stream.finish()
+            self.stats.fires += count - 1  # each fire of the catch-up, run or missed
             if plan.alert:
-                fx.alerts.append(f"job {job.job_id}: {plan.alert}")
+                fx.alerts.append(
+                    Alert(
+                        kind=AlertKind.CATCH_UP_CAPPED,
+                        message=f"job {job.job_id}: {plan.alert}",
+                        job_id=job.job_id,
+                    )
+                )
             if compiled.completion_driven and not plan.run:
                 # fixed_delay whose fire was not run: no completion will arm
                 # the next one, so count from now or the schedule stops.

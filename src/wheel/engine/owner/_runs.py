@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from wheel.engine.model import RunState
+from wheel.engine.model import AlertKind, RunState
 from wheel.engine.owner._state import (
     Redo,
     _Job,
@@ -19,11 +19,13 @@ from wheel.engine.owner._values import (
     LEASE,
     RETRY,
     TIMEOUT,
+    Alert,
     CompletionResult,
     Effects,
     Phase,
     Revoke,
     RevokeReason,
+    RunNote,
 )
 from wheel.engine.policy import retry_delay_ms, should_retry
 from wheel.engine.records import (
@@ -36,6 +38,12 @@ log = logging.getLogger("wheel.owner")
 # Overlap policies that buffer nothing of their own: a fire they would skip
 # is held only while the run in its way is ending (``_Job.ending``).
 _HOLDING = (OverlapPolicy.SKIP, OverlapPolicy.ALLOW)
+
+
+def _note(what: str, run: _Run) -> RunNote:
+    return RunNote(
+        what=what, job_id=run.job_id, run_id=run.run_id, fence=run.fence, worker=run.worker_id
+    )
 
 
 class _Runs(_OwnerState):
@@ -137,9 +145,21 @@ class _Runs(_OwnerState):
                 continue
             if state is RunState.SUCCEEDED:
                 self.stats.completed += 1
-            elif state is RunState.DEAD_LETTERED:
-                self.stats.dead_lettered += 1
-                fx.alerts.append(f"job {job.job_id} fire {run.scheduled_for}: dead-lettered")
+            else:
+                ended = self.stats.ended
+                ended[state] = ended.get(state, 0) + 1
+                if state is RunState.DEAD_LETTERED:
+                    self.stats.dead_lettered += 1
+                    fx.alerts.append(
+                        Alert(
+                            kind=AlertKind.DEAD_LETTERED,
+                            message=f"job {job.job_id} fire {run.scheduled_for}: dead-lettered",
+                            job_id=job.job_id,
+                            run_id=run.run_id,
+                            fence=run.fence,
+                            worker=run.worker_id,
+                        )
+                    )
             if state in (RunState.FAILED, RunState.TIMED_OUT) and should_retry(
                 job.spec.retry, failed_attempt=run.attempt
             ):
@@ -180,6 +200,7 @@ class _Runs(_OwnerState):
     def _on_retry(self, seq: int, now_ms: int) -> None:
         redo = self._retries.pop(seq, None)
         if redo is not None:
+            self.stats.retried += 1
             self._requeue(redo, now_ms)
 
     def _requeue(self, redo: Redo, now_ms: int) -> None:
@@ -218,6 +239,7 @@ class _Runs(_OwnerState):
             self.wheel.add((run_id << 2) | LEASE, run.lease_deadline)
             return
         self.stats.lost_leases += 1
+        fx.notes.append(_note("lease expired", run))
         if run.worker_id is not None:
             holder = self.workers.get(run.worker_id)
             if holder is not None:
@@ -237,8 +259,15 @@ class _Runs(_OwnerState):
         job = self._job(run.job_id)
         if job is not None and job.spec.side_effect is SideEffect.AT_MOST_ONCE:
             fx.alerts.append(
-                f"job {run.job_id} fire {run.scheduled_for}: at_most_once run {why}; "
-                "outcome unknown, not re-dispatched"
+                Alert(
+                    kind=AlertKind.OUTCOME_UNKNOWN,
+                    message=f"job {run.job_id} fire {run.scheduled_for}: at_most_once run {why};"
+                    " outcome unknown, not re-dispatched",
+                    job_id=run.job_id,
+                    run_id=run.run_id,
+                    fence=run.fence,
+                    worker=run.worker_id,
+                )
             )
             self._end_run(run, RunState.UNKNOWN, why, fx, now_ms, reply_to=reply_to)
         elif job is not None and should_retry(job.spec.retry, failed_attempt=run.attempt):
@@ -258,6 +287,7 @@ class _Runs(_OwnerState):
         if run is None or run.phase not in (Phase.DISPATCHED, Phase.RUNNING, Phase.READY):
             return
         self.stats.timed_out += 1
+        fx.notes.append(_note("timed out", run))
         if run.worker_id is not None:
             self._revoke(run, RevokeReason.TIMED_OUT, fx)
         job = self._job(run.job_id)
@@ -293,12 +323,16 @@ class _Runs(_OwnerState):
                 busy = sum(len(w.held) for w in self.workers.values())
                 self._reaper_paused = True
                 fx.alerts.append(
-                    f"reaper paused: fleet {busy}/{capacity} busy; "
-                    f"{len(self._reaper)} expired leases wait for capacity"
+                    Alert(
+                        kind=AlertKind.REAPER_PAUSED,
+                        message=f"reaper paused: fleet {busy}/{capacity} busy; "
+                        f"{len(self._reaper)} expired leases wait for capacity",
+                    )
                 )
             return
         self._reaper_paused = False
         n = self._reaper_bucket.take(len(self._reaper), now_ms)
+        self.stats.redispatched += n
         for _ in range(n):
             self._requeue(self._reaper.popleft(), now_ms)
 

@@ -5,10 +5,10 @@ outcomes."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
-from wheel.engine.model import idempotency_key
+from wheel.engine.model import AlertKind, MissedReason, RunState, idempotency_key
 from wheel.engine.records import (
     Completion,
     ExecutionRecord,
@@ -147,6 +147,31 @@ class ProtocolViolation:
     run_id: int = 0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Alert:
+    """Something an operator must hear of: its kind, what happened in words,
+    and the job and run it is about, if one."""
+
+    kind: AlertKind
+    message: str
+    job_id: int | None = None
+    run_id: int | None = None
+    fence: int | None = None
+    worker: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunNote:
+    """A rare run event worth a log line with its ids: a lease that lapsed,
+    a run that timed out."""
+
+    what: str
+    job_id: int
+    run_id: int
+    fence: int
+    worker: str | None
+
+
 @dataclass(slots=True)
 class Effects:
     """What the node must do, in this order: store writes, then messages."""
@@ -163,7 +188,8 @@ class Effects:
     violations: dict[str, list[ProtocolViolation]] = field(default_factory=dict)
     # Jobs whose store row disagrees with the owner: the node re-reads them.
     resync: set[int] = field(default_factory=set)
-    alerts: list[str] = field(default_factory=list)
+    alerts: list[Alert] = field(default_factory=list)
+    notes: list[RunNote] = field(default_factory=list)
     # Dispatch lag samples (ms) of runs handed out.
     lags: list[int] = field(default_factory=list)
 
@@ -208,13 +234,46 @@ class Unserved:
 
 @dataclass(slots=True)
 class OwnerStats:
+    """Counters since the owner was made; they only grow (a node's metrics
+    read them when scraped, so the dispatch path pays an increment each)."""
+
+    # Fires of schedules that came due (each fire of a catch-up counts).
+    fires: int = 0
+    # Claims the store answered: won (a run), or lost (the fire attempt was
+    # held already: another owner, or an earlier life of this one).
+    claims_won: int = 0
+    claims_lost: int = 0
     dispatched: int = 0
+    # Runs the store applied as succeeded (the common ending, kept out of
+    # ``ended`` so that it costs one increment).
     completed: int = 0
     missed: int = 0
     dead_lettered: int = 0
     lost_leases: int = 0
     timed_out: int = 0
     superseded_completions: int = 0
+    # Fires run again as a new attempt: after a lost lease (through the
+    # reaper), and after a failure (after its backoff).
+    redispatched: int = 0
+    retried: int = 0
+    # Terminal states other than succeeded the store applied, by state;
+    # missed fires by reason.
+    ended: dict[RunState, int] = field(default_factory=dict)
+    missed_by_reason: dict[MissedReason, int] = field(default_factory=dict)
+
+    def ended_by_state(self) -> dict[RunState, int]:
+        """Every terminal state the store applied, succeeded included."""
+        out = dict(self.ended)
+        if self.completed:
+            out[RunState.SUCCEEDED] = self.completed
+        return out
+
+    def copy(self) -> OwnerStats:
+        """A copy that later counts do not change."""
+        out = replace(self)
+        out.ended = dict(self.ended)
+        out.missed_by_reason = dict(self.missed_by_reason)
+        return out
 
 
 @dataclass(slots=True)

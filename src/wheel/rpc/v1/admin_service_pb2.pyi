@@ -8,6 +8,42 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ListAlertsRequest(_message.Message):
+    __slots__ = ("since_ms", "limit")
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    since_ms: int
+    limit: int
+    def __init__(self, since_ms: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class Alert(_message.Message):
+    __slots__ = ("at_ms", "kind", "message", "node_id", "job_id", "run_id", "fence", "worker_id")
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    at_ms: int
+    kind: str
+    message: str
+    node_id: str
+    job_id: int
+    run_id: int
+    fence: int
+    worker_id: str
+    def __init__(self, at_ms: _Optional[int] = ..., kind: _Optional[str] = ..., message: _Optional[str] = ..., node_id: _Optional[str] = ..., job_id: _Optional[int] = ..., run_id: _Optional[int] = ..., fence: _Optional[int] = ..., worker_id: _Optional[str] = ...) -> None: ...
+
+class ListAlertsResponse(_message.Message):
+    __slots__ = ("alerts", "firing")
+    ALERTS_FIELD_NUMBER: _ClassVar[int]
+    FIRING_FIELD_NUMBER: _ClassVar[int]
+    alerts: _containers.RepeatedCompositeFieldContainer[Alert]
+    firing: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, alerts: _Optional[_Iterable[_Union[Alert, _Mapping]]] = ..., firing: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class GetMembershipRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -71,7 +107,7 @@ class UnservedHandler(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., handler: _Optional[str] = ..., waiting: _Optional[int] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("node_id", "nodes", "shards", "jobs", "pending_timers", "in_flight", "backlog", "overdue_backlog", "workers", "worker_capacity", "dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatched_total", "completed_total", "missed_total", "dead_lettered_total", "reaper_paused", "worker_list", "unserved")
+    __slots__ = ("node_id", "nodes", "shards", "jobs", "pending_timers", "in_flight", "backlog", "overdue_backlog", "workers", "worker_capacity", "dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatched_total", "completed_total", "missed_total", "dead_lettered_total", "reaper_paused", "worker_list", "unserved", "alerts_firing")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +127,7 @@ class ClusterStatus(_message.Message):
     REAPER_PAUSED_FIELD_NUMBER: _ClassVar[int]
     WORKER_LIST_FIELD_NUMBER: _ClassVar[int]
     UNSERVED_FIELD_NUMBER: _ClassVar[int]
+    ALERTS_FIRING_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     shards: _containers.RepeatedCompositeFieldContainer[ShardStatus]
@@ -110,4 +147,5 @@ class ClusterStatus(_message.Message):
     reaper_paused: bool
     worker_list: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     unserved: _containers.RepeatedCompositeFieldContainer[UnservedHandler]
-    def __init__(self, node_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., jobs: _Optional[int] = ..., pending_timers: _Optional[int] = ..., in_flight: _Optional[int] = ..., backlog: _Optional[int] = ..., overdue_backlog: _Optional[int] = ..., workers: _Optional[int] = ..., worker_capacity: _Optional[int] = ..., dispatch_lag_p50_ms: _Optional[float] = ..., dispatch_lag_p99_ms: _Optional[float] = ..., dispatched_total: _Optional[int] = ..., completed_total: _Optional[int] = ..., missed_total: _Optional[int] = ..., dead_lettered_total: _Optional[int] = ..., reaper_paused: _Optional[bool] = ..., worker_list: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., unserved: _Optional[_Iterable[_Union[UnservedHandler, _Mapping]]] = ...) -> None: ...
+    alerts_firing: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., jobs: _Optional[int] = ..., pending_timers: _Optional[int] = ..., in_flight: _Optional[int] = ..., backlog: _Optional[int] = ..., overdue_backlog: _Optional[int] = ..., workers: _Optional[int] = ..., worker_capacity: _Optional[int] = ..., dispatch_lag_p50_ms: _Optional[float] = ..., dispatch_lag_p99_ms: _Optional[float] = ..., dispatched_total: _Optional[int] = ..., completed_total: _Optional[int] = ..., missed_total: _Optional[int] = ..., dead_lettered_total: _Optional[int] = ..., reaper_paused: _Optional[bool] = ..., worker_list: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., unserved: _Optional[_Iterable[_Union[UnservedHandler, _Mapping]]] = ..., alerts_firing: _Optional[_Iterable[str]] = ...) -> None: ...

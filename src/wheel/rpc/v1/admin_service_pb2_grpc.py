@@ -46,6 +46,11 @@ class AdminServiceStub:
                 request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.GetMembershipRequest.SerializeToString,
                 response_deserializer=wheel_dot_rpc_dot_v1_dot_cluster__pb2.Membership.FromString,
                 _registered_method=True)
+        self.ListAlerts = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/ListAlerts',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -66,6 +71,15 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAlerts(self, request, context):
+        """Alerts this node raised at or after since_ms, oldest first, and the
+        kinds of alert whose condition holds now. Each node keeps its own (the
+        last thousand): ask each member of a cluster.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -78,6 +92,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetMembership,
                     request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.GetMembershipRequest.FromString,
                     response_serializer=wheel_dot_rpc_dot_v1_dot_cluster__pb2.Membership.SerializeToString,
+            ),
+            'ListAlerts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAlerts,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +153,33 @@ class AdminService:
             '/wheel.rpc.v1.AdminService/GetMembership',
             wheel_dot_rpc_dot_v1_dot_admin__service__pb2.GetMembershipRequest.SerializeToString,
             wheel_dot_rpc_dot_v1_dot_cluster__pb2.Membership.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAlerts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/ListAlerts',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsResponse.FromString,
             options,
             channel_credentials,
             insecure,

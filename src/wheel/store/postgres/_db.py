@@ -124,5 +124,15 @@ class Database:
                 raise StoreError(f"postgresql: {exc}") from exc
         raise StoreUnavailable(f"postgresql unavailable: {last}") from last
 
+    def ping(self, timeout_s: float) -> None:
+        """``SELECT 1`` once, waiting at most ``timeout_s`` for a connection
+        (the pool reconnects in the background while the server is away)."""
+        try:
+            with self.pool.connection(timeout=timeout_s) as conn:
+                conn.execute("SELECT 1")
+                conn.rollback()
+        except psycopg.Error as exc:  # PoolTimeout is an OperationalError
+            raise StoreUnavailable(f"postgresql unavailable: {exc}") from exc
+
     def close(self) -> None:
         self.pool.close()

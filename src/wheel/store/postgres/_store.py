@@ -33,6 +33,8 @@ from wheel.store.postgres._db import Database
 from wheel.store.postgres._sql import QUERIES
 
 T = TypeVar("T")
+# A health probe waits this long for a pooled connection at most.
+PING_TIMEOUT_S = 2.0
 
 # How long the server lets a batch transaction with epochs wait on its
 # client, once it holds its shards' epoch rows FOR SHARE, before it ends the
@@ -94,6 +96,12 @@ class PostgresStore(SQLStore):
     def close(self) -> None:
         self._side.shutdown(wait=True)
         self._db.close()
+
+    def ping(self) -> None:
+        """Once, on a pooled connection, waiting at most ``PING_TIMEOUT_S``
+        for one: the retries every other call makes would hide an outage
+        from a health probe for seconds."""
+        self._db.ping(PING_TIMEOUT_S)
 
     # -- jobs -----------------------------------------------------------------
 

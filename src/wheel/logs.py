@@ -1,0 +1,117 @@
+"""wheel's log records: text on a terminal by default, or one JSON object per
+line (``wheelctl serve --log-format json``) for a log pipeline.
+
+A record about a job or a run carries its ids as attributes, passed with
+``extra=ids(...)`` where the record is made: ``job_id``, ``run_id``,
+``shard`` (worked out from the job), ``fence`` and ``worker``. The JSON
+formatter puts every such attribute at the top level of the object; the text
+formatter appends them as ``key=value`` after the message.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import IO, Any
+
+from wheel.engine.model import shard_of
+
+__all__ = ["FORMATS", "ID_FIELDS", "JsonFormatter", "TextFormatter", "configure", "ids"]
+
+ID_FIELDS = ("job_id", "run_id", "shard", "fence", "worker")
+FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# What every LogRecord has; anything else on a record came with ``extra``.
+_STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
+
+
+def ids(
+    *,
+    job_id: int | None = None,
+    run_id: int | None = None,
+    fence: int | None = None,
+    worker: str | None = None,
+) -> dict[str, Any]:
+    """The ``extra`` of a record about a job or run: the ids known, and the
+    shard of the job."""
+    out: dict[str, Any] = {}
+    if job_id is not None:
+        out["job_id"] = job_id
+        out["shard"] = shard_of(job_id)
+    if run_id is not None:
+        out["run_id"] = run_id
+    if fence is not None:
+        out["fence"] = fence
+    if worker is not None:
+        out["worker"] = worker
+    return out
+
+
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    """What came with ``extra``: the ids first, in their order."""
+    attrs = record.__dict__
+    out = {k: attrs[k] for k in ID_FIELDS if attrs.get(k) is not None}
+    for key, value in attrs.items():
+        if key not in _STANDARD and key not in out and not key.startswith("_"):
+            out[key] = value
+    return out
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time (UTC, ISO 8601 with milliseconds),
+    level, logger, message, the extras (ids first), and a traceback if any."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        at = datetime.fromtimestamp(record.created, UTC)
+        out: dict[str, Any] = {
+            "time": at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        out.update(_extras(record))
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(out, default=str, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    """The classic line, with the record's ids appended as ``key=value``."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = super().formatMessage(record)
+        extras = _extras(record)
+        if extras:
+            line += " " + " ".join(f"{k}={v}" for k, v in extras.items())
+        return line
+
+
+def configure(
+    fmt: str = "text",
+    *,
+    level: int = logging.INFO,
+    stream: IO[str] | None = None,
+    force: bool = False,
+) -> None:
+    """Send the process's log records to ``stream`` (stderr) as ``fmt``
+    ("text" or "json"). Like ``logging.basicConfig``, nothing changes when
+    the root logger has handlers already (an embedding application's, or a
+    test runner's), unless ``force`` replaces them."""
+    if fmt not in FORMATS:
+        raise ValueError(f"log format {fmt!r} is not one of {FORMATS}")
+    root = logging.getLogger()
+    if root.handlers and not force:
+        return
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root.addHandler(handler)
+    root.setLevel(level)
