@@ -21,8 +21,10 @@ judged window's end. What it reports (``Verdict``):
 - ``missed_without_reason``: missed records whose reason is not one the
   job's policy allows, or that the history contradicts: the fire also has an
   execution; ``collapsed`` with no later fire of the job claimed;
-  ``overlap`` with no earlier run of the job in flight between the fire's
-  due time and the record;
+  ``overlap`` with no earlier fire of the job holding its slot between the
+  fire's due time and the record (a fire holds it from its first dispatch
+  until its last attempt ends for good, through the wait for a retry or a
+  re-dispatch);
 - ``unknown``: at_most_once runs that ended ``unknown``;
 - ``max_late_s``: the longest any fire that ran waited past its due time
   (its first start minus its scheduled time).
@@ -42,6 +44,9 @@ from typing import Any
 ALLOWED_MISSED = frozenset({"collapsed", "overlap"})
 # Execution states that settle a fire for good.
 SETTLED = frozenset({"succeeded", "dead_lettered", "unknown"})
+# An attempt that ended so: another attempt of its fire is owed (or, if it
+# was the last one, it has not ended yet in the store's eyes).
+OWED_ANOTHER = frozenset({"dispatched", "running", "lost", "failed", "timed_out"})
 EPOCH_SHIFT = 32
 
 
@@ -336,17 +341,25 @@ def _unjustified(
         if not any(r.scheduled_for > m.scheduled_for for r in job_runs):
             return "collapsed, but no later fire of the job was claimed"
         return ""
-    # overlap: an earlier fire's run was in flight at some moment between
+    # overlap: an earlier fire held the job's slot at some moment between
     # this fire's due time and the record (an owner that took the shard on
     # late judges an overdue fire when it gets to it, not when it was due).
+    # A fire holds it from its first dispatch until its last attempt ends for
+    # good: an attempt lost or failed is owed another (a re-dispatch, a
+    # retry), and the fire holds the slot through the wait for it.
+    earlier: dict[int, list[Run]] = defaultdict(list)
     for r in job_runs:
-        if r.scheduled_for >= m.scheduled_for or r.dispatched_at_ms > (
-            max(m.recorded_at_ms, m.scheduled_for) + tolerance_ms
-        ):
+        if r.scheduled_for < m.scheduled_for:
+            earlier[r.scheduled_for].append(r)
+    for fire_runs in earlier.values():
+        start = min(r.dispatched_at_ms for r in fire_runs)
+        last = max(fire_runs, key=lambda r: r.attempt)
+        end = None if last.state in OWED_ANOTHER else last.finished_at_ms
+        if start > max(m.recorded_at_ms, m.scheduled_for) + tolerance_ms:
             continue
-        if r.finished_at_ms is None or r.finished_at_ms >= m.scheduled_for - tolerance_ms:
+        if end is None or end >= m.scheduled_for - tolerance_ms:
             return ""
-    return "overlap, but no earlier run of the job was in flight then"
+    return "overlap, but no earlier fire of the job held its slot then"
 
 
 def summary(v: Verdict) -> dict[str, Any]:

@@ -467,7 +467,8 @@ class Nemesis:
         self.worker_exits = 0
         self.held_down: set[str] = set()  # processes a fault keeps down
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # the fault window is over
+        self._done = threading.Event()  # the judging starts: supervise no more
         self._threads: list[threading.Thread] = []
         self._supervisor = threading.Thread(target=self._supervise, daemon=True)
 
@@ -504,27 +505,31 @@ class Nemesis:
             node = self.cluster.node(node_id)
             if node.alive:
                 node.signal(signal.SIGUSR1)
-        for node in self.cluster.nodes:
-            if node.alive:
-                node.signal(signal.SIGCONT)
-            else:
-                node.spawn()
-        for worker in self.cluster.workers:
-            if worker.alive:
-                worker.proc.send_signal(signal.SIGCONT)
-            else:
-                worker.restart()
-        self.held_down.clear()
+        with self._lock:
+            for node in self.cluster.nodes:
+                if node.alive:
+                    node.signal(signal.SIGCONT)
+                else:
+                    node.spawn()
+            for worker in self.cluster.workers:
+                if worker.alive:
+                    worker.proc.send_signal(signal.SIGCONT)
+                else:
+                    worker.restart()
+            self.held_down.clear()
 
     def stop_supervising(self) -> None:
         self._stop.set()
+        self._done.set()
         if self._supervisor.is_alive():
             self._supervisor.join(10)
 
     def _supervise(self) -> None:
         """Restart what died without the nemesis (a handler's os._exit, a
-        node that exited) while the fault window is open."""
-        while not self._stop.wait(0.2):
+        node that exited) through the fault window and the drain after it:
+        the workload's crashing handlers go on ending workers once the faults
+        are over, and a fleet left to die would hold every fire back."""
+        while not self._done.wait(0.2):
             with self._lock:
                 for worker in self.cluster.workers:
                     if worker.worker_id not in self.held_down and not worker.alive:
@@ -813,7 +818,6 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
         end_ms = stop_ms + 4_000
         settled = wait_until(lambda: cluster_whole(cluster), 90)
         log(f"faults over; cluster {'settled' if settled else 'NOT settled'}")
-        nemesis.stop_supervising()
         jobs = list(load.jobs.values())
 
         def resolved() -> bool:

@@ -105,6 +105,25 @@ def test_an_overlap_judged_late_is_borne_out_by_a_run_in_flight_when_it_was_judg
     assert len(v.missed_without_reason) == 1
 
 
+def test_a_fire_waiting_for_its_redispatch_or_retry_still_holds_the_jobs_slot() -> None:
+    # The 10_000 fire's first attempt was lost at 10_500 and re-dispatched at
+    # 14_000 (the reaper waited for workers): fires due meanwhile were rightly
+    # skipped for the overlap; one due after its success was not.
+    lost = Run(run_id=1, job_id=2, scheduled_for=10_000, attempt=0, state="lost",
+               fence=E + 1, dispatched_at_ms=10_000, finished_at_ms=10_500)  # fmt: skip
+    redo = Run(run_id=2, job_id=2, scheduled_for=10_000, attempt=1, state="succeeded",
+               fence=E + 2, dispatched_at_ms=14_000, finished_at_ms=14_100)  # fmt: skip
+    missed = [
+        Missed(job_id=2, scheduled_for=f, reason="overlap", recorded_at_ms=f)
+        for f in (12_000, 13_000, 17_000)
+    ]
+    v = check([EVERY], [lost, redo], missed, [], [], end_ms=10_000, overlap_tolerance_ms=500)
+    assert [m["scheduled_for"] for m in v.missed_without_reason] == [17_000]
+    # Its re-dispatch still owed at the end: the slot is still held.
+    v = check([EVERY], [lost], missed, [], [], end_ms=10_000, overlap_tolerance_ms=500)
+    assert v.missed_without_reason == []
+
+
 def test_an_at_most_once_fire_sent_again_after_a_lost_lease_is_found() -> None:
     job = PlannedJob(job_id=1, kind="once", first_ms=10_000, at_most_once=True)
     runs = [ok(1, 10_000, 1, state="lost"), ok(1, 10_000, 2, attempt=1)]
