@@ -19,6 +19,8 @@ from typing import IO
 
 import pytest
 
+from tests.pki import Pki, make_pki
+
 PG_DSN = os.environ.get("WHEEL_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -136,3 +138,13 @@ def etcd_server() -> Iterator[EtcdServer]:
             yield server
         finally:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """Two CAs and their certificates (``tests.pki``), made once per session."""
+    made = make_pki(tmp_path_factory.mktemp("pki"))
+    if made is None:
+        service_missing("the openssl command")
+        raise AssertionError("unreachable")
+    return made
