@@ -70,10 +70,14 @@ def pg_dsn() -> Iterator[str]:
 
 
 class EtcdServer:
-    def __init__(self, data_dir: Path) -> None:
+    """``tls``: (certificate, key, CA) to serve clients over TLS and require
+    client certificates that CA signed."""
+
+    def __init__(self, data_dir: Path, *, tls: tuple[Path, Path, Path] | None = None) -> None:
         self.client_port = free_port()
         self.peer_port = free_port()
         self.data_dir = data_dir
+        self.tls = tls
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -86,7 +90,12 @@ class EtcdServer:
         if binary is None:
             service_missing("the etcd binary (Debian package etcd-server)")
             raise AssertionError("unreachable")
-        client = f"http://127.0.0.1:{self.client_port}"
+        client = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"
+        tls = []
+        if self.tls is not None:
+            cert, key, ca = self.tls
+            tls = [f"--cert-file={cert}", f"--key-file={key}", f"--trusted-ca-file={ca}"]
+            tls.append("--client-cert-auth")
         peer = f"http://127.0.0.1:{self.peer_port}"
         self._log = open(self.data_dir.parent / "etcd.log", "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -100,6 +109,7 @@ class EtcdServer:
                 f"--initial-advertise-peer-urls={peer}",
                 f"--initial-cluster=wheel-test={peer}",
                 "--initial-cluster-state=new",
+                *tls,
             ],
             stdout=subprocess.DEVNULL,
             stderr=self._log,
