@@ -168,11 +168,11 @@ def _wheelctl(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_serve_on_every_address_without_tls_or_auth_exits_naming_listen(tmp_path: Path) -> None:
     listen = f"0.0.0.0:{free_port()}"
-    out = _wheelctl("serve", "--data-dir", str(tmp_path), "--listen", listen)
+    out = _wheelctl("serve", "--data-dir", str(tmp_path / "data"), "--listen", listen)
     assert out.returncode != 0
     assert f"--listen {listen}: reachable from other machines" in out.stderr
     assert "--insecure" in out.stderr
-    assert not (tmp_path / "wheel.db").exists()  # refused before it opened anything
+    assert not (tmp_path / "data").exists()  # refused before it made anything
 
 
 def test_a_client_command_names_a_missing_tls_file(tmp_path: Path) -> None:

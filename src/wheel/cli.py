@@ -194,10 +194,11 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     from wheel.rpc.server import serve
     from wheel.store.open import open_store
 
+    # Refused (a bad flag, a network address without TLS) before touching anything.
+    security = node_security(ns, auth=getattr(ns, "auth", False))
     data_dir = Path(ns.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     url = ns.store or f"sqlite:///{data_dir / 'wheel.db'}"
-    security = node_security(ns, auth=getattr(ns, "auth", False))
 
     coordinator_args = None
     if ns.cluster:

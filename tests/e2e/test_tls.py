@@ -12,10 +12,13 @@ import ssl
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import grpc
+import grpc.aio
 import pytest
 
 from tests.conftest import free_port
@@ -201,3 +204,56 @@ def test_metrics_are_served_over_tls_to_a_scraper_with_a_certificate(
     bare = ssl.create_default_context(cafile=str(pki.ca))
     with pytest.raises(OSError):  # no client certificate: the handshake fails
         urllib.request.urlopen(url, context=bare, timeout=10).read()
+
+
+class _Count(grpc.UnaryUnaryClientInterceptor):
+    """Counts the calls it sees, and adds a header to each."""
+
+    def __init__(self) -> None:
+        self.methods: list[str] = []
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        self.methods.append(details.method)
+        metadata = [*(details.metadata or ()), ("x-wheel-test", "1")]
+        return continuation(details._replace(metadata=metadata), request)
+
+
+class _CountStreams(grpc.aio.StreamStreamClientInterceptor):
+    def __init__(self) -> None:
+        self.methods: list[str] = []
+
+    async def intercept_stream_stream(
+        self, continuation: Any, details: Any, request_iterator: Any
+    ) -> Any:
+        method = details.method  # bytes in grpc.aio
+        self.methods.append(method.decode() if isinstance(method, bytes) else method)
+        return await continuation(details, request_iterator)
+
+
+def test_interceptors_wrap_every_call_over_mutual_tls(mtls_node: ServerProc, pki: Pki) -> None:
+    security = ChannelSecurity.from_files(ca=pki.ca, cert=pki.client.cert, key=pki.client.key)
+    calls = _Count()
+    with Client(mtls_node.target, security=security, interceptors=[calls]) as client:
+        client.status()
+    assert calls.methods[-1] == "/wheel.rpc.v1.AdminService/GetClusterStatus"
+    streams = _CountStreams()
+    worker = Worker(
+        mtls_node.target, worker_id="intercepted", security=security, interceptors=[streams]
+    )
+    worker.register("h", lambda ctx: None)
+
+    async def connect() -> None:
+        task = asyncio.create_task(worker.run())
+        try:
+            await asyncio.wait_for(_until(lambda: worker.connected == 1), 20)
+        finally:
+            worker.stop()
+            await task
+
+    asyncio.run(connect())
+    assert streams.methods == ["/wheel.rpc.v1.WorkerService/Connect"]
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    while not done():
+        await asyncio.sleep(0.05)

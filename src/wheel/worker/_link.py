@@ -211,7 +211,8 @@ class Link:
     async def _session(self) -> None:
         """One stream, from Hello to its end (``welcomed`` says if it got that far)."""
         w = self.worker
-        async with make_channel(self.target, w.security, aio=True) as channel:
+        channel = make_channel(self.target, w.security, aio=True, interceptors=w.interceptors)
+        async with channel:
             call = pb_grpc.WorkerServiceStub(channel).Connect()
             try:
                 await call.write(

@@ -165,11 +165,13 @@ class Worker:
         reconnect_max: float = 10.0,
         metrics_listen: str | None = None,
         security: ChannelSecurity | None = None,
+        interceptors: Sequence[Any] = (),
     ) -> None:
         """``metrics_listen`` ("HOST:PORT", port 0 for any free one): serve the
         worker's Prometheus metrics at ``/metrics`` there while it runs
         (``metrics_port`` is the port bound). ``security``: TLS for the
-        streams, as ``Client``'s (None: ``WHEEL_TLS_*`` from the environment)."""
+        streams, as ``Client``'s (None: ``WHEEL_TLS_*`` from the environment);
+        ``interceptors``: ``grpc.aio`` client interceptors on every channel."""
         if capacity < 1:
             raise InvalidArgument("capacity", f"{capacity} is below 1")
         seeds = targets_of(target)
@@ -179,6 +181,7 @@ class Worker:
         self.capacity = capacity
         self.pools = tuple(pools)
         self.security = security if security is not None else ChannelSecurity.from_env()
+        self.interceptors = tuple(interceptors)
         self.reconnect_initial = reconnect_initial
         self.reconnect_max = reconnect_max
         self.stats = WorkerStats()
