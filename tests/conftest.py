@@ -19,6 +19,8 @@ from typing import IO
 
 import pytest
 
+from tests.pki import Pki, make_pki
+
 PG_DSN = os.environ.get("WHEEL_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -68,10 +70,14 @@ def pg_dsn() -> Iterator[str]:
 
 
 class EtcdServer:
-    def __init__(self, data_dir: Path) -> None:
+    """``tls``: (certificate, key, CA) to serve clients over TLS and require
+    client certificates that CA signed."""
+
+    def __init__(self, data_dir: Path, *, tls: tuple[Path, Path, Path] | None = None) -> None:
         self.client_port = free_port()
         self.peer_port = free_port()
         self.data_dir = data_dir
+        self.tls = tls
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -84,7 +90,12 @@ class EtcdServer:
         if binary is None:
             service_missing("the etcd binary (Debian package etcd-server)")
             raise AssertionError("unreachable")
-        client = f"http://127.0.0.1:{self.client_port}"
+        client = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"
+        tls = []
+        if self.tls is not None:
+            cert, key, ca = self.tls
+            tls = [f"--cert-file={cert}", f"--key-file={key}", f"--trusted-ca-file={ca}"]
+            tls.append("--client-cert-auth")
         peer = f"http://127.0.0.1:{self.peer_port}"
         self._log = open(self.data_dir.parent / "etcd.log", "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -98,6 +109,7 @@ class EtcdServer:
                 f"--initial-advertise-peer-urls={peer}",
                 f"--initial-cluster=wheel-test={peer}",
                 "--initial-cluster-state=new",
+                *tls,
             ],
             stdout=subprocess.DEVNULL,
             stderr=self._log,
@@ -136,3 +148,13 @@ def etcd_server() -> Iterator[EtcdServer]:
             yield server
         finally:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """Two CAs and their certificates (``tests.pki``), made once per session."""
+    made = make_pki(tmp_path_factory.mktemp("pki"))
+    if made is None:
+        service_missing("the openssl command")
+        raise AssertionError("unreachable")
+    return made

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from wheel.engine.model import shard_of
-from wheel.logs import JsonFormatter, TextFormatter, configure, ids
+from wheel.logs import FORMATS, JsonFormatter, TextFormatter, configure, ids, redact
 
 
 @pytest.fixture
@@ -101,3 +101,50 @@ def test_configure_leaves_handlers_someone_installed_unless_forced() -> None:
         for h in saved[0]:
             root.addHandler(h)
         root.setLevel(saved[1])
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "metadata (('authorization', 'Bearer tok-123'), ('x', 'y'))",
+        "authorization: Bearer tok-123",
+        "Authorization=tok-123",
+        "sent header authorization: 'tok-123'",
+        "call failed with bearer tok-123 attached",
+        "store postgresql://wheel:tok-123@db.internal:5432/wheel",
+    ],
+)
+def test_redaction_hides_every_form_of_an_authorization_value(line: str) -> None:
+    clean = redact(line)
+    assert "tok-123" not in clean and "[redacted]" in clean
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_configured_logging_never_writes_a_bearer_token(fmt: str) -> None:
+    out = io.StringIO()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    configure(fmt, level=logging.DEBUG, stream=out, force=True)
+    try:
+        log = logging.getLogger("wheel.test-redaction")
+        log.debug("call metadata %s", [("authorization", "Bearer tok-456")])
+        log.info("done", extra={"header": "authorization: tok-456"})
+        try:
+            raise RuntimeError("refused: authorization=tok-456")
+        except RuntimeError:
+            log.exception("call failed")
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+    written = out.getvalue()
+    assert "tok-456" not in written
+    assert written.count("[redacted]") >= 3
+    assert "call metadata" in written and "refused" in written
+
+
+def test_redaction_leaves_a_url_without_a_password_alone() -> None:
+    for text in ("postgresql://wheel@db:5432/w", "etcd://127.0.0.1:2379/c", "see http://h:80/x"):
+        assert redact(text) == text

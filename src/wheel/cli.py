@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from wheel._tls_cli import add_client_flags, add_serve_flags, client_security, node_security
 from wheel.client import (
     DEFAULT_TARGET,
     Alert,
@@ -198,6 +199,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         # is installed must not end the process (SIGUSR1's default action);
         # the clock reads the file when it is made.
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    # Refused (a bad flag, a network address without TLS) before touching anything.
+    security = node_security(ns, auth=getattr(ns, "auth", False))
     data_dir = Path(ns.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     url = ns.store or f"sqlite:///{data_dir / 'wheel.db'}"
@@ -212,7 +215,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             )
         endpoints, cluster = parse_cluster_url(ns.cluster)
         advertise = ns.advertise or ns.listen
-        if advertise.rsplit(":", 1)[-1] in ("", "0"):
+        host, _, port = advertise.rpartition(":")
+        if port in ("", "0") or host.strip("[]") in ("", "0.0.0.0", "::"):
             raise InvalidArgument(
                 "advertise", f"{advertise!r}: other members need a fixed host:port to reach"
             )
@@ -226,26 +230,32 @@ def cmd_serve(ns: argparse.Namespace) -> int:
 
             endpoints, cluster, advertise = coordinator_args
             coordinator = EtcdCoordinator(
-                ns.node_id, advertise, endpoints, cluster=cluster, ttl_s=ns.lease_ttl
-            )
+                ns.node_id, advertise, endpoints, cluster=cluster, ttl_s=ns.lease_ttl,
+                security=security.etcd,
+            )  # fmt: skip
         node = Node(store, serve_config(ns, data_dir), coordinator=coordinator)
         await node.start()
         # What the node restored lives as long as the process: never scan it again.
         gc.collect()
         gc.freeze()
-        server, port = await serve(node, ns.listen)
+        server, port = await serve(
+            node, ns.listen, security=security.server, peer_security=security.peers
+        )
         logging.getLogger("wheel").info(
             "wheel node %s serving on port %d (store %s)", ns.node_id, port, url.split("?")[0]
         )
+        logging.getLogger("wheel").log(*security.notice(ns.listen))
         metrics = None
         if ns.metrics_listen:
             from wheel.metrics import MetricsServer
 
             quiet_created_series()
             metrics = MetricsServer(node.metrics.registry)
-            metrics_port = await metrics.start(ns.metrics_listen)
+            ssl = security.server.ssl_context() if security.server else None
+            metrics_port = await metrics.start(ns.metrics_listen, ssl=ssl)
             host = ns.metrics_listen.rsplit(":", 1)[0] or "0.0.0.0"
-            print(f"wheel metrics on http://{host}:{metrics_port}/metrics", flush=True)
+            scheme = "https" if ssl else "http"
+            print(f"wheel metrics on {scheme}://{host}:{metrics_port}/metrics", flush=True)
         print(f"wheel serving on {ns.listen.rsplit(':', 1)[0]}:{port}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -300,12 +310,13 @@ def cmd_worker(ns: argparse.Namespace) -> int:
         worker_id=ns.worker_id,
         pools=ns.pool or ["default"],
         metrics_listen=ns.metrics_listen,
+        security=client_security(ns),
     )
     return 0
 
 
 def _client(ns: argparse.Namespace) -> Client:
-    return Client(ns.target)
+    return Client(ns.target, security=client_security(ns))
 
 
 def _job_line(job: Job) -> str:
@@ -641,6 +652,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often a retention pass starts (each paces itself to a tenth of the"
         " store's time; default %(default)s)",
     )
+    add_serve_flags(s)
     _add_log_format(s)
     s.set_defaults(fn=cmd_serve)
 
@@ -728,6 +740,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=50051)
     d.add_argument("--data-dir", help="default: a temporary directory")
     d.set_defaults(fn=cmd_demo)
+    for name, command in sub.choices.items():
+        if name not in ("serve", "demo"):
+            add_client_flags(command)
     return p
 
 

@@ -6,25 +6,79 @@ A record about a job or a run carries its ids as attributes, passed with
 ``shard`` (worked out from the job), ``fence`` and ``worker``. The JSON
 formatter puts every such attribute at the top level of the object; the text
 formatter appends them as ``key=value`` after the message.
+
+What wheel logs never carries a job's payload or a request; and since a
+library's record (gRPC's, say) may quote call metadata, ``RedactSecrets``
+rewrites the value of any ``authorization`` header, any ``Bearer`` token and
+the password of any URL (a store's) in a record (message, traceback,
+extras) as ``[redacted]`` before it is written. ``configure`` puts it on the handler it installs.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from datetime import UTC, datetime
 from typing import IO, Any
 
 from wheel.engine.model import shard_of
 
-__all__ = ["FORMATS", "ID_FIELDS", "JsonFormatter", "TextFormatter", "configure", "ids"]
+__all__ = [
+    "FORMATS",
+    "ID_FIELDS",
+    "JsonFormatter",
+    "RedactSecrets",
+    "TextFormatter",
+    "configure",
+    "ids",
+    "redact",
+]
 
 ID_FIELDS = ("job_id", "run_id", "shard", "fence", "worker")
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # What every LogRecord has; anything else on a record came with ``extra``.
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
+
+
+REDACTED = "[redacted]"
+# The value of an authorization header however it is printed: "key: value",
+# "key=value", or gRPC metadata's ('key', 'value'); a bearer token anywhere.
+_AUTHORIZATION = re.compile(
+    r"""(authorization['"]?\s*[:=,]\s*['"]?)(?:bearer\s+)?[^\s'",)}\]]+""", re.IGNORECASE
+)
+_BEARER = re.compile(r"\b(bearer\s+)[\w.~+/=-]+", re.IGNORECASE)
+# The password in a URL's user info (a store URL: postgresql://user:pw@host/db).
+_URL_PASSWORD = re.compile(r"(\b[a-z][\w+.-]*://[^/\s:@]*:)[^@\s/]+(@)", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """``text`` with authorization values, bearer tokens and URL passwords
+    replaced."""
+    text = _AUTHORIZATION.sub(rf"\1{REDACTED}", text)
+    text = _BEARER.sub(rf"\1{REDACTED}", text)
+    return _URL_PASSWORD.sub(rf"\1{REDACTED}\2", text)
+
+
+class RedactSecrets(logging.Filter):
+    """Rewrites credentials out of every record that passes (see the module's
+    docstring); never drops a record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        for key, value in _extras(record).items():
+            if isinstance(value, str):
+                setattr(record, key, redact(value))
+        return True
 
 
 def ids(
@@ -72,7 +126,9 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         out.update(_extras(record))
-        if record.exc_info:
+        if record.exc_text:  # the traceback as RedactSecrets left it
+            out["exception"] = record.exc_text
+        elif record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             out["stack"] = self.formatStack(record.stack_info)
@@ -113,5 +169,6 @@ def configure(
         root.removeHandler(old)
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(RedactSecrets())
     root.addHandler(handler)
     root.setLevel(level)

@@ -43,7 +43,7 @@ import psycopg
 from tests.conftest import EtcdServer
 from tests.e2e.procs import HERE as E2E_DIR
 from tests.e2e.procs import ServerProc, wait_for
-from wheel.client import Client, JobRequest, Status
+from wheel.client import ChannelSecurity, Client, JobRequest, Status
 from wheel.engine.model import SHARD_COUNT
 from wheel.errors import WheelError
 
@@ -86,9 +86,11 @@ class ClusterNode(ServerProc):
         dsn: str,
         *,
         env: Mapping[str, str] | None = None,
+        args: Sequence[str] = (),
+        security: ChannelSecurity | None = None,
     ) -> None:
         (root / node_id).mkdir(parents=True, exist_ok=True)
-        super().__init__(root / node_id / "data", store=dsn)
+        super().__init__(root / node_id / "data", store=dsn, security=security)
         self.node_id = node_id
         # More environment for the process (a test hook's file, say).
         self.env = dict(env or {})
@@ -100,6 +102,7 @@ class ClusterNode(ServerProc):
             "--lease-ms", str(LEASE_MS),
             "--grace-lease-ms", str(GRACE_MS),
             "--no-checkpoint",
+            *args,
         )  # fmt: skip
         self._client: Client | None = None
 
@@ -136,7 +139,7 @@ class ClusterNode(ServerProc):
 
     def client(self) -> Client:
         if self._client is None:
-            self._client = Client(self.target, timeout=3.0)
+            self._client = Client(self.target, timeout=3.0, security=self.security)
         return self._client
 
     def status(self) -> Status | None:
@@ -157,13 +160,20 @@ class ClusterWorker:
     node; its handlers log events to ``out + '.events'``."""
 
     def __init__(
-        self, targets: Sequence[str], out: Path, worker_id: str, *, capacity: int = 32
+        self,
+        targets: Sequence[str],
+        out: Path,
+        worker_id: str,
+        *,
+        capacity: int = 32,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.log_path = out.parent / f"{worker_id}.log"
         self.env = dict(
             os.environ, WHEEL_E2E_OUT=str(out), WHEEL_E2E_WORKER=worker_id, PYTHONPATH=str(E2E_DIR)
         )
+        self.env.update(env or {})
         self.cmd = [sys.executable, "-m", "e2e_handlers", "--worker-id", worker_id]
         self.cmd += ["--capacity", str(capacity)]
         for target in targets:
@@ -499,7 +509,12 @@ class Cluster:
         etcd_links: bool = False,
         node_env: Callable[[str], Mapping[str, str]] | None = None,
         worker_capacity: int = 32,
+        node_args: Sequence[str] = (),
+        security: ChannelSecurity | None = None,
+        worker_env: Mapping[str, str] | None = None,
     ) -> None:
+        """``node_args``: more flags for every node (TLS, say); ``security``:
+        how the test reaches the nodes; ``worker_env``: the workers' (WHEEL_TLS_*)."""
         self.root = root
         self.etcd = etcd
         self.dsn = dsn
@@ -519,12 +534,15 @@ class Cluster:
                 self._cluster_url(node_id, name),
                 through(dsn, self.links[node_id]),
                 env=node_env(node_id) if node_env is not None else None,
+                args=node_args,
+                security=security,
             )
             for node_id in ids
         ]
         self.out = root / "runs"
         self.worker_count = workers
         self.worker_capacity = worker_capacity
+        self.worker_env = dict(worker_env or {})
         self.workers: list[ClusterWorker] = []
         self.truth = Truth(dsn)
 
@@ -547,7 +565,13 @@ class Cluster:
         self.wait_settled(live=self.nodes, timeout=20)
         for i in range(self.worker_count):
             self.workers.append(
-                ClusterWorker(self.targets, self.out, f"w{i + 1}", capacity=self.worker_capacity)
+                ClusterWorker(
+                    self.targets,
+                    self.out,
+                    f"w{i + 1}",
+                    capacity=self.worker_capacity,
+                    env=self.worker_env,
+                )
             )
         want = len(self.nodes)
         wait_for(

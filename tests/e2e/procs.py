@@ -16,6 +16,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import free_port
+from wheel._tls import ChannelSecurity, make_channel
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,9 +47,16 @@ class ServerProc:
     """`wheelctl serve` in a subprocess, restartable on the same data dir and port."""
 
     def __init__(
-        self, data_dir: Path, *, store: str | None = None, args: tuple[str, ...] = ()
+        self,
+        data_dir: Path,
+        *,
+        store: str | None = None,
+        args: tuple[str, ...] = (),
+        security: ChannelSecurity | None = None,
     ) -> None:
         self.data_dir = data_dir
+        # How the test reaches it (the node's own TLS flags are in ``args``).
+        self.security = security
         self.port = free_port()
         self.store = store
         # More `wheelctl serve` flags, given at every start.
@@ -79,7 +87,7 @@ class ServerProc:
                 f"server exited with {self.proc.returncode}; see {self.data_dir.parent}"
             )
         try:
-            with grpc.insecure_channel(self.target) as ch:
+            with make_channel(self.target, self.security) as ch:
                 resp = health_pb2_grpc.HealthStub(ch).Check(
                     health_pb2.HealthCheckRequest(), timeout=1
                 )

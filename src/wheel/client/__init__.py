@@ -25,6 +25,7 @@ with Client("127.0.0.1:50051") as client:
 ``timedelta``); every failure is a ``wheel.errors.WheelError``.
 """
 
+from wheel._tls import ChannelSecurity
 from wheel.client._async import AsyncClient
 from wheel.client._specs import JobArgs, JobRequest, Payload
 from wheel.client._sync import Client
@@ -71,6 +72,7 @@ __all__ = [
     "Backfill",
     "CatchUp",
     "CatchUpMode",
+    "ChannelSecurity",
     "Client",
     "Cron",
     "DstFold",

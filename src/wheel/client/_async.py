@@ -17,6 +17,7 @@ import grpc  # type: ignore[import-untyped, unused-ignore]
 import grpc.aio  # type: ignore[import-untyped, unused-ignore]
 from grpc_health.v1 import health_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
 
+from wheel._tls import ChannelSecurity, make_channel
 from wheel.client import _wire
 from wheel.client._nodes import (
     CHANNEL_OPTIONS,
@@ -49,11 +50,16 @@ _T = TypeVar("_T")
 class _Node:
     """One address: its channel, the stubs on it, and whether it answered last."""
 
-    __slots__ = ("address", "admin", "answered", "channel", "health", "jobs")
+    __slots__ = ("address", "admin", "answered", "channel", "health", "jobs", "tls")
 
-    def __init__(self, address: str) -> None:
+    def __init__(
+        self, address: str, security: ChannelSecurity, interceptors: Sequence[Any]
+    ) -> None:
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.tls = security.secure
+        self.channel = make_channel(
+            address, security, aio=True, options=CHANNEL_OPTIONS, interceptors=interceptors
+        )
         self.jobs = job_service_pb2_grpc.JobServiceStub(self.channel)
         self.admin = admin_service_pb2_grpc.AdminServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
@@ -64,16 +70,24 @@ class AsyncClient:
     """An asyncio connection to wheel nodes; use it on one event loop.
 
     ``async with AsyncClient(target) as client: job = await client.submit(...)``.
-    Targets, errors, arguments and results are those of ``Client``.
+    Targets, security, errors, arguments and results are those of ``Client``
+    (``interceptors`` are ``grpc.aio`` client interceptors).
     """
 
     def __init__(
-        self, target: str | Sequence[str] = _wire.DEFAULT_TARGET, *, timeout: float = 10.0
+        self,
+        target: str | Sequence[str] = _wire.DEFAULT_TARGET,
+        *,
+        timeout: float = 10.0,
+        security: ChannelSecurity | None = None,
+        interceptors: Sequence[Any] = (),
     ) -> None:
         self.targets = tuple(targets_of(target))
+        if security is None:
+            security = ChannelSecurity.from_env()
         self.target = ",".join(self.targets)
         self.timeout = timeout
-        self._nodes = [_Node(address) for address in self.targets]
+        self._nodes = [_Node(address, security, interceptors) for address in self.targets]
         # The node that answered last: where the next call goes first.
         self._preferred = 0
 
@@ -132,7 +146,7 @@ class AsyncClient:
             await node.health.Check(PROBE, timeout=timeout)
         except grpc.RpcError as exc:
             if not connected(exc):
-                failure = _wire.unreachable(node.address)
+                failure = _wire.unreachable(node.address, exc, tls=node.tls)
                 failure.__cause__ = exc
                 return failure
         return None

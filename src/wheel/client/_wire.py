@@ -102,9 +102,28 @@ def is_unavailable(exc: grpc.RpcError) -> bool:
     return callable(code) and code() == grpc.StatusCode.UNAVAILABLE
 
 
-def unreachable(address: str) -> WheelError:
-    """The failure of a call whose channel to ``address`` did not connect."""
-    return error_of(grpc.StatusCode.UNAVAILABLE, f"cannot connect to {address}")
+def unreachable(
+    address: str, cause: grpc.RpcError | None = None, *, tls: bool = False
+) -> WheelError:
+    """The failure of a call whose channel to ``address`` did not connect:
+    gRPC's last error, and what to check when that looks like TLS."""
+    details = getattr(cause, "details", None)
+    last = (details() if callable(details) else None) or ""
+    last = last.rpartition("last error: ")[2]
+    message = f"cannot connect to {address}" + (f" ({last})" if last else "")
+    if "CERTIFICATE_VERIFY_FAILED" in last or "andshake" in last:
+        message += (
+            "; TLS: the node's certificate is not signed by the CA given here (--tls-ca,"
+            " WHEEL_TLS_CA) or does not name this address"
+        )
+    elif last.endswith("Socket closed"):
+        message += (
+            "; a node serving TLS closes a plaintext connection (give --tls-ca)"
+            if not tls
+            else "; a node with mutual TLS closes a connection without a client certificate"
+            " its --client-ca signed (--tls-cert and --tls-key, WHEEL_TLS_CERT and WHEEL_TLS_KEY)"
+        )
+    return error_of(grpc.StatusCode.UNAVAILABLE, message)
 
 
 def error_of(code: Any, details: str) -> WheelError:

@@ -69,6 +69,7 @@ from etcd3 import etcdrpc
 from etcd3.etcdrpc import kv_pb2
 from etcd3.utils import prefix_range_end
 
+from wheel._tls import ChannelSecurity
 from wheel.coord.base import MAX_EPOCH, SHARD_COUNT, Member, OwnershipChange, Subscribers
 from wheel.errors import CoordinationError
 
@@ -147,7 +148,10 @@ class EtcdCoordinator:
         ttl_s: int = 10,
         safety_margin_s: float = 1.0,
         start_timeout_s: float | None = None,
+        security: ChannelSecurity | None = None,
     ) -> None:
+        """``security``: TLS to etcd (its CA, and this node's certificate
+        when etcd runs with ``--client-cert-auth``); None: plaintext."""
         if not endpoints:
             raise CoordinationError("no etcd endpoints")
         if ttl_s < 2:
@@ -159,6 +163,7 @@ class EtcdCoordinator:
         self.node_id = node_id
         self.address = address
         self._endpoints = [_parse_endpoint(e) for e in endpoints]
+        self._security = security if security is not None and security.secure else None
         self._ttl = ttl_s
         self._margin = safety_margin_s
         self._start_timeout = start_timeout_s if start_timeout_s is not None else 3.0 * ttl_s
@@ -285,8 +290,17 @@ class EtcdCoordinator:
     # -- etcd plumbing --------------------------------------------------------
 
     def _make_client(self) -> Any:
+        secure = self._security is not None
+        creds = self._security.credentials() if self._security is not None else None
         endpoints = [
-            etcd3.Endpoint(host, port, secure=False, time_retry=0.2, opts=_GRPC_OPTIONS)
+            etcd3.Endpoint(
+                host,
+                port,
+                secure=secure,
+                creds=creds,
+                time_retry=0.2,
+                opts=_GRPC_OPTIONS,
+            )
             for host, port in self._endpoints
         ]
         return etcd3.MultiEndpointEtcd3Client(

@@ -1,4 +1,4 @@
-"""``/metrics`` over HTTP on the running asyncio loop.
+"""``/metrics`` over HTTP (or HTTPS) on the running asyncio loop.
 
 ``prometheus_client.start_http_server`` serves from a thread of its own, so
 its collectors would read the node's owner while the event loop changes it.
@@ -16,6 +16,7 @@ import contextlib
 import gzip
 import logging
 from dataclasses import dataclass, field
+from ssl import SSLContext
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
@@ -47,10 +48,11 @@ class MetricsServer:
         self._server: asyncio.Server | None = None
         self.port = 0
 
-    async def start(self, listen: str) -> int:
-        """Listen on ``HOST:PORT`` (port 0: any free one); returns the port."""
+    async def start(self, listen: str, *, ssl: SSLContext | None = None) -> int:
+        """Listen on ``HOST:PORT`` (port 0: any free one), over HTTPS with
+        ``ssl``; returns the port."""
         host, port = parse_listen(listen)
-        self._server = await asyncio.start_server(self._serve, host, port)
+        self._server = await asyncio.start_server(self._serve, host, port, ssl=ssl)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 

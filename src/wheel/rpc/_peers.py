@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from wheel._tls import ChannelSecurity, make_channel
 from wheel.rpc.v1 import job_service_pb2_grpc, node_service_pb2, node_service_pb2_grpc
 
 log = logging.getLogger("wheel.rpc")
@@ -38,17 +39,19 @@ def forwarded_by(context: grpc.aio.ServicerContext) -> str | None:
 
 
 class Peers:
-    """One channel per member address, opened on first use."""
+    """One channel per member address, opened on first use, secured as
+    ``security`` says (the node's own certificate when it serves TLS)."""
 
-    def __init__(self, node_id: str) -> None:
+    def __init__(self, node_id: str, security: ChannelSecurity | None = None) -> None:
         self.node_id = node_id
+        self.security = security
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            channel = self._channels[address] = make_channel(address, self.security, aio=True)
         return channel
 
     async def forward(

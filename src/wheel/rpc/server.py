@@ -10,6 +10,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from wheel._tls import ChannelSecurity, ServerSecurity, add_port
 from wheel.node import Health, Node
 from wheel.rpc._admin import AdminServicer
 from wheel.rpc._common import MAX_MESSAGE_BYTES, status_of
@@ -32,8 +33,16 @@ from wheel.rpc.v1 import (
 __all__ = ["send_effects", "serve", "status_of"]
 
 
-async def serve(node: Node, listen: str) -> tuple[grpc.aio.Server, int]:
-    """Start the gRPC server for ``node``; returns it and the bound port."""
+async def serve(
+    node: Node,
+    listen: str,
+    *,
+    security: ServerSecurity | None = None,
+    peer_security: ChannelSecurity | None = None,
+) -> tuple[grpc.aio.Server, int]:
+    """Start the gRPC server for ``node``, with TLS if ``security`` is given;
+    ``peer_security`` secures its calls to the other members. Returns the server and
+    the bound port."""
     options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -44,7 +53,7 @@ async def serve(node: Node, listen: str) -> tuple[grpc.aio.Server, int]:
     server = grpc.aio.server(options=options)
     node.message_sink = send_effects
     node.membership_sink = send_membership
-    peers = Peers(node.config.node_id)
+    peers = Peers(node.config.node_id, peer_security)
     node.on_stop(peers.close)
     job_service_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(node, peers), server)
     node_service_pb2_grpc.add_NodeServiceServicer_to_server(NodeServicer(node), server)
@@ -61,7 +70,7 @@ async def serve(node: Node, listen: str) -> tuple[grpc.aio.Server, int]:
         reflection.SERVICE_NAME,
     ]
     reflection.enable_server_reflection(names, server)
-    port = server.add_insecure_port(listen)
+    port = add_port(server, listen, security)
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
     # NOT_SERVING until the node is ready and says otherwise.

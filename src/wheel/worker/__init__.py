@@ -11,10 +11,12 @@ asyncio.run(worker.run())
 ```
 """
 
+from wheel._tls import ChannelSecurity
 from wheel.worker._api import Permanent, Retryable, RunContext, WorkerStats, load_handler
 from wheel.worker._worker import Worker, run_worker
 
 __all__ = [
+    "ChannelSecurity",
     "Permanent",
     "Retryable",
     "RunContext",

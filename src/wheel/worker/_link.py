@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import grpc  # type: ignore[import-untyped, unused-ignore]
 import grpc.aio  # type: ignore[import-untyped, unused-ignore]
 
+from wheel._tls import make_channel
 from wheel.logs import ids
 from wheel.rpc.v1 import worker_service_pb2 as pb
 from wheel.rpc.v1 import worker_service_pb2_grpc as pb_grpc
@@ -210,7 +211,8 @@ class Link:
     async def _session(self) -> None:
         """One stream, from Hello to its end (``welcomed`` says if it got that far)."""
         w = self.worker
-        async with grpc.aio.insecure_channel(self.target) as channel:
+        channel = make_channel(self.target, w.security, aio=True, interceptors=w.interceptors)
+        async with channel:
             call = pb_grpc.WorkerServiceStub(channel).Connect()
             try:
                 await call.write(

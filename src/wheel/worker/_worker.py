@@ -67,6 +67,7 @@ from typing import Any, TypeVar
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
 
+from wheel._tls import ChannelSecurity
 from wheel.errors import InvalidArgument
 from wheel.metrics import MetricsServer, parse_listen
 from wheel.rpc.targets import targets_of
@@ -163,10 +164,14 @@ class Worker:
         reconnect_initial: float = 0.1,
         reconnect_max: float = 10.0,
         metrics_listen: str | None = None,
+        security: ChannelSecurity | None = None,
+        interceptors: Sequence[Any] = (),
     ) -> None:
         """``metrics_listen`` ("HOST:PORT", port 0 for any free one): serve the
         worker's Prometheus metrics at ``/metrics`` there while it runs
-        (``metrics_port`` is the port bound)."""
+        (``metrics_port`` is the port bound). ``security``: TLS for the
+        streams, as ``Client``'s (None: ``WHEEL_TLS_*`` from the environment);
+        ``interceptors``: ``grpc.aio`` client interceptors on every channel."""
         if capacity < 1:
             raise InvalidArgument("capacity", f"{capacity} is below 1")
         seeds = targets_of(target)
@@ -175,6 +180,8 @@ class Worker:
         )
         self.capacity = capacity
         self.pools = tuple(pools)
+        self.security = security if security is not None else ChannelSecurity.from_env()
+        self.interceptors = tuple(interceptors)
         self.reconnect_initial = reconnect_initial
         self.reconnect_max = reconnect_max
         self.stats = WorkerStats()
@@ -706,6 +713,7 @@ def run_worker(
     pools: Sequence[str] = ("default",),
     drain_timeout: float = 30.0,
     metrics_listen: str | None = None,
+    security: ChannelSecurity | None = None,
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (drain gracefully; a second signal stops now)."""
     worker = Worker(
@@ -714,6 +722,7 @@ def run_worker(
         capacity=capacity,
         pools=pools,
         metrics_listen=metrics_listen,
+        security=security,
     )
     for name, fn in handlers.items():
         worker.register(name, fn)

@@ -37,6 +37,18 @@ class Attempt:
         self.after_unknown_commit = after_unknown_commit
 
 
+def without_rows(exc: psycopg.Error) -> str:
+    """The server's message of ``exc`` and its SQLSTATE, without the DETAIL
+    PostgreSQL adds to a constraint failure ("Failing row contains (...)"):
+    that quotes the row, a job's payload among its values, and a store error
+    reaches logs and callers. (Hence ``from None`` where it is raised: the
+    chained psycopg error would print the DETAIL in a traceback.)"""
+    primary = exc.diag.message_primary
+    if primary:
+        return f"{primary} (SQLSTATE {exc.sqlstate})"
+    return str(exc).split("\nDETAIL:", 1)[0]
+
+
 class Database:
     """A pool of connections to one database (tables in its ``search_path``)."""
 
@@ -121,7 +133,7 @@ class Database:
                     time.sleep(delay * (0.5 + random.random()))
                     delay = min(delay * 2, 1.0)
             except psycopg.Error as exc:
-                raise StoreError(f"postgresql: {exc}") from exc
+                raise StoreError(f"postgresql: {without_rows(exc)}") from None
         raise StoreUnavailable(f"postgresql unavailable: {last}") from last
 
     def ping(self, timeout_s: float) -> None:
