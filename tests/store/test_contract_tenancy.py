@@ -38,7 +38,7 @@ def test_a_store_at_schema_5_migrates_to_6_keeping_its_jobs(tmp_path: Path) -> N
     from wheel.store.sqlite import SQLiteStore
 
     old = SQLiteStore(tmp_path / "old.db")
-    old._migrations = SQLITE_MIGRATIONS[:-1]  # type: ignore[misc]
+    old._migrations = SQLITE_MIGRATIONS[:-1]
     old.migrate()
     assert old.schema_version() == 5
     job, _ = old.submit_job(interval_job())
