@@ -5,6 +5,7 @@ wheelctl worker [--target HOST:PORT[,HOST:PORT...]]... [--capacity N] module:fun
 wheelctl submit --name N --handler H (--at WHEN | --cron EXPR | --every DURATION) ...
 wheelctl jobs | runs JOB_ID | cancel JOB_ID | pause JOB_ID | resume JOB_ID
 wheelctl trigger JOB_ID | status | alerts | demo
+wheelctl token create|list|revoke ... | tenant set|list ...   (see wheel.cli_admin)
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from wheel.cli_admin import add_token_flag, init_admin_token
+from wheel.cli_admin import register as register_admin
 from wheel.client import (
     DEFAULT_TARGET,
     Alert,
@@ -213,8 +216,13 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             )
         coordinator_args = (endpoints, cluster, advertise)
 
+    if ns.init_admin_token and not ns.auth:
+        raise InvalidArgument("init_admin_token", "goes with --auth")
+
     async def main() -> None:
         store = open_store(url)
+        if ns.init_admin_token and init_admin_token(store, ns.init_admin_token, store.clock_ms()):
+            logging.getLogger("wheel").info("wrote a first admin token to %s", ns.init_admin_token)
         coordinator = None
         if coordinator_args is not None:
             from wheel.coord.etcd import EtcdCoordinator
@@ -228,7 +236,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         # What the node restored lives as long as the process: never scan it again.
         gc.collect()
         gc.freeze()
-        server, port = await serve(node, ns.listen)
+        server, port = await serve(node, ns.listen, auth=ns.auth, recheck_s=ns.auth_recheck)
         logging.getLogger("wheel").info(
             "wheel node %s serving on port %d (store %s)", ns.node_id, port, url.split("?")[0]
         )
@@ -295,12 +303,13 @@ def cmd_worker(ns: argparse.Namespace) -> int:
         worker_id=ns.worker_id,
         pools=ns.pool or ["default"],
         metrics_listen=ns.metrics_listen,
+        token=ns.token,
     )
     return 0
 
 
 def _client(ns: argparse.Namespace) -> Client:
-    return Client(ns.target)
+    return Client(ns.target, token=ns.token)
 
 
 def _job_line(job: Job) -> str:
@@ -636,6 +645,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often a retention pass starts (each paces itself to a tenth of the"
         " store's time; default %(default)s)",
     )
+    s.add_argument(
+        "--auth",
+        action="store_true",
+        help="every call needs a bearer token (wheelctl token create); tenants come from it",
+    )
+    s.add_argument(
+        "--init-admin-token",
+        metavar="FILE",
+        help="with --auth: write a first admin token to FILE (mode 0600) if the store has none",
+    )
+    s.add_argument(
+        "--auth-recheck",
+        type=_seconds,
+        default="5s",
+        metavar="DURATION",
+        help="re-read tokens from the store this often: a revoked or expired token stops"
+        " working (open worker streams too) within it (default %(default)s)",
+    )
     _add_log_format(s)
     s.set_defaults(fn=cmd_serve)
 
@@ -655,11 +682,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="serve the worker's Prometheus metrics at http://HOST:PORT/metrics (default: off)",
     )
+    add_token_flag(w)
     _add_log_format(w)
     w.set_defaults(fn=cmd_worker)
 
     sb = sub.add_parser("submit", help="submit a job")
     sb.add_argument("--target", default=target, help=target_help)
+    add_token_flag(sb)
     sb.add_argument("--name", required=True)
     sb.add_argument("--handler", required=True)
     sb.add_argument("--at", help="one-shot: +5s, epoch ms, or ISO 8601")
@@ -686,12 +715,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     j = sub.add_parser("jobs", help="list jobs")
     j.add_argument("--target", default=target, help=target_help)
+    add_token_flag(j)
     j.add_argument("--tenant")
     j.set_defaults(fn=cmd_jobs)
 
     r = sub.add_parser("runs", help="list a job's runs and missed fires")
     r.add_argument("job_id", type=int)
     r.add_argument("--target", default=target, help=target_help)
+    add_token_flag(r)
     r.add_argument("--json", action="store_true")
     r.set_defaults(fn=cmd_runs)
 
@@ -699,24 +730,30 @@ def build_parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=f"{name} a job")
         c.add_argument("job_id", type=int)
         c.add_argument("--target", default=target, help=target_help)
+        add_token_flag(c)
         c.set_defaults(fn=_state_cmd(method))
 
     t = sub.add_parser("trigger", help="run a job now, out of band")
     t.add_argument("job_id", type=int)
     t.add_argument("--target", default=target, help=target_help)
+    add_token_flag(t)
     t.set_defaults(fn=cmd_trigger)
 
     st = sub.add_parser("status", help="node status: counters, workers, unserved handlers")
     st.add_argument("--target", default=target, help=target_help)
+    add_token_flag(st)
     st.add_argument("--json", action="store_true", help="the status as JSON (durations in s)")
     st.set_defaults(fn=cmd_status)
 
     al = sub.add_parser("alerts", help="the node's alerts, and the kinds firing now")
     al.add_argument("--target", default=target, help=target_help)
+    add_token_flag(al)
     al.add_argument("--since", help="only those raised this long ago or later, e.g. 1h")
     al.add_argument("--limit", type=int, default=0, help="at most the newest N (0: all)")
     al.add_argument("--json", action="store_true")
     al.set_defaults(fn=cmd_alerts)
+
+    register_admin(sub, target, target_help)
 
     d = sub.add_parser("demo", help="a server, two workers and sample jobs, with live output")
     d.add_argument("--duration", type=float, default=30.0, help="seconds (0: until Ctrl-C)")

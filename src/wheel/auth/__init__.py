@@ -11,6 +11,8 @@ scopes they carry, and the server interceptor that checks them.
   the credential lacks gets PERMISSION_DENIED.
 """
 
+import os
+
 from wheel.auth._authority import (
     AUTHORIZATION,
     DEFAULT_RECHECK_S,
@@ -40,12 +42,14 @@ __all__ = [
     "JOBS_WRITE",
     "OPERATOR",
     "SCOPES",
+    "TOKEN_ENV",
     "WORKER",
     "AuthInterceptor",
     "Authenticator",
     "Minted",
     "Principal",
     "bearer",
+    "call_metadata",
     "metadata_of",
     "mint",
     "parse",
@@ -54,6 +58,18 @@ __all__ = [
 ]
 
 
+# Where the SDKs and wheelctl find a bearer token when none is given.
+TOKEN_ENV = "WHEEL_TOKEN"
+
+
 def metadata_of(token: str | None) -> tuple[tuple[str, str], ...]:
     """The call metadata that carries ``token`` (none without one)."""
     return ((AUTHORIZATION, f"Bearer {token}"),) if token else ()
+
+
+def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The metadata every call of an SDK carries: ``authorization: Bearer
+    <token>`` for ``token``, else for $WHEEL_TOKEN; nothing when neither is
+    set (a node without ``--auth``)."""
+    token = token if token is not None else os.environ.get(TOKEN_ENV)
+    return metadata_of(token.strip() if token else None)

@@ -17,6 +17,7 @@ import grpc  # type: ignore[import-untyped, unused-ignore]
 import grpc.aio  # type: ignore[import-untyped, unused-ignore]
 from grpc_health.v1 import health_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
 
+from wheel.auth import call_metadata
 from wheel.client import _wire
 from wheel.client._nodes import (
     CHANNEL_OPTIONS,
@@ -68,9 +69,15 @@ class AsyncClient:
     """
 
     def __init__(
-        self, target: str | Sequence[str] = _wire.DEFAULT_TARGET, *, timeout: float = 10.0
+        self,
+        target: str | Sequence[str] = _wire.DEFAULT_TARGET,
+        *,
+        timeout: float = 10.0,
+        token: str | None = None,
     ) -> None:
         self.targets = tuple(targets_of(target))
+        # Sent with every call: ``token``, else $WHEEL_TOKEN (none: no auth).
+        self._metadata = call_metadata(token)
         self.target = ",".join(self.targets)
         self.timeout = timeout
         self._nodes = [_Node(address) for address in self.targets]
@@ -109,7 +116,9 @@ class AsyncClient:
                 failure = await self._probe(node, min(remaining, CONNECT_TIMEOUT_S))
             if failure is None:
                 try:
-                    response = await method(node)(request, timeout=remaining)
+                    response = await method(node)(
+                        request, timeout=remaining, metadata=self._metadata
+                    )
                 except grpc.RpcError as exc:  # grpc.aio's AioRpcError is one
                     failure = _wire.error_from_rpc(exc)
                     failure.__cause__ = exc

@@ -211,7 +211,7 @@ class Link:
         """One stream, from Hello to its end (``welcomed`` says if it got that far)."""
         w = self.worker
         async with grpc.aio.insecure_channel(self.target) as channel:
-            call = pb_grpc.WorkerServiceStub(channel).Connect()
+            call = pb_grpc.WorkerServiceStub(channel).Connect(metadata=w.call_metadata)
             try:
                 await call.write(
                     pb.WorkerMessage(

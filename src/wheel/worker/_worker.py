@@ -67,6 +67,7 @@ from typing import Any, TypeVar
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
 
+from wheel.auth import call_metadata
 from wheel.errors import InvalidArgument
 from wheel.metrics import MetricsServer, parse_listen
 from wheel.rpc.targets import targets_of
@@ -163,10 +164,14 @@ class Worker:
         reconnect_initial: float = 0.1,
         reconnect_max: float = 10.0,
         metrics_listen: str | None = None,
+        token: str | None = None,
     ) -> None:
         """``metrics_listen`` ("HOST:PORT", port 0 for any free one): serve the
         worker's Prometheus metrics at ``/metrics`` there while it runs
-        (``metrics_port`` is the port bound)."""
+        (``metrics_port`` is the port bound). ``token`` (else $WHEEL_TOKEN):
+        the bearer token of a node run with ``--auth``, a worker token bound
+        to ``worker_id`` and ``pools``."""
+        self.call_metadata = call_metadata(token)
         if capacity < 1:
             raise InvalidArgument("capacity", f"{capacity} is below 1")
         seeds = targets_of(target)
@@ -681,7 +686,9 @@ class Worker:
         try:
             stub = admin_service_pb2_grpc.AdminServiceStub(link.channel)
             msg = await stub.GetMembership(
-                admin_service_pb2.GetMembershipRequest(), timeout=MEMBERSHIP_TIMEOUT_S
+                admin_service_pb2.GetMembershipRequest(),
+                timeout=MEMBERSHIP_TIMEOUT_S,
+                metadata=self.call_metadata,
             )
         except grpc.RpcError as exc:  # grpc.aio's AioRpcError is one
             log.debug("GetMembership on %s failed: %s", link.target, exc)
@@ -706,6 +713,7 @@ def run_worker(
     pools: Sequence[str] = ("default",),
     drain_timeout: float = 30.0,
     metrics_listen: str | None = None,
+    token: str | None = None,
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (drain gracefully; a second signal stops now)."""
     worker = Worker(
@@ -714,6 +722,7 @@ def run_worker(
         capacity=capacity,
         pools=pools,
         metrics_listen=metrics_listen,
+        token=token,
     )
     for name, fn in handlers.items():
         worker.register(name, fn)
