@@ -2,11 +2,12 @@
 store, with a short cache.
 
 A node reads a token's record from the store on first sight and again once
-the copy it holds is ``recheck_s`` old. So a token revoked (or a token past
-its expiry) is refused by every node within ``recheck_s`` plus one store
-read, on new calls and on open streams alike (the worker stream re-checks
-its credential on that rhythm, and at the expiry itself). A revoke made
-through a node takes effect on that node at once.
+the copy it holds is ``recheck_s`` old; an open worker stream reads it
+afresh every ``recheck_s`` (and checks at the token's expiry itself). So a
+token revoked through any node, or past its expiry, is refused by every node
+within ``recheck_s`` plus one store read, on new calls and on open streams
+alike. A revoke made through a node takes effect on that node's new calls at
+once.
 """
 
 from __future__ import annotations
@@ -83,10 +84,10 @@ class Authenticator:
         # token id -> (record or None when unknown, when it was read).
         self._cache: dict[str, tuple[TokenRecord | None, float]] = {}
 
-    async def _record(self, token_id: str) -> TokenRecord | None:
+    async def _record(self, token_id: str, *, fresh: bool = False) -> TokenRecord | None:
         now = self._monotonic()
         hit = self._cache.get(token_id)
-        if hit is not None and now - hit[1] < self.recheck_s:
+        if hit is not None and not fresh and now - hit[1] < self.recheck_s:
             return hit[0]
 
         def read() -> TokenRecord | None:
@@ -132,9 +133,10 @@ class Authenticator:
         )
 
     async def recheck(self, principal: Principal) -> None:
-        """For an open stream: ``Unauthenticated`` once the caller's token is
-        revoked, expired or gone (as of a store read at most ``recheck_s`` old)."""
-        self._valid(await self._record(principal.token_id))
+        """For an open stream, every ``recheck_s``: ``Unauthenticated`` once
+        the caller's token is revoked, expired or gone, as the store says now
+        (one read a stream each time: a primary-key lookup)."""
+        self._valid(await self._record(principal.token_id, fresh=True))
 
     def seconds_to_recheck(self, principal: Principal) -> float:
         """How long an open stream may wait before its next ``recheck``: the
