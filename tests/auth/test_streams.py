@@ -71,9 +71,12 @@ class RawStream:
                 continue
             if msg.WhichOneof("kind") == kind:
                 return getattr(msg, kind)
-            if kind == "results" and msg.WhichOneof("kind") == "assignments":
-                if msg.assignments.HasField("results"):
-                    return msg.assignments.results
+            if (
+                kind == "results"
+                and msg.WhichOneof("kind") == "assignments"
+                and msg.assignments.HasField("results")
+            ):
+                return msg.assignments.results
 
     def close(self) -> None:
         self.out.put(None)
