@@ -83,6 +83,10 @@ class Authenticator:
         self._monotonic = monotonic
         # token id -> (record or None when unknown, when it was read).
         self._cache: dict[str, tuple[TokenRecord | None, float]] = {}
+        # The bearer string of a call that passed -> its caller, and when its
+        # record was read: the hot path (every call is checked twice, by the
+        # interceptor and by its handler) without parsing or hashing again.
+        self._passed: dict[str, tuple[Principal, float]] = {}
 
     async def _record(self, token_id: str, *, fresh: bool = False) -> TokenRecord | None:
         now = self._monotonic()
@@ -99,12 +103,16 @@ class Authenticator:
         record: TokenRecord | None = await self._run(read)
         if len(self._cache) >= MAX_CACHED:
             self._cache.clear()
+            self._passed.clear()
         self._cache[token_id] = (record, now)
         return record
 
     def forget(self, token_id: str) -> None:
         """Drop the cached record (the token was revoked through this node)."""
         self._cache.pop(token_id, None)
+        for text, (principal, _) in list(self._passed.items()):
+            if principal.token_id == token_id:
+                del self._passed[text]
 
     def _valid(self, record: TokenRecord | None) -> TokenRecord:
         if record is None:
@@ -118,12 +126,21 @@ class Authenticator:
     async def authenticate(self, metadata: Sequence[tuple[str, Any]] | None) -> Principal:
         """The caller of a call with this metadata; ``Unauthenticated`` when
         it has no valid bearer token."""
-        token_id, secret = parse(bearer(metadata))
+        text = bearer(metadata)
+        hit = self._passed.get(text)
+        if hit is not None:
+            principal, read_at = hit
+            expires = principal.expires_at_ms
+            if self._monotonic() - read_at < self.recheck_s and (
+                expires is None or self._now_ms() < expires
+            ):
+                return principal
+        token_id, secret = parse(text)
         record = await self._record(token_id)
         if record is None or not check_secret(record, secret):
             raise Unauthenticated("authorization: unknown token")
         record = self._valid(record)
-        return Principal(
+        principal = Principal(
             token_id=record.token_id,
             tenant=record.tenant,
             scopes=frozenset(record.scopes),
@@ -131,6 +148,11 @@ class Authenticator:
             pools=record.pools,
             expires_at_ms=record.expires_at_ms,
         )
+        read_at = self._cache.get(token_id, (None, self._monotonic()))[1]
+        if len(self._passed) >= MAX_CACHED:
+            self._passed.clear()
+        self._passed[text] = (principal, read_at)
+        return principal
 
     async def recheck(self, principal: Principal) -> None:
         """For an open stream, every ``recheck_s``: ``Unauthenticated`` once

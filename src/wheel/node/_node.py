@@ -36,12 +36,7 @@ from wheel.checkpoint.owner_state import log_entry, log_records, snapshot_chunks
 from wheel.coord.base import Coordinator
 from wheel.engine.driver import Driver, next_fires_of
 from wheel.engine.model import SHARD_COUNT, JobState
-from wheel.engine.owner import (
-    Effects,
-    Outcome,
-    Owner,
-    ShardContents,
-)
+from wheel.engine.owner import Effects, Outcome, Owner, ShardContents
 from wheel.engine.records import JobRecord, NewJob
 from wheel.engine.spec import JobSpec
 from wheel.errors import (
@@ -57,13 +52,7 @@ from wheel.node._membership import NodeMembership
 from wheel.node._ops import NodeOps
 from wheel.node._reads import NodeReads
 from wheel.node._tenancy import NodeTenancy
-from wheel.node._values import (
-    Clock,
-    Membership,
-    MessageSink,
-    NodeConfig,
-    WorkerSession,
-)
+from wheel.node._values import Clock, Membership, MessageSink, NodeConfig, WorkerSession
 from wheel.recovery import restore_owner
 from wheel.store.base import BatchOutcome, Store, WriteBatch
 
