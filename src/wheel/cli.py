@@ -5,6 +5,7 @@ wheelctl worker [--target HOST:PORT[,HOST:PORT...]]... [--capacity N] module:fun
 wheelctl submit --name N --handler H (--at WHEN | --cron EXPR | --every DURATION) ...
 wheelctl jobs | runs JOB_ID | cancel JOB_ID | pause JOB_ID | resume JOB_ID
 wheelctl trigger JOB_ID | status | alerts | demo
+wheelctl token create|list|revoke ... | tenant set|list ...   (see wheel.cli_admin)
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from wheel._tls_cli import add_client_flags, add_serve_flags, client_security, node_security
+from wheel.cli_admin import add_auth_flags, add_token_flag, init_admin_token
+from wheel.cli_admin import register as register_admin
 from wheel.client import (
     DEFAULT_TARGET,
     Alert,
@@ -200,7 +203,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         # the clock reads the file when it is made.
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     # Refused (a bad flag, a network address without TLS) before touching anything.
-    security = node_security(ns, auth=getattr(ns, "auth", False))
+    security = node_security(ns, auth=ns.auth)
     data_dir = Path(ns.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     url = ns.store or f"sqlite:///{data_dir / 'wheel.db'}"
@@ -222,8 +225,13 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             )
         coordinator_args = (endpoints, cluster, advertise)
 
+    if ns.init_admin_token and not ns.auth:
+        raise InvalidArgument("init_admin_token", "goes with --auth")
+
     async def main() -> None:
         store = open_store(url)
+        if ns.init_admin_token and init_admin_token(store, ns.init_admin_token, store.clock_ms()):
+            logging.getLogger("wheel").info("wrote a first admin token to %s", ns.init_admin_token)
         coordinator = None
         if coordinator_args is not None:
             from wheel.coord.etcd import EtcdCoordinator
@@ -239,7 +247,12 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         gc.collect()
         gc.freeze()
         server, port = await serve(
-            node, ns.listen, security=security.server, peer_security=security.peers
+            node,
+            ns.listen,
+            security=security.server,
+            peer_security=security.peers,
+            auth=ns.auth,
+            recheck_s=ns.auth_recheck,
         )
         logging.getLogger("wheel").info(
             "wheel node %s serving on port %d (store %s)", ns.node_id, port, url.split("?")[0]
@@ -311,12 +324,13 @@ def cmd_worker(ns: argparse.Namespace) -> int:
         pools=ns.pool or ["default"],
         metrics_listen=ns.metrics_listen,
         security=client_security(ns),
+        token=ns.token,
     )
     return 0
 
 
 def _client(ns: argparse.Namespace) -> Client:
-    return Client(ns.target, security=client_security(ns))
+    return Client(ns.target, security=client_security(ns), token=ns.token)
 
 
 def _job_line(job: Job) -> str:
@@ -653,6 +667,7 @@ def build_parser() -> argparse.ArgumentParser:
         " store's time; default %(default)s)",
     )
     add_serve_flags(s)
+    add_auth_flags(s, seconds=_seconds)
     _add_log_format(s)
     s.set_defaults(fn=cmd_serve)
 
@@ -672,11 +687,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="serve the worker's Prometheus metrics at http://HOST:PORT/metrics (default: off)",
     )
+    add_token_flag(w)
     _add_log_format(w)
     w.set_defaults(fn=cmd_worker)
 
     sb = sub.add_parser("submit", help="submit a job")
     sb.add_argument("--target", default=target, help=target_help)
+    add_token_flag(sb)
     sb.add_argument("--name", required=True)
     sb.add_argument("--handler", required=True)
     sb.add_argument("--at", help="one-shot: +5s, epoch ms, or ISO 8601")
@@ -703,12 +720,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     j = sub.add_parser("jobs", help="list jobs")
     j.add_argument("--target", default=target, help=target_help)
+    add_token_flag(j)
     j.add_argument("--tenant")
     j.set_defaults(fn=cmd_jobs)
 
     r = sub.add_parser("runs", help="list a job's runs and missed fires")
     r.add_argument("job_id", type=int)
     r.add_argument("--target", default=target, help=target_help)
+    add_token_flag(r)
     r.add_argument("--json", action="store_true")
     r.set_defaults(fn=cmd_runs)
 
@@ -716,24 +735,30 @@ def build_parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=f"{name} a job")
         c.add_argument("job_id", type=int)
         c.add_argument("--target", default=target, help=target_help)
+        add_token_flag(c)
         c.set_defaults(fn=_state_cmd(method))
 
     t = sub.add_parser("trigger", help="run a job now, out of band")
     t.add_argument("job_id", type=int)
     t.add_argument("--target", default=target, help=target_help)
+    add_token_flag(t)
     t.set_defaults(fn=cmd_trigger)
 
     st = sub.add_parser("status", help="node status: counters, workers, unserved handlers")
     st.add_argument("--target", default=target, help=target_help)
+    add_token_flag(st)
     st.add_argument("--json", action="store_true", help="the status as JSON (durations in s)")
     st.set_defaults(fn=cmd_status)
 
     al = sub.add_parser("alerts", help="the node's alerts, and the kinds firing now")
     al.add_argument("--target", default=target, help=target_help)
+    add_token_flag(al)
     al.add_argument("--since", help="only those raised this long ago or later, e.g. 1h")
     al.add_argument("--limit", type=int, default=0, help="at most the newest N (0: all)")
     al.add_argument("--json", action="store_true")
     al.set_defaults(fn=cmd_alerts)
+
+    register_admin(sub, target, target_help)
 
     d = sub.add_parser("demo", help="a server, two workers and sample jobs, with live output")
     d.add_argument("--duration", type=float, default=30.0, help="seconds (0: until Ctrl-C)")

@@ -29,6 +29,16 @@ class ResourceExhausted(WheelError):
     """The server is over a capacity limit (backfill size, queue depth...)."""
 
 
+class Unauthenticated(WheelError):
+    """A call without a valid credential (missing, malformed, unknown,
+    expired or revoked token)."""
+
+
+class PermissionDenied(WheelError):
+    """A valid credential without the right to this call (a scope it lacks,
+    a worker id or pool it is not bound to)."""
+
+
 class NotFound(WheelError):
     """An id that does not exist (job, run, shard)."""
 

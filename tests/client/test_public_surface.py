@@ -37,7 +37,7 @@ def _foreign(tp: Any, seen: set[int], own: tuple[str, ...] = ("wheel.client",)) 
     """The types named in annotation ``tp`` that come from outside the allowed
     modules, following unions, generics, and the fields of the TypedDicts and
     dataclasses of the modules in ``own``."""
-    if id(tp) in seen or tp is None or tp is type(None) or tp is Any:
+    if id(tp) in seen or tp is None or tp is type(None) or tp is Any or tp is Ellipsis:
         return set()
     seen.add(id(tp))
     out: set[str] = set()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple, overload
 
 from wheel.engine.spec import JobSpec
@@ -42,6 +42,8 @@ from wheel.store.base import (
     ScheduleAdvance,
     ShardLoad,
     Submitted,
+    TenantQuota,
+    TokenRecord,
     UnparsedJob,
     WriteBatch,
     shard_of,
@@ -151,6 +153,8 @@ class ReferenceStore:
         self.missed: dict[tuple[int, int], MissedFire] = {}
         self.epochs: dict[int, int] = {}
         self.owners: dict[int, str] = {}
+        self.tokens: dict[str, TokenRecord] = {}
+        self.quotas: dict[str, TenantQuota] = {}
         self.last_change = 0
         self._next_job = 1
         self._next_run = 1
@@ -239,6 +243,42 @@ class ReferenceStore:
             and (state is None or r.state is state)
         ]
         return [r.record() for r in rows[: max(0, limit)]]
+
+    def count_jobs(self, tenant: str) -> int:
+        return sum(
+            1
+            for r in self.jobs.values()
+            if r.spec.tenant == tenant and r.state in (JobState.ACTIVE, JobState.PAUSED)
+        )
+
+    # -- tokens and tenants ---------------------------------------------------------
+
+    def create_token(self, token: TokenRecord) -> None:
+        held = self.tokens.get(token.token_id)
+        if held is not None and held != token:
+            raise AlreadyExists(f"token {token.token_id} already exists")
+        self.tokens[token.token_id] = token
+
+    def get_token(self, token_id: str) -> TokenRecord:
+        if token_id not in self.tokens:
+            raise NotFound(f"token {token_id} does not exist")
+        return self.tokens[token_id]
+
+    def list_tokens(self) -> list[TokenRecord]:
+        return sorted(self.tokens.values(), key=lambda t: (t.created_at_ms, t.token_id))
+
+    def revoke_token(self, token_id: str, now_ms: int) -> TokenRecord:
+        token = self.get_token(token_id)
+        if token.revoked_at_ms is None:
+            token = self.tokens[token_id] = replace(token, revoked_at_ms=now_ms)
+        return token
+
+    def set_tenant_quota(self, quota: TenantQuota) -> TenantQuota:
+        self.quotas[quota.tenant] = quota
+        return quota
+
+    def list_tenant_quotas(self) -> list[TenantQuota]:
+        return [self.quotas[t] for t in sorted(self.quotas)]
 
     def set_job_state(
         self, job_id: int, state: JobState, *, next_run_at: int | None, now_ms: int

@@ -26,6 +26,7 @@ with Client("127.0.0.1:50051") as client:
 """
 
 from wheel._tls import ChannelSecurity
+from wheel.client._admin import TenantQuota, Token
 from wheel.client._async import AsyncClient
 from wheel.client._specs import JobArgs, JobRequest, Payload
 from wheel.client._sync import Client
@@ -96,6 +97,8 @@ __all__ = [
     "Schedule",
     "ShardStatus",
     "Status",
+    "TenantQuota",
+    "Token",
     "Trigger",
     "UnservedHandler",
     "When",

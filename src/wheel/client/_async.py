@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -18,7 +19,9 @@ import grpc.aio  # type: ignore[import-untyped, unused-ignore]
 from grpc_health.v1 import health_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
 
 from wheel._tls import ChannelSecurity, make_channel
-from wheel.client import _wire
+from wheel.auth import call_metadata
+from wheel.client import _admin, _wire
+from wheel.client._admin import TenantQuota, Token
 from wheel.client._nodes import (
     CHANNEL_OPTIONS,
     CONNECT_TIMEOUT_S,
@@ -42,6 +45,7 @@ from wheel.client._values import (
 )
 from wheel.errors import WheelError
 from wheel.rpc.targets import targets_of
+from wheel.rpc.v1 import admin_service_pb2 as admin_pb
 from wheel.rpc.v1 import admin_service_pb2_grpc, job_service_pb2_grpc
 
 _T = TypeVar("_T")
@@ -81,10 +85,13 @@ class AsyncClient:
         timeout: float = 10.0,
         security: ChannelSecurity | None = None,
         interceptors: Sequence[Any] = (),
+        token: str | None = None,
     ) -> None:
         self.targets = tuple(targets_of(target))
         if security is None:
             security = ChannelSecurity.from_env()
+        # Sent with every call: ``token``, else $WHEEL_TOKEN (none: no auth).
+        self._metadata = call_metadata(token)
         self.target = ",".join(self.targets)
         self.timeout = timeout
         self._nodes = [_Node(address, security, interceptors) for address in self.targets]
@@ -123,7 +130,9 @@ class AsyncClient:
                 failure = await self._probe(node, min(remaining, CONNECT_TIMEOUT_S))
             if failure is None:
                 try:
-                    response = await method(node)(request, timeout=remaining)
+                    response = await method(node)(
+                        request, timeout=remaining, metadata=self._metadata
+                    )
                 except grpc.RpcError as exc:  # grpc.aio's AioRpcError is one
                     failure = _wire.error_from_rpc(exc)
                     failure.__cause__ = exc
@@ -238,3 +247,48 @@ class AsyncClient:
         """See ``Client.alerts``."""
         request = _wire.alerts_request(since, limit)
         return _wire.alerts_of(await self._call(lambda n: n.admin.ListAlerts, request))
+
+    # -- tokens and tenants (a node run with --auth; scope admin) ---------------
+
+    async def create_token(
+        self,
+        *,
+        tenant: str,
+        scopes: Sequence[str],
+        ttl: timedelta | None = None,
+        worker_id: str = "",
+        pools: Sequence[str] = (),
+        label: str = "",
+    ) -> tuple[str, Token]:
+        """See ``Client.create_token``."""
+        request = _admin.create_token_request(
+            tenant=tenant,
+            scopes=list(scopes),
+            ttl=ttl,
+            worker_id=worker_id,
+            pools=list(pools),
+            label=label,
+        )
+        resp = await self._call(lambda n: n.admin.CreateToken, request, Resend.UNSENT)
+        return resp.token, _admin.token_of(resp.info)
+
+    async def tokens(self) -> list[Token]:
+        """See ``Client.tokens``."""
+        resp = await self._call(lambda n: n.admin.ListTokens, admin_pb.ListTokensRequest())
+        return [_admin.token_of(t) for t in resp.tokens]
+
+    async def revoke_token(self, token_id: str) -> Token:
+        """See ``Client.revoke_token``."""
+        request = admin_pb.RevokeTokenRequest(token_id=token_id)
+        return _admin.token_of(await self._call(lambda n: n.admin.RevokeToken, request))
+
+    async def set_tenant_quota(self, quota: TenantQuota) -> TenantQuota:
+        """See ``Client.set_tenant_quota``."""
+        request = _admin.quota_request(quota)
+        return _admin.quota_of(await self._call(lambda n: n.admin.SetTenantQuota, request))
+
+    async def tenant_quotas(self) -> list[TenantQuota]:
+        """See ``Client.tenant_quotas``."""
+        request = admin_pb.ListTenantQuotasRequest()
+        resp = await self._call(lambda n: n.admin.ListTenantQuotas, request)
+        return [_admin.quota_of(q) for q in resp.quotas]

@@ -55,7 +55,9 @@ from wheel.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
+    Unauthenticated,
     WheelError,
 )
 from wheel.rpc import convert
@@ -74,6 +76,8 @@ _BY_CODE: dict[Any, Callable[[str], WheelError]] = {
     grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
 }
 
 

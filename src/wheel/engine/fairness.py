@@ -8,7 +8,10 @@ keep that from hurting anyone else:
 - ``TokenBucket``: the overdue budget, refilled at a fraction (default 20%) of
   dispatch capacity, so a backlog can never starve newly due work.
 - ``FairQueue``: deficit round robin across tenants, so a tenant with a huge
-  backlog gets its share of that budget and no more.
+  backlog gets its share of that budget and no more. Fresh fires wait in one
+  too: when workers are short, each tenant with work gets its turn, and a
+  tenant held back by its own quota (``pop``'s ``allow``) keeps its items
+  queued, in order, for a later pop: delayed, never dropped.
 
 All pure: time is an argument in integer milliseconds.
 """
@@ -159,6 +162,15 @@ class FairQueue(Generic[T]):
         q.append(item)
         self._len += 1
 
+    def push_front(self, tenant: str, item: T, weight: int = 1) -> None:
+        """Put ``item`` first in ``tenant``'s FIFO (work that must go next,
+        such as a trigger's run); the tenant's turn order is unchanged."""
+        q = self._queues.get(tenant)
+        if q is None or self._weights[tenant] != weight:
+            q = self._queue_for(tenant, weight)
+        q.appendleft(item)
+        self._len += 1
+
     def extend(self, tenant: str, items: Iterable[T], weight: int = 1) -> None:
         """``push`` for many items of one tenant at once."""
         q = self._queue_for(tenant, weight)
@@ -174,17 +186,43 @@ class FairQueue(Generic[T]):
         del self._deficit[tenant]
         del self._weights[tenant]
 
-    def pop(self, n: int) -> list[T]:
-        """Up to ``n`` items, interleaved across tenants by their weights."""
+    def pop(self, n: int, allow: dict[str, int] | None = None) -> list[T]:
+        """Up to ``n`` items, interleaved across tenants by their weights.
+
+        ``allow`` (tenant -> items it may take now) holds back the tenants it
+        names: one at 0 is passed over, its items left queued in order, and
+        each item taken counts down its entry. Tenants it does not name take
+        as their weight says."""
         out: list[T] = []
         active = self._active
-        while len(out) < n and active:
+        if allow is None and len(active) == 1:
+            # One tenant: its FIFO, without a turn per item.
             tenant = active[0]
+            q = self._queues[tenant]
+            for _ in range(min(n, len(q))):
+                out.append(q.popleft())
+            if not q:
+                active.popleft()
+                self._drop(tenant)
+            self._len -= len(out)
+            return out
+        passed = 0  # tenants passed over in a row: all of them ends the pop
+        while len(out) < n and active and passed < len(active):
+            tenant = active[0]
+            room = None if allow is None else allow.get(tenant)
+            if room is not None and room <= 0:
+                active.rotate(-1)
+                passed += 1
+                continue
+            passed = 0
             q = self._queues[tenant]
             deficit = self._deficit[tenant]
             if deficit <= 0:  # a new turn
                 deficit = self._weights[tenant]
             take = min(deficit, len(q), n - len(out))
+            if room is not None:
+                take = min(take, room)
+                allow[tenant] = room - take  # type: ignore[index]
             for _ in range(take):
                 out.append(q.popleft())
             deficit -= take
@@ -193,7 +231,7 @@ class FairQueue(Generic[T]):
                 self._drop(tenant)
                 continue
             self._deficit[tenant] = deficit
-            if deficit == 0:
+            if deficit == 0 or (room is not None and room == take):
                 active.rotate(-1)
             # else: n ran out mid-turn; the tenant keeps the rest of its turn.
         self._len -= len(out)

@@ -45,6 +45,7 @@ from wheel.node._cluster import ShardOwnership
 from wheel.node._membership import NodeMembership
 from wheel.node._ops import NodeOps
 from wheel.node._reads import NodeReads
+from wheel.node._tenancy import NodeTenancy
 from wheel.node._values import Clock, Membership, MessageSink, NodeConfig, WorkerSession
 from wheel.recovery import restore_owner
 from wheel.store.base import BatchOutcome, Store, WriteBatch
@@ -65,7 +66,7 @@ SNAPSHOT_SHARE = 0.2
 SNAPSHOT_JOBS_PER_CHUNK = 2_000
 
 
-class Node(NodeReads, NodeMembership, NodeOps):
+class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy):
     """One node owning shards (all 256 on a single node)."""
 
     def __init__(

@@ -62,6 +62,13 @@ class NodeOps:
 
         def _has_checkpoint(self) -> bool: ...
 
+        # wheel.node._tenancy
+        def _init_tenancy(self) -> None: ...
+
+        def _start_tenancy(self) -> None: ...
+
+        async def _stop_tenancy(self) -> None: ...
+
         def status(self, *, percentiles: bool = True) -> NodeStatus: ...
 
     def _init_ops(self) -> None:
@@ -86,14 +93,17 @@ class NodeOps:
         self._probe_thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-probe")
         self._purge_thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-purge")
         self._ops_tasks: list[asyncio.Task[None]] = []
+        self._init_tenancy()
 
     def _start_ops(self) -> None:
         self._ops_tasks = [
             asyncio.create_task(self._watch(), name="wheel-health"),
             asyncio.create_task(self._retain(), name="wheel-retention"),
         ]
+        self._start_tenancy()
 
     async def _stop_ops(self) -> None:
+        await self._stop_tenancy()
         for task in self._ops_tasks:
             task.cancel()
         for task in self._ops_tasks:

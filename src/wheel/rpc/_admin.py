@@ -8,6 +8,8 @@ from collections import Counter
 import grpc
 
 from wheel.node import Node
+from wheel.rpc._guard import Guard
+from wheel.rpc._tenancy import TenancyAdmin
 from wheel.rpc._workers import membership_to_proto
 from wheel.rpc.v1 import (
     admin_service_pb2,
@@ -18,9 +20,10 @@ from wheel.rpc.v1 import (
 log = logging.getLogger("wheel.rpc")
 
 
-class AdminServicer(admin_service_pb2_grpc.AdminServiceServicer):
-    def __init__(self, node: Node) -> None:
+class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
+    def __init__(self, node: Node, guard: Guard | None = None) -> None:
         self.node = node
+        self.guard = guard or Guard(None)
 
     async def GetClusterStatus(
         self,

@@ -17,9 +17,11 @@ from wheel.errors import (
     LimitExceeded,
     NotFound,
     NotOwner,
+    PermissionDenied,
     ResourceExhausted,
     StaleFence,
     StoreUnavailable,
+    Unauthenticated,
     WheelError,
 )
 
@@ -46,6 +48,8 @@ _STATUS: list[tuple[type[WheelError], grpc.StatusCode]] = [
     (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (StaleFence, grpc.StatusCode.FAILED_PRECONDITION),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (NotOwner, grpc.StatusCode.UNAVAILABLE),
     (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
 ]

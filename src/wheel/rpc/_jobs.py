@@ -33,7 +33,8 @@ from wheel.rpc._common import (
     _page_size,
     status_of,
 )
-from wheel.rpc._peers import Peers, forwarded_by
+from wheel.rpc._guard import Guard
+from wheel.rpc._peers import Peers, credential, forwarded_by
 from wheel.rpc.v1 import (
     job_service_pb2,
     job_service_pb2_grpc,
@@ -48,9 +49,17 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
     stored here (and their owners told at once), calls that change a job
     carried out by the owner of its shard (forwarded once)."""
 
-    def __init__(self, node: Node, peers: Peers) -> None:
+    def __init__(self, node: Node, peers: Peers, guard: Guard | None = None) -> None:
         self.node = node
         self.peers = peers
+        self.guard = guard or Guard(None)
+
+    async def _visible(self, job_id: int, context: grpc.aio.ServicerContext) -> None:
+        """NOT_FOUND for a job the caller's tenant may not see (a read of the
+        store only with a tenant's credential)."""
+        principal = await self.guard.principal(context)
+        if principal is not None and not principal.operator:
+            self.guard.check_job(principal, await self.node.get_job(job_id))
 
     async def _elsewhere(
         self, job_id: int, method: str, request: Any, context: grpc.aio.ServicerContext
@@ -64,18 +73,26 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
             raise NotOwner(f"job {job_id}'s shard is not owned here either; retry")
         return await self.peers.forward(address, method, request, context)
 
-    def _tell_owners(self, job_ids: list[int]) -> None:
+    def _tell_owners(self, job_ids: list[int], context: grpc.aio.ServicerContext) -> None:
         by_owner = self.node.owners_of(job_ids)
         if by_owner:
-            self.peers.jobs_changed(by_owner)
+            self.peers.jobs_changed(by_owner, credential(context))
 
     async def SubmitJob(
         self, request: job_service_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext
     ) -> job_service_pb2.SubmitJobResponse:
         async def work() -> job_service_pb2.SubmitJobResponse:
-            response = await self._submit_one(request)
+            mine = self.guard.own_submit(await self.guard.principal(context), request)
+            tenant = [mine.spec.tenant or "default"]
+            (over,) = await self.node.admit_submits(tenant)
+            if over is not None:
+                raise over
+            try:
+                response = await self._submit_one(mine)
+            finally:
+                self.node.submits_done(tenant)
             if response.created:
-                self._tell_owners([response.job.job_id])
+                self._tell_owners([response.job.job_id], context)
             return response
 
         return await _call(context, work())
@@ -90,12 +107,33 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
                 )
             # Every job is validated and queued first, so the whole request
             # goes into one group commit; then each outcome is awaited in turn.
+            principal = await self.guard.principal(context)
+            mine: list[job_service_pb2.SubmitJobRequest | WheelError] = []
+            for item in request.jobs:
+                try:
+                    mine.append(self.guard.own_submit(principal, item))
+                except WheelError as exc:
+                    mine.append(exc)
+            verdicts = iter(
+                await self.node.admit_submits(
+                    [m.spec.tenant or "default" for m in mine if not isinstance(m, WheelError)]
+                )
+            )
+            admitted: list[str] = []
             pending: list[asyncio.Future[tuple[JobRecord, bool] | WheelError] | WheelError] = []
             out = job_service_pb2.SubmitJobsResponse()
             created: list[int] = []
             awaited = 0
             try:
-                for item in request.jobs:
+                for item in mine:
+                    if isinstance(item, WheelError):
+                        pending.append(item)
+                        continue
+                    over = next(verdicts)
+                    if over is not None:
+                        pending.append(over)
+                        continue
+                    admitted.append(item.spec.tenant or "default")
                     try:
                         pending.append(self._queue_submit(item))
                     except WheelError as exc:
@@ -120,7 +158,9 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
                     if isinstance(rest, asyncio.Future):
                         rest.add_done_callback(_ignore_outcome)
                 raise
-            self._tell_owners(created)
+            finally:
+                self.node.submits_done(admitted)
+            self._tell_owners(created, context)
             return out
 
         return await _call(context, work())
@@ -167,7 +207,9 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
                 raise InvalidArgument("next_fires", f"must be within [0, {MAX_NEXT_FIRES}]")
             if not 0 <= request.recent_runs <= MAX_NEXT_FIRES:
                 raise InvalidArgument("recent_runs", f"must be within [0, {MAX_NEXT_FIRES}]")
-            record = await self.node.get_job(job_id)
+            record = self.guard.check_job(
+                await self.guard.principal(context), await self.node.get_job(job_id)
+            )
             runs = await self.node.list_runs(job_id, limit=request.recent_runs or 10)
             return convert.job_to_proto(
                 record,
@@ -184,8 +226,9 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
             size = _page_size(request.page_size)
             after = _token_int(request.page_token, "page_token")
             state = convert.job_state_from_proto(request.state)
+            tenant = self.guard.list_tenant(await self.guard.principal(context), request.tenant)
             records = await self.node.list_jobs(
-                tenant=request.tenant or None, state=state, after_job_id=after, limit=size
+                tenant=tenant, state=state, after_job_id=after, limit=size
             )
             token = str(records[-1].job_id) if len(records) == size else ""
             return job_service_pb2.ListJobsResponse(
@@ -203,6 +246,7 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.Job:
         async def work() -> jobs_pb2.Job:
             job_id = _job_id(request.job_id)
+            await self._visible(job_id, context)
             answer = await self._elsewhere(job_id, method, request, context)
             if answer is not None:
                 return cast(jobs_pb2.Job, answer)
@@ -233,6 +277,7 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
     ) -> job_service_pb2.TriggerJobResponse:
         async def work() -> job_service_pb2.TriggerJobResponse:
             job_id = _job_id(request.job_id)
+            await self._visible(job_id, context)
             answer = await self._elsewhere(job_id, "TriggerJob", request, context)
             if answer is not None:
                 return cast(job_service_pb2.TriggerJobResponse, answer)
@@ -255,7 +300,9 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
             now = self.node.now_ms()
             if request.to_ms > now:
                 raise InvalidArgument("to_ms", "backfill covers past fires only")
-            record = await self.node.get_job(job_id)
+            record = self.guard.check_job(
+                await self.guard.principal(context), await self.node.get_job(job_id)
+            )
             compiled = compile_schedule(
                 record.spec.schedule, jitter_ms=record.spec.jitter_ms, job_id=job_id
             )
@@ -284,7 +331,8 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
             wanted = convert.run_filter_from_proto(request.states)
             before_run, before_missed = _runs_token(request.page_token)
             node = self.node
-            await node.get_job(job_id)  # NOT_FOUND for unknown ids
+            # NOT_FOUND for unknown ids, and for another tenant's.
+            self.guard.check_job(await self.guard.principal(context), await node.get_job(job_id))
 
             if not wanted.missed:
                 before_missed = 0

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from wheel._tls import ChannelSecurity, make_channel
+from wheel.auth import AUTHORIZATION
 from wheel.rpc.v1 import job_service_pb2_grpc, node_service_pb2, node_service_pb2_grpc
 
 log = logging.getLogger("wheel.rpc")
@@ -28,6 +29,18 @@ FORWARD_TIMEOUT_S = 10.0
 # Word of changed jobs is a hint (the change feed carries it within a second
 # anyway): short, and never retried.
 NOTIFY_TIMEOUT_S = 2.0
+
+
+def credential(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...]:
+    """The caller's credential (its ``authorization`` metadata), which a
+    call forwarded to another member, or the word of a submit sent there,
+    carries on: the member checks it as its own caller's. Nodes hold no
+    credential of their own."""
+    return tuple(
+        (key, value.decode() if isinstance(value, bytes) else str(value))
+        for key, value in context.invocation_metadata() or ()
+        if key == AUTHORIZATION
+    )
 
 
 def forwarded_by(context: grpc.aio.ServicerContext) -> str | None:
@@ -64,21 +77,27 @@ class Peers:
         timeout = FORWARD_TIMEOUT_S if remaining is None else min(remaining, FORWARD_TIMEOUT_S)
         try:
             return await getattr(stub, method)(
-                request, timeout=timeout, metadata=((FORWARDED_BY, self.node_id),)
+                request,
+                timeout=timeout,
+                metadata=((FORWARDED_BY, self.node_id), *credential(context)),
             )
         except grpc.aio.AioRpcError as exc:
             await context.abort(exc.code(), exc.details() or "")
             raise AssertionError("unreachable") from exc
 
-    def jobs_changed(self, by_owner: dict[str, list[int]]) -> None:
+    def jobs_changed(
+        self, by_owner: dict[str, list[int]], metadata: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         """Tell each owner (by address) that jobs of its shards changed here,
-        in the background."""
+        in the background (``metadata``: the submitter's credential)."""
         for address, job_ids in by_owner.items():
-            task = asyncio.create_task(self._notify(address, job_ids))
+            task = asyncio.create_task(self._notify(address, job_ids, metadata))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _notify(self, address: str, job_ids: Iterable[int]) -> None:
+    async def _notify(
+        self, address: str, job_ids: Iterable[int], metadata: tuple[tuple[str, str], ...]
+    ) -> None:
         stub = node_service_pb2_grpc.NodeServiceStub(self._channel(address))
         try:
             await stub.JobsChanged(
@@ -86,6 +105,7 @@ class Peers:
                     job_ids=list(job_ids), from_node_id=self.node_id
                 ),
                 timeout=NOTIFY_TIMEOUT_S,
+                metadata=metadata,
             )
         except grpc.aio.AioRpcError as exc:
             log.debug("%s not told of changed jobs (%s): its change feed will", address, exc)

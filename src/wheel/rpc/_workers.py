@@ -11,9 +11,11 @@ from typing import Any
 
 import grpc
 
+from wheel.auth import Authenticator, Principal
 from wheel.coord.base import Member
 from wheel.engine.owner import CompletionResult, Effects, Outcome
 from wheel.engine.spec import DEFAULT_LIMITS
+from wheel.errors import StoreError, Unauthenticated
 from wheel.node import Membership, Node, WorkerSession
 from wheel.rpc._common import (
     MAX_CAPACITY,
@@ -21,6 +23,7 @@ from wheel.rpc._common import (
     MAX_PENDING_MESSAGES,
     MAX_WORKER_ID,
 )
+from wheel.rpc._guard import Guard
 from wheel.rpc.v1 import (
     cluster_pb2,
     worker_service_pb2,
@@ -30,12 +33,28 @@ from wheel.rpc.v1 import (
 log = logging.getLogger("wheel.rpc")
 
 
+class _CredentialEnded:
+    """Put in a session's outbox when its credential was revoked or expired:
+    the stream ends with UNAUTHENTICATED."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
 class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
     """The lease stream. A bad message gets a ProtocolError for that message; it
-    never affects other runs or other workers."""
+    never affects other runs or other workers.
 
-    def __init__(self, node: Node) -> None:
+    With ``--auth`` a stream needs a worker credential bound to the Hello's
+    worker id and to every pool it names (PERMISSION_DENIED otherwise), so no
+    other credential can take over its session or complete its runs (those
+    would be another worker's runs, which the owner rejects). The credential
+    is checked again every ``recheck_s`` (and at its expiry) while the stream
+    is open: revoked or expired, the stream ends with UNAUTHENTICATED."""
+
+    def __init__(self, node: Node, guard: Guard | None = None) -> None:
         self.node = node
+        self.guard = guard or Guard(None)
 
     async def Connect(
         self,
@@ -53,6 +72,12 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
             return
+        principal = await self.guard.principal(context)
+        if principal is not None:
+            problem = _check_binding(principal, hello)
+            if problem is not None:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
+                return
         session = node.attach_worker(
             hello.worker_id,
             hello.capacity,
@@ -70,17 +95,24 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             )
         )
         reader = asyncio.create_task(self._read(session, request_iterator))
+        watcher = None
+        if principal is not None and self.guard.auth is not None:
+            watcher = asyncio.create_task(_watch(self.guard.auth, principal, session))
         try:
             while True:
                 msg = await session.outbox.get()
                 if msg is None:
                     break
+                if isinstance(msg, _CredentialEnded):
+                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, msg.message)
                 assert isinstance(msg, worker_service_pb2.ServerMessage)
                 yield msg
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+            for task in (reader, watcher):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
             node.detach_worker(session)
 
     async def _read(
@@ -206,6 +238,31 @@ def _check_hello(msg: worker_service_pb2.WorkerMessage) -> str | None:
         if not name or len(name) > limit:
             return f"hello.handlers: {name!r} is empty or longer than {limit} characters"
     return None
+
+
+def _check_binding(principal: Principal, hello: worker_service_pb2.Hello) -> str | None:
+    """Why this credential may not open this worker's stream, if it may not."""
+    if principal.worker_id is None:
+        return "hello.worker_id: this credential is not bound to a worker id"
+    if hello.worker_id != principal.worker_id:
+        return f"hello.worker_id: this credential is bound to worker {principal.worker_id!r}"
+    for pool in list(hello.pools) or ["default"]:
+        if pool not in principal.pools:
+            return f"hello.pools: this credential may not serve pool {pool!r}"
+    return None
+
+
+async def _watch(auth: Authenticator, principal: Principal, session: WorkerSession) -> None:
+    """Re-check an open stream's credential until it fails; then end the stream."""
+    while not session.closed:
+        await asyncio.sleep(auth.seconds_to_recheck(principal))
+        try:
+            await auth.recheck(principal)
+        except Unauthenticated as exc:
+            session.outbox.put_nowait(_CredentialEnded(str(exc)))
+            return
+        except StoreError as exc:  # the store is down: keep the stream, ask again
+            log.warning("re-checking worker %s's credential failed: %s", session.worker_id, exc)
 
 
 def _protocol_error(session: WorkerSession, code: str, message: str, run_id: int) -> None:

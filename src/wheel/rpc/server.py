@@ -11,9 +11,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from wheel._tls import ChannelSecurity, ServerSecurity, add_port
+from wheel.auth import DEFAULT_RECHECK_S, Authenticator, AuthInterceptor
 from wheel.node import Health, Node
 from wheel.rpc._admin import AdminServicer
 from wheel.rpc._common import MAX_MESSAGE_BYTES, status_of
+from wheel.rpc._guard import Guard
 from wheel.rpc._health import statuses
 from wheel.rpc._jobs import JobServicer
 from wheel.rpc._nodes import NodeServicer
@@ -39,10 +41,15 @@ async def serve(
     *,
     security: ServerSecurity | None = None,
     peer_security: ChannelSecurity | None = None,
+    auth: bool = False,
+    recheck_s: float = DEFAULT_RECHECK_S,
 ) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC server for ``node``, with TLS if ``security`` is given;
     ``peer_security`` secures its calls to the other members. Returns the server and
-    the bound port."""
+    the bound port.
+
+    ``auth``: every call but health and reflection needs a bearer token
+    (``wheel.auth``), re-checked against the store every ``recheck_s``."""
     options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -50,15 +57,23 @@ async def serve(
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
     ]
-    server = grpc.aio.server(options=options)
+    authenticator = None
+    interceptors = []
+    if auth:
+        authenticator = Authenticator(
+            node.store.get_token, run=node.in_thread, now_ms=node.now_ms, recheck_s=recheck_s
+        )
+        interceptors.append(AuthInterceptor(authenticator))
+    guard = Guard(authenticator)
+    server = grpc.aio.server(options=options, interceptors=interceptors)
     node.message_sink = send_effects
     node.membership_sink = send_membership
     peers = Peers(node.config.node_id, peer_security)
     node.on_stop(peers.close)
-    job_service_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(node, peers), server)
+    job_service_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(node, peers, guard), server)
     node_service_pb2_grpc.add_NodeServiceServicer_to_server(NodeServicer(node), server)
-    worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(node), server)
-    admin_service_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(node), server)
+    worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(node, guard), server)
+    admin_service_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(node, guard), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [

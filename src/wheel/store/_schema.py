@@ -146,6 +146,34 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
         ],
     ),
     (5, [UNWELL_INDEX]),
+    (
+        6,
+        [
+            # Bearer tokens (wheel.auth): only a hash of each secret is kept.
+            # scopes and pools are JSON lists of strings.
+            """CREATE TABLE auth_tokens (
+                token_id      TEXT    PRIMARY KEY,
+                secret_hash   TEXT    NOT NULL,
+                tenant        TEXT    NOT NULL,
+                scopes        TEXT    NOT NULL,
+                worker_id     TEXT,
+                pools         TEXT    NOT NULL,
+                label         TEXT    NOT NULL,
+                created_at_ms INTEGER NOT NULL,
+                expires_at_ms INTEGER,
+                revoked_at_ms INTEGER
+            ) WITHOUT ROWID""",
+            # Per-tenant limits; NULL: no limit.
+            """CREATE TABLE tenant_quotas (
+                tenant        TEXT    PRIMARY KEY,
+                max_jobs      INTEGER,
+                submits_per_s REAL,
+                fires_per_s   REAL,
+                max_in_flight INTEGER,
+                updated_at_ms INTEGER NOT NULL
+            ) WITHOUT ROWID""",
+        ],
+    ),
 ]
 
 PG_MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -239,4 +267,35 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
         ],
     ),
     (5, [UNWELL_INDEX]),
+    (
+        6,
+        [
+            # Bearer tokens (wheel.auth): only a hash of each secret is kept.
+            # scopes and pools are JSON lists of strings.
+            """CREATE TABLE auth_tokens (
+                token_id      text   PRIMARY KEY,
+                secret_hash   text   NOT NULL,
+                tenant        text   NOT NULL,
+                scopes        text   NOT NULL,
+                worker_id     text,
+                pools         text   NOT NULL,
+                label         text   NOT NULL,
+                created_at_ms bigint NOT NULL,
+                expires_at_ms bigint,
+                revoked_at_ms bigint
+            )""",
+            # Per-tenant limits; NULL: no limit.
+            """CREATE TABLE tenant_quotas (
+                tenant        text             PRIMARY KEY,
+                max_jobs      bigint,
+                submits_per_s double precision,
+                fires_per_s   double precision,
+                max_in_flight bigint,
+                updated_at_ms bigint           NOT NULL
+            )""",
+            # A tenant's jobs (ListJobs of one tenant, its max-jobs quota), as
+            # SQLite has had since schema 1.
+            "CREATE INDEX jobs_tenant ON jobs (tenant, job_id)",
+        ],
+    ),
 ]

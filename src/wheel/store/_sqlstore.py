@@ -27,6 +27,7 @@ from wheel.store._shared import (
     run_from_row,
     valid_shards,
 )
+from wheel.store._tenancy import TenancySQL
 from wheel.store.base import (
     Changes,
     ExecutionRecord,
@@ -41,7 +42,7 @@ from wheel.store.base import (
 T = TypeVar("T")
 
 
-class SQLStore:
+class SQLStore(TenancySQL):
     """The part of ``Store`` that reads the same in both SQL backends."""
 
     _queries: Queries
@@ -57,6 +58,10 @@ class SQLStore:
 
     def _write(self, fn: Callable[[Executor], T]) -> T:
         raise NotImplementedError
+
+    @property
+    def _param(self) -> str:  # type: ignore[override]
+        return self._queries.dialect.param
 
     # -- lifecycle ------------------------------------------------------------
 

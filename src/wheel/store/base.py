@@ -37,6 +37,7 @@ All times are integer milliseconds since the Unix epoch; ids are 64-bit ints.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from wheel.engine.model import (
@@ -86,6 +87,8 @@ __all__ = [
     "ScheduleAdvance",
     "ShardLoad",
     "Submitted",
+    "TenantQuota",
+    "TokenRecord",
     "UnparsedJob",
     "WriteBatch",
     "idempotency_key",
@@ -100,6 +103,38 @@ class Submitted(NamedTuple):
 
     job: JobRecord
     created: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenRecord:
+    """A bearer token as the store keeps it: never the secret, only its hash
+    (``wheel.auth``). ``tenant`` is ``*`` for operators; a worker token names
+    the worker id and pools it may connect as. Times are epoch ms; None: no
+    expiry, not revoked."""
+
+    token_id: str
+    secret_hash: str
+    tenant: str
+    scopes: tuple[str, ...]
+    worker_id: str | None = None
+    pools: tuple[str, ...] = ()
+    label: str = ""
+    created_at_ms: int
+    expires_at_ms: int | None = None
+    revoked_at_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TenantQuota:
+    """A tenant's limits (None: no limit): jobs it may hold (active or
+    paused), submits and fires a second, and runs in flight at once."""
+
+    tenant: str
+    max_jobs: int | None = None
+    submits_per_s: float | None = None
+    fires_per_s: float | None = None
+    max_in_flight: int | None = None
+    updated_at_ms: int = 0
 
 
 class Changes(NamedTuple):
@@ -151,6 +186,30 @@ class Store(Protocol):
     ) -> JobRecord:
         """Cancel / pause / resume: sets state and next_run_at; the job comes
         back with this write's change marker. Raises ``NotFound``."""
+
+    def count_jobs(self, tenant: str) -> int:
+        """How many active or paused jobs ``tenant`` holds (its max-jobs quota)."""
+
+    # -- tokens and tenants (wheel.auth) --------------------------------------
+
+    def create_token(self, token: TokenRecord) -> None:
+        """Store a new token; an existing ``token_id`` raises ``AlreadyExists``."""
+
+    def get_token(self, token_id: str) -> TokenRecord:
+        """Raises ``NotFound``."""
+
+    def list_tokens(self) -> list[TokenRecord]:
+        """Every token, revoked and expired ones included, by creation time."""
+
+    def revoke_token(self, token_id: str, now_ms: int) -> TokenRecord:
+        """Mark a token revoked at ``now_ms`` (again: keeps the first time);
+        raises ``NotFound``."""
+
+    def set_tenant_quota(self, quota: TenantQuota) -> TenantQuota:
+        """Replace the tenant's limits with ``quota``'s."""
+
+    def list_tenant_quotas(self) -> list[TenantQuota]:
+        """Every tenant with limits set, by name."""
 
     # -- executions -----------------------------------------------------------
 

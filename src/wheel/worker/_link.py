@@ -213,7 +213,7 @@ class Link:
         w = self.worker
         channel = make_channel(self.target, w.security, aio=True, interceptors=w.interceptors)
         async with channel:
-            call = pb_grpc.WorkerServiceStub(channel).Connect()
+            call = pb_grpc.WorkerServiceStub(channel).Connect(metadata=w.call_metadata)
             try:
                 await call.write(
                     pb.WorkerMessage(

@@ -68,6 +68,7 @@ from typing import Any, TypeVar
 import grpc  # type: ignore[import-untyped, unused-ignore]
 
 from wheel._tls import ChannelSecurity
+from wheel.auth import call_metadata
 from wheel.errors import InvalidArgument
 from wheel.metrics import MetricsServer, parse_listen
 from wheel.rpc.targets import targets_of
@@ -166,12 +167,16 @@ class Worker:
         metrics_listen: str | None = None,
         security: ChannelSecurity | None = None,
         interceptors: Sequence[Any] = (),
+        token: str | None = None,
     ) -> None:
         """``metrics_listen`` ("HOST:PORT", port 0 for any free one): serve the
         worker's Prometheus metrics at ``/metrics`` there while it runs
         (``metrics_port`` is the port bound). ``security``: TLS for the
         streams, as ``Client``'s (None: ``WHEEL_TLS_*`` from the environment);
-        ``interceptors``: ``grpc.aio`` client interceptors on every channel."""
+        ``interceptors``: ``grpc.aio`` client interceptors on every channel.
+        ``token`` (else $WHEEL_TOKEN): the bearer token of a node run with
+        ``--auth``, a worker token bound to ``worker_id`` and ``pools``."""
+        self.call_metadata = call_metadata(token)
         if capacity < 1:
             raise InvalidArgument("capacity", f"{capacity} is below 1")
         seeds = targets_of(target)
@@ -688,7 +693,9 @@ class Worker:
         try:
             stub = admin_service_pb2_grpc.AdminServiceStub(link.channel)
             msg = await stub.GetMembership(
-                admin_service_pb2.GetMembershipRequest(), timeout=MEMBERSHIP_TIMEOUT_S
+                admin_service_pb2.GetMembershipRequest(),
+                timeout=MEMBERSHIP_TIMEOUT_S,
+                metadata=self.call_metadata,
             )
         except grpc.RpcError as exc:  # grpc.aio's AioRpcError is one
             log.debug("GetMembership on %s failed: %s", link.target, exc)
@@ -714,6 +721,7 @@ def run_worker(
     drain_timeout: float = 30.0,
     metrics_listen: str | None = None,
     security: ChannelSecurity | None = None,
+    token: str | None = None,
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (drain gracefully; a second signal stops now)."""
     worker = Worker(
@@ -723,6 +731,7 @@ def run_worker(
         pools=pools,
         metrics_listen=metrics_listen,
         security=security,
+        token=token,
     )
     for name, fn in handlers.items():
         worker.register(name, fn)

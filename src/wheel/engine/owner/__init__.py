@@ -78,6 +78,7 @@ from wheel.engine.owner._jobs import _Jobs
 from wheel.engine.owner._runs import _Runs
 from wheel.engine.owner._shards import _Shards
 from wheel.engine.owner._state import Due, Redo
+from wheel.engine.owner._tenants import _Tenants
 from wheel.engine.owner._values import (
     COUNTER_BITS,
     COUNTER_MASK,
@@ -102,6 +103,7 @@ from wheel.engine.owner._values import (
     RunNote,
     RunRef,
     ShardContents,
+    TenantLimit,
     Unserved,
     WorkerView,
 )
@@ -134,12 +136,13 @@ __all__ = [
     "RunNote",
     "RunRef",
     "ShardContents",
+    "TenantLimit",
     "Unserved",
     "WorkerView",
 ]
 
 
-class Owner(_Shards, _Images, _Jobs, _Dispatch, _Workers, _Runs):
+class Owner(_Shards, _Images, _Jobs, _Dispatch, _Workers, _Runs, _Tenants):
     """Owns a set of shards: their jobs' pending fires, in-flight runs and leases."""
 
     __slots__ = ()

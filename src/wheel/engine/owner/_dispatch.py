@@ -70,6 +70,8 @@ class _Dispatch(_OwnerState):
                 waits.append(self._overdue_bucket.next_available_ms(now))
             if self._reaper and self._any_free() and not self._fleet_busy():
                 waits.append(self._reaper_bucket.next_available_ms(now))
+        if self._tenant_blocked:
+            waits.append(self._tenant_wake(self.wheel.now))
         return min((w for w in waits if w is not None), default=None)
 
     def has_dispatchable_work(self) -> bool:
@@ -87,10 +89,14 @@ class _Dispatch(_OwnerState):
                 return True
         if len(self._pending) >= self.config.max_claim_batch:
             return False
-        if any(q and self._has_server(route) for route, q in self._fresh.items()):
+        if any(
+            q and self._has_server(route) and self._has_unblocked(q)
+            for route, q in self._fresh.items()
+        ):
             return True
         if self._overdue_bucket.available(now) > 0 and any(
-            len(q) and self._has_server(route) for route, q in self._overdue.items()
+            len(q) and self._has_server(route) and self._has_unblocked(q)
+            for route, q in self._overdue.items()
         ):
             return True
         return bool(
@@ -138,15 +144,14 @@ class _Dispatch(_OwnerState):
             return
         job.queued = True
         route = job.route
-        if overdue:
-            q = self._overdue.get(route)
-            if q is None:
-                q = self._overdue[route] = FairQueue()
-            q.push(job.spec.tenant, job.job_id)
-        elif front:
-            self._fresh.setdefault(route, deque()).appendleft(job.job_id)
+        queues = self._overdue if overdue else self._fresh
+        q = queues.get(route)
+        if q is None:
+            q = queues[route] = FairQueue()
+        if front and not overdue:
+            q.push_front(job.spec.tenant, job.job_id)
         else:
-            self._fresh.setdefault(route, deque()).append(job.job_id)
+            q.push(job.spec.tenant, job.job_id)
 
     def _dispatch(self, now_ms: int, fx: Effects) -> None:
         starved: list[Route] = []  # routes with work and no worker with credit
@@ -154,6 +159,10 @@ class _Dispatch(_OwnerState):
             starved.extend(self._assign_ready(now_ms, fx))
         budget = self.config.max_claim_batch - len(self._pending)
         workers_all = self.workers.values()
+        # Limited tenants' allowances (wheel.engine.owner._tenants), counted
+        # down by the pops of every route.
+        allow = self._tenant_allowance(now_ms)
+        before = dict(allow) if allow is not None else None
         # In the order routes first had work (a set's order would change
         # with the hash seed, and a simulation must replay exactly).
         routes = list(self._fresh)
@@ -177,20 +186,26 @@ class _Dispatch(_OwnerState):
             capacity = min(budget, sum(w.free for w in workers))
             if capacity <= 0:
                 continue
-            split = split_capacity(
-                capacity=capacity,
-                fresh_waiting=len(fresh) if fresh else 0,
-                overdue_waiting=len(over) if over else 0,
-                overdue_tokens=self._overdue_bucket.available(now_ms) if over else 0,
-            )
+            # Fresh fires first, fair across tenants; overdue work gets what
+            # they leave (tenants held back by a quota leave some), inside
+            # the overdue budget.
             picked: list[tuple[int, bool]] = []
             if fresh:
-                picked.extend((fresh.popleft(), False) for _ in range(split.fresh))
-            if over and split.overdue:
-                n = self._overdue_bucket.take(split.overdue, now_ms)
-                picked.extend((j, True) for j in over.pop(n))
+                picked.extend((j, False) for j in fresh.pop(capacity, allow))
+            if over:
+                split = split_capacity(
+                    capacity=capacity,
+                    fresh_waiting=len(picked),
+                    overdue_waiting=len(over),
+                    overdue_tokens=self._overdue_bucket.available(now_ms),
+                )
+                if split.overdue:
+                    n = self._overdue_bucket.take(split.overdue, now_ms)
+                    picked.extend((j, True) for j in over.pop(n, allow))
             budget -= len(picked)
             self._claim(picked, workers, now_ms, fx)
+        if allow is not None and before is not None:
+            self._tenants_took(before, allow, now_ms)
         if starved or self._unserved:
             self._note_unserved(starved, now_ms, fx)
 
@@ -417,6 +432,8 @@ class _Dispatch(_OwnerState):
             run.timeout_deadline = now_ms + job.spec.timeout_ms
         run.worker_id = worker.worker_id
         worker.held.add(run.run_id)
+        if self._tenant_limits:
+            self._hold_if_limited(run.run_id, job.spec.tenant)
         deadline = run.lease_deadline = now_ms + self.config.grace_lease_ms
         grace = self._grace
         last = grace[-1][0] if grace else None

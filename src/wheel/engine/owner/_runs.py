@@ -113,6 +113,8 @@ class _Runs(_OwnerState):
         if job is not None and run.held_out:
             job.running -= 1
         run.held_out = False
+        if self._held_tenant:
+            self._unhold(run.run_id)
         self._wait_ready(run, job)
 
     def on_completed(self, outcomes: Sequence[CompletionOutcome], now_ms: int, fx: Effects) -> None:
@@ -123,6 +125,8 @@ class _Runs(_OwnerState):
                 continue
             state, reply_to = run.end_state, run.reply_to
             del self.runs[run.run_id]
+            if self._held_tenant:
+                self._unhold(run.run_id)
             if reply_to is not None:
                 fx.results.setdefault(reply_to, []).append(
                     CompletionResult(

@@ -135,6 +135,7 @@ class _Shards(_OwnerState):
             if job is not None:
                 job.inflight += 1
                 job.running += 1
+                self._hold_if_limited(run.run_id, job.spec.tenant)
                 run.timeout_deadline = ex.dispatched_at_ms + job.spec.timeout_ms
                 self.wheel.add((run.run_id << 2) | TIMEOUT, max(now_ms, run.timeout_deadline))
             self.runs[run.run_id] = run
@@ -189,6 +190,7 @@ class _Shards(_OwnerState):
         for run_id, run in list(self.runs.items()):
             if shard_of(run.job_id) in lost:
                 del self.runs[run_id]
+                self._unhold(run_id)
                 self._ending.pop(run_id, None)
                 if run.armed:
                     wheel.cancel((run_id << 2) | LEASE)

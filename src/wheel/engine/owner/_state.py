@@ -26,6 +26,7 @@ from wheel.engine.owner._values import (
     OwnerStats,
     Phase,
     Route,
+    TenantLimit,
 )
 from wheel.engine.schedule import CompiledSchedule
 from wheel.engine.spec import JobSpec, OverlapPolicy
@@ -291,6 +292,7 @@ class _OwnerState:
         "_fresh",
         "_grace",
         "_graced",
+        "_held_tenant",
         "_incarnations",
         "_later",
         "_next_worker",
@@ -304,6 +306,10 @@ class _OwnerState:
         "_retries",
         "_retry_seq",
         "_shards",
+        "_tenant_blocked",
+        "_tenant_buckets",
+        "_tenant_held",
+        "_tenant_limits",
         "_unserved",
         "_unserved_alerted",
         "config",
@@ -348,7 +354,7 @@ class _OwnerState:
         # Queued work by route: jobs with a fresh fire, jobs with overdue
         # work (fair across tenants), and claimed runs that wait for a worker
         # (theirs went away, or it handed them back).
-        self._fresh: dict[Route, deque[int]] = {}
+        self._fresh: dict[Route, FairQueue[int]] = {}
         self._overdue: dict[Route, FairQueue[int]] = {}
         self._ready: dict[Route, deque[int]] = {}
         # Routes with work and no connected worker serving them: since when,
@@ -372,6 +378,14 @@ class _OwnerState:
             rate, max(1.0, rate * self.config.overdue_burst_s), now_ms
         )
         self._reaper_paused = False
+        # Tenant limits (``_tenants``): each limited tenant's fire bucket,
+        # the runs its workers hold (by run id, and counted by tenant), and
+        # the tenants the last dispatch held back.
+        self._tenant_limits: dict[str, TenantLimit] = {}
+        self._tenant_buckets: dict[str, TokenBucket] = {}
+        self._held_tenant: dict[int, str] = {}
+        self._tenant_held: dict[str, int] = {}
+        self._tenant_blocked: set[str] = set()
         # Claims made without an Effects at hand, sent with the next advance.
         self._later = Effects()
 
@@ -389,6 +403,16 @@ class _OwnerState:
 
         # _shards
         def owns(self, job_id: int) -> bool: ...
+
+        # _tenants
+        def _hold_if_limited(self, run_id: int, tenant: str) -> None: ...
+        def _unhold(self, run_id: int) -> None: ...
+        def _tenant_allowance(self, now_ms: int) -> dict[str, int] | None: ...
+        def _tenants_took(
+            self, before: Mapping[str, int], allow: Mapping[str, int], now_ms: int
+        ) -> None: ...
+        def _has_unblocked(self, q: FairQueue[int]) -> bool: ...
+        def _tenant_wake(self, now_ms: int) -> int | None: ...
 
         # _jobs
         def _arm(self, job: _Job, fire: int | None) -> None: ...

@@ -76,6 +76,16 @@ class RevokeReason(IntEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TenantLimit:
+    """What one tenant's fires may use (None: no limit): runs claimed a
+    second, and runs in flight at once (claims on their way to the store and
+    runs held by workers). Fires over either wait in their queue."""
+
+    fires_per_s: float | None = None
+    max_in_flight: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OwnerConfig:
     grace_lease_ms: int = 5_000
     lease_ms: int = 60_000

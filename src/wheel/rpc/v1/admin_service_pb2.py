@@ -26,33 +26,51 @@ _sym_db = _symbol_database.Default()
 from wheel.rpc.v1 import cluster_pb2 as wheel_dot_rpc_dot_v1_dot_cluster__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n wheel/rpc/v1/admin_service.proto\x12\x0cwheel.rpc.v1\x1a\x1awheel/rpc/v1/cluster.proto\"4\n\x11ListAlertsRequest\x12\x10\n\x08since_ms\x18\x01 \x01(\x03\x12\r\n\x05limit\x18\x02 \x01(\x05\"\x88\x01\n\x05\x41lert\x12\r\n\x05\x61t_ms\x18\x01 \x01(\x03\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x0e\n\x06job_id\x18\x05 \x01(\x03\x12\x0e\n\x06run_id\x18\x06 \x01(\x03\x12\r\n\x05\x66\x65nce\x18\x07 \x01(\x04\x12\x11\n\tworker_id\x18\x08 \x01(\t\"I\n\x12ListAlertsResponse\x12#\n\x06\x61lerts\x18\x01 \x03(\x0b\x32\x13.wheel.rpc.v1.Alert\x12\x0e\n\x06\x66iring\x18\x02 \x03(\t\"\x16\n\x14GetMembershipRequest\"1\n\x17GetClusterStatusRequest\x12\x16\n\x0einclude_shards\x18\x01 \x01(\x08\"[\n\x0bShardStatus\x12\r\n\x05shard\x18\x01 \x01(\x05\x12\r\n\x05owner\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\r\x12\x0c\n\x04jobs\x18\x04 \x01(\x03\x12\x11\n\tin_flight\x18\x05 \x01(\x03\"D\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x14\n\x0cshards_owned\x18\x03 \x01(\x05\"\x84\x01\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x05\x12\x0c\n\x04held\x18\x03 \x01(\x05\x12\r\n\x05pools\x18\x04 \x03(\t\x12\x10\n\x08handlers\x18\x05 \x03(\t\x12\x10\n\x08\x64raining\x18\x06 \x01(\x08\x12\x0e\n\x06silent\x18\x07 \x01(\x08\"A\n\x0fUnservedHandler\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0f\n\x07handler\x18\x02 \x01(\t\x12\x0f\n\x07waiting\x18\x03 \x01(\x03\"\xb1\x04\n\rClusterStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\'\n\x05nodes\x18\x02 \x03(\x0b\x32\x18.wheel.rpc.v1.NodeStatus\x12)\n\x06shards\x18\x03 \x03(\x0b\x32\x19.wheel.rpc.v1.ShardStatus\x12\x0c\n\x04jobs\x18\x04 \x01(\x03\x12\x16\n\x0epending_timers\x18\x05 \x01(\x03\x12\x11\n\tin_flight\x18\x06 \x01(\x03\x12\x0f\n\x07\x62\x61\x63klog\x18\x07 \x01(\x03\x12\x17\n\x0foverdue_backlog\x18\x08 \x01(\x03\x12\x0f\n\x07workers\x18\t \x01(\x05\x12\x17\n\x0fworker_capacity\x18\n \x01(\x03\x12\x1b\n\x13\x64ispatch_lag_p50_ms\x18\x0b \x01(\x01\x12\x1b\n\x13\x64ispatch_lag_p99_ms\x18\x0c \x01(\x01\x12\x18\n\x10\x64ispatched_total\x18\r \x01(\x03\x12\x17\n\x0f\x63ompleted_total\x18\x0e \x01(\x03\x12\x14\n\x0cmissed_total\x18\x0f \x01(\x03\x12\x1b\n\x13\x64\x65\x61\x64_lettered_total\x18\x10 \x01(\x03\x12\x15\n\rreaper_paused\x18\x11 \x01(\x08\x12/\n\x0bworker_list\x18\x12 \x03(\x0b\x32\x1a.wheel.rpc.v1.WorkerStatus\x12/\n\x08unserved\x18\x13 \x03(\x0b\x32\x1d.wheel.rpc.v1.UnservedHandler\x12\x15\n\ralerts_firing\x18\x14 \x03(\t2\x86\x02\n\x0c\x41\x64minService\x12V\n\x10GetClusterStatus\x12%.wheel.rpc.v1.GetClusterStatusRequest\x1a\x1b.wheel.rpc.v1.ClusterStatus\x12M\n\rGetMembership\x12\".wheel.rpc.v1.GetMembershipRequest\x1a\x18.wheel.rpc.v1.Membership\x12O\n\nListAlerts\x12\x1f.wheel.rpc.v1.ListAlertsRequest\x1a .wheel.rpc.v1.ListAlertsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n wheel/rpc/v1/admin_service.proto\x12\x0cwheel.rpc.v1\x1a\x1awheel/rpc/v1/cluster.proto\"u\n\x12\x43reateTokenRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06scopes\x18\x02 \x03(\t\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12\r\n\x05pools\x18\x05 \x03(\t\x12\r\n\x05label\x18\x06 \x01(\t\"\xb3\x01\n\tTokenInfo\x12\x10\n\x08token_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0e\n\x06scopes\x18\x03 \x03(\t\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12\r\n\x05pools\x18\x05 \x03(\t\x12\r\n\x05label\x18\x06 \x01(\t\x12\x15\n\rcreated_at_ms\x18\x07 \x01(\x03\x12\x15\n\rexpires_at_ms\x18\x08 \x01(\x03\x12\x15\n\rrevoked_at_ms\x18\t \x01(\x03\"K\n\x13\x43reateTokenResponse\x12\r\n\x05token\x18\x01 \x01(\t\x12%\n\x04info\x18\x02 \x01(\x0b\x32\x17.wheel.rpc.v1.TokenInfo\"\x13\n\x11ListTokensRequest\"=\n\x12ListTokensResponse\x12\'\n\x06tokens\x18\x01 \x03(\x0b\x32\x17.wheel.rpc.v1.TokenInfo\"&\n\x12RevokeTokenRequest\x12\x10\n\x08token_id\x18\x01 \x01(\t\"\xde\x01\n\x0bTenantQuota\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x15\n\x08max_jobs\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x1a\n\rsubmits_per_s\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x0b\x66ires_per_s\x18\x04 \x01(\x01H\x02\x88\x01\x01\x12\x1a\n\rmax_in_flight\x18\x05 \x01(\x03H\x03\x88\x01\x01\x12\x15\n\rupdated_at_ms\x18\x06 \x01(\x03\x42\x0b\n\t_max_jobsB\x10\n\x0e_submits_per_sB\x0e\n\x0c_fires_per_sB\x10\n\x0e_max_in_flight\"\x19\n\x17ListTenantQuotasRequest\"E\n\x18ListTenantQuotasResponse\x12)\n\x06quotas\x18\x01 \x03(\x0b\x32\x19.wheel.rpc.v1.TenantQuota\"4\n\x11ListAlertsRequest\x12\x10\n\x08since_ms\x18\x01 \x01(\x03\x12\r\n\x05limit\x18\x02 \x01(\x05\"\x88\x01\n\x05\x41lert\x12\r\n\x05\x61t_ms\x18\x01 \x01(\x03\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x0e\n\x06job_id\x18\x05 \x01(\x03\x12\x0e\n\x06run_id\x18\x06 \x01(\x03\x12\r\n\x05\x66\x65nce\x18\x07 \x01(\x04\x12\x11\n\tworker_id\x18\x08 \x01(\t\"I\n\x12ListAlertsResponse\x12#\n\x06\x61lerts\x18\x01 \x03(\x0b\x32\x13.wheel.rpc.v1.Alert\x12\x0e\n\x06\x66iring\x18\x02 \x03(\t\"\x16\n\x14GetMembershipRequest\"1\n\x17GetClusterStatusRequest\x12\x16\n\x0einclude_shards\x18\x01 \x01(\x08\"[\n\x0bShardStatus\x12\r\n\x05shard\x18\x01 \x01(\x05\x12\r\n\x05owner\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\r\x12\x0c\n\x04jobs\x18\x04 \x01(\x03\x12\x11\n\tin_flight\x18\x05 \x01(\x03\"D\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x14\n\x0cshards_owned\x18\x03 \x01(\x05\"\x84\x01\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x05\x12\x0c\n\x04held\x18\x03 \x01(\x05\x12\r\n\x05pools\x18\x04 \x03(\t\x12\x10\n\x08handlers\x18\x05 \x03(\t\x12\x10\n\x08\x64raining\x18\x06 \x01(\x08\x12\x0e\n\x06silent\x18\x07 \x01(\x08\"A\n\x0fUnservedHandler\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0f\n\x07handler\x18\x02 \x01(\t\x12\x0f\n\x07waiting\x18\x03 \x01(\x03\"\xb1\x04\n\rClusterStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\'\n\x05nodes\x18\x02 \x03(\x0b\x32\x18.wheel.rpc.v1.NodeStatus\x12)\n\x06shards\x18\x03 \x03(\x0b\x32\x19.wheel.rpc.v1.ShardStatus\x12\x0c\n\x04jobs\x18\x04 \x01(\x03\x12\x16\n\x0epending_timers\x18\x05 \x01(\x03\x12\x11\n\tin_flight\x18\x06 \x01(\x03\x12\x0f\n\x07\x62\x61\x63klog\x18\x07 \x01(\x03\x12\x17\n\x0foverdue_backlog\x18\x08 \x01(\x03\x12\x0f\n\x07workers\x18\t \x01(\x05\x12\x17\n\x0fworker_capacity\x18\n \x01(\x03\x12\x1b\n\x13\x64ispatch_lag_p50_ms\x18\x0b \x01(\x01\x12\x1b\n\x13\x64ispatch_lag_p99_ms\x18\x0c \x01(\x01\x12\x18\n\x10\x64ispatched_total\x18\r \x01(\x03\x12\x17\n\x0f\x63ompleted_total\x18\x0e \x01(\x03\x12\x14\n\x0cmissed_total\x18\x0f \x01(\x03\x12\x1b\n\x13\x64\x65\x61\x64_lettered_total\x18\x10 \x01(\x03\x12\x15\n\rreaper_paused\x18\x11 \x01(\x08\x12/\n\x0bworker_list\x18\x12 \x03(\x0b\x32\x1a.wheel.rpc.v1.WorkerStatus\x12/\n\x08unserved\x18\x13 \x03(\x0b\x32\x1d.wheel.rpc.v1.UnservedHandler\x12\x15\n\ralerts_firing\x18\x14 \x03(\t2\xa0\x05\n\x0c\x41\x64minService\x12V\n\x10GetClusterStatus\x12%.wheel.rpc.v1.GetClusterStatusRequest\x1a\x1b.wheel.rpc.v1.ClusterStatus\x12M\n\rGetMembership\x12\".wheel.rpc.v1.GetMembershipRequest\x1a\x18.wheel.rpc.v1.Membership\x12O\n\nListAlerts\x12\x1f.wheel.rpc.v1.ListAlertsRequest\x1a .wheel.rpc.v1.ListAlertsResponse\x12R\n\x0b\x43reateToken\x12 .wheel.rpc.v1.CreateTokenRequest\x1a!.wheel.rpc.v1.CreateTokenResponse\x12O\n\nListTokens\x12\x1f.wheel.rpc.v1.ListTokensRequest\x1a .wheel.rpc.v1.ListTokensResponse\x12H\n\x0bRevokeToken\x12 .wheel.rpc.v1.RevokeTokenRequest\x1a\x17.wheel.rpc.v1.TokenInfo\x12\x46\n\x0eSetTenantQuota\x12\x19.wheel.rpc.v1.TenantQuota\x1a\x19.wheel.rpc.v1.TenantQuota\x12\x61\n\x10ListTenantQuotas\x12%.wheel.rpc.v1.ListTenantQuotasRequest\x1a&.wheel.rpc.v1.ListTenantQuotasResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'wheel.rpc.v1.admin_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LISTALERTSREQUEST']._serialized_start=78
-  _globals['_LISTALERTSREQUEST']._serialized_end=130
-  _globals['_ALERT']._serialized_start=133
-  _globals['_ALERT']._serialized_end=269
-  _globals['_LISTALERTSRESPONSE']._serialized_start=271
-  _globals['_LISTALERTSRESPONSE']._serialized_end=344
-  _globals['_GETMEMBERSHIPREQUEST']._serialized_start=346
-  _globals['_GETMEMBERSHIPREQUEST']._serialized_end=368
-  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=370
-  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=419
-  _globals['_SHARDSTATUS']._serialized_start=421
-  _globals['_SHARDSTATUS']._serialized_end=512
-  _globals['_NODESTATUS']._serialized_start=514
-  _globals['_NODESTATUS']._serialized_end=582
-  _globals['_WORKERSTATUS']._serialized_start=585
-  _globals['_WORKERSTATUS']._serialized_end=717
-  _globals['_UNSERVEDHANDLER']._serialized_start=719
-  _globals['_UNSERVEDHANDLER']._serialized_end=784
-  _globals['_CLUSTERSTATUS']._serialized_start=787
-  _globals['_CLUSTERSTATUS']._serialized_end=1348
-  _globals['_ADMINSERVICE']._serialized_start=1351
-  _globals['_ADMINSERVICE']._serialized_end=1613
+  _globals['_CREATETOKENREQUEST']._serialized_start=78
+  _globals['_CREATETOKENREQUEST']._serialized_end=195
+  _globals['_TOKENINFO']._serialized_start=198
+  _globals['_TOKENINFO']._serialized_end=377
+  _globals['_CREATETOKENRESPONSE']._serialized_start=379
+  _globals['_CREATETOKENRESPONSE']._serialized_end=454
+  _globals['_LISTTOKENSREQUEST']._serialized_start=456
+  _globals['_LISTTOKENSREQUEST']._serialized_end=475
+  _globals['_LISTTOKENSRESPONSE']._serialized_start=477
+  _globals['_LISTTOKENSRESPONSE']._serialized_end=538
+  _globals['_REVOKETOKENREQUEST']._serialized_start=540
+  _globals['_REVOKETOKENREQUEST']._serialized_end=578
+  _globals['_TENANTQUOTA']._serialized_start=581
+  _globals['_TENANTQUOTA']._serialized_end=803
+  _globals['_LISTTENANTQUOTASREQUEST']._serialized_start=805
+  _globals['_LISTTENANTQUOTASREQUEST']._serialized_end=830
+  _globals['_LISTTENANTQUOTASRESPONSE']._serialized_start=832
+  _globals['_LISTTENANTQUOTASRESPONSE']._serialized_end=901
+  _globals['_LISTALERTSREQUEST']._serialized_start=903
+  _globals['_LISTALERTSREQUEST']._serialized_end=955
+  _globals['_ALERT']._serialized_start=958
+  _globals['_ALERT']._serialized_end=1094
+  _globals['_LISTALERTSRESPONSE']._serialized_start=1096
+  _globals['_LISTALERTSRESPONSE']._serialized_end=1169
+  _globals['_GETMEMBERSHIPREQUEST']._serialized_start=1171
+  _globals['_GETMEMBERSHIPREQUEST']._serialized_end=1193
+  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=1195
+  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=1244
+  _globals['_SHARDSTATUS']._serialized_start=1246
+  _globals['_SHARDSTATUS']._serialized_end=1337
+  _globals['_NODESTATUS']._serialized_start=1339
+  _globals['_NODESTATUS']._serialized_end=1407
+  _globals['_WORKERSTATUS']._serialized_start=1410
+  _globals['_WORKERSTATUS']._serialized_end=1542
+  _globals['_UNSERVEDHANDLER']._serialized_start=1544
+  _globals['_UNSERVEDHANDLER']._serialized_end=1609
+  _globals['_CLUSTERSTATUS']._serialized_start=1612
+  _globals['_CLUSTERSTATUS']._serialized_end=2173
+  _globals['_ADMINSERVICE']._serialized_start=2176
+  _globals['_ADMINSERVICE']._serialized_end=2848
 # @@protoc_insertion_point(module_scope)

@@ -8,6 +8,94 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class CreateTokenRequest(_message.Message):
+    __slots__ = ("tenant", "scopes", "ttl_ms", "worker_id", "pools", "label")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SCOPES_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    scopes: _containers.RepeatedScalarFieldContainer[str]
+    ttl_ms: int
+    worker_id: str
+    pools: _containers.RepeatedScalarFieldContainer[str]
+    label: str
+    def __init__(self, tenant: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ..., ttl_ms: _Optional[int] = ..., worker_id: _Optional[str] = ..., pools: _Optional[_Iterable[str]] = ..., label: _Optional[str] = ...) -> None: ...
+
+class TokenInfo(_message.Message):
+    __slots__ = ("token_id", "tenant", "scopes", "worker_id", "pools", "label", "created_at_ms", "expires_at_ms", "revoked_at_ms")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SCOPES_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    token_id: str
+    tenant: str
+    scopes: _containers.RepeatedScalarFieldContainer[str]
+    worker_id: str
+    pools: _containers.RepeatedScalarFieldContainer[str]
+    label: str
+    created_at_ms: int
+    expires_at_ms: int
+    revoked_at_ms: int
+    def __init__(self, token_id: _Optional[str] = ..., tenant: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ..., worker_id: _Optional[str] = ..., pools: _Optional[_Iterable[str]] = ..., label: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., revoked_at_ms: _Optional[int] = ...) -> None: ...
+
+class CreateTokenResponse(_message.Message):
+    __slots__ = ("token", "info")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    info: TokenInfo
+    def __init__(self, token: _Optional[str] = ..., info: _Optional[_Union[TokenInfo, _Mapping]] = ...) -> None: ...
+
+class ListTokensRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTokensResponse(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[TokenInfo]
+    def __init__(self, tokens: _Optional[_Iterable[_Union[TokenInfo, _Mapping]]] = ...) -> None: ...
+
+class RevokeTokenRequest(_message.Message):
+    __slots__ = ("token_id",)
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    token_id: str
+    def __init__(self, token_id: _Optional[str] = ...) -> None: ...
+
+class TenantQuota(_message.Message):
+    __slots__ = ("tenant", "max_jobs", "submits_per_s", "fires_per_s", "max_in_flight", "updated_at_ms")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MAX_JOBS_FIELD_NUMBER: _ClassVar[int]
+    SUBMITS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    FIRES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    max_jobs: int
+    submits_per_s: float
+    fires_per_s: float
+    max_in_flight: int
+    updated_at_ms: int
+    def __init__(self, tenant: _Optional[str] = ..., max_jobs: _Optional[int] = ..., submits_per_s: _Optional[float] = ..., fires_per_s: _Optional[float] = ..., max_in_flight: _Optional[int] = ..., updated_at_ms: _Optional[int] = ...) -> None: ...
+
+class ListTenantQuotasRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTenantQuotasResponse(_message.Message):
+    __slots__ = ("quotas",)
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    quotas: _containers.RepeatedCompositeFieldContainer[TenantQuota]
+    def __init__(self, quotas: _Optional[_Iterable[_Union[TenantQuota, _Mapping]]] = ...) -> None: ...
+
 class ListAlertsRequest(_message.Message):
     __slots__ = ("since_ms", "limit")
     SINCE_MS_FIELD_NUMBER: _ClassVar[int]

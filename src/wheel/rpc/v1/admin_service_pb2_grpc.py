@@ -51,6 +51,31 @@ class AdminServiceStub:
                 request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsRequest.SerializeToString,
                 response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsResponse.FromString,
                 _registered_method=True)
+        self.CreateToken = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/CreateToken',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.CreateTokenRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.CreateTokenResponse.FromString,
+                _registered_method=True)
+        self.ListTokens = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/ListTokens',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTokensRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTokensResponse.FromString,
+                _registered_method=True)
+        self.RevokeToken = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/RevokeToken',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.RevokeTokenRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.TokenInfo.FromString,
+                _registered_method=True)
+        self.SetTenantQuota = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/SetTenantQuota',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.TenantQuota.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.TenantQuota.FromString,
+                _registered_method=True)
+        self.ListTenantQuotas = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/ListTenantQuotas',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTenantQuotasRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTenantQuotasResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -80,6 +105,42 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateToken(self, request, context):
+        """Bearer tokens and tenant quotas (wheelctl serve --auth). Every call
+        below needs a credential with scope "admin". The secret of a token is
+        in CreateTokenResponse.token and nowhere else: the store keeps a hash.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeToken(self, request, context):
+        """Idempotent; open streams of the token end within the node's re-check
+        interval (see README, Security).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetTenantQuota(self, request, context):
+        """Replaces the tenant's limits with the request's (an absent limit: none).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTenantQuotas(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -97,6 +158,31 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListAlerts,
                     request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsRequest.FromString,
                     response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsResponse.SerializeToString,
+            ),
+            'CreateToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateToken,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.CreateTokenRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.CreateTokenResponse.SerializeToString,
+            ),
+            'ListTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTokens,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTokensRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTokensResponse.SerializeToString,
+            ),
+            'RevokeToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeToken,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.RevokeTokenRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.TokenInfo.SerializeToString,
+            ),
+            'SetTenantQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTenantQuota,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.TenantQuota.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.TenantQuota.SerializeToString,
+            ),
+            'ListTenantQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTenantQuotas,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTenantQuotasRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTenantQuotasResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -180,6 +266,141 @@ class AdminService:
             '/wheel.rpc.v1.AdminService/ListAlerts',
             wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsRequest.SerializeToString,
             wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/CreateToken',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.CreateTokenRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.CreateTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/ListTokens',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTokensRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTokensResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/RevokeToken',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.RevokeTokenRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.TokenInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTenantQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/SetTenantQuota',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.TenantQuota.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.TenantQuota.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTenantQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/ListTenantQuotas',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTenantQuotasRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTenantQuotasResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,93 @@
+"""Requests and answers of AdminService's token and tenant-quota calls, for
+``Client`` (``wheelctl token`` and ``wheelctl tenant``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from wheel.client._time import utc, utc_or_none
+from wheel.rpc.v1 import admin_service_pb2 as admin
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Token:
+    """A bearer token as a node lists it: never its secret."""
+
+    token_id: str
+    # "*": an operator's, acting for every tenant.
+    tenant: str
+    scopes: tuple[str, ...]
+    worker_id: str | None = None
+    pools: tuple[str, ...] = ()
+    label: str = ""
+    created_at: datetime
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TenantQuota:
+    """A tenant's limits; None: no limit."""
+
+    tenant: str
+    max_jobs: int | None = None
+    submits_per_s: float | None = None
+    fires_per_s: float | None = None
+    max_in_flight: int | None = None
+
+
+def create_token_request(
+    *,
+    tenant: str,
+    scopes: list[str],
+    ttl: timedelta | None,
+    worker_id: str,
+    pools: list[str],
+    label: str,
+) -> admin.CreateTokenRequest:
+    return admin.CreateTokenRequest(
+        tenant=tenant,
+        scopes=scopes,
+        ttl_ms=0 if ttl is None else round(ttl.total_seconds() * 1000),
+        worker_id=worker_id,
+        pools=pools,
+        label=label,
+    )
+
+
+def token_of(msg: admin.TokenInfo) -> Token:
+    return Token(
+        token_id=msg.token_id,
+        tenant=msg.tenant,
+        scopes=tuple(msg.scopes),
+        worker_id=msg.worker_id or None,
+        pools=tuple(msg.pools),
+        label=msg.label,
+        created_at=utc(msg.created_at_ms),
+        expires_at=utc_or_none(msg.expires_at_ms),
+        revoked_at=utc_or_none(msg.revoked_at_ms),
+    )
+
+
+def quota_request(q: TenantQuota) -> admin.TenantQuota:
+    out = admin.TenantQuota(tenant=q.tenant)
+    if q.max_jobs is not None:
+        out.max_jobs = q.max_jobs
+    if q.submits_per_s is not None:
+        out.submits_per_s = q.submits_per_s
+    if q.fires_per_s is not None:
+        out.fires_per_s = q.fires_per_s
+    if q.max_in_flight is not None:
+        out.max_in_flight = q.max_in_flight
+    return out
+
+
+def quota_of(msg: admin.TenantQuota) -> TenantQuota:
+    return TenantQuota(
+        tenant=msg.tenant,
+        max_jobs=msg.max_jobs if msg.HasField("max_jobs") else None,
+        submits_per_s=msg.submits_per_s if msg.HasField("submits_per_s") else None,
+        fires_per_s=msg.fires_per_s if msg.HasField("fires_per_s") else None,
+        max_in_flight=msg.max_in_flight if msg.HasField("max_in_flight") else None,
+    )
