@@ -25,7 +25,7 @@ from tests.conftest import free_port
 from tests.e2e.procs import HERE, ServerProc, recorded, wait_for
 from tests.pki import Pki
 from wheel.client import AsyncClient, ChannelSecurity, Client
-from wheel.errors import WheelError
+from wheel.errors import Unauthenticated, WheelError
 from wheel.worker import Worker
 
 pytestmark = pytest.mark.slow
@@ -257,3 +257,37 @@ def test_interceptors_wrap_every_call_over_mutual_tls(mtls_node: ServerProc, pki
 async def _until(done: Callable[[], bool]) -> None:
     while not done():
         await asyncio.sleep(0.05)
+
+
+def test_tls_and_auth_together_serve_a_network_address_and_each_still_holds(
+    pki: Pki, tmp_path: Path
+) -> None:
+    # TLS and --auth at once: the node may listen on every interface (no
+    # --insecure), a caller needs both the CA and a token, and the token's
+    # tenant is the one its jobs land in.
+    admin_file = tmp_path / "admin.token"
+    server = ServerProc(
+        tmp_path / "data",
+        args=(
+            "--tls-cert", str(pki.node.cert), "--tls-key", str(pki.node.key),
+            "--auth", "--init-admin-token", str(admin_file),
+        ),
+        security=ChannelSecurity.from_files(ca=pki.ca),
+    )  # fmt: skip
+    server.args += ("--listen", f"0.0.0.0:{server.port}")
+    server.start()
+    try:
+        admin = admin_file.read_text().strip()
+        security = ChannelSecurity.from_files(ca=pki.ca)
+        with Client(server.target, security=security, token=admin) as client:
+            acme, _ = client.create_token(tenant="acme", scopes=["jobs:read", "jobs:write"])
+        with Client(server.target, security=security, token=acme) as client:
+            job = client.submit(name="both", handler="h", at=timedelta(hours=1))
+            assert client.get(job.job_id).tenant == "acme"
+        anonymous = Client(server.target, timeout=2.0, security=security)
+        with anonymous, pytest.raises(Unauthenticated, match="missing bearer token"):
+            anonymous.get(job.job_id)
+        message = _refusal(server.target, ChannelSecurity())  # the token, but no TLS
+        assert message.startswith("UNAVAILABLE: cannot connect")
+    finally:
+        server.stop()
