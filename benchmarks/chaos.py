@@ -502,9 +502,7 @@ class Nemesis:
             self.etcd.start()
         for node_id, path in self.skew_files.items():
             path.write_text("0")
-            node = self.cluster.node(node_id)
-            if node.alive:
-                node.signal(signal.SIGUSR1)
+            reload_skew(self.cluster.node(node_id))
         with self._lock:
             for node in self.cluster.nodes:
                 if node.alive:
@@ -637,12 +635,10 @@ class Nemesis:
     def _clock_step(self, f: Fault) -> None:
         node = self._node(f)
         self.skew_files[node.node_id].write_text(str(f.detail["skew_ms"]))
-        if node.alive:
-            node.signal(signal.SIGUSR1)
+        reload_skew(node)
         self._hold(f.hold_s)
         self.skew_files[node.node_id].write_text("0")
-        if node.alive:
-            node.signal(signal.SIGUSR1)
+        reload_skew(node)
 
     def _disk_full(self, f: Fault) -> None:
         disk = self.disks[f.target]
@@ -918,6 +914,17 @@ def shard_of_job(job_id: int) -> int:
     from wheel.engine.model import shard_of
 
     return shard_of(job_id)
+
+
+def reload_skew(node: ClusterNode) -> None:
+    """Have ``node`` read its skew file again (SIGUSR1). A process still
+    starting is waited for: until ``serve`` ignores or handles SIGUSR1, the
+    signal's default action would end it."""
+    deadline = time.monotonic() + 15
+    while node.alive and not node.past_start() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if node.alive:
+        node.signal(signal.SIGUSR1)
 
 
 def cluster_whole(cluster: Cluster) -> bool:

@@ -3,10 +3,7 @@ real PostgreSQL), and tokens of several tenants minted into its store."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,54 +11,27 @@ from typing import Any
 import grpc
 import pytest
 
+from tests.ops._node import LiveNode
 from wheel.auth import ADMIN, JOBS_READ, JOBS_WRITE, OPERATOR, WORKER, metadata_of, mint
 from wheel.engine.owner import OwnerConfig
-from wheel.node import Node, NodeConfig
-from wheel.rpc.server import serve
+from wheel.node import NodeConfig
 from wheel.rpc.v1 import (
     admin_service_pb2_grpc,
     job_service_pb2_grpc,
     node_service_pb2_grpc,
     worker_service_pb2_grpc,
 )
-from wheel.store.open import open_store
 
 # Short, so the tests of revocation on open streams wait little.
 RECHECK_S = 0.3
 
 
-class AuthServer:
+class AuthServer(LiveNode):
     """``Node`` + ``serve(auth=True)`` on their own loop in a thread."""
 
     def __init__(self, store_url: str, owner: OwnerConfig | None = None) -> None:
-        self.store_url = store_url
-        self.owner = owner or OwnerConfig()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.node: Node | None = None
-        self.server: Any = None
-        self.port = 0
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> AuthServer:
-        self.thread.start()
-        self.run(self._start(), timeout=60)
-        return self
-
-    async def _start(self) -> None:
-        store = open_store(self.store_url)
-        self.node = Node(store, NodeConfig(owner=self.owner, checkpoint_dir=None))
-        await self.node.start()
-        self.server, self.port = await serve(
-            self.node, "127.0.0.1:0", auth=True, recheck_s=RECHECK_S
-        )
-
-    def run(self, coro: Any, timeout: float = 10) -> Any:
-        fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        return fut.result(timeout)
+        config = NodeConfig(owner=owner or OwnerConfig(), checkpoint_dir=None)
+        super().__init__(store_url, config, serve_options={"auth": True, "recheck_s": RECHECK_S})
 
     def mint(self, tenant: str, *scopes: str, **kw: Any) -> str:
         """A new token straight into the store; returns the bearer string."""
@@ -69,21 +39,6 @@ class AuthServer:
         minted = mint(tenant=tenant, scopes=list(scopes), now_ms=self.node.now_ms(), **kw)
         self.node.store.create_token(minted.record)
         return minted.token
-
-    def stop(self) -> None:
-        async def _stop() -> None:
-            if self.server is not None:
-                await self.server.stop(grace=0.5)
-            if self.node is not None:
-                await self.node.stop()
-                self.node.store.close()
-
-        try:
-            self.run(_stop(), timeout=30)
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(10)
-            self.loop.close()
 
 
 @dataclass

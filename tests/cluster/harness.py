@@ -131,6 +131,15 @@ class ClusterNode(ServerProc):
         assert self.proc is not None
         self.proc.send_signal(sig)
 
+    def past_start(self) -> bool:
+        """This life of the process has said where it serves (its signal
+        handlers are in place by then)."""
+        log = self.data_dir.parent / f"server-{self.starts}.log"
+        try:
+            return b"wheel serving on" in log.read_bytes()
+        except FileNotFoundError:
+            return False
+
     def kill(self) -> None:
         """SIGKILL, and reap."""
         self.signal(signal.SIGKILL)

@@ -10,9 +10,9 @@ import contextlib
 import socket
 import threading
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Self
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -35,10 +35,13 @@ class LiveNode:
         config: NodeConfig,
         *,
         coordinator: Callable[[Store], Coordinator] | None = None,
+        serve_options: Mapping[str, Any] | None = None,
     ) -> None:
+        """``serve_options``: more keywords for ``wheel.rpc.server.serve``."""
         self.store_url = store_url
         self.config = config
         self._coordinator = coordinator
+        self._serve_options = dict(serve_options or {})
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.node: Node | None = None
@@ -55,7 +58,7 @@ class LiveNode:
         assert self.metrics is not None
         return f"http://127.0.0.1:{self.metrics.port}/metrics"
 
-    def start(self) -> LiveNode:
+    def start(self) -> Self:
         self.thread.start()
         self.run(self._start(), timeout=30)
         return self
@@ -65,7 +68,7 @@ class LiveNode:
         coordinator = self._coordinator(store) if self._coordinator is not None else None
         self.node = Node(store, self.config, coordinator=coordinator)
         await self.node.start()
-        self.server, self.port = await serve(self.node, "127.0.0.1:0")
+        self.server, self.port = await serve(self.node, "127.0.0.1:0", **self._serve_options)
         self.metrics = MetricsServer(self.node.metrics.registry)
         await self.metrics.start("127.0.0.1:0")
 
@@ -98,7 +101,7 @@ class LiveNode:
             self.thread.join(10)
             self.loop.close()
 
-    def __enter__(self) -> LiveNode:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
