@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
-from wheel.node import Clock
+from wheel.node import Clock, Node, NodeConfig
+from wheel.store.sqlite import SQLiteStore
 
 
 def test_clock_reads_the_wall_time_at_start_without_a_skew_file(tmp_path: Path) -> None:
@@ -46,3 +48,38 @@ def test_an_anchored_clock_runs_on_the_anchor_and_ignores_the_hosts_skew(
     skew.write_text("-20000")
     clock.reload_skew()  # the host's clock steps: the node's does not
     assert abs(clock.now_ms() - time.time_ns() // 1_000_000) <= 5
+
+
+class SlowFirstClockRead(SQLiteStore):
+    """A real store whose first clock read comes back late, its time read at
+    the end of the wait: as when the first call meets a store restarting and
+    reconnects."""
+
+    slow_s = 0.0
+
+    def clock_ms(self) -> int:
+        if self.slow_s:
+            time.sleep(self.slow_s)
+            self.slow_s = 0.0
+        return super().clock_ms()
+
+
+def test_a_slow_first_read_of_the_stores_clock_does_not_set_the_node_ahead(
+    tmp_path: Path,
+) -> None:
+    # Placed at the middle of a 1 s round trip, that read set the node's clock
+    # 0.5 s ahead of the store's, and fires went out early by as much.
+    store = SlowFirstClockRead(str(tmp_path / "wheel.db"))
+    store.slow_s = 1.0
+    node = Node(store, NodeConfig(checkpoint_dir=None))
+
+    async def started() -> int:
+        await node.start()
+        try:
+            return node.clock.now_ms() - time.time_ns() // 1_000_000
+        finally:
+            await node.stop()
+
+    ahead = asyncio.run(started())
+    store.close()
+    assert abs(ahead) <= 30
