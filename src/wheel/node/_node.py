@@ -46,17 +46,20 @@ from wheel.node._membership import NodeMembership
 from wheel.node._ops import NodeOps
 from wheel.node._reads import NodeReads
 from wheel.node._tenancy import NodeTenancy
-from wheel.node._values import Clock, Membership, MessageSink, NodeConfig, WorkerSession
+from wheel.node._values import (
+    Clock,
+    Membership,
+    MessageSink,
+    NodeConfig,
+    WorkerSession,
+    read_store_clock,
+)
 from wheel.recovery import restore_owner
 from wheel.store.base import BatchOutcome, Store, WriteBatch
 
 log = logging.getLogger("wheel.node")
 # A host clock further than this off the store's is reported at start.
 CLOCK_WARN_MS = 500
-# The store's clock is read up to this many times at start, until one read's
-# round trip is at most this short (its error is half of it).
-ANCHOR_READS = 10
-ANCHOR_ROUND_TRIP_NS = 20_000_000
 # Submits written in one store transaction at most.
 MAX_SUBMIT_BATCH = 1_000
 # Store batches committing while the loop forms the next one.
@@ -183,21 +186,9 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy):
         """Read the store's clock and run on it: fires come due by the record
         of truth's time, not by this host's, which may be off (a node started
         on a wrong clock would otherwise fire early or late by that much)."""
-        # A read is placed to half its round trip: one slowed by a reconnect
-        # would set the clock ahead, firing early. Read until one is quick.
-        best: tuple[int, int, int] | None = None
-        for _ in range(ANCHOR_READS):
-            before = time.monotonic_ns()
-            store_ms = await self._api(self.store.clock_ms)
-            after = time.monotonic_ns()
-            if best is None or after - before < best[1] - best[0]:
-                best = (before, after, store_ms)
-            if after - before <= ANCHOR_ROUND_TRIP_NS:
-                break
-        assert best is not None
-        before, after, store_ms = best
+        before, after, store_ms = await self._api(read_store_clock, self.store.clock_ms)
         mid = (before + after) // 2
-        host_ms = self.clock.wall_ms() - (after - mid) // 1_000_000
+        host_ms = self.clock.wall_ms() - (time.monotonic_ns() - mid) // 1_000_000
         self.clock.anchor(store_ms, mid)
         off = host_ms - store_ms
         if abs(off) > CLOCK_WARN_MS:
