@@ -4,7 +4,6 @@ in-flight limit delayed, never lost; short capacity shared fairly."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,12 +14,13 @@ import pytest
 
 from tests.auth.conftest import AuthServer, Stubs, Tokens, md
 from tests.auth.test_matrix import once_spec
+from tests.rpc.test_api import WorkerThread as SDKWorkerThread
 from wheel.auth import WORKER
 from wheel.client import Client, TenantQuota
 from wheel.errors import ResourceExhausted
 from wheel.rpc.v1 import job_service_pb2
 from wheel.store.base import RunState
-from wheel.worker import RunContext, Worker
+from wheel.worker import RunContext
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -33,29 +33,13 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-class WorkerThread:
+class WorkerThread(SDKWorkerThread):
+    """A worker with its own token, bound to its id and one pool."""
+
     def __init__(self, server: AuthServer, worker_id: str, pool: str, capacity: int, fn: Any):
         token = server.mint("*", WORKER, worker_id=worker_id, pools=[pool])
-        self.worker = Worker(
-            server.target,
-            worker_id=worker_id,
-            capacity=capacity,
-            pools=[pool],
-            token=token,
-            reconnect_initial=0.05,
-            reconnect_max=0.3,
-        )
-        self.worker.register("h", fn)
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.worker.run()), daemon=True)
-
-    def __enter__(self) -> Worker:
-        self.thread.start()
-        wait_for(lambda: self.worker.connected, 10, "the worker to connect")
-        return self.worker
-
-    def __exit__(self, *exc: object) -> None:
-        self.worker.stop()
-        self.thread.join(10)
+        options = {"capacity": capacity, "pools": [pool], "token": token}
+        super().__init__(server.target, worker_id, options=options, h=fn)
 
 
 @pytest.fixture

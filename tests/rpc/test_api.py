@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,10 +97,17 @@ class InProcessServer:
 class WorkerThread:
     """The worker SDK on its own loop in a thread, connected over loopback."""
 
-    def __init__(self, target: str, worker_id: str, **handlers: Callable[[RunContext], Any]):
-        self.worker = Worker(
-            target, worker_id=worker_id, capacity=8, reconnect_initial=0.05, reconnect_max=0.3
-        )
+    def __init__(
+        self,
+        target: str,
+        worker_id: str,
+        *,
+        options: Mapping[str, Any] | None = None,
+        **handlers: Callable[[RunContext], Any],
+    ):
+        """``options``: more (or other) ``Worker`` keywords."""
+        kw: dict[str, Any] = {"capacity": 8, "reconnect_initial": 0.05, "reconnect_max": 0.3}
+        self.worker = Worker(target, worker_id=worker_id, **{**kw, **(options or {})})
         for name, fn in handlers.items():
             self.worker.register(name, fn)
         self.thread = threading.Thread(target=lambda: asyncio.run(self.worker.run()), daemon=True)
