@@ -1,14 +1,15 @@
 """Restart of a shard owner: from the local checkpoint when it is usable, from
 the store otherwise, and reconciled with the store either way (it wins).
 
-1. Checkpoint: snapshot + log replay gives every job's image and the store
-   watermark the images reflect; jobs are armed without parsing their specs.
-   Then every job the store changed since that watermark is applied on top
-   (jobs submitted, cancelled or advanced by others, or by this node after its
-   last logged batch).
-2. Store: ``load_shards`` -- every active and paused job. Those the row
-   alone arms (paused, or with a next fire) are made into images and armed
-   as a checkpoint's are, unparsed; only the rest are parsed and compiled.
+1. Checkpoint: the snapshot's rows with the log's written over them give
+   every job as a packed row (``wheel.engine.jobtable``) and the store
+   watermark they reflect; the owner takes them on column by column, with no
+   object and no spec parsed per job. Then every job the store changed since
+   that watermark is applied on top (jobs submitted, cancelled or advanced by
+   others, or by this node after its last logged batch).
+2. Store: ``load_shards(packed=True)`` -- every active and paused job; those
+   the row alone arms (paused, or with a next fire) come as columns and are
+   taken on the same way; only the rest are parsed and compiled.
 3. Either way, in-flight executions come from the store (with their fences),
    and so do retries that were pending: the latest failed/lost attempt of a
    fire with no newer one.
@@ -24,12 +25,16 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from wheel.checkpoint.owner_state import decode_image, encode_job_fields, recover_state
+import numpy as np
+
+from wheel.checkpoint.owner_state import recover_state, restored_rows
 from wheel.checkpoint.wal import Checkpoint
-from wheel.engine.model import JobState
+from wheel.engine.jobtable import NEVER, PAUSED, PAYLOAD, Columns, group_by_shard
+from wheel.engine.model import JobState, shard_of
 from wheel.engine.owner import Effects, Owner, OwnerConfig, ShardContents
-from wheel.engine.records import ExecutionRecord, JobRecord, UnparsedJob
-from wheel.errors import CheckpointError, NotFound
+from wheel.engine.profiles import Profile, template_of_body
+from wheel.engine.records import ExecutionRecord, JobRecord, ShardLoad
+from wheel.errors import CheckpointError, NotFound, StoreError
 from wheel.store.base import Store
 
 log = logging.getLogger("wheel.recovery")
@@ -84,25 +89,19 @@ def restore_owner(
             watermark = new_watermark
             if done:
                 break
+        rows = restored_rows(state, shards)
         contents = shard_contents(
             store,
             shards,
-            images=state.images,
+            packed=rows.packed,
+            profiles=rows.profiles,
             jobs=changed,
             inflight=store.inflight_runs(shards),
         )
         source = "checkpoint"
         log_records = state.log_records
     else:
-        load = store.load_shards(shards, unparsed=True)
-        contents = shard_contents(
-            store,
-            shards,
-            images=_images_of_rows(load.unparsed),
-            jobs=load.jobs,
-            inflight=load.inflight,
-        )
-        watermark = load.watermark
+        contents, watermark = load_shard_contents(store, shards)
         source = "store"
         log_records = 0
     owner.add_shards(epochs, contents, now_ms, fx)
@@ -117,47 +116,75 @@ def restore_owner(
 
 
 def load_shard_contents(store: Store, shards: Sequence[int]) -> tuple[ShardContents, int]:
-    """A shard's contents from the store alone (a node gaining shards in a
-    cluster), and the change-feed watermark they reflect."""
-    load = store.load_shards(shards, unparsed=True)
+    """Shards' contents from the store alone (a rebuild, or a node gaining
+    shards in a cluster), and the change-feed watermark they reflect."""
+    load = store.load_shards(shards, packed=True)
+    packed, profiles = packed_of_load(load)
     contents = shard_contents(
-        store,
-        shards,
-        images=_images_of_rows(load.unparsed),
-        jobs=load.jobs,
-        inflight=load.inflight,
+        store, shards, packed=packed, profiles=profiles, jobs=load.jobs, inflight=load.inflight
     )
     return contents, load.watermark
+
+
+def packed_of_load(load: ShardLoad) -> tuple[dict[int, Columns], list[Profile]]:
+    """A load's packed rows as each shard's columns, and the profiles their
+    ``prof`` numbers."""
+    rows = load.packed
+    if rows is None or not len(rows):
+        return {}, []
+    pids, numbers = np.unique(rows.profile_id, return_inverse=True)
+    profiles = []
+    for pid in pids.tolist():
+        body = load.profiles.get(pid)
+        if body is None:
+            raise StoreError(f"jobs name profile {pid}, which the store does not have")
+        profiles.append(Profile(profile_id=pid, body=body, template=template_of_body(body)))
+    flags = np.where(rows.paused, PAUSED, 0) | np.where(rows.has_payload, PAYLOAD, 0)
+    # Armed at the nominal time: a jitter (never earlier) applies when the
+    # timer wakes the job.
+    due = np.where(rows.paused, NEVER, rows.next_run_at)
+    columns = Columns(
+        rows.job_id,
+        rows.next_run_at,
+        due.astype(np.int64),
+        rows.param,
+        numbers.astype(np.int32),
+        flags.astype(np.uint8),
+    )
+    return group_by_shard(columns), profiles
 
 
 def shard_contents(
     store: Store,
     shards: Sequence[int],
     *,
-    images: Mapping[int, tuple[int | None, object]],
+    packed: Mapping[int, Columns],
+    profiles: Sequence[Profile],
     jobs: Sequence[JobRecord],
     inflight: Sequence[ExecutionRecord],
 ) -> ShardContents:
-    """What an owner takes on with ``shards``: the jobs it arms (as images
-    and as records), their runs in flight and pending retries from the store,
-    and the finished jobs those runs and retries still belong to."""
+    """What an owner takes on with ``shards``: the jobs it arms (as packed
+    rows and as records), their runs in flight and pending retries from the
+    store, and the finished jobs those runs and retries still belong to."""
     retries = store.retry_candidates(shards)
     latest = {r.job_id: r for r in jobs}
     over = {i: r for i, r in latest.items() if r.state not in _SCHEDULED}
-    known = (images.keys() - over.keys()) | (latest.keys() - over.keys())
     finished: list[JobRecord] = []
-    for job_id in sorted({e.job_id for e in (*inflight, *retries)} - known):
-        record = over.get(job_id)
-        if record is None:
-            try:
-                record = store.get_job(job_id)
-            except NotFound:
-                log.warning("run of unknown job %s ignored", job_id)
-                continue
+    for job_id in sorted({e.job_id for e in (*inflight, *retries)}):
+        if job_id in over:
+            finished.append(over[job_id])
+            continue
+        if job_id in latest or _holds(packed, job_id):
+            continue
+        try:
+            record = store.get_job(job_id)
+        except NotFound:
+            log.warning("run of unknown job %s ignored", job_id)
+            continue
         finished.append(record)
     return ShardContents(
-        images=images,
-        decode=decode_image,
+        packed=packed,
+        profiles=profiles,
         jobs=jobs,
         finished=finished,
         inflight=inflight,
@@ -165,19 +192,12 @@ def shard_contents(
     )
 
 
+def _holds(packed: Mapping[int, Columns], job_id: int) -> bool:
+    rows = packed.get(shard_of(job_id))
+    if rows is None or not len(rows):
+        return False
+    i = int(np.searchsorted(rows.ids, job_id))
+    return i < len(rows) and int(rows.ids[i]) == job_id
+
+
 _SCHEDULED = (JobState.ACTIVE, JobState.PAUSED)
-
-
-def _images_of_rows(rows: Sequence[UnparsedJob]) -> dict[int, tuple[int | None, bytes]]:
-    """Store rows as checkpoint images, armed at the nominal time of their
-    next fire (the owner applies a jitter when it wakes the job)."""
-    images: dict[int, tuple[int | None, bytes]] = {}
-    for row in rows:
-        due_at = None if row.paused else row.next_run_at
-        images[row.job_id] = (
-            due_at,
-            encode_job_fields(
-                row.job_id, row.spec_json.encode(), row.paused, row.next_run_at, due_at
-            ),
-        )
-    return images

@@ -1,5 +1,6 @@
-"""The owner's records in the checkpoint: full images, moves without the spec,
-tombstones, and a fuzzy snapshot, replayed from a real LMDB checkpoint."""
+"""The owner's records in the checkpoint: packed rows, profiles logged once,
+tombstones, and a fuzzy snapshot of whole shards, replayed from a real LMDB
+checkpoint."""
 
 from __future__ import annotations
 
@@ -11,77 +12,69 @@ from wheel.checkpoint import Checkpoint, CheckpointError, Identity
 from wheel.checkpoint.owner_state import (
     OwnerState,
     apply_records,
-    decode_image,
-    encode_job,
-    encode_move,
+    encode_gone,
+    encode_profile,
+    encode_row,
     log_entry,
     log_records,
     recover_state,
+    restored_rows,
     snapshot_chunks,
 )
+from wheel.engine.jobtable import NEVER
 from wheel.engine.model import SHARD_COUNT, JobState, shard_of
-from wheel.engine.owner import Effects, JobImage, Outcome, Owner, ShardContents
+from wheel.engine.owner import Effects, Outcome, Owner, PackedJob, ShardContents
+from wheel.engine.profiles import profile_of, split_spec
 from wheel.engine.records import ClaimOutcome, CompletionOutcome, JobRecord
 from wheel.engine.spec import Interval, JobSpec, Once
 
 IDENT = Identity(cluster_id="cluster-a", shard_set="0-255")
 T0 = 1_800_000_000_000
+PROFILE = profile_of(split_spec(JobSpec(name="", handler="h", schedule=Once(at_ms=0)))[0])
 
 
-def test_a_move_keeps_the_spec_of_the_last_full_image() -> None:
+def test_a_row_replays_over_the_last_one_and_a_tombstone_removes_the_job() -> None:
     state = OwnerState()
-    first = JobImage(spec_json=b'{"a":1}', paused=False, store_next=100, due_at=105)
-    moved = JobImage(spec_json=b"not logged", paused=True, store_next=200, due_at=None)
-    apply_records(state, encode_job(7, first))
-    apply_records(state, encode_move(7, moved))
-    due_at, raw = state.images[7]
-    assert due_at is None
-    assert decode_image(raw) == JobImage(
-        spec_json=b'{"a":1}', paused=True, store_next=200, due_at=None
-    )
+    first = PackedJob(7, 100, 105, 3, PROFILE.profile_id, 0)
+    moved = PackedJob(7, 200, NEVER, 3, PROFILE.profile_id, 1)
+    apply_records(state, log_entry([encode_profile(PROFILE), encode_row(first)]))
+    apply_records(state, encode_row(moved))
+    assert state.rows[7] == moved
+    apply_records(state, encode_gone(7))
+    assert state.rows[7] is None
+    assert [len(rows) for rows in restored_rows(state).packed.values()] == [0]
 
 
-def test_a_move_of_a_job_with_no_image_makes_the_checkpoint_unusable() -> None:
-    image = JobImage(spec_json=b"{}", paused=False, store_next=1, due_at=1)
+def test_a_row_naming_a_profile_the_log_never_had_makes_the_checkpoint_unusable() -> None:
     with pytest.raises(CheckpointError, match="job 9"):
-        apply_records(OwnerState(), encode_move(9, image))
+        apply_records(OwnerState(), encode_row(PackedJob(9, 1, 1, 0, 12345, 0)))
 
 
-def test_log_records_write_full_images_only_for_new_specs() -> None:
+def test_records_of_the_earlier_per_job_spec_layout_are_refused() -> None:
+    """Kind 1 was a job image with its spec: such a checkpoint is rebuilt
+    from the store, never read as rows."""
+    with pytest.raises(CheckpointError, match="unknown owner record kind 1"):
+        apply_records(OwnerState(), bytes([1]) + bytes(40))
+
+
+def test_log_records_write_a_profiles_body_once_before_the_first_row_that_names_it() -> None:
     images = {
-        1: JobImage(spec_json=b"x" * 50, paused=False, store_next=5, due_at=5),
-        2: JobImage(spec_json=b"y" * 50, paused=False, store_next=6, due_at=6),
+        1: PackedJob(1, 5, 5, 0, PROFILE.profile_id, 0),
+        2: PackedJob(2, 6, 6, 0, PROFILE.profile_id, 0),
     }
-    records = log_records([1, 2, 3], images.get, None, full={2})
-    assert records[0] == encode_move(1, images[1])
-    assert records[1] == encode_job(2, images[2])
-    assert len(records[0]) < 50 < len(records[1])
-    assert log_records([1], images.get, None) == [encode_job(1, images[1])]
-
-
-def test_a_job_adopted_for_its_runs_is_logged_whole_when_it_first_changes() -> None:
-    """A finished job kept for its in-flight runs after a restart was never
-    in the checkpoint: a move of it would replay onto nothing."""
-    owner = Owner(epochs=dict.fromkeys(range(SHARD_COUNT), 1), now_ms=T0)
-    spec = JobSpec(name="once", handler="h", schedule=Once(at_ms=T0))
-    record = JobRecord(
-        job_id=5,
-        shard=shard_of(5),
-        spec=spec,
-        state=JobState.COMPLETED,
-        next_run_at=None,
-        created_at_ms=T0,
-        updated_at_ms=T0,
-    )
-    owner.add_shards({}, ShardContents(finished=[record]), T0, Effects())
-    assert owner.take_new_specs(set()) == set()  # not logged in this batch: still marked
-    full = owner.take_new_specs({5})
-    assert full == {5}
-    state = OwnerState()
-    for r in log_records({5}, owner.image_of, None, full=full):
-        apply_records(state, r)
-    assert decode_image(state.images[5][1]).spec_json == spec.to_json().encode()
-    assert owner.take_new_specs({5}) == set()  # once logged whole, moves will do
+    logged: set[int] = set()
+    profiles = {PROFILE.profile_id: PROFILE}
+    records = log_records([1, 2, 3], images.get, 9, profile_of=profiles.get, logged=logged)
+    assert records == [
+        encode_profile(PROFILE),
+        encode_row(images[1]),
+        encode_row(images[2]),
+        encode_gone(3),
+        records[-1],
+    ]
+    assert logged == {PROFILE.profile_id}
+    again = log_records([1], images.get, None, profile_of=profiles.get, logged=logged)
+    assert again == [encode_row(images[1])]
 
 
 def _owner_with_jobs(n: int) -> Owner:
@@ -129,89 +122,118 @@ def _tick(owner: Owner, now: int, run_ids: list[int]) -> None:
     owner.on_completed([CompletionOutcome(run_id=c.run_id, applied=True) for c in ended], now, fx)
 
 
+def _snapshot(owner: Owner, watermark: int) -> list[bytes]:
+    shards = ((s, owner.snapshot_columns(s)) for s in sorted(owner.shards()))
+    return list(
+        snapshot_chunks(
+            ((s, rows) for s, rows in shards if rows is not None),
+            lambda: owner.profiles.items,
+            watermark,
+        )
+    )
+
+
+def _restored_images(state: OwnerState) -> dict[int, PackedJob]:
+    restored = restored_rows(state)
+    out = {}
+    for rows in restored.packed.values():
+        for i, job_id in enumerate(rows.ids.tolist()):
+            out[job_id] = PackedJob(
+                job_id,
+                int(rows.nxt[i]),
+                int(rows.due[i]),
+                int(rows.param[i]),
+                restored.profiles[int(rows.prof[i])].profile_id,
+                int(rows.flags[i]),
+            )
+    return out
+
+
 @pytest.mark.parametrize("per_batch", [True, False], ids=["entry-per-batch", "entry-per-record"])
-def test_replaying_a_snapshot_and_moves_restores_every_image(
-    tmp_path: Path, per_batch: bool
-) -> None:
-    """The node's way of logging (a log entry per batch, full images for new
-    specs, moves otherwise, a fuzzy snapshot in the middle), against the live
-    owner's images. A log written an entry per record (as before batches were
-    joined) replays the same."""
+def test_replaying_a_snapshot_and_rows_restores_every_job(tmp_path: Path, per_batch: bool) -> None:
+    """The node's way of logging (a log entry per batch of rows, each profile
+    once, a fuzzy snapshot in the middle), against the live owner's rows. A
+    log written an entry per record replays the same."""
     owner = _owner_with_jobs(60)
     cp = Checkpoint.open(tmp_path / "cp", IDENT)
     run_ids: list[int] = []
-    moves = 0
+    rows_logged = 0
     after_snapshot = 0
+    logged: set[int] = set()
     try:
         for step in range(1, 400):
             now = T0 + step
             _tick(owner, now, run_ids)
             dirty = owner.take_dirty()
-            full = owner.take_new_specs(dirty)
-            records = log_records(dirty, owner.image_of, watermark=step, full=full)
-            moves += sum(1 for r in records if r[0] == 4)
+            records = log_records(
+                dirty, owner.image_of, step, profile_of=owner.profile, logged=logged
+            )
+            rows_logged += sum(1 for r in records if r[0] == 5)
             cp.append([log_entry(records)] if per_batch else records)
             if step > 150:
                 after_snapshot += len(records)
             if step == 150:
                 upto = cp.last_seq()
-                cp.write_snapshot(snapshot_chunks(owner.job_ids(), owner.image_of, step), upto)
+                cp.write_snapshot(_snapshot(owner, step), upto)
         recovery = cp.recover()
         state = recover_state(recovery)
     finally:
         cp.close()
-    assert moves > 100  # the interval jobs fired many times
+    assert rows_logged > 100  # the interval jobs fired many times
     assert run_ids
     assert state.watermark == 399
     assert state.log_records == after_snapshot  # what the node counts toward a snapshot
     assert len(recovery.records) == (399 - 150 if per_batch else after_snapshot)
     live = {job_id: owner.image_of(job_id) for job_id in owner.job_ids()}
-    restored = {job_id: decode_image(raw) for job_id, (_, raw) in state.images.items()}
-    assert restored == live
-    for job_id, (due_at, _) in state.images.items():
-        image = live[job_id]
-        assert image is not None and due_at == image.due_at
+    assert _restored_images(state) == live
 
 
-def test_a_snapshot_copies_the_records_of_jobs_not_woken_since_a_restart(
+def test_a_snapshot_holds_jobs_at_rest_and_awake_as_they_rest_and_restores_them(
     tmp_path: Path,
 ) -> None:
     owner = Owner(now_ms=T0)
-    images = {}
+    fx = Effects()
+    owner.add_shards(dict.fromkeys(range(SHARD_COUNT), 1), ShardContents(), T0, fx)
     for job_id in range(1, 41):
         spec = JobSpec(
-            name=f"job-{job_id}", handler="h", schedule=Interval(period_ms=60_000, start_at_ms=T0)
+            name=f"job-{job_id}",
+            handler="h",
+            payload=b"p" if job_id % 7 == 0 else b"",
+            schedule=Interval(period_ms=60_000, start_at_ms=T0 + job_id),
         )
-        nxt = T0 + 1_000 * job_id
-        paused = job_id % 5 == 0
-        images[job_id] = JobImage(
-            spec_json=spec.to_json().encode(),
-            paused=paused,
-            store_next=nxt,
-            due_at=None if paused else nxt,
+        record = JobRecord(
+            job_id=job_id,
+            shard=shard_of(job_id),
+            spec=spec,
+            state=JobState.PAUSED if job_id % 5 == 0 else JobState.ACTIVE,
+            next_run_at=T0 + job_id,
+            created_at_ms=T0,
+            updated_at_ms=T0,
         )
-    contents = ShardContents(
-        images={j: (im.due_at, encode_job(j, im)) for j, im in images.items()}, decode=decode_image
-    )
-    owner.add_shards(dict.fromkeys(range(SHARD_COUNT), 1), contents, T0, Effects())
+        owner.upsert_job(record, T0, fx)
+    assert not owner.jobs  # all at rest
     woken = list(range(1, 41, 4))
     for job_id in woken:
-        owner.next_fires(job_id, 1)  # touched: awake, its image is built anew
-    decoded: list[int] = []
-
-    def image_of(job_id: int) -> JobImage | None:
-        decoded.append(job_id)
-        return owner.image_of(job_id)
-
+        owner.next_fires(job_id, 1)  # touched: awake
+    assert sorted(owner.jobs) == woken
     cp = Checkpoint.open(tmp_path / "cp", IDENT)
     try:
-        chunks = snapshot_chunks(owner.job_ids(), image_of, 7, record_of=owner.dormant_record)
-        cp.write_snapshot(chunks, cp.last_seq())
+        cp.write_snapshot(_snapshot(owner, 7), cp.last_seq())
         state = recover_state(cp.recover())
     finally:
         cp.close()
-    assert sorted(decoded) == woken
     assert state.watermark == 7
-    restored = {job_id: decode_image(raw) for job_id, (_, raw) in state.images.items()}
-    assert restored == {job_id: owner.image_of(job_id) for job_id in owner.job_ids()}
-    assert restored == images
+    live = {job_id: owner.image_of(job_id) for job_id in owner.job_ids()}
+    assert _restored_images(state) == live
+    assert {j for j, image in live.items() if image and image.flags & 1} == set(range(5, 41, 5))
+    # An owner restored from it holds the same jobs, all at rest.
+    restored = restored_rows(state)
+    again = Owner(now_ms=T0)
+    again.add_shards(
+        dict.fromkeys(range(SHARD_COUNT), 2),
+        ShardContents(packed=restored.packed, profiles=restored.profiles),
+        T0,
+        Effects(),
+    )
+    assert not again.jobs
+    assert {j: again.image_of(j) for j in again.job_ids()} == live

@@ -38,6 +38,7 @@ from itertools import pairwise
 from tests.store.reference import ExecRow as _ExecRow
 from tests.store.reference import RefStore
 from wheel.engine.driver import Driver
+from wheel.engine.jobtable import NEVER
 from wheel.engine.model import (
     SHARD_COUNT,
     JobState,
@@ -47,7 +48,6 @@ from wheel.engine.model import (
     shard_of,
 )
 from wheel.engine.owner import (
-    FIRE,
     Alert,
     Assignment,
     CompletionResult,
@@ -993,8 +993,10 @@ def check(sim: Sim) -> list[Violation]:
         row = store.jobs[job.job_id]
         if row.state is JobState.ACTIVE and c.completion_driven and job.first_fire is not None:
             oj = owner.jobs.get(job.job_id)
-            # A job not touched since a restart is dormant: armed if its timer is.
-            dormant_armed = oj is None and ((job.job_id << 2) | FIRE) in owner.wheel
+            # A job at rest is armed if its row has a fire due (its FIRE
+            # timer is in the wheel once that comes within the arming window).
+            image = owner.image_of(job.job_id) if oj is None else None
+            dormant_armed = image is not None and image.due != NEVER
             if not dormant_armed and (
                 oj is None or (oj.next_fire is None and not oj.due and oj.inflight <= 0)
             ):

@@ -9,18 +9,18 @@ store of ``tests/engine/sim.py``.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 
 import pytest
 
 from tests.engine.sim import HOUR, MIN, SEC, RefStore
-from wheel.checkpoint.owner_state import decode_image, encode_job
 from wheel.engine.driver import Driver
+from wheel.engine.jobtable import rows_of
 from wheel.engine.model import AlertKind, JobState, MissedReason, RunState, shard_of
 from wheel.engine.owner import (
     COUNTER_BITS,
     Assignment,
     Effects,
-    JobImage,
     Outcome,
     Owner,
     OwnerConfig,
@@ -28,6 +28,7 @@ from wheel.engine.owner import (
     RevokeReason,
     ShardContents,
 )
+from wheel.engine.profiles import profile_of
 from wheel.engine.records import CompletionOutcome, JobRecord, WriteBatch
 from wheel.engine.schedule import compile_schedule
 from wheel.engine.spec import (
@@ -44,7 +45,7 @@ from wheel.engine.spec import (
     Retry,
     SideEffect,
 )
-from wheel.recovery import _images_of_rows, restore_owner, shard_contents
+from wheel.recovery import load_shard_contents, restore_owner
 
 T = 1_800_000_000_000  # a round start time (ms)
 
@@ -245,11 +246,11 @@ def test_a_job_whose_stored_spec_cannot_be_loaded_is_skipped_not_fatal(
     bad = n.submit(spec())
     n.restart()
     n.hello()
-    # As if the stored spec were one this version rejects.
-    n.owner._dormant[bad] = encode_job(
-        bad,
-        JobImage(spec_json=b'{"schedule": 1}', paused=False, store_next=T + MIN, due_at=T + MIN),
-    )
+    # As if the stored profile were one this version rejects.
+    rejected = replace(spec(), name="", schedule=Cron(expr="not a cron"))
+    number = n.owner.profiles.add(profile_of(rejected))
+    table = n.owner._shards[shard_of(bad)].table
+    table.prof[table.find(bad)] = number
     [claim] = n.step(T + MIN).claims
     assert claim.job_id == good
     assert f"job {bad} could not be loaded" in caplog.text
@@ -528,7 +529,9 @@ def test_runs_that_end_within_their_grace_lease_never_touch_the_wheel() -> None:
     n = Node()
     n.hello(capacity=100)
     jobs = [n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=HOUR)) for _ in range(50)]
-    timers = len(n.owner.wheel)  # the jobs' FIRE timers
+    n.step(T)  # the jobs at rest get their FIRE timers, a minute ahead
+    timers = len(n.owner.wheel)
+    assert timers == 50
     fx = n.step(T + MIN)
     handed = fx.assignments["w1"]
     assert sorted(a.job_id for a in handed) == jobs
@@ -1383,14 +1386,7 @@ def test_a_run_abandoned_while_running_is_a_new_attempt_or_unknown() -> None:
 
 def _contents(n: Node, shards: list[int]) -> ShardContents:
     """What the store holds for ``shards``, as a gaining owner loads it."""
-    load = n.store.load_shards(shards, unparsed=True)
-    return shard_contents(
-        n.store,
-        shards,
-        images=_images_of_rows(load.unparsed),
-        jobs=load.jobs,
-        inflight=load.inflight,
-    )
+    return load_shard_contents(n.store, shards)[0]
 
 
 def _two_shards(n: Node) -> tuple[int, int]:
@@ -1461,16 +1457,18 @@ def test_an_owner_adds_only_the_shards_it_is_given_and_can_take_more_later() -> 
     assert owner.has_job(a) and owner.shards()[sa] == 4
 
 
-def test_a_shard_added_from_checkpoint_images_wakes_its_jobs_when_touched() -> None:
+def test_a_shard_added_from_checkpoint_rows_wakes_its_jobs_when_touched() -> None:
     n = Node()
     j = n.submit(spec())
     image = n.owner.image_of(j)
-    assert image is not None
+    profile = n.owner.profile(image.profile_id) if image is not None else None
+    assert image is not None and profile is not None
     owner = Owner(now_ms=n.now, config=n.config)
     fx = Effects()
-    contents = ShardContents(images={j: (image.due_at, encode_job(j, image))}, decode=decode_image)
+    rows = rows_of([j], [image.nxt], [image.due], [image.param], [0], [image.flags])
+    contents = ShardContents(packed={shard_of(j): rows}, profiles=[profile])
     owner.add_shards({shard_of(j): 3}, contents, n.now, fx)
-    assert owner.has_job(j) and j not in owner.jobs  # armed, not parsed
+    assert owner.has_job(j) and j not in owner.jobs  # at rest, no object
     owner.worker_hello("w1", 10, ["default"], n.now, fx)
     owner.advance(T + MIN, fx)
     [claim] = fx.claims

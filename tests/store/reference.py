@@ -19,6 +19,10 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple, overload
 
+import numpy as np
+
+from wheel.engine.jobtable import NO_FIRE
+from wheel.engine.profiles import profile_of, split_spec
 from wheel.engine.spec import JobSpec
 from wheel.errors import AlreadyExists, InvalidArgument, NotFound, WheelError
 from wheel.store._fence import stale_shards, write_checked
@@ -37,6 +41,7 @@ from wheel.store.base import (
     JobState,
     MissedFire,
     NewJob,
+    PackedRows,
     RunStart,
     RunState,
     ScheduleAdvance,
@@ -44,7 +49,6 @@ from wheel.store.base import (
     Submitted,
     TenantQuota,
     TokenRecord,
-    UnparsedJob,
     WriteBatch,
     shard_of,
     write_in_order,
@@ -316,9 +320,12 @@ class ReferenceStore:
                 row = self.jobs.get(c.job_id)
                 if self.execs[held].fence == c.fence:  # our own earlier write
                     moved = c.advance and row is not None and row.next_run_at == c.new_next_run_at
-                    out.append(ClaimOutcome(claim=c, run_id=held, advanced=moved))
+                    payload = row.spec.payload if c.payload and row is not None else b""
+                    out.append(ClaimOutcome(claim=c, run_id=held, advanced=moved, payload=payload))
                 else:
-                    out.append(ClaimOutcome(claim=c, run_id=None, advanced=False))
+                    # Held by another run: the schedule moves past it all the same.
+                    moved = c.advance and self._claim_moves(c, move)
+                    out.append(ClaimOutcome(claim=c, run_id=None, advanced=moved))
                 continue
             run_id = self._next_run
             self._next_run += 1
@@ -336,21 +343,21 @@ class ReferenceStore:
             self.fire_fences[(c.job_id, c.scheduled_for)].append(c.fence)
             self.seq += 1
             self.claims_log.append(LoggedClaim(self.now_ms, self.seq, c, run_id))
-            advanced = c.advance and self._cas(
-                c.job_id, c.expected_next_run_at, c.new_next_run_at, "claim", move
-            )
-            if advanced:
-                self.last_change = move
-                row = self.jobs[c.job_id]
-                row.updated_at_ms = max(row.updated_at_ms, c.dispatched_at_ms)
-                if (
-                    c.new_next_run_at is None
-                    and not row.spec.recurring
-                    and row.state is JobState.ACTIVE
-                ):
-                    row.state = JobState.COMPLETED
-            out.append(ClaimOutcome(claim=c, run_id=run_id, advanced=advanced))
+            advanced = c.advance and self._claim_moves(c, move)
+            payload = self.jobs[c.job_id].spec.payload if c.payload else b""
+            out.append(ClaimOutcome(claim=c, run_id=run_id, advanced=advanced, payload=payload))
         return out
+
+    def _claim_moves(self, c: FireClaim, move: int) -> bool:
+        """A claim's schedule compare-and-swap (a one-shot's last ends the job)."""
+        if not self._cas(c.job_id, c.expected_next_run_at, c.new_next_run_at, "claim", move):
+            return False
+        self.last_change = move
+        row = self.jobs[c.job_id]
+        row.updated_at_ms = max(row.updated_at_ms, c.dispatched_at_ms)
+        if c.new_next_run_at is None and not row.spec.recurring and row.state is JobState.ACTIVE:
+            row.state = JobState.COMPLETED
+        return True
 
     def write_batch(self, batch: WriteBatch) -> BatchOutcome:
         epochs = batch.epochs
@@ -491,7 +498,7 @@ class ReferenceStore:
     def shard_epochs(self, shards: Collection[int]) -> dict[int, int]:
         return {s: self.epochs[s] for s in sorted(self._shards(shards)) if s in self.epochs}
 
-    def load_shards(self, shards: Collection[int], *, unparsed: bool = False) -> ShardLoad:
+    def load_shards(self, shards: Collection[int], *, packed: bool = False) -> ShardLoad:
         wanted = self._shards(shards)
         live = [
             r
@@ -499,25 +506,42 @@ class ReferenceStore:
             if r.state in (JobState.ACTIVE, JobState.PAUSED) and shard_of(r.job_id) in wanted
         ]
 
-        # As the stores do: what the row alone arms stays unparsed.
+        # As the stores do: what the row alone arms comes packed.
         def armed_by_row(r: JobRow) -> bool:
-            return unparsed and (r.state is JobState.PAUSED or r.next_run_at is not None)
+            return packed and (r.state is JobState.PAUSED or r.next_run_at is not None)
 
+        rows = [r for r in live if armed_by_row(r)]
+        profiles = {}
+        params = []
+        for r in rows:
+            template, param = split_spec(r.spec)
+            profile = profile_of(template)
+            profiles[profile.profile_id] = profile.body
+            params.append((profile.profile_id, param))
         return ShardLoad(
             jobs=[r.record() for r in live if not armed_by_row(r)],
-            unparsed=[
-                UnparsedJob(r.job_id, r.state is JobState.PAUSED, r.next_run_at, r.spec.to_json())
-                for r in live
-                if armed_by_row(r)
-            ],
             inflight=self.inflight_runs(wanted),
             watermark=self.last_change,
+            packed=PackedRows(
+                job_id=np.array([r.job_id for r in rows], dtype=np.int64),
+                paused=np.array([r.state is JobState.PAUSED for r in rows], dtype=np.bool_),
+                next_run_at=np.array(
+                    [NO_FIRE if r.next_run_at is None else r.next_run_at for r in rows],
+                    dtype=np.int64,
+                ),
+                profile_id=np.array([p for p, _ in params], dtype=np.int64),
+                param=np.array([q for _, q in params], dtype=np.int64),
+                has_payload=np.array([bool(r.spec.payload) for r in rows], dtype=np.bool_),
+            )
+            if packed
+            else None,
+            profiles=profiles,
         )
 
     def inflight_runs(self, shards: Collection[int]) -> list[ExecutionRecord]:
         wanted = self._shards(shards)
         return [
-            e.record()
+            replace(e.record(), payload=self.jobs[e.job_id].spec.payload)
             for _, e in sorted(self.execs.items())
             if e.state in INFLIGHT and shard_of(e.job_id) in wanted
         ]

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.store.conftest import interval_job, once_job
-from wheel.engine.spec import JobSpec
+from wheel.engine.jobtable import NO_FIRE
+from wheel.engine.profiles import join_spec, profile_of, template_of_body
 from wheel.errors import AlreadyExists, InvalidArgument, NotFound
 from wheel.store._schema import PG_MIGRATIONS, SQLITE_MIGRATIONS
 from wheel.store.base import (
@@ -785,23 +786,73 @@ def test_load_shards_returns_live_jobs_and_inflight_runs_of_those_shards(store: 
     assert all(r.state is RunState.DISPATCHED for r in load.inflight)
 
 
-def test_load_shards_unparsed_leaves_the_jobs_their_row_arms_as_rows(store: Store) -> None:
+def test_load_shards_packed_gives_the_jobs_their_row_arms_as_columns(store: Store) -> None:
     jobs = [store.submit_job(interval_job(f"j{i}"))[0] for i in range(6)]
+    store.submit_job(once_job())
     store.set_job_state(jobs[1].job_id, JobState.PAUSED, next_run_at=None, now_ms=2)
     store.set_job_state(jobs[2].job_id, JobState.ACTIVE, next_run_at=None, now_ms=2)
     store.set_job_state(jobs[3].job_id, JobState.CANCELLED, next_run_at=None, now_ms=2)
     shards = range(SHARD_COUNT)
     parsed = store.load_shards(shards)
-    load = store.load_shards(shards, unparsed=True)
+    load = store.load_shards(shards, packed=True)
     # Active with no next fire: only its spec can say what arms it.
     assert [j.job_id for j in load.jobs] == [jobs[2].job_id]
     live = {j.job_id: j for j in parsed.jobs}
-    assert sorted(row[0] for row in load.unparsed) == sorted(set(live) - {jobs[2].job_id})
-    for job_id, paused, next_run_at, spec in load.unparsed:
-        assert paused == (live[job_id].state is JobState.PAUSED)
-        assert next_run_at == live[job_id].next_run_at
-        assert JobSpec.from_json(spec) == live[job_id].spec
+    rows = load.packed
+    assert rows is not None
+    assert sorted(rows.job_id.tolist()) == sorted(set(live) - {jobs[2].job_id})
+    for i, job_id in enumerate(rows.job_id.tolist()):
+        record = live[job_id]
+        assert bool(rows.paused[i]) == (record.state is JobState.PAUSED)
+        nxt = int(rows.next_run_at[i])
+        assert (None if nxt == NO_FIRE else nxt) == record.next_run_at
+        assert bool(rows.has_payload[i]) == bool(record.spec.payload)
+        # Its profile and parameter say everything of its spec but its name
+        # and payload.
+        template = template_of_body(load.profiles[int(rows.profile_id[i])])
+        assert profile_of(template).profile_id == int(rows.profile_id[i])
+        spec = join_spec(template, int(rows.param[i]))
+        assert spec == replace(record.spec, name="", payload=b"")
     assert load.inflight == parsed.inflight
+
+
+def test_a_won_claim_reads_its_jobs_payload_when_asked(store: Store) -> None:
+    job, _ = store.submit_job(interval_job(next_run_at=60_000))
+    plain, _ = store.submit_job(once_job(60_000))
+    with_payload = replace(claim(job.job_id, 60_000, new=120_000), payload=True)
+    without = claim(plain.job_id, 60_000)
+    out = store.claim_fires([with_payload, without])
+    assert [o.payload for o in out] == [b"\x00payload", b""]
+    # An adopting owner reads the payloads of the runs in flight too.
+    runs = {r.job_id: r.payload for r in store.inflight_runs(range(SHARD_COUNT))}
+    assert runs == {job.job_id: b"\x00payload", plain.job_id: b""}
+    assert store.get_job(job.job_id).spec.payload == b"\x00payload"
+
+
+def test_a_claim_of_a_fire_held_by_another_run_still_moves_the_schedule(store: Store) -> None:
+    """A trigger at the very instant of a scheduled fire holds that fire
+    (the same job, instant and attempt): the scheduled claim loses, and the
+    schedule moves past the fire all the same, or it would come due again
+    and again."""
+    job, _ = store.submit_job(interval_job(next_run_at=60_000))
+    one, _ = store.submit_job(once_job(60_000))
+    triggers = [
+        claim(job.job_id, 60_000, fence=5, advance=False),
+        claim(one.job_id, 60_000, fence=5, advance=False),
+    ]
+    assert all(o.run_id is not None for o in store.claim_fires(triggers))
+    scheduled = [
+        claim(job.job_id, 60_000, fence=6, new=120_000),
+        claim(one.job_id, 60_000, fence=6),
+    ]
+    out = store.claim_fires(scheduled)
+    assert [(o.run_id, o.advanced) for o in out] == [(None, True), (None, True)]
+    assert store.get_job(job.job_id).next_run_at == 120_000
+    # A one-shot whose only fire is held is over.
+    assert store.get_job(one.job_id).state is JobState.COMPLETED
+    # Moved already: another try moves nothing.
+    again = store.claim_fires([claim(job.job_id, 60_000, fence=7, new=120_000)])
+    assert [(o.run_id, o.advanced) for o in again] == [(None, False)]
 
 
 def test_changes_since_reports_every_kind_of_change_after_a_load(store: Store) -> None:
@@ -1087,7 +1138,9 @@ def test_claims_match_a_reference_model(
             key = (c.job_id, c.scheduled_for, c.attempt)
             wins = key not in taken
             taken.add(key)
-            moves = wins and c.advance and schedule[c.job_id] == c.expected_next_run_at
+            # Won or not (the fire held by another run), a claim moves its
+            # schedule when it still stands at the claim's expected value.
+            moves = c.advance and schedule[c.job_id] == c.expected_next_run_at
             if moves:
                 assert c.new_next_run_at is not None
                 schedule[c.job_id] = c.new_next_run_at

@@ -3,6 +3,7 @@ SQLite, PostgreSQL and the reference model alike (the ``store`` fixture)."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,15 @@ import pytest
 from tests.store.conftest import interval_job
 from wheel.errors import AlreadyExists, NotFound
 from wheel.store._schema import PG_MIGRATIONS, SQLITE_MIGRATIONS
-from wheel.store.base import JobState, Store, TenantQuota, TokenRecord
+from wheel.store.base import (
+    SHARD_COUNT,
+    FireClaim,
+    JobState,
+    Store,
+    TenantQuota,
+    TokenRecord,
+    shard_of,
+)
 from wheel.store.open import open_store
 
 
@@ -28,26 +37,54 @@ def token(token_id: str = "t1", **changes: object) -> TokenRecord:
 
 def test_schema_6_adds_tokens_and_quotas_on_both_backends() -> None:
     for migrations in (SQLITE_MIGRATIONS, PG_MIGRATIONS):
-        version, statements = migrations[-1]
-        assert version == 6
-        text = " ".join(statements)
+        text = " ".join(dict(migrations)[6])
         assert "auth_tokens" in text and "tenant_quotas" in text
 
 
-def test_a_store_at_schema_5_migrates_to_6_keeping_its_jobs(tmp_path: Path) -> None:
+def test_a_store_at_schema_5_migrates_keeping_its_jobs(tmp_path: Path) -> None:
+    """A job written before profiles (schema 5: no profile, the payload in its
+    spec) reads back whole, loads through its spec, and a claim still reads
+    its payload."""
     from wheel.store.sqlite import SQLiteStore
 
     old = SQLiteStore(tmp_path / "old.db")
-    old._migrations = SQLITE_MIGRATIONS[:-1]
+    old._migrations = [m for m in SQLITE_MIGRATIONS if m[0] <= 5]
     old.migrate()
     assert old.schema_version() == 5
-    job, _ = old.submit_job(interval_job())
     old.close()
+    new = interval_job()
+    with sqlite3.connect(tmp_path / "old.db") as db:  # as schema 5's code wrote a job
+        db.execute(
+            "INSERT INTO jobs (job_id, shard, tenant, name, state, next_run_at, one_shot,"
+            " idempotency_key, created_at_ms, updated_at_ms, change_seq)"
+            " VALUES (7, ?, 'acme', 'report', 'active', 60000, 0, NULL, 1000, 1000, 1)",
+            (shard_of(7),),
+        )
+        db.execute("INSERT INTO job_specs (job_id, spec) VALUES (7, ?)", (new.spec.to_json(),))
     store = open_store(f"sqlite:///{tmp_path}/old.db")
     try:
-        assert store.schema_version() == 6  # type: ignore[attr-defined]
-        assert store.get_job(job.job_id) == job
+        assert store.schema_version() == max(v for v, _ in SQLITE_MIGRATIONS)  # type: ignore[attr-defined]
+        job = store.get_job(7)
+        assert job.spec == new.spec and job.next_run_at == 60_000
         assert store.list_tokens() == []
+        load = store.load_shards(range(SHARD_COUNT), packed=True)
+        assert [j.job_id for j in load.jobs] == [7]  # no profile: read from its spec
+        assert load.packed is not None and not len(load.packed)
+        [out] = store.claim_fires(
+            [
+                FireClaim(
+                    job_id=7,
+                    scheduled_for=60_000,
+                    attempt=0,
+                    fence=1,
+                    dispatched_at_ms=60_000,
+                    expected_next_run_at=60_000,
+                    new_next_run_at=120_000,
+                    payload=True,
+                )
+            ]
+        )
+        assert out.payload == new.spec.payload and out.advanced
     finally:
         store.close()
 

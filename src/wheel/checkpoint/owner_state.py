@@ -1,86 +1,70 @@
 """How a shard owner's state is written into the checkpoint.
 
-The log holds row images, not operations: each record is the whole current
-image of one job (its spec as stored, paused, the earliest fire not yet
-claimed and when that fire is due), a tombstone for a job that left, or the
-store watermark. Replaying images in log order is idempotent -- the last image
-of a job wins -- so a snapshot may be *fuzzy*: written from a live owner while
-it keeps changing, as long as replay starts at the sequence number the log had
-when the snapshot began. Every change after that point is in the log.
+The owner keeps its jobs as packed rows (``wheel.engine.jobtable``): an id,
+the nominal time of the next fire, when it is due, the schedule parameter, a
+profile and flags. The checkpoint keeps the same rows.
 
-Most changes move a schedule and leave the spec alone (every fire moves its
-job's next fire): those are *move* records, the image without the spec, and
-replay keeps the spec of the job's last full image. A job's first record in
-the log after it arrives (or its spec changes) is a full image, and a snapshot
-holds full images only, so a move always finds one before it; one that does
-not makes the checkpoint unusable (the store rebuilds the owner), never a
-job without a spec.
+The log holds row images, not operations: each record is the whole current
+row of one job, a tombstone for a job that left, a profile's body (logged
+once, before the first row that names it), or the store watermark.
+Replaying rows in log order is idempotent -- the last row of a job wins --
+so a snapshot may be *fuzzy*: written from a live owner while it keeps
+changing, as long as replay starts at the sequence number the log had when
+the snapshot began. Every change after that point is in the log.
+
+A snapshot is one chunk per shard holding its rows column by column (the
+owner's arrays, copied as they are: ten million jobs are written and read
+back at memory speed, with no per-job work), the profiles those rows number,
+and the watermark.
 
 In-flight runs and their leases are not kept here: the store has every
 in-flight execution with its fence, and a restarted owner gives them a fresh
 lease (workers renew and so adopt them). What is slow to rebuild from the
 store is the job set, and that is what this module makes fast.
 
-Records are fixed-layout structs (``<BqBqqI`` + spec bytes) rather than tagged
-fields: a restart decodes a million of them. A log entry holds one store
-batch's records laid end to end, as a snapshot chunk holds its jobs': one
-checksum, one key and one B-tree insert a batch instead of one a job (at
-18,000 dispatches/s the per-record appends were 3% of the node's time).
+Layouts (little-endian): a row ``<BqqqqqB`` (kind, job id, next fire, due,
+parameter, profile id, flags); a tombstone and a watermark ``<Bq``; a profile
+``<BIqI`` (kind, its number in this snapshot or 0 in the log, profile id,
+body length) + the body; a shard ``<BHI`` (kind, shard, rows) + its ids,
+next fires, dues and parameters (8 bytes each), profile numbers (4) and
+flags (1). A log entry holds one store batch's records laid end to end.
+Records of an older layout (per-job spec images) are refused: such a
+checkpoint is rebuilt from the store.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
+
 from wheel.checkpoint.wal import Recovery
-from wheel.engine.owner import JobImage
+from wheel.engine.jobtable import GONE, NEVER, NO_FIRE, Columns, merged
+from wheel.engine.model import shard_of
+from wheel.engine.owner import PackedJob
+from wheel.engine.profiles import Profile, template_of_body
 from wheel.errors import CheckpointError
 
-KIND_JOB = 1
 KIND_GONE = 2
 KIND_WATERMARK = 3
-KIND_MOVE = 4
+KIND_ROW = 5
+KIND_PROFILE = 6
+KIND_SHARD = 7
 
-_NONE = -(1 << 63)
-_JOB = struct.Struct("<BqBqqI")
+_ROW = struct.Struct("<BqqqqqB")
 _GONE = struct.Struct("<Bq")
 _WATERMARK = struct.Struct("<Bq")
-_MOVE = struct.Struct("<BqBqq")  # the head of _JOB: all of the image but its spec
-_KIND_JOB_BYTE = bytes((KIND_JOB,))
+_PROFILE = struct.Struct("<BIqI")
+_SHARD = struct.Struct("<BHI")
+# Bytes a row takes in a shard chunk: four int64 columns, an int32, a byte.
+_SHARD_ROW = 8 * 4 + 4 + 1
 
 
-def encode_job(job_id: int, image: JobImage) -> bytes:
-    return encode_job_fields(job_id, image.spec_json, image.paused, image.store_next, image.due_at)
-
-
-def encode_job_fields(
-    job_id: int, spec_json: bytes, paused: bool, store_next: int | None, due_at: int | None
-) -> bytes:
-    """``encode_job`` of an image not built as a ``JobImage`` (a million store
-    rows at a restart)."""
-    return (
-        _JOB.pack(
-            KIND_JOB,
-            job_id,
-            paused,
-            _NONE if store_next is None else store_next,
-            _NONE if due_at is None else due_at,
-            len(spec_json),
-        )
-        + spec_json
-    )
-
-
-def encode_move(job_id: int, image: JobImage) -> bytes:
-    return _MOVE.pack(
-        KIND_MOVE,
-        job_id,
-        image.paused,
-        _NONE if image.store_next is None else image.store_next,
-        _NONE if image.due_at is None else image.due_at,
-    )
+def encode_row(job: PackedJob) -> bytes:
+    return _ROW.pack(KIND_ROW, job.job_id, job.nxt, job.due, job.param, job.profile_id, job.flags)
 
 
 def encode_gone(job_id: int) -> bytes:
@@ -91,69 +75,103 @@ def encode_watermark(watermark: int) -> bytes:
     return _WATERMARK.pack(KIND_WATERMARK, watermark)
 
 
+def encode_profile(profile: Profile, number: int = 0) -> bytes:
+    body = profile.body.encode()
+    return _PROFILE.pack(KIND_PROFILE, number, profile.profile_id, len(body)) + body
+
+
+def encode_shard(shard: int, rows: Columns) -> bytes:
+    """A shard's rows, column by column (``prof`` numbers this snapshot's
+    profiles)."""
+    return b"".join(
+        (
+            _SHARD.pack(KIND_SHARD, shard, len(rows)),
+            rows.ids.astype("<i8").tobytes(),
+            rows.nxt.astype("<i8").tobytes(),
+            rows.due.astype("<i8").tobytes(),
+            rows.param.astype("<i8").tobytes(),
+            rows.prof.astype("<i4").tobytes(),
+            rows.flags.astype(np.uint8).tobytes(),
+        )
+    )
+
+
+def _decode_shard(data: bytes, pos: int) -> tuple[int, Columns, int]:
+    _, shard, n = _SHARD.unpack_from(data, pos)
+    pos += _SHARD.size
+    if pos + n * _SHARD_ROW > len(data):
+        raise CheckpointError(f"shard {shard}'s rows run past the end of their chunk")
+
+    def i8(at: int) -> npt.NDArray[np.int64]:
+        return np.frombuffer(data, dtype="<i8", count=n, offset=at).astype(np.int64)
+
+    ids, nxt, due, param = i8(pos), i8(pos + 8 * n), i8(pos + 16 * n), i8(pos + 24 * n)
+    pos += 32 * n
+    prof = np.frombuffer(data, dtype="<i4", count=n, offset=pos).astype(np.int32)
+    pos += 4 * n
+    flags = np.frombuffer(data, dtype=np.uint8, count=n, offset=pos).copy()
+    pos += n
+    return shard, Columns(ids, nxt, due, param, prof, flags), pos
+
+
 @dataclass(slots=True)
 class OwnerState:
-    """What a checkpoint restores: for each job, when its earliest unclaimed
-    fire is due and its encoded image (decoded lazily by ``decode_image``),
-    and the store watermark."""
+    """What a checkpoint restores: each shard's rows as the snapshot has
+    them (``prof`` numbering ``numbering``), the rows the log wrote after it
+    (None: the job left), every profile body by id, and the store watermark
+    the rows reflect."""
 
-    images: dict[int, tuple[int | None, bytes]] = field(default_factory=dict)
+    shards: dict[int, Columns] = field(default_factory=dict)
+    numbering: dict[int, int] = field(default_factory=dict)  # number -> profile id
+    bodies: dict[int, str] = field(default_factory=dict)  # profile id -> body
+    rows: dict[int, PackedJob | None] = field(default_factory=dict)
     watermark: int = 0
     # Records replayed from the log after the snapshot: how far it has grown.
     log_records: int = 0
 
-
-def decode_image(raw: object) -> JobImage:
-    """A job image from its record (the owner calls this when it wakes a job)."""
-    assert isinstance(raw, bytes)
-    _, _job_id, paused, store_next, due_at, n = _JOB.unpack_from(raw, 0)
-    return JobImage(
-        spec_json=raw[_JOB.size : _JOB.size + n],
-        paused=bool(paused),
-        store_next=None if store_next == _NONE else store_next,
-        due_at=None if due_at == _NONE else due_at,
-    )
+    def job_count(self) -> int:
+        return sum(len(c) for c in self.shards.values()) + len(self.rows)
 
 
-def apply_records(state: OwnerState, data: bytes) -> int:
+def apply_records(state: OwnerState, data: bytes, *, snapshot: bool = False) -> int:
     """Apply records laid end to end (a log entry, a snapshot chunk, or a
     single record); return how many."""
-    images = state.images
-    mv = data  # bytes: indexing and slicing bytes is cheaper than a memoryview
-    end = len(mv)
+    end = len(data)
     pos = 0
-    job_size = _JOB.size
-    unpack_job = _JOB.unpack_from
     count = 0
+    rows = state.rows
+    unpack_row = _ROW.unpack_from
     try:
         while pos < end:
             count += 1
-            kind = mv[pos]
-            if kind == KIND_JOB:
-                _, job_id, _paused, _store_next, due_at, n = unpack_job(mv, pos)
-                stop = pos + job_size + n
-                if stop > end:
-                    raise CheckpointError("job image runs past the end of its record")
-                images[job_id] = (None if due_at == _NONE else due_at, mv[pos:stop])
-                pos = stop
-            elif kind == KIND_MOVE:
-                _, job_id, _paused, _store_next, due_at = _MOVE.unpack_from(mv, pos)
-                known = images.get(job_id)
-                if known is None:
-                    raise CheckpointError(f"move of job {job_id} before any image of it")
-                # A full image again: the move's head, the last image's spec.
-                raw = _KIND_JOB_BYTE + mv[pos + 1 : pos + _MOVE.size] + known[1][_MOVE.size :]
-                images[job_id] = (None if due_at == _NONE else due_at, raw)
-                pos += _MOVE.size
+            kind = data[pos]
+            if kind == KIND_ROW:
+                _, job_id, nxt, due, param, pid, flags = unpack_row(data, pos)
+                if pid not in state.bodies:
+                    raise CheckpointError(f"row of job {job_id} names unknown profile {pid}")
+                rows[job_id] = PackedJob(job_id, nxt, due, param, pid, flags)
+                pos += _ROW.size
             elif kind == KIND_GONE:
-                images.pop(_GONE.unpack_from(mv, pos)[1], None)
+                rows[_GONE.unpack_from(data, pos)[1]] = None
                 pos += _GONE.size
+            elif kind == KIND_PROFILE:
+                _, number, pid, n = _PROFILE.unpack_from(data, pos)
+                pos += _PROFILE.size
+                if pos + n > end:
+                    raise CheckpointError("profile body runs past the end of its record")
+                state.bodies[pid] = data[pos : pos + n].decode()
+                if snapshot:
+                    state.numbering[number] = pid
+                pos += n
+            elif kind == KIND_SHARD:
+                shard, cols, pos = _decode_shard(data, pos)
+                state.shards[shard] = cols
             elif kind == KIND_WATERMARK:
-                state.watermark = _WATERMARK.unpack_from(mv, pos)[1]
+                state.watermark = _WATERMARK.unpack_from(data, pos)[1]
                 pos += _WATERMARK.size
             else:
                 raise CheckpointError(f"unknown owner record kind {kind}")
-    except struct.error as exc:
+    except (struct.error, UnicodeDecodeError, ValueError) as exc:
         raise CheckpointError(f"malformed owner record: {exc}") from exc
     return count
 
@@ -166,7 +184,7 @@ def log_entry(records: Sequence[bytes]) -> bytes:
 def recover_state(recovery: Recovery) -> OwnerState:
     state = OwnerState()
     for chunk in recovery.snapshot or ():
-        apply_records(state, chunk)
+        apply_records(state, chunk, snapshot=True)
     for _seq, entry in recovery.records:
         state.log_records += apply_records(state, entry)
     return state
@@ -174,51 +192,103 @@ def recover_state(recovery: Recovery) -> OwnerState:
 
 def log_records(
     dirty: Iterable[int],
-    image_of: Callable[[int], JobImage | None],
+    image_of: Callable[[int], PackedJob | None],
     watermark: int | None,
     *,
-    full: Container[int] | None = None,
+    profile_of: Callable[[int], Profile | None],
+    logged: set[int],
 ) -> list[bytes]:
-    """The log records for jobs whose image changed (and a new watermark):
-    a full image for the jobs in ``full`` (all of them when it is None),
-    whose spec the log may not hold yet, a move for the others."""
+    """The log records for jobs whose row changed (and a new watermark): a
+    row for each job still held, a tombstone for each that left, and first
+    the body of each profile those rows name that is not in ``logged`` yet
+    (the profiles the log has since its snapshot; updated here)."""
     out = []
     for job_id in dirty:
         image = image_of(job_id)
         if image is None:
             out.append(encode_gone(job_id))
-        elif full is None or job_id in full:
-            out.append(encode_job(job_id, image))
-        else:
-            out.append(encode_move(job_id, image))
+            continue
+        if image.profile_id not in logged:
+            profile = profile_of(image.profile_id)
+            if profile is None:  # pragma: no cover - a held job's profile is held
+                raise CheckpointError(f"job {job_id} names unknown profile {image.profile_id}")
+            out.append(encode_profile(profile))
+            logged.add(image.profile_id)
+        out.append(encode_row(image))
     if watermark is not None:
         out.append(encode_watermark(watermark))
     return out
 
 
 def snapshot_chunks(
-    job_ids: Sequence[int],
-    image_of: Callable[[int], JobImage | None],
+    shards: Iterable[tuple[int, Columns]],
+    profiles: Callable[[], Sequence[Profile]],
     watermark: int,
-    per_chunk: int = 20_000,
-    *,
-    record_of: Callable[[int], object] | None = None,
 ) -> Iterator[bytes]:
-    """A fuzzy snapshot, chunk by chunk (see the module docstring).
-    ``record_of`` gives a job's record as it stands in this encoding, if it
-    has one (a job not touched since a restart): copied, not decoded and
-    encoded again."""
+    """A fuzzy snapshot, chunk by chunk (see the module docstring): the
+    watermark, each shard's rows (``prof`` numbering the owner's
+    profiles), then every profile with its number, read last so that it
+    covers every number a shard used."""
     yield encode_watermark(watermark)
-    for start in range(0, len(job_ids), per_chunk):
-        parts = []
-        for job_id in job_ids[start : start + per_chunk]:
-            if record_of is not None:
-                record = record_of(job_id)
-                if isinstance(record, bytes):
-                    parts.append(record)
-                    continue
-            image = image_of(job_id)
-            if image is not None:
-                parts.append(encode_job(job_id, image))
-        if parts:
-            yield b"".join(parts)
+    for shard, rows in shards:
+        yield encode_shard(shard, rows)
+    yield b"".join(encode_profile(p, number) for number, p in enumerate(profiles()))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Restored:
+    """An ``OwnerState`` as an owner takes it on: each shard's rows with
+    ``prof`` numbering ``profiles``."""
+
+    packed: dict[int, Columns]
+    profiles: list[Profile]
+
+
+def restored_rows(state: OwnerState, shards: Iterable[int] | None = None) -> Restored:
+    """The snapshot's rows with the log's written over them, for ``shards``
+    (None: all)."""
+    pids = [state.numbering[n] for n in sorted(state.numbering)]
+    if sorted(state.numbering) != list(range(len(pids))):
+        raise CheckpointError("the snapshot's profiles are not numbered 0..n-1")
+    number = {pid: i for i, pid in enumerate(pids)}
+    for pid in state.bodies:
+        if pid not in number:
+            number[pid] = len(pids)
+            pids.append(pid)
+    bodies = state.bodies
+    profiles = [
+        Profile(profile_id=pid, body=bodies[pid], template=template_of_body(bodies[pid]))
+        for pid in pids
+    ]
+    wanted = None if shards is None else set(shards)
+    by_shard: dict[int, list[PackedJob | tuple[int]]] = {}
+    for job_id, row in state.rows.items():
+        s = shard_of(job_id)
+        if wanted is None or s in wanted:
+            by_shard.setdefault(s, []).append(row if row is not None else (job_id,))
+    packed: dict[int, Columns] = {}
+    for s in set(state.shards) | set(by_shard):
+        if wanted is not None and s not in wanted:
+            continue
+        base = state.shards.get(s, Columns.empty())
+        if len(base) and int(base.prof.max(initial=-1)) >= len(state.numbering):
+            raise CheckpointError(f"shard {s} names a profile the snapshot does not have")
+        over = by_shard.get(s)
+        packed[s] = base if not over else merged(base, _columns(over, number))
+    return Restored(packed=packed, profiles=profiles)
+
+
+def _columns(rows: list[PackedJob | tuple[int]], number: dict[int, int]) -> Columns:
+    n = len(rows)
+    ids = np.empty(n, np.int64)
+    nxt = np.full(n, NO_FIRE, np.int64)
+    due = np.full(n, NEVER, np.int64)
+    param = np.zeros(n, np.int64)
+    prof = np.zeros(n, np.int32)
+    flags = np.full(n, GONE, np.uint8)
+    for i, row in enumerate(rows):
+        ids[i] = row[0]
+        if isinstance(row, PackedJob):
+            nxt[i], due[i], param[i] = row.nxt, row.due, row.param
+            prof[i], flags[i] = number[row.profile_id], row.flags
+    return Columns(ids, nxt, due, param, prof, flags)

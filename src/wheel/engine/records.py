@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
 
 from wheel.engine.model import JobState, MissedReason, RunState
+from wheel.engine.profiles import Profile
 from wheel.engine.spec import JobSpec
 
 
@@ -30,6 +33,10 @@ class NewJob:
     # start of now + period, must not make a retry look different). None: a
     # digest of the spec.
     body_hash: str | None = None
+    # The spec's profile and schedule parameter (``wheel.engine.profiles``),
+    # when the caller has them at hand (None: the store works them out).
+    profile: Profile | None = None
+    param: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,6 +75,9 @@ class FireClaim:
     advance: bool = True
     expected_next_run_at: int | None = None
     new_next_run_at: int | None = None
+    # Read the job's payload with the claim (owners keep no payloads): the
+    # won claim's ``ClaimOutcome.payload``. False: the job has none.
+    payload: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +95,8 @@ class ClaimOutcome:
     claim: FireClaim
     run_id: int | None  # None: another claim already holds this (fire, attempt)
     advanced: bool  # the schedule CAS applied
+    # The job's payload, read with a won claim that asked for it.
+    payload: bytes = b""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -132,29 +144,40 @@ class ExecutionRecord:
     started_at_ms: int | None
     finished_at_ms: int | None
     error: str | None
+    # The job's payload: read only for runs in flight (``inflight_runs``),
+    # which an owner that adopts them may hand to another worker.
+    payload: bytes = b""
 
 
-class UnparsedJob(NamedTuple):
-    """A job whose row alone arms it on a restart (paused, or active with a
-    next fire): its spec is left as the store keeps it, unparsed. A tuple:
-    a restart makes one per job."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PackedRows:
+    """Jobs as the store keeps them, column by column: what an owner takes on
+    without parsing a spec (``wheel.engine.jobtable``). ``next_run_at`` is
+    ``wheel.engine.jobtable.NO_FIRE`` where the store has none."""
 
-    job_id: int
-    paused: bool
-    next_run_at: int | None
-    spec_json: str
+    job_id: npt.NDArray[np.int64]
+    paused: npt.NDArray[np.bool_]
+    next_run_at: npt.NDArray[np.int64]
+    profile_id: npt.NDArray[np.int64]
+    param: npt.NDArray[np.int64]
+    has_payload: npt.NDArray[np.bool_]
+
+    def __len__(self) -> int:
+        return len(self.job_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShardLoad:
     """Everything a new owner needs for its shards."""
 
-    jobs: list[JobRecord]  # active and paused jobs
+    jobs: list[JobRecord]  # active and paused jobs (with ``packed``: the rest of them)
     inflight: list[ExecutionRecord]  # dispatched or running
     watermark: int  # pass to changes_since to see what changed after this load
-    # With ``load_shards(..., unparsed=True)``: the jobs their row alone can
-    # arm, not in ``jobs``.
-    unparsed: list[UnparsedJob] = field(default_factory=list)
+    # With ``load_shards(..., packed=True)``: the jobs their row alone can
+    # arm (paused, or active with a next fire, of a known profile), not in
+    # ``jobs``, and the bodies of their profiles by id.
+    packed: PackedRows | None = None
+    profiles: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
@@ -31,8 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TypeVar
 
-from wheel.checkpoint import Checkpoint, DutyCycle, Identity
-from wheel.checkpoint.owner_state import log_entry, log_records, snapshot_chunks
+from wheel.checkpoint.owner_state import log_entry
 from wheel.coord.base import Coordinator
 from wheel.engine.driver import Driver, next_fires_of
 from wheel.engine.model import SHARD_COUNT, JobState
@@ -41,6 +39,7 @@ from wheel.engine.records import JobRecord, NewJob
 from wheel.engine.spec import JobSpec
 from wheel.errors import CheckpointError, FailedPrecondition, NotFound, StoreError, WheelError
 from wheel.logs import ids
+from wheel.node._checkpointing import NodeCheckpoint
 from wheel.node._cluster import ShardOwnership
 from wheel.node._membership import NodeMembership
 from wheel.node._ops import NodeOps
@@ -67,13 +66,9 @@ MAX_BATCHES_IN_FLIGHT = 2
 # The epochs a batch was written under (``WriteBatch.epochs``).
 Epochs = Mapping[int, int] | None
 T = TypeVar("T")
-# A snapshot's share of the process's time, taken in chunks of this many jobs
-# (each some milliseconds of Python): see wheel.checkpoint.wal.DutyCycle.
-SNAPSHOT_SHARE = 0.2
-SNAPSHOT_JOBS_PER_CHUNK = 2_000
 
 
-class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy):
+class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
     """One node owning shards (all 256 on a single node)."""
 
     def __init__(
@@ -121,14 +116,7 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy):
         # API calls waiting for the next batch's commit (durable triggers).
         self._commit_waiters: list[asyncio.Future[None]] = []
         self._submit_flusher: asyncio.Task[None] | None = None
-        self._checkpoint: Checkpoint | None = None
-        self._logged_watermark = -1
-        self._snapshot_due = False
-        self._snapshotting: threading.Thread | None = None
-        # Job records in the log: all logged (counted by the store thread) and
-        # those the running or last snapshot covers (set by the loop).
-        self._log_records = 0
-        self._snapshot_covers = 0
+        self._init_checkpointing()
         # Set when the dispatch loop ends; a node whose loop died must exit
         # (and be restarted) rather than keep serving without dispatching.
         self.stopped = asyncio.Event()
@@ -165,7 +153,6 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy):
             if restored.source == "store":
                 # A full snapshot follows instead of a huge log batch.
                 owner.take_dirty()
-                owner.take_new_specs()
                 self._start_snapshot()
             self._logged_watermark = -1  # log the watermark with the first batch
         log.info(
@@ -259,7 +246,7 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy):
         log.info(
             "took on %d shards: %d jobs, %d runs in flight",
             len(epochs),
-            len(contents.jobs) + len(contents.images),
+            len(contents.jobs) + sum(len(rows) for rows in contents.packed.values()),
             len(contents.inflight),
         )
         self._push_membership()
@@ -300,74 +287,13 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy):
         for session in list(self.sessions.values()):
             session.closed = True
             session.outbox.put_nowait(None)
+        await self._stop_snapshot()
         self._store_thread.shutdown(wait=True)
         self._api_threads.shutdown(wait=True)
-        if self._snapshotting is not None:
-            self._snapshotting.join()
         if self._checkpoint is not None:
             self._checkpoint.close()
 
     # -- the checkpoint ---------------------------------------------------------
-
-    def _open_checkpoint(self) -> Checkpoint | None:
-        assert self.config.checkpoint_dir is not None
-        path = self.config.checkpoint_dir
-        identity = Identity(cluster_id=self.config.cluster_id, shard_set=f"0-{SHARD_COUNT - 1}")
-        durability = self.config.checkpoint_durability
-        try:
-            return Checkpoint.open(path, identity, durability=durability)
-        except CheckpointError as exc:
-            log.error("checkpoint at %s cannot be opened (%s); starting a new one", path, exc)
-            try:
-                Checkpoint.destroy(path)
-                return Checkpoint.open(path, identity, durability=durability)
-            except CheckpointError:
-                log.exception("running without a checkpoint")
-                return None
-
-    def _start_snapshot(self) -> None:
-        """A fuzzy snapshot on its own thread: the log replays everything after
-        the sequence number it starts at (see wheel.checkpoint.owner_state)."""
-        checkpoint, driver = self._checkpoint, self._driver
-        if checkpoint is None or driver is None:
-            return
-        owner = driver.owner
-        if self._snapshotting is not None and self._snapshotting.is_alive():
-            return
-        job_ids = owner.job_ids()
-        upto = checkpoint.last_seq()
-        covered_before, self._snapshot_covers = self._snapshot_covers, self._log_records
-        # The owner reflects every store change up to this watermark, and the
-        # fuzzy snapshot holds images at least that new.
-        watermark = self._watermark
-
-        def write() -> None:
-            started = time.perf_counter()
-            try:
-                checkpoint.write_snapshot(
-                    snapshot_chunks(
-                        job_ids,
-                        owner.image_of,
-                        watermark,
-                        SNAPSHOT_JOBS_PER_CHUNK,
-                        record_of=owner.dormant_record,
-                    ),
-                    upto,
-                    pause=DutyCycle(SNAPSHOT_SHARE).pause,
-                )
-            except Exception:
-                log.exception("snapshot failed; the log keeps growing until the next one")
-                self._snapshot_covers = covered_before  # due again
-                return
-            log.info(
-                "snapshot of %d jobs up to log record %d in %.2fs",
-                len(job_ids),
-                upto,
-                time.perf_counter() - started,
-            )
-
-        self._snapshotting = threading.Thread(target=write, name="wheel-snapshot", daemon=True)
-        self._snapshotting.start()
 
     def _has_checkpoint(self) -> bool:
         return self._checkpoint is not None
@@ -491,18 +417,7 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy):
 
     def _form_batch(self, driver: Driver) -> tuple[WriteBatch, list[bytes]] | None:
         """Take the store writes and the checkpoint records of what changed."""
-        owner = driver.owner
-        records: list[bytes] = []
-        dirty = owner.take_dirty()
-        if self._checkpoint is None:
-            owner.take_new_specs()  # nothing is logged: keep no marks
-        else:
-            full = owner.take_new_specs(dirty)
-            watermark = self._watermark if self._watermark != self._logged_watermark else None
-            if dirty or watermark is not None:
-                records = log_records(dirty, owner.image_of, watermark, full=full)
-                if watermark is not None:
-                    self._logged_watermark = watermark
+        records = self._checkpoint_records()
         if not driver.has_store_work() and not records and not self._commit_waiters:
             return None
         return driver.take_batch(), records

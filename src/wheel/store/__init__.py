@@ -20,7 +20,6 @@ from wheel.store.base import (
     ShardLoad,
     Store,
     Submitted,
-    UnparsedJob,
     idempotency_key,
     shard_of,
 )
@@ -45,7 +44,6 @@ __all__ = [
     "ShardLoad",
     "Store",
     "Submitted",
-    "UnparsedJob",
     "idempotency_key",
     "shard_of",
 ]

@@ -174,6 +174,26 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
             ) WITHOUT ROWID""",
         ],
     ),
+    (
+        7,
+        [
+            # Profiles (wheel.engine.profiles): what jobs share, kept once.
+            # A job names its profile and keeps the one instant of its
+            # schedule that is its own, so an owner loads a job from four
+            # integers without parsing its spec. A NULL profile: a job stored
+            # before, read from its spec.
+            """CREATE TABLE job_profiles (
+                profile_id INTEGER PRIMARY KEY,
+                body       TEXT    NOT NULL
+            )""",
+            "ALTER TABLE jobs ADD COLUMN profile_id INTEGER",
+            "ALTER TABLE jobs ADD COLUMN sched_param INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE jobs ADD COLUMN has_payload INTEGER NOT NULL DEFAULT 0",
+            # The payload beside the spec, read with the claim that dispatches
+            # it; a NULL: a job stored before, whose spec holds it.
+            "ALTER TABLE job_specs ADD COLUMN payload BLOB",
+        ],
+    ),
 ]
 
 PG_MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -296,6 +316,26 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
             # A tenant's jobs (ListJobs of one tenant, its max-jobs quota), as
             # SQLite has had since schema 1.
             "CREATE INDEX jobs_tenant ON jobs (tenant, job_id)",
+        ],
+    ),
+    (
+        7,
+        [
+            # Profiles (wheel.engine.profiles): what jobs share, kept once.
+            # A job names its profile and keeps the one instant of its
+            # schedule that is its own, so an owner loads a job from four
+            # integers without parsing its spec. A NULL profile: a job stored
+            # before, read from its spec.
+            """CREATE TABLE job_profiles (
+                profile_id bigint PRIMARY KEY,
+                body       text   NOT NULL
+            )""",
+            "ALTER TABLE jobs ADD COLUMN profile_id bigint",
+            "ALTER TABLE jobs ADD COLUMN sched_param bigint NOT NULL DEFAULT 0",
+            "ALTER TABLE jobs ADD COLUMN has_payload boolean NOT NULL DEFAULT false",
+            # The payload beside the spec, read with the claim that dispatches
+            # it; a NULL: a job stored before, whose spec holds it.
+            "ALTER TABLE job_specs ADD COLUMN payload bytea",
         ],
     ),
 ]

@@ -10,12 +10,16 @@ one backend does (its batch writes, its submits) stays in that backend.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+import numpy as np
+
+from wheel.engine.jobtable import NO_FIRE
 from wheel.engine.model import (
     SHARD_COUNT,
     TERMINAL_RUN_STATES,
@@ -24,7 +28,8 @@ from wheel.engine.model import (
     RunState,
     shard_of,
 )
-from wheel.engine.records import NewJob, UnparsedJob
+from wheel.engine.profiles import Profile, profile_of, split_spec
+from wheel.engine.records import ClaimOutcome, NewJob, PackedRows
 from wheel.engine.spec import JobSpec
 from wheel.errors import AlreadyExists, InvalidArgument, NotFound
 from wheel.store._schema import INFLIGHT_WHERE
@@ -65,13 +70,35 @@ MISSED_COLUMNS = "job_id, scheduled_for, reason, recorded_at_ms"
 # A new job's row, as ``new_job_row`` lays it out.
 JOB_INSERT_COLUMNS = (
     "job_id, shard, tenant, name, state, next_run_at, one_shot, idempotency_key,"
-    " created_at_ms, updated_at_ms"
+    " created_at_ms, updated_at_ms, profile_id, sched_param, has_payload"
 )
+# Jobs an owner takes on from their row alone (``load_shards(packed=True)``):
+# paused, or active with a next fire, and of a known profile.
+PACKABLE = "j.profile_id IS NOT NULL AND (j.state = 'paused' OR j.next_run_at IS NOT NULL)"
+PACKED_COLUMNS = (
+    f"j.job_id, j.state = 'paused', COALESCE(j.next_run_at, {NO_FIRE}), j.profile_id,"
+    " j.sched_param, j.has_payload"
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def _profile(template: JobSpec) -> Profile:
+    return profile_of(template)
+
+
+def profile_and_param(new: NewJob) -> tuple[Profile, int]:
+    """A new job's profile and schedule parameter: as its caller gave them,
+    or worked out from its spec."""
+    if new.profile is not None:
+        return new.profile, new.param
+    template, param = split_spec(new.spec)
+    return _profile(template), param
 
 
 def new_job_row(job_id: int, new: NewJob) -> tuple[Any, ...]:
     """A new job's values for ``JOB_INSERT_COLUMNS``."""
     spec = new.spec
+    profile, param = profile_and_param(new)
     return (
         job_id,
         shard_of(job_id),
@@ -83,15 +110,43 @@ def new_job_row(job_id: int, new: NewJob) -> tuple[Any, ...]:
         new.idempotency_key,
         new.created_at_ms,
         new.created_at_ms,
+        profile.profile_id,
+        param,
+        bool(spec.payload),
     )
+
+
+def spec_text(spec: JobSpec) -> str:
+    """A spec as ``job_specs.spec`` keeps it: its JSON without the payload,
+    which has a column of its own."""
+    if not spec.payload:
+        return spec.to_json()
+    return replace(spec, payload=b"").to_json()
+
+
+def spec_row(job_id: int, spec: JobSpec) -> tuple[int, str, bytes]:
+    """A new job's ``job_specs`` values: (job_id, spec, payload)."""
+    return job_id, spec_text(spec), spec.payload
+
+
+def new_profiles(news: Sequence[NewJob]) -> list[tuple[int, str]]:
+    """The distinct (profile id, body) of a batch of submits."""
+    out: dict[int, str] = {}
+    for new in news:
+        profile, _ = profile_and_param(new)
+        out.setdefault(profile.profile_id, profile.body)
+    return list(out.items())
 
 
 def job_from_row(row: Row) -> JobRecord:
     """A row of ``Queries.job_columns``."""
+    spec = JobSpec.from_json(row[2])
+    if row[9] is not None and not spec.payload:
+        spec = replace(spec, payload=bytes(row[9]))
     return JobRecord(
         job_id=row[0],
         shard=row[1],
-        spec=JobSpec.from_json(row[2]),
+        spec=spec,
         state=JobState(row[3]),
         next_run_at=row[4],
         created_at_ms=row[5],
@@ -101,22 +156,25 @@ def job_from_row(row: Row) -> JobRecord:
     )
 
 
-def split_job_rows(
-    rows: Sequence[Row], unparsed: bool
-) -> tuple[list[JobRecord], list[UnparsedJob]]:
-    """Rows of ``Queries.job_columns`` as ``load_shards`` returns them: parsed,
-    or with ``unparsed`` the paused jobs and the active ones with a next fire
-    left unparsed."""
-    if not unparsed:
-        return [job_from_row(r) for r in rows], []
-    parsed, raw = [], []
-    for r in rows:
-        paused = r[3] == "paused"
-        if paused or r[4] is not None:
-            raw.append(UnparsedJob(r[0], paused, r[4], r[2]))
-        else:
-            parsed.append(job_from_row(r))
-    return parsed, raw
+def packed_rows(rows: Sequence[Row]) -> PackedRows:
+    """Rows of ``PACKED_COLUMNS`` as columns."""
+    table = np.array(rows, dtype=np.int64) if rows else np.empty((0, 6), dtype=np.int64)
+    return PackedRows(
+        job_id=np.ascontiguousarray(table[:, 0]),
+        paused=table[:, 1].astype(np.bool_),
+        next_run_at=np.ascontiguousarray(table[:, 2]),
+        profile_id=np.ascontiguousarray(table[:, 3]),
+        param=np.ascontiguousarray(table[:, 4]),
+        has_payload=table[:, 5].astype(np.bool_),
+    )
+
+
+def payload_of(payload: bytes | None, spec: str | None) -> bytes:
+    """A payload as ``Queries.payloads`` reads it: its column, or the spec of
+    a job stored before payloads had one."""
+    if payload is not None:
+        return bytes(payload)
+    return JobSpec.from_json(spec).payload if spec is not None else b""
 
 
 def run_from_row(row: Row) -> ExecutionRecord:
@@ -132,6 +190,7 @@ def run_from_row(row: Row) -> ExecutionRecord:
         started_at_ms=row[8],
         finished_at_ms=row[9],
         error=row[10],
+        payload=payload_of(row[11], row[12]) if len(row) > 11 else b"",
     )
 
 
@@ -181,7 +240,7 @@ class Queries:
         self.shards_in = d.in_ints.format(expr="j.shard", type="int2")
         self.job_columns = (
             "j.job_id, j.shard, s.spec, j.state, j.next_run_at, j.created_at_ms,"
-            f" j.updated_at_ms, j.idempotency_key, {d.as_int.format(expr=d.change)}"
+            f" j.updated_at_ms, j.idempotency_key, {d.as_int.format(expr=d.change)}, s.payload"
         )
         jobs = f"SELECT {self.job_columns} FROM {JOB_FROM}"
         self.get_job = f"{jobs} WHERE j.job_id = {p}"
@@ -189,6 +248,21 @@ class Queries:
         live = "j.state IN ('active', 'paused')"
         self.live_jobs = f"{jobs} WHERE {live} ORDER BY j.job_id"
         self.live_jobs_of_shards = f"{jobs} WHERE {live} AND {self.shards_in} ORDER BY j.job_id"
+        # ``load_shards(packed=True)``: the packable jobs as integers, the
+        # rest parsed, and every profile. The shard filter is left out when
+        # all are asked for (one node): a scan in id order is the fastest.
+        packed = f"SELECT {PACKED_COLUMNS} FROM jobs AS j WHERE {live} AND {PACKABLE}"
+        self.packed_jobs = f"{packed} ORDER BY j.job_id"
+        self.packed_jobs_of_shards = f"{packed} AND {self.shards_in} ORDER BY j.job_id"
+        unpacked = f"{jobs} WHERE {live} AND NOT ({PACKABLE})"
+        self.unpacked_jobs = f"{unpacked} ORDER BY j.job_id"
+        self.unpacked_jobs_of_shards = f"{unpacked} AND {self.shards_in} ORDER BY j.job_id"
+        self.profiles = "SELECT profile_id, body FROM job_profiles"
+        # Payloads of the jobs in the one parameter, for the claims of a batch.
+        self.payloads = (
+            "SELECT job_id, payload, CASE WHEN payload IS NULL THEN spec END FROM job_specs"
+            f" WHERE {d.in_ints.format(expr='job_id', type='int8')}"
+        )
         self.get_run = f"SELECT {RUN_COLUMNS} FROM executions WHERE run_id = {p}"
         self.list_runs = (
             f"SELECT {RUN_COLUMNS} FROM executions WHERE job_id = {p} AND run_id < {p}"
@@ -228,8 +302,15 @@ class Queries:
         )
         self.schema_version = "SELECT max(version) FROM wheel_schema_version"
         self.record_version = f"INSERT INTO wheel_schema_version (version) VALUES ({p})"
-        # Dispatched or running executions of the shards in the one parameter.
-        self.inflight_runs = self.runs_of_shards(INFLIGHT_WHERE)
+        # Dispatched or running executions of the shards in the one
+        # parameter, with their jobs' payloads (an owner that adopts them may
+        # hand them to another worker).
+        self.inflight_runs = (
+            f"SELECT {RUN_COLUMNS_E}, s.payload, CASE WHEN s.payload IS NULL THEN s.spec END"
+            " FROM executions AS e JOIN jobs AS j ON j.job_id = e.job_id"
+            " JOIN job_specs AS s ON s.job_id = e.job_id"
+            f" WHERE {INFLIGHT_WHERE} AND {self.shards_in} ORDER BY e.run_id"
+        )
         # Retention, one key range at a time: the top of the next range of
         # ``batch`` rows (parameters: low, batch - 1), then what goes in it
         # (low, high, cutoff).
@@ -298,6 +379,39 @@ class Queries:
 
 
 # -- what both stores do alike ---------------------------------------------------------
+
+
+def read_payloads(cur: Executor, q: Queries, claims: Sequence[ClaimOutcome]) -> None:
+    """Fill in the payloads of the won claims that ask for theirs."""
+    wanted = {o.claim.job_id for o in claims if o.run_id is not None and o.claim.payload}
+    if not wanted:
+        return
+    found = {
+        int(job_id): payload_of(payload, spec)
+        for job_id, payload, spec in cur.execute(
+            q.payloads, (q.dialect.ints(sorted(wanted)),)
+        ).fetchall()
+    }
+    for o in claims:
+        if o.run_id is not None and o.claim.payload:
+            o.payload = found.get(o.claim.job_id, b"")
+
+
+def load_packed(
+    cur: Executor, q: Queries, shards: Sequence[int]
+) -> tuple[list[JobRecord], PackedRows, dict[int, str]]:
+    """``load_shards(packed=True)``'s jobs: the rest parsed, the packable
+    ones as columns, and the profiles' bodies."""
+    everything = len(shards) == SHARD_COUNT
+    ints = q.dialect.ints(shards)
+    if everything:
+        rest = cur.execute(q.unpacked_jobs).fetchall()
+        packed = cur.execute(q.packed_jobs).fetchall()
+    else:
+        rest = cur.execute(q.unpacked_jobs_of_shards, (ints,)).fetchall()
+        packed = cur.execute(q.packed_jobs_of_shards, (ints,)).fetchall()
+    profiles = {int(pid): body for pid, body in cur.execute(q.profiles).fetchall()}
+    return [job_from_row(r) for r in rest], packed_rows(packed), profiles
 
 
 def get_job(cur: Executor, q: Queries, job_id: int) -> JobRecord:

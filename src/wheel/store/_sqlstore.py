@@ -172,10 +172,10 @@ class SQLStore(TenancySQL):
         rows = self._read(lambda cur: cur.execute(self._queries.shard_epochs, params).fetchall())
         return {int(s): int(e) for s, e in rows}
 
-    def load_shards(self, shards: Collection[int], *, unparsed: bool = False) -> ShardLoad:
-        return self._load(valid_shards(shards), unparsed)
+    def load_shards(self, shards: Collection[int], *, packed: bool = False) -> ShardLoad:
+        return self._load(valid_shards(shards), packed)
 
-    def _load(self, shards: list[int], unparsed: bool) -> ShardLoad:
+    def _load(self, shards: list[int], packed: bool) -> ShardLoad:
         raise NotImplementedError
 
     def inflight_runs(self, shards: Collection[int]) -> list[ExecutionRecord]:

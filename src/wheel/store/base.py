@@ -59,10 +59,10 @@ from wheel.engine.records import (
     JobRecord,
     MissedFire,
     NewJob,
+    PackedRows,
     RunStart,
     ScheduleAdvance,
     ShardLoad,
-    UnparsedJob,
     WriteBatch,
 )
 from wheel.errors import WheelError
@@ -82,6 +82,7 @@ __all__ = [
     "MissedFire",
     "MissedReason",
     "NewJob",
+    "PackedRows",
     "RunStart",
     "RunState",
     "ScheduleAdvance",
@@ -89,7 +90,6 @@ __all__ = [
     "Submitted",
     "TenantQuota",
     "TokenRecord",
-    "UnparsedJob",
     "WriteBatch",
     "idempotency_key",
     "shard_of",
@@ -214,7 +214,9 @@ class Store(Protocol):
     # -- executions -----------------------------------------------------------
 
     def claim_fires(self, claims: Sequence[FireClaim]) -> list[ClaimOutcome]:
-        """One transaction for the whole batch; outcomes in the order of claims."""
+        """One transaction for the whole batch; outcomes in the order of
+        claims. A won claim that asks for its job's payload has it in its
+        outcome (read in the same transaction)."""
 
     def write_batch(self, batch: WriteBatch) -> BatchOutcome:
         """One dispatch-loop iteration's writes; answers in the batch's order.
@@ -367,15 +369,17 @@ class Store(Protocol):
     def shard_epochs(self, shards: Collection[int]) -> dict[int, int]:
         """The epoch each shard has in the store (absent: never owned)."""
 
-    def load_shards(self, shards: Collection[int], *, unparsed: bool = False) -> ShardLoad:
-        """Active/paused jobs and in-flight executions of these shards. With
-        ``unparsed``, paused jobs and active ones with a next fire come as
-        rows in ``ShardLoad.unparsed`` (a restart arms them without parsing
-        their specs); the rest are parsed into ``jobs`` as without it."""
+    def load_shards(self, shards: Collection[int], *, packed: bool = False) -> ShardLoad:
+        """Active/paused jobs and in-flight executions (with their jobs'
+        payloads) of these shards. With ``packed``, paused jobs and active
+        ones with a next fire come as columns in ``ShardLoad.packed``, with
+        their profiles' bodies (an owner takes them on without parsing a
+        spec); the rest are parsed into ``jobs`` as without it."""
 
     def inflight_runs(self, shards: Collection[int]) -> list[ExecutionRecord]:
-        """Dispatched or running executions of these shards (``load_shards``
-        without the jobs: a restart from a checkpoint needs only these)."""
+        """Dispatched or running executions of these shards, with their jobs'
+        payloads (``load_shards`` without the jobs: a restart from a
+        checkpoint needs only these)."""
 
     def retry_candidates(self, shards: Collection[int]) -> list[ExecutionRecord]:
         """Latest attempts of fires in these shards that ended failed, lost or

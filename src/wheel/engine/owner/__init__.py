@@ -14,7 +14,7 @@ Shards come and go (``add_shards``, ``remove_shards``): everything the owner
 keeps is filed under its shard, and a shard is taken on or handed over whole.
 The logic is split by seam into parts that share one state (see
 ``wheel.engine.owner._state``): jobs and missed fires, dispatch, workers, run
-endings, dormant images, shards.
+endings, jobs at rest as packed rows (``_packed``), shards.
 
 Invariants (each has a test in tests/engine/test_owner.py):
 
@@ -73,8 +73,8 @@ once, so no deadline is ever checked late.
 from __future__ import annotations
 
 from wheel.engine.owner._dispatch import _Dispatch
-from wheel.engine.owner._images import _Images
 from wheel.engine.owner._jobs import _Jobs
+from wheel.engine.owner._packed import _Packed
 from wheel.engine.owner._runs import _Runs
 from wheel.engine.owner._shards import _Shards
 from wheel.engine.owner._state import Due, Redo
@@ -90,10 +90,10 @@ from wheel.engine.owner._values import (
     Assignment,
     CompletionResult,
     Effects,
-    JobImage,
     Outcome,
     OwnerConfig,
     OwnerStats,
+    PackedJob,
     Phase,
     ProtocolViolation,
     Report,
@@ -121,11 +121,11 @@ __all__ = [
     "CompletionResult",
     "Due",
     "Effects",
-    "JobImage",
     "Outcome",
     "Owner",
     "OwnerConfig",
     "OwnerStats",
+    "PackedJob",
     "Phase",
     "ProtocolViolation",
     "Redo",
@@ -142,7 +142,7 @@ __all__ = [
 ]
 
 
-class Owner(_Shards, _Images, _Jobs, _Dispatch, _Workers, _Runs, _Tenants):
+class Owner(_Shards, _Packed, _Jobs, _Dispatch, _Workers, _Runs, _Tenants):
     """Owns a set of shards: their jobs' pending fires, in-flight runs and leases."""
 
     __slots__ = ()
@@ -155,6 +155,8 @@ class Owner(_Shards, _Images, _Jobs, _Dispatch, _Workers, _Runs, _Tenants):
         grace = self._grace
         while grace and grace[0][0] <= now_ms:
             self._grace_expired(grace.popleft()[1])
+        if now_ms + self.config.arm_ahead_ms >= self._next_unarmed:
+            self._arm_ahead(now_ms)
         fired = 0  # added to the stats once: a local costs less per fire
         for tid in self.wheel.advance(now_ms):
             kind, n = tid & 3, tid >> 2
@@ -173,3 +175,5 @@ class Owner(_Shards, _Images, _Jobs, _Dispatch, _Workers, _Runs, _Tenants):
             self.stats.fires += fired
         self._run_reaper(now_ms, fx)
         self._dispatch(now_ms, fx)
+        if self._settling:
+            self._settle(now_ms)

@@ -46,8 +46,9 @@ class _Dispatch(_OwnerState):
         return deadline
 
     def pending_timers(self) -> int:
-        """Timers pending: the wheel's, and grace leases of runs not ended."""
-        return len(self.wheel) + self._graced
+        """Timers pending: the wheel's, grace leases of runs not ended, and
+        the FIRE timers of jobs at rest not armed in the wheel yet."""
+        return len(self.wheel) + self._graced + self.unarmed_fires()
 
     def next_deadline(self) -> int | None:
         """When the node should call ``advance`` next (None: only on events):
@@ -56,7 +57,7 @@ class _Dispatch(_OwnerState):
         bucket -- waking just every ``max_idle`` would deliver a fraction of
         the configured rate -- or when waiting work is due an alert."""
         deadline = self.next_timer()
-        waits: list[int | None] = [deadline]
+        waits: list[int | None] = [deadline, self.next_arming()]
         if self._unserved:
             limit = self.config.unserved_alert_ms
             waits.extend(
@@ -322,6 +323,7 @@ class _Dispatch(_OwnerState):
                     advance=advance,
                     expected_next_run_at=expected,
                     new_next_run_at=new,
+                    payload=job.has_payload,
                 )
             )
             self._pending[(job_id, fire, attempt)] = _Pending(
@@ -361,7 +363,7 @@ class _Dispatch(_OwnerState):
                 if job is not None:
                     self._run_finished(job, now_ms, fx)
                 continue
-            run = _Run(out.run_id, c.job_id, c.scheduled_for, c.attempt, c.fence)
+            run = _Run(out.run_id, c.job_id, c.scheduled_for, c.attempt, c.fence, out.payload)
             self.runs[run.run_id] = run
             if pend.ahead and job is not None:
                 # Its timeout starts when a worker gets it (``_hand_out``).
@@ -457,7 +459,7 @@ class _Dispatch(_OwnerState):
                 scheduled_for=run.scheduled_for,
                 attempt=run.attempt,
                 fence=run.fence,
-                payload=spec.payload,
+                payload=run.payload,
                 lease_ms=self.config.grace_lease_ms,
                 timeout_ms=max(0, run.timeout_deadline - now_ms),
             )

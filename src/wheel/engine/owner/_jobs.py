@@ -8,6 +8,7 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
 
+from wheel.engine.jobtable import NEVER, NO_FIRE, PAUSED, PAYLOAD, ShardJobs
 from wheel.engine.model import AlertKind, JobState, MissedReason, RunState
 from wheel.engine.owner._state import (
     _Job,
@@ -25,13 +26,14 @@ from wheel.engine.owner._values import (
     RevokeReason,
 )
 from wheel.engine.policy import CatchUpStream
+from wheel.engine.profiles import split_spec
 from wheel.engine.records import (
     FireClaim,
     JobRecord,
     MissedFire,
     ScheduleAdvance,
 )
-from wheel.engine.spec import OverlapPolicy
+from wheel.engine.spec import Cron, DstGap, JobSpec, OverlapPolicy
 
 log = logging.getLogger("wheel.owner")
 
@@ -41,41 +43,93 @@ class _Jobs(_OwnerState):
 
     def upsert_job(self, record: JobRecord, now_ms: int, fx: Effects) -> None:
         """A job as the store has it now (submitted, changed, or reloaded). Store wins."""
-        job = self._job(record.job_id)
-        if record.state in (JobState.CANCELLED, JobState.COMPLETED):
-            if job is not None:
-                self._drop_job(
-                    job, cancelled=record.state is JobState.CANCELLED, now_ms=now_ms, fx=fx
-                )
-            return
+        template, param = split_spec(record.spec)
+        self.upsert(
+            record.job_id,
+            record.state,
+            record.next_run_at,
+            self.profiles.intern(template),
+            param,
+            bool(record.spec.payload),
+            now_ms,
+            fx,
+        )
+
+    def upsert(
+        self,
+        job_id: int,
+        state: JobState,
+        next_run_at: int | None,
+        prof: int,
+        param: int,
+        has_payload: bool,
+        now_ms: int,
+        fx: Effects,
+    ) -> None:
+        """``upsert_job`` of a job named by its packed fields: its profile
+        (a number of ``self.profiles``), schedule parameter and whether it
+        has a payload. A new job, or one at rest whose row the store agrees
+        with, stays at rest: no object is made."""
+        over = state in (JobState.CANCELLED, JobState.COMPLETED)
+        job = self.jobs.get(job_id)
         if job is None:
-            if not self.owns(record.job_id):
+            table = self._table_of(job_id)
+            if table is None:
                 return  # of a shard this owner does not hold (any more)
+            i = table.find(job_id)
+            if i >= 0:
+                if not over and _rests_as(table, i, state, next_run_at, prof, param, has_payload):
+                    return  # at rest just as the store has it
+                job = self._wake(job_id)
+            elif over:
+                return
+            elif _may_rest(self.profiles[prof].template, state, next_run_at):
+                paused = state is JobState.PAUSED
+                nxt = NO_FIRE if next_run_at is None else next_run_at
+                flags = (PAUSED if paused else 0) | (PAYLOAD if has_payload else 0)
+                self._park(table, job_id, nxt, NEVER if paused else nxt, param, prof, flags)
+                self.dirty.add(job_id)
+                return
+        if over:
+            if job is not None:
+                self._drop_job(job, cancelled=state is JobState.CANCELLED, now_ms=now_ms, fx=fx)
+            return
+        template = self.profiles[prof].template
+        if job is None:
             job = _Job(
-                record.job_id,
-                record.spec,
-                self._compile(record.job_id, record.spec),
-                record.spec.to_json().encode(),
+                job_id,
+                template,
+                self._compile(job_id, template, param),
+                prof,
+                param,
+                has_payload,
             )
             self._keep_job(job)
-            self.new_specs.add(record.job_id)
-        elif job.spec != record.spec:
-            job.spec = record.spec
-            job.limit = _limit(record.spec)
-            job.route = (record.spec.pool, record.spec.handler)
-            job.spec_json = record.spec.to_json().encode()
-            job.compiled = self._compile(record.job_id, record.spec)
-            self.new_specs.add(record.job_id)
-        self.dirty.add(record.job_id)
-        if record.state is JobState.PAUSED:
+        elif job.profile != prof or job.param != param:
+            job.spec = template
+            job.profile = prof
+            job.param = param
+            job.limit = _limit(template)
+            job.route = (template.pool, template.handler)
+            job.compiled = self._compile(job_id, template, param)
+        job.has_payload = has_payload
+        self._settling.add(job_id)
+        self._apply_store_row(job, state, next_run_at, now_ms, fx)
+
+    def _apply_store_row(
+        self, job: _Job, state: JobState, next_run_at: int | None, now_ms: int, fx: Effects
+    ) -> None:
+        """An awake job's state and schedule as the store has them."""
+        self.dirty.add(job.job_id)
+        if state is JobState.PAUSED:
             if not job.paused:
                 job.paused = True
                 self._clear_pending_fires(job, MissedReason.PAUSED, now_ms, fx)
-            job.store_next = record.next_run_at
+            job.store_next = next_run_at
             return
         job.paused = False
-        if record.next_run_at != job.store_next or (
-            job.next_fire is None and not job.due and record.next_run_at is not None
+        if next_run_at != job.store_next or (
+            job.next_fire is None and not job.due and next_run_at is not None
         ):
             # The store moved the schedule (a resume, another node, a reload):
             # forget fires derived from the old value and re-arm from the store.
@@ -87,16 +141,16 @@ class _Jobs(_OwnerState):
             job.buffered.clear()
             # Skipped fires the store moved past are recorded; the others come
             # due again from the store's value and are decided again.
-            self._flush_skipped(job, record.next_run_at, now_ms, fx)
+            self._flush_skipped(job, next_run_at, now_ms, fx)
             job.skipped.clear()
-            job.store_next = record.next_run_at
+            job.store_next = next_run_at
             # A first fire or a resume from now: gap wall times between now
             # and that fire are passed over already.
-            self._record_gap_skips(job, now_ms, record.next_run_at, now_ms, fx)
-            self._arm(job, record.next_run_at)
+            self._record_gap_skips(job, now_ms, next_run_at, now_ms, fx)
+            self._arm(job, next_run_at)
         if (
             job.compiled.completion_driven
-            and record.next_run_at is None
+            and next_run_at is None
             and job.next_fire is None
             and job.inflight <= 0
             and not job.due
@@ -231,6 +285,7 @@ class _Jobs(_OwnerState):
                     fence=fence,
                     dispatched_at_ms=now_ms,
                     advance=False,
+                    payload=job.has_payload,
                 )
             )
             self._pending[(job_id, fire, 0)] = _Pending(
@@ -333,6 +388,7 @@ class _Jobs(_OwnerState):
             self._arm(job, nxt)
             self._admit(job, fire, now_ms, overdue=False, fx=fx)
         self._sync_schedule(job, now_ms, fx)
+        self._settling.add(job.job_id)
 
     def _record_gap_skips(
         self,
@@ -454,16 +510,13 @@ class _Jobs(_OwnerState):
             job.inflight <= 0
             and job.next_fire is None
             and not job.due
-            and (job.paused or not job.compiled.completion_driven)
+            and (job.cancelled or not (job.paused or job.compiled.completion_driven))
         ):
-            # ``_forget_job``, inline: once per one-shot, on the dispatch path.
-            job_id = job.job_id
-            self.wheel.cancel((job_id << 2) | FIRE)
-            del self.jobs[job_id]
-            held = self._shards.get(job.shard)
-            if held is not None:
-                held.jobs.discard(job_id)
-            self.dirty.add(job_id)
+            # Its schedule is over (a one-shot's fire ran): it leaves.
+            self.wheel.cancel((job.job_id << 2) | FIRE)
+            self._forget_job(job)
+        else:
+            self._settling.add(job.job_id)
 
     def next_fires(self, job_id: int, count: int) -> list[int]:
         job = self._job(job_id)
@@ -476,3 +529,36 @@ class _Jobs(_OwnerState):
                 break
             out.append(nxt)
         return out
+
+
+def _rests_as(
+    table: ShardJobs,
+    i: int,
+    state: JobState,
+    next_run_at: int | None,
+    prof: int,
+    param: int,
+    has_payload: bool,
+) -> bool:
+    """Row ``i`` says what the store says of the job."""
+    flags = table.flags[i]
+    return (
+        bool(flags & PAUSED) == (state is JobState.PAUSED)
+        and table.nxt[i] == (NO_FIRE if next_run_at is None else next_run_at)
+        and table.prof[i] == prof
+        and table.param[i] == param
+        and bool(flags & PAYLOAD) == has_payload
+    )
+
+
+def _may_rest(template: JobSpec, state: JobState, next_run_at: int | None) -> bool:
+    """A new job of this profile and state can start at rest: arming it is
+    its next fire's timer and nothing else (a cron that skips DST gaps
+    records the skipped wall times before its first fire, and a fixed-delay
+    job with no fire counts its delay from now: those are made awake)."""
+    if state is JobState.PAUSED:
+        return True
+    if next_run_at is None:
+        return False
+    s = template.schedule
+    return not (isinstance(s, Cron) and s.dst_gap is DstGap.SKIP)

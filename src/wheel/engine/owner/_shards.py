@@ -23,6 +23,7 @@ from wheel.engine.owner._values import (
     ShardContents,
 )
 from wheel.engine.policy import should_retry
+from wheel.engine.profiles import split_spec
 from wheel.engine.records import ExecutionRecord, JobRecord
 
 log = logging.getLogger("wheel.owner")
@@ -61,13 +62,13 @@ class _Shards(_OwnerState):
         held = set(epochs) & self._shards.keys()
         if held:
             raise ValueError(f"shards already held: {sorted(held)[:10]}")
+        numbers = [self.profiles.add(p) for p in contents.profiles]
         for shard, epoch in epochs.items():
-            self._shards[shard] = _Shard(shard, epoch)
+            gained = self._shards[shard] = _Shard(shard, epoch)
+            rows = contents.packed.get(shard)
+            if rows is not None:
+                self._take_on_rows(gained, rows, numbers)
         ours = None if len(self._shards) == SHARD_COUNT else set(epochs)
-        if contents.images:
-            if contents.decode is not None:
-                self._decode_image = contents.decode
-            self.load_images(contents.images, ours)
         for record in contents.jobs:
             if ours is not None and shard_of(record.job_id) not in ours:
                 continue
@@ -94,17 +95,19 @@ class _Shards(_OwnerState):
             job_id = record.job_id
             if (ours is not None and shard_of(job_id) not in ours) or self.has_job(job_id):
                 continue
+            template, param = split_spec(record.spec)
+            prof = self.profiles.intern(template)
             job = _Job(
                 job_id,
-                record.spec,
-                self._compile(job_id, record.spec),
-                record.spec.to_json().encode(),
+                template,
+                self._compile(job_id, template, param),
+                prof,
+                param,
+                bool(record.spec.payload),
             )
             if record.state is JobState.CANCELLED:
                 job.paused = job.cancelled = True
             self._keep_job(job)
-            # Not in the checkpoint: its first record there must be whole.
-            self.new_specs.add(job_id)
 
     def _restore_inflight(
         self,
@@ -121,7 +124,7 @@ class _Shards(_OwnerState):
         for ex in executions:
             if ex.run_id in self.runs or (ours is not None and shard_of(ex.job_id) not in ours):
                 continue
-            run = _Run(ex.run_id, ex.job_id, ex.scheduled_for, ex.attempt, ex.fence)
+            run = _Run(ex.run_id, ex.job_id, ex.scheduled_for, ex.attempt, ex.fence, ex.payload)
             if ex.state is RunState.RUNNING:
                 run.phase = Phase.RUNNING
                 run.lease_deadline = now_ms + self.config.lease_ms
@@ -181,12 +184,15 @@ class _Shards(_OwnerState):
         handed: list[RunRef] = []
         wheel = self.wheel
         for state in gone:
-            for job_id in state.jobs:
+            table = state.table
+            for job_id in table.awake_ids():
                 self.jobs.pop(job_id, None)
-                self._dormant.pop(job_id, None)
-                self.dirty.discard(job_id)
-                self.new_specs.discard(job_id)
+                self._settling.discard(job_id)
                 wheel.cancel((job_id << 2) | FIRE)
+            for job_id in table.armed_before(self._armed_until):
+                wheel.cancel((job_id << 2) | FIRE)
+        if self.dirty:
+            self.dirty = {j for j in self.dirty if shard_of(j) not in lost}
         for run_id, run in list(self.runs.items()):
             if shard_of(run.job_id) in lost:
                 del self.runs[run_id]

@@ -17,23 +17,24 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from wheel.engine.fairness import FairQueue, TokenBucket
+from wheel.engine.jobtable import NEVER, Columns, ShardJobs
 from wheel.engine.model import RunState, shard_of
 from wheel.engine.owner._values import (
     _RUN_TRANSITIONS,
     Effects,
-    JobImage,
     OwnerConfig,
     OwnerStats,
     Phase,
     Route,
     TenantLimit,
 )
+from wheel.engine.profiles import Profiles
 from wheel.engine.schedule import CompiledSchedule
 from wheel.engine.spec import JobSpec, OverlapPolicy
 from wheel.engine.timerwheel import TimerWheel
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Iterable, Mapping
 
     from wheel.engine.model import MissedReason
     from wheel.engine.owner._values import RevokeReason
@@ -78,11 +79,14 @@ class _Job:
         "compiled",
         "due",
         "ending",
+        "has_payload",
         "inflight",
         "job_id",
         "limit",
         "next_fire",
+        "param",
         "paused",
+        "profile",
         "queued",
         "ready",
         "route",
@@ -90,17 +94,28 @@ class _Job:
         "shard",
         "skipped",
         "spec",
-        "spec_json",
         "store_next",
     )
 
     def __init__(
-        self, job_id: int, spec: JobSpec, compiled: CompiledSchedule, spec_json: bytes
+        self,
+        job_id: int,
+        spec: JobSpec,
+        compiled: CompiledSchedule,
+        profile: int,
+        param: int,
+        has_payload: bool,
     ) -> None:
         self.job_id = job_id
         self.shard = shard_of(job_id)
+        # The profile's template (wheel.engine.profiles): shared by every job
+        # of the profile, with no name, no payload and the schedule's own
+        # instant zeroed (``param`` holds it; ``compiled`` has it).
         self.spec = spec
-        self.spec_json = spec_json
+        self.profile = profile
+        self.param = param
+        # The claim that dispatches it reads its payload from the store.
+        self.has_payload = has_payload
         self.compiled = compiled
         self.limit = _limit(spec)
         self.route: Route = (spec.pool, spec.handler)
@@ -146,6 +161,7 @@ class _Run:
         "held_out",
         "job_id",
         "lease_deadline",
+        "payload",
         "phase",
         "refused",
         "reply_to",
@@ -156,13 +172,21 @@ class _Run:
     )
 
     def __init__(
-        self, run_id: int, job_id: int, scheduled_for: int, attempt: int, fence: int
+        self,
+        run_id: int,
+        job_id: int,
+        scheduled_for: int,
+        attempt: int,
+        fence: int,
+        payload: bytes = b"",
     ) -> None:
         self.run_id = run_id
         self.job_id = job_id
         self.scheduled_for = scheduled_for
         self.attempt = attempt
         self.fence = fence
+        # Read from the store with its claim (its job keeps no payload).
+        self.payload = payload
         self.phase = Phase.CLAIMING
         self.worker_id: str | None = None
         self.lease_deadline = 0
@@ -242,19 +266,19 @@ class _Pending:
 
 
 class _Shard:
-    """A shard this owner holds: its epoch and fence counter, and the ids of
-    its jobs (awake or dormant), so that the shard is handed over as a whole
-    (``Owner.remove_shards``) without a walk over a million jobs. Its runs are
-    few (bounded by the fleet's capacity): a hand-over finds them by their
-    job's shard."""
+    """A shard this owner holds: its epoch and fence counter, and its jobs as
+    packed rows (awake ones marked), so that the shard is taken on and handed
+    over as a whole (``Owner.add_shards``, ``remove_shards``) without an
+    object per job. Its runs are few (bounded by the fleet's capacity): a
+    hand-over finds them by their job's shard."""
 
-    __slots__ = ("counter", "epoch", "jobs", "shard")
+    __slots__ = ("counter", "epoch", "shard", "table")
 
-    def __init__(self, shard: int, epoch: int) -> None:
+    def __init__(self, shard: int, epoch: int, table: ShardJobs | None = None) -> None:
         self.shard = shard
         self.epoch = epoch
         self.counter = 0
-        self.jobs: set[int] = set()
+        self.table = table if table is not None else ShardJobs()
 
 
 def _limit(spec: JobSpec) -> int:
@@ -286,8 +310,7 @@ class _OwnerState:
     # sharing its keys and every ``self.x`` on the dispatch path becomes a
     # dict lookup (measured: 4% more instructions per dispatch).
     __slots__ = (
-        "_decode_image",
-        "_dormant",
+        "_armed_until",
         "_ending",
         "_fresh",
         "_grace",
@@ -295,6 +318,7 @@ class _OwnerState:
         "_held_tenant",
         "_incarnations",
         "_later",
+        "_next_unarmed",
         "_next_worker",
         "_overdue",
         "_overdue_bucket",
@@ -305,6 +329,7 @@ class _OwnerState:
         "_reaper_paused",
         "_retries",
         "_retry_seq",
+        "_settling",
         "_shards",
         "_tenant_blocked",
         "_tenant_buckets",
@@ -315,7 +340,7 @@ class _OwnerState:
         "config",
         "dirty",
         "jobs",
-        "new_specs",
+        "profiles",
         "runs",
         "stats",
         "wheel",
@@ -334,17 +359,18 @@ class _OwnerState:
         ``add_shards`` and ``remove_shards``."""
         self.config = config or OwnerConfig()
         self.wheel = TimerWheel(now_ms)
+        # Awake jobs (work going on, or a fire due soon), by id; the others
+        # rest as packed rows in their shard's table (see ``_packed``).
         self.jobs: dict[int, _Job] = {}
-        # Jobs restored from a checkpoint, kept as their image until first
-        # touched: a restart arms a million timers without parsing a million
-        # specs (see ``load_images``).
-        self._dormant: dict[int, object] = {}
-        self._decode_image: Callable[[object], JobImage] | None = None
-        # Jobs whose image changed since ``take_dirty`` (the node logs them),
-        # and those of them that arrived or whose spec changed: the log needs
-        # their spec again, the others' moves go without it.
+        self.profiles = Profiles()
+        # Jobs at rest due before ``_armed_until`` have their FIRE timer in
+        # the wheel; none of the others is due before ``_next_unarmed``.
+        self._armed_until = now_ms
+        self._next_unarmed = NEVER
+        # Awake jobs whose work may be over: put back to rest (``_settle``).
+        self._settling: set[int] = set()
+        # Jobs whose packed image changed since ``take_dirty`` (the node logs them).
         self.dirty: set[int] = set()
-        self.new_specs: set[int] = set()
         self.runs: dict[int, _Run] = {}
         self.workers: dict[str, _Worker] = {}
         self.stats = OwnerStats()
@@ -390,16 +416,28 @@ class _OwnerState:
         self._later = Effects()
 
     if TYPE_CHECKING:
-        # _images
+        # _packed
         def _job(self, job_id: int) -> _Job | None: ...
         def _job_or_raise(self, job_id: int) -> _Job: ...
         def has_job(self, job_id: int) -> bool: ...
-        def _compile(self, job_id: int, spec: JobSpec) -> CompiledSchedule: ...
-        def load_images(
-            self, images: Mapping[int, tuple[int | None, object]], ours: set[int] | None = None
-        ) -> None: ...
+        def _compile(self, job_id: int, spec: JobSpec, param: int) -> CompiledSchedule: ...
         def _keep_job(self, job: _Job) -> None: ...
         def _forget_job(self, job: _Job) -> None: ...
+        def _park(
+            self,
+            table: ShardJobs,
+            job_id: int,
+            nxt: int,
+            due: int,
+            param: int,
+            prof: int,
+            flags: int,
+        ) -> None: ...
+        def _arm_ahead(self, now_ms: int) -> None: ...
+        def _settle(self, now_ms: int) -> None: ...
+        def _table_of(self, job_id: int) -> ShardJobs | None: ...
+        def _wake(self, job_id: int) -> _Job | None: ...
+        def _take_on_rows(self, held: _Shard, rows: Columns, profiles: list[int]) -> None: ...
 
         # _shards
         def owns(self, job_id: int) -> bool: ...
@@ -456,3 +494,7 @@ class _OwnerState:
 
         # _dispatch
         def _fleet_busy(self) -> bool: ...
+
+        # _packed
+        def next_arming(self) -> int | None: ...
+        def unarmed_fires(self) -> int: ...

@@ -4,11 +4,14 @@ outcomes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
+from typing import NamedTuple
 
+from wheel.engine.jobtable import Columns
 from wheel.engine.model import AlertKind, MissedReason, RunState, idempotency_key
+from wheel.engine.profiles import Profile
 from wheel.engine.records import (
     Completion,
     ExecutionRecord,
@@ -111,6 +114,15 @@ class OwnerConfig:
     # ("no worker for handler H"); workers reconnecting after a restart of
     # the node or a redeploy of the fleet stay below it.
     unserved_alert_ms: int = 10_000
+    # Jobs at rest (packed rows, see wheel.engine.jobtable) get a FIRE timer
+    # in the wheel once their fire is due within ``arm_ahead_ms``; the owner
+    # looks for more every ``arm_step_ms`` while some come due.
+    arm_ahead_ms: int = 60_000
+    arm_step_ms: int = 5_000
+    # A job whose work is done goes back to rest (a packed row, no object)
+    # unless its next fire is due within this long: jobs that fire often stay
+    # awake, the millions that fire daily cost a row each.
+    keep_awake_ms: int = 60_000
 
     @property
     def heartbeat_interval_ms(self) -> int:
@@ -286,15 +298,18 @@ class OwnerStats:
         return out
 
 
-@dataclass(slots=True)
-class JobImage:
-    """A job as the checkpoint keeps it: its spec as stored, whether it is
-    paused, the earliest fire not yet claimed and when that fire is due."""
+class PackedJob(NamedTuple):
+    """A job as it rests, and as a checkpoint keeps it: the nominal time of
+    its earliest unclaimed fire (``NO_FIRE``: none), when that fire is due
+    (``NEVER``: nothing to arm, e.g. paused), its schedule parameter, its
+    profile (``wheel.engine.profiles``) and flags (``PAUSED``, ``PAYLOAD``)."""
 
-    spec_json: bytes
-    paused: bool
-    store_next: int | None
-    due_at: int | None
+    job_id: int
+    nxt: int
+    due: int
+    param: int
+    profile_id: int
+    flags: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -302,16 +317,17 @@ class ShardContents:
     """What an owner takes on with shards it gains (``Owner.add_shards``),
     from its checkpoint or the store; the store wins where they differ.
 
-    ``images`` are jobs as the checkpoint keeps them (or store rows made into
-    images): job id -> (when its FIRE timer is due, its image encoded), armed
-    at once and decoded by ``decode`` only when the job is first touched.
-    ``jobs`` are records applied on top (parsed now). ``finished`` are jobs
-    whose schedule is over (completed, cancelled) but that still have runs in
-    ``inflight`` or retries owed in ``retries`` (latest attempts that ended
-    failed, lost or timed out with no newer attempt)."""
+    ``packed`` are the shards' jobs as packed rows (shard -> columns, see
+    ``wheel.engine.jobtable``), their ``prof`` column indexing ``profiles``:
+    taken on at once without an object per job. ``jobs`` are records applied
+    on top (parsed now: the changes since the packed rows were made).
+    ``finished`` are jobs whose schedule is over (completed, cancelled) but
+    that still have runs in ``inflight`` or retries owed in ``retries``
+    (latest attempts that ended failed, lost or timed out with no newer
+    attempt)."""
 
-    images: Mapping[int, tuple[int | None, object]] = field(default_factory=dict)
-    decode: Callable[[object], JobImage] | None = None
+    packed: Mapping[int, Columns] = field(default_factory=dict)
+    profiles: Sequence[Profile] = ()
     jobs: Sequence[JobRecord] = ()
     finished: Sequence[JobRecord] = ()
     inflight: Sequence[ExecutionRecord] = ()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from wheel.store._shared import Executor, run_from_row, split_job_rows
+from wheel.store._shared import Executor, job_from_row, load_packed, run_from_row
 from wheel.store.base import ShardLoad
 from wheel.store.postgres._db import Conn
 from wheel.store.postgres._sql import QUERIES
@@ -41,15 +41,15 @@ def safe_xid(conn: Executor) -> int:
     return int(row[0])
 
 
-def load_shards(conn: Conn, shards: Sequence[int], unparsed: bool) -> ShardLoad:
+def load_shards(conn: Conn, shards: Sequence[int], packed: bool) -> ShardLoad:
     conn.execute(ONE_SNAPSHOT)
     watermark = safe_xid(conn)
-    jobs = conn.execute(QUERIES.live_jobs_of_shards, (shards,)).fetchall()
     runs = conn.execute(QUERIES.inflight_runs, (shards,)).fetchall()
-    parsed, raw = split_job_rows(jobs, unparsed)
-    return ShardLoad(
-        jobs=parsed,
-        unparsed=raw,
-        inflight=[run_from_row(r) for r in runs],
-        watermark=watermark,
-    )
+    inflight = [run_from_row(r) for r in runs]
+    if packed:
+        jobs, rows, profiles = load_packed(conn, QUERIES, shards)
+        return ShardLoad(
+            jobs=jobs, inflight=inflight, watermark=watermark, packed=rows, profiles=profiles
+        )
+    found = conn.execute(QUERIES.live_jobs_of_shards, (shards,)).fetchall()
+    return ShardLoad(jobs=[job_from_row(r) for r in found], inflight=inflight, watermark=watermark)

@@ -14,6 +14,10 @@ from wheel.store._shared import (
     job_from_row,
     key_conflict,
     new_job_row,
+    new_profiles,
+    profile_and_param,
+    spec_row,
+    spec_text,
 )
 from wheel.store.base import JobRecord, JobState, NewJob, Submitted, shard_of
 from wheel.store.postgres import _sql as sql
@@ -48,22 +52,39 @@ def submit_many(conn: Conn, news: Sequence[NewJob]) -> list[Submitted | WheelErr
     change = 0
     if made:
         job_ids = Int8s([ids[i] for i in made])
+        fresh_news = [news[i] for i in made]
+        profiles = new_profiles(fresh_news)
+        conn.execute(
+            sql.INSERT_PROFILES_SQL,
+            (Int8s([p for p, _ in profiles]), Texts([b for _, b in profiles])),
+        )
+        packed = [profile_and_param(n) for n in fresh_news]
         inserted = conn.execute(
             sql.INSERT_JOBS_SQL,
             (
                 job_ids,
                 Int4s([shard_of(ids[i]) for i in made]),
-                Texts([news[i].spec.tenant for i in made]),
-                Texts([news[i].spec.name for i in made]),
-                Int8s([news[i].next_run_at for i in made]),
-                Bools([not news[i].spec.recurring for i in made]),
-                Texts([news[i].idempotency_key for i in made]),
-                Int8s([news[i].created_at_ms for i in made]),
+                Texts([n.spec.tenant for n in fresh_news]),
+                Texts([n.spec.name for n in fresh_news]),
+                Int8s([n.next_run_at for n in fresh_news]),
+                Bools([not n.spec.recurring for n in fresh_news]),
+                Texts([n.idempotency_key for n in fresh_news]),
+                Int8s([n.created_at_ms for n in fresh_news]),
+                Int8s([p.profile_id for p, _ in packed]),
+                Int8s([param for _, param in packed]),
+                Bools([bool(n.spec.payload) for n in fresh_news]),
             ),
         ).fetchone()
         assert inserted is not None
         change = int(inserted[0])
-        conn.execute(sql.INSERT_SPECS_SQL, (job_ids, Texts([news[i].spec.to_json() for i in made])))
+        conn.execute(
+            sql.INSERT_SPECS_SQL,
+            (
+                job_ids,
+                Texts([spec_text(n.spec) for n in fresh_news]),
+                [n.spec.payload for n in fresh_news],
+            ),
+        )
     # Keys held by an earlier request (or earlier in this batch).
     taken = {
         (n.spec.tenant, n.idempotency_key)
@@ -103,13 +124,17 @@ def submit_many(conn: Conn, news: Sequence[NewJob]) -> list[Submitted | WheelErr
 def import_jobs(conn: Conn, news: Sequence[NewJob]) -> list[int]:
     """Jobs without keys through COPY; their ids in order."""
     ids = [int(r[0]) for r in conn.execute(sql.NEW_JOB_IDS_SQL, (len(news),))]
+    profiles = new_profiles(news)
+    conn.execute(
+        sql.INSERT_PROFILES_SQL, (Int8s([p for p, _ in profiles]), Texts([b for _, b in profiles]))
+    )
     with conn.cursor() as cur:
         with cur.copy(sql.COPY_JOBS_SQL) as copy:
             for job_id, n in zip(ids, news, strict=True):
                 copy.write_row(new_job_row(job_id, n))
         with cur.copy(sql.COPY_SPECS_SQL) as copy:
             for job_id, n in zip(ids, news, strict=True):
-                copy.write_row((job_id, n.spec.to_json()))
+                copy.write_row(spec_row(job_id, n.spec))
     return ids
 
 

@@ -70,13 +70,15 @@ NOT_DISPATCHED = none_of(set(RunState) - {RunState.DISPATCHED})
 # ``CLAIM_MOVE_SQL``, two statements of one transaction. The insert fails the
 # whole transaction on a fire that is claimed already, so when it succeeds
 # every claim won and every advancing claim moves its job. A conflict needs
-# another owner of the shard or a retry of our own commit; then the batch runs
-# again as ``CLAIM_SQL``, one statement whose insert drops the claims another
-# transaction holds (``ON CONFLICT DO NOTHING``) and moves only the jobs of the
-# ones that won. Speculative insertion cost PostgreSQL 2-3 us more a row (4-5
-# against 6-9 us for 1000-row inserts into executions), and the CTE's joins
-# that match winners to their claims another 1.5-2 us a claim (14.9 against
-# 13.2 us of PostgreSQL CPU a claim, 1000-claim batches over 100,000 jobs).
+# another owner of the shard, a trigger or backfill of the same instant, or a
+# retry of our own commit; then the batch runs again as ``CLAIM_SQL``, one
+# statement whose insert drops the claims another transaction holds (``ON
+# CONFLICT DO NOTHING``) and moves the job of every advancing claim whose
+# schedule still stands at its fire (rule 1 of ``wheel.store.base``).
+# Speculative insertion cost PostgreSQL 2-3 us more a row (4-5 against 6-9 us
+# for 1000-row inserts into executions), and the CTE's joins that match
+# winners to their claims another 1.5-2 us a claim (14.9 against 13.2 us of
+# PostgreSQL CPU a claim, 1000-claim batches over 100,000 jobs).
 CLAIM_INPUT = """
     SELECT * FROM unnest(%(idx)b::int4[], %(job)b::int8[], %(sf)b::int8[], %(att)b::int4[],
                          %(fence)b::int8[], %(disp)b::int8[], %(adv)b::bool[],
@@ -112,11 +114,9 @@ WITH input AS ({CLAIM_INPUT}
       FROM input ORDER BY job_id
     ON CONFLICT (job_id, scheduled_for, attempt) DO NOTHING
     RETURNING run_id, job_id
-), won AS (
-    SELECT i.idx, ins.run_id, i.job_id, i.advance, i.expected, i.new_next, i.dispatched_at_ms
-      FROM ins JOIN input AS i ON i.job_id = ins.job_id
-), moved AS ({CLAIM_MOVE.format(won="won")})
-SELECT w.idx, w.run_id, m.idx IS NOT NULL FROM won AS w LEFT JOIN moved AS m ON m.idx = w.idx
+), moved AS ({CLAIM_MOVE.format(won="input")})
+SELECT i.idx, ins.run_id, m.idx IS NOT NULL
+  FROM input AS i LEFT JOIN ins ON ins.job_id = i.job_id LEFT JOIN moved AS m ON m.idx = i.idx
 """
 
 # Claims whose insert lost to a row with the same fence are our own earlier,
@@ -326,17 +326,23 @@ NEW_JOB_IDS_SQL = "SELECT nextval('job_id_seq') FROM generate_series(1, %s)"
 INSERT_JOBS_SQL = f"""
 WITH made AS (
     INSERT INTO jobs ({JOB_INSERT_COLUMNS})
-    SELECT j, s, t, n, 'active', r, o, k, c, c
+    SELECT j, s, t, n, 'active', r, o, k, c, c, p, q, h
       FROM unnest(%b::int8[], %b::int4[], %b::text[], %b::text[], %b::int8[], %b::bool[],
-                  %b::text[], %b::int8[]) AS u(j, s, t, n, r, o, k, c)
+                  %b::text[], %b::int8[], %b::int8[], %b::int8[], %b::bool[])
+           AS u(j, s, t, n, r, o, k, c, p, q, h)
 )
 SELECT pg_current_xact_id()::text::int8
 """
 INSERT_SPECS_SQL = (
-    "INSERT INTO job_specs (job_id, spec) SELECT * FROM unnest(%b::int8[], %b::text[])"
+    "INSERT INTO job_specs (job_id, spec, payload)"
+    " SELECT * FROM unnest(%b::int8[], %b::text[], %b::bytea[])"
+)
+INSERT_PROFILES_SQL = (
+    "INSERT INTO job_profiles (profile_id, body) SELECT * FROM unnest(%b::int8[], %b::text[])"
+    " ON CONFLICT DO NOTHING"
 )
 COPY_JOBS_SQL = f"COPY jobs ({JOB_INSERT_COLUMNS}) FROM STDIN"
-COPY_SPECS_SQL = "COPY job_specs (job_id, spec) FROM STDIN"
+COPY_SPECS_SQL = "COPY job_specs (job_id, spec, payload) FROM STDIN"
 SET_STATE_SQL = """
 UPDATE jobs SET state = %s, next_run_at = %s, updated_at_ms = %s, change_xid = pg_current_xact_id()
  WHERE job_id = %s

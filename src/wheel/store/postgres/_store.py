@@ -10,7 +10,13 @@ from typing import TypeVar
 
 from wheel.errors import WheelError
 from wheel.store._schema import PG_MIGRATIONS
-from wheel.store._shared import Executor, check_importable, check_terminal, wall_ms
+from wheel.store._shared import (
+    Executor,
+    check_importable,
+    check_terminal,
+    read_payloads,
+    wall_ms,
+)
 from wheel.store._sqlstore import SQLStore
 from wheel.store.base import (
     BatchOutcome,
@@ -183,6 +189,8 @@ class PostgresStore(SQLStore):
             ClaimOutcome(claim=c, run_id=run_ids[i], advanced=advanced[i])
             for i, c in enumerate(claims)
         ]
+        if any(c.payload for c in claims):
+            self._db.run(lambda conn, _: read_payloads(conn, QUERIES, outcomes), idempotent=True)
         return outcomes, refused
 
     def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
@@ -240,9 +248,9 @@ class PostgresStore(SQLStore):
 
     # -- ownership ------------------------------------------------------------
 
-    def _load(self, shards: list[int], unparsed: bool) -> ShardLoad:
+    def _load(self, shards: list[int], packed: bool) -> ShardLoad:
         return self._db.run(
-            lambda conn, _: _feed.load_shards(conn, shards, unparsed), idempotent=True
+            lambda conn, _: _feed.load_shards(conn, shards, packed), idempotent=True
         )
 
     def _change_range(self, cur: Executor, watermark: int) -> tuple[int, int]:

@@ -18,25 +18,27 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
-from wheel.store._shared import run_from_row, split_job_rows
+from wheel.store._shared import job_from_row, load_packed, run_from_row
 from wheel.store.base import SHARD_COUNT, ShardLoad
 from wheel.store.sqlite._sql import DIALECT, LAST_CHANGE, QUERIES
 
 
-def load_shards(cur: sqlite3.Cursor, shards: Sequence[int], unparsed: bool) -> ShardLoad:
+def load_shards(cur: sqlite3.Cursor, shards: Sequence[int], packed: bool) -> ShardLoad:
     watermark = cur.execute(LAST_CHANGE).fetchone()[0]
+    runs = cur.execute(QUERIES.inflight_runs, (DIALECT.ints(shards),)).fetchall()
+    inflight = [run_from_row(r) for r in runs]
+    if packed:
+        jobs, rows, profiles = load_packed(cur, QUERIES, shards)
+        return ShardLoad(
+            jobs=jobs, inflight=inflight, watermark=int(watermark), packed=rows, profiles=profiles
+        )
     # All shards (one node: always) read the table in job_id order; through
     # jobs_owned the rows came in shard order and were sorted, 4x slower at
     # a million jobs.
     if len(shards) == SHARD_COUNT:
-        jobs = cur.execute(QUERIES.live_jobs).fetchall()
+        found = cur.execute(QUERIES.live_jobs).fetchall()
     else:
-        jobs = cur.execute(QUERIES.live_jobs_of_shards, (DIALECT.ints(shards),)).fetchall()
-    runs = cur.execute(QUERIES.inflight_runs, (DIALECT.ints(shards),)).fetchall()
-    parsed, raw = split_job_rows(jobs, unparsed)
+        found = cur.execute(QUERIES.live_jobs_of_shards, (DIALECT.ints(shards),)).fetchall()
     return ShardLoad(
-        jobs=parsed,
-        unparsed=raw,
-        inflight=[run_from_row(r) for r in runs],
-        watermark=int(watermark),
+        jobs=[job_from_row(r) for r in found], inflight=inflight, watermark=int(watermark)
     )

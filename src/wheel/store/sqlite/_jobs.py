@@ -16,6 +16,8 @@ from wheel.store._shared import (
     job_from_row,
     key_conflict,
     new_job_row,
+    new_profiles,
+    spec_row,
 )
 from wheel.store.base import JobRecord, JobState, NewJob, Submitted
 from wheel.store.sqlite import _sql as sql
@@ -46,8 +48,9 @@ def submit_many(cur: sqlite3.Cursor, news: Sequence[NewJob]) -> list[Submitted |
         base = bump(cur, "job_id", len(made))
         change = bump(cur, "change_seq")
         ids = {i: base + k for k, i in enumerate(made)}
+        cur.executemany(sql.INSERT_PROFILE, new_profiles([news[i] for i in made]))
         cur.executemany(sql.INSERT_JOB, [(*new_job_row(ids[i], news[i]), change) for i in made])
-        cur.executemany(sql.INSERT_SPEC, [(ids[i], news[i].spec.to_json()) for i in made])
+        cur.executemany(sql.INSERT_SPEC, [spec_row(ids[i], news[i].spec) for i in made])
         cur.executemany(
             sql.INSERT_KEY,
             [
@@ -90,12 +93,11 @@ def import_jobs(cur: sqlite3.Cursor, news: Sequence[NewJob]) -> list[int]:
     first = bump(cur, "job_id", len(news))
     change = bump(cur, "change_seq")
     ids = list(range(first, first + len(news)))
+    cur.executemany(sql.INSERT_PROFILE, new_profiles(news))
     cur.executemany(
         sql.INSERT_JOB, [(*new_job_row(i, n), change) for i, n in zip(ids, news, strict=True)]
     )
-    cur.executemany(
-        sql.INSERT_SPEC, [(i, n.spec.to_json()) for i, n in zip(ids, news, strict=True)]
-    )
+    cur.executemany(sql.INSERT_SPEC, [spec_row(i, n.spec) for i, n in zip(ids, news, strict=True)])
     return ids
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from wheel.store import _fence
-from wheel.store._shared import first_per_key
+from wheel.store._shared import first_per_key, read_payloads
 from wheel.store.base import (
     ClaimOutcome,
     Completion,
@@ -78,7 +78,9 @@ def claim(cur: sqlite3.Cursor, claims: Sequence[FireClaim]) -> list[ClaimOutcome
         }
         run_ids = [base + i if base + i in present else None for i in range(n)]
     advanced = [False] * n
-    cas_idx = [i for i, c in enumerate(claims) if c.advance and run_ids[i] is not None]
+    # Every advancing claim moves its schedule if it still stands at the fire:
+    # one that lost found the fire held by another run (rule 1).
+    cas_idx = [i for i, c in enumerate(claims) if c.advance]
     if cas_idx:
         change = bump(cur, "change_seq")
         rows: list[tuple[Any, ...]] = []
@@ -105,9 +107,11 @@ def claim(cur: sqlite3.Cursor, claims: Sequence[FireClaim]) -> list[ClaimOutcome
         for i, run_id, moved in sql.select_rows(cur, sql.RECOGNISE_CLAIMS, lost):
             run_ids[i] = run_id
             advanced[i] = bool(moved) and claims[i].advance
-    return [
+    out = [
         ClaimOutcome(claim=c, run_id=run_ids[i], advanced=advanced[i]) for i, c in enumerate(claims)
     ]
+    read_payloads(cur, sql.QUERIES, out)
+    return out
 
 
 def advance(cur: sqlite3.Cursor, advances: Sequence[ScheduleAdvance], now_ms: int) -> list[bool]:

@@ -175,9 +175,11 @@ HELD_KEYS = (
     " AND i.idempotency_key = json_extract(u.value, '$[1]')"
 )
 INSERT_JOB = (
-    f"INSERT INTO jobs ({JOB_INSERT_COLUMNS}, change_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    f"INSERT INTO jobs ({JOB_INSERT_COLUMNS}, change_seq)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-INSERT_SPEC = "INSERT INTO job_specs (job_id, spec) VALUES (?, ?)"
+INSERT_SPEC = "INSERT INTO job_specs (job_id, spec, payload) VALUES (?, ?, ?)"
+INSERT_PROFILE = "INSERT INTO job_profiles (profile_id, body) VALUES (?, ?) ON CONFLICT DO NOTHING"
 INSERT_KEY = (
     "INSERT INTO idempotency_keys (tenant, idempotency_key, body_hash, job_id, created_at_ms)"
     " VALUES (?, ?, ?, ?, ?)"

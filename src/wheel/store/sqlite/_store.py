@@ -148,10 +148,10 @@ class SQLiteStore(SQLStore):
 
     # -- ownership ------------------------------------------------------------
 
-    def _load(self, shards: list[int], unparsed: bool) -> ShardLoad:
+    def _load(self, shards: list[int], packed: bool) -> ShardLoad:
         # One read transaction: jobs, runs and the watermark are one snapshot.
         with self._db.tx(write=False) as cur:
-            return _feed.load_shards(cur, shards, unparsed)
+            return _feed.load_shards(cur, shards, packed)
 
     def _change_range(self, cur: Executor, watermark: int) -> tuple[int, int]:
         # The watermark is inclusive here (see _feed): the markers after it,

@@ -1,0 +1,336 @@
+"""Jobs at rest as packed rows, awake as objects.
+
+Most of an owner's jobs have nothing going on: their next fire is hours or
+days away. Each of those is one row of its shard's ``ShardJobs`` table (37
+bytes: see ``wheel.engine.jobtable``), not an object. A job *wakes* -- becomes
+a ``_Job`` in ``self.jobs``, its row marked ``AWAKE`` -- when its FIRE timer
+goes off, when the owner is told something about it, or when it is read; it
+goes back to rest (``_settle``) once its work is over and its next fire is not
+due within ``keep_awake_ms``. Submitted, restored and gained jobs all start at
+rest; a job that fires every few seconds stays awake.
+
+Timers of jobs at rest are armed ahead, not all at once: the wheel holds a
+FIRE timer for each job at rest due before ``_armed_until`` (the next
+``arm_ahead_ms``), and ``_arm_ahead`` scans the tables' ``due`` columns for the
+next stretch as time moves on. So ten million jobs cost the wheel only the
+timers of the next minute.
+
+Invariants (tests in tests/engine/test_packed.py):
+
+1. Every job the owner holds has exactly one row in its shard's table: at
+   rest, or ``AWAKE`` with an object in ``self.jobs``; a job that left is a
+   tombstone or no row.
+2. A job at rest with ``due < _armed_until`` has a FIRE timer in the wheel at
+   ``due``; one with ``due >= _armed_until`` has ``due >= _next_unarmed``.
+   An awake job's FIRE timer is its own business (``_Jobs._arm``).
+3. A job goes to rest only when nothing of it is in flight, queued, due,
+   buffered, skipped or on its way to the store, and its schedule in the
+   store is what the owner has armed (or it is paused): its row then says
+   everything a wake needs, and waking it gives back the same job.
+4. A job at rest due before its jittered time (a row made from a store row
+   knows only the nominal time) is armed at the nominal time and re-armed
+   at the jittered one when the timer wakes it: never early.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from wheel.engine.jobtable import (
+    AWAKE,
+    GONE,
+    NEVER,
+    NO_FIRE,
+    PAUSED,
+    PAYLOAD,
+    Columns,
+    ShardJobs,
+)
+from wheel.engine.model import shard_of
+from wheel.engine.owner._state import _Job, _OwnerState, _Shard
+from wheel.engine.owner._values import FIRE, PackedJob
+from wheel.engine.profiles import Profile, schedule_of
+from wheel.engine.schedule import CompiledSchedule, compile_schedule
+from wheel.engine.spec import JobSpec
+
+log = logging.getLogger("wheel.owner")
+
+
+class _Packed(_OwnerState):
+    __slots__ = ()
+
+    # -- finding and waking jobs ------------------------------------------------------
+
+    def _job(self, job_id: int) -> _Job | None:
+        """The job, woken if it is at rest. The dispatch path writes
+        ``self.jobs.get(j) or self._job(j)``: a job it touches is nearly
+        always awake, and the call costs more than the get."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            job = self._wake(job_id)
+        return job
+
+    def _job_or_raise(self, job_id: int) -> _Job:
+        job = self._job(job_id)
+        if job is None:
+            raise KeyError(job_id)
+        return job
+
+    def _table_of(self, job_id: int) -> ShardJobs | None:
+        held = self._shards.get(shard_of(job_id))
+        return None if held is None else held.table
+
+    def _wake(self, job_id: int) -> _Job | None:
+        table = self._table_of(job_id)
+        if table is None:
+            return None
+        i = table.find(job_id)
+        if i < 0 or table.flags[i] & AWAKE:
+            return None
+        nxt, due, param = table.nxt[i], table.due[i], table.param[i]
+        prof, flags = table.prof[i], table.flags[i]
+        profile = self.profiles[prof]
+        try:
+            compiled = self._compile(job_id, profile.template, param)
+        except Exception:
+            # One bad row (an expression this version rejects) must not stop
+            # the owner, nor every other job of the shard from running.
+            log.exception("job %s could not be loaded; skipped", job_id)
+            self.wheel.cancel((job_id << 2) | FIRE)
+            table.remove_at(i)
+            return None
+        job = _Job(job_id, profile.template, compiled, prof, param, bool(flags & PAYLOAD))
+        job.paused = bool(flags & PAUSED)
+        job.store_next = None if nxt == NO_FIRE else nxt
+        job.next_fire = None if job.paused else job.store_next
+        table.flags[i] = flags | AWAKE
+        table.due[i] = NEVER
+        if job.next_fire is not None:
+            # Its timer while at rest, if armed, is at ``due``: a row made
+            # from a store row knows only the fire's nominal time, and the
+            # job's jitter (never earlier) moves it now. An awake job's timer
+            # is always in the wheel.
+            jittered = compiled.jittered(job.next_fire)
+            if jittered != due or due >= self._armed_until:
+                self.wheel.add((job_id << 2) | FIRE, jittered)
+        self.jobs[job_id] = job
+        self._settling.add(job_id)
+        return job
+
+    def _wake_to_fire(self, job_id: int, now_ms: int) -> _Job | None:
+        """A job at rest whose FIRE timer went off, if its fire is due: one
+        armed at the nominal time of a jittered fire is due later (``_wake``
+        armed it again for then)."""
+        job = self._job(job_id)
+        if job is None or job.next_fire is None or job.compiled.jittered(job.next_fire) > now_ms:
+            return None
+        return job
+
+    def _compile(self, job_id: int, spec: JobSpec, param: int) -> CompiledSchedule:
+        return compile_schedule(schedule_of(spec, param), jitter_ms=spec.jitter_ms, job_id=job_id)
+
+    # -- what the owner holds ---------------------------------------------------------
+
+    def has_job(self, job_id: int) -> bool:
+        if job_id in self.jobs:
+            return True
+        table = self._table_of(job_id)
+        return table is not None and table.find(job_id) >= 0
+
+    def job_count(self) -> int:
+        return sum(len(held.table) for held in self._shards.values())
+
+    def awake_count(self) -> int:
+        return len(self.jobs)
+
+    def job_ids(self) -> list[int]:
+        return [j for held in self._shards.values() for j in held.table.live_ids()]
+
+    def unarmed_fires(self) -> int:
+        """Jobs at rest with a fire due after the stretch armed in the wheel."""
+        until = self._armed_until
+        return sum(held.table.due_from(until) for held in self._shards.values())
+
+    def packed_bytes(self) -> int:
+        """What the tables of jobs at rest take (their arrays' memory)."""
+        return sum(held.table.nbytes() for held in self._shards.values())
+
+    def profile(self, profile_id: int) -> Profile | None:
+        index = self.profiles.index_of(profile_id)
+        return None if index is None else self.profiles[index]
+
+    def image_of(self, job_id: int) -> PackedJob | None:
+        """A job as it rests (None: the job is gone): what a checkpoint keeps."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            return self._image(job)
+        table = self._table_of(job_id)
+        if table is None:
+            return None
+        i = table.find(job_id)
+        if i < 0:
+            return None
+        return PackedJob(
+            job_id,
+            table.nxt[i],
+            table.due[i],
+            table.param[i],
+            self.profiles[table.prof[i]].profile_id,
+            table.flags[i] & (PAUSED | PAYLOAD),
+        )
+
+    def _image(self, job: _Job) -> PackedJob:
+        nxt = NO_FIRE if job.store_next is None else job.store_next
+        due = NEVER
+        if job.store_next is not None and not job.paused:
+            due = job.compiled.jittered(job.store_next)
+        return PackedJob(
+            job.job_id,
+            nxt,
+            due,
+            job.param,
+            self.profiles[job.profile].profile_id,
+            (PAUSED if job.paused else 0) | (PAYLOAD if job.has_payload else 0),
+        )
+
+    def take_dirty(self) -> set[int]:
+        dirty, self.dirty = self.dirty, set()
+        return dirty
+
+    def snapshot_columns(self, shard: int) -> Columns | None:
+        """A copy of the shard's rows as a checkpoint keeps them: awake jobs
+        as they would rest, no tombstones; ``prof`` numbers ``profiles``
+        (None: the shard is not held)."""
+        held = self._shards.get(shard)
+        if held is None:
+            return None
+        table = held.table
+        c = table.columns()
+        awake = np.flatnonzero((c.flags & (AWAKE | GONE)) == AWAKE)
+        for i in awake.tolist():
+            job = self.jobs.get(int(c.ids[i]))
+            if job is None:  # pragma: no cover - an awake row has its object
+                c.flags[i] = GONE
+                continue
+            image = self._image(job)
+            c.nxt[i], c.due[i], c.param[i] = image.nxt, image.due, image.param
+            c.prof[i], c.flags[i] = job.profile, image.flags
+        if table.gone or len(awake):
+            c = c.take((c.flags & GONE) == 0)
+        return c
+
+    # -- rest and wake ----------------------------------------------------------------
+
+    def _keep_job(self, job: _Job) -> None:
+        """A new awake job: in the table of awake jobs and its shard's rows."""
+        self.jobs[job.job_id] = job
+        table = self._shards[job.shard].table
+        flags = AWAKE | (PAYLOAD if job.has_payload else 0)
+        table.put(job.job_id, NO_FIRE, NEVER, job.param, job.profile, flags)
+        self._settling.add(job.job_id)
+
+    def _forget_job(self, job: _Job) -> None:
+        """A job leaves the owner: its schedule and runs are over."""
+        del self.jobs[job.job_id]
+        held = self._shards.get(job.shard)
+        if held is not None:
+            i = held.table.locate(job.job_id)
+            if i >= 0:
+                held.table.remove_at(i)
+        self.dirty.add(job.job_id)
+
+    def _park(
+        self, table: ShardJobs, job_id: int, nxt: int, due: int, param: int, prof: int, flags: int
+    ) -> None:
+        """Put a job at rest (a new one, or one going back to rest), armed if
+        it comes due within the stretch armed already."""
+        table.put(job_id, nxt, due, param, prof, flags)
+        if due < self._armed_until:
+            self.wheel.add((job_id << 2) | FIRE, due)
+        else:
+            self.wheel.cancel((job_id << 2) | FIRE)
+            if due < self._next_unarmed:
+                self._next_unarmed = due
+
+    def _settle(self, now_ms: int) -> None:
+        """Put the woken jobs whose work is over back to rest, unless they
+        fire again soon (invariant 3)."""
+        settling, self._settling = self._settling, set()
+        keep_until = now_ms + self.config.keep_awake_ms
+        jobs = self.jobs
+        for job_id in settling:
+            job = jobs.get(job_id)
+            if job is None or not _at_rest(job):
+                continue  # gone, or busy: settled again when its work ends
+            due = NEVER
+            if not job.paused and job.next_fire is not None:
+                due = job.compiled.jittered(job.next_fire)
+                if due < keep_until:
+                    continue  # fires soon: awake it stays
+            held = self._shards.get(job.shard)
+            if held is None:  # pragma: no cover - an awake job's shard is held
+                continue
+            del jobs[job_id]
+            flags = (PAUSED if job.paused else 0) | (PAYLOAD if job.has_payload else 0)
+            nxt = NO_FIRE if job.store_next is None else job.store_next
+            self._park(held.table, job_id, nxt, due, job.param, job.profile, flags)
+
+    def _arm_ahead(self, now_ms: int) -> None:
+        """Arm the FIRE timers of the jobs at rest that come due within the
+        next ``arm_ahead_ms`` (invariant 2): a scan of the tables' ``due``
+        columns, every ``arm_step_ms`` at most while jobs come due."""
+        ahead = self.config.arm_ahead_ms
+        if now_ms + ahead < self._next_unarmed:
+            return
+        lo = self._armed_until
+        hi = max(lo, now_ms + ahead + self.config.arm_step_ms)
+        wheel = self.wheel
+        first = NEVER
+        for held in self._shards.values():
+            ids, deadlines, after = held.table.arm(lo, hi)
+            if ids:
+                wheel.add_many([(j << 2) | FIRE for j in ids], deadlines)
+            if after < first:
+                first = after
+        self._armed_until = hi
+        self._next_unarmed = first
+
+    def next_arming(self) -> int | None:
+        """When ``_arm_ahead`` has timers to arm next (None: no job at rest
+        comes due)."""
+        if self._next_unarmed == NEVER:
+            return None
+        return max(self.wheel.now, self._next_unarmed - self.config.arm_ahead_ms)
+
+    def _take_on_rows(self, held: _Shard, rows: Columns, profiles: list[int]) -> None:
+        """Rows of a gained shard (``prof`` numbering ``profiles``' entries,
+        owner numbers): the shard's table, its FIRE timers armed ahead."""
+        if len(rows):
+            rows.prof = np.asarray(profiles, dtype=np.int32)[rows.prof]
+            # Rows as a checkpoint or a load gives them rest; none is awake.
+            rows.flags &= PAUSED | PAYLOAD | GONE
+        held.table = ShardJobs(rows)
+        ids, deadlines, after = held.table.arm(NO_FIRE + 1, self._armed_until)
+        if ids:
+            self.wheel.add_many([(j << 2) | FIRE for j in ids], deadlines)
+        self._next_unarmed = min(self._next_unarmed, after)
+
+
+def _at_rest(job: _Job) -> bool:
+    """Nothing of the job is going on, and its row can say all of it
+    (invariant 3)."""
+    return (
+        job.inflight <= 0
+        and not job.due
+        and not job.buffered
+        and not job.skipped
+        and not job.ready
+        and job.running <= 0
+        and job.ending <= 0
+        and job.advancing <= 0
+        and not job.queued
+        and not job.cancelled
+        and (job.paused or job.next_fire == job.store_next)
+    )
