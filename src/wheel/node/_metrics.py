@@ -59,6 +59,8 @@ STORE_BATCH_BUCKETS_S = (
     5.0,
     10.0,
 )
+# Event-loop stalls (s): how much later than asked a 10 ms timer ran.
+LOOP_STALL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # What ``wheel_store_errors_total{op}`` counts.
 STORE_OPS = ("batch", "probe", "changes", "purge")
 
@@ -76,6 +78,8 @@ class MetricsSource(Protocol):
 
     def checkpoint_log_records(self) -> int | None: ...
 
+    def loop_stall_max_s(self) -> float: ...
+
 
 @dataclass(frozen=True, slots=True)
 class NodeMetrics:
@@ -83,6 +87,7 @@ class NodeMetrics:
 
     registry: CollectorRegistry
     store_batch_seconds: Histogram
+    loop_stall_seconds: Histogram
     store_errors: Counter
     alerts: Counter
     purged_rows: Counter
@@ -100,6 +105,14 @@ class NodeMetrics:
                 "Time to commit one dispatch-loop batch (claims, completions, missed"
                 " fires, schedule moves) to the store, retries included.",
                 buckets=STORE_BATCH_BUCKETS_S,
+                registry=registry,
+            ),
+            loop_stall_seconds=Histogram(
+                "wheel_loop_stall_seconds",
+                "Event-loop stalls: how much later than asked a 10 ms timer of the node's"
+                " loop ran (time spent in Python between awaits: loads, snapshots, bulk"
+                " submits, garbage collection). Stalls under 5 ms are not counted.",
+                buckets=LOOP_STALL_BUCKETS_S,
                 registry=registry,
             ),
             store_errors=Counter(
@@ -213,7 +226,22 @@ class NodeCollector(Collector):
             st.overdue_backlog,
         )
         yield _gauge("wheel_jobs", "Jobs held by this node's shards.", st.jobs)
-        yield _gauge("wheel_pending_timers", "Timers pending in the wheel.", st.pending_timers)
+        yield _gauge(
+            "wheel_pending_timers",
+            "Timers pending: the wheel's, and the next fires of jobs at rest.",
+            st.pending_timers,
+        )
+        yield _gauge(
+            "wheel_jobs_awake",
+            "Jobs held as objects (work going on, or a fire due soon); the others"
+            " rest as packed rows.",
+            st.jobs_awake,
+        )
+        yield _gauge(
+            "wheel_loop_stall_max_seconds",
+            "The longest event-loop stall since the node started.",
+            node.loop_stall_max_s(),
+        )
         yield _lag_histogram(node.lag_histogram)
         logged = node.checkpoint_log_records()
         if logged is not None:

@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("wheel.node")
 
 HealthListener = Callable[[Health], Awaitable[None]]
+# The stall watcher's tick, the least stall it counts, and the one it logs.
+STALL_TICK_S = 0.01
+STALL_FLOOR_S = 0.005
+STALL_WARN_S = 0.1
 
 
 class NodeOps:
@@ -93,12 +97,14 @@ class NodeOps:
         self._probe_thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-probe")
         self._purge_thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-purge")
         self._ops_tasks: list[asyncio.Task[None]] = []
+        self._stall_max_s = 0.0
         self._init_tenancy()
 
     def _start_ops(self) -> None:
         self._ops_tasks = [
             asyncio.create_task(self._watch(), name="wheel-health"),
             asyncio.create_task(self._retain(), name="wheel-retention"),
+            asyncio.create_task(self._watch_stalls(), name="wheel-stalls"),
         ]
         self._start_tenancy()
 
@@ -112,6 +118,30 @@ class NodeOps:
         # A probe or a purge step stuck on the store is not waited for.
         self._probe_thread.shutdown(wait=False, cancel_futures=True)
         self._purge_thread.shutdown(wait=False, cancel_futures=True)
+
+    # -- event-loop stalls ------------------------------------------------------------
+
+    async def _watch_stalls(self) -> None:
+        """Ask the loop to wake every ``STALL_TICK_S`` and record how much
+        later it did: whatever held the loop meanwhile (a load, a snapshot,
+        a bulk submit, a garbage collection) stalled every stream and timer
+        of the node as long."""
+        loop = asyncio.get_running_loop()
+        histogram = self.metrics.loop_stall_seconds
+        while True:
+            asked = loop.time() + STALL_TICK_S
+            await asyncio.sleep(STALL_TICK_S)
+            late = loop.time() - asked
+            if late >= STALL_FLOOR_S:
+                histogram.observe(late)
+                if late > self._stall_max_s:
+                    self._stall_max_s = late
+                    if late >= STALL_WARN_S:
+                        log.warning("the event loop stalled for %.0f ms", late * 1000)
+
+    def loop_stall_max_s(self) -> float:
+        """The longest event-loop stall since the node started (s)."""
+        return self._stall_max_s
 
     # -- health -----------------------------------------------------------------------
 

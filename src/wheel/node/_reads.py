@@ -101,6 +101,7 @@ class NodeReads:
             lag_p99_ms=p99,
             shards=owner.shards(),
             jobs=owner.job_count(),
+            jobs_awake=owner.awake_count(),
             pending_timers=owner.pending_timers(),
             in_flight=len(owner.runs),
             backlog=fresh + overdue,

@@ -212,8 +212,9 @@ class NodeStatus:
     lag_p99_ms: float
     # Shard -> epoch held; empty while the node starts.
     shards: Mapping[int, int] = field(default_factory=dict)
-    # Every job held, awake or dormant.
+    # Every job held, awake or at rest, and of them the awake ones.
     jobs: int = 0
+    jobs_awake: int = 0
     pending_timers: int = 0
     in_flight: int = 0
     backlog: int = 0
