@@ -1,0 +1,419 @@
+"""Bulk ingest: N jobs submitted through the client, against the store's own
+limit in the same run; what holding them costs the nodes; and whether the
+owners stay responsive meanwhile.
+
+    python benchmarks/ingest.py --jobs 1000000 --nodes 1 --store sqlite --json out.json
+    python benchmarks/ingest.py --jobs 1000000 --nodes 3 --store postgres --json out.json
+
+``--nodes 1`` is the embedded node (``wheelctl serve``); more nodes are a
+cluster over an etcd of the benchmark's own on one PostgreSQL schema. The
+jobs (intervals and crons in several zones, half with a small payload, in ten
+tenants) come due days ahead: none fires during the run. Twenty probe jobs
+fire every second throughout, run by a worker process, so that an owner too
+busy to hear a worker would show as a fire run twice.
+
+1. The store's limit: the same job rows written straight into a scratch
+   store of the same kind in bulk (COPY on PostgreSQL, one prepared
+   statement a batch on SQLite), with no scheduler in the way.
+2. The submit: ``Client.submit_many`` of ``--batch`` jobs a call from
+   ``--threads`` threads, spread over the nodes, until all N are in; then the
+   wait until the owners hold them all.
+3. The nodes' RSS over what they used before the submit, per job; then every
+   node restarted (SIGTERM, start again) and the same once they hold every
+   job again.
+
+JSON keys: ``jobs``, ``nodes``, ``store``, ``submit_per_s``,
+``store_limit_per_s``, ``submit_ratio`` (of the two), ``held_after_s`` (from
+the last answer until the owners held every job), ``rss_bytes_per_job``,
+``rss_bytes_per_job_restored``, ``restart_held_s`` (from the restart until
+the owners held every job again), ``loop_stall_ms_max`` (the longest
+event-loop stall of any node, from its ``wheel_loop_stall_max_seconds``),
+``probe_fires`` and ``duplicates`` (fires with more than one execution).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import _report
+from _cluster import Etcd, free_port, stop_all, wait_until
+from dispatch import DEFAULT_PG, HERE, PY, PgSchema
+
+from wheel.client import Client
+from wheel.client._specs import JobRequest, job_spec
+from wheel.engine.records import NewJob
+from wheel.store._shared import new_job_row, new_profiles, spec_row
+
+ZONES = ("UTC", "America/New_York", "Europe/London", "Asia/Tokyo")
+PROBES = 20
+DAY = timedelta(days=1)
+
+
+def job_request(i: int, now: datetime) -> JobRequest:
+    """Job ``i`` of the bulk: daily intervals starting days ahead, and crons
+    that fire at night; half carry a payload."""
+    payload = {"order": i, "kind": "reminder"} if i % 2 else b""
+    tenant = f"tenant-{i % 10}"
+    if i % 4 == 3:
+        zone = ZONES[i % len(ZONES)]
+        return JobRequest(
+            name=f"nightly-{i}",
+            handler="reports.nightly",
+            cron=f"{i % 60} 3 * * *",
+            tz=zone,
+            payload=payload,
+            tenant=tenant,
+        )
+    start = now + 2 * DAY + timedelta(seconds=i % 86_400)
+    return JobRequest(
+        name=f"reminder-{i}",
+        handler="reminders.send",
+        every=DAY,
+        start=start,
+        payload=payload,
+        tenant=tenant,
+    )
+
+
+def _batches(n: int, size: int) -> list[range]:
+    return [range(s, min(n, s + size)) for s in range(0, n, size)]
+
+
+# -- the store's limit -------------------------------------------------------------------
+
+
+def store_limit(
+    kind: str, tmp: Path, dsn: str, jobs: int, batch: int, now: datetime
+) -> tuple[float, float]:
+    """Rows per second the store takes in bulk, and the seconds it took:
+    the rows are made first (untimed), then written batch by batch (timed)."""
+    now_ms = int(now.timestamp() * 1000)
+    spent = 0.0
+    if kind == "sqlite":
+        from wheel.store.sqlite import SQLiteStore
+        from wheel.store.sqlite import _sql as sq
+
+        lite = SQLiteStore(tmp / "limit.db")
+        lite.migrate()
+        lite.close()
+        db = sqlite3.connect(tmp / "limit.db", isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        next_id = 1
+        for part in _batches(jobs, batch):
+            news = [_new(i, now, now_ms) for i in part]
+            rows = [(*new_job_row(next_id + k, n), 1) for k, n in enumerate(news)]
+            specs = [spec_row(next_id + k, n.spec) for k, n in enumerate(news)]
+            profiles = new_profiles(news)
+            next_id += len(news)
+            t0 = time.perf_counter()
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany(sq.INSERT_PROFILE, profiles)
+            db.executemany(sq.INSERT_JOB, rows)
+            db.executemany(sq.INSERT_SPEC, specs)
+            db.execute("COMMIT")
+            spent += time.perf_counter() - t0
+        db.close()
+    else:
+        import psycopg
+
+        from wheel.store.postgres import PostgresStore
+        from wheel.store.postgres import _sql as pg
+
+        scratch = PgSchema(dsn, f"wheel-ingest-limit-{tmp.name[-8:]}")
+        try:
+            store = PostgresStore(scratch.dsn)
+            store.migrate()
+            store.close()
+            with psycopg.connect(scratch.dsn) as conn:
+                next_id = 1
+                for part in _batches(jobs, batch):
+                    news = [_new(i, now, now_ms) for i in part]
+                    rows = [new_job_row(next_id + k, n) for k, n in enumerate(news)]
+                    specs = [spec_row(next_id + k, n.spec) for k, n in enumerate(news)]
+                    profiles = new_profiles(news)
+                    next_id += len(news)
+                    t0 = time.perf_counter()
+                    with conn.cursor() as cur:
+                        cur.executemany(
+                            "INSERT INTO job_profiles (profile_id, body) VALUES (%s, %s)"
+                            " ON CONFLICT DO NOTHING",
+                            profiles,
+                        )
+                        with cur.copy(pg.COPY_JOBS_SQL) as copy:
+                            for row in rows:
+                                copy.write_row(row)
+                        with cur.copy(pg.COPY_SPECS_SQL) as copy:
+                            for spec in specs:
+                                copy.write_row(spec)
+                    conn.commit()
+                    spent += time.perf_counter() - t0
+        finally:
+            scratch.drop()
+    return jobs / spent, spent
+
+
+def _new(i: int, now: datetime, now_ms: int) -> NewJob:
+    spec = job_spec(job_request(i, now), now_ms=now_ms)
+    first = spec.schedule.start_at_ms if hasattr(spec.schedule, "start_at_ms") else now_ms
+    return NewJob(spec=spec, created_at_ms=now_ms, next_run_at=first)
+
+
+# -- the nodes ---------------------------------------------------------------------------
+
+
+class NodeProc:
+    """One ``wheelctl serve`` process, restartable on the same data dir."""
+
+    def __init__(self, root: Path, index: int, wheelctl: str, args: Sequence[str]) -> None:
+        self.dir = root / f"node-{index}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.cmd = [
+            wheelctl, "serve", "--data-dir", str(self.dir / "data"), "--listen", self.target,
+            "--metrics-listen", f"127.0.0.1:{self.metrics_port}", "--node-id", f"node-{index}",
+            *args,
+        ]  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def spawn(self) -> None:
+        self.starts += 1
+        with open(self.dir / f"serve-{self.starts}.log", "wb") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT)
+
+    def rss(self) -> int:
+        assert self.proc is not None
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def metric(self, name: str) -> float:
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        return 0.0
+
+    def jobs(self) -> int | None:
+        from wheel.errors import WheelError
+
+        try:
+            with Client(self.target, timeout=5.0) as client:
+                return client.status().jobs
+        except WheelError:
+            return None
+
+    def stop(self) -> None:
+        stop_all([self.proc] if self.proc is not None else [])
+
+
+def held(nodes: Sequence[NodeProc]) -> int:
+    total = 0
+    for node in nodes:
+        n = node.jobs()
+        if n is None:
+            return -1
+        total += n
+    return total
+
+
+def submit_all(
+    targets: Sequence[str], jobs: int, batch: int, threads: int, now: datetime
+) -> tuple[float, int]:
+    """Submit every job; the seconds from the first call to the last answer,
+    and how many items came back with an error."""
+    work = _batches(jobs, batch)
+    lock = threading.Lock()
+    errors = [0]
+    failures: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        with Client(list(targets[n % len(targets) :]) + list(targets[: n % len(targets)])) as c:
+            while True:
+                with lock:
+                    if not work:
+                        return
+                    part = work.pop(0)
+                try:
+                    out = c.submit_many(job_request(i, now) for i in part)
+                except BaseException as exc:
+                    failures.append(exc)
+                    return
+                bad = sum(1 for r in out if isinstance(r, Exception))
+                with lock:
+                    errors[0] += bad
+
+    started = time.perf_counter()
+    pool = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if failures:
+        raise RuntimeError(f"a submit call failed: {failures[0]!r}")
+    return time.perf_counter() - started, errors[0]
+
+
+def duplicates_in(kind: str, where: str) -> tuple[int, int]:
+    """Fires with more than one execution, and executions in all."""
+    sql = (
+        "SELECT count(*) FROM (SELECT job_id, scheduled_for FROM executions"
+        " GROUP BY job_id, scheduled_for HAVING count(*) > 1) AS d"
+    )
+    probe = "SELECT count(*) FROM executions"
+    if kind == "sqlite":
+        db = sqlite3.connect(f"file:{where}?mode=ro", uri=True)
+        try:
+            return int(db.execute(sql).fetchone()[0]), int(db.execute(probe).fetchone()[0])
+        finally:
+            db.close()
+    import psycopg
+
+    with psycopg.connect(where) as conn:
+        dup = conn.execute(sql).fetchone()
+        fires = conn.execute(probe).fetchone()
+        assert dup is not None and fires is not None
+        return int(dup[0]), int(fires[0])
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.nodes > 1 and args.store != "postgres":
+        raise SystemExit("a cluster (--nodes > 1) needs --store postgres")
+    tmp = Path(tempfile.mkdtemp(prefix="wheel-ingest-"))
+    now = datetime.now(UTC).replace(microsecond=0)
+    limit_per_s, limit_s = store_limit(args.store, tmp, args.pg_dsn, args.jobs, args.batch, now)
+    print(f"store limit: {limit_per_s:,.0f} rows/s ({limit_s:.1f} s)", file=sys.stderr)
+    schema = (
+        PgSchema(args.pg_dsn, f"wheel-ingest-{tmp.name[-8:]}") if args.store == "postgres" else None
+    )
+    etcd = Etcd(tmp / "etcd-data") if args.nodes > 1 else None
+    nodes: list[NodeProc] = []
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        serve: list[str] = list(args.serve_arg)
+        if schema is not None:
+            serve += ["--store", schema.dsn]
+        if etcd is not None:
+            etcd.start()
+            serve += ["--cluster", f"etcd://{etcd.endpoint}/ingest"]
+        nodes = [NodeProc(tmp, i + 1, args.wheelctl, serve) for i in range(args.nodes)]
+        for node in nodes:
+            node.spawn()
+        wait_until(lambda: held(nodes) >= 0, 60, "the nodes to serve")
+        targets = [n.target for n in nodes]
+        with Client(targets) as client:
+            for p in range(PROBES):
+                client.submit(
+                    name=f"probe-{p}",
+                    handler="probe",
+                    every=timedelta(seconds=1),
+                    start=now + timedelta(seconds=5 + p / PROBES),
+                )
+        worker = subprocess.Popen(
+            [PY, str(HERE / "bench_worker.py"), "--system", "wheel", "--connect",
+             ",".join(targets), "--out", str(tmp / "probes.rec"), "--capacity", "64"],
+            cwd=HERE,
+        )  # fmt: skip
+        wait_until(lambda: held(nodes) == PROBES, 60, "the owners to hold the probes")
+        time.sleep(2)  # the worker connected, fires flowing
+        empty = sum(n.rss() for n in nodes)
+
+        submit_s, errors = submit_all(targets, args.jobs, args.batch, args.threads, now)
+        if errors:
+            raise RuntimeError(f"{errors} submits came back with an error")
+        print(f"submitted {args.jobs} in {submit_s:.1f} s", file=sys.stderr)
+        answered = time.perf_counter()
+        total = args.jobs + PROBES
+        wait_until(lambda: held(nodes) == total, args.hold_timeout, "the owners to hold every job")
+        held_after_s = time.perf_counter() - answered
+        time.sleep(2)
+        rss_per_job = (sum(n.rss() for n in nodes) - empty) / args.jobs
+        stall_s = max(n.metric("wheel_loop_stall_max_seconds") for n in nodes)
+
+        for node in nodes:
+            node.stop()
+        restarted = time.perf_counter()
+        for node in nodes:
+            node.spawn()
+        wait_until(
+            lambda: held(nodes) == total, args.hold_timeout, "the owners to hold every job again"
+        )
+        restart_held_s = time.perf_counter() - restarted
+        time.sleep(2)
+        rss_restored = (sum(n.rss() for n in nodes) - empty) / args.jobs
+        stall_s = max(stall_s, *(n.metric("wheel_loop_stall_max_seconds") for n in nodes))
+        time.sleep(3)  # probe fires after the restart
+        stop_all([worker])
+        for node in nodes:
+            node.stop()
+        where = str(nodes[0].dir / "data" / "wheel.db") if schema is None else schema.dsn
+        duplicates, probe_fires = duplicates_in(args.store, where)
+    finally:
+        stop_all([worker] if worker is not None else [])
+        for node in nodes:
+            node.stop()
+        if etcd is not None:
+            etcd.stop()
+        if schema is not None:
+            schema.drop()
+    return {
+        "jobs": args.jobs,
+        "nodes": args.nodes,
+        "store": args.store,
+        "submit_per_s": round(args.jobs / submit_s),
+        "store_limit_per_s": round(limit_per_s),
+        "submit_ratio": round(args.jobs / submit_s / limit_per_s, 3),
+        "held_after_s": round(held_after_s, 2),
+        "rss_bytes_per_job": round(rss_per_job, 1),
+        "rss_bytes_per_job_restored": round(rss_restored, 1),
+        "restart_held_s": round(restart_held_s, 2),
+        "loop_stall_ms_max": round(stall_s * 1000, 1),
+        "probe_fires": probe_fires,
+        "duplicates": duplicates,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    # SIGTERM unwinds like Ctrl-C, so the finally blocks stop every child process.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--jobs", type=int, default=100_000)
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
+    p.add_argument("--json", dest="json_path")
+    p.add_argument("--batch", type=int, default=10_000, help="jobs a submit_many call")
+    p.add_argument("--threads", type=int, default=4, help="client threads submitting")
+    p.add_argument("--hold-timeout", type=float, default=600.0)
+    p.add_argument("--pg-dsn", default=DEFAULT_PG)
+    p.add_argument("--wheelctl", default=str(Path(PY).with_name("wheelctl")))
+    p.add_argument("--serve-arg", action="append", default=[], help="an extra argument for serve")
+    args = p.parse_args(argv)
+    _report.emit(run(args), args.json_path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
