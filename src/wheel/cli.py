@@ -3,6 +3,7 @@
 wheelctl serve  [--data-dir DIR] [--listen HOST:PORT] [--store URL] [--metrics-listen HOST:PORT]
 wheelctl worker [--target HOST:PORT[,HOST:PORT...]]... [--capacity N] module:function ...
 wheelctl submit --name N --handler H (--at WHEN | --cron EXPR | --every DURATION) ...
+wheelctl import FILE   (JSON Lines, one submit a line; see wheel.cli_import)
 wheelctl jobs | runs JOB_ID | cancel JOB_ID | pause JOB_ID | resume JOB_ID
 wheelctl trigger JOB_ID | status | alerts | demo
 wheelctl token create|list|revoke ... | tenant set|list ...   (see wheel.cli_admin)
@@ -774,6 +775,9 @@ def build_parser() -> argparse.ArgumentParser:
     al.set_defaults(fn=cmd_alerts)
 
     register_admin(sub, target, target_help)
+    from wheel.cli_import import register as register_import  # it imports this module
+
+    register_import(sub, target, target_help)
 
     d = sub.add_parser("demo", help="a server, two workers and sample jobs, with live output")
     d.add_argument("--duration", type=float, default=30.0, help="seconds (0: until Ctrl-C)")
