@@ -74,6 +74,8 @@ RETRYABLE = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
 BAR_EVERY_S = 0.2
 LINE_EVERY_S = 5.0
 BAR_WIDTH = 30
+# Why an import stopped at Ctrl-C.
+INTERRUPTED = "interrupted"
 
 
 def derived_key(number: int, text: str) -> str:
@@ -183,12 +185,10 @@ class Batch:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Sent:
     """What became of a batch: by index in it, the job or the error of each
-    line the node answered for; the indexes of the lines not known to be in
-    (the import stopped before they were); and, when this batch stopped the
-    import, why."""
+    line the node answered for (the others are not known to be in: the
+    import stopped first); and, when this batch stopped the import, why."""
 
     results: dict[int, Job | WheelError]
-    unsent: tuple[int, ...] = ()
     stopped: str | None = None
 
 
@@ -271,7 +271,7 @@ def _unsent(
     (an earlier answer for one of them was an error tried again)."""
     for i in unsent:
         results.pop(i, None)
-    return Sent(results=results, unsent=tuple(unsent), stopped=stopped)
+    return Sent(results=results, stopped=stopped)
 
 
 # -- what the user sees -----------------------------------------------------------
@@ -281,8 +281,8 @@ def _unsent(
 class Summary:
     """The end of an import: non-blank lines read; jobs created; lines whose
     key and body the node already held (their job existed); lines failed;
-    lines read but not sent (the import stopped first); whether the whole
-    file was read; why the import stopped early, if it did."""
+    lines read and not sent, or sent and not answered (the import stopped
+    first); whether the whole file was read; why the import stopped early."""
 
     source: str
     lines: int
@@ -307,7 +307,8 @@ class Summary:
         unsent = f", {self.unsent:,} not sent" if self.unsent else ""
         rest = "" if self.complete else f"; the rest of {self.source} was not read"
         return (
-            f"read {self.lines:,} lines from {self.source}: {self.created:,} created,"
+            f"read {self.lines:,} line{'' if self.lines == 1 else 's'} from {self.source}:"
+            f" {self.created:,} created,"
             f" {self.existed:,} already existed, {self.failed:,} failed{unsent}{rest};"
             f" {self.elapsed_s:.1f} s, {self.jobs_per_s:,.0f} jobs/s"
         )
@@ -386,7 +387,7 @@ class Report:
         self._drawn = False
         self._retrying: str | None = None
         self._retrying_until = 0.0
-        self.lines = self.created = self.existed = self.failed = self.unsent = 0
+        self.lines = self.created = self.existed = self.failed = 0
         self.done_bytes = 0
         self.complete = False
         self.stopped: str | None = None
@@ -456,7 +457,6 @@ class Report:
                 if isinstance(outcome, Job):
                     self.created += outcome.created
                     self.existed += not outcome.created
-            self.unsent += len(sent.unsent)
             self.done_bytes += batch.size
             if sent.stopped is not None and self.stopped is None:
                 self.stopped = sent.stopped
@@ -467,10 +467,6 @@ class Report:
         with self._lock:
             self._retrying = reason
             self._retrying_until = self._clock() + 2 * LINE_EVERY_S
-
-    def not_sent(self, batch: Batch) -> None:
-        with self._lock:
-            self.unsent += len(batch.numbers)
 
     def stop(self, reason: str) -> None:
         with self._lock:
@@ -489,7 +485,9 @@ class Report:
                 created=self.created,
                 existed=self.existed,
                 failed=self.failed,
-                unsent=self.unsent,
+                # Read, but neither in nor failed: sent when the import
+                # stopped and not answered, or not sent at all.
+                unsent=self.lines - self.created - self.existed - self.failed,
                 complete=self.complete,
                 stopped=self.stopped,
                 elapsed_s=self._clock() - self._started,
@@ -567,13 +565,12 @@ def load(
                     done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
                     settle(done)
                 if sender.stop.is_set():
-                    report.not_sent(chunk)
                     break
                 in_flight[pool.submit(sender.send, chunk)] = chunk
             else:
                 report.complete = True
         except KeyboardInterrupt:
-            report.stop("interrupted")
+            report.stop(INTERRUPTED)
             sender.stop.set()
         settle(list(in_flight))
 
@@ -650,6 +647,8 @@ def cmd_import(ns: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(json.dumps(summary.as_json()) if ns.json else summary.text(), flush=True)
+    if summary.stopped == INTERRUPTED:
+        return 130
     return 0 if summary.ok else 1
 
 
@@ -673,7 +672,8 @@ Each bad line is reported on stderr as FILE:N: reason (and with --errors as a
 JSON line {"line", "error", "text"}); the others go in all the same. A call
 that fails with UNAVAILABLE or DEADLINE_EXCEEDED is retried with backoff for
 --retry-for; after that, or when a whole call fails otherwise, the import
-stops. Exit status: 0 when every line went in, 1 otherwise (2: nothing ran).
+stops. Exit status: 0 when every line went in, 1 otherwise (2: nothing was
+read, 130: interrupted).
 """
 
 
