@@ -3,6 +3,7 @@
 wheelctl serve  [--data-dir DIR] [--listen HOST:PORT] [--store URL] [--metrics-listen HOST:PORT]
 wheelctl worker [--target HOST:PORT[,HOST:PORT...]]... [--capacity N] module:function ...
 wheelctl submit --name N --handler H (--at WHEN | --cron EXPR | --every DURATION) ...
+wheelctl import FILE   (JSON Lines, one submit a line; see wheel.cli_import)
 wheelctl jobs | runs JOB_ID | cancel JOB_ID | pause JOB_ID | resume JOB_ID
 wheelctl trigger JOB_ID | status | alerts | demo
 wheelctl token create|list|revoke ... | tenant set|list ...   (see wheel.cli_admin)
@@ -71,9 +72,12 @@ def parse_when(text: str, field: str) -> datetime | timedelta:
         raise InvalidArgument(field, f"{text!r} is not +DURATION, epoch ms or ISO 8601") from None
 
 
-def submit_args(ns: argparse.Namespace) -> JobArgs:
+def submit_args(ns: argparse.Namespace, now: datetime | None = None) -> JobArgs:
     """``Client.submit``'s keywords from ``wheelctl submit``'s flags; the client
-    checks them (one schedule, options that go with it)."""
+    checks them (one schedule, options that go with it). Relative times
+    (``+5s``) count from ``now`` (default: the wall clock's now), so that
+    sending the same request again sends the same body."""
+    now = now or datetime.now(UTC)
     args: JobArgs = {
         "name": ns.name,
         "handler": ns.handler,
@@ -96,14 +100,15 @@ def submit_args(ns: argparse.Namespace) -> JobArgs:
         "idempotency_key": ns.key or None,
     }
     if ns.at:
-        args["at"] = parse_when(ns.at, "at")
+        at = parse_when(ns.at, "at")
+        args["at"] = now + at if isinstance(at, timedelta) else at
     if ns.cron:
         args["cron"] = ns.cron
     if ns.every:
         args["every"] = parse_duration(ns.every, "every")
     if ns.start:
         start = parse_when(ns.start, "start")
-        args["start"] = datetime.now(UTC) + start if isinstance(start, timedelta) else start
+        args["start"] = now + start if isinstance(start, timedelta) else start
     if ns.jitter:
         args["jitter"] = parse_duration(ns.jitter, "jitter")
     return args
@@ -566,6 +571,37 @@ def _add_log_format(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The flags of ``wheelctl submit`` that describe the job (``submit_args``
+    reads them), and their actions: ``wheelctl import`` takes the same options
+    as the keys of each line."""
+    return [
+        p.add_argument("--name", required=True),
+        p.add_argument("--handler", required=True),
+        p.add_argument("--at", help="one-shot: +5s, epoch ms, or ISO 8601"),
+        p.add_argument("--cron", help="cron expression (5 fields, or 6 with seconds first)"),
+        p.add_argument("--tz", default="UTC", help="IANA time zone of the cron expression"),
+        p.add_argument("--every", help="interval, e.g. 30s"),
+        p.add_argument("--start", help="first fire of an interval (default: now + period)"),
+        p.add_argument("--fixed-delay", action="store_true"),
+        p.add_argument("--jitter"),
+        p.add_argument("--payload", default=""),
+        p.add_argument("--tenant", default="default"),
+        p.add_argument("--pool", default="default"),
+        p.add_argument("--key", "--idempotency-key", dest="key", help="idempotency key"),
+        p.add_argument(
+            "--catch-up", default="run_latest_only", choices=[m.value for m in CatchUpMode]
+        ),
+        p.add_argument("--catch-up-window"),
+        p.add_argument("--catch-up-max", type=int, default=100),
+        p.add_argument("--overlap", default="skip", choices=[o.value for o in OverlapPolicy]),
+        p.add_argument("--max-concurrent", type=int, default=1),
+        p.add_argument("--max-attempts", type=int, default=5),
+        p.add_argument("--timeout", default="5m"),
+        p.add_argument("--at-most-once", action="store_true"),
+    ]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="wheelctl", description="wheel: a fault-tolerant job scheduler"
@@ -694,27 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
     sb = sub.add_parser("submit", help="submit a job")
     sb.add_argument("--target", default=target, help=target_help)
     add_token_flag(sb)
-    sb.add_argument("--name", required=True)
-    sb.add_argument("--handler", required=True)
-    sb.add_argument("--at", help="one-shot: +5s, epoch ms, or ISO 8601")
-    sb.add_argument("--cron", help="cron expression (5 fields, or 6 with seconds first)")
-    sb.add_argument("--tz", default="UTC", help="IANA time zone of the cron expression")
-    sb.add_argument("--every", help="interval, e.g. 30s")
-    sb.add_argument("--start", help="first fire of an interval (default: now + period)")
-    sb.add_argument("--fixed-delay", action="store_true")
-    sb.add_argument("--jitter")
-    sb.add_argument("--payload", default="")
-    sb.add_argument("--tenant", default="default")
-    sb.add_argument("--pool", default="default")
-    sb.add_argument("--key", help="idempotency key")
-    sb.add_argument("--catch-up", default="run_latest_only", choices=[m.value for m in CatchUpMode])
-    sb.add_argument("--catch-up-window")
-    sb.add_argument("--catch-up-max", type=int, default=100)
-    sb.add_argument("--overlap", default="skip", choices=[o.value for o in OverlapPolicy])
-    sb.add_argument("--max-concurrent", type=int, default=1)
-    sb.add_argument("--max-attempts", type=int, default=5)
-    sb.add_argument("--timeout", default="5m")
-    sb.add_argument("--at-most-once", action="store_true")
+    add_job_flags(sb)
     sb.add_argument("--json", action="store_true")
     sb.set_defaults(fn=cmd_submit)
 
@@ -759,6 +775,9 @@ def build_parser() -> argparse.ArgumentParser:
     al.set_defaults(fn=cmd_alerts)
 
     register_admin(sub, target, target_help)
+    from wheel.cli_import import register as register_import  # it imports this module
+
+    register_import(sub, target, target_help)
 
     d = sub.add_parser("demo", help="a server, two workers and sample jobs, with live output")
     d.add_argument("--duration", type=float, default=30.0, help="seconds (0: until Ctrl-C)")
