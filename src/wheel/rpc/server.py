@@ -60,9 +60,7 @@ async def serve(
     authenticator = None
     interceptors = []
     if auth:
-        authenticator = Authenticator(
-            node.store.get_token, run=node.in_thread, now_ms=node.now_ms, recheck_s=recheck_s
-        )
+        authenticator = Authenticator(node.get_token, now_ms=node.now_ms, recheck_s=recheck_s)
         interceptors.append(AuthInterceptor(authenticator))
     guard = Guard(authenticator)
     server = grpc.aio.server(options=options, interceptors=interceptors)
