@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from wheel._tls_cli import add_client_flags, add_serve_flags, client_security, node_security
 from wheel.cli_admin import add_auth_flags, add_token_flag, init_admin_token
@@ -41,7 +41,7 @@ from wheel.client import (
     Status,
 )
 from wheel.errors import InvalidArgument, WheelError
-from wheel.logs import FORMATS
+from wheel.logs import FORMATS, announcement
 from wheel.logs import configure as configure_logging
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
@@ -228,6 +228,13 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     if ns.init_admin_token and not ns.auth:
         raise InvalidArgument("init_admin_token", "goes with --auth")
 
+    def say(
+        message: str, stream: IO[str] | None = None, level: int = logging.INFO, **fields: Any
+    ) -> None:
+        """A line for people and scripts, JSON under ``--log-format json``."""
+        line = announcement(message, ns.log_format, level=level, **fields)
+        print(line, file=stream or sys.stdout, flush=True)
+
     async def main() -> None:
         store = open_store(url)
         if ns.init_admin_token and init_admin_token(store, ns.init_admin_token, store.clock_ms()):
@@ -267,9 +274,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             ssl = security.server.ssl_context() if security.server else None
             metrics_port = await metrics.start(ns.metrics_listen, ssl=ssl)
             host = ns.metrics_listen.rsplit(":", 1)[0] or "0.0.0.0"
-            scheme = "https" if ssl else "http"
-            print(f"wheel metrics on {scheme}://{host}:{metrics_port}/metrics", flush=True)
-        print(f"wheel serving on {ns.listen.rsplit(':', 1)[0]}:{port}", flush=True)
+            metrics_url = f"{'https' if ssl else 'http'}://{host}:{metrics_port}/metrics"
+            say(f"wheel metrics on {metrics_url}", url=metrics_url, port=metrics_port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -277,6 +283,10 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         if os.environ.get(CLOCK_SKEW_ENV):
             # Test hook (see wheel.node.Clock): step the clock to the file's skew.
             loop.add_signal_handler(signal.SIGUSR1, node.clock.reload_skew)
+        address = f"{ns.listen.rsplit(':', 1)[0]}:{port}"
+        # Scripts and tests wait for this line: the node serves and its signal
+        # handlers are in place.
+        say(f"wheel serving on {address}", address=address, port=port)
         stopping = asyncio.create_task(stop.wait())
         died = asyncio.create_task(node.stopped.wait())
         await asyncio.wait({stopping, died}, return_when=asyncio.FIRST_COMPLETED)
@@ -290,7 +300,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         await node.stop()
         store.close()
         if crashed:
-            raise SystemExit("wheel: the dispatch loop died; see the log above")
+            say("wheel: the dispatch loop died; see the log above", sys.stderr, logging.CRITICAL)
+            raise SystemExit(1)
 
     tune_runtime()
     profile = os.environ.get("WHEEL_PROFILE")
@@ -779,7 +790,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = ns.fn(ns)
     except WheelError as exc:
-        print(f"wheelctl: {exc}", file=sys.stderr)
+        fmt = getattr(ns, "log_format", "text")
+        print(announcement(f"wheelctl: {exc}", fmt, level=logging.ERROR), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
