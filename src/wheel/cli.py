@@ -28,6 +28,7 @@ from typing import IO, Any
 from wheel._tls_cli import add_client_flags, add_serve_flags, client_security, node_security
 from wheel.cli_admin import add_auth_flags, add_token_flag, init_admin_token
 from wheel.cli_admin import register as register_admin
+from wheel.cli_shards import gather, shard_lines, shard_map
 from wheel.client import (
     DEFAULT_TARGET,
     Alert,
@@ -497,13 +498,32 @@ def _json_default(value: object) -> object:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+def _member_status(ns: argparse.Namespace, address: str) -> Status | None:
+    """Another member's status with its shard rows; None when it does not answer."""
+    try:
+        with Client(address, timeout=3.0, security=client_security(ns), token=ns.token) as client:
+            return client.status(include_shards=True)
+    except WheelError:
+        return None
+
+
 def cmd_status(ns: argparse.Namespace) -> int:
     with _client(ns) as client:
-        status = client.status()
+        status = client.status(include_shards=ns.shards)
+    if ns.shards:
+        answers = gather(status, lambda address: _member_status(ns, address))
+        rows = shard_map(status, answers)
     if ns.json:
-        print(json.dumps(dataclasses.asdict(status), indent=2, default=_json_default))
-    else:
-        print("\n".join(status_lines(status)))
+        out = dataclasses.asdict(status)
+        if ns.shards:
+            out["shards"] = [r.as_json() for r in rows]
+            out["unanswered"] = sorted(n for n, st in answers.items() if st is None)
+        print(json.dumps(out, indent=2, default=_json_default))
+        return 0
+    lines = status_lines(status)
+    if ns.shards:
+        lines += shard_lines(rows, answers)
+    print("\n".join(lines))
     return 0
 
 
@@ -759,6 +779,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--target", default=target, help=target_help)
     add_token_flag(st)
     st.add_argument("--json", action="store_true", help="the status as JSON (durations in s)")
+    st.add_argument(
+        "--shards",
+        action="store_true",
+        help="and the shard map: each shard's owner and the epoch it holds it under, asked"
+        " of every member, with shards moving, held twice or not held said so",
+    )
     st.set_defaults(fn=cmd_status)
 
     al = sub.add_parser("alerts", help="the node's alerts, and the kinds firing now")
