@@ -25,7 +25,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
-from wheel._tls_cli import add_client_flags, add_serve_flags, client_security, node_security
+from wheel._tls import LiveChannelSecurity, LiveServerSecurity
+from wheel._tls_cli import (
+    add_client_flags,
+    add_serve_flags,
+    client_security,
+    node_security,
+    tls_paths,
+)
+from wheel._tls_reload import DEFAULT_INTERVAL_S as DEFAULT_RELOAD_INTERVAL_S
+from wheel._tls_reload import TlsReloader
 from wheel.cli_admin import add_auth_flags, add_token_flag, init_admin_token
 from wheel.cli_admin import register as register_admin
 from wheel.cli_shards import gather, shard_lines, shard_map
@@ -240,6 +249,13 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         store = open_store(url)
         if ns.init_admin_token and init_admin_token(store, ns.init_admin_token, store.clock_ms()):
             logging.getLogger("wheel").info("wrote a first admin token to %s", ns.init_admin_token)
+        # What a reload replaces (wheel._tls_reload): the listeners' TLS, and
+        # that of the channels to the other members and to etcd.
+        live_server = LiveServerSecurity(security.server) if security.server else None
+        live_peers, live_etcd = (
+            LiveChannelSecurity(security.peers),
+            LiveChannelSecurity(security.etcd),
+        )
         coordinator = None
         if coordinator_args is not None:
             from wheel.coord.etcd import EtcdCoordinator
@@ -247,7 +263,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             endpoints, cluster, advertise = coordinator_args
             coordinator = EtcdCoordinator(
                 ns.node_id, advertise, endpoints, cluster=cluster, ttl_s=ns.lease_ttl,
-                security=security.etcd,
+                security=live_etcd,
             )  # fmt: skip
         node = Node(store, serve_config(ns, data_dir), coordinator=coordinator)
         await node.start()
@@ -257,8 +273,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         server, port = await serve(
             node,
             ns.listen,
-            security=security.server,
-            peer_security=security.peers,
+            security=live_server,
+            peer_security=live_peers,
             auth=ns.auth,
             recheck_s=ns.auth_recheck,
         )
@@ -272,7 +288,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
 
             quiet_created_series()
             metrics = MetricsServer(node.metrics.registry)
-            ssl = security.server.ssl_context() if security.server else None
+            ssl = live_server.ssl_context() if live_server else None
             metrics_port = await metrics.start(ns.metrics_listen, ssl=ssl)
             host = ns.metrics_listen.rsplit(":", 1)[0] or "0.0.0.0"
             metrics_url = f"{'https' if ssl else 'http'}://{host}:{metrics_port}/metrics"
@@ -284,6 +300,19 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         if os.environ.get(CLOCK_SKEW_ENV):
             # Test hook (see wheel.node.Clock): step the clock to the file's skew.
             loop.add_signal_handler(signal.SIGUSR1, node.clock.reload_skew)
+        watching = None
+        paths = tls_paths(ns)
+        if paths:
+            reloader = TlsReloader(
+                lambda: node_security(ns, auth=ns.auth),
+                paths,
+                server=live_server,
+                peers=live_peers,
+                etcd=live_etcd,
+            )
+            loop.add_signal_handler(signal.SIGHUP, reloader.on_signal)
+            if ns.tls_reload_interval:
+                watching = asyncio.create_task(reloader.watch(ns.tls_reload_interval))
         address = f"{ns.listen.rsplit(':', 1)[0]}:{port}"
         # Scripts and tests wait for this line: the node serves and its signal
         # handlers are in place.
@@ -294,6 +323,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         crashed = died.done() and not stop.is_set()
         stopping.cancel()
         died.cancel()
+        if watching is not None:
+            watching.cancel()
         await node.leave()  # shards to the other members first, then the server
         await server.stop(grace=2.0)
         if metrics is not None:
@@ -587,6 +618,13 @@ def _seconds(text: str) -> float:
     return seconds
 
 
+def _seconds_or_off(text: str) -> float:
+    """A duration flag that "off" (or 0) turns off, in seconds (0.0: off)."""
+    if text.strip().lower() in ("off", "0"):
+        return 0.0
+    return _seconds(text)
+
+
 def _add_log_format(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--log-format",
@@ -698,6 +736,15 @@ def build_parser() -> argparse.ArgumentParser:
         " store's time; default %(default)s)",
     )
     add_serve_flags(s)
+    s.add_argument(
+        "--tls-reload-interval",
+        type=_seconds_or_off,
+        default=f"{DEFAULT_RELOAD_INTERVAL_S:g}s",
+        metavar="DURATION",
+        help="how often the TLS files are looked at for a change, which puts them in force"
+        " for new connections without a restart, as SIGHUP does ('off': on SIGHUP only;"
+        " default %(default)s)",
+    )
     add_auth_flags(s, seconds=_seconds)
     _add_log_format(s)
     s.set_defaults(fn=cmd_serve)
