@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -51,6 +52,19 @@ def test_serve_defaults_are_the_node_defaults(tmp_path: Path) -> None:
     assert config.group_commit_ms == NodeConfig().group_commit_ms == 20
     assert config.group_commit_light_ms == NodeConfig().group_commit_light_ms == 5
     assert config.checkpoint_dir is None
+
+
+def test_building_the_parser_imports_no_part_of_the_node() -> None:
+    """Every wheelctl command builds the whole parser, ``serve``'s flags
+    included: that must not import the node, the owner, the checkpoint or a
+    store backend (it cost a third of a second a call)."""
+    heavy = ("wheel.node", "wheel.engine.owner", "wheel.checkpoint", "wheel.store.postgres")
+    code = (
+        "import sys\nfrom wheel.cli import build_parser\nbuild_parser()\n"
+        f"print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_a_negative_group_commit_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

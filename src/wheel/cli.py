@@ -153,19 +153,17 @@ def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
     from wheel.engine.owner import OwnerConfig
     from wheel.node import NodeConfig
 
+    # A flag not given is None: the configuration's own default holds.
+    owner = {f: getattr(ns, f) for f in ("lease_ms", "grace_lease_ms", "overdue_after_ms")}
+    node = {f: getattr(ns, f) for f in ("group_commit_ms", "group_commit_light_ms")}
     return NodeConfig(
         node_id=ns.node_id,
         retain_ms=ns.retain,
         retention_interval_s=ns.retention_interval,
-        owner=OwnerConfig(
-            lease_ms=ns.lease_ms,
-            grace_lease_ms=ns.grace_lease_ms,
-            overdue_after_ms=ns.overdue_after_ms,
-        ),
+        owner=OwnerConfig(**{f: v for f, v in owner.items() if v is not None}),
         checkpoint_dir=None if ns.no_checkpoint else str(data_dir / "checkpoint"),
         checkpoint_durability=Durability(ns.checkpoint_durability),
-        group_commit_ms=ns.group_commit_ms,
-        group_commit_light_ms=ns.group_commit_light_ms,
+        **{f: v for f, v in node.items() if v is not None},
     )
 
 
@@ -578,18 +576,6 @@ def _ms(text: str) -> int:
     return value
 
 
-def _owner_defaults() -> Any:
-    from wheel.engine.owner import OwnerConfig
-
-    return OwnerConfig()
-
-
-def _node_defaults() -> Any:
-    from wheel.node import NodeConfig
-
-    return NodeConfig()
-
-
 def parse_retain(text: str) -> int | None:
     """``--retain``: a duration (30d, 12h), or "forever" (never purge)."""
     if text.strip().lower() in ("forever", "never", "off"):
@@ -678,36 +664,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="LMDB checkpoint: fsync per batch (sync), on process crash only (async), none",
     )
     s.add_argument("--no-checkpoint", action="store_true", help="always rebuild from the store")
-    defaults = _owner_defaults()
+    # Without a default here: serve_config leaves the node's own (NodeConfig,
+    # OwnerConfig) where a flag is not given, so that building the parser,
+    # which every command does, does not import the node.
     s.add_argument(
         "--lease-ms",
         type=_positive_ms,
-        default=defaults.lease_ms,
         help="full lease after a worker's ack; heartbeats come every third of it",
     )
     s.add_argument(
         "--grace-lease-ms",
         type=_positive_ms,
-        default=defaults.grace_lease_ms,
         help="lease of a run handed out but not yet acked",
     )
     s.add_argument(
         "--overdue-after-ms",
         type=_positive_ms,
-        default=defaults.overdue_after_ms,
         help="a fire this late counts as catch-up work",
     )
     s.add_argument(
         "--group-commit-ms",
         type=_ms,
-        default=_node_defaults().group_commit_ms,
         help="under load, at most one store batch per this many ms (0: no holding back);"
         " more fires per commit for a few ms of lag",
     )
     s.add_argument(
         "--group-commit-light-ms",
         type=_ms,
-        default=_node_defaults().group_commit_light_ms,
         help="the same after a small batch: a steady trickle commits at most once per"
         " this many ms (0: at once)",
     )
