@@ -54,17 +54,26 @@ def test_serve_defaults_are_the_node_defaults(tmp_path: Path) -> None:
     assert config.checkpoint_dir is None
 
 
+def _imported(code: str, modules: tuple[str, ...]) -> list[str]:
+    """Which of ``modules`` a fresh interpreter has imported after ``code``."""
+    probe = f"{code}\nimport sys\nprint([m for m in {modules!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return list(json.loads(out.stdout.replace("'", '"')))
+
+
 def test_building_the_parser_imports_no_part_of_the_node() -> None:
     """Every wheelctl command builds the whole parser, ``serve``'s flags
     included: that must not import the node, the owner, the checkpoint or a
     store backend (it cost a third of a second a call)."""
     heavy = ("wheel.node", "wheel.engine.owner", "wheel.checkpoint", "wheel.store.postgres")
-    code = (
-        "import sys\nfrom wheel.cli import build_parser\nbuild_parser()\n"
-        f"print([m for m in {heavy!r} if m in sys.modules])"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert _imported("from wheel.cli import build_parser\nbuild_parser()", heavy) == []
+
+
+def test_a_single_node_does_not_load_the_etcd_client() -> None:
+    code = "import wheel.node, wheel.rpc.server\nfrom wheel.coord import Coordinator"
+    assert _imported(code, ("etcd3", "wheel.coord.etcd")) == []
+    named = "from wheel.coord import EtcdCoordinator"
+    assert _imported(named, ("etcd3", "wheel.coord.etcd")) == ["etcd3", "wheel.coord.etcd"]
 
 
 def test_a_negative_group_commit_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
