@@ -125,17 +125,15 @@ class TlsReloader:
 
     def _apply(self, security: NodeSecurity) -> list[str]:
         """Put ``security`` in force; what changed, in words."""
-        server = self.server
-        if (server is None) != (security.server is None) or (
-            security.server is not None
-            and server is not None
-            and server.mutual != security.server.mutual
-        ):
-            raise WheelError("turning TLS or mutual TLS on or off takes a restart")
+        # The paths are the same as at start, so TLS is on or off as it was;
+        # whether client certificates are asked for is the listener's to say.
+        server, new_server = self.server, security.server
+        if (server is None) != (new_server is None):
+            raise WheelError("turning TLS on or off takes a restart")
         if self.etcd.current.secure != security.etcd.secure:
             raise WheelError("turning TLS to etcd on or off takes a restart")
         changed = []
-        if server is not None and security.server is not None and server.replace(security.server):
+        if server is not None and new_server is not None and server.replace(new_server):
             changed.append("the listeners' certificates")
         if self.peers.replace(security.peers):
             changed.append("the other members' channels")

@@ -37,7 +37,7 @@ from wheel._tls_reload import DEFAULT_INTERVAL_S as DEFAULT_RELOAD_INTERVAL_S
 from wheel._tls_reload import TlsReloader
 from wheel.cli_admin import add_auth_flags, add_token_flag, init_admin_token
 from wheel.cli_admin import register as register_admin
-from wheel.cli_shards import gather, shard_lines, shard_map
+from wheel.cli_shards import ShardRow, gather, shard_lines, shard_map
 from wheel.client import (
     DEFAULT_TARGET,
     Alert,
@@ -539,6 +539,8 @@ def _member_status(ns: argparse.Namespace, address: str) -> Status | None:
 def cmd_status(ns: argparse.Namespace) -> int:
     with _client(ns) as client:
         status = client.status(include_shards=ns.shards)
+    answers: dict[str, Status | None] = {}
+    rows: list[ShardRow] = []
     if ns.shards:
         answers = gather(status, lambda address: _member_status(ns, address))
         rows = shard_map(status, answers)
