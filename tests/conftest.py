@@ -5,6 +5,7 @@ Under ``CI=true`` a missing service fails the test; elsewhere it is skipped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -49,8 +50,8 @@ def utc_ms(ms: int) -> datetime:
     return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
 
 
-@pytest.fixture
-def pg_dsn() -> Iterator[str]:
+@contextlib.contextmanager
+def fresh_schema() -> Iterator[str]:
     """A DSN whose search_path is a fresh schema, dropped afterwards."""
     try:
         import psycopg
@@ -67,6 +68,21 @@ def pg_dsn() -> Iterator[str]:
             yield f"{PG_DSN}{sep}options=-csearch_path%3D{schema}"
         finally:
             admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def pg_dsn() -> Iterator[str]:
+    """A DSN whose search_path is a fresh schema, dropped afterwards."""
+    with fresh_schema() as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="module")
+def module_pg_dsn() -> Iterator[str]:
+    """``pg_dsn``, one schema for a module's tests: for tests that judge only
+    the rows of their own jobs, or that share one cluster."""
+    with fresh_schema() as dsn:
+        yield dsn
 
 
 class EtcdServer:
@@ -138,8 +154,8 @@ class EtcdServer:
             self._log = None
 
 
-@pytest.fixture
-def etcd_server() -> Iterator[EtcdServer]:
+@contextlib.contextmanager
+def running_etcd() -> Iterator[EtcdServer]:
     """Our own etcd process on free loopback ports in a temp dir."""
     with tempfile.TemporaryDirectory(prefix="wheel-etcd-") as tmp:
         server = EtcdServer(Path(tmp) / "data")
@@ -148,6 +164,21 @@ def etcd_server() -> Iterator[EtcdServer]:
             yield server
         finally:
             server.stop()
+
+
+@pytest.fixture
+def etcd_server() -> Iterator[EtcdServer]:
+    """Our own etcd process on free loopback ports in a temp dir."""
+    with running_etcd() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def module_etcd_server() -> Iterator[EtcdServer]:
+    """``etcd_server``, one for a module's tests: each names a cluster (a key
+    prefix) of its own, or they share one cluster."""
+    with running_etcd() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

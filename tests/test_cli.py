@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -23,7 +24,9 @@ from wheel.cli import (
     status_lines,
     tune_runtime,
 )
-from wheel.client import NodeStatus, Status, UnservedHandler, WorkerStatus
+from wheel.cli_shards import ShardRow, gather, shard_lines, shard_map
+from wheel.client import NodeStatus, ShardStatus, Status, UnservedHandler, WorkerStatus
+from wheel.engine.model import SHARD_COUNT
 from wheel.engine.owner import OwnerConfig
 from wheel.node import NodeConfig
 
@@ -49,6 +52,28 @@ def test_serve_defaults_are_the_node_defaults(tmp_path: Path) -> None:
     assert config.group_commit_ms == NodeConfig().group_commit_ms == 20
     assert config.group_commit_light_ms == NodeConfig().group_commit_light_ms == 5
     assert config.checkpoint_dir is None
+
+
+def _imported(code: str, modules: tuple[str, ...]) -> list[str]:
+    """Which of ``modules`` a fresh interpreter has imported after ``code``."""
+    probe = f"{code}\nimport sys\nprint([m for m in {modules!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return list(json.loads(out.stdout.replace("'", '"')))
+
+
+def test_building_the_parser_imports_no_part_of_the_node() -> None:
+    """Every wheelctl command builds the whole parser, ``serve``'s flags
+    included: that must not import the node, the owner, the checkpoint or a
+    store backend (it cost a third of a second a call)."""
+    heavy = ("wheel.node", "wheel.engine.owner", "wheel.checkpoint", "wheel.store.postgres")
+    assert _imported("from wheel.cli import build_parser\nbuild_parser()", heavy) == []
+
+
+def test_a_single_node_does_not_load_the_etcd_client() -> None:
+    code = "import wheel.node, wheel.rpc.server\nfrom wheel.coord import Coordinator"
+    assert _imported(code, ("etcd3", "wheel.coord.etcd")) == []
+    named = "from wheel.coord import EtcdCoordinator"
+    assert _imported(named, ("etcd3", "wheel.coord.etcd")) == ["etcd3", "wheel.coord.etcd"]
 
 
 def test_a_negative_group_commit_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -173,6 +198,14 @@ def test_wheelctl_talks_to_a_node_through_the_client(
         assert status.startswith("node node-1: 2 jobs") and "workers: 0, capacity 0" in status
         assert main(["status", *target, "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["node_id"] == "node-1"
+        # One node: every shard its own, under the epoch it holds it with.
+        node = server.node
+        assert node is not None
+        epochs = server.call(lambda: node.status().shards)
+        assert main(["status", *target, "--shards"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert "shards: node-1 owns 256; 0 without an owner" in out
+        assert out[-SHARD_COUNT:] == [f"{s:>5}  node-1  {epochs[s]:>5}" for s in range(SHARD_COUNT)]
         # The client's checks come back as wheelctl's errors, naming the flag.
         assert main(["submit", *target, "--name", "x", "--handler", "h", "--every", "5s",
                      "--tz", "Europe/Paris"]) == 2  # fmt: skip
@@ -260,3 +293,54 @@ def test_wheelctl_alerts_lists_what_the_node_raised(
         assert "alerts firing: no_worker" in capsys.readouterr().out
     finally:
         server.stop()
+
+
+def test_the_shard_map_says_what_is_moving_held_twice_or_unknown() -> None:
+    def member(node_id: str) -> NodeStatus:
+        return NodeStatus(node_id=node_id, address=f"{node_id}:1", shards_owned=0)
+
+    def row(shard: int, owner: str, epoch: int = 0) -> ShardStatus:
+        return ShardStatus(shard=shard, owner=owner, epoch=epoch, jobs=0, in_flight=0)
+
+    # As node-a sees it: shard 1 moved to node-b, which node-a still holds;
+    # node-b is loading shard 2; node-c does not answer; node-d is gone.
+    a = _status(
+        node_id="node-a",
+        nodes=[member("node-a"), member("node-b"), member("node-c")],
+        shards=[row(0, "node-a", 3), row(1, "node-b", 4), row(2, "node-b"),
+                row(3, "node-c"), row(5, "node-d")],
+    )  # fmt: skip
+    b = _status(node_id="node-b", shards=[row(0, "node-a"), row(1, "node-b", 5)])
+    asked: list[str] = []
+
+    def status_of(address: str) -> Status | None:
+        asked.append(address)
+        return b if address == "node-b:1" else None
+
+    answers = gather(a, status_of)
+    assert asked == ["node-b:1", "node-c:1"]
+    assert answers == {"node-a": a, "node-b": b, "node-c": None}
+    rows = shard_map(a, answers)
+    assert len(rows) == SHARD_COUNT
+    assert rows[1] == ShardRow(shard=1, owner="node-b", epoch=5, held_by={"node-b": 5, "node-a": 4})
+    assert rows[2].epoch is None and rows[2].held_by == {}
+    lines = shard_lines(rows, answers)
+    assert lines[:3] == [
+        "shards: node-a owns 1, node-b owns 2, node-c owns 1, node-d owns 1; 251 without an owner",
+        "no answer from node-c: their epochs are unknown",
+        "shard  owner   epoch",
+    ]
+    assert lines[3:9] == [
+        "    0  node-a      3",
+        "    1  node-b      5  also held by node-a at epoch 4",
+        "    2  node-b      -  not loaded by its owner yet",
+        "    3  node-c      -  node-c did not answer",
+        "    4  -           -  no owner",
+        "    5  node-d      -  node-d is not a member",
+    ]
+    assert rows[1].as_json() == {
+        "shard": 1,
+        "owner": "node-b",
+        "epoch": 5,
+        "held_by": {"node-a": 4, "node-b": 5},
+    }

@@ -120,10 +120,23 @@ def test_peer_tls_ca_overrides_the_client_ca_for_calls_to_peers(pki: Pki) -> Non
         (["--tls-cert", "CERT", "--tls-key", "MISSING"], "--tls-key: file not found: "),
         (["--tls-cert", "KEY", "--tls-key", "KEY"], "--tls-cert: "),
         (["--tls-cert", "CERT", "--tls-key", "CERT"], "--tls-key: "),
+        (["--tls-cert", "CERT", "--tls-key", "OTHER_KEY"], "--tls-key: "),
+        (
+            [
+                "--cluster",
+                "etcd://127.0.0.1:2379/c",
+                "--etcd-cert",
+                "CERT",
+                "--etcd-key",
+                "OTHER_KEY",
+            ],
+            "--etcd-key: ",
+        ),
     ],
 )
 def test_a_bad_tls_flag_is_named_in_the_error(pki: Pki, flags: list[str], message: str) -> None:
     paths = {"CERT": pki.node.cert, "KEY": pki.node.key, "CA": pki.ca, "MISSING": "/nonexistent"}
+    paths["OTHER_KEY"] = pki.other_node.key
     ns = build_parser().parse_args(["serve", *(str(paths.get(f, f)) for f in flags)])
     with pytest.raises(WheelError) as caught:
         node_security(ns)
@@ -179,3 +192,12 @@ def test_a_client_command_names_a_missing_tls_file(tmp_path: Path) -> None:
     out = _wheelctl("status", "--tls-ca", str(tmp_path / "ca.pem"))
     assert out.returncode == 2
     assert f"--tls-ca: file not found: {tmp_path / 'ca.pem'}" in out.stderr
+
+
+def test_a_key_that_is_not_its_certificates_is_refused_naming_both_files(pki: Pki) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        ServerSecurity.from_files(cert=pki.node.cert, key=pki.other_node.key)
+    assert str(caught.value).startswith(
+        f"--tls-key: {pki.other_node.key} is not the private key of {pki.node.cert} ("
+    )
+    assert key_body(pki.other_node.key) not in str(caught.value)

@@ -12,13 +12,22 @@ certificate chain and key and, for mutual TLS, the CA that signs the
 certificates clients must present; ``add_port`` binds a gRPC listener with
 it and ``ssl_context`` secures the HTTP metrics listener the same way.
 
-PEM files are read once, when the value is made: a missing or malformed file
-fails there, naming the flag (or environment variable) and the path. Key
-contents are never in a repr, an error or a log record.
+PEM files are read when the value is made: a missing or malformed file, or
+a key that is not its certificate's, fails there, naming the flag (or
+environment variable) and the path. Key contents are never in a repr, an
+error or a log record.
+
+A node's certificates can change while it serves (``wheel._tls_reload``
+reads them again): ``LiveServerSecurity`` hands each new handshake of a
+listener the certificates current then, and ``LiveChannelSecurity`` tells
+the makers of outgoing channels (to the other members, to etcd) to make new
+ones. Connections made before go on with what they were made with: TLS
+checks certificates at the handshake only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import ssl
 from collections.abc import Mapping, Sequence
@@ -37,8 +46,12 @@ __all__ = [
     "ENV_KEY",
     "PLAINTEXT",
     "ChannelSecurity",
+    "LiveChannelSecurity",
+    "LiveServerSecurity",
     "ServerSecurity",
     "add_port",
+    "check_pair",
+    "live_channel",
     "make_channel",
     "read_pem",
 ]
@@ -63,6 +76,30 @@ def read_pem(path: str | os.PathLike[str], name: str, *, key: bool = False) -> b
         what = "a PEM private key" if key else "a PEM certificate"
         raise InvalidArgument(name, f"{os.fspath(path)} is not {what}")
     return data
+
+
+def _no_password() -> bytes:
+    # An encrypted key fails to load instead of OpenSSL asking on the terminal.
+    return b""
+
+
+def check_pair(
+    cert: str | os.PathLike[str], key: str | os.PathLike[str], names: tuple[str, str]
+) -> ssl.SSLContext:
+    """A server context loaded with ``cert`` and ``key``; refuses a key that
+    is not the certificate's (a rotation half done: the key replaced, the
+    certificate not yet), naming ``names[1]``, the key's flag."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(cert, key, password=_no_password)
+    except ssl.SSLError as exc:
+        why = exc.reason or exc.__class__.__name__
+        raise InvalidArgument(
+            names[1], f"{os.fspath(key)} is not the private key of {os.fspath(cert)} ({why})"
+        ) from None
+    except OSError as exc:
+        raise InvalidArgument(names[1], f"cannot read {os.fspath(key)}: {exc.strerror}") from None
+    return ctx
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,11 +144,14 @@ class ChannelSecurity:
         if (cert is None) != (key is None):
             given, missing = (names[1], names[2]) if key is None else (names[2], names[1])
             raise InvalidArgument(missing, f"{given} needs {missing} too")
-        return cls(
+        out = cls(
             ca=None if ca is None else read_pem(ca, names[0]),
             cert=None if cert is None else read_pem(cert, names[1]),
             key=None if key is None else read_pem(key, names[2], key=True),
         )
+        if cert is not None and key is not None:
+            check_pair(cert, key, (names[1], names[2]))
+        return out
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ChannelSecurity:
@@ -148,6 +188,30 @@ class ChannelSecurity:
 
 
 PLAINTEXT = ChannelSecurity()
+
+
+class LiveChannelSecurity:
+    """How a node's outgoing channels of one kind (to the other members, to
+    etcd) are secured now. A reload replaces ``current`` and bumps
+    ``version``; whoever keeps channels makes new ones when ``version`` moved
+    on and lets calls on the old ones finish."""
+
+    def __init__(self, security: ChannelSecurity | None = None) -> None:
+        self.current = security or PLAINTEXT
+        self.version = 0
+
+    def replace(self, security: ChannelSecurity) -> bool:
+        """Put ``security`` in force; False when it is what is in force."""
+        if security == self.current:
+            return False
+        self.current = security
+        self.version += 1
+        return True
+
+
+def live_channel(security: ChannelSecurity | LiveChannelSecurity | None) -> LiveChannelSecurity:
+    """``security`` as a ``LiveChannelSecurity`` (a fixed one never changes)."""
+    return security if isinstance(security, LiveChannelSecurity) else LiveChannelSecurity(security)
 
 
 def make_channel(
@@ -190,6 +254,8 @@ class ServerSecurity:
     cert: bytes = field(repr=False)
     key: bytes = field(repr=False)
     client_ca: bytes | None = field(default=None, repr=False)
+    # The HTTP listeners' context, made from the same files when they were read.
+    context: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_files(
@@ -210,7 +276,7 @@ class ServerSecurity:
             if cert is None:
                 given, missing = missing, given
             raise InvalidArgument(missing, f"{given} needs {missing} too")
-        return cls(
+        out = cls(
             cert_path=Path(cert),
             key_path=Path(key),
             client_ca_path=None if client_ca is None else Path(client_ca),
@@ -218,6 +284,15 @@ class ServerSecurity:
             key=read_pem(key, "--tls-key", key=True),
             client_ca=None if client_ca is None else read_pem(client_ca, "--client-ca"),
         )
+        ctx = check_pair(cert, key, ("--tls-cert", "--tls-key"))
+        if client_ca is not None:
+            try:
+                ctx.load_verify_locations(client_ca)
+            except ssl.SSLError as exc:
+                why = exc.reason or exc.__class__.__name__
+                raise InvalidArgument("--client-ca", f"{client_ca} holds no CA ({why})") from None
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        return dataclasses.replace(out, context=ctx)
 
     @property
     def mutual(self) -> bool:
@@ -232,12 +307,21 @@ class ServerSecurity:
 
     def ssl_context(self) -> ssl.SSLContext:
         """The same for an HTTP listener (metrics)."""
+        if self.context is not None:
+            return self.context
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(self.cert_path, self.key_path)
+        ctx.load_cert_chain(self.cert_path, self.key_path, password=_no_password)
         if self.client_ca_path is not None:
             ctx.load_verify_locations(self.client_ca_path)
             ctx.verify_mode = ssl.CERT_REQUIRED
         return ctx
+
+    def certificate_configuration(self) -> Any:
+        """What gRPC's dynamic server credentials take: the chain and key,
+        and the CA of client certificates."""
+        return grpc.ssl_server_certificate_configuration(
+            [(self.key, self.cert)], root_certificates=self.client_ca
+        )
 
     def peer_security(self, ca: bytes | None) -> ChannelSecurity:
         """How this node calls the other members: TLS, trusting ``ca`` (the
@@ -245,7 +329,73 @@ class ServerSecurity:
         return ChannelSecurity(tls=True, ca=ca, cert=self.cert, key=self.key)
 
 
-def add_port(server: Any, listen: str, security: ServerSecurity | None) -> int:
+class LiveServerSecurity:
+    """A listener's TLS that a reload may replace while it serves. Each new
+    handshake takes the certificates in force then: gRPC asks
+    ``_fetch`` for them (dynamic server credentials), and an HTTP listener's
+    context hands its handshakes to the current context (``ssl_context``).
+    Whether client certificates are required at all is fixed at start."""
+
+    def __init__(self, security: ServerSecurity) -> None:
+        self._current = security
+        self._version = 0
+        # The version gRPC holds (it asks on every handshake, from its threads).
+        self._fetched = 0
+
+    @property
+    def current(self) -> ServerSecurity:
+        return self._current
+
+    @property
+    def mutual(self) -> bool:
+        return self._current.mutual
+
+    def replace(self, security: ServerSecurity) -> bool:
+        """Put ``security`` in force for new handshakes; False when it is what
+        is in force. Turning client certificates on or off is refused
+        (``InvalidArgument``): it takes a restart."""
+        if security.mutual != self._current.mutual:
+            raise InvalidArgument(
+                "--client-ca", "turning mutual TLS on or off takes a restart, not a reload"
+            )
+        if security == self._current:
+            return False
+        self._current = security
+        self._version += 1  # after: a fetch between the two hands out the new one twice
+        return True
+
+    def credentials(self) -> Any:
+        """gRPC server credentials that take up each replacement."""
+        return grpc.dynamic_ssl_server_credentials(
+            self._current.certificate_configuration(),
+            self._fetch,
+            require_client_authentication=self._current.mutual,
+        )
+
+    def _fetch(self) -> Any:
+        """Called by gRPC (on its own threads) before a handshake: the
+        current configuration when it changed since the last call, else None."""
+        version = self._version
+        if version == self._fetched:
+            return None
+        self._fetched = version
+        return self._current.certificate_configuration()
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The context to serve HTTPS with: the first one's handshakes switch
+        to the context of the certificates in force (its SNI callback runs
+        for every ClientHello, with or without a server name)."""
+        first = self._current.ssl_context()
+        first.sni_callback = self._switch
+        return first
+
+    def _switch(self, conn: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
+        current = self._current.ssl_context()
+        if current is not ctx:
+            conn.context = current
+
+
+def add_port(server: Any, listen: str, security: ServerSecurity | LiveServerSecurity | None) -> int:
     """Bind ``server`` (``grpc.aio``) to ``listen``; the port bound, 0 on failure."""
     if security is None:
         return int(server.add_insecure_port(listen))

@@ -31,6 +31,7 @@ __all__ = [
     "is_loopback",
     "listen_notice",
     "node_security",
+    "tls_paths",
 ]
 
 
@@ -153,6 +154,13 @@ class NodeSecurity:
         """The level and line a node logs at start about who can reach it."""
         server = self.server
         return listen_notice(address, server is not None, bool(server and server.mutual), self.auth)
+
+
+def tls_paths(ns: argparse.Namespace) -> list[str]:
+    """The files ``serve``'s TLS flags name, in flag order: what a reload
+    reads again (``wheel._tls_reload``)."""
+    flags = ("tls_cert", "tls_key", "client_ca", "peer_tls_ca", "etcd_ca", "etcd_cert", "etcd_key")
+    return [path for path in (getattr(ns, flag) for flag in flags) if path]
 
 
 def node_security(ns: argparse.Namespace, *, auth: bool = False) -> NodeSecurity:

@@ -24,11 +24,21 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from wheel._tls_cli import add_client_flags, add_serve_flags, client_security, node_security
+from wheel._tls import LiveChannelSecurity, LiveServerSecurity
+from wheel._tls_cli import (
+    add_client_flags,
+    add_serve_flags,
+    client_security,
+    node_security,
+    tls_paths,
+)
+from wheel._tls_reload import DEFAULT_INTERVAL_S as DEFAULT_RELOAD_INTERVAL_S
+from wheel._tls_reload import TlsReloader
 from wheel.cli_admin import add_auth_flags, add_token_flag, init_admin_token
 from wheel.cli_admin import register as register_admin
+from wheel.cli_shards import ShardRow, gather, shard_lines, shard_map
 from wheel.client import (
     DEFAULT_TARGET,
     Alert,
@@ -42,7 +52,7 @@ from wheel.client import (
     Status,
 )
 from wheel.errors import InvalidArgument, WheelError
-from wheel.logs import FORMATS
+from wheel.logs import FORMATS, announcement
 from wheel.logs import configure as configure_logging
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
@@ -148,19 +158,17 @@ def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
     from wheel.engine.owner import OwnerConfig
     from wheel.node import NodeConfig
 
+    # A flag not given is None: the configuration's own default holds.
+    owner = {f: getattr(ns, f) for f in ("lease_ms", "grace_lease_ms", "overdue_after_ms")}
+    node = {f: getattr(ns, f) for f in ("group_commit_ms", "group_commit_light_ms")}
     return NodeConfig(
         node_id=ns.node_id,
         retain_ms=ns.retain,
         retention_interval_s=ns.retention_interval,
-        owner=OwnerConfig(
-            lease_ms=ns.lease_ms,
-            grace_lease_ms=ns.grace_lease_ms,
-            overdue_after_ms=ns.overdue_after_ms,
-        ),
+        owner=OwnerConfig(**{f: v for f, v in owner.items() if v is not None}),
         checkpoint_dir=None if ns.no_checkpoint else str(data_dir / "checkpoint"),
         checkpoint_durability=Durability(ns.checkpoint_durability),
-        group_commit_ms=ns.group_commit_ms,
-        group_commit_light_ms=ns.group_commit_light_ms,
+        **{f: v for f, v in node.items() if v is not None},
     )
 
 
@@ -233,10 +241,24 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     if ns.init_admin_token and not ns.auth:
         raise InvalidArgument("init_admin_token", "goes with --auth")
 
+    def say(
+        message: str, stream: IO[str] | None = None, level: int = logging.INFO, **fields: Any
+    ) -> None:
+        """A line for people and scripts, JSON under ``--log-format json``."""
+        line = announcement(message, ns.log_format, level=level, **fields)
+        print(line, file=stream or sys.stdout, flush=True)
+
     async def main() -> None:
         store = open_store(url)
         if ns.init_admin_token and init_admin_token(store, ns.init_admin_token, store.clock_ms()):
             logging.getLogger("wheel").info("wrote a first admin token to %s", ns.init_admin_token)
+        # What a reload replaces (wheel._tls_reload): the listeners' TLS, and
+        # that of the channels to the other members and to etcd.
+        live_server = LiveServerSecurity(security.server) if security.server else None
+        live_peers, live_etcd = (
+            LiveChannelSecurity(security.peers),
+            LiveChannelSecurity(security.etcd),
+        )
         coordinator = None
         if coordinator_args is not None:
             from wheel.coord.etcd import EtcdCoordinator
@@ -244,7 +266,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             endpoints, cluster, advertise = coordinator_args
             coordinator = EtcdCoordinator(
                 ns.node_id, advertise, endpoints, cluster=cluster, ttl_s=ns.lease_ttl,
-                security=security.etcd,
+                security=live_etcd,
             )  # fmt: skip
         node = Node(store, serve_config(ns, data_dir), coordinator=coordinator)
         await node.start()
@@ -254,8 +276,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         server, port = await serve(
             node,
             ns.listen,
-            security=security.server,
-            peer_security=security.peers,
+            security=live_server,
+            peer_security=live_peers,
             auth=ns.auth,
             recheck_s=ns.auth_recheck,
         )
@@ -269,12 +291,11 @@ def cmd_serve(ns: argparse.Namespace) -> int:
 
             quiet_created_series()
             metrics = MetricsServer(node.metrics.registry)
-            ssl = security.server.ssl_context() if security.server else None
+            ssl = live_server.ssl_context() if live_server else None
             metrics_port = await metrics.start(ns.metrics_listen, ssl=ssl)
             host = ns.metrics_listen.rsplit(":", 1)[0] or "0.0.0.0"
-            scheme = "https" if ssl else "http"
-            print(f"wheel metrics on {scheme}://{host}:{metrics_port}/metrics", flush=True)
-        print(f"wheel serving on {ns.listen.rsplit(':', 1)[0]}:{port}", flush=True)
+            metrics_url = f"{'https' if ssl else 'http'}://{host}:{metrics_port}/metrics"
+            say(f"wheel metrics on {metrics_url}", url=metrics_url, port=metrics_port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -282,12 +303,31 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         if os.environ.get(CLOCK_SKEW_ENV):
             # Test hook (see wheel.node.Clock): step the clock to the file's skew.
             loop.add_signal_handler(signal.SIGUSR1, node.clock.reload_skew)
+        watching = None
+        paths = tls_paths(ns)
+        if paths:
+            reloader = TlsReloader(
+                lambda: node_security(ns, auth=ns.auth),
+                paths,
+                server=live_server,
+                peers=live_peers,
+                etcd=live_etcd,
+            )
+            loop.add_signal_handler(signal.SIGHUP, reloader.on_signal)
+            if ns.tls_reload_interval:
+                watching = asyncio.create_task(reloader.watch(ns.tls_reload_interval))
+        address = f"{ns.listen.rsplit(':', 1)[0]}:{port}"
+        # Scripts and tests wait for this line: the node serves and its signal
+        # handlers are in place.
+        say(f"wheel serving on {address}", address=address, port=port)
         stopping = asyncio.create_task(stop.wait())
         died = asyncio.create_task(node.stopped.wait())
         await asyncio.wait({stopping, died}, return_when=asyncio.FIRST_COMPLETED)
         crashed = died.done() and not stop.is_set()
         stopping.cancel()
         died.cancel()
+        if watching is not None:
+            watching.cancel()
         await node.leave()  # shards to the other members first, then the server
         await server.stop(grace=2.0)
         if metrics is not None:
@@ -295,7 +335,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         await node.stop()
         store.close()
         if crashed:
-            raise SystemExit("wheel: the dispatch loop died; see the log above")
+            say("wheel: the dispatch loop died; see the log above", sys.stderr, logging.CRITICAL)
+            raise SystemExit(1)
 
     tune_runtime()
     profile = os.environ.get("WHEEL_PROFILE")
@@ -491,13 +532,34 @@ def _json_default(value: object) -> object:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+def _member_status(ns: argparse.Namespace, address: str) -> Status | None:
+    """Another member's status with its shard rows; None when it does not answer."""
+    try:
+        with Client(address, timeout=3.0, security=client_security(ns), token=ns.token) as client:
+            return client.status(include_shards=True)
+    except WheelError:
+        return None
+
+
 def cmd_status(ns: argparse.Namespace) -> int:
     with _client(ns) as client:
-        status = client.status()
+        status = client.status(include_shards=ns.shards)
+    answers: dict[str, Status | None] = {}
+    rows: list[ShardRow] = []
+    if ns.shards:
+        answers = gather(status, lambda address: _member_status(ns, address))
+        rows = shard_map(status, answers)
     if ns.json:
-        print(json.dumps(dataclasses.asdict(status), indent=2, default=_json_default))
-    else:
-        print("\n".join(status_lines(status)))
+        out = dataclasses.asdict(status)
+        if ns.shards:
+            out["shards"] = [r.as_json() for r in rows]
+            out["unanswered"] = sorted(n for n, st in answers.items() if st is None)
+        print(json.dumps(out, indent=2, default=_json_default))
+        return 0
+    lines = status_lines(status)
+    if ns.shards:
+        lines += shard_lines(rows, answers)
+    print("\n".join(lines))
     return 0
 
 
@@ -519,18 +581,6 @@ def _ms(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is a negative number of milliseconds")
     return value
-
-
-def _owner_defaults() -> Any:
-    from wheel.engine.owner import OwnerConfig
-
-    return OwnerConfig()
-
-
-def _node_defaults() -> Any:
-    from wheel.node import NodeConfig
-
-    return NodeConfig()
 
 
 def parse_retain(text: str) -> int | None:
@@ -559,6 +609,13 @@ def _seconds(text: str) -> float:
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration")
     return seconds
+
+
+def _seconds_or_off(text: str) -> float:
+    """A duration flag that "off" (or 0) turns off, in seconds (0.0: off)."""
+    if text.strip().lower() in ("off", "0"):
+        return 0.0
+    return _seconds(text)
 
 
 def _add_log_format(p: argparse.ArgumentParser) -> None:
@@ -645,36 +702,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="LMDB checkpoint: fsync per batch (sync), on process crash only (async), none",
     )
     s.add_argument("--no-checkpoint", action="store_true", help="always rebuild from the store")
-    defaults = _owner_defaults()
+    # Without a default here: serve_config leaves the node's own (NodeConfig,
+    # OwnerConfig) where a flag is not given, so that building the parser,
+    # which every command does, does not import the node.
     s.add_argument(
         "--lease-ms",
         type=_positive_ms,
-        default=defaults.lease_ms,
         help="full lease after a worker's ack; heartbeats come every third of it",
     )
     s.add_argument(
         "--grace-lease-ms",
         type=_positive_ms,
-        default=defaults.grace_lease_ms,
         help="lease of a run handed out but not yet acked",
     )
     s.add_argument(
         "--overdue-after-ms",
         type=_positive_ms,
-        default=defaults.overdue_after_ms,
         help="a fire this late counts as catch-up work",
     )
     s.add_argument(
         "--group-commit-ms",
         type=_ms,
-        default=_node_defaults().group_commit_ms,
         help="under load, at most one store batch per this many ms (0: no holding back);"
         " more fires per commit for a few ms of lag",
     )
     s.add_argument(
         "--group-commit-light-ms",
         type=_ms,
-        default=_node_defaults().group_commit_light_ms,
         help="the same after a small batch: a steady trickle commits at most once per"
         " this many ms (0: at once)",
     )
@@ -703,6 +757,15 @@ def build_parser() -> argparse.ArgumentParser:
         " store's time; default %(default)s)",
     )
     add_serve_flags(s)
+    s.add_argument(
+        "--tls-reload-interval",
+        type=_seconds_or_off,
+        default=f"{DEFAULT_RELOAD_INTERVAL_S:g}s",
+        metavar="DURATION",
+        help="how often the TLS files are looked at for a change, which puts them in force"
+        " for new connections without a restart, as SIGHUP does ('off': on SIGHUP only;"
+        " default %(default)s)",
+    )
     add_auth_flags(s, seconds=_seconds)
     _add_log_format(s)
     s.set_defaults(fn=cmd_serve)
@@ -764,6 +827,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--target", default=target, help=target_help)
     add_token_flag(st)
     st.add_argument("--json", action="store_true", help="the status as JSON (durations in s)")
+    st.add_argument(
+        "--shards",
+        action="store_true",
+        help="and the shard map: each shard's owner and the epoch it holds it under, asked"
+        " of every member, with shards moving, held twice or not held said so",
+    )
     st.set_defaults(fn=cmd_status)
 
     al = sub.add_parser("alerts", help="the node's alerts, and the kinds firing now")
@@ -798,7 +867,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = ns.fn(ns)
     except WheelError as exc:
-        print(f"wheelctl: {exc}", file=sys.stderr)
+        fmt = getattr(ns, "log_format", "text")
+        print(announcement(f"wheelctl: {exc}", fmt, level=logging.ERROR), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -12,6 +12,12 @@ library's record (gRPC's, say) may quote call metadata, ``RedactSecrets``
 rewrites the value of any ``authorization`` header, any ``Bearer`` token and
 the password of any URL (a store's) in a record (message, traceback,
 extras) as ``[redacted]`` before it is written. ``configure`` puts it on the handler it installs.
+
+What a command prints for people and scripts to read, not as a log record
+(``wheel serving on HOST:PORT`` on stdout, an error on stderr), comes out of
+``announcement``: the plain line in text, and in json the object a record of
+it would be, so that under ``--log-format json`` every line a process writes
+is JSON.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ __all__ = [
     "JsonFormatter",
     "RedactSecrets",
     "TextFormatter",
+    "announcement",
     "configure",
     "ids",
     "redact",
@@ -172,3 +179,25 @@ def configure(
     handler.addFilter(RedactSecrets())
     root.addHandler(handler)
     root.setLevel(level)
+
+
+def announcement(
+    message: str,
+    fmt: str = "text",
+    *,
+    level: int = logging.INFO,
+    logger: str = "wheel",
+    **fields: Any,
+) -> str:
+    """The line a command prints (without its newline): ``message`` itself
+    in text, or in json the object ``JsonFormatter`` makes of a record of it
+    with ``fields`` (where it serves, say) at the top level."""
+    if fmt != "json":
+        return message
+    record = logging.makeLogRecord(
+        {"name": logger, "levelno": level, "levelname": logging.getLevelName(level)}
+    )
+    record.msg, record.args = message, None
+    record.__dict__.update(fields)
+    RedactSecrets().filter(record)
+    return JsonFormatter().format(record)

@@ -12,7 +12,6 @@ import re
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -23,16 +22,23 @@ from tests.e2e.procs import wait_for
 from wheel.client import Client, JobRequest
 
 SKEW_MS = 3_000
+# How far ahead the tests' fires are due: past the skew, so a node on its
+# host's clock would start them early but after they were submitted.
+LEAD_MS = SKEW_MS + 1_000
 
 
-@pytest.fixture
-def skewed(tmp_path: Path, etcd_server: EtcdServer, pg_dsn: str) -> Iterator[Cluster]:
+@pytest.fixture(scope="module")
+def skewed(
+    tmp_path_factory: pytest.TempPathFactory, module_etcd_server: EtcdServer, module_pg_dsn: str
+) -> Iterator[Cluster]:
     """A one-node cluster whose node's clock reads SKEW_MS ahead (the
-    ``WHEEL_CLOCK_SKEW_FILE`` test hook), and one worker."""
-    skew = tmp_path / "skew"
+    ``WHEEL_CLOCK_SKEW_FILE`` test hook), and one worker; one for the
+    module, each test judging only its own jobs."""
+    root = tmp_path_factory.mktemp("skewed")
+    skew = root / "skew"
     skew.write_text(str(SKEW_MS))
     c = Cluster(
-        tmp_path, etcd_server, pg_dsn, size=1, workers=1,
+        root, module_etcd_server, module_pg_dsn, size=1, workers=1,
         node_env=lambda _: {"WHEEL_CLOCK_SKEW_FILE": str(skew)},
     )  # fmt: skip
     try:
@@ -42,13 +48,14 @@ def skewed(tmp_path: Path, etcd_server: EtcdServer, pg_dsn: str) -> Iterator[Clu
         c.stop()
 
 
-def starts_of(cluster: Cluster, count: int) -> list[tuple[int, int]]:
-    """(scheduled_for ms, first start ms by the worker's clock) of ``count`` fires."""
+def starts_of(cluster: Cluster, jobs: set[int], count: int) -> list[tuple[int, int]]:
+    """(scheduled_for ms, first start ms by the worker's clock) of ``count``
+    fires of ``jobs``."""
     first: dict[int, int] = {}
 
     def all_started() -> bool:
         for e in effects(cluster.out):
-            if e["kind"] == "start":
+            if e["kind"] == "start" and e["job"] in jobs:
                 t = int(e["t"] * 1000)
                 first[e["scheduled_for"]] = min(t, first.get(e["scheduled_for"], t))
         return len(first) >= count
@@ -61,14 +68,15 @@ def starts_of(cluster: Cluster, count: int) -> list[tuple[int, int]]:
 @pytest.mark.postgres
 @pytest.mark.etcd
 def test_a_node_whose_clock_runs_ahead_never_starts_a_run_early(skewed: Cluster) -> None:
-    at = time.time_ns() // 1_000_000 + 6_000
+    at = time.time_ns() // 1_000_000 + LEAD_MS
     requests = [
         JobRequest(name=f"at-{i}", handler="chaos", at=utc(at + 200 * i), idempotency_key=f"at-{i}")
         for i in range(5)
     ]
     with Client(skewed.targets, timeout=5.0) as client:
-        client.submit_many(requests)
-    for scheduled_for, started in starts_of(skewed, 5):
+        jobs = {r.job_id for r in client.submit_many(requests) if not isinstance(r, Exception)}
+    assert len(jobs) == 5
+    for scheduled_for, started in starts_of(skewed, jobs, 5):
         assert started >= scheduled_for, f"started {scheduled_for - started} ms early"
 
 
@@ -80,10 +88,12 @@ def test_a_node_whose_clock_runs_ahead_fires_on_the_stores_time_and_says_so(
 ) -> None:
     """Neither early nor late by the skew: within the ordinary dispatch lag
     of the true due time; the node's log says how far its host was off."""
-    at = time.time_ns() // 1_000_000 + 6_000
+    at = time.time_ns() // 1_000_000 + LEAD_MS
     with Client(skewed.targets, timeout=5.0) as client:
-        client.submit(name="every", handler="chaos", every=timedelta(seconds=1), start=utc(at))
-    for scheduled_for, started in starts_of(skewed, 3):
+        job = client.submit(
+            name="every", handler="chaos", every=timedelta(seconds=1), start=utc(at)
+        )
+    for scheduled_for, started in starts_of(skewed, {job.job_id}, 3):
         assert 0 <= started - scheduled_for < 1_000, (scheduled_for, started)
     logs = "".join(p.read_text() for p in skewed.root.glob("node-*/server-*.log"))
     offs = [int(m) for m in re.findall(r"this host's clock is \+(\d+) ms off the store's", logs)]

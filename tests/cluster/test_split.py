@@ -1,15 +1,19 @@
-"""Three nodes share the 256 shards, and a job fires on its shard's owner
-whichever node it was submitted through."""
+"""Three nodes share the 256 shards, a job fires on its shard's owner
+whichever node it was submitted through, and ``wheelctl status --shards``
+shows who holds which under what epoch. The tests share one cluster: none
+disturbs it, and each judges only its own jobs."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
 
-from tests.cluster.harness import HANDLER, PAYLOAD, Cluster, now_ms, utc
+from tests.cluster.harness import HANDLER, PAYLOAD, Cluster, Execution, now_ms, utc
 from tests.e2e.e2e_handlers import events
 from tests.e2e.procs import wait_for
+from wheel.cli import main
 from wheel.client import JobRequest
 from wheel.engine.model import SHARD_COUNT, shard_of
 
@@ -18,7 +22,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.etcd]
 JOBS = 1_000
 
 
-def test_three_nodes_split_the_shards_disjointly_and_agree_on_it(cluster: Cluster) -> None:
+def test_three_nodes_split_the_shards_disjointly_and_agree_on_it(shared_cluster: Cluster) -> None:
+    cluster = shared_cluster
     own = cluster.ownership()
     ids = {n.node_id for n in cluster.nodes}
     assert own.settled_on(ids), own
@@ -36,8 +41,9 @@ def test_three_nodes_split_the_shards_disjointly_and_agree_on_it(cluster: Cluste
 
 
 def test_a_thousand_jobs_submitted_through_one_node_each_fire_once_on_their_owner(
-    cluster: Cluster,
+    shared_cluster: Cluster,
 ) -> None:
+    cluster = shared_cluster
     own = cluster.ownership()
     holders = own.holder_epochs()  # shard -> (node, epoch)
     entry = cluster.nodes[0]
@@ -55,22 +61,27 @@ def test_a_thousand_jobs_submitted_through_one_node_each_fire_once_on_their_owne
     results = entry.client().submit_many(requests)
     job_ids = [r.job_id for r in results if not isinstance(r, Exception)]
     assert len(job_ids) == JOBS, [r for r in results if isinstance(r, Exception)][:3]
+    ours = set(job_ids)
     # Most jobs belong to shards the entry node does not own.
     foreign = [j for j in job_ids if holders[shard_of(j)][0] != entry.node_id]
     assert len(foreign) > JOBS // 2
 
     truth = cluster.truth
+
+    def our_runs() -> list[Execution]:
+        return [e for e in truth.executions() if e.job_id in ours]
+
     wait_for(
-        lambda: sum(e.state == "succeeded" for e in truth.executions()) >= JOBS,
+        lambda: sum(e.state == "succeeded" for e in our_runs()) >= JOBS,
         30,
         f"{JOBS} succeeded runs",
         0.5,
     )
-    runs = truth.executions()
+    runs = our_runs()
     by_job: dict[int, list[tuple[int, str, int]]] = {}
     for e in runs:
         by_job.setdefault(e.job_id, []).append((e.attempt, e.state, e.fence))
-    assert set(by_job) == set(job_ids)
+    assert set(by_job) == ours
     once = [j for j, rs in by_job.items() if len(rs) == 1 and rs[0][:2] == (0, "succeeded")]
     assert len(once) == JOBS, {j: rs for j, rs in by_job.items() if j not in set(once)}
 
@@ -86,8 +97,8 @@ def test_a_thousand_jobs_submitted_through_one_node_each_fire_once_on_their_owne
     assert len(fired_by) == 3
 
     # The workers ran each fire exactly once, with the fence the owner issued.
-    wait_for(lambda: len(_ends(cluster)) >= JOBS, 10, "the handlers' end events")
-    ends = _ends(cluster)
+    wait_for(lambda: len(_ends(cluster, ours)) >= JOBS, 10, "the handlers' end events")
+    ends = _ends(cluster, ours)
     assert Counter(j for j, _ in ends) == Counter(job_ids)
     assert {(j, f) for j, f in ends} == {(e.job_id, e.fence) for e in runs}
 
@@ -95,9 +106,42 @@ def test_a_thousand_jobs_submitted_through_one_node_each_fire_once_on_their_owne
     assert cluster.ownership().holder_epochs() == holders
 
 
-def _ends(cluster: Cluster) -> list[tuple[int, int]]:
+def test_wheelctl_status_shards_shows_every_shards_owner_and_its_epoch(
+    shared_cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = shared_cluster
+    holders = cluster.ownership().holder_epochs()  # shard -> (node, epoch)
+    # The store was fenced by the same owners at the same epochs.
+    fenced = cluster.truth.shard_epochs()
+    assert {s: (node, epoch) for s, (epoch, node) in fenced.items()} == holders
+    owned = Counter(node for node, _ in holders.values())
+    # Asked of one node, which holds only a third of the shards itself: the
+    # other members' epochs come from them.
+    entry = cluster.nodes[1]
+
+    assert main(["status", "--shards", "--target", entry.target]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    summary = ", ".join(f"{node} owns {n}" for node, n in sorted(owned.items()))
+    assert f"shards: {summary}; 0 without an owner" in lines
+    header = lines.index("shard  owner   epoch")
+    rows = [line.split() for line in lines[header + 1 :]]
+    # A settled cluster: one row per shard, no notes.
+    assert {int(shard): (owner, int(epoch)) for shard, owner, epoch in rows} == holders
+    assert len(rows) == SHARD_COUNT
+
+    assert main(["status", "--shards", "--json", "--target", entry.target]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["node_id"] == entry.node_id and out["unanswered"] == []
+    assert out["shards"] == [
+        {"shard": s, "owner": node, "epoch": epoch, "held_by": {node: epoch}}
+        for s, (node, epoch) in sorted(holders.items())
+    ]
+    assert {n["node_id"]: n["shards_owned"] for n in out["nodes"]} == owned
+
+
+def _ends(cluster: Cluster, jobs: set[int]) -> list[tuple[int, int]]:
     return [
         (ev["job"], ev["fence"])
         for ev in events(cluster.out)
-        if ev["event"] == "end" and ev["outcome"] == "succeeded"
+        if ev["event"] == "end" and ev["outcome"] == "succeeded" and ev["job"] in jobs
     ]

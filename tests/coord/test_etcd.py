@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import etcd3
@@ -18,6 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import EtcdServer
+from tests.pki import Pair, Pki
+from wheel._tls import ChannelSecurity, LiveChannelSecurity
 from wheel.coord import (
     MAX_EPOCH,
     SHARD_COUNT,
@@ -438,6 +442,74 @@ def test_epochs_continue_from_the_cluster_counter_and_stop_at_32_bits(etcd_serve
             await node.coord.stop()
 
     run(body)
+
+
+@pytest.mark.etcd
+def test_a_reloaded_client_certificate_is_used_once_etcd_refuses_the_old_one(
+    tmp_path: Path, pki: Pki
+) -> None:
+    """etcd trusts the old and the new CA; the node's client certificate is
+    replaced by one of the new CA (a reload); then etcd restarts trusting
+    only the new one. The node's connections after that are made with the
+    new certificate, so it keeps (or takes back) its shards."""
+    old = ChannelSecurity.from_files(ca=pki.ca, cert=pki.client.cert, key=pki.client.key)
+    new = ChannelSecurity.from_files(
+        ca=pki.ca, cert=pki.other_client.cert, key=pki.other_client.key
+    )
+    trust = tmp_path / "trusted.pem"
+    trust.write_bytes(pki.ca.read_bytes() + pki.other_ca.read_bytes())
+    server = EtcdServer(tmp_path / "etcd" / "data", tls=(pki.node.cert, pki.node.key, trust))
+    server.data_dir.parent.mkdir()
+    server.start()
+    live = LiveChannelSecurity(old)
+    coord = EtcdCoordinator(
+        "a", "a.local:7000", [server.endpoint], cluster="reload", ttl_s=TTL,
+        safety_margin_s=MARGIN, security=live,
+    )  # fmt: skip
+    node = Node(coord)
+    coord.subscribe(node.on_change)
+
+    async def body() -> None:
+        await coord.start()
+        try:
+            await wait_until("the node to own every shard", lambda: settled([node]), 10)
+            assert live.replace(new)
+            await asyncio.to_thread(server.stop)
+            server.tls = (pki.node.cert, pki.node.key, pki.other_ca)
+            await asyncio.to_thread(server.start)
+            # The old certificate is refused now: the check below means something.
+            assert not await asyncio.to_thread(_answers, server.endpoint, pki.client, pki.ca)
+            assert await asyncio.to_thread(_answers, server.endpoint, pki.other_client, pki.ca)
+            await wait_until("the node to own every shard again", lambda: settled([node]), 10)
+            assert node.dispatchable() == ALL
+        finally:
+            await coord.stop()
+
+    try:
+        run(body)
+    finally:
+        server.stop()
+
+
+def _answers(endpoint: str, client: Pair, ca: Path) -> bool:
+    """Whether etcd answers a client showing ``client``'s certificate."""
+    host, port = endpoint.rsplit(":", 1)
+    etcd = etcd3.client(
+        host=host, port=int(port), ca_cert=str(ca), cert_cert=str(client.cert),
+        cert_key=str(client.key), timeout=2,
+    )  # fmt: skip
+    try:
+        for _ in range(20):  # the server was just started: gRPC may lag its accept
+            try:
+                etcd.status()
+                return True
+            except etcd3.exceptions.ConnectionFailedError:
+                time.sleep(0.1)
+            except Exception:  # a refused handshake
+                return False
+        return False
+    finally:
+        etcd.close()
 
 
 @pytest.mark.etcd

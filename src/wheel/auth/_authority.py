@@ -64,20 +64,19 @@ def bearer(metadata: Sequence[tuple[str, Any]] | None) -> str:
 
 
 class Authenticator:
-    """Checks bearer tokens against the store (``run`` runs a blocking store
-    call off the event loop) by the node's clock (``now_ms``)."""
+    """Checks bearer tokens against the store by the node's clock
+    (``now_ms``); ``get_token`` reads a token's record (``NotFound``: no such
+    token) without blocking the event loop."""
 
     def __init__(
         self,
-        get_token: Callable[[str], TokenRecord],
+        get_token: Callable[[str], Awaitable[TokenRecord]],
         *,
-        run: Callable[[Callable[[], Any]], Awaitable[Any]],
         now_ms: Callable[[], int],
         recheck_s: float = DEFAULT_RECHECK_S,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._get_token = get_token
-        self._run = run
         self._now_ms = now_ms
         self.recheck_s = recheck_s
         self._monotonic = monotonic
@@ -94,13 +93,11 @@ class Authenticator:
         if hit is not None and not fresh and now - hit[1] < self.recheck_s:
             return hit[0]
 
-        def read() -> TokenRecord | None:
-            try:
-                return self._get_token(token_id)
-            except NotFound:
-                return None
-
-        record: TokenRecord | None = await self._run(read)
+        record: TokenRecord | None
+        try:
+            record = await self._get_token(token_id)
+        except NotFound:
+            record = None
         if len(self._cache) >= MAX_CACHED:
             self._cache.clear()
             self._passed.clear()

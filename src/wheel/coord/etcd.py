@@ -69,7 +69,7 @@ from etcd3 import etcdrpc
 from etcd3.etcdrpc import kv_pb2
 from etcd3.utils import prefix_range_end
 
-from wheel._tls import ChannelSecurity
+from wheel._tls import ChannelSecurity, LiveChannelSecurity, live_channel
 from wheel.coord.base import MAX_EPOCH, SHARD_COUNT, Member, OwnershipChange, Subscribers
 from wheel.errors import CoordinationError
 
@@ -148,10 +148,12 @@ class EtcdCoordinator:
         ttl_s: int = 10,
         safety_margin_s: float = 1.0,
         start_timeout_s: float | None = None,
-        security: ChannelSecurity | None = None,
+        security: ChannelSecurity | LiveChannelSecurity | None = None,
     ) -> None:
         """``security``: TLS to etcd (its CA, and this node's certificate
-        when etcd runs with ``--client-cert-auth``); None: plaintext."""
+        when etcd runs with ``--client-cert-auth``); None: plaintext. A live
+        one that a reload replaces is taken up by a new etcd client (see
+        ``_etcd``)."""
         if not endpoints:
             raise CoordinationError("no etcd endpoints")
         if ttl_s < 2:
@@ -163,7 +165,7 @@ class EtcdCoordinator:
         self.node_id = node_id
         self.address = address
         self._endpoints = [_parse_endpoint(e) for e in endpoints]
-        self._security = security if security is not None and security.secure else None
+        self._security = live_channel(security)
         self._ttl = ttl_s
         self._margin = safety_margin_s
         self._start_timeout = start_timeout_s if start_timeout_s is not None else 3.0 * ttl_s
@@ -176,6 +178,8 @@ class EtcdCoordinator:
 
         self._subscribers = Subscribers()
         self._client: Any = None
+        # The version of ``_security`` the client was made with.
+        self._client_version = 0
         self._lock = threading.Lock()
         # Written by the worker threads; read without the lock by may_dispatch
         # (each is replaced whole, never mutated in place).
@@ -208,6 +212,7 @@ class EtcdCoordinator:
         if self._threads:
             raise CoordinationError("coordinator already started")
         self._subscribers.bind(asyncio.get_running_loop())
+        self._client_version = self._security.version
         self._client = self._make_client()
         self._stopping.clear()
         self._started.clear()
@@ -249,7 +254,7 @@ class EtcdCoordinator:
             self._subscribers.post(OwnershipChange(lost=lost))
         if lease_id is not None:
             try:
-                await asyncio.to_thread(self._call, self._client.revoke_lease, lease_id)
+                await asyncio.to_thread(self._call, self._etcd().revoke_lease, lease_id)
             except CoordinationError as exc:
                 _log.warning("lease not revoked at stop (it will expire): %s", exc)
         self._client.close()
@@ -290,8 +295,9 @@ class EtcdCoordinator:
     # -- etcd plumbing --------------------------------------------------------
 
     def _make_client(self) -> Any:
-        secure = self._security is not None
-        creds = self._security.credentials() if self._security is not None else None
+        security = self._security.current
+        secure = security.secure
+        creds = security.credentials() if secure else None
         endpoints = [
             etcd3.Endpoint(
                 host,
@@ -306,6 +312,26 @@ class EtcdCoordinator:
         return etcd3.MultiEndpointEtcd3Client(
             endpoints=endpoints, timeout=self._rpc_timeout, failover=True
         )
+
+    def _etcd(self) -> Any:
+        """The etcd client. Once a reload replaced the TLS certificates, a
+        new client made with them: the calls after go through it, the watch
+        opens again on it when the old one closes (a reconcile follows, as
+        after any break), and the old one closes once the calls on it have
+        had their time. Connections made before stay up until then: TLS
+        checks certificates at the handshake only."""
+        version = self._security.version
+        if version == self._client_version:
+            return self._client
+        with self._lock:
+            if version != self._client_version:
+                old, self._client = self._client, self._make_client()
+                self._client_version = version
+                closing = threading.Timer(self._rpc_timeout * 2, old.close)
+                closing.daemon = True
+                closing.start()
+                _log.info("etcd: a new client with the reloaded TLS certificates")
+            return self._client
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run one etcd call; every failure comes out as CoordinationError."""
@@ -368,7 +394,7 @@ class EtcdCoordinator:
             self._wait(self._wake_keepalive, self._keepalive_interval)
 
     def _refresh(self, lease_id: int) -> list[Any]:
-        return list(self._client.refresh_lease(lease_id))
+        return list(self._etcd().refresh_lease(lease_id))
 
     # -- watch thread -----------------------------------------------------------
 
@@ -395,7 +421,7 @@ class EtcdCoordinator:
 
             try:
                 if not self._frozen:
-                    stub = etcdrpc.WatchStub(self._client.channel)
+                    stub = etcdrpc.WatchStub(self._etcd().channel)
                     self._watch_call = stub.Watch(requests())
                     if self._stopping.is_set():
                         self._watch_call.cancel()
@@ -504,7 +530,7 @@ class EtcdCoordinator:
 
     def _join(self) -> None:
         """Revoke the old lease (best effort), grant a new one, register."""
-        client = self._client
+        client = self._etcd()
         old = self._lease_id
         if old is not None:
             try:
@@ -534,7 +560,7 @@ class EtcdCoordinator:
         )
 
     def _reconcile(self) -> None:
-        client = self._client
+        client = self._etcd()
         lease_id = self._lease_id
         assert lease_id is not None
         members: dict[str, str] = {}
@@ -600,7 +626,7 @@ class EtcdCoordinator:
             # Not retryable and not worth stopping the other shards for.
             _log.error("shard %d has exhausted its 32-bit epochs; not acquiring it", shard)
             return None
-        client = self._client
+        client = self._etcd()
         tx = client.transactions
         shard_key = f"{self._shards_prefix}{shard}"
         epoch_key = f"{self._epochs_prefix}{shard}"

@@ -1,6 +1,8 @@
-"""Tenant quotas on a node: read from the store, enforced at the edge
-(max jobs, submits a second) and handed to the owner (fires a second, runs in
-flight: ``wheel.engine.owner._tenants``).
+"""Tenant quotas and tokens on a node. Quotas are read from the store,
+enforced at the edge (max jobs, submits a second) and handed to the owner
+(fires a second, runs in flight: ``wheel.engine.owner._tenants``); tokens
+are read and written through here by the rpc layer (its authenticator and
+AdminService), which touches the store only through the node.
 
 Every node reads the quotas at start, every ``QUOTA_REFRESH_S`` after, and at
 once after a change made through it: a change made through another member
@@ -23,7 +25,7 @@ from wheel.engine.fairness import TokenBucket
 from wheel.engine.owner import TenantLimit
 from wheel.errors import ResourceExhausted, StoreError
 from wheel.node._values import Clock
-from wheel.store.base import Store, TenantQuota
+from wheel.store.base import Store, TenantQuota, TokenRecord
 
 if TYPE_CHECKING:
     from wheel.engine.driver import Driver
@@ -106,6 +108,29 @@ class NodeTenancy:
         stored = await self._api(self.store.set_tenant_quota, quota)
         await self.refresh_quotas()
         return stored
+
+    async def list_tenant_quotas(self) -> list[TenantQuota]:
+        """Every tenant with limits set, as the store has them now."""
+        return await self._api(self.store.list_tenant_quotas)
+
+    # -- tokens -------------------------------------------------------------------
+
+    async def create_token(self, record: TokenRecord) -> None:
+        """Store a minted token (``AlreadyExists`` for a token id in use)."""
+        await self._api(self.store.create_token, record)
+
+    async def get_token(self, token_id: str) -> TokenRecord:
+        """A token's record as the store has it now (``NotFound``)."""
+        return await self._api(self.store.get_token, token_id)
+
+    async def list_tokens(self) -> list[TokenRecord]:
+        """Every token, revoked and expired ones included."""
+        return await self._api(self.store.list_tokens)
+
+    async def revoke_token(self, token_id: str) -> TokenRecord:
+        """Revoke a token as of now by the node's clock (again: keeps the
+        first time; ``NotFound``)."""
+        return await self._api(self.store.revoke_token, token_id, self.clock.now_ms())
 
     async def admit_submits(self, tenants: Sequence[str]) -> list[ResourceExhausted | None]:
         """For each submit (by its tenant, in order): None when it may go on,

@@ -71,8 +71,13 @@ class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
         for u in st.unserved:
             status.unserved.add(pool=u.pool, handler=u.handler, waiting=u.waiting)
         if request.include_shards:
-            for shard, owner in sorted(owners.items()):
-                status.shards.add(shard=shard, owner=owner, epoch=st.shards.get(shard, 0))
+            # A row per shard with an owner in this node's view, and per shard
+            # this node holds (its epoch; 0: not held here) even when the view
+            # has moved on: a holder that has not heard of its loss yet.
+            for shard in sorted(owners.keys() | st.shards.keys()):
+                status.shards.add(
+                    shard=shard, owner=owners.get(shard, ""), epoch=st.shards.get(shard, 0)
+                )
         return status
 
     async def GetMembership(

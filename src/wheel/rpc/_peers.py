@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 import grpc
 
-from wheel._tls import ChannelSecurity, make_channel
+from wheel._tls import ChannelSecurity, LiveChannelSecurity, live_channel, make_channel
 from wheel.auth import AUTHORIZATION
 from wheel.rpc.v1 import job_service_pb2_grpc, node_service_pb2, node_service_pb2_grpc
 
@@ -53,19 +53,47 @@ def forwarded_by(context: grpc.aio.ServicerContext) -> str | None:
 
 class Peers:
     """One channel per member address, opened on first use, secured as
-    ``security`` says (the node's own certificate when it serves TLS)."""
+    ``security`` says (the node's own certificate when it serves TLS). When a
+    reload replaces that (``LiveChannelSecurity``), the next call opens new
+    channels with it; calls on the old ones finish before they close."""
 
-    def __init__(self, node_id: str, security: ChannelSecurity | None = None) -> None:
+    def __init__(
+        self, node_id: str, security: ChannelSecurity | LiveChannelSecurity | None = None
+    ) -> None:
         self.node_id = node_id
-        self.security = security
+        self.security = live_channel(security)
+        self._version = self.security.version
         self._channels: dict[str, grpc.aio.Channel] = {}
+        # Channels made before a reload, closing once their calls are over.
+        self._retired: set[grpc.aio.Channel] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _channel(self, address: str) -> grpc.aio.Channel:
+        if self.security.version != self._version:
+            self._version = self.security.version
+            self._retire()
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = make_channel(address, self.security, aio=True)
+            security = self.security.current
+            channel = self._channels[address] = make_channel(address, security, aio=True)
         return channel
+
+    def _retire(self) -> None:
+        """Close the channels made with the certificates a reload replaced,
+        once the calls on them are over (a forward's deadline at most)."""
+        old, self._channels = self._channels, {}
+        for channel in old.values():
+            self._retired.add(channel)
+            self._background(self._close_later(channel))
+
+    async def _close_later(self, channel: grpc.aio.Channel) -> None:
+        await channel.close(grace=FORWARD_TIMEOUT_S)
+        self._retired.discard(channel)
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def forward(
         self, address: str, method: str, request: Any, context: grpc.aio.ServicerContext
@@ -91,9 +119,7 @@ class Peers:
         """Tell each owner (by address) that jobs of its shards changed here,
         in the background (``metadata``: the submitter's credential)."""
         for address, job_ids in by_owner.items():
-            task = asyncio.create_task(self._notify(address, job_ids, metadata))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._background(self._notify(address, job_ids, metadata))
 
     async def _notify(
         self, address: str, job_ids: Iterable[int], metadata: tuple[tuple[str, str], ...]
@@ -113,6 +139,7 @@ class Peers:
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
-        for channel in self._channels.values():
+        for channel in [*self._retired, *self._channels.values()]:
             await channel.close()
+        self._retired.clear()
         self._channels.clear()

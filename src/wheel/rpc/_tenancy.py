@@ -104,7 +104,7 @@ class TenancyAdmin:
                 pools=list(request.pools),
                 label=request.label,
             )
-            await self.node.in_thread(self.node.store.create_token, minted.record)
+            await self.node.create_token(minted.record)
             return pb.CreateTokenResponse(token=minted.token, info=token_info(minted.record))
 
         return await _call(context, work())
@@ -114,7 +114,7 @@ class TenancyAdmin:
     ) -> pb.ListTokensResponse:
         async def work() -> pb.ListTokensResponse:
             self._auth_on()
-            tokens = await self.node.in_thread(self.node.store.list_tokens)
+            tokens = await self.node.list_tokens()
             return pb.ListTokensResponse(tokens=[token_info(t) for t in tokens])
 
         return await _call(context, work())
@@ -126,9 +126,7 @@ class TenancyAdmin:
             self._auth_on()
             if not request.token_id:
                 raise InvalidArgument("token_id", "is required")
-            record = await self.node.in_thread(
-                self.node.store.revoke_token, request.token_id, self.node.now_ms()
-            )
+            record = await self.node.revoke_token(request.token_id)
             if self.guard.auth is not None:
                 self.guard.auth.forget(record.token_id)
             return token_info(record)
@@ -148,7 +146,7 @@ class TenancyAdmin:
         self, request: pb.ListTenantQuotasRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListTenantQuotasResponse:
         async def work() -> pb.ListTenantQuotasResponse:
-            quotas = await self.node.in_thread(self.node.store.list_tenant_quotas)
+            quotas = await self.node.list_tenant_quotas()
             return pb.ListTenantQuotasResponse(quotas=[quota_to_proto(q) for q in quotas])
 
         return await _call(context, work())

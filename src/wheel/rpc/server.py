@@ -10,7 +10,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from wheel._tls import ChannelSecurity, ServerSecurity, add_port
+from wheel._tls import (
+    ChannelSecurity,
+    LiveChannelSecurity,
+    LiveServerSecurity,
+    ServerSecurity,
+    add_port,
+)
 from wheel.auth import DEFAULT_RECHECK_S, Authenticator, AuthInterceptor
 from wheel.node import Health, Node
 from wheel.rpc._admin import AdminServicer
@@ -39,14 +45,15 @@ async def serve(
     node: Node,
     listen: str,
     *,
-    security: ServerSecurity | None = None,
-    peer_security: ChannelSecurity | None = None,
+    security: ServerSecurity | LiveServerSecurity | None = None,
+    peer_security: ChannelSecurity | LiveChannelSecurity | None = None,
     auth: bool = False,
     recheck_s: float = DEFAULT_RECHECK_S,
 ) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC server for ``node``, with TLS if ``security`` is given;
-    ``peer_security`` secures its calls to the other members. Returns the server and
-    the bound port.
+    ``peer_security`` secures its calls to the other members. Either may be
+    live: a reload replaces it for new connections (``wheel._tls_reload``).
+    Returns the server and the bound port.
 
     ``auth``: every call but health and reflection needs a bearer token
     (``wheel.auth``), re-checked against the store every ``recheck_s``."""
@@ -60,9 +67,7 @@ async def serve(
     authenticator = None
     interceptors = []
     if auth:
-        authenticator = Authenticator(
-            node.store.get_token, run=node.in_thread, now_ms=node.now_ms, recheck_s=recheck_s
-        )
+        authenticator = Authenticator(node.get_token, now_ms=node.now_ms, recheck_s=recheck_s)
         interceptors.append(AuthInterceptor(authenticator))
     guard = Guard(authenticator)
     server = grpc.aio.server(options=options, interceptors=interceptors)
