@@ -113,7 +113,8 @@ def store_limit(
         for part in _batches(jobs, batch):
             news = [_new(i, now, now_ms) for i in part]
             rows = [(*new_job_row(next_id + k, n), 1) for k, n in enumerate(news)]
-            specs = [spec_row(next_id + k, n.spec) for k, n in enumerate(news)]
+            specs = [spec_row(next_id + k, n) for k, n in enumerate(news)]
+            keys = [_key_row(next_id + k, n) for k, n in enumerate(news)]
             profiles = new_profiles(news)
             next_id += len(news)
             t0 = time.perf_counter()
@@ -121,6 +122,7 @@ def store_limit(
             db.executemany(sq.INSERT_PROFILE, profiles)
             db.executemany(sq.INSERT_JOB, rows)
             db.executemany(sq.INSERT_SPEC, specs)
+            db.executemany(sq.INSERT_KEY, keys)
             db.execute("COMMIT")
             spent += time.perf_counter() - t0
         db.close()
@@ -140,7 +142,8 @@ def store_limit(
                 for part in _batches(jobs, batch):
                     news = [_new(i, now, now_ms) for i in part]
                     rows = [new_job_row(next_id + k, n) for k, n in enumerate(news)]
-                    specs = [spec_row(next_id + k, n.spec) for k, n in enumerate(news)]
+                    specs = [spec_row(next_id + k, n) for k, n in enumerate(news)]
+                    keys = [_key_row(next_id + k, n) for k, n in enumerate(news)]
                     profiles = new_profiles(news)
                     next_id += len(news)
                     t0 = time.perf_counter()
@@ -156,6 +159,9 @@ def store_limit(
                         with cur.copy(pg.COPY_SPECS_SQL) as copy:
                             for spec in specs:
                                 copy.write_row(spec)
+                        with cur.copy(_COPY_KEYS) as copy:
+                            for key in keys:
+                                copy.write_row(key)
                     conn.commit()
                     spent += time.perf_counter() - t0
         finally:
@@ -163,10 +169,27 @@ def store_limit(
     return jobs / spent, spent
 
 
+_COPY_KEYS = (
+    "COPY idempotency_keys (tenant, idempotency_key, body_hash, job_id, created_at_ms) FROM STDIN"
+)
+
+
 def _new(i: int, now: datetime, now_ms: int) -> NewJob:
+    """Job ``i`` as the store gets it: its spec, first fire and a key of its
+    own, as the client sends every job."""
     spec = job_spec(job_request(i, now), now_ms=now_ms)
     first = spec.schedule.start_at_ms if hasattr(spec.schedule, "start_at_ms") else now_ms
-    return NewJob(spec=spec, created_at_ms=now_ms, next_run_at=first)
+    return NewJob(
+        spec=spec,
+        created_at_ms=now_ms,
+        next_run_at=first,
+        idempotency_key=f"wheel-client-{i:032x}",
+        body_hash="0" * 64,
+    )
+
+
+def _key_row(job_id: int, new: NewJob) -> tuple[str, str | None, str | None, int, int]:
+    return (new.spec.tenant, new.idempotency_key, new.body_hash, job_id, new.created_at_ms)
 
 
 # -- the nodes ---------------------------------------------------------------------------
@@ -326,7 +349,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for p in range(PROBES):
                 client.submit(
                     name=f"probe-{p}",
-                    handler="probe",
+                    handler="bench",
                     every=timedelta(seconds=1),
                     start=now + timedelta(seconds=5 + p / PROBES),
                 )

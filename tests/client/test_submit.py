@@ -6,6 +6,7 @@ naming its field, whether the client or the server finds it."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -316,3 +317,49 @@ def test_submit_many_answers_each_item_with_its_job_or_its_own_error(client: Cli
     # Nothing good enough to send: no call, an error per item.
     only_bad = client.submit_many([{"name": "x", "handler": "h"}])
     assert len(only_bad) == 1 and isinstance(only_bad[0], InvalidArgument)
+
+
+def test_a_bulk_submit_of_ten_thousand_creates_the_good_ones_once(client: Client) -> None:
+    """10,000 jobs in one call with a few the node refuses: each good one is
+    created (and answered whole, though the node's answer leaves the spec
+    out), each bad one gets its own error, and the same call again creates
+    nothing new."""
+    start = datetime.now(UTC).replace(microsecond=0) + timedelta(days=2)
+
+    def item(i: int) -> JobRequest:
+        job = functools.partial(
+            JobRequest,
+            name=f"bulk-{i}",
+            handler="h",
+            tenant="bulk",
+            idempotency_key=f"bulk-{i}",
+            payload={"i": i} if i % 2 else b"",
+        )
+        if i % 997 == 13:
+            return job(cron="not a cron")
+        if i % 997 == 14:
+            return job(cron="0 3 * * *", tz="Mars/Olympus_Mons")
+        if i % 3:
+            return job(every=timedelta(hours=1), start=start + timedelta(seconds=i))
+        return job(cron=f"{i % 60} 3 * * *", tz="Europe/London")
+
+    items = [item(i) for i in range(10_000)]
+    bad = {i for i in range(10_000) if i % 997 in (13, 14)}
+    results = client.submit_many(items)  # within the client's default timeout
+    assert len(results) == 10_000
+    for i, r in enumerate(results):
+        if i in bad:
+            assert isinstance(r, InvalidArgument), (i, r)
+            assert r.field in ("spec.schedule.cron.expr", "spec.schedule.cron.time_zone")
+        else:
+            assert isinstance(r, Job) and r.created and r.name == f"bulk-{i}", (i, r)
+    one = results[1]
+    assert isinstance(one, Job)
+    assert one.payload == b'{"i":1}' and one.next_fire == start + timedelta(seconds=1)
+    assert one.schedule == client.get(one.job_id).schedule
+    made = {r.job_id for r in results if isinstance(r, Job)}
+    assert len(made) == 10_000 - len(bad)
+    again = client.submit_many(items)
+    assert {r.job_id for r in again if isinstance(r, Job)} == made
+    assert not any(isinstance(r, Job) and r.created for r in again)
+    assert sum(1 for _ in client.jobs(tenant="bulk", page_size=1000)) == len(made)

@@ -21,6 +21,7 @@ from wheel.engine.model import JobState
 from wheel.engine.owner import OwnerConfig
 from wheel.engine.spec import DEFAULT_LIMITS
 from wheel.node import Node, NodeConfig
+from wheel.rpc._common import MAX_MESSAGE_BYTES
 from wheel.rpc.server import serve
 from wheel.rpc.v1 import (
     admin_service_pb2,
@@ -389,9 +390,9 @@ BAD_REQUESTS: list[Row] = [
     (
         "message over the gRPC limit",
         "SubmitJob",
-        _submit(payload=b"x" * (5 * 1024 * 1024)),
+        _submit(payload=b"x" * (65 * 1024 * 1024)),
         grpc.StatusCode.RESOURCE_EXHAUSTED,
-        [str(4 * 1024 * 1024)],
+        [str(MAX_MESSAGE_BYTES)],
     ),
     (
         "no schedule",

@@ -1,6 +1,6 @@
 """A node's change feed brings what others changed, and leaves out the jobs
-the node wrote itself: it applied those when it wrote them, and reading
-them back cost a second parse of every submitted spec.
+the node wrote itself: it applied those when it wrote them. The jobs come
+as rows (no spec to parse): their profile, parameter and state.
 
 (A read that starts while one of the node's writes commits may still bring
 that write back, before the node has its marker: harmless, the job is
@@ -23,7 +23,7 @@ from tests.rpc.test_api import (
 from wheel.engine.model import JobState
 from wheel.engine.spec import Interval, JobSpec
 from wheel.rpc.v1 import job_service_pb2
-from wheel.store.base import Changes, NewJob
+from wheel.store.base import NewJob, RowChanges
 from wheel.store.open import open_store
 
 
@@ -35,14 +35,15 @@ def test_the_change_feed_brings_others_changes_and_not_the_node_s_own(tmp_path: 
         assert node is not None
         # Every job the feed hands the node, as the store answers it.
         read: list[int] = []
-        real = node.store.changes_since
+        real = node.store.changed_rows
 
-        def recording(*args: Any, **kwargs: Any) -> Changes:
+        def recording(*args: Any, **kwargs: Any) -> RowChanges:
             changes = real(*args, **kwargs)
+            read.extend(r.job_id for r in changes.rows)
             read.extend(j.job_id for j in changes.jobs)
             return changes
 
-        node.store.changes_since = recording  # type: ignore[method-assign]
+        node.store.changed_rows = recording  # type: ignore[method-assign]
         with connect(server) as api:
             hourly = every(HOUR_MS, now_ms() + HOUR_MS)
             mine = [submit(api, spec(name=f"j{i}", schedule=hourly)).job.job_id for i in range(6)]

@@ -25,6 +25,7 @@ from wheel.engine.jobtable import NO_FIRE
 from wheel.engine.profiles import profile_of, split_spec
 from wheel.engine.spec import JobSpec
 from wheel.errors import AlreadyExists, InvalidArgument, NotFound, WheelError
+from wheel.store import base as store_base
 from wheel.store._fence import stale_shards, write_checked
 from wheel.store._shared import body_hash
 from wheel.store.base import (
@@ -42,6 +43,7 @@ from wheel.store.base import (
     MissedFire,
     NewJob,
     PackedRows,
+    RowChanges,
     RunStart,
     RunState,
     ScheduleAdvance,
@@ -585,6 +587,23 @@ class ReferenceStore:
             page += by_marker[marker]
         return Changes([r.record() for r in page], max(self.last_change, watermark))
 
+    def changed_rows(
+        self,
+        watermark: int,
+        shards: Collection[int],
+        limit: int = 10_000,
+        *,
+        owner_moves: bool = True,
+        exclude: Collection[int] = (),
+    ) -> RowChanges:
+        page, mark = self.changes_since(
+            watermark, shards, limit, owner_moves=owner_moves, exclude=exclude
+        )
+        return replace(_as_rows(page), watermark=mark)
+
+    def job_rows(self, job_ids: Collection[int]) -> RowChanges:
+        return _as_rows([self.jobs[j].record() for j in sorted(set(job_ids)) if j in self.jobs])
+
     # -- retention ----------------------------------------------------------------
 
     def purge_history(self, finished_before_ms: int, batch: int = 10_000) -> int:
@@ -615,6 +634,21 @@ class ReferenceStore:
 
     def ping(self) -> None:
         """In memory: always answers."""
+
+
+def _as_rows(records: Sequence[JobRecord]) -> RowChanges:
+    """Jobs as the SQL stores give them as rows: every one has a profile."""
+    rows, profiles = [], {}
+    for r in records:
+        template, param = split_spec(r.spec)
+        profile = profile_of(template)
+        profiles[profile.profile_id] = profile.body
+        rows.append(
+            store_base.JobRow(
+                r.job_id, r.state, r.next_run_at, profile.profile_id, param, bool(r.spec.payload)
+            )
+        )
+    return RowChanges(rows=rows, jobs=[], profiles=profiles)
 
 
 class RefStore(ReferenceStore):

@@ -21,6 +21,7 @@ from wheel.store.base import (
     Completion,
     FireClaim,
     JobRecord,
+    JobRow,
     JobState,
     MissedFire,
     MissedReason,
@@ -814,6 +815,36 @@ def test_load_shards_packed_gives_the_jobs_their_row_arms_as_columns(store: Stor
         spec = join_spec(template, int(rows.param[i]))
         assert spec == replace(record.spec, name="", payload=b"")
     assert load.inflight == parsed.inflight
+
+
+def test_changed_rows_and_job_rows_give_the_change_feeds_jobs_as_rows(store: Store) -> None:
+    """What a running owner reads: the change feed's jobs with no spec, each
+    by its profile, schedule parameter and whether it has a payload."""
+    shards = range(SHARD_COUNT)
+    start = store.load_shards(shards).watermark
+    jobs = [store.submit_job(interval_job(f"r{i}", next_run_at=60_000 + i))[0] for i in range(3)]
+    once, _ = store.submit_job(once_job())
+    store.set_job_state(jobs[1].job_id, JobState.PAUSED, next_run_at=None, now_ms=5)
+    expected = {r.job_id: r for r in (store.get_job(j.job_id) for j in [*jobs, once])}
+    rows: dict[int, JobRow] = {}
+    profiles: dict[int, str] = {}
+    mark = start
+    deadline = time.monotonic() + 10
+    while len(rows) < len(expected) and time.monotonic() < deadline:
+        page = store.changed_rows(mark, shards)
+        rows.update((r.job_id, r) for r in page.rows)
+        profiles.update(page.profiles)
+        assert page.jobs == []  # every job has a profile
+        mark = page.watermark
+    by_id = store.job_rows([*expected, 987_654_321])
+    assert {r.job_id: r for r in by_id.rows} == rows
+    for job_id, record in expected.items():
+        row = rows[job_id]
+        assert (row.state, row.next_run_at) == (record.state, record.next_run_at)
+        assert row.has_payload == bool(record.spec.payload)
+        template = template_of_body(profiles[row.profile_id])
+        assert join_spec(template, row.param) == replace(record.spec, name="", payload=b"")
+        assert by_id.profiles[row.profile_id] == profiles[row.profile_id]
 
 
 def test_a_won_claim_reads_its_jobs_payload_when_asked(store: Store) -> None:

@@ -38,6 +38,9 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1_000),
+    # Answers to a bulk submit or a page of jobs can pass gRPC's default 4 MiB.
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
 ]
 
 # The question that proves a connection: any answer to it will do.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
@@ -49,7 +49,7 @@ from wheel.client._values import (
     choice,
 )
 from wheel.engine import model
-from wheel.engine.spec import SideEffect
+from wheel.engine.spec import Interval, JobSpec, SideEffect
 from wheel.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -155,16 +155,20 @@ def submit_request(request: JobRequest) -> tuple[js.SubmitJobRequest, bool]:
     again (to another node, or after an answer that was lost) finds the job
     the first attempt made instead of making a second. Built once per call:
     every attempt sends the same bytes, so the node sees the same body."""
+    _, msg, generated = _submit(request)
+    return msg, generated
+
+
+def _submit(request: JobRequest) -> tuple[JobSpec, js.SubmitJobRequest, bool]:
+    """``submit_request``, with the spec it sends."""
     # The wall clock resolves an ``at`` given as a ``timedelta`` from now.
     now_ms = time.time_ns() // 1_000_000
     key = request.idempotency_key
-    return (
-        js.SubmitJobRequest(
-            spec=convert.spec_to_proto(job_spec(request, now_ms=now_ms)),
-            idempotency_key=key or generated_key(),
-        ),
-        not key,
+    spec = job_spec(request, now_ms=now_ms)
+    msg = js.SubmitJobRequest(
+        spec=convert.spec_to_proto(spec), idempotency_key=key or generated_key()
     )
+    return spec, msg, not key
 
 
 def generated_key() -> str:
@@ -181,20 +185,24 @@ class Submits:
     request: js.SubmitJobsRequest
     refused: list[WheelError | None]
     generated: list[bool]
+    # The spec each good item sent: the node's lean answer leaves it out.
+    specs: list[JobSpec | None]
 
 
 def submit_many_request(jobs: Iterable[JobRequest | JobArgs]) -> Submits:
-    out = Submits(request=js.SubmitJobsRequest(), refused=[], generated=[])
+    out = Submits(request=js.SubmitJobsRequest(lean=True), refused=[], generated=[], specs=[])
     for item in jobs:
         try:
-            request, generated = submit_request(request_of(item))
+            spec, request, generated = _submit(request_of(item))
         except WheelError as exc:
             out.refused.append(exc)
             out.generated.append(False)
+            out.specs.append(None)
         else:
             out.request.jobs.append(request)
             out.refused.append(None)
             out.generated.append(generated)
+            out.specs.append(spec)
     return out
 
 
@@ -205,7 +213,9 @@ def submit_many_results(
     None when no item was good enough to send)."""
     answers = iter(resp.results if resp is not None else ())
     out: list[Job | WheelError] = []
-    for mine, generated in zip(submits.refused, submits.generated, strict=True):
+    for mine, generated, spec in zip(
+        submits.refused, submits.generated, submits.specs, strict=True
+    ):
         if mine is not None:
             out.append(mine)
             continue
@@ -213,8 +223,17 @@ def submit_many_results(
         if r.error_code:
             code = grpc.StatusCode.__members__.get(r.error_code, grpc.StatusCode.UNKNOWN)
             out.append(error_of(code, r.error_message))
-        else:
-            out.append(job_of(r.response.job, created=r.response.created or generated))
+            continue
+        msg, created = r.response.job, r.response.created or generated
+        if msg.HasField("spec") or spec is None:
+            out.append(job_of(msg, created=created))
+            continue
+        # A lean answer: the spec is the one sent, an interval sent without a
+        # start beginning at its first fire.
+        s = spec.schedule
+        if isinstance(s, Interval) and not s.start_at_ms and msg.next_fire_ms:
+            spec = replace(spec, schedule=replace(s, start_at_ms=msg.next_fire_ms))
+        out.append(job_from(spec, msg, created=created))
     return out
 
 
@@ -314,7 +333,11 @@ def run_pages(job_id: int, states: Iterable[RunState | str], page_size: int) -> 
 
 def job_of(msg: jobs_pb2.Job, *, created: bool = False) -> Job:
     """A ``Job`` from its message; ``created`` comes from a submit's answer."""
-    spec = convert.spec_from_proto(msg.spec, now_ms=0)
+    return job_from(convert.spec_from_proto(msg.spec, now_ms=0), msg, created=created)
+
+
+def job_from(spec: JobSpec, msg: jobs_pb2.Job, *, created: bool = False) -> Job:
+    """A ``Job`` from its spec and the rest of its message."""
     state = convert.job_state_from_proto(msg.state)
     if state is None:
         raise WheelError(f"the node sent job {msg.job_id} without a state")

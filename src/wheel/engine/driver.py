@@ -24,25 +24,43 @@ clock and the network.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from wheel.engine.model import JobState, shard_of
 from wheel.engine.owner import Effects, Owner, RunRef
-from wheel.engine.records import BatchOutcome, JobRecord, NewJob, WriteBatch
+from wheel.engine.profiles import split_spec
+from wheel.engine.records import BatchOutcome, JobRecord, NewJob, RowChanges, WriteBatch
 from wheel.engine.schedule import compile_schedule
-from wheel.engine.spec import JobSpec, Once
-from wheel.errors import FailedPrecondition
+from wheel.engine.spec import DEFAULT_LIMITS, Cron, Interval, JobSpec, Once
+from wheel.errors import FailedPrecondition, LimitExceeded
 
 __all__ = ["Driver", "StateChange", "first_fire", "next_fires_of"]
+
+# The field a schedule's first fire comes from, named when it is too far ahead.
+_HORIZON_FIELD = {
+    Once: "spec.schedule.once.at_ms",
+    Interval: "spec.schedule.interval.start_at_ms",
+    Cron: "spec.schedule.cron.expr",
+}
 
 
 def first_fire(job_id: int, spec: JobSpec, now_ms: int) -> int | None:
     """The first fire a job submitted at ``now_ms`` owes (the first one at or
     after it: fires before the submit are not owed). Validates the schedule
     (cron syntax, time zone) on the way."""
+    if isinstance(spec.schedule, Cron):
+        # The nominal fire depends on the schedule and the time alone: the
+        # jobs of a bulk submit share a few crons and one instant.
+        return _first_cron_fire(spec.schedule, now_ms)
     compiled = compile_schedule(spec.schedule, jitter_ms=spec.jitter_ms, job_id=job_id)
     return compiled.next_fire(now_ms - 1)
+
+
+@functools.lru_cache(maxsize=1024)
+def _first_cron_fire(schedule: Cron, now_ms: int) -> int | None:
+    return compile_schedule(schedule).next_fire(now_ms - 1)
 
 
 def next_fires_of(record: JobRecord, count: int) -> list[int]:
@@ -186,22 +204,87 @@ class Driver:
             if owner.owns(record.job_id):
                 owner.upsert_job(record, now_ms, fx)
 
+    def apply_rows(self, changes: RowChanges, now_ms: int) -> None:
+        """``apply_changes`` of jobs read as rows: each taken on by its
+        profile, with no spec to parse."""
+        owner, fx = self.owner, self.fx
+        profiles = owner.profiles
+        for row in changes.rows:
+            if not owner.owns(row.job_id):
+                continue
+            index = profiles.index_of(row.profile_id)
+            if index is None:
+                index = profiles.add_body(row.profile_id, changes.profiles[row.profile_id])
+            owner.upsert(
+                row.job_id,
+                row.state,
+                row.next_run_at,
+                index,
+                row.param,
+                row.has_payload,
+                now_ms,
+                fx,
+            )
+        self.apply_changes(changes.jobs, now_ms)
+
     # -- the job API ------------------------------------------------------------------
 
-    def new_job(self, spec: JobSpec, idempotency_key: str | None, now_ms: int) -> NewJob:
-        """What a submit stores: the spec validated and its first fire. A
+    def new_job(
+        self,
+        spec: JobSpec,
+        idempotency_key: str | None,
+        now_ms: int,
+        *,
+        body_hash: str | None = None,
+    ) -> NewJob:
+        """What a submit stores: the spec validated, its first fire, and its
+        profile (interned here once, for the store and the owner both). A
         one-shot submitted late is due now, not never: its catch-up policy
-        decides whether it runs or is recorded missed."""
+        decides whether it runs or is recorded missed. A first fire further
+        ahead than the horizon is a mistake (seconds for milliseconds, a wrong
+        year), not a job to keep: ``LimitExceeded``."""
         first = first_fire(0, spec, now_ms)
         if first is None and isinstance(spec.schedule, Once):
             first = spec.schedule.at_ms
+        limit = DEFAULT_LIMITS.max_horizon_ms
+        if first is not None and first - now_ms > limit:
+            raise LimitExceeded(
+                _HORIZON_FIELD[type(spec.schedule)],
+                f"first fire {first} is more than the schedule horizon of {limit} ms ahead",
+            )
+        template, param = split_spec(spec)
+        profiles = self.owner.profiles
         return NewJob(
-            spec=spec, created_at_ms=now_ms, next_run_at=first, idempotency_key=idempotency_key
+            spec=spec,
+            created_at_ms=now_ms,
+            next_run_at=first,
+            idempotency_key=idempotency_key,
+            body_hash=body_hash,
+            profile=profiles[profiles.intern(template)],
+            param=param,
         )
 
-    def submitted(self, record: JobRecord, now_ms: int) -> None:
-        """A job the store just created: armed at once."""
-        self.apply_changes((record,), now_ms)
+    def submitted(self, record: JobRecord, now_ms: int, new: NewJob | None = None) -> None:
+        """A job the store just created: armed at once (at rest). ``new``:
+        the submit it came from, whose profile is interned already."""
+        owner = self.owner
+        if not owner.owns(record.job_id):
+            return
+        profile = new.profile if new is not None else None
+        index = owner.profiles.index_of(profile.profile_id) if profile is not None else None
+        if new is None or index is None:
+            owner.upsert_job(record, now_ms, self.fx)
+            return
+        owner.upsert(
+            record.job_id,
+            record.state,
+            record.next_run_at,
+            index,
+            new.param,
+            bool(record.spec.payload),
+            now_ms,
+            self.fx,
+        )
 
     def state_change(self, record: JobRecord, state: JobState, now_ms: int) -> StateChange:
         """What to write for ``record`` to become ``state``. Raises

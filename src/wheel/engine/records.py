@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -58,6 +59,33 @@ class JobRecord:
     @property
     def tenant(self) -> str:
         return self.spec.tenant
+
+
+class JobRow(NamedTuple):
+    """A job as an owner takes it from the store: everything it schedules by,
+    with no spec to parse (``wheel.engine.profiles``): its profile by id, its
+    schedule parameter and whether it has a payload. A tuple: a bulk submit
+    in a cluster sends the owners tens of thousands a second."""
+
+    job_id: int
+    state: JobState
+    next_run_at: int | None
+    profile_id: int
+    param: int
+    has_payload: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RowChanges:
+    """Jobs as rows (``Store.changed_rows``, ``Store.job_rows``): ``rows``,
+    and ``jobs`` for those stored before profiles (parsed from their spec);
+    the bodies of the profiles the rows name, by id; and the watermark to
+    read on from (0 where it does not apply)."""
+
+    rows: list[JobRow]
+    jobs: list[JobRecord]
+    profiles: Mapping[int, str]
+    watermark: int = 0
 
 
 # Not frozen, like the other per-dispatch records here: a frozen dataclass

@@ -35,7 +35,9 @@ MAX_CAPACITY = 100_000
 MAX_WORKER_ID = 200
 MAX_HANDLERS = 10_000
 MAX_IDEMPOTENCY_KEY = 200
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# A request's size at most: room for a bulk submit of 10,000 jobs with
+# payloads of a few kilobytes each (the client splits bigger ones).
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_SUBMIT_MANY = 10_000
 # Server messages queued for one worker stream before it is judged not reading.
 MAX_PENDING_MESSAGES = 10_000

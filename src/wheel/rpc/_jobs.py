@@ -10,10 +10,11 @@ from typing import Any, cast
 
 import grpc
 
+from wheel.engine.driver import next_fires_of
 from wheel.engine.model import JobState
 from wheel.engine.records import JobRecord
 from wheel.engine.schedule import compile_schedule
-from wheel.engine.spec import DEFAULT_LIMITS, Cron, Interval, JobSpec, Once
+from wheel.engine.spec import DEFAULT_LIMITS
 from wheel.errors import (
     InvalidArgument,
     LimitExceeded,
@@ -42,6 +43,10 @@ from wheel.rpc.v1 import (
 )
 
 log = logging.getLogger("wheel.rpc")
+
+# A bulk submit lets the event loop in every this many jobs: its 10,000
+# would hold every stream and timer of the node for half a second.
+YIELD_EVERY = 64
 
 
 class JobServicer(job_service_pb2_grpc.JobServiceServicer):
@@ -109,7 +114,9 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
             # goes into one group commit; then each outcome is awaited in turn.
             principal = await self.guard.principal(context)
             mine: list[job_service_pb2.SubmitJobRequest | WheelError] = []
-            for item in request.jobs:
+            for i, item in enumerate(request.jobs):
+                if i % YIELD_EVERY == YIELD_EVERY - 1:
+                    await asyncio.sleep(0)  # ten thousand jobs must not stall the loop
                 try:
                     mine.append(self.guard.own_submit(principal, item))
                 except WheelError as exc:
@@ -122,10 +129,13 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
             admitted: list[str] = []
             pending: list[asyncio.Future[tuple[JobRecord, bool] | WheelError] | WheelError] = []
             out = job_service_pb2.SubmitJobsResponse()
+            now = self.node.now_ms()
             created: list[int] = []
             awaited = 0
             try:
-                for item in mine:
+                for i, item in enumerate(mine):
+                    if i % YIELD_EVERY == YIELD_EVERY - 1:
+                        await asyncio.sleep(0)
                     if isinstance(item, WheelError):
                         pending.append(item)
                         continue
@@ -135,11 +145,13 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
                         continue
                     admitted.append(item.spec.tenant or "default")
                     try:
-                        pending.append(self._queue_submit(item))
+                        pending.append(self._queue_submit(item, now))
                     except WheelError as exc:
                         pending.append(exc)
                 for entry in pending:
                     awaited += 1
+                    if awaited % YIELD_EVERY == 0:
+                        await asyncio.sleep(0)
                     try:
                         result = entry if isinstance(entry, WheelError) else await entry
                     except WheelError as exc:  # the batch's store write failed
@@ -148,10 +160,13 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
                         out.results.add(
                             error_code=status_of(result).name, error_message=str(result)
                         )
+                        continue
+                    if request.lean:
+                        out.results.add(response=_lean(*result))
                     else:
                         out.results.add(response=self._submitted(*result))
-                        if result[1]:
-                            created.append(result[0].job_id)
+                    if result[1]:
+                        created.append(result[0].job_id)
             except BaseException:
                 # Nobody awaits the rest now: their endings are not errors to log.
                 for rest in pending[awaited:]:
@@ -168,33 +183,36 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
     async def _submit_one(
         self, request: job_service_pb2.SubmitJobRequest
     ) -> job_service_pb2.SubmitJobResponse:
-        result = await self._queue_submit(request)
+        result = await self._queue_submit(request, self.node.now_ms())
         if isinstance(result, WheelError):
             raise result
         return self._submitted(*result)
 
     def _queue_submit(
-        self, request: job_service_pb2.SubmitJobRequest
+        self, request: job_service_pb2.SubmitJobRequest, now: int
     ) -> asyncio.Future[tuple[JobRecord, bool] | WheelError]:
-        """Validate one submit and queue it for the node's next group commit."""
+        """Validate one submit and queue it for the node's next group commit
+        (``now``: the request's time; a bulk submit's jobs share it)."""
         if not request.HasField("spec"):
             raise InvalidArgument("spec", "is required")
         if len(request.idempotency_key) > MAX_IDEMPOTENCY_KEY:
             raise LimitExceeded("idempotency_key", f"longer than {MAX_IDEMPOTENCY_KEY} characters")
-        now = self.node.now_ms()
         spec = convert.spec_from_proto(request.spec, now_ms=now)
-        _check_horizon(spec, now)
         digest = None
         if request.idempotency_key:
             # The request as sent decides "same body" for a retry, not the spec
             # after server-side defaults (an interval's start is now + period).
             wire = request.spec.SerializeToString(deterministic=True)
             digest = hashlib.sha256(wire).hexdigest()
-        return self.node.submit_later(spec, request.idempotency_key or None, body_hash=digest)
+        return self.node.submit_later(
+            spec, request.idempotency_key or None, body_hash=digest, now_ms=now
+        )
 
     def _submitted(self, record: JobRecord, created: bool) -> job_service_pb2.SubmitJobResponse:
+        # Its fires as its schedule computes them from the stored first one:
+        # asking the owner would wake a job that has just gone to rest.
         return job_service_pb2.SubmitJobResponse(
-            job=convert.job_to_proto(record, next_fires_ms=self.node.next_fires(record.job_id, 5)),
+            job=convert.job_to_proto(record, next_fires_ms=next_fires_of(record, 5)),
             created=created,
         )
 
@@ -373,30 +391,27 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
         return await _call(context, work())
 
 
+def _lean(record: JobRecord, created: bool) -> job_service_pb2.SubmitJobResponse:
+    """A submit's answer without the spec the caller sent, and with its first
+    fire only (``SubmitJobsRequest.lean``)."""
+    return job_service_pb2.SubmitJobResponse(
+        job=jobs_pb2.Job(
+            job_id=record.job_id,
+            state=convert.JOB_STATE_TO_PROTO[record.state],
+            shard=record.shard,
+            created_at_ms=record.created_at_ms,
+            updated_at_ms=record.updated_at_ms,
+            next_fire_ms=record.next_run_at or 0,
+        ),
+        created=created,
+    )
+
+
 def _proto_states(wanted: convert.RunFilter) -> set[int]:
     states: set[int] = {convert.run_state_to_proto(s) for s in wanted.states}
     if wanted.missed:
         states.add(jobs_pb2.RUN_STATE_MISSED)
     return states
-
-
-_HORIZON_FIELD = {
-    Once: "spec.schedule.once.at_ms",
-    Interval: "spec.schedule.interval.start_at_ms",
-    Cron: "spec.schedule.cron.expr",
-}
-
-
-def _check_horizon(spec: JobSpec, now_ms: int) -> None:
-    """A schedule whose first fire is further ahead than the horizon is a
-    mistake (seconds for milliseconds, a wrong year), not a job to keep."""
-    limit = DEFAULT_LIMITS.max_horizon_ms
-    first = compile_schedule(spec.schedule, jitter_ms=0, job_id=0).next_fire(now_ms - 1)
-    if first is not None and first - now_ms > limit:
-        raise LimitExceeded(
-            _HORIZON_FIELD[type(spec.schedule)],
-            f"first fire {first} is more than the schedule horizon of {limit} ms ahead",
-        )
 
 
 def _token_int(token: str, field: str) -> int:

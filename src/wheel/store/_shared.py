@@ -29,7 +29,7 @@ from wheel.engine.model import (
     shard_of,
 )
 from wheel.engine.profiles import Profile, profile_of, split_spec
-from wheel.engine.records import ClaimOutcome, NewJob, PackedRows
+from wheel.engine.records import ClaimOutcome, JobRow, NewJob, PackedRows, RowChanges
 from wheel.engine.spec import JobSpec
 from wheel.errors import AlreadyExists, InvalidArgument, NotFound
 from wheel.store._schema import INFLIGHT_WHERE
@@ -75,6 +75,8 @@ JOB_INSERT_COLUMNS = (
 # Jobs an owner takes on from their row alone (``load_shards(packed=True)``):
 # paused, or active with a next fire, and of a known profile.
 PACKABLE = "j.profile_id IS NOT NULL AND (j.state = 'paused' OR j.next_run_at IS NOT NULL)"
+# A job as a ``JobRow``.
+ROW_COLUMNS = "j.job_id, j.state, j.next_run_at, j.profile_id, j.sched_param, j.has_payload"
 PACKED_COLUMNS = (
     f"j.job_id, j.state = 'paused', COALESCE(j.next_run_at, {NO_FIRE}), j.profile_id,"
     " j.sched_param, j.has_payload"
@@ -124,9 +126,16 @@ def spec_text(spec: JobSpec) -> str:
     return replace(spec, payload=b"").to_json()
 
 
-def spec_row(job_id: int, spec: JobSpec) -> tuple[int, str, bytes]:
+def new_spec_text(new: NewJob) -> str:
+    """``spec_text`` of a new job, from its profile's pieces when it has one."""
+    if new.profile is not None:
+        return new.profile.spec_json(new.spec.name, new.param)
+    return spec_text(new.spec)
+
+
+def spec_row(job_id: int, new: NewJob) -> tuple[int, str, bytes]:
     """A new job's ``job_specs`` values: (job_id, spec, payload)."""
-    return job_id, spec_text(spec), spec.payload
+    return job_id, new_spec_text(new), new.spec.payload
 
 
 def new_profiles(news: Sequence[NewJob]) -> list[tuple[int, str]]:
@@ -258,6 +267,15 @@ class Queries:
         self.unpacked_jobs = f"{unpacked} ORDER BY j.job_id"
         self.unpacked_jobs_of_shards = f"{unpacked} AND {self.shards_in} ORDER BY j.job_id"
         self.profiles = "SELECT profile_id, body FROM job_profiles"
+        self.profiles_by_id = (
+            "SELECT profile_id, body FROM job_profiles"
+            f" WHERE {d.in_ints.format(expr='profile_id', type='int8')}"
+        )
+        # Jobs as rows (``job_rows``), by id.
+        self.job_rows = (
+            f"SELECT {ROW_COLUMNS} FROM jobs AS j"
+            f" WHERE {d.in_ints.format(expr='j.job_id', type='int8')} ORDER BY j.job_id"
+        )
         # Payloads of the jobs in the one parameter, for the claims of a batch.
         self.payloads = (
             "SELECT job_id, payload, CASE WHEN payload IS NULL THEN spec END FROM job_specs"
@@ -355,25 +373,28 @@ class Queries:
             f" WHERE {where} AND {self.shards_in} ORDER BY e.run_id"
         )
 
-    def changes(self, *, owner_moves: bool, exclude: bool) -> str:
+    def changes(self, *, owner_moves: bool, exclude: bool, rows: bool = False) -> str:
         """Jobs whose last change (of the kinds asked for) has a marker in
         ``[low, high)``, not among those left out, in marker order, the marker
-        last. Parameters: low, high, shards, (excluded markers,) limit."""
+        last; with ``rows``, as ``row_columns``. Parameters: low, high,
+        shards, (excluded markers,) limit."""
         d = self.dialect
         last = d.last_change if owner_moves else d.change
         out = f" AND {d.not_in_markers.format(expr=last)}" if exclude else ""
+        columns, source = (ROW_COLUMNS, "jobs AS j") if rows else (self.job_columns, JOB_FROM)
         return (
-            f"SELECT {self.job_columns}, {d.as_int.format(expr=last)} FROM {JOB_FROM}"
+            f"SELECT {columns}, {d.as_int.format(expr=last)} FROM {source}"
             f" WHERE {last} >= {d.marker} AND {last} < {d.marker} AND {self.shards_in}{out}"
             f" ORDER BY {last}, j.job_id LIMIT {d.param}"
         )
 
-    def changes_of(self, *, owner_moves: bool) -> str:
+    def changes_of(self, *, owner_moves: bool, rows: bool = False) -> str:
         """Jobs whose last change has exactly this marker: parameters marker, shards."""
         d = self.dialect
         last = d.last_change if owner_moves else d.change
+        columns, source = (ROW_COLUMNS, "jobs AS j") if rows else (self.job_columns, JOB_FROM)
         return (
-            f"SELECT {self.job_columns} FROM {JOB_FROM}"
+            f"SELECT {columns}, {d.as_int.format(expr=last)} FROM {source}"
             f" WHERE {last} = {d.marker} AND {self.shards_in} ORDER BY j.job_id"
         )
 
@@ -478,7 +499,40 @@ def read_changes(
     exclude: Collection[int],
 ) -> tuple[list[JobRecord], int]:
     """One page of the change feed: jobs whose last change has a marker in
-    ``[low, high)``, and the marker to read on from.
+    ``[low, high)``, and the marker to read on from (see ``_change_page``)."""
+    page, mark = _change_page(cur, q, low, high, shards, limit, owner_moves, exclude, rows=False)
+    return [job_from_row(r) for r in page], mark
+
+
+def read_changed_rows(
+    cur: Executor,
+    q: Queries,
+    low: int,
+    high: int,
+    shards: Sequence[int],
+    limit: int,
+    owner_moves: bool,
+    exclude: Collection[int],
+) -> tuple[RowChanges, int]:
+    """``read_changes`` with each job as a ``JobRow``."""
+    page, mark = _change_page(cur, q, low, high, shards, limit, owner_moves, exclude, rows=True)
+    return job_rows_of(cur, q, page), mark
+
+
+def _change_page(
+    cur: Executor,
+    q: Queries,
+    low: int,
+    high: int,
+    shards: Sequence[int],
+    limit: int,
+    owner_moves: bool,
+    exclude: Collection[int],
+    *,
+    rows: bool,
+) -> tuple[list[Row], int]:
+    """One page of the change feed, as rows of its statement, and the marker
+    to read on from.
 
     Every marker below ``high`` belongs to a write that has committed or never
     will (the caller's reason to pick it), so a page that ends short moves on
@@ -492,19 +546,41 @@ def read_changes(
     exclude = [m for m in exclude if low <= m < high]
     if exclude:
         params.append(d.markers(exclude))
-    rows = cur.execute(
-        q.changes(owner_moves=owner_moves, exclude=bool(exclude)), [*params, limit + 1]
+    found = cur.execute(
+        q.changes(owner_moves=owner_moves, exclude=bool(exclude), rows=rows), [*params, limit + 1]
     ).fetchall()
-    if len(rows) <= limit:
-        return [job_from_row(r) for r in rows], high
-    cut = int(rows[limit][-1])
-    page = [r for r in rows[:limit] if int(r[-1]) < cut]
+    if len(found) <= limit:
+        return found, high
+    cut = int(found[limit][-1])
+    page = [r for r in found[:limit] if int(r[-1]) < cut]
     if not page:  # one write changed more than a page: hand all of it out
         page = cur.execute(
-            q.changes_of(owner_moves=owner_moves), [d.marker_value(cut), d.ints(shards)]
+            q.changes_of(owner_moves=owner_moves, rows=rows), [d.marker_value(cut), d.ints(shards)]
         ).fetchall()
         cut += 1
-    return [job_from_row(r) for r in page], cut
+    return page, cut
+
+
+def job_rows_of(cur: Executor, q: Queries, found: Sequence[Row]) -> RowChanges:
+    """Rows of ``ROW_COLUMNS`` as ``JobRow`` values, the bodies of their
+    profiles, and the jobs stored before profiles parsed from their spec."""
+    rows: list[JobRow] = []
+    older: list[int] = []
+    for r in found:
+        if r[3] is None:
+            older.append(r[0])
+        else:
+            rows.append(JobRow(r[0], JobState(r[1]), r[2], r[3], r[4], bool(r[5])))
+    jobs = []
+    if older:
+        found_older = cur.execute(q.jobs_by_id, (q.dialect.ints(older),)).fetchall()
+        jobs = [job_from_row(r) for r in found_older]
+    profiles: dict[int, str] = {}
+    wanted = sorted({r.profile_id for r in rows})
+    if wanted:
+        for pid, body in cur.execute(q.profiles_by_id, (q.dialect.ints(wanted),)).fetchall():
+            profiles[int(pid)] = body
+    return RowChanges(rows=rows, jobs=jobs, profiles=profiles)
 
 
 def purge_range(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 from wheel.errors import NotFound, WheelError
@@ -21,8 +22,10 @@ from wheel.store._shared import (
     apply_migrations,
     get_job,
     job_from_row,
+    job_rows_of,
     missed_from_row,
     purge_range,
+    read_changed_rows,
     read_changes,
     run_from_row,
     valid_shards,
@@ -35,6 +38,7 @@ from wheel.store.base import (
     JobState,
     MissedFire,
     NewJob,
+    RowChanges,
     ShardLoad,
     Submitted,
 )
@@ -210,6 +214,37 @@ class SQLStore(TenancySQL):
             return Changes(jobs, self._watermark_at(mark))
 
         return self._read(op)
+
+    def changed_rows(
+        self,
+        watermark: int,
+        shards: Collection[int],
+        limit: int = 10_000,
+        *,
+        owner_moves: bool = True,
+        exclude: Collection[int] = (),
+    ) -> RowChanges:
+        wanted = valid_shards(shards)
+
+        def op(cur: Executor) -> RowChanges:
+            low, high = self._change_range(cur, watermark)
+            page, mark = read_changed_rows(
+                cur, self._queries, low, high, wanted, limit, owner_moves, exclude
+            )
+            return replace(page, watermark=self._watermark_at(mark))
+
+        return self._read(op)
+
+    def job_rows(self, job_ids: Collection[int]) -> RowChanges:
+        ids = sorted(set(job_ids))
+        if not ids:
+            return RowChanges(rows=[], jobs=[], profiles={})
+        q = self._queries
+        return self._read(
+            lambda cur: job_rows_of(
+                cur, q, cur.execute(q.job_rows, (q.dialect.ints(ids),)).fetchall()
+            )
+        )
 
     def _change_range(self, cur: Executor, watermark: int) -> tuple[int, int]:
         """First thing in the feed's read transaction: the markers it may hand

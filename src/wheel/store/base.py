@@ -57,9 +57,11 @@ from wheel.engine.records import (
     ExecutionRecord,
     FireClaim,
     JobRecord,
+    JobRow,
     MissedFire,
     NewJob,
     PackedRows,
+    RowChanges,
     RunStart,
     ScheduleAdvance,
     ShardLoad,
@@ -78,11 +80,13 @@ __all__ = [
     "ExecutionRecord",
     "FireClaim",
     "JobRecord",
+    "JobRow",
     "JobState",
     "MissedFire",
     "MissedReason",
     "NewJob",
     "PackedRows",
+    "RowChanges",
     "RunStart",
     "RunState",
     "ScheduleAdvance",
@@ -412,6 +416,23 @@ class Store(Protocol):
         out: the caller has it already, and a node need not read and parse
         back every job it stored. A marker below a returned watermark is never
         reported again, so the caller may forget those."""
+
+    def changed_rows(
+        self,
+        watermark: int,
+        shards: Collection[int],
+        limit: int = 10_000,
+        *,
+        owner_moves: bool = True,
+        exclude: Collection[int] = (),
+    ) -> RowChanges:
+        """``changes_since`` with each job as a ``JobRow`` (no spec to parse:
+        what a running owner reads), jobs stored before profiles parsed, and
+        the bodies of the profiles the rows name."""
+
+    def job_rows(self, job_ids: Collection[int]) -> RowChanges:
+        """These jobs as ``JobRow`` values (those that exist), as
+        ``changed_rows`` gives them: one read for many jobs."""
 
     # -- retention ------------------------------------------------------------
 

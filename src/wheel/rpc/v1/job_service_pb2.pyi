@@ -25,10 +25,12 @@ class SubmitJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[_jobs_pb2.Job, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class SubmitJobsRequest(_message.Message):
-    __slots__ = ("jobs",)
+    __slots__ = ("jobs", "lean")
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    LEAN_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[SubmitJobRequest]
-    def __init__(self, jobs: _Optional[_Iterable[_Union[SubmitJobRequest, _Mapping]]] = ...) -> None: ...
+    lean: bool
+    def __init__(self, jobs: _Optional[_Iterable[_Union[SubmitJobRequest, _Mapping]]] = ..., lean: _Optional[bool] = ...) -> None: ...
 
 class SubmitJobResult(_message.Message):
     __slots__ = ("response", "error_code", "error_message")

@@ -15,9 +15,9 @@ from wheel.store._shared import (
     key_conflict,
     new_job_row,
     new_profiles,
+    new_spec_text,
     profile_and_param,
     spec_row,
-    spec_text,
 )
 from wheel.store.base import JobRecord, JobState, NewJob, Submitted, shard_of
 from wheel.store.postgres import _sql as sql
@@ -81,7 +81,7 @@ def submit_many(conn: Conn, news: Sequence[NewJob]) -> list[Submitted | WheelErr
             sql.INSERT_SPECS_SQL,
             (
                 job_ids,
-                Texts([spec_text(n.spec) for n in fresh_news]),
+                Texts([new_spec_text(n) for n in fresh_news]),
                 [n.spec.payload for n in fresh_news],
             ),
         )
@@ -134,7 +134,7 @@ def import_jobs(conn: Conn, news: Sequence[NewJob]) -> list[int]:
                 copy.write_row(new_job_row(job_id, n))
         with cur.copy(sql.COPY_SPECS_SQL) as copy:
             for job_id, n in zip(ids, news, strict=True):
-                copy.write_row(spec_row(job_id, n.spec))
+                copy.write_row(spec_row(job_id, n))
     return ids
 
 

@@ -50,7 +50,7 @@ def submit_many(cur: sqlite3.Cursor, news: Sequence[NewJob]) -> list[Submitted |
         ids = {i: base + k for k, i in enumerate(made)}
         cur.executemany(sql.INSERT_PROFILE, new_profiles([news[i] for i in made]))
         cur.executemany(sql.INSERT_JOB, [(*new_job_row(ids[i], news[i]), change) for i in made])
-        cur.executemany(sql.INSERT_SPEC, [spec_row(ids[i], news[i].spec) for i in made])
+        cur.executemany(sql.INSERT_SPEC, [spec_row(ids[i], news[i]) for i in made])
         cur.executemany(
             sql.INSERT_KEY,
             [
@@ -97,7 +97,7 @@ def import_jobs(cur: sqlite3.Cursor, news: Sequence[NewJob]) -> list[int]:
     cur.executemany(
         sql.INSERT_JOB, [(*new_job_row(i, n), change) for i, n in zip(ids, news, strict=True)]
     )
-    cur.executemany(sql.INSERT_SPEC, [spec_row(i, n.spec) for i, n in zip(ids, news, strict=True)])
+    cur.executemany(sql.INSERT_SPEC, [spec_row(i, n) for i, n in zip(ids, news, strict=True)])
     return ids
 
 
