@@ -103,7 +103,7 @@ class Node:
         self.cmd = [
             wheelctl, "serve", "--data-dir", str(self.dir / "data"), "--listen", self.target,
             "--store", store, "--cluster", cluster, "--node-id", self.node_id,
-            "--no-checkpoint", *args,
+            *args,
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0

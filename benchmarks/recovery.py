@@ -119,10 +119,10 @@ def child_rebuild(tmp: Path, timers: int, now: int, log_tail: int) -> dict[str, 
 
     cp = Checkpoint.open(tmp / "checkpoint", IDENTITY, durability=Durability.SYNC)
     t0 = time.perf_counter()
-    shards = ((s, owner.snapshot_columns(s)) for s in sorted(owner.shards()))
     cp.write_snapshot(
         snapshot_chunks(
-            ((s, rows) for s, rows in shards if rows is not None),
+            sorted(owner.shards()),
+            owner.snapshot_columns,
             lambda: owner.profiles.items,
             rebuilt.watermark,
         ),

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wheel.checkpoint.owner_state import recover_state, restored_rows
+from wheel.checkpoint.owner_state import OwnerState, recover_state, restored_rows
 from wheel.checkpoint.wal import Checkpoint
 from wheel.engine.jobtable import NEVER, PAUSED, PAYLOAD, Columns, group_by_shard
 from wheel.engine.model import JobState, shard_of
 from wheel.engine.owner import Effects, Owner, OwnerConfig, ShardContents
 from wheel.engine.profiles import Profile, template_of_body
-from wheel.engine.records import ExecutionRecord, JobRecord, ShardLoad
+from wheel.engine.records import ExecutionRecord, JobRecord, RowChanges, ShardLoad
 from wheel.errors import CheckpointError, NotFound, StoreError
 from wheel.store.base import Store
 
@@ -80,24 +80,7 @@ def restore_owner(
             log.error("checkpoint unusable, rebuilding from the store: %s", exc)
             checkpoint.reset()
     if state is not None:
-        watermark = state.watermark
-        changed: list[JobRecord] = []
-        while True:
-            page, new_watermark = store.changes_since(watermark, shards, CHANGES_PAGE)
-            changed.extend(page)
-            done = len(page) < CHANGES_PAGE or new_watermark == watermark
-            watermark = new_watermark
-            if done:
-                break
-        rows = restored_rows(state, shards)
-        contents = shard_contents(
-            store,
-            shards,
-            packed=rows.packed,
-            profiles=rows.profiles,
-            jobs=changed,
-            inflight=store.inflight_runs(shards),
-        )
+        contents, watermark = checkpoint_contents(store, state, shards, state.watermark)
         source = "checkpoint"
         log_records = state.log_records
     else:
@@ -113,6 +96,33 @@ def restore_owner(
         seconds=time.perf_counter() - started,
         effects=fx,
     )
+
+
+def checkpoint_contents(
+    store: Store, state: OwnerState, shards: Sequence[int], watermark: int
+) -> tuple[ShardContents, int]:
+    """Shards' contents from a checkpoint's rows, with every change the store
+    made after ``watermark`` written over them (the store wins), and the
+    change-feed watermark they reflect then: a restart, or a node in a cluster
+    gaining shards it held before (``OwnerState.as_of``)."""
+    changes: list[RowChanges] = []
+    while True:
+        page = store.changed_rows(watermark, shards, CHANGES_PAGE)
+        changes.append(page)
+        done = len(page.rows) + len(page.jobs) < CHANGES_PAGE or page.watermark == watermark
+        watermark = page.watermark
+        if done:
+            break
+    rows = restored_rows(state, shards)
+    contents = shard_contents(
+        store,
+        shards,
+        packed=rows.packed,
+        profiles=rows.profiles,
+        rows=changes,
+        inflight=store.inflight_runs(shards),
+    )
+    return contents, watermark
 
 
 def load_shard_contents(store: Store, shards: Sequence[int]) -> tuple[ShardContents, int]:
@@ -160,21 +170,28 @@ def shard_contents(
     *,
     packed: Mapping[int, Columns],
     profiles: Sequence[Profile],
-    jobs: Sequence[JobRecord],
+    jobs: Sequence[JobRecord] = (),
+    rows: Sequence[RowChanges] = (),
     inflight: Sequence[ExecutionRecord],
 ) -> ShardContents:
     """What an owner takes on with ``shards``: the jobs it arms (as packed
-    rows and as records), their runs in flight and pending retries from the
-    store, and the finished jobs those runs and retries still belong to."""
+    rows, and as rows or records over them), their runs in flight and
+    pending retries from the store, and the finished jobs those runs and
+    retries still belong to."""
     retries = store.retry_candidates(shards)
     latest = {r.job_id: r for r in jobs}
+    for page in rows:
+        latest.update((r.job_id, r) for r in page.jobs)
+    # Jobs over (completed, cancelled) by the rows: their runs still need
+    # them whole, from the store.
+    ended = {r.job_id for page in rows for r in page.rows if r.state not in _SCHEDULED}
     over = {i: r for i, r in latest.items() if r.state not in _SCHEDULED}
     finished: list[JobRecord] = []
     for job_id in sorted({e.job_id for e in (*inflight, *retries)}):
         if job_id in over:
             finished.append(over[job_id])
             continue
-        if job_id in latest or _holds(packed, job_id):
+        if job_id not in ended and (job_id in latest or _holds(packed, job_id)):
             continue
         try:
             record = store.get_job(job_id)
@@ -185,6 +202,7 @@ def shard_contents(
     return ShardContents(
         packed=packed,
         profiles=profiles,
+        rows=rows,
         jobs=jobs,
         finished=finished,
         inflight=inflight,

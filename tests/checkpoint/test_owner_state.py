@@ -13,15 +13,18 @@ from wheel.checkpoint.owner_state import (
     OwnerState,
     apply_records,
     encode_gone,
+    encode_held,
     encode_profile,
     encode_row,
+    encode_shard,
+    encode_watermark,
     log_entry,
     log_records,
     recover_state,
     restored_rows,
     snapshot_chunks,
 )
-from wheel.engine.jobtable import NEVER
+from wheel.engine.jobtable import NEVER, Columns
 from wheel.engine.model import SHARD_COUNT, JobState, shard_of
 from wheel.engine.owner import Effects, Outcome, Owner, PackedJob, ShardContents
 from wheel.engine.profiles import profile_of, split_spec
@@ -123,12 +126,9 @@ def _tick(owner: Owner, now: int, run_ids: list[int]) -> None:
 
 
 def _snapshot(owner: Owner, watermark: int) -> list[bytes]:
-    shards = ((s, owner.snapshot_columns(s)) for s in sorted(owner.shards()))
     return list(
         snapshot_chunks(
-            ((s, rows) for s, rows in shards if rows is not None),
-            lambda: owner.profiles.items,
-            watermark,
+            sorted(owner.shards()), owner.snapshot_columns, lambda: owner.profiles.items, watermark
         )
     )
 
@@ -237,3 +237,26 @@ def test_a_snapshot_holds_jobs_at_rest_and_awake_as_they_rest_and_restores_them(
     )
     assert not again.jobs
     assert {j: again.image_of(j) for j in again.job_ids()} == live
+
+
+def test_only_shards_the_snapshot_wrote_are_restorable_and_the_log_moves_them_on() -> None:
+    """A node in a cluster gains a shard back from its checkpoint only when
+    the checkpoint holds the shard's rows whole: a shard the log held but the
+    snapshot did not write (lost while it was written, or gained since) has
+    only the rows logged after it, and must load from the store."""
+    a, b = shard_of(1), next(s for s in range(SHARD_COUNT) if s != shard_of(1))
+    snapshot = [
+        encode_watermark(100) + encode_held([a, b]),
+        encode_shard(a, Columns.empty()),
+        encode_profile(PROFILE, 0),
+    ]
+    state = OwnerState()
+    for chunk in snapshot:
+        apply_records(state, chunk, snapshot=True)
+    assert state.restorable() == {a: 100}
+    # The log after the snapshot: a watermark while both are held moves a on
+    # (b has no rows to move on), then b is handed over.
+    apply_records(state, encode_watermark(140))
+    apply_records(state, encode_held([a]) + encode_watermark(180))
+    assert state.restorable() == {a: 180}
+    assert state.as_of[b] == 140  # held in the log, but never whole

@@ -101,7 +101,6 @@ class ClusterNode(ServerProc):
             "--lease-ttl", str(TTL_S),
             "--lease-ms", str(LEASE_MS),
             "--grace-lease-ms", str(GRACE_MS),
-            "--no-checkpoint",
             *args,
         )  # fmt: skip
         self._client: Client | None = None

@@ -53,12 +53,14 @@ KIND_WATERMARK = 3
 KIND_ROW = 5
 KIND_PROFILE = 6
 KIND_SHARD = 7
+KIND_HELD = 8
 
 _ROW = struct.Struct("<BqqqqqB")
 _GONE = struct.Struct("<Bq")
 _WATERMARK = struct.Struct("<Bq")
 _PROFILE = struct.Struct("<BIqI")
 _SHARD = struct.Struct("<BHI")
+_HELD = struct.Struct("<B32s")  # a bit per shard
 # Bytes a row takes in a shard chunk: four int64 columns, an int32, a byte.
 _SHARD_ROW = 8 * 4 + 4 + 1
 
@@ -73,6 +75,15 @@ def encode_gone(job_id: int) -> bytes:
 
 def encode_watermark(watermark: int) -> bytes:
     return _WATERMARK.pack(KIND_WATERMARK, watermark)
+
+
+def encode_held(shards: Iterable[int]) -> bytes:
+    """The shards the owner holds from here on: the watermarks after this
+    record say how current their rows are (``OwnerState.as_of``)."""
+    bits = 0
+    for s in shards:
+        bits |= 1 << s
+    return _HELD.pack(KIND_HELD, bits.to_bytes(32, "little"))
 
 
 def encode_profile(profile: Profile, number: int = 0) -> bytes:
@@ -128,6 +139,19 @@ class OwnerState:
     watermark: int = 0
     # Records replayed from the log after the snapshot: how far it has grown.
     log_records: int = 0
+    # The shards held as of the last ``KIND_HELD`` record, and for each shard
+    # ever held, the last watermark logged while it was: its rows reflect
+    # every store change up to there (a node in a cluster that gains the
+    # shard again reads only the changes since).
+    held: set[int] = field(default_factory=set)
+    as_of: dict[int, int] = field(default_factory=dict)
+
+    def restorable(self) -> dict[int, int]:
+        """The shards whose rows this state holds whole, each with the
+        watermark they are current up to: those of the snapshot (a shard held
+        in the log but missing from the snapshot -- lost while it was written,
+        or gained since -- has only the rows logged after it)."""
+        return {s: w for s, w in self.as_of.items() if s in self.shards}
 
     def job_count(self) -> int:
         return sum(len(c) for c in self.shards.values()) + len(self.rows)
@@ -166,9 +190,17 @@ def apply_records(state: OwnerState, data: bytes, *, snapshot: bool = False) -> 
             elif kind == KIND_SHARD:
                 shard, cols, pos = _decode_shard(data, pos)
                 state.shards[shard] = cols
+                # Whole as of the snapshot's watermark (its first record).
+                state.as_of[shard] = state.watermark
             elif kind == KIND_WATERMARK:
                 state.watermark = _WATERMARK.unpack_from(data, pos)[1]
+                for shard in state.held:
+                    state.as_of[shard] = state.watermark
                 pos += _WATERMARK.size
+            elif kind == KIND_HELD:
+                bits = int.from_bytes(_HELD.unpack_from(data, pos)[1], "little")
+                state.held = {s for s in range(256) if bits >> s & 1}
+                pos += _HELD.size
             else:
                 raise CheckpointError(f"unknown owner record kind {kind}")
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
@@ -221,17 +253,21 @@ def log_records(
 
 
 def snapshot_chunks(
-    shards: Iterable[tuple[int, Columns]],
+    shards: Sequence[int],
+    rows_of: Callable[[int], Columns | None],
     profiles: Callable[[], Sequence[Profile]],
     watermark: int,
 ) -> Iterator[bytes]:
     """A fuzzy snapshot, chunk by chunk (see the module docstring): the
-    watermark, each shard's rows (``prof`` numbering the owner's
-    profiles), then every profile with its number, read last so that it
-    covers every number a shard used."""
-    yield encode_watermark(watermark)
-    for shard, rows in shards:
-        yield encode_shard(shard, rows)
+    watermark and the shards the log after it starts out holding
+    (``encode_held``), each shard's rows (``rows_of``, with ``prof`` numbering
+    the owner's profiles; None: no longer held), then every profile with its
+    number, read last so that it covers every number a shard used."""
+    yield encode_watermark(watermark) + encode_held(shards)
+    for shard in shards:
+        rows = rows_of(shard)
+        if rows is not None:
+            yield encode_shard(shard, rows)
     yield b"".join(encode_profile(p, number) for number, p in enumerate(profiles()))
 
 

@@ -207,25 +207,7 @@ class Driver:
     def apply_rows(self, changes: RowChanges, now_ms: int) -> None:
         """``apply_changes`` of jobs read as rows: each taken on by its
         profile, with no spec to parse."""
-        owner, fx = self.owner, self.fx
-        profiles = owner.profiles
-        for row in changes.rows:
-            if not owner.owns(row.job_id):
-                continue
-            index = profiles.index_of(row.profile_id)
-            if index is None:
-                index = profiles.add_body(row.profile_id, changes.profiles[row.profile_id])
-            owner.upsert(
-                row.job_id,
-                row.state,
-                row.next_run_at,
-                index,
-                row.param,
-                row.has_payload,
-                now_ms,
-                fx,
-            )
-        self.apply_changes(changes.jobs, now_ms)
+        self.owner.apply_rows(changes, now_ms, self.fx)
 
     # -- the job API ------------------------------------------------------------------
 

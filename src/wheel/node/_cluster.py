@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from wheel.coord.base import Coordinator, OwnershipChange
 from wheel.errors import StoreError
-from wheel.recovery import load_shard_contents
+from wheel.recovery import checkpoint_contents, load_shard_contents
 
 if TYPE_CHECKING:
     from wheel.node._node import Node
@@ -83,7 +83,7 @@ class ShardOwnership:
                 if shard not in epochs:
                     del self._gaining[shard]  # lost or moved on meanwhile
             if not epochs:
-                return
+                break
             try:
                 await self._gain(epochs)
             except StoreError as exc:
@@ -101,6 +101,8 @@ class ShardOwnership:
             for shard, epoch in epochs.items():
                 if self._gaining.get(shard) == epoch:
                     del self._gaining[shard]
+        # The first gains are done: shards given later load from the store.
+        self.node.release_recovered()
 
     async def _gain(self, epochs: Mapping[int, int]) -> None:
         node = self.node
@@ -115,12 +117,27 @@ class ShardOwnership:
         epochs = {s: e for s, e in self._still_ours(epochs).items() if s not in ahead}
         if not epochs:
             return
-        shards = sorted(epochs)
-        contents, watermark = await node.in_thread(
-            functools.partial(load_shard_contents, store, shards)
-        )
-        epochs = {s: e for s, e in self._still_ours(epochs).items() if s not in ahead}
-        if epochs:
-            node.take_on(epochs, contents, watermark)
-            for callback in list(self._on_gained):
-                callback(epochs)
+        # Shards this node held before its restart come back from its
+        # checkpoint and the changes since; the others from the store.
+        as_of = node.checkpointed(epochs)
+        parts: list[tuple[list[int], bool]] = [
+            (sorted(as_of), True),
+            (sorted(s for s in epochs if s not in as_of), False),
+        ]
+        for shards, from_checkpoint in parts:
+            if not shards:
+                continue
+            if from_checkpoint:
+                state = node.recovered()
+                assert state is not None
+                load = functools.partial(
+                    checkpoint_contents, store, state, shards, min(as_of.values())
+                )
+            else:
+                load = functools.partial(load_shard_contents, store, shards)
+            contents, watermark = await node.in_thread(load)
+            mine = {s: e for s, e in self._still_ours(epochs).items() if s in shards}
+            if mine:
+                node.take_on(mine, contents, watermark, from_checkpoint=from_checkpoint)
+                for callback in list(self._on_gained):
+                    callback(mine)

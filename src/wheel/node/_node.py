@@ -154,6 +154,8 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
                 # A full snapshot follows instead of a huge log batch.
                 owner.take_dirty()
                 self._start_snapshot()
+            else:
+                self._covered = set(epochs)
             self._logged_watermark = -1  # log the watermark with the first batch
         log.info(
             "node %s owns %d shards: %d jobs, %d runs in flight (restored from the %s in %.2fs)",
@@ -183,11 +185,18 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
 
     async def _start_in_cluster(self, coordinator: Coordinator) -> None:
         """Join: an owner with no shards, its loop running, then the
-        coordinator's first shards fenced, loaded and added as they come.
-        There is no checkpoint in a cluster: a gained shard comes from the
-        store (a checkpoint would be of shards this node may no longer own)."""
+        coordinator's first shards fenced, loaded and added as they come: a
+        shard this node held before its restart from its checkpoint and the
+        store's changes since, the others from the store."""
         if self.config.checkpoint_dir is not None:
-            log.info("cluster mode: shards are loaded from the store, not the checkpoint")
+            self._checkpoint = await self._api(self._open_checkpoint)
+            self._recovered = await self._api(self._recover_checkpoint)
+            if self._recovered is not None:
+                log.info(
+                    "checkpoint holds %d jobs of %d shards to gain back",
+                    self._recovered.job_count(),
+                    len(self._recovered.as_of),
+                )
         self._driver = Driver(Owner(now_ms=self.clock.now_ms(), config=self.config.owner))
         self._watermark = (await self._api(self.store.load_shards, [])).watermark
         self._ownership = ShardOwnership(self, coordinator)
@@ -225,13 +234,23 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
         if not held:
             return
         handed = driver.hand_over(held)
+        self._covered.difference_update(held)
         log.info("handed over %d shards with %d runs in flight", len(held), len(handed))
         self._push_membership()
         self.wake()
 
-    def take_on(self, epochs: Mapping[int, int], contents: ShardContents, watermark: int) -> None:
+    def take_on(
+        self,
+        epochs: Mapping[int, int],
+        contents: ShardContents,
+        watermark: int,
+        *,
+        from_checkpoint: bool = False,
+    ) -> None:
         """Add shards fenced and loaded as of ``watermark``: the change feed
-        goes back there, so changes made through other nodes since are read."""
+        goes back there, so changes made through other nodes since are read.
+        ``from_checkpoint``: loaded from this node's checkpoint and the store's
+        changes since, which the log gets as they apply."""
         driver = self._the_driver()
         stale = [s for s in epochs if s in driver.owner.shards()]
         if stale:
@@ -239,13 +258,15 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
             # new hold replaces it whole.
             driver.hand_over(stale)
         driver.owner.add_shards(epochs, contents, self.clock.now_ms(), driver.fx)
+        self.gained(epochs, covered=from_checkpoint)
         if self._reading_changes:
             self._rewind = watermark if self._rewind is None else min(self._rewind, watermark)
         else:
             self._watermark = min(self._watermark, watermark)
         log.info(
-            "took on %d shards: %d jobs, %d runs in flight",
+            "took on %d shards from %s: %d jobs, %d runs in flight",
             len(epochs),
+            "its checkpoint" if from_checkpoint else "the store",
             len(contents.jobs) + sum(len(rows) for rows in contents.packed.values()),
             len(contents.inflight),
         )
@@ -469,9 +490,8 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
             await asyncio.wait_for(self._wake.wait(), timeout)
 
     def _publish(self, fx: Effects) -> None:
-        if self._snapshot_due:
+        if self._snapshot_due and self._start_snapshot():
             self._snapshot_due = False
-            self._start_snapshot()
         if fx.alerts:
             for alert in fx.alerts:
                 self._raise(alert)
@@ -647,14 +667,20 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
                     log.exception("storing %d submits failed", len(batch))
                 continue
             driver, now = self._the_driver(), self.clock.now_ms()
+            markers: set[int] = set()
             for i, ((new, future), result) in enumerate(zip(batch, results, strict=True)):
                 if i % 250 == 249:
                     await asyncio.sleep(0)  # let the loop in between
                 if not isinstance(result, WheelError) and result.created:
-                    self._own_changes.add(result.job.change)
+                    markers.add(result.job.change)
                     driver.submitted(result.job, now, new)
                 if not future.done():
                     future.set_result(result)
+            # Left out of the change feed only now that every job they mark is
+            # in the owner: a read meanwhile brings them (applied twice,
+            # harmlessly), and a watermark logged past them never comes before
+            # the jobs' own rows in the checkpoint.
+            self._own_changes |= markers
             self.wake()
 
     async def get_job(self, job_id: int) -> JobRecord:

@@ -24,7 +24,7 @@ from wheel.engine.owner._values import (
 )
 from wheel.engine.policy import should_retry
 from wheel.engine.profiles import split_spec
-from wheel.engine.records import ExecutionRecord, JobRecord
+from wheel.engine.records import ExecutionRecord, JobRecord, RowChanges
 
 log = logging.getLogger("wheel.owner")
 
@@ -69,6 +69,8 @@ class _Shards(_OwnerState):
             if rows is not None:
                 self._take_on_rows(gained, rows, numbers)
         ours = None if len(self._shards) == SHARD_COUNT else set(epochs)
+        for changes in contents.rows:
+            self.apply_rows(changes, now_ms, fx, ours)
         for record in contents.jobs:
             if ours is not None and shard_of(record.job_id) not in ours:
                 continue
@@ -81,6 +83,35 @@ class _Shards(_OwnerState):
         self._adopt_finished(contents.finished, ours)
         self._restore_inflight(contents.inflight, ours, now_ms, fx)
         self._restore_retries(contents.retries, ours, now_ms)
+
+    def apply_rows(
+        self, changes: RowChanges, now_ms: int, fx: Effects, ours: set[int] | None = None
+    ) -> None:
+        """Jobs as the store has them now, as rows (``Store.changed_rows``):
+        each taken on by its profile, with no spec to parse; those stored
+        before profiles as records. ``ours``: the shards to take them for
+        (None: every shard held)."""
+        profiles = self.profiles
+        for row in changes.rows:
+            shard = shard_of(row.job_id)
+            if shard not in self._shards or (ours is not None and shard not in ours):
+                continue
+            index = profiles.index_of(row.profile_id)
+            if index is None:
+                index = profiles.add_body(row.profile_id, changes.profiles[row.profile_id])
+            self.upsert(
+                row.job_id,
+                row.state,
+                row.next_run_at,
+                index,
+                row.param,
+                row.has_payload,
+                now_ms,
+                fx,
+            )
+        for record in changes.jobs:
+            if ours is None or shard_of(record.job_id) in ours:
+                self.upsert_job(record, now_ms, fx)
 
     def _adopt_finished(self, records: Sequence[JobRecord], ours: set[int] | None) -> None:
         """Jobs whose schedule is over but that still have runs in flight or

@@ -36,7 +36,7 @@ from wheel.engine.timerwheel import TimerWheel
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
-    from wheel.engine.model import MissedReason
+    from wheel.engine.model import JobState, MissedReason
     from wheel.engine.owner._values import RevokeReason
     from wheel.engine.records import JobRecord
 
@@ -491,6 +491,17 @@ class _OwnerState:
 
         # _jobs
         def upsert_job(self, record: JobRecord, now_ms: int, fx: Effects) -> None: ...
+        def upsert(
+            self,
+            job_id: int,
+            state: JobState,
+            next_run_at: int | None,
+            prof: int,
+            param: int,
+            has_payload: bool,
+            now_ms: int,
+            fx: Effects,
+        ) -> None: ...
 
         # _dispatch
         def _fleet_busy(self) -> bool: ...

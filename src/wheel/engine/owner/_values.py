@@ -18,6 +18,7 @@ from wheel.engine.records import (
     FireClaim,
     JobRecord,
     MissedFire,
+    RowChanges,
     RunStart,
     ScheduleAdvance,
 )
@@ -319,8 +320,8 @@ class ShardContents:
 
     ``packed`` are the shards' jobs as packed rows (shard -> columns, see
     ``wheel.engine.jobtable``), their ``prof`` column indexing ``profiles``:
-    taken on at once without an object per job. ``jobs`` are records applied
-    on top (parsed now: the changes since the packed rows were made).
+    taken on at once without an object per job. ``rows`` and ``jobs`` are
+    applied on top: the changes since the packed rows were made.
     ``finished`` are jobs whose schedule is over (completed, cancelled) but
     that still have runs in ``inflight`` or retries owed in ``retries``
     (latest attempts that ended failed, lost or timed out with no newer
@@ -328,6 +329,9 @@ class ShardContents:
 
     packed: Mapping[int, Columns] = field(default_factory=dict)
     profiles: Sequence[Profile] = ()
+    # Changes applied on top of ``packed`` (the store wins): as rows, then as
+    # records.
+    rows: Sequence[RowChanges] = ()
     jobs: Sequence[JobRecord] = ()
     finished: Sequence[JobRecord] = ()
     inflight: Sequence[ExecutionRecord] = ()
