@@ -25,10 +25,13 @@ busy to hear a worker would show as a fire run twice.
 JSON keys: ``jobs``, ``nodes``, ``store``, ``submit_per_s``,
 ``store_limit_per_s``, ``submit_ratio`` (of the two), ``held_after_s`` (from
 the last answer until the owners held every job), ``rss_bytes_per_job``,
-``rss_bytes_per_job_restored``, ``restart_held_s`` (from the restart until
-the owners held every job again), ``loop_stall_ms_max`` (the longest
-event-loop stall of any node, from its ``wheel_loop_stall_max_seconds``),
-``probe_fires`` and ``duplicates`` (fires with more than one execution).
+``rss_bytes_per_job_restored``, ``anon_bytes_per_job`` and
+``anon_bytes_per_job_restored`` (the same without file pages: the
+checkpoint's, mapped), ``restart_held_s`` (from the restart until the owners
+held every job again), ``loop_stall_ms_max`` (the longest event-loop stall of
+any node, from its ``wheel_loop_stall_max_seconds``), ``probe_fires`` (probe
+fires the worker ran) and ``duplicates`` (of those, fires the worker was
+handed more than once).
 """
 
 from __future__ import annotations
@@ -47,7 +50,9 @@ from pathlib import Path
 from typing import Any
 
 import _report
+import numpy as np
 from _cluster import Etcd, free_port, stop_all, wait_until
+from _harness import RecordReader
 from dispatch import DEFAULT_PG, HERE, PY, PgSchema
 
 from wheel.client import Client
@@ -220,13 +225,9 @@ class NodeProc:
         with open(self.dir / f"serve-{self.starts}.log", "wb") as log:
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT)
 
-    def rss(self) -> int:
+    def rss(self) -> tuple[int, int]:
         assert self.proc is not None
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        return 0
+        return rss_parts(self.proc.pid)
 
     def metric(self, name: str) -> float:
         import urllib.request
@@ -249,6 +250,11 @@ class NodeProc:
 
     def stop(self) -> None:
         stop_all([self.proc] if self.proc is not None else [])
+
+
+def _rss(nodes: Sequence[NodeProc]) -> tuple[int, int]:
+    parts = [n.rss() for n in nodes]
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
 
 def held(nodes: Sequence[NodeProc]) -> int:
@@ -298,26 +304,28 @@ def submit_all(
     return time.perf_counter() - started, errors[0]
 
 
-def duplicates_in(kind: str, where: str) -> tuple[int, int]:
-    """Fires with more than one execution, and executions in all."""
-    sql = (
-        "SELECT count(*) FROM (SELECT job_id, scheduled_for FROM executions"
-        " GROUP BY job_id, scheduled_for HAVING count(*) > 1) AS d"
-    )
-    probe = "SELECT count(*) FROM executions"
-    if kind == "sqlite":
-        db = sqlite3.connect(f"file:{where}?mode=ro", uri=True)
-        try:
-            return int(db.execute(sql).fetchone()[0]), int(db.execute(probe).fetchone()[0])
-        finally:
-            db.close()
-    import psycopg
+def probe_runs(path: Path) -> tuple[int, int, int]:
+    """From the worker's record file: probe fires it ran, those it was handed
+    more than once, and the most times one was."""
+    records = RecordReader([path])
+    records.poll()
+    runs = records.all()
+    if not len(runs):
+        return 0, 0, 0
+    keys = runs["job"].astype(np.int64) * 1_000_003 + runs["sched"]
+    _, counts = np.unique(keys, return_counts=True)
+    return len(counts), int(np.count_nonzero(counts > 1)), int(counts.max())
 
-    with psycopg.connect(where) as conn:
-        dup = conn.execute(sql).fetchone()
-        fires = conn.execute(probe).fetchone()
-        assert dup is not None and fires is not None
-        return int(dup[0]), int(fires[0])
+
+def rss_parts(pid: int) -> tuple[int, int]:
+    """A process's resident memory: (all, anonymous: not file pages)."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon"):
+                fields[key] = int(value.split()[0]) * 1024
+    return fields["VmRSS"], fields["RssAnon"]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -360,7 +368,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )  # fmt: skip
         wait_until(lambda: held(nodes) == PROBES, 60, "the owners to hold the probes")
         time.sleep(2)  # the worker connected, fires flowing
-        empty = sum(n.rss() for n in nodes)
+        empty = _rss(nodes)
 
         submit_s, errors = submit_all(targets, args.jobs, args.batch, args.threads, now)
         if errors:
@@ -371,7 +379,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         wait_until(lambda: held(nodes) == total, args.hold_timeout, "the owners to hold every job")
         held_after_s = time.perf_counter() - answered
         time.sleep(2)
-        rss_per_job = (sum(n.rss() for n in nodes) - empty) / args.jobs
+        held_rss = _rss(nodes)
         stall_s = max(n.metric("wheel_loop_stall_max_seconds") for n in nodes)
 
         for node in nodes:
@@ -384,14 +392,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         restart_held_s = time.perf_counter() - restarted
         time.sleep(2)
-        rss_restored = (sum(n.rss() for n in nodes) - empty) / args.jobs
+        restored_rss = _rss(nodes)
         stall_s = max(stall_s, *(n.metric("wheel_loop_stall_max_seconds") for n in nodes))
         time.sleep(3)  # probe fires after the restart
         stop_all([worker])
-        for node in nodes:
-            node.stop()
-        where = str(nodes[0].dir / "data" / "wheel.db") if schema is None else schema.dsn
-        duplicates, probe_fires = duplicates_in(args.store, where)
+        probe_fires, duplicates, most = probe_runs(tmp / "probes.rec")
+        if duplicates:
+            print(f"{duplicates} probe fires run more than once (up to {most})", file=sys.stderr)
     finally:
         stop_all([worker] if worker is not None else [])
         for node in nodes:
@@ -408,8 +415,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "store_limit_per_s": round(limit_per_s),
         "submit_ratio": round(args.jobs / submit_s / limit_per_s, 3),
         "held_after_s": round(held_after_s, 2),
-        "rss_bytes_per_job": round(rss_per_job, 1),
-        "rss_bytes_per_job_restored": round(rss_restored, 1),
+        "rss_bytes_per_job": round((held_rss[0] - empty[0]) / args.jobs, 1),
+        "rss_bytes_per_job_restored": round((restored_rss[0] - empty[0]) / args.jobs, 1),
+        # Of those, not file pages (the checkpoint's, mapped): memory only the
+        # process itself can give back.
+        "anon_bytes_per_job": round((held_rss[1] - empty[1]) / args.jobs, 1),
+        "anon_bytes_per_job_restored": round((restored_rss[1] - empty[1]) / args.jobs, 1),
         "restart_held_s": round(restart_held_s, 2),
         "loop_stall_ms_max": round(stall_s * 1000, 1),
         "probe_fires": probe_fires,

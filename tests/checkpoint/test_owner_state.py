@@ -42,9 +42,9 @@ def test_a_row_replays_over_the_last_one_and_a_tombstone_removes_the_job() -> No
     moved = PackedJob(7, 200, NEVER, 3, PROFILE.profile_id, 1)
     apply_records(state, log_entry([encode_profile(PROFILE), encode_row(first)]))
     apply_records(state, encode_row(moved))
-    assert state.rows[7] == moved
+    assert state.log.last(7) == moved
     apply_records(state, encode_gone(7))
-    assert state.rows[7] is None
+    assert state.log.last(7) is None
     assert [len(rows) for rows in restored_rows(state).packed.values()] == [0]
 
 

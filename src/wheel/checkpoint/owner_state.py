@@ -35,15 +35,15 @@ checkpoint is rebuilt from the store.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 from wheel.checkpoint.wal import Recovery
-from wheel.engine.jobtable import GONE, NEVER, NO_FIRE, Columns, merged
-from wheel.engine.model import shard_of
+from wheel.engine.jobtable import GONE, NEVER, NO_FIRE, Columns, merged, shards_of
 from wheel.engine.owner import PackedJob
 from wheel.engine.profiles import Profile, template_of_body
 from wheel.errors import CheckpointError
@@ -125,17 +125,80 @@ def _decode_shard(data: bytes, pos: int) -> tuple[int, Columns, int]:
     return shard, Columns(ids, nxt, due, param, prof, flags), pos
 
 
+class LogRows:
+    """The rows the log wrote after the snapshot, in log order, as columns of
+    machine integers (a tombstone: flags ``GONE``): a restart replays
+    hundreds of thousands, which as Python objects would outlive the replay
+    in the heap."""
+
+    __slots__ = ("due", "flags", "ids", "nxt", "param", "pids")
+
+    def __init__(self) -> None:
+        self.ids = array("q")
+        self.nxt = array("q")
+        self.due = array("q")
+        self.param = array("q")
+        self.pids = array("q")
+        self.flags = array("B")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def add(self, job_id: int, nxt: int, due: int, param: int, pid: int, flags: int) -> None:
+        self.ids.append(job_id)
+        self.nxt.append(nxt)
+        self.due.append(due)
+        self.param.append(param)
+        self.pids.append(pid)
+        self.flags.append(flags)
+
+    def gone(self, job_id: int) -> None:
+        self.add(job_id, NO_FIRE, NEVER, 0, 0, GONE)
+
+    def last(self, job_id: int) -> PackedJob | None:
+        """The job's last row (None: none, or a tombstone)."""
+        for i in range(len(self.ids) - 1, -1, -1):
+            if self.ids[i] == job_id:
+                if self.flags[i] & GONE:
+                    return None
+                return PackedJob(
+                    job_id, self.nxt[i], self.due[i], self.param[i], self.pids[i], self.flags[i]
+                )
+        return None
+
+    def columns(self, number: Mapping[int, int]) -> tuple[Columns, npt.NDArray[np.intp]]:
+        """All rows as columns in log order (``prof`` by ``number``: profile
+        id -> its place), and each row's shard."""
+        ids = np.array(self.ids, dtype=np.int64)
+        pids = np.array(self.pids, dtype=np.int64)
+        flags = np.array(self.flags, dtype=np.uint8)
+        prof = np.zeros(len(ids), dtype=np.int32)
+        live = (flags & GONE) == 0
+        if live.any():
+            unique, inverse = np.unique(pids[live], return_inverse=True)
+            lookup = np.array([number[int(p)] for p in unique], dtype=np.int32)
+            prof[live] = lookup[inverse]
+        cols = Columns(
+            ids,
+            np.array(self.nxt, dtype=np.int64),
+            np.array(self.due, dtype=np.int64),
+            np.array(self.param, dtype=np.int64),
+            prof,
+            flags,
+        )
+        return cols, shards_of(ids)
+
+
 @dataclass(slots=True)
 class OwnerState:
     """What a checkpoint restores: each shard's rows as the snapshot has
-    them (``prof`` numbering ``numbering``), the rows the log wrote after it
-    (None: the job left), every profile body by id, and the store watermark
-    the rows reflect."""
+    them (``prof`` numbering ``numbering``), the rows the log wrote after it,
+    every profile body by id, and the store watermark the rows reflect."""
 
     shards: dict[int, Columns] = field(default_factory=dict)
     numbering: dict[int, int] = field(default_factory=dict)  # number -> profile id
     bodies: dict[int, str] = field(default_factory=dict)  # profile id -> body
-    rows: dict[int, PackedJob | None] = field(default_factory=dict)
+    log: LogRows = field(default_factory=LogRows)
     watermark: int = 0
     # Records replayed from the log after the snapshot: how far it has grown.
     log_records: int = 0
@@ -154,7 +217,8 @@ class OwnerState:
         return {s: w for s, w in self.as_of.items() if s in self.shards}
 
     def job_count(self) -> int:
-        return sum(len(c) for c in self.shards.values()) + len(self.rows)
+        """At most this many jobs (rows of the snapshot and of the log)."""
+        return sum(len(c) for c in self.shards.values()) + len(self.log)
 
 
 def apply_records(state: OwnerState, data: bytes, *, snapshot: bool = False) -> int:
@@ -163,7 +227,7 @@ def apply_records(state: OwnerState, data: bytes, *, snapshot: bool = False) -> 
     end = len(data)
     pos = 0
     count = 0
-    rows = state.rows
+    add = state.log.add
     unpack_row = _ROW.unpack_from
     try:
         while pos < end:
@@ -173,10 +237,10 @@ def apply_records(state: OwnerState, data: bytes, *, snapshot: bool = False) -> 
                 _, job_id, nxt, due, param, pid, flags = unpack_row(data, pos)
                 if pid not in state.bodies:
                     raise CheckpointError(f"row of job {job_id} names unknown profile {pid}")
-                rows[job_id] = PackedJob(job_id, nxt, due, param, pid, flags)
+                add(job_id, nxt, due, param, pid, flags)
                 pos += _ROW.size
             elif kind == KIND_GONE:
-                rows[_GONE.unpack_from(data, pos)[1]] = None
+                state.log.gone(_GONE.unpack_from(data, pos)[1])
                 pos += _GONE.size
             elif kind == KIND_PROFILE:
                 _, number, pid, n = _PROFILE.unpack_from(data, pos)
@@ -297,34 +361,22 @@ def restored_rows(state: OwnerState, shards: Iterable[int] | None = None) -> Res
         for pid in pids
     ]
     wanted = None if shards is None else set(shards)
-    by_shard: dict[int, list[PackedJob | tuple[int]]] = {}
-    for job_id, row in state.rows.items():
-        s = shard_of(job_id)
-        if wanted is None or s in wanted:
-            by_shard.setdefault(s, []).append(row if row is not None else (job_id,))
+    logged, where = state.log.columns(number)
+    # Each shard's log rows, in log order (a stable sort by shard).
+    order = np.argsort(where, kind="stable")
+    shard_order = where[order]
+    cuts = np.flatnonzero(np.diff(shard_order)) + 1
+    by_shard = {
+        int(where[part[0]]): part
+        for part in np.split(order, cuts) if len(part)
+    }  # fmt: skip
     packed: dict[int, Columns] = {}
-    for s in set(state.shards) | set(by_shard):
-        if wanted is not None and s not in wanted:
+    for shard in set(state.shards) | set(by_shard):
+        if wanted is not None and shard not in wanted:
             continue
-        base = state.shards.get(s, Columns.empty())
+        base = state.shards.get(shard, Columns.empty())
         if len(base) and int(base.prof.max(initial=-1)) >= len(state.numbering):
-            raise CheckpointError(f"shard {s} names a profile the snapshot does not have")
-        over = by_shard.get(s)
-        packed[s] = base if not over else merged(base, _columns(over, number))
+            raise CheckpointError(f"shard {shard} names a profile the snapshot does not have")
+        rows = by_shard.get(shard)
+        packed[shard] = base if rows is None else merged(base, logged.take(rows))
     return Restored(packed=packed, profiles=profiles)
-
-
-def _columns(rows: list[PackedJob | tuple[int]], number: dict[int, int]) -> Columns:
-    n = len(rows)
-    ids = np.empty(n, np.int64)
-    nxt = np.full(n, NO_FIRE, np.int64)
-    due = np.full(n, NEVER, np.int64)
-    param = np.zeros(n, np.int64)
-    prof = np.zeros(n, np.int32)
-    flags = np.full(n, GONE, np.uint8)
-    for i, row in enumerate(rows):
-        ids[i] = row[0]
-        if isinstance(row, PackedJob):
-            nxt[i], due[i], param[i] = row.nxt, row.due, row.param
-            prof[i], flags[i] = number[row.profile_id], row.flags
-    return Columns(ids, nxt, due, param, prof, flags)

@@ -13,6 +13,7 @@ its server would accept.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -157,7 +158,6 @@ def job_spec(request: JobRequest, *, now_ms: int) -> engine.JobSpec:
     """The engine's spec for a request; ``now_ms`` resolves an ``at`` given as
     a ``timedelta``. Raises ``InvalidArgument`` naming the keyword."""
     r = request
-    catch_up, overlap, retry = _catch_up(r.catch_up), _overlap(r.overlap), _retry(r.retry)
     return engine.JobSpec(
         name=_text(r.name, "name"),
         handler=_text(r.handler, "handler"),
@@ -165,30 +165,61 @@ def job_spec(request: JobRequest, *, now_ms: int) -> engine.JobSpec:
         tenant=_text(r.tenant, "tenant"),
         pool=_text(r.pool, "pool"),
         payload=payload_bytes(r.payload),
-        jitter_ms=millis(duration(r.jitter, "jitter", positive=False)),
-        catch_up=engine.CatchUp(
-            mode=engine.CatchUpMode(catch_up.mode),
-            window_ms=None if catch_up.window is None else millis(catch_up.window),
-            max_count=catch_up.max_count,
-        ),
-        overlap=engine.Overlap(
-            policy=engine.OverlapPolicy(overlap.policy),
-            max_concurrent=overlap.max_concurrent,
-            max_buffered=overlap.max_buffered,
-        ),
-        retry=engine.Retry(
-            max_attempts=retry.max_attempts,
-            initial_backoff_ms=millis(retry.initial_backoff),
-            max_backoff_ms=millis(retry.max_backoff),
-            multiplier=retry.multiplier,
-        ),
-        timeout_ms=millis(duration(r.timeout, "timeout", positive=True)),
+        jitter_ms=_duration_ms(r.jitter, "jitter", False),
+        catch_up=_engine_catch_up(_catch_up(r.catch_up)),
+        overlap=_engine_overlap(_overlap(r.overlap)),
+        retry=_engine_retry(_retry(r.retry)),
+        timeout_ms=_duration_ms(r.timeout, "timeout", True),
         side_effect=(
             engine.SideEffect.AT_MOST_ONCE
             if _flag(r.at_most_once, "at_most_once")
             else engine.SideEffect.IDEMPOTENT
         ),
     )
+
+
+# The policies and durations of a bulk submit's jobs are nearly always the
+# same few values: each is converted once (and the engine's value shared).
+
+
+@functools.lru_cache(maxsize=256)
+def _engine_catch_up(catch_up: CatchUp) -> engine.CatchUp:
+    return engine.CatchUp(
+        mode=engine.CatchUpMode(catch_up.mode),
+        window_ms=None if catch_up.window is None else millis(catch_up.window),
+        max_count=catch_up.max_count,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _engine_overlap(overlap: Overlap) -> engine.Overlap:
+    return engine.Overlap(
+        policy=engine.OverlapPolicy(overlap.policy),
+        max_concurrent=overlap.max_concurrent,
+        max_buffered=overlap.max_buffered,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _engine_retry(retry: Retry) -> engine.Retry:
+    return engine.Retry(
+        max_attempts=retry.max_attempts,
+        initial_backoff_ms=millis(retry.initial_backoff),
+        max_backoff_ms=millis(retry.max_backoff),
+        multiplier=retry.multiplier,
+    )
+
+
+def _duration_ms(value: object, field: str, positive: bool) -> int:
+    try:
+        return _cached_ms(value, field, positive)
+    except TypeError:  # not hashable: checked (and refused) uncached
+        return millis(duration(value, field, positive=positive))
+
+
+@functools.lru_cache(maxsize=256, typed=True)  # typed: True is not 1 here
+def _cached_ms(value: object, field: str, positive: bool) -> int:
+    return millis(duration(value, field, positive=positive))
 
 
 def payload_bytes(value: object) -> bytes:
