@@ -126,6 +126,12 @@ class _Dispatch(_OwnerState):
         job = self.jobs.get(run.job_id) or self._job(run.job_id)
         if job is not None and job.running >= job.limit:
             return False
+        if (
+            job is not None
+            and self._tenant_limits
+            and self._over_in_flight(job.spec.tenant, self._claiming())
+        ):
+            return False  # a run of the tenant ending wakes it
         return self._server_for(run, route) is not None
 
     def _server_for(self, run: _Run, route: Route) -> _Worker | None:
@@ -389,6 +395,7 @@ class _Dispatch(_OwnerState):
         job is below its limit; the others keep their place. Returns the
         routes with runs left and no worker with credit."""
         starved: list[Route] = []
+        claiming = self._claiming() if self._tenant_limits else {}
         for route, q in list(self._ready.items()):
             kept: list[int] = []
             while q:
@@ -402,7 +409,15 @@ class _Dispatch(_OwnerState):
                 q.popleft()
                 job = self.jobs.get(run.job_id) or self._job(run.job_id)
                 worker = self._server_for(run, route)
-                if worker is None or (job is not None and job.running >= job.limit):
+                if (
+                    worker is None
+                    or (job is not None and job.running >= job.limit)
+                    or (
+                        job is not None
+                        and self._tenant_limits
+                        and self._over_in_flight(job.spec.tenant, claiming)
+                    )
+                ):
                     kept.append(run.run_id)
                     continue
                 self._hand_out(run, worker, now_ms, fx)

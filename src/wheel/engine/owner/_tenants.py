@@ -16,7 +16,14 @@ Rules:
 3. Runs held are counted only for tenants with an in-flight limit, by run id,
    so that a run leaving the owner by any path (ended, handed back, its shard
    handed over) is uncounted once and only once; a change of limits counts
-   them afresh.
+   them afresh. Runs an owner adopts (gaining a shard, a restart) count from
+   the start.
+4. Every way a run reaches a worker keeps the in-flight limit: a claimed run
+   waiting for a worker (its worker went away, it was handed back, a
+   trigger's or a backfill's) is handed out only while its tenant is under
+   it, as is a fire run again after a lost lease or a failure (through the
+   dispatch queues, rule 1). Such a waiting run was paid for when claimed:
+   it takes no token of the fire rate.
 """
 
 from __future__ import annotations
@@ -88,12 +95,12 @@ class _Tenants(_OwnerState):
         if tenant is not None:
             self._tenant_held[tenant] -= 1
 
-    def _tenant_allowance(self, now_ms: int) -> dict[str, int] | None:
-        """Items each limited tenant may take in this dispatch (rule 1)."""
-        limits = self._tenant_limits
-        if not limits:
-            return None
+    def _claiming(self) -> dict[str, int]:
+        """Claims on their way to the store by tenant (those a dispatch made:
+        a trigger's or a backfill's count once handed out), for tenants with
+        an in-flight limit."""
         claiming: dict[str, int] = {}
+        limits = self._tenant_limits
         if self._pending and any(lim.max_in_flight is not None for lim in limits.values()):
             for pend in self._pending.values():
                 if pend.ahead:
@@ -102,6 +109,23 @@ class _Tenants(_OwnerState):
                 if job is not None:
                     tenant = job.spec.tenant
                     claiming[tenant] = claiming.get(tenant, 0) + 1
+        return claiming
+
+    def _over_in_flight(self, tenant: str, claiming: Mapping[str, int]) -> bool:
+        """The tenant has as many runs in flight as its limit allows (rule 4):
+        a claimed run waiting for a worker stays waiting."""
+        lim = self._tenant_limits.get(tenant)
+        if lim is None or lim.max_in_flight is None:
+            return False
+        busy = self._tenant_held.get(tenant, 0) + claiming.get(tenant, 0)
+        return busy >= lim.max_in_flight
+
+    def _tenant_allowance(self, now_ms: int) -> dict[str, int] | None:
+        """Items each limited tenant may take in this dispatch (rule 1)."""
+        limits = self._tenant_limits
+        if not limits:
+            return None
+        claiming = self._claiming()
         allow: dict[str, int] = {}
         for tenant, lim in limits.items():
             room = _UNLIMITED
