@@ -59,13 +59,10 @@ from wheel.errors import InvalidArgument, WheelError
 
 # ``Client.submit_many`` (and the node) take at most this many jobs a call.
 MAX_BATCH = 10_000
-# Lines' text in one call, at most. A node takes a request of up to 4 MiB, and
-# the client an answer of up to 4 MiB, which repeats every job it created with
-# its payload and next fires (measured: 10,000 jobs with 300-byte payloads
-# answered 4.7 MB, and the call failed although the node had made the jobs).
-# A spec takes about as many bytes on the wire as its JSON line; 1 MiB of lines
-# leaves room for the answer's ~180 bytes a job on top.
-MAX_BATCH_BYTES = 1 << 20
+# Lines' text in one call, at most. A node takes a request of up to 64 MiB;
+# a spec takes about as many bytes on the wire as its JSON line, and the
+# answer to a bulk submit leaves the specs out (``SubmitJobsRequest.lean``).
+MAX_BATCH_BYTES = 16 << 20
 # Codes a whole call may fail with that say nothing about its lines: the node
 # went away or was slow to answer. The client raises them as a plain
 # ``WheelError`` starting with the code's name.
@@ -693,9 +690,9 @@ def register(sub: Any, target: str, target_help: str) -> None:
     p.add_argument(
         "--batch",
         type=_count(1, MAX_BATCH),
-        default=1000,
+        default=5000,
         metavar="N",
-        help="lines a call, at most (and 1 MiB of them; default %(default)s)",
+        help="lines a call, at most (and 16 MiB of them; default %(default)s)",
     )
     p.add_argument(
         "--parallel",

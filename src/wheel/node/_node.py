@@ -51,6 +51,7 @@ from wheel.node._values import (
     NodeConfig,
     WorkerSession,
     read_store_clock,
+    trim_heap,
 )
 from wheel.recovery import restore_owner
 from wheel.store.base import BatchOutcome, Store, WriteBatch
@@ -147,6 +148,7 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
         )
         owner = restored.owner
         self._driver = Driver(owner, restored.effects)
+        trim_heap()
         self._watermark = restored.watermark
         self._log_records, self._snapshot_covers = restored.log_records, 0
         if self._checkpoint is not None:
@@ -272,6 +274,7 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
         )
         self._push_membership()
         self.wake()
+        trim_heap()
 
     def _loop_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -652,6 +655,7 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
         return future
 
     async def _flush_submits(self) -> None:
+        flushed = 0
         while self._submits:
             batch, self._submits = (
                 self._submits[:MAX_SUBMIT_BATCH],
@@ -681,7 +685,10 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
             # harmlessly), and a watermark logged past them never comes before
             # the jobs' own rows in the checkpoint.
             self._own_changes |= markers
+            flushed += len(batch)
             self.wake()
+        if flushed >= MAX_SUBMIT_BATCH:
+            trim_heap()  # what a bulk submit's requests and records left free
 
     async def get_job(self, job_id: int) -> JobRecord:
         return await self._api(self.store.get_job, job_id)

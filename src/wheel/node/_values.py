@@ -4,6 +4,7 @@ node sees it, and what the node reports of itself (status, health, alerts)."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -226,3 +227,15 @@ class NodeStatus:
     unserved: Sequence[Unserved] = ()
     # Alert kinds whose condition holds now.
     alerts_firing: Sequence[str] = ()
+
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc only; a no-op
+    elsewhere). A load of a million jobs frees as much memory again in
+    column copies, most of it too small for the allocator to have mapped on
+    its own, which it would otherwise keep for the life of the process."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

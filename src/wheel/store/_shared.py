@@ -488,38 +488,7 @@ def apply_migrations(
         cur.execute(q.record_version, (version,))
 
 
-def read_changes(
-    cur: Executor,
-    q: Queries,
-    low: int,
-    high: int,
-    shards: Sequence[int],
-    limit: int,
-    owner_moves: bool,
-    exclude: Collection[int],
-) -> tuple[list[JobRecord], int]:
-    """One page of the change feed: jobs whose last change has a marker in
-    ``[low, high)``, and the marker to read on from (see ``_change_page``)."""
-    page, mark = _change_page(cur, q, low, high, shards, limit, owner_moves, exclude, rows=False)
-    return [job_from_row(r) for r in page], mark
-
-
-def read_changed_rows(
-    cur: Executor,
-    q: Queries,
-    low: int,
-    high: int,
-    shards: Sequence[int],
-    limit: int,
-    owner_moves: bool,
-    exclude: Collection[int],
-) -> tuple[RowChanges, int]:
-    """``read_changes`` with each job as a ``JobRow``."""
-    page, mark = _change_page(cur, q, low, high, shards, limit, owner_moves, exclude, rows=True)
-    return job_rows_of(cur, q, page), mark
-
-
-def _change_page(
+def change_page(
     cur: Executor,
     q: Queries,
     low: int,
@@ -531,8 +500,10 @@ def _change_page(
     *,
     rows: bool,
 ) -> tuple[list[Row], int]:
-    """One page of the change feed, as rows of its statement, and the marker
-    to read on from.
+    """One page of the change feed: the rows of jobs whose last change (of
+    the kinds asked for) has a marker in ``[low, high)`` -- as
+    ``Queries.job_columns``, or ``ROW_COLUMNS`` with ``rows`` -- and the
+    marker to read on from.
 
     Every marker below ``high`` belongs to a write that has committed or never
     will (the caller's reason to pick it), so a page that ends short moves on

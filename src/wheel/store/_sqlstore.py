@@ -19,14 +19,14 @@ from wheel.store._schema import RETRY_WHERE
 from wheel.store._shared import (
     Executor,
     Queries,
+    Row,
     apply_migrations,
+    change_page,
     get_job,
     job_from_row,
     job_rows_of,
     missed_from_row,
     purge_range,
-    read_changed_rows,
-    read_changes,
     run_from_row,
     valid_shards,
 )
@@ -204,16 +204,11 @@ class SQLStore(TenancySQL):
         owner_moves: bool = True,
         exclude: Collection[int] = (),
     ) -> Changes:
-        wanted = valid_shards(shards)
+        def page(cur: Executor) -> Changes:
+            found, mark = self._page(cur, watermark, shards, limit, owner_moves, exclude, False)
+            return Changes([job_from_row(r) for r in found], mark)
 
-        def op(cur: Executor) -> Changes:
-            low, high = self._change_range(cur, watermark)
-            jobs, mark = read_changes(
-                cur, self._queries, low, high, wanted, limit, owner_moves, exclude
-            )
-            return Changes(jobs, self._watermark_at(mark))
-
-        return self._read(op)
+        return self._read(page)
 
     def changed_rows(
         self,
@@ -224,16 +219,30 @@ class SQLStore(TenancySQL):
         owner_moves: bool = True,
         exclude: Collection[int] = (),
     ) -> RowChanges:
-        wanted = valid_shards(shards)
+        def page(cur: Executor) -> RowChanges:
+            found, mark = self._page(cur, watermark, shards, limit, owner_moves, exclude, True)
+            return replace(job_rows_of(cur, self._queries, found), watermark=mark)
 
-        def op(cur: Executor) -> RowChanges:
-            low, high = self._change_range(cur, watermark)
-            page, mark = read_changed_rows(
-                cur, self._queries, low, high, wanted, limit, owner_moves, exclude
-            )
-            return replace(page, watermark=self._watermark_at(mark))
+        return self._read(page)
 
-        return self._read(op)
+    def _page(
+        self,
+        cur: Executor,
+        watermark: int,
+        shards: Collection[int],
+        limit: int,
+        owner_moves: bool,
+        exclude: Collection[int],
+        rows: bool,
+    ) -> tuple[list[Row], int]:
+        """One page of the change feed in the read's transaction, and the
+        watermark to read on from."""
+        low, high = self._change_range(cur, watermark)
+        found, mark = change_page(
+            cur, self._queries, low, high, valid_shards(shards), limit, owner_moves, exclude,
+            rows=rows,
+        )  # fmt: skip
+        return found, self._watermark_at(mark)
 
     def job_rows(self, job_ids: Collection[int]) -> RowChanges:
         ids = sorted(set(job_ids))
