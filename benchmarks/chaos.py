@@ -63,6 +63,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -189,7 +190,7 @@ class Postgres:
     def __init__(self, dsn: str, tag: str) -> None:
         self.dsn = dsn
         self.tag = tag
-        self.cluster = _pg_cluster()
+        self.cluster = _pg_cluster(urlsplit(dsn).port or 5432)
 
     @property
     def restartable(self) -> bool:
@@ -225,14 +226,16 @@ class Postgres:
         return len(rows)
 
 
-def _pg_cluster() -> tuple[str, str] | None:
-    """(version, name) of the local PostgreSQL cluster, if pg_ctlcluster runs it."""
+def _pg_cluster(port: int) -> tuple[str, str] | None:
+    """(version, name) of the local PostgreSQL cluster on ``port``, if
+    pg_ctlcluster runs it: a run given a cluster of its own (``--pg-dsn``)
+    restarts that one and leaves the machine's others alone."""
     if shutil.which("pg_lsclusters") is None:
         return None
     out = subprocess.run(["pg_lsclusters", "--no-header"], capture_output=True, text=True)
     for line in out.stdout.splitlines():
         parts = line.split()
-        if len(parts) >= 3 and parts[2] == "5432":
+        if len(parts) >= 3 and parts[2] == str(port):
             return parts[0], parts[1]
     return None
 
