@@ -1438,6 +1438,38 @@ def test_removing_a_shard_hands_its_runs_over_and_another_owner_adds_it() -> Non
     assert claim.fence >> COUNTER_BITS == 7  # the new owner's fences carry its epoch
 
 
+def test_a_planned_hand_over_gives_the_next_owner_its_unsent_runs_to_send_at_once() -> None:
+    """A run claimed whose hand-out was not sent to its worker yet is
+    marked by the planned hand-over and sent by the next owner as soon as a
+    worker is there, same attempt and fence; a run whose hand-out went out
+    is left to its worker (adopted under a grace lease)."""
+    n = Node()
+    n.hello()
+    a, b = _two_shards(n)
+    sa, sb = shard_of(a), shard_of(b)
+    n.store.epochs.update(dict.fromkeys(range(256), 1))
+    n.now = T + MIN
+    n.driver.advance(n.now)
+    batch = n.driver.take_batch()
+    n.driver.apply(n.store.write_batch(batch), n.now, batch.epochs)
+    sent, unsent = n.fx.assignments["w1"]
+    n.fx.assignments["w1"] = [unsent]  # the node sent the first; the second waits
+    held = n.driver.sent_runs([sa, sb])
+    assert held == {sent.run_id}
+    n.driver.hand_over([sa, sb])
+    assert n.store.release_unsent([sa, sb], held) == 1
+
+    n.store.fence_shards({sa: 2, sb: 2}, "node-new")
+    other = Owner(now_ms=n.now, config=n.config)
+    fx2 = Effects()
+    other.add_shards({sa: 2, sb: 2}, _contents(n, [sa, sb]), n.now, fx2)
+    other.worker_hello("w2", 10, ["default"], n.now, fx2)
+    other.advance(n.now, fx2)
+    [again] = fx2.assignments["w2"]
+    assert (again.run_id, again.fence) == (unsent.run_id, unsent.fence)
+    assert sent.run_id in other.runs and sent.run_id not in {x.run_id for x in fx2.assignments["w2"]}
+
+
 def test_an_owner_adds_only_the_shards_it_is_given_and_can_take_more_later() -> None:
     n = Node()
     a, b = _two_shards(n)

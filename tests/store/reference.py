@@ -500,6 +500,22 @@ class ReferenceStore:
     def shard_epochs(self, shards: Collection[int]) -> dict[int, int]:
         return {s: self.epochs[s] for s in sorted(self._shards(shards)) if s in self.epochs}
 
+    def release_unsent(self, shards: Collection[int], sent: Collection[int]) -> int:
+        wanted, sent = self._shards(shards), set(sent)
+        marked = 0
+        for e in self.execs.values():
+            shard = shard_of(e.job_id)
+            if (
+                e.state is RunState.DISPATCHED
+                and e.worker_id is None
+                and shard in wanted
+                and e.fence >> 32 == self.epochs.get(shard)
+                and e.run_id not in sent
+            ):
+                e.worker_id = ""
+                marked += 1
+        return marked
+
     def load_shards(self, shards: Collection[int], *, packed: bool = False) -> ShardLoad:
         wanted = self._shards(shards)
         live = [

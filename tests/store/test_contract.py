@@ -592,6 +592,30 @@ def test_fence_shards_raises_epochs_never_lowers_them_and_says_where_they_stand(
         store.fence_shards({SHARD_COUNT: 1}, "node-a")
 
 
+def test_release_unsent_marks_the_owner_s_unsent_runs_of_its_epoch_only(store: Store) -> None:
+    epoch = 3
+    every = range(SHARD_COUNT)
+    store.fence_shards(dict.fromkeys(every, epoch), "node-a")
+    fence = (epoch << 32) | 1
+    _, unsent = dispatched(store, "unsent", fence)
+    _, sent = dispatched(store, "sent", fence)  # sent to a worker, not acked yet
+    _, acked = dispatched(store, "acked", fence)
+    _, older = dispatched(store, "older", ((epoch - 1) << 32) | 9)  # adopted from before
+    start = RunStart(run_id=acked, fence=fence, worker_id="w-1", started_at_ms=61_000)
+    assert store.mark_running([start]) == [True]
+
+    assert store.release_unsent(every, [sent]) == 1
+    assert store.get_run(unsent).worker_id == ""
+    assert store.get_run(sent).worker_id is None
+    assert store.get_run(acked).worker_id == "w-1"
+    assert store.get_run(older).worker_id is None
+    # Once a newer owner fenced the shards, the old one marks nothing more.
+    _, again = dispatched(store, "again", fence)
+    store.fence_shards(dict.fromkeys(every, epoch + 1), "node-b")
+    assert store.release_unsent(every, []) == 0
+    assert store.get_run(again).worker_id is None
+
+
 # -- the epoch check of a batch (seed C4) ---------------------------------------------
 
 

@@ -133,6 +133,20 @@ class Driver:
             epochs=self.owner.shards(),
         )
 
+    def sent_runs(self, shards: Collection[int]) -> set[int]:
+        """The runs of ``shards`` a worker was sent: handed out, their
+        hand-out published (not waiting in the effects), or adopted from a
+        previous owner, who may have sent them. The others, claimed and
+        never sent, a planned hand-over gives the next owner to send at once
+        (``Store.release_unsent``)."""
+        lost = set(shards)
+        waiting = {a.run_id for handouts in self.fx.assignments.values() for a in handouts}
+        return {
+            run_id
+            for run_id, run in self.owner.runs.items()
+            if run.held_out and run_id not in waiting and shard_of(run.job_id) in lost
+        }
+
     def hand_over(self, shards: Collection[int]) -> list[RunRef]:
         """Stop serving ``shards`` at once: the owner forgets them
         (``Owner.remove_shards``), and the store writes emitted for them and

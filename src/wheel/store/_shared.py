@@ -320,6 +320,19 @@ class Queries:
         )
         self.schema_version = "SELECT max(version) FROM wheel_schema_version"
         self.record_version = f"INSERT INTO wheel_schema_version (version) VALUES ({p})"
+        # A planned hand-over (parameters: the shards, the runs their owner
+        # sent to a worker): the shards' runs claimed under the epoch the
+        # store has for their shard (the releasing owner's own, so nothing
+        # once another owner fenced it) and never sent are marked with an
+        # empty worker, which the next owner sends at once.
+        sent = d.in_ints.format(expr="e.run_id", type="int8")
+        self.release_unsent = (
+            "UPDATE executions SET worker_id = '' WHERE run_id IN ("
+            " SELECT e.run_id FROM executions AS e JOIN jobs AS j ON j.job_id = e.job_id"
+            " JOIN shard_epochs AS f ON f.shard = j.shard"
+            f" WHERE e.state = '{RunState.DISPATCHED.value}' AND e.worker_id IS NULL"
+            f" AND {self.shards_in} AND (e.fence >> 32) = f.epoch AND NOT ({sent}))"
+        )
         # Dispatched or running executions of the shards in the one
         # parameter, with their jobs' payloads (an owner that adopts them may
         # hand them to another worker).

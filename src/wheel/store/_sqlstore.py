@@ -171,6 +171,15 @@ class SQLStore(TenancySQL):
         # Written again after an unknown commit: the same epochs, a no-op.
         return self._write(fence)
 
+    def release_unsent(self, shards: Collection[int], sent: Collection[int]) -> int:
+        wanted = valid_shards(shards)
+        if not wanted:
+            return 0
+        ints = self._queries.dialect.ints
+        params = (ints(wanted), ints(sorted(sent)))
+        sql = self._queries.release_unsent
+        return self._write(lambda cur: int(cur.execute(sql, params).rowcount))
+
     def shard_epochs(self, shards: Collection[int]) -> dict[int, int]:
         params = (self._queries.dialect.ints(valid_shards(shards)),)
         rows = self._read(lambda cur: cur.execute(self._queries.shard_epochs, params).fetchall())

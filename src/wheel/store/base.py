@@ -370,6 +370,15 @@ class Store(Protocol):
         ever make there. Returns each shard's epoch after: a higher one than
         given means a newer owner fenced it first."""
 
+    def release_unsent(self, shards: Collection[int], sent: Collection[int]) -> int:
+        """A planned hand-over of ``shards``, after their owner stopped
+        serving them and before it releases them: mark the runs it claimed
+        and never sent to a worker (every in-flight run of its epoch not in
+        ``sent``, claims of batches that committed after it forgot them
+        included) so that the next owner sends them at once instead of
+        waiting out a grace lease for a worker that never had them. Nothing
+        is marked once a newer owner fenced a shard. Returns how many."""
+
     def shard_epochs(self, shards: Collection[int]) -> dict[int, int]:
         """The epoch each shard has in the store (absent: never owned)."""
 

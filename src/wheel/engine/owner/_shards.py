@@ -150,6 +150,7 @@ class _Shards(_OwnerState):
         """Runs the store says are in flight. A running run gets a full lease
         from now and one never acked the grace lease (seed R1): their workers
         renew (adopt) them; runs nobody renews expire and are re-dispatched.
+        One its previous owner marked unsent goes to a worker at once.
         A run of a cancelled job is cancelled, as the cancel would have done
         had its owner lived."""
         for ex in executions:
@@ -178,6 +179,10 @@ class _Shards(_OwnerState):
                 state.counter = max(state.counter, ex.fence & COUNTER_MASK)
             if job is not None and job.cancelled:
                 self._end_run(run, RunState.CANCELLED, "job cancelled", fx, now_ms)
+            elif job is not None and ex.state is RunState.DISPATCHED and ex.worker_id == "":
+                # Its previous owner handed it over unsent (a planned move,
+                # ``Store.release_unsent``): sent now, same attempt and fence.
+                self._take_back(run, now_ms)
 
     def _restore_retries(
         self, executions: Sequence[ExecutionRecord], ours: set[int] | None, now_ms: int
