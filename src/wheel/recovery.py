@@ -98,14 +98,59 @@ def restore_owner(
     )
 
 
-def checkpoint_contents(
-    store: Store, state: OwnerState, shards: Sequence[int], watermark: int
+@dataclass(slots=True)
+class Staged:
+    """Shards' jobs loaded ahead of their gain, as of ``watermark``: a node
+    about to be given shards by a planned move loads them while their owner
+    still serves them; at the switch it reads only what changed since
+    (``staged_contents``)."""
+
+    shards: frozenset[int]
+    packed: dict[int, Columns]
+    profiles: list[Profile]
+    # Jobs the rows alone do not arm, whole.
+    jobs: list[JobRecord]
+    watermark: int
+    # Loaded from this node's checkpoint (whose log then covers the shards).
+    from_checkpoint: bool
+    # ``time.monotonic()`` of the load.
+    at: float = 0.0
+
+
+def stage_from_store(store: Store, shards: Sequence[int]) -> Staged:
+    """Shards' jobs from the store, in one bulk read per batch of shards."""
+    load = store.load_shards(shards, packed=True)
+    packed, profiles = packed_of_load(load)
+    return Staged(
+        frozenset(shards),
+        packed,
+        profiles,
+        list(load.jobs),
+        load.watermark,
+        False,
+        time.monotonic(),
+    )
+
+
+def stage_from_checkpoint(state: OwnerState, shards: Sequence[int], watermark: int) -> Staged:
+    """Shards' jobs from a checkpoint's rows, current up to ``watermark``
+    (``OwnerState.as_of``)."""
+    rows = restored_rows(state, shards)
+    return Staged(
+        frozenset(shards), rows.packed, rows.profiles, [], watermark, True, time.monotonic()
+    )
+
+
+def staged_contents(
+    store: Store, staged: Staged, shards: Sequence[int]
 ) -> tuple[ShardContents, int]:
-    """Shards' contents from a checkpoint's rows, with every change the store
-    made after ``watermark`` written over them (the store wins), and the
-    change-feed watermark they reflect then: a restart, or a node in a cluster
-    gaining shards it held before (``OwnerState.as_of``)."""
+    """What an owner takes on with ``shards`` (a part of ``staged.shards``),
+    fenced now: the staged rows with every change the store made after the
+    staging's watermark written over them (the store wins), their runs in
+    flight and pending retries read now, and the change-feed watermark the
+    result reflects."""
     changes: list[RowChanges] = []
+    watermark = staged.watermark
     while True:
         page = store.changed_rows(watermark, shards, CHANGES_PAGE)
         changes.append(page)
@@ -113,16 +158,30 @@ def checkpoint_contents(
         watermark = page.watermark
         if done:
             break
-    rows = restored_rows(state, shards)
+    wanted = set(shards)
+    changed = {r.job_id for page in changes for r in page.rows}
+    changed.update(r.job_id for page in changes for r in page.jobs)
     contents = shard_contents(
         store,
         shards,
-        packed=rows.packed,
-        profiles=rows.profiles,
+        packed={s: rows for s, rows in staged.packed.items() if s in wanted},
+        profiles=staged.profiles,
+        # A job the changes carry is taken from them, not from the staging.
+        jobs=[r for r in staged.jobs if shard_of(r.job_id) in wanted and r.job_id not in changed],
         rows=changes,
         inflight=store.inflight_runs(shards),
     )
     return contents, watermark
+
+
+def checkpoint_contents(
+    store: Store, state: OwnerState, shards: Sequence[int], watermark: int
+) -> tuple[ShardContents, int]:
+    """Shards' contents from a checkpoint's rows, with every change the store
+    made after ``watermark`` written over them (the store wins), and the
+    change-feed watermark they reflect then: a restart, or a node in a cluster
+    gaining shards it held before (``OwnerState.as_of``)."""
+    return staged_contents(store, stage_from_checkpoint(state, shards, watermark), shards)
 
 
 def load_shard_contents(store: Store, shards: Sequence[int]) -> tuple[ShardContents, int]:

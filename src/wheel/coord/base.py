@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from wheel.engine.model import SHARD_COUNT
 
@@ -23,6 +23,7 @@ __all__ = [
     "Coordinator",
     "Member",
     "OwnershipChange",
+    "Preparer",
     "Subscribers",
 ]
 
@@ -30,6 +31,9 @@ __all__ = [
 MAX_EPOCH = 2**32 - 1
 
 _log = logging.getLogger(__name__)
+
+# Loads shards a planned move is about to give this node (see ``set_preparer``).
+Preparer = Callable[[frozenset[int]], Coroutine[Any, Any, None]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +66,16 @@ class Coordinator(Protocol):
 
     async def stop(self) -> None:
         """Release every shard so other nodes take over without waiting."""
+
+    async def hand_off(self) -> None:
+        """Before ``stop``, a planned leave: say this node is leaving and wait
+        (bounded) until the members its shards go to have loaded them, while
+        this node still serves them."""
+
+    def set_preparer(self, prepare: Preparer) -> None:
+        """``prepare(shards)`` loads shards a planned move (this node joining,
+        another leaving) is about to give this node, while their owner still
+        serves them; awaited on the event loop before the move."""
 
     def subscribe(self, callback: Callable[[OwnershipChange], None]) -> None:
         """Call ``callback`` on the event loop for every ownership change.

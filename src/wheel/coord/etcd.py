@@ -5,6 +5,8 @@ Keys (``C`` is the cluster name)::
     /C/members/{node_id}  = address   attached to the node's lease
     /C/shards/{shard}     = node_id   attached to the owner's lease
     /C/epochs/{shard}     = "N"       no lease: never deleted, only incremented
+    /C/leaving/{node_id}  = lease id  attached to the leaving node's lease
+    /C/ready/{leaver}/{node_id} = ""  attached to the leaver's lease
 
 How it works:
 
@@ -21,6 +23,24 @@ How it works:
   ``mod_revision(epoch) == seen`` -> put the shard key with our lease and put
   epoch = seen + 1. Release deletes the shard key only if its mod_revision is
   still that of our acquisition.
+
+Planned moves are prepared (the gaining node loads a shard while its owner
+still serves it; the switch then costs a fence and the changes since):
+
+- A node **joining** grants its lease, computes the shards the assignment
+  will give it once it is a member, has them loaded (``set_preparer``), and
+  only then puts its membership key: the holders release those shards when
+  they see it, and it acquires them as they come free.
+- A node **leaving** (``hand_off``, before ``stop``) puts its leaving key and
+  keeps serving. Every other member, seeing it, computes the assignment
+  without the leavers, loads the shards it will gain, and puts a ready key
+  on the leaver's lease. The leaver stops once every other member is ready
+  (or ``handoff_timeout_s`` has passed): its lease revoked, its keys go and
+  the others acquire its shards at once. A leaver still counts in the
+  assignment until then, so nothing moves early.
+- Either way the ownership switch is the usual one (keys, epochs, the store's
+  fence); preparing only moves the load before it. A shard gained with no
+  preparation (a crash, a lapsed lease) is loaded after its fence.
 
 Invariants:
 
@@ -57,6 +77,7 @@ rejects it once the new owner has written with a higher one.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import logging
 import threading
@@ -70,7 +91,14 @@ from etcd3.etcdrpc import kv_pb2
 from etcd3.utils import prefix_range_end
 
 from wheel._tls import ChannelSecurity, LiveChannelSecurity, live_channel
-from wheel.coord.base import MAX_EPOCH, SHARD_COUNT, Member, OwnershipChange, Subscribers
+from wheel.coord.base import (
+    MAX_EPOCH,
+    SHARD_COUNT,
+    Member,
+    OwnershipChange,
+    Preparer,
+    Subscribers,
+)
 from wheel.errors import CoordinationError
 
 __all__ = ["EtcdCoordinator", "assign_shards", "rendezvous_owner"]
@@ -83,6 +111,9 @@ _GRPC_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+# Shards acquired in one etcd transaction (two puts and two compares each;
+# etcd allows 128 operations a transaction by default).
+ACQUIRE_BATCH = 32
 
 
 def _weight(node_id: str, shard: int) -> int:
@@ -148,12 +179,14 @@ class EtcdCoordinator:
         ttl_s: int = 10,
         safety_margin_s: float = 1.0,
         start_timeout_s: float | None = None,
+        handoff_timeout_s: float = 30.0,
         security: ChannelSecurity | LiveChannelSecurity | None = None,
     ) -> None:
         """``security``: TLS to etcd (its CA, and this node's certificate
         when etcd runs with ``--client-cert-auth``); None: plaintext. A live
         one that a reload replaces is taken up by a new etcd client (see
-        ``_etcd``)."""
+        ``_etcd``). ``handoff_timeout_s``: how long a leaving node waits for
+        the others to load its shards."""
         if not endpoints:
             raise CoordinationError("no etcd endpoints")
         if ttl_s < 2:
@@ -175,6 +208,15 @@ class EtcdCoordinator:
         self._members_prefix = f"/{cluster}/members/"
         self._shards_prefix = f"/{cluster}/shards/"
         self._epochs_prefix = f"/{cluster}/epochs/"
+        self._leaving_prefix = f"/{cluster}/leaving/"
+        self._ready_prefix = f"/{cluster}/ready/"
+        self._handoff_timeout = handoff_timeout_s
+        self._preparer: Preparer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Set while the control thread waits for a join's preparation.
+        self._preparing = False
+        # Leaver -> its lease, for which this node prepared (or is preparing).
+        self._prepared_for: dict[str, int] = {}
 
         self._subscribers = Subscribers()
         self._client: Any = None
@@ -211,7 +253,8 @@ class EtcdCoordinator:
         could not be reached within ``start_timeout_s`` (default 3 x ttl)."""
         if self._threads:
             raise CoordinationError("coordinator already started")
-        self._subscribers.bind(asyncio.get_running_loop())
+        self._loop = asyncio.get_running_loop()
+        self._subscribers.bind(self._loop)
         self._client_version = self._security.version
         self._client = self._make_client()
         self._stopping.clear()
@@ -229,7 +272,12 @@ class EtcdCoordinator:
             )
             self._threads.append(thread)
             thread.start()
-        joined = await asyncio.to_thread(self._started.wait, self._start_timeout)
+        # A join's preparation (loading the shards to come) may take longer
+        # than reaching etcd: the timeout is about etcd.
+        deadline = time.monotonic() + self._start_timeout
+        joined = False
+        while not joined and (self._preparing or time.monotonic() < deadline):
+            joined = await asyncio.to_thread(self._started.wait, 0.25)
         if not joined:
             await self._shutdown_threads()
             self._client.close()
@@ -259,6 +307,67 @@ class EtcdCoordinator:
                 _log.warning("lease not revoked at stop (it will expire): %s", exc)
         self._client.close()
         await asyncio.sleep(0)
+
+    async def hand_off(self) -> None:
+        """Say this node is leaving and wait until every other member has
+        loaded the shards it will take (its ready key), at most
+        ``handoff_timeout_s``; this node serves its shards meanwhile."""
+        lease_id = self._lease_id
+        if not self._threads or lease_id is None or not self._owned:
+            return
+        started = time.monotonic()
+        key = self._leaving_prefix + self.node_id
+        try:
+            await asyncio.to_thread(
+                self._call, self._etcd().put, key, str(lease_id), lease=lease_id
+            )
+        except CoordinationError as exc:
+            _log.warning("could not announce leaving (shards move unprepared): %s", exc)
+            return
+        waiting: set[str] | None = None
+        while time.monotonic() - started < self._handoff_timeout and not self._stopping.is_set():
+            try:
+                waiting = await asyncio.to_thread(self._not_ready)
+            except CoordinationError as exc:
+                _log.debug("hand-off: %s", exc)
+            if waiting == set():
+                _log.info("hand-off prepared in %.2fs", time.monotonic() - started)
+                return
+            await asyncio.sleep(0.05)
+        _log.warning(
+            "hand-off: %s did not load their shards within %.0fs; leaving anyway",
+            sorted(waiting or ()),
+            self._handoff_timeout,
+        )
+
+    def _not_ready(self) -> set[str]:
+        """The members still loading this leaving node's shards."""
+        client = self._etcd()
+        others = {
+            meta.key.decode()[len(self._members_prefix) :]
+            for _, meta in self._call(client.get_prefix, self._members_prefix)
+        }
+        others -= set(self._leavers(client))
+        others.discard(self.node_id)
+        ready_prefix = f"{self._ready_prefix}{self.node_id}/"
+        ready = {
+            meta.key.decode()[len(ready_prefix) :]
+            for _, meta in self._call(client.get_prefix, ready_prefix)
+        }
+        return others - ready
+
+    def _leavers(self, client: Any) -> dict[str, int]:
+        """Members leaving -> their leases."""
+        out: dict[str, int] = {}
+        for value, meta in self._call(client.get_prefix, self._leaving_prefix):
+            try:
+                out[meta.key.decode()[len(self._leaving_prefix) :]] = int(value)
+            except ValueError:
+                continue
+        return out
+
+    def set_preparer(self, prepare: Preparer) -> None:
+        self._preparer = prepare
 
     def subscribe(self, callback: Callable[[OwnershipChange], None]) -> None:
         self._subscribers.add(callback)
@@ -463,11 +572,14 @@ class EtcdCoordinator:
         self._view_revision = max(self._view_revision, int(response.header.revision))
 
     def _worth_a_look(self, event: Any) -> bool:
-        """Membership changes and freed shards call for a reconcile; shard
-        acquisitions and epoch bumps (our own included) do not."""
+        """Membership changes, a member leaving and freed shards call for a
+        reconcile; shard acquisitions and epoch bumps (our own included) do
+        not."""
         key: bytes = event.kv.key
         if key.startswith(self._members_prefix.encode()):
             return True
+        if key.startswith(self._leaving_prefix.encode()):
+            return bool(event.type != kv_pb2.Event.DELETE)
         return event.type == kv_pb2.Event.DELETE and key.startswith(self._shards_prefix.encode())
 
     # -- control thread ---------------------------------------------------------
@@ -547,9 +659,80 @@ class EtcdCoordinator:
             self._lease_id = lease.id
             self._lease_gone = False
             self._valid_until = sent + min(lease.ttl, self._ttl) - self._margin
-        self._call(client.put, self._members_prefix + self.node_id, self.address, lease=lease.id)
         self._wake_keepalive.set()
+        self._prepare_join(client)
+        self._call(client.put, self._members_prefix + self.node_id, self.address, lease=lease.id)
         _log.info("%s joined with lease %x", self.node_id, lease.id)
+
+    def _prepare_join(self, client: Any) -> None:
+        """Before this node becomes a member: have the shards the assignment
+        will then give it loaded, while their holders still serve them."""
+        if self._preparer is None:
+            return
+        members = {
+            meta.key.decode()[len(self._members_prefix) :]
+            for _, meta in self._call(client.get_prefix, self._members_prefix)
+        }
+        members.discard(self.node_id)
+        if not members:
+            return  # nobody holds anything to move
+        members -= set(self._leavers(client))
+        members.add(self.node_id)
+        mine = {s for s, o in assign_shards(members).items() if o == self.node_id}
+        self._preparing = True
+        try:
+            self._prepare(mine)
+        finally:
+            self._preparing = False
+
+    def _prepare(self, shards: set[int]) -> None:
+        """Run the preparer on the loop and wait for it (the control thread
+        holds nothing meanwhile); its failure only makes the move slower."""
+        prepare, loop = self._preparer, self._loop
+        if prepare is None or loop is None or not shards:
+            return
+        future = asyncio.run_coroutine_threadsafe(prepare(frozenset(shards)), loop)
+        while not self._stopping.is_set():
+            try:
+                future.result(timeout=0.2)
+                return
+            except concurrent.futures.TimeoutError:
+                continue
+            except Exception:
+                _log.exception("preparing %d shards failed; they load when gained", len(shards))
+                return
+        future.cancel()
+
+    def _prepare_for_leavers(self, members: Mapping[str, str], leavers: Mapping[str, int]) -> None:
+        """Load the shards leaving members will hand this node, then say so
+        on each leaver's lease (its ready key), off the control thread."""
+        loop = self._loop
+        leaving = {n: lease for n, lease in leavers.items() if n in members}
+        self._prepared_for = {n: v for n, v in self._prepared_for.items() if n in leaving}
+        if loop is None or self.node_id in leaving:
+            return
+        fresh = {n: lease for n, lease in leaving.items() if self._prepared_for.get(n) != lease}
+        if not fresh:
+            return
+        self._prepared_for.update(fresh)
+        future = assign_shards(set(members) - set(leaving))
+        shards = frozenset(
+            s for s, o in future.items() if o == self.node_id and s not in self._owned
+        )
+        asyncio.run_coroutine_threadsafe(self._ready_for(fresh, shards), loop)
+
+    async def _ready_for(self, leavers: Mapping[str, int], shards: frozenset[int]) -> None:
+        if self._preparer is not None and shards:
+            try:
+                await self._preparer(shards)
+            except Exception:
+                _log.exception("preparing %d shards failed; they load when gained", len(shards))
+        for leaver, lease in leavers.items():
+            key = f"{self._ready_prefix}{leaver}/{self.node_id}"
+            try:
+                await asyncio.to_thread(self._call, self._etcd().put, key, "", lease=lease)
+            except CoordinationError as exc:
+                _log.info("ready for %s not said (it may be gone): %s", leaver, exc)
 
     def _lease_valid(self) -> bool:
         return (
@@ -580,6 +763,7 @@ class EtcdCoordinator:
             holders[shard] = (kv.value.decode(), kv.mod_revision)
         self._holders = {s: node for s, (node, _) in holders.items()}
         self._view_revision = max(self._view_revision, int(response.header.revision))
+        self._prepare_for_leavers(members, self._leavers(client))
 
         assignment = assign_shards(members)
         mine = {s for s, owner in assignment.items() if owner == self.node_id}
@@ -611,14 +795,53 @@ class EtcdCoordinator:
                 for value, meta in self._call(client.get_prefix, self._epochs_prefix):
                     shard = int(meta.key.decode()[len(self._epochs_prefix) :])
                     epochs[shard] = (int(value), meta.mod_revision)
-                for shard in free:
+                for at in range(0, len(free), ACQUIRE_BATCH):
                     if not self._lease_valid():
                         break
-                    result = self._acquire(shard, lease_id, *epochs.get(shard, (0, 0)))
-                    if result is not None:
-                        gained[shard] = result
+                    gained.update(
+                        self._acquire_batch(free[at : at + ACQUIRE_BATCH], lease_id, epochs)
+                    )
         finally:
+            # All at once: the node fences and loads them in one go.
             self._publish(OwnershipChange(gained=gained))
+
+    def _acquire_batch(
+        self, shards: Sequence[int], lease_id: int, epochs: Mapping[int, tuple[int, int]]
+    ) -> dict[int, int]:
+        """Acquire ``shards`` in one transaction; when any of them was taken
+        meanwhile, one at a time. Shard -> new epoch, for those acquired."""
+        seen = {s: epochs.get(s, (0, 0)) for s in shards if epochs.get(s, (0, 0))[0] < MAX_EPOCH}
+        out: dict[int, int] = {}
+        if len(seen) > 1:
+            client = self._etcd()
+            tx = client.transactions
+            compare, success = [], []
+            for shard, (epoch, epoch_rev) in seen.items():
+                shard_key = f"{self._shards_prefix}{shard}"
+                epoch_key = f"{self._epochs_prefix}{shard}"
+                compare += [tx.create(shard_key) == 0, tx.mod(epoch_key) == epoch_rev]
+                success += [
+                    tx.put(shard_key, self.node_id, lease=lease_id),
+                    tx.put(epoch_key, str(epoch + 1)),
+                ]
+            ok, responses = self._call(
+                client.transaction, compare=compare, success=success, failure=[]
+            )
+            if ok:
+                rev = int(responses[0].response_put.header.revision)
+                got = {shard: epoch + 1 for shard, (epoch, _) in seen.items()}
+                self._acquired_rev.update(dict.fromkeys(got, rev))
+                with self._lock:
+                    self._owned = {**self._owned, **got}
+                out.update(got)
+                shards = [s for s in shards if s not in got]  # exhausted: logged below
+        for shard in shards:
+            if not self._lease_valid():
+                break
+            result = self._acquire(shard, lease_id, *epochs.get(shard, (0, 0)))
+            if result is not None:
+                out[shard] = result
+        return out
 
     def _acquire(self, shard: int, lease_id: int, epoch: int, epoch_rev: int) -> int | None:
         """One acquisition transaction; the new epoch, or None if we lost a race."""

@@ -11,7 +11,14 @@ import asyncio
 import math
 from collections.abc import Callable, Collection, Mapping
 
-from wheel.coord.base import MAX_EPOCH, SHARD_COUNT, Member, OwnershipChange, Subscribers
+from wheel.coord.base import (
+    MAX_EPOCH,
+    SHARD_COUNT,
+    Member,
+    OwnershipChange,
+    Preparer,
+    Subscribers,
+)
 from wheel.errors import CoordinationError
 
 __all__ = ["LocalCoordinator"]
@@ -63,6 +70,12 @@ class LocalCoordinator:
         self._owned = {}
         if lost:
             self._subscribers.deliver(OwnershipChange(lost=lost))
+
+    async def hand_off(self) -> None:
+        """Nothing to hand to: a single node's shards wait for its restart."""
+
+    def set_preparer(self, prepare: Preparer) -> None:
+        """Nothing ever moves to a single node while it runs."""
 
     def subscribe(self, callback: Callable[[OwnershipChange], None]) -> None:
         self._subscribers.add(callback)

@@ -17,6 +17,13 @@ Order matters, and is the point of this module:
 - A gain is re-checked against the coordinator after every await: a shard
   lost (or re-acquired with a newer epoch) meanwhile is not added with a
   stale epoch. Gains are applied one at a time, in order.
+- **Prepared** (a planned move: this node joining, another leaving): the
+  coordinator asks for the shards before they move, and they are loaded
+  while their owner still serves them (``prepare``). Their gain then fences
+  them and reads only what the store changed since that load, their runs in
+  flight and their pending retries: a switch that costs the same at any job
+  count. A staging the gain does not come for within ``STAGED_TTL_S`` is
+  dropped; a shard gained without one is loaded whole, as above.
 """
 
 from __future__ import annotations
@@ -24,12 +31,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from wheel.coord.base import Coordinator, OwnershipChange
+from wheel.engine.owner import ShardContents
 from wheel.errors import StoreError
-from wheel.recovery import checkpoint_contents, load_shard_contents
+from wheel.recovery import (
+    Staged,
+    checkpoint_contents,
+    load_shard_contents,
+    stage_from_checkpoint,
+    stage_from_store,
+    staged_contents,
+)
 
 if TYPE_CHECKING:
     from wheel.node._node import Node
@@ -39,6 +56,9 @@ log = logging.getLogger("wheel.node")
 # Store trouble while gaining shards: retried with this backoff while they are
 # still ours.
 GAIN_RETRY_S = (0.05, 2.0)
+# A staging older than this is not used: its changes since would be a load
+# of their own.
+STAGED_TTL_S = 120.0
 
 
 class ShardOwnership:
@@ -51,7 +71,10 @@ class ShardOwnership:
         self._gaining: dict[int, int] = {}
         self._worker: asyncio.Task[None] | None = None
         self._on_gained: list[Callable[[Mapping[int, int]], None]] = []
+        # Shard -> its staging, loaded for a planned move.
+        self._staged: dict[int, Staged] = {}
         coordinator.subscribe(self._changed)
+        coordinator.set_preparer(self.prepare)
 
     def on_gained(self, callback: Callable[[Mapping[int, int]], None]) -> None:
         """Call ``callback(epochs)`` once shards are added to the owner."""
@@ -59,6 +82,46 @@ class ShardOwnership:
 
     def gaining(self) -> Mapping[int, int]:
         return dict(self._gaining)
+
+    async def prepare(self, shards: frozenset[int]) -> None:
+        """Load ``shards``, which a planned move is about to give this node,
+        while their owner still serves them: those this node's checkpoint
+        holds from there, the others from the store. Their gain then reads
+        only what changed since."""
+        node = self.node
+        now = time.monotonic()
+        for shard, staged in list(self._staged.items()):
+            if now - staged.at > STAGED_TTL_S:
+                del self._staged[shard]
+        held = node.held_shards()
+        wanted = sorted(s for s in shards if s not in held and s not in self._staged)
+        if not wanted or node.stopping:
+            return
+        started = time.perf_counter()
+        as_of = node.checkpointed(wanted)
+        state = node.recovered()
+        stagings: list[Staged] = []
+        if as_of and state is not None:
+            stagings.append(
+                await node.in_thread(
+                    functools.partial(
+                        stage_from_checkpoint, state, sorted(as_of), min(as_of.values())
+                    )
+                )
+            )
+        rest = [s for s in wanted if s not in as_of]
+        if rest:
+            stagings.append(
+                await node.in_thread(functools.partial(stage_from_store, node.store, rest))
+            )
+        for staged in stagings:
+            self._staged.update(dict.fromkeys(staged.shards, staged))
+        log.info(
+            "prepared %d shards for a planned move in %.2fs (%d from the checkpoint)",
+            len(wanted),
+            time.perf_counter() - started,
+            len(as_of),
+        )
 
     def _changed(self, change: OwnershipChange) -> None:
         """On the event loop, in the order the coordinator decided them."""
@@ -107,9 +170,11 @@ class ShardOwnership:
     async def _gain(self, epochs: Mapping[int, int]) -> None:
         node = self.node
         store = node.store
+        started = time.perf_counter()
         fenced = await node.in_thread(
             functools.partial(store.fence_shards, epochs, node.config.node_id)
         )
+        fenced_s = time.perf_counter() - started
         ahead = {s for s, e in epochs.items() if fenced.get(s, e) > e}
         if ahead:
             # A newer owner fenced them first: this hold is already stale.
@@ -117,27 +182,61 @@ class ShardOwnership:
         epochs = {s: e for s, e in self._still_ours(epochs).items() if s not in ahead}
         if not epochs:
             return
-        # Shards this node held before its restart come back from its
-        # checkpoint and the changes since; the others from the store.
-        as_of = node.checkpointed(epochs)
-        parts: list[tuple[list[int], bool]] = [
-            (sorted(as_of), True),
-            (sorted(s for s in epochs if s not in as_of), False),
-        ]
-        for shards, from_checkpoint in parts:
-            if not shards:
-                continue
-            if from_checkpoint:
-                state = node.recovered()
-                assert state is not None
-                load = functools.partial(
-                    checkpoint_contents, store, state, shards, min(as_of.values())
-                )
-            else:
-                load = functools.partial(load_shard_contents, store, shards)
-            contents, watermark = await node.in_thread(load)
-            mine = {s: e for s, e in self._still_ours(epochs).items() if s in shards}
+        for part in self._loads(epochs):
+            loading = time.perf_counter()
+            contents, watermark = await node.in_thread(part.load)
+            mine = {s: e for s, e in self._still_ours(epochs).items() if s in part.shards}
             if mine:
-                node.take_on(mine, contents, watermark, from_checkpoint=from_checkpoint)
+                node.take_on(mine, contents, watermark, from_checkpoint=part.covered, how=part.how)
+                log.info(
+                    "gained %d shards in %.3fs: fenced in %.3fs, loaded in %.3fs",
+                    len(mine),
+                    time.perf_counter() - started,
+                    fenced_s,
+                    time.perf_counter() - loading,
+                )
                 for callback in list(self._on_gained):
                     callback(mine)
+
+    def _loads(self, epochs: Mapping[int, int]) -> list[_Part]:
+        """How to load each part of a gain: shards staged for a planned move
+        from their staging and the changes since; those this node held
+        before its restart from its checkpoint and the changes since; the
+        others from the store."""
+        node, store = self.node, self.node.store
+        parts: list[_Part] = []
+        stagings: dict[int, tuple[Staged, list[int]]] = {}
+        for shard in sorted(epochs):
+            staged = self._staged.pop(shard, None)
+            if staged is not None:
+                stagings.setdefault(id(staged), (staged, []))[1].append(shard)
+        for staged, shards in stagings.values():
+            load = functools.partial(staged_contents, store, staged, shards)
+            how = ("its checkpoint" if staged.from_checkpoint else "the store") + ", staged ahead"
+            parts.append(_Part(shards, load, staged.from_checkpoint, how))
+        done = {s for part in parts for s in part.shards}
+        left = [s for s in sorted(epochs) if s not in done]
+        as_of = node.checkpointed(left)
+        state = node.recovered()
+        if as_of and state is not None:
+            shards = sorted(as_of)
+            watermark = min(as_of.values())
+            load = functools.partial(checkpoint_contents, store, state, shards, watermark)
+            parts.append(_Part(shards, load, True, "its checkpoint"))
+        rest = [s for s in left if s not in as_of or state is None]
+        if rest:
+            load = functools.partial(load_shard_contents, store, rest)
+            parts.append(_Part(rest, load, False, "the store"))
+        return parts
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """A part of a gain: its shards, how they load (their contents and the
+    change-feed watermark those reflect), whether the checkpoint's log covers
+    them then, and where they come from (for the log)."""
+
+    shards: list[int]
+    load: Callable[[], tuple[ShardContents, int]]
+    covered: bool
+    how: str

@@ -228,6 +228,10 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
         """Run a blocking store call off the event loop."""
         return await self._api(fn, *args)
 
+    def held_shards(self) -> Collection[int]:
+        """The shards the owner holds now (none while the node starts)."""
+        return () if self._driver is None else self._driver.owner.shards().keys()
+
     def hand_over(self, shards: Collection[int]) -> None:
         """Stop dispatching ``shards`` at once and forget them; their runs go
         on and their next owner adopts them from the store."""
@@ -248,6 +252,7 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
         watermark: int,
         *,
         from_checkpoint: bool = False,
+        how: str = "",
     ) -> None:
         """Add shards fenced and loaded as of ``watermark``: the change feed
         goes back there, so changes made through other nodes since are read.
@@ -268,7 +273,7 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
         log.info(
             "took on %d shards from %s: %d jobs, %d runs in flight",
             len(epochs),
-            "its checkpoint" if from_checkpoint else "the store",
+            how or ("its checkpoint" if from_checkpoint else "the store"),
             len(contents.jobs) + sum(len(rows) for rows in contents.packed.values()),
             len(contents.inflight),
         )
@@ -282,20 +287,46 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
         self.stopped.set()
 
     async def leave(self) -> None:
-        """In a cluster, before anything else of a stop: hand every shard
-        over, release them in etcd so the other members take them at once
-        (not a TTL later), and end the worker streams; the workers report
+        """In a cluster, before anything else of a stop: let the members
+        taking its shards load them, hand every shard over, release them in
+        etcd so the other members take them at once (not a TTL later), and
+        end the worker streams; the workers report
         their runs to the new owners. A single node has nothing to hand
         over: its stop ends the streams after the last batches' answers."""
         if self._left or self.coordinator is None:
             return
         self._left = True
+        # The members taking the shards load them first, while this node
+        # still serves them: the switch below then costs them a fence and
+        # the changes since.
+        await self.coordinator.hand_off()
         if self._driver is not None:
-            self.hand_over(list(self._driver.owner.shards()))
+            held = list(self._driver.owner.shards())
+            sent = self._driver.sent_runs(held)
+            self.hand_over(held)
+            await self._release_unsent(held, sent)
         await self.coordinator.stop()
         for session in list(self.sessions.values()):
             session.closed = True
             session.outbox.put_nowait(None)
+
+    async def _release_unsent(self, shards: Collection[int], sent: Collection[int]) -> None:
+        """Mark the runs of ``shards`` claimed and never sent, so that their
+        next owner sends them at once. On the store's thread, after the
+        batches on their way there: claims they commit are marked too."""
+        if not shards:
+            return
+        loop = asyncio.get_running_loop()
+        release = functools.partial(self.store.release_unsent, shards, sent)
+        try:
+            marked = await loop.run_in_executor(self._store_thread, release)
+        except StoreError as exc:
+            log.warning(
+                "runs not sent yet were not handed over (their grace leases lapse): %s", exc
+            )
+            return
+        if marked:
+            log.info("handed over %d runs not sent to a worker yet", marked)
 
     async def stop(self) -> None:
         """Stop dispatching (after ``leave``, if it was not called)."""

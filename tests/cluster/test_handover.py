@@ -1,0 +1,104 @@
+"""Planned moves are prepared: a node leaving on SIGTERM waits until the
+members taking its shards have loaded them, and a node joining loads its
+shards before it becomes a member. Under steady fires on every shard, with
+enough idle jobs that a load takes time, no fire of a moving shard is late
+by more than a second, none runs twice and none is lost."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tests.cluster.harness import (
+    TTL_S,
+    Cluster,
+    Execution,
+    Load,
+    now_ms,
+    wait_every_fire_resolved,
+)
+from tests.e2e.procs import wait_for
+from wheel.client import Job, JobRequest
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.etcd]
+
+IDLE_JOBS = 30_000
+# A fire counts as late past this (the issue's bound for a planned move).
+LATE_MS = 1_000
+
+
+def _late(executions: list[Execution], since_ms: int) -> list[tuple[int, int, int]]:
+    """(job, fire, ms late) of first attempts due since ``since_ms`` that
+    were claimed more than ``LATE_MS`` after they were due."""
+    return [
+        (e.job_id, e.scheduled_for, e.dispatched_at_ms - e.scheduled_for)
+        for e in executions
+        if e.attempt == 1
+        and e.scheduled_for >= since_ms
+        and e.dispatched_at_ms - e.scheduled_for > LATE_MS
+    ]
+
+
+def _doubled(executions: list[Execution], since_ms: int) -> list[tuple[int, int, int]]:
+    """(job, fire, attempt) of every re-dispatch of a fire due since ``since_ms``."""
+    return [
+        (e.job_id, e.scheduled_for, e.attempt)
+        for e in executions
+        if e.attempt > 1 and e.scheduled_for >= since_ms
+    ]
+
+
+def test_a_sigterm_and_a_join_move_shards_with_no_late_double_or_lost_fire(
+    cluster: Cluster,
+) -> None:
+    truth = cluster.truth
+    entry = cluster.nodes[0]
+    later = datetime.now(UTC) + timedelta(days=3)
+    for at in range(0, IDLE_JOBS, 5_000):
+        idle = [
+            JobRequest(name=f"idle-{i}", handler="record", every=timedelta(days=1), start=later)
+            for i in range(at, at + 5_000)
+        ]
+        assert all(isinstance(j, Job) for j in entry.client().submit_many(idle))
+    victim = cluster.nodes[2]
+    down: set[str] = set()
+    # A fire a second on about half the shards, spread over the second.
+    load = Load(
+        targets=lambda: [n.target for n in cluster.nodes if n.node_id not in down],
+        rate=0,
+        intervals=128,
+    )
+    load.start()
+    try:
+        wait_for(lambda: len(truth.executions()) >= 256, 20, "the fires to run", 0.3)
+        moving = set(cluster.ownership().held[victim.node_id])
+
+        # SIGTERM: the others load its shards while it serves them.
+        left_at = now_ms()
+        down.add(victim.node_id)
+        victim.stop()
+        others = [n for n in cluster.nodes if n is not victim]
+        cluster.wait_whole(live=others, timeout=TTL_S + 10)
+        log = (victim.data_dir.parent / f"server-{victim.starts}.log").read_text()
+        assert "hand-off prepared" in log, log[-3_000:]
+        wait_for(lambda: now_ms() > left_at + 4_000, 10, "fires after the leave")
+        leave = truth.executions(moving)
+        assert _late(leave, left_at) == [], "fires late across the leave"
+
+        # A join: it loads its shards before it becomes a member.
+        joined_at = now_ms()
+        victim.start()
+        down.discard(victim.node_id)
+        cluster.wait_whole(live=cluster.nodes, timeout=TTL_S + 20)
+        log = (victim.data_dir.parent / f"server-{victim.starts}.log").read_text()
+        assert "for a planned move" in log, log[-3_000:]
+        wait_for(lambda: now_ms() > joined_at + 4_000, 30, "fires after the join")
+        join = truth.executions(moving)
+        assert _late(join, joined_at) == [], "fires late across the join"
+    finally:
+        end_ms = load.stop()
+    wait_every_fire_resolved(truth, load.snapshot(), end_ms, timeout=30)
+    assert _doubled(truth.executions(moving), left_at) == []
+    assert truth.double_successes() == []
+    assert truth.missed_and_run() == []
