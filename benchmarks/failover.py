@@ -27,6 +27,22 @@ JSON keys:
   dispatched again once its grace lease lapses at the new owner: at-least-once
   at work, not a fault; stderr also gives the fires with two successes
   accepted by the store, which would be one.
+
+``--jobs N`` loads N idle jobs (daily intervals, due in days) into the
+cluster before the window, so that every load of a shard has that many jobs
+behind it. Each killed node's restart is a planned move (its shards come
+back to it while their current owners serve them), measured as such:
+
+- ``jobs``;
+- ``handover_unowned_s_max``: the longest time a shard moving back had no
+  dispatching owner: from the last status answer of its previous holder
+  that still held it (the time the question was sent) to the first answer
+  of the restarted node that held it (the time the answer came), each node
+  asked by its own thread every 20 ms: an upper bound;
+- ``handover_late_max_ms``: the latest first receipt of a fire due in a
+  moving shard, from the restart to a second after the cluster settled;
+- ``duplicates_planned``: duplicates (as ``duplicates``) among the fires of
+  those shards in those windows.
 """
 
 from __future__ import annotations
@@ -36,8 +52,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +67,7 @@ import numpy as np
 from _cluster import LocalCluster, Node, stop_all
 from dispatch import DEFAULT_PG, HERE, PY, PgSchema, submit_workload
 
+from wheel.client import Client, JobRequest
 from wheel.engine.model import shard_of
 
 EPOCH_SHIFT = 32
@@ -77,6 +96,137 @@ def kill_one(cluster: LocalCluster, victim: Node) -> Kill:
     return Kill(
         node_id=victim.node_id, kill_ms=kill_ms, whole_ms=whole_ms, held=held, new_epochs=new_epochs
     )
+
+
+@dataclass(slots=True)
+class Move:
+    """A restart as a planned move: which shards came back to the restarted
+    node, from the start of the restart to a second after it settled, and
+    the longest any of them had no holder."""
+
+    node_id: str
+    start_ms: int
+    end_ms: int = 0
+    shards: set[int] = field(default_factory=set)
+    unowned_s: float = 0.0
+
+
+class Watch:
+    """Each node asked for the shards it holds loaded every ``every_s`` by a
+    thread of its own: (sent ms, answered ms, node id, shards held)."""
+
+    def __init__(self, nodes: list[Node], every_s: float = 0.02) -> None:
+        self.seen: list[tuple[int, int, str, frozenset[int]]] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._ask, args=(node, every_s), daemon=True) for node in nodes
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _ask(self, node: Node, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            sent = h.now_ms()
+            got = node.held() if node.alive else None
+            if got is not None:
+                with self._lock:
+                    self.seen.append((sent, h.now_ms(), node.node_id, frozenset(got[0])))
+
+    def stop(self) -> list[tuple[int, int, str, frozenset[int]]]:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(5)
+        return sorted(self.seen)
+
+
+def planned_move(cluster: LocalCluster, victim: Node, ttl_s: int) -> Move:
+    """Restart ``victim`` (its shards went to the others when it was
+    killed) and time its shards' way back."""
+    before = cluster.held([n for n in cluster.nodes if n is not victim])
+    move = Move(node_id=victim.node_id, start_ms=h.now_ms())
+    watch = Watch(cluster.nodes)
+    try:
+        cluster.restart(victim)
+        cluster.wait_settled(cluster.nodes, ttl_s + 30)
+        time.sleep(1.0)
+    finally:
+        seen = watch.stop()
+    move.end_ms = h.now_ms()
+    mine = cluster.held([victim]).get(victim.node_id, {})
+    holder = {s: n for n, shards in before.items() for s in shards}
+    move.shards = {s for s in mine if s in holder}
+    gaps = []
+    for shard in move.shards:
+        last_old = max(
+            (sent for sent, _, n, held in seen if n == holder[shard] and shard in held),
+            default=move.start_ms,
+        )
+        first_new = min(
+            (got for _, got, n, held in seen if n == victim.node_id and shard in held),
+            default=move.end_ms,
+        )
+        gaps.append(max(0, first_new - last_old) / 1000)
+    move.unowned_s = max(gaps, default=0.0)
+    return move
+
+
+def load_idle(targets: list[str], jobs: int, nodes: list[Node]) -> float:
+    """Submit ``jobs`` idle jobs (daily, first due in two days) in batches of
+    5,000 from two threads, and wait until the owners hold them all; the
+    seconds it took."""
+    start = datetime.now(UTC) + timedelta(days=2)
+    batches = [range(at, min(jobs, at + 5_000)) for at in range(0, jobs, 5_000)]
+    lock = threading.Lock()
+    failures: list[BaseException] = []
+
+    def submit(n: int) -> None:
+        with Client(targets[n % len(targets)], timeout=120.0) as client:
+            while True:
+                with lock:
+                    if not batches or failures:
+                        return
+                    part = batches.pop()
+                try:
+                    client.submit_many(
+                        JobRequest(
+                            name=f"idle-{i}",
+                            handler="idle",
+                            every=timedelta(days=1),
+                            start=start + timedelta(seconds=i % 86_400),
+                        )
+                        for i in part
+                    )
+                except BaseException as exc:
+                    with lock:
+                        failures.append(exc)
+                    return
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=submit, args=(n,)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise RuntimeError(f"loading idle jobs failed: {failures[0]!r}")
+
+    def held() -> int:
+        total = 0
+        for node in nodes:
+            try:
+                with Client(node.target, timeout=5.0) as client:
+                    total += client.status().jobs
+            except Exception:
+                return -1
+        return total
+
+    deadline = time.monotonic() + 600
+    while held() < jobs:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the owners did not hold the idle jobs within 600 s")
+        time.sleep(0.5)
+    return time.monotonic() - started
 
 
 def first_dispatches(dsn: str, kills: list[Kill]) -> dict[tuple[int, int], int]:
@@ -155,6 +305,40 @@ def measure(
     return failover_s, lags, moved
 
 
+def measure_moves(
+    workload: h.Workload, job_index: dict[int, int], records: np.ndarray, moves: list[Move]
+) -> tuple[list[float], int]:
+    """(lag ms of each fire due in a moving shard during its move, the
+    duplicates among those fires)."""
+    if not moves or not len(records):
+        return [], 0
+    shard_of_job = {j: shard_of(j) for j in job_index}
+    rec_shard = np.fromiter(
+        (shard_of_job.get(int(j), -1) for j in records["job"]), np.int64, len(records)
+    )
+    lags: list[float] = []
+    duplicates = 0
+    for move in moves:
+        inside = (
+            np.isin(rec_shard, list(move.shards))
+            & (records["sched"] >= move.start_ms)
+            & (records["sched"] <= move.end_ms)
+        )
+        part = records[inside]
+        if not len(part):
+            continue
+        part = part[np.lexsort((part["recv"], part["sched"], part["job"]))]
+        job, sched = part["job"], part["sched"]
+        first = np.r_[True, (job[1:] != job[:-1]) | (sched[1:] != sched[:-1])]
+        lags.extend((part["recv"][first] - sched[first]).astype(float).tolist())
+        done = part["done"] > 0
+        if done.any():
+            pairs = np.stack([job[done], sched[done]], axis=1)
+            _, counts = np.unique(pairs, axis=0, return_counts=True)
+            duplicates += int((counts - 1).sum())
+    return lags, duplicates
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="wheel-failover-"))
     schema = PgSchema(args.pg_dsn, f"wheel-failover-{tmp.name[-8:]}")
@@ -169,6 +353,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     workers: list[subprocess.Popen[bytes]] = []
     try:
         cluster.start()
+        if args.jobs:
+            took = load_idle(cluster.targets, args.jobs, cluster.nodes)
+            print(f"{args.jobs} idle jobs loaded and held in {took:.1f} s", file=sys.stderr)
         paths = [tmp / f"worker{i}.rec" for i in range(args.workers)]
         for path in paths:
             cmd = [PY, str(HERE / "bench_worker.py"), "--system", "wheel"]
@@ -197,6 +384,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(max(0.0, (workload.start_ms - h.now_ms()) / 1000))
 
         kills: list[Kill] = []
+        moves: list[Move] = []
         for k in range(args.kills):
             time.sleep(args.settle)
             if h.now_ms() + (args.ttl + 3) * 1000 > workload.end_ms:
@@ -210,8 +398,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f" held all {(kill.whole_ms - kill.kill_ms) / 1000:.2f} s later",
                 file=sys.stderr,
             )
-            cluster.restart(victim)
-            cluster.wait_settled(cluster.nodes, args.ttl + 30)
+            move = planned_move(cluster, victim, args.ttl)
+            moves.append(move)
+            print(
+                f"restart {k + 1}: {len(move.shards)} shards back to {victim.node_id}, each"
+                f" without an owner for at most {move.unowned_s:.2f} s",
+                file=sys.stderr,
+            )
 
         # Drain: until every fire reached a worker, or --drain after the window.
         reader = h.RecordReader(paths)
@@ -232,6 +425,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         analysis = h.analyse(workload, records, job_index=job_index, end_ms=end_ms)
         firsts = first_dispatches(schema.dsn, kills)
         failover_s, lags, moved = measure(workload, job_index, records, kills, firsts, end_ms)
+        move_lags, move_duplicates = measure_moves(workload, job_index, records, moves)
         doubled = double_successes(schema.dsn)
     finally:
         stop_all(workers)
@@ -252,6 +446,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "late_p99_ms": h.pct(np.array(lags), 99),
         "lost": analysis.lost,
         "duplicates": analysis.duplicates,
+        "jobs": args.jobs,
+        "handover_unowned_s_max": round(max((m.unowned_s for m in moves), default=0.0), 3),
+        "handover_late_max_ms": max(move_lags, default=0.0),
+        "duplicates_planned": move_duplicates,
     }
 
 
@@ -269,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--capacity", type=int, default=10_000, help="runs per worker")
     p.add_argument("--recurring-fraction", type=float, default=0.5)
     p.add_argument("--period", type=float, default=2.0, help="interval jobs' period, s")
+    p.add_argument("--jobs", type=int, default=0, help="idle jobs loaded before the window")
     p.add_argument("--pg-dsn", default=DEFAULT_PG)
     p.add_argument("--wheelctl", default=str(Path(PY).parent / "wheelctl"))
     p.add_argument("--serve-args", default="", help="extra flags for wheelctl serve")

@@ -1,6 +1,6 @@
 """Smoke test of the failover benchmark: a real three-node cluster, one
-SIGKILL at a low rate. It pins the JSON the issue names and that the kill
-loses no fire."""
+SIGKILL at a low rate with idle jobs loaded, and the restart after it. It
+pins the JSON the issues name and that the kill loses no fire."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FAILOVER = ROOT / "benchmarks" / "failover.py"
 KEYS = {
     "nodes", "rate", "kills", "ttl_s", "failover_s_p50", "failover_s_max", "late_p99_ms",
-    "lost", "duplicates",
+    "lost", "duplicates", "jobs", "handover_unowned_s_max", "handover_late_max_ms",
+    "duplicates_planned",
 }  # fmt: skip
 
 
@@ -31,7 +32,7 @@ def test_one_kill_at_a_low_rate_reports_every_key_and_loses_nothing(
     # the benchmark runs its own etcd and schema.
     out = tmp_path / "failover.json"
     cmd = [sys.executable, str(FAILOVER), "--nodes", "3", "--rate", "50", "--kills", "1"]
-    cmd += ["--ttl", "3", "--settle", "2", "--drain", "10", "--workers", "1"]
+    cmd += ["--ttl", "3", "--settle", "2", "--drain", "10", "--workers", "1", "--jobs", "5000"]
     cmd += ["--pg-dsn", PG_DSN, "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -44,3 +45,8 @@ def test_one_kill_at_a_low_rate_reports_every_key_and_loses_nothing(
     assert 1.0 <= result["failover_s_p50"] <= result["failover_s_max"] <= 3 + 5
     assert result["late_p99_ms"] > 0
     assert result["duplicates"] >= 0
+    # The restart is a planned move: its shards come back, prepared.
+    assert result["jobs"] == 5000
+    assert 0 <= result["handover_unowned_s_max"] < 3
+    assert result["handover_late_max_ms"] > 0
+    assert result["duplicates_planned"] >= 0
