@@ -3,9 +3,9 @@
 Protocol (``worker_service.proto``): the worker says Hello (id, capacity,
 pools, handler names), the node answers Welcome (lease and heartbeat timing,
 and the cluster's membership) and then pushes Assignments while the worker has
-credit. Credit is kept by the server (capacity minus the runs the worker holds
-there), so the worker never sends Credit: a completion, a hand-back or a revoke
-frees the slot.
+credit there. The node keeps the count (its credit minus the runs the worker
+holds there: a completion, a hand-back or a revoke frees the slot); the worker
+sets the credit, sharing its capacity between its nodes (``_credit``).
 
 Rules this module keeps:
 
@@ -22,8 +22,9 @@ Rules this module keeps:
    async handler is cancelled, a sync handler's result is discarded, and no
    completion is ever sent for it. Only that aborts a run: a shard that moved
    does not (rule 6).
-3. At most ``capacity`` handlers execute at once, whatever the servers send
-   (the worker holds streams to several nodes); the excess waits locally.
+3. At most ``capacity`` handlers execute at once, whatever the servers send;
+   the excess waits locally. The credit given to the nodes keeps the runs
+   held from all of them together within ``capacity`` too.
 4. A lost stream does not stop handlers: their leases may still be valid.
    The link reconnects with backoff and jitter, says Hello again, reports the
    runs it still holds in a heartbeat and re-sends completions the server had
@@ -83,6 +84,7 @@ from wheel.worker._api import (
     load_handler,
 )
 from wheel.worker._cluster import View, view_of
+from wheel.worker._credit import Credits
 from wheel.worker._link import DEFAULT_LEASE_S, Link
 from wheel.worker._metrics import WorkerMetrics
 from wheel.worker._runs import Done, Run, Runner, is_async
@@ -199,6 +201,7 @@ class Worker:
             parse_listen(metrics_listen)  # a bad address fails here, not in run()
             self.metrics = WorkerMetrics(self)
             self._runner.observe = self.metrics.observe
+        self.credits = Credits(self)
         self._links = [Link(self, t) for t in seeds]
         self._link_tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -279,6 +282,8 @@ class Worker:
             log.info("worker %s serves metrics on port %d", self.worker_id, port)
         for link in self._links:
             self._start_link(link)
+        sharing = self._loop.create_task(self.credits.run())
+        self._link_tasks.add(sharing)
         try:
             await self._stopped.wait()
         finally:
@@ -397,6 +402,7 @@ class Worker:
                 runner.queue(run)
         link.wake.set()
         runner.admit()
+        self.credits.assigned(link)
 
     def _report(self, run: Run, outcome: pb.Outcome, error: str) -> None:
         """A run's outcome, to the node it reports to now (or kept as a stray)."""
