@@ -1,5 +1,7 @@
-"""A worker of several nodes under load on all of them: the runs it holds
-from all nodes together stay within its capacity."""
+"""A worker of several nodes across a shard move and under load on all of
+them: a completion the killed node never confirmed reaches the shard's new
+owner (so a fire that succeeded is not run again), and the runs the worker
+holds from all nodes together stay within its capacity."""
 
 from __future__ import annotations
 
@@ -7,12 +9,14 @@ import asyncio
 import collections
 import json
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import HANDLER, Cluster, now_ms, utc
+from tests.cluster.harness import HANDLER, TTL_S, Cluster, now_ms, utc
 from tests.conftest import EtcdServer
+from tests.e2e.e2e_handlers import events
 from tests.e2e.procs import wait_for
 from wheel.client import Client, JobRequest
 from wheel.engine.model import shard_of
@@ -37,6 +41,54 @@ def _submit(target: str, count: int, *, due_in_ms: int, payload: dict[str, objec
     with Client(target, timeout=5.0) as client:
         results = client.submit_many(requests)
     return [r.job_id for r in results]  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def one_worker_cluster(tmp_path: Path, etcd_server: EtcdServer, pg_dsn: str) -> Iterator[Cluster]:
+    """Three nodes and one worker process, so every run is that worker's."""
+    c = Cluster(tmp_path, etcd_server, pg_dsn, size=3, workers=1)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+def test_a_completion_sent_to_a_node_killed_before_confirming_it_is_not_run_again(
+    one_worker_cluster: Cluster,
+) -> None:
+    cluster = one_worker_cluster
+    victim, survivors = cluster.nodes[0], cluster.nodes[1:]
+    held = cluster.ownership().held[victim.node_id]
+    jobs = _submit(survivors[0].target, 60, due_in_ms=1_500, payload={"sleep_s": 1.0})
+    mine = {j for j in jobs if shard_of(j) in held}
+    assert len(mine) >= 5, "too few jobs landed on the victim's shards"
+
+    def started() -> dict[int, int]:
+        return collections.Counter(e["job"] for e in events(cluster.out) if e["event"] == "start")
+
+    def ended() -> set[int]:
+        return {e["job"] for e in events(cluster.out) if e["event"] == "end"}
+
+    wait_for(lambda: mine <= set(started()), 20, "the victim's runs to start")
+    # Its store stops answering: the completions reach it but are never
+    # written, so it never confirms them. Then it dies with them.
+    cluster.links[victim.node_id].hold()
+    wait_for(lambda: mine <= ended(), 20, "the victim's runs to end")
+    victim.kill()
+    cluster.wait_whole(live=survivors, timeout=TTL_S + 20)
+
+    def succeeded() -> set[int]:
+        runs = cluster.truth.executions()
+        return {e.job_id for e in runs if e.state == "succeeded" and e.job_id in mine}
+
+    wait_for(lambda: succeeded() == mine, 30, "the victim's fires to be recorded succeeded")
+    runs = [e for e in cluster.truth.executions() if e.job_id in mine]
+    # Each fire ran once: one handler start, one execution, its first attempt.
+    assert {j: n for j, n in started().items() if j in mine and n > 1} == {}
+    assert sorted((e.job_id, e.attempt, e.state) for e in runs) == [
+        (j, 0, "succeeded") for j in sorted(mine)
+    ]
 
 
 def test_a_worker_of_three_nodes_holds_at_most_its_capacity_from_all_of_them(

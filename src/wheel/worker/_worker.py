@@ -40,7 +40,12 @@ Rules this module keeps:
    connected it is a stray: retried after ``REHOME_RETRY_S``, doubling up to
    ``REHOME_RETRY_MAX_S``, each time asking a node for the membership. A run
    moved again within ``BOUNCE_WINDOW_S`` waits the same way first, so nodes
-   that disagree during a handover cannot make the worker spin.
+   that disagree during a handover cannot make the worker spin. A node that
+   names itself is still loading the shard it just gained: the run (or its
+   completion) goes back to it after the same wait, not elsewhere. Taking
+   that for "owner unknown" kept a completion from the only node that could
+   accept it until a newer view, while its lease lapsed there: the fire ran
+   again although it had succeeded.
 7. The links follow the newest membership view (by version): one link per
    member, by node id (a seed address becomes its node once welcomed; a link
    welcomed as a node another link already reaches closes). A member that
@@ -458,26 +463,28 @@ class Worker:
     def _on_moved(self, link: Link, moved: Sequence[pb.MovedRun]) -> None:
         for m in moved:
             owner = m.owner_node_id
-            if owner == link.node_id:
-                owner = ""  # a node naming itself tells nothing new
-            elif owner and m.owner_address:
+            loading = owner == link.node_id  # it gained the shard, not loaded yet
+            if owner and not loading and m.owner_address:
                 self._ensure_link(owner, m.owner_address)
+            disowned = "" if loading else link.node_id
             run = link.held.get(m.run_id)
             if run is not None and run.ctx.fence == m.fence:
                 del link.held[m.run_id]
-                self._rehome_run(run, owner, disowned=link.node_id)
+                self._rehome_run(run, owner, disowned=disowned, wait=loading)
             done = link.take_completion(m.run_id, m.fence)
             if done is not None:
-                self._rehome_done(done, owner, disowned=link.node_id)
+                self._rehome_done(done, owner, disowned=disowned, wait=loading)
 
-    def _rehome_run(self, run: Run, owner: str, *, disowned: str = "") -> None:
+    def _rehome_run(self, run: Run, owner: str, *, disowned: str = "", wait: bool = False) -> None:
         self.stats.moved += 1
         run.link = None
-        self._rehome(run.ctx.run_id, run.ctx.job_id, owner, disowned, run=run)
+        self._rehome(run.ctx.run_id, run.ctx.job_id, owner, disowned, wait, run=run)
 
-    def _rehome_done(self, done: Done, owner: str, *, disowned: str = "") -> None:
+    def _rehome_done(
+        self, done: Done, owner: str, *, disowned: str = "", wait: bool = False
+    ) -> None:
         self.stats.moved += 1
-        self._rehome(done[0], done[4], owner, disowned, done=done)
+        self._rehome(done[0], done[4], owner, disowned, wait, done=done)
 
     def _rehome(
         self,
@@ -485,12 +492,14 @@ class Worker:
         job_id: int,
         owner: str,
         disowned: str,
+        wait: bool,
         *,
         run: Run | None = None,
         done: Done | None = None,
     ) -> None:
         """Make a run (or its completion) a stray and place it at once, unless
-        it is bouncing between nodes: then it waits its turn."""
+        it is bouncing between nodes or must ``wait`` for its owner to load
+        the shard: then it waits its turn."""
         now = time.monotonic()
         stray = self._strays.get(run_id)
         if stray is None:
@@ -503,19 +512,21 @@ class Worker:
         if disowned:
             stray.disowned = disowned
             stray.disowned_in = self._view.version if self._view else 0
-        delay = self._bounce_delay(run_id, now)
+        delay = self._bounce_delay(run_id, now, wait)
         stray.due = now + delay
         if delay == 0:
             self._place(run_id, stray, now)
         self._arm_strays()
 
-    def _bounce_delay(self, run_id: int, now: float) -> float:
+    def _bounce_delay(self, run_id: int, now: float, wait: bool) -> float:
         count, last = self._bounces.get(run_id, (0, -math.inf))
         count = count + 1 if now - last < BOUNCE_WINDOW_S else 1
         self._bounces[run_id] = (count, now)
         if len(self._bounces) > self._bounces_limit:
             self._bounces = {k: v for k, v in self._bounces.items() if now - v[1] < BOUNCE_WINDOW_S}
             self._bounces_limit = max(4096, 2 * len(self._bounces))
+        if wait:
+            return _backoff(count - 1)
         return 0.0 if count == 1 else _backoff(count - 2)
 
     def _home_for(self, stray: _Stray) -> Link | None:
@@ -650,10 +661,13 @@ class Worker:
         if self._view is not None:
             self._leave(link, self._view)
 
-    def _leave(self, link: Link, view: View) -> None:
-        """Re-home what reports to the down ``link`` but belongs to a shard
-        ``view`` gives to another node."""
-        for run in list(link.held.values()):
+    def _leave(self, link: Link, view: View, *, runs: bool = True) -> None:
+        """Re-home what reports to ``link`` (its completions not confirmed,
+        and with ``runs`` its runs) but belongs to a shard ``view`` gives to
+        another node. A node that hands a shard over while a completion of it
+        is on its way to the store drops it unanswered: only its new owner
+        can take it now, and its lease lapses there if nobody brings it."""
+        for run in list(link.held.values()) if runs else ():
             owner = view.owner_of(run.ctx.job_id)
             if owner and owner != link.node_id:
                 del link.held[run.ctx.run_id]
@@ -678,8 +692,9 @@ class Worker:
                 log.info("node %s left the cluster: closing its stream", link.node_id)
                 self._retire(link)
         for link in self._links:
-            if link.confirmed and not link.connected:
-                self._leave(link, view)
+            if link.confirmed:
+                # A run on a live link hears ``moved`` from its node instead.
+                self._leave(link, view, runs=not link.connected)
         self._place_strays(every=True)
 
     def _refresh_membership(self) -> None:
