@@ -306,10 +306,10 @@ def test_a_flood_of_bogus_messages_gets_errors_and_other_workers_keep_running(
         (pb.WorkerMessage(ack=pb.Ack()), "first message"),
         (pb.WorkerMessage(hello=pb.Hello(worker_id="", capacity=1)), "hello.worker_id"),
         (pb.WorkerMessage(hello=pb.Hello(worker_id="x" * 201, capacity=1)), "200"),
-        (pb.WorkerMessage(hello=pb.Hello(worker_id="w", capacity=0)), "hello.capacity"),
+        (pb.WorkerMessage(hello=pb.Hello(worker_id="w", capacity=-1)), "hello.capacity"),
         (pb.WorkerMessage(hello=pb.Hello(worker_id="w", capacity=10**6)), "100000"),
     ],
-    ids=["no hello", "empty id", "long id", "zero capacity", "huge capacity"],
+    ids=["no hello", "empty id", "long id", "negative capacity", "huge capacity"],
 )
 def test_a_bad_hello_ends_only_that_stream(
     api: Api, first: pb.WorkerMessage, fragment: str

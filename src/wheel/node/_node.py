@@ -554,6 +554,7 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
             | set(fx.results)
             | set(fx.rejected_renewals)
             | set(fx.violations)
+            | set(fx.credited)
         )
         for worker_id in workers:
             session = self.sessions.get(worker_id)
@@ -564,6 +565,7 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
         fx.results.clear()
         fx.rejected_renewals.clear()
         fx.violations.clear()
+        fx.credited.clear()
 
     async def _read_changes(self, resync: set[int]) -> bool:
         """Apply the jobs changed since the last read (and re-read ``resync``);
@@ -649,8 +651,8 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
         self._owner().worker_complete(worker_id, completions, self.clock.now_ms(), self._fx)
         self.wake()
 
-    def worker_credit(self, worker_id: str, add: int) -> None:
-        self._owner().worker_credit(worker_id, add, self.clock.now_ms(), self._fx)
+    def worker_credit(self, worker_id: str, add: int, seq: int = 0) -> None:
+        self._owner().worker_credit(worker_id, add, self.clock.now_ms(), self._fx, seq=seq)
         self.wake()
 
     def worker_capacity(self, worker_id: str) -> int | None:

@@ -156,7 +156,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                             0,
                         )
                     else:
-                        node.worker_credit(wid, msg.credit.add)
+                        node.worker_credit(wid, msg.credit.add, msg.credit.seq)
                 elif kind == "drain":
                     node.worker_drain(wid)
                 else:
@@ -229,8 +229,9 @@ def _check_hello(msg: worker_service_pb2.WorkerMessage) -> str | None:
         return "hello.worker_id: must not be empty"
     if len(h.worker_id) > MAX_WORKER_ID:
         return f"hello.worker_id: longer than {MAX_WORKER_ID} characters"
-    if not 1 <= h.capacity <= MAX_CAPACITY:
-        return f"hello.capacity: {h.capacity} is outside [1, {MAX_CAPACITY}]"
+    # 0 is a worker of several nodes with all its capacity given to others.
+    if not 0 <= h.capacity <= MAX_CAPACITY:
+        return f"hello.capacity: {h.capacity} is outside [0, {MAX_CAPACITY}]"
     if len(h.handlers) > MAX_HANDLERS:
         return f"hello.handlers: {len(h.handlers)} names is over the limit of {MAX_HANDLERS}"
     limit = DEFAULT_LIMITS.max_handler_len
@@ -287,6 +288,9 @@ def send_effects(session: WorkerSession, fx: Effects) -> None:
     results = fx.results.get(wid)
     rejected = fx.rejected_renewals.get(wid)
     assignments = fx.assignments.get(wid)
+    # After the assignments it follows (the worker reads a message's
+    # assignments before its results).
+    credited = fx.credited.get(wid, 0)
     if assignments:
         msg = worker_service_pb2.ServerMessage()
         # add() builds each in place: a message per run built apart and then
@@ -306,12 +310,12 @@ def send_effects(session: WorkerSession, fx: Effects) -> None:
                 timeout_ms=a.timeout_ms,
                 tenant=a.tenant,
             )
-        if results or rejected:
-            _fill_results(msg.assignments.results, results or (), rejected or ())
+        if results or rejected or credited:
+            _fill_results(msg.assignments.results, results or (), rejected or (), credited)
         put(msg)
-    elif results or rejected:
+    elif results or rejected or credited:
         msg = worker_service_pb2.ServerMessage()
-        _fill_results(msg.results, results or (), rejected or ())
+        _fill_results(msg.results, results or (), rejected or (), credited)
         put(msg)
     revokes = fx.revokes.get(wid)
     if revokes:
@@ -337,7 +341,9 @@ def _fill_results(
     out: worker_service_pb2.Results,
     results: Sequence[CompletionResult],
     rejected: Sequence[tuple[int, int]],
+    credited: int = 0,
 ) -> None:
+    out.credit_seq = credited
     out.accepted.extend([r.run_id for r in results if r.accepted])
     for r in results:
         if not r.accepted:

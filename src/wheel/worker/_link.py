@@ -5,7 +5,9 @@ writes everything due in one event-loop turn as one message of each kind, and
 hands what the node says to the worker: assignments, revokes, results, moved
 runs and membership. It keeps the runs that report to its node (``held``) and
 the completions its node has not confirmed; the worker moves both between
-links when a shard moves.
+links when a shard moves. It also carries its share of the worker's capacity
+(``wheel.worker._credit``): the credit its node has now, sent as Hello's
+capacity and then as Credit ahead of everything else in a batch.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import random
 import time
 from typing import TYPE_CHECKING, Any
@@ -78,6 +81,16 @@ class Link:
         # Closed for good: its node left the cluster, or another link reaches it.
         self.closed = False
         self.task: asyncio.Task[None] | None = None
+        # Its share of the worker's capacity (``wheel.worker._credit``): a
+        # stream is open (Hello sent); the credit its node has, with what is
+        # still to be sent of it; lowerings not confirmed yet, by Credit.seq;
+        # when its node last used up its credit.
+        self.open = False
+        self.grant = 0
+        self.credit_add = 0
+        self.credit_seq = 0
+        self.reclaims: dict[int, int] = {}
+        self.full_at = -math.inf
 
     def __repr__(self) -> str:
         return f"Link({self.target!r}, node {self.node_id or '?'})"
@@ -85,6 +98,15 @@ class Link:
     @property
     def unsettled(self) -> bool:
         return bool(self.completions or self.unconfirmed)
+
+    def committed(self) -> int:
+        """The most runs its node may still hand out credit for: its credit,
+        and the lowerings it has not confirmed."""
+        return self.grant + sum(self.reclaims.values()) if self.reclaims else self.grant
+
+    def node_load(self) -> int:
+        """The runs its node counts as held here: completions on their way too."""
+        return len(self.held) + len(self.completions) + len(self.unconfirmed)
 
     @property
     def lease_s(self) -> float:
@@ -219,7 +241,7 @@ class Link:
                     pb.WorkerMessage(
                         hello=pb.Hello(
                             worker_id=w.worker_id,
-                            capacity=w.capacity,
+                            capacity=w.credits.hello_capacity(self),
                             pools=list(w.pools),
                             handlers=w.handler_names,
                         )
@@ -269,6 +291,7 @@ class Link:
             finally:
                 self.connected = False
                 self.channel = None
+                w.credits.closed(self)
                 call.cancel()
 
     async def _reader(self, call: Any) -> None:
@@ -302,6 +325,8 @@ class Link:
             self.welcome = msg.welcome
 
     def _on_results(self, results: pb.Results) -> None:
+        if results.credit_seq:
+            self.worker.credits.confirmed(self, results.credit_seq)
         for run_id in results.accepted:
             self.unconfirmed.pop(run_id, None)
         for c in results.completions:
@@ -331,6 +356,12 @@ class Link:
 
     def _take(self) -> list[pb.WorkerMessage]:
         out: list[pb.WorkerMessage] = []
+        if self.credit_add or self.credit_seq:
+            # First: a lowering must reach the node before the completions
+            # that would let it refill those slots.
+            credit = pb.Credit(add=self.credit_add, seq=self.credit_seq)
+            self.credit_add = self.credit_seq = 0
+            out.append(pb.WorkerMessage(credit=credit))
         self._due_acks()
         if self.acks:
             acks, self.acks = self.acks, []

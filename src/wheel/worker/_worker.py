@@ -3,9 +3,9 @@
 Protocol (``worker_service.proto``): the worker says Hello (id, capacity,
 pools, handler names), the node answers Welcome (lease and heartbeat timing,
 and the cluster's membership) and then pushes Assignments while the worker has
-credit. Credit is kept by the server (capacity minus the runs the worker holds
-there), so the worker never sends Credit: a completion, a hand-back or a revoke
-frees the slot.
+credit there. The node keeps the count (its credit minus the runs the worker
+holds there: a completion, a hand-back or a revoke frees the slot); the worker
+sets the credit, sharing its capacity between its nodes (``_credit``).
 
 Rules this module keeps:
 
@@ -22,8 +22,9 @@ Rules this module keeps:
    async handler is cancelled, a sync handler's result is discarded, and no
    completion is ever sent for it. Only that aborts a run: a shard that moved
    does not (rule 6).
-3. At most ``capacity`` handlers execute at once, whatever the servers send
-   (the worker holds streams to several nodes); the excess waits locally.
+3. At most ``capacity`` handlers execute at once, whatever the servers send;
+   the excess waits locally. The credit given to the nodes keeps the runs
+   held from all of them together within ``capacity`` too.
 4. A lost stream does not stop handlers: their leases may still be valid.
    The link reconnects with backoff and jitter, says Hello again, reports the
    runs it still holds in a heartbeat and re-sends completions the server had
@@ -39,7 +40,12 @@ Rules this module keeps:
    connected it is a stray: retried after ``REHOME_RETRY_S``, doubling up to
    ``REHOME_RETRY_MAX_S``, each time asking a node for the membership. A run
    moved again within ``BOUNCE_WINDOW_S`` waits the same way first, so nodes
-   that disagree during a handover cannot make the worker spin.
+   that disagree during a handover cannot make the worker spin. A node that
+   names itself is still loading the shard it just gained: the run (or its
+   completion) goes back to it after the same wait, not elsewhere. Taking
+   that for "owner unknown" kept a completion from the only node that could
+   accept it until a newer view, while its lease lapsed there: the fire ran
+   again although it had succeeded.
 7. The links follow the newest membership view (by version): one link per
    member, by node id (a seed address becomes its node once welcomed; a link
    welcomed as a node another link already reaches closes). A member that
@@ -83,6 +89,7 @@ from wheel.worker._api import (
     load_handler,
 )
 from wheel.worker._cluster import View, view_of
+from wheel.worker._credit import Credits
 from wheel.worker._link import DEFAULT_LEASE_S, Link
 from wheel.worker._metrics import WorkerMetrics
 from wheel.worker._runs import Done, Run, Runner, is_async
@@ -199,6 +206,7 @@ class Worker:
             parse_listen(metrics_listen)  # a bad address fails here, not in run()
             self.metrics = WorkerMetrics(self)
             self._runner.observe = self.metrics.observe
+        self.credits = Credits(self)
         self._links = [Link(self, t) for t in seeds]
         self._link_tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -279,6 +287,8 @@ class Worker:
             log.info("worker %s serves metrics on port %d", self.worker_id, port)
         for link in self._links:
             self._start_link(link)
+        sharing = self._loop.create_task(self.credits.run())
+        self._link_tasks.add(sharing)
         try:
             await self._stopped.wait()
         finally:
@@ -397,6 +407,7 @@ class Worker:
                 runner.queue(run)
         link.wake.set()
         runner.admit()
+        self.credits.assigned(link)
 
     def _report(self, run: Run, outcome: pb.Outcome, error: str) -> None:
         """A run's outcome, to the node it reports to now (or kept as a stray)."""
@@ -452,26 +463,28 @@ class Worker:
     def _on_moved(self, link: Link, moved: Sequence[pb.MovedRun]) -> None:
         for m in moved:
             owner = m.owner_node_id
-            if owner == link.node_id:
-                owner = ""  # a node naming itself tells nothing new
-            elif owner and m.owner_address:
+            loading = owner == link.node_id  # it gained the shard, not loaded yet
+            if owner and not loading and m.owner_address:
                 self._ensure_link(owner, m.owner_address)
+            disowned = "" if loading else link.node_id
             run = link.held.get(m.run_id)
             if run is not None and run.ctx.fence == m.fence:
                 del link.held[m.run_id]
-                self._rehome_run(run, owner, disowned=link.node_id)
+                self._rehome_run(run, owner, disowned=disowned, wait=loading)
             done = link.take_completion(m.run_id, m.fence)
             if done is not None:
-                self._rehome_done(done, owner, disowned=link.node_id)
+                self._rehome_done(done, owner, disowned=disowned, wait=loading)
 
-    def _rehome_run(self, run: Run, owner: str, *, disowned: str = "") -> None:
+    def _rehome_run(self, run: Run, owner: str, *, disowned: str = "", wait: bool = False) -> None:
         self.stats.moved += 1
         run.link = None
-        self._rehome(run.ctx.run_id, run.ctx.job_id, owner, disowned, run=run)
+        self._rehome(run.ctx.run_id, run.ctx.job_id, owner, disowned, wait, run=run)
 
-    def _rehome_done(self, done: Done, owner: str, *, disowned: str = "") -> None:
+    def _rehome_done(
+        self, done: Done, owner: str, *, disowned: str = "", wait: bool = False
+    ) -> None:
         self.stats.moved += 1
-        self._rehome(done[0], done[4], owner, disowned, done=done)
+        self._rehome(done[0], done[4], owner, disowned, wait, done=done)
 
     def _rehome(
         self,
@@ -479,12 +492,14 @@ class Worker:
         job_id: int,
         owner: str,
         disowned: str,
+        wait: bool,
         *,
         run: Run | None = None,
         done: Done | None = None,
     ) -> None:
         """Make a run (or its completion) a stray and place it at once, unless
-        it is bouncing between nodes: then it waits its turn."""
+        it is bouncing between nodes or must ``wait`` for its owner to load
+        the shard: then it waits its turn."""
         now = time.monotonic()
         stray = self._strays.get(run_id)
         if stray is None:
@@ -497,19 +512,21 @@ class Worker:
         if disowned:
             stray.disowned = disowned
             stray.disowned_in = self._view.version if self._view else 0
-        delay = self._bounce_delay(run_id, now)
+        delay = self._bounce_delay(run_id, now, wait)
         stray.due = now + delay
         if delay == 0:
             self._place(run_id, stray, now)
         self._arm_strays()
 
-    def _bounce_delay(self, run_id: int, now: float) -> float:
+    def _bounce_delay(self, run_id: int, now: float, wait: bool) -> float:
         count, last = self._bounces.get(run_id, (0, -math.inf))
         count = count + 1 if now - last < BOUNCE_WINDOW_S else 1
         self._bounces[run_id] = (count, now)
         if len(self._bounces) > self._bounces_limit:
             self._bounces = {k: v for k, v in self._bounces.items() if now - v[1] < BOUNCE_WINDOW_S}
             self._bounces_limit = max(4096, 2 * len(self._bounces))
+        if wait:
+            return _backoff(count - 1)
         return 0.0 if count == 1 else _backoff(count - 2)
 
     def _home_for(self, stray: _Stray) -> Link | None:
@@ -644,10 +661,13 @@ class Worker:
         if self._view is not None:
             self._leave(link, self._view)
 
-    def _leave(self, link: Link, view: View) -> None:
-        """Re-home what reports to the down ``link`` but belongs to a shard
-        ``view`` gives to another node."""
-        for run in list(link.held.values()):
+    def _leave(self, link: Link, view: View, *, runs: bool = True) -> None:
+        """Re-home what reports to ``link`` (its completions not confirmed,
+        and with ``runs`` its runs) but belongs to a shard ``view`` gives to
+        another node. A node that hands a shard over while a completion of it
+        is on its way to the store drops it unanswered: only its new owner
+        can take it now, and its lease lapses there if nobody brings it."""
+        for run in list(link.held.values()) if runs else ():
             owner = view.owner_of(run.ctx.job_id)
             if owner and owner != link.node_id:
                 del link.held[run.ctx.run_id]
@@ -672,8 +692,9 @@ class Worker:
                 log.info("node %s left the cluster: closing its stream", link.node_id)
                 self._retire(link)
         for link in self._links:
-            if link.confirmed and not link.connected:
-                self._leave(link, view)
+            if link.confirmed:
+                # A run on a live link hears ``moved`` from its node instead.
+                self._leave(link, view, runs=not link.connected)
         self._place_strays(every=True)
 
     def _refresh_membership(self) -> None:

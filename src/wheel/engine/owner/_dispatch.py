@@ -377,7 +377,10 @@ class _Dispatch(_OwnerState):
                 job.ready.append(Ahead(run.run_id, pend.overdue))
                 self._requeue_job(job, now_ms)
                 continue
-            if worker is not None and worker.free >= 0 and not worker.draining:
+            # Its slot is free again now that it is not reserved: it goes out
+            # if that leaves the worker within its credit, which it may have
+            # lowered while the claim was on its way.
+            if worker is not None and worker.free > 0 and not worker.draining:
                 self._hand_out(run, worker, now_ms, fx)
             else:
                 # Its worker went away: it waits for another of its route,

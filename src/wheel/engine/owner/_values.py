@@ -209,6 +209,9 @@ class Effects:
     results: dict[str, list[CompletionResult]] = field(default_factory=dict)
     rejected_renewals: dict[str, list[RunRef]] = field(default_factory=dict)
     violations: dict[str, list[ProtocolViolation]] = field(default_factory=dict)
+    # Worker -> the highest Credit seq applied: answered after the assignments
+    # made before it, so the worker knows they are all on their way.
+    credited: dict[str, int] = field(default_factory=dict)
     # Jobs whose store row disagrees with the owner: the node re-reads them.
     resync: set[int] = field(default_factory=set)
     alerts: list[Alert] = field(default_factory=list)

@@ -75,12 +75,19 @@ class _Workers(_OwnerState):
         if w is not None:
             w.silent = False
 
-    def worker_credit(self, worker_id: str, add: int, now_ms: int, fx: Effects) -> None:
+    def worker_credit(
+        self, worker_id: str, add: int, now_ms: int, fx: Effects, *, seq: int = 0
+    ) -> None:
+        """More (or less) credit from a worker. A ``seq`` is answered in the
+        same effects as the assignments made before it: any run handed out
+        from now on respects the new credit (a claim on its way included)."""
         w = self.workers.get(worker_id)
         if w is not None:
             w.silent = False
             w.capacity = max(0, w.capacity + add)
             self._dispatch(now_ms, fx)
+        if seq:
+            fx.credited[worker_id] = max(seq, fx.credited.get(worker_id, 0))
 
     def worker_disconnect(self, worker_id: str) -> None:
         """The stream is gone. Its runs keep their leases: the worker may come

@@ -108,10 +108,12 @@ class Complete(_message.Message):
     def __init__(self, completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ...) -> None: ...
 
 class Credit(_message.Message):
-    __slots__ = ("add",)
+    __slots__ = ("add", "seq")
     ADD_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     add: int
-    def __init__(self, add: _Optional[int] = ...) -> None: ...
+    seq: int
+    def __init__(self, add: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class Drain(_message.Message):
     __slots__ = ()
@@ -208,16 +210,18 @@ class CompletionResult(_message.Message):
     def __init__(self, run_id: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Results(_message.Message):
-    __slots__ = ("completions", "rejected_renewals", "accepted", "moved")
+    __slots__ = ("completions", "rejected_renewals", "accepted", "moved", "credit_seq")
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     REJECTED_RENEWALS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     MOVED_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_SEQ_FIELD_NUMBER: _ClassVar[int]
     completions: _containers.RepeatedCompositeFieldContainer[CompletionResult]
     rejected_renewals: _containers.RepeatedCompositeFieldContainer[RunRef]
     accepted: _containers.RepeatedScalarFieldContainer[int]
     moved: _containers.RepeatedCompositeFieldContainer[MovedRun]
-    def __init__(self, completions: _Optional[_Iterable[_Union[CompletionResult, _Mapping]]] = ..., rejected_renewals: _Optional[_Iterable[_Union[RunRef, _Mapping]]] = ..., accepted: _Optional[_Iterable[int]] = ..., moved: _Optional[_Iterable[_Union[MovedRun, _Mapping]]] = ...) -> None: ...
+    credit_seq: int
+    def __init__(self, completions: _Optional[_Iterable[_Union[CompletionResult, _Mapping]]] = ..., rejected_renewals: _Optional[_Iterable[_Union[RunRef, _Mapping]]] = ..., accepted: _Optional[_Iterable[int]] = ..., moved: _Optional[_Iterable[_Union[MovedRun, _Mapping]]] = ..., credit_seq: _Optional[int] = ...) -> None: ...
 
 class MovedRun(_message.Message):
     __slots__ = ("run_id", "fence", "job_id", "owner_node_id", "owner_address")
