@@ -1467,7 +1467,7 @@ def test_a_planned_hand_over_gives_the_next_owner_its_unsent_runs_to_send_at_onc
     other.advance(n.now, fx2)
     [again] = fx2.assignments["w2"]
     assert (again.run_id, again.fence) == (unsent.run_id, unsent.fence)
-    assert sent.run_id in other.runs and sent.run_id not in {x.run_id for x in fx2.assignments["w2"]}
+    assert sent.run_id in other.runs  # adopted, left to its worker
 
 
 def test_an_owner_adds_only_the_shards_it_is_given_and_can_take_more_later() -> None:
