@@ -516,7 +516,16 @@ class ReferenceStore:
                 marked += 1
         return marked
 
-    def load_shards(self, shards: Collection[int], *, packed: bool = False) -> ShardLoad:
+    def load_shards(
+        self,
+        shards: Collection[int],
+        *,
+        packed: bool = False,
+        due_by: int | None = None,
+        later_than: int | None = None,
+    ) -> ShardLoad:
+        if (due_by is not None or later_than is not None) and not packed:
+            raise InvalidArgument("packed", "a load in two parts is packed")
         wanted = self._shards(shards)
         live = [
             r
@@ -528,7 +537,21 @@ class ReferenceStore:
         def armed_by_row(r: JobRow) -> bool:
             return packed and (r.state is JobState.PAUSED or r.next_run_at is not None)
 
+        def due(r: JobRow) -> bool:
+            return (
+                r.state is JobState.ACTIVE
+                and r.next_run_at is not None
+                and (r.next_run_at <= (due_by if due_by is not None else r.next_run_at))
+            )
+
         rows = [r for r in live if armed_by_row(r)]
+        if due_by is not None:
+            rows = [r for r in rows if due(r)]
+        elif later_than is not None:
+            rows = [
+                r for r in rows if r.state is JobState.PAUSED or (r.next_run_at or 0) > later_than
+            ]
+            live = rows
         profiles = {}
         params = []
         for r in rows:
@@ -538,7 +561,7 @@ class ReferenceStore:
             params.append((profile.profile_id, param))
         return ShardLoad(
             jobs=[r.record() for r in live if not armed_by_row(r)],
-            inflight=self.inflight_runs(wanted),
+            inflight=self.inflight_runs(wanted) if later_than is None else [],
             watermark=self.last_change,
             packed=PackedRows(
                 job_id=np.array([r.job_id for r in rows], dtype=np.int64),

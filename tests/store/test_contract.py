@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tests.store.conftest import interval_job, once_job
 from wheel.engine.jobtable import NO_FIRE
 from wheel.engine.profiles import join_spec, profile_of, template_of_body
+from wheel.engine.records import PackedRows
 from wheel.errors import AlreadyExists, InvalidArgument, NotFound
 from wheel.store._schema import PG_MIGRATIONS, SQLITE_MIGRATIONS
 from wheel.store.base import (
@@ -839,6 +840,42 @@ def test_load_shards_packed_gives_the_jobs_their_row_arms_as_columns(store: Stor
         spec = join_spec(template, int(rows.param[i]))
         assert spec == replace(record.spec, name="", payload=b"")
     assert load.inflight == parsed.inflight
+
+
+def test_a_load_due_first_and_its_rest_make_up_the_whole_load(store: Store) -> None:
+    """A gain due first: the rows due by the bound (with the parsed jobs and
+    the runs in flight), then the others (paused or due later, no runs):
+    together the packed rows of one whole load, each once."""
+    jobs = [store.submit_job(interval_job(f"d{i}", next_run_at=60_000 * i))[0] for i in range(1, 9)]
+    store.set_job_state(jobs[0].job_id, JobState.PAUSED, next_run_at=None, now_ms=2)
+    store.set_job_state(jobs[1].job_id, JobState.ACTIVE, next_run_at=None, now_ms=2)
+    store.set_job_state(jobs[7].job_id, JobState.CANCELLED, next_run_at=None, now_ms=2)
+    [out] = store.claim_fires([claim(jobs[2].job_id, 180_000, new=600_000)])
+    shards = sorted({j.shard for j in jobs})
+    whole = store.load_shards(shards, packed=True)
+    bound = 300_000
+    due = store.load_shards(shards, packed=True, due_by=bound)
+    later = store.load_shards(shards, packed=True, later_than=bound)
+
+    def rows(r: PackedRows | None) -> dict[int, tuple[bool, int]]:
+        assert r is not None
+        return {
+            int(j): (bool(paused), int(n))
+            for j, paused, n in zip(r.job_id, r.paused, r.next_run_at, strict=True)
+        }
+
+    first, rest, every = rows(due.packed), rows(later.packed), rows(whole.packed)
+    assert first.keys().isdisjoint(rest.keys())
+    assert {**first, **rest} == every
+    assert all(not paused and n <= bound for paused, n in first.values())
+    assert all(paused or n > bound for paused, n in rest.values())
+    assert jobs[3].job_id in first and jobs[0].job_id in rest and jobs[2].job_id in rest
+    # The first part carries what the rows cannot say, and the runs.
+    assert [j.job_id for j in due.jobs] == [jobs[1].job_id] == [j.job_id for j in whole.jobs]
+    assert [r.run_id for r in due.inflight] == [out.run_id]
+    assert later.jobs == [] and later.inflight == []
+    with pytest.raises(InvalidArgument):
+        store.load_shards(shards, due_by=bound)
 
 
 def test_changed_rows_and_job_rows_give_the_change_feeds_jobs_as_rows(store: Store) -> None:

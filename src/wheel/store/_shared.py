@@ -263,6 +263,16 @@ class Queries:
         packed = f"SELECT {PACKED_COLUMNS} FROM jobs AS j WHERE {live} AND {PACKABLE}"
         self.packed_jobs = f"{packed} ORDER BY j.job_id"
         self.packed_jobs_of_shards = f"{packed} AND {self.shards_in} ORDER BY j.job_id"
+        # A gain due first (parameters: the bound, the shards): the rows due
+        # by the bound, then the others.
+        self.packed_due_of_shards = (
+            f"{packed} AND j.state = 'active' AND j.next_run_at <= {p} AND {self.shards_in}"
+            " ORDER BY j.job_id"
+        )
+        self.packed_later_of_shards = (
+            f"{packed} AND (j.state = 'paused' OR j.next_run_at > {p}) AND {self.shards_in}"
+            " ORDER BY j.job_id"
+        )
         unpacked = f"{jobs} WHERE {live} AND NOT ({PACKABLE})"
         self.unpacked_jobs = f"{unpacked} ORDER BY j.job_id"
         self.unpacked_jobs_of_shards = f"{unpacked} AND {self.shards_in} ORDER BY j.job_id"
@@ -432,13 +442,26 @@ def read_payloads(cur: Executor, q: Queries, claims: Sequence[ClaimOutcome]) -> 
 
 
 def load_packed(
-    cur: Executor, q: Queries, shards: Sequence[int]
+    cur: Executor,
+    q: Queries,
+    shards: Sequence[int],
+    *,
+    due_by: int | None = None,
+    later_than: int | None = None,
 ) -> tuple[list[JobRecord], PackedRows, dict[int, str]]:
     """``load_shards(packed=True)``'s jobs: the rest parsed, the packable
-    ones as columns, and the profiles' bodies."""
+    ones as columns, and the profiles' bodies. ``due_by``: only the
+    packable rows due by then (the rest whole); ``later_than``: only the
+    packable rows paused or due after it (and no rest)."""
     everything = len(shards) == SHARD_COUNT
     ints = q.dialect.ints(shards)
-    if everything:
+    if due_by is not None:
+        rest = cur.execute(q.unpacked_jobs_of_shards, (ints,)).fetchall()
+        packed = cur.execute(q.packed_due_of_shards, (due_by, ints)).fetchall()
+    elif later_than is not None:
+        rest = []
+        packed = cur.execute(q.packed_later_of_shards, (later_than, ints)).fetchall()
+    elif everything:
         rest = cur.execute(q.unpacked_jobs).fetchall()
         packed = cur.execute(q.packed_jobs).fetchall()
     else:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
-from wheel.errors import NotFound, WheelError
+from wheel.errors import InvalidArgument, NotFound, WheelError
 from wheel.store._schema import RETRY_WHERE
 from wheel.store._shared import (
     Executor,
@@ -185,10 +185,21 @@ class SQLStore(TenancySQL):
         rows = self._read(lambda cur: cur.execute(self._queries.shard_epochs, params).fetchall())
         return {int(s): int(e) for s, e in rows}
 
-    def load_shards(self, shards: Collection[int], *, packed: bool = False) -> ShardLoad:
-        return self._load(valid_shards(shards), packed)
+    def load_shards(
+        self,
+        shards: Collection[int],
+        *,
+        packed: bool = False,
+        due_by: int | None = None,
+        later_than: int | None = None,
+    ) -> ShardLoad:
+        if (due_by is not None or later_than is not None) and not packed:
+            raise InvalidArgument("packed", "a load in two parts is packed")
+        return self._load(valid_shards(shards), packed, due_by, later_than)
 
-    def _load(self, shards: list[int], packed: bool) -> ShardLoad:
+    def _load(
+        self, shards: list[int], packed: bool, due_by: int | None, later_than: int | None
+    ) -> ShardLoad:
         raise NotImplementedError
 
     def inflight_runs(self, shards: Collection[int]) -> list[ExecutionRecord]:

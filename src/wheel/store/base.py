@@ -382,12 +382,24 @@ class Store(Protocol):
     def shard_epochs(self, shards: Collection[int]) -> dict[int, int]:
         """The epoch each shard has in the store (absent: never owned)."""
 
-    def load_shards(self, shards: Collection[int], *, packed: bool = False) -> ShardLoad:
+    def load_shards(
+        self,
+        shards: Collection[int],
+        *,
+        packed: bool = False,
+        due_by: int | None = None,
+        later_than: int | None = None,
+    ) -> ShardLoad:
         """Active/paused jobs and in-flight executions (with their jobs'
         payloads) of these shards. With ``packed``, paused jobs and active
         ones with a next fire come as columns in ``ShardLoad.packed``, with
         their profiles' bodies (an owner takes them on without parsing a
-        spec); the rest are parsed into ``jobs`` as without it."""
+        spec); the rest are parsed into ``jobs`` as without it.
+
+        A load in two parts, due first (``packed`` only): ``due_by`` gives
+        only the columns of active jobs due by then (the rest parsed, the
+        runs in flight, as above); ``later_than`` only the columns of the
+        others (paused, or due after it), and no runs."""
 
     def inflight_runs(self, shards: Collection[int]) -> list[ExecutionRecord]:
         """Dispatched or running executions of these shards, with their jobs'

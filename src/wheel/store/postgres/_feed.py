@@ -41,13 +41,23 @@ def safe_xid(conn: Executor) -> int:
     return int(row[0])
 
 
-def load_shards(conn: Conn, shards: Sequence[int], packed: bool) -> ShardLoad:
+def load_shards(
+    conn: Conn,
+    shards: Sequence[int],
+    packed: bool,
+    due_by: int | None = None,
+    later_than: int | None = None,
+) -> ShardLoad:
     conn.execute(ONE_SNAPSHOT)
     watermark = safe_xid(conn)
-    runs = conn.execute(QUERIES.inflight_runs, (shards,)).fetchall()
-    inflight = [run_from_row(r) for r in runs]
+    inflight = []
+    if later_than is None:
+        runs = conn.execute(QUERIES.inflight_runs, (shards,)).fetchall()
+        inflight = [run_from_row(r) for r in runs]
     if packed:
-        jobs, rows, profiles = load_packed(conn, QUERIES, shards)
+        jobs, rows, profiles = load_packed(
+            conn, QUERIES, shards, due_by=due_by, later_than=later_than
+        )
         return ShardLoad(
             jobs=jobs, inflight=inflight, watermark=watermark, packed=rows, profiles=profiles
         )

@@ -248,9 +248,12 @@ class PostgresStore(SQLStore):
 
     # -- ownership ------------------------------------------------------------
 
-    def _load(self, shards: list[int], packed: bool) -> ShardLoad:
+    def _load(
+        self, shards: list[int], packed: bool, due_by: int | None, later_than: int | None
+    ) -> ShardLoad:
         return self._db.run(
-            lambda conn, _: _feed.load_shards(conn, shards, packed), idempotent=True
+            lambda conn, _: _feed.load_shards(conn, shards, packed, due_by, later_than),
+            idempotent=True,
         )
 
     def _change_range(self, cur: Executor, watermark: int) -> tuple[int, int]:

@@ -23,12 +23,22 @@ from wheel.store.base import SHARD_COUNT, ShardLoad
 from wheel.store.sqlite._sql import DIALECT, LAST_CHANGE, QUERIES
 
 
-def load_shards(cur: sqlite3.Cursor, shards: Sequence[int], packed: bool) -> ShardLoad:
+def load_shards(
+    cur: sqlite3.Cursor,
+    shards: Sequence[int],
+    packed: bool,
+    due_by: int | None = None,
+    later_than: int | None = None,
+) -> ShardLoad:
     watermark = cur.execute(LAST_CHANGE).fetchone()[0]
-    runs = cur.execute(QUERIES.inflight_runs, (DIALECT.ints(shards),)).fetchall()
-    inflight = [run_from_row(r) for r in runs]
+    inflight = []
+    if later_than is None:
+        runs = cur.execute(QUERIES.inflight_runs, (DIALECT.ints(shards),)).fetchall()
+        inflight = [run_from_row(r) for r in runs]
     if packed:
-        jobs, rows, profiles = load_packed(cur, QUERIES, shards)
+        jobs, rows, profiles = load_packed(
+            cur, QUERIES, shards, due_by=due_by, later_than=later_than
+        )
         return ShardLoad(
             jobs=jobs, inflight=inflight, watermark=int(watermark), packed=rows, profiles=profiles
         )

@@ -148,10 +148,12 @@ class SQLiteStore(SQLStore):
 
     # -- ownership ------------------------------------------------------------
 
-    def _load(self, shards: list[int], packed: bool) -> ShardLoad:
+    def _load(
+        self, shards: list[int], packed: bool, due_by: int | None, later_than: int | None
+    ) -> ShardLoad:
         # One read transaction: jobs, runs and the watermark are one snapshot.
         with self._db.tx(write=False) as cur:
-            return _feed.load_shards(cur, shards, packed)
+            return _feed.load_shards(cur, shards, packed, due_by, later_than)
 
     def _change_range(self, cur: Executor, watermark: int) -> tuple[int, int]:
         # The watermark is inclusive here (see _feed): the markers after it,
