@@ -184,15 +184,27 @@ def checkpoint_contents(
     return staged_contents(store, stage_from_checkpoint(state, shards, watermark), shards)
 
 
-def load_shard_contents(store: Store, shards: Sequence[int]) -> tuple[ShardContents, int]:
+def load_shard_contents(
+    store: Store, shards: Sequence[int], due_by: int | None = None
+) -> tuple[ShardContents, int]:
     """Shards' contents from the store alone (a rebuild, or a node gaining
-    shards in a cluster), and the change-feed watermark they reflect."""
-    load = store.load_shards(shards, packed=True)
+    shards in a cluster), and the change-feed watermark they reflect.
+    ``due_by``: only the jobs due by then, the runs in flight and the
+    retries: the first part of a gain due first (``load_later`` the rest)."""
+    load = store.load_shards(shards, packed=True, due_by=due_by)
     packed, profiles = packed_of_load(load)
     contents = shard_contents(
         store, shards, packed=packed, profiles=profiles, jobs=load.jobs, inflight=load.inflight
     )
     return contents, load.watermark
+
+
+def load_later(
+    store: Store, shards: Sequence[int], later_than: int
+) -> tuple[dict[int, Columns], list[Profile]]:
+    """The rest of a gain due first: the rows of the shards' jobs paused or
+    due after ``later_than``, with their profiles."""
+    return packed_of_load(store.load_shards(shards, packed=True, later_than=later_than))
 
 
 def packed_of_load(load: ShardLoad) -> tuple[dict[int, Columns], list[Profile]]:

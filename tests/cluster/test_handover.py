@@ -1,8 +1,11 @@
-"""Planned moves are prepared: a node leaving on SIGTERM waits until the
-members taking its shards have loaded them, and a node joining loads its
-shards before it becomes a member. Under steady fires on every shard, with
-enough idle jobs that a load takes time, no fire of a moving shard is late
-by more than a second, none runs twice and none is lost."""
+"""Shards that move: planned moves are prepared (a node leaving on SIGTERM
+waits until the members taking its shards have loaded them, and a node
+joining loads its shards before it becomes a member), and unplanned ones
+load due first. Under steady fires on every shard, with enough idle jobs
+that a load takes time: across a planned move no fire of a moving shard is
+late by more than a second, none runs twice and none is lost; after a
+SIGKILL the moved shards dispatch within the lease TTL and a second, and
+every job is held again."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import pytest
 from tests.cluster.harness import (
     TTL_S,
     Cluster,
+    ClusterNode,
     Execution,
     Load,
     now_ms,
@@ -102,3 +106,53 @@ def test_a_sigterm_and_a_join_move_shards_with_no_late_double_or_lost_fire(
     assert _doubled(truth.executions(moving), left_at) == []
     assert truth.double_successes() == []
     assert truth.missed_and_run() == []
+
+
+def test_a_sigkill_moves_shards_due_first_and_every_job_is_held_again(cluster: Cluster) -> None:
+    """An unplanned move: the survivors fence the dead node's shards and load
+    first the jobs due soon, dispatch them, and load the rest behind. The
+    moved shards' fires go on within the lease TTL and a second, and once
+    the rest is in every job is held again, once."""
+    truth = cluster.truth
+    entry = cluster.nodes[0]
+    later = datetime.now(UTC) + timedelta(days=3)
+    for at in range(0, IDLE_JOBS, 5_000):
+        idle = [
+            JobRequest(name=f"idle-{i}", handler="record", every=timedelta(days=1), start=later)
+            for i in range(at, at + 5_000)
+        ]
+        assert all(isinstance(j, Job) for j in entry.client().submit_many(idle))
+    victim = cluster.nodes[2]
+    others = [n for n in cluster.nodes if n is not victim]
+    load = Load(targets=lambda: [n.target for n in others], rate=0, intervals=128)
+    load.start()
+    try:
+        wait_for(lambda: len(truth.executions()) >= 256, 20, "the fires to run", 0.3)
+        moving = set(cluster.ownership().held[victim.node_id])
+        killed_at = now_ms()
+        victim.kill()
+        cluster.wait_whole(live=others, timeout=TTL_S + 10)
+        logs = "".join((n.data_dir.parent / f"server-{n.starts}.log").read_text() for n in others)
+        assert "from the store, due first" in logs, logs[-3_000:]
+        wait_for(lambda: _held(others) == IDLE_JOBS + 128, 30, "every job held again")
+        logs = "".join((n.data_dir.parent / f"server-{n.starts}.log").read_text() for n in others)
+        assert "loaded the rest of" in logs
+        wait_for(lambda: now_ms() > killed_at + (TTL_S + 4) * 1_000, 20, "fires after the move")
+        moved = truth.executions(moving)
+        old = {e.epoch for e in moved if e.dispatched_at_ms < killed_at}
+        first = min(e.dispatched_at_ms for e in moved if e.epoch not in old)
+        assert first - killed_at <= (TTL_S + 1) * 1_000
+    finally:
+        end_ms = load.stop()
+    wait_every_fire_resolved(truth, load.snapshot(), end_ms, timeout=30)
+    assert truth.double_successes() == []
+
+
+def _held(nodes: list[ClusterNode]) -> int:
+    total = 0
+    for node in nodes:
+        status = node.status()
+        if status is None:
+            return -1
+        total += status.jobs
+    return total

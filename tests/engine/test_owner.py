@@ -45,7 +45,7 @@ from wheel.engine.spec import (
     Retry,
     SideEffect,
 )
-from wheel.recovery import load_shard_contents, restore_owner
+from wheel.recovery import load_later, load_shard_contents, restore_owner
 
 T = 1_800_000_000_000  # a round start time (ms)
 
@@ -1468,6 +1468,48 @@ def test_a_planned_hand_over_gives_the_next_owner_its_unsent_runs_to_send_at_onc
     [again] = fx2.assignments["w2"]
     assert (again.run_id, again.fence) == (unsent.run_id, unsent.fence)
     assert sent.run_id in other.runs  # adopted, left to its worker
+
+
+def test_shards_gained_due_first_fire_as_shards_loaded_whole() -> None:
+    """A gain due first: the jobs due before the bound come with the shards,
+    the rest (due later, or paused) is added behind, after time moved on;
+    rows of jobs the owner holds already are not added again. Every fire
+    then comes due as with one whole load."""
+    n = Node()
+    made = [
+        n.submit(spec(schedule=Interval(period_ms=6 * HOUR, start_at_ms=T + k * 7 * MIN)))
+        for k in range(1, 40)
+    ]
+    n.store.set_job_state(made[0], JobState.PAUSED, next_run_at=None, now_ms=T)
+    shards = sorted({shard_of(j) for j in made})
+    epochs = dict.fromkeys(shards, 2)
+    bound = T + 20 * MIN
+
+    def sweep(owner: Owner, fx: Effects, start: int) -> set[tuple[int, int]]:
+        fires = set()
+        for t in range(start, T + 5 * HOUR, MIN):
+            owner.advance(t, fx)
+            fires |= {(c.job_id, c.scheduled_for) for c in fx.claims}
+            fx.claims.clear()
+        return fires
+
+    whole, fx_whole = Owner(now_ms=T, config=n.config), Effects()
+    whole.add_shards(epochs, load_shard_contents(n.store, shards)[0], T, fx_whole)
+    whole.worker_hello("w1", 1_000, ["default"], T, fx_whole)
+
+    split, fx_split = Owner(now_ms=T, config=n.config), Effects()
+    split.add_shards(epochs, load_shard_contents(n.store, shards, due_by=bound)[0], T, fx_split)
+    split.worker_hello("w1", 1_000, ["default"], T, fx_split)
+    assert split.job_count() < whole.job_count()
+    early = sweep(split, fx_split, T)  # nothing of the rest is due yet...
+    assert early and all(fire <= bound for _, fire in early)
+    packed, profiles = load_later(n.store, shards, bound)
+    missing = whole.job_count() - split.job_count()
+    assert split.add_rest(packed, profiles) == missing
+    assert split.job_count() == whole.job_count()
+    assert split.add_rest(packed, profiles) == 0  # held already
+    late = sweep(split, Effects(), T)
+    assert early | late == sweep(whole, fx_whole, T)
 
 
 def test_an_owner_adds_only_the_shards_it_is_given_and_can_take_more_later() -> None:

@@ -80,6 +80,9 @@ class NodeCheckpoint:
         # docstring), and the set the log said last.
         self._covered: set[int] = set()
         self._logged_held: set[int] | None = None
+        # Shards gained due first whose rest is still loading: a snapshot
+        # leaves them out (a chunk of half a shard would restore half of it).
+        self._partial: set[int] = set()
         # What a cluster node restored from its checkpoint at start, for the
         # shards it gains back; released once its first gains are done.
         self._recovered: OwnerState | None = None
@@ -226,7 +229,7 @@ class NodeCheckpoint:
                 except queue.Full:
                     await asyncio.sleep(0.005)
 
-        held = sorted(owner.shards())
+        held = sorted(s for s in owner.shards() if s not in self._partial)
         try:
             # The watermark, then the shards the log after this snapshot starts
             # out holding (what it said last): each shard chunk is whole as of

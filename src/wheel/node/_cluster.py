@@ -24,6 +24,16 @@ Order matters, and is the point of this module:
   flight and their pending retries: a switch that costs the same at any job
   count. A staging the gain does not come for within ``STAGED_TTL_S`` is
   dropped; a shard gained without one is loaded whole, as above.
+- **Due first** (a shard gained with neither a staging nor a checkpoint: a
+  crash, a lapsed lease): after the fence, the jobs due within
+  ``arm_ahead_ms + DUE_FIRST_SLACK_MS`` are loaded, with the runs in flight
+  and the retries, and the shard is added and dispatches; the rest (paused,
+  or due later) is loaded behind and added where the owner has no row of
+  the job yet (what it has is newer: that load and the change feed since).
+  Until then a snapshot leaves the shard out, so a restart in between loads
+  it from the store rather than half of it from the checkpoint. The first
+  dispatch after a crash then comes a lease TTL and one small load after it,
+  whatever the job count.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from wheel.errors import StoreError
 from wheel.recovery import (
     Staged,
     checkpoint_contents,
+    load_later,
     load_shard_contents,
     stage_from_checkpoint,
     stage_from_store,
@@ -59,6 +70,10 @@ GAIN_RETRY_S = (0.05, 2.0)
 # A staging older than this is not used: its changes since would be a load
 # of their own.
 STAGED_TTL_S = 120.0
+# A gain due first loads first the jobs due before the arming window ends,
+# and this much after: the rest's load has that long before its earliest
+# job could need arming.
+DUE_FIRST_SLACK_MS = 60_000
 
 
 class ShardOwnership:
@@ -186,17 +201,42 @@ class ShardOwnership:
             loading = time.perf_counter()
             contents, watermark = await node.in_thread(part.load)
             mine = {s: e for s, e in self._still_ours(epochs).items() if s in part.shards}
-            if mine:
-                node.take_on(mine, contents, watermark, from_checkpoint=part.covered, how=part.how)
-                log.info(
-                    "gained %d shards in %.3fs: fenced in %.3fs, loaded in %.3fs",
-                    len(mine),
-                    time.perf_counter() - started,
-                    fenced_s,
-                    time.perf_counter() - loading,
-                )
-                for callback in list(self._on_gained):
-                    callback(mine)
+            if not mine:
+                continue
+            node.take_on(mine, contents, watermark, from_checkpoint=part.covered, how=part.how)
+            log.info(
+                "gained %d shards in %.3fs: fenced in %.3fs, loaded in %.3fs",
+                len(mine),
+                time.perf_counter() - started,
+                fenced_s,
+                time.perf_counter() - loading,
+            )
+            for callback in list(self._on_gained):
+                callback(mine)
+            if part.rest_after is not None:
+                await self._load_rest(mine, part.rest_after)
+
+    async def _load_rest(self, epochs: Mapping[int, int], after: int) -> None:
+        """The rest of shards taken on due first: the jobs due after
+        ``after`` (or paused), added to those still held under the same
+        epoch (a shard lost and gained again meanwhile has a load of its
+        own, newer than this one)."""
+        node = self.node
+        shards = sorted(epochs)
+        node.loading_rest(shards)
+        started = time.perf_counter()
+        try:
+            load = functools.partial(load_later, node.store, shards, after)
+            packed, profiles = await node.in_thread(load)
+            added = node.add_rest(self._still_ours(epochs), packed, profiles)
+        finally:
+            node.rest_loaded(shards)
+        log.info(
+            "loaded the rest of %d shards: %d jobs in %.2fs",
+            len(shards),
+            added,
+            time.perf_counter() - started,
+        )
 
     def _loads(self, epochs: Mapping[int, int]) -> list[_Part]:
         """How to load each part of a gain: shards staged for a planned move
@@ -225,8 +265,9 @@ class ShardOwnership:
             parts.append(_Part(shards, load, True, "its checkpoint"))
         rest = [s for s in left if s not in as_of or state is None]
         if rest:
-            load = functools.partial(load_shard_contents, store, rest)
-            parts.append(_Part(rest, load, False, "the store"))
+            bound = node.clock.now_ms() + node.config.owner.arm_ahead_ms + DUE_FIRST_SLACK_MS
+            load = functools.partial(load_shard_contents, store, rest, bound)
+            parts.append(_Part(rest, load, False, "the store, due first", rest_after=bound))
         return parts
 
 
@@ -240,3 +281,5 @@ class _Part:
     load: Callable[[], tuple[ShardContents, int]]
     covered: bool
     how: str
+    # Due first: the jobs due after this are loaded behind (``_load_rest``).
+    rest_after: int | None = None

@@ -32,8 +32,10 @@ from typing import TypeVar
 from wheel.checkpoint.owner_state import log_entry
 from wheel.coord.base import Coordinator
 from wheel.engine.driver import Driver, next_fires_of
+from wheel.engine.jobtable import Columns
 from wheel.engine.model import SHARD_COUNT, JobState
 from wheel.engine.owner import Effects, Outcome, Owner, ShardContents
+from wheel.engine.profiles import Profile
 from wheel.engine.records import JobRecord, NewJob
 from wheel.engine.spec import JobSpec
 from wheel.errors import CheckpointError, FailedPrecondition, StoreError, WheelError
@@ -241,6 +243,7 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
             return
         handed = driver.hand_over(held)
         self._covered.difference_update(held)
+        self._partial.difference_update(held)
         log.info("handed over %d shards with %d runs in flight", len(held), len(handed))
         self._push_membership()
         self.wake()
@@ -280,6 +283,27 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
         self._push_membership()
         self.wake()
         trim_heap()
+
+    def loading_rest(self, shards: Collection[int]) -> None:
+        """``shards`` were taken on due first; their rest is on its way."""
+        self._partial.update(shards)
+
+    def add_rest(
+        self, shards: Collection[int], packed: Mapping[int, Columns], profiles: Sequence[Profile]
+    ) -> int:
+        """The rest of ``shards`` taken on due first (those still held),
+        added to the owner; how many jobs."""
+        held = set(shards) & set(self._owner().shards())
+        added = self._owner().add_rest({s: c for s, c in packed.items() if s in held}, profiles)
+        self.wake()
+        trim_heap()
+        return added
+
+    def rest_loaded(self, shards: Collection[int]) -> None:
+        """The rest of ``shards`` is in (or will not come): the next snapshot
+        writes them whole."""
+        self._partial.difference_update(shards)
+        self._snapshot_due = self._checkpoint is not None
 
     def _loop_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:

@@ -35,6 +35,7 @@ Invariants (tests in tests/engine/test_packed.py):
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -303,6 +304,37 @@ class _Packed(_OwnerState):
         if self._next_unarmed == NEVER:
             return None
         return max(self.wheel.now, self._next_unarmed - self.config.arm_ahead_ms)
+
+    def add_rest(self, packed: Mapping[int, Columns], profiles: Sequence[Profile]) -> int:
+        """The rest of shards gained due first: rows of jobs not due soon
+        (``packed``, their ``prof`` numbering ``profiles``), added to the
+        held shards' tables where no row of the job is there yet -- what the
+        owner holds came later (the first part, the change feed since) --
+        and armed as invariant 2 asks. Returns how many rows were added."""
+        lookup = np.asarray([self.profiles.add(p) for p in profiles], dtype=np.int32)
+        added = 0
+        for shard, rows in packed.items():
+            held = self._shards.get(shard)
+            if held is None or not len(rows):
+                continue
+            table = held.table
+            have = np.frombuffer(table.ids, dtype=np.int64) if table.ids else np.empty(0, np.int64)
+            new = rows.take(~np.isin(rows.ids, have))
+            if not len(new):
+                continue
+            new.prof = lookup[new.prof]
+            new.flags &= PAUSED | PAYLOAD | GONE
+            table.extend(new)
+            early = new.due < self._armed_until
+            if early.any():
+                ids = [(int(j) << 2) | FIRE for j in new.ids[early]]
+                self.wheel.add_many(ids, [int(d) for d in new.due[early]])
+            if not early.all():
+                first = int(new.due[~early].min())
+                table.low = min(table.low, first)
+                self._next_unarmed = min(self._next_unarmed, first)
+            added += len(new)
+        return added
 
     def _take_on_rows(self, held: _Shard, rows: Columns, profiles: list[int]) -> None:
         """Rows of a gained shard (``prof`` numbering ``profiles``' entries,
