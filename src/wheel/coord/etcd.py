@@ -68,6 +68,17 @@ Invariants:
    before deleting its key.
 6. Every etcd failure is a CoordinationError inside this module and is retried
    with backoff; nothing here lets etcd being down crash the node.
+7. Preparing moves no ownership: a joining node prepares before it is a
+   member (no shard can be assigned to it), a member prepares for a leaver
+   while the leaver still counts in the assignment, and a leaver serves
+   until it releases. So at most one node dispatches a shard, as without
+   preparing, and a shard is without a dispatching owner only from its
+   release to its new holder's take-on: a fence, the store's changes since
+   the staging and the shard's runs, at any job count.
+8. A staging is a read, never trusted alone: the gain fences first and then
+   reads every change the store made after the staging's watermark (the
+   old owner's schedule moves included), so the new owner starts from the
+   store's state at its fence, as if it had loaded the shard whole then.
 
 ``may_dispatch`` is a gate, not the safety: a dispatch that passed the gate
 just before a release carries the old epoch, and the store's fence check
