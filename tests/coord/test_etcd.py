@@ -234,10 +234,11 @@ def test_a_graceful_stop_hands_shards_over_at_once_with_higher_epochs(etcd_serve
         nodes = await start_cluster(etcd_server.endpoint, ["a", "b", "c"], "graceful")
         a, b, c = nodes
         try:
-            with Sampler(nodes):
+            with Sampler(nodes) as sampler:
                 before = dict(c.coord.owned())
                 await c.coord.stop()
                 took = await wait_until("a and b to take c's shards", lambda: settled([a, b]), 5)
+                await wait_until("more samples", lambda: sampler.samples > 10, 5)
             # Released, not expired: much faster than the lease ttl.
             assert took < TTL - MARGIN
             after = epochs_of([a, b])
@@ -245,9 +246,11 @@ def test_a_graceful_stop_hands_shards_over_at_once_with_higher_epochs(etcd_serve
             assert not c.view and c.changes[-1].lost == frozenset(before)
 
             # The same node comes back: its shards return to it, fenced anew.
-            with Sampler(nodes):
+            with Sampler(nodes) as sampler:
                 await c.coord.start()
                 await wait_until("c to take its shards back", lambda: settled(nodes), 5)
+                # A prepared join is quick: sample past it for a while too.
+                await wait_until("more samples", lambda: sampler.samples > 10, 5)
             back = epochs_of([c])
             assert set(back) == set(before)
             assert all(back[s] > after[s] for s in back)
