@@ -40,6 +40,9 @@ from wheel.store.base import Store
 log = logging.getLogger("wheel.recovery")
 
 CHANGES_PAGE = 10_000
+# A staged row due by now and this much later is read again at its gain: an
+# owner may have moved it (clocks of nodes differ by a little).
+MOVED_MARGIN_MS = 10_000
 
 
 @dataclass(slots=True)
@@ -80,7 +83,7 @@ def restore_owner(
             log.error("checkpoint unusable, rebuilding from the store: %s", exc)
             checkpoint.reset()
     if state is not None:
-        contents, watermark = checkpoint_contents(store, state, shards, state.watermark)
+        contents, watermark = checkpoint_contents(store, state, shards, state.watermark, now_ms)
         source = "checkpoint"
         log_records = state.log_records
     else:
@@ -142,46 +145,71 @@ def stage_from_checkpoint(state: OwnerState, shards: Sequence[int], watermark: i
 
 
 def staged_contents(
-    store: Store, staged: Staged, shards: Sequence[int]
+    store: Store, staged: Staged, shards: Sequence[int], now_ms: int
 ) -> tuple[ShardContents, int]:
-    """What an owner takes on with ``shards`` (a part of ``staged.shards``),
-    fenced now: the staged rows with every change the store made after the
-    staging's watermark written over them (the store wins), their runs in
-    flight and pending retries read now, and the change-feed watermark the
-    result reflects."""
+    """What an owner takes on with ``shards`` (a part of ``staged.shards``)
+    at ``now_ms``: the staged rows with every change the store made after
+    the staging's watermark written over them (the store wins), their runs
+    in flight and pending retries read now, and the change-feed watermark
+    the result reflects.
+
+    The changes come in two reads, neither a scan of the jobs table: those
+    made through the API, from the change feed's index; and those an owner
+    made (claims moving a schedule, a one-shot ending, a completion-driven
+    next fire), which only ever touch a job whose fire came due or that had
+    a run: every staged row due by now (and ``MOVED_MARGIN_MS``), every job
+    the rows cannot say, and every job with a run in flight or a retry owed
+    is read again, as it is now."""
+    wanted = set(shards)
     changes: list[RowChanges] = []
     watermark = staged.watermark
     while True:
-        page = store.changed_rows(watermark, shards, CHANGES_PAGE)
+        page = store.changed_rows(watermark, shards, CHANGES_PAGE, owner_moves=False)
         changes.append(page)
         done = len(page.rows) + len(page.jobs) < CHANGES_PAGE or page.watermark == watermark
         watermark = page.watermark
         if done:
             break
-    wanted = set(shards)
+    packed = {s: rows for s, rows in staged.packed.items() if s in wanted}
+    inflight = store.inflight_runs(shards)
+    retries = store.retry_candidates(shards)
+    bound = now_ms + MOVED_MARGIN_MS
+    moved: set[int] = {r.job_id for r in staged.jobs if shard_of(r.job_id) in wanted}
+    for rows in packed.values():
+        moved.update(_ints(rows.ids[rows.nxt <= bound]))
+    moved.update(e.job_id for e in (*inflight, *retries))
+    ordered = sorted(moved)
+    for at in range(0, len(ordered), CHANGES_PAGE):
+        changes.append(store.job_rows(ordered[at : at + CHANGES_PAGE]))
     changed = {r.job_id for page in changes for r in page.rows}
     changed.update(r.job_id for page in changes for r in page.jobs)
     contents = shard_contents(
         store,
         shards,
-        packed={s: rows for s, rows in staged.packed.items() if s in wanted},
+        packed=packed,
         profiles=staged.profiles,
         # A job the changes carry is taken from them, not from the staging.
         jobs=[r for r in staged.jobs if shard_of(r.job_id) in wanted and r.job_id not in changed],
         rows=changes,
-        inflight=store.inflight_runs(shards),
+        inflight=inflight,
+        retries=retries,
     )
     return contents, watermark
 
 
+def _ints(values: np.ndarray) -> list[int]:
+    return [int(v) for v in values.tolist()]
+
+
 def checkpoint_contents(
-    store: Store, state: OwnerState, shards: Sequence[int], watermark: int
+    store: Store, state: OwnerState, shards: Sequence[int], watermark: int, now_ms: int
 ) -> tuple[ShardContents, int]:
     """Shards' contents from a checkpoint's rows, with every change the store
     made after ``watermark`` written over them (the store wins), and the
     change-feed watermark they reflect then: a restart, or a node in a cluster
     gaining shards it held before (``OwnerState.as_of``)."""
-    return staged_contents(store, stage_from_checkpoint(state, shards, watermark), shards)
+    staged = stage_from_checkpoint(state, shards, watermark)
+    return staged_contents(store, staged, shards, now_ms)
 
 
 def load_shard_contents(
@@ -244,12 +272,14 @@ def shard_contents(
     jobs: Sequence[JobRecord] = (),
     rows: Sequence[RowChanges] = (),
     inflight: Sequence[ExecutionRecord],
+    retries: Sequence[ExecutionRecord] | None = None,
 ) -> ShardContents:
     """What an owner takes on with ``shards``: the jobs it arms (as packed
     rows, and as rows or records over them), their runs in flight and
-    pending retries from the store, and the finished jobs those runs and
+    pending retries from the store (``retries``: read already), and the finished jobs those runs and
     retries still belong to."""
-    retries = store.retry_candidates(shards)
+    if retries is None:
+        retries = store.retry_candidates(shards)
     latest = {r.job_id: r for r in jobs}
     for page in rows:
         latest.update((r.job_id, r) for r in page.jobs)

@@ -29,7 +29,7 @@ from wheel.engine.owner import (
     ShardContents,
 )
 from wheel.engine.profiles import profile_of
-from wheel.engine.records import CompletionOutcome, JobRecord, WriteBatch
+from wheel.engine.records import Completion, CompletionOutcome, FireClaim, JobRecord, WriteBatch
 from wheel.engine.schedule import compile_schedule
 from wheel.engine.spec import (
     CatchUp,
@@ -45,7 +45,13 @@ from wheel.engine.spec import (
     Retry,
     SideEffect,
 )
-from wheel.recovery import load_later, load_shard_contents, restore_owner
+from wheel.recovery import (
+    load_later,
+    load_shard_contents,
+    restore_owner,
+    stage_from_store,
+    staged_contents,
+)
 
 T = 1_800_000_000_000  # a round start time (ms)
 
@@ -1510,6 +1516,67 @@ def test_shards_gained_due_first_fire_as_shards_loaded_whole() -> None:
     assert split.add_rest(packed, profiles) == 0  # held already
     late = sweep(split, Effects(), T)
     assert early | late == sweep(whole, fx_whole, T)
+
+
+def test_a_staged_shard_takes_on_what_its_owner_and_the_api_changed_since() -> None:
+    """A planned move stages a shard's jobs while its owner serves them. At
+    the switch, what the old owner did since (a fire claimed and the
+    schedule moved on, a one-shot ended) and what the API did (a pause, a new
+    job) are all there, without a scan for the owner's moves: those touch
+    only jobs that came due or had runs, and those are read again."""
+    n = Node()
+    due = n.submit(spec(schedule=Interval(period_ms=HOUR, start_at_ms=T + MIN)))
+    shard = shard_of(due)
+    mates = [n.submit(spec(schedule=Interval(period_ms=HOUR, start_at_ms=T + HOUR)))]
+    while shard_of(mates[-1]) != shard or len(mates) < 2:
+        mates.append(n.submit(spec(schedule=Interval(period_ms=HOUR, start_at_ms=T + HOUR))))
+    paused = next(j for j in mates if shard_of(j) == shard)
+    staged = stage_from_store(n.store, [shard])
+
+    # The old owner claims the due fire (its schedule moves to T + 61 min);
+    # the API pauses a job and adds one.
+    [out] = n.store.claim_fires(
+        [
+            FireClaim(
+                job_id=due,
+                scheduled_for=T + MIN,
+                attempt=0,
+                fence=(1 << COUNTER_BITS) | 1,
+                dispatched_at_ms=T + MIN,
+                advance=True,
+                expected_next_run_at=T + MIN,
+                new_next_run_at=T + MIN + HOUR,
+            )
+        ]
+    )
+    assert out.run_id is not None
+    done = Completion(
+        run_id=out.run_id,
+        fence=(1 << COUNTER_BITS) | 1,
+        state=RunState.SUCCEEDED,
+        finished_at_ms=T + MIN + SEC,
+        worker_id="w0",
+    )
+    n.store.complete_runs([done])
+    n.store.set_job_state(paused, JobState.PAUSED, next_run_at=None, now_ms=T + MIN)
+    born = n.submit(spec(schedule=Interval(period_ms=HOUR, start_at_ms=T + 2 * HOUR)))
+    while shard_of(born) != shard:
+        born = n.submit(spec(schedule=Interval(period_ms=HOUR, start_at_ms=T + 2 * HOUR)))
+
+    contents, _ = staged_contents(n.store, staged, [shard], T + 2 * MIN)
+    owner, fx = Owner(now_ms=T + 2 * MIN, config=n.config), Effects()
+    owner.add_shards({shard: 2}, contents, T + 2 * MIN, fx)
+    assert owner.has_job(born) and not contents.inflight
+    owner.worker_hello("w1", 100, ["default"], T + 2 * MIN, fx)
+    fires: set[tuple[int, int]] = set()
+    for t in range(T + 2 * MIN, T + 3 * HOUR, MIN):
+        owner.advance(t, fx)
+        fires |= {(c.job_id, c.scheduled_for) for c in fx.claims}
+        fx.claims.clear()
+    assert (due, T + MIN) not in fires  # claimed by the old owner already
+    assert (due, T + MIN + HOUR) in fires  # where the claim moved it
+    assert not any(job == paused for job, _ in fires)
+    assert (born, T + 2 * HOUR) in fires
 
 
 def test_an_owner_adds_only_the_shards_it_is_given_and_can_take_more_later() -> None:

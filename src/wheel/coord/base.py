@@ -23,7 +23,7 @@ __all__ = [
     "Coordinator",
     "Member",
     "OwnershipChange",
-    "Preparer",
+    "ShardHook",
     "Subscribers",
 ]
 
@@ -32,8 +32,8 @@ MAX_EPOCH = 2**32 - 1
 
 _log = logging.getLogger(__name__)
 
-# Loads shards a planned move is about to give this node (see ``set_preparer``).
-Preparer = Callable[[frozenset[int]], Coroutine[Any, Any, None]]
+# A node's part in a planned move (``set_preparer``, ``set_releaser``).
+ShardHook = Callable[[frozenset[int]], Coroutine[Any, Any, None]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,10 +72,15 @@ class Coordinator(Protocol):
         (bounded) until the members its shards go to have loaded them, while
         this node still serves them."""
 
-    def set_preparer(self, prepare: Preparer) -> None:
+    def set_preparer(self, prepare: ShardHook) -> None:
         """``prepare(shards)`` loads shards a planned move (this node joining,
         another leaving) is about to give this node, while their owner still
         serves them; awaited on the event loop before the move."""
+
+    def set_releaser(self, release: ShardHook) -> None:
+        """``release(shards)`` hands shards over in a planned move of them to
+        another member (one joining): awaited on the event loop (bounded)
+        before they are released, so that their unsent runs go with them."""
 
     def subscribe(self, callback: Callable[[OwnershipChange], None]) -> None:
         """Call ``callback`` on the event loop for every ownership change.

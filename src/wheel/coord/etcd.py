@@ -107,7 +107,7 @@ from wheel.coord.base import (
     SHARD_COUNT,
     Member,
     OwnershipChange,
-    Preparer,
+    ShardHook,
     Subscribers,
 )
 from wheel.errors import CoordinationError
@@ -125,6 +125,8 @@ _GRPC_OPTIONS = [
 # Shards acquired in one etcd transaction (two puts and two compares each;
 # etcd allows 128 operations a transaction by default).
 ACQUIRE_BATCH = 32
+# How long a planned release waits for the node to hand its shards over.
+RELEASE_WAIT_S = 2.0
 
 
 def _weight(node_id: str, shard: int) -> int:
@@ -222,7 +224,8 @@ class EtcdCoordinator:
         self._leaving_prefix = f"/{cluster}/leaving/"
         self._ready_prefix = f"/{cluster}/ready/"
         self._handoff_timeout = handoff_timeout_s
-        self._preparer: Preparer | None = None
+        self._preparer: ShardHook | None = None
+        self._releaser: ShardHook | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # Set while the control thread waits for a join's preparation.
         self._preparing = False
@@ -377,8 +380,11 @@ class EtcdCoordinator:
                 continue
         return out
 
-    def set_preparer(self, prepare: Preparer) -> None:
+    def set_preparer(self, prepare: ShardHook) -> None:
         self._preparer = prepare
+
+    def set_releaser(self, release: ShardHook) -> None:
+        self._releaser = release
 
     def subscribe(self, callback: Callable[[OwnershipChange], None]) -> None:
         self._subscribers.add(callback)
@@ -699,18 +705,28 @@ class EtcdCoordinator:
     def _prepare(self, shards: set[int]) -> None:
         """Run the preparer on the loop and wait for it (the control thread
         holds nothing meanwhile); its failure only makes the move slower."""
-        prepare, loop = self._preparer, self._loop
-        if prepare is None or loop is None or not shards:
+        self._run_hook(self._preparer, shards, None)
+
+    def _run_hook(self, hook: ShardHook | None, shards: set[int], wait_s: float | None) -> None:
+        """Run ``hook(shards)`` on the loop and wait for it, at most
+        ``wait_s`` (None: until the node stops). Its failure or lateness
+        only makes a move slower: it is logged and the move goes on."""
+        loop = self._loop
+        if hook is None or loop is None or not shards:
             return
-        future = asyncio.run_coroutine_threadsafe(prepare(frozenset(shards)), loop)
+        future = asyncio.run_coroutine_threadsafe(hook(frozenset(shards)), loop)
+        deadline = None if wait_s is None else time.monotonic() + wait_s
         while not self._stopping.is_set():
+            if deadline is not None and time.monotonic() >= deadline:
+                _log.warning("a hand-over step on %d shards took over %.1fs", len(shards), wait_s)
+                break
             try:
-                future.result(timeout=0.2)
+                future.result(timeout=0.05)
                 return
             except concurrent.futures.TimeoutError:
                 continue
             except Exception:
-                _log.exception("preparing %d shards failed; they load when gained", len(shards))
+                _log.exception("a hand-over step on %d shards failed", len(shards))
                 return
         future.cancel()
 
@@ -785,18 +801,16 @@ class EtcdCoordinator:
         if vanished or release:
             with self._lock:
                 self._owned = {s: e for s, e in owned.items() if s not in vanished | release}
-            self._publish(OwnershipChange(lost=frozenset(vanished | release)))
+            if vanished:
+                self._publish(OwnershipChange(lost=frozenset(vanished)))
             for shard in vanished:
                 self._acquired_rev.pop(shard, None)
-        for shard in sorted(release):
-            rev = self._acquired_rev.pop(shard)
-            key = f"{self._shards_prefix}{shard}"
-            self._call(
-                client.transaction,
-                compare=[client.transactions.mod(key) == rev],
-                success=[client.transactions.delete(key)],
-                failure=[],
-            )
+        if release:
+            # A planned release: the node hands the shards over (and its
+            # unsent runs with them) before their keys go.
+            self._run_hook(self._releaser, release, RELEASE_WAIT_S)
+            self._publish(OwnershipChange(lost=frozenset(release)))
+            self._delete_keys(sorted(release))
 
         free = sorted(s for s in mine if s not in self._owned and s not in holders)
         gained: dict[int, int] = {}
@@ -815,6 +829,32 @@ class EtcdCoordinator:
         finally:
             # All at once: the node fences and loads them in one go.
             self._publish(OwnershipChange(gained=gained))
+
+    def _delete_keys(self, shards: Sequence[int]) -> None:
+        """Delete our keys of ``shards`` (released), ``ACQUIRE_BATCH`` to a
+        transaction; a key changed meanwhile is not ours any more and stays."""
+        client = self._etcd()
+        tx = client.transactions
+        revs = {s: self._acquired_rev.pop(s) for s in shards if s in self._acquired_rev}
+        keys = {s: f"{self._shards_prefix}{s}" for s in revs}
+        order = sorted(revs)
+        for at in range(0, len(order), ACQUIRE_BATCH):
+            part = order[at : at + ACQUIRE_BATCH]
+            ok, _ = self._call(
+                client.transaction,
+                compare=[tx.mod(keys[s]) == revs[s] for s in part],
+                success=[tx.delete(keys[s]) for s in part],
+                failure=[],
+            )
+            if ok:
+                continue
+            for shard in part:
+                self._call(
+                    client.transaction,
+                    compare=[tx.mod(keys[shard]) == revs[shard]],
+                    success=[tx.delete(keys[shard])],
+                    failure=[],
+                )
 
     def _acquire_batch(
         self, shards: Sequence[int], lease_id: int, epochs: Mapping[int, tuple[int, int]]

@@ -16,7 +16,7 @@ from wheel.coord.base import (
     SHARD_COUNT,
     Member,
     OwnershipChange,
-    Preparer,
+    ShardHook,
     Subscribers,
 )
 from wheel.errors import CoordinationError
@@ -74,8 +74,11 @@ class LocalCoordinator:
     async def hand_off(self) -> None:
         """Nothing to hand to: a single node's shards wait for its restart."""
 
-    def set_preparer(self, prepare: Preparer) -> None:
+    def set_preparer(self, prepare: ShardHook) -> None:
         """Nothing ever moves to a single node while it runs."""
+
+    def set_releaser(self, release: ShardHook) -> None:
+        """Nor from it."""
 
     def subscribe(self, callback: Callable[[OwnershipChange], None]) -> None:
         self._subscribers.add(callback)

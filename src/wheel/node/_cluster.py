@@ -90,6 +90,7 @@ class ShardOwnership:
         self._staged: dict[int, Staged] = {}
         coordinator.subscribe(self._changed)
         coordinator.set_preparer(self.prepare)
+        coordinator.set_releaser(self.release)
 
     def on_gained(self, callback: Callable[[Mapping[int, int]], None]) -> None:
         """Call ``callback(epochs)`` once shards are added to the owner."""
@@ -137,6 +138,14 @@ class ShardOwnership:
             time.perf_counter() - started,
             len(as_of),
         )
+
+    async def release(self, shards: frozenset[int]) -> None:
+        """A planned move of ``shards`` to another member: hand them over
+        with their unsent runs before the coordinator releases them."""
+        for shard in shards:
+            self._gaining.pop(shard, None)
+            self._staged.pop(shard, None)
+        await self.node.hand_over_planned(shards)
 
     def _changed(self, change: OwnershipChange) -> None:
         """On the event loop, in the order the coordinator decided them."""
@@ -244,6 +253,7 @@ class ShardOwnership:
         before its restart from its checkpoint and the changes since; the
         others from the store."""
         node, store = self.node, self.node.store
+        now = node.clock.now_ms()
         parts: list[_Part] = []
         stagings: dict[int, tuple[Staged, list[int]]] = {}
         for shard in sorted(epochs):
@@ -251,7 +261,7 @@ class ShardOwnership:
             if staged is not None:
                 stagings.setdefault(id(staged), (staged, []))[1].append(shard)
         for staged, shards in stagings.values():
-            load = functools.partial(staged_contents, store, staged, shards)
+            load = functools.partial(staged_contents, store, staged, shards, now)
             how = ("its checkpoint" if staged.from_checkpoint else "the store") + ", staged ahead"
             parts.append(_Part(shards, load, staged.from_checkpoint, how))
         done = {s for part in parts for s in part.shards}
@@ -261,7 +271,7 @@ class ShardOwnership:
         if as_of and state is not None:
             shards = sorted(as_of)
             watermark = min(as_of.values())
-            load = functools.partial(checkpoint_contents, store, state, shards, watermark)
+            load = functools.partial(checkpoint_contents, store, state, shards, watermark, now)
             parts.append(_Part(shards, load, True, "its checkpoint"))
         rest = [s for s in left if s not in as_of or state is None]
         if rest:

@@ -324,22 +324,28 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
         # still serves them: the switch below then costs them a fence and
         # the changes since.
         await self.coordinator.hand_off()
-        if self._driver is not None:
-            held = list(self._driver.owner.shards())
-            sent = self._driver.sent_runs(held)
-            self.hand_over(held)
-            await self._release_unsent(held, sent)
+        await self.hand_over_planned(self.held_shards())
         await self.coordinator.stop()
         for session in list(self.sessions.values()):
             session.closed = True
             session.outbox.put_nowait(None)
 
-    async def _release_unsent(self, shards: Collection[int], sent: Collection[int]) -> None:
-        """Mark the runs of ``shards`` claimed and never sent, so that their
-        next owner sends them at once. On the store's thread, after the
-        batches on their way there: claims they commit are marked too."""
-        if not shards:
+    async def hand_over_planned(self, shards: Collection[int]) -> None:
+        """A planned hand-over (this node leaving, or a member joining that
+        takes them): ``hand_over``, then the runs of ``shards`` claimed and
+        never sent are marked so that their next owner sends them at once.
+        On the store's thread, after the batches on their way there: claims
+        they commit are marked too."""
+        if self._driver is None:
             return
+        held = [s for s in shards if s in self._driver.owner.shards()]
+        if not held:
+            return
+        sent = self._driver.sent_runs(held)
+        self.hand_over(held)
+        await self._release_unsent(held, sent)
+
+    async def _release_unsent(self, shards: Collection[int], sent: Collection[int]) -> None:
         loop = asyncio.get_running_loop()
         release = functools.partial(self.store.release_unsent, shards, sent)
         try:
