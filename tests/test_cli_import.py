@@ -324,9 +324,11 @@ def test_a_node_killed_mid_import_then_a_rerun_leaves_one_job_per_good_line(
     path, good = _big_file(tmp_path / "big.jsonl", 20_000)
     out = tmp_path / "first.out"
     with out.open("wb") as stdout, (tmp_path / "first.err").open("wb") as stderr:
-        # Short deadlines: this import gives up soon after the node is gone.
+        # Short deadlines: this import gives up soon after the node is gone;
+        # small calls, one at a time: it is still going when the kill comes.
+        args = ["--call-timeout", "2s", "--retry-for", "1s", "--batch", "500", "--parallel", "1"]
         first = subprocess.Popen(
-            _import_cmd(node.target, str(path), "--call-timeout", "2s", "--retry-for", "1s"),
+            _import_cmd(node.target, str(path), *args),
             stdout=stdout,
             stderr=stderr,
         )
