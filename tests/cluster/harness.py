@@ -502,6 +502,18 @@ def ownership_of(nodes: Iterable[ClusterNode]) -> Ownership:
 # -- the cluster ---------------------------------------------------------------------------
 
 
+def held_jobs(nodes: Iterable[ClusterNode]) -> int:
+    """The jobs the nodes hold between them, as each says (-1 while one
+    does not answer)."""
+    total = 0
+    for node in nodes:
+        status = node.status()
+        if status is None:
+            return -1
+        total += status.jobs
+    return total
+
+
 class Cluster:
     """etcd + PostgreSQL + ``size`` nodes + ``workers`` worker processes."""
 

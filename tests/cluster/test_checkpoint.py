@@ -9,22 +9,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.cluster.harness import TTL_S, Cluster, ClusterNode, now_ms
+from tests.cluster.harness import TTL_S, Cluster, ClusterNode, held_jobs, now_ms
 from tests.e2e.procs import wait_for
 from wheel.client import Job, JobRequest
 from wheel.engine.model import shard_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.etcd]
-
-
-def _held(cluster: Cluster) -> int:
-    total = 0
-    for node in cluster.nodes:
-        status = node.status()
-        if status is None:
-            return -1
-        total += status.jobs
-    return total
 
 
 def test_a_restarted_node_takes_its_shards_back_from_its_checkpoint(cluster: Cluster) -> None:
@@ -45,7 +35,7 @@ def test_a_restarted_node_takes_its_shards_back_from_its_checkpoint(cluster: Clu
         job = entry.client().submit(name="tick", handler="record", every=timedelta(seconds=1))
         if shard_of(job.job_id) in mine:
             ticking = job
-    wait_for(lambda: _held(cluster) == 3_001, 30, "the owners to hold all")
+    wait_for(lambda: held_jobs(cluster.nodes) == 3_001, 30, "the owners to hold all")
     # The victim's log has taken the rows by the time a snapshot runs: stop
     # it once its checkpoint holds them (SIGTERM: it hands its shards over).
     wait_for(lambda: _snapshot_logged(victim), 30, "the victim's snapshot")
@@ -66,7 +56,7 @@ def test_a_restarted_node_takes_its_shards_back_from_its_checkpoint(cluster: Clu
     log = (victim.data_dir.parent / f"server-{victim.starts}.log").read_text()
     assert "from its checkpoint" in log, log[-2_000:]
     # Every job is held once, the victim's among them.
-    wait_for(lambda: _held(cluster) == 3_002, 30, "every job held again")
+    wait_for(lambda: held_jobs(cluster.nodes) == 3_002, 30, "every job held again")
     # What changed while it was down holds: the paused job does not fire
     # again, the new one does (on the victim).
     started = now_ms()
