@@ -21,10 +21,10 @@ from wheel.cli import (
     build_parser,
     main,
     serve_config,
-    status_lines,
     tune_runtime,
 )
 from wheel.cli_shards import ShardRow, gather, shard_lines, shard_map
+from wheel.cli_status import status_lines
 from wheel.client import NodeStatus, ShardStatus, Status, UnservedHandler, WorkerStatus
 from wheel.engine.model import SHARD_COUNT
 from wheel.engine.owner import OwnerConfig

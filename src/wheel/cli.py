@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import gc
 import json
 import logging
 import os
-import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -38,34 +36,22 @@ from wheel._tls_reload import DEFAULT_INTERVAL_S as DEFAULT_RELOAD_INTERVAL_S
 from wheel._tls_reload import TlsReloader
 from wheel.cli_admin import add_auth_flags, add_token_flag, init_admin_token
 from wheel.cli_admin import register as register_admin
-from wheel.cli_shards import ShardRow, gather, shard_lines, shard_map
+from wheel.cli_common import command_client, epoch_ms, fmt_time, parse_duration
+from wheel.cli_status import cmd_alerts, cmd_status
 from wheel.client import (
     DEFAULT_TARGET,
-    Alert,
     CatchUp,
     CatchUpMode,
-    Client,
     Job,
     JobArgs,
     Overlap,
     OverlapPolicy,
-    Status,
 )
 from wheel.errors import InvalidArgument, WheelError
 from wheel.logs import FORMATS, announcement
 from wheel.logs import configure as configure_logging
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
-_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def parse_duration(text: str, field: str) -> timedelta:
-    """'250ms', '5s', '2m', '1h', '1d'."""
-    m = _DURATION.match(text.strip())
-    if not m:
-        raise InvalidArgument(field, f"{text!r} is not a duration like 500ms, 5s, 2m, 1h")
-    return timedelta(milliseconds=float(m.group(1)) * _UNITS[m.group(2)])
 
 
 def parse_when(text: str, field: str) -> datetime | timedelta:
@@ -122,15 +108,6 @@ def submit_args(ns: argparse.Namespace, now: datetime | None = None) -> JobArgs:
     if ns.jitter:
         args["jitter"] = parse_duration(ns.jitter, "jitter")
     return args
-
-
-def _fmt(t: datetime | None) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if t else "-"
-
-
-def _epoch_ms(t: datetime) -> int:
-    # The client's times are whole milliseconds: the round trip is exact.
-    return round(t.timestamp() * 1000)
 
 
 # -- commands ------------------------------------------------------------------------
@@ -375,20 +352,16 @@ def cmd_worker(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _client(ns: argparse.Namespace) -> Client:
-    return Client(ns.target, security=client_security(ns), token=ns.token)
-
-
 def _job_line(job: Job) -> str:
     return (
         f"{job.job_id:>20}  {job.state:<9}  {job.name:<24}  "
-        f"next {_fmt(job.next_fire)}  handler {job.handler}"
+        f"next {fmt_time(job.next_fire)}  handler {job.handler}"
     )
 
 
 def cmd_submit(ns: argparse.Namespace) -> int:
     args = submit_args(ns)
-    with _client(ns) as client:
+    with command_client(ns) as client:
         job = client.submit(**args)
     if ns.json:
         print(json.dumps({"job_id": job.job_id, "created": job.created}))
@@ -399,14 +372,14 @@ def cmd_submit(ns: argparse.Namespace) -> int:
 
 
 def cmd_jobs(ns: argparse.Namespace) -> int:
-    with _client(ns) as client:
+    with command_client(ns) as client:
         for job in client.jobs(tenant=ns.tenant):
             print(_job_line(job))
     return 0
 
 
 def cmd_runs(ns: argparse.Namespace) -> int:
-    with _client(ns) as client:
+    with command_client(ns) as client:
         runs = list(client.runs(ns.job_id))
     if ns.json:
         print(
@@ -414,7 +387,7 @@ def cmd_runs(ns: argparse.Namespace) -> int:
                 [
                     {
                         "run_id": r.run_id,
-                        "scheduled_for_ms": _epoch_ms(r.scheduled_for),
+                        "scheduled_for_ms": epoch_ms(r.scheduled_for),
                         "attempt": r.attempt,
                         "state": r.state.value,
                         "fence": r.fence,
@@ -430,7 +403,7 @@ def cmd_runs(ns: argparse.Namespace) -> int:
     for r in runs:
         detail = r.missed_reason or r.error or ""
         print(
-            f"{_fmt(r.scheduled_for)}  attempt {r.attempt}  {r.state:<13} "
+            f"{fmt_time(r.scheduled_for)}  attempt {r.attempt}  {r.state:<13} "
             f"run {r.run_id:<8} worker {r.worker_id or '-':<20} {detail}"
         )
     return 0
@@ -438,7 +411,7 @@ def cmd_runs(ns: argparse.Namespace) -> int:
 
 def _state_cmd(method: str) -> Any:
     def run(ns: argparse.Namespace) -> int:
-        with _client(ns) as client:
+        with command_client(ns) as client:
             job = getattr(client, method)(ns.job_id)
         print(_job_line(job))
         return 0
@@ -447,119 +420,11 @@ def _state_cmd(method: str) -> Any:
 
 
 def cmd_trigger(ns: argparse.Namespace) -> int:
-    with _client(ns) as client:
+    with command_client(ns) as client:
         out = client.trigger(ns.job_id)
-    print(f"triggered job {out.job_id}: fire {_fmt(out.scheduled_for)} key {out.idempotency_key}")
-    return 0
-
-
-def status_lines(st: Status) -> list[str]:
-    """``wheelctl status``: the node, its counters, a row per worker (held/capacity,
-    pools, the handlers it runs) and a row per handler that work waits for."""
-    ms = timedelta(milliseconds=1)
-    lines = [
-        f"node {st.node_id}: {st.jobs} jobs, {st.pending_timers} timers, {st.in_flight} in flight",
-        f"backlog {st.backlog} ({st.overdue_backlog} overdue), dispatch lag"
-        f" p50 {st.dispatch_lag_p50 / ms:.1f} ms p99 {st.dispatch_lag_p99 / ms:.1f} ms",
-        f"totals: {st.dispatched_total} dispatched, {st.completed_total} completed,"
-        f" {st.missed_total} missed, {st.dead_lettered_total} dead-lettered",
-    ]
-    lines += [f"  node {n.node_id} {n.address} owns {n.shards_owned} shards" for n in st.nodes]
-    if st.reaper_paused:
-        lines.append("re-dispatch of lost runs is paused: the workers are busy")
-    lines.append(f"workers: {st.workers}, capacity {st.worker_capacity}")
-    for w in st.worker_list:
-        flags = "".join(
-            f"  {flag}" for flag, on in (("draining", w.draining), ("silent", w.silent)) if on
-        )
-        lines.append(
-            f"  {w.worker_id}  held {w.held}/{w.capacity}  pools {','.join(w.pools) or '-'}"
-            f"  handlers {', '.join(w.handlers) or '(any)'}{flags}"
-        )
-    lines += [
-        f"no worker for handler {u.handler} in pool {u.pool}: {u.waiting} waiting"
-        for u in st.unserved
-    ]
-    if st.alerts_firing:
-        lines.append(f"alerts firing: {', '.join(st.alerts_firing)} (wheelctl alerts)")
-    return lines
-
-
-def alert_line(a: Alert) -> str:
-    about = "".join(
-        f"  {name} {value}"
-        for name, value in (("job", a.job_id), ("run", a.run_id), ("worker", a.worker_id))
-        if value is not None
+    print(
+        f"triggered job {out.job_id}: fire {fmt_time(out.scheduled_for)} key {out.idempotency_key}"
     )
-    return f"{_fmt(a.at)}  {a.kind:<17} {a.node_id}  {a.message}{about}"
-
-
-def cmd_alerts(ns: argparse.Namespace) -> int:
-    since = datetime.now(UTC) - parse_duration(ns.since, "since") if ns.since else None
-    with _client(ns) as client:
-        out = client.alerts(since=since, limit=ns.limit)
-    if ns.json:
-        print(
-            json.dumps(
-                {
-                    "firing": [str(k) for k in out.firing],
-                    "alerts": [
-                        {
-                            "at_ms": _epoch_ms(a.at),
-                            "kind": str(a.kind),
-                            "message": a.message,
-                            "node_id": a.node_id,
-                            "job_id": a.job_id,
-                            "run_id": a.run_id,
-                            "fence": a.fence,
-                            "worker_id": a.worker_id,
-                        }
-                        for a in out.alerts
-                    ],
-                }
-            )
-        )
-        return 0
-    print(f"firing: {', '.join(out.firing) or 'none'}")
-    for a in out.alerts:
-        print(alert_line(a))
-    return 0
-
-
-def _json_default(value: object) -> object:
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def _member_status(ns: argparse.Namespace, address: str) -> Status | None:
-    """Another member's status with its shard rows; None when it does not answer."""
-    try:
-        with Client(address, timeout=3.0, security=client_security(ns), token=ns.token) as client:
-            return client.status(include_shards=True)
-    except WheelError:
-        return None
-
-
-def cmd_status(ns: argparse.Namespace) -> int:
-    with _client(ns) as client:
-        status = client.status(include_shards=ns.shards)
-    answers: dict[str, Status | None] = {}
-    rows: list[ShardRow] = []
-    if ns.shards:
-        answers = gather(status, lambda address: _member_status(ns, address))
-        rows = shard_map(status, answers)
-    if ns.json:
-        out = dataclasses.asdict(status)
-        if ns.shards:
-            out["shards"] = [r.as_json() for r in rows]
-            out["unanswered"] = sorted(n for n, st in answers.items() if st is None)
-        print(json.dumps(out, indent=2, default=_json_default))
-        return 0
-    lines = status_lines(status)
-    if ns.shards:
-        lines += shard_lines(rows, answers)
-    print("\n".join(lines))
     return 0
 
 

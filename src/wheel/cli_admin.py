@@ -95,7 +95,7 @@ def token_line(t: Token) -> str:
 
 
 def cmd_token_create(ns: argparse.Namespace) -> int:
-    from wheel.cli import parse_duration
+    from wheel.cli_common import parse_duration
 
     ttl = parse_duration(ns.ttl, "ttl") if ns.ttl else None
     with _client(ns) as client:

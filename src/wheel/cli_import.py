@@ -52,8 +52,9 @@ from datetime import UTC, datetime
 from typing import IO, Any, TextIO
 
 from wheel._tls_cli import client_security
-from wheel.cli import add_job_flags, parse_duration, submit_args
+from wheel.cli import add_job_flags, submit_args
 from wheel.cli_admin import add_token_flag
+from wheel.cli_common import parse_duration
 from wheel.client import Client, Job, JobRequest
 from wheel.errors import InvalidArgument, WheelError
 
