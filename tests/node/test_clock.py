@@ -68,5 +68,26 @@ def test_a_slow_first_read_of_the_stores_clock_does_not_set_the_node_ahead(
     before, after, store_ms = read_store_clock(read)
     store.close()
     clock = Clock(skew_file=str(tmp_path / "absent"))
-    clock.anchor(store_ms, (before + after) // 2)  # what the node does with it
+    clock.anchor_read(before, after, store_ms)  # what the node does with it
     assert abs(clock.now_ms() - time.time_ns() // 1_000_000) <= 30
+
+
+def test_a_clock_anchored_on_a_read_is_never_ahead_of_the_stores(tmp_path: Path) -> None:
+    """A read quick enough to be taken (under 20 ms) whose store read its
+    clock at the very end of the round trip: placed at the middle, the node
+    ran ahead by half the round trip, and a nemesis run saw fires go out a
+    millisecond early. Anchored at the end, the node is behind or on time."""
+
+    def read() -> int:
+        time.sleep(0.008)  # the request is slow, the answer quick
+        return time.time_ns() // 1_000_000
+
+    for _ in range(5):
+        before, after, store_ms = read_store_clock(read)
+        clock = Clock(skew_file=str(tmp_path / "absent"))
+        clock.anchor_read(before, after, store_ms)
+        for _ in range(100):
+            assert clock.now_ms() <= time.time_ns() // 1_000_000
+        mid = Clock(skew_file=str(tmp_path / "absent"))
+        mid.anchor(store_ms, (before + after) // 2)
+        assert mid.now_ms() > time.time_ns() // 1_000_000  # the old placement: ahead

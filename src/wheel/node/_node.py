@@ -182,7 +182,7 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
         before, after, store_ms = await self._api(read_store_clock, self.store.clock_ms)
         mid = (before + after) // 2
         host_ms = self.clock.wall_ms() - (time.monotonic_ns() - mid) // 1_000_000
-        self.clock.anchor(store_ms, mid)
+        self.clock.anchor_read(before, after, store_ms)
         off = host_ms - store_ms
         if abs(off) > CLOCK_WARN_MS:
             log.warning("this host's clock is %+d ms off the store's; running on the store's", off)

@@ -59,6 +59,15 @@ class Clock:
         self._mono0 = mono_ns
         self.anchored = True
 
+    def anchor_read(self, before_ns: int, after_ns: int, store_ms: int) -> None:
+        """Anchor on a read of the store's clock that went out at
+        ``before_ns`` and came back at ``after_ns`` (monotonic). The store
+        read its clock somewhere in between; placed at the end of the round
+        trip, this clock can only be behind the store's (by the round trip at
+        most, and the store's millisecond is truncated the same way), never
+        ahead: fires may go out a few ms late, never early."""
+        self.anchor(store_ms, after_ns)
+
     def reload_skew(self) -> None:
         """Read the skew file again (no file, or no number in it: no skew)."""
         if not self._skew_file:
