@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -280,6 +280,7 @@ def shard_contents(
     retries still belong to."""
     if retries is None:
         retries = store.retry_candidates(shards)
+    inflight = _take_unsent(store, inflight)
     latest = {r.job_id: r for r in jobs}
     for page in rows:
         latest.update((r.job_id, r) for r in page.jobs)
@@ -309,6 +310,20 @@ def shard_contents(
         inflight=inflight,
         retries=retries,
     )
+
+
+def _take_unsent(store: Store, inflight: Sequence[ExecutionRecord]) -> list[ExecutionRecord]:
+    """The runs in flight, those marked unsent taken (``Store.take_unsent``):
+    a mark another owner took first is dropped here, so the run is adopted
+    under a grace lease rather than sent a second time."""
+    marked = [e.run_id for e in inflight if e.worker_id == ""]
+    if not marked:
+        return list(inflight)
+    taken = store.take_unsent(marked)
+    return [
+        replace(e, worker_id=None) if e.worker_id == "" and e.run_id not in taken else e
+        for e in inflight
+    ]
 
 
 def _holds(packed: Mapping[int, Columns], job_id: int) -> bool:

@@ -1475,6 +1475,16 @@ def test_a_planned_hand_over_gives_the_next_owner_its_unsent_runs_to_send_at_onc
     assert (again.run_id, again.fence) == (unsent.run_id, unsent.fence)
     assert sent.run_id in other.runs  # adopted, left to its worker
 
+    # That owner goes before its worker acked the run: the next one cannot
+    # know it was sent (the mark was taken), so it waits for the worker.
+    n.store.fence_shards({sa: 3, sb: 3}, "node-third")
+    third = Owner(now_ms=n.now, config=n.config)
+    fx3 = Effects()
+    third.add_shards({sa: 3, sb: 3}, _contents(n, [sa, sb]), n.now, fx3)
+    third.worker_hello("w3", 10, ["default"], n.now, fx3)
+    third.advance(n.now, fx3)
+    assert unsent.run_id in third.runs and not fx3.assignments.get("w3")
+
 
 def test_shards_gained_due_first_fire_as_shards_loaded_whole() -> None:
     """A gain due first: the jobs due before the bound come with the shards,

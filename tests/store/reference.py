@@ -500,6 +500,15 @@ class ReferenceStore:
     def shard_epochs(self, shards: Collection[int]) -> dict[int, int]:
         return {s: self.epochs[s] for s in sorted(self._shards(shards)) if s in self.epochs}
 
+    def take_unsent(self, run_ids: Collection[int]) -> set[int]:
+        taken = set()
+        for run_id in run_ids:
+            e = self.execs.get(run_id)
+            if e is not None and e.state is RunState.DISPATCHED and e.worker_id == "":
+                e.worker_id = None
+                taken.add(run_id)
+        return taken
+
     def release_unsent(self, shards: Collection[int], sent: Collection[int]) -> int:
         wanted, sent = self._shards(shards), set(sent)
         marked = 0

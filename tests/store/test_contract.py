@@ -615,6 +615,10 @@ def test_release_unsent_marks_the_owner_s_unsent_runs_of_its_epoch_only(store: S
     store.fence_shards(dict.fromkeys(every, epoch + 1), "node-b")
     assert store.release_unsent(every, []) == 0
     assert store.get_run(again).worker_id is None
+    # The next owner takes the mark, once.
+    assert store.take_unsent([unsent, sent, again]) == {unsent}
+    assert store.get_run(unsent).worker_id is None
+    assert store.take_unsent([unsent]) == set()
 
 
 # -- the epoch check of a batch (seed C4) ---------------------------------------------

@@ -343,6 +343,14 @@ class Queries:
             f" WHERE e.state = '{RunState.DISPATCHED.value}' AND e.worker_id IS NULL"
             f" AND {self.shards_in} AND (e.fence >> 32) = f.epoch AND NOT ({sent}))"
         )
+        # A new owner takes the runs marked unsent (parameter: their ids): the
+        # mark goes, so that an owner after it, not knowing whether this one
+        # sent them, waits for their workers instead of sending them again.
+        self.take_unsent = (
+            "UPDATE executions SET worker_id = NULL"
+            f" WHERE {d.in_ints.format(expr='run_id', type='int8')} AND worker_id = ''"
+            f" AND state = '{RunState.DISPATCHED.value}' RETURNING run_id"
+        )
         # Dispatched or running executions of the shards in the one
         # parameter, with their jobs' payloads (an owner that adopts them may
         # hand them to another worker).

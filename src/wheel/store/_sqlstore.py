@@ -180,6 +180,13 @@ class SQLStore(TenancySQL):
         sql = self._queries.release_unsent
         return self._write(lambda cur: int(cur.execute(sql, params).rowcount))
 
+    def take_unsent(self, run_ids: Collection[int]) -> set[int]:
+        if not run_ids:
+            return set()
+        params = (self._queries.dialect.ints(sorted(run_ids)),)
+        sql = self._queries.take_unsent
+        return self._write(lambda cur: {int(r[0]) for r in cur.execute(sql, params).fetchall()})
+
     def shard_epochs(self, shards: Collection[int]) -> dict[int, int]:
         params = (self._queries.dialect.ints(valid_shards(shards)),)
         rows = self._read(lambda cur: cur.execute(self._queries.shard_epochs, params).fetchall())

@@ -379,6 +379,13 @@ class Store(Protocol):
         waiting out a grace lease for a worker that never had them. Nothing
         is marked once a newer owner fenced a shard. Returns how many."""
 
+    def take_unsent(self, run_ids: Collection[int]) -> set[int]:
+        """A new owner, after its fence, takes the runs of ``run_ids`` still
+        marked unsent (``release_unsent``): the mark is cleared and their ids
+        returned; it sends those at once. A run whose mark another owner took
+        already is not returned: whether that one sent it is unknown, so it
+        waits for its worker under a grace lease like any run adopted."""
+
     def shard_epochs(self, shards: Collection[int]) -> dict[int, int]:
         """The epoch each shard has in the store (absent: never owned)."""
 
