@@ -882,6 +882,22 @@ def test_a_load_due_first_and_its_rest_make_up_the_whole_load(store: Store) -> N
         store.load_shards(shards, due_by=bound)
 
 
+def test_a_load_due_first_splits_at_its_bound_across_due_buckets(store: Store) -> None:
+    """The bound splits exactly, wherever it falls among the coarse due
+    buckets a store may index: a job due in an earlier bucket, at the bound,
+    just after it, and in the next bucket."""
+    edge = 5 << 20
+    bound = edge + 10
+    times = [edge - 1, edge, bound, bound + 1, edge + (1 << 20), 3]
+    jobs = [store.submit_job(interval_job(f"b{i}", next_run_at=t))[0] for i, t in enumerate(times)]
+    shards = sorted({j.shard for j in jobs})
+    due = store.load_shards(shards, packed=True, due_by=bound)
+    later = store.load_shards(shards, packed=True, later_than=bound)
+    assert due.packed is not None and later.packed is not None
+    assert sorted(due.packed.next_run_at.tolist()) == [3, edge - 1, edge, bound]
+    assert sorted(later.packed.next_run_at.tolist()) == [bound + 1, edge + (1 << 20)]
+
+
 def test_changed_rows_and_job_rows_give_the_change_feeds_jobs_as_rows(store: Store) -> None:
     """What a running owner reads: the change feed's jobs with no spec, each
     by its profile, schedule parameter and whether it has a payload."""

@@ -9,6 +9,7 @@ parameters and require every scan of the batch to run once.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ import psycopg
 import pytest
 
 from tests.store.test_contract import claim
-from wheel.store._schema import RETRY_WHERE
+from wheel.store._schema import DUE_BUCKET_SHIFT, RETRY_WHERE
 from wheel.store.base import Completion, NewJob, RunStart, RunState
 from wheel.store.postgres import PostgresStore
 from wheel.store.postgres import _sql as pg_sql
@@ -126,3 +127,70 @@ def test_a_restart_finds_runs_owed_a_retry_without_reading_every_execution(
     assert sorted(r.run_id for r in store.retry_candidates(range(256))) == sorted(
         r for r, _ in runs[-3:]
     )
+
+
+DAY_MS = 86_400_000
+
+
+def test_a_gain_due_first_finds_the_jobs_due_soon_through_an_index(store: PostgresStore) -> None:
+    """The first part of a gain reads a shard's jobs due soon (and those
+    with no next fire, or no profile) through indexes: with 20,000 jobs due
+    in days it must not read them all."""
+    from tests.store.conftest import interval_job
+
+    now = 40 * DAY_MS
+    later = [
+        interval_job(f"idle{i}", period_ms=DAY_MS, next_run_at=now + 2 * DAY_MS + i)
+        for i in range(20_000)
+    ]
+    soon = [interval_job(f"soon{i}", next_run_at=now + 1_000 * i) for i in range(5)]
+    ids = store.import_jobs(later + soon)
+    with store._db.pool.connection() as conn:
+        conn.execute("ANALYZE jobs")
+        bound = now + 60_000
+        shards = list(range(0, 256, 3))
+        q = pg_sql.QUERIES
+        for sql, params in (
+            (q.packed_due_of_shards, (bound >> DUE_BUCKET_SHIFT, bound, shards)),
+            (q.unpacked_due_of_shards, (shards,)),
+        ):
+            plan = conn.execute("EXPLAIN (FORMAT JSON) " + sql, params).fetchone()
+            assert plan is not None
+            nodes = plan_nodes(plan[0][0]["Plan"])
+            assert ("Seq Scan", "jobs") not in nodes, nodes
+            assert any(name in {"jobs_due_soon", "jobs_unprofiled"} for _, name in nodes), nodes
+    due = store.load_shards(shards, packed=True, due_by=bound)
+    assert due.packed is not None
+    assert set(due.packed.job_id.tolist()) <= set(ids[-5:])
+
+
+def hot_updates(store: PostgresStore) -> int:
+    with store._db.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_fire_that_stays_in_its_due_bucket_is_a_hot_update(store: PostgresStore) -> None:
+    """The due bucket's index moves an entry only when a fire crosses a
+    bucket: a recurring job's claim inside its bucket stays a HOT update,
+    one across a boundary does not."""
+    from tests.store.conftest import interval_job
+
+    start = 7 << DUE_BUCKET_SHIFT
+    ids = store.import_jobs([interval_job(f"r{i}", next_run_at=start) for i in range(4_000)])
+    # One job of every few pages, so that each page has room for the new
+    # version (a HOT update stays on its page).
+    picked = ids[::200]
+    inside, across = picked[::2], picked[1::2]
+    before = hot_updates(store)
+    claims = [claim(j, start, new=start + 60_000) for j in inside]
+    claims += [claim(j, start, new=start + (2 << DUE_BUCKET_SHIFT)) for j in across]
+    assert all(o.run_id is not None for o in store.claim_fires(claims))
+    # The server publishes a backend's counts within seconds of its going idle.
+    deadline = time.monotonic() + 30
+    while hot_updates(store) < before + len(inside) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert hot_updates(store) - before == len(inside)

@@ -38,6 +38,18 @@ UNWELL_SQL = "('failed', 'lost', 'timed_out')"
 # without it scanned every execution ever kept. Runs that end in these
 # states are few; the index stays small and success writes nothing to it.
 UNWELL_INDEX = f"CREATE INDEX executions_unwell ON executions (job_id) WHERE state IN {UNWELL_SQL}"
+# Due-first gain (``Store.load_shards(due_by=...)``): a coarse due time,
+# ``next_run_at >> DUE_BUCKET_SHIFT`` (buckets of about 17.5 minutes), so
+# that a new owner finds a shard's jobs due soon through an index, not a scan.
+# Indexing ``next_run_at`` itself would move every fired recurring job's
+# entry (migration 3 dropped that index); the bucket changes only when a
+# fire crosses a boundary, so on PostgreSQL most claims stay HOT updates (a
+# job fired each minute crosses one boundary in about 17 fires). The index
+# covers the active jobs by shard, and also finds those with no next fire.
+DUE_BUCKET_SHIFT = 20
+DUE_BUCKET_SQL = f"next_run_at >> {DUE_BUCKET_SHIFT}"
+
+
 # ``retry_candidates`` on both stores (``e`` the execution, ``j`` its job):
 # latest attempts owed a retry or re-dispatch, found through that index.
 RETRY_WHERE = (
@@ -194,6 +206,16 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
             "ALTER TABLE job_specs ADD COLUMN payload BLOB",
         ],
     ),
+    (
+        8,
+        [
+            # A coarse due time (DUE_BUCKET_SHIFT) for the due-first load's
+            # query, shared with PostgreSQL. Computed, not stored, and not
+            # indexed: only a cluster gains shards due first, on PostgreSQL.
+            "ALTER TABLE jobs ADD COLUMN due_bucket INTEGER"
+            f" GENERATED ALWAYS AS ({DUE_BUCKET_SQL}) VIRTUAL",
+        ],
+    ),
 ]
 
 PG_MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -336,6 +358,21 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
             # The payload beside the spec, read with the claim that dispatches
             # it; a NULL: a job stored before, whose spec holds it.
             "ALTER TABLE job_specs ADD COLUMN payload bytea",
+        ],
+    ),
+    (
+        8,
+        [
+            # A coarse due time (DUE_BUCKET_SHIFT), stored and indexed by shard
+            # for the active jobs: a shard gained due first reads its jobs due
+            # soon (and those with no next fire) through it. The table is
+            # rewritten once, here.
+            "ALTER TABLE jobs ADD COLUMN due_bucket bigint"
+            f" GENERATED ALWAYS AS ({DUE_BUCKET_SQL}) STORED",
+            "CREATE INDEX jobs_due_soon ON jobs (shard, due_bucket) WHERE state = 'active'",
+            # Jobs stored before profiles, which the due-first load reads whole.
+            "CREATE INDEX jobs_unprofiled ON jobs (shard)"
+            " WHERE profile_id IS NULL AND state IN ('active', 'paused')",
         ],
     ),
 ]

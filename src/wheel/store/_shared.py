@@ -32,7 +32,7 @@ from wheel.engine.profiles import Profile, profile_of, split_spec
 from wheel.engine.records import ClaimOutcome, JobRow, NewJob, PackedRows, RowChanges
 from wheel.engine.spec import JobSpec
 from wheel.errors import AlreadyExists, InvalidArgument, NotFound
-from wheel.store._schema import INFLIGHT_WHERE
+from wheel.store._schema import DUE_BUCKET_SHIFT, INFLIGHT_WHERE
 from wheel.store.base import Completion, ExecutionRecord, JobRecord, MissedFire
 
 Row = Sequence[Any]
@@ -263,11 +263,12 @@ class Queries:
         packed = f"SELECT {PACKED_COLUMNS} FROM jobs AS j WHERE {live} AND {PACKABLE}"
         self.packed_jobs = f"{packed} ORDER BY j.job_id"
         self.packed_jobs_of_shards = f"{packed} AND {self.shards_in} ORDER BY j.job_id"
-        # A gain due first (parameters: the bound, the shards): the rows due
-        # by the bound, then the others.
+        # A gain due first (parameters: the bound's due bucket, the bound,
+        # the shards): the rows due by the bound, through the due bucket's
+        # index, then the others.
         self.packed_due_of_shards = (
-            f"{packed} AND j.state = 'active' AND j.next_run_at <= {p} AND {self.shards_in}"
-            " ORDER BY j.job_id"
+            f"{packed} AND j.state = 'active' AND j.due_bucket <= {p} AND j.next_run_at <= {p}"
+            f" AND {self.shards_in} ORDER BY j.job_id"
         )
         self.packed_later_of_shards = (
             f"{packed} AND (j.state = 'paused' OR j.next_run_at > {p}) AND {self.shards_in}"
@@ -276,6 +277,12 @@ class Queries:
         unpacked = f"{jobs} WHERE {live} AND NOT ({PACKABLE})"
         self.unpacked_jobs = f"{unpacked} ORDER BY j.job_id"
         self.unpacked_jobs_of_shards = f"{unpacked} AND {self.shards_in} ORDER BY j.job_id"
+        # The same for a gain due first, through the indexes of jobs without
+        # a profile and of active jobs by due bucket (NULL: no next fire).
+        self.unpacked_due_of_shards = (
+            f"{jobs} WHERE {self.shards_in} AND (j.profile_id IS NULL AND {live}"
+            " OR j.state = 'active' AND j.due_bucket IS NULL) ORDER BY j.job_id"
+        )
         self.profiles = "SELECT profile_id, body FROM job_profiles"
         self.profiles_by_id = (
             "SELECT profile_id, body FROM job_profiles"
@@ -464,8 +471,10 @@ def load_packed(
     everything = len(shards) == SHARD_COUNT
     ints = q.dialect.ints(shards)
     if due_by is not None:
-        rest = cur.execute(q.unpacked_jobs_of_shards, (ints,)).fetchall()
-        packed = cur.execute(q.packed_due_of_shards, (due_by, ints)).fetchall()
+        rest = cur.execute(q.unpacked_due_of_shards, (ints,)).fetchall()
+        packed = cur.execute(
+            q.packed_due_of_shards, (due_by >> DUE_BUCKET_SHIFT, due_by, ints)
+        ).fetchall()
     elif later_than is not None:
         rest = []
         packed = cur.execute(q.packed_later_of_shards, (later_than, ints)).fetchall()
