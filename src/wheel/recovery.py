@@ -276,8 +276,9 @@ def shard_contents(
 ) -> ShardContents:
     """What an owner takes on with ``shards``: the jobs it arms (as packed
     rows, and as rows or records over them), their runs in flight and
-    pending retries from the store (``retries``: read already), and the finished jobs those runs and
-    retries still belong to."""
+    pending retries from the store (``retries``: read already), and the
+    jobs those runs and retries belong to that the rest leaves out (whole:
+    finished ones to end their runs, scheduled ones to arm)."""
     if retries is None:
         retries = store.retry_candidates(shards)
     inflight = _take_unsent(store, inflight)
@@ -289,6 +290,10 @@ def shard_contents(
     ended = {r.job_id for page in rows for r in page.rows if r.state not in _SCHEDULED}
     over = {i: r for i, r in latest.items() if r.state not in _SCHEDULED}
     finished: list[JobRecord] = []
+    # Jobs of those runs that the load left out (a gain due first loads a
+    # job due later behind) and that are still scheduled: taken on whole,
+    # as live jobs, or their schedules would be taken for over.
+    live: list[JobRecord] = []
     for job_id in sorted({e.job_id for e in (*inflight, *retries)}):
         if job_id in over:
             finished.append(over[job_id])
@@ -300,12 +305,12 @@ def shard_contents(
         except NotFound:
             log.warning("run of unknown job %s ignored", job_id)
             continue
-        finished.append(record)
+        (live if record.state in _SCHEDULED else finished).append(record)
     return ShardContents(
         packed=packed,
         profiles=profiles,
         rows=rows,
-        jobs=jobs,
+        jobs=[*jobs, *live],
         finished=finished,
         inflight=inflight,
         retries=retries,

@@ -1528,6 +1528,49 @@ def test_shards_gained_due_first_fire_as_shards_loaded_whole() -> None:
     assert early | late == sweep(whole, fx_whole, T)
 
 
+def test_a_job_due_later_with_a_run_in_flight_keeps_its_schedule_in_a_gain_due_first() -> None:
+    """A gain due first leaves a job due after the bound to the rest; when
+    the job has a run in flight, the load takes it on whole with the run, as
+    a job still scheduled (not one whose schedule is over), and it fires on
+    after the rest is added. A paused one with a run stays paused."""
+    n = Node()
+    # Allowed to overlap: its next fires do not wait for the run in flight.
+    every = spec(
+        schedule=Interval(period_ms=HOUR, start_at_ms=T + MIN),
+        overlap=Overlap(policy=OverlapPolicy.ALLOW, max_concurrent=10),
+    )
+    hourly, paused = n.submit(every), n.submit(every)
+    claims = [
+        FireClaim(
+            job_id=job_id,
+            scheduled_for=T + MIN,
+            attempt=0,
+            fence=(1 << COUNTER_BITS) | (k + 1),
+            dispatched_at_ms=T + MIN,
+            advance=True,
+            expected_next_run_at=T + MIN,
+            new_next_run_at=T + MIN + HOUR,
+        )
+        for k, job_id in enumerate((hourly, paused))
+    ]
+    assert all(o.run_id is not None for o in n.store.claim_fires(claims))
+    n.store.set_job_state(paused, JobState.PAUSED, next_run_at=None, now_ms=T + MIN)
+    shards = sorted({shard_of(hourly), shard_of(paused)})
+    epochs = dict.fromkeys(shards, 2)
+    now, bound = T + 2 * MIN, T + 20 * MIN
+    owner, fx = Owner(now_ms=now, config=n.config), Effects()
+    owner.add_shards(epochs, load_shard_contents(n.store, shards, due_by=bound)[0], now, fx)
+    owner.worker_hello("w1", 1_000, ["default"], now, fx)
+    owner.add_rest(*load_later(n.store, shards, bound))
+    fires = set()
+    for t in range(now, T + 3 * HOUR, MIN):
+        owner.advance(t, fx)
+        fires |= {(c.job_id, c.scheduled_for) for c in fx.claims}
+        fx.claims.clear()
+    assert {(hourly, T + MIN + HOUR), (hourly, T + MIN + 2 * HOUR)} <= fires
+    assert not {f for j, f in fires if j == paused and f > T + MIN}
+
+
 def test_a_staged_shard_takes_on_what_its_owner_and_the_api_changed_since() -> None:
     """A planned move stages a shard's jobs while its owner serves them. At
     the switch, what the old owner did since (a fire claimed and the

@@ -288,10 +288,13 @@ class EtcdCoordinator:
             thread.start()
         # A join's preparation (loading the shards to come) may take longer
         # than reaching etcd: the timeout is about etcd.
+        # The timeout is counted again from the end of a preparation.
         deadline = time.monotonic() + self._start_timeout
         joined = False
         while not joined and (self._preparing or time.monotonic() < deadline):
             joined = await asyncio.to_thread(self._started.wait, 0.25)
+            if self._preparing:
+                deadline = time.monotonic() + self._start_timeout
         if not joined:
             await self._shutdown_threads()
             self._client.close()
@@ -759,6 +762,8 @@ class EtcdCoordinator:
             try:
                 await asyncio.to_thread(self._call, self._etcd().put, key, "", lease=lease)
             except CoordinationError as exc:
+                # Said at the next reconcile, if the leaver is still there.
+                self._prepared_for.pop(leaver, None)
                 _log.info("ready for %s not said (it may be gone): %s", leaver, exc)
 
     def _lease_valid(self) -> bool:
@@ -811,6 +816,15 @@ class EtcdCoordinator:
             self._run_hook(self._releaser, release, RELEASE_WAIT_S)
             self._publish(OwnershipChange(lost=frozenset(release)))
             self._delete_keys(sorted(release))
+        # Keys of shards released before whose delete failed: tried again.
+        left = [s for s in self._acquired_rev if s not in self._owned and s not in release]
+        if left:
+            self._delete_keys(
+                [s for s in left if holders.get(s) == (self.node_id, self._acquired_rev[s])]
+            )
+            for shard in left:
+                if holders.get(shard) != (self.node_id, self._acquired_rev.get(shard)):
+                    self._acquired_rev.pop(shard, None)
 
         free = sorted(s for s in mine if s not in self._owned and s not in holders)
         gained: dict[int, int] = {}
@@ -832,10 +846,12 @@ class EtcdCoordinator:
 
     def _delete_keys(self, shards: Sequence[int]) -> None:
         """Delete our keys of ``shards`` (released), ``ACQUIRE_BATCH`` to a
-        transaction; a key changed meanwhile is not ours any more and stays."""
+        transaction; a key changed meanwhile is not ours any more and stays.
+        A shard's revision is forgotten only once its delete ran, so that a
+        failed call leaves it for the next release to try again."""
         client = self._etcd()
         tx = client.transactions
-        revs = {s: self._acquired_rev.pop(s) for s in shards if s in self._acquired_rev}
+        revs = {s: self._acquired_rev[s] for s in shards if s in self._acquired_rev}
         keys = {s: f"{self._shards_prefix}{s}" for s in revs}
         order = sorted(revs)
         for at in range(0, len(order), ACQUIRE_BATCH):
@@ -846,15 +862,17 @@ class EtcdCoordinator:
                 success=[tx.delete(keys[s]) for s in part],
                 failure=[],
             )
-            if ok:
-                continue
+            if not ok:
+                for shard in part:
+                    self._call(
+                        client.transaction,
+                        compare=[tx.mod(keys[shard]) == revs[shard]],
+                        success=[tx.delete(keys[shard])],
+                        failure=[],
+                    )
             for shard in part:
-                self._call(
-                    client.transaction,
-                    compare=[tx.mod(keys[shard]) == revs[shard]],
-                    success=[tx.delete(keys[shard])],
-                    failure=[],
-                )
+                if self._acquired_rev.get(shard) == revs[shard]:
+                    del self._acquired_rev[shard]
 
     def _acquire_batch(
         self, shards: Sequence[int], lease_id: int, epochs: Mapping[int, tuple[int, int]]

@@ -229,20 +229,36 @@ class ShardOwnership:
         """The rest of shards taken on due first: the jobs due after
         ``after`` (or paused), added to those still held under the same
         epoch (a shard lost and gained again meanwhile has a load of its
-        own, newer than this one)."""
+        own, newer than this one). A failed read is tried again, alone: the
+        shards go on dispatching what they hold, and stay out of snapshots
+        until their rest is in (a snapshot of a part would lose the rest)."""
         node = self.node
         shards = sorted(epochs)
         node.loading_rest(shards)
         started = time.perf_counter()
-        try:
-            load = functools.partial(load_later, node.store, shards, after)
-            packed, profiles = await node.in_thread(load)
-            added = node.add_rest(self._still_ours(epochs), packed, profiles)
-        finally:
-            node.rest_loaded(shards)
+        backoff = GAIN_RETRY_S[0]
+        load = functools.partial(load_later, node.store, shards, after)
+        while True:
+            if not self._still_ours(epochs) or node.stopping:
+                return  # handed over meanwhile, which ends their partial state
+            try:
+                packed, profiles = await node.in_thread(load)
+                break
+            except Exception as exc:
+                log.warning(
+                    "loading the rest of %d shards failed (%s); retrying in %.2fs",
+                    len(shards),
+                    exc,
+                    backoff,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, GAIN_RETRY_S[1])
+        mine = self._still_ours(epochs)
+        added = node.add_rest(mine, packed, profiles)
+        node.rest_loaded(mine)
         log.info(
             "loaded the rest of %d shards: %d jobs in %.2fs",
-            len(shards),
+            len(mine),
             added,
             time.perf_counter() - started,
         )
