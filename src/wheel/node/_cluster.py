@@ -105,10 +105,7 @@ class ShardOwnership:
         holds from there, the others from the store. Their gain then reads
         only what changed since."""
         node = self.node
-        now = time.monotonic()
-        for shard, staged in list(self._staged.items()):
-            if now - staged.at > STAGED_TTL_S:
-                del self._staged[shard]
+        self._drop_old_stagings()
         held = node.held_shards()
         wanted = sorted(s for s in shards if s not in held and s not in self._staged)
         if not wanted or node.stopping:
@@ -130,14 +127,23 @@ class ShardOwnership:
             stagings.append(
                 await node.in_thread(functools.partial(stage_from_store, node.store, rest))
             )
+        # A shard gained while it loaded has its own load already.
+        held = node.held_shards()
         for staged in stagings:
-            self._staged.update(dict.fromkeys(staged.shards, staged))
+            self._staged.update((s, staged) for s in staged.shards if s not in held)
         log.info(
             "prepared %d shards for a planned move in %.2fs (%d from the checkpoint)",
             len(wanted),
             time.perf_counter() - started,
             len(as_of),
         )
+
+    def _drop_old_stagings(self) -> None:
+        """Stagings older than ``STAGED_TTL_S``: their gain did not come."""
+        now = time.monotonic()
+        for shard, staged in list(self._staged.items()):
+            if now - staged.at > STAGED_TTL_S:
+                del self._staged[shard]
 
     async def release(self, shards: frozenset[int]) -> None:
         """A planned move of ``shards`` to another member: hand them over
@@ -270,6 +276,7 @@ class ShardOwnership:
         others from the store."""
         node, store = self.node, self.node.store
         now = node.clock.now_ms()
+        self._drop_old_stagings()
         parts: list[_Part] = []
         stagings: dict[int, tuple[Staged, list[int]]] = {}
         for shard in sorted(epochs):

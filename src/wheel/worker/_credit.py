@@ -26,7 +26,9 @@ new work there is taken at once and then shows as demand. What nobody wants
 is split evenly: a lone node, or a burst at an idle one, gets it at once. A
 busy node that goes idle gives its unused credit back on the next pass, so no
 node's share starves while another's idles. With one link the split is the
-whole capacity, as before clusters, and no Credit is ever sent.
+whole capacity less what other nodes' runs still hold (runs of a link that
+went down, completions not yet confirmed), and a Credit is sent only when
+that moves the grant by a 32nd of the capacity or more.
 """
 
 from __future__ import annotations
