@@ -55,6 +55,7 @@ from wheel.engine.owner import (
     Outcome,
     Owner,
     OwnerConfig,
+    ShardContents,
 )
 from wheel.engine.records import (
     JobRecord,
@@ -75,7 +76,14 @@ from wheel.engine.spec import (
     Retry,
     SideEffect,
 )
-from wheel.recovery import restore_owner
+from wheel.node._cluster import DUE_FIRST_SLACK_MS
+from wheel.recovery import (
+    load_later,
+    load_shard_contents,
+    restore_owner,
+    stage_from_store,
+    staged_contents,
+)
 
 SEC = 1_000
 MIN = 60 * SEC
@@ -346,6 +354,9 @@ class History:
     restarts: int = 0
     mid_iteration_crashes: int = 0
     takeovers: int = 0
+    # Takeovers loaded due first (the rest added later), planned moves.
+    due_first: int = 0
+    planned_moves: int = 0
     # Simulated time the drain took after the end (see ``Sim.drain``).
     drain_ms: int = 0
     crashes: int = 0
@@ -481,6 +492,63 @@ class Sim:
         they hold (a frozen one does so when it wakes)."""
         self.history.takeovers += 1
         self.start_node()
+        self._reconnect()
+
+    def _new_owner(self, epochs: dict[int, int], contents: ShardContents) -> Driver:
+        owner = Owner(now_ms=self.now, config=self.config)
+        fx = Effects()
+        owner.add_shards(epochs, contents, self.now, fx)
+        self.driver = Driver(owner, fx)
+        self.sessions = {}
+        self._reconnect()
+        return self.driver
+
+    def take_over_due_first(self) -> None:
+        """A takeover loaded due first, as a node gaining shards after a
+        crash does (``wheel.node._cluster``): the jobs due within the arming
+        window and a slack with the runs in flight and the retries at once,
+        the rest seconds later, added where the owner has no row of the job
+        (what it holds then is newer)."""
+        self.history.takeovers += 1
+        self.history.due_first += 1
+        store, now = self.store, self.now
+        store.now_ms = now
+        epochs = store.acquire_epochs(range(SHARD_COUNT))
+        shards = sorted(epochs)
+        bound = now + self.config.arm_ahead_ms + DUE_FIRST_SLACK_MS
+        driver = self._new_owner(epochs, load_shard_contents(store, shards, due_by=bound)[0])
+
+        def rest() -> None:
+            if self.driver is driver:  # not crashed or taken over since
+                store.now_ms = self.now
+                driver.owner.add_rest(*load_later(store, shards, bound))
+
+        self.at(now + self.rng.randint(1, 30) * SEC, rest)
+
+    def planned_move(self) -> None:
+        """A planned move of every shard to another owner: it stages them
+        from the store while this one serves them; seconds later this one
+        hands them over, marking its runs claimed and never sent, and the
+        new one takes the staging and what the store changed since."""
+        store, old = self.store, self.driver
+        store.now_ms = self.now
+        staged = stage_from_store(store, range(SHARD_COUNT))
+
+        def switch() -> None:
+            if old is None or self.driver is not old:
+                return  # the node crashed meanwhile: the staging is dropped
+            self.history.planned_moves += 1
+            store.now_ms = self.now
+            held = sorted(old.owner.shards())
+            sent = old.sent_runs(held)
+            old.hand_over(held)
+            store.release_unsent(held, sent)
+            epochs = store.acquire_epochs(range(SHARD_COUNT))
+            self._new_owner(epochs, staged_contents(store, staged, sorted(epochs), self.now)[0])
+
+        self.at(self.now + self.rng.randint(1, 20) * SEC, switch)
+
+    def _reconnect(self) -> None:
         for w in self.workers:
             if w.down or w.token is None:
                 continue
@@ -740,10 +808,14 @@ class Sim:
         if self.owner is None:
             return
         r = self.rng.random()
-        if r < 0.25:
+        if r < 0.2:
             self._crash_mid_iteration = True
-        elif r < 0.5:
+        elif r < 0.35:
             self.take_over()
+        elif r < 0.5:
+            self.take_over_due_first()
+        elif r < 0.65:
+            self.planned_move()
         else:
             self.crash_node(self._down_time())
 

@@ -63,6 +63,8 @@ def test_every_promise_holds_over_a_simulated_fleet(seed: int) -> None:
     _run(seed, SCALE)
 
 
+# Takeovers are whole loads, due-first loads with the rest added later, and
+# planned moves (a staging, the old owner's unsent runs marked).
 # Seeds 8 and 10 failed the drain check before a completed one-shot adopted
 # after a rebuild was no longer left paused: its lost run's re-dispatch (8) or
 # its retry (10) waited forever for a resume. Seed 25: a fixed_delay job's
@@ -74,3 +76,4 @@ def test_every_promise_holds_across_frequent_node_restarts(seed: int) -> None:
     # with long outages that exercise every catch-up mode.
     sim = _run(seed, SimScale(jobs=250, days=1, node_restart_every=40 * 60_000))
     assert sim.history.takeovers and sim.history.mid_iteration_crashes
+    assert sim.history.due_first and sim.history.planned_moves

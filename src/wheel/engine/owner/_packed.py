@@ -318,7 +318,8 @@ class _Packed(_OwnerState):
             if held is None or not len(rows):
                 continue
             table = held.table
-            have = np.frombuffer(table.ids, dtype=np.int64) if table.ids else np.empty(0, np.int64)
+            # A copy: a view of the table's ids would keep it from growing.
+            have = np.array(table.ids, dtype=np.int64)
             new = rows.take(~np.isin(rows.ids, have))
             if not len(new):
                 continue
