@@ -145,15 +145,19 @@ class Node:
     def stop(self) -> None:
         stop_all([self.proc] if self.proc else [])
 
-    def held(self) -> tuple[dict[int, int], dict[int, str]] | None:
+    def held(self, client: Any = None) -> tuple[dict[int, int], dict[int, str]] | None:
         """(shard -> epoch it holds loaded, shard -> owner as it sees them), or
-        None when it does not answer."""
+        None when it does not answer. ``client``: a ``wheel.client.Client``
+        of this node to ask through (else one for this call)."""
         from wheel.client import Client
         from wheel.errors import WheelError
 
         try:
-            with Client(self.target, timeout=2.0) as client:
+            if client is not None:
                 status = client.status(include_shards=True)
+            else:
+                with Client(self.target, timeout=2.0) as own:
+                    status = own.status(include_shards=True)
         except WheelError:  # the client's word for every failed call
             return None
         return (

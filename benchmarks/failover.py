@@ -126,12 +126,30 @@ class Watch:
             thread.start()
 
     def _ask(self, node: Node, every_s: float) -> None:
-        while not self._stop.wait(every_s):
-            sent = h.now_ms()
-            got = node.held() if node.alive else None
-            if got is not None:
+        # One connection per node, kept while it answers: a connection set up
+        # for every question would add its own latency to each answer (and so
+        # to every gap measured). After a failure the next question opens a
+        # new one, so a restarted node is asked at once, not after a backoff.
+        from wheel.client import Client
+
+        client: Client | None = None
+        try:
+            while not self._stop.wait(every_s):
+                if not node.alive:
+                    continue
+                if client is None:
+                    client = Client(node.target, timeout=2.0)
+                sent = h.now_ms()
+                got = node.held(client)
+                if got is None:
+                    client.close()
+                    client = None
+                    continue
                 with self._lock:
                     self.seen.append((sent, h.now_ms(), node.node_id, frozenset(got[0])))
+        finally:
+            if client is not None:
+                client.close()
 
     def stop(self) -> list[tuple[int, int, str, frozenset[int]]]:
         self._stop.set()
