@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 from wheel.coord.base import Coordinator, OwnershipChange
 from wheel.engine.owner import ShardContents
 from wheel.errors import StoreError
+from wheel.node._values import trim_heap
 from wheel.recovery import (
     Staged,
     checkpoint_contents,
@@ -67,6 +68,8 @@ log = logging.getLogger("wheel.node")
 # Store trouble while gaining shards: retried with this backoff while they are
 # still ours.
 GAIN_RETRY_S = (0.05, 2.0)
+# Shards of a gain's rest added to the owner between two turns of the loop.
+REST_SHARDS_AT_ONCE = 8
 # A staging older than this is not used: its changes since would be a load
 # of their own.
 STAGED_TTL_S = 120.0
@@ -259,9 +262,19 @@ class ShardOwnership:
                 )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, GAIN_RETRY_S[1])
+        # A few shards at a time, so that the loop dispatches in between; a
+        # shard lost meanwhile (or lost and gained again under a new epoch,
+        # with a load of its own) gets nothing more of this one.
+        added = 0
+        order = sorted(packed)
+        for at in range(0, len(order), REST_SHARDS_AT_ONCE):
+            part = {s: packed[s] for s in order[at : at + REST_SHARDS_AT_ONCE]}
+            added += node.add_rest(self._still_ours(epochs), part, profiles)
+            await asyncio.sleep(0)
         mine = self._still_ours(epochs)
-        added = node.add_rest(mine, packed, profiles)
         node.rest_loaded(mine)
+        packed.clear()  # the owner's tables hold copies: give the heap back
+        await asyncio.to_thread(trim_heap)
         log.info(
             "loaded the rest of %d shards: %d jobs in %.2fs",
             len(mine),

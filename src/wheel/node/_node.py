@@ -292,11 +292,11 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
         self, shards: Collection[int], packed: Mapping[int, Columns], profiles: Sequence[Profile]
     ) -> int:
         """The rest of ``shards`` taken on due first (those still held),
-        added to the owner; how many jobs."""
+        added to the owner; how many jobs. The caller gives the heap back
+        (``trim_heap``) once all of it is in."""
         held = set(shards) & set(self._owner().shards())
         added = self._owner().add_rest({s: c for s, c in packed.items() if s in held}, profiles)
         self.wake()
-        trim_heap()
         return added
 
     def rest_loaded(self, shards: Collection[int]) -> None:
