@@ -32,10 +32,8 @@ from typing import TypeVar
 from wheel.checkpoint.owner_state import log_entry
 from wheel.coord.base import Coordinator
 from wheel.engine.driver import Driver, next_fires_of
-from wheel.engine.jobtable import Columns
 from wheel.engine.model import SHARD_COUNT, JobState
 from wheel.engine.owner import Effects, Outcome, Owner, ShardContents
-from wheel.engine.profiles import Profile
 from wheel.engine.records import JobRecord, NewJob
 from wheel.engine.spec import JobSpec
 from wheel.errors import CheckpointError, FailedPrecondition, StoreError, WheelError
@@ -43,6 +41,7 @@ from wheel.logs import ids
 from wheel.node._checkpointing import NodeCheckpoint
 from wheel.node._cluster import ShardOwnership
 from wheel.node._membership import NodeMembership
+from wheel.node._moving import NodeMoving
 from wheel.node._ops import NodeOps
 from wheel.node._reads import NodeReads
 from wheel.node._tenancy import NodeTenancy
@@ -71,7 +70,7 @@ Epochs = Mapping[int, int] | None
 T = TypeVar("T")
 
 
-class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
+class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint, NodeMoving):
     """One node owning shards (all 256 on a single node)."""
 
     def __init__(
@@ -284,27 +283,6 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
         self.wake()
         trim_heap()
 
-    def loading_rest(self, shards: Collection[int]) -> None:
-        """``shards`` were taken on due first; their rest is on its way."""
-        self._partial.update(shards)
-
-    def add_rest(
-        self, shards: Collection[int], packed: Mapping[int, Columns], profiles: Sequence[Profile]
-    ) -> int:
-        """The rest of ``shards`` taken on due first (those still held),
-        added to the owner; how many jobs. The caller gives the heap back
-        (``trim_heap``) once all of it is in."""
-        held = set(shards) & set(self._owner().shards())
-        added = self._owner().add_rest({s: c for s, c in packed.items() if s in held}, profiles)
-        self.wake()
-        return added
-
-    def rest_loaded(self, shards: Collection[int]) -> None:
-        """The rest of ``shards`` is in (or will not come): the next snapshot
-        writes them whole."""
-        self._partial.difference_update(shards)
-        self._snapshot_due = self._checkpoint is not None
-
     def _loop_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.critical("dispatch loop died", exc_info=task.exception())
@@ -329,34 +307,6 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint):
         for session in list(self.sessions.values()):
             session.closed = True
             session.outbox.put_nowait(None)
-
-    async def hand_over_planned(self, shards: Collection[int]) -> None:
-        """A planned hand-over (this node leaving, or a member joining that
-        takes them): ``hand_over``, then the runs of ``shards`` claimed and
-        never sent are marked so that their next owner sends them at once.
-        On the store's thread, after the batches on their way there: claims
-        they commit are marked too."""
-        if self._driver is None:
-            return
-        held = [s for s in shards if s in self._driver.owner.shards()]
-        if not held:
-            return
-        sent = self._driver.sent_runs(held)
-        self.hand_over(held)
-        await self._release_unsent(held, sent)
-
-    async def _release_unsent(self, shards: Collection[int], sent: Collection[int]) -> None:
-        loop = asyncio.get_running_loop()
-        release = functools.partial(self.store.release_unsent, shards, sent)
-        try:
-            marked = await loop.run_in_executor(self._store_thread, release)
-        except StoreError as exc:
-            log.warning(
-                "runs not sent yet were not handed over (their grace leases lapse): %s", exc
-            )
-            return
-        if marked:
-            log.info("handed over %d runs not sent to a worker yet", marked)
 
     async def stop(self) -> None:
         """Stop dispatching (after ``leave``, if it was not called)."""

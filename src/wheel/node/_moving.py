@@ -1,0 +1,92 @@
+"""A node's side of shards that move (``wheel.node._cluster``): the rest of
+a gain loaded due first, and a planned hand-over that passes the runs
+claimed and never sent to the next owner."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from wheel.engine.jobtable import Columns
+from wheel.engine.profiles import Profile
+from wheel.errors import StoreError
+from wheel.store.base import Store
+
+if TYPE_CHECKING:
+    from wheel.checkpoint import Checkpoint
+    from wheel.engine.driver import Driver
+    from wheel.engine.owner import Owner
+
+log = logging.getLogger("wheel.node")
+
+
+class NodeMoving:
+    """Shards that move, of ``wheel.node.Node``."""
+
+    store: Store
+    _driver: Driver | None
+    _partial: set[int]
+    _snapshot_due: bool
+    _checkpoint: Checkpoint | None
+    _store_thread: ThreadPoolExecutor
+
+    if TYPE_CHECKING:
+
+        def _owner(self) -> Owner: ...
+
+        def wake(self) -> None: ...
+
+        def hand_over(self, shards: Collection[int]) -> None: ...
+
+    def loading_rest(self, shards: Collection[int]) -> None:
+        """``shards`` were taken on due first; their rest is on its way."""
+        self._partial.update(shards)
+
+    def add_rest(
+        self, shards: Collection[int], packed: Mapping[int, Columns], profiles: Sequence[Profile]
+    ) -> int:
+        """The rest of ``shards`` taken on due first (those still held),
+        added to the owner; how many jobs. The caller gives the heap back
+        (``trim_heap``) once all of it is in."""
+        held = set(shards) & set(self._owner().shards())
+        added = self._owner().add_rest({s: c for s, c in packed.items() if s in held}, profiles)
+        self.wake()
+        return added
+
+    def rest_loaded(self, shards: Collection[int]) -> None:
+        """The rest of ``shards`` is in (or will not come): the next snapshot
+        writes them whole."""
+        self._partial.difference_update(shards)
+        self._snapshot_due = self._checkpoint is not None
+
+    async def hand_over_planned(self, shards: Collection[int]) -> None:
+        """A planned hand-over (this node leaving, or a member joining that
+        takes them): ``hand_over``, then the runs of ``shards`` claimed and
+        never sent are marked so that their next owner sends them at once.
+        On the store's thread, after the batches on their way there: claims
+        they commit are marked too."""
+        if self._driver is None:
+            return
+        held = [s for s in shards if s in self._driver.owner.shards()]
+        if not held:
+            return
+        sent = self._driver.sent_runs(held)
+        self.hand_over(held)
+        await self._release_unsent(held, sent)
+
+    async def _release_unsent(self, shards: Collection[int], sent: Collection[int]) -> None:
+        loop = asyncio.get_running_loop()
+        release = functools.partial(self.store.release_unsent, shards, sent)
+        try:
+            marked = await loop.run_in_executor(self._store_thread, release)
+        except StoreError as exc:
+            log.warning(
+                "runs not sent yet were not handed over (their grace leases lapse): %s", exc
+            )
+            return
+        if marked:
+            log.info("handed over %d runs not sent to a worker yet", marked)
