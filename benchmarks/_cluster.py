@@ -165,6 +165,27 @@ class Node:
             {s.shard: s.owner for s in status.shards},
         )
 
+    def switches(self) -> tuple[dict[int, int], dict[tuple[int, int], int]] | None:
+        """(shard -> ms since it dispatches it, (shard, epoch) -> ms it
+        stopped dispatching it under that epoch, of its latest releases),
+        both on the cluster's clock, as this node records them; None when it
+        does not answer."""
+        from wheel.client import Client
+        from wheel.errors import WheelError
+
+        try:
+            with Client(self.target, timeout=2.0) as own:
+                status = own.status(include_shards=True)
+        except WheelError:
+            return None
+        since = {
+            s.shard: round(s.dispatching_since.timestamp() * 1000)
+            for s in status.shards
+            if s.dispatching_since is not None
+        }
+        released = {(r.shard, r.epoch): round(r.at.timestamp() * 1000) for r in status.released}
+        return since, released
+
 
 class LocalCluster:
     """etcd plus ``size`` nodes on one PostgreSQL schema (``store``)."""

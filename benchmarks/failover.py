@@ -35,10 +35,15 @@ back to it while their current owners serve them), measured as such:
 
 - ``jobs``;
 - ``handover_unowned_s_max``: the longest time a shard moving back had no
-  dispatching owner: from the last status answer of its previous holder
-  that still held it (the time the question was sent) to the first answer
-  of the restarted node that held it (the time the answer came), each node
-  asked by its own thread every 20 ms: an upper bound;
+  dispatching owner, from the nodes' own records on the cluster's one clock
+  (the store's): from the moment its previous holder stopped dispatching it
+  to the moment the restarted node began (``GetClusterStatus``: a shard's
+  ``dispatching_since_ms``, and the ``released`` shards with their time);
+- ``handover_unowned_poll_s_max``: the same seen from outside, an upper
+  bound: from the last status answer of the previous holder that still held
+  it (the time the question was sent) to the first answer of the restarted
+  node that held it (the time the answer came), each node asked by its own
+  thread every 20 ms;
 - ``handover_late_max_ms``: the latest first receipt of a fire due in a
   moving shard, from the restart to a second after the cluster settled;
 - ``duplicates_planned``: duplicates (as ``duplicates``) among the fires of
@@ -109,6 +114,7 @@ class Move:
     end_ms: int = 0
     shards: set[int] = field(default_factory=set)
     unowned_s: float = 0.0
+    unowned_poll_s: float = 0.0
 
 
 class Watch:
@@ -172,20 +178,31 @@ def planned_move(cluster: LocalCluster, victim: Node, ttl_s: int) -> Move:
         seen = watch.stop()
     move.end_ms = h.now_ms()
     mine = cluster.held([victim]).get(victim.node_id, {})
-    holder = {s: n for n, shards in before.items() for s in shards}
+    holder = {s: (n, epoch) for n, shards in before.items() for s, epoch in shards.items()}
     move.shards = {s for s in mine if s in holder}
-    gaps = []
+    records = {n.node_id: n.switches() for n in cluster.nodes}
+    gaps, polled = [], []
     for shard in move.shards:
+        old, epoch = holder[shard]
+        new_records, old_records = records[victim.node_id], records[old]
+        began = new_records[0].get(shard) if new_records is not None else None
+        stopped = old_records[1].get((shard, epoch)) if old_records is not None else None
+        if began is None or stopped is None:
+            # Not on record (a node that did not answer): the whole move.
+            print(f"warning: shard {shard}'s switch is not on record", file=sys.stderr)
+            began, stopped = move.end_ms, move.start_ms
+        gaps.append(max(0, began - stopped) / 1000)
         last_old = max(
-            (sent for sent, _, n, held in seen if n == holder[shard] and shard in held),
+            (sent for sent, _, n, held in seen if n == old and shard in held),
             default=move.start_ms,
         )
         first_new = min(
             (got for _, got, n, held in seen if n == victim.node_id and shard in held),
             default=move.end_ms,
         )
-        gaps.append(max(0, first_new - last_old) / 1000)
+        polled.append(max(0, first_new - last_old) / 1000)
     move.unowned_s = max(gaps, default=0.0)
+    move.unowned_poll_s = max(polled, default=0.0)
     return move
 
 
@@ -420,7 +437,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             moves.append(move)
             print(
                 f"restart {k + 1}: {len(move.shards)} shards back to {victim.node_id}, each"
-                f" without an owner for at most {move.unowned_s:.2f} s",
+                f" without an owner for at most {move.unowned_s:.3f} s"
+                f" (seen from outside: {move.unowned_poll_s:.2f} s)",
                 file=sys.stderr,
             )
 
@@ -466,6 +484,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "duplicates": analysis.duplicates,
         "jobs": args.jobs,
         "handover_unowned_s_max": round(max((m.unowned_s for m in moves), default=0.0), 3),
+        "handover_unowned_poll_s_max": round(
+            max((m.unowned_poll_s for m in moves), default=0.0), 3
+        ),
         "handover_late_max_ms": max(move_lags, default=0.0),
         "duplicates_planned": move_duplicates,
     }

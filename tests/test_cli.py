@@ -7,7 +7,7 @@ import gc
 import json
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -201,11 +201,17 @@ def test_wheelctl_talks_to_a_node_through_the_client(
         # One node: every shard its own, under the epoch it holds it with.
         node = server.node
         assert node is not None
-        epochs = server.call(lambda: node.status().shards)
+        held = server.call(node.status)
+        epochs, since = held.shards, held.dispatching_since
         assert main(["status", *target, "--shards"]) == 0
         out = capsys.readouterr().out.splitlines()
         assert "shards: node-1 owns 256; 0 without an owner" in out
-        assert out[-SHARD_COUNT:] == [f"{s:>5}  node-1  {epochs[s]:>5}" for s in range(SHARD_COUNT)]
+        # Each since the node started: dispatched under its epoch since then.
+        started = datetime.fromtimestamp(since[0] / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
+        assert set(since.values()) == {since[0]}
+        assert out[-SHARD_COUNT:] == [
+            f"{s:>5}  node-1  {epochs[s]:>5}  {started}" for s in range(SHARD_COUNT)
+        ]
         # The client's checks come back as wheelctl's errors, naming the flag.
         assert main(["submit", *target, "--name", "x", "--handler", "h", "--every", "5s",
                      "--tz", "Europe/Paris"]) == 2  # fmt: skip
@@ -300,7 +306,10 @@ def test_the_shard_map_says_what_is_moving_held_twice_or_unknown() -> None:
         return NodeStatus(node_id=node_id, address=f"{node_id}:1", shards_owned=0)
 
     def row(shard: int, owner: str, epoch: int = 0) -> ShardStatus:
-        return ShardStatus(shard=shard, owner=owner, epoch=epoch, jobs=0, in_flight=0)
+        since = datetime(2026, 3, 1, 4, 5, 6, 789_000, tzinfo=UTC) if epoch else None
+        return ShardStatus(
+            shard=shard, owner=owner, epoch=epoch, jobs=0, in_flight=0, dispatching_since=since
+        )
 
     # As node-a sees it: shard 1 moved to node-b, which node-a still holds;
     # node-b is loading shard 2; node-c does not answer; node-d is gone.
@@ -322,25 +331,29 @@ def test_the_shard_map_says_what_is_moving_held_twice_or_unknown() -> None:
     assert answers == {"node-a": a, "node-b": b, "node-c": None}
     rows = shard_map(a, answers)
     assert len(rows) == SHARD_COUNT
-    assert rows[1] == ShardRow(shard=1, owner="node-b", epoch=5, held_by={"node-b": 5, "node-a": 4})
+    since = datetime(2026, 3, 1, 4, 5, 6, 789_000, tzinfo=UTC)
+    assert rows[1] == ShardRow(
+        shard=1, owner="node-b", epoch=5, held_by={"node-b": 5, "node-a": 4}, since=since
+    )
     assert rows[2].epoch is None and rows[2].held_by == {}
     lines = shard_lines(rows, answers)
     assert lines[:3] == [
         "shards: node-a owns 1, node-b owns 2, node-c owns 1, node-d owns 1; 251 without an owner",
         "no answer from node-c: their epochs are unknown",
-        "shard  owner   epoch",
+        "shard  owner   epoch  dispatching since (UTC)",
     ]
     assert lines[3:9] == [
-        "    0  node-a      3",
-        "    1  node-b      5  also held by node-a at epoch 4",
-        "    2  node-b      -  not loaded by its owner yet",
-        "    3  node-c      -  node-c did not answer",
-        "    4  -           -  no owner",
-        "    5  node-d      -  node-d is not a member",
+        "    0  node-a      3  04:05:06.789",
+        "    1  node-b      5  04:05:06.789  also held by node-a at epoch 4",
+        "    2  node-b      -  -             not loaded by its owner yet",
+        "    3  node-c      -  -             node-c did not answer",
+        "    4  -           -  -             no owner",
+        "    5  node-d      -  -             node-d is not a member",
     ]
     assert rows[1].as_json() == {
         "shard": 1,
         "owner": "node-b",
         "epoch": 5,
+        "dispatching_since": "2026-03-01T04:05:06.789000+00:00",
         "held_by": {"node-a": 4, "node-b": 5},
     }

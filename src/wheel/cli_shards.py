@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from wheel.client import Status
@@ -28,13 +29,15 @@ __all__ = ["ShardRow", "gather", "shard_lines", "shard_map"]
 class ShardRow:
     """One shard: ``owner`` as the asked node routes it ("" while it has
     none); ``epoch``, the owner's own word for the epoch it holds the shard
-    under (None: the owner holds it not loaded yet, or did not answer);
-    ``held_by``, every member that says it holds the shard, with its epoch."""
+    under (None: the owner holds it not loaded yet, or did not answer),
+    and since when it dispatches it; ``held_by``, every member that says it
+    holds the shard, with its epoch."""
 
     shard: int
     owner: str
     epoch: int | None
     held_by: Mapping[str, int]
+    since: datetime | None = None
 
     def notes(self, answered: Mapping[str, bool]) -> list[str]:
         """What is out of the ordinary about this shard, given which members
@@ -57,6 +60,7 @@ class ShardRow:
             "shard": self.shard,
             "owner": self.owner,
             "epoch": self.epoch,
+            "dispatching_since": self.since.isoformat() if self.since else None,
             "held_by": dict(sorted(self.held_by.items())),
         }
 
@@ -76,15 +80,25 @@ def shard_map(asked: Status, answers: Mapping[str, Status | None]) -> list[Shard
     """Every shard's row: its owner from ``asked``, the epochs from the
     members' ``answers`` (a row with an epoch is a shard that member holds)."""
     held: dict[int, dict[str, int]] = {}
+    since: dict[tuple[int, str], datetime | None] = {}
     for node_id, status in answers.items():
         for s in status.shards if status is not None else ():
             if s.epoch:
                 held.setdefault(s.shard, {})[node_id] = s.epoch
+                since[s.shard, node_id] = s.dispatching_since
     owners = {s.shard: s.owner for s in asked.shards}
     rows = []
     for shard in range(SHARD_COUNT):
         owner, holders = owners.get(shard, ""), held.get(shard, {})
-        rows.append(ShardRow(shard=shard, owner=owner, epoch=holders.get(owner), held_by=holders))
+        rows.append(
+            ShardRow(
+                shard=shard,
+                owner=owner,
+                epoch=holders.get(owner),
+                held_by=holders,
+                since=since.get((shard, owner)),
+            )
+        )
     return rows
 
 
@@ -102,10 +116,11 @@ def shard_lines(rows: list[ShardRow], answers: Mapping[str, Status | None]) -> l
     if silent:
         lines.append(f"no answer from {', '.join(silent)}: their epochs are unknown")
     width = max([5, *(len(r.owner) for r in rows)])
-    lines.append(f"shard  {'owner':<{width}}  epoch")
+    lines.append(f"shard  {'owner':<{width}}  epoch  dispatching since (UTC)")
     for r in rows:
         epoch = "-" if r.epoch is None else str(r.epoch)
+        since = r.since.strftime("%H:%M:%S.%f")[:-3] if r.since else "-"
         notes = r.notes(answered)
-        line = f"{r.shard:>5}  {r.owner or '-':<{width}}  {epoch:>5}"
-        lines.append(f"{line}  {'; '.join(notes)}" if notes else line)
+        line = f"{r.shard:>5}  {r.owner or '-':<{width}}  {epoch:>5}  {since:<12}"
+        lines.append(f"{line}  {'; '.join(notes)}" if notes else line.rstrip())
     return lines

@@ -94,6 +94,8 @@ def cmd_alerts(ns: argparse.Namespace) -> int:
 def _json_default(value: object) -> object:
     if isinstance(value, timedelta):
         return value.total_seconds()
+    if isinstance(value, datetime):
+        return value.isoformat()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 

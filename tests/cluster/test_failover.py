@@ -60,10 +60,11 @@ def test_a_killed_node_s_shards_move_within_ttl_and_every_fire_still_runs_once(
             "the victim to run its share of the load",
             0.3,
         )
-        killed = time.monotonic()
+        killed, killed_ms = time.monotonic(), now_ms()
         victim.kill()
         cluster.wait_whole(live=survivors, timeout=TTL_S + 10)
         moved_s = time.monotonic() - killed
+        took_over_ms = now_ms()
         at_takeover = _of_epochs(truth.executions(held), held)
         print(f"shards moved {moved_s:.2f} s after the SIGKILL (ttl {TTL_S} s)")
         assert moved_s <= TTL_S + 1, f"shards moved after {moved_s:.2f} s"
@@ -96,6 +97,12 @@ def test_a_killed_node_s_shards_move_within_ttl_and_every_fire_still_runs_once(
     assert truth.missed_and_run() == []
     # Nothing of the dead node's epochs was created or accepted after the takeover.
     after = _of_epochs(truth.executions(held), held)
+    late = {r: e for r, e in after.items() if r not in at_takeover}
+    epochs = truth.shard_epochs()
+    assert not late, (
+        f"created after the takeover (killed at {killed_ms}, held at {took_over_ms}): "
+        + "; ".join(f"{e} stored epoch {epochs.get(e.shard)}" for e in late.values())
+    )
     assert set(after) == set(at_takeover)
     assert _succeeded(after) == _succeeded(at_takeover)
 

@@ -19,6 +19,7 @@ from tests.cluster.harness import (
     ClusterNode,
     Execution,
     Load,
+    Ownership,
     held_jobs,
     now_ms,
     wait_every_fire_resolved,
@@ -43,6 +44,30 @@ def _late(executions: list[Execution], since_ms: int) -> list[tuple[int, int, in
         and e.scheduled_for >= since_ms
         and e.dispatched_at_ms - e.scheduled_for > LATE_MS
     ]
+
+
+def _gaps(before: Ownership, nodes: list[ClusterNode], shards: set[int]) -> dict[int, int]:
+    """Shard -> ms it had no dispatching owner while it moved from its
+    holder in ``before`` to its holder now, from the nodes' own records: the
+    old holder's release of the epoch it held, the new one's dispatching
+    since (negative: they overlapped, and the store refused the old one)."""
+    old = before.holder_epochs()
+    released: dict[tuple[str, int, int], int] = {}
+    since: dict[int, tuple[str, int]] = {}
+    for node in nodes:
+        status = node.status()
+        assert status is not None, f"{node.node_id} did not answer"
+        for r in status.released:
+            released[node.node_id, r.shard, r.epoch] = round(r.at.timestamp() * 1000)
+        for row in status.shards:
+            if row.dispatching_since is not None and row.shard in shards:
+                since[row.shard] = (node.node_id, round(row.dispatching_since.timestamp() * 1000))
+    assert since.keys() == shards, "a moved shard is not dispatched"
+    return {
+        s: at - released[old[s][0], s, old[s][1]]
+        for s, (holder, at) in sorted(since.items())
+        if holder != old[s][0]
+    }
 
 
 def _doubled(executions: list[Execution], since_ms: int) -> list[tuple[int, int, int]]:
@@ -77,7 +102,7 @@ def test_a_sigterm_and_a_join_move_shards_with_no_late_double_or_lost_fire(
         down.add(victim.node_id)
         victim.stop()
         others = [n for n in cluster.nodes if n is not victim]
-        cluster.wait_whole(live=others, timeout=TTL_S + 10)
+        after_leave = cluster.wait_whole(live=others, timeout=TTL_S + 10)
         log = (victim.data_dir.parent / f"server-{victim.starts}.log").read_text()
         assert "hand-off prepared" in log, log[-3_000:]
         wait_for(lambda: now_ms() > left_at + 4_000, 10, "fires after the leave")
@@ -91,6 +116,11 @@ def test_a_sigterm_and_a_join_move_shards_with_no_late_double_or_lost_fire(
         cluster.wait_whole(live=cluster.nodes, timeout=TTL_S + 20)
         log = (victim.data_dir.parent / f"server-{victim.starts}.log").read_text()
         assert "for a planned move" in log, log[-3_000:]
+        # Each shard switched at one point: its old holder stopped, and the
+        # joiner began, within the bound of each other.
+        gaps = _gaps(after_leave, cluster.nodes, moving)
+        print(f"join: no dispatching owner for at most {max(gaps.values())} ms")
+        assert max(gaps.values()) <= LATE_MS, gaps
         wait_for(lambda: now_ms() > joined_at + 4_000, 30, "fires after the join")
         join = truth.executions(moving)
         assert _late(join, joined_at) == [], "fires late across the join"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from datetime import UTC, datetime
 
 import pytest
 
@@ -123,19 +124,23 @@ def test_wheelctl_status_shards_shows_every_shards_owner_and_its_epoch(
     lines = capsys.readouterr().out.splitlines()
     summary = ", ".join(f"{node} owns {n}" for node, n in sorted(owned.items()))
     assert f"shards: {summary}; 0 without an owner" in lines
-    header = lines.index("shard  owner   epoch")
+    header = lines.index("shard  owner   epoch  dispatching since (UTC)")
     rows = [line.split() for line in lines[header + 1 :]]
-    # A settled cluster: one row per shard, no notes.
-    assert {int(shard): (owner, int(epoch)) for shard, owner, epoch in rows} == holders
+    # A settled cluster: one row per shard, each dispatched by its owner, no notes.
+    assert {int(shard): (owner, int(epoch)) for shard, owner, epoch, _ in rows} == holders
     assert len(rows) == SHARD_COUNT
 
     assert main(["status", "--shards", "--json", "--target", entry.target]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["node_id"] == entry.node_id and out["unanswered"] == []
+    since = [datetime.fromisoformat(row.pop("dispatching_since")) for row in out["shards"]]
     assert out["shards"] == [
         {"shard": s, "owner": node, "epoch": epoch, "held_by": {node: epoch}}
         for s, (node, epoch) in sorted(holders.items())
     ]
+    assert all(at <= datetime.now(UTC) for at in since)
+    # The shards this node handed on lately, each with when it stopped.
+    assert all(datetime.fromisoformat(r["at"]) <= datetime.now(UTC) for r in out["released"])
     assert {n["node_id"]: n["shards_owned"] for n in out["nodes"]} == owned
 
 

@@ -12,7 +12,7 @@ keep ``timedelta``, and refuse at once what the wire could not carry.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TypeVar
@@ -43,6 +43,7 @@ __all__ = [
     "Run",
     "RunState",
     "Schedule",
+    "ShardRelease",
     "ShardStatus",
     "Status",
     "Trigger",
@@ -360,11 +361,27 @@ class NodeStatus:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShardStatus:
+    """A shard as a node sees it: its ``owner`` in the node's view, and
+    the ``epoch`` the node holds it under and since when it dispatches it
+    (0 and None: the node does not hold it)."""
+
     shard: int
     owner: str
     epoch: int
     jobs: int
     in_flight: int
+    dispatching_since: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardRelease:
+    """A shard a node stopped dispatching: it held it under ``epoch`` until
+    ``at``. With its next holder's ``ShardStatus.dispatching_since``, how
+    long the shard had no dispatching owner in a move."""
+
+    shard: int
+    epoch: int
+    at: datetime
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -419,6 +436,8 @@ class Status:
     unserved: list[UnservedHandler]
     # Alert kinds whose condition holds now (see ``Client.alerts``).
     alerts_firing: list[AlertKind | str]
+    # With the shard rows: the shards this node stopped dispatching lately.
+    released: list[ShardRelease] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

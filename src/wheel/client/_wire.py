@@ -41,6 +41,7 @@ from wheel.client._values import (
     NodeStatus,
     Run,
     RunState,
+    ShardRelease,
     ShardStatus,
     Status,
     Trigger,
@@ -409,7 +410,12 @@ def status_of(msg: admin.ClusterStatus) -> Status:
         ],
         shards=[
             ShardStatus(
-                shard=s.shard, owner=s.owner, epoch=s.epoch, jobs=s.jobs, in_flight=s.in_flight
+                shard=s.shard,
+                owner=s.owner,
+                epoch=s.epoch,
+                jobs=s.jobs,
+                in_flight=s.in_flight,
+                dispatching_since=utc(s.dispatching_since_ms) if s.dispatching_since_ms else None,
             )
             for s in msg.shards
         ],
@@ -443,6 +449,9 @@ def status_of(msg: admin.ClusterStatus) -> Status:
             UnservedHandler(pool=u.pool, handler=u.handler, waiting=u.waiting) for u in msg.unserved
         ],
         alerts_firing=[_alert_kind(k) for k in msg.alerts_firing],
+        released=[
+            ShardRelease(shard=r.shard, epoch=r.epoch, at=utc(r.at_ms)) for r in msg.released
+        ],
     )
 
 

@@ -16,7 +16,8 @@ Order matters, and is the point of this module:
   the API changes made through other nodes since then are read too.
 - A gain is re-checked against the coordinator after every await: a shard
   lost (or re-acquired with a newer epoch) meanwhile is not added with a
-  stale epoch. Gains are applied one at a time, in order.
+  stale epoch. Gains are applied one at a time, in order; the rest of one
+  loaded due first (below) loads behind, beside the gains after it.
 - **Prepared** (a planned move: this node joining, another leaving): the
   coordinator asks for the shards before they move, and they are loaded
   while their owner still serves them (``prepare``). Their gain then fences
@@ -88,6 +89,8 @@ class ShardOwnership:
         # Gained and not yet added: shard -> epoch, newest wins.
         self._gaining: dict[int, int] = {}
         self._worker: asyncio.Task[None] | None = None
+        # The rests of gains loaded due first, each loading on its own.
+        self._rest_loads: set[asyncio.Task[None]] = set()
         self._on_gained: list[Callable[[Mapping[int, int]], None]] = []
         # Shard -> its staging, loaded for a planned move.
         self._staged: dict[int, Staged] = {}
@@ -163,9 +166,25 @@ class ShardOwnership:
                 self._gaining.pop(shard, None)
             self.node.hand_over(change.lost)
         if change.gained:
-            self._gaining.update(change.gained)
-            if self._worker is None or self._worker.done():
-                self._worker = asyncio.create_task(self._gain_all(), name="wheel-gain-shards")
+            self._gain_again(change.gained)
+
+    def _gain_again(self, epochs: Mapping[int, int]) -> None:
+        self._gaining.update(epochs)
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._gain_all(), name="wheel-gain-shards")
+
+    def _rest_done(self, epochs: Mapping[int, int], task: asyncio.Task[None]) -> None:
+        """A rest's load ended: one that failed past its retries (a fault
+        of this node, not the store's) leaves its shards gained again whole,
+        as a failed gain is (the fence again is a no-op; the load replaces
+        what the owner holds of them)."""
+        self._rest_loads.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("adding the rest of %d shards failed", len(epochs), exc_info=task.exception())
+        again = self._still_ours(epochs)
+        if again and not self.node.stopping:
+            self._gain_again(again)
 
     def _still_ours(self, epochs: Mapping[int, int]) -> dict[int, int]:
         owned = self.coordinator.owned()
@@ -232,7 +251,13 @@ class ShardOwnership:
             for callback in list(self._on_gained):
                 callback(mine)
             if part.rest_after is not None:
-                await self._load_rest(mine, part.rest_after)
+                # Behind, in a task of its own: a gain that comes meanwhile
+                # (a planned move's switch, above all) does not wait for it.
+                rest = asyncio.create_task(
+                    self._load_rest(mine, part.rest_after), name="wheel-load-rest"
+                )
+                self._rest_loads.add(rest)
+                rest.add_done_callback(functools.partial(self._rest_done, mine))
 
     async def _load_rest(self, epochs: Mapping[int, int], after: int) -> None:
         """The rest of shards taken on due first: the jobs due after

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 from wheel.engine.jobtable import Columns
 from wheel.engine.profiles import Profile
 from wheel.errors import StoreError
+from wheel.node._values import Clock
 from wheel.store.base import Store
 
 if TYPE_CHECKING:
@@ -22,6 +24,9 @@ if TYPE_CHECKING:
     from wheel.engine.owner import Owner
 
 log = logging.getLogger("wheel.node")
+
+# How many of the shards a node stopped dispatching it remembers (status).
+RELEASES_KEPT = 1_024
 
 
 class NodeMoving:
@@ -34,6 +39,8 @@ class NodeMoving:
     _checkpoint: Checkpoint | None
     _store_thread: ThreadPoolExecutor
 
+    clock: Clock
+
     if TYPE_CHECKING:
 
         def _owner(self) -> Owner: ...
@@ -41,6 +48,27 @@ class NodeMoving:
         def wake(self) -> None: ...
 
         def hand_over(self, shards: Collection[int]) -> None: ...
+
+    def _init_moving(self) -> None:
+        # When this node began dispatching each shard it holds, and the
+        # shards it stopped dispatching lately: (shard, epoch, at ms), both
+        # on the cluster's clock, so that a move's gap between its two
+        # owners reads off their statuses exactly.
+        self._since: dict[int, int] = {}
+        self._released: deque[tuple[int, int, int]] = deque(maxlen=RELEASES_KEPT)
+
+    def _began_dispatching(self, shards: Collection[int]) -> None:
+        """``shards`` are dispatched from now on."""
+        now = self.clock.now_ms()
+        for shard in shards:
+            self._since[shard] = now
+
+    def _ended_dispatching(self, epochs: Mapping[int, int]) -> None:
+        """The shards of ``epochs`` (held under those) are dispatched no more."""
+        now = self.clock.now_ms()
+        for shard, epoch in sorted(epochs.items()):
+            self._since.pop(shard, None)
+            self._released.append((shard, epoch, now))
 
     def loading_rest(self, shards: Collection[int]) -> None:
         """``shards`` were taken on due first; their rest is on its way."""

@@ -119,6 +119,7 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint, Node
         self._commit_waiters: list[asyncio.Future[None]] = []
         self._submit_flusher: asyncio.Task[None] | None = None
         self._init_checkpointing()
+        self._init_moving()
         # Set when the dispatch loop ends; a node whose loop died must exit
         # (and be restarted) rather than keep serving without dispatching.
         self.stopped = asyncio.Event()
@@ -149,6 +150,7 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint, Node
         )
         owner = restored.owner
         self._driver = Driver(owner, restored.effects)
+        self._began_dispatching(owner.shards())
         trim_heap()
         self._watermark = restored.watermark
         self._log_records, self._snapshot_covers = restored.log_records, 0
@@ -237,9 +239,11 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint, Node
         """Stop dispatching ``shards`` at once and forget them; their runs go
         on and their next owner adopts them from the store."""
         driver = self._the_driver()
-        held = [s for s in shards if s in driver.owner.shards()]
+        epochs = driver.owner.shards()
+        held = [s for s in shards if s in epochs]
         if not held:
             return
+        self._ended_dispatching({s: epochs[s] for s in held})
         handed = driver.hand_over(held)
         self._covered.difference_update(held)
         self._partial.difference_update(held)
@@ -261,12 +265,15 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint, Node
         ``from_checkpoint``: loaded from this node's checkpoint and the store's
         changes since, which the log gets as they apply."""
         driver = self._the_driver()
-        stale = [s for s in epochs if s in driver.owner.shards()]
+        held = driver.owner.shards()
+        stale = {s: held[s] for s in epochs if s in held}
         if stale:
             # Held under an older epoch still (its loss not heard yet): the
             # new hold replaces it whole.
+            self._ended_dispatching(stale)
             driver.hand_over(stale)
         driver.owner.add_shards(epochs, contents, self.clock.now_ms(), driver.fx)
+        self._began_dispatching(epochs)
         self.gained(epochs, covered=from_checkpoint)
         if self._reading_changes:
             self._rewind = watermark if self._rewind is None else min(self._rewind, watermark)
@@ -393,7 +400,10 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint, Node
             while pending and pending[0][0].done():
                 done, epochs, waiters = pending.popleft()
                 outcome = done.result()
+                held = driver.owner.shards() if outcome.fenced else {}
                 lost = driver.apply(outcome, self.clock.now_ms(), epochs)
+                if lost:
+                    self._ended_dispatching({s: held[s] for s in lost})
                 if outcome.fenced:
                     log.warning(
                         "the store refused writes for %d shards a newer owner holds: %s"

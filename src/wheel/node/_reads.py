@@ -26,6 +26,8 @@ class NodeReads:
     clock: Clock
     _driver: Driver | None
     _lags: deque[int]
+    _since: dict[int, int]
+    _released: deque[tuple[int, int, int]]
 
     if TYPE_CHECKING:
 
@@ -112,6 +114,8 @@ class NodeReads:
             reaper_paused=owner.reaper_paused,
             unserved=owner.unserved(),
             alerts_firing=tuple(sorted(k.value for k, n in self.alerts_firing().items() if n)),
+            dispatching_since=dict(self._since),
+            released=tuple(self._released),
         )
 
     def lag_percentiles(self) -> tuple[float, float]:

@@ -236,6 +236,11 @@ class NodeStatus:
     unserved: Sequence[Unserved] = ()
     # Alert kinds whose condition holds now.
     alerts_firing: Sequence[str] = ()
+    # Shard -> when this node began dispatching it; and the shards it
+    # stopped dispatching lately, (shard, epoch, at ms), oldest first: both
+    # on the cluster's clock.
+    dispatching_since: Mapping[int, int] = field(default_factory=dict)
+    released: Sequence[tuple[int, int, int]] = ()
 
 
 def trim_heap() -> None:

@@ -76,8 +76,13 @@ class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
             # has moved on: a holder that has not heard of its loss yet.
             for shard in sorted(owners.keys() | st.shards.keys()):
                 status.shards.add(
-                    shard=shard, owner=owners.get(shard, ""), epoch=st.shards.get(shard, 0)
+                    shard=shard,
+                    owner=owners.get(shard, ""),
+                    epoch=st.shards.get(shard, 0),
+                    dispatching_since_ms=st.dispatching_since.get(shard, 0),
                 )
+            for shard, epoch, at_ms in st.released:
+                status.released.add(shard=shard, epoch=epoch, at_ms=at_ms)
         return status
 
     async def GetMembership(

@@ -5,9 +5,10 @@ SQLAlchemy convention: what follows the third slash is the path), with
 optional ``?synchronous=normal`` and ``?busy_timeout_ms=N``;
 ``sqlite:///:memory:`` for a throwaway store. ``postgresql://...`` (or
 ``postgres://``) is passed to libpq as is, except for wheel's own query
-parameters ``pool_min``, ``pool_max``, ``retries`` and ``idle_tx_timeout_ms``
-(how long the server lets a batch transaction holding its shards' epochs wait
-on the node; 0: no limit).
+parameters ``pool_min``, ``pool_max``, ``retries`` (tries of an operation
+whose connection is lost), ``pool_timeout_ms`` (how long each try waits for a
+connection; 10 s) and ``idle_tx_timeout_ms`` (how long the server lets a
+batch transaction holding its shards' epochs wait on the node; 0: no limit).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from wheel.store.base import Store
 
 __all__ = ["open_store"]
 
-_PG_OWN = {"pool_min", "pool_max", "retries", "idle_tx_timeout_ms"}
+_PG_OWN = {"pool_min", "pool_max", "retries", "pool_timeout_ms", "idle_tx_timeout_ms"}
 
 
 def _int(name: str, value: str) -> int:
@@ -63,6 +64,7 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
             min_size=_int("pool_min", own.get("pool_min", "1")),
             max_size=_int("pool_max", own.get("pool_max", "4")),
             retries=_int("retries", own.get("retries", "8")),
+            pool_timeout_s=_int("pool_timeout_ms", own.get("pool_timeout_ms", "10000")) / 1000,
             idle_in_transaction_timeout_ms=_int(
                 "idle_tx_timeout_ms",
                 own.get("idle_tx_timeout_ms", str(IDLE_IN_TRANSACTION_TIMEOUT_MS)),

@@ -143,18 +143,30 @@ class GetClusterStatusRequest(_message.Message):
     def __init__(self, include_shards: _Optional[bool] = ...) -> None: ...
 
 class ShardStatus(_message.Message):
-    __slots__ = ("shard", "owner", "epoch", "jobs", "in_flight")
+    __slots__ = ("shard", "owner", "epoch", "jobs", "in_flight", "dispatching_since_ms")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    DISPATCHING_SINCE_MS_FIELD_NUMBER: _ClassVar[int]
     shard: int
     owner: str
     epoch: int
     jobs: int
     in_flight: int
-    def __init__(self, shard: _Optional[int] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ..., jobs: _Optional[int] = ..., in_flight: _Optional[int] = ...) -> None: ...
+    dispatching_since_ms: int
+    def __init__(self, shard: _Optional[int] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ..., jobs: _Optional[int] = ..., in_flight: _Optional[int] = ..., dispatching_since_ms: _Optional[int] = ...) -> None: ...
+
+class ShardRelease(_message.Message):
+    __slots__ = ("shard", "epoch", "at_ms")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    shard: int
+    epoch: int
+    at_ms: int
+    def __init__(self, shard: _Optional[int] = ..., epoch: _Optional[int] = ..., at_ms: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
     __slots__ = ("node_id", "address", "shards_owned")
@@ -195,7 +207,7 @@ class UnservedHandler(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., handler: _Optional[str] = ..., waiting: _Optional[int] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("node_id", "nodes", "shards", "jobs", "pending_timers", "in_flight", "backlog", "overdue_backlog", "workers", "worker_capacity", "dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatched_total", "completed_total", "missed_total", "dead_lettered_total", "reaper_paused", "worker_list", "unserved", "alerts_firing")
+    __slots__ = ("node_id", "nodes", "shards", "jobs", "pending_timers", "in_flight", "backlog", "overdue_backlog", "workers", "worker_capacity", "dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatched_total", "completed_total", "missed_total", "dead_lettered_total", "reaper_paused", "worker_list", "unserved", "alerts_firing", "released")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +228,7 @@ class ClusterStatus(_message.Message):
     WORKER_LIST_FIELD_NUMBER: _ClassVar[int]
     UNSERVED_FIELD_NUMBER: _ClassVar[int]
     ALERTS_FIRING_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     shards: _containers.RepeatedCompositeFieldContainer[ShardStatus]
@@ -236,4 +249,5 @@ class ClusterStatus(_message.Message):
     worker_list: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     unserved: _containers.RepeatedCompositeFieldContainer[UnservedHandler]
     alerts_firing: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., jobs: _Optional[int] = ..., pending_timers: _Optional[int] = ..., in_flight: _Optional[int] = ..., backlog: _Optional[int] = ..., overdue_backlog: _Optional[int] = ..., workers: _Optional[int] = ..., worker_capacity: _Optional[int] = ..., dispatch_lag_p50_ms: _Optional[float] = ..., dispatch_lag_p99_ms: _Optional[float] = ..., dispatched_total: _Optional[int] = ..., completed_total: _Optional[int] = ..., missed_total: _Optional[int] = ..., dead_lettered_total: _Optional[int] = ..., reaper_paused: _Optional[bool] = ..., worker_list: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., unserved: _Optional[_Iterable[_Union[UnservedHandler, _Mapping]]] = ..., alerts_firing: _Optional[_Iterable[str]] = ...) -> None: ...
+    released: _containers.RepeatedCompositeFieldContainer[ShardRelease]
+    def __init__(self, node_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., jobs: _Optional[int] = ..., pending_timers: _Optional[int] = ..., in_flight: _Optional[int] = ..., backlog: _Optional[int] = ..., overdue_backlog: _Optional[int] = ..., workers: _Optional[int] = ..., worker_capacity: _Optional[int] = ..., dispatch_lag_p50_ms: _Optional[float] = ..., dispatch_lag_p99_ms: _Optional[float] = ..., dispatched_total: _Optional[int] = ..., completed_total: _Optional[int] = ..., missed_total: _Optional[int] = ..., dead_lettered_total: _Optional[int] = ..., reaper_paused: _Optional[bool] = ..., worker_list: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., unserved: _Optional[_Iterable[_Union[UnservedHandler, _Mapping]]] = ..., alerts_firing: _Optional[_Iterable[str]] = ..., released: _Optional[_Iterable[_Union[ShardRelease, _Mapping]]] = ...) -> None: ...
