@@ -1,6 +1,7 @@
 """A node dies under load (SIGKILL) or stops past its lease (SIGSTOP, then
 SIGCONT): its shards move, every fire still runs, and nothing its old epochs
-carry is created or accepted once another owner holds the shard."""
+carry is created once another owner holds the shard (only completions of
+its runs still in flight are accepted then, under those runs' fences)."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def test_a_killed_node_s_shards_move_within_ttl_and_every_fire_still_runs_once(
     wait_every_fire_resolved(truth, jobs, end_ms, timeout=30)
     assert truth.double_successes() == []
     assert truth.missed_and_run() == []
-    # Nothing of the dead node's epochs was created or accepted after the takeover.
+    # Nothing of the dead node's epochs was created after the takeover.
     after = _of_epochs(truth.executions(held), held)
     late = {r: e for r, e in after.items() if r not in at_takeover}
     epochs = truth.shard_epochs()
@@ -104,7 +105,13 @@ def test_a_killed_node_s_shards_move_within_ttl_and_every_fire_still_runs_once(
         + "; ".join(f"{e} stored epoch {epochs.get(e.shard)}" for e in late.values())
     )
     assert set(after) == set(at_takeover)
-    assert _succeeded(after) == _succeeded(at_takeover)
+    # What it ran to the end stays so. A run of its epochs still running at
+    # the kill may end after the takeover: its worker re-sends the completion
+    # no node confirmed to the shard's new owner, which accepts it under the
+    # run's own fence (and no fire succeeded twice, above).
+    assert _succeeded(at_takeover) <= _succeeded(after)
+    ended_later = _succeeded(after) - _succeeded(at_takeover)
+    assert {at_takeover[r].state for r in ended_later} <= {"dispatched", "running"}
 
 
 def test_a_node_stopped_past_its_ttl_goes_quiet_rejoins_with_new_epochs_and_is_fenced_out(
