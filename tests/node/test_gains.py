@@ -179,3 +179,28 @@ def test_a_fault_while_adding_a_rest_gains_its_shards_again_whole(
             assert store.shard_epochs(range(SHARD_COUNT)) == epochs
         finally:
             store.close()
+
+
+def test_a_gain_does_not_wait_for_another_gains_load(
+    jobs: tuple[str, dict[int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dsn, _ = jobs
+    first, second = range(SHARD_COUNT // 2), range(SHARD_COUNT // 2, SHARD_COUNT)
+    go = threading.Event()
+    real = _cluster.load_shard_contents  # type: ignore[attr-defined]
+
+    def load_shard_contents(store: Store, shards: Sequence[int], bound: int) -> Any:
+        if shards[0] == 0:
+            assert go.wait(30)
+        return real(store, shards, bound)
+
+    monkeypatch.setattr(_cluster, "load_shard_contents", load_shard_contents)
+    live, made = _coordinated(dsn, first)
+    with live:
+        [coordinator] = made
+        # The first gain's load is held up; the second's is not, nor waits.
+        live.call(lambda: coordinator.give(second))
+        wait_for(lambda: set(_held(live)[0]) == set(second), 20, "the second gain")
+        go.set()
+        wait_for(lambda: _held(live)[1:] == (IDLE + SOON, set()), 30, "every job held")
+        assert set(_held(live)[0]) == set(range(SHARD_COUNT))

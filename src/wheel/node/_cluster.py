@@ -16,8 +16,10 @@ Order matters, and is the point of this module:
   the API changes made through other nodes since then are read too.
 - A gain is re-checked against the coordinator after every await: a shard
   lost (or re-acquired with a newer epoch) meanwhile is not added with a
-  stale epoch. Gains are applied one at a time, in order; the rest of one
-  loaded due first (below) loads behind, beside the gains after it.
+  stale epoch. Each change's gain goes its own way, beside the others (of
+  other shards; a gain of a shard lost and gained again meanwhile finds it
+  is not ours under its epoch any more), and so does the rest of one loaded
+  due first (below): a planned move's switch never waits for another load.
 - **Prepared** (a planned move: this node joining, another leaving): the
   coordinator asks for the shards before they move, and they are loaded
   while their owner still serves them (``prepare``). Their gain then fences
@@ -88,7 +90,8 @@ class ShardOwnership:
         self.coordinator = coordinator
         # Gained and not yet added: shard -> epoch, newest wins.
         self._gaining: dict[int, int] = {}
-        self._worker: asyncio.Task[None] | None = None
+        # Gains on their way, each of the shards of one ownership change.
+        self._gains: set[asyncio.Task[None]] = set()
         # The rests of gains loaded due first, each loading on its own.
         self._rest_loads: set[asyncio.Task[None]] = set()
         self._on_gained: list[Callable[[Mapping[int, int]], None]] = []
@@ -169,9 +172,20 @@ class ShardOwnership:
             self._gain_again(change.gained)
 
     def _gain_again(self, epochs: Mapping[int, int]) -> None:
+        """Gain ``epochs`` in a task of their own: beside the gains on their
+        way (of other shards: one of the same shards under an older epoch
+        finds it is not ours any more), so that a gain never waits for
+        another's load."""
         self._gaining.update(epochs)
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.create_task(self._gain_all(), name="wheel-gain-shards")
+        task = asyncio.create_task(self._gain_part(dict(epochs)), name="wheel-gain-shards")
+        self._gains.add(task)
+        task.add_done_callback(self._gain_done)
+
+    def _gain_done(self, task: asyncio.Task[None]) -> None:
+        self._gains.discard(task)
+        if not self._gains:
+            # The first gains are done: shards given later load from the store.
+            self.node.release_recovered()
 
     def _rest_done(self, epochs: Mapping[int, int], task: asyncio.Task[None]) -> None:
         """A rest's load ended: one that failed past its retries (a fault
@@ -190,34 +204,33 @@ class ShardOwnership:
         owned = self.coordinator.owned()
         return {s: e for s, e in epochs.items() if owned.get(s) == e}
 
-    async def _gain_all(self) -> None:
+    async def _gain_part(self, epochs: Mapping[int, int]) -> None:
+        """Gain the shards of ``epochs`` still ours under them, retried
+        until they are in or are ours no more."""
         backoff = GAIN_RETRY_S[0]
-        while self._gaining and not self.node.stopping:
-            epochs = self._still_ours(self._gaining)
-            for shard in list(self._gaining):
-                if shard not in epochs:
-                    del self._gaining[shard]  # lost or moved on meanwhile
-            if not epochs:
-                break
-            try:
-                await self._gain(epochs)
-            except StoreError as exc:
-                log.warning(
-                    "gaining %d shards failed (%s); retrying in %.2fs", len(epochs), exc, backoff
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, GAIN_RETRY_S[1])
-                continue
-            except Exception:
-                log.exception("gaining %d shards failed; retrying", len(epochs))
-                await asyncio.sleep(GAIN_RETRY_S[1])
-                continue
-            backoff = GAIN_RETRY_S[0]
+        try:
+            while not self.node.stopping:
+                mine = {
+                    s: e for s, e in self._still_ours(epochs).items() if self._gaining.get(s) == e
+                }
+                if not mine:
+                    return  # lost or moved on meanwhile
+                try:
+                    await self._gain(mine)
+                    return
+                except StoreError as exc:
+                    log.warning(
+                        "gaining %d shards failed (%s); retrying in %.2fs", len(mine), exc, backoff
+                    )
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, GAIN_RETRY_S[1])
+                except Exception:
+                    log.exception("gaining %d shards failed; retrying", len(mine))
+                    await asyncio.sleep(GAIN_RETRY_S[1])
+        finally:
             for shard, epoch in epochs.items():
                 if self._gaining.get(shard) == epoch:
                     del self._gaining[shard]
-        # The first gains are done: shards given later load from the store.
-        self.node.release_recovered()
 
     async def _gain(self, epochs: Mapping[int, int]) -> None:
         node = self.node

@@ -163,13 +163,18 @@ class SQLStore(TenancySQL):
         shards = queries.dialect.ints(wanted)
 
         def fence(cur: Executor) -> dict[int, int]:
-            for shard in wanted:
-                cur.execute(queries.fence_shard, (shard, int(epochs[shard]), owner))
+            self._raise_epochs(cur, {s: int(epochs[s]) for s in wanted}, owner)
             rows = cur.execute(queries.shard_epochs, (shards,)).fetchall()
             return {int(s): int(e) for s, e in rows}
 
         # Written again after an unknown commit: the same epochs, a no-op.
         return self._write(fence)
+
+    def _raise_epochs(self, cur: Executor, epochs: Mapping[int, int], owner: str) -> None:
+        """Raise each shard's stored epoch to ``epochs`` (never lower it),
+        in shard order: one statement a shard."""
+        for shard, epoch in sorted(epochs.items()):
+            cur.execute(self._queries.fence_shard, (shard, epoch, owner))
 
     def release_unsent(self, shards: Collection[int], sent: Collection[int]) -> int:
         wanted = valid_shards(shards)

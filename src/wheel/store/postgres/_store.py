@@ -4,7 +4,7 @@ allows."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -35,6 +35,7 @@ from wheel.store.base import (
     WriteBatch,
 )
 from wheel.store.postgres import _feed, _jobs, _runs
+from wheel.store.postgres import _sql as sql
 from wheel.store.postgres._db import Database
 from wheel.store.postgres._sql import QUERIES
 
@@ -247,6 +248,10 @@ class PostgresStore(SQLStore):
         )
 
     # -- ownership ------------------------------------------------------------
+
+    def _raise_epochs(self, cur: Executor, epochs: Mapping[int, int], owner: str) -> None:
+        order = sorted(epochs)
+        cur.execute(sql.FENCE_SHARDS_SQL, (owner, order, [epochs[s] for s in order]))
 
     def _load(
         self, shards: list[int], packed: bool, due_by: int | None, later_than: int | None
