@@ -775,6 +775,7 @@ class EtcdCoordinator:
         )
 
     def _reconcile(self) -> None:
+        reconciling = time.monotonic()
         client = self._etcd()
         lease_id = self._lease_id
         assert lease_id is not None
@@ -813,9 +814,17 @@ class EtcdCoordinator:
         if release:
             # A planned release: the node hands the shards over (and its
             # unsent runs with them) before their keys go.
+            started = time.monotonic()
             self._run_hook(self._releaser, release, RELEASE_WAIT_S)
+            handed = time.monotonic()
             self._publish(OwnershipChange(lost=frozenset(release)))
             self._delete_keys(sorted(release))
+            _log.info(
+                "released %d shards: handed over in %.3fs, keys deleted in %.3fs",
+                len(release),
+                handed - started,
+                time.monotonic() - handed,
+            )
         # Keys of shards released before whose delete failed: tried again.
         left = [s for s in self._acquired_rev if s not in self._owned and s not in release]
         if left:
@@ -828,6 +837,7 @@ class EtcdCoordinator:
 
         free = sorted(s for s in mine if s not in self._owned and s not in holders)
         gained: dict[int, int] = {}
+        acquiring = time.monotonic()
         try:
             if free:
                 epochs: dict[int, tuple[int, int]] = {}
@@ -843,6 +853,13 @@ class EtcdCoordinator:
         finally:
             # All at once: the node fences and loads them in one go.
             self._publish(OwnershipChange(gained=gained))
+        if gained:
+            _log.info(
+                "acquired %d shards in %.3fs (reconciled in %.3fs before)",
+                len(gained),
+                time.monotonic() - acquiring,
+                acquiring - reconciling,
+            )
 
     def _delete_keys(self, shards: Sequence[int]) -> None:
         """Delete our keys of ``shards`` (released), ``ACQUIRE_BATCH`` to a

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -109,6 +110,7 @@ class NodeMoving:
     async def _release_unsent(self, shards: Collection[int], sent: Collection[int]) -> None:
         loop = asyncio.get_running_loop()
         release = functools.partial(self.store.release_unsent, shards, sent)
+        started = time.perf_counter()
         try:
             marked = await loop.run_in_executor(self._store_thread, release)
         except StoreError as exc:
@@ -116,5 +118,8 @@ class NodeMoving:
                 "runs not sent yet were not handed over (their grace leases lapse): %s", exc
             )
             return
-        if marked:
-            log.info("handed over %d runs not sent to a worker yet", marked)
+        log.info(
+            "handed over %d runs not sent to a worker yet in %.3fs (behind the batches before)",
+            marked,
+            time.perf_counter() - started,
+        )

@@ -288,7 +288,9 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint, Node
         )
         self._push_membership()
         self.wake()
-        trim_heap()
+        # Off the loop: with a large heap it takes a good part of a second,
+        # and the shards just taken on are to dispatch now.
+        asyncio.get_running_loop().run_in_executor(None, trim_heap)
 
     def _loop_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
