@@ -28,7 +28,7 @@ KEYS = {
 def run_bench(tmp_path: Path, system: str, store: str, *extra: str) -> dict[str, Any]:
     out = tmp_path / "result.json"
     cmd = [sys.executable, str(DISPATCH), "--system", system, "--store", store]
-    cmd += ["--workers", "1", "--rate", "50", "--duration", "3", "--drain", "3"]
+    cmd += ["--workers", "1", "--rate", "50", "--duration", "2", "--drain", "3"]
     cmd += ["--json", str(out), "--no-plots", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -46,7 +46,7 @@ def assert_sound(result: dict[str, Any], system: str, store: str) -> None:
     assert result["completed_per_s"] > 0
     # Every intended fire reached a worker, no earlier than its scheduled time
     # (beyond clock granularity) and well inside the seed's 1 s SLO at this rate.
-    assert result["dispatched"] == result["expected_fires"] == 150
+    assert result["dispatched"] == result["expected_fires"] == 100
     assert -5 <= result["lag_p50_ms"] <= result["lag_p99_ms"] <= result["lag_max_ms"] < 1000
     # /proc counts in clock ticks: a tiny run may round to zero, never below.
     assert result["cpu_s_per_1k"] >= 0

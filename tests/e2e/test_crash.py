@@ -30,7 +30,7 @@ from wheel.store.sqlite import SQLiteStore
 
 pytestmark = pytest.mark.slow
 
-KILLS = 100 if os.environ.get("WHEEL_STRESS") else 20
+KILLS = 100 if os.environ.get("WHEEL_STRESS") else 12
 
 
 def _submit(target: str, *args: str) -> int:

@@ -35,9 +35,13 @@ class _Shards(_OwnerState):
     def owns(self, job_id: int) -> bool:
         return shard_of(job_id) in self._shards
 
-    def shards(self) -> dict[int, int]:
-        """Shard -> the epoch this owner holds it under."""
-        return {s: state.epoch for s, state in self._shards.items()}
+    def shards(self) -> Mapping[int, int]:
+        """Shard -> the epoch this owner holds it under (not to be changed:
+        the same mapping until the shards held change)."""
+        epochs = self._epochs
+        if epochs is None:
+            epochs = self._epochs = {s: state.epoch for s, state in self._shards.items()}
+        return epochs
 
     def _next_fence(self, shard: int) -> int:
         state = self._shards[shard]
@@ -65,6 +69,7 @@ class _Shards(_OwnerState):
         numbers = [self.profiles.add(p) for p in contents.profiles]
         for shard, epoch in epochs.items():
             gained = self._shards[shard] = _Shard(shard, epoch)
+            self._epochs = None
             rows = contents.packed.get(shard)
             if rows is not None:
                 self._take_on_rows(gained, rows, numbers)
@@ -214,6 +219,7 @@ class _Shards(_OwnerState):
         run is marked lost: its worker goes on, and the next owner adopts it
         from the store. Returns the runs handed over, as (run id, fence)."""
         gone = [self._shards.pop(s) for s in shards if s in self._shards]
+        self._epochs = None
         if not gone:
             return []
         lost = {state.shard for state in gone}

@@ -312,6 +312,7 @@ class _OwnerState:
     __slots__ = (
         "_armed_until",
         "_ending",
+        "_epochs",
         "_fresh",
         "_grace",
         "_graced",
@@ -375,6 +376,9 @@ class _OwnerState:
         self.workers: dict[str, _Worker] = {}
         self.stats = OwnerStats()
         self._shards: dict[int, _Shard] = {s: _Shard(s, e) for s, e in (epochs or {}).items()}
+        # ``shards()`` as last built: a batch, a status and a hand-over each
+        # ask for it; a change to the shards held drops it (never mutated).
+        self._epochs: dict[int, int] | None = None
         self._pending: dict[tuple[int, int, int], _Pending] = {}
         self._ending: dict[int, _Run] = {}  # runs whose terminal state is on its way
         # Queued work by route: jobs with a fresh fire, jobs with overdue
