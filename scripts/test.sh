@@ -31,4 +31,24 @@ py="$root/.venv/bin"
 "$py/ruff" check src tests benchmarks scripts
 "$py/ruff" format --check src tests benchmarks scripts
 "$py/mypy"
-exec "$py/pytest" "$@"
+
+# With arguments: one pytest run of what they name.
+if [ $# -gt 0 ]; then
+  exec "$py/pytest" "$@"
+fi
+
+# The whole suite in three parts: the tests of real processes (``slow``:
+# node, worker, etcd processes, mostly waiting out leases and restarts) beside
+# the in-process ones (CPU), then the ones that must run alone (``alone``:
+# the nemesis restarts the PostgreSQL every other test uses).
+inproc=$(mktemp)
+trap 'rm -f "$inproc"' EXIT
+"$py/pytest" -m "not slow and not alone" -p no:cacheprovider >"$inproc" 2>&1 &
+inproc_pid=$!
+status=0
+"$py/pytest" -m "slow and not alone" -p no:cacheprovider || status=$?
+wait "$inproc_pid" || status=$?
+echo "----- in-process tests -----"
+cat "$inproc"
+"$py/pytest" -m alone -p no:cacheprovider || status=$?
+exit "$status"
