@@ -713,7 +713,10 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint, Node
             flushed += len(batch)
             self.wake()
         if flushed >= MAX_SUBMIT_BATCH:
-            trim_heap()  # what a bulk submit's requests and records left free
+            # What a bulk submit's requests and records left free, given back
+            # off the loop (not waited for: submits may come meanwhile): with a
+            # large heap it takes a good part of a second.
+            asyncio.get_running_loop().run_in_executor(None, trim_heap)
 
     async def get_job(self, job_id: int) -> JobRecord:
         return await self._api(self.store.get_job, job_id)
