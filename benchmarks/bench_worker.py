@@ -162,8 +162,17 @@ def run_wheel_worker(args: argparse.Namespace) -> None:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
 
+    profile = os.environ.get("WHEEL_WORKER_PROFILE")
     try:
-        asyncio.run(main())
+        if profile:
+            # Where a worker's time goes (the node's counterpart: WHEEL_PROFILE).
+            import cProfile
+
+            with cProfile.Profile() as prof:
+                asyncio.run(main())
+            prof.dump_stats(f"{profile}.{os.getpid()}")
+        else:
+            asyncio.run(main())
     finally:
         out.close()
 

@@ -137,7 +137,7 @@ def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
 
     # A flag not given is None: the configuration's own default holds.
     owner = {f: getattr(ns, f) for f in ("lease_ms", "grace_lease_ms", "overdue_after_ms")}
-    node = {f: getattr(ns, f) for f in ("group_commit_ms", "group_commit_light_ms")}
+    node = {f: getattr(ns, f) for f in ("group_commit_ms", "group_commit_light_ms", "tick_ms")}
     return NodeConfig(
         node_id=ns.node_id,
         retain_ms=ns.retain,
@@ -596,6 +596,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_ms,
         help="the same after a small batch: a steady trickle commits at most once per"
         " this many ms (0: at once)",
+    )
+    s.add_argument(
+        "--tick-ms",
+        type=_ms,
+        help="while fires keep coming due, the dispatch loop goes round at most once per this"
+        " many ms, each round one store batch and one message a worker (default 20; 0: a"
+        " round at every timer); a fire after a quiet spell goes at once",
     )
     s.add_argument(
         "--metrics-listen",

@@ -381,11 +381,16 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint, Node
         driver = self._the_driver()
         fx = driver.fx
         coordinator = self.coordinator
+        tick = config.tick_ms
+        tick_at = -tick  # when the last round began (clock ms)
+        early = False  # this round only applies a batch's answer (see _sleep_until)
         while not self._stopping:
             self._quiet_if_lapsed()
             now = self.clock.now_ms()
+            if not early:
+                tick_at = now
             driver.advance(now)
-            if len(pending) < MAX_BATCHES_IN_FLIGHT and now >= next_batch_ms:
+            if not early and len(pending) < MAX_BATCHES_IN_FLIGHT and now >= next_batch_ms:
                 # Checked again right before writing: a pause between the
                 # check above and here must not let a claim out either.
                 self._quiet_if_lapsed()
@@ -426,7 +431,8 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint, Node
                 busy = await self._read_changes(resync)
                 next_changes = time.monotonic() + (0.0 if busy else config.changes_interval_s)
             deadline = driver.next_deadline()
-            if next_batch_ms > self.clock.now_ms():
+            now = self.clock.now_ms()
+            if next_batch_ms > now:
                 # Holding writes for the group commit: wake for it, for the
                 # next timer, or for a message; never spin.
                 if driver.has_store_work() or self._commit_waiters:
@@ -434,12 +440,12 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint, Node
             elif len(pending) < MAX_BATCHES_IN_FLIGHT and (
                 self._commit_waiters or driver.wants_another_pass()
             ):
-                await asyncio.sleep(0)  # let stream reads and API calls in
-                continue
+                deadline = now  # another round now, or at the next tick
             if time.monotonic() >= next_changes:  # a busy change feed: next page now
-                await asyncio.sleep(0)
-                continue
-            await self._sleep_until(deadline)
+                deadline = now
+            early = await self._sleep_until(
+                deadline, tick_at + tick, lambda: bool(pending) and pending[0][0].done()
+            )
         for future, _, waiters in pending:
             with contextlib.suppress(Exception):
                 await future
@@ -504,16 +510,34 @@ class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint, Node
                     self._snapshot_due = True
         return outcome
 
-    async def _sleep_until(self, deadline: int | None) -> None:
+    async def _sleep_until(
+        self, deadline: int | None, tick: int, answered: Callable[[], bool]
+    ) -> bool:
+        """Sleep until ``deadline`` (a timer, the group commit) or an event,
+        but not past ``max_idle_s`` and not before ``tick`` (the next round's
+        earliest start) unless a store batch's answer came: True then, and
+        the round that follows only applies it and hands its runs out."""
+        clock = self.clock
+        if deadline is not None:
+            deadline = max(deadline, tick)
         timeout = self.config.max_idle_s
         if deadline is not None:
-            timeout = min(timeout, max(0.0, (deadline - self.clock.now_ms()) / 1000))
+            timeout = min(timeout, max(0.0, (deadline - clock.now_ms()) / 1000))
         if timeout <= 0:
-            await asyncio.sleep(0)
-            return
-        self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout)
+            await asyncio.sleep(0)  # let stream reads and API calls in
+            return False
+        wake = self._wake
+        while True:
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout)
+            now = clock.now_ms()
+            if now >= tick or self._stopping:
+                return False
+            if answered():
+                return True
+            # A worker's message, a submit: the next tick takes it.
+            timeout = (tick - now) / 1000
 
     def _publish(self, fx: Effects) -> None:
         if self._snapshot_due and self._start_snapshot():
