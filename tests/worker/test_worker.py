@@ -643,3 +643,87 @@ def test_run_worker_drains_on_sigterm() -> None:
                     await proc.wait()
 
     scenario(go)
+
+
+# -- handlers that cannot suspend run inline ----------------------------------------------
+
+
+def test_how_each_kind_of_handler_runs() -> None:
+    from functools import partial
+
+    from wheel.worker._runs import INLINE, SYNC, TASK, mode_of
+
+    async def no_await(ctx: RunContext) -> None:
+        return None
+
+    async def awaits(ctx: RunContext) -> None:
+        await asyncio.sleep(0)
+
+    async def iterates(ctx: RunContext) -> None:
+        async for _ in _agen():
+            pass
+
+    class Obj:
+        async def method(self, ctx: RunContext) -> None:
+            return None
+
+        async def __call__(self, ctx: RunContext) -> None:
+            return None
+
+    assert mode_of(lambda ctx: None) == SYNC
+    assert mode_of(no_await) == INLINE
+    assert mode_of(Obj().method) == INLINE
+    assert mode_of(awaits) == TASK
+    assert mode_of(iterates) == TASK
+    assert mode_of(Obj()) == TASK  # its code is not looked into
+    assert mode_of(partial(no_await)) == TASK
+
+
+async def _agen() -> AsyncIterator[int]:
+    yield 1
+
+
+def test_a_batch_of_handlers_that_cannot_suspend_creates_no_task_per_run() -> None:
+    import contextvars
+
+    var: contextvars.ContextVar[int] = contextvars.ContextVar("var", default=0)
+    created = 0
+
+    async def go() -> None:
+        nonlocal created
+        loop = asyncio.get_running_loop()
+
+        def count(loop: asyncio.AbstractEventLoop, coro: object) -> asyncio.Task[object]:
+            nonlocal created
+            created += 1
+            return asyncio.Task(coro, loop=loop)  # type: ignore[arg-type]
+
+        async with node() as (svc, target):
+            w = Worker(target, capacity=1_000)
+            seen: list[int] = []
+
+            @w.handler()
+            async def quick(ctx: RunContext) -> None:
+                seen.append(var.get())
+                var.set(ctx.run_id)  # stays in the run's own context
+                if ctx.run_id % 10 == 0:
+                    raise Retryable("every tenth")
+
+            async with running(w):
+                conn, _ = await svc.accept()
+                await asyncio.sleep(0.2)  # the link's tasks are up
+                loop.set_task_factory(count)  # type: ignore[arg-type]
+                try:
+                    assign(conn, *[assignment(i, "quick") for i in range(1, 301)])
+                    done = await conn.completed(300)
+                finally:
+                    loop.set_task_factory(None)
+        outcomes = {c.run_id: c.outcome for c in done.values()}
+        assert sum(o == pb.OUTCOME_RETRYABLE for o in outcomes.values()) == 30
+        assert sum(o == pb.OUTCOME_SUCCEEDED for o in outcomes.values()) == 270
+        assert seen == [0] * 300  # no run saw another's context variable
+        assert var.get() == 0
+
+    scenario(go)
+    # A task each for the loop's own waits (the writer's, a timer), never one a run.
+    assert created < 30, created

@@ -2,9 +2,12 @@
 
 ``Runner`` admits runs to at most ``capacity`` executing handlers (the rest
 wait locally), runs async handlers as tasks and sync ones in a pool of threads
-that hand results back in batches, and times runs out from one heap. It knows
-nothing of streams: every outcome goes to ``report``, which the worker routes
-to the node the run reports to now.
+that hand results back in batches, and times runs out from one heap. An async
+handler that cannot suspend (its body has no ``await``, ``async for`` or
+``async with``: no point where its coroutine could yield) is run to its end
+at once, with no task: a batch of a hundred such runs costs the loop one turn,
+not a hundred tasks. It knows nothing of streams: every outcome goes to
+``report``, which the worker routes to the node the run reports to now.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
+import dis
 import heapq
 import inspect
 import logging
@@ -46,6 +51,11 @@ RETRYABLE = pb.OUTCOME_RETRYABLE
 HANDED_BACK = pb.OUTCOME_HANDED_BACK
 ABANDONED = pb.OUTCOME_ABANDONED
 
+# How a handler runs (``mode_of``).
+SYNC = 0  # a plain function: in a thread of the pool
+TASK = 1  # a coroutine function: a task of its own
+INLINE = 2  # a coroutine function that cannot suspend: run to its end at once
+
 # A completion on its way: run id, fence, outcome, error, job id. A tuple, not
 # an object: one is made for every run, and it only travels to a message.
 Done = tuple[int, int, "pb.Outcome", str, int]
@@ -55,13 +65,13 @@ class Run:
     """One held run: its context, its handler, its state, and the link of the
     node it reports to (None while it has none: see the worker's strays)."""
 
-    __slots__ = ("acked", "ctx", "fn", "is_async", "link", "started", "state", "task")
+    __slots__ = ("acked", "ctx", "fn", "link", "mode", "started", "state", "task")
 
-    def __init__(self, link: Link, ctx: RunContext, fn: Handler | None, is_async: bool) -> None:
+    def __init__(self, link: Link, ctx: RunContext, fn: Handler | None, mode: int) -> None:
         self.link: Link | None = link
         self.ctx = ctx
         self.fn = fn
-        self.is_async = is_async
+        self.mode = mode
         self.state = QUEUED
         self.task: asyncio.Task[None] | None = None
         # An ack for it went out (or was queued) on some link.
@@ -94,6 +104,23 @@ def error_text(exc: BaseException) -> str:
 def is_async(fn: Callable[..., Any]) -> bool:
     call = getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def mode_of(fn: Callable[..., Any]) -> int:
+    """SYNC, TASK or INLINE (see above). INLINE only for a function or a
+    bound method whose own code is the coroutine's: a coroutine suspends
+    only at a YIELD_VALUE of its own frame, so one whose code has none runs
+    to its end in one step, and ``asyncio.current_task()``, timeouts and
+    context variables inside it behave as in a task of its own (nothing in
+    it can wait)."""
+    if not is_async(fn):
+        return SYNC
+    func = fn.__func__ if inspect.ismethod(fn) else fn
+    if not inspect.isfunction(func) or not inspect.iscoroutinefunction(func):
+        return TASK
+    if any(i.opname == "YIELD_VALUE" for i in dis.get_instructions(func.__code__)):
+        return TASK
+    return INLINE
 
 
 async def _await(aw: Any) -> None:
@@ -153,9 +180,12 @@ class Runner:
         run.state = RUNNING
         run.started = time.perf_counter()
         self.active += 1
+        if run.mode == INLINE:
+            self._run_inline(run)
+            return
         if run.ctx.deadline != math.inf:
             self._watch_deadline(run)
-        if run.is_async:
+        if run.mode == TASK:
             run.task = self._loop.create_task(self._run_async(run))
         else:
             self._sync_inflight += 1
@@ -185,6 +215,27 @@ class Runner:
             self.active -= 1
         self._finish(run, outcome, error)
         self.admit()
+
+    def _run_inline(self, run: Run) -> None:
+        """A handler that cannot suspend, to its end now, in a copy of the
+        context as a task would have (what it sets does not leak out). No
+        timeout is watched: nothing could stop a step that never yields."""
+        assert run.fn is not None
+        outcome, error = SUCCEEDED, ""
+        try:
+            coro = run.fn(run.ctx)
+            try:
+                contextvars.copy_context().run(coro.send, None)
+            except StopIteration:
+                pass
+            else:  # pragma: no cover - mode_of said it cannot yield
+                coro.close()
+                raise RuntimeError("handler suspended although its code has no await")
+        except BaseException as exc:
+            outcome, error = outcome_of(exc)
+        finally:
+            self.active -= 1
+        self._finish(run, outcome, error)
 
     def _thread_main(self) -> None:
         while True:

@@ -92,7 +92,7 @@ from wheel.worker._cluster import View, view_of
 from wheel.worker._credit import Credits
 from wheel.worker._link import DEFAULT_LEASE_S, Link
 from wheel.worker._metrics import WorkerMetrics
-from wheel.worker._runs import Done, Run, Runner, is_async
+from wheel.worker._runs import SYNC, Done, Run, Runner, mode_of
 
 __all__ = [
     "Permanent",
@@ -197,7 +197,7 @@ class Worker:
         self.reconnect_initial = reconnect_initial
         self.reconnect_max = reconnect_max
         self.stats = WorkerStats()
-        self._handlers: dict[str, tuple[Handler, bool]] = {}
+        self._handlers: dict[str, tuple[Handler, int]] = {}
         self._runner = Runner(capacity, self.stats, self._report, worker_id=self.worker_id)
         self.metrics: WorkerMetrics | None = None
         self._metrics_listen = metrics_listen
@@ -241,7 +241,7 @@ class Worker:
             raise InvalidArgument("handler", "a handler name must not be empty")
         if name in self._handlers:
             raise InvalidArgument("handler", f"{name!r} is already registered")
-        self._handlers[name] = (fn, is_async(fn))
+        self._handlers[name] = (fn, mode_of(fn))
 
     @property
     def handler_names(self) -> list[str]:
@@ -394,7 +394,7 @@ class Worker:
                 timeout_ms=a.timeout_ms,
                 deadline=now + a.timeout_ms / 1000 if a.timeout_ms > 0 else math.inf,
             )
-            run = Run(link, ctx, entry[0] if entry else None, entry[1] if entry else False)
+            run = Run(link, ctx, entry[0] if entry else None, entry[1] if entry else SYNC)
             link.held[a.run_id] = run
             link.defer_ack(run, now)
             if self._draining or self._closing:
