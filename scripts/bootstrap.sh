@@ -28,3 +28,18 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   fi
   echo "$want" >"$stamp"
 fi
+# The hot modules compiled with mypyc (hatch_build.py): again whenever one of
+# their sources changed since the build, so the extensions never run old
+# code. WHEEL_PURE_PYTHON=1 removes them (the sources run as they are).
+if ! "$venv/bin/python" -c 'import sys, json
+from wheel._compiled import MANIFEST, source_hashes
+try:
+    built = json.loads(MANIFEST.read_text())
+except (OSError, ValueError):
+    built = None
+sys.exit(0 if built == source_hashes() else 1)' 2>/dev/null; then
+  if [ -z "${WHEEL_PURE_PYTHON:-}" ]; then
+    echo "compiling the hot modules (mypyc) ..." >&2
+  fi
+  "$venv/bin/python" "$root/hatch_build.py" >/dev/null
+fi

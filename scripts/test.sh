@@ -28,8 +28,8 @@ if command -v pg_lsclusters >/dev/null 2>&1; then
 fi
 
 py="$root/.venv/bin"
-"$py/ruff" check src tests benchmarks scripts
-"$py/ruff" format --check src tests benchmarks scripts
+"$py/ruff" check src tests benchmarks scripts hatch_build.py
+"$py/ruff" format --check src tests benchmarks scripts hatch_build.py
 "$py/mypy"
 
 # With arguments: one pytest run of what they name.
@@ -39,11 +39,21 @@ fi
 
 # The whole suite in three parts: the tests of real processes (``slow``:
 # node, worker, etcd processes, mostly waiting out leases and restarts) beside
-# the in-process ones (CPU), then the ones that must run alone (``alone``:
-# the nemesis restarts the PostgreSQL every other test uses).
+# the in-process ones (CPU) and then the engine's again on the pure-Python
+# fallback (the hot modules from their sources, not compiled), then the ones
+# that must run alone (``alone``: the nemesis restarts the PostgreSQL every
+# other test uses).
 inproc=$(mktemp)
 trap 'rm -f "$inproc"' EXIT
-"$py/pytest" -m "not slow and not alone" -p no:cacheprovider >"$inproc" 2>&1 &
+in_process() {
+  local status=0
+  "$py/pytest" -m "not slow and not alone" -p no:cacheprovider || status=$?
+  echo "----- the engine on the pure-Python fallback -----"
+  WHEEL_PURE_PYTHON=1 "$py/pytest" tests/engine tests/test_compiled.py \
+    -m "not slow and not alone" -p no:cacheprovider || status=$?
+  return "$status"
+}
+in_process >"$inproc" 2>&1 &
 inproc_pid=$!
 status=0
 "$py/pytest" -m "slow and not alone" -p no:cacheprovider || status=$?

@@ -26,6 +26,21 @@ PG_DSN = os.environ.get("WHEEL_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:54
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Never test old code: a compiled module whose source changed since its
+    build would run in its source's place."""
+    if os.environ.get("WHEEL_PURE_PYTHON"):
+        return
+    from wheel._compiled import stale
+
+    if old := stale():
+        pytest.exit(
+            f"compiled modules older than their sources: {', '.join(old)};"
+            " run ./scripts/bootstrap.sh (or WHEEL_PURE_PYTHON=1 for the sources)",
+            returncode=2,
+        )
+
+
 def service_missing(what: str) -> None:
     """Fail under CI (a service test must never be silently skipped), else skip."""
     if IN_CI:

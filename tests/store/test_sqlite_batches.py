@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sqlite3
 import time
@@ -110,21 +111,33 @@ def test_a_partly_applying_batch_falls_back_to_row_by_row(sqlite_store: SQLiteSt
     assert store.get_job(jobs[18].job_id).next_run_at == 120_000
 
 
-def test_a_batch_is_written_all_or_nothing(sqlite_store: SQLiteStore) -> None:
+def test_a_batch_is_written_all_or_nothing(sqlite_store: SQLiteStore, tmp_path: Path) -> None:
     """write_batch is one transaction: when its last kind fails, the kinds
     before it are rolled back with it, and the batch can be written again."""
     store = sqlite_store
+    with contextlib.closing(sqlite3.connect(tmp_path / "plans.db")) as db:
+        # A worker the store cannot mark running: the starts fail after the rest ran.
+        db.execute(
+            "CREATE TRIGGER poison BEFORE UPDATE ON executions"
+            " WHEN NEW.worker_id = 'poison' BEGIN SELECT RAISE(ABORT, 'poisoned'); END"
+        )
+        db.commit()
     ran, _ = store.submit_job(interval_job("ran", next_run_at=60_000))
     due, _ = store.submit_job(interval_job("due", next_run_at=60_000))
-    [out] = store.claim_fires([claim(ran.job_id, 60_000, fence=1, new=120_000)])
-    assert out.run_id is not None
+    other, _ = store.submit_job(interval_job("other", next_run_at=60_000))
+    [out, held] = store.claim_fires(
+        [
+            claim(ran.job_id, 60_000, fence=1, new=120_000),
+            claim(other.job_id, 60_000, fence=3, new=120_000),
+        ]
+    )
+    assert out.run_id is not None and held.run_id is not None
     batch = WriteBatch(
         completions=[
             Completion(run_id=out.run_id, fence=1, state=RunState.SUCCEEDED, finished_at_ms=1)
         ],
         claims=[claim(due.job_id, 60_000, fence=2, new=120_000)],
-        # A worker id sqlite3 cannot bind: the starts fail after the rest ran.
-        starts=[RunStart(run_id=out.run_id, fence=1, worker_id=object(), started_at_ms=1)],  # type: ignore[arg-type]
+        starts=[RunStart(run_id=held.run_id, fence=3, worker_id="poison", started_at_ms=1)],
     )
     with pytest.raises(StoreError):
         store.write_batch(batch)

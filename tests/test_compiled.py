@@ -1,0 +1,51 @@
+"""The hot path runs compiled (mypyc), and the same sources run without it."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import IN_CI
+from wheel._compiled import MANIFEST, MODULES, compiled, source_hashes
+
+PURE = bool(os.environ.get("WHEEL_PURE_PYTHON"))
+
+
+@pytest.mark.skipif(PURE, reason="the pure-Python run loads the sources")
+def test_the_hot_modules_are_loaded_compiled() -> None:
+    if not MANIFEST.exists() and not IN_CI:
+        pytest.skip("not compiled here (no C compiler?): ./scripts/bootstrap.sh builds them")
+    loaded = {m: importlib.import_module(m) for m in MODULES}
+    assert [m for m, mod in loaded.items() if not compiled(mod)] == []
+    # Built from the sources as they are now.
+    assert MANIFEST.exists()
+    assert set(source_hashes()) == set(MODULES)
+
+
+@pytest.mark.skipif(not PURE, reason="only in the pure-Python run")
+def test_the_pure_python_run_loads_every_hot_module_from_its_source() -> None:
+    for m in MODULES:
+        mod = importlib.import_module(m)
+        assert not compiled(mod), mod.__file__
+        assert mod.__file__ is not None and mod.__file__.endswith(".py")
+
+
+def test_wheel_pure_python_switches_a_fresh_interpreter_to_the_sources() -> None:
+    code = (
+        "import wheel.engine.timerwheel as t, wheel.engine.owner as o\n"
+        "w = t.TimerWheel(0); w.add(1, 5)\n"
+        "print(t.__file__, sorted(w.advance(10)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "WHEEL_PURE_PYTHON": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out[0].endswith("timerwheel.py")
+    assert out[1:] == ["[1]"]
