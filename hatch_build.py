@@ -39,7 +39,8 @@ def modules() -> list[str]:
 
 
 def sources(names: list[str]) -> list[Path]:
-    return [SRC.joinpath(*m.split(".")).with_suffix(".py") for m in names]
+    paths = [SRC.joinpath(*m.split(".")) for m in names]
+    return [p / "__init__.py" if p.is_dir() else p.with_suffix(".py") for p in paths]
 
 
 def clean() -> None:

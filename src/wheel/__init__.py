@@ -9,4 +9,4 @@ if _os.environ.get("WHEEL_PURE_PYTHON"):
     # (wheel._compiled).
     from wheel._compiled import use_sources as _use_sources
 
-    _use_sources()
+    _use_sources(_os.environ["WHEEL_PURE_PYTHON"])

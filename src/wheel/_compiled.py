@@ -39,6 +39,17 @@ MODULES: tuple[str, ...] = (
     "wheel.engine.schedule",
     "wheel.engine.profiles",
     "wheel.engine.jobtable",
+    "wheel.engine.owner._values",
+    "wheel.engine.owner._state",
+    "wheel.engine.owner._packed",
+    "wheel.engine.owner._jobs",
+    "wheel.engine.owner._dispatch",
+    "wheel.engine.owner._workers",
+    "wheel.engine.owner._runs",
+    "wheel.engine.owner._shards",
+    "wheel.engine.owner._tenants",
+    "wheel.engine.owner",
+    "wheel.engine.driver",
 )
 
 SRC = Path(__file__).resolve().parent.parent
@@ -46,7 +57,8 @@ MANIFEST = Path(__file__).with_name("_compiled.json")
 
 
 def source_of(module: str) -> Path:
-    return SRC.joinpath(*module.split(".")).with_suffix(".py")
+    path = SRC.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
 def source_hashes(modules: Sequence[str] = MODULES) -> dict[str, str]:
@@ -70,16 +82,23 @@ def stale() -> list[str]:
 
 
 class PureFinder(importlib.abc.MetaPathFinder):
-    """Loads the compiled modules from their sources."""
+    """Loads compiled modules from their sources: all of them, or those named."""
+
+    def __init__(self, only: frozenset[str] | None = None) -> None:
+        self.only = only
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in MODULES:
+        if fullname not in MODULES or (self.only is not None and fullname not in self.only):
             return None
         return importlib.util.spec_from_file_location(fullname, source_of(fullname))
 
 
-def use_sources() -> None:
-    if not any(isinstance(f, PureFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, PureFinder())
+def use_sources(setting: str = "1") -> None:
+    """``WHEEL_PURE_PYTHON``: 1 for every compiled module, or a comma-separated
+    list of some (to tell which one a difference comes from)."""
+    if any(isinstance(f, PureFinder) for f in sys.meta_path):
+        return
+    only = None if setting == "1" else frozenset(m.strip() for m in setting.split(","))
+    sys.meta_path.insert(0, PureFinder(only))

@@ -240,6 +240,11 @@ class FairQueue(Generic[T]):
     def __len__(self) -> int:
         return self._len
 
+    def __bool__(self) -> bool:
+        # Said, not left to __len__: compiled code tests an Optional of a
+        # compiled class without __bool__ for None only (mypyc 2.4).
+        return len(self) > 0
+
     def tenant_len(self, tenant: str) -> int:
         q = self._queues.get(tenant)
         return 0 if q is None else len(q)

@@ -81,6 +81,11 @@ class Columns:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def __bool__(self) -> bool:
+        # Said, not left to __len__: compiled code tests an Optional of a
+        # compiled class without __bool__ for None only (mypyc 2.4).
+        return len(self) > 0
+
     @staticmethod
     def empty() -> Columns:
         i8 = np.empty(0, dtype=np.int64)
@@ -139,6 +144,11 @@ class ShardJobs:
     def __len__(self) -> int:
         """Jobs held (awake or at rest), tombstones not counted."""
         return len(self.ids) - self.gone
+
+    def __bool__(self) -> bool:
+        # Said, not left to __len__: compiled code tests an Optional of a
+        # compiled class without __bool__ for None only (mypyc 2.4).
+        return len(self) > 0
 
     def nbytes(self) -> int:
         return sum(

@@ -180,6 +180,11 @@ class Profiles:
     def __len__(self) -> int:
         return len(self.items)
 
+    def __bool__(self) -> bool:
+        # Said, not left to __len__: compiled code tests an Optional of a
+        # compiled class without __bool__ for None only (mypyc 2.4).
+        return len(self) > 0
+
     def intern(self, template: JobSpec) -> int:
         """The number of the template's profile, interning it if new."""
         index = self._by_template.get(template)

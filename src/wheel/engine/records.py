@@ -193,6 +193,11 @@ class PackedRows:
     def __len__(self) -> int:
         return len(self.job_id)
 
+    def __bool__(self) -> bool:
+        # Said, not left to __len__: compiled code tests an Optional of a
+        # compiled class without __bool__ for None only (mypyc 2.4).
+        return len(self) > 0
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShardLoad:

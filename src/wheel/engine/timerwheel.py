@@ -150,6 +150,11 @@ class TimerWheel:
     def __len__(self) -> int:
         return len(self._deadlines)
 
+    def __bool__(self) -> bool:
+        # Said, not left to __len__: compiled code tests an Optional of a
+        # compiled class without __bool__ for None only (mypyc 2.4).
+        return len(self) > 0
+
     def __contains__(self, timer_id: object) -> bool:
         try:
             return timer_id in self._deadlines

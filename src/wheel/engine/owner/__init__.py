@@ -77,7 +77,7 @@ from wheel.engine.owner._jobs import _Jobs
 from wheel.engine.owner._packed import _Packed
 from wheel.engine.owner._runs import _Runs
 from wheel.engine.owner._shards import _Shards
-from wheel.engine.owner._state import Due, Redo
+from wheel.engine.owner._state import Due, Redo, _OwnerState
 from wheel.engine.owner._tenants import _Tenants
 from wheel.engine.owner._values import (
     COUNTER_BITS,
@@ -142,7 +142,7 @@ __all__ = [
 ]
 
 
-class Owner(_Shards, _Packed, _Jobs, _Dispatch, _Workers, _Runs, _Tenants):
+class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Dispatch, _Workers, _Runs, _Tenants):
     """Owns a set of shards: their jobs' pending fires, in-flight runs and leases."""
 
     __slots__ = ()

@@ -8,13 +8,15 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 
+from mypy_extensions import trait
+
 from wheel.engine.fairness import FairQueue, split_capacity
 from wheel.engine.model import AlertKind
 from wheel.engine.owner._state import (
     Ahead,
     _Job,
     _move,
-    _OwnerState,
+    _Parts,
     _Pending,
     _Run,
     _Worker,
@@ -35,7 +37,8 @@ from wheel.engine.records import (
 log = logging.getLogger("wheel.owner")
 
 
-class _Dispatch(_OwnerState):
+@trait
+class _Dispatch(_Parts):
     __slots__ = ()
 
     def next_timer(self) -> int | None:

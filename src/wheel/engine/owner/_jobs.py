@@ -8,13 +8,15 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
 
+from mypy_extensions import trait
+
 from wheel.engine.jobtable import NEVER, NO_FIRE, PAUSED, PAYLOAD, ShardJobs
 from wheel.engine.model import AlertKind, JobState, MissedReason, RunState
 from wheel.engine.owner._state import (
     _Job,
     _limit,
     _moves,
-    _OwnerState,
+    _Parts,
     _Pending,
     _retry,
 )
@@ -38,7 +40,8 @@ from wheel.engine.spec import Cron, DstGap, JobSpec, OverlapPolicy
 log = logging.getLogger("wheel.owner")
 
 
-class _Jobs(_OwnerState):
+@trait
+class _Jobs(_Parts):
     __slots__ = ()
 
     def upsert_job(self, record: JobRecord, now_ms: int, fx: Effects) -> None:

@@ -38,6 +38,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from mypy_extensions import trait
 
 from wheel.engine.jobtable import (
     AWAKE,
@@ -50,7 +51,7 @@ from wheel.engine.jobtable import (
     ShardJobs,
 )
 from wheel.engine.model import shard_of
-from wheel.engine.owner._state import _Job, _OwnerState, _Shard
+from wheel.engine.owner._state import _Job, _Parts, _Shard
 from wheel.engine.owner._values import FIRE, PackedJob
 from wheel.engine.profiles import Profile, schedule_of
 from wheel.engine.schedule import CompiledSchedule, compile_schedule
@@ -59,7 +60,8 @@ from wheel.engine.spec import JobSpec
 log = logging.getLogger("wheel.owner")
 
 
-class _Packed(_OwnerState):
+@trait
+class _Packed(_Parts):
     __slots__ = ()
 
     # -- finding and waking jobs ------------------------------------------------------

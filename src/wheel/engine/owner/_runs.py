@@ -7,12 +7,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from mypy_extensions import trait
+
 from wheel.engine.model import AlertKind, RunState
 from wheel.engine.owner._state import (
     Redo,
     _Job,
     _move,
-    _OwnerState,
+    _Parts,
     _Run,
 )
 from wheel.engine.owner._values import (
@@ -46,7 +48,8 @@ def _note(what: str, run: _Run) -> RunNote:
     )
 
 
-class _Runs(_OwnerState):
+@trait
+class _Runs(_Parts):
     __slots__ = ()
 
     def _end_run(

@@ -8,8 +8,10 @@ import logging
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 
+from mypy_extensions import trait
+
 from wheel.engine.model import SHARD_COUNT, JobState, RunState, shard_of
-from wheel.engine.owner._state import Redo, _Job, _OwnerState, _Run, _Shard
+from wheel.engine.owner._state import Redo, _Job, _Parts, _Run, _Shard
 from wheel.engine.owner._values import (
     COUNTER_BITS,
     COUNTER_MASK,
@@ -29,7 +31,8 @@ from wheel.engine.records import ExecutionRecord, JobRecord, RowChanges
 log = logging.getLogger("wheel.owner")
 
 
-class _Shards(_OwnerState):
+@trait
+class _Shards(_Parts):
     __slots__ = ()
 
     def owns(self, job_id: int) -> bool:

@@ -30,15 +30,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from mypy_extensions import trait
+
 from wheel.engine.fairness import FairQueue, TokenBucket
-from wheel.engine.owner._state import _OwnerState
+from wheel.engine.owner._state import _Parts
 from wheel.engine.owner._values import TenantLimit
 
 # An allowance without a limit.
 _UNLIMITED = 1 << 62
 
 
-class _Tenants(_OwnerState):
+@trait
+class _Tenants(_Parts):
     __slots__ = ()
 
     def set_tenant_limits(self, limits: Mapping[str, TenantLimit], now_ms: int) -> None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from mypy_extensions import trait
+
 from wheel.engine.model import RunState
 from wheel.engine.owner._state import (
     _fence_mismatch,
     _move,
-    _OwnerState,
+    _Parts,
     _Run,
     _Worker,
 )
@@ -30,7 +32,8 @@ from wheel.engine.records import (
 log = logging.getLogger("wheel.owner")
 
 
-class _Workers(_OwnerState):
+@trait
+class _Workers(_Parts):
     __slots__ = ()
 
     def worker_hello(
