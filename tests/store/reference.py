@@ -240,14 +240,22 @@ class ReferenceStore:
         state: JobState | None = None,
         after_job_id: int = 0,
         limit: int = 100,
+        name_prefix: str = "",
+        after_name: str | None = None,
     ) -> list[JobRecord]:
         rows = [
             r
             for _, r in sorted(self.jobs.items())
-            if r.job_id > after_job_id
-            and (tenant is None or r.spec.tenant == tenant)
+            if (tenant is None or r.spec.tenant == tenant)
             and (state is None or r.state is state)
+            and r.spec.name.startswith(name_prefix)
         ]
+        if name_prefix:
+            rows.sort(key=lambda r: (r.spec.name, r.job_id))
+            if after_name is not None:
+                rows = [r for r in rows if (r.spec.name, r.job_id) > (after_name, after_job_id)]
+        else:
+            rows = [r for r in rows if r.job_id > after_job_id]
         return [r.record() for r in rows[: max(0, limit)]]
 
     def count_jobs(self, tenant: str) -> int:

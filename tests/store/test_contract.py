@@ -228,6 +228,38 @@ def test_list_jobs_pages_stably_and_filters(store: Store) -> None:
     assert [j.job_id for j in store.list_jobs(tenant="a", state=JobState.ACTIVE)] == ids[3::2]
 
 
+def test_list_jobs_by_name_prefix_pages_by_name_then_id(store: Store) -> None:
+    names = ["backup-b", "report", "backup-a", "backup-b", "backups", "Backup-c", "backup-é"]
+    ids = [
+        store.submit_job(interval_job(n, tenant="a" if i % 2 else "b"))[0].job_id
+        for i, n in enumerate(names)
+    ]
+    store.set_job_state(ids[3], JobState.PAUSED, next_run_at=None, now_ms=2_000)
+    want = sorted(
+        ((n, i) for n, i in zip(names, ids, strict=True) if n.startswith("backup")),
+    )
+    seen: list[tuple[str, int]] = []
+    after: tuple[str, int] | None = None
+    while True:
+        page = store.list_jobs(
+            name_prefix="backup",
+            after_name=after[0] if after else None,
+            after_job_id=after[1] if after else 0,
+            limit=2,
+        )
+        if not page:
+            break
+        seen += [(j.spec.name, j.job_id) for j in page]
+        after = seen[-1]
+    # Case-sensitive, by code point ("backups" after "backup-é"), ties by id.
+    assert seen == want
+    assert [j.job_id for j in store.list_jobs(name_prefix="backup-b", tenant="a")] == [ids[3]]
+    paused = store.list_jobs(name_prefix="backup", state=JobState.PAUSED)
+    assert [j.job_id for j in paused] == [ids[3]]
+    assert store.list_jobs(name_prefix="nothing") == []
+    assert [j.job_id for j in store.list_jobs(name_prefix="\U0010ffff")] == []
+
+
 def test_set_job_state_changes_state_and_schedule(store: Store) -> None:
     job, _ = store.submit_job(interval_job())
     paused = store.set_job_state(job.job_id, JobState.PAUSED, next_run_at=None, now_ms=7_000)

@@ -58,6 +58,14 @@ RETRY_WHERE = (
     " AND n.scheduled_for = e.scheduled_for AND n.attempt > e.attempt)"
 )
 
+# ListJobs by name prefix (the web console's search): a range of this index,
+# in code-point order on both stores, and by state: a page of paused jobs
+# among a million active ones reads a page of rows. A claim writes neither,
+# save the state of a one-shot it completes (a column PostgreSQL's
+# jobs_due_soon already reads, so that update was never a HOT one).
+NAME_INDEX = "CREATE INDEX jobs_name ON jobs (name{collate}, job_id)"
+STATE_INDEX = "CREATE INDEX jobs_state ON jobs (state, job_id)"
+
 SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
     (
         1,
@@ -216,6 +224,7 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
             f" GENERATED ALWAYS AS ({DUE_BUCKET_SQL}) VIRTUAL",
         ],
     ),
+    (9, [NAME_INDEX.format(collate=""), STATE_INDEX]),
 ]
 
 PG_MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -375,4 +384,5 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
             " WHERE profile_id IS NULL AND state IN ('active', 'paused')",
         ],
     ),
+    (9, [NAME_INDEX.format(collate=' COLLATE "C"'), STATE_INDEX]),
 ]

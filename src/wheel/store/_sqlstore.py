@@ -105,9 +105,16 @@ class SQLStore(TenancySQL):
         state: JobState | None = None,
         after_job_id: int = 0,
         limit: int = 100,
+        name_prefix: str = "",
+        after_name: str | None = None,
     ) -> list[JobRecord]:
         sql, params = self._queries.list_jobs(
-            tenant=tenant, state=state, after_job_id=after_job_id, limit=limit
+            tenant=tenant,
+            state=state,
+            after_job_id=after_job_id,
+            limit=limit,
+            name_prefix=name_prefix,
+            after_name=after_name,
         )
         rows = self._read(lambda cur: cur.execute(sql, params).fetchall())
         return [job_from_row(r) for r in rows]

@@ -182,8 +182,14 @@ class Store(Protocol):
         state: JobState | None = None,
         after_job_id: int = 0,
         limit: int = 100,
+        name_prefix: str = "",
+        after_name: str | None = None,
     ) -> list[JobRecord]:
-        """Jobs ordered by job_id, strictly after ``after_job_id`` (stable paging)."""
+        """Jobs ordered by job_id, strictly after ``after_job_id`` (stable paging).
+        With ``name_prefix``: only the jobs whose name starts with it
+        (case-sensitive), ordered by (name, job_id), strictly after
+        (``after_name``, ``after_job_id``) when ``after_name`` is given; an
+        index range, never a scan of every job."""
 
     def set_job_state(
         self, job_id: int, state: JobState, *, next_run_at: int | None, now_ms: int

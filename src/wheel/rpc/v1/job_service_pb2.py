@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from wheel.rpc.v1 import jobs_pb2 as wheel_dot_rpc_dot_v1_dot_jobs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ewheel/rpc/v1/job_service.proto\x12\x0cwheel.rpc.v1\x1a\x17wheel/rpc/v1/jobs.proto\"P\n\x10SubmitJobRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.wheel.rpc.v1.JobSpec\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\"D\n\x11SubmitJobResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.wheel.rpc.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"O\n\x11SubmitJobsRequest\x12,\n\x04jobs\x18\x01 \x03(\x0b\x32\x1e.wheel.rpc.v1.SubmitJobRequest\x12\x0c\n\x04lean\x18\x02 \x01(\x08\"o\n\x0fSubmitJobResult\x12\x31\n\x08response\x18\x01 \x01(\x0b\x32\x1f.wheel.rpc.v1.SubmitJobResponse\x12\x12\n\nerror_code\x18\x02 \x01(\t\x12\x15\n\rerror_message\x18\x03 \x01(\t\"D\n\x12SubmitJobsResponse\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.wheel.rpc.v1.SubmitJobResult\"\x18\n\x06JobRef\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\"H\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\nnext_fires\x18\x02 \x01(\x05\x12\x13\n\x0brecent_runs\x18\x03 \x01(\x05\"o\n\x0fListJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.wheel.rpc.v1.JobState\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"L\n\x10ListJobsResponse\x12\x1f\n\x04jobs\x18\x01 \x03(\x0b\x32\x11.wheel.rpc.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"W\n\x12TriggerJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x18\n\x10scheduled_for_ms\x18\x02 \x01(\x03\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\"D\n\x12\x42\x61\x63kfillJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x66rom_ms\x18\x02 \x01(\x03\x12\r\n\x05to_ms\x18\x03 \x01(\x03\"\\\n\x13\x42\x61\x63kfillJobResponse\x12\x11\n\tscheduled\x18\x01 \x01(\x05\x12\x18\n\x10skipped_existing\x18\x02 \x01(\x05\x12\x18\n\x10scheduled_for_ms\x18\x03 \x03(\x03\"p\n\x0fListRunsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12&\n\x06states\x18\x04 \x03(\x0e\x32\x16.wheel.rpc.v1.RunState\"L\n\x10ListRunsResponse\x12\x1f\n\x04runs\x18\x01 \x03(\x0b\x32\x11.wheel.rpc.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xb6\x05\n\nJobService\x12L\n\tSubmitJob\x12\x1e.wheel.rpc.v1.SubmitJobRequest\x1a\x1f.wheel.rpc.v1.SubmitJobResponse\x12O\n\nSubmitJobs\x12\x1f.wheel.rpc.v1.SubmitJobsRequest\x1a .wheel.rpc.v1.SubmitJobsResponse\x12\x38\n\x06GetJob\x12\x1b.wheel.rpc.v1.GetJobRequest\x1a\x11.wheel.rpc.v1.Job\x12I\n\x08ListJobs\x12\x1d.wheel.rpc.v1.ListJobsRequest\x1a\x1e.wheel.rpc.v1.ListJobsResponse\x12\x34\n\tCancelJob\x12\x14.wheel.rpc.v1.JobRef\x1a\x11.wheel.rpc.v1.Job\x12\x33\n\x08PauseJob\x12\x14.wheel.rpc.v1.JobRef\x1a\x11.wheel.rpc.v1.Job\x12\x34\n\tResumeJob\x12\x14.wheel.rpc.v1.JobRef\x1a\x11.wheel.rpc.v1.Job\x12\x44\n\nTriggerJob\x12\x14.wheel.rpc.v1.JobRef\x1a .wheel.rpc.v1.TriggerJobResponse\x12R\n\x0b\x42\x61\x63kfillJob\x12 .wheel.rpc.v1.BackfillJobRequest\x1a!.wheel.rpc.v1.BackfillJobResponse\x12I\n\x08ListRuns\x12\x1d.wheel.rpc.v1.ListRunsRequest\x1a\x1e.wheel.rpc.v1.ListRunsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ewheel/rpc/v1/job_service.proto\x12\x0cwheel.rpc.v1\x1a\x17wheel/rpc/v1/jobs.proto\"P\n\x10SubmitJobRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.wheel.rpc.v1.JobSpec\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\"D\n\x11SubmitJobResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.wheel.rpc.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"O\n\x11SubmitJobsRequest\x12,\n\x04jobs\x18\x01 \x03(\x0b\x32\x1e.wheel.rpc.v1.SubmitJobRequest\x12\x0c\n\x04lean\x18\x02 \x01(\x08\"o\n\x0fSubmitJobResult\x12\x31\n\x08response\x18\x01 \x01(\x0b\x32\x1f.wheel.rpc.v1.SubmitJobResponse\x12\x12\n\nerror_code\x18\x02 \x01(\t\x12\x15\n\rerror_message\x18\x03 \x01(\t\"D\n\x12SubmitJobsResponse\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.wheel.rpc.v1.SubmitJobResult\"\x18\n\x06JobRef\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\"H\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\nnext_fires\x18\x02 \x01(\x05\x12\x13\n\x0brecent_runs\x18\x03 \x01(\x05\"\x84\x01\n\x0fListJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.wheel.rpc.v1.JobState\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\x12\x13\n\x0bname_prefix\x18\x05 \x01(\t\"L\n\x10ListJobsResponse\x12\x1f\n\x04jobs\x18\x01 \x03(\x0b\x32\x11.wheel.rpc.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"W\n\x12TriggerJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x18\n\x10scheduled_for_ms\x18\x02 \x01(\x03\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\"D\n\x12\x42\x61\x63kfillJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x66rom_ms\x18\x02 \x01(\x03\x12\r\n\x05to_ms\x18\x03 \x01(\x03\"\\\n\x13\x42\x61\x63kfillJobResponse\x12\x11\n\tscheduled\x18\x01 \x01(\x05\x12\x18\n\x10skipped_existing\x18\x02 \x01(\x05\x12\x18\n\x10scheduled_for_ms\x18\x03 \x03(\x03\"p\n\x0fListRunsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12&\n\x06states\x18\x04 \x03(\x0e\x32\x16.wheel.rpc.v1.RunState\"L\n\x10ListRunsResponse\x12\x1f\n\x04runs\x18\x01 \x03(\x0b\x32\x11.wheel.rpc.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xb6\x05\n\nJobService\x12L\n\tSubmitJob\x12\x1e.wheel.rpc.v1.SubmitJobRequest\x1a\x1f.wheel.rpc.v1.SubmitJobResponse\x12O\n\nSubmitJobs\x12\x1f.wheel.rpc.v1.SubmitJobsRequest\x1a .wheel.rpc.v1.SubmitJobsResponse\x12\x38\n\x06GetJob\x12\x1b.wheel.rpc.v1.GetJobRequest\x1a\x11.wheel.rpc.v1.Job\x12I\n\x08ListJobs\x12\x1d.wheel.rpc.v1.ListJobsRequest\x1a\x1e.wheel.rpc.v1.ListJobsResponse\x12\x34\n\tCancelJob\x12\x14.wheel.rpc.v1.JobRef\x1a\x11.wheel.rpc.v1.Job\x12\x33\n\x08PauseJob\x12\x14.wheel.rpc.v1.JobRef\x1a\x11.wheel.rpc.v1.Job\x12\x34\n\tResumeJob\x12\x14.wheel.rpc.v1.JobRef\x1a\x11.wheel.rpc.v1.Job\x12\x44\n\nTriggerJob\x12\x14.wheel.rpc.v1.JobRef\x1a .wheel.rpc.v1.TriggerJobResponse\x12R\n\x0b\x42\x61\x63kfillJob\x12 .wheel.rpc.v1.BackfillJobRequest\x1a!.wheel.rpc.v1.BackfillJobResponse\x12I\n\x08ListRuns\x12\x1d.wheel.rpc.v1.ListRunsRequest\x1a\x1e.wheel.rpc.v1.ListRunsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,20 +47,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOBREF']._serialized_end=513
   _globals['_GETJOBREQUEST']._serialized_start=515
   _globals['_GETJOBREQUEST']._serialized_end=587
-  _globals['_LISTJOBSREQUEST']._serialized_start=589
-  _globals['_LISTJOBSREQUEST']._serialized_end=700
-  _globals['_LISTJOBSRESPONSE']._serialized_start=702
-  _globals['_LISTJOBSRESPONSE']._serialized_end=778
-  _globals['_TRIGGERJOBRESPONSE']._serialized_start=780
-  _globals['_TRIGGERJOBRESPONSE']._serialized_end=867
-  _globals['_BACKFILLJOBREQUEST']._serialized_start=869
-  _globals['_BACKFILLJOBREQUEST']._serialized_end=937
-  _globals['_BACKFILLJOBRESPONSE']._serialized_start=939
-  _globals['_BACKFILLJOBRESPONSE']._serialized_end=1031
-  _globals['_LISTRUNSREQUEST']._serialized_start=1033
-  _globals['_LISTRUNSREQUEST']._serialized_end=1145
-  _globals['_LISTRUNSRESPONSE']._serialized_start=1147
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1223
-  _globals['_JOBSERVICE']._serialized_start=1226
-  _globals['_JOBSERVICE']._serialized_end=1920
+  _globals['_LISTJOBSREQUEST']._serialized_start=590
+  _globals['_LISTJOBSREQUEST']._serialized_end=722
+  _globals['_LISTJOBSRESPONSE']._serialized_start=724
+  _globals['_LISTJOBSRESPONSE']._serialized_end=800
+  _globals['_TRIGGERJOBRESPONSE']._serialized_start=802
+  _globals['_TRIGGERJOBRESPONSE']._serialized_end=889
+  _globals['_BACKFILLJOBREQUEST']._serialized_start=891
+  _globals['_BACKFILLJOBREQUEST']._serialized_end=959
+  _globals['_BACKFILLJOBRESPONSE']._serialized_start=961
+  _globals['_BACKFILLJOBRESPONSE']._serialized_end=1053
+  _globals['_LISTRUNSREQUEST']._serialized_start=1055
+  _globals['_LISTRUNSREQUEST']._serialized_end=1167
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1169
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1245
+  _globals['_JOBSERVICE']._serialized_start=1248
+  _globals['_JOBSERVICE']._serialized_end=1942
 # @@protoc_insertion_point(module_scope)

@@ -65,16 +65,18 @@ class GetJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[int] = ..., next_fires: _Optional[int] = ..., recent_runs: _Optional[int] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("tenant", "state", "page_size", "page_token")
+    __slots__ = ("tenant", "state", "page_size", "page_token", "name_prefix")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NAME_PREFIX_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     state: _jobs_pb2.JobState
     page_size: int
     page_token: str
-    def __init__(self, tenant: _Optional[str] = ..., state: _Optional[_Union[_jobs_pb2.JobState, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    name_prefix: str
+    def __init__(self, tenant: _Optional[str] = ..., state: _Optional[_Union[_jobs_pb2.JobState, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., name_prefix: _Optional[str] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs", "next_page_token")
