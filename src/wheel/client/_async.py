@@ -35,9 +35,12 @@ from wheel.client._time import When
 from wheel.client._values import (
     Alerts,
     Backfill,
+    InFlight,
     Job,
     JobState,
+    LagMinute,
     Membership,
+    Page,
     Run,
     RunState,
     Status,
@@ -197,10 +200,26 @@ class AsyncClient:
         *,
         tenant: str | None = None,
         state: JobState | str | None = None,
+        name_prefix: str = "",
         page_size: int = 100,
     ) -> AsyncIterator[Job]:
         """See ``Client.jobs``; ``async for job in client.jobs(): ...``."""
-        return self._pages(lambda n: n.jobs.ListJobs, _wire.job_pages(tenant, state, page_size))
+        pages = _wire.job_pages(tenant, state, page_size, name_prefix)
+        return self._pages(lambda n: n.jobs.ListJobs, pages)
+
+    async def jobs_page(
+        self,
+        *,
+        tenant: str | None = None,
+        state: JobState | str | None = None,
+        name_prefix: str = "",
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> Page[Job]:
+        """See ``Client.jobs_page``."""
+        pages = _wire.job_pages(tenant, state, page_size, name_prefix)
+        resp = await self._call(lambda n: n.jobs.ListJobs, pages.request(page_token))
+        return Page(items=pages.items(resp), next_page_token=resp.next_page_token)
 
     async def cancel(self, job_id: int) -> Job:
         """See ``Client.cancel``."""
@@ -231,6 +250,19 @@ class AsyncClient:
         """See ``Client.runs``; ``async for run in client.runs(job_id): ...``."""
         return self._pages(lambda n: n.jobs.ListRuns, _wire.run_pages(job_id, states, page_size))
 
+    async def runs_page(
+        self,
+        job_id: int,
+        *,
+        states: Iterable[RunState | str] = (),
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> Page[Run]:
+        """See ``Client.runs_page``."""
+        pages = _wire.run_pages(job_id, states, page_size)
+        resp = await self._call(lambda n: n.jobs.ListRuns, pages.request(page_token))
+        return Page(items=pages.items(resp), next_page_token=resp.next_page_token)
+
     # -- admin -----------------------------------------------------------------
 
     async def status(self, *, include_shards: bool = False) -> Status:
@@ -242,6 +274,16 @@ class AsyncClient:
         """See ``Client.membership``."""
         msg = await self._call(lambda n: n.admin.GetMembership, _wire.membership_request())
         return _wire.membership_of(msg)
+
+    async def lag_history(self) -> list[LagMinute]:
+        """See ``Client.lag_history``."""
+        request = admin_pb.GetLagHistoryRequest()
+        return _wire.lag_history_of(await self._call(lambda n: n.admin.GetLagHistory, request))
+
+    async def in_flight(self, *, limit: int = 100) -> InFlight:
+        """See ``Client.in_flight``."""
+        request = admin_pb.ListInFlightRequest(limit=limit)
+        return _wire.in_flight_of(await self._call(lambda n: n.admin.ListInFlight, request))
 
     async def alerts(self, *, since: When | None = None, limit: int = 0) -> Alerts:
         """See ``Client.alerts``."""

@@ -28,9 +28,12 @@ from wheel.client._time import When
 from wheel.client._values import (
     Alerts,
     Backfill,
+    InFlight,
     Job,
     JobState,
+    LagMinute,
     Membership,
+    Page,
     Run,
     RunState,
     Status,
@@ -203,11 +206,28 @@ class Client:
         *,
         tenant: str | None = None,
         state: JobState | str | None = None,
+        name_prefix: str = "",
         page_size: int = 100,
     ) -> Iterator[Job]:
         """Every job (of ``tenant``, in ``state``, if given) in job id order,
-        fetched ``page_size`` at a time."""
-        return self._pages(lambda n: n.jobs.ListJobs, _wire.job_pages(tenant, state, page_size))
+        fetched ``page_size`` at a time; with ``name_prefix``, only those
+        whose name starts with it (case-sensitive), in name order."""
+        pages = _wire.job_pages(tenant, state, page_size, name_prefix)
+        return self._pages(lambda n: n.jobs.ListJobs, pages)
+
+    def jobs_page(
+        self,
+        *,
+        tenant: str | None = None,
+        state: JobState | str | None = None,
+        name_prefix: str = "",
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> Page[Job]:
+        """One page of ``jobs``: pass its ``next_page_token`` back for the next."""
+        pages = _wire.job_pages(tenant, state, page_size, name_prefix)
+        resp = self._call(lambda n: n.jobs.ListJobs, pages.request(page_token))
+        return Page(items=pages.items(resp), next_page_token=resp.next_page_token)
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a job; a run in flight is revoked. Cancelling again is a no-op."""
@@ -240,6 +260,19 @@ class Client:
         ``states`` keeps only those states (``RunState.MISSED`` for missed fires)."""
         return self._pages(lambda n: n.jobs.ListRuns, _wire.run_pages(job_id, states, page_size))
 
+    def runs_page(
+        self,
+        job_id: int,
+        *,
+        states: Iterable[RunState | str] = (),
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> Page[Run]:
+        """One page of ``runs``: pass its ``next_page_token`` back for the next."""
+        pages = _wire.run_pages(job_id, states, page_size)
+        resp = self._call(lambda n: n.jobs.ListRuns, pages.request(page_token))
+        return Page(items=pages.items(resp), next_page_token=resp.next_page_token)
+
     # -- admin -----------------------------------------------------------------
 
     def status(self, *, include_shards: bool = False) -> Status:
@@ -251,6 +284,18 @@ class Client:
         """The members and each shard's owner, as the node asked sees them."""
         msg = self._call(lambda n: n.admin.GetMembership, _wire.membership_request())
         return _wire.membership_of(msg)
+
+    def lag_history(self) -> list[LagMinute]:
+        """The node's dispatch lag minute by minute over the last hour, oldest
+        first, quiet minutes included (scope admin)."""
+        request = admin_pb.GetLagHistoryRequest()
+        return _wire.lag_history_of(self._call(lambda n: n.admin.GetLagHistory, request))
+
+    def in_flight(self, *, limit: int = 100) -> InFlight:
+        """Up to ``limit`` (at most 1,000) of the runs the node holds now, by
+        run id, and how many it holds (scope admin; ask each member)."""
+        request = admin_pb.ListInFlightRequest(limit=limit)
+        return _wire.in_flight_of(self._call(lambda n: n.admin.ListInFlight, request))
 
     def alerts(self, *, since: When | None = None, limit: int = 0) -> Alerts:
         """The alerts the node asked raised at or after ``since`` (None: all

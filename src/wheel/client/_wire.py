@@ -33,8 +33,11 @@ from wheel.client._values import (
     AlertKind,
     Alerts,
     Backfill,
+    InFlight,
+    InFlightRun,
     Job,
     JobState,
+    LagMinute,
     Member,
     Membership,
     MissedReason,
@@ -303,7 +306,9 @@ class Pages(Generic[_T]):
     items: Callable[[Any], list[_T]]
 
 
-def job_pages(tenant: str | None, state: JobState | str | None, page_size: int) -> Pages[Job]:
+def job_pages(
+    tenant: str | None, state: JobState | str | None, page_size: int, name_prefix: str = ""
+) -> Pages[Job]:
     wire_state = (
         jobs_pb2.JOB_STATE_UNSPECIFIED
         if state is None
@@ -311,7 +316,11 @@ def job_pages(tenant: str | None, state: JobState | str | None, page_size: int) 
     )
     return Pages(
         request=lambda token: js.ListJobsRequest(
-            tenant=tenant or "", state=wire_state, page_size=page_size, page_token=token
+            tenant=tenant or "",
+            state=wire_state,
+            page_size=page_size,
+            page_token=token,
+            name_prefix=name_prefix,
         ),
         items=lambda resp: [job_of(j) for j in resp.jobs],
     )
@@ -452,6 +461,37 @@ def status_of(msg: admin.ClusterStatus) -> Status:
         released=[
             ShardRelease(shard=r.shard, epoch=r.epoch, at=utc(r.at_ms)) for r in msg.released
         ],
+    )
+
+
+def lag_history_of(msg: admin.LagHistory) -> list[LagMinute]:
+    return [
+        LagMinute(
+            minute=utc(m.minute_ms),
+            count=m.count,
+            p50=timedelta(milliseconds=m.p50_ms),
+            p99=timedelta(milliseconds=m.p99_ms),
+            max=timedelta(milliseconds=m.max_ms),
+        )
+        for m in msg.minutes
+    ]
+
+
+def in_flight_of(msg: admin.ListInFlightResponse) -> InFlight:
+    return InFlight(
+        runs=[
+            InFlightRun(
+                run_id=r.run_id,
+                job_id=r.job_id,
+                scheduled_for=utc(r.scheduled_for_ms),
+                attempt=r.attempt,
+                fence=r.fence,
+                worker_id=r.worker_id or None,
+                phase=r.phase,
+            )
+            for r in msg.runs
+        ],
+        total=msg.total,
     )
 
 
