@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
+from itertools import pairwise
 from typing import Any
 from urllib.parse import urlencode
 
@@ -129,10 +130,7 @@ def test_a_job_shows_its_spec_and_next_fires(
     assert (job["name"], job["tenant"], job["state"]) == ("report", "acme", "active")
     assert job["schedule_text"] == "every 3600s (fixed rate)"
     fires = [f["ms"] for f in job["next_fires"]]
-    assert (
-        len(fires) == 3
-        and [b - a for a, b in zip(fires, fires[1:], strict=False)] == [3_600_000] * 2
-    )
+    assert len(fires) == 3 and [b - a for a, b in pairwise(fires)] == [3_600_000] * 2
 
 
 def test_actions_on_a_read_only_console_are_refused_with_403_and_change_nothing(
@@ -178,7 +176,7 @@ def test_the_node_panels_need_the_admin_scope_the_api_asks_for(
     lag = call(f"{node.url}/api/lag", token=tokens["admin"]).body["minutes"]
     assert len(lag) == 60
     starts = [m["minute"]["ms"] for m in lag]
-    assert all(b - a == 60_000 for a, b in zip(starts, starts[1:], strict=False))
+    assert all(b - a == 60_000 for a, b in pairwise(starts))
     cluster = call(f"{node.url}/api/cluster", token=tokens["admin"]).body
     assert len(cluster["shard_owners"]) == 256 and set(cluster["shard_owners"]) == {"node-1"}
     assert [m["node_id"] for m in cluster["members"]] == ["node-1"]
