@@ -157,6 +157,7 @@ def test_bad_query_values_are_400_naming_the_field(
         ({"page_size": "ten"}, "page_size"),
         ({"state": "sleeping"}, "state"),
         ({"page_token": "not-a-token"}, "page_token"),
+        ({"name": "x" * 201}, "name_prefix"),
     ):
         answer = jobs(node, tokens["acme"], **query)
         assert answer.status == 400, (query, answer.body)
