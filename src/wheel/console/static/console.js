@@ -122,9 +122,10 @@ function spec(job) {
     ["timeout", job.timeout + " s"], ["jitter", job.jitter + " s"],
     ["side effects", job.at_most_once ? "at most once" : "idempotent"],
     ["created", when(job.created_at)], ["updated", when(job.updated_at)],
-    ["payload", job.payload.text !== null
-      ? el("pre", {}, job.payload.text + (job.payload.truncated ? "…" : ""))
-      : `${job.payload.size} bytes (binary)`],
+    ["payload", job.payload.size === 0 ? el("span", { class: "muted" }, "none")
+      : job.payload.text !== null
+        ? el("pre", {}, job.payload.text + (job.payload.truncated ? "…" : ""))
+        : `${job.payload.size} bytes (binary)`],
   ];
   if (job.schedule_kind === "cron") {
     rows.splice(7, 0, ["DST", `gap: ${job.schedule.dst_gap}, fold: ${job.schedule.dst_fold}`]);
