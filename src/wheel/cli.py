@@ -24,8 +24,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
-from wheel._tls import LiveChannelSecurity, LiveServerSecurity
+from wheel._tls import ChannelSecurity, LiveChannelSecurity, LiveServerSecurity
 from wheel._tls_cli import (
+    NodeSecurity,
     add_client_flags,
     add_serve_flags,
     api_address,
@@ -184,6 +185,19 @@ def quiet_created_series() -> None:
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
+def console_security(
+    security: NodeSecurity, peers: LiveChannelSecurity
+) -> ChannelSecurity | LiveChannelSecurity:
+    """How the web console's channel to its own node is secured: as the
+    node's channels to its peers, which trust --peer-tls-ca or --client-ca;
+    with neither, the node's own certificate chain (a node with a private
+    CA and no client certificates still reaches itself)."""
+    server = security.server
+    if server is None or peers.current.ca is not None:
+        return peers
+    return ChannelSecurity(tls=True, ca=server.cert, cert=server.cert, key=server.key)
+
+
 def cmd_serve(ns: argparse.Namespace) -> int:
     from wheel.node import CLOCK_SKEW_ENV, Node
     from wheel.rpc.server import serve
@@ -295,7 +309,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
                     ns.advertise or api_address(ns.listen, port),
                     auth=ns.auth,
                     actions=ns.console_actions,
-                    security=live_peers,
+                    security=console_security(security, live_peers),
                     node_id=ns.node_id,
                 )
             )
