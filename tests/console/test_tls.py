@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 def test_a_tls_nodes_console_serves_https_and_reads_the_api_over_tls(
     pki: Pki, tmp_path: Path, mutual: bool
 ) -> None:
-    flags = ("--tls-cert", str(pki.node.cert), "--tls-key", str(pki.node.key))
+    flags: tuple[str, ...] = ("--tls-cert", str(pki.node.cert), "--tls-key", str(pki.node.key))
     if mutual:
         flags += ("--client-ca", str(pki.ca))
     client_tls = ChannelSecurity.from_files(ca=pki.ca, cert=pki.client.cert, key=pki.client.key)
