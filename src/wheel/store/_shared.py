@@ -435,11 +435,16 @@ class Queries:
         where: list[str] = []
         params: list[Any] = []
         if name_prefix:
+            # One lower bound on the name, the cursor's when there is one: the
+            # index is sought to it rather than read from the prefix's start
+            # (SQLite keeps only one of two lower bounds for the range).
+            low = name_prefix if after_name is None else max(name_prefix, after_name)
             where += [f"{name} >= {p}", f"{name} < {p}"]
-            params += [name_prefix, prefix_end(name_prefix)]
+            params += [low, prefix_end(name_prefix)]
             if after_name is not None:
-                where.append(f"({name} > {p} OR ({name} = {p} AND j.job_id > {p}))")
-                params += [after_name, after_name, after_job_id]
+                # (name, id) > (after_name, after_id), given name >= after_name.
+                where.append(f"({name} > {p} OR j.job_id > {p})")
+                params += [after_name, after_job_id]
             order = f"{name}, j.job_id"
         else:
             where.append(f"j.job_id > {p}")
