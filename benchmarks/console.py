@@ -154,7 +154,9 @@ def main() -> None:
                 }
                 results: dict[str, Any] = {}
                 for name, (path, grpc_call) in endpoints.items():
-                    row = timed(lambda path=path: get(url + path), ns.repeat)  # type: ignore[misc]
+                    row: dict[str, Any] = dict(
+                        timed(lambda path=path: get(url + path), ns.repeat)  # type: ignore[misc]
+                    )
                     if grpc_call is not None:
                         base = timed(grpc_call, ns.repeat)
                         row["grpc_p50_ms"] = base["p50_ms"]

@@ -76,8 +76,22 @@ def test_the_console_shows_a_jobs_runs_and_missed_fires_and_hides_it_from_other_
             globex, _ = client.create_token(tenant="globex", scopes=["jobs:read"])
             runner, _ = client.create_token(tenant="*", scopes=["worker"], worker_id="console-w")
         monkeypatch.setenv("WHEEL_TOKEN", runner)
-        worker = WorkerProc(node.target, tmp_path / "runs.txt", "console-w", "e2e_handlers:slow")
+        worker = WorkerProc(
+            node.target,
+            tmp_path / "runs.txt",
+            "console-w",
+            "e2e_handlers:slow",
+            "e2e_handlers:scripted",
+        )
         with Client(node.target, token=acme) as client:
+            # One attempt that fails for good: a dead letter.
+            doomed = client.submit(
+                name="console-doomed",
+                handler="scripted",
+                at=timedelta(0),
+                payload={"permanent": True},
+                retry=1,
+            )
             # Every second, running 1.6 s: the fire after each run's start is
             # skipped as an overlap, and recorded missed with that reason.
             job = client.submit(name="console-overlap", handler="slow", every=timedelta(seconds=1))
@@ -89,6 +103,11 @@ def test_the_console_shows_a_jobs_runs_and_missed_fires_and_hides_it_from_other_
                 )
 
             wait_for(history, 30, "a finished run and an overlap miss")
+            wait_for(
+                lambda: list(client.runs(doomed.job_id, states=["dead_lettered"])),
+                30,
+                "the dead letter",
+            )
 
         page = sign_in(browser, node.url, acme)
         row = page.locator(f'#jobs tr[data-job="{job.job_id}"]')
@@ -107,8 +126,15 @@ def test_the_console_shows_a_jobs_runs_and_missed_fires_and_hides_it_from_other_
         assert "missed: overlap" in missed.first.inner_text()
         assert page.inner_text("#mode") == "read-only"
         assert page.locator("#job-actions button").count() == 0
+        assert "no dead letters" in page.inner_text("#job-dead tbody")
         SCREENSHOT.parent.mkdir(exist_ok=True)
         page.screenshot(path=str(SCREENSHOT), full_page=False)
+        # The dead letter, with its error, and no redrive on a read-only console.
+        page.goto(f"{node.url}/#/job/{doomed.job_id}")
+        page.wait_for_selector(f'body[data-loaded="#/job/{doomed.job_id}"]')
+        dead = page.inner_text("#job-dead tbody")
+        assert "scripted permanent failure" in dead and "console-w" in dead
+        assert page.locator("#job-dead button.redrive").count() == 0
         page.close()
 
         # Another tenant: the job is not in its list, and not found by id.
