@@ -13,6 +13,7 @@ import pytest
 
 from tests.console.http import Answer, ConsoleNode, call
 from wheel.client import Client, JobState
+from wheel.errors import InvalidArgument
 
 pytestmark = pytest.mark.slow
 
@@ -218,3 +219,28 @@ def test_with_actions_on_a_pause_goes_through_the_api(acting: ConsoleNode) -> No
     with Client(acting.target) as client:
         assert client.get(job_id).state is JobState.PAUSED
     assert call(f"{acting.url}/api/config").body["actions"] is True
+
+
+def test_the_sync_client_pages_searches_and_reads_the_node_panels(
+    node: ConsoleNode, tokens: dict[str, str], acme_jobs: dict[str, int]
+) -> None:
+    with Client(node.target, token=tokens["acme"]) as client:
+        assert [j.name for j in client.jobs(name_prefix="batch-", page_size=2)] == [
+            f"batch-{i}" for i in range(5)
+        ]
+        first = client.jobs_page(page_size=4)
+        assert len(first.items) == 4 and first.next_page_token
+        rest = client.jobs_page(page_size=4, page_token=first.next_page_token)
+        assert [j.job_id for j in first.items + rest.items] == sorted(
+            v for k, v in acme_jobs.items() if k != "globex"
+        )
+        assert rest.next_page_token == ""
+        runs = client.runs_page(acme_jobs["report"], page_size=10)
+        assert (runs.items, runs.next_page_token) == ([], "")
+    with Client(node.target, token=tokens["admin"]) as client:
+        minutes = client.lag_history()
+        assert len(minutes) == 60 and minutes[0].minute < minutes[-1].minute
+        held = client.in_flight(limit=10)
+        assert (held.runs, held.total) == ([], 0)
+        with pytest.raises(InvalidArgument, match="limit"):
+            client.in_flight(limit=5_000)

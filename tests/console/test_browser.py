@@ -156,6 +156,10 @@ def test_the_console_shows_a_jobs_runs_and_missed_fires_and_hides_it_from_other_
         held = call(f"{node.url}/api/in-flight", token=admin).body
         assert held["total"] == len(held["runs"]) <= 1
         assert all(r["job_id"] == str(job.job_id) for r in held["runs"])
+        # The runs handed out are in the lag history's minutes.
+        lag = call(f"{node.url}/api/lag", token=admin).body["minutes"]
+        assert sum(m["count"] for m in lag) >= 2
+        assert max(m["max_ms"] for m in lag) >= max(m["p50_ms"] for m in lag) >= 0
         ops.close()
     finally:
         if worker is not None:
