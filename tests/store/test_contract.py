@@ -14,6 +14,7 @@ from tests.store.conftest import interval_job, once_job
 from wheel.engine.jobtable import NO_FIRE
 from wheel.engine.profiles import join_spec, profile_of, template_of_body
 from wheel.engine.records import PackedRows
+from wheel.engine.spec import Interval
 from wheel.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from wheel.store._schema import PG_MIGRATIONS, SQLITE_MIGRATIONS
 from wheel.store.base import (
@@ -1296,7 +1297,7 @@ def test_inflight_runs_and_retry_candidates_tell_a_restarting_owner_what_was_pen
 def spec_update(
     job: JobRecord, *, period_ms: int, next_run_at: int | None, key: str | None = None, **kw: object
 ) -> SpecUpdate:
-    schedule = replace(job.spec.schedule, period_ms=period_ms)  # type: ignore[type-var]
+    schedule = Interval(period_ms=period_ms)
     return SpecUpdate(
         job_id=job.job_id,
         spec=replace(job.spec, schedule=schedule, payload=b"new", tenant="other"),
@@ -1366,7 +1367,7 @@ def test_update_job_of_an_unknown_or_finished_job_changes_nothing(store: Store) 
 
 def test_dead_letters_are_listed_until_a_later_attempt_redrives_them(store: Store) -> None:
     job, run = dispatched(store, "a", fence=1)
-    other, other_run = dispatched(store, "b", fence=2)
+    _, other_run = dispatched(store, "b", fence=2)
     store.complete_runs([done(run, 1, RunState.DEAD_LETTERED)])
     store.complete_runs([done(other_run, 2, RunState.DEAD_LETTERED)])
     assert [r.run_id for r in store.list_dead_letters()] == [other_run, run]

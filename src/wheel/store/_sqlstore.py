@@ -128,7 +128,9 @@ class SQLStore(TenancySQL):
     def list_job_updates(
         self, job_id: int, *, before_version: int | None = None, limit: int = 100
     ) -> list[JobChange]:
-        return self._read(lambda cur: list_updates(cur, self._updates, job_id, before_version, limit))
+        return self._read(
+            lambda cur: list_updates(cur, self._updates, job_id, before_version, limit)
+        )
 
     def list_dead_letters(
         self,

@@ -48,7 +48,9 @@ class UpdateSQL:
             f" AND idempotency_key = {p}"
         )
         self.last_version = f"SELECT coalesce(max(version), 0) FROM job_updates WHERE job_id = {p}"
-        self.change = f"SELECT {CHANGE_COLUMNS} FROM job_updates WHERE job_id = {p} AND version = {p}"
+        self.change = (
+            f"SELECT {CHANGE_COLUMNS} FROM job_updates WHERE job_id = {p} AND version = {p}"
+        )
         self.insert_profile = (
             f"INSERT INTO job_profiles (profile_id, body) VALUES ({p}, {p}) ON CONFLICT DO NOTHING"
         )
