@@ -9,7 +9,6 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 
 import grpc
 import pytest
