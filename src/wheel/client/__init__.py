@@ -28,7 +28,7 @@ with Client("127.0.0.1:50051") as client:
 from wheel._tls import ChannelSecurity
 from wheel.client._admin import TenantQuota, Token
 from wheel.client._async import AsyncClient
-from wheel.client._specs import JobArgs, JobRequest, Payload
+from wheel.client._specs import JobArgs, JobRequest, Payload, UpdateArgs
 from wheel.client._sync import Client
 from wheel.client._time import Duration, When
 from wheel.client._values import (
@@ -47,6 +47,7 @@ from wheel.client._values import (
     InFlightRun,
     Job,
     JobState,
+    JobUpdate,
     LagMinute,
     Member,
     Membership,
@@ -91,6 +92,7 @@ __all__ = [
     "JobArgs",
     "JobRequest",
     "JobState",
+    "JobUpdate",
     "LagMinute",
     "Member",
     "Membership",
@@ -111,6 +113,7 @@ __all__ = [
     "Token",
     "Trigger",
     "UnservedHandler",
+    "UpdateArgs",
     "When",
     "WorkerStatus",
 ]

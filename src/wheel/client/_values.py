@@ -33,6 +33,7 @@ __all__ = [
     "Every",
     "Job",
     "JobState",
+    "JobUpdate",
     "Member",
     "Membership",
     "MissedReason",
@@ -537,3 +538,20 @@ class InFlight:
 
     runs: list[InFlightRun]
     total: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobUpdate:
+    """One recorded update of a job's spec (``Client.job_updates``): its
+    version (1 for the first), when and by whom (the caller's tenant and
+    token with auth on), and the job before and after (without payloads;
+    ``payload_changed`` says whether it changed)."""
+
+    job_id: int
+    version: int
+    updated_at: datetime
+    updated_by: str
+    before: Job
+    after: Job
+    payload_changed: bool
+    idempotency_key: str

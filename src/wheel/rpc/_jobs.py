@@ -35,6 +35,7 @@ from wheel.rpc._common import (
     status_of,
 )
 from wheel.rpc._guard import Guard
+from wheel.rpc._operator import OperatorCalls
 from wheel.rpc._peers import Peers, credential, forwarded_by
 from wheel.rpc.v1 import (
     job_service_pb2,
@@ -53,7 +54,7 @@ MAX_NAME_PREFIX = 200
 BULK_AT_ONCE = 1
 
 
-class JobServicer(job_service_pb2_grpc.JobServiceServicer):
+class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
     """Any member serves every call: reads from the store here, submits
     stored here (and their owners told at once), calls that change a job
     carried out by the owner of its shard (forwarded once)."""
