@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import timedelta
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 import pytest
 
 from tests.console.http import Answer, ConsoleNode, call
+from tests.e2e.procs import WorkerProc, wait_for
 from wheel.client import Client, JobState
 from wheel.errors import InvalidArgument
 
@@ -145,6 +147,8 @@ def test_actions_on_a_read_only_console_are_refused_with_403_and_change_nothing(
     with Client(node.target, token=tokens["acme"]) as client:
         assert client.get(job_id).state is JobState.ACTIVE
     # A method the API has no route for is 405, in JSON too.
+    dead = call(f"{node.url}/api/dead-letters", token=tokens["acme"]).body
+    assert (dead["runs"], dead["redrive"]) == ([], False)
     answer = call(f"{node.url}/api/jobs", token=tokens["acme"], method="DELETE")
     assert answer.status == 405
     assert answer.body["status"] == 405
@@ -219,6 +223,52 @@ def test_with_actions_on_a_pause_goes_through_the_api(acting: ConsoleNode) -> No
     with Client(acting.target) as client:
         assert client.get(job_id).state is JobState.PAUSED
     assert call(f"{acting.url}/api/config").body["actions"] is True
+
+
+def test_with_actions_on_a_dead_letter_is_listed_and_redriven_as_a_new_attempt(
+    acting: ConsoleNode, tmp_path: Path
+) -> None:
+    worker = WorkerProc(acting.target, tmp_path / "runs.txt", "act-w", "e2e_handlers:scripted")
+    try:
+        with Client(acting.target) as client:
+            job_id = client.submit(
+                name="doomed",
+                handler="scripted",
+                at=timedelta(0),
+                payload={"permanent": True},
+                retry=1,
+            ).job_id
+            wait_for(
+                lambda: list(client.runs(job_id, states=["dead_lettered"])), 30, "a dead letter"
+            )
+        listed = call(f"{acting.url}/api/dead-letters").body
+        [dead] = [r for r in listed["runs"] if r["job_id"] == str(job_id)]
+        assert listed["redrive"] is True
+        assert "scripted permanent failure" in dead["error"]
+        assert call(f"{acting.url}/api/jobs/{job_id}/dead-letters").body["runs"] == [dead]
+        bad = call(
+            f"{acting.url}/api/jobs/{job_id}/dead-letters/redrive",
+            method="POST",
+            body={"run_id": "x"},
+        )
+        assert bad.status == 400 and "run_id" in bad.body["error"]
+        answer = call(
+            f"{acting.url}/api/jobs/{job_id}/dead-letters/redrive",
+            method="POST",
+            body={"run_id": dead["run_id"]},
+        )
+        assert answer.status == 200, answer.body
+        [again] = answer.body["runs"]
+        assert again["scheduled_for"] == dead["scheduled_for"]
+        assert int(again["fence"]) > int(dead["fence"]) and again["run_id"] != dead["run_id"]
+        with Client(acting.target) as client:
+            wait_for(
+                lambda: len(list(client.runs(job_id, states=["dead_lettered"]))) == 2,
+                30,
+                "the redriven attempt to end (it fails for good again)",
+            )
+    finally:
+        worker.stop()
 
 
 def test_the_sync_client_pages_searches_and_reads_the_node_panels(

@@ -323,6 +323,14 @@ class AsyncClient:
         )
         return [run async for run in pages]
 
+    async def dead_letters_page(
+        self, job_id: int | None = None, *, page_size: int = 100, page_token: str = ""
+    ) -> Page[Run]:
+        """See ``Client.dead_letters_page``."""
+        pages = _wire.dead_letter_pages(job_id, page_size)
+        resp = await self._call(lambda n: n.jobs.ListDeadLetters, pages.request(page_token))
+        return Page(items=pages.items(resp), next_page_token=resp.next_page_token)
+
     async def redrive(self, job_id: int, *, run_id: int | None = None) -> list[Run]:
         """Run a job's dead letters again (or the one of ``run_id``), each as a
         new attempt of its fire with a new fence; returns the new attempts.

@@ -334,6 +334,14 @@ class Client:
             )
         )
 
+    def dead_letters_page(
+        self, job_id: int | None = None, *, page_size: int = 100, page_token: str = ""
+    ) -> Page[Run]:
+        """One page of ``dead_letters``: pass its ``next_page_token`` back for the next."""
+        pages = _wire.dead_letter_pages(job_id, page_size)
+        resp = self._call(lambda n: n.jobs.ListDeadLetters, pages.request(page_token))
+        return Page(items=pages.items(resp), next_page_token=resp.next_page_token)
+
     def redrive(self, job_id: int, *, run_id: int | None = None) -> list[Run]:
         """Run a job's dead letters again (or the one of ``run_id``), each as a
         new attempt of its fire with a new fence; returns the new attempts.

@@ -7,7 +7,7 @@ auth, scopes and tenancy are the API's. Read-only unless started with
 actions on (``--console-actions``).
 """
 
-from wheel.console._app import Console, dead_letters
+from wheel.console._app import Console
 from wheel.console._server import ConsoleServer, parse_http_listen
 
-__all__ = ["Console", "ConsoleServer", "dead_letters", "parse_http_listen"]
+__all__ = ["Console", "ConsoleServer", "parse_http_listen"]

@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from wheel._tls import ChannelSecurity, LiveChannelSecurity
-from wheel.client import AsyncClient, JobState, Run, RunState
+from wheel.client import AsyncClient, JobState, RunState
 from wheel.console._json import job_detail, job_row, jsonable, run_row
 from wheel.errors import (
     AlreadyExists,
@@ -279,34 +279,40 @@ class Console:
     # -- dead letters -----------------------------------------------------------------------
 
     async def _job_dead_letters(self, request: web.Request) -> web.StreamResponse:
-        runs = await dead_letters(self.client(request), _job_id(request))
-        return web.json_response({"runs": [run_row(r) for r in runs], "redrive": self._redrives})
+        return await self._dead_page(request, _job_id(request))
 
     async def _dead_letters(self, request: web.Request) -> web.StreamResponse:
-        client = self.client(request)
-        if not hasattr(client, "dead_letters"):
-            raise ConsoleError(
-                501, "this node lists dead letters job by job: open a job to see its own"
-            )
-        runs = await dead_letters(client, None)
-        return web.json_response({"runs": [run_row(r) for r in runs], "redrive": self._redrives})
+        return await self._dead_page(request, None)
 
-    @property
-    def _redrives(self) -> bool:
-        """Whether the page offers redrive: actions on, and an API that has it."""
-        return self.actions and hasattr(AsyncClient, "redrive")
+    async def _dead_page(self, request: web.Request, job_id: int | None) -> web.StreamResponse:
+        """A page of dead letters not redriven yet, of one job or of every job
+        the token sees, newest first; ``redrive`` tells the page to offer it."""
+        q = request.query
+        page = await self.client(request).dead_letters_page(
+            job_id,
+            page_size=_int(q, "page_size", DEFAULT_PAGE, 1, MAX_PAGE),
+            page_token=q.get("page_token", ""),
+        )
+        return web.json_response(
+            {
+                "runs": [run_row(r) for r in page.items],
+                "next_page_token": page.next_page_token,
+                "redrive": self.actions,
+            }
+        )
 
     async def _redrive(self, request: web.Request) -> web.StreamResponse:
+        """Run a job's dead letters again (or the one ``run_id`` names), each
+        as a new attempt with a new fence."""
         self._may_act(request)
         client = self.client(request)
-        redrive = getattr(client, "redrive", None)
-        if redrive is None:
-            raise ConsoleError(501, "this node's API has no redrive of dead letters")
         body = await _json_body(request)
         run_id = body.get("run_id")
-        if run_id is not None and not (isinstance(run_id, str | int) and str(run_id).isdigit()):
+        if run_id is not None and not (
+            isinstance(run_id, str | int) and not isinstance(run_id, bool) and str(run_id).isdigit()
+        ):
             raise InvalidArgument("run_id", f"{run_id!r} is not a run id")
-        runs: list[Run] = await redrive(
+        runs = await client.redrive(
             _job_id(request), run_id=int(run_id) if run_id is not None else None
         )
         return web.json_response({"runs": [run_row(r) for r in runs]})
@@ -360,18 +366,6 @@ class Console:
                 ]
             }
         )
-
-
-async def dead_letters(client: AsyncClient, job_id: int | None) -> list[Run]:
-    """The dead-lettered runs of ``job_id`` (None: of every job the token
-    sees), newest first: through the API's own dead-letter list where it has
-    one, else through the job's runs in state ``dead_lettered``."""
-    listing = getattr(client, "dead_letters", None)
-    if listing is not None:
-        return list(await listing(job_id=job_id))
-    if job_id is None:
-        raise ConsoleError(501, "this node lists dead letters job by job")
-    return [r async for r in client.runs(job_id, states=[RunState.DEAD_LETTERED])]
 
 
 # -- helpers ----------------------------------------------------------------------------------

@@ -4,7 +4,9 @@
 "use strict";
 
 const TOKEN_KEY = "wheel.token";
-const state = { config: null, jobsToken: "", jobsPages: [], runsToken: "", jobId: null };
+const state = {
+  config: null, jobsToken: "", jobsPages: [], runsToken: "", deadToken: "", jobId: null,
+};
 
 // -- small helpers --------------------------------------------------------------------
 
@@ -171,8 +173,11 @@ function redriveButton(jobId, runId) {
 
 async function loadJobDead(jobId) {
   const data = await api(`/api/jobs/${jobId}/dead-letters`);
+  const all = $("#job-dead-all");
+  all.replaceChildren();
+  if (data.redrive && data.runs.length) all.append(redriveButton(jobId, null));
   const rows = data.runs.map((r) =>
-    el("tr", {},
+    el("tr", { "data-run": r.run_id },
       el("td", {}, when(r.scheduled_for)), el("td", { class: "num" }, r.attempt),
       el("td", { class: "num" }, r.run_id), el("td", { class: "num" }, r.fence),
       el("td", {}, r.worker_id || "–"), el("td", {}, r.error || ""),
@@ -212,23 +217,21 @@ async function loadJob(jobId) {
 
 // -- dead letters, runtime, cluster, lag ----------------------------------------------
 
-async function loadDead() {
-  try {
-    const data = await api("/api/dead-letters");
-    $("#dead-note").textContent = "";
-    const rows = data.runs.map((r) =>
-      el("tr", {},
-        el("td", {}, el("a", { href: "#/job/" + r.job_id }, r.job_id)),
-        el("td", {}, when(r.scheduled_for)), el("td", { class: "num" }, r.attempt),
-        el("td", { class: "num" }, r.run_id), el("td", { class: "num" }, r.fence),
-        el("td", {}, r.error || ""),
-        el("td", {}, data.redrive ? redriveButton(r.job_id, r.run_id) : "")));
-    fill($("#dead tbody"), rows, "no dead letters", 7);
-  } catch (e) {
-    if (e.status !== 501) throw e;
-    $("#dead-note").textContent = e.message;
-    fill($("#dead tbody"), [], "open a job to see its dead letters", 7);
-  }
+async function loadDead(pageToken) {
+  const q = new URLSearchParams();
+  if (pageToken) q.set("page_token", pageToken);
+  const data = await api("/api/dead-letters?" + q.toString());
+  const rows = data.runs.map((r) =>
+    el("tr", { "data-run": r.run_id },
+      el("td", {}, el("a", { href: "#/job/" + r.job_id }, r.job_id)),
+      el("td", {}, when(r.scheduled_for)), el("td", { class: "num" }, r.attempt),
+      el("td", { class: "num" }, r.run_id), el("td", { class: "num" }, r.fence),
+      el("td", {}, r.error || ""),
+      el("td", {}, data.redrive ? redriveButton(r.job_id, r.run_id) : "")));
+  fill($("#dead tbody"), rows, "no dead letters", 7);
+  state.deadToken = data.next_page_token;
+  $("#dead-more").disabled = !data.next_page_token;
+  $("#dead-note").textContent = data.redrive ? "" : "read-only: no redrive";
 }
 
 async function loadRuntime() {
@@ -330,7 +333,7 @@ async function route() {
   $("#signin").hidden = true;
   try {
     if (view === "job" && arg) { show("job", "jobs"); await loadJob(arg); }
-    else if (view === "dead-letters") { show("dead-letters", view); await loadDead(); }
+    else if (view === "dead-letters") { show("dead-letters", view); await loadDead(""); }
     else if (view === "runtime") { show("runtime", view); await loadRuntime(); }
     else if (view === "cluster") { show("cluster", view); await loadCluster(); }
     else if (view === "lag") { show("lag", view); await loadLag(); }
@@ -373,6 +376,9 @@ async function start() {
   $("#jobs-first").addEventListener("click", () => {
     state.jobsPages = [];
     loadJobs("").catch((e) => showError(e.message));
+  });
+  $("#dead-more").addEventListener("click", () => {
+    loadDead(state.deadToken).catch((e) => showError(e.message));
   });
   $("#runs-more").addEventListener("click", () => {
     loadRuns(state.jobId, true).catch((e) => showError(e.message));
