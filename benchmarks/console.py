@@ -146,7 +146,14 @@ def main() -> None:
                     ),
                     "job": (f"/api/jobs/{middle}", lambda: client.get(middle, next_fires=10)),
                     "job runs": (f"/api/jobs/{middle}/runs", lambda: client.runs_page(middle)),
-                    "job dead letters": (f"/api/jobs/{middle}/dead-letters", None),
+                    "job dead letters": (
+                        f"/api/jobs/{middle}/dead-letters",
+                        lambda: client.dead_letters_page(middle, page_size=50),
+                    ),
+                    "dead letters, every job": (
+                        "/api/dead-letters",
+                        lambda: client.dead_letters_page(page_size=50),
+                    ),
                     "in flight": ("/api/in-flight", lambda: client.in_flight()),
                     "workers": ("/api/workers", lambda: client.status()),
                     "cluster": ("/api/cluster", lambda: client.status(include_shards=True)),

@@ -165,3 +165,27 @@ def test_the_console_shows_a_jobs_runs_and_missed_fires_and_hides_it_from_other_
         if worker is not None:
             worker.stop()
         node.stop()
+
+
+def test_with_actions_on_the_page_pauses_and_resumes_a_job(browser: Any, tmp_path: Path) -> None:
+    node = ConsoleNode(tmp_path / "data", args=("--console-actions",))
+    node.start()
+    try:
+        with Client(node.target) as client:
+            job = client.submit(name="acted-on", handler="h", every=timedelta(hours=1))
+        page = browser.new_page(viewport={"width": 1360, "height": 900})
+        page.goto(f"{node.url}/#/job/{job.job_id}")
+        page.wait_for_selector(f'body[data-loaded="#/job/{job.job_id}"]')
+        assert page.inner_text("#mode") == "actions on"
+        page.click('#job-actions button[data-action="pause"]')
+        page.wait_for_selector('#job-actions button[data-action="resume"]')
+        assert "paused" in page.inner_text("#job-spec")
+        with Client(node.target) as client:
+            assert client.get(job.job_id).state == "paused"
+        page.click('#job-actions button[data-action="resume"]')
+        page.wait_for_selector('#job-actions button[data-action="pause"]')
+        with Client(node.target) as client:
+            assert client.get(job.job_id).state == "active"
+        page.close()
+    finally:
+        node.stop()
