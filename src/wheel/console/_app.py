@@ -15,6 +15,7 @@ state), whatever the number of jobs in the store.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -44,6 +45,8 @@ log = logging.getLogger("wheel.console")
 
 # Clients kept, one a token (the channel is what costs: a handshake).
 CLIENTS_KEPT = 32
+# A client put aside is closed this long after: its calls time out before.
+RETIRED_CLOSE_S = 30.0
 # The page sizes a list may ask for.
 MAX_PAGE = 500
 DEFAULT_PAGE = 50
@@ -122,7 +125,10 @@ class Console:
         )
         self._version = self._security.version
         self._clients: OrderedDict[str, AsyncClient] = OrderedDict()
-        self._retired: list[AsyncClient] = []
+        # Clients put aside (evicted, or of TLS files replaced since), closed
+        # once the calls on them have had their time.
+        self._retired: set[AsyncClient] = set()
+        self._closing: set[asyncio.Task[None]] = set()
 
     # -- the app ----------------------------------------------------------------------
 
@@ -166,10 +172,24 @@ class Console:
         return response
 
     async def _close(self, _app: web.Application) -> None:
+        for task in self._closing:
+            task.cancel()
+        await asyncio.gather(*self._closing, return_exceptions=True)
         for client in [*self._clients.values(), *self._retired]:
             await client.close()
         self._clients.clear()
         self._retired.clear()
+
+    def _retire(self, client: AsyncClient) -> None:
+        self._retired.add(client)
+        task = asyncio.get_running_loop().create_task(self._close_later(client))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _close_later(self, client: AsyncClient) -> None:
+        await asyncio.sleep(RETIRED_CLOSE_S)
+        self._retired.discard(client)
+        await client.close()
 
     # -- the client of a request --------------------------------------------------------
 
@@ -182,7 +202,8 @@ class Console:
             raise ConsoleError(401, "this node checks tokens: sign in with a bearer token")
         if self._security.version != self._version:
             # New TLS files: new channels; calls on the old ones finish.
-            self._retired += self._clients.values()
+            for old in self._clients.values():
+                self._retire(old)
             self._clients.clear()
             self._version = self._security.version
         key = hashlib.sha256(token.encode()).hexdigest()
@@ -192,7 +213,7 @@ class Console:
             client = AsyncClient(self.target, security=self._security.current, token=token)
             self._clients[key] = client
             while len(self._clients) > CLIENTS_KEPT:
-                self._retired.append(self._clients.popitem(last=False)[1])
+                self._retire(self._clients.popitem(last=False)[1])
         else:
             self._clients.move_to_end(key)
         return client
