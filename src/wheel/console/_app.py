@@ -168,6 +168,9 @@ class Console:
             if not request.path.startswith("/api/"):
                 raise
             response = _error(exc.status, exc.reason)
+        except Exception:
+            log.exception("the console failed to answer %s %s", request.method, request.path)
+            response = _error(500, "the console failed to answer: see the node's log")
         response.headers.update(SECURITY_HEADERS)
         return response
 
