@@ -297,14 +297,27 @@ function lagChart(minutes) {
     p.setAttribute("points", pts.join(" ")); p.setAttribute("fill", "none");
     p.setAttribute("stroke", colour); p.setAttribute("stroke-width", "2");
     svg.append(p);
+    minutes.forEach((m, i) => {
+      if (!m.count) return;
+      const dot = document.createElementNS(ns, "circle");  // a lone minute shows too
+      dot.setAttribute("cx", x(i)); dot.setAttribute("cy", y(m[key]));
+      dot.setAttribute("r", "3"); dot.setAttribute("fill", colour);
+      svg.append(dot);
+    });
   };
+  for (const [label, at] of [["an hour ago", P], ["now", W - P - 20]]) {
+    const t = document.createElementNS(ns, "text");
+    t.setAttribute("x", at); t.setAttribute("y", H - 8);
+    t.textContent = label;
+    svg.append(t);
+  }
   const axis = document.createElementNS(ns, "text");
   axis.setAttribute("x", 4); axis.setAttribute("y", P - 8);
   axis.textContent = `${top.toFixed(0)} ms`;
   svg.append(axis);
   line("max_ms", "#b3261e"); line("p99_ms", "#a86400"); line("p50_ms", "#2357c6");
   const legend = document.createElementNS(ns, "text");
-  legend.setAttribute("x", W - 220); legend.setAttribute("y", P - 8);
+  legend.setAttribute("x", W - 260); legend.setAttribute("y", P - 8);
   legend.textContent = "blue p50 · orange p99 · red max";
   svg.append(legend);
   return svg;
