@@ -17,6 +17,14 @@ if ! command -v etcd >/dev/null 2>&1; then
   as_root systemctl disable --now etcd >/dev/null 2>&1 || true
 fi
 
+# chromium: the web console's browser test drives Debian's build (Playwright
+# never downloads one of its own here).
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "installing Debian's chromium ..." >&2
+  as_root apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q chromium >/dev/null
+fi
+
 # PostgreSQL: start the installed cluster when it is stopped.
 if command -v pg_lsclusters >/dev/null 2>&1; then
   while read -r ver name _port status _rest; do

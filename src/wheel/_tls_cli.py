@@ -26,6 +26,8 @@ __all__ = [
     "NodeSecurity",
     "add_client_flags",
     "add_serve_flags",
+    "api_address",
+    "check_http_listen",
     "check_listen",
     "client_security",
     "is_loopback",
@@ -66,6 +68,28 @@ def check_listen(address: str, tls: bool, auth: bool, insecure: bool) -> str | N
         " TLS (--tls-cert and --tls-key) nor auth; listen on loopback (127.0.0.1),"
         " turn TLS on, or pass --insecure to serve plaintext to the network anyway"
     )
+
+
+def check_http_listen(address: str, tls: bool, auth: bool, insecure: bool) -> str | None:
+    """Why the web console must not listen on ``address``, or None: the
+    rule of ``check_listen`` (it shows and, with actions on, does what the
+    API would)."""
+    if tls or auth or insecure or is_loopback(address):
+        return None
+    return (
+        f"{address}: reachable from other machines, and this node has neither TLS nor auth;"
+        " serve the console on loopback (127.0.0.1), turn TLS or --auth on, or pass"
+        " --insecure"
+    )
+
+
+def api_address(listen: str, port: int) -> str:
+    """Where a process on this machine reaches the node's API that listens on
+    ``listen`` (its port now ``port``): a wildcard host is loopback."""
+    host = listen.rsplit(":", 1)[0] if ":" in listen else listen
+    if host.strip("[]") in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"{host}:{port}"
 
 
 def listen_notice(address: str, tls: bool, mutual: bool, auth: bool) -> tuple[int, str]:

@@ -24,10 +24,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
-from wheel._tls import LiveChannelSecurity, LiveServerSecurity
+from wheel._tls import ChannelSecurity, LiveChannelSecurity, LiveServerSecurity
 from wheel._tls_cli import (
+    NodeSecurity,
     add_client_flags,
     add_serve_flags,
+    api_address,
+    check_http_listen,
     client_security,
     node_security,
     tls_paths,
@@ -182,6 +185,19 @@ def quiet_created_series() -> None:
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
+def console_security(
+    security: NodeSecurity, peers: LiveChannelSecurity
+) -> ChannelSecurity | LiveChannelSecurity:
+    """How the web console's channel to its own node is secured: as the
+    node's channels to its peers, which trust --peer-tls-ca or --client-ca;
+    with neither, the node's own certificate chain (a node with a private
+    CA and no client certificates still reaches itself)."""
+    server = security.server
+    if server is None or peers.current.ca is not None:
+        return peers
+    return ChannelSecurity(tls=True, ca=server.cert, cert=server.cert, key=server.key)
+
+
 def cmd_serve(ns: argparse.Namespace) -> int:
     from wheel.node import CLOCK_SKEW_ENV, Node
     from wheel.rpc.server import serve
@@ -217,6 +233,17 @@ def cmd_serve(ns: argparse.Namespace) -> int:
 
     if ns.init_admin_token and not ns.auth:
         raise InvalidArgument("init_admin_token", "goes with --auth")
+    if ns.http_listen:
+        from wheel.console import parse_http_listen
+
+        parse_http_listen(ns.http_listen)
+        problem = check_http_listen(
+            ns.http_listen, security.server is not None, ns.auth, ns.insecure
+        )
+        if problem:
+            raise InvalidArgument("http_listen", problem)
+    elif ns.console_actions:
+        raise InvalidArgument("console_actions", "goes with --http-listen")
 
     def say(
         message: str, stream: IO[str] | None = None, level: int = logging.INFO, **fields: Any
@@ -273,6 +300,25 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             host = ns.metrics_listen.rsplit(":", 1)[0] or "0.0.0.0"
             metrics_url = f"{'https' if ssl else 'http'}://{host}:{metrics_port}/metrics"
             say(f"wheel metrics on {metrics_url}", url=metrics_url, port=metrics_port)
+        console = None
+        if ns.http_listen:
+            from wheel.console import Console, ConsoleServer
+
+            console = ConsoleServer(
+                Console(
+                    ns.advertise or api_address(ns.listen, port),
+                    auth=ns.auth,
+                    actions=ns.console_actions,
+                    security=console_security(security, live_peers),
+                    node_id=ns.node_id,
+                )
+            )
+            ssl = live_server.ssl_context() if live_server else None
+            console_port = await console.start(ns.http_listen, ssl=ssl)
+            host = ns.http_listen.rsplit(":", 1)[0] or "0.0.0.0"
+            console_url = f"{'https' if ssl else 'http'}://{host}:{console_port}/"
+            mode = "actions on" if ns.console_actions else "read-only"
+            say(f"wheel console on {console_url} ({mode})", url=console_url, port=console_port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -306,6 +352,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         if watching is not None:
             watching.cancel()
         await node.leave()  # shards to the other members first, then the server
+        if console is not None:
+            await console.stop()
         await server.stop(grace=2.0)
         if metrics is not None:
             await metrics.stop()
@@ -608,6 +656,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-listen",
         metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)",
+    )
+    s.add_argument(
+        "--http-listen",
+        metavar="HOST:PORT",
+        help="serve the web console at http://HOST:PORT/ (https with --tls-cert): jobs, runs,"
+        " missed fires, dead letters, workers, shards and lag, through this node's API with"
+        " the browser's token (default: off)",
+    )
+    s.add_argument(
+        "--console-actions",
+        action="store_true",
+        help="let the web console act (pause, resume, trigger, cancel, redrive) as the"
+        " token allows; without it the console only reads",
     )
     s.add_argument(
         "--retain",

@@ -22,6 +22,13 @@ def record(ctx: RunContext) -> None:
         f.write(f"{ctx.idempotency_key} {ctx.attempt} {ctx.fence} {ctx.run_id}\n")
 
 
+def slow(ctx: RunContext) -> None:
+    """``record``, after WHEEL_E2E_SLOW_S seconds (default 1.6): a job firing
+    every second overlaps itself."""
+    time.sleep(float(os.environ.get("WHEEL_E2E_SLOW_S", "1.6")))
+    record(ctx)
+
+
 def record_where(ctx: RunContext) -> None:
     """Append the run with the handler it was sent for and the worker that ran
     it (WHEEL_E2E_WORKER) to WHEEL_E2E_OUT + '.where', one JSON line each."""

@@ -836,6 +836,129 @@ BAD_REQUESTS: list[Row] = [
         INVALID,
         ["states", "55"],
     ),
+    # UpdateJob: an unknown job, a bad spec (named like a submit's), a finished job.
+    (
+        "update of an unknown job",
+        "UpdateJob",
+        lambda f: job_service_pb2.UpdateJobRequest(
+            job_id=UNKNOWN_JOB, spec=spec(schedule=cron("* * * * *")), fields=["schedule"]
+        ),
+        grpc.StatusCode.NOT_FOUND,
+        [str(UNKNOWN_JOB)],
+    ),
+    (
+        "update to a bad cron",
+        "UpdateJob",
+        lambda f: job_service_pb2.UpdateJobRequest(
+            job_id=f.active, spec=spec(schedule=cron("61 * * * *")), fields=["schedule"]
+        ),
+        INVALID,
+        ["spec.schedule.cron.expr"],
+    ),
+    (
+        "update to a bad time zone",
+        "UpdateJob",
+        lambda f: job_service_pb2.UpdateJobRequest(
+            job_id=f.paused, spec=spec(schedule=cron("* * * * *", "Mars/Olympus")), fields=[]
+        ),
+        INVALID,
+        ["spec.schedule.cron.time_zone"],
+    ),
+    (
+        "update to an empty name",
+        "UpdateJob",
+        lambda f: job_service_pb2.UpdateJobRequest(job_id=f.active, spec=spec(name="")),
+        INVALID,
+        ["spec.name"],
+    ),
+    (
+        "update of an unknown field",
+        "UpdateJob",
+        lambda f: job_service_pb2.UpdateJobRequest(job_id=f.active, spec=spec(), fields=["tenant"]),
+        INVALID,
+        ["fields", "tenant"],
+    ),
+    (
+        "update of a cancelled job",
+        "UpdateJob",
+        lambda f: job_service_pb2.UpdateJobRequest(
+            job_id=f.cancelled, spec=spec(name="again"), fields=["name"]
+        ),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        ["cancelled"],
+    ),
+    (
+        "update of job 0",
+        "UpdateJob",
+        lambda f: job_service_pb2.UpdateJobRequest(job_id=0, spec=spec()),
+        INVALID,
+        ["job_id"],
+    ),
+    (
+        "updates of an unknown job",
+        "ListJobUpdates",
+        lambda f: job_service_pb2.ListJobUpdatesRequest(job_id=UNKNOWN_JOB),
+        grpc.StatusCode.NOT_FOUND,
+        [],
+    ),
+    # PreviewSchedule
+    (
+        "preview of nothing",
+        "PreviewSchedule",
+        lambda f: job_service_pb2.PreviewScheduleRequest(count=3),
+        INVALID,
+        ["source"],
+    ),
+    (
+        "preview of a bad cron",
+        "PreviewSchedule",
+        lambda f: job_service_pb2.PreviewScheduleRequest(schedule=cron("* * *")),
+        INVALID,
+        ["spec.schedule.cron.expr"],
+    ),
+    (
+        "preview of too many fires",
+        "PreviewSchedule",
+        lambda f: job_service_pb2.PreviewScheduleRequest(job_id=f.active, count=5000),
+        INVALID,
+        ["count", "1000"],
+    ),
+    (
+        "preview of an unknown job",
+        "PreviewSchedule",
+        lambda f: job_service_pb2.PreviewScheduleRequest(job_id=UNKNOWN_JOB),
+        grpc.StatusCode.NOT_FOUND,
+        [],
+    ),
+    # Dead letters
+    (
+        "dead letters of an unknown job",
+        "ListDeadLetters",
+        lambda f: job_service_pb2.ListDeadLettersRequest(job_id=UNKNOWN_JOB),
+        grpc.StatusCode.NOT_FOUND,
+        [],
+    ),
+    (
+        "dead letters forged token",
+        "ListDeadLetters",
+        lambda f: job_service_pb2.ListDeadLettersRequest(page_token="x"),
+        INVALID,
+        ["page_token"],
+    ),
+    (
+        "redrive of an unknown job",
+        "RedriveDeadLetters",
+        lambda f: job_service_pb2.RedriveDeadLettersRequest(job_id=UNKNOWN_JOB),
+        grpc.StatusCode.NOT_FOUND,
+        [],
+    ),
+    (
+        "redrive of an unknown run",
+        "RedriveDeadLetters",
+        lambda f: job_service_pb2.RedriveDeadLettersRequest(job_id=f.active, run_id=UNKNOWN_JOB),
+        grpc.StatusCode.NOT_FOUND,
+        [str(UNKNOWN_JOB)],
+    ),
 ]
 
 

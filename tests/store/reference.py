@@ -24,7 +24,7 @@ import numpy as np
 from wheel.engine.jobtable import NO_FIRE
 from wheel.engine.profiles import profile_of, split_spec
 from wheel.engine.spec import JobSpec
-from wheel.errors import AlreadyExists, InvalidArgument, NotFound, WheelError
+from wheel.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, WheelError
 from wheel.store import base as store_base
 from wheel.store._fence import stale_shards, write_checked
 from wheel.store._shared import body_hash
@@ -38,6 +38,7 @@ from wheel.store.base import (
     CompletionOutcome,
     ExecutionRecord,
     FireClaim,
+    JobChange,
     JobRecord,
     JobState,
     MissedFire,
@@ -48,9 +49,11 @@ from wheel.store.base import (
     RunState,
     ScheduleAdvance,
     ShardLoad,
+    SpecUpdate,
     Submitted,
     TenantQuota,
     TokenRecord,
+    Updated,
     WriteBatch,
     shard_of,
     write_in_order,
@@ -161,6 +164,9 @@ class ReferenceStore:
         self.owners: dict[int, str] = {}
         self.tokens: dict[str, TokenRecord] = {}
         self.quotas: dict[str, TenantQuota] = {}
+        # Each job's recorded updates in version order, and its update keys.
+        self.updates: dict[int, list[JobChange]] = defaultdict(list)
+        self.update_keys: dict[tuple[int, str], tuple[str, int]] = {}  # -> (digest, version)
         self.last_change = 0
         self._next_job = 1
         self._next_run = 1
@@ -240,14 +246,22 @@ class ReferenceStore:
         state: JobState | None = None,
         after_job_id: int = 0,
         limit: int = 100,
+        name_prefix: str = "",
+        after_name: str | None = None,
     ) -> list[JobRecord]:
         rows = [
             r
             for _, r in sorted(self.jobs.items())
-            if r.job_id > after_job_id
-            and (tenant is None or r.spec.tenant == tenant)
+            if (tenant is None or r.spec.tenant == tenant)
             and (state is None or r.state is state)
+            and r.spec.name.startswith(name_prefix)
         ]
+        if name_prefix:
+            rows.sort(key=lambda r: (r.spec.name, r.job_id))
+            if after_name is not None:
+                rows = [r for r in rows if (r.spec.name, r.job_id) > (after_name, after_job_id)]
+        else:
+            rows = [r for r in rows if r.job_id > after_job_id]
         return [r.record() for r in rows[: max(0, limit)]]
 
     def count_jobs(self, tenant: str) -> int:
@@ -295,6 +309,69 @@ class ReferenceStore:
         row.state, row.next_run_at, row.updated_at_ms = state, next_run_at, now_ms
         row.change = self._marker()
         return row.record()
+
+    def update_job(self, update: SpecUpdate) -> Updated:
+        row = self.jobs.get(update.job_id)
+        if row is None:
+            raise NotFound(f"job {update.job_id} does not exist")
+        key = update.idempotency_key
+        if key is not None and (update.job_id, key) in self.update_keys:
+            digest, version = self.update_keys[(update.job_id, key)]
+            if digest != update.body_hash:
+                raise AlreadyExists(f"idempotency key {key!r} was used with a different request")
+            return Updated(row.record(), self.updates[update.job_id][version - 1], False)
+        if row.state not in (JobState.ACTIVE, JobState.PAUSED):
+            raise FailedPrecondition(f"job {update.job_id} is {row.state.value}")
+        spec = replace(update.spec, tenant=row.spec.tenant)
+        change = JobChange(
+            job_id=update.job_id,
+            version=len(self.updates[update.job_id]) + 1,
+            updated_at_ms=update.updated_at_ms,
+            old_spec=replace(row.spec, payload=b""),
+            new_spec=replace(spec, payload=b""),
+            payload_changed=row.spec.payload != spec.payload,
+            updated_by=update.updated_by,
+            idempotency_key=key,
+        )
+        self.updates[update.job_id].append(change)
+        if key is not None:
+            self.update_keys[(update.job_id, key)] = (update.body_hash, change.version)
+        row.spec, row.next_run_at = spec, update.next_run_at
+        row.updated_at_ms = update.updated_at_ms
+        row.change = self._marker()
+        return Updated(row.record(), change, True)
+
+    def list_job_updates(
+        self, job_id: int, *, before_version: int | None = None, limit: int = 100
+    ) -> list[JobChange]:
+        out = [
+            c
+            for c in reversed(self.updates.get(job_id, []))
+            if before_version is None or c.version < before_version
+        ]
+        return out[: max(0, limit)]
+
+    def list_dead_letters(
+        self,
+        *,
+        job_id: int | None = None,
+        tenant: str | None = None,
+        before_run_id: int | None = None,
+        limit: int = 100,
+    ) -> list[ExecutionRecord]:
+        out = [
+            e.record()
+            for _, e in sorted(self.execs.items(), reverse=True)
+            if e.state is RunState.DEAD_LETTERED
+            and (job_id is None or e.job_id == job_id)
+            and (tenant is None or self.jobs[e.job_id].spec.tenant == tenant)
+            and (before_run_id is None or e.run_id < before_run_id)
+            and not any(
+                (j, f) == (e.job_id, e.scheduled_for) and a > e.attempt
+                for j, f, a in self.by_attempt
+            )
+        ]
+        return out[: max(0, limit)]
 
     def _cas(self, job_id: int, expected: int | None, new: int | None, by: str, move: int) -> bool:
         """The schedule compare-and-swap (seed R4)."""

@@ -14,7 +14,8 @@ from tests.store.conftest import interval_job, once_job
 from wheel.engine.jobtable import NO_FIRE
 from wheel.engine.profiles import join_spec, profile_of, template_of_body
 from wheel.engine.records import PackedRows
-from wheel.errors import AlreadyExists, InvalidArgument, NotFound
+from wheel.engine.spec import Interval
+from wheel.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from wheel.store._schema import PG_MIGRATIONS, SQLITE_MIGRATIONS
 from wheel.store.base import (
     SHARD_COUNT,
@@ -29,6 +30,7 @@ from wheel.store.base import (
     RunStart,
     RunState,
     ScheduleAdvance,
+    SpecUpdate,
     Store,
     WriteBatch,
     shard_of,
@@ -226,6 +228,38 @@ def test_list_jobs_pages_stably_and_filters(store: Store) -> None:
     assert [j.job_id for j in store.list_jobs(tenant="a")] == ids[1::2]
     assert [j.job_id for j in store.list_jobs(state=JobState.PAUSED)] == [ids[1]]
     assert [j.job_id for j in store.list_jobs(tenant="a", state=JobState.ACTIVE)] == ids[3::2]
+
+
+def test_list_jobs_by_name_prefix_pages_by_name_then_id(store: Store) -> None:
+    names = ["backup-b", "report", "backup-a", "backup-b", "backups", "Backup-c", "backup-é"]
+    ids = [
+        store.submit_job(interval_job(n, tenant="a" if i % 2 else "b"))[0].job_id
+        for i, n in enumerate(names)
+    ]
+    store.set_job_state(ids[3], JobState.PAUSED, next_run_at=None, now_ms=2_000)
+    want = sorted(
+        ((n, i) for n, i in zip(names, ids, strict=True) if n.startswith("backup")),
+    )
+    seen: list[tuple[str, int]] = []
+    after: tuple[str, int] | None = None
+    while True:
+        page = store.list_jobs(
+            name_prefix="backup",
+            after_name=after[0] if after else None,
+            after_job_id=after[1] if after else 0,
+            limit=2,
+        )
+        if not page:
+            break
+        seen += [(j.spec.name, j.job_id) for j in page]
+        after = seen[-1]
+    # Case-sensitive, by code point ("backups" after "backup-é"), ties by id.
+    assert seen == want
+    assert [j.job_id for j in store.list_jobs(name_prefix="backup-b", tenant="a")] == [ids[3]]
+    paused = store.list_jobs(name_prefix="backup", state=JobState.PAUSED)
+    assert [j.job_id for j in paused] == [ids[3]]
+    assert store.list_jobs(name_prefix="nothing") == []
+    assert [j.job_id for j in store.list_jobs(name_prefix="\U0010ffff")] == []
 
 
 def test_set_job_state_changes_state_and_schedule(store: Store) -> None:
@@ -1287,3 +1321,94 @@ def test_inflight_runs_and_retry_candidates_tell_a_restarting_owner_what_was_pen
     assert [r.state for r in store.retry_candidates(shards)] == [RunState.LOST]
     store.set_job_state(job.job_id, JobState.CANCELLED, next_run_at=None, now_ms=7)
     assert store.retry_candidates(shards) == []
+
+
+# -- spec updates and dead letters --------------------------------------------------
+
+
+def spec_update(
+    job: JobRecord, *, period_ms: int, next_run_at: int | None, key: str | None = None, **kw: object
+) -> SpecUpdate:
+    schedule = Interval(period_ms=period_ms)
+    return SpecUpdate(
+        job_id=job.job_id,
+        spec=replace(job.spec, schedule=schedule, payload=b"new", tenant="other"),
+        next_run_at=next_run_at,
+        updated_at_ms=9_000,
+        idempotency_key=key,
+        body_hash=f"digest-{period_ms}",
+        updated_by="acme/t-1",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_update_job_replaces_spec_and_schedule_in_one_change_and_records_it(
+    store: Store,
+) -> None:
+    job, _ = store.submit_job(interval_job(next_run_at=60_000))
+    mark = store.changes_since(0, range(SHARD_COUNT)).watermark
+    updated = store.update_job(spec_update(job, period_ms=5_000, next_run_at=65_000))
+    assert updated.applied
+    after = updated.job
+    assert after.job_id == job.job_id and after.spec.schedule.period_ms == 5_000  # type: ignore[union-attr]
+    assert after.spec.payload == b"new" and after.spec.tenant == "acme"  # the tenant never moves
+    assert (after.next_run_at, after.updated_at_ms) == (65_000, 9_000)
+    assert store.get_job(job.job_id) == after
+    # The owner reads the new spec and schedule together, as one change.
+    [changed] = read_changes(store, mark, expect=1).jobs
+    assert changed == after
+    [row] = store.job_rows([job.job_id]).rows
+    assert row.next_run_at == 65_000
+    change = updated.change
+    assert (change.version, change.updated_at_ms, change.updated_by) == (1, 9_000, "acme/t-1")
+    assert change.old_spec.schedule == job.spec.schedule and change.new_spec == replace(
+        after.spec, payload=b""
+    )
+    assert change.payload_changed
+    second = store.update_job(spec_update(after, period_ms=7_000, next_run_at=67_000))
+    assert second.change.version == 2
+    assert [c.version for c in store.list_job_updates(job.job_id)] == [2, 1]
+    assert [c.version for c in store.list_job_updates(job.job_id, before_version=2)] == [1]
+    assert store.list_job_updates(job.job_id, limit=1) == [second.change]
+
+
+def test_update_job_is_idempotent_by_key_per_job(store: Store) -> None:
+    job, _ = store.submit_job(interval_job())
+    first = store.update_job(spec_update(job, period_ms=5_000, next_run_at=65_000, key="k"))
+    again = store.update_job(spec_update(job, period_ms=5_000, next_run_at=65_000, key="k"))
+    assert not again.applied and again.change == first.change and again.job == first.job
+    assert len(store.list_job_updates(job.job_id)) == 1
+    with pytest.raises(AlreadyExists):
+        store.update_job(spec_update(job, period_ms=6_000, next_run_at=66_000, key="k"))
+    assert store.get_job(job.job_id) == first.job
+    # The key is the job's own: another job may use it.
+    other, _ = store.submit_job(interval_job("other"))
+    assert store.update_job(spec_update(other, period_ms=6_000, next_run_at=1, key="k")).applied
+
+
+def test_update_job_of_an_unknown_or_finished_job_changes_nothing(store: Store) -> None:
+    job, _ = store.submit_job(interval_job())
+    with pytest.raises(NotFound):
+        store.update_job(replace(spec_update(job, period_ms=5_000, next_run_at=1), job_id=999_999))
+    cancelled = store.set_job_state(job.job_id, JobState.CANCELLED, next_run_at=None, now_ms=2)
+    with pytest.raises(FailedPrecondition):
+        store.update_job(spec_update(job, period_ms=5_000, next_run_at=1))
+    assert store.get_job(job.job_id) == cancelled
+    assert store.list_job_updates(job.job_id) == []
+
+
+def test_dead_letters_are_listed_until_a_later_attempt_redrives_them(store: Store) -> None:
+    job, run = dispatched(store, "a", fence=1)
+    _, other_run = dispatched(store, "b", fence=2)
+    store.complete_runs([done(run, 1, RunState.DEAD_LETTERED)])
+    store.complete_runs([done(other_run, 2, RunState.DEAD_LETTERED)])
+    assert [r.run_id for r in store.list_dead_letters()] == [other_run, run]
+    assert [r.run_id for r in store.list_dead_letters(job_id=job.job_id)] == [run]
+    assert [r.run_id for r in store.list_dead_letters(before_run_id=other_run)] == [run]
+    assert [r.run_id for r in store.list_dead_letters(limit=1)] == [other_run]
+    assert [r.run_id for r in store.list_dead_letters(tenant="acme")] == [other_run, run]
+    assert store.list_dead_letters(tenant="nobody") == []
+    # A redrive is a new attempt of the fire: the dead letter leaves the list.
+    [out] = store.claim_fires([claim(job.job_id, 60_000, attempt=1, fence=3, advance=False)])
+    assert out.run_id is not None
+    assert [r.run_id for r in store.list_dead_letters()] == [other_run]

@@ -164,6 +164,37 @@ def test_a_gain_due_first_finds_the_jobs_due_soon_through_an_index(store: Postgr
     assert set(due.packed.job_id.tolist()) <= set(ids[-5:])
 
 
+def test_a_name_search_and_a_state_filter_read_an_index_not_every_job(
+    store: PostgresStore,
+) -> None:
+    """The web console's ListJobs by name prefix, and by a state few jobs
+    are in, read a range of ``jobs_name`` / ``jobs_state``: with 20,000
+    jobs they must not read them all."""
+    from tests.store.conftest import interval_job
+    from wheel.engine.model import JobState
+
+    news = [interval_job(f"job-{i:05d}") for i in range(20_000)]
+    ids = store.import_jobs([*news, interval_job("nightly-report")])
+    store.set_job_state(ids[7], JobState.PAUSED, next_run_at=None, now_ms=2_000)
+    with store._db.pool.connection() as conn:
+        conn.execute("ANALYZE jobs")
+        q = pg_sql.QUERIES
+        for kwargs, index in (
+            ({"name_prefix": "nightly"}, "jobs_name"),
+            ({"name_prefix": "job-1", "after_name": "job-15000"}, "jobs_name"),
+            ({"state": JobState.PAUSED}, "jobs_state"),
+        ):
+            args: dict[str, Any] = {"tenant": None, "state": None, "after_job_id": 0}
+            sql, params = q.list_jobs(**{**args, **kwargs}, limit=100)
+            plan = conn.execute("EXPLAIN (FORMAT JSON) " + sql, params).fetchone()
+            assert plan is not None
+            nodes = plan_nodes(plan[0][0]["Plan"])
+            assert ("Seq Scan", "jobs") not in nodes, (kwargs, nodes)
+            assert any(name == index for _, name in nodes), (kwargs, nodes)
+    assert [j.job_id for j in store.list_jobs(name_prefix="nightly")] == [ids[-1]]
+    assert [j.job_id for j in store.list_jobs(state=JobState.PAUSED)] == [ids[7]]
+
+
 def hot_updates(store: PostgresStore) -> int:
     with store._db.pool.connection() as conn:
         row = conn.execute(

@@ -33,9 +33,21 @@ SCOPE_OF: dict[str, str] = {
             "ResumeJob",
             "TriggerJob",
             "BackfillJob",
+            "UpdateJob",
+            "RedriveDeadLetters",
         )
     },
-    **{_JOBS + m: JOBS_READ for m in ("GetJob", "ListJobs", "ListRuns")},
+    **{
+        _JOBS + m: JOBS_READ
+        for m in (
+            "GetJob",
+            "ListJobs",
+            "ListRuns",
+            "ListJobUpdates",
+            "PreviewSchedule",
+            "ListDeadLetters",
+        )
+    },
     "/wheel.rpc.v1.WorkerService/Connect": WORKER,
     _ADMIN + "GetMembership": ANY_SCOPE,
     # Calls between members carry the credential of the call that caused them.

@@ -28,7 +28,7 @@ with Client("127.0.0.1:50051") as client:
 from wheel._tls import ChannelSecurity
 from wheel.client._admin import TenantQuota, Token
 from wheel.client._async import AsyncClient
-from wheel.client._specs import JobArgs, JobRequest, Payload
+from wheel.client._specs import JobArgs, JobRequest, Payload, UpdateArgs
 from wheel.client._sync import Client
 from wheel.client._time import Duration, When
 from wheel.client._values import (
@@ -43,14 +43,19 @@ from wheel.client._values import (
     DstFold,
     DstGap,
     Every,
+    InFlight,
+    InFlightRun,
     Job,
     JobState,
+    JobUpdate,
+    LagMinute,
     Member,
     Membership,
     MissedReason,
     NodeStatus,
     Overlap,
     OverlapPolicy,
+    Page,
     Retry,
     Run,
     RunState,
@@ -81,16 +86,21 @@ __all__ = [
     "DstGap",
     "Duration",
     "Every",
+    "InFlight",
+    "InFlightRun",
     "Job",
     "JobArgs",
     "JobRequest",
     "JobState",
+    "JobUpdate",
+    "LagMinute",
     "Member",
     "Membership",
     "MissedReason",
     "NodeStatus",
     "Overlap",
     "OverlapPolicy",
+    "Page",
     "Payload",
     "Retry",
     "Run",
@@ -103,6 +113,7 @@ __all__ = [
     "Token",
     "Trigger",
     "UnservedHandler",
+    "UpdateArgs",
     "When",
     "WorkerStatus",
 ]

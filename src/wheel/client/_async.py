@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -30,14 +30,20 @@ from wheel.client._nodes import (
     Tries,
     connected,
 )
-from wheel.client._specs import JobArgs, JobRequest
-from wheel.client._time import When
+from wheel.client._specs import JobArgs, JobRequest, UpdateArgs
+from wheel.client._time import Duration, When, utc
 from wheel.client._values import (
     Alerts,
     Backfill,
+    DstFold,
+    DstGap,
+    InFlight,
     Job,
     JobState,
+    JobUpdate,
+    LagMinute,
     Membership,
+    Page,
     Run,
     RunState,
     Status,
@@ -197,10 +203,26 @@ class AsyncClient:
         *,
         tenant: str | None = None,
         state: JobState | str | None = None,
+        name_prefix: str = "",
         page_size: int = 100,
     ) -> AsyncIterator[Job]:
         """See ``Client.jobs``; ``async for job in client.jobs(): ...``."""
-        return self._pages(lambda n: n.jobs.ListJobs, _wire.job_pages(tenant, state, page_size))
+        pages = _wire.job_pages(tenant, state, page_size, name_prefix)
+        return self._pages(lambda n: n.jobs.ListJobs, pages)
+
+    async def jobs_page(
+        self,
+        *,
+        tenant: str | None = None,
+        state: JobState | str | None = None,
+        name_prefix: str = "",
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> Page[Job]:
+        """See ``Client.jobs_page``."""
+        pages = _wire.job_pages(tenant, state, page_size, name_prefix)
+        resp = await self._call(lambda n: n.jobs.ListJobs, pages.request(page_token))
+        return Page(items=pages.items(resp), next_page_token=resp.next_page_token)
 
     async def cancel(self, job_id: int) -> Job:
         """See ``Client.cancel``."""
@@ -231,6 +253,92 @@ class AsyncClient:
         """See ``Client.runs``; ``async for run in client.runs(job_id): ...``."""
         return self._pages(lambda n: n.jobs.ListRuns, _wire.run_pages(job_id, states, page_size))
 
+    async def runs_page(
+        self,
+        job_id: int,
+        *,
+        states: Iterable[RunState | str] = (),
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> Page[Run]:
+        """See ``Client.runs_page``."""
+        pages = _wire.run_pages(job_id, states, page_size)
+        resp = await self._call(lambda n: n.jobs.ListRuns, pages.request(page_token))
+        return Page(items=pages.items(resp), next_page_token=resp.next_page_token)
+
+    async def update(
+        self, job_id: int, *, idempotency_key: str | None = None, **changes: Unpack[UpdateArgs]
+    ) -> Job:
+        """Change a job in place (the keywords are ``JobRequest``'s, all but
+        ``tenant``; a schedule keyword replaces the whole schedule), keeping
+        its id and history: its next fires follow the new spec at once, runs
+        in flight finish under the old one, and the change is recorded
+        (``job_updates``). With ``idempotency_key``, the same update again
+        returns the job without changing it again."""
+        request = _wire.update_request(job_id, idempotency_key, changes)
+        resp = await self._call(lambda n: n.jobs.UpdateJob, request)
+        return _wire.job_of(resp.job)
+
+    def job_updates(self, job_id: int, *, page_size: int = 100) -> AsyncIterator[JobUpdate]:
+        """A job's recorded spec updates, newest first."""
+        return self._pages(lambda n: n.jobs.ListJobUpdates, _wire.update_pages(job_id, page_size))
+
+    async def preview(
+        self,
+        job_id: int | None = None,
+        *,
+        cron: str | None = None,
+        every: Duration | None = None,
+        at: When | None = None,
+        tz: str = "UTC",
+        dst_gap: DstGap | str = DstGap.FIRE_AT_TRANSITION,
+        dst_fold: DstFold | str = DstFold.FIRST,
+        start: When | None = None,
+        start_from: When | None = None,
+        count: int = 10,
+    ) -> list[datetime]:
+        """The next ``count`` fire times (at most 1000) at or after
+        ``start_from`` (default now) of a job, or of a schedule given as to
+        ``submit``, as the scheduler computes them (time zone, DST gap and
+        fold policies)."""
+        schedule = {
+            k: v
+            for k, v in (
+                ("cron", cron), ("every", every), ("at", at), ("tz", tz), ("dst_gap", dst_gap),
+                ("dst_fold", dst_fold), ("start", start),
+            )
+            if v is not None
+        }  # fmt: skip
+        if job_id is not None:
+            schedule = {k: v for k, v in schedule.items() if k in ("cron", "every", "at", "start")}
+        request = _wire.preview_request(job_id, schedule, start_from, count)
+        resp = await self._call(lambda n: n.jobs.PreviewSchedule, request)
+        return [utc(ms) for ms in resp.fires_ms]
+
+    async def dead_letters(self, job_id: int | None = None, *, page_size: int = 100) -> list[Run]:
+        """Dead-lettered runs not redriven yet, newest first: of one job, or of
+        every job the caller may see."""
+        pages = self._pages(
+            lambda n: n.jobs.ListDeadLetters, _wire.dead_letter_pages(job_id, page_size)
+        )
+        return [run async for run in pages]
+
+    async def dead_letters_page(
+        self, job_id: int | None = None, *, page_size: int = 100, page_token: str = ""
+    ) -> Page[Run]:
+        """See ``Client.dead_letters_page``."""
+        pages = _wire.dead_letter_pages(job_id, page_size)
+        resp = await self._call(lambda n: n.jobs.ListDeadLetters, pages.request(page_token))
+        return Page(items=pages.items(resp), next_page_token=resp.next_page_token)
+
+    async def redrive(self, job_id: int, *, run_id: int | None = None) -> list[Run]:
+        """Run a job's dead letters again (or the one of ``run_id``), each as a
+        new attempt of its fire with a new fence; returns the new attempts.
+        Not repeated on another node unless it never left for the first."""
+        request = _wire.redrive_request(job_id, run_id)
+        resp = await self._call(lambda n: n.jobs.RedriveDeadLetters, request, Resend.UNSENT)
+        return [_wire.run_of(r) for r in resp.runs]
+
     # -- admin -----------------------------------------------------------------
 
     async def status(self, *, include_shards: bool = False) -> Status:
@@ -242,6 +350,16 @@ class AsyncClient:
         """See ``Client.membership``."""
         msg = await self._call(lambda n: n.admin.GetMembership, _wire.membership_request())
         return _wire.membership_of(msg)
+
+    async def lag_history(self) -> list[LagMinute]:
+        """See ``Client.lag_history``."""
+        request = admin_pb.GetLagHistoryRequest()
+        return _wire.lag_history_of(await self._call(lambda n: n.admin.GetLagHistory, request))
+
+    async def in_flight(self, *, limit: int = 100) -> InFlight:
+        """See ``Client.in_flight``."""
+        request = admin_pb.ListInFlightRequest(limit=limit)
+        return _wire.in_flight_of(await self._call(lambda n: n.admin.ListInFlight, request))
 
     async def alerts(self, *, since: When | None = None, limit: int = 0) -> Alerts:
         """See ``Client.alerts``."""

@@ -136,6 +136,32 @@ class JobArgs(_RequiredJobArgs, total=False):
     idempotency_key: str | None
 
 
+class UpdateArgs(TypedDict, total=False):
+    """The keywords of ``Client.update``: the fields of ``JobRequest`` to
+    change (``JobRequest`` documents them), every one but ``tenant``. Any
+    schedule keyword (``cron``, ``every``, ``at``, ``tz``...) replaces the
+    whole schedule."""
+
+    name: str
+    handler: str
+    cron: str | None
+    every: Duration | None
+    at: When | timedelta | None
+    tz: str
+    dst_gap: DstGap | str
+    dst_fold: DstFold | str
+    start: When | None
+    fixed_delay: bool
+    payload: Payload
+    catch_up: CatchUp | str
+    overlap: Overlap | str
+    retry: Retry | int
+    jitter: Duration
+    timeout: Duration
+    at_most_once: bool
+    pool: str
+
+
 # -- client -> engine -------------------------------------------------------------
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -23,14 +23,20 @@ from wheel.client._nodes import (
     Tries,
     connected,
 )
-from wheel.client._specs import JobArgs, JobRequest
-from wheel.client._time import When
+from wheel.client._specs import JobArgs, JobRequest, UpdateArgs
+from wheel.client._time import Duration, When, utc
 from wheel.client._values import (
     Alerts,
     Backfill,
+    DstFold,
+    DstGap,
+    InFlight,
     Job,
     JobState,
+    JobUpdate,
+    LagMinute,
     Membership,
+    Page,
     Run,
     RunState,
     Status,
@@ -203,11 +209,28 @@ class Client:
         *,
         tenant: str | None = None,
         state: JobState | str | None = None,
+        name_prefix: str = "",
         page_size: int = 100,
     ) -> Iterator[Job]:
         """Every job (of ``tenant``, in ``state``, if given) in job id order,
-        fetched ``page_size`` at a time."""
-        return self._pages(lambda n: n.jobs.ListJobs, _wire.job_pages(tenant, state, page_size))
+        fetched ``page_size`` at a time; with ``name_prefix``, only those
+        whose name starts with it (case-sensitive), in name order."""
+        pages = _wire.job_pages(tenant, state, page_size, name_prefix)
+        return self._pages(lambda n: n.jobs.ListJobs, pages)
+
+    def jobs_page(
+        self,
+        *,
+        tenant: str | None = None,
+        state: JobState | str | None = None,
+        name_prefix: str = "",
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> Page[Job]:
+        """One page of ``jobs``: pass its ``next_page_token`` back for the next."""
+        pages = _wire.job_pages(tenant, state, page_size, name_prefix)
+        resp = self._call(lambda n: n.jobs.ListJobs, pages.request(page_token))
+        return Page(items=pages.items(resp), next_page_token=resp.next_page_token)
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a job; a run in flight is revoked. Cancelling again is a no-op."""
@@ -240,6 +263,93 @@ class Client:
         ``states`` keeps only those states (``RunState.MISSED`` for missed fires)."""
         return self._pages(lambda n: n.jobs.ListRuns, _wire.run_pages(job_id, states, page_size))
 
+    def runs_page(
+        self,
+        job_id: int,
+        *,
+        states: Iterable[RunState | str] = (),
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> Page[Run]:
+        """One page of ``runs``: pass its ``next_page_token`` back for the next."""
+        pages = _wire.run_pages(job_id, states, page_size)
+        resp = self._call(lambda n: n.jobs.ListRuns, pages.request(page_token))
+        return Page(items=pages.items(resp), next_page_token=resp.next_page_token)
+
+    def update(
+        self, job_id: int, *, idempotency_key: str | None = None, **changes: Unpack[UpdateArgs]
+    ) -> Job:
+        """Change a job in place (the keywords are ``JobRequest``'s, all but
+        ``tenant``; a schedule keyword replaces the whole schedule), keeping
+        its id and history: its next fires follow the new spec at once, runs
+        in flight finish under the old one, and the change is recorded
+        (``job_updates``). With ``idempotency_key``, the same update again
+        returns the job without changing it again."""
+        request = _wire.update_request(job_id, idempotency_key, changes)
+        resp = self._call(lambda n: n.jobs.UpdateJob, request)
+        return _wire.job_of(resp.job)
+
+    def job_updates(self, job_id: int, *, page_size: int = 100) -> Iterator[JobUpdate]:
+        """A job's recorded spec updates, newest first."""
+        return self._pages(lambda n: n.jobs.ListJobUpdates, _wire.update_pages(job_id, page_size))
+
+    def preview(
+        self,
+        job_id: int | None = None,
+        *,
+        cron: str | None = None,
+        every: Duration | None = None,
+        at: When | None = None,
+        tz: str = "UTC",
+        dst_gap: DstGap | str = DstGap.FIRE_AT_TRANSITION,
+        dst_fold: DstFold | str = DstFold.FIRST,
+        start: When | None = None,
+        start_from: When | None = None,
+        count: int = 10,
+    ) -> list[datetime]:
+        """The next ``count`` fire times (at most 1000) at or after
+        ``start_from`` (default now) of a job, or of a schedule given as to
+        ``submit``, as the scheduler computes them (time zone, DST gap and
+        fold policies)."""
+        schedule = {
+            k: v
+            for k, v in (
+                ("cron", cron), ("every", every), ("at", at), ("tz", tz), ("dst_gap", dst_gap),
+                ("dst_fold", dst_fold), ("start", start),
+            )
+            if v is not None
+        }  # fmt: skip
+        if job_id is not None:
+            schedule = {k: v for k, v in schedule.items() if k in ("cron", "every", "at", "start")}
+        request = _wire.preview_request(job_id, schedule, start_from, count)
+        resp = self._call(lambda n: n.jobs.PreviewSchedule, request)
+        return [utc(ms) for ms in resp.fires_ms]
+
+    def dead_letters(self, job_id: int | None = None, *, page_size: int = 100) -> list[Run]:
+        """Dead-lettered runs not redriven yet, newest first: of one job, or of
+        every job the caller may see."""
+        return list(
+            self._pages(
+                lambda n: n.jobs.ListDeadLetters, _wire.dead_letter_pages(job_id, page_size)
+            )
+        )
+
+    def dead_letters_page(
+        self, job_id: int | None = None, *, page_size: int = 100, page_token: str = ""
+    ) -> Page[Run]:
+        """One page of ``dead_letters``: pass its ``next_page_token`` back for the next."""
+        pages = _wire.dead_letter_pages(job_id, page_size)
+        resp = self._call(lambda n: n.jobs.ListDeadLetters, pages.request(page_token))
+        return Page(items=pages.items(resp), next_page_token=resp.next_page_token)
+
+    def redrive(self, job_id: int, *, run_id: int | None = None) -> list[Run]:
+        """Run a job's dead letters again (or the one of ``run_id``), each as a
+        new attempt of its fire with a new fence; returns the new attempts.
+        Not repeated on another node unless it never left for the first."""
+        request = _wire.redrive_request(job_id, run_id)
+        resp = self._call(lambda n: n.jobs.RedriveDeadLetters, request, Resend.UNSENT)
+        return [_wire.run_of(r) for r in resp.runs]
+
     # -- admin -----------------------------------------------------------------
 
     def status(self, *, include_shards: bool = False) -> Status:
@@ -251,6 +361,18 @@ class Client:
         """The members and each shard's owner, as the node asked sees them."""
         msg = self._call(lambda n: n.admin.GetMembership, _wire.membership_request())
         return _wire.membership_of(msg)
+
+    def lag_history(self) -> list[LagMinute]:
+        """The node's dispatch lag minute by minute over the last hour, oldest
+        first, quiet minutes included (scope admin)."""
+        request = admin_pb.GetLagHistoryRequest()
+        return _wire.lag_history_of(self._call(lambda n: n.admin.GetLagHistory, request))
+
+    def in_flight(self, *, limit: int = 100) -> InFlight:
+        """Up to ``limit`` (at most 1,000) of the runs the node holds now, by
+        run id, and how many it holds (scope admin; ask each member)."""
+        request = admin_pb.ListInFlightRequest(limit=limit)
+        return _wire.in_flight_of(self._call(lambda n: n.admin.ListInFlight, request))
 
     def alerts(self, *, since: When | None = None, limit: int = 0) -> Alerts:
         """The alerts the node asked raised at or after ``since`` (None: all

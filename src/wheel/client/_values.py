@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from wheel.client._time import Duration, duration
 from wheel.engine import spec as _engine
@@ -33,6 +33,7 @@ __all__ = [
     "Every",
     "Job",
     "JobState",
+    "JobUpdate",
     "Member",
     "Membership",
     "MissedReason",
@@ -490,3 +491,67 @@ class Membership:
         shard = shard_of(job_id)
         owner = self.shard_owners[shard] if shard < len(self.shard_owners) else ""
         return next((m for m in self.members if owner and m.node_id == owner), None)
+
+
+_Item = TypeVar("_Item")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Page(Generic[_Item]):
+    """One page of a list call: its items, and the token of the next page
+    ("" on the last), to pass back as ``page_token``."""
+
+    items: list[_Item]
+    next_page_token: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LagMinute:
+    """One minute of a node's dispatch lag: runs handed out, and their lag's
+    p50 and p99 (read off the lag histogram's buckets) and max."""
+
+    minute: datetime
+    count: int
+    p50: timedelta
+    p99: timedelta
+    max: timedelta
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InFlightRun:
+    """A run a node's owner holds now: claimed, handed out or running.
+    ``phase`` is the owner's word for where it is (claiming, ready,
+    dispatched, running, ending); ``worker_id`` None until handed out."""
+
+    run_id: int
+    job_id: int
+    scheduled_for: datetime
+    attempt: int
+    fence: int
+    worker_id: str | None
+    phase: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InFlight:
+    """Some of the runs a node holds (by run id), and how many it holds."""
+
+    runs: list[InFlightRun]
+    total: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobUpdate:
+    """One recorded update of a job's spec (``Client.job_updates``): its
+    version (1 for the first), when and by whom (the caller's tenant and
+    token with auth on), and the job before and after (without payloads;
+    ``payload_changed`` says whether it changed)."""
+
+    job_id: int
+    version: int
+    updated_at: datetime
+    updated_by: str
+    before: Job
+    after: Job
+    payload_changed: bool
+    idempotency_key: str

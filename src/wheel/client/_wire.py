@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
@@ -20,6 +20,7 @@ import grpc  # type: ignore[import-untyped, unused-ignore]
 from wheel.client._specs import (
     JobArgs,
     JobRequest,
+    UpdateArgs,
     catch_up_of,
     job_spec,
     overlap_of,
@@ -33,8 +34,12 @@ from wheel.client._values import (
     AlertKind,
     Alerts,
     Backfill,
+    InFlight,
+    InFlightRun,
     Job,
     JobState,
+    JobUpdate,
+    LagMinute,
     Member,
     Membership,
     MissedReason,
@@ -238,6 +243,107 @@ def submit_many_results(
     return out
 
 
+# The JobSpec field each keyword of ``Client.update`` changes.
+_UPDATE_FIELDS = {
+    "name": "name",
+    "handler": "handler",
+    "payload": "payload",
+    **dict.fromkeys(
+        ("cron", "every", "at", "tz", "dst_gap", "dst_fold", "start", "fixed_delay"), "schedule"
+    ),
+    "catch_up": "catch_up",
+    "overlap": "overlap",
+    "retry": "retry",
+    "jitter": "jitter_ms",
+    "timeout": "timeout_ms",
+    "at_most_once": "side_effect",
+    "pool": "pool",
+}
+
+
+def update_request(
+    job_id: int, idempotency_key: str | None, changes: UpdateArgs
+) -> js.UpdateJobRequest:
+    """The request for ``Client.update``: the fields named, checked here as
+    a submit's are (naming the keyword), under a key of its own unless one
+    is given, so that a retry elsewhere is the same update."""
+    if not changes:
+        raise InvalidArgument("changes", "give at least one field to change")
+    for key in changes:
+        if key not in _UPDATE_FIELDS:
+            raise InvalidArgument(str(key), "is not a field of a job to update")
+    named = sorted({_UPDATE_FIELDS[k] for k in changes})
+    args: dict[str, Any] = {"name": "-", "handler": "-", **changes}
+    if "schedule" not in named:
+        args["every"] = timedelta(minutes=1)  # stands in for the schedule kept
+    spec = job_spec(JobRequest(**args), now_ms=time.time_ns() // 1_000_000)
+    return js.UpdateJobRequest(
+        job_id=job_id,
+        spec=convert.spec_to_proto(spec),
+        fields=named,
+        idempotency_key=idempotency_key or generated_key(),
+    )
+
+
+def job_update_of(msg: js.JobUpdate) -> JobUpdate:
+    def job(spec: jobs_pb2.JobSpec) -> Job:
+        return job_of(jobs_pb2.Job(job_id=msg.job_id, spec=spec, state=jobs_pb2.JOB_STATE_ACTIVE))
+
+    return JobUpdate(
+        job_id=msg.job_id,
+        version=msg.version,
+        updated_at=utc(msg.updated_at_ms),
+        updated_by=msg.updated_by,
+        before=job(msg.old_spec),
+        after=job(msg.new_spec),
+        payload_changed=msg.payload_changed,
+        idempotency_key=msg.idempotency_key,
+    )
+
+
+def update_pages(job_id: int, page_size: int) -> Pages[JobUpdate]:
+    return Pages(
+        request=lambda token: js.ListJobUpdatesRequest(
+            job_id=job_id, page_size=page_size, page_token=token
+        ),
+        items=lambda resp: [job_update_of(u) for u in resp.updates],
+    )
+
+
+def preview_request(
+    job_id: int | None,
+    schedule: Mapping[str, Any],
+    start_from: When | None,
+    count: int,
+) -> js.PreviewScheduleRequest:
+    """``Client.preview``'s request: a job's schedule, or one given by the
+    schedule keywords of a submit (``cron=``, ``tz=``, ``every=``...)."""
+    from_ms = 0 if start_from is None else time_ms(start_from, "start_from")
+    if job_id is not None:
+        if schedule:
+            raise InvalidArgument("job_id", "give a job or a schedule, not both")
+        return js.PreviewScheduleRequest(job_id=job_id, from_ms=from_ms, count=count)
+    spec = job_spec(
+        JobRequest(name="-", handler="-", **schedule), now_ms=time.time_ns() // 1_000_000
+    )
+    return js.PreviewScheduleRequest(
+        schedule=convert.spec_to_proto(spec).schedule, from_ms=from_ms, count=count
+    )
+
+
+def dead_letter_pages(job_id: int | None, page_size: int) -> Pages[Run]:
+    return Pages(
+        request=lambda token: js.ListDeadLettersRequest(
+            job_id=job_id or 0, page_size=page_size, page_token=token
+        ),
+        items=lambda resp: [run_of(r) for r in resp.runs],
+    )
+
+
+def redrive_request(job_id: int, run_id: int | None) -> js.RedriveDeadLettersRequest:
+    return js.RedriveDeadLettersRequest(job_id=job_id, run_id=run_id or 0)
+
+
 def job_ref(job_id: int) -> js.JobRef:
     return js.JobRef(job_id=job_id)
 
@@ -303,7 +409,9 @@ class Pages(Generic[_T]):
     items: Callable[[Any], list[_T]]
 
 
-def job_pages(tenant: str | None, state: JobState | str | None, page_size: int) -> Pages[Job]:
+def job_pages(
+    tenant: str | None, state: JobState | str | None, page_size: int, name_prefix: str = ""
+) -> Pages[Job]:
     wire_state = (
         jobs_pb2.JOB_STATE_UNSPECIFIED
         if state is None
@@ -311,7 +419,11 @@ def job_pages(tenant: str | None, state: JobState | str | None, page_size: int) 
     )
     return Pages(
         request=lambda token: js.ListJobsRequest(
-            tenant=tenant or "", state=wire_state, page_size=page_size, page_token=token
+            tenant=tenant or "",
+            state=wire_state,
+            page_size=page_size,
+            page_token=token,
+            name_prefix=name_prefix,
         ),
         items=lambda resp: [job_of(j) for j in resp.jobs],
     )
@@ -452,6 +564,37 @@ def status_of(msg: admin.ClusterStatus) -> Status:
         released=[
             ShardRelease(shard=r.shard, epoch=r.epoch, at=utc(r.at_ms)) for r in msg.released
         ],
+    )
+
+
+def lag_history_of(msg: admin.LagHistory) -> list[LagMinute]:
+    return [
+        LagMinute(
+            minute=utc(m.minute_ms),
+            count=m.count,
+            p50=timedelta(milliseconds=m.p50_ms),
+            p99=timedelta(milliseconds=m.p99_ms),
+            max=timedelta(milliseconds=m.max_ms),
+        )
+        for m in msg.minutes
+    ]
+
+
+def in_flight_of(msg: admin.ListInFlightResponse) -> InFlight:
+    return InFlight(
+        runs=[
+            InFlightRun(
+                run_id=r.run_id,
+                job_id=r.job_id,
+                scheduled_for=utc(r.scheduled_for_ms),
+                attempt=r.attempt,
+                fence=r.fence,
+                worker_id=r.worker_id or None,
+                phase=r.phase,
+            )
+            for r in msg.runs
+        ],
+        total=msg.total,
     )
 
 

@@ -26,17 +26,24 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from wheel.engine.model import JobState, shard_of
-from wheel.engine.owner import Effects, Owner, RunRef
+from wheel.engine.owner import Effects, FireHold, Owner, RunRef
 from wheel.engine.profiles import split_spec
-from wheel.engine.records import BatchOutcome, JobRecord, NewJob, RowChanges, WriteBatch
+from wheel.engine.records import (
+    BatchOutcome,
+    JobRecord,
+    NewJob,
+    RowChanges,
+    SpecUpdate,
+    WriteBatch,
+)
 from wheel.engine.schedule import compile_schedule
 from wheel.engine.spec import DEFAULT_LIMITS, Cron, Interval, IntervalMode, JobSpec, Once
 from wheel.errors import FailedPrecondition, LimitExceeded
 
-__all__ = ["Driver", "StateChange", "first_fire", "next_fires_of"]
+__all__ = ["Driver", "FireHold", "StateChange", "first_fire", "next_fires_of", "preview_fires"]
 
 # The field a schedule's first fire comes from, named when it is too far ahead.
 _HORIZON_FIELD = {
@@ -82,6 +89,22 @@ def next_fires_of(record: JobRecord, count: int) -> list[int]:
         if nxt is None:
             break
         out.append(nxt)
+    return out
+
+
+def preview_fires(spec: JobSpec, after_ms: int, count: int) -> list[int]:
+    """The next ``count`` nominal fires of ``spec``'s schedule strictly after
+    ``after_ms``, as the owner computes them (its time zone, DST gap and fold
+    policies): what PreviewSchedule shows."""
+    compiled = compile_schedule(spec.schedule, jitter_ms=0, job_id=0)
+    out: list[int] = []
+    at = after_ms
+    while len(out) < count:
+        nxt = compiled.next_fire(at)
+        if nxt is None:
+            break
+        out.append(nxt)
+        at = nxt
     return out
 
 
@@ -316,6 +339,94 @@ class Driver:
         owner.upsert_job(after, now_ms, fx)
         if state is JobState.ACTIVE:
             owner.record_paused_fires(after.job_id, before.updated_at_ms, now_ms, fx)
+
+    def update(
+        self,
+        record: JobRecord,
+        spec: JobSpec,
+        now_ms: int,
+        *,
+        idempotency_key: str | None = None,
+        body_hash: str = "",
+        updated_by: str = "",
+    ) -> tuple[SpecUpdate, FireHold | None]:
+        """What to store for ``record`` to take ``spec`` (validated here:
+        cron syntax, zone, horizon), and the hold of its fires that keeps
+        the old schedule from firing until the store answers: give the
+        stored job to ``updated``, or the hold to ``update_failed``.
+
+        The new schedule owes its fires from the change on: the first one
+        after ``now_ms``, or, when a fire of the old schedule was due and
+        not claimed yet (no worker free, the loop behind), from that fire
+        on, so that the change drops no fire that was owed. A paused job
+        stays without a next fire (its resume computes one)."""
+        if record.state not in (JobState.ACTIVE, JobState.PAUSED):
+            raise FailedPrecondition(f"job {record.job_id} is {record.state.value}")
+        spec = replace(spec, tenant=record.spec.tenant)
+        active = record.state is JobState.ACTIVE
+        # Computed for a paused job too: it validates the schedule (cron
+        # syntax, zone), which must not reach the store to fail at a resume.
+        nxt = self._first_of_update(record.job_id, spec, now_ms + 1)
+        if not active:
+            nxt = None
+        hold = None
+        if active and self.owner.owns(record.job_id):
+            hold = self.owner.hold_fires(record.job_id)
+            if hold is not None and hold.oldest is not None and hold.oldest <= now_ms:
+                nxt = self._first_of_update(record.job_id, spec, hold.oldest)
+        template, param = split_spec(spec)
+        profiles = self.owner.profiles
+        update = SpecUpdate(
+            job_id=record.job_id,
+            spec=spec,
+            next_run_at=nxt,
+            updated_at_ms=now_ms,
+            idempotency_key=idempotency_key,
+            body_hash=body_hash,
+            updated_by=updated_by,
+            profile=profiles[profiles.intern(template)],
+            param=param,
+        )
+        return update, hold
+
+    def _first_of_update(self, job_id: int, spec: JobSpec, from_ms: int) -> int | None:
+        first = first_fire(job_id, spec, from_ms)
+        if first is None and isinstance(spec.schedule, Once):
+            first = spec.schedule.at_ms  # a one-shot moved into the past is due now
+        limit = DEFAULT_LIMITS.max_horizon_ms
+        if first is not None and first - from_ms > limit:
+            raise LimitExceeded(
+                _HORIZON_FIELD[type(spec.schedule)],
+                f"first fire {first} is more than the schedule horizon of {limit} ms ahead",
+            )
+        return first
+
+    def updated(self, record: JobRecord, now_ms: int) -> None:
+        """The store has the job's new spec and next fire: its owner
+        re-arms from them (``Owner.respecify``)."""
+        if self.owner.owns(record.job_id):
+            self.owner.respecify(record, now_ms, self.fx)
+
+    def update_failed(self, job_id: int, hold: FireHold | None, now_ms: int) -> None:
+        """The store did not take the change: the job fires on as before."""
+        if hold is not None and self.owner.owns(job_id):
+            self.owner.release_fires(job_id, hold, now_ms)
+
+    def redrive(self, record: JobRecord, fires: Sequence[tuple[int, int]], now_ms: int) -> None:
+        """Dead-lettered fires of ``record``, each as the attempt given, claimed
+        at once: the shell answers once the claims are in the store. A
+        completed one-shot's are run too (its job is held for them until
+        they end); a cancelled job's are not."""
+        if record.state is JobState.CANCELLED:
+            raise FailedPrecondition(f"job {record.job_id} is cancelled")
+        owner = self.owner
+        if not owner.has_job(record.job_id):
+            if record.state is JobState.COMPLETED:
+                # Its schedule is over: held awake, with nothing armed, for
+                # the runs redriven, and forgotten when they end.
+                record = replace(record, state=JobState.ACTIVE, next_run_at=None)
+            owner.upsert_job(record, now_ms, self.fx)
+        owner.redrive(record.job_id, fires, now_ms, self.fx)
 
     def _active(self, record: JobRecord, now_ms: int) -> None:
         if record.state is not JobState.ACTIVE:

@@ -41,6 +41,52 @@ class NewJob:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SpecUpdate:
+    """What an update of a job's spec stores (``Store.update_job``): the new
+    spec (its tenant the job's own), the next fire it re-arms from (None for
+    a paused job: a resume computes it), and its profile. One write changes
+    the row, the spec and the history, so an owner reads either all of it
+    or none."""
+
+    job_id: int
+    spec: JobSpec
+    next_run_at: int | None
+    updated_at_ms: int
+    # Per-job key; None = not idempotent. ``body_hash``: what "the same
+    # request" means for it (a digest of the request as sent).
+    idempotency_key: str | None = None
+    body_hash: str = ""
+    # Who asked (the caller's tenant and token when auth is on), for history.
+    updated_by: str = ""
+    profile: Profile | None = None
+    param: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobChange:
+    """One recorded update of a job's spec (the specs without payloads)."""
+
+    job_id: int
+    version: int
+    updated_at_ms: int
+    old_spec: JobSpec
+    new_spec: JobSpec
+    payload_changed: bool
+    updated_by: str = ""
+    idempotency_key: str | None = None
+
+
+class Updated(NamedTuple):
+    """An update's answer: the job as stored after it, the change recorded,
+    and whether this call made it (False: an earlier call with the same key
+    and body did)."""
+
+    job: JobRecord
+    change: JobChange
+    applied: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class JobRecord:
     job_id: int
     shard: int

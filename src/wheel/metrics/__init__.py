@@ -5,5 +5,6 @@ they report without locks and without a thread of their own."""
 
 from wheel.metrics._histogram import BatchedHistogram
 from wheel.metrics._http import MetricsServer, parse_listen
+from wheel.metrics._lag import LagMinute, LagRing
 
-__all__ = ["BatchedHistogram", "MetricsServer", "parse_listen"]
+__all__ = ["BatchedHistogram", "LagMinute", "LagRing", "MetricsServer", "parse_listen"]

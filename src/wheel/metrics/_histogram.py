@@ -27,7 +27,7 @@ class BatchedHistogram:
     milliseconds (a sample equal to a bound is counted in that bucket, as
     Prometheus' ``le`` says)."""
 
-    __slots__ = ("_bounds", "_counts", "_pending", "_sum_ms", "bounds_ms")
+    __slots__ = ("_bounds", "_counts", "_peak_ms", "_pending", "_sum_ms", "bounds_ms")
 
     def __init__(self, bounds_ms: Sequence[float]) -> None:
         bounds = sorted(float(b) for b in bounds_ms)
@@ -38,6 +38,8 @@ class BatchedHistogram:
         # One count per bound, and the last for samples above every bound.
         self._counts = [0] * (len(bounds) + 1)
         self._sum_ms = 0
+        # The largest sample since ``take_peak`` last read it.
+        self._peak_ms = 0
         self._pending: list[int] = []
 
     def add(self, samples: Iterable[int]) -> None:
@@ -54,10 +56,14 @@ class BatchedHistogram:
             return
         bounds, counts = self._bounds, self._counts
         total = 0
+        peak = self._peak_ms
         for value, n in Counter(pending).items():
             counts[bisect_left(bounds, value)] += n
             total += value * n
+            if value > peak:
+                peak = value
         self._sum_ms += total
+        self._peak_ms = peak
         pending.clear()
 
     def buckets(self) -> list[int]:
@@ -80,6 +86,12 @@ class BatchedHistogram:
     def sum_ms(self) -> int:
         self.fold()
         return self._sum_ms
+
+    def take_peak(self) -> int:
+        """The largest sample since the last call (0: none), and start again."""
+        self.fold()
+        peak, self._peak_ms = self._peak_ms, 0
+        return peak
 
     def at_or_below(self, bound_ms: float) -> int:
         """Samples at or below ``bound_ms``, which must be one of the bounds."""

@@ -45,6 +45,7 @@ from wheel.node._moving import NodeMoving
 from wheel.node._ops import NodeOps
 from wheel.node._reads import NodeReads
 from wheel.node._tenancy import NodeTenancy
+from wheel.node._updates import NodeUpdates
 from wheel.node._values import (
     Clock,
     Membership,
@@ -70,7 +71,9 @@ Epochs = Mapping[int, int] | None
 T = TypeVar("T")
 
 
-class Node(NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint, NodeMoving):
+class Node(
+    NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint, NodeMoving, NodeUpdates
+):
     """One node owning shards (all 256 on a single node)."""
 
     def __init__(

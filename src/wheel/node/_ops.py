@@ -31,7 +31,7 @@ from wheel.engine.model import CONDITION_ALERTS, AlertKind
 from wheel.engine.owner import Alert
 from wheel.errors import StoreError
 from wheel.logs import ids
-from wheel.metrics import BatchedHistogram
+from wheel.metrics import BatchedHistogram, LagMinute, LagRing
 from wheel.node._metrics import LAG_BOUNDS_MS, NodeMetrics
 from wheel.node._values import Clock, Health, NodeConfig, NodeStatus, RaisedAlert
 from wheel.store.base import Store
@@ -94,6 +94,8 @@ class NodeOps:
         # (monotonic time, lag samples, samples within the objective).
         self._lag_window: deque[tuple[float, int, int]] = deque()
         self._lag_breached = False
+        # Minute by minute over the last hour (AdminService.GetLagHistory).
+        self.lag_ring = LagRing(self.lag_histogram.bounds_ms)
         self._probe_thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-probe")
         self._purge_thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-purge")
         self._ops_tasks: list[asyncio.Task[None]] = []
@@ -183,6 +185,7 @@ class NodeOps:
             try:
                 await self._probe_if_quiet()
                 self._check_lag_objective()
+                self._observe_lag()
                 await self._report_health()
             except Exception:  # a bug here must not freeze what health says
                 log.exception("working out the node's health failed")
@@ -322,6 +325,15 @@ class NodeOps:
             log.info("dispatch lag is back within its objective")
 
     # -- metrics ----------------------------------------------------------------------
+
+    def _observe_lag(self) -> None:
+        hist = self.lag_histogram
+        self.lag_ring.observe(self.clock.now_ms(), hist.buckets(), hist.take_peak())
+
+    def lag_history(self) -> list[LagMinute]:
+        """The dispatch lag minute by minute over the last hour, oldest first."""
+        self._observe_lag()
+        return self.lag_ring.history(self.clock.now_ms())
 
     def checkpoint_log_records(self) -> int | None:
         """Job records in the checkpoint's log since its last snapshot (None:

@@ -5,6 +5,7 @@ reads nothing else of the node."""
 from __future__ import annotations
 
 import functools
+import heapq
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TypeVar
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, TypeVar
 from wheel.engine.driver import Driver
 from wheel.engine.model import AlertKind, JobState
 from wheel.engine.records import ExecutionRecord, JobRecord, MissedFire
-from wheel.node._values import Clock, NodeConfig, NodeStatus
+from wheel.node._values import Clock, InFlightRun, NodeConfig, NodeStatus
 from wheel.store.base import Store
 
 T = TypeVar("T")
@@ -39,7 +40,14 @@ class NodeReads:
         return self.clock.now_ms()
 
     async def list_jobs(
-        self, *, tenant: str | None, state: JobState | None, after_job_id: int, limit: int
+        self,
+        *,
+        tenant: str | None,
+        state: JobState | None,
+        after_job_id: int,
+        limit: int,
+        name_prefix: str = "",
+        after_name: str | None = None,
     ) -> list[JobRecord]:
         return await self._api(
             functools.partial(
@@ -48,6 +56,8 @@ class NodeReads:
                 state=state,
                 after_job_id=after_job_id,
                 limit=limit,
+                name_prefix=name_prefix,
+                after_name=after_name,
             )
         )
 
@@ -117,6 +127,26 @@ class NodeReads:
             dispatching_since=dict(self._since),
             released=tuple(self._released),
         )
+
+    def in_flight(self, limit: int) -> tuple[list[InFlightRun], int]:
+        """Up to ``limit`` of the runs the owner holds, by run id, and how
+        many it holds in all."""
+        driver = self._driver
+        if driver is None:
+            return [], 0
+        runs = driver.owner.runs
+        return [
+            InFlightRun(
+                run_id=run.run_id,
+                job_id=run.job_id,
+                scheduled_for=run.scheduled_for,
+                attempt=run.attempt,
+                fence=run.fence,
+                worker_id=run.worker_id or "",
+                phase=run.phase.name.lower(),
+            )
+            for run in (runs[i] for i in heapq.nsmallest(max(0, limit), runs))
+        ], len(runs)
 
     def lag_percentiles(self) -> tuple[float, float]:
         if not self._lags:

@@ -253,6 +253,21 @@ class NodeStatus:
     released: Sequence[tuple[int, int, int]] = ()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InFlightRun:
+    """A run the node's owner holds (``Node.in_flight``)."""
+
+    run_id: int
+    job_id: int
+    scheduled_for: int
+    attempt: int
+    fence: int
+    # "" until handed to a worker.
+    worker_id: str
+    # The owner's phase of it: claiming, ready, dispatched, running, ending.
+    phase: str
+
+
 def trim_heap() -> None:
     """Give the C heap's free pages back to the system (glibc only; a no-op
     elsewhere). A load of a million jobs frees as much memory again in

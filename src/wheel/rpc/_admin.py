@@ -19,6 +19,9 @@ from wheel.rpc.v1 import (
 
 log = logging.getLogger("wheel.rpc")
 
+# ListInFlight answers at most this many runs a call.
+MAX_IN_FLIGHT_LISTED = 1000
+
 
 class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
     def __init__(self, node: Node, guard: Guard | None = None) -> None:
@@ -84,6 +87,47 @@ class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
             for shard, epoch, at_ms in st.released:
                 status.released.add(shard=shard, epoch=epoch, at_ms=at_ms)
         return status
+
+    async def GetLagHistory(
+        self,
+        request: admin_service_pb2.GetLagHistoryRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> admin_service_pb2.LagHistory:
+        out = admin_service_pb2.LagHistory(node_id=self.node.config.node_id)
+        for m in self.node.lag_history():
+            out.minutes.add(
+                minute_ms=m.minute_ms,
+                count=m.count,
+                p50_ms=m.p50_ms,
+                p99_ms=m.p99_ms,
+                max_ms=m.max_ms,
+            )
+        return out
+
+    async def ListInFlight(
+        self,
+        request: admin_service_pb2.ListInFlightRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> admin_service_pb2.ListInFlightResponse:
+        limit = request.limit
+        if limit < 0 or limit > MAX_IN_FLIGHT_LISTED:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"limit: {limit} is not between 0 and {MAX_IN_FLIGHT_LISTED}",
+            )
+        runs, total = self.node.in_flight(limit or 100)
+        out = admin_service_pb2.ListInFlightResponse(total=total)
+        for r in runs:
+            out.runs.add(
+                run_id=r.run_id,
+                job_id=r.job_id,
+                scheduled_for_ms=r.scheduled_for,
+                attempt=r.attempt,
+                fence=r.fence,
+                worker_id=r.worker_id,
+                phase=r.phase,
+            )
+        return out
 
     async def GetMembership(
         self,

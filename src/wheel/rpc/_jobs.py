@@ -35,6 +35,7 @@ from wheel.rpc._common import (
     status_of,
 )
 from wheel.rpc._guard import Guard
+from wheel.rpc._operator import OperatorCalls
 from wheel.rpc._peers import Peers, credential, forwarded_by
 from wheel.rpc.v1 import (
     job_service_pb2,
@@ -47,11 +48,13 @@ log = logging.getLogger("wheel.rpc")
 # A bulk submit lets the event loop in every this many jobs: its 10,000
 # would hold every stream and timer of the node for half a second.
 YIELD_EVERY = 64
+# A name prefix is at most a name (JobLimits.max_name_len's default).
+MAX_NAME_PREFIX = 200
 # Bulk submits a node works on at once (see ``JobServicer``).
 BULK_AT_ONCE = 1
 
 
-class JobServicer(job_service_pb2_grpc.JobServiceServicer):
+class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
     """Any member serves every call: reads from the store here, submits
     stored here (and their owners told at once), calls that change a job
     carried out by the owner of its shard (forwarded once)."""
@@ -255,13 +258,28 @@ class JobServicer(job_service_pb2_grpc.JobServiceServicer):
     ) -> job_service_pb2.ListJobsResponse:
         async def work() -> job_service_pb2.ListJobsResponse:
             size = _page_size(request.page_size)
-            after = _token_int(request.page_token, "page_token")
+            prefix = request.name_prefix
+            if len(prefix) > MAX_NAME_PREFIX:
+                raise LimitExceeded(
+                    "name_prefix",
+                    f"{len(prefix)} characters is over the limit of {MAX_NAME_PREFIX}",
+                )
+            after, after_name = _job_cursor(request.page_token, named=bool(prefix))
             state = convert.job_state_from_proto(request.state)
             tenant = self.guard.list_tenant(await self.guard.principal(context), request.tenant)
             records = await self.node.list_jobs(
-                tenant=tenant, state=state, after_job_id=after, limit=size
+                tenant=tenant,
+                state=state,
+                after_job_id=after,
+                limit=size,
+                name_prefix=prefix,
+                after_name=after_name,
             )
-            token = str(records[-1].job_id) if len(records) == size else ""
+            token = ""
+            if len(records) == size:
+                last = records[-1]
+                # By name: the name goes in the token too, after the id.
+                token = f"{last.job_id}:{last.spec.name}" if prefix else str(last.job_id)
             return job_service_pb2.ListJobsResponse(
                 jobs=[convert.job_to_proto(r) for r in records], next_page_token=token
             )
@@ -425,6 +443,19 @@ def _proto_states(wanted: convert.RunFilter) -> set[int]:
     if wanted.missed:
         states.add(jobs_pb2.RUN_STATE_MISSED)
     return states
+
+
+def _job_cursor(token: str, *, named: bool) -> tuple[int, str | None]:
+    """A ListJobs page token: the last job's id, and by name also its name
+    (``ID:NAME``); (0, None) for the first page."""
+    if not named:
+        return _token_int(token, "page_token"), None
+    if not token:
+        return 0, None
+    job_id, colon, name = token.partition(":")
+    if not colon:
+        raise InvalidArgument("page_token", "is not a token this server issued")
+    return _token_int(job_id, "page_token"), name
 
 
 def _token_int(token: str, field: str) -> int:

@@ -58,6 +58,46 @@ RETRY_WHERE = (
     " AND n.scheduled_for = e.scheduled_for AND n.attempt > e.attempt)"
 )
 
+# ListJobs by name prefix (the web console's search): a range of this index,
+# in code-point order on both stores, and by state: a page of paused jobs
+# among a million active ones reads a page of rows. A claim writes neither,
+# save the state of a one-shot it completes (a column PostgreSQL's
+# jobs_due_soon already reads, so that update was never a HOT one).
+NAME_INDEX = "CREATE INDEX jobs_name ON jobs (name{collate}, job_id)"
+STATE_INDEX = "CREATE INDEX jobs_state ON jobs (state, job_id)"
+# Dead letters not redriven yet (``Store.list_dead_letters``): by job and for
+# every job, newest first. Runs end dead-lettered rarely: the indexes stay
+# small, and a success writes nothing to them.
+DEAD_BY_JOB_INDEX = (
+    "CREATE INDEX executions_dead ON executions (job_id, run_id) WHERE state = 'dead_lettered'"
+)
+DEAD_INDEX = "CREATE INDEX executions_dead_all ON executions (run_id) WHERE state = 'dead_lettered'"
+
+
+def _job_updates(integer: str, text: str, boolean: str) -> list[str]:
+    """Migration 9 in a backend's types: each job's recorded spec updates
+    (``Store.update_job``), keyed by job and version, and the per-job
+    idempotency keys of updates."""
+    return [
+        f"""CREATE TABLE job_updates (
+            job_id          {integer} NOT NULL,
+            version         {integer} NOT NULL,
+            updated_at_ms   {integer} NOT NULL,
+            old_spec        {text}    NOT NULL,
+            new_spec        {text}    NOT NULL,
+            payload_changed {boolean} NOT NULL,
+            updated_by      {text}    NOT NULL,
+            idempotency_key {text},
+            body_hash       {text}    NOT NULL,
+            PRIMARY KEY (job_id, version)
+        )""",
+        "CREATE UNIQUE INDEX job_updates_key ON job_updates (job_id, idempotency_key)"
+        " WHERE idempotency_key IS NOT NULL",
+        DEAD_BY_JOB_INDEX,
+        DEAD_INDEX,
+    ]
+
+
 SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
     (
         1,
@@ -216,6 +256,8 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
             f" GENERATED ALWAYS AS ({DUE_BUCKET_SQL}) VIRTUAL",
         ],
     ),
+    (9, _job_updates("INTEGER", "TEXT", "INTEGER")),
+    (10, [NAME_INDEX.format(collate=""), STATE_INDEX]),
 ]
 
 PG_MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -375,4 +417,6 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
             " WHERE profile_id IS NULL AND state IN ('active', 'paused')",
         ],
     ),
+    (9, _job_updates("bigint", "text", "boolean")),
+    (10, [NAME_INDEX.format(collate=' COLLATE "C"'), STATE_INDEX]),
 ]

@@ -229,6 +229,18 @@ def missed_from_row(row: Row) -> MissedFire:
     )
 
 
+def prefix_end(prefix: str) -> str:
+    """The least string above every string that starts with ``prefix`` (by
+    code point): ``name >= prefix AND name < prefix_end(prefix)`` is the
+    prefix match as an index range."""
+    last = len(prefix) - 1
+    while last >= 0 and prefix[last] == chr(0x10FFFF):
+        last -= 1
+    if last < 0:
+        return chr(0x10FFFF) * (len(prefix) + 1)  # no string of code points is above
+    return prefix[:last] + chr(ord(prefix[last]) + 1)
+
+
 # -- statements ------------------------------------------------------------------------
 
 
@@ -258,6 +270,9 @@ class Dialect:
     markers: Callable[[Collection[int]], Any]
     # A change marker as an integer.
     as_int: str
+    # The job's name as ``jobs_name`` orders it: by code point, so that a
+    # prefix is a range of the index whatever the database's collation.
+    name_order: str
 
 
 class Queries:
@@ -402,13 +417,39 @@ class Queries:
         ]
 
     def list_jobs(
-        self, *, tenant: str | None, state: JobState | None, after_job_id: int, limit: int
+        self,
+        *,
+        tenant: str | None,
+        state: JobState | None,
+        after_job_id: int,
+        limit: int,
+        name_prefix: str = "",
+        after_name: str | None = None,
     ) -> tuple[str, list[Any]]:
         """Jobs by id after ``after_job_id``, filtered: the statement and its
-        parameters."""
+        parameters. With ``name_prefix``: the jobs whose name starts with it,
+        by (name, id) after (``after_name``, ``after_job_id``), a range of the
+        ``jobs_name`` index (``None``: from the first)."""
         p = self.dialect.param
-        where = [f"j.job_id > {p}"]
-        params: list[Any] = [after_job_id]
+        name = self.dialect.name_order
+        where: list[str] = []
+        params: list[Any] = []
+        if name_prefix:
+            # One lower bound on the name, the cursor's when there is one: the
+            # index is sought to it rather than read from the prefix's start
+            # (SQLite keeps only one of two lower bounds for the range).
+            low = name_prefix if after_name is None else max(name_prefix, after_name)
+            where += [f"{name} >= {p}", f"{name} < {p}"]
+            params += [low, prefix_end(name_prefix)]
+            if after_name is not None:
+                # (name, id) > (after_name, after_id), given name >= after_name.
+                where.append(f"({name} > {p} OR j.job_id > {p})")
+                params += [after_name, after_job_id]
+            order = f"{name}, j.job_id"
+        else:
+            where.append(f"j.job_id > {p}")
+            params.append(after_job_id)
+            order = "j.job_id"
         if tenant is not None:
             where.append(f"j.tenant = {p}")
             params.append(tenant)
@@ -418,7 +459,7 @@ class Queries:
         params.append(max(0, limit))
         sql = (
             f"SELECT {self.job_columns} FROM {JOB_FROM} WHERE {' AND '.join(where)}"
-            f" ORDER BY j.job_id LIMIT {p}"
+            f" ORDER BY {order} LIMIT {p}"
         )
         return sql, params
 

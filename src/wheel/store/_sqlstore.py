@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from wheel.errors import InvalidArgument, NotFound, WheelError
 from wheel.store._schema import RETRY_WHERE
@@ -31,16 +31,20 @@ from wheel.store._shared import (
     valid_shards,
 )
 from wheel.store._tenancy import TenancySQL
+from wheel.store._updates import UpdateSQL, dead_letters, list_updates, update_job
 from wheel.store.base import (
     Changes,
     ExecutionRecord,
+    JobChange,
     JobRecord,
     JobState,
     MissedFire,
     NewJob,
     RowChanges,
     ShardLoad,
+    SpecUpdate,
     Submitted,
+    Updated,
 )
 
 T = TypeVar("T")
@@ -50,6 +54,7 @@ class SQLStore(TenancySQL):
     """The part of ``Store`` that reads the same in both SQL backends."""
 
     _queries: Queries
+    _updates: UpdateSQL
     _migrations: Sequence[tuple[int, Sequence[str]]]
     # Taken first in the migration's transaction (None: the write
     # transaction alone keeps other migrators out).
@@ -105,12 +110,46 @@ class SQLStore(TenancySQL):
         state: JobState | None = None,
         after_job_id: int = 0,
         limit: int = 100,
+        name_prefix: str = "",
+        after_name: str | None = None,
     ) -> list[JobRecord]:
         sql, params = self._queries.list_jobs(
-            tenant=tenant, state=state, after_job_id=after_job_id, limit=limit
+            tenant=tenant,
+            state=state,
+            after_job_id=after_job_id,
+            limit=limit,
+            name_prefix=name_prefix,
+            after_name=after_name,
         )
         rows = self._read(lambda cur: cur.execute(sql, params).fetchall())
         return [job_from_row(r) for r in rows]
+
+    def _stamp(self, cur: Executor) -> tuple[str, tuple[Any, ...]]:
+        """The SET clause that stamps a job with this write's change marker,
+        and its parameters."""
+        raise NotImplementedError
+
+    def update_job(self, update: SpecUpdate) -> Updated:
+        return self._write(lambda cur: update_job(cur, self._updates, update, self._stamp))
+
+    def list_job_updates(
+        self, job_id: int, *, before_version: int | None = None, limit: int = 100
+    ) -> list[JobChange]:
+        return self._read(
+            lambda cur: list_updates(cur, self._updates, job_id, before_version, limit)
+        )
+
+    def list_dead_letters(
+        self,
+        *,
+        job_id: int | None = None,
+        tenant: str | None = None,
+        before_run_id: int | None = None,
+        limit: int = 100,
+    ) -> list[ExecutionRecord]:
+        return self._read(
+            lambda cur: dead_letters(cur, self._updates, job_id, tenant, before_run_id, limit)
+        )
 
     # -- executions -----------------------------------------------------------
 

@@ -56,6 +56,7 @@ from wheel.engine.records import (
     CompletionOutcome,
     ExecutionRecord,
     FireClaim,
+    JobChange,
     JobRecord,
     JobRow,
     MissedFire,
@@ -65,6 +66,8 @@ from wheel.engine.records import (
     RunStart,
     ScheduleAdvance,
     ShardLoad,
+    SpecUpdate,
+    Updated,
     WriteBatch,
 )
 from wheel.errors import WheelError
@@ -79,6 +82,7 @@ __all__ = [
     "CompletionOutcome",
     "ExecutionRecord",
     "FireClaim",
+    "JobChange",
     "JobRecord",
     "JobRow",
     "JobState",
@@ -91,9 +95,11 @@ __all__ = [
     "RunState",
     "ScheduleAdvance",
     "ShardLoad",
+    "SpecUpdate",
     "Submitted",
     "TenantQuota",
     "TokenRecord",
+    "Updated",
     "WriteBatch",
     "idempotency_key",
     "shard_of",
@@ -182,14 +188,47 @@ class Store(Protocol):
         state: JobState | None = None,
         after_job_id: int = 0,
         limit: int = 100,
+        name_prefix: str = "",
+        after_name: str | None = None,
     ) -> list[JobRecord]:
-        """Jobs ordered by job_id, strictly after ``after_job_id`` (stable paging)."""
+        """Jobs ordered by job_id, strictly after ``after_job_id`` (stable paging).
+        With ``name_prefix``: only the jobs whose name starts with it
+        (case-sensitive), ordered by (name, job_id), strictly after
+        (``after_name``, ``after_job_id``) when ``after_name`` is given; an
+        index range, never a scan of every job."""
 
     def set_job_state(
         self, job_id: int, state: JobState, *, next_run_at: int | None, now_ms: int
     ) -> JobRecord:
         """Cancel / pause / resume: sets state and next_run_at; the job comes
         back with this write's change marker. Raises ``NotFound``."""
+
+    def update_job(self, update: SpecUpdate) -> Updated:
+        """Replace an active or paused job's spec and next fire, in ONE
+        transaction that also records the change in the job's history
+        (version 1, 2, ...) and stamps the job with this write's change
+        marker. With a key: the same key and body again returns the job as it
+        is now and the change that key made (``applied=False``); another body
+        raises ``AlreadyExists``. Raises ``NotFound``, and
+        ``FailedPrecondition`` for a cancelled or completed job."""
+
+    def list_job_updates(
+        self, job_id: int, *, before_version: int | None = None, limit: int = 100
+    ) -> list[JobChange]:
+        """A job's recorded updates, newest first."""
+
+    def list_dead_letters(
+        self,
+        *,
+        job_id: int | None = None,
+        tenant: str | None = None,
+        before_run_id: int | None = None,
+        limit: int = 100,
+    ) -> list[ExecutionRecord]:
+        """Dead-lettered runs with no later attempt of their fire (not
+        redriven yet), newest first: of one job, or of every job (of
+        ``tenant``), through an index of dead letters (no scan of the
+        executions)."""
 
     def count_jobs(self, tenant: str) -> int:
         """How many active or paused jobs ``tenant`` holds (its max-jobs quota)."""

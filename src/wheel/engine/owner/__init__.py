@@ -73,7 +73,7 @@ once, so no deadline is ever checked late.
 from __future__ import annotations
 
 from wheel.engine.owner._dispatch import _Dispatch
-from wheel.engine.owner._jobs import _Jobs
+from wheel.engine.owner._jobs import FireHold, _Jobs
 from wheel.engine.owner._packed import _Packed
 from wheel.engine.owner._runs import _Runs
 from wheel.engine.owner._shards import _Shards
@@ -121,6 +121,7 @@ __all__ = [
     "CompletionResult",
     "Due",
     "Effects",
+    "FireHold",
     "Outcome",
     "Owner",
     "OwnerConfig",

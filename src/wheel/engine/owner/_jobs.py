@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from mypy_extensions import trait
 
@@ -38,6 +39,19 @@ from wheel.engine.records import (
 from wheel.engine.spec import Cron, DstGap, JobSpec, OverlapPolicy
 
 log = logging.getLogger("wheel.owner")
+
+# A ``store_next`` no store row has: the next ``upsert`` re-arms from the row.
+_REARM = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FireHold:
+    """A job's fires held while its spec changes in the store
+    (``_Jobs.hold_fires``): the fire it had armed, and the oldest fire of its
+    schedule not claimed yet (queued, buffered or armed; None: none)."""
+
+    armed: int | None
+    oldest: int | None
 
 
 @trait
@@ -173,6 +187,58 @@ class _Jobs(_Parts):
         else:
             self.wheel.add(tid, job.compiled.jittered(fire))
 
+    # -- spec updates (``Driver.update``) --------------------------------------------
+    #
+    # An update changes the store's row and the owner's timers at one point:
+    # from the moment the node asks the store for the change, the job fires
+    # nothing more of its old schedule (``hold_fires``); once the store has
+    # the change, the job is re-armed from the new row (``respecify``), or,
+    # if the store refused it, from where it was (``release_fires``). Runs
+    # claimed before the hold run under the spec they were claimed with.
+
+    def hold_fires(self, job_id: int) -> FireHold | None:
+        """Stop a job's fires coming due and being claimed while its spec
+        changes in the store: its FIRE timer is dropped and its queued fires
+        wait (as a pause makes them, without a missed record: the new
+        schedule decides). None when nothing of it fires (paused, not held
+        here)."""
+        job = self._job(job_id)
+        if job is None or job.paused:
+            return None
+        armed = job.next_fire
+        self.wheel.cancel((job_id << 2) | FIRE)
+        job.next_fire = None
+        job.paused = True
+        waiting = [f for f, _, moves in job.due if moves] + list(job.buffered)
+        if armed is not None:
+            waiting.append(armed)
+        return FireHold(armed=armed, oldest=min(waiting, default=None))
+
+    def release_fires(self, job_id: int, hold: FireHold, now_ms: int) -> None:
+        """The store refused the change: the job fires on as it was (unless
+        a read of the store re-armed it meanwhile)."""
+        job = self._job(job_id)
+        if job is None or not job.paused or job.next_fire is not None or job.cancelled:
+            return
+        job.paused = False
+        self._arm(job, hold.armed)
+        if job.due:
+            self._enqueue(job, now_ms, overdue=False)
+        self._settling.add(job_id)
+
+    def respecify(self, record: JobRecord, now_ms: int, fx: Effects) -> None:
+        """The store changed the job's spec and next fire (``record``): its
+        profile interned again, its schedule compiled again, and its fires
+        re-armed from the store's next fire; queued fires of the old
+        schedule not claimed are dropped (the new next fire was computed
+        from the oldest of them), retries of fires that ran keep their
+        place."""
+        job = self._job(record.job_id)
+        if job is not None and record.state is JobState.ACTIVE:
+            job.paused = False
+            job.store_next = _REARM
+        self.upsert_job(record, now_ms, fx)
+
     def cancel_job(self, job_id: int, fx: Effects, now_ms: int | None = None) -> None:
         job = self._job(job_id)
         if job is not None:
@@ -268,8 +334,10 @@ class _Jobs(_Parts):
         fx: Effects,
         *,
         overdue: bool = False,
+        attempts: Sequence[int] | None = None,
     ) -> None:
-        """Claim out-of-band fires (a trigger, a backfill) at once, whatever the
+        """Claim out-of-band fires (a trigger, a backfill, a redrive as
+        ``attempts``, one a fire; default the first attempt) at once, whatever the
         workers' credit, so that they are in the store before the API answers:
         acknowledged, they survive a crash (a restart restores the runs). Won
         runs wait on their job (READY) and are handed out like its fires:
@@ -277,22 +345,23 @@ class _Jobs(_Parts):
         budget, fair across tenants; never more at once than the job's
         overlap limit allows. The schedule is left alone (advance=False)."""
         job = self._job_or_raise(job_id)
-        for fire in fires:
+        for i, fire in enumerate(fires):
+            attempt = 0 if attempts is None else attempts[i]
             job.inflight += 1
             fence = self._next_fence(job.shard)
             fx.claims.append(
                 FireClaim(
                     job_id=job_id,
                     scheduled_for=fire,
-                    attempt=0,
+                    attempt=attempt,
                     fence=fence,
                     dispatched_at_ms=now_ms,
                     advance=False,
                     payload=job.has_payload,
                 )
             )
-            self._pending[(job_id, fire, 0)] = _Pending(
-                job_id, fire, 0, fence, None, ahead=True, overdue=overdue
+            self._pending[(job_id, fire, attempt)] = _Pending(
+                job_id, fire, attempt, fence, None, ahead=True, overdue=overdue
             )
 
     def trigger(self, job_id: int, now_ms: int, fx: Effects) -> int:
@@ -311,6 +380,15 @@ class _Jobs(_Parts):
         if fx is None:
             fx = self._later
         self.claim_now(job_id, fires, now_ms, fx, overdue=True)
+
+    def redrive(
+        self, job_id: int, fires: Sequence[tuple[int, int]], now_ms: int, fx: Effects
+    ) -> None:
+        """Dead-lettered fires, each as the attempt given (after its last),
+        claimed at once (``claim_now``) with new fences: the store's
+        ``UNIQUE (job, fire, attempt)`` makes a fire redriven twice at once
+        one run."""
+        self.claim_now(job_id, [f for f, _ in fires], now_ms, fx, attempts=[a for _, a in fires])
 
     def _on_fire(self, job: _Job, now_ms: int, fx: Effects) -> None:
         """A job's FIRE timer expired (``advance`` counts it in

@@ -251,3 +251,61 @@ class ClusterStatus(_message.Message):
     alerts_firing: _containers.RepeatedScalarFieldContainer[str]
     released: _containers.RepeatedCompositeFieldContainer[ShardRelease]
     def __init__(self, node_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., jobs: _Optional[int] = ..., pending_timers: _Optional[int] = ..., in_flight: _Optional[int] = ..., backlog: _Optional[int] = ..., overdue_backlog: _Optional[int] = ..., workers: _Optional[int] = ..., worker_capacity: _Optional[int] = ..., dispatch_lag_p50_ms: _Optional[float] = ..., dispatch_lag_p99_ms: _Optional[float] = ..., dispatched_total: _Optional[int] = ..., completed_total: _Optional[int] = ..., missed_total: _Optional[int] = ..., dead_lettered_total: _Optional[int] = ..., reaper_paused: _Optional[bool] = ..., worker_list: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., unserved: _Optional[_Iterable[_Union[UnservedHandler, _Mapping]]] = ..., alerts_firing: _Optional[_Iterable[str]] = ..., released: _Optional[_Iterable[_Union[ShardRelease, _Mapping]]] = ...) -> None: ...
+
+class GetLagHistoryRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LagMinute(_message.Message):
+    __slots__ = ("minute_ms", "count", "p50_ms", "p99_ms", "max_ms")
+    MINUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    P50_MS_FIELD_NUMBER: _ClassVar[int]
+    P99_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    minute_ms: int
+    count: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    def __init__(self, minute_ms: _Optional[int] = ..., count: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., max_ms: _Optional[float] = ...) -> None: ...
+
+class LagHistory(_message.Message):
+    __slots__ = ("node_id", "minutes")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    MINUTES_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    minutes: _containers.RepeatedCompositeFieldContainer[LagMinute]
+    def __init__(self, node_id: _Optional[str] = ..., minutes: _Optional[_Iterable[_Union[LagMinute, _Mapping]]] = ...) -> None: ...
+
+class ListInFlightRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class InFlightRun(_message.Message):
+    __slots__ = ("run_id", "job_id", "scheduled_for_ms", "attempt", "fence", "worker_id", "phase")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULED_FOR_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    run_id: int
+    job_id: int
+    scheduled_for_ms: int
+    attempt: int
+    fence: int
+    worker_id: str
+    phase: str
+    def __init__(self, run_id: _Optional[int] = ..., job_id: _Optional[int] = ..., scheduled_for_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., fence: _Optional[int] = ..., worker_id: _Optional[str] = ..., phase: _Optional[str] = ...) -> None: ...
+
+class ListInFlightResponse(_message.Message):
+    __slots__ = ("runs", "total")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[InFlightRun]
+    total: int
+    def __init__(self, runs: _Optional[_Iterable[_Union[InFlightRun, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...

@@ -51,6 +51,16 @@ class AdminServiceStub:
                 request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsRequest.SerializeToString,
                 response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsResponse.FromString,
                 _registered_method=True)
+        self.GetLagHistory = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/GetLagHistory',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.GetLagHistoryRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.LagHistory.FromString,
+                _registered_method=True)
+        self.ListInFlight = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/ListInFlight',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListInFlightRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListInFlightResponse.FromString,
+                _registered_method=True)
         self.CreateToken = channel.unary_unary(
                 '/wheel.rpc.v1.AdminService/CreateToken',
                 request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.CreateTokenRequest.SerializeToString,
@@ -100,6 +110,22 @@ class AdminServiceServicer:
         """Alerts this node raised at or after since_ms, oldest first, and the
         kinds of alert whose condition holds now. Each node keeps its own (the
         last thousand): ask each member of a cluster.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetLagHistory(self, request, context):
+        """This node's dispatch lag minute by minute over the last hour, oldest
+        first: runs handed out, and their lag's p50, p99 and max.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListInFlight(self, request, context):
+        """Runs this node's owner holds now (claimed, handed out, running), by run
+        id, at most ``limit`` of them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -158,6 +184,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListAlerts,
                     request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsRequest.FromString,
                     response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsResponse.SerializeToString,
+            ),
+            'GetLagHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLagHistory,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.GetLagHistoryRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.LagHistory.SerializeToString,
+            ),
+            'ListInFlight': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListInFlight,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListInFlightRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListInFlightResponse.SerializeToString,
             ),
             'CreateToken': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateToken,
@@ -266,6 +302,60 @@ class AdminService:
             '/wheel.rpc.v1.AdminService/ListAlerts',
             wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsRequest.SerializeToString,
             wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAlertsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLagHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/GetLagHistory',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.GetLagHistoryRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.LagHistory.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListInFlight(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/ListInFlight',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListInFlightRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListInFlightResponse.FromString,
             options,
             channel_credentials,
             insecure,

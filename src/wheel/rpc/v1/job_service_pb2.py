@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from wheel.rpc.v1 import jobs_pb2 as wheel_dot_rpc_dot_v1_dot_jobs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ewheel/rpc/v1/job_service.proto\x12\x0cwheel.rpc.v1\x1a\x17wheel/rpc/v1/jobs.proto\"P\n\x10SubmitJobRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.wheel.rpc.v1.JobSpec\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\"D\n\x11SubmitJobResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.wheel.rpc.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"O\n\x11SubmitJobsRequest\x12,\n\x04jobs\x18\x01 \x03(\x0b\x32\x1e.wheel.rpc.v1.SubmitJobRequest\x12\x0c\n\x04lean\x18\x02 \x01(\x08\"o\n\x0fSubmitJobResult\x12\x31\n\x08response\x18\x01 \x01(\x0b\x32\x1f.wheel.rpc.v1.SubmitJobResponse\x12\x12\n\nerror_code\x18\x02 \x01(\t\x12\x15\n\rerror_message\x18\x03 \x01(\t\"D\n\x12SubmitJobsResponse\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.wheel.rpc.v1.SubmitJobResult\"\x18\n\x06JobRef\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\"H\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\nnext_fires\x18\x02 \x01(\x05\x12\x13\n\x0brecent_runs\x18\x03 \x01(\x05\"o\n\x0fListJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.wheel.rpc.v1.JobState\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"L\n\x10ListJobsResponse\x12\x1f\n\x04jobs\x18\x01 \x03(\x0b\x32\x11.wheel.rpc.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"W\n\x12TriggerJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x18\n\x10scheduled_for_ms\x18\x02 \x01(\x03\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\"D\n\x12\x42\x61\x63kfillJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x66rom_ms\x18\x02 \x01(\x03\x12\r\n\x05to_ms\x18\x03 \x01(\x03\"\\\n\x13\x42\x61\x63kfillJobResponse\x12\x11\n\tscheduled\x18\x01 \x01(\x05\x12\x18\n\x10skipped_existing\x18\x02 \x01(\x05\x12\x18\n\x10scheduled_for_ms\x18\x03 \x03(\x03\"p\n\x0fListRunsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12&\n\x06states\x18\x04 \x03(\x0e\x32\x16.wheel.rpc.v1.RunState\"L\n\x10ListRunsResponse\x12\x1f\n\x04runs\x18\x01 \x03(\x0b\x32\x11.wheel.rpc.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xb6\x05\n\nJobService\x12L\n\tSubmitJob\x12\x1e.wheel.rpc.v1.SubmitJobRequest\x1a\x1f.wheel.rpc.v1.SubmitJobResponse\x12O\n\nSubmitJobs\x12\x1f.wheel.rpc.v1.SubmitJobsRequest\x1a .wheel.rpc.v1.SubmitJobsResponse\x12\x38\n\x06GetJob\x12\x1b.wheel.rpc.v1.GetJobRequest\x1a\x11.wheel.rpc.v1.Job\x12I\n\x08ListJobs\x12\x1d.wheel.rpc.v1.ListJobsRequest\x1a\x1e.wheel.rpc.v1.ListJobsResponse\x12\x34\n\tCancelJob\x12\x14.wheel.rpc.v1.JobRef\x1a\x11.wheel.rpc.v1.Job\x12\x33\n\x08PauseJob\x12\x14.wheel.rpc.v1.JobRef\x1a\x11.wheel.rpc.v1.Job\x12\x34\n\tResumeJob\x12\x14.wheel.rpc.v1.JobRef\x1a\x11.wheel.rpc.v1.Job\x12\x44\n\nTriggerJob\x12\x14.wheel.rpc.v1.JobRef\x1a .wheel.rpc.v1.TriggerJobResponse\x12R\n\x0b\x42\x61\x63kfillJob\x12 .wheel.rpc.v1.BackfillJobRequest\x1a!.wheel.rpc.v1.BackfillJobResponse\x12I\n\x08ListRuns\x12\x1d.wheel.rpc.v1.ListRunsRequest\x1a\x1e.wheel.rpc.v1.ListRunsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ewheel/rpc/v1/job_service.proto\x12\x0cwheel.rpc.v1\x1a\x17wheel/rpc/v1/jobs.proto\"P\n\x10SubmitJobRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.wheel.rpc.v1.JobSpec\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\"D\n\x11SubmitJobResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.wheel.rpc.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"O\n\x11SubmitJobsRequest\x12,\n\x04jobs\x18\x01 \x03(\x0b\x32\x1e.wheel.rpc.v1.SubmitJobRequest\x12\x0c\n\x04lean\x18\x02 \x01(\x08\"o\n\x0fSubmitJobResult\x12\x31\n\x08response\x18\x01 \x01(\x0b\x32\x1f.wheel.rpc.v1.SubmitJobResponse\x12\x12\n\nerror_code\x18\x02 \x01(\t\x12\x15\n\rerror_message\x18\x03 \x01(\t\"D\n\x12SubmitJobsResponse\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.wheel.rpc.v1.SubmitJobResult\"\x18\n\x06JobRef\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\"H\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\nnext_fires\x18\x02 \x01(\x05\x12\x13\n\x0brecent_runs\x18\x03 \x01(\x05\"\x84\x01\n\x0fListJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.wheel.rpc.v1.JobState\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\x12\x13\n\x0bname_prefix\x18\x05 \x01(\t\"L\n\x10ListJobsResponse\x12\x1f\n\x04jobs\x18\x01 \x03(\x0b\x32\x11.wheel.rpc.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"W\n\x12TriggerJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x18\n\x10scheduled_for_ms\x18\x02 \x01(\x03\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\"D\n\x12\x42\x61\x63kfillJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x66rom_ms\x18\x02 \x01(\x03\x12\r\n\x05to_ms\x18\x03 \x01(\x03\"\\\n\x13\x42\x61\x63kfillJobResponse\x12\x11\n\tscheduled\x18\x01 \x01(\x05\x12\x18\n\x10skipped_existing\x18\x02 \x01(\x05\x12\x18\n\x10scheduled_for_ms\x18\x03 \x03(\x03\"p\n\x0fListRunsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12&\n\x06states\x18\x04 \x03(\x0e\x32\x16.wheel.rpc.v1.RunState\"L\n\x10ListRunsResponse\x12\x1f\n\x04runs\x18\x01 \x03(\x0b\x32\x11.wheel.rpc.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"p\n\x10UpdateJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12#\n\x04spec\x18\x02 \x01(\x0b\x32\x15.wheel.rpc.v1.JobSpec\x12\x0e\n\x06\x66ields\x18\x03 \x03(\t\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\"\xdb\x01\n\tJobUpdate\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x05\x12\x15\n\rupdated_at_ms\x18\x03 \x01(\x03\x12\'\n\x08old_spec\x18\x04 \x01(\x0b\x32\x15.wheel.rpc.v1.JobSpec\x12\'\n\x08new_spec\x18\x05 \x01(\x0b\x32\x15.wheel.rpc.v1.JobSpec\x12\x17\n\x0fpayload_changed\x18\x06 \x01(\x08\x12\x12\n\nupdated_by\x18\x07 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x08 \x01(\t\"m\n\x11UpdateJobResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.wheel.rpc.v1.Job\x12\'\n\x06update\x18\x02 \x01(\x0b\x32\x17.wheel.rpc.v1.JobUpdate\x12\x0f\n\x07updated\x18\x03 \x01(\x08\"N\n\x15ListJobUpdatesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"[\n\x16ListJobUpdatesResponse\x12(\n\x07updates\x18\x01 \x03(\x0b\x32\x17.wheel.rpc.v1.JobUpdate\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x80\x01\n\x16PreviewScheduleRequest\x12*\n\x08schedule\x18\x01 \x01(\x0b\x32\x16.wheel.rpc.v1.ScheduleH\x00\x12\x10\n\x06job_id\x18\x02 \x01(\x03H\x00\x12\x0f\n\x07\x66rom_ms\x18\x03 \x01(\x03\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\x42\x08\n\x06source\"+\n\x17PreviewScheduleResponse\x12\x10\n\x08\x66ires_ms\x18\x01 \x03(\x03\"O\n\x16ListDeadLettersRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"S\n\x17ListDeadLettersResponse\x12\x1f\n\x04runs\x18\x01 \x03(\x0b\x32\x11.wheel.rpc.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\";\n\x19RedriveDeadLettersRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\x03\"=\n\x1aRedriveDeadLettersResponse\x12\x1f\n\x04runs\x18\x01 \x03(\x0b\x32\x11.wheel.rpc.v1.Run2\x8a\t\n\nJobService\x12L\n\tSubmitJob\x12\x1e.wheel.rpc.v1.SubmitJobRequest\x1a\x1f.wheel.rpc.v1.SubmitJobResponse\x12O\n\nSubmitJobs\x12\x1f.wheel.rpc.v1.SubmitJobsRequest\x1a .wheel.rpc.v1.SubmitJobsResponse\x12\x38\n\x06GetJob\x12\x1b.wheel.rpc.v1.GetJobRequest\x1a\x11.wheel.rpc.v1.Job\x12I\n\x08ListJobs\x12\x1d.wheel.rpc.v1.ListJobsRequest\x1a\x1e.wheel.rpc.v1.ListJobsResponse\x12\x34\n\tCancelJob\x12\x14.wheel.rpc.v1.JobRef\x1a\x11.wheel.rpc.v1.Job\x12\x33\n\x08PauseJob\x12\x14.wheel.rpc.v1.JobRef\x1a\x11.wheel.rpc.v1.Job\x12\x34\n\tResumeJob\x12\x14.wheel.rpc.v1.JobRef\x1a\x11.wheel.rpc.v1.Job\x12\x44\n\nTriggerJob\x12\x14.wheel.rpc.v1.JobRef\x1a .wheel.rpc.v1.TriggerJobResponse\x12R\n\x0b\x42\x61\x63kfillJob\x12 .wheel.rpc.v1.BackfillJobRequest\x1a!.wheel.rpc.v1.BackfillJobResponse\x12I\n\x08ListRuns\x12\x1d.wheel.rpc.v1.ListRunsRequest\x1a\x1e.wheel.rpc.v1.ListRunsResponse\x12L\n\tUpdateJob\x12\x1e.wheel.rpc.v1.UpdateJobRequest\x1a\x1f.wheel.rpc.v1.UpdateJobResponse\x12[\n\x0eListJobUpdates\x12#.wheel.rpc.v1.ListJobUpdatesRequest\x1a$.wheel.rpc.v1.ListJobUpdatesResponse\x12^\n\x0fPreviewSchedule\x12$.wheel.rpc.v1.PreviewScheduleRequest\x1a%.wheel.rpc.v1.PreviewScheduleResponse\x12^\n\x0fListDeadLetters\x12$.wheel.rpc.v1.ListDeadLettersRequest\x1a%.wheel.rpc.v1.ListDeadLettersResponse\x12g\n\x12RedriveDeadLetters\x12\'.wheel.rpc.v1.RedriveDeadLettersRequest\x1a(.wheel.rpc.v1.RedriveDeadLettersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,20 +47,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOBREF']._serialized_end=513
   _globals['_GETJOBREQUEST']._serialized_start=515
   _globals['_GETJOBREQUEST']._serialized_end=587
-  _globals['_LISTJOBSREQUEST']._serialized_start=589
-  _globals['_LISTJOBSREQUEST']._serialized_end=700
-  _globals['_LISTJOBSRESPONSE']._serialized_start=702
-  _globals['_LISTJOBSRESPONSE']._serialized_end=778
-  _globals['_TRIGGERJOBRESPONSE']._serialized_start=780
-  _globals['_TRIGGERJOBRESPONSE']._serialized_end=867
-  _globals['_BACKFILLJOBREQUEST']._serialized_start=869
-  _globals['_BACKFILLJOBREQUEST']._serialized_end=937
-  _globals['_BACKFILLJOBRESPONSE']._serialized_start=939
-  _globals['_BACKFILLJOBRESPONSE']._serialized_end=1031
-  _globals['_LISTRUNSREQUEST']._serialized_start=1033
-  _globals['_LISTRUNSREQUEST']._serialized_end=1145
-  _globals['_LISTRUNSRESPONSE']._serialized_start=1147
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1223
-  _globals['_JOBSERVICE']._serialized_start=1226
-  _globals['_JOBSERVICE']._serialized_end=1920
+  _globals['_LISTJOBSREQUEST']._serialized_start=590
+  _globals['_LISTJOBSREQUEST']._serialized_end=722
+  _globals['_LISTJOBSRESPONSE']._serialized_start=724
+  _globals['_LISTJOBSRESPONSE']._serialized_end=800
+  _globals['_TRIGGERJOBRESPONSE']._serialized_start=802
+  _globals['_TRIGGERJOBRESPONSE']._serialized_end=889
+  _globals['_BACKFILLJOBREQUEST']._serialized_start=891
+  _globals['_BACKFILLJOBREQUEST']._serialized_end=959
+  _globals['_BACKFILLJOBRESPONSE']._serialized_start=961
+  _globals['_BACKFILLJOBRESPONSE']._serialized_end=1053
+  _globals['_LISTRUNSREQUEST']._serialized_start=1055
+  _globals['_LISTRUNSREQUEST']._serialized_end=1167
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1169
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1245
+  _globals['_UPDATEJOBREQUEST']._serialized_start=1247
+  _globals['_UPDATEJOBREQUEST']._serialized_end=1359
+  _globals['_JOBUPDATE']._serialized_start=1362
+  _globals['_JOBUPDATE']._serialized_end=1581
+  _globals['_UPDATEJOBRESPONSE']._serialized_start=1583
+  _globals['_UPDATEJOBRESPONSE']._serialized_end=1692
+  _globals['_LISTJOBUPDATESREQUEST']._serialized_start=1694
+  _globals['_LISTJOBUPDATESREQUEST']._serialized_end=1772
+  _globals['_LISTJOBUPDATESRESPONSE']._serialized_start=1774
+  _globals['_LISTJOBUPDATESRESPONSE']._serialized_end=1865
+  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_start=1868
+  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_end=1996
+  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_start=1998
+  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_end=2041
+  _globals['_LISTDEADLETTERSREQUEST']._serialized_start=2043
+  _globals['_LISTDEADLETTERSREQUEST']._serialized_end=2122
+  _globals['_LISTDEADLETTERSRESPONSE']._serialized_start=2124
+  _globals['_LISTDEADLETTERSRESPONSE']._serialized_end=2207
+  _globals['_REDRIVEDEADLETTERSREQUEST']._serialized_start=2209
+  _globals['_REDRIVEDEADLETTERSREQUEST']._serialized_end=2268
+  _globals['_REDRIVEDEADLETTERSRESPONSE']._serialized_start=2270
+  _globals['_REDRIVEDEADLETTERSRESPONSE']._serialized_end=2331
+  _globals['_JOBSERVICE']._serialized_start=2334
+  _globals['_JOBSERVICE']._serialized_end=3496
 # @@protoc_insertion_point(module_scope)

@@ -65,16 +65,18 @@ class GetJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[int] = ..., next_fires: _Optional[int] = ..., recent_runs: _Optional[int] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("tenant", "state", "page_size", "page_token")
+    __slots__ = ("tenant", "state", "page_size", "page_token", "name_prefix")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NAME_PREFIX_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     state: _jobs_pb2.JobState
     page_size: int
     page_token: str
-    def __init__(self, tenant: _Optional[str] = ..., state: _Optional[_Union[_jobs_pb2.JobState, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    name_prefix: str
+    def __init__(self, tenant: _Optional[str] = ..., state: _Optional[_Union[_jobs_pb2.JobState, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., name_prefix: _Optional[str] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs", "next_page_token")
@@ -133,3 +135,113 @@ class ListRunsResponse(_message.Message):
     runs: _containers.RepeatedCompositeFieldContainer[_jobs_pb2.Run]
     next_page_token: str
     def __init__(self, runs: _Optional[_Iterable[_Union[_jobs_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class UpdateJobRequest(_message.Message):
+    __slots__ = ("job_id", "spec", "fields", "idempotency_key")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    spec: _jobs_pb2.JobSpec
+    fields: _containers.RepeatedScalarFieldContainer[str]
+    idempotency_key: str
+    def __init__(self, job_id: _Optional[int] = ..., spec: _Optional[_Union[_jobs_pb2.JobSpec, _Mapping]] = ..., fields: _Optional[_Iterable[str]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class JobUpdate(_message.Message):
+    __slots__ = ("job_id", "version", "updated_at_ms", "old_spec", "new_spec", "payload_changed", "updated_by", "idempotency_key")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    OLD_SPEC_FIELD_NUMBER: _ClassVar[int]
+    NEW_SPEC_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_BY_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    version: int
+    updated_at_ms: int
+    old_spec: _jobs_pb2.JobSpec
+    new_spec: _jobs_pb2.JobSpec
+    payload_changed: bool
+    updated_by: str
+    idempotency_key: str
+    def __init__(self, job_id: _Optional[int] = ..., version: _Optional[int] = ..., updated_at_ms: _Optional[int] = ..., old_spec: _Optional[_Union[_jobs_pb2.JobSpec, _Mapping]] = ..., new_spec: _Optional[_Union[_jobs_pb2.JobSpec, _Mapping]] = ..., payload_changed: _Optional[bool] = ..., updated_by: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class UpdateJobResponse(_message.Message):
+    __slots__ = ("job", "update", "updated")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
+    job: _jobs_pb2.Job
+    update: JobUpdate
+    updated: bool
+    def __init__(self, job: _Optional[_Union[_jobs_pb2.Job, _Mapping]] = ..., update: _Optional[_Union[JobUpdate, _Mapping]] = ..., updated: _Optional[bool] = ...) -> None: ...
+
+class ListJobUpdatesRequest(_message.Message):
+    __slots__ = ("job_id", "page_size", "page_token")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    page_size: int
+    page_token: str
+    def __init__(self, job_id: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListJobUpdatesResponse(_message.Message):
+    __slots__ = ("updates", "next_page_token")
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    updates: _containers.RepeatedCompositeFieldContainer[JobUpdate]
+    next_page_token: str
+    def __init__(self, updates: _Optional[_Iterable[_Union[JobUpdate, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class PreviewScheduleRequest(_message.Message):
+    __slots__ = ("schedule", "job_id", "from_ms", "count")
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    schedule: _jobs_pb2.Schedule
+    job_id: int
+    from_ms: int
+    count: int
+    def __init__(self, schedule: _Optional[_Union[_jobs_pb2.Schedule, _Mapping]] = ..., job_id: _Optional[int] = ..., from_ms: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+
+class PreviewScheduleResponse(_message.Message):
+    __slots__ = ("fires_ms",)
+    FIRES_MS_FIELD_NUMBER: _ClassVar[int]
+    fires_ms: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, fires_ms: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ListDeadLettersRequest(_message.Message):
+    __slots__ = ("job_id", "page_size", "page_token")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    page_size: int
+    page_token: str
+    def __init__(self, job_id: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListDeadLettersResponse(_message.Message):
+    __slots__ = ("runs", "next_page_token")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[_jobs_pb2.Run]
+    next_page_token: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[_jobs_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class RedriveDeadLettersRequest(_message.Message):
+    __slots__ = ("job_id", "run_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    run_id: int
+    def __init__(self, job_id: _Optional[int] = ..., run_id: _Optional[int] = ...) -> None: ...
+
+class RedriveDeadLettersResponse(_message.Message):
+    __slots__ = ("runs",)
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[_jobs_pb2.Run]
+    def __init__(self, runs: _Optional[_Iterable[_Union[_jobs_pb2.Run, _Mapping]]] = ...) -> None: ...

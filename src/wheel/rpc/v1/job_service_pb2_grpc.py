@@ -86,6 +86,31 @@ class JobServiceStub:
                 request_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRunsRequest.SerializeToString,
                 response_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRunsResponse.FromString,
                 _registered_method=True)
+        self.UpdateJob = channel.unary_unary(
+                '/wheel.rpc.v1.JobService/UpdateJob',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.UpdateJobRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.UpdateJobResponse.FromString,
+                _registered_method=True)
+        self.ListJobUpdates = channel.unary_unary(
+                '/wheel.rpc.v1.JobService/ListJobUpdates',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListJobUpdatesRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListJobUpdatesResponse.FromString,
+                _registered_method=True)
+        self.PreviewSchedule = channel.unary_unary(
+                '/wheel.rpc.v1.JobService/PreviewSchedule',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.PreviewScheduleRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.PreviewScheduleResponse.FromString,
+                _registered_method=True)
+        self.ListDeadLetters = channel.unary_unary(
+                '/wheel.rpc.v1.JobService/ListDeadLetters',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListDeadLettersRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListDeadLettersResponse.FromString,
+                _registered_method=True)
+        self.RedriveDeadLetters = channel.unary_unary(
+                '/wheel.rpc.v1.JobService/RedriveDeadLetters',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.RedriveDeadLettersRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.RedriveDeadLettersResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -161,6 +186,46 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateJob(self, request, context):
+        """Change a job's schedule, payload and policies in place (its id and
+        history kept): its next fires are re-armed from the new schedule at
+        once, runs in flight finish under the spec they started with, and the
+        change is recorded (ListJobUpdates). Idempotent per (job, idempotency_key)
+        like SubmitJob.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobUpdates(self, request, context):
+        """A job's recorded updates, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PreviewSchedule(self, request, context):
+        """The next fires of a schedule, or of a job, from any time: computed by the
+        scheduler's own schedule code (time zones, DST gap and fold policies).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDeadLetters(self, request, context):
+        """Dead-lettered runs not redriven yet, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RedriveDeadLetters(self, request, context):
+        """Run dead letters again: each fire as a new attempt with a new fence.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -213,6 +278,31 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.ListRuns,
                     request_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRunsRequest.FromString,
                     response_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'UpdateJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateJob,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.UpdateJobRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.UpdateJobResponse.SerializeToString,
+            ),
+            'ListJobUpdates': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobUpdates,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListJobUpdatesRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListJobUpdatesResponse.SerializeToString,
+            ),
+            'PreviewSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.PreviewSchedule,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.PreviewScheduleRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.PreviewScheduleResponse.SerializeToString,
+            ),
+            'ListDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDeadLetters,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListDeadLettersRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListDeadLettersResponse.SerializeToString,
+            ),
+            'RedriveDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.RedriveDeadLetters,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.RedriveDeadLettersRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.RedriveDeadLettersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -485,6 +575,141 @@ class JobService:
             '/wheel.rpc.v1.JobService/ListRuns',
             wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRunsRequest.SerializeToString,
             wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.JobService/UpdateJob',
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.UpdateJobRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.UpdateJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobUpdates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.JobService/ListJobUpdates',
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListJobUpdatesRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListJobUpdatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PreviewSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.JobService/PreviewSchedule',
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.PreviewScheduleRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.PreviewScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.JobService/ListDeadLetters',
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListDeadLettersRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RedriveDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.JobService/RedriveDeadLetters',
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.RedriveDeadLettersRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.RedriveDeadLettersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -38,6 +38,7 @@ DIALECT = Dialect(
     not_in_markers="{expr} <> ALL(%s::text[]::xid8[])",
     markers=lambda markers: [str(m) for m in markers],
     as_int="{expr}::text::int8",
+    name_order='j.name COLLATE "C"',
 )
 QUERIES = Queries(DIALECT)
 

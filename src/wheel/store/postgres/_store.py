@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from wheel.errors import WheelError
 from wheel.store._schema import PG_MIGRATIONS
@@ -18,6 +18,7 @@ from wheel.store._shared import (
     wall_ms,
 )
 from wheel.store._sqlstore import SQLStore
+from wheel.store._updates import UpdateSQL
 from wheel.store.base import (
     BatchOutcome,
     ClaimOutcome,
@@ -60,6 +61,7 @@ class PostgresStore(SQLStore):
     """``Store`` on PostgreSQL (tables in the connection's ``search_path``)."""
 
     _queries = QUERIES
+    _updates = UpdateSQL(QUERIES, lock_job="SELECT 1 FROM jobs WHERE job_id = %s FOR UPDATE")
     _migrations = PG_MIGRATIONS
     # Keyed by the schema: concurrent migrators of one schema wait for each other.
     _migration_lock = "SELECT pg_advisory_xact_lock(hashtext('wheel.migrate:' || current_schema()))"
@@ -139,6 +141,9 @@ class PostgresStore(SQLStore):
             lambda conn, _: _jobs.set_state(conn, job_id, state, next_run_at, now_ms),
             idempotent=True,
         )
+
+    def _stamp(self, cur: Executor) -> tuple[str, tuple[Any, ...]]:
+        return "change_xid = pg_current_xact_id()", ()
 
     # -- executions -----------------------------------------------------------
 

@@ -30,6 +30,7 @@ DIALECT = Dialect(
     not_in_markers="{expr} NOT IN (SELECT value FROM json_each(?))",
     markers=_json_list,
     as_int="{expr}",
+    name_order="j.name",
 )
 QUERIES = Queries(DIALECT)
 

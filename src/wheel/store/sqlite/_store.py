@@ -6,13 +6,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from wheel.errors import WheelError
 from wheel.store._fence import write_checked
 from wheel.store._schema import SQLITE_MIGRATIONS
 from wheel.store._shared import Executor, check_importable, check_terminal, wall_ms
 from wheel.store._sqlstore import SQLStore
+from wheel.store._updates import UpdateSQL
 from wheel.store.base import (
     BatchOutcome,
     ClaimOutcome,
@@ -31,7 +32,7 @@ from wheel.store.base import (
     write_in_order,
 )
 from wheel.store.sqlite import _feed, _jobs, _runs
-from wheel.store.sqlite._db import Database
+from wheel.store.sqlite._db import Database, bump
 from wheel.store.sqlite._sql import LAST_CHANGE, QUERIES
 
 T = TypeVar("T")
@@ -41,6 +42,7 @@ class SQLiteStore(SQLStore):
     """``Store`` on one SQLite file (``:memory:`` works for throwaway use)."""
 
     _queries = QUERIES
+    _updates = UpdateSQL(QUERIES, lock_job=None)  # the write lock serializes updates
     _migrations = SQLITE_MIGRATIONS
     # Without the hint the planner walks every execution in run_id order to
     # save a sort, rather than the few the partial index holds.
@@ -94,6 +96,9 @@ class SQLiteStore(SQLStore):
     ) -> JobRecord:
         with self._db.tx(write=True) as cur:
             return _jobs.set_state(cur, job_id, state, next_run_at, now_ms)
+
+    def _stamp(self, cur: Executor) -> tuple[str, tuple[Any, ...]]:
+        return "change_seq = ?", (bump(cur, "change_seq"),)  # type: ignore[arg-type]
 
     # -- executions -----------------------------------------------------------
 

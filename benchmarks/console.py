@@ -1,0 +1,196 @@
+"""How long the web console's JSON calls take with many jobs in the store.
+
+    python benchmarks/console.py --jobs 100000 --json benchmarks/out/console.json
+
+Starts a node (``wheelctl serve --http-listen``, SQLite in a temporary
+directory unless ``--store`` names another), loads ``--jobs`` jobs through
+``submit_many`` (ten thousand a call; every name distinct, two tenants, a
+few paused), then calls each console endpoint ``--repeat`` times over HTTP
+and reports p50 and max in ms. The baseline, in the same run, is the one
+gRPC call each list endpoint makes, timed from the same process: what the
+console adds is the difference. The console's budget is 200 ms a call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from wheel.client import Client, JobRequest
+
+BUDGET_MS = 200.0
+BATCH = 10_000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def timed(fn: Callable[[], Any], repeat: int) -> dict[str, float]:
+    fn()  # warm: a first call opens channels and pages the index in
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1000)
+    return {"p50_ms": round(statistics.median(samples), 2), "max_ms": round(max(samples), 2)}
+
+
+def get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: {resp.status}")
+        return json.loads(resp.read()) if "json" in resp.headers["Content-Type"] else resp.read()
+
+
+def start_node(data_dir: Path, store: str | None) -> tuple[subprocess.Popen[str], str, str]:
+    grpc_port, http_port = free_port(), free_port()
+    args = [sys.executable, "-m", "wheel", "serve", "--data-dir", str(data_dir)]
+    args += ["--listen", f"127.0.0.1:{grpc_port}", "--http-listen", f"127.0.0.1:{http_port}"]
+    if store:
+        args += ["--store", store]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    for line in proc.stdout:
+        if "wheel serving on" in line:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError("the node did not start")
+    return proc, f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}"
+
+
+def load(client: Client, jobs: int) -> list[int]:
+    ids: list[int] = []
+    start = datetime.now(UTC) + timedelta(hours=1)  # nothing fires while measured
+    for first in range(0, jobs, BATCH):
+        batch = [
+            JobRequest(
+                name=f"job-{i:06d}",
+                handler="h",
+                tenant="acme" if i % 2 else "globex",
+                every=timedelta(hours=6),
+                start=start,
+            )
+            for i in range(first, min(jobs, first + BATCH))
+        ]
+        for result in client.submit_many(batch):
+            if isinstance(result, Exception):
+                raise result
+            ids.append(result.job_id)
+    return ids
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=100_000)
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--store", help="a store URL (default: SQLite in a temporary directory)")
+    ap.add_argument("--json", help="write the results here too")
+    ns = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, target, url = start_node(Path(tmp) / "data", ns.store)
+        try:
+            with Client(target, timeout=120) as client:
+                started = time.perf_counter()
+                ids = load(client, ns.jobs)
+                load_s = time.perf_counter() - started
+                for job_id in ids[:: max(1, len(ids) // 10)]:
+                    client.pause(job_id)
+                # A cursor deep in each list, as the last pages have.
+                deep = str(ids[-60])
+                deep_name = f"{ids[-60]}:job-{len(ids) - 60:06d}"
+                middle = ids[len(ids) // 2]
+                endpoints: dict[str, tuple[str, Callable[[], Any] | None]] = {
+                    "page": ("/", None),
+                    "jobs first page": (
+                        "/api/jobs?page_size=50",
+                        lambda: client.jobs_page(page_size=50),
+                    ),
+                    "jobs last page": (
+                        f"/api/jobs?page_size=50&page_token={deep}",
+                        lambda: client.jobs_page(page_size=50, page_token=deep),
+                    ),
+                    "jobs by name prefix": (
+                        "/api/jobs?page_size=50&name=job-0999",
+                        lambda: client.jobs_page(page_size=50, name_prefix="job-0999"),
+                    ),
+                    "jobs by name, last page": (
+                        f"/api/jobs?page_size=50&name=job-&page_token={deep_name}",
+                        lambda: client.jobs_page(
+                            page_size=50, name_prefix="job-", page_token=deep_name
+                        ),
+                    ),
+                    "jobs paused": (
+                        "/api/jobs?page_size=50&state=paused",
+                        lambda: client.jobs_page(page_size=50, state="paused"),
+                    ),
+                    "jobs of a tenant": (
+                        "/api/jobs?page_size=50&tenant=acme",
+                        lambda: client.jobs_page(page_size=50, tenant="acme"),
+                    ),
+                    "job": (f"/api/jobs/{middle}", lambda: client.get(middle, next_fires=10)),
+                    "job runs": (f"/api/jobs/{middle}/runs", lambda: client.runs_page(middle)),
+                    "job dead letters": (
+                        f"/api/jobs/{middle}/dead-letters",
+                        lambda: client.dead_letters_page(middle, page_size=50),
+                    ),
+                    "dead letters, every job": (
+                        "/api/dead-letters",
+                        lambda: client.dead_letters_page(page_size=50),
+                    ),
+                    "in flight": ("/api/in-flight", lambda: client.in_flight()),
+                    "workers": ("/api/workers", lambda: client.status()),
+                    "cluster": ("/api/cluster", lambda: client.status(include_shards=True)),
+                    "lag": ("/api/lag", lambda: client.lag_history()),
+                }
+                results: dict[str, Any] = {}
+                for name, (path, grpc_call) in endpoints.items():
+                    row: dict[str, Any] = dict(
+                        timed(lambda path=path: get(url + path), ns.repeat)  # type: ignore[misc]
+                    )
+                    if grpc_call is not None:
+                        base = timed(grpc_call, ns.repeat)
+                        row["grpc_p50_ms"] = base["p50_ms"]
+                        row["grpc_max_ms"] = base["max_ms"]
+                    row["path"] = path
+                    results[name] = row
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    worst = max(r["max_ms"] for r in results.values())
+    out = {
+        "jobs": ns.jobs,
+        "store": (ns.store or "sqlite").split("://")[0],
+        "load_s": round(load_s, 2),
+        "repeat": ns.repeat,
+        "budget_ms": BUDGET_MS,
+        "worst_max_ms": worst,
+        "within_budget": worst < BUDGET_MS,
+        "cpus": os.cpu_count(),
+        "endpoints": results,
+    }
+    text = json.dumps(out, indent=2)
+    print(text)
+    if ns.json:
+        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(ns.json).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

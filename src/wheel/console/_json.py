@@ -1,0 +1,91 @@
+"""The console's JSON: the client's values as plain JSON, one rule per kind.
+
+Pure: what the JSON API answers is a function of what the node's API
+answered. Times are ISO 8601 in UTC with their epoch milliseconds beside
+them (the page shows them in the browser's zone), durations are seconds, a
+payload is its size and, when it is UTF-8 text, its first kilobyte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import Any
+
+from wheel.client import At, Cron, Every, Job, Run
+
+# The longest payload text a job's JSON carries.
+PAYLOAD_PREVIEW = 1024
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` (a client value, a list of them, a scalar) as JSON types."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, datetime):
+        return {"iso": value.isoformat(), "ms": int(value.timestamp() * 1000)}
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes):
+        return payload_json(value)
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    raise TypeError(f"no JSON form for {type(value).__name__}")
+
+
+def payload_json(payload: bytes) -> dict[str, Any]:
+    try:
+        text: str | None = payload[:PAYLOAD_PREVIEW].decode("utf-8")
+    except UnicodeDecodeError:
+        text = None  # binary, or a character cut at the preview's end
+    return {"size": len(payload), "text": text, "truncated": len(payload) > PAYLOAD_PREVIEW}
+
+
+def schedule_text(schedule: Cron | Every | At) -> str:
+    """One line a person reads: ``cron 0 2 * * * (America/New_York)``."""
+    if isinstance(schedule, Cron):
+        return f"cron {schedule.expr} ({schedule.tz})"
+    if isinstance(schedule, Every):
+        kind = "fixed delay" if schedule.fixed_delay else "fixed rate"
+        return f"every {schedule.period.total_seconds():g}s ({kind})"
+    return f"once at {schedule.time.isoformat()}"
+
+
+def job_row(job: Job) -> dict[str, Any]:
+    """A job as the list shows it."""
+    return {
+        "job_id": str(job.job_id),
+        "name": job.name,
+        "tenant": job.tenant,
+        "state": job.state.value,
+        "handler": job.handler,
+        "pool": job.pool,
+        "schedule": schedule_text(job.schedule),
+        "next_fire": jsonable(job.next_fire),
+    }
+
+
+def job_detail(job: Job) -> dict[str, Any]:
+    """A job with its whole spec and next fires."""
+    out = jsonable(job)
+    out.pop("recent_runs", None)
+    out.pop("created", None)
+    out["job_id"] = str(job.job_id)  # 64-bit ids lose digits as JS numbers
+    out["schedule_text"] = schedule_text(job.schedule)
+    out["schedule_kind"] = type(job.schedule).__name__.lower()
+    return dict(out)
+
+
+def run_row(run: Run) -> dict[str, Any]:
+    out = dict(jsonable(run))
+    out["run_id"] = str(run.run_id)
+    out["job_id"] = str(run.job_id)
+    out["fence"] = str(run.fence)
+    return out

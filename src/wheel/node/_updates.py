@@ -1,0 +1,148 @@
+"""What a node does to change a job's spec in place and to run its dead
+letters again: the store write between the owner's hold of the job's fires
+and its re-arming (``Driver.update``), and redrives claimed at once like a
+trigger."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from wheel.engine.driver import Driver
+from wheel.engine.records import ExecutionRecord, JobChange, JobRecord, Updated
+from wheel.engine.spec import JobSpec
+from wheel.errors import FailedPrecondition, NotFound
+from wheel.node._values import Clock
+from wheel.store.base import RunState, Store
+
+T = TypeVar("T")
+
+
+class NodeUpdates:
+    """Spec updates and dead-letter redrives of ``wheel.node.Node``."""
+
+    store: Store
+    clock: Clock
+    _own_changes: set[int]
+
+    if TYPE_CHECKING:
+
+        async def _api(self, fn: Callable[..., T], *args: object) -> T: ...
+
+        def _the_driver(self) -> Driver: ...
+
+        def wake(self) -> None: ...
+
+        async def _committed(self) -> None: ...
+
+        async def get_job(self, job_id: int) -> JobRecord: ...
+
+    async def update_job(
+        self,
+        job_id: int,
+        spec: JobSpec,
+        *,
+        idempotency_key: str | None = None,
+        body_hash: str = "",
+        updated_by: str = "",
+    ) -> Updated:
+        """Give the job ``spec`` (its tenant kept), on the owner of its shard.
+        From the request on, the old schedule fires nothing more; the store
+        takes the new spec, next fire and a history row in one transaction,
+        and the owner re-arms from them as soon as it answers (or, if it
+        refused, fires on as before). Runs claimed earlier finish under the
+        spec they were claimed with. ``spec`` is validated first: a bad one
+        changes nothing."""
+        record = await self.get_job(job_id)
+        driver, now = self._the_driver(), self.clock.now_ms()
+        update, hold = driver.update(
+            record,
+            spec,
+            now,
+            idempotency_key=idempotency_key,
+            body_hash=body_hash,
+            updated_by=updated_by,
+        )
+        try:
+            result = await self._api(self.store.update_job, update)
+        except BaseException:
+            driver.update_failed(job_id, hold, self.clock.now_ms())
+            self.wake()
+            raise
+        if not result.applied:
+            driver.update_failed(job_id, hold, self.clock.now_ms())
+        else:
+            self._own_changes.add(result.job.change)
+            driver.updated(result.job, self.clock.now_ms())
+        self.wake()
+        return result
+
+    async def list_job_updates(
+        self, job_id: int, *, before_version: int | None, limit: int
+    ) -> list[JobChange]:
+        return await self._api(
+            functools.partial(
+                self.store.list_job_updates, job_id, before_version=before_version, limit=limit
+            )
+        )
+
+    async def list_dead_letters(
+        self,
+        *,
+        job_id: int | None,
+        tenant: str | None,
+        before_run_id: int | None,
+        limit: int,
+    ) -> list[ExecutionRecord]:
+        return await self._api(
+            functools.partial(
+                self.store.list_dead_letters,
+                job_id=job_id,
+                tenant=tenant,
+                before_run_id=before_run_id,
+                limit=limit,
+            )
+        )
+
+    async def redrive(self, job_id: int, run_id: int | None = None) -> list[ExecutionRecord]:
+        """The job's dead letters (or the one of ``run_id``) claimed again at
+        once, each as the next attempt of its fire with a new fence; returns
+        the new attempts, once they are in the store. A dead letter redriven
+        already is not one any more: redriving it again does nothing."""
+        record = await self.get_job(job_id)
+        dead: list[ExecutionRecord] = []
+        before: int | None = None
+        while True:  # every dead letter of the job, a page at a time
+            page = await self.list_dead_letters(
+                job_id=job_id, tenant=None, before_run_id=before, limit=1000
+            )
+            dead += page
+            if len(page) < 1000:
+                break
+            before = page[-1].run_id
+        if run_id is not None:
+            dead = [r for r in dead if r.run_id == run_id]
+            if not dead:
+                run = await self._api(self.store.get_run, run_id)  # NotFound
+                if run.job_id != job_id:
+                    raise NotFound(f"run {run_id} is not a run of job {job_id}")
+                if run.state is not RunState.DEAD_LETTERED:
+                    raise FailedPrecondition(
+                        f"run {run_id} is {run.state.value}, not dead-lettered"
+                    )
+                return []  # redriven already: a later attempt has its fire
+        if not dead:
+            return []
+        fires = sorted((r.scheduled_for, r.attempt + 1) for r in dead)
+        self._the_driver().redrive(record, fires, self.clock.now_ms())
+        await self._committed()
+        # The new attempts are the job's newest runs (with any fire since).
+        recent = await self._api(
+            functools.partial(self.store.list_runs, job_id, limit=len(fires) + 100)
+        )
+        wanted = set(fires)
+        return sorted(
+            (r for r in recent if (r.scheduled_for, r.attempt) in wanted),
+            key=lambda r: r.scheduled_for,
+        )

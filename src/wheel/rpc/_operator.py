@@ -1,0 +1,240 @@
+"""JobService's operator calls: a job's spec updated in place (and its
+history of updates), schedule previews, and dead letters listed and run
+again. Part of ``JobServicer``; calls that change a job go to the owner of
+its shard (forwarded once), as pauses and triggers do."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any, cast
+
+import grpc
+
+from wheel.engine.driver import preview_fires
+from wheel.engine.records import JobChange
+from wheel.engine.spec import JobSpec
+from wheel.errors import InvalidArgument, LimitExceeded
+from wheel.rpc import convert
+from wheel.rpc._common import MAX_IDEMPOTENCY_KEY, _call, _job_id, _page_size
+from wheel.rpc._guard import Guard
+from wheel.rpc.v1 import job_service_pb2, jobs_pb2
+
+if TYPE_CHECKING:
+    from wheel.node import Node
+
+# The JobSpec fields an update may change: all but the tenant.
+UPDATABLE = (
+    "name",
+    "handler",
+    "payload",
+    "schedule",
+    "jitter_ms",
+    "catch_up",
+    "overlap",
+    "retry",
+    "timeout_ms",
+    "side_effect",
+    "pool",
+)
+MAX_PREVIEW = 1000
+# Preview from at most this far ahead of now (a year of 2100 is a typo).
+MAX_PREVIEW_FROM_MS = 100 * 366 * 86_400_000
+
+
+class OperatorCalls:
+    """UpdateJob, ListJobUpdates, PreviewSchedule, ListDeadLetters and
+    RedriveDeadLetters of ``JobServicer``."""
+
+    node: Node
+    guard: Guard
+
+    if TYPE_CHECKING:
+
+        async def _visible(self, job_id: int, context: grpc.aio.ServicerContext) -> None: ...
+
+        async def _elsewhere(
+            self, job_id: int, method: str, request: Any, context: grpc.aio.ServicerContext
+        ) -> Any: ...
+
+    async def UpdateJob(
+        self, request: job_service_pb2.UpdateJobRequest, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.UpdateJobResponse:
+        async def work() -> job_service_pb2.UpdateJobResponse:
+            job_id = _job_id(request.job_id)
+            if len(request.idempotency_key) > MAX_IDEMPOTENCY_KEY:
+                raise LimitExceeded(
+                    "idempotency_key", f"longer than {MAX_IDEMPOTENCY_KEY} characters"
+                )
+            fields = list(request.fields) or list(UPDATABLE)
+            for name in fields:
+                if name not in UPDATABLE:
+                    raise InvalidArgument(
+                        "fields", f"{name!r} is not one of {', '.join(UPDATABLE)}"
+                    )
+            principal = await self.guard.principal(context)
+            record = self.guard.check_job(principal, await self.node.get_job(job_id))
+            # Validated here as well as on the owner: a bad spec is refused
+            # by the node it was sent to, before any forward.
+            spec = _merged(record.spec, request.spec, fields, self.node.now_ms())
+            # Into a pool its tenant may use, as a submit.
+            probe = jobs_pb2.JobSpec(tenant=spec.tenant, pool=spec.pool)
+            self.guard.own_submit(principal, job_service_pb2.SubmitJobRequest(spec=probe))
+            answer = await self._elsewhere(job_id, "UpdateJob", request, context)
+            if answer is not None:
+                return cast(job_service_pb2.UpdateJobResponse, answer)
+            digest = hashlib.sha256(
+                request.spec.SerializeToString(deterministic=True)
+                + "\0".join(sorted(fields)).encode()
+            ).hexdigest()
+            by = "" if principal is None else f"{principal.tenant}/{principal.token_id}"
+            result = await self.node.update_job(
+                job_id,
+                spec,
+                idempotency_key=request.idempotency_key or None,
+                body_hash=digest,
+                updated_by=by,
+            )
+            job = result.job
+            return job_service_pb2.UpdateJobResponse(
+                job=convert.job_to_proto(job, next_fires_ms=self.node.next_fires(job_id, 5, job)),
+                update=change_to_proto(result.change),
+                updated=result.applied,
+            )
+
+        return await _call(context, work())
+
+    async def ListJobUpdates(
+        self, request: job_service_pb2.ListJobUpdatesRequest, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.ListJobUpdatesResponse:
+        async def work() -> job_service_pb2.ListJobUpdatesResponse:
+            job_id = _job_id(request.job_id)
+            size = _page_size(request.page_size)
+            before = _token(request.page_token)
+            await self._visible_or_missing(job_id, context)
+            changes = await self.node.list_job_updates(job_id, before_version=before, limit=size)
+            token = str(changes[-1].version) if len(changes) == size else ""
+            return job_service_pb2.ListJobUpdatesResponse(
+                updates=[change_to_proto(c) for c in changes], next_page_token=token
+            )
+
+        return await _call(context, work())
+
+    async def PreviewSchedule(
+        self, request: job_service_pb2.PreviewScheduleRequest, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.PreviewScheduleResponse:
+        async def work() -> job_service_pb2.PreviewScheduleResponse:
+            if not 0 <= request.count <= MAX_PREVIEW:
+                raise InvalidArgument("count", f"must be within [0, {MAX_PREVIEW}]")
+            now = self.node.now_ms()
+            if request.from_ms < 0:
+                raise InvalidArgument("from_ms", f"{request.from_ms} is before the epoch")
+            if request.from_ms - now > MAX_PREVIEW_FROM_MS:
+                raise InvalidArgument("from_ms", "is more than a hundred years ahead")
+            after = (request.from_ms or now) - 1  # fires at or after from_ms
+            source = request.WhichOneof("source")
+            if source == "job_id":
+                job_id = _job_id(request.job_id)
+                record = self.guard.check_job(
+                    await self.guard.principal(context), await self.node.get_job(job_id)
+                )
+                spec = record.spec
+            elif source == "schedule":
+                msg = jobs_pb2.JobSpec(name="preview", handler="preview")
+                msg.schedule.CopyFrom(request.schedule)
+                spec = convert.spec_from_proto(msg, now_ms=now)
+            else:
+                raise InvalidArgument("source", "give a schedule or a job_id")
+            fires = preview_fires(spec, after, request.count or 10)
+            return job_service_pb2.PreviewScheduleResponse(fires_ms=fires)
+
+        return await _call(context, work())
+
+    async def ListDeadLetters(
+        self, request: job_service_pb2.ListDeadLettersRequest, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.ListDeadLettersResponse:
+        async def work() -> job_service_pb2.ListDeadLettersResponse:
+            size = _page_size(request.page_size)
+            before = _token(request.page_token)
+            principal = await self.guard.principal(context)
+            job_id: int | None = None
+            if request.job_id:
+                job_id = _job_id(request.job_id)
+                self.guard.check_job(principal, await self.node.get_job(job_id))
+            tenant = None
+            if principal is not None and not principal.operator and job_id is None:
+                tenant = principal.tenant
+            runs = await self.node.list_dead_letters(
+                job_id=job_id, tenant=tenant, before_run_id=before, limit=size
+            )
+            token = str(runs[-1].run_id) if len(runs) == size else ""
+            return job_service_pb2.ListDeadLettersResponse(
+                runs=[convert.run_to_proto(r) for r in runs], next_page_token=token
+            )
+
+        return await _call(context, work())
+
+    async def RedriveDeadLetters(
+        self,
+        request: job_service_pb2.RedriveDeadLettersRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> job_service_pb2.RedriveDeadLettersResponse:
+        async def work() -> job_service_pb2.RedriveDeadLettersResponse:
+            job_id = _job_id(request.job_id)
+            if request.run_id < 0:
+                raise InvalidArgument("run_id", f"{request.run_id} is not a run id")
+            await self._visible_or_missing(job_id, context)
+            answer = await self._elsewhere(job_id, "RedriveDeadLetters", request, context)
+            if answer is not None:
+                return cast(job_service_pb2.RedriveDeadLettersResponse, answer)
+            runs = await self.node.redrive(job_id, request.run_id or None)
+            return job_service_pb2.RedriveDeadLettersResponse(
+                runs=[convert.run_to_proto(r) for r in runs]
+            )
+
+        return await _call(context, work())
+
+    async def _visible_or_missing(self, job_id: int, context: grpc.aio.ServicerContext) -> None:
+        """NOT_FOUND for a job that does not exist or that the caller may not see."""
+        self.guard.check_job(await self.guard.principal(context), await self.node.get_job(job_id))
+
+
+def _merged(old: JobSpec, new: jobs_pb2.JobSpec, fields: list[str], now_ms: int) -> JobSpec:
+    """``old`` with the fields named taken from ``new``, validated (a bad
+    field is named as in a submit: ``spec.schedule.cron.expr``...)."""
+    merged = convert.spec_to_proto(old)
+    for name in fields:
+        if name in ("schedule", "catch_up", "overlap", "retry"):
+            if new.HasField(name):
+                getattr(merged, name).CopyFrom(getattr(new, name))
+            else:
+                merged.ClearField(name)
+        else:
+            setattr(merged, name, getattr(new, name))
+    merged.tenant = old.tenant
+    return convert.spec_from_proto(merged, now_ms=now_ms)
+
+
+def change_to_proto(change: JobChange) -> job_service_pb2.JobUpdate:
+    return job_service_pb2.JobUpdate(
+        job_id=change.job_id,
+        version=change.version,
+        updated_at_ms=change.updated_at_ms,
+        old_spec=convert.spec_to_proto(change.old_spec),
+        new_spec=convert.spec_to_proto(change.new_spec),
+        payload_changed=change.payload_changed,
+        updated_by=change.updated_by,
+        idempotency_key=change.idempotency_key or "",
+    )
+
+
+def _token(token: str) -> int | None:
+    """A page token of these calls: the last item's key, or none."""
+    if not token:
+        return None
+    try:
+        value = int(token)
+    except ValueError:
+        raise InvalidArgument("page_token", "is not a token this server issued") from None
+    if value <= 0:
+        raise InvalidArgument("page_token", "is not a token this server issued")
+    return value
