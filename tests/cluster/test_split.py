@@ -150,3 +150,57 @@ def _ends(cluster: Cluster, jobs: set[int]) -> list[tuple[int, int]]:
         for ev in events(cluster.out)
         if ev["event"] == "end" and ev["outcome"] == "succeeded" and ev["job"] in jobs
     ]
+
+
+def test_a_cron_changed_through_a_node_that_does_not_own_it_fires_each_schedule_once_around_the_change(
+    shared_cluster: Cluster,
+) -> None:
+    """Every other second on even seconds, changed while it fires to odd
+    seconds through a member that does not own the job: the store's history
+    holds every even second up to the change and every odd second after it,
+    each once, and nothing missed."""
+    cluster = shared_cluster
+    holders = cluster.ownership().holder_epochs()
+    job = (
+        cluster.nodes[0]
+        .client()
+        .submit(name="seconds", handler=HANDLER, payload=PAYLOAD, cron="*/2 * * * * *")
+    )
+    owner = holders[shard_of(job.job_id)][0]
+    entry = next(n for n in cluster.nodes if n.node_id != owner)
+    truth = cluster.truth
+
+    def fires() -> list[Execution]:
+        return sorted(
+            (e for e in truth.executions() if e.job_id == job.job_id), key=lambda e: e.scheduled_for
+        )
+
+    wait_for(lambda: sum(e.state == "succeeded" for e in fires()) >= 3, 20, "three fires", 0.1)
+    client = entry.client()
+    changed = client.update(job.job_id, cron="1-59/2 * * * * *", idempotency_key="to-odd")
+    assert changed.job_id == job.job_id
+    assert changed.next_fires and all(f.second % 2 == 1 for f in changed.next_fires)
+    [change] = list(client.job_updates(job.job_id))
+    at = int(change.updated_at.timestamp() * 1000)  # the owner's instant of the change
+    wait_for(
+        lambda: sum(e.scheduled_for > at and e.state == "succeeded" for e in fires()) >= 4,
+        20,
+        "four fires of the new schedule",
+        0.1,
+    )
+    client.pause(job.job_id)
+    wait_for(lambda: all(e.state == "succeeded" for e in fires()), 10, "the last run to end")
+    runs = fires()
+    sfs = [e.scheduled_for for e in runs]
+    assert len(set(sfs)) == len(sfs), "a fire ran twice"
+    assert all(e.attempt == 0 and e.state == "succeeded" for e in runs)
+    old = [f for f in sfs if f <= at]
+    new = [f for f in sfs if f > at]
+    # Each schedule's every fire on its side of the change, none dropped.
+    assert old == list(range(old[0], at + 1, 2_000))[: len(old)]
+    assert old[-1] > at - 2_000
+    assert new == list(range(new[0], new[-1] + 1, 2_000))
+    assert all(f % 2_000 == 1_000 for f in new) and new[0] - at <= 2_000
+    assert not any(j == job.job_id for j, _ in truth.missed())
+    # Fired by the owner of its shard, before and after: one epoch.
+    assert {e.epoch for e in runs} == {holders[shard_of(job.job_id)][1]}
