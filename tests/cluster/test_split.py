@@ -152,7 +152,7 @@ def _ends(cluster: Cluster, jobs: set[int]) -> list[tuple[int, int]]:
     ]
 
 
-def test_a_cron_changed_through_a_node_that_does_not_own_it_fires_each_schedule_once_around_the_change(
+def test_a_cron_changed_through_a_non_owner_fires_each_schedule_once_around_the_change(
     shared_cluster: Cluster,
 ) -> None:
     """Every other second on even seconds, changed while it fires to odd
