@@ -278,7 +278,12 @@ def register(sub: Any, target: str, target_help: str) -> None:
     bf = sub.add_parser("backfill", help="run a job's past fires of a time range")
     bf.add_argument("job_id", type=int)
     common(bf, "the answer as JSON")
-    bf.add_argument("--from", dest="from_", required=True, help="-1h, epoch ms or ISO 8601")
+    bf.add_argument(
+        "--from",
+        dest="from_",
+        required=True,
+        help="--from=-1h (that long ago), epoch ms or ISO 8601",
+    )
     bf.add_argument("--to", required=True, help="the end (not included), in the past")
     bf.set_defaults(fn=cmd_backfill)
 
