@@ -24,7 +24,7 @@ from typing import Any
 from wheel.cli import _job_line, add_job_flags, job_json, parse_when
 from wheel.cli_admin import add_token_flag
 from wheel.cli_common import command_client, epoch_ms, fmt_time, parse_duration
-from wheel.client import CatchUp, Overlap, Run, UpdateArgs
+from wheel.client import CatchUp, DstFold, DstGap, Overlap, Run, UpdateArgs
 from wheel.errors import InvalidArgument
 
 # submit's flags that ``update`` does not take: a job's tenant never changes.
@@ -293,9 +293,9 @@ def register(sub: Any, target: str, target_help: str) -> None:
     pv.add_argument("--cron", help="cron expression (5 fields, or 6 with seconds first)")
     pv.add_argument("--tz", default="UTC", help="IANA time zone of the cron expression")
     pv.add_argument(
-        "--dst-gap", default="fire_at_transition", choices=["fire_at_transition", "skip"]
+        "--dst-gap", default=DstGap.FIRE_AT_TRANSITION.value, choices=[g.value for g in DstGap]
     )
-    pv.add_argument("--dst-fold", default="first", choices=["first", "both"])
+    pv.add_argument("--dst-fold", default=DstFold.FIRST.value, choices=[f.value for f in DstFold])
     pv.add_argument("--every", help="interval, e.g. 30s")
     pv.add_argument("--start", help="first fire of an interval")
     pv.add_argument("--at", help="a one-shot's time")
