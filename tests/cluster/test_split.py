@@ -204,3 +204,40 @@ def test_a_cron_changed_through_a_non_owner_fires_each_schedule_once_around_the_
     assert not any(j == job.job_id for j, _ in truth.missed())
     # Fired by the owner of its shard, before and after: one epoch.
     assert {e.epoch for e in runs} == {holders[shard_of(job.job_id)][1]}
+
+
+def test_a_dead_letter_fixed_and_redriven_through_a_non_owner_runs_once_on_a_worker(
+    shared_cluster: Cluster,
+) -> None:
+    """A run that fails for good, its job's payload fixed and its dead letter
+    redriven through a member that does not own it: one new attempt, with a
+    new fence from the owner, run once by a worker process, with the fixed
+    payload."""
+    cluster = shared_cluster
+    holders = cluster.ownership().holder_epochs()
+    entry = cluster.nodes[0].client()
+    job = entry.submit(name="dead", handler=HANDLER, payload={"permanent": True}, cron="0 0 1 1 *")
+    owner, epoch = holders[shard_of(job.job_id)]
+    client = next(n for n in cluster.nodes if n.node_id != owner).client()
+    client.trigger(job.job_id)
+    [letter] = wait_for(lambda: client.dead_letters(job.job_id), 20, "the dead letter", 0.1)
+    client.update(job.job_id, payload={"sleep_s": 0.05})
+    [new] = client.redrive(job.job_id)
+    assert (new.scheduled_for, new.attempt) == (letter.scheduled_for, letter.attempt + 1)
+    assert new.fence > letter.fence and new.fence >> 32 == epoch
+    assert client.redrive(job.job_id) == []  # redriven already: nothing more
+    wait_for(
+        lambda: any(r.state == "succeeded" for r in client.runs(job.job_id)), 20, "the run", 0.1
+    )
+    assert client.dead_letters(job.job_id) == []
+    runs = [e for e in cluster.truth.executions() if e.job_id == job.job_id]
+    assert sorted((e.attempt, e.state) for e in runs) == [
+        (letter.attempt, "dead_lettered"),
+        (new.attempt, "succeeded"),
+    ]
+    ends = [
+        (e["attempt"], e["outcome"])
+        for e in events(cluster.out)
+        if e["job"] == job.job_id and e["event"] == "end"
+    ]
+    assert sorted(ends) == [(letter.attempt, "permanent"), (new.attempt, "succeeded")]
