@@ -361,10 +361,18 @@ class Driver:
         could not be claimed yet (no worker free), the new schedule owes its
         fires from that one on instead, so that the change drops no fire that
         was owed (its catch-up policy decides). A paused job
-        stays without a next fire (its resume computes one)."""
-        if record.state not in (JobState.ACTIVE, JobState.PAUSED):
-            raise FailedPrecondition(f"job {record.job_id} is {record.state.value}")
+        stays without a next fire (its resume computes one), and so does a
+        completed one, whose schedule may not change."""
+        if record.state is JobState.CANCELLED:
+            raise FailedPrecondition(f"job {record.job_id} is cancelled")
         spec = replace(spec, tenant=record.spec.tenant)
+        if record.state is JobState.COMPLETED and spec.schedule != record.spec.schedule:
+            # A finished one-shot's payload and policies may change (to fix
+            # what its dead letters need before a redrive); its schedule is over.
+            raise FailedPrecondition(
+                f"job {record.job_id} is completed: its schedule is over (its payload and"
+                " policies may still change)"
+            )
         active = record.state is JobState.ACTIVE
         # Computed for a paused job too: it validates the schedule (cron
         # syntax, zone), which must not reach the store to fail at a resume.
