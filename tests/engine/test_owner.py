@@ -15,7 +15,7 @@ import pytest
 
 from tests.engine.sim import HOUR, MIN, SEC, RefStore
 from wheel.engine.driver import Driver
-from wheel.engine.jobtable import rows_of
+from wheel.engine.jobtable import PAUSED, rows_of
 from wheel.engine.model import AlertKind, JobState, MissedReason, RunState, shard_of
 from wheel.engine.owner import (
     COUNTER_BITS,
@@ -1809,6 +1809,10 @@ def test_an_update_re_arms_from_the_new_schedule_and_fires_nothing_of_the_old_on
     new = replace(record.spec, schedule=Interval(period_ms=7 * SEC, start_at_ms=T))
     update, hold = n.driver.update(record, new, n.now)
     assert hold is not None and update.next_run_at == T + 77 * SEC  # the first after now
+    # Held in memory only: a checkpoint keeps the job as the store has it,
+    # so a crash in the middle restarts it firing, not paused.
+    image = n.owner.image_of(j)
+    assert image is not None and not image.flags & PAUSED and image.nxt == T + 2 * MIN
     # While the store writes it, the old schedule's next fire does not come due.
     assert not n.step(T + 2 * MIN + SEC).claims
     result = n.store.update_job(update)
