@@ -6,6 +6,8 @@ wheelctl submit --name N --handler H (--at WHEN | --cron EXPR | --every DURATION
 wheelctl import FILE   (JSON Lines, one submit a line; see wheel.cli_import)
 wheelctl jobs | runs JOB_ID | cancel JOB_ID | pause JOB_ID | resume JOB_ID
 wheelctl trigger JOB_ID | status | alerts | demo
+wheelctl update JOB_ID ... | updates JOB_ID | backfill JOB_ID --from --to | preview ...
+wheelctl dlq list|redrive ...   (see wheel.cli_operator)
 wheelctl token create|list|revoke ... | tenant set|list ...   (see wheel.cli_admin)
 """
 
@@ -45,10 +47,15 @@ from wheel.client import (
     DEFAULT_TARGET,
     CatchUp,
     CatchUpMode,
+    Cron,
+    DstFold,
+    DstGap,
+    Every,
     Job,
     JobArgs,
     Overlap,
     OverlapPolicy,
+    Schedule,
 )
 from wheel.errors import InvalidArgument, WheelError
 from wheel.logs import FORMATS, announcement
@@ -81,6 +88,8 @@ def submit_args(ns: argparse.Namespace, now: datetime | None = None) -> JobArgs:
         "name": ns.name,
         "handler": ns.handler,
         "tz": ns.tz,
+        "dst_gap": ns.dst_gap,
+        "dst_fold": ns.dst_fold,
         "fixed_delay": ns.fixed_delay,
         "payload": ns.payload,
         "tenant": ns.tenant,
@@ -421,9 +430,44 @@ def cmd_submit(ns: argparse.Namespace) -> int:
 
 def cmd_jobs(ns: argparse.Namespace) -> int:
     with command_client(ns) as client:
+        if ns.json:
+            print(json.dumps([job_json(job) for job in client.jobs(tenant=ns.tenant)]))
+            return 0
         for job in client.jobs(tenant=ns.tenant):
             print(_job_line(job))
     return 0
+
+
+def schedule_json(schedule: Schedule) -> dict[str, Any]:
+    if isinstance(schedule, Cron):
+        return {
+            "cron": schedule.expr,
+            "tz": schedule.tz,
+            "dst_gap": schedule.dst_gap.value,
+            "dst_fold": schedule.dst_fold.value,
+        }
+    if isinstance(schedule, Every):
+        return {
+            "every_ms": round(schedule.period.total_seconds() * 1000),
+            "start_ms": epoch_ms(schedule.start),
+            "fixed_delay": schedule.fixed_delay,
+        }
+    return {"at_ms": epoch_ms(schedule.time)}
+
+
+def job_json(job: Job) -> dict[str, Any]:
+    """A job as ``--json`` listings print it."""
+    return {
+        "job_id": job.job_id,
+        "name": job.name,
+        "tenant": job.tenant,
+        "handler": job.handler,
+        "pool": job.pool,
+        "state": job.state.value,
+        "schedule": schedule_json(job.schedule),
+        "next_fire_ms": epoch_ms(job.next_fire) if job.next_fire else 0,
+        "updated_at_ms": epoch_ms(job.updated_at),
+    }
 
 
 def cmd_runs(ns: argparse.Namespace) -> int:
@@ -551,6 +595,20 @@ def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
         p.add_argument("--at", help="one-shot: +5s, epoch ms, or ISO 8601"),
         p.add_argument("--cron", help="cron expression (5 fields, or 6 with seconds first)"),
         p.add_argument("--tz", default="UTC", help="IANA time zone of the cron expression"),
+        p.add_argument(
+            "--dst-gap",
+            default=DstGap.FIRE_AT_TRANSITION.value,
+            choices=[g.value for g in DstGap],
+            help="a cron wall time that does not exist (spring forward): fire once at the"
+            " transition (default), or skip it (recorded missed, dst_gap)",
+        ),
+        p.add_argument(
+            "--dst-fold",
+            default=DstFold.FIRST.value,
+            choices=[f.value for f in DstFold],
+            help="a cron wall time that comes twice (fall back): fire on the first (default),"
+            " or on both",
+        ),
         p.add_argument("--every", help="interval, e.g. 30s"),
         p.add_argument("--start", help="first fire of an interval (default: now + period)"),
         p.add_argument("--fixed-delay", action="store_true"),
@@ -734,6 +792,7 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--target", default=target, help=target_help)
     add_token_flag(j)
     j.add_argument("--tenant")
+    j.add_argument("--json", action="store_true", help="the jobs as a JSON array")
     j.set_defaults(fn=cmd_jobs)
 
     r = sub.add_parser("runs", help="list a job's runs and missed fires")
@@ -780,6 +839,9 @@ def build_parser() -> argparse.ArgumentParser:
     from wheel.cli_import import register as register_import  # it imports this module
 
     register_import(sub, target, target_help)
+    from wheel.cli_operator import register as register_operator  # it imports this module
+
+    register_operator(sub, target, target_help)
 
     d = sub.add_parser("demo", help="a server, two workers and sample jobs, with live output")
     d.add_argument("--duration", type=float, default=30.0, help="seconds (0: until Ctrl-C)")

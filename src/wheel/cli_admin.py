@@ -11,6 +11,8 @@ wheelctl tenant list
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -113,9 +115,32 @@ def cmd_token_create(ns: argparse.Namespace) -> int:
 
 def cmd_token_list(ns: argparse.Namespace) -> int:
     with _client(ns) as client:
-        for t in client.tokens():
-            print(token_line(t))
+        tokens = client.tokens()
+    if ns.json:
+        print(json.dumps([token_json(t) for t in tokens]))
+        return 0
+    for t in tokens:
+        print(token_line(t))
     return 0
+
+
+def _ms(t: datetime | None) -> int | None:
+    return None if t is None else round(t.timestamp() * 1000)
+
+
+def token_json(t: Token) -> dict[str, Any]:
+    """A token as ``token list --json`` prints it (never its secret)."""
+    return {
+        "token_id": t.token_id,
+        "tenant": t.tenant,
+        "scopes": list(t.scopes),
+        "worker_id": t.worker_id,
+        "pools": list(t.pools),
+        "label": t.label,
+        "created_at_ms": _ms(t.created_at),
+        "expires_at_ms": _ms(t.expires_at),
+        "revoked_at_ms": _ms(t.revoked_at),
+    }
 
 
 def cmd_token_revoke(ns: argparse.Namespace) -> int:
@@ -166,8 +191,12 @@ def cmd_tenant_set(ns: argparse.Namespace) -> int:
 
 def cmd_tenant_list(ns: argparse.Namespace) -> int:
     with _client(ns) as client:
-        for q in client.tenant_quotas():
-            print(quota_line(q))
+        quotas = client.tenant_quotas()
+    if ns.json:
+        print(json.dumps([dataclasses.asdict(q) for q in quotas]))
+        return 0
+    for q in quotas:
+        print(quota_line(q))
     return 0
 
 
@@ -193,6 +222,7 @@ def register(sub: Any, target: str, target_help: str) -> None:
     c.set_defaults(fn=cmd_token_create)
     ls = tks.add_parser("list", help="every token (never their secrets)")
     common(ls)
+    ls.add_argument("--json", action="store_true", help="the tokens as a JSON array")
     ls.set_defaults(fn=cmd_token_list)
     rv = tks.add_parser("revoke", help="revoke a token by id; its open streams end too")
     common(rv)
@@ -213,4 +243,5 @@ def register(sub: Any, target: str, target_help: str) -> None:
     st.set_defaults(fn=cmd_tenant_set)
     tl = tns.add_parser("list", help="every tenant with limits")
     common(tl)
+    tl.add_argument("--json", action="store_true", help="the quotas as a JSON array")
     tl.set_defaults(fn=cmd_tenant_list)

@@ -3,6 +3,7 @@ token, token create/list/revoke and tenant set/list."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -101,6 +102,12 @@ def test_tokens_and_tenants_through_wheelctl(node: tuple[str, Path]) -> None:
     listed = wheelctl("token", "list", "--target", target, token=admin)
     token_id = acme.split("_")[1]
     assert listed.returncode == 0 and token_id in listed.stdout and acme not in listed.stdout
+    as_json = wheelctl("token", "list", "--target", target, "--json", token=admin)
+    [mine] = [t for t in json.loads(as_json.stdout) if t["token_id"] == token_id]
+    assert (mine["tenant"], mine["scopes"], mine["revoked_at_ms"]) == (
+        "acme", ["jobs:read", "jobs:write"], None,
+    )  # fmt: skip
+    assert acme not in as_json.stdout
     # A tenant's token is no admin's.
     assert wheelctl("token", "list", "--target", target, token=acme).returncode == 2
 
@@ -126,3 +133,8 @@ def test_tokens_and_tenants_through_wheelctl(node: tuple[str, Path]) -> None:
     assert "acme" in shown.stdout and "max_jobs 3" in shown.stdout
     assert "fires_per_s 2.5" in shown.stdout and "max_in_flight 4" in shown.stdout
     assert "submits_per_s unlimited" in shown.stdout
+    shown_json = wheelctl("tenant", "list", "--target", target, "--json", token=admin)
+    assert json.loads(shown_json.stdout) == [
+        {"tenant": "acme", "max_jobs": 3, "submits_per_s": None, "fires_per_s": 2.5,
+         "max_in_flight": 4},
+    ]  # fmt: skip

@@ -11,7 +11,8 @@ import grpc
 import pytest
 
 from tests.auth.conftest import AuthServer, Stubs, Tokens, md
-from wheel.engine.model import JobState
+from wheel.engine.model import JobState, RunState
+from wheel.engine.records import Completion, FireClaim
 from wheel.rpc.v1 import (
     admin_service_pb2,
     job_service_pb2,
@@ -84,6 +85,40 @@ def backfill(tenant: str) -> Call:
     )
 
 
+def update_job(tenant: str) -> Call:
+    return lambda s, ids, m: s.jobs.UpdateJob(
+        job_service_pb2.UpdateJobRequest(
+            job_id=ids[tenant], spec=jobs_pb2.JobSpec(name="renamed"), fields=["name"]
+        ),
+        metadata=m,
+        timeout=10,
+    )
+
+
+def list_job_updates(tenant: str) -> Call:
+    return lambda s, ids, m: s.jobs.ListJobUpdates(
+        job_service_pb2.ListJobUpdatesRequest(job_id=ids[tenant]), metadata=m, timeout=10
+    )
+
+
+def preview(tenant: str) -> Call:
+    return lambda s, ids, m: s.jobs.PreviewSchedule(
+        job_service_pb2.PreviewScheduleRequest(job_id=ids[tenant]), metadata=m, timeout=10
+    )
+
+
+def dead_letters(tenant: str) -> Call:
+    return lambda s, ids, m: s.jobs.ListDeadLetters(
+        job_service_pb2.ListDeadLettersRequest(job_id=ids[tenant]), metadata=m, timeout=10
+    )
+
+
+def redrive(tenant: str) -> Call:
+    return lambda s, ids, m: s.jobs.RedriveDeadLetters(
+        job_service_pb2.RedriveDeadLettersRequest(job_id=ids[tenant]), metadata=m, timeout=10
+    )
+
+
 def submit(tenant: str) -> Call:
     return lambda s, ids, m: s.jobs.SubmitJob(
         job_service_pb2.SubmitJobRequest(spec=once_spec("new", tenant)), metadata=m, timeout=10
@@ -145,8 +180,13 @@ def connect(tenant: str) -> Call:
     return call
 
 
-STATE_CHANGING = [job_call(m) for m in ("CancelJob", "PauseJob", "ResumeJob", "TriggerJob")]
-EVERY_JOB_CALL = [get_job, list_runs, backfill, *STATE_CHANGING]
+STATE_CHANGING = [
+    *[job_call(m) for m in ("CancelJob", "PauseJob", "ResumeJob", "TriggerJob")],
+    update_job,
+    redrive,
+]
+READING = [get_job, list_runs, list_job_updates, preview, dead_letters]
+EVERY_JOB_CALL = [*READING, backfill, *STATE_CHANGING]
 EVERY_CALL = [
     *EVERY_JOB_CALL,
     submit,
@@ -177,9 +217,12 @@ MATRIX: list[tuple[str, Callable[[str], Call], str, grpc.StatusCode]] = [
     *[("acme_rw", c, "beta", NOT_FOUND) for c in EVERY_JOB_CALL],
     *[("beta_rw", c, "acme", NOT_FOUND) for c in EVERY_JOB_CALL],
     *[("acme_rw", c, "missing", NOT_FOUND) for c in EVERY_JOB_CALL],
-    ("acme_rw", get_job, "acme", OK),
-    ("acme_rw", list_runs, "acme", OK),
-    ("acme_read", get_job, "acme", OK),
+    *[("acme_rw", c, "acme", OK) for c in READING],
+    *[("acme_read", c, "acme", OK) for c in READING],
+    *[("operator", c, "beta", OK) for c in READING],
+    ("acme_rw", update_job, "acme", OK),
+    ("acme_rw", redrive, "acme", OK),  # no dead letters: none redriven
+    ("operator", update_job, "beta", OK),
     ("acme_read", list_jobs, "beta", OK),  # lists acme's jobs: see the test below
     ("operator", get_job, "beta", OK),
     ("operator", list_runs, "acme", OK),
@@ -292,3 +335,44 @@ def test_cancel_through_the_owner_of_the_credential_works(
     assert job.state == jobs_pb2.JOB_STATE_CANCELLED
     assert server.node is not None
     assert server.node.store.get_job(ids["beta"]).state is JobState.ACTIVE
+
+
+def test_a_tenant_lists_only_its_own_dead_letters(
+    server: AuthServer, stubs: Stubs, tokens: Tokens, ids: dict[str, int]
+) -> None:
+    assert server.node is not None
+    store = server.node.store
+    dead: dict[str, int] = {}
+    for tenant in ("acme", "beta"):
+        claim = FireClaim(
+            job_id=ids[tenant], scheduled_for=1_000, attempt=0, fence=1, dispatched_at_ms=1_000,
+            advance=False,
+        )  # fmt: skip
+        [won] = store.claim_fires([claim])
+        assert won.run_id is not None
+        done = Completion(
+            run_id=won.run_id, fence=1, state=RunState.DEAD_LETTERED, finished_at_ms=2_000
+        )
+        store.complete_runs([done])
+        dead[tenant] = won.run_id
+
+    def listed(token: str, job_id: int = 0) -> set[int]:
+        resp = stubs.jobs.ListDeadLetters(
+            job_service_pb2.ListDeadLettersRequest(job_id=job_id), metadata=md(token), timeout=10
+        )
+        return {r.run_id for r in resp.runs}
+
+    assert listed(tokens.acme_read) == {dead["acme"]}
+    assert listed(tokens.beta_rw) == {dead["beta"]}
+    assert listed(tokens.operator) == set(dead.values())
+    with pytest.raises(grpc.RpcError) as info:
+        listed(tokens.beta_rw, ids["acme"])
+    assert info.value.code() == NOT_FOUND
+    with pytest.raises(grpc.RpcError) as info:
+        stubs.jobs.RedriveDeadLetters(
+            job_service_pb2.RedriveDeadLettersRequest(job_id=ids["acme"], run_id=dead["acme"]),
+            metadata=md(tokens.beta_rw),
+            timeout=10,
+        )
+    assert info.value.code() == NOT_FOUND
+    assert listed(tokens.acme_read) == {dead["acme"]}  # not redriven by beta

@@ -150,3 +150,94 @@ def _ends(cluster: Cluster, jobs: set[int]) -> list[tuple[int, int]]:
         for ev in events(cluster.out)
         if ev["event"] == "end" and ev["outcome"] == "succeeded" and ev["job"] in jobs
     ]
+
+
+def test_a_cron_changed_through_a_non_owner_fires_each_schedule_once_around_the_change(
+    shared_cluster: Cluster,
+) -> None:
+    """Every other second on even seconds, changed while it fires to odd
+    seconds through a member that does not own the job: the store's history
+    holds every even second up to the change and every odd second after it,
+    each once, and nothing missed."""
+    cluster = shared_cluster
+    holders = cluster.ownership().holder_epochs()
+    job = (
+        cluster.nodes[0]
+        .client()
+        .submit(name="seconds", handler=HANDLER, payload=PAYLOAD, cron="*/2 * * * * *")
+    )
+    owner = holders[shard_of(job.job_id)][0]
+    entry = next(n for n in cluster.nodes if n.node_id != owner)
+    truth = cluster.truth
+
+    def fires() -> list[Execution]:
+        return sorted(
+            (e for e in truth.executions() if e.job_id == job.job_id), key=lambda e: e.scheduled_for
+        )
+
+    wait_for(lambda: sum(e.state == "succeeded" for e in fires()) >= 3, 20, "three fires", 0.1)
+    client = entry.client()
+    changed = client.update(job.job_id, cron="1-59/2 * * * * *", idempotency_key="to-odd")
+    assert changed.job_id == job.job_id
+    assert changed.next_fires and all(f.second % 2 == 1 for f in changed.next_fires)
+    [change] = list(client.job_updates(job.job_id))
+    at = int(change.updated_at.timestamp() * 1000)  # the owner's instant of the change
+    wait_for(
+        lambda: sum(e.scheduled_for > at and e.state == "succeeded" for e in fires()) >= 4,
+        20,
+        "four fires of the new schedule",
+        0.1,
+    )
+    client.pause(job.job_id)
+    wait_for(lambda: all(e.state == "succeeded" for e in fires()), 10, "the last run to end")
+    runs = fires()
+    sfs = [e.scheduled_for for e in runs]
+    assert len(set(sfs)) == len(sfs), "a fire ran twice"
+    assert all(e.attempt == 0 and e.state == "succeeded" for e in runs)
+    old = [f for f in sfs if f <= at]
+    new = [f for f in sfs if f > at]
+    # Each schedule's every fire on its side of the change, none dropped.
+    assert old == list(range(old[0], at + 1, 2_000))[: len(old)]
+    assert old[-1] > at - 2_000
+    assert new == list(range(new[0], new[-1] + 1, 2_000))
+    assert all(f % 2_000 == 1_000 for f in new) and new[0] - at <= 2_000
+    assert not any(j == job.job_id for j, _ in truth.missed())
+    # Fired by the owner of its shard, before and after: one epoch.
+    assert {e.epoch for e in runs} == {holders[shard_of(job.job_id)][1]}
+
+
+def test_a_dead_letter_fixed_and_redriven_through_a_non_owner_runs_once_on_a_worker(
+    shared_cluster: Cluster,
+) -> None:
+    """A run that fails for good, its job's payload fixed and its dead letter
+    redriven through a member that does not own it: one new attempt, with a
+    new fence from the owner, run once by a worker process, with the fixed
+    payload."""
+    cluster = shared_cluster
+    holders = cluster.ownership().holder_epochs()
+    entry = cluster.nodes[0].client()
+    job = entry.submit(name="dead", handler=HANDLER, payload={"permanent": True}, cron="0 0 1 1 *")
+    owner, epoch = holders[shard_of(job.job_id)]
+    client = next(n for n in cluster.nodes if n.node_id != owner).client()
+    client.trigger(job.job_id)
+    [letter] = wait_for(lambda: client.dead_letters(job.job_id), 20, "the dead letter", 0.1)
+    client.update(job.job_id, payload={"sleep_s": 0.05})
+    [new] = client.redrive(job.job_id)
+    assert (new.scheduled_for, new.attempt) == (letter.scheduled_for, letter.attempt + 1)
+    assert new.fence > letter.fence and new.fence >> 32 == epoch
+    assert client.redrive(job.job_id) == []  # redriven already: nothing more
+    wait_for(
+        lambda: any(r.state == "succeeded" for r in client.runs(job.job_id)), 20, "the run", 0.1
+    )
+    assert client.dead_letters(job.job_id) == []
+    runs = [e for e in cluster.truth.executions() if e.job_id == job.job_id]
+    assert sorted((e.attempt, e.state) for e in runs) == [
+        (letter.attempt, "dead_lettered"),
+        (new.attempt, "succeeded"),
+    ]
+    ends = [
+        (e["attempt"], e["outcome"])
+        for e in events(cluster.out)
+        if e["job"] == job.job_id and e["event"] == "end"
+    ]
+    assert sorted(ends) == [(letter.attempt, "permanent"), (new.attempt, "succeeded")]

@@ -15,7 +15,7 @@ import pytest
 
 from tests.engine.sim import HOUR, MIN, SEC, RefStore
 from wheel.engine.driver import Driver
-from wheel.engine.jobtable import rows_of
+from wheel.engine.jobtable import PAUSED, rows_of
 from wheel.engine.model import AlertKind, JobState, MissedReason, RunState, shard_of
 from wheel.engine.owner import (
     COUNTER_BITS,
@@ -1794,3 +1794,79 @@ def test_a_failed_attempt_retried_after_its_backoff_is_counted() -> None:
     n.step(n.now + 1)
     assert n.owner.stats.retried == 1
     assert n.owner.stats.ended_by_state() == {RunState.FAILED: 1}
+
+
+# -- spec updates (Driver.update) ---------------------------------------------------------
+
+
+def test_an_update_re_arms_from_the_new_schedule_and_fires_nothing_of_the_old_one() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec())  # every minute from T + MIN
+    n.complete(n.run_once(j, T + MIN))
+    n.now = T + MIN + 10 * SEC
+    record = n.store.get_job(j)
+    new = replace(record.spec, schedule=Interval(period_ms=7 * SEC, start_at_ms=T))
+    update, hold = n.driver.update(record, new, n.now)
+    assert hold is not None and update.next_run_at == T + 77 * SEC  # the first after now
+    # Held in memory only: a checkpoint keeps the job as the store has it,
+    # so a crash in the middle restarts it firing, not paused.
+    image = n.owner.image_of(j)
+    assert image is not None and not image.flags & PAUSED and image.nxt == T + 2 * MIN
+    # While the store writes it, the old schedule's next fire does not come due.
+    assert not n.step(T + 2 * MIN + SEC).claims
+    result = n.store.update_job(update)
+    n.driver.updated(result.job, n.now)
+    # The store was slow: the new schedule's fires since are late, and its
+    # catch-up policy (run the latest) decides; the others are recorded.
+    fires = [c.scheduled_for for c in n.step().claims]
+    assert fires == [T + 119 * SEC]
+    assert set(n.missed(j)) == {T + k * SEC for k in range(77, 119, 7)}
+    assert n.store.jobs[j].next_run_at == T + 126 * SEC
+    assert n.owner.next_fires(j, 2) == [T + 126 * SEC, T + 133 * SEC]
+    assert {sf for sf, _, _ in n.execs(j)} == {T + MIN, T + 119 * SEC}  # not T + 2 MIN
+
+
+def test_an_update_the_store_refused_leaves_the_job_firing_as_before() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec())
+    n.now = T + 10 * SEC
+    record = n.store.get_job(j)
+    new = replace(record.spec, schedule=Interval(period_ms=7 * SEC, start_at_ms=T))
+    _, hold = n.driver.update(record, new, n.now)
+    n.driver.update_failed(j, hold, n.now)
+    [c] = n.step(T + MIN).claims
+    assert c.scheduled_for == T + MIN and n.store.jobs[j].next_run_at == T + 2 * MIN
+
+
+def test_fires_due_at_an_updates_instant_run_under_the_old_spec() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(overlap=Overlap(policy=OverlapPolicy.ALLOW, max_concurrent=5)))
+    n.now = T + MIN  # the old schedule's fire is due, its timer not yet run
+    record = n.store.get_job(j)
+    new = replace(record.spec, schedule=Interval(period_ms=7 * SEC, start_at_ms=T + 5 * SEC))
+    update, _ = n.driver.update(record, new, n.now)
+    claims = n.driver.fx.claims
+    assert [c.scheduled_for for c in claims] == [T + MIN]  # claimed by the update itself
+    assert update.next_run_at == T + 61 * SEC
+    result = n.store.update_job(update)
+    n.driver.updated(result.job, n.now)
+    n.step()
+    n.step(T + 62 * SEC)
+    n.step(T + 70 * SEC)
+    assert {sf for sf, _, _ in n.execs(j)} == {T + MIN, T + 61 * SEC, T + 68 * SEC}
+
+
+def test_a_paused_job_updated_stays_paused_with_its_new_spec() -> None:
+    n = Node()
+    j = n.submit(spec())
+    paused = n.store.set_job_state(j, JobState.PAUSED, next_run_at=None, now_ms=n.now)
+    n.owner.upsert_job(paused, n.now, n.fx)
+    new = replace(paused.spec, handler="other")
+    update, hold = n.driver.update(paused, new, n.now)
+    assert hold is None and update.next_run_at is None
+    n.driver.updated(n.store.update_job(update).job, n.now)
+    assert not n.step(T + 5 * MIN).claims
+    assert n.store.get_job(j).spec.handler == "other"

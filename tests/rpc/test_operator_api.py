@@ -256,8 +256,8 @@ def test_a_completed_one_shots_dead_letter_is_redriven(api: Api) -> None:
 
     def once_flaky(ctx: RunContext) -> None:
         calls.append(ctx.attempt)
-        if len(calls) == 1:
-            raise Permanent("not yet")
+        if ctx.payload != b"fixed":
+            raise Permanent("a bad payload")
 
     with WorkerThread(api.server.target, "w-dlq-once", once_flaky=once_flaky):
         t = now_ms()
@@ -269,6 +269,12 @@ def test_a_completed_one_shots_dead_letter_is_redriven(api: Api) -> None:
         wait_for(lambda: api.jobs.ListDeadLetters(req, timeout=10).runs, 10, "the dead letter")
         got = api.jobs.GetJob(job_service_pb2.GetJobRequest(job_id=job), timeout=10)
         assert got.state == jobs_pb2.JOB_STATE_COMPLETED
+        # Its schedule is over, but what its runs are given may be fixed.
+        with pytest.raises(grpc.RpcError) as refused:
+            update(api, job, spec(schedule=cron("* * * * *")), "schedule")
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        fixed = update(api, job, spec(payload=b"fixed"), "payload").job
+        assert fixed.state == jobs_pb2.JOB_STATE_COMPLETED and fixed.spec.payload == b"fixed"
         [new] = api.jobs.RedriveDeadLetters(
             job_service_pb2.RedriveDeadLettersRequest(job_id=job), timeout=10
         ).runs

@@ -320,8 +320,8 @@ class ReferenceStore:
             if digest != update.body_hash:
                 raise AlreadyExists(f"idempotency key {key!r} was used with a different request")
             return Updated(row.record(), self.updates[update.job_id][version - 1], False)
-        if row.state not in (JobState.ACTIVE, JobState.PAUSED):
-            raise FailedPrecondition(f"job {update.job_id} is {row.state.value}")
+        if row.state is JobState.CANCELLED:
+            raise FailedPrecondition(f"job {update.job_id} is cancelled")
         spec = replace(update.spec, tenant=row.spec.tenant)
         change = JobChange(
             job_id=update.job_id,

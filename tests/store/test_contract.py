@@ -1386,7 +1386,21 @@ def test_update_job_is_idempotent_by_key_per_job(store: Store) -> None:
     assert store.update_job(spec_update(other, period_ms=6_000, next_run_at=1, key="k")).applied
 
 
-def test_update_job_of_an_unknown_or_finished_job_changes_nothing(store: Store) -> None:
+def test_a_completed_one_shots_spec_may_be_updated_and_it_stays_completed(store: Store) -> None:
+    job, _ = store.submit_job(once_job(50_000))
+    [out] = store.claim_fires([claim(job.job_id, 50_000, new=None)])
+    assert out.advanced and store.get_job(job.job_id).state is JobState.COMPLETED
+    fixed = replace(job.spec, payload=b"fixed")
+    update = SpecUpdate(job_id=job.job_id, spec=fixed, next_run_at=None, updated_at_ms=60_000)
+    after = store.update_job(update).job
+    assert (after.state, after.next_run_at, after.spec.payload) == (
+        JobState.COMPLETED,
+        None,
+        b"fixed",
+    )
+
+
+def test_update_job_of_an_unknown_or_cancelled_job_changes_nothing(store: Store) -> None:
     job, _ = store.submit_job(interval_job())
     with pytest.raises(NotFound):
         store.update_job(replace(spec_update(job, period_ms=5_000, next_run_at=1), job_id=999_999))

@@ -225,3 +225,32 @@ def test_a_fire_that_stays_in_its_due_bucket_is_a_hot_update(store: PostgresStor
     while hot_updates(store) < before + len(inside) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert hot_updates(store) - before == len(inside)
+
+
+def test_dead_letters_are_listed_through_their_index_not_a_scan_of_the_executions(
+    store: PostgresStore,
+) -> None:
+    runs = batch_runs(store, 20_000)
+    ended = [
+        Completion(run_id=r, fence=f, state=RunState.SUCCEEDED, finished_at_ms=70_000)
+        for r, f in runs[:-3]
+    ]
+    ended += [
+        Completion(run_id=r, fence=f, state=RunState.DEAD_LETTERED, finished_at_ms=70_000)
+        for r, f in runs[-3:]
+    ]
+    store.complete_runs(ended)
+    job_of_dead = store.get_run(runs[-1][0]).job_id
+    sql = store._updates
+    with store._db.pool.connection() as conn:
+        conn.execute("ANALYZE executions")
+        for statement, params in (
+            (sql.dead_of_all, (2**63 - 1, 100)),
+            (sql.dead_of_job, (job_of_dead, 2**63 - 1, 100)),
+            (sql.dead_of_tenant, ("acme", 2**63 - 1, 100)),
+        ):
+            plan = conn.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchone()
+            assert plan is not None
+            nodes = plan_nodes(plan[0][0]["Plan"])
+            assert ("Seq Scan", "executions") not in nodes, nodes
+    assert [r.run_id for r in store.list_dead_letters()] == [r for r, _ in runs[-3:]][::-1]

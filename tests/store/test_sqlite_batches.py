@@ -208,3 +208,17 @@ def test_a_store_dropped_without_close_stops_its_checkpointer(tmp_path: Path) ->
     gc.collect()
     checkpointer._thread.join(timeout=5)
     assert not checkpointer._thread.is_alive()
+
+
+def test_dead_letters_are_listed_through_their_index(sqlite_store: SQLiteStore) -> None:
+    sql = sqlite_store._updates
+    for statement, params in (
+        (sql.dead_of_all, (2**63 - 1, 100)),
+        (sql.dead_of_job, (1, 2**63 - 1, 100)),
+        (sql.dead_of_tenant, ("acme", 2**63 - 1, 100)),
+    ):
+        plan = [
+            r[3] for r in sqlite_store._db.conn.execute("EXPLAIN QUERY PLAN " + statement, params)
+        ]
+        assert any("executions_dead" in step for step in plan), plan
+        assert not any(step.startswith("SCAN e") and "INDEX" not in step for step in plan), plan

@@ -355,14 +355,24 @@ class Driver:
         the old schedule from firing until the store answers: give the
         stored job to ``updated``, or the hold to ``update_failed``.
 
-        The new schedule owes its fires from the change on: the first one
-        after ``now_ms``, or, when a fire of the old schedule was due and
-        not claimed yet (no worker free, the loop behind), from that fire
-        on, so that the change drops no fire that was owed. A paused job
-        stays without a next fire (its resume computes one)."""
-        if record.state not in (JobState.ACTIVE, JobState.PAUSED):
-            raise FailedPrecondition(f"job {record.job_id} is {record.state.value}")
+        The change is at ``now_ms``: fires of the old schedule due by then
+        come due under it, and the new schedule owes its fires from the first
+        one after ``now_ms``; when a fire of the old schedule was due and
+        could not be claimed yet (no worker free), the new schedule owes its
+        fires from that one on instead, so that the change drops no fire that
+        was owed (its catch-up policy decides). A paused job
+        stays without a next fire (its resume computes one), and so does a
+        completed one, whose schedule may not change."""
+        if record.state is JobState.CANCELLED:
+            raise FailedPrecondition(f"job {record.job_id} is cancelled")
         spec = replace(spec, tenant=record.spec.tenant)
+        if record.state is JobState.COMPLETED and spec.schedule != record.spec.schedule:
+            # A finished one-shot's payload and policies may change (to fix
+            # what its dead letters need before a redrive); its schedule is over.
+            raise FailedPrecondition(
+                f"job {record.job_id} is completed: its schedule is over (its payload and"
+                " policies may still change)"
+            )
         active = record.state is JobState.ACTIVE
         # Computed for a paused job too: it validates the schedule (cron
         # syntax, zone), which must not reach the store to fail at a resume.
@@ -371,6 +381,9 @@ class Driver:
             nxt = None
         hold = None
         if active and self.owner.owns(record.job_id):
+            # Fires due by now come due (and are claimed, workers willing)
+            # under the old spec: the change is at this instant.
+            self.advance(now_ms)
             hold = self.owner.hold_fires(record.job_id)
             if hold is not None and hold.oldest is not None and hold.oldest <= now_ms:
                 nxt = self._first_of_update(record.job_id, spec, hold.oldest)

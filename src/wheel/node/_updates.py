@@ -17,6 +17,9 @@ from wheel.node._values import Clock
 from wheel.store.base import RunState, Store
 
 T = TypeVar("T")
+# Dead letters a redrive of a whole job claims at most (the newest): a call
+# claims them in one go; the caller calls again for the rest.
+MAX_REDRIVE = 1_000
 
 
 class NodeUpdates:
@@ -106,22 +109,22 @@ class NodeUpdates:
         )
 
     async def redrive(self, job_id: int, run_id: int | None = None) -> list[ExecutionRecord]:
-        """The job's dead letters (or the one of ``run_id``) claimed again at
-        once, each as the next attempt of its fire with a new fence; returns
-        the new attempts, once they are in the store. A dead letter redriven
-        already is not one any more: redriving it again does nothing."""
+        """The job's dead letters (the newest ``MAX_REDRIVE``; or the one of
+        ``run_id``) claimed again at once, each as the next attempt of its
+        fire with a new fence; returns the new attempts, once they are in the
+        store. A dead letter redriven already is not one any more: redriving
+        it again does nothing."""
         record = await self.get_job(job_id)
-        dead: list[ExecutionRecord] = []
-        before: int | None = None
-        while True:  # every dead letter of the job, a page at a time
-            page = await self.list_dead_letters(
-                job_id=job_id, tenant=None, before_run_id=before, limit=1000
+        if run_id is None:
+            dead = await self.list_dead_letters(
+                job_id=job_id, tenant=None, before_run_id=None, limit=MAX_REDRIVE
             )
-            dead += page
-            if len(page) < 1000:
-                break
-            before = page[-1].run_id
-        if run_id is not None:
+        else:
+            # The dead letters at and below ``run_id``, newest first: it is the
+            # first if it is one.
+            dead = await self.list_dead_letters(
+                job_id=job_id, tenant=None, before_run_id=run_id + 1, limit=1
+            )
             dead = [r for r in dead if r.run_id == run_id]
             if not dead:
                 run = await self._api(self.store.get_run, run_id)  # NotFound

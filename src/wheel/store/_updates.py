@@ -135,8 +135,8 @@ def update_job(
                 )
             row = cur.execute(sql.change, (job_id, int(held[0]))).fetchone()
             return Updated(before, change_from_row(row), False)
-    if before.state not in (JobState.ACTIVE, JobState.PAUSED):
-        raise FailedPrecondition(f"job {job_id} is {before.state.value}")
+    if before.state is JobState.CANCELLED:
+        raise FailedPrecondition(f"job {job_id} is cancelled")
     spec = replace(update.spec, tenant=before.spec.tenant)
     version = int(cur.execute(sql.last_version, (job_id,)).fetchone()[0]) + 1
     profile, param = profile_of_update(update)

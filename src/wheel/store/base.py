@@ -204,13 +204,13 @@ class Store(Protocol):
         back with this write's change marker. Raises ``NotFound``."""
 
     def update_job(self, update: SpecUpdate) -> Updated:
-        """Replace an active or paused job's spec and next fire, in ONE
+        """Replace a job's spec and next fire (its state as it is), in ONE
         transaction that also records the change in the job's history
         (version 1, 2, ...) and stamps the job with this write's change
         marker. With a key: the same key and body again returns the job as it
         is now and the change that key made (``applied=False``); another body
         raises ``AlreadyExists``. Raises ``NotFound``, and
-        ``FailedPrecondition`` for a cancelled or completed job."""
+        ``FailedPrecondition`` for a cancelled job."""
 
     def list_job_updates(
         self, job_id: int, *, before_version: int | None = None, limit: int = 100

@@ -209,6 +209,7 @@ class _Jobs(_Parts):
         self.wheel.cancel((job_id << 2) | FIRE)
         job.next_fire = None
         job.paused = True
+        self._holds.add(job_id)
         waiting = [f for f, _, moves in job.due if moves] + list(job.buffered)
         if armed is not None:
             waiting.append(armed)
@@ -217,6 +218,9 @@ class _Jobs(_Parts):
     def release_fires(self, job_id: int, hold: FireHold, now_ms: int) -> None:
         """The store refused the change: the job fires on as it was (unless
         a read of the store re-armed it meanwhile)."""
+        if job_id not in self._holds:
+            return
+        self._holds.discard(job_id)
         job = self._job(job_id)
         if job is None or not job.paused or job.next_fire is not None or job.cancelled:
             return
@@ -233,9 +237,12 @@ class _Jobs(_Parts):
         schedule not claimed are dropped (the new next fire was computed
         from the oldest of them), retries of fires that ran keep their
         place."""
+        held = record.job_id in self._holds
+        self._holds.discard(record.job_id)
         job = self._job(record.job_id)
         if job is not None and record.state is JobState.ACTIVE:
-            job.paused = False
+            if held:
+                job.paused = False
             job.store_next = _REARM
         self.upsert_job(record, now_ms, fx)
 

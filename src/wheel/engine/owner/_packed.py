@@ -186,8 +186,11 @@ class _Packed(_Parts):
 
     def _image(self, job: _Job) -> PackedJob:
         nxt = NO_FIRE if job.store_next is None else job.store_next
+        # A job held for an update is paused in memory only: its image is
+        # what the store has (a restart re-arms it from there).
+        paused = job.paused and job.job_id not in self._holds
         due = NEVER
-        if job.store_next is not None and not job.paused:
+        if job.store_next is not None and not paused:
             due = job.compiled.jittered(job.store_next)
         return PackedJob(
             job.job_id,
@@ -195,7 +198,7 @@ class _Packed(_Parts):
             due,
             job.param,
             self.profiles[job.profile].profile_id,
-            (PAUSED if job.paused else 0) | (PAYLOAD if job.has_payload else 0),
+            (PAUSED if paused else 0) | (PAYLOAD if job.has_payload else 0),
         )
 
     def take_dirty(self) -> set[int]:
@@ -265,8 +268,8 @@ class _Packed(_Parts):
         jobs = self.jobs
         for job_id in settling:
             job = jobs.get(job_id)
-            if job is None or not _at_rest(job):
-                continue  # gone, or busy: settled again when its work ends
+            if job is None or not _at_rest(job) or job_id in self._holds:
+                continue  # gone, busy or held: settled again when its work ends
             due = NEVER
             if not job.paused and job.next_fire is not None:
                 due = job.compiled.jittered(job.next_fire)

@@ -324,6 +324,7 @@ class _Parts:
         "_grace",
         "_graced",
         "_held_tenant",
+        "_holds",
         "_incarnations",
         "_later",
         "_next_unarmed",
@@ -591,6 +592,9 @@ class _OwnerState(_Parts):
         self._armed_until = now_ms
         self._next_unarmed = NEVER
         # Awake jobs whose work may be over: put back to rest (``_settle``).
+        # Jobs whose fires are held while their spec changes in the store
+        # (``_Jobs.hold_fires``): paused in memory only, never so in an image.
+        self._holds: set[int] = set()
         self._settling: set[int] = set()
         # Jobs whose packed image changed since ``take_dirty`` (the node logs them).
         self.dirty: set[int] = set()

@@ -1,0 +1,316 @@
+"""``wheelctl``'s operator commands: change a job in place, read its record of
+updates, backfill, preview a schedule, and list and redrive dead letters.
+
+wheelctl update JOB_ID [the job flags of submit, each one given changed]
+wheelctl updates JOB_ID [--json]
+wheelctl backfill JOB_ID --from WHEN --to WHEN [--json]
+wheelctl preview (--cron EXPR [--tz] [--dst-gap] [--dst-fold] | --every D [--start] | --at WHEN
+                  | --job JOB_ID) [--from WHEN] [--count N] [--json]
+wheelctl dlq list [--job JOB_ID] [--json] | dlq redrive JOB_ID [--run RUN_ID] [--json]
+
+``update`` takes ``wheelctl submit``'s own flag definitions (``add_job_flags``),
+made optional: the flags given are the fields changed, the others stay as
+they are. A schedule flag replaces the whole schedule; a catch-up or overlap
+flag the whole policy (its other flags at submit's defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from wheel.cli import _job_line, add_job_flags, job_json, parse_when
+from wheel.cli_admin import add_token_flag
+from wheel.cli_common import command_client, epoch_ms, fmt_time, parse_duration
+from wheel.client import CatchUp, DstFold, DstGap, Overlap, Run, UpdateArgs
+from wheel.errors import InvalidArgument
+
+# submit's flags that ``update`` does not take: a job's tenant never changes.
+_NOT_UPDATED = ("tenant",)
+
+
+def _when(text: str, field: str, now: datetime) -> datetime:
+    """``parse_when``'s times, and -DURATION: that long before ``now``."""
+    if text.strip().startswith("-"):
+        return now - parse_duration(text.strip()[1:], field)
+    when = parse_when(text, field)
+    return now + when if isinstance(when, timedelta) else when
+
+
+def update_args(ns: argparse.Namespace, defaults: dict[str, Any]) -> UpdateArgs:
+    """``Client.update``'s keywords from the flags given (the others are not
+    in ``ns``); ``defaults``: submit's, for the parts of a policy not given."""
+    given = vars(ns)
+    now = datetime.now(UTC)
+    args: UpdateArgs = {}
+    for flag in ("name", "handler", "payload", "pool", "tz", "dst_gap", "dst_fold", "cron"):
+        if flag in given:
+            args[flag] = given[flag]
+    if "fixed_delay" in given:
+        args["fixed_delay"] = given["fixed_delay"]
+    if "at_most_once" in given:
+        args["at_most_once"] = given["at_most_once"]
+    if "at" in given:
+        args["at"] = _when(given["at"], "at", now)
+    if "every" in given:
+        args["every"] = parse_duration(given["every"], "every")
+    if "start" in given:
+        args["start"] = _when(given["start"], "start", now)
+    if "jitter" in given:
+        args["jitter"] = parse_duration(given["jitter"], "jitter")
+    if "timeout" in given:
+        args["timeout"] = parse_duration(given["timeout"], "timeout")
+    if "max_attempts" in given:
+        args["retry"] = given["max_attempts"]
+
+    def part(flag: str) -> Any:
+        return given.get(flag, defaults[flag])
+
+    if any(f in given for f in ("catch_up", "catch_up_window", "catch_up_max")):
+        window = part("catch_up_window")
+        args["catch_up"] = CatchUp(
+            mode=part("catch_up"),
+            window=parse_duration(window, "catch_up_window") if window else None,
+            max_count=part("catch_up_max"),
+        )
+    if any(f in given for f in ("overlap", "max_concurrent")):
+        args["overlap"] = Overlap(policy=part("overlap"), max_concurrent=part("max_concurrent"))
+    return args
+
+
+def cmd_update(ns: argparse.Namespace) -> int:
+    for flag in _NOT_UPDATED:
+        if flag in vars(ns):
+            raise InvalidArgument(flag, "a job's tenant never changes")
+    args = update_args(ns, ns.submit_defaults)
+    if not args:
+        raise InvalidArgument("flags", "give at least one of submit's job flags to change")
+    with command_client(ns) as client:
+        job = client.update(ns.job_id, idempotency_key=getattr(ns, "key", None), **args)
+    if ns.json:
+        print(json.dumps(job_json(job)))
+    else:
+        print(f"updated job {job.job_id}")
+        print(_job_line(job))
+    return 0
+
+
+def cmd_updates(ns: argparse.Namespace) -> int:
+    with command_client(ns) as client:
+        updates = list(client.job_updates(ns.job_id))
+    rows: list[dict[str, Any]] = []
+    for u in updates:
+        before, after = job_json(u.before), job_json(u.after)
+        changed = {
+            k: [before[k], after[k]]
+            for k in ("name", "handler", "pool", "schedule")
+            if before[k] != after[k]
+        }
+        rows.append(
+            {
+                "version": u.version,
+                "updated_at_ms": epoch_ms(u.updated_at),
+                "updated_by": u.updated_by,
+                "changed": changed,
+                "payload_changed": u.payload_changed,
+            }
+        )
+    if ns.json:
+        print(json.dumps(rows))
+        return 0
+    for row, u in zip(rows, updates, strict=True):
+        what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in row["changed"].items())
+        if u.payload_changed:
+            what = f"{what}, payload" if what else "payload"
+        print(
+            f"v{u.version:<4} {fmt_time(u.updated_at)}  by {u.updated_by or '-':<24} "
+            f"{what or 'policies'}"
+        )
+    return 0
+
+
+def cmd_backfill(ns: argparse.Namespace) -> int:
+    now = datetime.now(UTC)
+    start, end = _when(ns.from_, "from", now), _when(ns.to, "to", now)
+    with command_client(ns) as client:
+        out = client.backfill(ns.job_id, start, end)
+    if ns.json:
+        print(
+            json.dumps(
+                {
+                    "scheduled": out.scheduled,
+                    "skipped_existing": out.skipped_existing,
+                    "scheduled_for_ms": [epoch_ms(t) for t in out.scheduled_for],
+                }
+            )
+        )
+        return 0
+    print(
+        f"backfill of job {ns.job_id}: {out.scheduled} fires scheduled,"
+        f" {out.skipped_existing} already in its history"
+    )
+    for t in out.scheduled_for:
+        print(f"  {fmt_time(t)}")
+    return 0
+
+
+def cmd_preview(ns: argparse.Namespace) -> int:
+    now = datetime.now(UTC)
+    start_from = _when(ns.from_, "from", now) if ns.from_ else None
+    kinds = [k for k in ("cron", "every", "at") if getattr(ns, k)]
+    if ns.job is not None and kinds:
+        raise InvalidArgument("job", f"give --job or a schedule (--{kinds[0]}), not both")
+    with command_client(ns) as client:
+        if ns.job is not None:
+            fires = client.preview(ns.job, start_from=start_from, count=ns.count)
+        else:
+            fires = client.preview(
+                cron=ns.cron,
+                every=parse_duration(ns.every, "every") if ns.every else None,
+                at=_when(ns.at, "at", now) if ns.at else None,
+                tz=ns.tz,
+                dst_gap=ns.dst_gap,
+                dst_fold=ns.dst_fold,
+                start=_when(ns.start, "start", now) if ns.start else None,
+                start_from=start_from,
+                count=ns.count,
+            )
+    if ns.json:
+        print(json.dumps([{"fire_ms": epoch_ms(t), "utc": t.isoformat()} for t in fires]))
+        return 0
+    zone = _zone(ns.tz)
+    for t in fires:
+        local = f"  {t.astimezone(zone).isoformat()}" if zone is not None else ""
+        print(f"{fmt_time(t)}{local}")
+    return 0
+
+
+def _zone(tz: str) -> Any:
+    """The zone to show local times in (None: UTC, shown already)."""
+    if tz in ("", "UTC"):
+        return None
+    from zoneinfo import ZoneInfo
+
+    try:
+        return ZoneInfo(tz)
+    except (KeyError, ValueError):
+        return None  # the node said what is wrong with it already
+
+
+def _run_json(r: Run) -> dict[str, Any]:
+    return {
+        "run_id": r.run_id,
+        "job_id": r.job_id,
+        "scheduled_for_ms": epoch_ms(r.scheduled_for),
+        "attempt": r.attempt,
+        "state": r.state.value,
+        "fence": r.fence,
+        "worker_id": r.worker_id or "",
+        "finished_at_ms": epoch_ms(r.finished_at) if r.finished_at else 0,
+        "error": r.error or "",
+    }
+
+
+def _print_runs(runs: list[Run], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([_run_json(r) for r in runs]))
+        return
+    for r in runs:
+        print(
+            f"job {r.job_id:<20} run {r.run_id:<10} {fmt_time(r.scheduled_for)}  "
+            f"attempt {r.attempt}  {r.state:<14} fence {r.fence}  {r.error or ''}"
+        )
+
+
+def cmd_dlq_list(ns: argparse.Namespace) -> int:
+    with command_client(ns) as client:
+        runs = client.dead_letters(ns.job)
+    _print_runs(runs, ns.json)
+    return 0
+
+
+def cmd_dlq_redrive(ns: argparse.Namespace) -> int:
+    with command_client(ns) as client:
+        runs = client.redrive(ns.job_id, run_id=ns.run)
+    if not ns.json:
+        print(f"redrove {len(runs)} dead letters of job {ns.job_id}: new attempts")
+    _print_runs(runs, ns.json)
+    return 0
+
+
+def _optional(actions: list[argparse.Action]) -> dict[str, Any]:
+    """Make submit's job flags optional and absent unless given (so the
+    flags given are the fields changed); returns their defaults."""
+    defaults = {}
+    for action in actions:
+        defaults[action.dest] = action.default
+        action.required = False
+        action.default = argparse.SUPPRESS
+    return defaults
+
+
+def register(sub: Any, target: str, target_help: str) -> None:
+    """Add ``update``, ``updates``, ``backfill``, ``preview`` and ``dlq``."""
+
+    def common(p: argparse.ArgumentParser, json_help: str) -> None:
+        p.add_argument("--target", default=target, help=target_help)
+        add_token_flag(p)
+        p.add_argument("--json", action="store_true", help=json_help)
+
+    up = sub.add_parser(
+        "update",
+        help="change a job in place (the job flags of submit; those given change)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    up.add_argument("job_id", type=int)
+    common(up, "the job as JSON")
+    defaults = _optional(add_job_flags(up))
+    up.set_defaults(fn=cmd_update, submit_defaults=defaults)
+
+    us = sub.add_parser("updates", help="a job's recorded updates, newest first")
+    us.add_argument("job_id", type=int)
+    common(us, "the updates as a JSON array")
+    us.set_defaults(fn=cmd_updates)
+
+    bf = sub.add_parser("backfill", help="run a job's past fires of a time range")
+    bf.add_argument("job_id", type=int)
+    common(bf, "the answer as JSON")
+    bf.add_argument(
+        "--from",
+        dest="from_",
+        required=True,
+        help="--from=-1h (that long ago), epoch ms or ISO 8601",
+    )
+    bf.add_argument("--to", required=True, help="the end (not included), in the past")
+    bf.set_defaults(fn=cmd_backfill)
+
+    pv = sub.add_parser("preview", help="the next fire times of a schedule or of a job")
+    common(pv, "the fires as a JSON array")
+    pv.add_argument("--job", type=int, help="a job's schedule")
+    pv.add_argument("--cron", help="cron expression (5 fields, or 6 with seconds first)")
+    pv.add_argument("--tz", default="UTC", help="IANA time zone of the cron expression")
+    pv.add_argument(
+        "--dst-gap", default=DstGap.FIRE_AT_TRANSITION.value, choices=[g.value for g in DstGap]
+    )
+    pv.add_argument("--dst-fold", default=DstFold.FIRST.value, choices=[f.value for f in DstFold])
+    pv.add_argument("--every", help="interval, e.g. 30s")
+    pv.add_argument("--start", help="first fire of an interval")
+    pv.add_argument("--at", help="a one-shot's time")
+    pv.add_argument("--from", dest="from_", help="fires at or after this (default: now)")
+    pv.add_argument("--count", type=int, default=10, help="how many (at most 1000)")
+    pv.set_defaults(fn=cmd_preview)
+
+    dq = sub.add_parser("dlq", help="dead-lettered runs: list, redrive")
+    dqs = dq.add_subparsers(dest="dlq_command", required=True)
+    dl = dqs.add_parser("list", help="dead letters not redriven yet, newest first")
+    common(dl, "the runs as a JSON array")
+    dl.add_argument("--job", type=int, help="of one job (default: every job you may see)")
+    dl.set_defaults(fn=cmd_dlq_list)
+    dr = dqs.add_parser("redrive", help="run a job's dead letters again as new attempts")
+    dr.add_argument("job_id", type=int)
+    common(dr, "the new attempts as a JSON array")
+    dr.add_argument("--run", type=int, help="only this dead-lettered run")
+    dr.set_defaults(fn=cmd_dlq_redrive)

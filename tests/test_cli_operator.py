@@ -1,0 +1,143 @@
+"""wheelctl's operator commands against a real node over gRPC: update with
+submit's own flags (only those given change), the record of updates,
+backfill, preview across a DST change, submit's DST flags, dead letters
+listed and redriven, and --json on every listing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.rpc.test_api import InProcessServer, WorkerThread, now_ms, wait_for
+from wheel.cli import main
+from wheel.worker import Permanent, RunContext
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer]:
+    s = InProcessServer(tmp_path_factory.mktemp("cli-operator")).start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def run(capsys: pytest.CaptureFixture[str], server: InProcessServer, *argv: str) -> Any:
+    """``wheelctl ARGV --target ... --json``'s answer, parsed."""
+    assert main([*argv, "--target", server.target, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_update_changes_only_the_flags_given_and_updates_lists_the_change(
+    server: InProcessServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made = run(capsys, server, "submit", "--name", "nightly", "--handler", "h",
+               "--cron", "0 3 * * *", "--payload", "v1", "--max-attempts", "3")  # fmt: skip
+    job_id = str(made["job_id"])
+    job = run(capsys, server, "update", job_id, "--cron", "*/5 * * * *", "--tz", "Europe/Paris",
+              "--dst-gap", "skip", "--payload", "v2")  # fmt: skip
+    assert job["job_id"] == made["job_id"] and job["name"] == "nightly"
+    assert job["schedule"] == {"cron": "*/5 * * * *", "tz": "Europe/Paris", "dst_gap": "skip",
+                               "dst_fold": "first"}  # fmt: skip
+    assert job["next_fire_ms"] % 300_000 == 0
+    run(capsys, server, "update", job_id, "--name", "every-five")
+    [second, first] = run(capsys, server, "updates", job_id)
+    assert (first["version"], second["version"]) == (1, 2)
+    assert first["changed"]["schedule"][0]["cron"] == "0 3 * * *" and first["payload_changed"]
+    assert second["changed"] == {"name": ["nightly", "every-five"]}
+    [listed] = [j for j in run(capsys, server, "jobs") if j["job_id"] == made["job_id"]]
+    assert listed["name"] == "every-five" and listed["schedule"] == job["schedule"]
+    # Without --json: a line a change.
+    assert main(["updates", job_id, "--target", server.target]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("v2") and "name nightly -> every-five" in lines[0]
+    # A tenant never changes; an update needs a flag; a bad cron is named.
+    target = ["--target", server.target]
+    assert main(["update", job_id, *target, "--tenant", "other"]) == 2
+    assert "tenant" in capsys.readouterr().err
+    assert main(["update", job_id, *target]) == 2
+    assert "give at least one" in capsys.readouterr().err
+    assert main(["update", job_id, *target, "--cron", "99 * * * *"]) == 2
+    assert "cron" in capsys.readouterr().err
+    assert main(["update", "987654321", *target, "--name", "x"]) == 2
+    assert "987654321" in capsys.readouterr().err
+    [still] = [j for j in run(capsys, server, "jobs") if j["job_id"] == made["job_id"]]
+    assert still == listed
+
+
+def test_submit_takes_the_dst_flags_and_preview_shows_them_across_a_change(
+    server: InProcessServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made = run(capsys, server, "submit", "--name", "ny", "--handler", "h", "--cron", "30 2 * * *",
+               "--tz", "America/New_York", "--dst-gap", "skip", "--dst-fold", "both")  # fmt: skip
+    [job] = [j for j in run(capsys, server, "jobs") if j["job_id"] == made["job_id"]]
+    assert (job["schedule"]["dst_gap"], job["schedule"]["dst_fold"]) == ("skip", "both")
+    spring = ["--cron", "30 2 * * *", "--tz", "America/New_York",
+              "--from", "2027-03-13T00:00:00+00:00", "--count", "2"]  # fmt: skip
+    fires = [f["utc"] for f in run(capsys, server, "preview", *spring)]
+    assert fires == ["2027-03-13T07:30:00+00:00", "2027-03-14T07:00:00+00:00"]
+    skipped = [f["utc"] for f in run(capsys, server, "preview", *spring, "--dst-gap", "skip")]
+    assert skipped == ["2027-03-13T07:30:00+00:00", "2027-03-15T06:30:00+00:00"]
+    # The job's own preview from the same date: its skip policy.
+    mine = run(capsys, server, "preview", "--job", str(made["job_id"]),
+               "--from", "2027-03-13T00:00:00+00:00", "--count", "2")  # fmt: skip
+    assert [f["utc"] for f in mine] == skipped
+    every = run(capsys, server, "preview", "--every", "90s", "--start", "1800000000000",
+                "--from", "1800000000000", "--count", "3")  # fmt: skip
+    assert [f["fire_ms"] for f in every] == [1_800_000_000_000 + k * 90_000 for k in range(3)]
+    # Without --json: UTC and the zone's own wall time.
+    assert main(["preview", *spring, "--target", server.target]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "2027-03-14 07:00:00.000  2027-03-14T03:00:00-04:00"
+
+
+def test_backfill_and_dead_letters_through_wheelctl(
+    server: InProcessServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    failed: set[int] = set()
+
+    def flaky(ctx: RunContext) -> None:
+        if ctx.scheduled_for_ms not in failed:
+            failed.add(ctx.scheduled_for_ms)
+            raise Permanent("first attempt fails")
+
+    with WorkerThread(server.target, "w-cli-dlq", cli_flaky=flaky):
+        start = now_ms() - 2 * 3_600_000
+        # Every half hour from two hours ago: its next fire is half an hour away.
+        made = run(capsys, server, "submit", "--name", "dlq", "--handler", "cli_flaky",
+                   "--every", "30m", "--start", str(start))  # fmt: skip
+        job_id = str(made["job_id"])
+        back = run(capsys, server, "backfill", job_id, "--from", str(start), "--to=-1s")
+        assert back["scheduled_for_ms"] == [start + k * 1_800_000 for k in range(4)]
+        want = 4
+        letters = wait_for(
+            lambda: (
+                (r := run(capsys, server, "dlq", "list", "--job", job_id)) and len(r) >= want and r
+            ),
+            10,
+            "the backfilled fires to be dead-lettered",
+        )
+        assert {r["scheduled_for_ms"] for r in letters} == set(back["scheduled_for_ms"])
+        assert all(r["state"] == "dead_lettered" and r["error"] for r in letters)
+        everyone = {r["run_id"] for r in run(capsys, server, "dlq", "list")}
+        assert {r["run_id"] for r in letters} <= everyone
+        one = run(capsys, server, "dlq", "redrive", job_id, "--run", str(letters[0]["run_id"]))
+        assert [(r["scheduled_for_ms"], r["attempt"]) for r in one] == [
+            (letters[0]["scheduled_for_ms"], letters[0]["attempt"] + 1)
+        ]
+        rest = run(capsys, server, "dlq", "redrive", job_id)
+        assert len(rest) == want - 1
+        # A redriven dead letter is not one any more, at once.
+        assert run(capsys, server, "dlq", "list", "--job", job_id) == []
+
+        def succeeded() -> list[int]:
+            runs = run(capsys, server, "runs", job_id)
+            return sorted(r["scheduled_for_ms"] for r in runs if r["state"] == "succeeded")
+
+        wait_for(lambda: len(succeeded()) >= want, 10, "every redriven run to succeed")
+        assert succeeded() == back["scheduled_for_ms"]
+    assert main(["dlq", "list", "--target", server.target]) == 0
+    capsys.readouterr()
