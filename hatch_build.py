@@ -128,7 +128,7 @@ else:
                     return
                 out = Path(self.directory) / "mypyc-out"
                 built = compile_to(out)
-            except Exception as exc:  # the sources run as they are
+            except (Exception, SystemExit) as exc:  # the sources run as they are
                 print(
                     f"wheel: compiling the hot modules failed ({exc}): pure Python", file=sys.stderr
                 )

@@ -364,6 +364,7 @@ class _Parts:
     _armed_until: int
     _next_unarmed: int
     _settling: set[int]
+    _holds: set[int]
     dirty: set[int]
     runs: dict[int, _Run]
     workers: dict[str, _Worker]
