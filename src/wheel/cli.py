@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
+from wheel import cli_outbox
 from wheel._tls import LiveChannelSecurity, LiveServerSecurity
 from wheel._tls_cli import (
     add_client_flags,
@@ -250,6 +251,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         # What the node restored lives as long as the process: never scan it again.
         gc.collect()
         gc.freeze()
+        relay_dsn = cli_outbox.outbox_dsn(ns, url)
         server, port = await serve(
             node,
             ns.listen,
@@ -262,6 +264,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             "wheel node %s serving on port %d (store %s)", ns.node_id, port, url.split("?")[0]
         )
         logging.getLogger("wheel").log(*security.notice(ns.listen))
+        relay = cli_outbox.start_relay(node, relay_dsn) if relay_dsn else None
         metrics = None
         if ns.metrics_listen:
             from wheel.metrics import MetricsServer
@@ -305,6 +308,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         died.cancel()
         if watching is not None:
             watching.cancel()
+        if relay is not None:
+            await relay.stop()
         await node.leave()  # shards to the other members first, then the server
         await server.stop(grace=2.0)
         if metrics is not None:
@@ -622,6 +627,7 @@ def build_parser() -> argparse.ArgumentParser:
         " store's time; default %(default)s)",
     )
     add_serve_flags(s)
+    cli_outbox.add_serve_flag(s)
     s.add_argument(
         "--tls-reload-interval",
         type=_seconds_or_off,
@@ -718,8 +724,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=50051)
     d.add_argument("--data-dir", help="default: a temporary directory")
     d.set_defaults(fn=cmd_demo)
+    cli_outbox.add_parser(sub)
     for name, command in sub.choices.items():
-        if name not in ("serve", "demo"):
+        if name not in ("serve", "demo", "outbox"):
             add_client_flags(command)
     return p
 

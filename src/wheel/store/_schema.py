@@ -15,6 +15,8 @@ guarantee ``UNIQUE (job_id, scheduled_for, attempt)``.
 
 from __future__ import annotations
 
+from wheel.store.outbox_sql import DDL as OUTBOX_DDL
+
 # Run states that still hold a lease: the partial in-flight index covers them.
 INFLIGHT_SQL = "('dispatched', 'running')"
 
@@ -216,7 +218,14 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
             f" GENERATED ALWAYS AS ({DUE_BUCKET_SQL}) VIRTUAL",
         ],
     ),
+    (
+        9,
+        # The outbox is PostgreSQL's alone (it rides in the application's
+        # transaction): nothing here, so the two backends' versions stay equal.
+        [],
+    ),
 ]
+
 
 PG_MIGRATIONS: list[tuple[int, list[str]]] = [
     (
@@ -374,5 +383,12 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
             "CREATE INDEX jobs_unprofiled ON jobs (shard)"
             " WHERE profile_id IS NULL AND state IN ('active', 'paused')",
         ],
+    ),
+    (
+        9,
+        # The transactional submit's outbox (wheel.store.outbox_sql), for
+        # applications whose tables live in wheel's own database; its DDL is
+        # idempotent, so a table made before by ``wheelctl outbox init`` stays.
+        OUTBOX_DDL,
     ),
 ]

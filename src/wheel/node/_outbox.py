@@ -1,0 +1,315 @@
+"""The outbox relay: rows an application committed to ``wheel_outbox``
+(``wheel.outbox.submit``) become jobs through the node's own submit path.
+
+Two tasks beside the dispatch loop, never in it:
+
+- the listener holds a connection that LISTENs on the table's channel (the
+  insert's trigger notifies it at commit) and wakes the pump; it reconnects
+  with backoff when the database goes away, and wakes the pump each time it
+  does (rows may have committed while nobody listened);
+- the pump, woken or every ``poll_s`` at the latest (the bounded fallback
+  when a notification is lost), claims up to ``batch_rows`` pending rows,
+  oldest first, ``FOR UPDATE SKIP LOCKED``, queues them all on the node's
+  group-committed submit path (``Node.submit_later``, as a bulk submit
+  does), and records each row's fate in the claim's transaction: ``done``
+  with the job id, ``failed`` with the error, or still ``pending`` with the
+  error of a failure that passes (the store down, a tenant over its quota).
+
+Why a row never becomes two jobs: its job is made under the row's
+idempotency key with the row's spec, so a second pick-up (the node killed
+after the job was stored but before the fate committed; two relays) finds
+the job the first made. The claim's lock keeps two live relays off the same
+row; the key covers the cases a lock cannot (a crash).
+
+In a cluster one member relays: the holder of shard 0, as retention picks
+its runner (``wheel.node._ops``). A second member that briefly believes it
+holds shard 0 too costs nothing: SKIP LOCKED gives it other rows, and the
+key holds across both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql as pgsql
+
+from wheel.engine.records import JobRecord
+from wheel.engine.spec import JobSpec
+from wheel.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    StoreUnavailable,
+    WheelError,
+)
+from wheel.store import outbox_sql as sql
+
+if TYPE_CHECKING:
+    from wheel.node._node import Node
+
+log = logging.getLogger("wheel.outbox")
+
+__all__ = ["OutboxRelay", "RowFate"]
+
+# Rows claimed in one transaction: a bulk submit's worth, in one group commit.
+BATCH_ROWS = 2_000
+# The fallback poll: a row whose notification was lost waits this long at most.
+POLL_S = 1.0
+# Errors that are the request's own: the row fails for good. Any other
+# failure (the store, a quota, a node starting or moving) passes: the row
+# stays pending and is tried again.
+PERMANENT: tuple[type[WheelError], ...] = (
+    InvalidArgument,
+    AlreadyExists,
+    NotFound,
+    PermissionDenied,
+)
+# Queued submits between two yields to the loop.
+YIELD_EVERY = 250
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RowFate:
+    """What the relay writes back into a row."""
+
+    id: int
+    state: str
+    job_id: int | None = None
+    error_code: str | None = None
+    error: str | None = None
+
+
+def _failure(row_id: int, exc: BaseException) -> RowFate:
+    state = "failed" if isinstance(exc, PERMANENT) else "pending"
+    return RowFate(id=row_id, state=state, error_code=type(exc).__name__, error=str(exc))
+
+
+class OutboxRelay:
+    """Turns a ``wheel_outbox`` table's rows into jobs of ``node``."""
+
+    def __init__(
+        self,
+        node: Node,
+        dsn: str,
+        *,
+        batch_rows: int = BATCH_ROWS,
+        poll_s: float = POLL_S,
+    ) -> None:
+        self.node = node
+        self.dsn = dsn
+        self.batch_rows = batch_rows
+        self.poll_s = poll_s
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        # Used on the relay's own thread only: claim, then record, in turn.
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-outbox")
+        self._conn: psycopg.Connection[Any] | None = None
+        # Counters since start: rows made jobs, rows failed, passes that failed.
+        self.done_rows = 0
+        self.failed_rows = 0
+        self.errors = 0
+        self.listening = asyncio.Event()
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._listen(), name="wheel-outbox-listen"),
+            asyncio.create_task(self._pump(), name="wheel-outbox-pump"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._close)
+        self._thread.shutdown(wait=True)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def picks(self) -> bool:
+        """Whether this node relays now: it serves, and it is the only node
+        or the holder of shard 0."""
+        node = self.node
+        if not node.ready.is_set() or node.stopping:
+            return False
+        return node.coordinator is None or 0 in node.held_shards()
+
+    # -- the listener -----------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.dsn, autocommit=True, connect_timeout=5
+                )
+                async with conn:
+                    row = await (await conn.execute(sql.TABLE_SCHEMA)).fetchone()
+                    if row is None:
+                        log.warning("no wheel_outbox table at the outbox's database: polling")
+                        await asyncio.sleep(max(self.poll_s, 5.0))
+                        continue
+                    channel = pgsql.Identifier(sql.CHANNEL_PREFIX + row[0])
+                    await conn.execute(pgsql.SQL("LISTEN {}").format(channel))
+                    backoff = 0.1
+                    self.listening.set()
+                    self._wake.set()  # rows committed while nobody listened
+                    async for _ in conn.notifies():
+                        self._wake.set()
+            except psycopg.Error as exc:
+                self.listening.clear()
+                log.warning("outbox listener: %s; reconnecting in %.1fs", exc, backoff)
+                self._wake.set()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    # -- the pump ---------------------------------------------------------------------
+
+    async def _pump(self) -> None:
+        backoff = 0.1
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+            self._wake.clear()
+            while self.picks():
+                try:
+                    claimed = await self.relay_once()
+                except Exception as exc:
+                    self.errors += 1
+                    log.warning("outbox pass failed: %s; next in %.1fs", exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    break
+                backoff = 0.1
+                if claimed < self.batch_rows:
+                    break
+
+    async def relay_once(self) -> int:
+        """One pass: claim, submit, record. Returns the rows claimed."""
+        loop = asyncio.get_running_loop()
+        claimed = await loop.run_in_executor(self._thread, self._claim)
+        if not claimed:
+            return 0
+        try:
+            fates = await self._submit(claimed)
+        except BaseException:
+            await asyncio.shield(loop.run_in_executor(self._thread, self._rollback))
+            raise
+        await loop.run_in_executor(self._thread, self._record, fates)
+        created = [f.job_id for f in fates if f.state == "done" and f.job_id is not None]
+        self.done_rows += len(created)
+        self.failed_rows += sum(1 for f in fates if f.state == "failed")
+        sink = self.node.job_changes_sink
+        if sink is not None and created:
+            sink(created)  # the owners of other members' shards, told at once
+        return len(claimed)
+
+    async def _submit(
+        self, claimed: Sequence[tuple[int, str, JobSpec | WheelError]]
+    ) -> list[RowFate]:
+        node = self.node
+        good = [(i, key, spec) for i, key, spec in claimed if isinstance(spec, JobSpec)]
+        verdicts = iter(await node.admit_submits([spec.tenant for _, _, spec in good]))
+        fates: list[RowFate] = []
+        waiting: list[tuple[int, asyncio.Future[tuple[JobRecord, bool] | WheelError]]] = []
+        admitted: list[str] = []
+        now = node.now_ms()
+        try:
+            for n, (row_id, key, spec) in enumerate(claimed):
+                if n % YIELD_EVERY == YIELD_EVERY - 1:
+                    await asyncio.sleep(0)
+                if not isinstance(spec, JobSpec):
+                    fates.append(_failure(row_id, spec))
+                    continue
+                over = next(verdicts)
+                if over is not None:
+                    fates.append(_failure(row_id, over))
+                    continue
+                admitted.append(spec.tenant)
+                try:
+                    waiting.append((row_id, node.submit_later(spec, key, now_ms=now)))
+                except WheelError as exc:
+                    fates.append(_failure(row_id, exc))
+            for row_id, future in waiting:
+                try:
+                    result = await future
+                except Exception as exc:  # the batch's store write failed: it passes
+                    fates.append(_failure(row_id, exc))
+                    continue
+                if isinstance(result, WheelError):
+                    fates.append(_failure(row_id, result))
+                else:
+                    fates.append(RowFate(id=row_id, state="done", job_id=result[0].job_id))
+        finally:
+            node.submits_done(admitted)
+        return fates
+
+    # -- on the relay's thread ----------------------------------------------------------
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = self._conn = psycopg.connect(self.dsn, connect_timeout=5)
+        return conn
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None
+
+    def _claim(self) -> list[tuple[int, str, JobSpec | WheelError]]:
+        try:
+            conn = self._connection()
+            rows = conn.execute(sql.CLAIM, (self.batch_rows,)).fetchall()
+        except psycopg.Error as exc:
+            self._close()
+            raise StoreUnavailable(f"outbox claim: {exc}") from exc
+        out: list[tuple[int, str, JobSpec | WheelError]] = []
+        for row_id, key, text in rows:
+            try:
+                spec: JobSpec | WheelError = JobSpec.from_json(text)
+            except (ValueError, KeyError, TypeError) as exc:
+                spec = InvalidArgument("spec", f"not a job spec ({type(exc).__name__}: {exc})")
+            out.append((row_id, key, spec))
+        return out
+
+    def _record(self, fates: Sequence[RowFate]) -> None:
+        started = time.perf_counter()
+        try:
+            conn = self._connection()
+            conn.execute(
+                sql.RECORD,
+                (
+                    [f.id for f in fates],
+                    [f.state for f in fates],
+                    [f.job_id for f in fates],
+                    [f.error_code for f in fates],
+                    [f.error for f in fates],
+                ),
+            )
+            conn.commit()
+        except psycopg.Error as exc:
+            # The rows go back to pending with the transaction; their jobs
+            # are stored, and the next pick-up finds them by key.
+            self._close()
+            raise StoreUnavailable(f"outbox record: {exc}") from exc
+        log.debug("outbox: %d rows recorded in %.3fs", len(fates), time.perf_counter() - started)
+
+    def _rollback(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.rollback()
+            except psycopg.Error:
+                self._close()
