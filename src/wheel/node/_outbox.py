@@ -73,6 +73,8 @@ PERMANENT: tuple[type[WheelError], ...] = (
     NotFound,
     PermissionDenied,
 )
+# A claimed row: id, idempotency key, its spec (or why it is none), body hash.
+Claimed = tuple[int, str, JobSpec | WheelError, str | None]
 # Queued submits between two yields to the loop.
 YIELD_EVERY = 250
 
@@ -215,18 +217,16 @@ class OutboxRelay:
             sink(created)  # the owners of other members' shards, told at once
         return len(claimed)
 
-    async def _submit(
-        self, claimed: Sequence[tuple[int, str, JobSpec | WheelError]]
-    ) -> list[RowFate]:
+    async def _submit(self, claimed: Sequence[Claimed]) -> list[RowFate]:
         node = self.node
-        good = [(i, key, spec) for i, key, spec in claimed if isinstance(spec, JobSpec)]
-        verdicts = iter(await node.admit_submits([spec.tenant for _, _, spec in good]))
+        tenants = [spec.tenant for _, _, spec, _ in claimed if isinstance(spec, JobSpec)]
+        verdicts = iter(await node.admit_submits(tenants))
         fates: list[RowFate] = []
         waiting: list[tuple[int, asyncio.Future[tuple[JobRecord, bool] | WheelError]]] = []
         admitted: list[str] = []
         now = node.now_ms()
         try:
-            for n, (row_id, key, spec) in enumerate(claimed):
+            for n, (row_id, key, spec, digest) in enumerate(claimed):
                 if n % YIELD_EVERY == YIELD_EVERY - 1:
                     await asyncio.sleep(0)
                 if not isinstance(spec, JobSpec):
@@ -238,7 +238,9 @@ class OutboxRelay:
                     continue
                 admitted.append(spec.tenant)
                 try:
-                    waiting.append((row_id, node.submit_later(spec, key, now_ms=now)))
+                    waiting.append(
+                        (row_id, node.submit_later(spec, key, body_hash=digest, now_ms=now))
+                    )
                 except WheelError as exc:
                     fates.append(_failure(row_id, exc))
             for row_id, future in waiting:
@@ -269,20 +271,20 @@ class OutboxRelay:
                 self._conn.close()
             self._conn = None
 
-    def _claim(self) -> list[tuple[int, str, JobSpec | WheelError]]:
+    def _claim(self) -> list[Claimed]:
         try:
             conn = self._connection()
             rows = conn.execute(sql.CLAIM, (self.batch_rows,)).fetchall()
         except psycopg.Error as exc:
             self._close()
             raise StoreUnavailable(f"outbox claim: {exc}") from exc
-        out: list[tuple[int, str, JobSpec | WheelError]] = []
-        for row_id, key, text in rows:
+        out: list[Claimed] = []
+        for row_id, key, text, digest in rows:
             try:
                 spec: JobSpec | WheelError = JobSpec.from_json(text)
             except (ValueError, KeyError, TypeError) as exc:
                 spec = InvalidArgument("spec", f"not a job spec ({type(exc).__name__}: {exc})")
-            out.append((row_id, key, spec))
+            out.append((row_id, key, spec, digest))
         return out
 
     def _record(self, fates: Sequence[RowFate]) -> None:

@@ -21,12 +21,14 @@ relay picks the row up, as it does a period after a node receives a submit.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Unpack, overload
 
 from wheel.client._specs import JobArgs, JobRequest, job_spec, request_of
+from wheel.rpc import convert
 from wheel.store import outbox_sql as sql
 
 if TYPE_CHECKING:
@@ -98,12 +100,16 @@ def row_of(
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     spec = job_spec(request, now_ms=now)
     spec.validate()
-    return spec.tenant, request.idempotency_key or generated_key(), spec.to_json()
+    # The body hash a node gives a Client.submit of this request: the same key
+    # and request through either path name one job.
+    wire = convert.spec_to_proto(spec).SerializeToString(deterministic=True)
+    key = request.idempotency_key or generated_key()
+    return spec.tenant, key, spec.to_json(), hashlib.sha256(wire).hexdigest()
 
 
 _SA_INSERT = (
-    "INSERT INTO wheel_outbox (tenant, idempotency_key, spec)"
-    " VALUES (:tenant, :key, :spec) RETURNING id"
+    "INSERT INTO wheel_outbox (tenant, idempotency_key, spec, body_hash)"
+    " VALUES (:tenant, :key, :spec, :hash) RETURNING id"
 )
 _FATE = "SELECT id, state, job_id, error_code, error, attempts FROM wheel_outbox WHERE id = %s"
 
@@ -143,19 +149,22 @@ def submit(
 def submit(conn: Any, **job: Unpack[JobArgs]) -> OutboxEntry | Awaitable[OutboxEntry]:
     """Insert a submit request in ``conn``'s transaction (see the module
     docstring); the entry names the row and the job's idempotency key."""
-    tenant, key, spec = row_of(job)
+    values = row_of(job)
+    tenant, key, spec, digest = values
     if _is_async(conn):
 
         async def insert() -> OutboxEntry:
-            cur = await conn.execute(sql.INSERT, (tenant, key, spec))
-            row = await cur.fetchone()
-            return OutboxEntry(id=row[0], idempotency_key=key)
+            cur = await conn.execute(sql.INSERT, values)
+            (row_id,) = await cur.fetchone()
+            return OutboxEntry(id=row_id, idempotency_key=key)
 
         return insert()
     if _is_psycopg(conn):
-        row = conn.execute(sql.INSERT, (tenant, key, spec)).fetchone()
-        return OutboxEntry(id=row[0], idempotency_key=key)
-    result = _sa_execute(conn, _SA_INSERT, {"tenant": tenant, "key": key, "spec": spec})
+        (row_id,) = conn.execute(sql.INSERT, values).fetchone()
+        return OutboxEntry(id=row_id, idempotency_key=key)
+    result = _sa_execute(
+        conn, _SA_INSERT, {"tenant": tenant, "key": key, "spec": spec, "hash": digest}
+    )
     return OutboxEntry(id=int(result.scalar_one()), idempotency_key=key)
 
 
@@ -199,8 +208,10 @@ def submit_many(
                     break
             return [OutboxEntry(id=i, idempotency_key=r[1]) for i, r in zip(ids, rows, strict=True)]
     out = []
-    for tenant, key, spec in rows:
-        result = _sa_execute(conn, _SA_INSERT, {"tenant": tenant, "key": key, "spec": spec})
+    for tenant, key, spec, digest in rows:
+        result = _sa_execute(
+            conn, _SA_INSERT, {"tenant": tenant, "key": key, "spec": spec, "hash": digest}
+        )
         out.append(OutboxEntry(id=int(result.scalar_one()), idempotency_key=key))
     return out
 

@@ -43,6 +43,10 @@ DDL: list[str] = [
         tenant          text        NOT NULL,
         idempotency_key text        NOT NULL,
         spec            text        NOT NULL,
+        -- What "the same request" means for the key, as a node reckons it
+        -- for Client.submit (the wire spec's hash): a row and a Client.submit
+        -- with one key and one request name one job. NULL: the spec's hash.
+        body_hash       text,
         state           text        NOT NULL DEFAULT 'pending'
                         CHECK (state IN ('pending', 'done', 'failed')),
         attempts        integer     NOT NULL DEFAULT 0,
@@ -68,7 +72,10 @@ DDL: list[str] = [
         FOR EACH STATEMENT EXECUTE FUNCTION wheel_outbox_notify()""",
 ]
 
-INSERT = "INSERT INTO wheel_outbox (tenant, idempotency_key, spec) VALUES (%s, %s, %s) RETURNING id"
+INSERT = (
+    "INSERT INTO wheel_outbox (tenant, idempotency_key, spec, body_hash)"
+    " VALUES (%s, %s, %s, %s) RETURNING id"
+)
 
 # The schema of the table the search_path finds: the channel to listen on.
 TABLE_SCHEMA = (
@@ -78,7 +85,7 @@ TABLE_SCHEMA = (
 
 # Oldest first; rows another relay holds are passed over, not waited for.
 CLAIM = (
-    "SELECT id, idempotency_key, spec FROM wheel_outbox WHERE state = 'pending'"
+    "SELECT id, idempotency_key, spec, body_hash FROM wheel_outbox WHERE state = 'pending'"
     " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
 
