@@ -80,6 +80,14 @@ def settled(conn: psycopg.Connection[Any], entry: outbox.OutboxEntry) -> outbox.
     return None if fate.state == "pending" else fate
 
 
+def fate_of(
+    conn: psycopg.Connection[Any], entry: outbox.OutboxEntry, what: str
+) -> outbox.OutboxFate:
+    """The row's fate once it is settled (waited for)."""
+    fate: outbox.OutboxFate = wait_for(lambda: settled(conn, entry), 10, what)
+    return fate
+
+
 def jobs_named(client: Client, name: str) -> list[int]:
     return [j.job_id for j in client.jobs() if j.name == name]
 
@@ -142,8 +150,8 @@ def test_an_async_connection_and_a_sqlalchemy_session_submit_in_their_transactio
     finally:
         engine.dispose()
     for entry, name in ((entry_a, a), (entry_b, b)):
-        fate = wait_for(lambda e=entry: settled(conn, e), 10, f"{name} to become a job")
-        assert client.get(fate.job_id).name == name
+        fate = fate_of(conn, entry, f"{name} to become a job")
+        assert fate.job_id is not None and client.get(fate.job_id).name == name
     assert jobs_named(client, c) == []
 
 
@@ -176,7 +184,7 @@ def test_the_same_key_in_two_rows_names_one_job_and_another_body_fails_the_row(
     again = outbox.submit(conn, **job(name, at=1_900_000_000, idempotency_key=key))
     other = outbox.submit(conn, **job(name, at=1_900_000_001, idempotency_key=key))
     conn.commit()
-    fates = [wait_for(lambda e=e: settled(conn, e), 10, "a row's fate") for e in (first, again)]
+    fates = [fate_of(conn, e, "a row's fate") for e in (first, again)]
     assert fates[0].job_id == fates[1].job_id and fates[0].state == "done"
     failed = wait_for(lambda: settled(conn, other), 10, "the conflicting row's fate")
     assert (failed.state, failed.job_id, failed.error_code) == ("failed", None, "AlreadyExists")

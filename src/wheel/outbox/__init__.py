@@ -89,8 +89,8 @@ def generated_key() -> str:
 
 def row_of(
     job: JobRequest | Mapping[str, Any], *, now_ms: int | None = None
-) -> tuple[str, str, str]:
-    """(tenant, idempotency key, spec JSON) of a request, checked the way
+) -> tuple[str, str, str, str]:
+    """(tenant, idempotency key, spec JSON, body hash) of a request, checked the way
     ``Client.submit`` and the node check it: a bad one raises
     ``InvalidArgument`` naming the keyword, here, in the caller's
     transaction, not later in the row."""
@@ -170,18 +170,19 @@ def submit(conn: Any, **job: Unpack[JobArgs]) -> OutboxEntry | Awaitable[OutboxE
 
 @overload
 def submit_many(
-    conn: psycopg.AsyncConnection[Any], jobs: Iterable[JobRequest | JobArgs]
+    conn: psycopg.AsyncConnection[Any], jobs: Iterable[JobRequest | JobArgs | Mapping[str, Any]]
 ) -> Awaitable[list[OutboxEntry]]: ...
 
 
 @overload
 def submit_many(
-    conn: psycopg.Connection[Any] | Session | SAConnection, jobs: Iterable[JobRequest | JobArgs]
+    conn: psycopg.Connection[Any] | Session | SAConnection,
+    jobs: Iterable[JobRequest | JobArgs | Mapping[str, Any]],
 ) -> list[OutboxEntry]: ...
 
 
 def submit_many(
-    conn: Any, jobs: Iterable[JobRequest | JobArgs]
+    conn: Any, jobs: Iterable[JobRequest | JobArgs | Mapping[str, Any]]
 ) -> list[OutboxEntry] | Awaitable[list[OutboxEntry]]:
     """``submit`` of each job, in one round trip on psycopg (a pipelined
     ``executemany``): all in the caller's transaction, or, if one request is
