@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -48,11 +49,28 @@ def outbox_dsn(ns: argparse.Namespace, store_url: str) -> str | None:
 
 
 def start_relay(node: Node, dsn: str) -> OutboxRelay:
-    from wheel.node import OutboxRelay
+    import os
 
-    relay = OutboxRelay(node, dsn)
+    from wheel.node import OutboxRelay
+    from wheel.node._outbox import RECORD_DELAY_ENV
+
+    relay = OutboxRelay(node, dsn, record_delay_s=float(os.environ.get(RECORD_DELAY_ENV) or 0))
     relay.start()
+    logging.getLogger("wheel").info("relaying the outbox at %s", _safe(dsn))
     return relay
+
+
+def _safe(dsn: str) -> str:
+    """A DSN to log: without its password."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = conninfo_to_dict(dsn)
+    except Exception:
+        return "(a DSN)"
+    return (
+        f"{params.get('host', 'localhost')}:{params.get('port', 5432)}/{params.get('dbname', '')}"
+    )
 
 
 def add_parser(sub: Any) -> None:

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("wheel.outbox")
 
-__all__ = ["OutboxRelay", "RowFate"]
+__all__ = ["RECORD_DELAY_ENV", "OutboxRelay", "RowFate"]
 
 # Rows claimed in one transaction: a bulk submit's worth, in one group commit.
 BATCH_ROWS = 2_000
@@ -75,6 +75,8 @@ PERMANENT: tuple[type[WheelError], ...] = (
 )
 # A claimed row: id, idempotency key, its spec (or why it is none), body hash.
 Claimed = tuple[int, str, JobSpec | WheelError, str | None]
+# The test hook of ``OutboxRelay(record_delay_s=...)`` for ``wheelctl serve``.
+RECORD_DELAY_ENV = "WHEEL_OUTBOX_RECORD_DELAY_S"
 # Queued submits between two yields to the loop.
 YIELD_EVERY = 250
 
@@ -105,8 +107,13 @@ class OutboxRelay:
         *,
         batch_rows: int = BATCH_ROWS,
         poll_s: float = POLL_S,
+        record_delay_s: float = 0.0,
     ) -> None:
+        """``record_delay_s``: a test hook (``RECORD_DELAY_ENV``), a pause
+        between the jobs stored and their rows' fate recorded, the window
+        in which a crash leaves a row pending whose job exists."""
         self.node = node
+        self.record_delay_s = record_delay_s
         self.dsn = dsn
         self.batch_rows = batch_rows
         self.poll_s = poll_s
@@ -208,6 +215,8 @@ class OutboxRelay:
         except BaseException:
             await asyncio.shield(loop.run_in_executor(self._thread, self._rollback))
             raise
+        if self.record_delay_s:
+            await asyncio.sleep(self.record_delay_s)
         await loop.run_in_executor(self._thread, self._record, fates)
         created = [f.job_id for f in fates if f.state == "done" and f.job_id is not None]
         self.done_rows += len(created)
