@@ -30,6 +30,10 @@ from wheel.node import NodeConfig, OutboxRelay
 pytestmark = [pytest.mark.postgres]
 
 
+def unique(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(4)}"
+
+
 class RelayingNode(LiveNode):
     """A live node with an outbox relay on its own store's database."""
 
@@ -50,7 +54,7 @@ class RelayingNode(LiveNode):
 
 @pytest.fixture(scope="module")
 def live(module_pg_dsn: str) -> Iterator[RelayingNode]:
-    with RelayingNode(module_pg_dsn, NodeConfig()) as node:
+    with RelayingNode(module_pg_dsn, NodeConfig(node_id=unique("outbox-node"))) as node:
         yield node
 
 
@@ -64,10 +68,6 @@ def conn(live: RelayingNode) -> Iterator[psycopg.Connection[Any]]:
 def client(live: RelayingNode) -> Iterator[Client]:
     with Client(live.target) as c:
         yield c
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(4)}"
 
 
 def job(name: str, **kw: Any) -> dict[str, Any]:
@@ -258,3 +258,27 @@ def test_outbox_init_then_status_show_the_backlog_of_a_database_nobody_relays(
     assert status["oldest_pending_s"] > 0
     missing = wheelctl("status", "--dsn", pg_dsn.replace("wheel_test_", "no_such_"), "--json")
     assert missing.returncode == 2 and "wheelctl outbox init" in missing.stderr
+
+
+def test_the_relay_holds_no_transaction_open_between_its_polls(
+    live: RelayingNode, conn: psycopg.Connection[Any]
+) -> None:
+    """An idle relay's claim finds nothing and ends its transaction: a
+    transaction left open would hold back vacuum on the application's
+    database between every two polls."""
+    entry = outbox.submit(conn, **job(unique("then-idle")))
+    conn.commit()
+    fate_of(conn, entry, "the row to become a job")
+    held_open = (
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+        " AND state = 'idle in transaction' AND clock_timestamp() - state_change > '100 ms'"
+    )
+    samples = []
+    for _ in range(12):  # over two and a half polls
+        time.sleep(0.1)
+        samples.append(conn.execute(held_open, (live.relay.name,)).fetchone())
+        conn.commit()
+    assert samples == [(0,)] * 12
+    assert conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (live.relay.name,)
+    ).fetchone() == (2,)  # the listener and the claim's connection

@@ -127,6 +127,8 @@ class OutboxRelay:
         self.failed_rows = 0
         self.errors = 0
         self.listening = asyncio.Event()
+        # Its connections' application_name, for pg_stat_activity.
+        self.name = f"wheel-outbox/{node.config.node_id}"
 
     def start(self) -> None:
         self._tasks = [
@@ -161,7 +163,7 @@ class OutboxRelay:
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    self.dsn, autocommit=True, connect_timeout=5
+                    self.dsn, autocommit=True, connect_timeout=5, application_name=self.name
                 )
                 async with conn:
                     row = await (await conn.execute(sql.TABLE_SCHEMA)).fetchone()
@@ -271,7 +273,9 @@ class OutboxRelay:
     def _connection(self) -> psycopg.Connection[Any]:
         conn = self._conn
         if conn is None or conn.closed:
-            conn = self._conn = psycopg.connect(self.dsn, connect_timeout=5)
+            conn = self._conn = psycopg.connect(
+                self.dsn, connect_timeout=5, application_name=self.name
+            )
         return conn
 
     def _close(self) -> None:
@@ -284,6 +288,8 @@ class OutboxRelay:
         try:
             conn = self._connection()
             rows = conn.execute(sql.CLAIM, (self.batch_rows,)).fetchall()
+            if not rows:
+                conn.rollback()  # no transaction left open between polls
         except psycopg.Error as exc:
             self._close()
             raise StoreUnavailable(f"outbox claim: {exc}") from exc
