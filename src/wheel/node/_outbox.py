@@ -309,6 +309,7 @@ class OutboxRelay:
             conn.execute(
                 sql.RECORD,
                 (
+                    self.node.config.node_id,
                     [f.id for f in fates],
                     [f.state for f in fates],
                     [f.job_id for f in fates],

@@ -69,6 +69,8 @@ class OutboxFate:
     error_code: str | None
     error: str | None
     attempts: int
+    # The node that wrote the fate (None: no pick-up yet).
+    relayed_by: str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,7 +113,10 @@ _SA_INSERT = (
     "INSERT INTO wheel_outbox (tenant, idempotency_key, spec, body_hash)"
     " VALUES (:tenant, :key, :spec, :hash) RETURNING id"
 )
-_FATE = "SELECT id, state, job_id, error_code, error, attempts FROM wheel_outbox WHERE id = %s"
+_FATE = (
+    "SELECT id, state, job_id, error_code, error, attempts, relayed_by FROM wheel_outbox"
+    " WHERE id = %s"
+)
 
 
 def _is_async(conn: object) -> bool:
@@ -235,7 +240,13 @@ def fate(conn: psycopg.Connection[Any], entry: OutboxEntry | int) -> OutboxFate:
     if row is None:
         raise NotFound(f"outbox row {row_id} does not exist")
     return OutboxFate(
-        id=row[0], state=row[1], job_id=row[2], error_code=row[3], error=row[4], attempts=row[5]
+        id=row[0],
+        state=row[1],
+        job_id=row[2],
+        error_code=row[3],
+        error=row[4],
+        attempts=row[5],
+        relayed_by=row[6],
     )
 
 

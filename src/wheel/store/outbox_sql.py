@@ -53,7 +53,9 @@ DDL: list[str] = [
         job_id          bigint,
         error_code      text,
         error           text,
-        done_at         timestamptz
+        done_at         timestamptz,
+        -- The node whose relay wrote the row's fate last.
+        relayed_by      text
     )""",
     # The relay's claim and the backlog's count read only these.
     "CREATE INDEX IF NOT EXISTS wheel_outbox_pending ON wheel_outbox (id) WHERE state = 'pending'",
@@ -93,7 +95,7 @@ CLAIM = (
 RECORD = """
 UPDATE wheel_outbox AS o
    SET state = v.state, job_id = v.job_id, error_code = v.code, error = v.error,
-       attempts = o.attempts + 1,
+       attempts = o.attempts + 1, relayed_by = %s,
        done_at = CASE WHEN v.state = 'pending' THEN NULL ELSE clock_timestamp() END
   FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::text[], %s::text[])
        AS v (id, state, job_id, code, error)
