@@ -282,3 +282,34 @@ def test_the_relay_holds_no_transaction_open_between_its_polls(
     assert conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (live.relay.name,)
     ).fetchone() == (2,)  # the listener and the claim's connection
+
+
+def test_rows_over_their_tenants_quota_wait_pending_with_the_error_and_go_in_once_allowed(
+    live: RelayingNode, conn: psycopg.Connection[Any], client: Client
+) -> None:
+    from wheel.store.base import TenantQuota
+
+    tenant, name = unique("capped"), unique("quota")
+    node = live.node
+    assert node is not None
+    live.run(node.set_tenant_quota(TenantQuota(tenant=tenant, max_jobs=3)))
+    entries = outbox.submit_many(conn, [job(name, tenant=tenant, payload=i) for i in range(5)])
+    fresh = outbox.submit(conn, **job(unique("behind-them")))
+    conn.commit()
+
+    def states() -> list[tuple[str, str | None]] | None:
+        fates = [outbox.fate(conn, e) for e in entries]
+        conn.commit()
+        if sum(f.state == "done" for f in fates) == 3 and all(f.attempts for f in fates):
+            return [(f.state, f.error_code) for f in fates]
+        return None
+
+    got = wait_for(states, 10, "three rows in, two held back")
+    assert sorted(got, key=str) == [("done", None)] * 3 + [("pending", "ResourceExhausted")] * 2
+    assert fate_of(conn, fresh, "a row behind the held ones").state == "done"
+    assert outbox.status(conn).retrying == 2
+    conn.commit()
+    live.run(node.set_tenant_quota(TenantQuota(tenant=tenant, max_jobs=10)))
+    for entry in entries:
+        assert fate_of(conn, entry, "the held rows once allowed").state == "done"
+    assert len(jobs_named(client, name)) == 5

@@ -182,6 +182,10 @@ class OutboxRelay:
                 self.listening.clear()
                 log.warning("outbox listener: %s; reconnecting in %.1fs", exc, backoff)
                 self._wake.set()
+            except Exception:  # a bug here must not end the listening for good
+                self.listening.clear()
+                log.exception("outbox listener failed; reconnecting in %.1fs", backoff)
+                self._wake.set()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
 
@@ -195,7 +199,7 @@ class OutboxRelay:
             self._wake.clear()
             while self.picks():
                 try:
-                    claimed = await self.relay_once()
+                    claimed, settled = await self.relay_once()
                 except Exception as exc:
                     self.errors += 1
                     log.warning("outbox pass failed: %s; next in %.1fs", exc, backoff)
@@ -203,15 +207,18 @@ class OutboxRelay:
                     backoff = min(backoff * 2, 5.0)
                     break
                 backoff = 0.1
-                if claimed < self.batch_rows:
+                # The next batch at once only while whole batches settle: rows
+                # that stay pending (a quota, a store down) wait for the poll.
+                if claimed < self.batch_rows or settled < claimed:
                     break
 
-    async def relay_once(self) -> int:
-        """One pass: claim, submit, record. Returns the rows claimed."""
+    async def relay_once(self) -> tuple[int, int]:
+        """One pass: claim, submit, record. Returns the rows claimed, and
+        how many of them are settled (done or failed, not pending still)."""
         loop = asyncio.get_running_loop()
         claimed = await loop.run_in_executor(self._thread, self._claim)
         if not claimed:
-            return 0
+            return 0, 0
         try:
             fates = await self._submit(claimed)
         except BaseException:
@@ -222,11 +229,12 @@ class OutboxRelay:
         await loop.run_in_executor(self._thread, self._record, fates)
         created = [f.job_id for f in fates if f.state == "done" and f.job_id is not None]
         self.done_rows += len(created)
-        self.failed_rows += sum(1 for f in fates if f.state == "failed")
+        failed = sum(1 for f in fates if f.state == "failed")
+        self.failed_rows += failed
         sink = self.node.job_changes_sink
         if sink is not None and created:
             sink(created)  # the owners of other members' shards, told at once
-        return len(claimed)
+        return len(claimed), len(created) + failed
 
     async def _submit(self, claimed: Sequence[Claimed]) -> list[RowFate]:
         node = self.node

@@ -57,8 +57,11 @@ DDL: list[str] = [
         -- The node whose relay wrote the row's fate last.
         relayed_by      text
     )""",
-    # The relay's claim and the backlog's count read only these.
-    "CREATE INDEX IF NOT EXISTS wheel_outbox_pending ON wheel_outbox (id) WHERE state = 'pending'",
+    # The relay's claim and the backlog's count read only these. Pending rows
+    # by attempts first: a row whose pick-ups keep failing for a passing
+    # reason (its tenant over quota) goes behind the fresh ones, not before.
+    "CREATE INDEX IF NOT EXISTS wheel_outbox_pending ON wheel_outbox (attempts, id)"
+    " WHERE state = 'pending'",
     "CREATE INDEX IF NOT EXISTS wheel_outbox_failed ON wheel_outbox (id) WHERE state = 'failed'",
     # Once per statement, not per row: 10,000 rows inserted in one statement
     # wake the relay once (and PostgreSQL folds a transaction's identical
@@ -85,10 +88,11 @@ TABLE_SCHEMA = (
     " WHERE c.oid = to_regclass('wheel_outbox')"
 )
 
-# Oldest first; rows another relay holds are passed over, not waited for.
+# Fewest pick-ups, then oldest, first; rows another relay holds are passed
+# over, not waited for.
 CLAIM = (
     "SELECT id, idempotency_key, spec, body_hash FROM wheel_outbox WHERE state = 'pending'"
-    " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+    " ORDER BY attempts, id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
 
 # Each claimed row's fate, in the claim's transaction.
