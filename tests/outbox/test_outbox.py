@@ -313,3 +313,20 @@ def test_rows_over_their_tenants_quota_wait_pending_with_the_error_and_go_in_onc
     for entry in entries:
         assert fate_of(conn, entry, "the held rows once allowed").state == "done"
     assert len(jobs_named(client, name)) == 5
+
+
+def test_a_row_whose_notification_never_comes_is_found_by_the_poll(
+    live: RelayingNode, conn: psycopg.Connection[Any]
+) -> None:
+    conn.execute("ALTER TABLE wheel_outbox DISABLE TRIGGER wheel_outbox_notify")
+    conn.commit()
+    try:
+        entry = outbox.submit(conn, **job(unique("unannounced")))
+        conn.commit()
+        committed = time.monotonic()
+        assert fate_of(conn, entry, "the poll to find the row").state == "done"
+        # Within a poll and the pass itself, not by chance much later.
+        assert time.monotonic() - committed < live.relay.poll_s + 1.0
+    finally:
+        conn.execute("ALTER TABLE wheel_outbox ENABLE TRIGGER wheel_outbox_notify")
+        conn.commit()
