@@ -168,7 +168,10 @@ class OutboxRelay:
                 async with conn:
                     row = await (await conn.execute(sql.TABLE_SCHEMA)).fetchone()
                     if row is None:
-                        log.warning("no wheel_outbox table at the outbox's database: polling")
+                        log.warning(
+                            "no wheel_outbox table in the outbox's database"
+                            " (wheelctl outbox init --dsn ...); looking again in 5s"
+                        )
                         await asyncio.sleep(max(self.poll_s, 5.0))
                         continue
                     channel = pgsql.Identifier(sql.CHANNEL_PREFIX + row[0])
