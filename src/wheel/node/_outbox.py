@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql as pgsql
+from psycopg.conninfo import conninfo_to_dict
 
 from wheel.engine.records import JobRecord
 from wheel.engine.spec import JobSpec
@@ -97,6 +98,14 @@ def _failure(row_id: int, exc: BaseException) -> RowFate:
     return RowFate(id=row_id, state=state, error_code=type(exc).__name__, error=str(exc))
 
 
+def _application_name(dsn: str) -> str | None:
+    try:
+        name = conninfo_to_dict(dsn).get("application_name")
+    except psycopg.ProgrammingError:
+        return None  # a malformed DSN: connecting will say what is wrong
+    return str(name) if name else None
+
+
 class OutboxRelay:
     """Turns a ``wheel_outbox`` table's rows into jobs of ``node``."""
 
@@ -127,8 +136,9 @@ class OutboxRelay:
         self.failed_rows = 0
         self.errors = 0
         self.listening = asyncio.Event()
-        # Its connections' application_name, for pg_stat_activity.
-        self.name = f"wheel-outbox/{node.config.node_id}"
+        # Its connections' application_name, for pg_stat_activity: the DSN's
+        # own if it names one (an operator's or a benchmark's tag holds).
+        self.name = _application_name(dsn) or f"wheel-outbox/{node.config.node_id}"
 
     def start(self) -> None:
         self._tasks = [
