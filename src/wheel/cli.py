@@ -7,6 +7,7 @@ wheelctl import FILE   (JSON Lines, one submit a line; see wheel.cli_import)
 wheelctl jobs | runs JOB_ID | cancel JOB_ID | pause JOB_ID | resume JOB_ID
 wheelctl trigger JOB_ID | status | alerts | demo
 wheelctl token create|list|revoke ... | tenant set|list ...   (see wheel.cli_admin)
+wheelctl outbox init|status --dsn DSN   (the transactional submit's table; see wheel.cli_outbox)
 """
 
 from __future__ import annotations
