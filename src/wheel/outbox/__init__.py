@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Unpack, overload
 
 from wheel.client._specs import JobArgs, JobRequest, job_spec, request_of
+from wheel.errors import InvalidArgument, NotFound
 from wheel.rpc import convert
+from wheel.rpc._common import MAX_IDEMPOTENCY_KEY
 from wheel.store import outbox_sql as sql
 
 if TYPE_CHECKING:
@@ -106,6 +108,10 @@ def row_of(
     # and request through either path name one job.
     wire = convert.spec_to_proto(spec).SerializeToString(deterministic=True)
     key = request.idempotency_key or generated_key()
+    if not isinstance(key, str) or len(key) > MAX_IDEMPOTENCY_KEY:
+        raise InvalidArgument(
+            "idempotency_key", f"must be a string of at most {MAX_IDEMPOTENCY_KEY} characters"
+        )
     return spec.tenant, key, spec.to_json(), hashlib.sha256(wire).hexdigest()
 
 
@@ -233,7 +239,6 @@ async def _ids(cur: Any) -> list[int]:
 
 def fate(conn: psycopg.Connection[Any], entry: OutboxEntry | int) -> OutboxFate:
     """What became of the row (``NotFound`` for an id not in the table)."""
-    from wheel.errors import NotFound
 
     row_id = entry.id if isinstance(entry, OutboxEntry) else entry
     row = conn.execute(_FATE, (row_id,)).fetchone()
