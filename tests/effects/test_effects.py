@@ -159,6 +159,9 @@ def test_a_bad_key_or_fence_is_refused_naming_it(db: Db) -> None:
             effects.record(conn, "key")  # a bare key needs its fence
         assert err.value.field == "fence"
         effects.record(conn, "key", 3)
+        with pytest.raises(InvalidArgument) as err:
+            effects.record(object(), Run("k", 1))  # type: ignore[call-overload]
+        assert err.value.field == "conn"
     finally:
         conn.rollback()
         conn.close()

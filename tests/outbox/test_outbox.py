@@ -227,6 +227,9 @@ def test_a_bad_request_is_refused_in_the_callers_transaction_naming_the_keyword(
     with pytest.raises(InvalidArgument) as err:
         outbox.submit(conn, **job("long-key", idempotency_key="k" * 201))
     assert err.value.field == "idempotency_key"
+    with pytest.raises(InvalidArgument) as err:
+        outbox.submit(object(), **job("not-a-connection"))  # type: ignore[call-overload]
+    assert err.value.field == "conn"
     assert conn.execute("SELECT count(*) FROM wheel_outbox").fetchone() == before
     request = JobRequest(name="as-a-value", handler="h", at=timedelta(minutes=5))
     assert outbox.submit_many(conn, [request])[0].idempotency_key.startswith("wheel-outbox-")

@@ -151,6 +151,14 @@ def _apply(conn: Any, pg: str, lite: str, key: str, fence: int) -> Awaitable[Non
                 raise _refusal(key, fence, why)
 
         return go()
+    import psycopg
+
+    if not isinstance(conn, psycopg.Connection):
+        raise InvalidArgument(
+            "conn",
+            "expected a psycopg Connection or AsyncConnection or a sqlite3 Connection,"
+            f" got {type(conn).__name__}",
+        )
     row = conn.execute(pg, (key, fence)).fetchone()
     if row is None:
         raise _refusal(key, fence, conn.execute(_PG_WHY, (key,)).fetchone())

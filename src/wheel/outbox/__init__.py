@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Unpack, overload
@@ -98,8 +99,6 @@ def row_of(
     ``Client.submit`` and the node check it: a bad one raises
     ``InvalidArgument`` naming the keyword, here, in the caller's
     transaction, not later in the row."""
-    import time
-
     request = request_of(job)
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     spec = job_spec(request, now_ms=now)
@@ -140,6 +139,12 @@ def _is_psycopg(conn: object) -> bool:
 
 
 def _sa_execute(conn: Any, statement: str, params: Mapping[str, Any]) -> Any:
+    if not type(conn).__module__.startswith("sqlalchemy."):
+        raise InvalidArgument(
+            "conn",
+            "expected a psycopg Connection or AsyncConnection, or a SQLAlchemy Session or"
+            f" Connection, got {type(conn).__name__}",
+        )
     from sqlalchemy import text
 
     return conn.execute(text(statement), params)
