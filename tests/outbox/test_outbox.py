@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from tests.e2e.procs import wait_for
-from tests.ops._node import LiveNode
+from tests.ops._node import LiveNode, scrape
 from wheel import outbox
 from wheel.client import Client, JobRequest
 from wheel.errors import InvalidArgument
@@ -336,3 +336,18 @@ def test_a_row_whose_notification_never_comes_is_found_by_the_poll(
     finally:
         conn.execute("ALTER TABLE wheel_outbox ENABLE TRIGGER wheel_outbox_notify")
         conn.commit()
+
+
+def test_the_relays_rows_are_counted_by_fate_in_the_nodes_metrics(
+    live: RelayingNode, conn: psycopg.Connection[Any]
+) -> None:
+    def done() -> float:
+        return scrape(live.metrics_url)['wheel_outbox_rows_total{fate="done"}']
+
+    before = done()
+    entries = outbox.submit_many(conn, [job(unique("counted")) for _ in range(3)])
+    conn.commit()
+    for entry in entries:
+        fate_of(conn, entry, "a counted row")
+    assert done() == before + 3
+    assert 'wheel_outbox_rows_total{fate="retried"}' in scrape(live.metrics_url)

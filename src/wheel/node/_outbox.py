@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from prometheus_client import Counter
 from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict
 
@@ -131,10 +132,21 @@ class OutboxRelay:
         # Used on the relay's own thread only: claim, then record, in turn.
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-outbox")
         self._conn: psycopg.Connection[Any] | None = None
-        # Counters since start: rows made jobs, rows failed, passes that failed.
-        self.done_rows = 0
-        self.failed_rows = 0
-        self.errors = 0
+        registry = node.metrics.registry
+        self._rows = Counter(
+            "wheel_outbox_rows_total",
+            "Outbox rows this node relayed, by fate: done (a job), failed (refused for"
+            " good), retried (a failure that passes; the row stays pending).",
+            ["fate"],
+            registry=registry,
+        )
+        self._errors = Counter(
+            "wheel_outbox_errors_total",
+            "Relay passes that failed on the outbox's database (claim or record).",
+            registry=registry,
+        )
+        for fate in ("done", "failed", "retried"):
+            self._rows.labels(fate)
         self.listening = asyncio.Event()
         # Its connections' application_name, for pg_stat_activity: the DSN's
         # own if it names one (an operator's or a benchmark's tag holds).
@@ -214,7 +226,7 @@ class OutboxRelay:
                 try:
                     claimed, settled = await self.relay_once()
                 except Exception as exc:
-                    self.errors += 1
+                    self._errors.inc()
                     log.warning("outbox pass failed: %s; next in %.1fs", exc, backoff)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 5.0)
@@ -241,9 +253,10 @@ class OutboxRelay:
             await asyncio.sleep(self.record_delay_s)
         await loop.run_in_executor(self._thread, self._record, fates)
         created = [f.job_id for f in fates if f.state == "done" and f.job_id is not None]
-        self.done_rows += len(created)
         failed = sum(1 for f in fates if f.state == "failed")
-        self.failed_rows += failed
+        self._rows.labels("done").inc(len(created))
+        self._rows.labels("failed").inc(failed)
+        self._rows.labels("retried").inc(len(fates) - len(created) - failed)
         sink = self.node.job_changes_sink
         if sink is not None and created:
             sink(created)  # the owners of other members' shards, told at once
