@@ -351,3 +351,26 @@ def test_the_relays_rows_are_counted_by_fate_in_the_nodes_metrics(
         fate_of(conn, entry, "a counted row")
     assert done() == before + 3
     assert 'wheel_outbox_rows_total{fate="retried"}' in scrape(live.metrics_url)
+
+
+def test_recurring_jobs_keep_their_schedule_through_the_outbox(
+    conn: psycopg.Connection[Any], client: Client
+) -> None:
+    from wheel.client import Cron, Every
+
+    cron, every = unique("cron"), unique("every")
+    a = outbox.submit(conn, name=cron, handler="h", cron="0 3 * * *", tz="Europe/Paris")
+    b = outbox.submit(conn, name=every, handler="h", every=timedelta(minutes=5))
+    conn.commit()
+    picked = time.time()
+    fates = fate_of(conn, a, "the cron row"), fate_of(conn, b, "the interval row")
+    assert fates[0].job_id is not None and fates[1].job_id is not None
+    got_cron, got_every = client.get(fates[0].job_id), client.get(fates[1].job_id)
+    assert isinstance(got_cron.schedule, Cron)
+    assert (got_cron.schedule.expr, got_cron.schedule.tz) == ("0 3 * * *", "Europe/Paris")
+    assert isinstance(got_every.schedule, Every)
+    assert got_every.schedule.period == timedelta(minutes=5)
+    # An interval without a start is placed when the relay takes it, as a
+    # node places one it receives: its next fire within a period from then.
+    assert got_every.next_fire is not None
+    assert picked - 1 < got_every.next_fire.timestamp() <= picked + 301

@@ -15,8 +15,8 @@ one is given). Create the table with ``create_table(conn)`` or ``wheelctl
 outbox init --dsn ...``; wheel's own PostgreSQL store has it already.
 
 What the request resolves here, with this host's clock: an ``at=`` given as
-a ``timedelta``. An ``every=`` without ``start=`` starts a period after the
-relay picks the row up, as it does a period after a node receives a submit.
+a ``timedelta``. An ``every=`` without ``start=`` is placed when the relay
+picks the row up, as a node places one it receives.
 """
 
 from __future__ import annotations
