@@ -16,12 +16,18 @@ from tests.e2e.procs import wait_for
 
 
 def _bindir() -> Path | None:
+    """Where initdb and pg_ctl are: pg_config's answer, else Debian's newest
+    server version's directory (pg_config comes with libpq-dev there)."""
     found = shutil.which("pg_config")
-    if found is None:
-        return None
-    out = subprocess.run([found, "--bindir"], capture_output=True, text=True, check=False)
-    path = Path(out.stdout.strip())
-    return path if (path / "initdb").exists() else None
+    if found is not None:
+        out = subprocess.run([found, "--bindir"], capture_output=True, text=True, check=False)
+        path = Path(out.stdout.strip())
+        if (path / "initdb").exists():
+            return path
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3])
+    )
+    return versions[-1].parent if versions else None
 
 
 class OwnPostgres:
