@@ -1,7 +1,8 @@
 """The outbox across crashes, with real node processes: a node SIGKILLed
 between storing a batch's jobs and recording their rows' fate, and the
 outbox's PostgreSQL restarted under a relaying node (a server of the test's
-own, not the machine's). Each row ends as exactly one job."""
+own, not the machine's), as the application's database or as wheel's own
+store. Each row ends as exactly one job."""
 
 from __future__ import annotations
 
@@ -79,13 +80,22 @@ def test_a_node_killed_after_storing_jobs_but_before_their_fate_makes_each_row_o
         server.stop()
 
 
-def test_rows_committed_around_a_postgresql_restart_each_become_one_job(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["application", "store"])
+def test_rows_committed_around_a_postgresql_restart_each_become_one_job(
+    tmp_path: Path, where: str
+) -> None:
+    """``application``: the outbox in the application's database, wheel's
+    store SQLite; ``store``: the outbox in wheel's own PostgreSQL store, whose
+    restart takes the node's store down with it (the relay's submits fail
+    and their rows wait)."""
     pg = OwnPostgres()
     try:
         pg.start()
-        assert wheelctl("outbox", "init", "--dsn", pg.dsn).returncode == 0
-        # wheel's own store is SQLite here: the outbox is the application's.
-        server = ServerProc(tmp_path / "data", args=("--outbox-dsn", pg.dsn))
+        if where == "application":
+            assert wheelctl("outbox", "init", "--dsn", pg.dsn).returncode == 0
+            server = ServerProc(tmp_path / "data", args=("--outbox-dsn", pg.dsn))
+        else:
+            server = ServerProc(tmp_path / "data", store=pg.dsn)
         server.start()
         try:
             _across_a_restart(pg, server)
