@@ -26,6 +26,7 @@ from wheel import outbox
 from wheel.client import Client, JobRequest
 from wheel.errors import InvalidArgument
 from wheel.node import NodeConfig, OutboxRelay
+from wheel.node._outbox import LANES
 
 pytestmark = [pytest.mark.postgres]
 
@@ -287,7 +288,7 @@ def test_the_relay_holds_no_transaction_open_between_its_polls(
     assert samples == [(0,)] * 12
     assert conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (live.relay.name,)
-    ).fetchone() == (2,)  # the listener and the claim's connection
+    ).fetchone() == (1 + LANES,)  # the listener, and a claim's connection a lane
 
 
 def test_rows_over_their_tenants_quota_wait_pending_with_the_error_and_go_in_once_allowed(
