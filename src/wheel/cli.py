@@ -9,6 +9,7 @@ wheelctl trigger JOB_ID | status | alerts | demo
 wheelctl update JOB_ID ... | updates JOB_ID | backfill JOB_ID --from --to | preview ...
 wheelctl dlq list|redrive ...   (see wheel.cli_operator)
 wheelctl token create|list|revoke ... | tenant set|list ...   (see wheel.cli_admin)
+wheelctl outbox init|status --dsn DSN   (the transactional submit's table; see wheel.cli_outbox)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
+from wheel import cli_outbox
 from wheel._tls import ChannelSecurity, LiveChannelSecurity, LiveServerSecurity
 from wheel._tls_cli import (
     NodeSecurity,
@@ -286,6 +288,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         # What the node restored lives as long as the process: never scan it again.
         gc.collect()
         gc.freeze()
+        relay_dsn = cli_outbox.outbox_dsn(ns, url)
         server, port = await serve(
             node,
             ns.listen,
@@ -298,6 +301,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             "wheel node %s serving on port %d (store %s)", ns.node_id, port, url.split("?")[0]
         )
         logging.getLogger("wheel").log(*security.notice(ns.listen))
+        relay = cli_outbox.start_relay(node, relay_dsn) if relay_dsn else None
         metrics = None
         if ns.metrics_listen:
             from wheel.metrics import MetricsServer
@@ -360,6 +364,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         died.cancel()
         if watching is not None:
             watching.cancel()
+        if relay is not None:
+            await relay.stop()
         await node.leave()  # shards to the other members first, then the server
         if console is not None:
             await console.stop()
@@ -748,6 +754,7 @@ def build_parser() -> argparse.ArgumentParser:
         " store's time; default %(default)s)",
     )
     add_serve_flags(s)
+    cli_outbox.add_serve_flag(s)
     s.add_argument(
         "--tls-reload-interval",
         type=_seconds_or_off,
@@ -848,8 +855,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=50051)
     d.add_argument("--data-dir", help="default: a temporary directory")
     d.set_defaults(fn=cmd_demo)
+    cli_outbox.add_parser(sub)
     for name, command in sub.choices.items():
-        if name not in ("serve", "demo"):
+        if name not in ("serve", "demo", "outbox"):
             add_client_flags(command)
     return p
 

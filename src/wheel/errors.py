@@ -47,6 +47,11 @@ class AlreadyExists(WheelError):
     """An idempotency key reused with a different request body."""
 
 
+class EffectDone(AlreadyExists):
+    """A fenced effect whose idempotency key is already done (``wheel.effects``):
+    the effect happened once; this attempt has nothing left to do."""
+
+
 class FailedPrecondition(WheelError):
     """The operation is not legal in the object's current state."""
 

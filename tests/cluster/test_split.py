@@ -9,11 +9,13 @@ import json
 from collections import Counter
 from datetime import UTC, datetime
 
+import psycopg
 import pytest
 
 from tests.cluster.harness import HANDLER, PAYLOAD, Cluster, Execution, now_ms, utc
 from tests.e2e.e2e_handlers import events
 from tests.e2e.procs import wait_for
+from wheel import outbox
 from wheel.cli import main
 from wheel.client import JobRequest
 from wheel.engine.model import SHARD_COUNT, shard_of
@@ -105,6 +107,53 @@ def test_a_thousand_jobs_submitted_through_one_node_each_fire_once_on_their_owne
 
     # Ownership did not move meanwhile: the holders are those we judged by.
     assert cluster.ownership().holder_epochs() == holders
+
+
+def test_outbox_rows_are_relayed_by_the_holder_of_shard_0_alone_and_fire_once_on_their_owners(
+    shared_cluster: Cluster,
+) -> None:
+    """Every member runs a relay on the store's own outbox; only the holder of
+    shard 0 claims rows, and the jobs of the other members' shards are armed
+    by their owners (told at once) and fire there."""
+    cluster = shared_cluster
+    holders = cluster.ownership().holder_epochs()
+    relayer = holders[0][0]
+    rows = 300
+    at = now_ms() + 2_000
+    with psycopg.connect(cluster.dsn) as conn:
+        entries = outbox.submit_many(
+            conn,
+            [
+                JobRequest(name=f"outbox-{i}", handler=HANDLER, at=utc(at + i), payload=PAYLOAD)
+                for i in range(rows)
+            ],
+        )
+        conn.commit()
+        ids = [e.id for e in entries]
+
+        def fates() -> list[tuple[str, int, str]] | None:
+            got = conn.execute(
+                "SELECT state, job_id, relayed_by FROM wheel_outbox WHERE id = ANY(%s)"
+                " AND state <> 'pending'",
+                (ids,),
+            ).fetchall()
+            conn.commit()
+            return got if len(got) == rows else None
+
+        settled = wait_for(fates, 20, "every row's fate", 0.2)
+    assert {(state, node) for state, _, node in settled} == {("done", relayer)}
+    ours = {job_id for _, job_id, _ in settled}
+    assert len(ours) == rows
+    assert sum(holders[shard_of(j)][0] != relayer for j in ours) > rows // 3
+    truth = cluster.truth
+
+    def succeeded() -> list[Execution] | None:
+        runs = [e for e in truth.executions() if e.job_id in ours]
+        return runs if sum(e.state == "succeeded" for e in runs) >= rows else None
+
+    runs = wait_for(succeeded, 30, f"{rows} succeeded runs", 0.5)
+    assert sorted(e.job_id for e in runs) == sorted(ours)  # once each
+    assert all(e.epoch == holders[e.shard][1] for e in runs)  # on its owner
 
 
 def test_wheelctl_status_shards_shows_every_shards_owner_and_its_epoch(

@@ -114,7 +114,9 @@ def scripted(ctx: RunContext) -> None:
     ``sleep_s``: seconds to sleep, a number or a list indexed by attempt;
     ``fail``: attempts before this one fail (retryable);
     ``permanent``: fail for good;
-    ``fenced``: finish with a fenced write to the shared resource.
+    ``fenced``: finish with a fenced write to the shared resource;
+    ``effect_dsn``: finish with an effect made once by ``wheel.effects`` in
+    that PostgreSQL database.
     """
     opts: dict[str, Any] = json.loads(ctx.payload or b"{}")
     _event(ctx, "start")
@@ -132,7 +134,31 @@ def scripted(ctx: RunContext) -> None:
     if opts.get("fenced"):
         won = _fenced_write(ctx)
         _event(ctx, "fenced_write", accepted=won)
+    if opts.get("effect_dsn"):
+        _event(ctx, "effect", outcome=_effect_once(ctx, opts["effect_dsn"]))
     _event(ctx, "end", outcome="succeeded")
+
+
+def _effect_once(ctx: RunContext, dsn: str) -> str:
+    """The README's worked example: the reminder and its record in one
+    transaction; "written", or why the database refused it."""
+    import psycopg
+
+    from wheel import effects
+
+    with psycopg.connect(dsn) as conn:
+        try:
+            with conn.transaction():
+                effects.record(conn, ctx)
+                conn.execute(
+                    "INSERT INTO reminders (key, fence, attempt, pid) VALUES (%s, %s, %s, %s)",
+                    (ctx.idempotency_key, ctx.fence, ctx.attempt, os.getpid()),
+                )
+        except effects.StaleFence:
+            return "stale"
+        except effects.EffectDone:
+            return "done"
+    return "written"
 
 
 # -- the chaos workload's handler ----------------------------------------------------------

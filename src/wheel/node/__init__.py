@@ -3,6 +3,7 @@ record of truth, the worker streams, the checkpoint and, in a cluster, the
 coordinator that gives and takes its shards."""
 
 from wheel.node._node import Node
+from wheel.node._outbox import OutboxRelay
 from wheel.node._values import (
     CLOCK_SKEW_ENV,
     Clock,
@@ -24,6 +25,7 @@ __all__ = [
     "Node",
     "NodeConfig",
     "NodeStatus",
+    "OutboxRelay",
     "RaisedAlert",
     "WorkerSession",
 ]

@@ -22,6 +22,9 @@ class NodeMembership:
     sessions: dict[str, WorkerSession]
     membership_sink: Callable[[WorkerSession, Membership], None] | None
     _pushed_view: Membership | None
+    # Tells the owners of other members' shards that these jobs are new or
+    # changed (set by the rpc layer; the outbox relay's jobs go through it).
+    job_changes_sink: Callable[[list[int]], None] | None = None
 
     if TYPE_CHECKING:
 

@@ -75,6 +75,7 @@ async def serve(
     node.membership_sink = send_membership
     peers = Peers(node.config.node_id, peer_security)
     node.on_stop(peers.close)
+    node.job_changes_sink = lambda job_ids: peers.jobs_changed(node.owners_of(job_ids))
     job_service_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(node, peers, guard), server)
     node_service_pb2_grpc.add_NodeServiceServicer_to_server(NodeServicer(node), server)
     worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(node, guard), server)

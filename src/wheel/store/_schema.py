@@ -15,6 +15,8 @@ guarantee ``UNIQUE (job_id, scheduled_for, attempt)``.
 
 from __future__ import annotations
 
+from wheel.store.outbox_sql import DDL as OUTBOX_DDL
+
 # Run states that still hold a lease: the partial in-flight index covers them.
 INFLIGHT_SQL = "('dispatched', 'running')"
 
@@ -258,7 +260,14 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
     ),
     (9, _job_updates("INTEGER", "TEXT", "INTEGER")),
     (10, [NAME_INDEX.format(collate=""), STATE_INDEX]),
+    (
+        11,
+        # The outbox is PostgreSQL's alone (it rides in the application's
+        # transaction): nothing here, so the two backends' versions stay equal.
+        [],
+    ),
 ]
+
 
 PG_MIGRATIONS: list[tuple[int, list[str]]] = [
     (
@@ -419,4 +428,11 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
     ),
     (9, _job_updates("bigint", "text", "boolean")),
     (10, [NAME_INDEX.format(collate=' COLLATE "C"'), STATE_INDEX]),
+    (
+        11,
+        # The transactional submit's outbox (wheel.store.outbox_sql), for
+        # applications whose tables live in wheel's own database; its DDL is
+        # idempotent, so a table made before by ``wheelctl outbox init`` stays.
+        OUTBOX_DDL,
+    ),
 ]

@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from wheel.errors import InvalidArgument
 from wheel.store.base import Store
 
-__all__ = ["open_store"]
+__all__ = ["libpq_dsn", "open_store"]
 
 _PG_OWN = {"pool_min", "pool_max", "retries", "pool_timeout_ms", "idle_tx_timeout_ms"}
 
@@ -28,6 +28,16 @@ def _int(name: str, value: str) -> int:
         return int(value)
     except ValueError:
         raise InvalidArgument("store_url", f"{name} must be an integer, got {value!r}") from None
+
+
+def libpq_dsn(url: str) -> str | None:
+    """A PostgreSQL store URL without wheel's own query parameters, as libpq
+    takes it (None for a store that is not PostgreSQL)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        return None
+    rest = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in _PG_OWN]
+    return urlunsplit(parts._replace(query=urlencode(rest)))
 
 
 def open_store(url: str, *, migrate: bool = True) -> Store:

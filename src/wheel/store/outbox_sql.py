@@ -1,0 +1,120 @@
+"""The ``wheel_outbox`` table: its DDL and the statements that use it.
+
+The table lives in the application's PostgreSQL database (``wheelctl outbox
+init``) or in wheel's own (migration 11 of the PostgreSQL store). An
+application inserts a row in its own transaction (``wheel.outbox.submit``);
+an INSERT's trigger notifies ``wheel_outbox:<schema>`` once per statement,
+and a node's relay (``wheel.node.OutboxRelay``) claims pending rows, creates
+their jobs under the row's idempotency key and records each row's fate in it.
+
+A row's states: ``pending`` (not yet a job; ``error`` may hold the last
+transient failure, such as the store being down), ``done`` (``job_id`` is the
+job; a row picked up twice names the same job, its key makes sure of it) and
+``failed`` (``error_code`` and ``error`` say why; nothing was created).
+
+Plain strings only: the store's migrations, the application's side and the
+relay all read them, and none of them needs another's imports.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CHANNEL_PREFIX",
+    "CLAIM",
+    "DDL",
+    "FAILED",
+    "INSERT",
+    "RECORD",
+    "STATES",
+    "STATUS",
+    "TABLE_SCHEMA",
+]
+
+# The notification channel is per schema: one database may hold several
+# wheel_outbox tables (one per schema), and a relay wakes for its own only.
+CHANNEL_PREFIX = "wheel_outbox:"
+
+STATES = ("pending", "done", "failed")
+
+DDL: list[str] = [
+    """CREATE TABLE IF NOT EXISTS wheel_outbox (
+        id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+        tenant          text        NOT NULL,
+        idempotency_key text        NOT NULL,
+        spec            text        NOT NULL,
+        -- What "the same request" means for the key, as a node reckons it
+        -- for Client.submit (the wire spec's hash): a row and a Client.submit
+        -- with one key and one request name one job. NULL: the spec's hash.
+        body_hash       text,
+        state           text        NOT NULL DEFAULT 'pending'
+                        CHECK (state IN ('pending', 'done', 'failed')),
+        attempts        integer     NOT NULL DEFAULT 0,
+        job_id          bigint,
+        error_code      text,
+        error           text,
+        done_at         timestamptz,
+        -- The node whose relay wrote the row's fate last.
+        relayed_by      text
+    )""",
+    # The relay's claim and the backlog's count read only these. Pending rows
+    # by attempts first: a row whose pick-ups keep failing for a passing
+    # reason (its tenant over quota) goes behind the fresh ones, not before.
+    "CREATE INDEX IF NOT EXISTS wheel_outbox_pending ON wheel_outbox (attempts, id)"
+    " WHERE state = 'pending'",
+    "CREATE INDEX IF NOT EXISTS wheel_outbox_failed ON wheel_outbox (id) WHERE state = 'failed'",
+    # Once per statement, not per row: 10,000 rows inserted in one statement
+    # wake the relay once (and PostgreSQL folds a transaction's identical
+    # notifications into one, delivered at its commit; a rollback sends none).
+    """CREATE OR REPLACE FUNCTION wheel_outbox_notify() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM pg_notify('wheel_outbox:' || TG_TABLE_SCHEMA, '');
+        RETURN NULL;
+    END $$""",
+    """CREATE OR REPLACE TRIGGER wheel_outbox_notify
+        AFTER INSERT ON wheel_outbox
+        FOR EACH STATEMENT EXECUTE FUNCTION wheel_outbox_notify()""",
+]
+
+INSERT = (
+    "INSERT INTO wheel_outbox (tenant, idempotency_key, spec, body_hash)"
+    " VALUES (%s, %s, %s, %s) RETURNING id"
+)
+
+# The schema of the table the search_path finds: the channel to listen on.
+TABLE_SCHEMA = (
+    "SELECT n.nspname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+    " WHERE c.oid = to_regclass('wheel_outbox')"
+)
+
+# Fewest pick-ups, then oldest, first; rows another relay holds are passed
+# over, not waited for.
+CLAIM = (
+    "SELECT id, idempotency_key, spec, body_hash FROM wheel_outbox WHERE state = 'pending'"
+    " ORDER BY attempts, id LIMIT %s FOR UPDATE SKIP LOCKED"
+)
+
+# Each claimed row's fate, in the claim's transaction.
+RECORD = """
+UPDATE wheel_outbox AS o
+   SET state = v.state, job_id = v.job_id, error_code = v.code, error = v.error,
+       attempts = o.attempts + 1, relayed_by = %s,
+       done_at = CASE WHEN v.state = 'pending' THEN NULL ELSE clock_timestamp() END
+  FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::text[], %s::text[])
+       AS v (id, state, job_id, code, error)
+ WHERE o.id = v.id
+"""
+
+# The backlog through the partial indexes: pending rows, the oldest one's age
+# (s), and those whose last pick-up failed for a reason that passes (they are
+# tried again); then the failed rows.
+STATUS = """
+SELECT count(*) FILTER (WHERE state = 'pending'),
+       coalesce(extract(epoch FROM clock_timestamp()
+                - min(created_at) FILTER (WHERE state = 'pending')), 0),
+       count(*) FILTER (WHERE state = 'pending' AND error IS NOT NULL)
+  FROM wheel_outbox WHERE state = 'pending'
+"""
+
+FAILED = "SELECT count(*) FROM wheel_outbox WHERE state = 'failed'"
