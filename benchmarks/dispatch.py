@@ -6,7 +6,9 @@ throughput and lateness of every intended fire.
 
 Systems: ``wheel`` (``wheelctl serve`` + ``wheel.worker.Worker`` processes; with
 ``--nodes N`` a cluster of N nodes on PostgreSQL and one etcd, every worker
-holding a stream to every node, jobs submitted through the first), ``poll``
+holding a stream to every node, jobs submitted through the first; on SQLite
+at ``synchronous=NORMAL`` as ``poll`` runs), ``wheel-durable`` (the same at
+wheel's own default durability: every SQLite commit fsynced), ``poll``
 (the seed's polling scheduler, ``poll_scheduler.py``) and ``apscheduler``
 (APScheduler 3 + SQLAlchemyJobStore, ``apscheduler_baseline.py``).
 
@@ -55,7 +57,7 @@ from _cluster import LocalCluster
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
 DEFAULT_PG = os.environ.get("WHEEL_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-SYSTEMS = ("wheel", "poll", "apscheduler")
+SYSTEMS = ("wheel", "wheel-durable", "poll", "apscheduler")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -258,6 +260,9 @@ class WheelDriver:
         self.server_count = 1
         # The node's /metrics, served when it has history to purge.
         self.metrics = ""
+        # SQLite at wheel's default durability (synchronous=FULL), not the
+        # poll baseline's NORMAL; PostgreSQL is the same for both.
+        self.durable = False
 
     def purged(self) -> float | None:
         """The rows the node's retention deleted so far (None: no history)."""
@@ -290,7 +295,10 @@ class WheelDriver:
         else:
             # The durability the poll baseline runs at (see poll_scheduler.py):
             # commits survive a process crash, the WAL is fsynced at checkpoints.
-            store = f"sqlite:///{data / 'wheel.db'}?synchronous=normal"
+            # ``wheel-durable``: wheel's own default, every commit fsynced.
+            store = f"sqlite:///{data / 'wheel.db'}"
+            if not self.durable:
+                store += "?synchronous=normal"
         port = _free_port()
         self.target = f"127.0.0.1:{port}"
         cmd = [self.cfg.wheelctl, "serve", "--data-dir", str(data), "--listen", self.target]
@@ -508,7 +516,31 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-DRIVERS: dict[str, type[Any]] = {"wheel": WheelDriver, "poll": PollDriver, "apscheduler": ApsDriver}
+class DurableWheelDriver(WheelDriver):
+    """wheel at its own default durability: on SQLite every commit fsynced
+    (``synchronous=FULL``), as the checkpoint's log is in both."""
+
+    name = "wheel-durable"
+
+    def __init__(self, cfg: RunConfig, tmp: Path, records: list[Path]) -> None:
+        super().__init__(cfg, tmp, records)
+        self.durable = True
+
+
+DRIVERS: dict[str, type[Any]] = {
+    "wheel": WheelDriver,
+    "wheel-durable": DurableWheelDriver,
+    "poll": PollDriver,
+    "apscheduler": ApsDriver,
+}
+
+# What each row's durability is (RESULTS.md says it per row).
+DURABILITY = {
+    ("wheel", "sqlite"): "SQLite synchronous=NORMAL (as poll), checkpoint fsync per batch",
+    ("wheel-durable", "sqlite"): "wheel's default: SQLite synchronous=FULL, checkpoint fsync",
+    ("poll", "sqlite"): "SQLite synchronous=NORMAL",
+    ("apscheduler", "sqlite"): "SQLite (SQLAlchemy defaults)",
+}
 
 
 # Jobs/s each system's submission reached in this process: the next run's
@@ -556,7 +588,7 @@ def _run_once(
         if overran:
             print(f"warning: setup ran {overran} ms into the window", file=sys.stderr)
         time.sleep(max(0.0, (workload.start_ms - h.now_ms()) / 1000))
-        purged0 = driver.purged() if system == "wheel" else None
+        purged0 = driver.purged() if system.startswith("wheel") else None
         cpu0 = h.cpu_total(pids)
         db0 = h.cpu_total(driver.db_pids())
         reader = h.RecordReader(records)
@@ -579,7 +611,7 @@ def _run_once(
         end_ms = h.now_ms()
         progress.show(end_ms, force=True)
         progress.done()
-        purged1 = driver.purged() if system == "wheel" else None
+        purged1 = driver.purged() if system.startswith("wheel") else None
         cpu1 = h.cpu_total(pids)
         db_pids = driver.db_pids()
         db1 = h.cpu_total(db_pids)
@@ -626,8 +658,9 @@ def _run_once(
     }
     if system == "poll":
         result["poll_limit"] = cfg.poll_limit
-    if system == "wheel":
+    if system.startswith("wheel"):
         result["nodes"] = cfg.nodes
+    result["durability"] = DURABILITY.get((system, cfg.store), "PostgreSQL synchronous_commit=on")
     if purged0 is not None and purged1 is not None:
         result["history_rows"] = cfg.history + cfg.history // 5
         result["purged_before_window"] = purged0
@@ -748,8 +781,10 @@ def write_results(
         "utime+stime from /proc of the scheduler/server and worker processes over the "
         "measured window; `db cpu` adds the PostgreSQL backends serving them. "
         "The poll baseline uses LIMIT 10,000 per poll (re-polls at once on a full batch).",
-        "On SQLite, wheel and poll both run `synchronous=NORMAL` in WAL mode (a commit survives a"
-        " process crash; wheel's own default is FULL).",
+        "On SQLite, `wheel` and `poll` both run `synchronous=NORMAL` in WAL mode (a commit"
+        " survives a process crash, not a power loss); `wheel-durable` is wheel at its own"
+        " default, `synchronous=FULL` (every commit fsynced); the `durability` column says each"
+        " row's. wheel's checkpoint log is fsynced per batch in both.",
         "",
     ]
     cols = [
@@ -758,6 +793,7 @@ def write_results(
         ("lag_p50_ms", "p50 ms"), ("lag_p99_ms", "p99 ms"), ("lag_p999_ms", "p99.9 ms"),
         ("lag_max_ms", "max ms"), ("cpu_s_per_1k", "cpu s/1k"),
         ("db_cpu_s_per_1k", "db cpu s/1k"), ("lost", "lost"), ("duplicates", "dup"),
+        ("durability", "durability"),
     ]  # fmt: skip
 
     def table(rows: list[dict[str, Any]], extra: list[tuple[str, str]]) -> list[str]:
@@ -826,7 +862,9 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so the finally blocks stop every child process.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--system", default="poll", help="wheel|poll|apscheduler, comma-separated")
+    p.add_argument(
+        "--system", default="poll", help="wheel|wheel-durable|poll|apscheduler, comma-separated"
+    )
     p.add_argument("--store", default="sqlite", help="sqlite|postgres, comma-separated")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--rate", type=float, default=200.0, help="fires per second coming due")
@@ -892,7 +930,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown store {st!r}")
     if args.nodes < 1:
         p.error("--nodes must be at least 1")
-    if args.nodes > 1 and "wheel" in systems and stores != ["postgres"]:
+    if args.nodes > 1 and any(s.startswith("wheel") for s in systems) and stores != ["postgres"]:
         p.error("--nodes above 1 runs wheel on PostgreSQL only: give --store postgres")
 
     side: list[dict[str, Any]] = []

@@ -76,7 +76,16 @@ def test_poll_baseline_on_postgres_dispatches_every_fire_once(tmp_path: Path, pg
 
 @pytest.mark.slow
 def test_wheel_on_sqlite_dispatches_every_fire_once(tmp_path: Path) -> None:
-    assert_sound(run_bench(tmp_path, "wheel", "sqlite"), "wheel", "sqlite")
+    result = run_bench(tmp_path, "wheel", "sqlite")
+    assert_sound(result, "wheel", "sqlite")
+    assert "synchronous=NORMAL" in result["durability"]
+
+
+@pytest.mark.slow
+def test_wheel_at_its_default_durability_says_so(tmp_path: Path) -> None:
+    result = run_bench(tmp_path, "wheel-durable", "sqlite")
+    assert_sound(result, "wheel-durable", "sqlite")
+    assert "synchronous=FULL" in result["durability"]
 
 
 def _harness() -> Any:

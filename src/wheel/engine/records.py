@@ -76,16 +76,6 @@ class JobChange:
     idempotency_key: str | None = None
 
 
-class Updated(NamedTuple):
-    """An update's answer: the job as stored after it, the change recorded,
-    and whether this call made it (False: an earlier call with the same key
-    and body did)."""
-
-    job: JobRecord
-    change: JobChange
-    applied: bool
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobRecord:
     job_id: int
@@ -105,6 +95,18 @@ class JobRecord:
     @property
     def tenant(self) -> str:
         return self.spec.tenant
+
+
+# After JobRecord: a compiled NamedTuple naming a class defined after it
+# crashes its module at import (mypyc 2.4).
+class Updated(NamedTuple):
+    """An update's answer: the job as stored after it, the change recorded,
+    and whether this call made it (False: an earlier call with the same key
+    and body did)."""
+
+    job: JobRecord
+    change: JobChange
+    applied: bool
 
 
 class JobRow(NamedTuple):
