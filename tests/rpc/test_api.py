@@ -1263,13 +1263,16 @@ def test_list_runs_pages_through_runs_and_newer_missed_fires_without_losing_any(
         wait_for(
             lambda: sum(r.run_id == 0 for r in all_runs(api, job)) >= 3, 10, "three missed fires"
         )
-    api.jobs.PauseJob(job_service_pb2.JobRef(job_id=job), timeout=10)
-    # A run handed out before the pause ends on its own time (its completion
-    # is written with the node's next batch): the pages are read after.
-    in_flight = (jobs_pb2.RUN_STATE_DISPATCHED, jobs_pb2.RUN_STATE_RUNNING)
-    wait_for(
-        lambda: not any(r.state in in_flight for r in all_runs(api, job)), 10, "no run in flight"
-    )
+        api.jobs.PauseJob(job_service_pb2.JobRef(job_id=job), timeout=10)
+        # A run handed out before the pause ends on its own time (its
+        # completion is written with the node's next batch): the pages are
+        # read once none is in flight, its worker still there to end it.
+        in_flight = (jobs_pb2.RUN_STATE_DISPATCHED, jobs_pb2.RUN_STATE_RUNNING)
+        wait_for(
+            lambda: not any(r.state in in_flight for r in all_runs(api, job)),
+            10,
+            "no run in flight",
+        )
     full = all_runs(api, job, page_size=1000)
     assert full[0].run_id == 0 and full[-1].run_id > 0
     keys = [(r.run_id, r.scheduled_for_ms) for r in full]
