@@ -15,14 +15,8 @@ import pytest
 
 from tests.conftest import free_port
 from tests.rpc.test_api import InProcessServer, wait_for
-from wheel.cli import (
-    GC_YOUNG_THRESHOLD,
-    SWITCH_INTERVAL_S,
-    build_parser,
-    main,
-    serve_config,
-    tune_runtime,
-)
+from wheel.cli import build_parser, main
+from wheel.cli_serve import GC_YOUNG_THRESHOLD, SWITCH_INTERVAL_S, serve_config, tune_runtime
 from wheel.cli_shards import ShardRow, gather, shard_lines, shard_map
 from wheel.cli_status import status_lines
 from wheel.client import NodeStatus, ShardStatus, Status, UnservedHandler, WorkerStatus

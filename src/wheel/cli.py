@@ -1,6 +1,6 @@
 """``wheelctl``: run a node or a worker, and talk to a running node.
 
-wheelctl serve  [--data-dir DIR] [--listen HOST:PORT] [--store URL] [--metrics-listen HOST:PORT]
+wheelctl serve  [--data-dir DIR] [--listen HOST:PORT] [--store URL] ...   (see wheel.cli_serve)
 wheelctl worker [--target HOST:PORT[,HOST:PORT...]]... [--capacity N] module:function ...
 wheelctl submit --name N --handler H (--at WHEN | --cron EXPR | --every DURATION) ...
 wheelctl import FILE   (JSON Lines, one submit a line; see wheel.cli_import)
@@ -15,35 +15,29 @@ wheelctl outbox init|status --dsn DSN   (the transactional submit's table; see w
 from __future__ import annotations
 
 import argparse
-import asyncio
-import gc
 import json
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from wheel import cli_outbox
-from wheel._tls import ChannelSecurity, LiveChannelSecurity, LiveServerSecurity
 from wheel._tls_cli import (
-    NodeSecurity,
     add_client_flags,
-    add_serve_flags,
-    api_address,
-    check_http_listen,
     client_security,
-    node_security,
-    tls_paths,
 )
-from wheel._tls_reload import DEFAULT_INTERVAL_S as DEFAULT_RELOAD_INTERVAL_S
-from wheel._tls_reload import TlsReloader
-from wheel.cli_admin import add_auth_flags, add_token_flag, init_admin_token
+from wheel.cli_admin import add_token_flag
 from wheel.cli_admin import register as register_admin
-from wheel.cli_common import command_client, epoch_ms, fmt_time, parse_duration
+from wheel.cli_common import (
+    _add_log_format,
+    command_client,
+    epoch_ms,
+    fmt_time,
+    parse_duration,
+)
+from wheel.cli_serve import add_serve_parser, quiet_created_series
 from wheel.cli_status import cmd_alerts, cmd_status
 from wheel.client import (
     DEFAULT_TARGET,
@@ -60,7 +54,7 @@ from wheel.client import (
     Schedule,
 )
 from wheel.errors import InvalidArgument, WheelError
-from wheel.logs import FORMATS, announcement
+from wheel.logs import announcement
 from wheel.logs import configure as configure_logging
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -125,271 +119,6 @@ def submit_args(ns: argparse.Namespace, now: datetime | None = None) -> JobArgs:
 
 
 # -- commands ------------------------------------------------------------------------
-
-
-def parse_cluster_url(url: str) -> tuple[list[str], str]:
-    """``etcd://HOST:PORT[,HOST:PORT...]/NAME`` -> (endpoints, cluster name)."""
-    scheme, sep, rest = url.partition("://")
-    hosts, slash, name = rest.partition("/")
-    if scheme != "etcd" or not sep or not slash or not name or "/" in name:
-        raise InvalidArgument("cluster", f"{url!r} is not etcd://HOST:PORT[,HOST:PORT...]/NAME")
-    endpoints = [h for h in hosts.split(",") if h]
-    for endpoint in endpoints:
-        host, colon, port = endpoint.rpartition(":")
-        if not colon or not host or not port.isdigit():
-            raise InvalidArgument("cluster", f"{endpoint!r} is not HOST:PORT")
-    if not endpoints:
-        raise InvalidArgument("cluster", f"{url!r} names no etcd endpoint")
-    return endpoints, name
-
-
-def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
-    """The node's configuration from ``wheelctl serve``'s flags."""
-    from wheel.checkpoint import Durability
-    from wheel.engine.owner import OwnerConfig
-    from wheel.node import NodeConfig
-
-    # A flag not given is None: the configuration's own default holds.
-    owner = {f: getattr(ns, f) for f in ("lease_ms", "grace_lease_ms", "overdue_after_ms")}
-    node = {f: getattr(ns, f) for f in ("group_commit_ms", "group_commit_light_ms", "tick_ms")}
-    return NodeConfig(
-        node_id=ns.node_id,
-        retain_ms=ns.retain,
-        retention_interval_s=ns.retention_interval,
-        owner=OwnerConfig(**{f: v for f, v in owner.items() if v is not None}),
-        checkpoint_dir=None if ns.no_checkpoint else str(data_dir / "checkpoint"),
-        checkpoint_durability=Durability(ns.checkpoint_durability),
-        **{f: v for f, v in node.items() if v is not None},
-    )
-
-
-# The cyclic collector's young generation, in allocations. CPython's default
-# (700) runs it about every tenth of a run at 8,000 dispatches/s, so a run's
-# objects outlive two young collections and reach the old generation, whose
-# full scans (every job cached) took up to 370 ms each: dispatch stalls. At
-# 50,000 a run's objects die young.
-GC_YOUNG_THRESHOLD = 50_000
-# How long a thread may hold the GIL while another waits for it. The store
-# thread runs SQLite with the GIL released and needs it back after each
-# statement of a batch (a dozen or more); at CPython's 5 ms each return
-# waited behind the event loop, and at 24,000 dispatches/s the store thread
-# spent about 60% of its time waiting, not working. At 26,000/s on SQLite:
-# p99 336 ms at 5 ms, 221 ms at 0.5 ms, 111-122 ms at 0.2 ms, for about 3%
-# more CPU.
-SWITCH_INTERVAL_S = 0.0002
-
-
-def tune_runtime() -> None:
-    """The collector and the GIL hand-off for a node's process."""
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-
-
-def quiet_created_series() -> None:
-    """Leave out the ``*_created`` series prometheus_client adds next to each
-    counter and histogram: Prometheus does not read them from the text
-    format, and they double the series a scrape carries. Process-wide, so
-    set by the command that serves metrics, not by the library."""
-    import prometheus_client
-
-    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
-
-
-def console_security(
-    security: NodeSecurity, peers: LiveChannelSecurity
-) -> ChannelSecurity | LiveChannelSecurity:
-    """How the web console's channel to its own node is secured: as the
-    node's channels to its peers, which trust --peer-tls-ca or --client-ca;
-    with neither, the node's own certificate chain (a node with a private
-    CA and no client certificates still reaches itself)."""
-    server = security.server
-    if server is None or peers.current.ca is not None:
-        return peers
-    return ChannelSecurity(tls=True, ca=server.cert, cert=server.cert, key=server.key)
-
-
-def cmd_serve(ns: argparse.Namespace) -> int:
-    from wheel.node import CLOCK_SKEW_ENV, Node
-    from wheel.rpc.server import serve
-    from wheel.store.open import open_store
-
-    if os.environ.get(CLOCK_SKEW_ENV):
-        # Test hook (see wheel.node.Clock): a step signalled before the handler
-        # is installed must not end the process (SIGUSR1's default action);
-        # the clock reads the file when it is made.
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    # Refused (a bad flag, a network address without TLS) before touching anything.
-    security = node_security(ns, auth=ns.auth)
-    data_dir = Path(ns.data_dir).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    url = ns.store or f"sqlite:///{data_dir / 'wheel.db'}"
-
-    coordinator_args = None
-    if ns.cluster:
-        if not url.startswith(("postgresql://", "postgres://")):
-            raise InvalidArgument(
-                "store",
-                "--cluster needs a PostgreSQL store (--store postgresql://...): SQLite is"
-                " one node's embedded file",
-            )
-        endpoints, cluster = parse_cluster_url(ns.cluster)
-        advertise = ns.advertise or ns.listen
-        host, _, port = advertise.rpartition(":")
-        if port in ("", "0") or host.strip("[]") in ("", "0.0.0.0", "::"):
-            raise InvalidArgument(
-                "advertise", f"{advertise!r}: other members need a fixed host:port to reach"
-            )
-        coordinator_args = (endpoints, cluster, advertise)
-
-    if ns.init_admin_token and not ns.auth:
-        raise InvalidArgument("init_admin_token", "goes with --auth")
-    if ns.http_listen:
-        from wheel.console import parse_http_listen
-
-        parse_http_listen(ns.http_listen)
-        problem = check_http_listen(
-            ns.http_listen, security.server is not None, ns.auth, ns.insecure
-        )
-        if problem:
-            raise InvalidArgument("http_listen", problem)
-    elif ns.console_actions:
-        raise InvalidArgument("console_actions", "goes with --http-listen")
-
-    def say(
-        message: str, stream: IO[str] | None = None, level: int = logging.INFO, **fields: Any
-    ) -> None:
-        """A line for people and scripts, JSON under ``--log-format json``."""
-        line = announcement(message, ns.log_format, level=level, **fields)
-        print(line, file=stream or sys.stdout, flush=True)
-
-    async def main() -> None:
-        store = open_store(url)
-        if ns.init_admin_token and init_admin_token(store, ns.init_admin_token, store.clock_ms()):
-            logging.getLogger("wheel").info("wrote a first admin token to %s", ns.init_admin_token)
-        # What a reload replaces (wheel._tls_reload): the listeners' TLS, and
-        # that of the channels to the other members and to etcd.
-        live_server = LiveServerSecurity(security.server) if security.server else None
-        live_peers, live_etcd = (
-            LiveChannelSecurity(security.peers),
-            LiveChannelSecurity(security.etcd),
-        )
-        coordinator = None
-        if coordinator_args is not None:
-            from wheel.coord.etcd import EtcdCoordinator
-
-            endpoints, cluster, advertise = coordinator_args
-            coordinator = EtcdCoordinator(
-                ns.node_id, advertise, endpoints, cluster=cluster, ttl_s=ns.lease_ttl,
-                security=live_etcd,
-            )  # fmt: skip
-        node = Node(store, serve_config(ns, data_dir), coordinator=coordinator)
-        await node.start()
-        # What the node restored lives as long as the process: never scan it again.
-        gc.collect()
-        gc.freeze()
-        relay_dsn = cli_outbox.outbox_dsn(ns, url)
-        server, port = await serve(
-            node,
-            ns.listen,
-            security=live_server,
-            peer_security=live_peers,
-            auth=ns.auth,
-            recheck_s=ns.auth_recheck,
-        )
-        logging.getLogger("wheel").info(
-            "wheel node %s serving on port %d (store %s)", ns.node_id, port, url.split("?")[0]
-        )
-        logging.getLogger("wheel").log(*security.notice(ns.listen))
-        relay = cli_outbox.start_relay(node, relay_dsn) if relay_dsn else None
-        metrics = None
-        if ns.metrics_listen:
-            from wheel.metrics import MetricsServer
-
-            quiet_created_series()
-            metrics = MetricsServer(node.metrics.registry)
-            ssl = live_server.ssl_context() if live_server else None
-            metrics_port = await metrics.start(ns.metrics_listen, ssl=ssl)
-            host = ns.metrics_listen.rsplit(":", 1)[0] or "0.0.0.0"
-            metrics_url = f"{'https' if ssl else 'http'}://{host}:{metrics_port}/metrics"
-            say(f"wheel metrics on {metrics_url}", url=metrics_url, port=metrics_port)
-        console = None
-        if ns.http_listen:
-            from wheel.console import Console, ConsoleServer
-
-            console = ConsoleServer(
-                Console(
-                    ns.advertise or api_address(ns.listen, port),
-                    auth=ns.auth,
-                    actions=ns.console_actions,
-                    security=console_security(security, live_peers),
-                    node_id=ns.node_id,
-                )
-            )
-            ssl = live_server.ssl_context() if live_server else None
-            console_port = await console.start(ns.http_listen, ssl=ssl)
-            host = ns.http_listen.rsplit(":", 1)[0] or "0.0.0.0"
-            console_url = f"{'https' if ssl else 'http'}://{host}:{console_port}/"
-            mode = "actions on" if ns.console_actions else "read-only"
-            say(f"wheel console on {console_url} ({mode})", url=console_url, port=console_port)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        if os.environ.get(CLOCK_SKEW_ENV):
-            # Test hook (see wheel.node.Clock): step the clock to the file's skew.
-            loop.add_signal_handler(signal.SIGUSR1, node.clock.reload_skew)
-        watching = None
-        paths = tls_paths(ns)
-        if paths:
-            reloader = TlsReloader(
-                lambda: node_security(ns, auth=ns.auth),
-                paths,
-                server=live_server,
-                peers=live_peers,
-                etcd=live_etcd,
-            )
-            loop.add_signal_handler(signal.SIGHUP, reloader.on_signal)
-            if ns.tls_reload_interval:
-                watching = asyncio.create_task(reloader.watch(ns.tls_reload_interval))
-        address = f"{ns.listen.rsplit(':', 1)[0]}:{port}"
-        # Scripts and tests wait for this line: the node serves and its signal
-        # handlers are in place.
-        say(f"wheel serving on {address}", address=address, port=port)
-        stopping = asyncio.create_task(stop.wait())
-        died = asyncio.create_task(node.stopped.wait())
-        await asyncio.wait({stopping, died}, return_when=asyncio.FIRST_COMPLETED)
-        crashed = died.done() and not stop.is_set()
-        stopping.cancel()
-        died.cancel()
-        if watching is not None:
-            watching.cancel()
-        if relay is not None:
-            await relay.stop()
-        await node.leave()  # shards to the other members first, then the server
-        if console is not None:
-            await console.stop()
-        await server.stop(grace=2.0)
-        if metrics is not None:
-            await metrics.stop()
-        await node.stop()
-        store.close()
-        if crashed:
-            say("wheel: the dispatch loop died; see the log above", sys.stderr, logging.CRITICAL)
-            raise SystemExit(1)
-
-    tune_runtime()
-    profile = os.environ.get("WHEEL_PROFILE")
-    if profile:
-        # Operators' and benchmarks' view of where a node's time goes.
-        import cProfile
-
-        with cProfile.Profile() as prof:
-            asyncio.run(main())
-        prof.dump_stats(profile)
-        return 0
-    asyncio.run(main())
-    return 0
 
 
 def cmd_worker(ns: argparse.Namespace) -> int:
@@ -532,65 +261,6 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     return run_demo(duration_s=ns.duration, port=ns.port, data_dir=ns.data_dir)
 
 
-def _positive_ms(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive number of milliseconds")
-    return value
-
-
-def _ms(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is a negative number of milliseconds")
-    return value
-
-
-def parse_retain(text: str) -> int | None:
-    """``--retain``: a duration (30d, 12h), or "forever" (never purge)."""
-    if text.strip().lower() in ("forever", "never", "off"):
-        return None
-    ms = round(parse_duration(text, "retain").total_seconds() * 1000)
-    if ms <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a retention must be positive (or 'forever')")
-    return ms
-
-
-def _retain(text: str) -> int | None:
-    try:
-        return parse_retain(text)
-    except InvalidArgument as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _seconds(text: str) -> float:
-    """A positive duration flag, in seconds."""
-    try:
-        seconds = parse_duration(text, "duration").total_seconds()
-    except InvalidArgument as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration")
-    return seconds
-
-
-def _seconds_or_off(text: str) -> float:
-    """A duration flag that "off" (or 0) turns off, in seconds (0.0: off)."""
-    if text.strip().lower() in ("off", "0"):
-        return 0.0
-    return _seconds(text)
-
-
-def _add_log_format(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--log-format",
-        choices=FORMATS,
-        default=os.environ.get("WHEEL_LOG_FORMAT", "text"),
-        help="text lines (default; $WHEEL_LOG_FORMAT), or one JSON object per line with"
-        " job_id, run_id, shard, fence and worker on every record about them",
-    )
-
-
 def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
     """The flags of ``wheelctl submit`` that describe the job (``submit_args``
     reads them), and their actions: ``wheelctl import`` takes the same options
@@ -647,126 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     # learns the rest of a cluster from any of them.
     target_help = "a node's HOST:PORT, or several comma-separated ($WHEEL_TARGET; %(default)s)"
 
-    s = sub.add_parser(
-        "serve", help="run a node (embedded SQLite, all shards; or a cluster member with --cluster)"
-    )
-    s.add_argument("--data-dir", default=os.environ.get("WHEEL_DATA_DIR", "wheel-data"))
-    s.add_argument("--listen", default="127.0.0.1:50051")
-    s.add_argument(
-        "--store", help="sqlite:///path or postgresql://... (default: SQLite in data dir)"
-    )
-    s.add_argument("--node-id", default="node-1")
-    s.add_argument(
-        "--cluster",
-        help="etcd://HOST:PORT[,HOST:PORT...]/NAME: join the cluster NAME and own the shards"
-        " it gives this node (needs --store postgresql://...)",
-    )
-    s.add_argument(
-        "--advertise",
-        help="host:port other members and workers reach this node at (default: --listen)",
-    )
-    s.add_argument(
-        "--lease-ttl",
-        type=int,
-        default=5,
-        help="cluster: seconds a node's etcd lease outlives its last keepalive; a dead"
-        " node's shards move within about this plus one second",
-    )
-    s.add_argument(
-        "--checkpoint-durability",
-        default="sync",
-        choices=["sync", "async", "none"],
-        help="LMDB checkpoint: fsync per batch (sync), on process crash only (async), none",
-    )
-    s.add_argument("--no-checkpoint", action="store_true", help="always rebuild from the store")
-    # Without a default here: serve_config leaves the node's own (NodeConfig,
-    # OwnerConfig) where a flag is not given, so that building the parser,
-    # which every command does, does not import the node.
-    s.add_argument(
-        "--lease-ms",
-        type=_positive_ms,
-        help="full lease after a worker's ack; heartbeats come every third of it",
-    )
-    s.add_argument(
-        "--grace-lease-ms",
-        type=_positive_ms,
-        help="lease of a run handed out but not yet acked",
-    )
-    s.add_argument(
-        "--overdue-after-ms",
-        type=_positive_ms,
-        help="a fire this late counts as catch-up work",
-    )
-    s.add_argument(
-        "--group-commit-ms",
-        type=_ms,
-        help="under load, at most one store batch per this many ms (0: no holding back);"
-        " more fires per commit for a few ms of lag",
-    )
-    s.add_argument(
-        "--group-commit-light-ms",
-        type=_ms,
-        help="the same after a small batch: a steady trickle commits at most once per"
-        " this many ms (0: at once)",
-    )
-    s.add_argument(
-        "--tick-ms",
-        type=_ms,
-        help="while fires keep coming due, the dispatch loop goes round at most once per this"
-        " many ms, each round one store batch and one message a worker (default 20; 0: a"
-        " round at every timer); a fire after a quiet spell goes at once",
-    )
-    s.add_argument(
-        "--metrics-listen",
-        metavar="HOST:PORT",
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)",
-    )
-    s.add_argument(
-        "--http-listen",
-        metavar="HOST:PORT",
-        help="serve the web console at http://HOST:PORT/ (https with --tls-cert): jobs, runs,"
-        " missed fires, dead letters, workers, shards and lag, through this node's API with"
-        " the browser's token (default: off)",
-    )
-    s.add_argument(
-        "--console-actions",
-        action="store_true",
-        help="let the web console act (pause, resume, trigger, cancel, redrive) as the"
-        " token allows; without it the console only reads",
-    )
-    s.add_argument(
-        "--retain",
-        type=_retain,
-        default="30d",
-        metavar="DURATION",
-        help="delete finished runs and missed-fire records older than this, in the"
-        " background, in small batches ('forever': keep them; default %(default)s)."
-        " 30 days keeps a month of history to look into and to backfill against (a"
-        " backfill runs again the fires whose history is gone) while the executions table"
-        " stays bounded: a fire a second is 2.6 million rows a month",
-    )
-    s.add_argument(
-        "--retention-interval",
-        type=_seconds,
-        default="10m",
-        metavar="DURATION",
-        help="how often a retention pass starts (each paces itself to a tenth of the"
-        " store's time; default %(default)s)",
-    )
-    add_serve_flags(s)
-    cli_outbox.add_serve_flag(s)
-    s.add_argument(
-        "--tls-reload-interval",
-        type=_seconds_or_off,
-        default=f"{DEFAULT_RELOAD_INTERVAL_S:g}s",
-        metavar="DURATION",
-        help="how often the TLS files are looked at for a change, which puts them in force"
-        " for new connections without a restart, as SIGHUP does ('off': on SIGHUP only;"
-        " default %(default)s)",
-    )
-    add_auth_flags(s, seconds=_seconds)
-    _add_log_format(s)
-    s.set_defaults(fn=cmd_serve)
+    add_serve_parser(sub)
 
     w = sub.add_parser("worker", help="run handlers for assigned runs")
     w.add_argument("handlers", nargs="*", help="module:function or name=module:function")
