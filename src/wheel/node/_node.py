@@ -31,15 +31,15 @@ from typing import TypeVar
 
 from wheel.checkpoint.owner_state import log_entry
 from wheel.coord.base import Coordinator
-from wheel.engine.driver import Driver, next_fires_of
-from wheel.engine.model import SHARD_COUNT, JobState
+from wheel.engine.driver import Driver
+from wheel.engine.model import SHARD_COUNT
 from wheel.engine.owner import Effects, Outcome, Owner, ShardContents
 from wheel.engine.records import JobRecord, NewJob
-from wheel.engine.spec import JobSpec
 from wheel.errors import CheckpointError, FailedPrecondition, StoreError, WheelError
 from wheel.logs import ids
 from wheel.node._checkpointing import NodeCheckpoint
 from wheel.node._cluster import ShardOwnership
+from wheel.node._jobs import NodeJobs
 from wheel.node._membership import NodeMembership
 from wheel.node._moving import NodeMoving
 from wheel.node._ops import NodeOps
@@ -61,9 +61,6 @@ from wheel.store.base import BatchOutcome, Store, WriteBatch
 log = logging.getLogger("wheel.node")
 # A host clock further than this off the store's is reported at start.
 CLOCK_WARN_MS = 500
-# Submits written in one store transaction at most: a bulk submit's 10,000
-# jobs take two commits (each an fsync), not ten.
-MAX_SUBMIT_BATCH = 5_000
 # Store batches committing while the loop forms the next one.
 MAX_BATCHES_IN_FLIGHT = 2
 # The epochs a batch was written under (``WriteBatch.epochs``).
@@ -72,7 +69,14 @@ T = TypeVar("T")
 
 
 class Node(
-    NodeReads, NodeMembership, NodeOps, NodeTenancy, NodeCheckpoint, NodeMoving, NodeUpdates
+    NodeReads,
+    NodeMembership,
+    NodeOps,
+    NodeTenancy,
+    NodeCheckpoint,
+    NodeMoving,
+    NodeJobs,
+    NodeUpdates,
 ):
     """One node owning shards (all 256 on a single node)."""
 
@@ -679,124 +683,3 @@ class Node(
 
     def worker_drain(self, worker_id: str) -> None:
         self._owner().worker_drain(worker_id)
-
-    # -- the job API --------------------------------------------------------------
-
-    def submit_later(
-        self,
-        spec: JobSpec,
-        idempotency_key: str | None,
-        *,
-        body_hash: str | None = None,
-        now_ms: int | None = None,
-    ) -> asyncio.Future[tuple[JobRecord, bool] | WheelError]:
-        """Validate now (raising what is wrong with the spec), then queue the
-        job to be stored with every other submit waiting at the same moment
-        in one transaction (group commit) and scheduled. Returns the future
-        of its outcome, a per-job error (a key conflict) included: a batch of
-        requests queues all its jobs without a task for each."""
-        driver = self._the_driver()
-        now = self.clock.now_ms() if now_ms is None else now_ms
-        new = driver.new_job(spec, idempotency_key, now, body_hash=body_hash)
-        future: asyncio.Future[tuple[JobRecord, bool] | WheelError] = (
-            asyncio.get_running_loop().create_future()
-        )
-        self._submits.append((new, future))
-        if self._submit_flusher is None or self._submit_flusher.done():
-            self._submit_flusher = asyncio.create_task(self._flush_submits())
-        return future
-
-    async def _flush_submits(self) -> None:
-        flushed = 0
-        while self._submits:
-            batch, self._submits = (
-                self._submits[:MAX_SUBMIT_BATCH],
-                self._submits[MAX_SUBMIT_BATCH:],
-            )
-            try:
-                results = await self._api(self.store.submit_jobs, [n for n, _ in batch])
-            except Exception as exc:  # every waiter hears of it: none hangs
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                if not isinstance(exc, WheelError):
-                    log.exception("storing %d submits failed", len(batch))
-                continue
-            driver, now = self._the_driver(), self.clock.now_ms()
-            markers: set[int] = set()
-            for i, ((new, future), result) in enumerate(zip(batch, results, strict=True)):
-                if i % 250 == 249:
-                    await asyncio.sleep(0)  # let the loop in between
-                if not isinstance(result, WheelError) and result.created:
-                    markers.add(result.job.change)
-                    driver.submitted(result.job, now, new)
-                if not future.done():
-                    future.set_result(result)
-            # Left out of the change feed only now that every job they mark is
-            # in the owner: a read meanwhile brings them (applied twice,
-            # harmlessly), and a watermark logged past them never comes before
-            # the jobs' own rows in the checkpoint.
-            self._own_changes |= markers
-            flushed += len(batch)
-            self.wake()
-        if flushed >= MAX_SUBMIT_BATCH:
-            # What a bulk submit's requests and records left free, given back
-            # off the loop (not waited for: submits may come meanwhile): with a
-            # large heap it takes a good part of a second.
-            asyncio.get_running_loop().run_in_executor(None, trim_heap)
-
-    async def get_job(self, job_id: int) -> JobRecord:
-        return await self._api(self.store.get_job, job_id)
-
-    async def set_state(self, job_id: int, state: JobState) -> JobRecord:
-        """Pause, resume or cancel: the store first, then the owner."""
-        record = await self.get_job(job_id)
-        now = self.clock.now_ms()
-        change = self._the_driver().state_change(record, state, now)
-        if change.noop:
-            return record
-        updated = await self._api(
-            functools.partial(
-                self.store.set_job_state,
-                job_id,
-                change.state,
-                next_run_at=change.next_run_at,
-                now_ms=now,
-            )
-        )
-        self._own_changes.add(updated.change)
-        self._the_driver().state_changed(record, updated, change.state, now)
-        self.wake()
-        return updated
-
-    async def trigger(self, job_id: int) -> int:
-        record = await self.get_job(job_id)
-        at = self._the_driver().trigger(record, self.clock.now_ms())
-        await self._committed()
-        return at
-
-    async def backfill(self, job_id: int, fires: Sequence[int]) -> tuple[list[int], int]:
-        record = await self.get_job(job_id)
-        if record.state is not JobState.ACTIVE:
-            raise FailedPrecondition(f"job {job_id} is {record.state.value}, not active")
-        existing = await self._api(self.store.fires_exist, job_id, list(fires))
-        todo = [f for f in fires if f not in existing]
-        self._the_driver().backfill(record, todo, self.clock.now_ms())
-        await self._committed()
-        return todo, len(fires) - len(todo)
-
-    async def _committed(self) -> None:
-        """Wait until what the owner emitted so far is in the store: an
-        acknowledged trigger or backfill survives a crash right after."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._commit_waiters.append(waiter)
-        self.wake()
-        await waiter
-
-    def next_fires(self, job_id: int, count: int, record: JobRecord | None = None) -> list[int]:
-        """The job's next fires: as its owner has them armed, or, for a job
-        held by another node, as its schedule computes them from ``record``."""
-        owner = self._owner()
-        if owner.owns(job_id) or record is None:
-            return owner.next_fires(job_id, count)
-        return next_fires_of(record, count)

@@ -1,0 +1,167 @@
+"""The job API of ``wheel.node.Node``: submits group-committed into the
+store and armed in the owner, reads, pauses, resumes and cancels (the store
+first, then the owner), triggers and backfills acknowledged once their
+claims are in the store."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from wheel.engine.driver import Driver, next_fires_of
+from wheel.engine.model import JobState
+from wheel.engine.owner import Owner
+from wheel.engine.records import JobRecord, NewJob
+from wheel.engine.spec import JobSpec
+from wheel.errors import FailedPrecondition, WheelError
+from wheel.node._values import Clock, trim_heap
+from wheel.store.base import Store
+
+log = logging.getLogger("wheel.node")
+# Submits written in one store transaction at most: a bulk submit's 10,000
+# jobs take two commits (each an fsync), not ten.
+MAX_SUBMIT_BATCH = 5_000
+T = TypeVar("T")
+
+
+class NodeJobs:
+    """Submits, reads and state changes of ``wheel.node.Node``."""
+
+    store: Store
+    clock: Clock
+    _own_changes: set[int]
+    _submits: list[tuple[NewJob, asyncio.Future[tuple[JobRecord, bool] | WheelError]]]
+    _submit_flusher: asyncio.Task[None] | None
+    _commit_waiters: list[asyncio.Future[None]]
+
+    if TYPE_CHECKING:
+
+        async def _api(self, fn: Callable[..., T], *args: object) -> T: ...
+
+        def _the_driver(self) -> Driver: ...
+
+        def _owner(self) -> Owner: ...
+
+        def wake(self) -> None: ...
+
+    def submit_later(
+        self,
+        spec: JobSpec,
+        idempotency_key: str | None,
+        *,
+        body_hash: str | None = None,
+        now_ms: int | None = None,
+    ) -> asyncio.Future[tuple[JobRecord, bool] | WheelError]:
+        """Validate now (raising what is wrong with the spec), then queue the
+        job to be stored with every other submit waiting at the same moment
+        in one transaction (group commit) and scheduled. Returns the future
+        of its outcome, a per-job error (a key conflict) included: a batch of
+        requests queues all its jobs without a task for each."""
+        driver = self._the_driver()
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        new = driver.new_job(spec, idempotency_key, now, body_hash=body_hash)
+        future: asyncio.Future[tuple[JobRecord, bool] | WheelError] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._submits.append((new, future))
+        if self._submit_flusher is None or self._submit_flusher.done():
+            self._submit_flusher = asyncio.create_task(self._flush_submits())
+        return future
+
+    async def _flush_submits(self) -> None:
+        flushed = 0
+        while self._submits:
+            batch, self._submits = (
+                self._submits[:MAX_SUBMIT_BATCH],
+                self._submits[MAX_SUBMIT_BATCH:],
+            )
+            try:
+                results = await self._api(self.store.submit_jobs, [n for n, _ in batch])
+            except Exception as exc:  # every waiter hears of it: none hangs
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                if not isinstance(exc, WheelError):
+                    log.exception("storing %d submits failed", len(batch))
+                continue
+            driver, now = self._the_driver(), self.clock.now_ms()
+            markers: set[int] = set()
+            for i, ((new, future), result) in enumerate(zip(batch, results, strict=True)):
+                if i % 250 == 249:
+                    await asyncio.sleep(0)  # let the loop in between
+                if not isinstance(result, WheelError) and result.created:
+                    markers.add(result.job.change)
+                    driver.submitted(result.job, now, new)
+                if not future.done():
+                    future.set_result(result)
+            # Left out of the change feed only now that every job they mark is
+            # in the owner: a read meanwhile brings them (applied twice,
+            # harmlessly), and a watermark logged past them never comes before
+            # the jobs' own rows in the checkpoint.
+            self._own_changes |= markers
+            flushed += len(batch)
+            self.wake()
+        if flushed >= MAX_SUBMIT_BATCH:
+            # What a bulk submit's requests and records left free, given back
+            # off the loop (not waited for: submits may come meanwhile): with a
+            # large heap it takes a good part of a second.
+            asyncio.get_running_loop().run_in_executor(None, trim_heap)
+
+    async def get_job(self, job_id: int) -> JobRecord:
+        return await self._api(self.store.get_job, job_id)
+
+    async def set_state(self, job_id: int, state: JobState) -> JobRecord:
+        """Pause, resume or cancel: the store first, then the owner."""
+        record = await self.get_job(job_id)
+        now = self.clock.now_ms()
+        change = self._the_driver().state_change(record, state, now)
+        if change.noop:
+            return record
+        updated = await self._api(
+            functools.partial(
+                self.store.set_job_state,
+                job_id,
+                change.state,
+                next_run_at=change.next_run_at,
+                now_ms=now,
+            )
+        )
+        self._own_changes.add(updated.change)
+        self._the_driver().state_changed(record, updated, change.state, now)
+        self.wake()
+        return updated
+
+    async def trigger(self, job_id: int) -> int:
+        record = await self.get_job(job_id)
+        at = self._the_driver().trigger(record, self.clock.now_ms())
+        await self._committed()
+        return at
+
+    async def backfill(self, job_id: int, fires: Sequence[int]) -> tuple[list[int], int]:
+        record = await self.get_job(job_id)
+        if record.state is not JobState.ACTIVE:
+            raise FailedPrecondition(f"job {job_id} is {record.state.value}, not active")
+        existing = await self._api(self.store.fires_exist, job_id, list(fires))
+        todo = [f for f in fires if f not in existing]
+        self._the_driver().backfill(record, todo, self.clock.now_ms())
+        await self._committed()
+        return todo, len(fires) - len(todo)
+
+    async def _committed(self) -> None:
+        """Wait until what the owner emitted so far is in the store: an
+        acknowledged trigger or backfill survives a crash right after."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._commit_waiters.append(waiter)
+        self.wake()
+        await waiter
+
+    def next_fires(self, job_id: int, count: int, record: JobRecord | None = None) -> list[int]:
+        """The job's next fires: as its owner has them armed, or, for a job
+        held by another node, as its schedule computes them from ``record``."""
+        owner = self._owner()
+        if owner.owns(job_id) or record is None:
+            return owner.next_fires(job_id, count)
+        return next_fires_of(record, count)
