@@ -229,3 +229,20 @@ def test_late_dispatches_breach_the_lag_objective_and_it_clears_after(tmp_path: 
         # Nothing late since: once the window passes it, the objective holds.
         wait_for(lambda: client.alerts().firing == [], 10, "the breach to clear")
         assert scrape(url)['wheel_alerts_total{kind="lag_slo"}'] == 1
+
+
+def test_a_stalled_loop_shows_in_the_stall_metrics(live: LiveNode, json_log: io.StringIO) -> None:
+    url = live.metrics_url
+    before = scrape(url)
+    live.call(lambda: time.sleep(0.3))  # holds the node's loop as a long load would
+    wait_for(
+        lambda: scrape(url).get("wheel_loop_stall_max_seconds", 0.0) >= 0.25,
+        10,
+        "the stall's length",
+    )
+    after = scrape(url)
+    assert after["wheel_loop_stall_seconds_count"] > before.get("wheel_loop_stall_seconds_count", 0)
+    assert after['wheel_loop_stall_seconds_bucket{le="+Inf"}'] > 0
+    assert any(
+        str(r["message"]).startswith("the event loop stalled for ") for r in records(json_log)
+    )

@@ -43,8 +43,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("wheel.node")
 
 HealthListener = Callable[[Health], Awaitable[None]]
-# The stall watcher's tick, the least stall it counts, and the one it logs.
-STALL_TICK_S = 0.01
+# The stall watcher's tick (a stall is measured short by at most this), the
+# least stall it counts, and the one it logs.
+STALL_TICK_S = 0.02
 STALL_FLOOR_S = 0.005
 STALL_WARN_S = 0.1
 
@@ -127,19 +128,33 @@ class NodeOps:
         """Ask the loop to wake every ``STALL_TICK_S`` and record how much
         later it did: whatever held the loop meanwhile (a load, a snapshot,
         a bulk submit, a garbage collection) stalled every stream and timer
-        of the node as long."""
+        of the node as long.
+
+        A timer callback, not a task that sleeps: each wake of a sleeping
+        task costs a future and a second pass of the loop. An idle node spent
+        22 ms of CPU a second on a task every 10 ms, 9 on this every 20 ms."""
         loop = asyncio.get_running_loop()
         histogram = self.metrics.loop_stall_seconds
-        while True:
-            asked = loop.time() + STALL_TICK_S
-            await asyncio.sleep(STALL_TICK_S)
-            late = loop.time() - asked
+        handle: asyncio.TimerHandle | None = None
+
+        def tick(asked: float) -> None:
+            nonlocal handle
+            now = loop.time()
+            late = now - asked
             if late >= STALL_FLOOR_S:
                 histogram.observe(late)
                 if late > self._stall_max_s:
                     self._stall_max_s = late
                     if late >= STALL_WARN_S:
                         log.warning("the event loop stalled for %.0f ms", late * 1000)
+            handle = loop.call_at(now + STALL_TICK_S, tick, now + STALL_TICK_S)
+
+        first = loop.time() + STALL_TICK_S
+        handle = loop.call_at(first, tick, first)
+        try:
+            await loop.create_future()  # until the node stops (cancelled)
+        finally:
+            handle.cancel()
 
     def loop_stall_max_s(self) -> float:
         """The longest event-loop stall since the node started (s)."""
