@@ -69,6 +69,33 @@ def test_fires_due_within_a_tick_go_out_in_one_or_two_rounds(tmp_path: Path) -> 
     assert all(0 <= lag < TICK_MS + 250 for lag in lags), lags
 
 
+def test_rounds_with_nothing_to_write_do_not_hold_a_lone_fire_back(tmp_path: Path) -> None:
+    """An idle node still goes round (every ``max_idle_s``, here 50 ms, and for
+    submits and reads); those rounds write nothing and start no tick, so each
+    of these fires, alone after a quiet spell, goes at its time. When they
+    started one, each fire waited up to a tick behind the last idle round."""
+    server = InProcessServer(tmp_path, tick_ms=TICK_MS, max_idle_s=0.05).start()
+    arrived: dict[int, int] = {}
+
+    def handler(ctx: RunContext) -> None:
+        arrived[int(ctx.payload.decode())] = now_ms()
+
+    try:
+        with connect(server) as api, WorkerThread(server.target, "w", h=handler):
+            first = now_ms() + 1_500
+            dues = [first + 700 * i for i in range(4)]
+            for i, due in enumerate(dues):
+                submit(
+                    api,
+                    spec(name=f"j{i}", handler="h", payload=str(i).encode(), schedule=once(due)),
+                )
+            wait_for(lambda: len(arrived) == len(dues), 15, "every lone fire's run")
+    finally:
+        server.stop()
+    lags = [arrived[i] - due for i, due in enumerate(dues)]
+    assert all(0 <= lag < TICK_MS / 3 for lag in lags), lags
+
+
 def test_without_a_tick_each_fire_goes_on_its_own(tmp_path: Path) -> None:
     at, lags = arrivals(tmp_path, 0)
     burst = sorted(at[1:])

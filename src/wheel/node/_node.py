@@ -389,13 +389,11 @@ class Node(
         fx = driver.fx
         coordinator = self.coordinator
         tick = config.tick_ms
-        tick_at = -tick  # when the last round began (clock ms)
+        tick_at = -tick  # when the last round with store work began (clock ms)
         early = False  # this round only applies a batch's answer (see _sleep_until)
         while not self._stopping:
             self._quiet_if_lapsed()
             now = self.clock.now_ms()
-            if not early:
-                tick_at = now
             driver.advance(now)
             if not early and len(pending) < MAX_BATCHES_IN_FLIGHT and now >= next_batch_ms:
                 # Checked again right before writing: a pause between the
@@ -411,6 +409,11 @@ class Node(
                     future.add_done_callback(lambda _: self._wake.set())
                     pending.append((future, batch[0].epochs, self._commit_waiters))
                     self._commit_waiters = []
+            if not early and (pending or driver.has_store_work()):
+                # A round with store work starts the tick. One woken by a
+                # submit or a read, with nothing to write, does not hold the
+                # next fire back.
+                tick_at = now
             while pending and pending[0][0].done():
                 done, epochs, waiters = pending.popleft()
                 outcome = done.result()
