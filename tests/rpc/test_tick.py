@@ -23,12 +23,16 @@ from wheel.worker import RunContext
 TICK_MS = 300
 FIRES = 12
 GAP_MS = 25  # FIRES fires over 275 ms: within about one tick
+# A lone fire after a quiet spell, then ``FIRES`` one-shots ``GAP_MS`` apart.
+BURST = [0] + [1_000 + GAP_MS * i for i in range(FIRES)]
 
 
-def arrivals(tmp_path: Path, tick_ms: int) -> tuple[list[float], list[int]]:
-    """A lone fire after a quiet spell, then ``FIRES`` one-shots ``GAP_MS``
-    apart: when each reached a worker (s, monotonic) and its due time (ms)."""
-    server = InProcessServer(tmp_path, tick_ms=tick_ms).start()
+def arrivals(
+    tmp_path: Path, tick_ms: int, offsets_ms: list[int] = BURST, max_idle_s: float = 0.5
+) -> tuple[list[float], list[int]]:
+    """One-shots due at ``offsets_ms`` from a moment 1.5 s ahead: when each
+    reached a worker (s, monotonic) and how late (ms)."""
+    server = InProcessServer(tmp_path, tick_ms=tick_ms, max_idle_s=max_idle_s).start()
     arrived: dict[int, tuple[float, int]] = {}
     lock = threading.Lock()
 
@@ -39,7 +43,7 @@ def arrivals(tmp_path: Path, tick_ms: int) -> tuple[list[float], list[int]]:
     try:
         with connect(server) as api, WorkerThread(server.target, "w", h=handler):
             first = now_ms() + 1_500
-            dues = [first] + [first + 1_000 + GAP_MS * i for i in range(FIRES)]
+            dues = [first + offset for offset in offsets_ms]
             for i, due in enumerate(dues):
                 submit(
                     api,
@@ -74,25 +78,7 @@ def test_rounds_with_nothing_to_write_do_not_hold_a_lone_fire_back(tmp_path: Pat
     submits and reads); those rounds write nothing and start no tick, so each
     of these fires, alone after a quiet spell, goes at its time. When they
     started one, each fire waited up to a tick behind the last idle round."""
-    server = InProcessServer(tmp_path, tick_ms=TICK_MS, max_idle_s=0.05).start()
-    arrived: dict[int, int] = {}
-
-    def handler(ctx: RunContext) -> None:
-        arrived[int(ctx.payload.decode())] = now_ms()
-
-    try:
-        with connect(server) as api, WorkerThread(server.target, "w", h=handler):
-            first = now_ms() + 1_500
-            dues = [first + 700 * i for i in range(4)]
-            for i, due in enumerate(dues):
-                submit(
-                    api,
-                    spec(name=f"j{i}", handler="h", payload=str(i).encode(), schedule=once(due)),
-                )
-            wait_for(lambda: len(arrived) == len(dues), 15, "every lone fire's run")
-    finally:
-        server.stop()
-    lags = [arrived[i] - due for i, due in enumerate(dues)]
+    _, lags = arrivals(tmp_path, TICK_MS, [700 * i for i in range(4)], max_idle_s=0.05)
     assert all(0 <= lag < TICK_MS / 3 for lag in lags), lags
 
 
