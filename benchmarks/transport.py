@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import socket
 import struct
 import subprocess
@@ -39,6 +38,7 @@ from typing import Any
 
 import _report
 import grpc
+from _harness import cpu_seconds
 
 from wheel.rpc.v1 import worker_service_pb2 as pb
 from wheel.rpc.v1 import worker_service_pb2_grpc as pbg
@@ -92,11 +92,6 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
             return None
         buf += chunk
     return bytes(buf)
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _message(runs: int) -> pb.WorkerMessage:
@@ -179,12 +174,12 @@ def measure(kind: str, rate: float, runs: int, seconds: float, tmp: Path) -> dic
     server = _Server(kind, tmp)
     msg = _message(runs)
     try:
-        s0 = _cpu_s(server.proc.pid)
+        s0 = cpu_seconds(server.proc.pid)
         if kind == "grpc":
             n, client_s = asyncio.run(_grpc_rounds(server.port, rate, msg, seconds))
         else:
             n, client_s = _socket_rounds(server.port, rate, msg, seconds)
-        server_s = _cpu_s(server.proc.pid) - s0
+        server_s = cpu_seconds(server.proc.pid) - s0
     finally:
         server.stop()
     return {
