@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.harness import Cluster, ClusterNode
-from tests.conftest import EtcdServer
+from tests.conftest import EtcdServer, running_etcd
 from tests.e2e.procs import wait_for
 from tests.pki import Pair, Pki
 from wheel.client import ChannelSecurity, Client, RunState
@@ -28,16 +28,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.etcd]
 
 
 @pytest.fixture(scope="module")
-def tls_etcd(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[EtcdServer]:
+def tls_etcd(pki: Pki) -> Iterator[EtcdServer]:
     """One etcd for the module: each cluster has its own name (key prefix)."""
-    root = tmp_path_factory.mktemp("etcd")
-    server = EtcdServer(root / "etcd" / "data", tls=(pki.node.cert, pki.node.key, pki.ca))
-    server.data_dir.parent.mkdir(parents=True)
-    server.start()
-    try:
+    with running_etcd(tls=(pki.node.cert, pki.node.key, pki.ca)) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

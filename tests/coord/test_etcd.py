@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import EtcdServer
+from tests.conftest import EtcdServer, running_etcd
 from tests.pki import Pair, Pki
 from wheel._tls import ChannelSecurity, LiveChannelSecurity
 from wheel.coord import (
@@ -461,9 +461,13 @@ def test_a_reloaded_client_certificate_is_used_once_etcd_refuses_the_old_one(
     )
     trust = tmp_path / "trusted.pem"
     trust.write_bytes(pki.ca.read_bytes() + pki.other_ca.read_bytes())
-    server = EtcdServer(tmp_path / "etcd" / "data", tls=(pki.node.cert, pki.node.key, trust))
-    server.data_dir.parent.mkdir()
-    server.start()
+    with running_etcd(tls=(pki.node.cert, pki.node.key, trust)) as server:
+        _reload_client_certificate(server, old, new, pki)
+
+
+def _reload_client_certificate(
+    server: EtcdServer, old: ChannelSecurity, new: ChannelSecurity, pki: Pki
+) -> None:
     live = LiveChannelSecurity(old)
     coord = EtcdCoordinator(
         "a", "a.local:7000", [server.endpoint], cluster="reload", ttl_s=TTL,
@@ -493,10 +497,7 @@ def test_a_reloaded_client_certificate_is_used_once_etcd_refuses_the_old_one(
         finally:
             await coord.stop()
 
-    try:
-        run(body)
-    finally:
-        server.stop()
+    run(body)
 
 
 def _answers(endpoint: str, client: Pair, ca: Path) -> bool:
