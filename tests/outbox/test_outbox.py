@@ -21,11 +21,12 @@ import psycopg
 import pytest
 
 from tests.e2e.procs import wait_for
-from tests.ops._node import LiveNode, scrape
+from tests.ops._node import scrape
+from tests.outbox._relay import RelayingNode
 from wheel import outbox
 from wheel.client import Client, JobRequest
 from wheel.errors import InvalidArgument, NotFound
-from wheel.node import NodeConfig, OutboxRelay
+from wheel.node import NodeConfig
 from wheel.node._outbox import LANES
 
 pytestmark = [pytest.mark.postgres]
@@ -33,24 +34,6 @@ pytestmark = [pytest.mark.postgres]
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(4)}"
-
-
-class RelayingNode(LiveNode):
-    """A live node with an outbox relay on its own store's database."""
-
-    relay: OutboxRelay
-
-    async def _start(self) -> None:
-        await super()._start()
-        assert self.node is not None
-        self.relay = OutboxRelay(self.node, self.store_url, poll_s=0.5)
-        self.relay.start()
-        await self.relay.listening.wait()
-
-    def stop(self) -> None:
-        if self.node is not None:
-            self.run(self.relay.stop(), timeout=30)
-        super().stop()
 
 
 @pytest.fixture(scope="module")

@@ -198,7 +198,7 @@ class OutboxRelay:
                     self.dsn, autocommit=True, connect_timeout=5, application_name=self.name
                 )
                 async with conn:
-                    row = await (await conn.execute(sql.TABLE_SCHEMA)).fetchone()
+                    row = await (await conn.execute(sql.TABLE_CHANNEL)).fetchone()
                     if row is None:
                         log.warning(
                             "no wheel_outbox table in the outbox's database"
@@ -206,7 +206,8 @@ class OutboxRelay:
                         )
                         await asyncio.sleep(max(self.poll_s, 5.0))
                         continue
-                    channel = pgsql.Identifier(sql.CHANNEL_PREFIX + row[0])
+                    # The trigger's channel, computed as the trigger does.
+                    channel = pgsql.Identifier(row[0])
                     await conn.execute(pgsql.SQL("LISTEN {}").format(channel))
                     backoff = 0.1
                     self.listening.set()
