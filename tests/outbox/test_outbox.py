@@ -429,6 +429,37 @@ def test_a_row_whose_notification_never_comes_is_found_by_the_poll(
         conn.commit()
 
 
+def test_a_row_committed_during_a_pass_is_taken_by_an_idle_lane_without_waiting_for_it(
+    pg_dsn: str,
+) -> None:
+    """Each lane goes on its own: while one lane's pass is held between
+    storing its jobs and recording its rows' fate (the test hook, a long
+    pause here), a row committed meanwhile becomes a job through the other
+    lane, not only once the first pass is over."""
+    config = NodeConfig(node_id=unique("lanes"))
+    with (
+        RelayingNode(pg_dsn, config, poll_s=60, record_delay_s=30) as live,
+        psycopg.connect(pg_dsn) as conn,
+    ):
+        assert len(live.relay._lanes) == LANES >= 2
+
+        def jobs_of(name: str) -> int:
+            (n,) = conn.execute(
+                "SELECT count(*) FROM jobs WHERE name = %s", (name,)
+            ).fetchone() or (0,)
+            conn.commit()
+            return int(n)
+
+        held, behind = unique("held"), unique("behind")
+        first = outbox.submit(conn, **job(held))
+        conn.commit()
+        wait_for(lambda: jobs_of(held) == 1, 10, "the first pass to store its job")
+        outbox.submit(conn, **job(behind))
+        conn.commit()
+        wait_for(lambda: jobs_of(behind) == 1, 10, "the other lane to take the row")
+        assert outbox.fate(conn, first).state == "pending"  # the first pass is held still
+
+
 def test_the_relays_rows_are_counted_by_fate_in_the_nodes_metrics(
     live: RelayingNode, conn: psycopg.Connection[Any]
 ) -> None:
