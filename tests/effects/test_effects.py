@@ -93,6 +93,43 @@ def test_a_lower_fence_after_the_effect_is_stale_and_a_higher_one_finds_it_done(
     assert db.writes() == [("k", 7)]
 
 
+def test_an_older_attempt_that_records_first_wins_and_the_newer_one_finds_it_done(
+    db: Db,
+) -> None:
+    """The paused worker resumes before the newer attempt records (the
+    end-to-end test has the other order): a lower fence is refused only once
+    a newer one is recorded, so the older attempt's write goes in and the
+    newer attempt, which held nothing, is told EffectDone. Still one write."""
+    db.effect(Run("paused", 33))  # worker A, paused past its lease, resumes first
+    with pytest.raises(EffectDone, match="fence 33"):
+        db.effect(Run("paused", 34))  # worker B, the fire's newer attempt
+    assert db.writes() == [("paused", 33)]
+    with db.connect() as conn:
+        recorded = conn.execute(
+            db.sql("SELECT fence FROM wheel_effects WHERE idempotency_key = %s"), ("paused",)
+        ).fetchall()
+    assert [int(f) for (f,) in recorded] == [33]
+
+
+def test_keys_are_a_fires_so_a_prefix_keeps_two_clusters_in_one_table_apart(db: Db) -> None:
+    """Job 7's fire at one time has the same key in any cluster: a bare key
+    with its fence, prefixed with the cluster's name, records each apart."""
+    fire_key = "7:1893456000000"
+    db.effect(Run(fire_key, 3))
+    with pytest.raises(EffectDone):  # another cluster's job 7, the same fire time
+        db.effect(Run(fire_key, 5))
+    for cluster in ("eu", "us"):
+        conn = db.connect()
+        try:
+            effects.record(conn, f"{cluster}/{fire_key}", 5)
+            conn.commit()
+        finally:
+            conn.close()
+    with db.connect() as conn:
+        keys = conn.execute("SELECT idempotency_key FROM wheel_effects").fetchall()
+    assert sorted(k for (k,) in keys) == sorted([fire_key, f"eu/{fire_key}", f"us/{fire_key}"])
+
+
 def test_a_held_fence_refuses_an_older_attempt_before_the_effect_is_done(db: Db) -> None:
     conn = db.connect()
     effects.hold(conn, Run("h", 10))

@@ -13,7 +13,7 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -21,11 +21,12 @@ import psycopg
 import pytest
 
 from tests.e2e.procs import wait_for
-from tests.ops._node import LiveNode, scrape
+from tests.ops._node import scrape
+from tests.outbox._relay import RelayingNode
 from wheel import outbox
 from wheel.client import Client, JobRequest
-from wheel.errors import InvalidArgument
-from wheel.node import NodeConfig, OutboxRelay
+from wheel.errors import InvalidArgument, NotFound
+from wheel.node import NodeConfig
 from wheel.node._outbox import LANES
 
 pytestmark = [pytest.mark.postgres]
@@ -33,24 +34,6 @@ pytestmark = [pytest.mark.postgres]
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(4)}"
-
-
-class RelayingNode(LiveNode):
-    """A live node with an outbox relay on its own store's database."""
-
-    relay: OutboxRelay
-
-    async def _start(self) -> None:
-        await super()._start()
-        assert self.node is not None
-        self.relay = OutboxRelay(self.node, self.store_url, poll_s=0.5)
-        self.relay.start()
-        await self.relay.listening.wait()
-
-    def stop(self) -> None:
-        if self.node is not None:
-            self.run(self.relay.stop(), timeout=30)
-        super().stop()
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +137,113 @@ def test_an_async_connection_and_a_sqlalchemy_session_submit_in_their_transactio
         fate = fate_of(conn, entry, f"{name} to become a job")
         assert fate.job_id is not None and client.get(fate.job_id).name == name
     assert jobs_named(client, c) == []
+
+
+def sa_url(live: RelayingNode) -> str:
+    return live.store_url.replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+def test_sqlalchemys_async_session_and_connection_submit_in_their_transaction(
+    live: RelayingNode, conn: psycopg.Connection[Any], client: Client
+) -> None:
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    a, b, c = unique("async-session"), unique("async-connection"), unique("async-rolled-back")
+
+    async def submit_all() -> list[outbox.OutboxEntry]:
+        engine = create_async_engine(sa_url(live))
+        try:
+            async with AsyncSession(engine) as session:
+                async with session.begin():
+                    entry_a = await outbox.submit(session, **job(a))
+                await session.begin()
+                await outbox.submit_many(session, [job(c)])
+                await session.rollback()
+            async with engine.connect() as sa_conn, sa_conn.begin():
+                (entry_b,) = await outbox.submit_many(sa_conn, [job(b)])
+        finally:
+            await engine.dispose()
+        return [entry_a, entry_b]
+
+    entries = asyncio.run(submit_all())
+    for entry, name in zip(entries, (a, b), strict=True):
+        fate = fate_of(conn, entry, f"{name} to become a job")
+        assert fate.job_id is not None and client.get(fate.job_id).name == name
+    assert jobs_named(client, c) == []
+
+
+def test_fate_and_status_read_through_every_connection_kind_submit_takes(
+    live: RelayingNode, conn: psycopg.Connection[Any]
+) -> None:
+    from sqlalchemy import create_engine
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+    from sqlalchemy.orm import Session
+
+    entry = outbox.submit(conn, **job(unique("read-back")))
+    conn.commit()
+    want = fate_of(conn, entry, "the row to become a job")
+    assert want.state == "done"
+    seen: dict[str, tuple[outbox.OutboxFate, outbox.OutboxStatus]] = {}
+
+    def read(kind: str, c: Any) -> None:
+        seen[kind] = (outbox.fate(c, entry), outbox.status(c))
+        with pytest.raises(NotFound):
+            outbox.fate(c, 2**62)
+
+    read("psycopg", conn)
+    engine = create_engine(sa_url(live))
+    try:
+        with Session(engine) as session:
+            read("session", session)
+        with engine.connect() as sa_conn:
+            read("connection", sa_conn)
+    finally:
+        engine.dispose()
+
+    async def read_async(kind: str, c: Any) -> None:
+        seen[kind] = (await outbox.fate(c, entry.id), await outbox.status(c))
+        with pytest.raises(NotFound):
+            await outbox.fate(c, 2**62)
+
+    async def read_all_async() -> None:
+        aconn = await psycopg.AsyncConnection.connect(live.store_url)
+        async with aconn:
+            await read_async("psycopg async", aconn)
+        async_engine = create_async_engine(sa_url(live))
+        try:
+            async with AsyncSession(async_engine) as session:
+                await read_async("async session", session)
+            async with async_engine.connect() as sa_conn:
+                await read_async("async connection", sa_conn)
+        finally:
+            await async_engine.dispose()
+
+    asyncio.run(read_all_async())
+    assert {kind: f for kind, (f, _) in seen.items()} == dict.fromkeys(seen, want)
+    assert all(isinstance(s, outbox.OutboxStatus) for _, s in seen.values())
+
+
+def test_a_connection_none_of_the_functions_can_use_is_refused_naming_conn(
+    live: RelayingNode,
+) -> None:
+    from sqlalchemy import create_engine
+
+    calls: list[Callable[[Any], object]] = [
+        lambda c: outbox.submit(c, **job("unusable")),
+        lambda c: outbox.submit_many(c, [job("unusable")]),
+        lambda c: outbox.fate(c, 1),
+        lambda c: outbox.status(c),
+    ]
+    engine = create_engine(sa_url(live))  # an Engine: no transaction to join
+    try:
+        for unusable in (object(), engine, live.store_url):
+            for call in calls:
+                with pytest.raises(InvalidArgument) as err:
+                    call(unusable)
+                assert err.value.field == "conn"
+                assert type(unusable).__name__ in str(err.value)
+    finally:
+        engine.dispose()
 
 
 def test_ten_thousand_rows_in_one_transaction_become_ten_thousand_jobs(
@@ -337,6 +427,37 @@ def test_a_row_whose_notification_never_comes_is_found_by_the_poll(
     finally:
         conn.execute("ALTER TABLE wheel_outbox ENABLE TRIGGER wheel_outbox_notify")
         conn.commit()
+
+
+def test_a_row_committed_during_a_pass_is_taken_by_an_idle_lane_without_waiting_for_it(
+    pg_dsn: str,
+) -> None:
+    """Each lane goes on its own: while one lane's pass is held between
+    storing its jobs and recording its rows' fate (the test hook, a long
+    pause here), a row committed meanwhile becomes a job through the other
+    lane, not only once the first pass is over."""
+    config = NodeConfig(node_id=unique("lanes"))
+    with (
+        RelayingNode(pg_dsn, config, poll_s=60, record_delay_s=30) as live,
+        psycopg.connect(pg_dsn) as conn,
+    ):
+        assert len(live.relay._lanes) == LANES >= 2
+
+        def jobs_of(name: str) -> int:
+            (n,) = conn.execute(
+                "SELECT count(*) FROM jobs WHERE name = %s", (name,)
+            ).fetchone() or (0,)
+            conn.commit()
+            return int(n)
+
+        held, behind = unique("held"), unique("behind")
+        first = outbox.submit(conn, **job(held))
+        conn.commit()
+        wait_for(lambda: jobs_of(held) == 1, 10, "the first pass to store its job")
+        outbox.submit(conn, **job(behind))
+        conn.commit()
+        wait_for(lambda: jobs_of(behind) == 1, 10, "the other lane to take the row")
+        assert outbox.fate(conn, first).state == "pending"  # the first pass is held still
 
 
 def test_the_relays_rows_are_counted_by_fate_in_the_nodes_metrics(

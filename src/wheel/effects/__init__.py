@@ -23,7 +23,12 @@ row lock), two attempts racing both reach it and exactly one commits.
 that an older attempt still running is refused even before this one's
 effect is done: call it first thing in a long handler.
 
-Limits: the guarantee covers writes in the same database transaction as
+Limits: a lower fence is refused only once a newer one is recorded (or
+held): an older attempt that records first wins, and the newer one is told
+``EffectDone`` (still one write; ``hold`` first thing prevents it). The key
+is the fire's (job id and fire time), so two clusters sharing one table need
+a table each (a schema each) or a prefix: ``record(conn, "eu/" + key, fence)``.
+The guarantee covers writes in the same database transaction as
 ``record`` and nothing else. A message sent, a file written or a call to
 another service is not rolled back with it: give such a service the key
 (``wheel.effects.http`` sends it as the ``Idempotency-Key`` header) and rely

@@ -7,17 +7,21 @@ Two tasks beside the dispatch loop, never in it:
   insert's trigger notifies it at commit) and wakes the pump; it reconnects
   with backoff when the database goes away, and wakes the pump each time it
   does (rows may have committed while nobody listened);
-- the pump, woken or every ``poll_s`` at the latest (the bounded fallback
+- a pump, woken or every ``poll_s`` at the latest (the bounded fallback
   when a notification is lost), claims up to ``batch_rows`` pending rows,
   oldest first, ``FOR UPDATE SKIP LOCKED``, queues them all on the node's
   group-committed submit path (``Node.submit_later``, as a bulk submit
   does), and records each row's fate in the claim's transaction: ``done``
   with the job id, ``failed`` with the error, or still ``pending`` with the
   error of a failure that passes (the store down, a tenant over its quota).
-  ``LANES`` such passes run side by side, each on a connection of its own,
-  so that one's store commit overlaps another's claim or record (measured
+  ``LANES`` pumps run side by side, each on a connection of its own, so
+  that one's store commit overlaps another's claim or record (measured
   with a backlog of 20,000 rows: 1.0x the client's bulk submit with one
-  lane, 1.2-1.7x with two).
+  lane, 1.2-1.7x with two). Each goes on its own: a wake while one lane's
+  pass is in flight starts an idle lane's pass at once, on the rows
+  committed since (the first pass's rows are locked, and skipped), so that
+  under a steady stream of commits a row waits for about one pass, not for
+  the pass in flight and then its own.
 
 Why a row never becomes two jobs: its job is made under the row's
 idempotency key with the row's spec, so a second pick-up (the node killed
@@ -136,7 +140,6 @@ class OutboxRelay:
         self.dsn = dsn
         self.batch_rows = batch_rows
         self.poll_s = poll_s
-        self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._lanes: list[_Lane] = []
         registry = node.metrics.registry
@@ -161,9 +164,10 @@ class OutboxRelay:
         self._lanes = [_Lane(self) for _ in range(max(1, lanes))]
 
     def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._listen(), name="wheel-outbox-listen"),
-            asyncio.create_task(self._pump(), name="wheel-outbox-pump"),
+        self._tasks = [asyncio.create_task(self._listen(), name="wheel-outbox-listen")]
+        self._tasks += [
+            asyncio.create_task(self._pump(lane), name=f"wheel-outbox-pump-{n}")
+            for n, lane in enumerate(self._lanes)
         ]
 
     async def stop(self) -> None:
@@ -178,7 +182,8 @@ class OutboxRelay:
             lane.thread.shutdown(wait=True)
 
     def wake(self) -> None:
-        self._wake.set()
+        for lane in self._lanes:
+            lane.woken.set()
 
     def picks(self) -> bool:
         """Whether this node relays now: it serves, and it is the only node
@@ -198,7 +203,7 @@ class OutboxRelay:
                     self.dsn, autocommit=True, connect_timeout=5, application_name=self.name
                 )
                 async with conn:
-                    row = await (await conn.execute(sql.TABLE_SCHEMA)).fetchone()
+                    row = await (await conn.execute(sql.TABLE_CHANNEL)).fetchone()
                     if row is None:
                         log.warning(
                             "no wheel_outbox table in the outbox's database"
@@ -206,34 +211,34 @@ class OutboxRelay:
                         )
                         await asyncio.sleep(max(self.poll_s, 5.0))
                         continue
-                    channel = pgsql.Identifier(sql.CHANNEL_PREFIX + row[0])
+                    # The trigger's channel, computed as the trigger does.
+                    channel = pgsql.Identifier(row[0])
                     await conn.execute(pgsql.SQL("LISTEN {}").format(channel))
                     backoff = 0.1
                     self.listening.set()
-                    self._wake.set()  # rows committed while nobody listened
+                    self.wake()  # rows committed while nobody listened
                     async for _ in conn.notifies():
-                        self._wake.set()
+                        self.wake()
             except psycopg.Error as exc:
                 self.listening.clear()
                 log.warning("outbox listener: %s; reconnecting in %.1fs", exc, backoff)
-                self._wake.set()
+                self.wake()
             except Exception:  # a bug here must not end the listening for good
                 self.listening.clear()
                 log.exception("outbox listener failed; reconnecting in %.1fs", backoff)
-                self._wake.set()
+                self.wake()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
 
     # -- the pump ---------------------------------------------------------------------
 
-    async def _pump(self) -> None:
+    async def _pump(self, lane: _Lane) -> None:
         backoff = 0.1
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_s)
-            self._wake.clear()
-            failed = await asyncio.gather(*(self._drain(lane) for lane in self._lanes))
-            if any(failed):
+                await asyncio.wait_for(lane.woken.wait(), self.poll_s)
+            lane.woken.clear()
+            if await self._drain(lane):
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             else:
@@ -327,6 +332,8 @@ class _Lane:
 
     def __init__(self, relay: OutboxRelay) -> None:
         self.relay = relay
+        # Set by every wake of the relay: this lane's pump has a pass to make.
+        self.woken = asyncio.Event()
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-outbox")
         self._conn: psycopg.Connection[Any] | None = None
 

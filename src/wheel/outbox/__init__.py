@@ -8,11 +8,14 @@ NOTIFY, claims the row, creates the job under the row's idempotency key (so
 a row picked up twice, after a crash, still makes one job) and records the
 row's fate in it: ``fate(conn, entry.id)``.
 
-``conn`` is a psycopg 3 ``Connection`` (``submit`` returns the entry), a
-psycopg 3 ``AsyncConnection`` (``submit`` returns an awaitable of it) or a
-SQLAlchemy ``Session`` or ``Connection`` (SQLAlchemy is imported only when
-one is given). Create the table with ``create_table(conn)`` or ``wheelctl
-outbox init --dsn ...``; wheel's own PostgreSQL store has it already.
+``conn``, for ``submit``, ``submit_many``, ``fate`` and ``status`` alike, is
+a psycopg 3 ``Connection`` or a SQLAlchemy ``Session`` or ``Connection``
+(they return the result), or a psycopg 3 ``AsyncConnection`` or a SQLAlchemy
+``AsyncSession`` or ``AsyncConnection`` (they return an awaitable of it).
+SQLAlchemy is imported only when one of its objects is given; anything else
+is refused with ``InvalidArgument`` naming ``conn``. Create the table with
+``create_table(conn)`` or ``wheelctl outbox init --dsn ...``; wheel's own
+PostgreSQL store has it already.
 
 What the request resolves here, with this host's clock: an ``at=`` given as
 a ``timedelta``. An ``every=`` without ``start=`` is placed when the relay
@@ -22,11 +25,12 @@ picks the row up, as a node places one it receives.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import time
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Unpack, overload
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 from wheel.client._specs import JobArgs, JobRequest, job_spec, request_of
 from wheel.errors import InvalidArgument, NotFound
@@ -37,7 +41,14 @@ from wheel.store import outbox_sql as sql
 if TYPE_CHECKING:
     import psycopg
     from sqlalchemy.engine import Connection as SAConnection
+    from sqlalchemy.ext.asyncio import AsyncConnection as SAAsyncConnection
+    from sqlalchemy.ext.asyncio import AsyncSession
     from sqlalchemy.orm import Session
+
+    # What the functions here take: these return their result, those an
+    # awaitable of it.
+    SyncConn = psycopg.Connection[Any] | Session | SAConnection
+    AsyncConn = psycopg.AsyncConnection[Any] | AsyncSession | SAAsyncConnection
 
 __all__ = [
     "OutboxEntry",
@@ -114,86 +125,115 @@ def row_of(
     return spec.tenant, key, spec.to_json(), hashlib.sha256(wire).hexdigest()
 
 
-_SA_INSERT = (
+# The statements with psycopg's named placeholders; SQLAlchemy's text() gets
+# them as ":name" (``_sa_text``).
+_INSERT = (
     "INSERT INTO wheel_outbox (tenant, idempotency_key, spec, body_hash)"
-    " VALUES (:tenant, :key, :spec, :hash) RETURNING id"
+    " VALUES (%(tenant)s, %(key)s, %(spec)s, %(hash)s) RETURNING id"
 )
 _FATE = (
     "SELECT id, state, job_id, error_code, error, attempts, relayed_by FROM wheel_outbox"
-    " WHERE id = %s"
+    " WHERE id = %(id)s"
+)
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+# The kinds of connection every function here takes, told apart by ``_kind``.
+_PSYCOPG, _PSYCOPG_ASYNC, _SA, _SA_ASYNC = "psycopg", "psycopg async", "sa", "sa async"
+_EXPECTED = (
+    "expected a psycopg Connection or AsyncConnection, or a SQLAlchemy Session,"
+    " Connection, AsyncSession or AsyncConnection"
 )
 
-
-def _is_async(conn: object) -> bool:
-    try:
-        import psycopg
-    except ImportError:  # pragma: no cover - psycopg is a dependency of wheel
-        return False
-    return isinstance(conn, psycopg.AsyncConnection)
+T = TypeVar("T")
+Rows = list[tuple[Any, ...]]
+Query = tuple[str, Mapping[str, Any] | None]
 
 
-def _is_psycopg(conn: object) -> bool:
+def _kind(conn: object) -> str:
+    """Which of the connection kinds ``conn`` is; ``InvalidArgument`` naming
+    ``conn`` for anything else (an Engine, a cursor, a DSN). SQLAlchemy is
+    imported only for an object of one of its classes."""
     import psycopg
 
-    return isinstance(conn, psycopg.Connection)
+    if isinstance(conn, psycopg.AsyncConnection):
+        return _PSYCOPG_ASYNC
+    if isinstance(conn, psycopg.Connection):
+        return _PSYCOPG
+    if any(c.__module__.partition(".")[0] == "sqlalchemy" for c in type(conn).__mro__):
+        from sqlalchemy.engine import Connection
+        from sqlalchemy.orm import Session, scoped_session
+
+        if isinstance(conn, Session | Connection | scoped_session):
+            return _SA
+        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
+
+        if isinstance(conn, AsyncSession | AsyncConnection | async_scoped_session):
+            return _SA_ASYNC
+    raise InvalidArgument("conn", f"{_EXPECTED}, got {type(conn).__name__}")
 
 
-def _sa_execute(conn: Any, statement: str, params: Mapping[str, Any]) -> Any:
-    if not type(conn).__module__.startswith("sqlalchemy."):
-        raise InvalidArgument(
-            "conn",
-            "expected a psycopg Connection or AsyncConnection, or a SQLAlchemy Session or"
-            f" Connection, got {type(conn).__name__}",
-        )
+def _sa_text(statement: str) -> Any:
     from sqlalchemy import text
 
-    return conn.execute(text(statement), params)
+    return text(_PLACEHOLDER.sub(r":\1", statement))
+
+
+def _run(
+    conn: Any, queries: Sequence[Query], finish: Callable[[list[Rows]], T]
+) -> T | Awaitable[T]:
+    """Each query's rows on ``conn``, in its transaction, handed to
+    ``finish``; an awaitable of the result on an async connection."""
+    kind = _kind(conn)
+    if kind == _PSYCOPG:
+        return finish([conn.execute(q, p).fetchall() for q, p in queries])
+    if kind == _SA:
+        return finish([[tuple(r) for r in conn.execute(_sa_text(q), p or {})] for q, p in queries])
+
+    async def run() -> T:
+        out: list[Rows] = []
+        for q, p in queries:
+            if kind == _PSYCOPG_ASYNC:
+                out.append(await (await conn.execute(q, p)).fetchall())
+            else:
+                out.append([tuple(r) for r in (await conn.execute(_sa_text(q), p or {})).all()])
+        return finish(out)
+
+    return run()
+
+
+def _named(row: tuple[str, str, str, str]) -> dict[str, str]:
+    tenant, key, spec, digest = row
+    return {"tenant": tenant, "key": key, "spec": spec, "hash": digest}
 
 
 @overload
-def submit(
-    conn: psycopg.AsyncConnection[Any], **job: Unpack[JobArgs]
-) -> Awaitable[OutboxEntry]: ...
+def submit(conn: AsyncConn, **job: Unpack[JobArgs]) -> Awaitable[OutboxEntry]: ...
 
 
 @overload
-def submit(
-    conn: psycopg.Connection[Any] | Session | SAConnection, **job: Unpack[JobArgs]
-) -> OutboxEntry: ...
+def submit(conn: SyncConn, **job: Unpack[JobArgs]) -> OutboxEntry: ...
 
 
 def submit(conn: Any, **job: Unpack[JobArgs]) -> OutboxEntry | Awaitable[OutboxEntry]:
     """Insert a submit request in ``conn``'s transaction (see the module
     docstring); the entry names the row and the job's idempotency key."""
-    values = row_of(job)
-    tenant, key, spec, digest = values
-    if _is_async(conn):
-
-        async def insert() -> OutboxEntry:
-            cur = await conn.execute(sql.INSERT, values)
-            (row_id,) = await cur.fetchone()
-            return OutboxEntry(id=row_id, idempotency_key=key)
-
-        return insert()
-    if _is_psycopg(conn):
-        (row_id,) = conn.execute(sql.INSERT, values).fetchone()
-        return OutboxEntry(id=row_id, idempotency_key=key)
-    result = _sa_execute(
-        conn, _SA_INSERT, {"tenant": tenant, "key": key, "spec": spec, "hash": digest}
+    row = row_of(job)
+    return _run(
+        conn,
+        [(_INSERT, _named(row))],
+        lambda out: OutboxEntry(id=int(out[0][0][0]), idempotency_key=row[1]),
     )
-    return OutboxEntry(id=int(result.scalar_one()), idempotency_key=key)
 
 
 @overload
 def submit_many(
-    conn: psycopg.AsyncConnection[Any], jobs: Iterable[JobRequest | JobArgs | Mapping[str, Any]]
+    conn: AsyncConn, jobs: Iterable[JobRequest | JobArgs | Mapping[str, Any]]
 ) -> Awaitable[list[OutboxEntry]]: ...
 
 
 @overload
 def submit_many(
-    conn: psycopg.Connection[Any] | Session | SAConnection,
-    jobs: Iterable[JobRequest | JobArgs | Mapping[str, Any]],
+    conn: SyncConn, jobs: Iterable[JobRequest | JobArgs | Mapping[str, Any]]
 ) -> list[OutboxEntry]: ...
 
 
@@ -204,18 +244,20 @@ def submit_many(
     ``executemany``): all in the caller's transaction, or, if one request is
     bad, none (the ``InvalidArgument`` is raised before anything is sent)."""
     rows = [row_of(job) for job in jobs]
-    if _is_async(conn):
+    kind = _kind(conn)
+
+    def entries(ids: Iterable[int]) -> list[OutboxEntry]:
+        return [OutboxEntry(id=i, idempotency_key=r[1]) for i, r in zip(ids, rows, strict=True)]
+
+    if kind == _PSYCOPG_ASYNC:
 
         async def insert() -> list[OutboxEntry]:
             async with conn.cursor() as cur:
                 await cur.executemany(sql.INSERT, rows, returning=True)
-                return [
-                    OutboxEntry(id=i, idempotency_key=r[1])
-                    for i, r in zip(await _ids(cur), rows, strict=True)
-                ]
+                return entries(await _ids(cur))
 
         return insert()
-    if _is_psycopg(conn):
+    if kind == _PSYCOPG:
         with conn.cursor() as cur:
             cur.executemany(sql.INSERT, rows, returning=True)
             ids = []
@@ -223,14 +265,10 @@ def submit_many(
                 ids.append(cur.fetchone()[0])
                 if not cur.nextset():
                     break
-            return [OutboxEntry(id=i, idempotency_key=r[1]) for i, r in zip(ids, rows, strict=True)]
-    out = []
-    for tenant, key, spec, digest in rows:
-        result = _sa_execute(
-            conn, _SA_INSERT, {"tenant": tenant, "key": key, "spec": spec, "hash": digest}
-        )
-        out.append(OutboxEntry(id=int(result.scalar_one()), idempotency_key=key))
-    return out
+            return entries(ids)
+    return _run(
+        conn, [(_INSERT, _named(r)) for r in rows], lambda out: entries(int(o[0][0]) for o in out)
+    )
 
 
 async def _ids(cur: Any) -> list[int]:
@@ -242,13 +280,10 @@ async def _ids(cur: Any) -> list[int]:
     return ids
 
 
-def fate(conn: psycopg.Connection[Any], entry: OutboxEntry | int) -> OutboxFate:
-    """What became of the row (``NotFound`` for an id not in the table)."""
-
-    row_id = entry.id if isinstance(entry, OutboxEntry) else entry
-    row = conn.execute(_FATE, (row_id,)).fetchone()
-    if row is None:
+def _fate_of(row_id: int, rows: Rows) -> OutboxFate:
+    if not rows:
         raise NotFound(f"outbox row {row_id} does not exist")
+    row = rows[0]
     return OutboxFate(
         id=row[0],
         state=row[1],
@@ -260,16 +295,43 @@ def fate(conn: psycopg.Connection[Any], entry: OutboxEntry | int) -> OutboxFate:
     )
 
 
-def status(conn: psycopg.Connection[Any]) -> OutboxStatus:
-    """The backlog (``wheelctl outbox status``)."""
-    pending, oldest, retrying = conn.execute(sql.STATUS).fetchone() or (0, 0, 0)
-    (failed,) = conn.execute(sql.FAILED).fetchone() or (0,)
+@overload
+def fate(conn: AsyncConn, entry: OutboxEntry | int) -> Awaitable[OutboxFate]: ...
+
+
+@overload
+def fate(conn: SyncConn, entry: OutboxEntry | int) -> OutboxFate: ...
+
+
+def fate(conn: Any, entry: OutboxEntry | int) -> OutboxFate | Awaitable[OutboxFate]:
+    """What became of the row (``NotFound`` for an id not in the table), read
+    in ``conn``'s transaction: a new look needs a new transaction."""
+    row_id = entry.id if isinstance(entry, OutboxEntry) else entry
+    return _run(conn, [(_FATE, {"id": row_id})], lambda out: _fate_of(row_id, out[0]))
+
+
+def _status_of(out: list[Rows]) -> OutboxStatus:
+    pending, oldest, retrying = out[0][0] if out[0] else (0, 0, 0)
+    (failed,) = out[1][0] if out[1] else (0,)
     return OutboxStatus(
         pending=int(pending),
         oldest_pending_s=float(oldest),
         retrying=int(retrying),
         failed=int(failed),
     )
+
+
+@overload
+def status(conn: AsyncConn) -> Awaitable[OutboxStatus]: ...
+
+
+@overload
+def status(conn: SyncConn) -> OutboxStatus: ...
+
+
+def status(conn: Any) -> OutboxStatus | Awaitable[OutboxStatus]:
+    """The backlog (``wheelctl outbox status``)."""
+    return _run(conn, [(sql.STATUS, None), (sql.FAILED, None)], _status_of)
 
 
 def create_table(conn: psycopg.Connection[Any]) -> None:

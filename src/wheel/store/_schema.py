@@ -15,7 +15,8 @@ guarantee ``UNIQUE (job_id, scheduled_for, attempt)``.
 
 from __future__ import annotations
 
-from wheel.store.outbox_sql import DDL as OUTBOX_DDL
+from wheel.store.outbox_sql import DDL_1 as OUTBOX_DDL_1
+from wheel.store.outbox_sql import NOTIFY_FUNCTION as OUTBOX_NOTIFY_FUNCTION
 
 # Run states that still hold a lease: the partial in-flight index covers them.
 INFLIGHT_SQL = "('dispatched', 'running')"
@@ -266,6 +267,7 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
         # transaction): nothing here, so the two backends' versions stay equal.
         [],
     ),
+    (12, []),  # the outbox's trigger function again: PostgreSQL's alone
 ]
 
 
@@ -433,6 +435,13 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
         # The transactional submit's outbox (wheel.store.outbox_sql), for
         # applications whose tables live in wheel's own database; its DDL is
         # idempotent, so a table made before by ``wheelctl outbox init`` stays.
-        OUTBOX_DDL,
+        OUTBOX_DDL_1,
+    ),
+    (
+        12,
+        # The outbox trigger's channel fits PostgreSQL's 63 bytes whatever
+        # the schema's name (outbox_sql.CHANNEL): with 11's, a schema's name
+        # of over 50 bytes failed every insert into the outbox.
+        [OUTBOX_NOTIFY_FUNCTION],
     ),
 ]

@@ -1,11 +1,12 @@
 """The ``wheel_outbox`` table: its DDL and the statements that use it.
 
 The table lives in the application's PostgreSQL database (``wheelctl outbox
-init``) or in wheel's own (migration 11 of the PostgreSQL store). An
-application inserts a row in its own transaction (``wheel.outbox.submit``);
-an INSERT's trigger notifies ``wheel_outbox:<schema>`` once per statement,
-and a node's relay (``wheel.node.OutboxRelay``) claims pending rows, creates
-their jobs under the row's idempotency key and records each row's fate in it.
+init``) or in wheel's own (migration 11 of the PostgreSQL store, its trigger's
+function replaced by migration 12). An application inserts a row in its own
+transaction (``wheel.outbox.submit``); an INSERT's trigger notifies the
+schema's channel (``CHANNEL``) once per statement, and a node's relay
+(``wheel.node.OutboxRelay``) claims pending rows, creates their jobs under
+the row's idempotency key and records each row's fate in it.
 
 A row's states: ``pending`` (not yet a job; ``error`` may hold the last
 transient failure, such as the store being down), ``done`` (``job_id`` is the
@@ -19,24 +20,39 @@ relay all read them, and none of them needs another's imports.
 from __future__ import annotations
 
 __all__ = [
-    "CHANNEL_PREFIX",
+    "CHANNEL",
     "CLAIM",
     "DDL",
+    "DDL_1",
     "FAILED",
     "INSERT",
+    "NOTIFY_FUNCTION",
     "RECORD",
     "STATES",
     "STATUS",
-    "TABLE_SCHEMA",
+    "TABLE_CHANNEL",
 ]
 
-# The notification channel is per schema: one database may hold several
-# wheel_outbox tables (one per schema), and a relay wakes for its own only.
-CHANNEL_PREFIX = "wheel_outbox:"
+# The notification channel of the schema ``{schema}`` (a SQL expression),
+# computed by the database on both sides, the trigger's pg_notify and the
+# relay's LISTEN. Per schema: one database may hold several wheel_outbox
+# tables (one per schema), and a relay wakes for its own only. A channel is
+# an identifier, at most 63 bytes (NAMEDATALEN - 1), and pg_notify fails the
+# INSERT, and with it the application's transaction, on a longer one: the
+# prefix (13 bytes) and a schema's name of up to 50 bytes fit as they are;
+# past that the name is replaced by the first 128 bits of its SHA-256 in hex
+# (45 bytes in all; sha256, not md5, which a server in FIPS mode refuses).
+# Two schemas whose channels agreed by chance would only wake each other's
+# relay for nothing.
+CHANNEL = (
+    "CASE WHEN octet_length({schema}) <= 50 THEN 'wheel_outbox:' || {schema}"
+    " ELSE 'wheel_outbox:'"
+    " || left(encode(sha256(convert_to({schema}, 'UTF8')), 'hex'), 32) END"
+)
 
 STATES = ("pending", "done", "failed")
 
-DDL: list[str] = [
+_TABLE: list[str] = [
     """CREATE TABLE IF NOT EXISTS wheel_outbox (
         id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
@@ -63,28 +79,49 @@ DDL: list[str] = [
     "CREATE INDEX IF NOT EXISTS wheel_outbox_pending ON wheel_outbox (attempts, id)"
     " WHERE state = 'pending'",
     "CREATE INDEX IF NOT EXISTS wheel_outbox_failed ON wheel_outbox (id) WHERE state = 'failed'",
-    # Once per statement, not per row: 10,000 rows inserted in one statement
-    # wake the relay once (and PostgreSQL folds a transaction's identical
-    # notifications into one, delivered at its commit; a rollback sends none).
-    """CREATE OR REPLACE FUNCTION wheel_outbox_notify() RETURNS trigger
+]
+
+# Once per statement, not per row: 10,000 rows inserted in one statement
+# wake the relay once (and PostgreSQL folds a transaction's identical
+# notifications into one, delivered at its commit; a rollback sends none).
+_TRIGGER = """CREATE OR REPLACE TRIGGER wheel_outbox_notify
+        AFTER INSERT ON wheel_outbox
+        FOR EACH STATEMENT EXECUTE FUNCTION wheel_outbox_notify()"""
+
+# The trigger's function as migration 11 made it: a schema's name of over 50
+# bytes made a channel too long, and the INSERT failed.
+_NOTIFY_FUNCTION_1 = """CREATE OR REPLACE FUNCTION wheel_outbox_notify() RETURNS trigger
         LANGUAGE plpgsql AS $$
     BEGIN
         PERFORM pg_notify('wheel_outbox:' || TG_TABLE_SCHEMA, '');
         RETURN NULL;
-    END $$""",
-    """CREATE OR REPLACE TRIGGER wheel_outbox_notify
-        AFTER INSERT ON wheel_outbox
-        FOR EACH STATEMENT EXECUTE FUNCTION wheel_outbox_notify()""",
-]
+    END $$"""
+
+# The trigger's function now: its channel always fits (``CHANNEL``).
+NOTIFY_FUNCTION = f"""CREATE OR REPLACE FUNCTION wheel_outbox_notify() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM pg_notify({CHANNEL.format(schema="TG_TABLE_SCHEMA")}, '');
+        RETURN NULL;
+    END $$"""
+
+# The DDL as migration 11 of wheel's own store ran it, never to change (a
+# released migration; migration 12 replaces the function).
+DDL_1: list[str] = [*_TABLE, _NOTIFY_FUNCTION_1, _TRIGGER]
+# The DDL now, all of it idempotent: ``wheelctl outbox init`` run again on a
+# table made before brings its trigger's function up to date.
+DDL: list[str] = [*_TABLE, NOTIFY_FUNCTION, _TRIGGER]
 
 INSERT = (
     "INSERT INTO wheel_outbox (tenant, idempotency_key, spec, body_hash)"
     " VALUES (%s, %s, %s, %s) RETURNING id"
 )
 
-# The schema of the table the search_path finds: the channel to listen on.
-TABLE_SCHEMA = (
-    "SELECT n.nspname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+# The channel of the table the search_path finds, to listen on (no row: no
+# table).
+TABLE_CHANNEL = (
+    f"SELECT {CHANNEL.format(schema='n.nspname')}"
+    " FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
     " WHERE c.oid = to_regclass('wheel_outbox')"
 )
 
