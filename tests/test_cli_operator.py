@@ -5,6 +5,7 @@ listed and redriven, and --json on every listing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -141,3 +142,57 @@ def test_backfill_and_dead_letters_through_wheelctl(
         assert succeeded() == back["scheduled_for_ms"]
     assert main(["dlq", "list", "--target", server.target]) == 0
     capsys.readouterr()
+
+
+def test_redrive_of_a_whole_job_runs_every_dead_letter_past_a_nodes_bound_per_call(
+    server: InProcessServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More dead letters than a node redrives in one call (its bound made 5
+    here, from 1,000, to keep the test quick): ``dlq redrive JOB_ID``
+    (``Client.redrive``), then ``AsyncClient.redrive``, run them all and
+    say how many."""
+    from wheel.client import AsyncClient
+    from wheel.node import _updates
+
+    monkeypatch.setattr(_updates, "MAX_REDRIVE", 5)
+    count = 12  # three calls: 5, 5 and 2
+    start = (now_ms() // 1000 - count - 60) * 1000
+    end = start + count * 1000  # every second of it: ``count`` past fires
+
+    def flaky(ctx: RunContext) -> None:
+        # The backfilled fires fail twice (a dead letter, then its redrive);
+        # the job's own live fires run.
+        if ctx.scheduled_for_ms < end and ctx.attempt < 2:
+            raise Permanent(f"attempt {ctx.attempt} fails")
+
+    def dead(job_id: str) -> list[dict[str, Any]]:
+        return run(capsys, server, "dlq", "list", "--job", job_id)  # type: ignore[no-any-return]
+
+    with WorkerThread(server.target, "w-cli-dlq-many", cli_many=flaky):
+        made = run(capsys, server, "submit", "--name", "dlq-many", "--handler", "cli_many",
+                   "--every", "1s", "--start", str(start), "--overlap", "allow",
+                   "--max-concurrent", "16")  # fmt: skip
+        job_id = str(made["job_id"])
+        back = run(capsys, server, "backfill", job_id, "--from", str(start), "--to", str(end))
+        assert back["scheduled"] == count
+        first = wait_for(lambda: len(d := dead(job_id)) == count and d, 20, "the dead letters")
+        assert {r["attempt"] for r in first} == {0}
+        assert main(["dlq", "redrive", job_id, "--target", server.target]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[0] == f"redrove {count} dead letters of job {job_id}: new attempts"
+        assert len(out) == 1 + count
+        second = wait_for(lambda: len(d := dead(job_id)) == count and d, 20, "the second failures")
+        assert {r["attempt"] for r in second} == {1}
+
+        async def redrive_async() -> list[int]:
+            async with AsyncClient(server.target) as client:
+                return [r.attempt for r in await client.redrive(int(job_id))]
+
+        assert asyncio.run(redrive_async()) == [2] * count
+        assert dead(job_id) == []
+
+        def succeeded() -> set[int]:
+            runs = run(capsys, server, "runs", job_id)
+            return {r["scheduled_for_ms"] for r in runs if r["state"] == "succeeded"}
+
+        wait_for(lambda: set(back["scheduled_for_ms"]) <= succeeded(), 20, "every fire to run")

@@ -241,7 +241,16 @@ def test_a_dead_letter_redriven_runs_once_as_a_new_attempt_with_a_new_fence(api:
         again = api.jobs.RedriveDeadLetters(
             job_service_pb2.RedriveDeadLettersRequest(job_id=job), timeout=10
         )
-        assert list(again.runs) == []
+        assert list(again.runs) == [] and again.next_page_token == ""
+        # A page token belongs to a whole job's redrive: not with one run.
+        with pytest.raises(grpc.RpcError) as info:
+            api.jobs.RedriveDeadLetters(
+                job_service_pb2.RedriveDeadLettersRequest(
+                    job_id=job, run_id=letter.run_id, page_token=str(letter.run_id)
+                ),
+                timeout=10,
+            )
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         wait_for(lambda: len(calls) >= 2, 5, "both calls")
     assert calls == [(fire, letter.attempt, letter.fence), (fire, new.attempt, new.fence)]
     runs = all_runs(api, job)
