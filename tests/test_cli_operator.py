@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -196,3 +198,42 @@ def test_redrive_of_a_whole_job_runs_every_dead_letter_past_a_nodes_bound_per_ca
             return {r["scheduled_for_ms"] for r in runs if r["state"] == "succeeded"}
 
         wait_for(lambda: set(back["scheduled_for_ms"]) <= succeeded(), 20, "every fire to run")
+
+
+def test_a_from_or_to_without_a_zone_is_a_wall_time_in_the_schedules_zone(
+    server: InProcessServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--from 2027-03-13`` with ``--tz America/New_York`` is midnight in
+    New York, not in UTC (whose midnight is 19:00 the day before there), for
+    a schedule, a job's preview and a backfill's range."""
+    ten_pm = ["--cron", "0 22 * * *", "--tz", "America/New_York"]
+    fires = run(capsys, server, "preview", *ten_pm, "--from", "2027-03-13", "--count", "2")
+    assert [f["utc"] for f in fires] == [
+        "2027-03-14T03:00:00+00:00",  # 22:00 on 2027-03-13 in New York (EST)
+        "2027-03-15T02:00:00+00:00",  # 22:00 on 2027-03-14 (EDT from that morning)
+    ]
+    made = run(capsys, server, "submit", "--name", "ny-ten", "--handler", "h", *ten_pm)
+    job_id = str(made["job_id"])
+    mine = run(
+        capsys, server, "preview", "--job", job_id, "--from", "2027-03-13T21:59", "--count", "1"
+    )
+    assert [f["utc"] for f in mine] == ["2027-03-14T03:00:00+00:00"]
+    # Without --json the wall times are the job's zone's.
+    assert main(["preview", "--job", job_id, "--from", "2027-03-13", "--count", "1",
+                 "--target", server.target]) == 0  # fmt: skip
+    assert capsys.readouterr().out.split() == [
+        "2027-03-14",
+        "03:00:00.000",
+        "2027-03-13T22:00:00-05:00",
+    ]
+    # A zoneless ISO --from/--to of backfill: the job's wall times (read as
+    # UTC, 21:00-23:00 would be the afternoon in New York, with no fire in it).
+    day = (datetime.now(ZoneInfo("America/New_York")) - timedelta(days=2)).date().isoformat()
+    back = run(capsys, server, "backfill", job_id, "--from", f"{day}T21:00", "--to", f"{day}T23:00")
+    ten = datetime.fromisoformat(f"{day}T22:00").replace(tzinfo=ZoneInfo("America/New_York"))
+    assert back["scheduled_for_ms"] == [int(ten.timestamp() * 1000)]
+    # A zone given still wins.
+    utc = run(
+        capsys, server, "preview", *ten_pm, "--from", "2027-03-13T00:00:00+00:00", "--count", "1"
+    )
+    assert [f["utc"] for f in utc] == ["2027-03-13T03:00:00+00:00"]  # 22:00 on the 12th there

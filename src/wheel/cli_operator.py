@@ -8,6 +8,10 @@ wheelctl preview (--cron EXPR [--tz] [--dst-gap] [--dst-fold] | --every D [--sta
                   | --job JOB_ID) [--from WHEN] [--count N] [--json]
 wheelctl dlq list [--job JOB_ID] [--json] | dlq redrive JOB_ID [--run RUN_ID] [--json]
 
+A ``--from`` or ``--to`` of ``preview`` and ``backfill`` without a zone
+(``2027-03-13``, ``2027-03-13T22:00``) is a wall time in the schedule's zone:
+``--tz``, or the job's.
+
 ``update`` takes ``wheelctl submit``'s own flag definitions (``add_job_flags``),
 made optional: the flags given are the fields changed, the others stay as
 they are. A schedule flag replaces the whole schedule; a catch-up or overlap
@@ -18,25 +22,45 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
 from wheel.cli import _job_line, add_job_flags, job_json, parse_when
 from wheel.cli_admin import add_token_flag
 from wheel.cli_common import command_client, epoch_ms, fmt_time, parse_duration
-from wheel.client import CatchUp, DstFold, DstGap, Overlap, Run, UpdateArgs
+from wheel.client import CatchUp, Cron, DstFold, DstGap, Overlap, Run, Schedule, UpdateArgs
 from wheel.errors import InvalidArgument
 
 # submit's flags that ``update`` does not take: a job's tenant never changes.
 _NOT_UPDATED = ("tenant",)
 
 
-def _when(text: str, field: str, now: datetime) -> datetime:
-    """``parse_when``'s times, and -DURATION: that long before ``now``."""
+def _when(text: str, field: str, now: datetime, zone: tzinfo | None = None) -> datetime:
+    """``parse_when``'s times, and -DURATION: that long before ``now``; a
+    time without a zone (``2027-03-13``, ``2027-03-13T22:00``) is a wall time
+    in ``zone`` (a schedule's own), or UTC without one."""
     if text.strip().startswith("-"):
         return now - parse_duration(text.strip()[1:], field)
     when = parse_when(text, field)
-    return now + when if isinstance(when, timedelta) else when
+    if isinstance(when, timedelta):
+        return now + when
+    return when.replace(tzinfo=zone) if when.tzinfo is None and zone is not None else when
+
+
+def _zoneless(text: str | None) -> bool:
+    """Whether ``text`` is a time without a zone (it needs the schedule's)."""
+    if text is None or text.strip().startswith(("-", "+")) or text.strip().isdigit():
+        return False
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        return False  # parse_when names what is wrong with it
+    return when.tzinfo is None
+
+
+def _schedule_zone(schedule: Schedule) -> Any:
+    """The zone a cron schedule's wall times are in (None: UTC)."""
+    return _zone(schedule.tz) if isinstance(schedule, Cron) else None
 
 
 def update_args(ns: argparse.Namespace, defaults: dict[str, Any]) -> UpdateArgs:
@@ -133,8 +157,11 @@ def cmd_updates(ns: argparse.Namespace) -> int:
 
 def cmd_backfill(ns: argparse.Namespace) -> int:
     now = datetime.now(UTC)
-    start, end = _when(ns.from_, "from", now), _when(ns.to, "to", now)
     with command_client(ns) as client:
+        zone = None
+        if _zoneless(ns.from_) or _zoneless(ns.to):
+            zone = _schedule_zone(client.get(ns.job_id).schedule)
+        start, end = _when(ns.from_, "from", now, zone), _when(ns.to, "to", now, zone)
         out = client.backfill(ns.job_id, start, end)
     if ns.json:
         print(
@@ -158,14 +185,18 @@ def cmd_backfill(ns: argparse.Namespace) -> int:
 
 def cmd_preview(ns: argparse.Namespace) -> int:
     now = datetime.now(UTC)
-    start_from = _when(ns.from_, "from", now) if ns.from_ else None
     kinds = [k for k in ("cron", "every", "at") if getattr(ns, k)]
     if ns.job is not None and kinds:
         raise InvalidArgument("job", f"give --job or a schedule (--{kinds[0]}), not both")
+    # A --from without a zone is a wall time of the schedule's zone.
+    zone = _zone(ns.tz) if ns.cron else None
     with command_client(ns) as client:
         if ns.job is not None:
+            zone = _schedule_zone(client.get(ns.job).schedule)
+            start_from = _when(ns.from_, "from", now, zone) if ns.from_ else None
             fires = client.preview(ns.job, start_from=start_from, count=ns.count)
         else:
+            start_from = _when(ns.from_, "from", now, zone) if ns.from_ else None
             fires = client.preview(
                 cron=ns.cron,
                 every=parse_duration(ns.every, "every") if ns.every else None,
@@ -180,7 +211,6 @@ def cmd_preview(ns: argparse.Namespace) -> int:
     if ns.json:
         print(json.dumps([{"fire_ms": epoch_ms(t), "utc": t.isoformat()} for t in fires]))
         return 0
-    zone = _zone(ns.tz)
     for t in fires:
         local = f"  {t.astimezone(zone).isoformat()}" if zone is not None else ""
         print(f"{fmt_time(t)}{local}")
@@ -282,7 +312,8 @@ def register(sub: Any, target: str, target_help: str) -> None:
         "--from",
         dest="from_",
         required=True,
-        help="--from=-1h (that long ago), epoch ms or ISO 8601",
+        help="--from=-1h (that long ago), epoch ms or ISO 8601 (without a zone: a wall"
+        " time in the job's cron zone)",
     )
     bf.add_argument("--to", required=True, help="the end (not included), in the past")
     bf.set_defaults(fn=cmd_backfill)
@@ -299,7 +330,12 @@ def register(sub: Any, target: str, target_help: str) -> None:
     pv.add_argument("--every", help="interval, e.g. 30s")
     pv.add_argument("--start", help="first fire of an interval")
     pv.add_argument("--at", help="a one-shot's time")
-    pv.add_argument("--from", dest="from_", help="fires at or after this (default: now)")
+    pv.add_argument(
+        "--from",
+        dest="from_",
+        help="fires at or after this (default: now); a time without a zone is a wall time"
+        " in the schedule's (--tz, or the job's)",
+    )
     pv.add_argument("--count", type=int, default=10, help="how many (at most 1000)")
     pv.set_defaults(fn=cmd_preview)
 
