@@ -237,3 +237,59 @@ def test_a_from_or_to_without_a_zone_is_a_wall_time_in_the_schedules_zone(
         capsys, server, "preview", *ten_pm, "--from", "2027-03-13T00:00:00+00:00", "--count", "1"
     )
     assert [f["utc"] for f in utc] == ["2027-03-13T03:00:00+00:00"]  # 22:00 on the 12th there
+
+
+def test_update_changes_any_part_of_a_schedule_and_turns_switches_both_ways(
+    server: InProcessServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A schedule flag alone changes that part of the job's schedule (the
+    rest kept); --at-most-once and --fixed-delay have flags that turn them
+    off; the job's JSON has its policies and payload, and the record of
+    updates names every field that changed."""
+    made = run(capsys, server, "submit", "--name", "parts", "--handler", "h",
+               "--cron", "0 3 * * *", "--tz", "America/New_York", "--at-most-once",
+               "--payload", "v1")  # fmt: skip
+    job_id = str(made["job_id"])
+    [job] = [j for j in run(capsys, server, "jobs") if j["job_id"] == made["job_id"]]
+    assert job["at_most_once"] is True and job["payload"] == "v1"
+    assert job["retry"]["max_attempts"] == 5 and job["timeout_ms"] == 300_000
+    paris = run(capsys, server, "update", job_id, "--tz", "Europe/Paris")
+    assert paris["schedule"] == {"cron": "0 3 * * *", "tz": "Europe/Paris", "dst_gap":
+                                 "fire_at_transition", "dst_fold": "first"}  # fmt: skip
+    skip = run(capsys, server, "update", job_id, "--dst-gap", "skip")
+    assert skip["schedule"] == {**paris["schedule"], "dst_gap": "skip"}
+    policies = run(capsys, server, "update", job_id, "--idempotent", "--catch-up", "run_all",
+                   "--max-attempts", "9", "--timeout", "30s", "--payload", "v2")  # fmt: skip
+    assert policies["at_most_once"] is False and policies["catch_up"]["mode"] == "run_all"
+    assert (policies["retry"]["max_attempts"], policies["timeout_ms"]) == (9, 30_000)
+    assert policies["payload"] == "v2" and policies["schedule"] == skip["schedule"]
+    [third, second, first] = run(capsys, server, "updates", job_id)
+    assert first["changed"] == {"schedule": [job["schedule"], paris["schedule"]]}
+    assert second["changed"] == {"schedule": [paris["schedule"], skip["schedule"]]}
+    assert third["changed"] == {
+        "catch_up": [job["catch_up"], policies["catch_up"]],
+        "retry": [job["retry"], policies["retry"]],
+        "timeout_ms": [300_000, 30_000],
+        "at_most_once": [True, False],
+    }
+    assert third["payload_changed"] and not second["payload_changed"]
+    target = ["--target", server.target]
+    with pytest.raises(SystemExit) as both:
+        main(["update", job_id, *target, "--at-most-once", "--idempotent"])
+    assert both.value.code == 2 and "not allowed with" in capsys.readouterr().err
+    # An interval: --fixed-delay alone keeps its period and start, and
+    # --fixed-rate turns it off again; a cron part on it is refused.
+    start = now_ms() + 3_600_000
+    made = run(capsys, server, "submit", "--name", "interval", "--handler", "h",
+               "--every", "90s", "--start", str(start))  # fmt: skip
+    job_id = str(made["job_id"])
+    delay = run(capsys, server, "update", job_id, "--fixed-delay")
+    assert delay["schedule"] == {"every_ms": 90_000, "start_ms": start, "fixed_delay": True}
+    rate = run(capsys, server, "update", job_id, "--fixed-rate", "--every", "2m")
+    assert rate["schedule"] == {"every_ms": 120_000, "start_ms": start, "fixed_delay": False}
+    assert main(["update", job_id, *target, "--tz", "Europe/Paris"]) == 2
+    assert "tz" in capsys.readouterr().err
+    # Another kind of schedule is made from the flags given.
+    cron = run(capsys, server, "update", job_id, "--cron", "*/5 * * * *")
+    assert cron["schedule"] == {"cron": "*/5 * * * *", "tz": "UTC", "dst_gap":
+                                "fire_at_transition", "dst_fold": "first"}  # fmt: skip

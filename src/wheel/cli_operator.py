@@ -14,8 +14,13 @@ A ``--from`` or ``--to`` of ``preview`` and ``backfill`` without a zone
 
 ``update`` takes ``wheelctl submit``'s own flag definitions (``add_job_flags``),
 made optional: the flags given are the fields changed, the others stay as
-they are. A schedule flag replaces the whole schedule; a catch-up or overlap
-flag the whole policy (its other flags at submit's defaults).
+they are. Schedule flags change the job's schedule in those parts alone
+(``--tz Europe/Paris`` keeps the cron expression; ``--every 5m`` on an
+interval keeps its start); a flag of another kind (``--cron`` on an interval)
+makes a schedule of that kind from the flags given. A catch-up or overlap
+flag replaces the whole policy (its other flags at submit's defaults).
+``--at-most-once``/``--idempotent`` and ``--fixed-delay``/``--fixed-rate``
+turn a switch on and off.
 """
 
 from __future__ import annotations
@@ -23,12 +28,22 @@ from __future__ import annotations
 import argparse
 import json
 from datetime import UTC, datetime, timedelta, tzinfo
-from typing import Any
+from typing import Any, cast
 
-from wheel.cli import _job_line, add_job_flags, job_json, parse_when
+from wheel.cli import _EPOCH, _job_line, add_job_flags, job_json, parse_when
 from wheel.cli_admin import add_token_flag
 from wheel.cli_common import command_client, epoch_ms, fmt_time, parse_duration
-from wheel.client import CatchUp, Cron, DstFold, DstGap, Overlap, Run, Schedule, UpdateArgs
+from wheel.client import (
+    CatchUp,
+    Cron,
+    DstFold,
+    DstGap,
+    Every,
+    Overlap,
+    Run,
+    Schedule,
+    UpdateArgs,
+)
 from wheel.errors import InvalidArgument
 
 # submit's flags that ``update`` does not take: a job's tenant never changes.
@@ -65,17 +80,17 @@ def _schedule_zone(schedule: Schedule) -> Any:
 
 def update_args(ns: argparse.Namespace, defaults: dict[str, Any]) -> UpdateArgs:
     """``Client.update``'s keywords from the flags given (the others are not
-    in ``ns``); ``defaults``: submit's, for the parts of a policy not given."""
+    in ``ns``); ``defaults``: submit's, for the parts of a policy not given.
+    Schedule keywords are only those given (``with_schedule`` completes them)."""
     given = vars(ns)
     now = datetime.now(UTC)
     args: UpdateArgs = {}
     for flag in ("name", "handler", "payload", "pool", "tz", "dst_gap", "dst_fold", "cron"):
         if flag in given:
             args[flag] = given[flag]
-    if "fixed_delay" in given:
-        args["fixed_delay"] = given["fixed_delay"]
-    if "at_most_once" in given:
-        args["at_most_once"] = given["at_most_once"]
+    for on, off in (("fixed_delay", "fixed_rate"), ("at_most_once", "idempotent")):
+        if on in given or off in given:
+            args[on] = on in given  # type: ignore[literal-required]
     if "at" in given:
         args["at"] = _when(given["at"], "at", now)
     if "every" in given:
@@ -104,6 +119,44 @@ def update_args(ns: argparse.Namespace, defaults: dict[str, Any]) -> UpdateArgs:
     return args
 
 
+# The schedule's keywords: what each kind of schedule is made of.
+_SCHEDULE_PARTS = {
+    "cron": ("cron", "tz", "dst_gap", "dst_fold"),
+    "every": ("every", "start", "fixed_delay"),
+    "at": ("at",),
+}
+
+
+def with_schedule(args: UpdateArgs, current: Schedule) -> UpdateArgs:
+    """``args`` with the parts of the job's ``current`` schedule they do not
+    change, when they change any: ``--tz`` alone keeps the cron expression
+    and its DST policies. Its kind is the one ``args`` names (``cron``,
+    ``every`` or ``at``), else the current one; a new kind starts from the
+    flags given and submit's defaults. Two kinds given are left for the
+    client to refuse."""
+    if not any(k in args for parts in _SCHEDULE_PARTS.values() for k in parts):
+        return args
+    kinds = [k for k in _SCHEDULE_PARTS if k in args]
+    if len(kinds) > 1:
+        return args
+    kept: dict[str, Any] = {}
+    if isinstance(current, Cron):
+        kind = "cron"
+        kept = {"cron": current.expr, "tz": current.tz, "dst_gap": current.dst_gap,
+                "dst_fold": current.dst_fold}  # fmt: skip
+    elif isinstance(current, Every):
+        kind = "every"
+        kept = {"every": current.period, "fixed_delay": current.fixed_delay}
+        if current.start > _EPOCH:
+            kept["start"] = current.start
+    else:
+        kind = "at"
+        kept = {"at": current.time}
+    if kinds and kinds[0] != kind:
+        return args
+    return cast(UpdateArgs, {**kept, **args})
+
+
 def cmd_update(ns: argparse.Namespace) -> int:
     for flag in _NOT_UPDATED:
         if flag in vars(ns):
@@ -112,6 +165,11 @@ def cmd_update(ns: argparse.Namespace) -> int:
     if not args:
         raise InvalidArgument("flags", "give at least one of submit's job flags to change")
     with command_client(ns) as client:
+        if any(k in args for parts in _SCHEDULE_PARTS.values() for k in parts):
+            # Read the schedule and change the parts given. A schedule
+            # changed by someone else between the read and the update is
+            # overwritten, as any update overwrites the fields it names.
+            args = with_schedule(args, client.get(ns.job_id).schedule)
         job = client.update(ns.job_id, idempotency_key=getattr(ns, "key", None), **args)
     if ns.json:
         print(json.dumps(job_json(job)))
@@ -127,11 +185,7 @@ def cmd_updates(ns: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for u in updates:
         before, after = job_json(u.before), job_json(u.after)
-        changed = {
-            k: [before[k], after[k]]
-            for k in ("name", "handler", "pool", "schedule")
-            if before[k] != after[k]
-        }
+        changed = {k: [before[k], after[k]] for k in _SPEC_FIELDS if before[k] != after[k]}
         rows.append(
             {
                 "version": u.version,
@@ -145,14 +199,28 @@ def cmd_updates(ns: argparse.Namespace) -> int:
         print(json.dumps(rows))
         return 0
     for row, u in zip(rows, updates, strict=True):
-        what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in row["changed"].items())
+        what = ", ".join(
+            f"{k} {_shown(old)} -> {_shown(new)}" for k, (old, new) in row["changed"].items()
+        )
         if u.payload_changed:
             what = f"{what}, payload" if what else "payload"
         print(
             f"v{u.version:<4} {fmt_time(u.updated_at)}  by {u.updated_by or '-':<24} "
-            f"{what or 'policies'}"
+            f"{what or 'nothing'}"
         )
     return 0
+
+
+# ``job_json``'s keys an update may change; the payload is not among them
+# (a recorded update keeps no payloads: ``payload_changed`` says it changed).
+_SPEC_FIELDS = (
+    "name", "handler", "pool", "schedule", "catch_up", "overlap", "retry", "timeout_ms",
+    "jitter_ms", "at_most_once",
+)  # fmt: skip
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, dict) else str(value)
 
 
 def cmd_backfill(ns: argparse.Namespace) -> int:
