@@ -126,6 +126,8 @@ def test_a_line_without_a_key_gets_one_from_its_number_and_its_text() -> None:
         ('{"name": "n", "handler": "h"}', "schedule: give exactly one of cron=, every= or at="),
         ('{"name": "n", "handler": "h", "every": "1h", "key": "a", "idempotency_key": "b"}',
          "idempotency_key: is the same option as key"),
+        ('{"name": "n", "handler": "h", "every": "1h", "at_most_once": true, "idempotent": true}',
+         "idempotent: give at_most_once or idempotent, not both"),
     ],
 )  # fmt: skip
 def test_a_bad_line_says_why(text: str, reason: str) -> None:

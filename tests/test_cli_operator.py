@@ -5,9 +5,12 @@ listed and redriven, and --json on every listing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -141,3 +144,152 @@ def test_backfill_and_dead_letters_through_wheelctl(
         assert succeeded() == back["scheduled_for_ms"]
     assert main(["dlq", "list", "--target", server.target]) == 0
     capsys.readouterr()
+
+
+def test_redrive_of_a_whole_job_runs_every_dead_letter_past_a_nodes_bound_per_call(
+    server: InProcessServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More dead letters than a node redrives in one call (its bound made 5
+    here, from 1,000, to keep the test quick): ``dlq redrive JOB_ID``
+    (``Client.redrive``), then ``AsyncClient.redrive``, run them all and
+    say how many."""
+    from wheel.client import AsyncClient
+    from wheel.node import _updates
+
+    monkeypatch.setattr(_updates, "MAX_REDRIVE", 5)
+    count = 12  # three calls: 5, 5 and 2
+    start = (now_ms() // 1000 - count - 60) * 1000
+    end = start + count * 1000  # every second of it: ``count`` past fires
+
+    def flaky(ctx: RunContext) -> None:
+        # The backfilled fires fail twice (a dead letter, then its redrive);
+        # the job's own live fires run.
+        if ctx.scheduled_for_ms < end and ctx.attempt < 2:
+            raise Permanent(f"attempt {ctx.attempt} fails")
+
+    def dead(job_id: str) -> list[dict[str, Any]]:
+        return run(capsys, server, "dlq", "list", "--job", job_id)  # type: ignore[no-any-return]
+
+    with WorkerThread(server.target, "w-cli-dlq-many", cli_many=flaky):
+        made = run(capsys, server, "submit", "--name", "dlq-many", "--handler", "cli_many",
+                   "--every", "1s", "--start", str(start), "--overlap", "allow",
+                   "--max-concurrent", "16")  # fmt: skip
+        job_id = str(made["job_id"])
+        back = run(capsys, server, "backfill", job_id, "--from", str(start), "--to", str(end))
+        assert back["scheduled"] == count
+        first = wait_for(lambda: len(d := dead(job_id)) == count and d, 20, "the dead letters")
+        assert {r["attempt"] for r in first} == {0}
+        assert main(["dlq", "redrive", job_id, "--target", server.target]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[0] == f"redrove {count} dead letters of job {job_id}: new attempts"
+        assert len(out) == 1 + count
+        second = wait_for(lambda: len(d := dead(job_id)) == count and d, 20, "the second failures")
+        assert {r["attempt"] for r in second} == {1}
+
+        async def redrive_async() -> list[int]:
+            async with AsyncClient(server.target) as client:
+                return [r.attempt for r in await client.redrive(int(job_id))]
+
+        assert asyncio.run(redrive_async()) == [2] * count
+        assert dead(job_id) == []
+
+        def succeeded() -> set[int]:
+            runs = run(capsys, server, "runs", job_id)
+            return {r["scheduled_for_ms"] for r in runs if r["state"] == "succeeded"}
+
+        wait_for(lambda: set(back["scheduled_for_ms"]) <= succeeded(), 20, "every fire to run")
+
+
+def test_a_from_or_to_without_a_zone_is_a_wall_time_in_the_schedules_zone(
+    server: InProcessServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--from 2027-03-13`` with ``--tz America/New_York`` is midnight in
+    New York, not in UTC (whose midnight is 19:00 the day before there), for
+    a schedule, a job's preview and a backfill's range."""
+    ten_pm = ["--cron", "0 22 * * *", "--tz", "America/New_York"]
+    fires = run(capsys, server, "preview", *ten_pm, "--from", "2027-03-13", "--count", "2")
+    assert [f["utc"] for f in fires] == [
+        "2027-03-14T03:00:00+00:00",  # 22:00 on 2027-03-13 in New York (EST)
+        "2027-03-15T02:00:00+00:00",  # 22:00 on 2027-03-14 (EDT from that morning)
+    ]
+    made = run(capsys, server, "submit", "--name", "ny-ten", "--handler", "h", *ten_pm)
+    job_id = str(made["job_id"])
+    mine = run(
+        capsys, server, "preview", "--job", job_id, "--from", "2027-03-13T21:59", "--count", "1"
+    )
+    assert [f["utc"] for f in mine] == ["2027-03-14T03:00:00+00:00"]
+    # Without --json the wall times are the job's zone's.
+    assert main(["preview", "--job", job_id, "--from", "2027-03-13", "--count", "1",
+                 "--target", server.target]) == 0  # fmt: skip
+    assert capsys.readouterr().out.split() == [
+        "2027-03-14",
+        "03:00:00.000",
+        "2027-03-13T22:00:00-05:00",
+    ]
+    # A zoneless ISO --from/--to of backfill: the job's wall times (read as
+    # UTC, 21:00-23:00 would be the afternoon in New York, with no fire in it).
+    day = (datetime.now(ZoneInfo("America/New_York")) - timedelta(days=2)).date().isoformat()
+    back = run(capsys, server, "backfill", job_id, "--from", f"{day}T21:00", "--to", f"{day}T23:00")
+    ten = datetime.fromisoformat(f"{day}T22:00").replace(tzinfo=ZoneInfo("America/New_York"))
+    assert back["scheduled_for_ms"] == [int(ten.timestamp() * 1000)]
+    # A zone given still wins.
+    utc = run(
+        capsys, server, "preview", *ten_pm, "--from", "2027-03-13T00:00:00+00:00", "--count", "1"
+    )
+    assert [f["utc"] for f in utc] == ["2027-03-13T03:00:00+00:00"]  # 22:00 on the 12th there
+
+
+def test_update_changes_any_part_of_a_schedule_and_turns_switches_both_ways(
+    server: InProcessServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A schedule flag alone changes that part of the job's schedule (the
+    rest kept); --at-most-once and --fixed-delay have flags that turn them
+    off; the job's JSON has its policies and payload, and the record of
+    updates names every field that changed."""
+    made = run(capsys, server, "submit", "--name", "parts", "--handler", "h",
+               "--cron", "0 3 * * *", "--tz", "America/New_York", "--at-most-once",
+               "--payload", "v1")  # fmt: skip
+    job_id = str(made["job_id"])
+    [job] = [j for j in run(capsys, server, "jobs") if j["job_id"] == made["job_id"]]
+    assert job["at_most_once"] is True and job["payload"] == "v1"
+    assert job["retry"]["max_attempts"] == 5 and job["timeout_ms"] == 300_000
+    paris = run(capsys, server, "update", job_id, "--tz", "Europe/Paris")
+    assert paris["schedule"] == {"cron": "0 3 * * *", "tz": "Europe/Paris", "dst_gap":
+                                 "fire_at_transition", "dst_fold": "first"}  # fmt: skip
+    skip = run(capsys, server, "update", job_id, "--dst-gap", "skip")
+    assert skip["schedule"] == {**paris["schedule"], "dst_gap": "skip"}
+    policies = run(capsys, server, "update", job_id, "--idempotent", "--catch-up", "run_all",
+                   "--max-attempts", "9", "--timeout", "30s", "--payload", "v2")  # fmt: skip
+    assert policies["at_most_once"] is False and policies["catch_up"]["mode"] == "run_all"
+    assert (policies["retry"]["max_attempts"], policies["timeout_ms"]) == (9, 30_000)
+    assert policies["payload"] == "v2" and policies["schedule"] == skip["schedule"]
+    [third, second, first] = run(capsys, server, "updates", job_id)
+    assert first["changed"] == {"schedule": [job["schedule"], paris["schedule"]]}
+    assert second["changed"] == {"schedule": [paris["schedule"], skip["schedule"]]}
+    assert third["changed"] == {
+        "catch_up": [job["catch_up"], policies["catch_up"]],
+        "retry": [job["retry"], policies["retry"]],
+        "timeout_ms": [300_000, 30_000],
+        "at_most_once": [True, False],
+    }
+    assert third["payload_changed"] and not second["payload_changed"]
+    target = ["--target", server.target]
+    with pytest.raises(SystemExit) as both:
+        main(["update", job_id, *target, "--at-most-once", "--idempotent"])
+    assert both.value.code == 2 and "not allowed with" in capsys.readouterr().err
+    # An interval: --fixed-delay alone keeps its period and start, and
+    # --fixed-rate turns it off again; a cron part on it is refused.
+    start = now_ms() + 3_600_000
+    made = run(capsys, server, "submit", "--name", "interval", "--handler", "h",
+               "--every", "90s", "--start", str(start))  # fmt: skip
+    job_id = str(made["job_id"])
+    delay = run(capsys, server, "update", job_id, "--fixed-delay")
+    assert delay["schedule"] == {"every_ms": 90_000, "start_ms": start, "fixed_delay": True}
+    rate = run(capsys, server, "update", job_id, "--fixed-rate", "--every", "2m")
+    assert rate["schedule"] == {"every_ms": 120_000, "start_ms": start, "fixed_delay": False}
+    assert main(["update", job_id, *target, "--tz", "Europe/Paris"]) == 2
+    assert "tz" in capsys.readouterr().err
+    # Another kind of schedule is made from the flags given.
+    cron = run(capsys, server, "update", job_id, "--cron", "*/5 * * * *")
+    assert cron["schedule"] == {"cron": "*/5 * * * *", "tz": "UTC", "dst_gap":
+                                "fire_at_transition", "dst_fold": "first"}  # fmt: skip

@@ -15,6 +15,7 @@ wheelctl outbox init|status --dsn DSN   (the transactional submit's table; see w
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import logging
 import os
@@ -86,7 +87,7 @@ def submit_args(ns: argparse.Namespace, now: datetime | None = None) -> JobArgs:
         "tz": ns.tz,
         "dst_gap": ns.dst_gap,
         "dst_fold": ns.dst_fold,
-        "fixed_delay": ns.fixed_delay,
+        "fixed_delay": _on(ns, "fixed_delay", "fixed_rate"),
         "payload": ns.payload,
         "tenant": ns.tenant,
         "pool": ns.pool,
@@ -100,7 +101,7 @@ def submit_args(ns: argparse.Namespace, now: datetime | None = None) -> JobArgs:
         "overlap": Overlap(policy=ns.overlap, max_concurrent=ns.max_concurrent),
         "retry": ns.max_attempts,
         "timeout": parse_duration(ns.timeout, "timeout"),
-        "at_most_once": ns.at_most_once,
+        "at_most_once": _on(ns, "at_most_once", "idempotent"),
         "idempotency_key": ns.key or None,
     }
     if ns.at:
@@ -191,7 +192,13 @@ def schedule_json(schedule: Schedule) -> dict[str, Any]:
 
 
 def job_json(job: Job) -> dict[str, Any]:
-    """A job as ``--json`` listings print it."""
+    """A job as ``--json`` listings print it: its whole spec, so that an
+    update's answer shows each field it changed. The payload is its UTF-8
+    text, or base64 when it is not text (``payload_encoding`` says which)."""
+    try:
+        payload, encoding = job.payload.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        payload, encoding = base64.b64encode(job.payload).decode("ascii"), "base64"
     return {
         "job_id": job.job_id,
         "name": job.name,
@@ -200,8 +207,41 @@ def job_json(job: Job) -> dict[str, Any]:
         "pool": job.pool,
         "state": job.state.value,
         "schedule": schedule_json(job.schedule),
+        **policies_json(job),
+        "payload": payload,
+        "payload_encoding": encoding,
         "next_fire_ms": epoch_ms(job.next_fire) if job.next_fire else 0,
         "updated_at_ms": epoch_ms(job.updated_at),
+    }
+
+
+def policies_json(job: Job) -> dict[str, Any]:
+    """A job's policies, durations in milliseconds as the wire has them."""
+
+    def ms(d: timedelta) -> int:
+        return round(d.total_seconds() * 1000)
+
+    c, o, r = job.catch_up, job.overlap, job.retry
+    return {
+        "catch_up": {
+            "mode": c.mode.value,
+            "window_ms": None if c.window is None else ms(c.window),
+            "max_count": c.max_count,
+        },
+        "overlap": {
+            "policy": o.policy.value,
+            "max_concurrent": o.max_concurrent,
+            "max_buffered": o.max_buffered,
+        },
+        "retry": {
+            "max_attempts": r.max_attempts,
+            "initial_backoff_ms": ms(r.initial_backoff),
+            "max_backoff_ms": ms(r.max_backoff),
+            "multiplier": r.multiplier,
+        },
+        "timeout_ms": ms(job.timeout),
+        "jitter_ms": ms(job.jitter),
+        "at_most_once": job.at_most_once,
     }
 
 
@@ -287,7 +327,11 @@ def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
         ),
         p.add_argument("--every", help="interval, e.g. 30s"),
         p.add_argument("--start", help="first fire of an interval (default: now + period)"),
-        p.add_argument("--fixed-delay", action="store_true"),
+        *_switch(
+            p,
+            ("--fixed-delay", "the next fire an interval after the previous run ends"),
+            ("--fixed-rate", "fires an interval apart whatever the runs take (the default)"),
+        ),
         p.add_argument("--jitter"),
         p.add_argument("--payload", default=""),
         p.add_argument("--tenant", default="default"),
@@ -302,8 +346,33 @@ def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
         p.add_argument("--max-concurrent", type=int, default=1),
         p.add_argument("--max-attempts", type=int, default=5),
         p.add_argument("--timeout", default="5m"),
-        p.add_argument("--at-most-once", action="store_true"),
+        *_switch(
+            p,
+            ("--at-most-once", "a run never starts twice (a lost run is not run again)"),
+            ("--idempotent", "a lost run is run again (the default)"),
+        ),
     ]
+
+
+def _switch(
+    p: argparse.ArgumentParser, on: tuple[str, str], off: tuple[str, str]
+) -> list[argparse.Action]:
+    """A switch and the flag that turns it back off (the default), each with a
+    dest of its own (``submit_args`` reads the pair): an update can then
+    change it either way, and a line of an import cannot mean the opposite of
+    what it says."""
+    group = p.add_mutually_exclusive_group()
+    return [
+        group.add_argument(on[0], action="store_true", help=on[1]),
+        group.add_argument(off[0], action="store_true", help=off[1]),
+    ]
+
+
+def _on(ns: argparse.Namespace, on: str, off: str) -> bool:
+    """A switch of ``_switch``: both given (an import's line) is refused."""
+    if getattr(ns, on, False) and getattr(ns, off, False):
+        raise InvalidArgument(off, f"give {on} or {off}, not both")
+    return bool(getattr(ns, on, False))
 
 
 def build_parser() -> argparse.ArgumentParser:

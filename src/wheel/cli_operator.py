@@ -8,50 +8,89 @@ wheelctl preview (--cron EXPR [--tz] [--dst-gap] [--dst-fold] | --every D [--sta
                   | --job JOB_ID) [--from WHEN] [--count N] [--json]
 wheelctl dlq list [--job JOB_ID] [--json] | dlq redrive JOB_ID [--run RUN_ID] [--json]
 
+A ``--from`` or ``--to`` of ``preview`` and ``backfill`` without a zone
+(``2027-03-13``, ``2027-03-13T22:00``) is a wall time in the schedule's zone:
+``--tz``, or the job's.
+
 ``update`` takes ``wheelctl submit``'s own flag definitions (``add_job_flags``),
 made optional: the flags given are the fields changed, the others stay as
-they are. A schedule flag replaces the whole schedule; a catch-up or overlap
-flag the whole policy (its other flags at submit's defaults).
+they are. Schedule flags change the job's schedule in those parts alone
+(``--tz Europe/Paris`` keeps the cron expression; ``--every 5m`` on an
+interval keeps its start); a flag of another kind (``--cron`` on an interval)
+makes a schedule of that kind from the flags given. A catch-up or overlap
+flag replaces the whole policy (its other flags at submit's defaults).
+``--at-most-once``/``--idempotent`` and ``--fixed-delay``/``--fixed-rate``
+turn a switch on and off.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import UTC, datetime, timedelta, tzinfo
+from typing import Any, cast
 
-from wheel.cli import _job_line, add_job_flags, job_json, parse_when
+from wheel.cli import _EPOCH, _job_line, add_job_flags, job_json, parse_when
 from wheel.cli_admin import add_token_flag
 from wheel.cli_common import command_client, epoch_ms, fmt_time, parse_duration
-from wheel.client import CatchUp, DstFold, DstGap, Overlap, Run, UpdateArgs
+from wheel.client import (
+    CatchUp,
+    Cron,
+    DstFold,
+    DstGap,
+    Every,
+    Overlap,
+    Run,
+    Schedule,
+    UpdateArgs,
+)
 from wheel.errors import InvalidArgument
 
 # submit's flags that ``update`` does not take: a job's tenant never changes.
 _NOT_UPDATED = ("tenant",)
 
 
-def _when(text: str, field: str, now: datetime) -> datetime:
-    """``parse_when``'s times, and -DURATION: that long before ``now``."""
+def _when(text: str, field: str, now: datetime, zone: tzinfo | None = None) -> datetime:
+    """``parse_when``'s times, and -DURATION: that long before ``now``; a
+    time without a zone (``2027-03-13``, ``2027-03-13T22:00``) is a wall time
+    in ``zone`` (a schedule's own), or UTC without one."""
     if text.strip().startswith("-"):
         return now - parse_duration(text.strip()[1:], field)
     when = parse_when(text, field)
-    return now + when if isinstance(when, timedelta) else when
+    if isinstance(when, timedelta):
+        return now + when
+    return when.replace(tzinfo=zone) if when.tzinfo is None and zone is not None else when
+
+
+def _zoneless(text: str | None) -> bool:
+    """Whether ``text`` is a time without a zone (it needs the schedule's)."""
+    if text is None or text.strip().startswith(("-", "+")) or text.strip().isdigit():
+        return False
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        return False  # parse_when names what is wrong with it
+    return when.tzinfo is None
+
+
+def _schedule_zone(schedule: Schedule) -> Any:
+    """The zone a cron schedule's wall times are in (None: UTC)."""
+    return _zone(schedule.tz) if isinstance(schedule, Cron) else None
 
 
 def update_args(ns: argparse.Namespace, defaults: dict[str, Any]) -> UpdateArgs:
     """``Client.update``'s keywords from the flags given (the others are not
-    in ``ns``); ``defaults``: submit's, for the parts of a policy not given."""
+    in ``ns``); ``defaults``: submit's, for the parts of a policy not given.
+    Schedule keywords are only those given (``with_schedule`` completes them)."""
     given = vars(ns)
     now = datetime.now(UTC)
     args: UpdateArgs = {}
     for flag in ("name", "handler", "payload", "pool", "tz", "dst_gap", "dst_fold", "cron"):
         if flag in given:
             args[flag] = given[flag]
-    if "fixed_delay" in given:
-        args["fixed_delay"] = given["fixed_delay"]
-    if "at_most_once" in given:
-        args["at_most_once"] = given["at_most_once"]
+    for on, off in (("fixed_delay", "fixed_rate"), ("at_most_once", "idempotent")):
+        if on in given or off in given:
+            args[on] = on in given  # type: ignore[literal-required]
     if "at" in given:
         args["at"] = _when(given["at"], "at", now)
     if "every" in given:
@@ -80,6 +119,44 @@ def update_args(ns: argparse.Namespace, defaults: dict[str, Any]) -> UpdateArgs:
     return args
 
 
+# The schedule's keywords: what each kind of schedule is made of.
+_SCHEDULE_PARTS = {
+    "cron": ("cron", "tz", "dst_gap", "dst_fold"),
+    "every": ("every", "start", "fixed_delay"),
+    "at": ("at",),
+}
+
+
+def with_schedule(args: UpdateArgs, current: Schedule) -> UpdateArgs:
+    """``args`` with the parts of the job's ``current`` schedule they do not
+    change, when they change any: ``--tz`` alone keeps the cron expression
+    and its DST policies. Its kind is the one ``args`` names (``cron``,
+    ``every`` or ``at``), else the current one; a new kind starts from the
+    flags given and submit's defaults. Two kinds given are left for the
+    client to refuse."""
+    if not any(k in args for parts in _SCHEDULE_PARTS.values() for k in parts):
+        return args
+    kinds = [k for k in _SCHEDULE_PARTS if k in args]
+    if len(kinds) > 1:
+        return args
+    kept: dict[str, Any] = {}
+    if isinstance(current, Cron):
+        kind = "cron"
+        kept = {"cron": current.expr, "tz": current.tz, "dst_gap": current.dst_gap,
+                "dst_fold": current.dst_fold}  # fmt: skip
+    elif isinstance(current, Every):
+        kind = "every"
+        kept = {"every": current.period, "fixed_delay": current.fixed_delay}
+        if current.start > _EPOCH:
+            kept["start"] = current.start
+    else:
+        kind = "at"
+        kept = {"at": current.time}
+    if kinds and kinds[0] != kind:
+        return args
+    return cast(UpdateArgs, {**kept, **args})
+
+
 def cmd_update(ns: argparse.Namespace) -> int:
     for flag in _NOT_UPDATED:
         if flag in vars(ns):
@@ -88,6 +165,11 @@ def cmd_update(ns: argparse.Namespace) -> int:
     if not args:
         raise InvalidArgument("flags", "give at least one of submit's job flags to change")
     with command_client(ns) as client:
+        if any(k in args for parts in _SCHEDULE_PARTS.values() for k in parts):
+            # Read the schedule and change the parts given. A schedule
+            # changed by someone else between the read and the update is
+            # overwritten, as any update overwrites the fields it names.
+            args = with_schedule(args, client.get(ns.job_id).schedule)
         job = client.update(ns.job_id, idempotency_key=getattr(ns, "key", None), **args)
     if ns.json:
         print(json.dumps(job_json(job)))
@@ -103,11 +185,7 @@ def cmd_updates(ns: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for u in updates:
         before, after = job_json(u.before), job_json(u.after)
-        changed = {
-            k: [before[k], after[k]]
-            for k in ("name", "handler", "pool", "schedule")
-            if before[k] != after[k]
-        }
+        changed = {k: [before[k], after[k]] for k in _SPEC_FIELDS if before[k] != after[k]}
         rows.append(
             {
                 "version": u.version,
@@ -121,20 +199,37 @@ def cmd_updates(ns: argparse.Namespace) -> int:
         print(json.dumps(rows))
         return 0
     for row, u in zip(rows, updates, strict=True):
-        what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in row["changed"].items())
+        what = ", ".join(
+            f"{k} {_shown(old)} -> {_shown(new)}" for k, (old, new) in row["changed"].items()
+        )
         if u.payload_changed:
             what = f"{what}, payload" if what else "payload"
         print(
             f"v{u.version:<4} {fmt_time(u.updated_at)}  by {u.updated_by or '-':<24} "
-            f"{what or 'policies'}"
+            f"{what or 'nothing'}"
         )
     return 0
 
 
+# ``job_json``'s keys an update may change; the payload is not among them
+# (a recorded update keeps no payloads: ``payload_changed`` says it changed).
+_SPEC_FIELDS = (
+    "name", "handler", "pool", "schedule", "catch_up", "overlap", "retry", "timeout_ms",
+    "jitter_ms", "at_most_once",
+)  # fmt: skip
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, dict) else str(value)
+
+
 def cmd_backfill(ns: argparse.Namespace) -> int:
     now = datetime.now(UTC)
-    start, end = _when(ns.from_, "from", now), _when(ns.to, "to", now)
     with command_client(ns) as client:
+        zone = None
+        if _zoneless(ns.from_) or _zoneless(ns.to):
+            zone = _schedule_zone(client.get(ns.job_id).schedule)
+        start, end = _when(ns.from_, "from", now, zone), _when(ns.to, "to", now, zone)
         out = client.backfill(ns.job_id, start, end)
     if ns.json:
         print(
@@ -158,14 +253,18 @@ def cmd_backfill(ns: argparse.Namespace) -> int:
 
 def cmd_preview(ns: argparse.Namespace) -> int:
     now = datetime.now(UTC)
-    start_from = _when(ns.from_, "from", now) if ns.from_ else None
     kinds = [k for k in ("cron", "every", "at") if getattr(ns, k)]
     if ns.job is not None and kinds:
         raise InvalidArgument("job", f"give --job or a schedule (--{kinds[0]}), not both")
+    # A --from without a zone is a wall time of the schedule's zone.
+    zone = _zone(ns.tz) if ns.cron else None
     with command_client(ns) as client:
         if ns.job is not None:
+            zone = _schedule_zone(client.get(ns.job).schedule)
+            start_from = _when(ns.from_, "from", now, zone) if ns.from_ else None
             fires = client.preview(ns.job, start_from=start_from, count=ns.count)
         else:
+            start_from = _when(ns.from_, "from", now, zone) if ns.from_ else None
             fires = client.preview(
                 cron=ns.cron,
                 every=parse_duration(ns.every, "every") if ns.every else None,
@@ -180,7 +279,6 @@ def cmd_preview(ns: argparse.Namespace) -> int:
     if ns.json:
         print(json.dumps([{"fire_ms": epoch_ms(t), "utc": t.isoformat()} for t in fires]))
         return 0
-    zone = _zone(ns.tz)
     for t in fires:
         local = f"  {t.astimezone(zone).isoformat()}" if zone is not None else ""
         print(f"{fmt_time(t)}{local}")
@@ -282,7 +380,8 @@ def register(sub: Any, target: str, target_help: str) -> None:
         "--from",
         dest="from_",
         required=True,
-        help="--from=-1h (that long ago), epoch ms or ISO 8601",
+        help="--from=-1h (that long ago), epoch ms or ISO 8601 (without a zone: a wall"
+        " time in the job's cron zone)",
     )
     bf.add_argument("--to", required=True, help="the end (not included), in the past")
     bf.set_defaults(fn=cmd_backfill)
@@ -299,7 +398,12 @@ def register(sub: Any, target: str, target_help: str) -> None:
     pv.add_argument("--every", help="interval, e.g. 30s")
     pv.add_argument("--start", help="first fire of an interval")
     pv.add_argument("--at", help="a one-shot's time")
-    pv.add_argument("--from", dest="from_", help="fires at or after this (default: now)")
+    pv.add_argument(
+        "--from",
+        dest="from_",
+        help="fires at or after this (default: now); a time without a zone is a wall time"
+        " in the schedule's (--tz, or the job's)",
+    )
     pv.add_argument("--count", type=int, default=10, help="how many (at most 1000)")
     pv.set_defaults(fn=cmd_preview)
 

@@ -376,3 +376,25 @@ def test_a_tenant_lists_only_its_own_dead_letters(
         )
     assert info.value.code() == NOT_FOUND
     assert listed(tokens.acme_read) == {dead["acme"]}  # not redriven by beta
+
+
+def test_the_readmes_scope_table_names_each_job_call_with_the_scope_it_needs() -> None:
+    """The table of scopes an operator reads to make tokens lists every
+    JobService call under the scope the interceptor asks for."""
+    from pathlib import Path
+
+    from wheel.auth._interceptor import scope_of
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    listed: dict[str, set[str]] = {}
+    for line in readme.splitlines():
+        for scope in ("jobs:read", "jobs:write"):
+            if line.startswith(f"| `{scope}` |"):
+                listed[scope] = {name.strip() for name in line.split("|")[2].split(",")}
+    service = job_service_pb2.DESCRIPTOR.services_by_name["JobService"]
+    needed: dict[str, set[str]] = {"jobs:read": set(), "jobs:write": set()}
+    for method in service.methods:
+        needed.setdefault(scope_of(f"/wheel.rpc.v1.JobService/{method.name}"), set()).add(
+            method.name
+        )
+    assert listed == needed

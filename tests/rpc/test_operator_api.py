@@ -105,12 +105,16 @@ def test_update_changes_schedule_payload_and_policies_in_place_and_records_it(ap
 def test_an_update_takes_effect_at_the_next_fire_and_a_run_in_flight_finishes_under_the_old_spec(
     api: Api,
 ) -> None:
+    """Every second, changed while its first run is in flight to every other
+    second with runs allowed to overlap: the run in flight ends under the
+    old spec, and every fire of the new schedule from the change on runs,
+    once, with the new spec; none is dropped or recorded missed."""
     release = threading.Event()
     seen: list[tuple[int, bytes, int]] = []
 
     async def slow(ctx: RunContext) -> None:
         seen.append((ctx.scheduled_for_ms, ctx.payload, ctx.timeout_ms))
-        while len(seen) == 1 and not release.is_set():
+        while ctx.scheduled_for_ms == seen[0][0] and not release.is_set():
             await asyncio.sleep(0.01)
 
     with WorkerThread(api.server.target, "w-update", slow=slow):
@@ -121,16 +125,20 @@ def test_an_update_takes_effect_at_the_next_fire_and_a_run_in_flight_finishes_un
         ).job.job_id  # fmt: skip
         wait_for(lambda: seen, 10, "the first run to start")
         first_fire = seen[0][0]
-        # While it runs: a new payload, a short timeout and a schedule of every
-        # other second. Its next fires follow the new schedule at once.
+        # While it runs (its next fires skipped: they would overlap it): a new
+        # payload, a short timeout, a schedule of every other second, and
+        # overlapping runs allowed. Its next fires follow the new schedule at
+        # once, and run beside the one in flight.
+        allow = jobs_pb2.Overlap(policy=jobs_pb2.OVERLAP_POLICY_ALLOW, max_concurrent=4)
         answer = update(
             api,
             job,
-            spec(payload=b"new", timeout_ms=2_000, schedule=cron("*/2 * * * * *")),
-            "payload", "timeout_ms", "schedule",
+            spec(payload=b"new", timeout_ms=2_000, schedule=cron("*/2 * * * * *"), overlap=allow),
+            "payload", "timeout_ms", "schedule", "overlap",
         )  # fmt: skip
+        at = answer.update.updated_at_ms  # the owner's instant of the change
         fires = list(answer.job.next_fires_ms)
-        assert fires and all(f % 2000 == 0 for f in fires)
+        assert fires and all(f % 2000 == 0 for f in fires) and fires[0] - at <= 2_000
         # The run in flight is not timed out by the new 2 s: it goes on under
         # its own 30 s, and ends as it would have.
         wait_for(lambda: now_ms() > fires[0] + 2_500, 10, "the new timeout to pass")
@@ -143,15 +151,26 @@ def test_an_update_takes_effect_at_the_next_fire_and_a_run_in_flight_finishes_un
             10,
             "the run in flight to succeed",
         )
-        wait_for(lambda: len(seen) >= 3, 10, "runs of the new schedule")
+        wait_for(lambda: len(seen) >= 4, 10, "runs of the new schedule")
         api.jobs.PauseJob(job_service_pb2.JobRef(job_id=job), timeout=10)
+        ended = {jobs_pb2.RUN_STATE_SUCCEEDED, jobs_pb2.RUN_STATE_MISSED}
+        wait_for(
+            lambda: all(r.state in ended for r in all_runs(api, job)), 10, "the last run to end"
+        )
     assert seen[0] == (first_fire, b"old", 30_000)
     later = seen[1:]
     assert all(payload == b"new" and timeout == 2_000 for _, payload, timeout in later)
-    # Every fire after the one in flight is of the new schedule, none twice.
-    assert all(sf % 2000 == 0 and sf > first_fire for sf, _, _ in later)
-    runs = [r for r in all_runs(api, job) if r.run_id]
-    assert len({r.scheduled_for_ms for r in runs}) == len(runs)
+    history = all_runs(api, job)
+    runs = [r for r in history if r.run_id]
+    assert len({r.scheduled_for_ms for r in runs}) == len(runs), "a fire ran twice"
+    assert all(r.attempt == 0 and r.state == jobs_pb2.RUN_STATE_SUCCEEDED for r in runs)
+    # The new schedule's every fire from the change on ran, none dropped:
+    # even seconds in a row from the first after the change to the last.
+    new = sorted(r.scheduled_for_ms for r in runs if r.scheduled_for_ms > at)
+    assert new == list(range(fires[0], new[-1] + 1, 2_000)) and len(new) >= 3
+    assert sorted(sf for sf, _, _ in later) == new
+    missed = [r for r in history if not r.run_id and at < r.scheduled_for_ms <= new[-1]]
+    assert missed == []
 
 
 def test_preview_is_the_schedules_own_across_a_dst_change(api: Api) -> None:
@@ -241,7 +260,16 @@ def test_a_dead_letter_redriven_runs_once_as_a_new_attempt_with_a_new_fence(api:
         again = api.jobs.RedriveDeadLetters(
             job_service_pb2.RedriveDeadLettersRequest(job_id=job), timeout=10
         )
-        assert list(again.runs) == []
+        assert list(again.runs) == [] and again.next_page_token == ""
+        # A page token belongs to a whole job's redrive: not with one run.
+        with pytest.raises(grpc.RpcError) as info:
+            api.jobs.RedriveDeadLetters(
+                job_service_pb2.RedriveDeadLettersRequest(
+                    job_id=job, run_id=letter.run_id, page_token=str(letter.run_id)
+                ),
+                timeout=10,
+            )
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         wait_for(lambda: len(calls) >= 2, 5, "both calls")
     assert calls == [(fire, letter.attempt, letter.fence), (fire, new.attempt, new.fence)]
     runs = all_runs(api, job)

@@ -195,6 +195,51 @@ def test_a_name_search_and_a_state_filter_read_an_index_not_every_job(
     assert [j.job_id for j in store.list_jobs(state=JobState.PAUSED)] == [ids[7]]
 
 
+def test_a_search_by_two_filters_reads_one_index_in_page_order_not_a_filter_sorted(
+    store: PostgresStore,
+) -> None:
+    """The console's searches within a tenant (every one, with auth on) and
+    by name within a state read a range of ``jobs_tenant_name``,
+    ``jobs_state_name`` or ``jobs_tenant_state`` in the page's order: with
+    20,000 jobs no plan reads a tenant's (or a state's) every job and sorts
+    them."""
+    from tests.store.conftest import interval_job
+    from wheel.engine.model import JobState
+
+    news = [interval_job(f"job-{i:05d}", tenant=f"t{i % 40}") for i in range(20_000)]
+    ids = store.import_jobs(news)
+    for job_id in ids[1::400]:
+        store.set_job_state(job_id, JobState.PAUSED, next_run_at=None, now_ms=2_000)
+    paused, active = JobState.PAUSED, JobState.ACTIVE
+    with store._db.pool.connection() as conn:
+        conn.execute("ANALYZE jobs")
+        q = pg_sql.QUERIES
+        # (the search, the indexes that serve it: where a filter is nearly
+        # every job, as active is, the planner may read the other's index)
+        for kwargs, indexes in (
+            ({"tenant": "t1", "name_prefix": "job-1"}, {"jobs_tenant_name"}),
+            ({"tenant": "t1", "name_prefix": "job-", "after_name": "job-05001",
+              "after_job_id": ids[5_001]}, {"jobs_tenant_name"}),
+            ({"state": paused, "name_prefix": "job-"}, {"jobs_state_name"}),
+            ({"state": active, "name_prefix": "job-1"}, {"jobs_state_name", "jobs_name"}),
+            ({"tenant": "t1", "state": paused}, {"jobs_tenant_state"}),
+        ):  # fmt: skip
+            args: dict[str, Any] = {"tenant": None, "state": None, "after_job_id": 0}
+            sql, params = q.list_jobs(**{**args, **kwargs}, limit=50)
+            plan = conn.execute("EXPLAIN (FORMAT JSON) " + sql, params).fetchone()
+            assert plan is not None
+            nodes = plan_nodes(plan[0][0]["Plan"])
+            assert ("Seq Scan", "jobs") not in nodes, (kwargs, nodes)
+            sorts = [kind for kind, _ in nodes if kind in {"Sort", "Incremental Sort"}]
+            assert not sorts, (kwargs, nodes)
+            assert any(name in indexes for _, name in nodes), (kwargs, nodes)
+    t1 = [ids[i] for i in range(1, 20_000, 40)]
+    assert [j.job_id for j in store.list_jobs(tenant="t1", name_prefix="job-1")] == [
+        j for j in t1 if j >= ids[10_000]
+    ][:100]
+    assert [j.job_id for j in store.list_jobs(tenant="t1", state=paused)] == ids[1::400]
+
+
 def hot_updates(store: PostgresStore) -> int:
     with store._db.pool.connection() as conn:
         row = conn.execute(

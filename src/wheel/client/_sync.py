@@ -345,10 +345,18 @@ class Client:
     def redrive(self, job_id: int, *, run_id: int | None = None) -> list[Run]:
         """Run a job's dead letters again (or the one of ``run_id``), each as a
         new attempt of its fire with a new fence; returns the new attempts.
-        Not repeated on another node unless it never left for the first."""
-        request = _wire.redrive_request(job_id, run_id)
-        resp = self._call(lambda n: n.jobs.RedriveDeadLetters, request, Resend.UNSENT)
-        return [_wire.run_of(r) for r in resp.runs]
+        A node redrives at most 1,000 a call: this calls again until none of
+        those the job had remain. Not repeated on another node unless it
+        never left for the first."""
+        runs: list[Run] = []
+        token = ""
+        while True:
+            request = _wire.redrive_request(job_id, run_id, token)
+            resp = self._call(lambda n: n.jobs.RedriveDeadLetters, request, Resend.UNSENT)
+            runs += (_wire.run_of(r) for r in resp.runs)
+            token = resp.next_page_token
+            if not token:
+                return runs
 
     # -- admin -----------------------------------------------------------------
 

@@ -340,8 +340,12 @@ def dead_letter_pages(job_id: int | None, page_size: int) -> Pages[Run]:
     )
 
 
-def redrive_request(job_id: int, run_id: int | None) -> js.RedriveDeadLettersRequest:
-    return js.RedriveDeadLettersRequest(job_id=job_id, run_id=run_id or 0)
+def redrive_request(
+    job_id: int, run_id: int | None, page_token: str = ""
+) -> js.RedriveDeadLettersRequest:
+    """One call of ``Client.redrive``: ``page_token``, the previous answer's
+    ``next_page_token``, for the older dead letters a node's bound left."""
+    return js.RedriveDeadLettersRequest(job_id=job_id, run_id=run_id or 0, page_token=page_token)
 
 
 def job_ref(job_id: int) -> js.JobRef:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from wheel.engine.driver import Driver
@@ -18,8 +19,19 @@ from wheel.store.base import RunState, Store
 
 T = TypeVar("T")
 # Dead letters a redrive of a whole job claims at most (the newest): a call
-# claims them in one go; the caller calls again for the rest.
+# claims them in one go, and says where the rest begin (``Redriven``).
 MAX_REDRIVE = 1_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Redriven:
+    """What one redrive claimed: the new attempts, and, when older dead
+    letters of the job remain past ``MAX_REDRIVE``, the run id to redrive
+    below next (those claimed here are no longer dead letters, and any made
+    since are newer)."""
+
+    runs: list[ExecutionRecord]
+    more_before_run_id: int | None = None
 
 
 class NodeUpdates:
@@ -108,17 +120,25 @@ class NodeUpdates:
             )
         )
 
-    async def redrive(self, job_id: int, run_id: int | None = None) -> list[ExecutionRecord]:
-        """The job's dead letters (the newest ``MAX_REDRIVE``; or the one of
-        ``run_id``) claimed again at once, each as the next attempt of its
-        fire with a new fence; returns the new attempts, once they are in the
-        store. A dead letter redriven already is not one any more: redriving
-        it again does nothing."""
+    async def redrive(
+        self, job_id: int, run_id: int | None = None, *, before_run_id: int | None = None
+    ) -> Redriven:
+        """The job's dead letters (the newest ``MAX_REDRIVE`` below
+        ``before_run_id``; or the one of ``run_id``) claimed again at once,
+        each as the next attempt of its fire with a new fence; returns the
+        new attempts, once they are in the store, and where older dead
+        letters remain. A dead letter redriven already is not one any more:
+        redriving it again does nothing."""
         record = await self.get_job(job_id)
+        more: int | None = None
         if run_id is None:
+            # One more than the bound: whether older ones remain.
             dead = await self.list_dead_letters(
-                job_id=job_id, tenant=None, before_run_id=None, limit=MAX_REDRIVE
+                job_id=job_id, tenant=None, before_run_id=before_run_id, limit=MAX_REDRIVE + 1
             )
+            if len(dead) > MAX_REDRIVE:
+                dead = dead[:MAX_REDRIVE]
+                more = dead[-1].run_id
         else:
             # The dead letters at and below ``run_id``, newest first: it is the
             # first if it is one.
@@ -134,9 +154,9 @@ class NodeUpdates:
                     raise FailedPrecondition(
                         f"run {run_id} is {run.state.value}, not dead-lettered"
                     )
-                return []  # redriven already: a later attempt has its fire
+                return Redriven(runs=[])  # redriven already: a later attempt has its fire
         if not dead:
-            return []
+            return Redriven(runs=[])
         fires = sorted((r.scheduled_for, r.attempt + 1) for r in dead)
         self._the_driver().redrive(record, fires, self.clock.now_ms())
         await self._committed()
@@ -145,7 +165,8 @@ class NodeUpdates:
             functools.partial(self.store.list_runs, job_id, limit=len(fires) + 100)
         )
         wanted = set(fires)
-        return sorted(
+        runs = sorted(
             (r for r in recent if (r.scheduled_for, r.attempt) in wanted),
             key=lambda r: r.scheduled_for,
         )
+        return Redriven(runs=runs, more_before_run_id=more)

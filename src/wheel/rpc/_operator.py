@@ -182,13 +182,18 @@ class OperatorCalls:
             job_id = _job_id(request.job_id)
             if request.run_id < 0:
                 raise InvalidArgument("run_id", f"{request.run_id} is not a run id")
+            before = _token(request.page_token)
+            if before is not None and request.run_id:
+                raise InvalidArgument("page_token", "goes with a whole job's redrive, not run_id")
             await self._visible_or_missing(job_id, context)
             answer = await self._elsewhere(job_id, "RedriveDeadLetters", request, context)
             if answer is not None:
                 return cast(job_service_pb2.RedriveDeadLettersResponse, answer)
-            runs = await self.node.redrive(job_id, request.run_id or None)
+            done = await self.node.redrive(job_id, request.run_id or None, before_run_id=before)
+            more = done.more_before_run_id
             return job_service_pb2.RedriveDeadLettersResponse(
-                runs=[convert.run_to_proto(r) for r in runs]
+                runs=[convert.run_to_proto(r) for r in done.runs],
+                next_page_token="" if more is None else str(more),
             )
 
         return await _call(context, work())

@@ -68,6 +68,23 @@ RETRY_WHERE = (
 # jobs_due_soon already reads, so that update was never a HOT one).
 NAME_INDEX = "CREATE INDEX jobs_name ON jobs (name{collate}, job_id)"
 STATE_INDEX = "CREATE INDEX jobs_state ON jobs (state, job_id)"
+# The same searches within a tenant (the console's every list with auth on),
+# and by name within a state: each filter pair a range of one index, in the
+# order of the page, never the first filter's every job sorted. Migration 13.
+TENANT_NAME_INDEX = "CREATE INDEX jobs_tenant_name ON jobs (tenant, name{collate}, job_id)"
+STATE_NAME_INDEX = "CREATE INDEX jobs_state_name ON jobs (state, name{collate}, job_id)"
+TENANT_STATE_INDEX = "CREATE INDEX jobs_tenant_state ON jobs (tenant, state, job_id)"
+
+
+def _pair_indexes(collate: str) -> list[str]:
+    """Migration 13: the filter pairs' indexes, names in code-point order."""
+    return [
+        TENANT_NAME_INDEX.format(collate=collate),
+        STATE_NAME_INDEX.format(collate=collate),
+        TENANT_STATE_INDEX,
+    ]
+
+
 # Dead letters not redriven yet (``Store.list_dead_letters``): by job and for
 # every job, newest first. Runs end dead-lettered rarely: the indexes stay
 # small, and a success writes nothing to them.
@@ -268,6 +285,7 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
         [],
     ),
     (12, []),  # the outbox's trigger function again: PostgreSQL's alone
+    (13, _pair_indexes("")),
 ]
 
 
@@ -444,4 +462,5 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
         # of over 50 bytes failed every insert into the outbox.
         [OUTBOX_NOTIFY_FUNCTION],
     ),
+    (13, _pair_indexes(' COLLATE "C"')),
 ]

@@ -233,15 +233,19 @@ class ListDeadLettersResponse(_message.Message):
     def __init__(self, runs: _Optional[_Iterable[_Union[_jobs_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class RedriveDeadLettersRequest(_message.Message):
-    __slots__ = ("job_id", "run_id")
+    __slots__ = ("job_id", "run_id", "page_token")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     run_id: int
-    def __init__(self, job_id: _Optional[int] = ..., run_id: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, job_id: _Optional[int] = ..., run_id: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class RedriveDeadLettersResponse(_message.Message):
-    __slots__ = ("runs",)
+    __slots__ = ("runs", "next_page_token")
     RUNS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[_jobs_pb2.Run]
-    def __init__(self, runs: _Optional[_Iterable[_Union[_jobs_pb2.Run, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[_jobs_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
