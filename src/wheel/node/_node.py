@@ -381,8 +381,11 @@ class Node(
         config = self.config
         next_changes = time.monotonic() + config.changes_interval_s
         # Batches on the store thread: each one's answer, the epochs it was
-        # written under and the commits waiting for it.
-        pending: deque[tuple[asyncio.Future[BatchOutcome], Epochs, list[asyncio.Future[None]]]]
+        # written under, the commits waiting for it and whether it writes to
+        # the store (a batch may carry checkpoint records alone).
+        pending: deque[
+            tuple[asyncio.Future[BatchOutcome], Epochs, list[asyncio.Future[None]], bool]
+        ]
         pending = deque()
         next_batch_ms = 0  # group commit: no batch before this (clock ms)
         driver = self._the_driver()
@@ -392,6 +395,13 @@ class Node(
         tick_at = -tick  # when the last round with store work began (clock ms)
         early = False  # this round only applies a batch's answer (see _sleep_until)
         while not self._stopping:
+            # Cleared as a round starts, not as its sleep does: whatever
+            # wakes the loop from here on (a batch's answer arriving while
+            # the round awaits the change feed, a submit, a message) is seen
+            # by the sleep that ends this round. Cleared right before the
+            # sleep, such a wake was lost, and a won claim waited up to
+            # ``max_idle_s`` to go out (seen: 505 ms).
+            self._wake.clear()
             self._quiet_if_lapsed()
             now = self.clock.now_ms()
             driver.advance(now)
@@ -407,15 +417,17 @@ class Node(
                         next_batch_ms = now + config.group_commit_light_ms
                     future = loop.run_in_executor(self._store_thread, self._write, *batch)
                     future.add_done_callback(lambda _: self._wake.set())
-                    pending.append((future, batch[0].epochs, self._commit_waiters))
+                    writes = batch[0].size() > 0 or bool(self._commit_waiters)
+                    pending.append((future, batch[0].epochs, self._commit_waiters, writes))
                     self._commit_waiters = []
-            if not early and (pending or driver.has_store_work()):
+            if not early and (any(p[3] for p in pending) or driver.has_store_work()):
                 # A round with store work starts the tick. One woken by a
                 # submit or a read, with nothing to write, does not hold the
-                # next fire back.
+                # next fire back; nor does one that only logs what a submit
+                # changed to the checkpoint.
                 tick_at = now
             while pending and pending[0][0].done():
-                done, epochs, waiters = pending.popleft()
+                done, epochs, waiters, _ = pending.popleft()
                 outcome = done.result()
                 held = driver.owner.shards() if outcome.fenced else {}
                 lost = driver.apply(outcome, self.clock.now_ms(), epochs)
@@ -456,7 +468,7 @@ class Node(
             early = await self._sleep_until(
                 deadline, tick_at + tick, lambda: bool(pending) and pending[0][0].done()
             )
-        for future, _, waiters in pending:
+        for future, _, waiters, _ in pending:
             with contextlib.suppress(Exception):
                 await future
             for waiter in waiters:
@@ -538,7 +550,6 @@ class Node(
             return False
         wake = self._wake
         while True:
-            wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout)
             now = clock.now_ms()
@@ -547,6 +558,7 @@ class Node(
             if answered():
                 return True
             # A worker's message, a submit: the next tick takes it.
+            wake.clear()
             timeout = (tick - now) / 1000
 
     def _publish(self, fx: Effects) -> None:
