@@ -70,6 +70,20 @@ def _gaps(before: Ownership, nodes: list[ClusterNode], shards: set[int]) -> dict
     }
 
 
+def _moves_said(cluster: Cluster) -> str:
+    """What every life of every node logged about shards moving and about
+    trouble (the node's own account of a late fire, for a failure message)."""
+    words = ("took on", "handed over", "gained", "hand-off", "refused", "stall", "WARNING")
+    out: list[str] = []
+    for node in cluster.nodes:
+        for log in sorted(node.data_dir.parent.glob("server-*.log")):
+            lines = log.read_text(errors="replace").splitlines()
+            said = [line for line in lines if any(w in line for w in words)]
+            out.append(f"--- {node.node_id} {log.name}")
+            out.extend(said[-25:])
+    return "\n".join(out)
+
+
 def _doubled(executions: list[Execution], since_ms: int) -> list[tuple[int, int, int]]:
     """(job, fire, attempt) of every re-dispatch of a fire due since ``since_ms``."""
     return [
@@ -107,7 +121,8 @@ def test_a_sigterm_and_a_join_move_shards_with_no_late_double_or_lost_fire(
         assert "hand-off prepared" in log, log[-3_000:]
         wait_for(lambda: now_ms() > left_at + 4_000, 10, "fires after the leave")
         leave = truth.executions(moving)
-        assert _late(leave, left_at) == [], "fires late across the leave"
+        late = _late(leave, left_at)
+        assert late == [], f"fires late across the leave: {late}\n{_moves_said(cluster)}"
 
         # A join: it loads its shards before it becomes a member.
         joined_at = now_ms()
@@ -123,7 +138,8 @@ def test_a_sigterm_and_a_join_move_shards_with_no_late_double_or_lost_fire(
         assert max(gaps.values()) <= LATE_MS, gaps
         wait_for(lambda: now_ms() > joined_at + 4_000, 30, "fires after the join")
         join = truth.executions(moving)
-        assert _late(join, joined_at) == [], "fires late across the join"
+        late = _late(join, joined_at)
+        assert late == [], f"fires late across the join: {late}\n{_moves_said(cluster)}"
     finally:
         end_ms = load.stop()
     wait_every_fire_resolved(truth, load.snapshot(), end_ms, timeout=30)
