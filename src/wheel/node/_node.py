@@ -51,6 +51,7 @@ from wheel.node._values import (
     Membership,
     MessageSink,
     NodeConfig,
+    Wake,
     WorkerSession,
     read_store_clock,
     trim_heap,
@@ -109,7 +110,7 @@ class Node(
         # the view last pushed, to push only changes.
         self.membership_sink: Callable[[WorkerSession, Membership], None] | None = None
         self._pushed_view: Membership | None = None
-        self._wake = asyncio.Event()
+        self._wake = Wake()
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-store")
         self._api_threads = ThreadPoolExecutor(4, thread_name_prefix="wheel-api")
         self._task: asyncio.Task[None] | None = None
@@ -550,8 +551,7 @@ class Node(
             return False
         wake = self._wake
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout)
+            await wake.wait(timeout)
             now = clock.now_ms()
             if now >= tick or self._stopping:
                 return False

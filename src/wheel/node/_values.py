@@ -89,6 +89,51 @@ ANCHOR_READS = 10
 ANCHOR_ROUND_TRIP_NS = 20_000_000
 
 
+class Wake:
+    """What wakes the dispatch loop: ``asyncio.Event`` for its one waiter,
+    with a timeout that costs a future and a timer handle. ``asyncio.wait_for``
+    around ``Event.wait()`` made a task per sleep and, when the time ran out,
+    cancelled it and waited for the cancellation: four or more passes of the
+    event loop a sleep, twice a round."""
+
+    __slots__ = ("_flag", "_waiter")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._flag = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._flag = False
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    async def wait(self, timeout: float) -> bool:
+        """Until set or ``timeout`` s have passed; whether it is set."""
+        if self._flag:
+            return True
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout, _time_up, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+        return self._flag
+
+
+def _time_up(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 def read_store_clock(read: Callable[[], int]) -> tuple[int, int, int]:
     """(monotonic ns before, after, the store's ms) of the quickest of a few
     reads of the store's clock: one slowed by a reconnect (a store
