@@ -198,11 +198,12 @@ def test_a_name_search_and_a_state_filter_read_an_index_not_every_job(
 def test_a_search_by_two_filters_reads_one_index_in_page_order_not_a_filter_sorted(
     store: PostgresStore,
 ) -> None:
-    """The console's searches within a tenant (every one, with auth on) and
-    by name within a state read a range of ``jobs_tenant_name``,
-    ``jobs_state_name`` or ``jobs_tenant_state`` in the page's order: with
-    20,000 jobs no plan reads a tenant's (or a state's) every job and sorts
-    them."""
+    """The console's searches within a tenant (every one, with auth on) read
+    a range of ``jobs_tenant_name`` in the page's order: with 20,000 jobs no
+    plan reads a tenant's every job and sorts them. A state beside another
+    filter reads either one's index (no index holds a state with another
+    column: see wheel.store._schema): a rare state's few jobs may be sorted,
+    a common state is checked on the other's rows in page order."""
     from tests.store.conftest import interval_job
     from wheel.engine.model import JobState
 
@@ -216,13 +217,13 @@ def test_a_search_by_two_filters_reads_one_index_in_page_order_not_a_filter_sort
         q = pg_sql.QUERIES
         # (the search, the indexes that serve it: where a filter is nearly
         # every job, as active is, the planner may read the other's index)
-        for kwargs, indexes in (
-            ({"tenant": "t1", "name_prefix": "job-1"}, {"jobs_tenant_name"}),
+        for kwargs, indexes, sorted_ok in (
+            ({"tenant": "t1", "name_prefix": "job-1"}, {"jobs_tenant_name"}, False),
             ({"tenant": "t1", "name_prefix": "job-", "after_name": "job-05001",
-              "after_job_id": ids[5_001]}, {"jobs_tenant_name"}),
-            ({"state": paused, "name_prefix": "job-"}, {"jobs_state_name"}),
-            ({"state": active, "name_prefix": "job-1"}, {"jobs_state_name", "jobs_name"}),
-            ({"tenant": "t1", "state": paused}, {"jobs_tenant_state"}),
+              "after_job_id": ids[5_001]}, {"jobs_tenant_name"}, False),
+            ({"state": paused, "name_prefix": "job-"}, {"jobs_state", "jobs_name"}, True),
+            ({"state": active, "name_prefix": "job-1"}, {"jobs_name"}, False),
+            ({"tenant": "t1", "state": paused}, {"jobs_state", "jobs_tenant"}, True),
         ):  # fmt: skip
             args: dict[str, Any] = {"tenant": None, "state": None, "after_job_id": 0}
             sql, params = q.list_jobs(**{**args, **kwargs}, limit=50)
@@ -231,7 +232,7 @@ def test_a_search_by_two_filters_reads_one_index_in_page_order_not_a_filter_sort
             nodes = plan_nodes(plan[0][0]["Plan"])
             assert ("Seq Scan", "jobs") not in nodes, (kwargs, nodes)
             sorts = [kind for kind, _ in nodes if kind in {"Sort", "Incremental Sort"}]
-            assert not sorts, (kwargs, nodes)
+            assert sorted_ok or not sorts, (kwargs, nodes)
             assert any(name in indexes for _, name in nodes), (kwargs, nodes)
     t1 = [ids[i] for i in range(1, 20_000, 40)]
     assert [j.job_id for j in store.list_jobs(tenant="t1", name_prefix="job-1")] == [

@@ -31,12 +31,11 @@ SEARCHES: list[tuple[dict[str, Any], set[str]]] = [
         {"tenant": "t1", "name_prefix": "job-1", "after_name": "job-15001", "after_job_id": 15_002},
         {"jobs_tenant_name"},
     ),
-    ({"state": JobState.PAUSED, "name_prefix": "job-"}, {"jobs_state_name"}),
-    ({"tenant": "t1", "state": JobState.PAUSED}, {"jobs_tenant_state"}),
-    (
-        {"tenant": "t1", "state": JobState.PAUSED, "name_prefix": "job-"},
-        {"jobs_tenant_name", "jobs_state_name"},
-    ),
+    # A state beside another filter is checked on that filter's index rows:
+    # no index holds the state with another column (wheel.store._schema).
+    ({"state": JobState.PAUSED, "name_prefix": "job-"}, {"jobs_name"}),
+    ({"tenant": "t1", "state": JobState.PAUSED}, {"jobs_tenant", "jobs_tenant_name"}),
+    ({"tenant": "t1", "state": JobState.PAUSED, "name_prefix": "job-"}, {"jobs_tenant_name"}),
 ]
 
 

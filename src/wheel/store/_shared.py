@@ -273,6 +273,11 @@ class Dialect:
     # The job's name as ``jobs_name`` orders it: by code point, so that a
     # prefix is a range of the index whatever the database's collation.
     name_order: str
+    # The job's state as a filter beside another (a tenant, a name prefix)
+    # whose index gives the page's order: SQLite, which plans by rules, is
+    # kept off ``jobs_state`` (it read a state's every job and sorted them);
+    # PostgreSQL plans by its statistics.
+    state_beside: str = "j.state"
 
 
 class Queries:
@@ -454,7 +459,8 @@ class Queries:
             where.append(f"j.tenant = {p}")
             params.append(tenant)
         if state is not None:
-            where.append(f"j.state = {p}")
+            beside = tenant is not None or bool(name_prefix)
+            where.append(f"{self.dialect.state_beside if beside else 'j.state'} = {p}")
             params.append(state.value)
         params.append(max(0, limit))
         sql = (

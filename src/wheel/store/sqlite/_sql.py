@@ -31,6 +31,7 @@ DIALECT = Dialect(
     markers=_json_list,
     as_int="{expr}",
     name_order="j.name",
+    state_beside="+j.state",
 )
 QUERIES = Queries(DIALECT)
 
