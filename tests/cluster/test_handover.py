@@ -74,6 +74,7 @@ def _moves_said(cluster: Cluster) -> str:
     """What every life of every node logged about shards moving and about
     trouble (the node's own account of a late fire, for a failure message)."""
     words = ("took on", "handed over", "gained", "hand-off", "refused", "stall", "WARNING")
+    worker_words = ("moved", "stray", "reports to", "connected to", "member", "stream", "WARNING")
     out: list[str] = []
     for node in cluster.nodes:
         for log in sorted(node.data_dir.parent.glob("server-*.log")):
@@ -81,6 +82,10 @@ def _moves_said(cluster: Cluster) -> str:
             said = [line for line in lines if any(w in line for w in words)]
             out.append(f"--- {node.node_id} {log.name}")
             out.extend(said[-25:])
+    for worker in cluster.workers:
+        lines = worker.log_path.read_text(errors="replace").splitlines()
+        out.append(f"--- {worker.worker_id}")
+        out.extend([line for line in lines if any(w in line for w in worker_words)][-25:])
     return "\n".join(out)
 
 

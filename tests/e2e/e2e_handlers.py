@@ -288,6 +288,8 @@ def main() -> None:
     p.add_argument("--capacity", type=int, default=8)
     ns = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if os.environ.get("WHEEL_E2E_DEBUG"):
+        logging.getLogger("wheel.worker").setLevel(logging.DEBUG)
     worker = Worker(
         ns.target,
         worker_id=ns.worker_id,

@@ -170,6 +170,17 @@ class Driver:
             if run.held_out and run_id not in waiting and shard_of(run.job_id) in lost
         }
 
+    def runs_at_workers(self, shards: Collection[int]) -> list[tuple[str, int, int, int]]:
+        """(worker, run, fence, job) of the runs of ``shards`` that a worker
+        holds or has completed without an answer yet: whom to tell where
+        they report once the shards are handed over."""
+        lost = set(shards)
+        return [
+            (run.worker_id, run_id, run.fence, run.job_id)
+            for run_id, run in self.owner.runs.items()
+            if run.worker_id is not None and shard_of(run.job_id) in lost
+        ]
+
     def hand_over(self, shards: Collection[int]) -> list[RunRef]:
         """Stop serving ``shards`` at once: the owner forgets them
         (``Owner.remove_shards``), and the store writes emitted for them and

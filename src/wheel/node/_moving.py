@@ -9,14 +9,17 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from wheel.coord._moves import rendezvous_owner
+from wheel.coord.base import Coordinator, Member
 from wheel.engine.jobtable import Columns
+from wheel.engine.model import shard_of
 from wheel.engine.profiles import Profile
 from wheel.errors import StoreError
-from wheel.node._values import Clock
+from wheel.node._values import Clock, MovedRun, NodeConfig, WorkerSession
 from wheel.store.base import Store
 
 if TYPE_CHECKING:
@@ -41,6 +44,12 @@ class NodeMoving:
     _store_thread: ThreadPoolExecutor
 
     clock: Clock
+    config: NodeConfig
+    coordinator: Coordinator | None
+    sessions: dict[str, WorkerSession]
+    _left: bool
+    # Tells one worker stream where runs report now (set by the rpc layer).
+    moved_sink: Callable[[WorkerSession, list[MovedRun]], None] | None
 
     if TYPE_CHECKING:
 
@@ -104,8 +113,39 @@ class NodeMoving:
         if not held:
             return
         sent = self._driver.sent_runs(held)
+        at_workers = self._driver.runs_at_workers(held)
         self.hand_over(held)
+        self._tell_moved(at_workers)
         await self._release_unsent(held, sent)
+
+    def _tell_moved(self, runs: Sequence[tuple[str, int, int, int]]) -> None:
+        """Tell each worker where the runs it holds of shards just handed
+        over report from now on (``Results.moved``, naming the member the
+        assignment gives each shard). Without it a worker learnt it only
+        from its next message about the run (a heartbeat, up to a third of a
+        lease later) or from a newer membership view; a completion this node
+        dropped unanswered waited for that view: meanwhile the run's grace
+        lease lapsed at the new owner, which knew no worker for it, and the
+        fire went out again 2 s late (a join in a loaded suite)."""
+        sink = self.moved_sink
+        coordinator = self.coordinator
+        if sink is None or coordinator is None or not runs:
+            return
+        me = self.config.node_id
+        members = coordinator.members()
+        ids = [m.node_id for m in members if not (self._left and m.node_id == me)]
+        where = {m.node_id: m for m in members}
+        by_worker: dict[str, list[MovedRun]] = {}
+        for worker_id, run_id, fence, job_id in runs:
+            owner = rendezvous_owner(shard_of(job_id), ids) or ""
+            member = where.get(owner) if owner != me else None
+            by_worker.setdefault(worker_id, []).append(
+                MovedRun(run_id, fence, job_id, member or Member(node_id="", address=""))
+            )
+        for worker_id, moved in by_worker.items():
+            session = self.sessions.get(worker_id)
+            if session is not None and not session.closed:
+                sink(session, moved)
 
     async def _release_unsent(self, shards: Collection[int], sent: Collection[int]) -> None:
         loop = asyncio.get_running_loop()

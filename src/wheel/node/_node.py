@@ -50,6 +50,7 @@ from wheel.node._values import (
     Clock,
     Membership,
     MessageSink,
+    MovedRun,
     NodeConfig,
     Wake,
     WorkerSession,
@@ -109,6 +110,7 @@ class Node(
         # Pushes the cluster's view to a worker stream (set by the rpc layer);
         # the view last pushed, to push only changes.
         self.membership_sink: Callable[[WorkerSession, Membership], None] | None = None
+        self.moved_sink: Callable[[WorkerSession, list[MovedRun]], None] | None = None
         self._pushed_view: Membership | None = None
         self._wake = Wake()
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-store")

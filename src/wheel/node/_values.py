@@ -238,6 +238,18 @@ class WorkerSession:
 MessageSink = Callable[[WorkerSession, Effects], None]
 
 
+@dataclass(frozen=True, slots=True)
+class MovedRun:
+    """A run a worker holds whose shard this node handed over: it reports to
+    ``owner`` from now on (an empty member: to its shard's owner in the
+    worker's newest view)."""
+
+    run_id: int
+    fence: int
+    job_id: int
+    owner: Member
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Membership:
     """The members and each shard's owner (256 node ids, "" between owners),

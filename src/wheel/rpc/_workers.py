@@ -16,7 +16,7 @@ from wheel.coord.base import Member
 from wheel.engine.owner import CompletionResult, Effects, Outcome
 from wheel.engine.spec import DEFAULT_LIMITS
 from wheel.errors import StoreError, Unauthenticated
-from wheel.node import Membership, Node, WorkerSession
+from wheel.node import Membership, MovedRun, Node, WorkerSession
 from wheel.rpc._common import (
     MAX_CAPACITY,
     MAX_HANDLERS,
@@ -203,6 +203,20 @@ def membership_to_proto(view: Membership) -> cluster_pb2.Membership:
         shard_owners=view.shard_owners,
         version=view.version,
     )
+
+
+def send_moved(session: WorkerSession, runs: Sequence[MovedRun]) -> None:
+    """Tell a worker stream where runs of shards handed over report now."""
+    msg = worker_service_pb2.ServerMessage()
+    for r in runs:
+        msg.results.moved.add(
+            run_id=r.run_id,
+            fence=r.fence,
+            job_id=r.job_id,
+            owner_node_id=r.owner.node_id,
+            owner_address=r.owner.address,
+        )
+    session.outbox.put_nowait(msg)
 
 
 def send_membership(session: WorkerSession, view: Membership) -> None:

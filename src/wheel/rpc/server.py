@@ -26,7 +26,7 @@ from wheel.rpc._health import statuses
 from wheel.rpc._jobs import JobServicer
 from wheel.rpc._nodes import NodeServicer
 from wheel.rpc._peers import Peers
-from wheel.rpc._workers import WorkerServicer, send_effects, send_membership
+from wheel.rpc._workers import WorkerServicer, send_effects, send_membership, send_moved
 from wheel.rpc.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
@@ -73,6 +73,7 @@ async def serve(
     server = grpc.aio.server(options=options, interceptors=interceptors)
     node.message_sink = send_effects
     node.membership_sink = send_membership
+    node.moved_sink = send_moved
     peers = Peers(node.config.node_id, peer_security)
     node.on_stop(peers.close)
     node.job_changes_sink = lambda job_ids: peers.jobs_changed(node.owners_of(job_ids))
