@@ -133,8 +133,8 @@ def add_serve_parser(sub: Any) -> None:
         type=_retain,
         default="30d",
         metavar="DURATION",
-        help="delete finished runs and missed-fire records older than this, in the"
-        " background, in small batches ('forever': keep them; default %(default)s)."
+        help="delete finished runs, missed-fire records and settled outbox rows older than"
+        " this, in the background, in small batches ('forever': keep them; default %(default)s)."
         " 30 days keeps a month of history to look into and to backfill against (a"
         " backfill runs again the fires whose history is gone) while the executions table"
         " stays bounded: a fire a second is 2.6 million rows a month",

@@ -28,6 +28,7 @@ from wheel.client import Client, JobRequest
 from wheel.errors import InvalidArgument, NotFound
 from wheel.node import NodeConfig
 from wheel.node._outbox import LANES
+from wheel.node._values import DAY_MS
 
 pytestmark = [pytest.mark.postgres]
 
@@ -496,3 +497,60 @@ def test_recurring_jobs_keep_their_schedule_through_the_outbox(
     # node places one it receives: its next fire within a period from then.
     assert got_every.next_fire is not None
     assert picked - 1 < got_every.next_fire.timestamp() <= picked + 301
+
+
+def test_rows_settled_longer_than_retain_are_purged_in_batches_and_the_rest_kept(
+    pg_dsn: str,
+) -> None:
+    """The relaying node deletes rows settled (done or failed) longer ago
+    than its ``retain_ms``, a batch a transaction, in its retention passes;
+    fresher rows and the jobs stay. A table without the index that finds
+    them is not purged (a purge would read all of it)."""
+    config = NodeConfig(
+        node_id=unique("outbox-purge"),
+        retain_ms=DAY_MS,
+        retention_batch=2,
+        retention_first_s=0.2,
+        retention_interval_s=0.2,
+        retention_share=1.0,
+    )
+    with (
+        RelayingNode(pg_dsn, config) as node,
+        psycopg.connect(pg_dsn) as conn,
+        Client(node.target) as client,
+    ):
+        entries = outbox.submit_many(conn, [job(unique("purged")) for _ in range(6)])
+        conn.commit()
+        fates = [fate_of(conn, entry, "a row to settle") for entry in entries]
+        conn.execute(
+            "INSERT INTO wheel_outbox (tenant, idempotency_key, spec, state, error_code, error,"
+            " done_at) VALUES ('default', 'bad', '{}', 'failed', 'InvalidArgument', 'spec: bad',"
+            " clock_timestamp() - interval '2 days')"
+        )
+        old, fresh = [e.id for e in entries[:5]], entries[5].id
+        conn.execute(
+            "UPDATE wheel_outbox SET done_at = clock_timestamp() - interval '2 days'"
+            " WHERE id = ANY(%s)",
+            (old,),
+        )
+        conn.commit()
+
+        def left() -> list[int] | None:
+            ids = [r[0] for r in conn.execute("SELECT id FROM wheel_outbox ORDER BY id")]
+            conn.commit()
+            return ids if ids == [fresh] else None
+
+        wait_for(left, 10, "the rows settled two days ago to be purged")
+        purged = scrape(node.metrics_url)["wheel_outbox_purged_rows_total"]
+        assert purged == 6  # five done, one failed: in batches of two
+        for fate in fates:  # the jobs stay
+            assert fate.job_id is not None and client.get(fate.job_id).job_id == fate.job_id
+
+        conn.execute("DROP INDEX wheel_outbox_settled")
+        conn.execute(
+            "UPDATE wheel_outbox SET done_at = clock_timestamp() - interval '2 days' WHERE id = %s",
+            (fresh,),
+        )
+        conn.commit()
+        assert node.run(node.relay.purge(DAY_MS)) == 0
+        assert conn.execute("SELECT count(*) FROM wheel_outbox").fetchone() == (1,)

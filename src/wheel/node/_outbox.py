@@ -29,6 +29,11 @@ after the job was stored but before the fate committed; two relays) finds
 the job the first made. The claim's lock keeps two live relays off the same
 row; the key covers the cases a lock cannot (a crash).
 
+Settled rows (done or failed) are kept for the node's ``retain_ms`` (``wheelctl
+serve --retain``, as finished runs are), then deleted by the relaying node in
+batches through their index (``outbox_sql.SETTLED_INDEX``), each pass taking
+at most ``retention_share`` of its time; pending rows are never deleted.
+
 In a cluster one member relays: the holder of shard 0, as retention picks
 its runner (``wheel.node._ops``). A second member that briefly believes it
 holds shard 0 too costs nothing: SKIP LOCKED gives it other rows, and the
@@ -155,8 +160,16 @@ class OutboxRelay:
             "Relay passes that failed on the outbox's database (claim or record).",
             registry=registry,
         )
+        self._purged = Counter(
+            "wheel_outbox_purged_rows_total",
+            "Settled outbox rows (done or failed) this node deleted once older than --retain.",
+            registry=registry,
+        )
         for fate in ("done", "failed", "retried"):
             self._rows.labels(fate)
+        self._purger = _Purger(self)
+        self._purge_thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-outbox-purge")
+        self._no_index_said = False
         self.listening = asyncio.Event()
         # Its connections' application_name, for pg_stat_activity: the DSN's
         # own if it names one (an operator's or a benchmark's tag holds).
@@ -169,6 +182,8 @@ class OutboxRelay:
             asyncio.create_task(self._pump(lane), name=f"wheel-outbox-pump-{n}")
             for n, lane in enumerate(self._lanes)
         ]
+        if self.node.config.retain_ms is not None:
+            self._tasks.append(asyncio.create_task(self._retain(), name="wheel-outbox-retain"))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -180,6 +195,8 @@ class OutboxRelay:
         for lane in self._lanes:
             await loop.run_in_executor(lane.thread, lane.close)
             lane.thread.shutdown(wait=True)
+        await loop.run_in_executor(self._purge_thread, self._purger.close)
+        self._purge_thread.shutdown(wait=True)
 
     def wake(self) -> None:
         for lane in self._lanes:
@@ -229,6 +246,65 @@ class OutboxRelay:
                 self.wake()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
+
+    # -- retention ----------------------------------------------------------------------
+
+    async def _retain(self) -> None:
+        config = self.node.config
+        retain_ms = config.retain_ms
+        assert retain_ms is not None
+        await asyncio.sleep(min(config.retention_first_s, config.retention_interval_s))
+        while True:
+            if self.picks():
+                try:
+                    await self.purge(retain_ms)
+                except Exception as exc:
+                    self._errors.inc()
+                    log.warning("outbox purge failed: %s", exc)
+            await asyncio.sleep(config.retention_interval_s)
+
+    async def purge(self, retain_ms: int) -> int:
+        """One purge pass: delete the rows settled more than ``retain_ms``
+        ago, ``retention_batch`` a transaction, sleeping between batches so
+        that the pass takes at most ``retention_share`` of its time. Returns
+        the rows deleted: none when the table lacks the index that finds
+        them (said once in the log: a purge would read the whole table)."""
+        config = self.node.config
+        share = min(1.0, max(0.01, config.retention_share))
+        batch = max(1, config.retention_batch)
+        loop = asyncio.get_running_loop()
+        purger = self._purger
+        total = 0
+        started = time.perf_counter()
+        try:
+            if not await loop.run_in_executor(self._purge_thread, purger.has_index):
+                if not self._no_index_said:
+                    self._no_index_said = True
+                    log.warning(
+                        "wheel_outbox has no index wheel_outbox_settled: settled rows are kept"
+                        " until `wheelctl outbox init --dsn ...` is run again to add it"
+                    )
+                return 0
+            while True:
+                at = time.perf_counter()
+                deleted = await loop.run_in_executor(
+                    self._purge_thread, purger.delete, retain_ms, batch
+                )
+                total += deleted
+                self._purged.inc(deleted)
+                if deleted < batch:
+                    break
+                await asyncio.sleep((time.perf_counter() - at) * (1 / share - 1))
+        finally:
+            await loop.run_in_executor(self._purge_thread, purger.close)
+        if total:
+            log.info(
+                "outbox retention: deleted %d rows settled over %d ms ago in %.1fs",
+                total,
+                retain_ms,
+                time.perf_counter() - started,
+            )
+        return total
 
     # -- the pump ---------------------------------------------------------------------
 
@@ -324,6 +400,47 @@ class OutboxRelay:
         finally:
             node.submits_done(admitted)
         return fates
+
+
+class _Purger:
+    """The purge's connection, on the purge's thread, for one pass."""
+
+    def __init__(self, relay: OutboxRelay) -> None:
+        self.relay = relay
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(
+                self.relay.dsn, connect_timeout=5, application_name=self.relay.name
+            )
+        return self._conn
+
+    def has_index(self) -> bool:
+        try:
+            conn = self._connection()
+            row = conn.execute(sql.HAS_SETTLED_INDEX).fetchone()
+            conn.rollback()
+        except psycopg.Error as exc:
+            self.close()
+            raise StoreUnavailable(f"outbox purge: {exc}") from exc
+        return bool(row and row[0])
+
+    def delete(self, retain_ms: int, batch: int) -> int:
+        try:
+            conn = self._connection()
+            deleted = conn.execute(sql.PURGE, (retain_ms, batch)).rowcount
+            conn.commit()
+        except psycopg.Error as exc:
+            self.close()
+            raise StoreUnavailable(f"outbox purge: {exc}") from exc
+        return max(0, deleted)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None
 
 
 class _Lane:

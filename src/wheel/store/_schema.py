@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from wheel.store.outbox_sql import DDL_1 as OUTBOX_DDL_1
 from wheel.store.outbox_sql import NOTIFY_FUNCTION as OUTBOX_NOTIFY_FUNCTION
+from wheel.store.outbox_sql import SETTLED_INDEX as OUTBOX_SETTLED_INDEX
 
 # Run states that still hold a lease: the partial in-flight index covers them.
 INFLIGHT_SQL = "('dispatched', 'running')"
@@ -284,6 +285,7 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
     ),
     (12, []),  # the outbox's trigger function again: PostgreSQL's alone
     (13, _pair_indexes("")),
+    (14, []),  # the outbox's settled rows by age: PostgreSQL's alone
 ]
 
 
@@ -461,4 +463,10 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
         [OUTBOX_NOTIFY_FUNCTION],
     ),
     (13, _pair_indexes(' COLLATE "C"')),
+    (
+        14,
+        # The outbox's settled rows by when they settled, which the relay's
+        # purge reads (done and failed rows were kept for ever).
+        [OUTBOX_SETTLED_INDEX],
+    ),
 ]

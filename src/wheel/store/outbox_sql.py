@@ -25,9 +25,12 @@ __all__ = [
     "DDL",
     "DDL_1",
     "FAILED",
+    "HAS_SETTLED_INDEX",
     "INSERT",
     "NOTIFY_FUNCTION",
+    "PURGE",
     "RECORD",
+    "SETTLED_INDEX",
     "STATES",
     "STATUS",
     "TABLE_CHANNEL",
@@ -105,12 +108,23 @@ NOTIFY_FUNCTION = f"""CREATE OR REPLACE FUNCTION wheel_outbox_notify() RETURNS t
         RETURN NULL;
     END $$"""
 
+# Settled rows by when their fate was recorded: the relay's purge (``PURGE``)
+# reads the oldest of them and nothing else. Rows enter it as the relay
+# records their fate, never in the application's insert. Migration 14 of
+# wheel's own store; ``wheelctl outbox init`` run again adds it to a table
+# made before.
+SETTLED_INDEX = (
+    "CREATE INDEX IF NOT EXISTS wheel_outbox_settled ON wheel_outbox (done_at)"
+    " WHERE state <> 'pending'"
+)
+
 # The DDL as migration 11 of wheel's own store ran it, never to change (a
-# released migration; migration 12 replaces the function).
+# released migration; migration 12 replaces the function, 14 adds
+# ``SETTLED_INDEX``).
 DDL_1: list[str] = [*_TABLE, _NOTIFY_FUNCTION_1, _TRIGGER]
 # The DDL now, all of it idempotent: ``wheelctl outbox init`` run again on a
-# table made before brings its trigger's function up to date.
-DDL: list[str] = [*_TABLE, NOTIFY_FUNCTION, _TRIGGER]
+# table made before brings its trigger's function and its indexes up to date.
+DDL: list[str] = [*_TABLE, SETTLED_INDEX, NOTIFY_FUNCTION, _TRIGGER]
 
 INSERT = (
     "INSERT INTO wheel_outbox (tenant, idempotency_key, spec, body_hash)"
@@ -141,6 +155,25 @@ UPDATE wheel_outbox AS o
   FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::text[], %s::text[])
        AS v (id, state, job_id, code, error)
  WHERE o.id = v.id
+"""
+
+# Whether the table the search_path finds has ``SETTLED_INDEX`` (without it
+# a purge would read the whole table: the relay purges nothing then).
+HAS_SETTLED_INDEX = """
+SELECT EXISTS (
+  SELECT 1 FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+   WHERE i.indrelid = to_regclass('wheel_outbox') AND c.relname = 'wheel_outbox_settled')
+"""
+
+# Up to a batch of the rows settled (done or failed) more than a number of
+# milliseconds ago, oldest first, through ``SETTLED_INDEX``; rows another
+# transaction holds are left for the next batch. Pending rows are never
+# touched, however old.
+PURGE = """
+DELETE FROM wheel_outbox WHERE id IN (
+  SELECT id FROM wheel_outbox
+   WHERE state <> 'pending' AND done_at < clock_timestamp() - %s * interval '1 millisecond'
+   ORDER BY done_at LIMIT %s FOR UPDATE SKIP LOCKED)
 """
 
 # The backlog through the partial indexes: pending rows, the oldest one's age
