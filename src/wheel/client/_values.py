@@ -521,7 +521,8 @@ class LagMinute:
 class InFlightRun:
     """A run a node's owner holds now: claimed, handed out or running.
     ``phase`` is the owner's word for where it is (claiming, ready,
-    dispatched, running, ending); ``worker_id`` None until handed out."""
+    dispatched, running, ending); ``worker_id`` None until handed out;
+    ``node_id`` the member that holds it."""
 
     run_id: int
     job_id: int
@@ -530,14 +531,18 @@ class InFlightRun:
     fence: int
     worker_id: str | None
     phase: str
+    node_id: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InFlight:
-    """Some of the runs a node holds (by run id), and how many it holds."""
+    """Some of the runs the cluster's members hold (the lowest run ids), how
+    many they hold in all, and the members that did not answer (their runs
+    are not counted)."""
 
     runs: list[InFlightRun]
     total: int
+    unreachable: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -595,10 +595,12 @@ def in_flight_of(msg: admin.ListInFlightResponse) -> InFlight:
                 fence=r.fence,
                 worker_id=r.worker_id or None,
                 phase=r.phase,
+                node_id=r.node_id,
             )
             for r in msg.runs
         ],
         total=msg.total,
+        unreachable=list(msg.unreachable),
     )
 
 

@@ -350,7 +350,9 @@ class Console:
             {**jsonable(r), "run_id": str(r.run_id), "job_id": str(r.job_id), "fence": str(r.fence)}
             for r in held.runs
         ]
-        return web.json_response({"runs": runs, "total": held.total})
+        return web.json_response(
+            {"runs": runs, "total": held.total, "unreachable": held.unreachable}
+        )
 
     async def _workers(self, request: web.Request) -> web.StreamResponse:
         status = await self.client(request).status()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 
@@ -9,6 +10,7 @@ import grpc
 
 from wheel.node import Node
 from wheel.rpc._guard import Guard
+from wheel.rpc._peers import Peers, forwarded_by
 from wheel.rpc._tenancy import TenancyAdmin
 from wheel.rpc._workers import membership_to_proto
 from wheel.rpc.v1 import (
@@ -24,9 +26,12 @@ MAX_IN_FLIGHT_LISTED = 1000
 
 
 class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
-    def __init__(self, node: Node, guard: Guard | None = None) -> None:
+    def __init__(self, node: Node, guard: Guard | None = None, peers: Peers | None = None) -> None:
+        """``peers``: how to reach the other members, for the calls that
+        answer for the whole cluster (``ListInFlight``)."""
         self.node = node
         self.guard = guard or Guard(None)
+        self.peers = peers
 
     async def GetClusterStatus(
         self,
@@ -115,7 +120,9 @@ class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"limit: {limit} is not between 0 and {MAX_IN_FLIGHT_LISTED}",
             )
-        runs, total = self.node.in_flight(limit or 100)
+        limit = limit or 100
+        runs, total = self.node.in_flight(limit)
+        me = self.node.config.node_id
         out = admin_service_pb2.ListInFlightResponse(total=total)
         for r in runs:
             out.runs.add(
@@ -126,7 +133,30 @@ class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
                 fence=r.fence,
                 worker_id=r.worker_id,
                 phase=r.phase,
+                node_id=me,
             )
+        others = [m for m in self.node.members() if m.node_id != me and m.address]
+        if self.peers is None or not others or forwarded_by(context) is not None:
+            return out
+        # The other members' runs, asked side by side; one that does not
+        # answer is named, and the list is the others'.
+        request = admin_service_pb2.ListInFlightRequest(limit=limit)
+        answers = await asyncio.gather(
+            *(self.peers.ask_admin(m.address, "ListInFlight", request, context) for m in others),
+            return_exceptions=True,
+        )
+        merged = list(out.runs)
+        for member, answer in zip(others, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, grpc.aio.AioRpcError):
+                    log.warning("in-flight runs of %s: %r", member.node_id, answer)
+                out.unreachable.append(member.node_id)
+                continue
+            out.total += answer.total
+            merged.extend(answer.runs)
+        merged.sort(key=lambda r: r.run_id)
+        del out.runs[:]
+        out.runs.extend(merged[:limit])
         return out
 
     async def GetMembership(

@@ -19,13 +19,21 @@ import grpc
 
 from wheel._tls import ChannelSecurity, LiveChannelSecurity, live_channel, make_channel
 from wheel.auth import AUTHORIZATION
-from wheel.rpc.v1 import job_service_pb2_grpc, node_service_pb2, node_service_pb2_grpc
+from wheel.rpc.v1 import (
+    admin_service_pb2_grpc,
+    job_service_pb2_grpc,
+    node_service_pb2,
+    node_service_pb2_grpc,
+)
 
 log = logging.getLogger("wheel.rpc")
 
 FORWARDED_BY = "wheel-forwarded-by"
 # A forwarded call gets what is left of the caller's deadline, at most this.
 FORWARD_TIMEOUT_S = 10.0
+# A member asked for its share of a cluster-wide answer (``ask_admin``) gets
+# this long at most: one that is stopped must not hold up a console's page.
+ASK_TIMEOUT_S = 2.0
 # Word of changed jobs is a hint (the change feed carries it within a second
 # anyway): short, and never retried.
 NOTIFY_TIMEOUT_S = 2.0
@@ -112,6 +120,23 @@ class Peers:
         except grpc.aio.AioRpcError as exc:
             await context.abort(exc.code(), exc.details() or "")
             raise AssertionError("unreachable") from exc
+
+    async def ask_admin(
+        self, address: str, method: str, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
+        """Call ``AdminService.<method>`` on the member at ``address``, marked
+        as forwarded (it answers for itself alone) and with the caller's
+        credential; its failure is raised (``grpc.aio.AioRpcError``), for
+        the caller to report the member as not answering."""
+        stub = admin_service_pb2_grpc.AdminServiceStub(self._channel(address))
+        remaining = context.time_remaining()
+        # Time left to answer without the member if it does not answer.
+        timeout = ASK_TIMEOUT_S if remaining is None else min(remaining - 0.2, ASK_TIMEOUT_S)
+        return await getattr(stub, method)(
+            request,
+            timeout=max(0.05, timeout),
+            metadata=((FORWARDED_BY, self.node_id), *credential(context)),
+        )
 
     def jobs_changed(
         self, by_owner: dict[str, list[int]], metadata: tuple[tuple[str, str], ...] = ()

@@ -80,7 +80,9 @@ async def serve(
     job_service_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(node, peers, guard), server)
     node_service_pb2_grpc.add_NodeServiceServicer_to_server(NodeServicer(node), server)
     worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(node, guard), server)
-    admin_service_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(node, guard), server)
+    admin_service_pb2_grpc.add_AdminServiceServicer_to_server(
+        AdminServicer(node, guard, peers), server
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [

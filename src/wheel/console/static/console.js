@@ -236,14 +236,16 @@ async function loadDead(pageToken) {
 
 async function loadRuntime() {
   const [held, workers] = await Promise.all([api("/api/in-flight"), api("/api/workers")]);
-  $("#inflight-total").textContent = `(${held.total} held by ${workers.node_id})`;
+  const missing = held.unreachable.length ? `; not answering: ${held.unreachable.join(", ")}` : "";
+  $("#inflight-total").textContent = `(${held.total} held in all${missing})`;
   fill($("#inflight tbody"), held.runs.map((r) =>
     el("tr", {},
       el("td", { class: "num" }, r.run_id),
       el("td", {}, el("a", { href: "#/job/" + r.job_id }, r.job_id)),
       el("td", {}, when(r.scheduled_for)), el("td", { class: "num" }, r.attempt),
-      el("td", { class: "num" }, r.fence), el("td", {}, r.worker_id || "–"),
-      el("td", {}, r.phase))), "nothing in flight", 7);
+      el("td", { class: "num" }, r.fence), el("td", {}, r.node_id || "–"),
+      el("td", {}, r.worker_id || "–"), el("td", {}, r.phase))), "nothing in flight", 8);
+  $("#workers-node").textContent = `(to ${workers.node_id}; a worker holds a stream to every member)`;
   fill($("#workers tbody"), workers.workers.map((w) =>
     el("tr", {},
       el("td", {}, w.worker_id), el("td", { class: "num" }, `${w.held} / ${w.capacity}`),

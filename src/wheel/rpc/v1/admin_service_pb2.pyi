@@ -285,7 +285,7 @@ class ListInFlightRequest(_message.Message):
     def __init__(self, limit: _Optional[int] = ...) -> None: ...
 
 class InFlightRun(_message.Message):
-    __slots__ = ("run_id", "job_id", "scheduled_for_ms", "attempt", "fence", "worker_id", "phase")
+    __slots__ = ("run_id", "job_id", "scheduled_for_ms", "attempt", "fence", "worker_id", "phase", "node_id")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_FOR_MS_FIELD_NUMBER: _ClassVar[int]
@@ -293,6 +293,7 @@ class InFlightRun(_message.Message):
     FENCE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     run_id: int
     job_id: int
     scheduled_for_ms: int
@@ -300,12 +301,15 @@ class InFlightRun(_message.Message):
     fence: int
     worker_id: str
     phase: str
-    def __init__(self, run_id: _Optional[int] = ..., job_id: _Optional[int] = ..., scheduled_for_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., fence: _Optional[int] = ..., worker_id: _Optional[str] = ..., phase: _Optional[str] = ...) -> None: ...
+    node_id: str
+    def __init__(self, run_id: _Optional[int] = ..., job_id: _Optional[int] = ..., scheduled_for_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., fence: _Optional[int] = ..., worker_id: _Optional[str] = ..., phase: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class ListInFlightResponse(_message.Message):
-    __slots__ = ("runs", "total")
+    __slots__ = ("runs", "total", "unreachable")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[InFlightRun]
     total: int
-    def __init__(self, runs: _Optional[_Iterable[_Union[InFlightRun, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
+    unreachable: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, runs: _Optional[_Iterable[_Union[InFlightRun, _Mapping]]] = ..., total: _Optional[int] = ..., unreachable: _Optional[_Iterable[str]] = ...) -> None: ...
