@@ -165,12 +165,18 @@ def cmd_update(ns: argparse.Namespace) -> int:
     if not args:
         raise InvalidArgument("flags", "give at least one of submit's job flags to change")
     with command_client(ns) as client:
+        if_version = None
         if any(k in args for parts in _SCHEDULE_PARTS.values() for k in parts):
-            # Read the schedule and change the parts given. A schedule
-            # changed by someone else between the read and the update is
-            # overwritten, as any update overwrites the fields it names.
+            # Read the schedule and change the parts given, on the condition
+            # that nobody updates the job meanwhile: its newest version read
+            # first, then the schedule, so an update between the two fails
+            # the condition too, and nothing is overwritten unseen.
+            newest = next(iter(client.job_updates(ns.job_id, page_size=1)), None)
+            if_version = 0 if newest is None else newest.version
             args = with_schedule(args, client.get(ns.job_id).schedule)
-        job = client.update(ns.job_id, idempotency_key=getattr(ns, "key", None), **args)
+        job = client.update(
+            ns.job_id, idempotency_key=getattr(ns, "key", None), if_version=if_version, **args
+        )
     if ns.json:
         print(json.dumps(job_json(job)))
     else:

@@ -26,6 +26,8 @@ from tests.rpc.test_api import (
     submit,
     wait_for,
 )
+from wheel.client import Client
+from wheel.errors import FailedPrecondition
 from wheel.rpc.v1 import job_service_pb2, jobs_pb2
 from wheel.worker import Permanent, RunContext
 
@@ -100,6 +102,23 @@ def test_update_changes_schedule_payload_and_policies_in_place_and_records_it(ap
         job_service_pb2.ListJobUpdatesRequest(job_id=job.job_id, page_size=1), timeout=10
     )
     assert [u.version for u in versions.updates] == [2] and versions.next_page_token == "2"
+
+
+def test_an_update_on_a_version_read_before_another_update_is_refused_and_changes_nothing(
+    api: Api,
+) -> None:
+    job = submit(api, spec(name="nightly", schedule=cron("0 3 * * *"))).job
+    with Client(api.server.target) as client:
+        newest = next(iter(client.job_updates(job.job_id, page_size=1)), None)
+        assert newest is None  # version 0: never updated
+        client.update(job.job_id, if_version=0, cron="0 4 * * *")
+        with pytest.raises(FailedPrecondition, match=r"if_version.*version 1, not 0"):
+            client.update(job.job_id, if_version=0, tz="Europe/Paris", cron="0 3 * * *")
+        got = client.get(job.job_id)
+        assert got.schedule.expr == "0 4 * * *" and got.schedule.tz == "UTC"  # type: ignore[union-attr]
+        assert [u.version for u in client.job_updates(job.job_id)] == [1]
+        after = client.update(job.job_id, if_version=1, tz="Europe/Paris", cron="0 4 * * *")
+        assert after.schedule.tz == "Europe/Paris"  # type: ignore[union-attr]
 
 
 def test_an_update_takes_effect_at_the_next_fire_and_a_run_in_flight_finishes_under_the_old_spec(

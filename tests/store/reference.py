@@ -28,6 +28,7 @@ from wheel.errors import AlreadyExists, FailedPrecondition, InvalidArgument, Not
 from wheel.store import base as store_base
 from wheel.store._fence import stale_shards, write_checked
 from wheel.store._shared import body_hash
+from wheel.store._updates import check_version
 from wheel.store.base import (
     SHARD_COUNT,
     TERMINAL_RUN_STATES,
@@ -310,7 +311,7 @@ class ReferenceStore:
         row.change = self._marker()
         return row.record()
 
-    def update_job(self, update: SpecUpdate) -> Updated:
+    def update_job(self, update: SpecUpdate, *, if_version: int | None = None) -> Updated:
         row = self.jobs.get(update.job_id)
         if row is None:
             raise NotFound(f"job {update.job_id} does not exist")
@@ -322,6 +323,7 @@ class ReferenceStore:
             return Updated(row.record(), self.updates[update.job_id][version - 1], False)
         if row.state is JobState.CANCELLED:
             raise FailedPrecondition(f"job {update.job_id} is cancelled")
+        check_version(update.job_id, len(self.updates[update.job_id]), if_version)
         spec = replace(update.spec, tenant=row.spec.tenant)
         change = JobChange(
             job_id=update.job_id,

@@ -1401,6 +1401,30 @@ def test_update_job_is_idempotent_by_key_per_job(store: Store) -> None:
     assert store.update_job(spec_update(other, period_ms=6_000, next_run_at=1, key="k")).applied
 
 
+def test_an_update_on_a_version_that_is_no_longer_the_newest_changes_nothing(
+    store: Store,
+) -> None:
+    job, _ = store.submit_job(interval_job())
+    first = store.update_job(
+        spec_update(job, period_ms=5_000, next_run_at=65_000, key="a"), if_version=0
+    )
+    assert first.applied and first.change.version == 1
+    # Computed from the job as it was before the first update: refused.
+    with pytest.raises(FailedPrecondition, match="if_version"):
+        store.update_job(spec_update(job, period_ms=6_000, next_run_at=66_000), if_version=0)
+    assert store.get_job(job.job_id) == first.job
+    assert [c.version for c in store.list_job_updates(job.job_id)] == [1]
+    # The first update again by its key is the same update, not a new one.
+    again = store.update_job(
+        spec_update(job, period_ms=5_000, next_run_at=65_000, key="a"), if_version=0
+    )
+    assert not again.applied and again.change == first.change
+    second = store.update_job(
+        spec_update(first.job, period_ms=7_000, next_run_at=67_000), if_version=1
+    )
+    assert second.applied and second.change.version == 2
+
+
 def test_a_completed_one_shots_spec_may_be_updated_and_it_stays_completed(store: Store) -> None:
     job, _ = store.submit_job(once_job(50_000))
     [out] = store.claim_fires([claim(job.job_id, 50_000, new=None)])

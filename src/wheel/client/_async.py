@@ -267,15 +267,25 @@ class AsyncClient:
         return Page(items=pages.items(resp), next_page_token=resp.next_page_token)
 
     async def update(
-        self, job_id: int, *, idempotency_key: str | None = None, **changes: Unpack[UpdateArgs]
+        self,
+        job_id: int,
+        *,
+        idempotency_key: str | None = None,
+        if_version: int | None = None,
+        **changes: Unpack[UpdateArgs],
     ) -> Job:
         """Change a job in place (the keywords are ``JobRequest``'s, all but
         ``tenant``; a schedule keyword replaces the whole schedule), keeping
         its id and history: its next fires follow the new spec at once, runs
         in flight finish under the old one, and the change is recorded
         (``job_updates``). With ``idempotency_key``, the same update again
-        returns the job without changing it again."""
+        returns the job without changing it again. With ``if_version``, it
+        applies only if the job's newest update is still that version (0:
+        never updated; ``job_updates`` gives it), else ``FailedPrecondition``
+        and nothing changes."""
         request = _wire.update_request(job_id, idempotency_key, changes)
+        if if_version is not None:
+            request.if_version = if_version
         resp = await self._call(lambda n: n.jobs.UpdateJob, request)
         return _wire.job_of(resp.job)
 

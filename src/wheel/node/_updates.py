@@ -61,6 +61,7 @@ class NodeUpdates:
         idempotency_key: str | None = None,
         body_hash: str = "",
         updated_by: str = "",
+        if_version: int | None = None,
     ) -> Updated:
         """Give the job ``spec`` (its tenant kept), on the owner of its shard.
         From the request on, the old schedule fires nothing more; the store
@@ -68,7 +69,8 @@ class NodeUpdates:
         and the owner re-arms from them as soon as it answers (or, if it
         refused, fires on as before). Runs claimed earlier finish under the
         spec they were claimed with. ``spec`` is validated first: a bad one
-        changes nothing."""
+        changes nothing; so does an update on the condition ``if_version``
+        (see ``Store.update_job``) that does not hold."""
         record = await self.get_job(job_id)
         driver, now = self._the_driver(), self.clock.now_ms()
         update, hold = driver.update(
@@ -80,7 +82,9 @@ class NodeUpdates:
             updated_by=updated_by,
         )
         try:
-            result = await self._api(self.store.update_job, update)
+            result = await self._api(
+                functools.partial(self.store.update_job, update, if_version=if_version)
+            )
         except BaseException:
             driver.update_failed(job_id, hold, self.clock.now_ms())
             self.wake()

@@ -93,6 +93,7 @@ class OperatorCalls:
                 idempotency_key=request.idempotency_key or None,
                 body_hash=digest,
                 updated_by=by,
+                if_version=request.if_version if request.HasField("if_version") else None,
             )
             job = result.job
             return job_service_pb2.UpdateJobResponse(

@@ -129,8 +129,10 @@ class SQLStore(TenancySQL):
         and its parameters."""
         raise NotImplementedError
 
-    def update_job(self, update: SpecUpdate) -> Updated:
-        return self._write(lambda cur: update_job(cur, self._updates, update, self._stamp))
+    def update_job(self, update: SpecUpdate, *, if_version: int | None = None) -> Updated:
+        return self._write(
+            lambda cur: update_job(cur, self._updates, update, self._stamp, if_version)
+        )
 
     def list_job_updates(
         self, job_id: int, *, before_version: int | None = None, limit: int = 100

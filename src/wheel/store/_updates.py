@@ -112,11 +112,22 @@ def change_from_row(row: Row) -> JobChange:
     )
 
 
+def check_version(job_id: int, newest: int, if_version: int | None) -> None:
+    """Refuse an update made on the condition that the job's newest update
+    is ``if_version`` when it is another (``newest``)."""
+    if if_version is not None and newest != if_version:
+        raise FailedPrecondition(
+            f"if_version: job {job_id} was updated since (its newest update is version"
+            f" {newest}, not {if_version}): read it again"
+        )
+
+
 def update_job(
     cur: Executor,
     sql: UpdateSQL,
     update: SpecUpdate,
     stamp: Callable[[Executor], tuple[str, tuple[Any, ...]]],
+    if_version: int | None = None,
 ) -> Updated:
     """``Store.update_job`` in the caller's write transaction. ``stamp``
     gives the SET clause of the write's change marker and its parameters."""
@@ -139,6 +150,7 @@ def update_job(
         raise FailedPrecondition(f"job {job_id} is cancelled")
     spec = replace(update.spec, tenant=before.spec.tenant)
     version = int(cur.execute(sql.last_version, (job_id,)).fetchone()[0]) + 1
+    check_version(job_id, version - 1, if_version)
     profile, param = profile_of_update(update)
     cur.execute(sql.insert_profile, (profile.profile_id, profile.body))
     clause, marker = stamp(cur)

@@ -203,14 +203,15 @@ class Store(Protocol):
         """Cancel / pause / resume: sets state and next_run_at; the job comes
         back with this write's change marker. Raises ``NotFound``."""
 
-    def update_job(self, update: SpecUpdate) -> Updated:
+    def update_job(self, update: SpecUpdate, *, if_version: int | None = None) -> Updated:
         """Replace a job's spec and next fire (its state as it is), in ONE
         transaction that also records the change in the job's history
         (version 1, 2, ...) and stamps the job with this write's change
         marker. With a key: the same key and body again returns the job as it
         is now and the change that key made (``applied=False``); another body
         raises ``AlreadyExists``. Raises ``NotFound``, and
-        ``FailedPrecondition`` for a cancelled job."""
+        ``FailedPrecondition`` for a cancelled job, or when ``if_version`` is
+        given and the job's newest update is another version (0: none)."""
 
     def list_job_updates(
         self, job_id: int, *, before_version: int | None = None, limit: int = 100

@@ -137,16 +137,18 @@ class ListRunsResponse(_message.Message):
     def __init__(self, runs: _Optional[_Iterable[_Union[_jobs_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class UpdateJobRequest(_message.Message):
-    __slots__ = ("job_id", "spec", "fields", "idempotency_key")
+    __slots__ = ("job_id", "spec", "fields", "idempotency_key", "if_version")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    IF_VERSION_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     spec: _jobs_pb2.JobSpec
     fields: _containers.RepeatedScalarFieldContainer[str]
     idempotency_key: str
-    def __init__(self, job_id: _Optional[int] = ..., spec: _Optional[_Union[_jobs_pb2.JobSpec, _Mapping]] = ..., fields: _Optional[_Iterable[str]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    if_version: int
+    def __init__(self, job_id: _Optional[int] = ..., spec: _Optional[_Union[_jobs_pb2.JobSpec, _Mapping]] = ..., fields: _Optional[_Iterable[str]] = ..., idempotency_key: _Optional[str] = ..., if_version: _Optional[int] = ...) -> None: ...
 
 class JobUpdate(_message.Message):
     __slots__ = ("job_id", "version", "updated_at_ms", "old_spec", "new_spec", "payload_changed", "updated_by", "idempotency_key")
