@@ -5,7 +5,7 @@ wheelctl worker [--target HOST:PORT[,HOST:PORT...]]... [--capacity N] module:fun
 wheelctl submit --name N --handler H (--at WHEN | --cron EXPR | --every DURATION) ...
 wheelctl import FILE   (JSON Lines, one submit a line; see wheel.cli_import)
 wheelctl jobs | runs JOB_ID | cancel JOB_ID | pause JOB_ID | resume JOB_ID
-wheelctl trigger JOB_ID | status | alerts | demo
+wheelctl trigger JOB_ID | status | alerts | inflight | demo
 wheelctl update JOB_ID ... | updates JOB_ID | backfill JOB_ID --from --to | preview ...
 wheelctl dlq list|redrive ...   (see wheel.cli_operator)
 wheelctl token create|list|revoke ... | tenant set|list ...   (see wheel.cli_admin)
@@ -39,7 +39,7 @@ from wheel.cli_common import (
     parse_duration,
 )
 from wheel.cli_serve import add_serve_parser, quiet_created_series
-from wheel.cli_status import cmd_alerts, cmd_status
+from wheel.cli_status import cmd_alerts, cmd_inflight, cmd_status
 from wheel.client import (
     DEFAULT_TARGET,
     CatchUp,
@@ -461,6 +461,13 @@ def build_parser() -> argparse.ArgumentParser:
     al.add_argument("--limit", type=int, default=0, help="at most the newest N (0: all)")
     al.add_argument("--json", action="store_true")
     al.set_defaults(fn=cmd_alerts)
+
+    fl = sub.add_parser("inflight", help="runs in flight on every member, with who holds each")
+    fl.add_argument("--target", default=target, help=target_help)
+    add_token_flag(fl)
+    fl.add_argument("--limit", type=int, default=100, help="at most N, lowest run ids (max 1000)")
+    fl.add_argument("--json", action="store_true")
+    fl.set_defaults(fn=cmd_inflight)
 
     register_admin(sub, target, target_help)
     from wheel.cli_import import register as register_import  # it imports this module

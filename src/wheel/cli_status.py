@@ -15,7 +15,7 @@ from wheel.cli_shards import ShardRow, gather, shard_lines, shard_map
 from wheel.client import Alert, Client, Status
 from wheel.errors import WheelError
 
-__all__ = ["alert_line", "cmd_alerts", "cmd_status", "status_lines"]
+__all__ = ["alert_line", "cmd_alerts", "cmd_inflight", "cmd_status", "status_lines"]
 
 
 def status_lines(st: Status) -> list[str]:
@@ -88,6 +88,40 @@ def cmd_alerts(ns: argparse.Namespace) -> int:
     print(f"firing: {', '.join(out.firing) or 'none'}")
     for a in out.alerts:
         print(alert_line(a))
+    return 0
+
+
+def cmd_inflight(ns: argparse.Namespace) -> int:
+    """The runs in flight on every member of the cluster (the lowest run
+    ids, at most ``--limit``), with the member holding each."""
+    with command_client(ns) as client:
+        held = client.in_flight(limit=ns.limit)
+    if ns.json:
+        runs = [
+            {
+                "run_id": r.run_id,
+                "job_id": r.job_id,
+                "scheduled_for_ms": epoch_ms(r.scheduled_for),
+                "attempt": r.attempt,
+                "fence": r.fence,
+                "node_id": r.node_id,
+                "worker_id": r.worker_id,
+                "phase": r.phase,
+            }
+            for r in held.runs
+        ]
+        print(json.dumps({"runs": runs, "total": held.total, "unreachable": held.unreachable}))
+        return 0
+    for r in held.runs:
+        print(
+            f"run {r.run_id:<10} job {r.job_id:<10} {fmt_time(r.scheduled_for)}"
+            f"  attempt {r.attempt}  fence {r.fence}  {r.phase:<10} on {r.node_id or '-'}"
+            f"  worker {r.worker_id or '-'}"
+        )
+    shown = f"{len(held.runs)} of {held.total}" if len(held.runs) < held.total else held.total
+    print(f"{shown} in flight")
+    if held.unreachable:
+        print(f"not answering (their runs are not counted): {', '.join(held.unreachable)}")
     return 0
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from tests.cluster.harness import HANDLER, Cluster, now_ms, utc
 from tests.e2e.procs import wait_for
+from wheel.cli import main
 from wheel.client import Client, InFlight, JobRequest
 from wheel.engine.model import shard_of
 
@@ -23,7 +24,7 @@ HOLD = json.dumps({"sleep_s": 8}).encode()  # running while the test looks
 
 
 def test_any_member_lists_the_runs_of_every_member_and_names_one_that_does_not_answer(
-    cluster: Cluster,
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
     holders = cluster.ownership().holder_epochs()
     at = now_ms() + 300
@@ -58,6 +59,16 @@ def test_any_member_lists_the_runs_of_every_member_and_names_one_that_does_not_a
         )
         assert ours(held) == owners
         assert held.unreachable == [] and held.total >= JOBS
+
+    # wheelctl inflight says the same, as JSON and as text.
+    target = cluster.nodes[1].target
+    assert main(["inflight", "--target", target, "--limit", "1000", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert {r["job_id"]: r["node_id"] for r in answer["runs"] if r["job_id"] in owners} == owners
+    assert answer["unreachable"] == [] and answer["total"] >= JOBS
+    assert main(["inflight", "--target", target, "--limit", "1000"]) == 0
+    text = capsys.readouterr().out
+    assert all(f"job {j:<10}" in text for j in owners) and "in flight" in text
 
     stopped = cluster.nodes[2]
     asked = cluster.nodes[0]
