@@ -402,56 +402,12 @@ class OutboxRelay:
         return fates
 
 
-class _Purger:
-    """The purge's connection, on the purge's thread, for one pass."""
+class _Connected:
+    """One connection to the outbox's database, opened on first use (again
+    after ``close``), used on one thread only."""
 
     def __init__(self, relay: OutboxRelay) -> None:
         self.relay = relay
-        self._conn: psycopg.Connection[Any] | None = None
-
-    def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(
-                self.relay.dsn, connect_timeout=5, application_name=self.relay.name
-            )
-        return self._conn
-
-    def has_index(self) -> bool:
-        try:
-            conn = self._connection()
-            row = conn.execute(sql.HAS_SETTLED_INDEX).fetchone()
-            conn.rollback()
-        except psycopg.Error as exc:
-            self.close()
-            raise StoreUnavailable(f"outbox purge: {exc}") from exc
-        return bool(row and row[0])
-
-    def delete(self, retain_ms: int, batch: int) -> int:
-        try:
-            conn = self._connection()
-            deleted = conn.execute(sql.PURGE, (retain_ms, batch)).rowcount
-            conn.commit()
-        except psycopg.Error as exc:
-            self.close()
-            raise StoreUnavailable(f"outbox purge: {exc}") from exc
-        return max(0, deleted)
-
-    def close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                self._conn.close()
-            self._conn = None
-
-
-class _Lane:
-    """One connection, used on one thread of its own: a claim, then its
-    record (or rollback), in turn."""
-
-    def __init__(self, relay: OutboxRelay) -> None:
-        self.relay = relay
-        # Set by every wake of the relay: this lane's pump has a pass to make.
-        self.woken = asyncio.Event()
-        self.thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-outbox")
         self._conn: psycopg.Connection[Any] | None = None
 
     def connection(self) -> psycopg.Connection[Any]:
@@ -467,6 +423,41 @@ class _Lane:
             with contextlib.suppress(psycopg.Error):
                 self._conn.close()
             self._conn = None
+
+
+class _Purger(_Connected):
+    """The purge's connection, on the purge's thread, for one pass."""
+
+    def has_index(self) -> bool:
+        try:
+            conn = self.connection()
+            row = conn.execute(sql.HAS_SETTLED_INDEX).fetchone()
+            conn.rollback()
+        except psycopg.Error as exc:
+            self.close()
+            raise StoreUnavailable(f"outbox purge: {exc}") from exc
+        return bool(row and row[0])
+
+    def delete(self, retain_ms: int, batch: int) -> int:
+        try:
+            conn = self.connection()
+            deleted = conn.execute(sql.PURGE, (retain_ms, batch)).rowcount
+            conn.commit()
+        except psycopg.Error as exc:
+            self.close()
+            raise StoreUnavailable(f"outbox purge: {exc}") from exc
+        return max(0, deleted)
+
+
+class _Lane(_Connected):
+    """One connection, used on one thread of its own: a claim, then its
+    record (or rollback), in turn."""
+
+    def __init__(self, relay: OutboxRelay) -> None:
+        super().__init__(relay)
+        # Set by every wake of the relay: this lane's pump has a pass to make.
+        self.woken = asyncio.Event()
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-outbox")
 
     def claim(self) -> list[Claimed]:
         try:

@@ -111,9 +111,6 @@ class Wake:
     def clear(self) -> None:
         self._flag = False
 
-    def is_set(self) -> bool:
-        return self._flag
-
     async def wait(self, timeout: float) -> bool:
         """Until set or ``timeout`` s have passed; whether it is set."""
         if self._flag:
@@ -240,9 +237,9 @@ MessageSink = Callable[[WorkerSession, Effects], None]
 
 @dataclass(frozen=True, slots=True)
 class MovedRun:
-    """A run a worker holds whose shard this node handed over: it reports to
-    ``owner`` from now on (an empty member: to its shard's owner in the
-    worker's newest view)."""
+    """A run a worker holds whose shard this node handed over (or does not
+    hold): it reports to ``owner`` from now on (an empty member: to its
+    shard's owner in the worker's newest view)."""
 
     run_id: int
     fence: int

@@ -12,7 +12,6 @@ from typing import Any
 import grpc
 
 from wheel.auth import Authenticator, Principal
-from wheel.coord.base import Member
 from wheel.engine.owner import CompletionResult, Effects, Outcome
 from wheel.engine.spec import DEFAULT_LIMITS
 from wheel.errors import StoreError, Unauthenticated
@@ -176,24 +175,15 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         the worker reports them there."""
         node = self.node
         here: list[Any] = []
-        moved: list[tuple[Any, Member]] = []
+        moved: list[MovedRun] = []
         for ref in refs:
             home = node.run_home(ref.job_id) if ref.job_id else None
             if home is None:
                 here.append(ref if full else (ref.run_id, ref.fence))
             else:
-                moved.append((ref, home))
+                moved.append(MovedRun(ref.run_id, ref.fence, ref.job_id, home))
         if moved:
-            msg = worker_service_pb2.ServerMessage()
-            for ref, home in moved:
-                msg.results.moved.add(
-                    run_id=ref.run_id,
-                    fence=ref.fence,
-                    job_id=ref.job_id,
-                    owner_node_id=home.node_id,
-                    owner_address=home.address,
-                )
-            session.outbox.put_nowait(msg)
+            send_moved(session, moved)
         return here
 
 
@@ -206,7 +196,8 @@ def membership_to_proto(view: Membership) -> cluster_pb2.Membership:
 
 
 def send_moved(session: WorkerSession, runs: Sequence[MovedRun]) -> None:
-    """Tell a worker stream where runs of shards handed over report now."""
+    """Tell a worker stream where runs report now: runs of shards this
+    node handed over, or does not hold."""
     msg = worker_service_pb2.ServerMessage()
     for r in runs:
         msg.results.moved.add(

@@ -79,7 +79,7 @@ STATE_INDEX = "CREATE INDEX jobs_state ON jobs (state, job_id)"
 TENANT_NAME_INDEX = "CREATE INDEX jobs_tenant_name ON jobs (tenant, name{collate}, job_id)"
 
 
-def _pair_indexes(collate: str) -> list[str]:
+def _tenant_name_index(collate: str) -> list[str]:
     """Migration 13: a tenant's names, in code-point order."""
     return [TENANT_NAME_INDEX.format(collate=collate)]
 
@@ -284,7 +284,7 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
         [],
     ),
     (12, []),  # the outbox's trigger function again: PostgreSQL's alone
-    (13, _pair_indexes("")),
+    (13, _tenant_name_index("")),
     (14, []),  # the outbox's settled rows by age: PostgreSQL's alone
 ]
 
@@ -462,7 +462,7 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
         # of over 50 bytes failed every insert into the outbox.
         [OUTBOX_NOTIFY_FUNCTION],
     ),
-    (13, _pair_indexes(' COLLATE "C"')),
+    (13, _tenant_name_index(' COLLATE "C"')),
     (
         14,
         # The outbox's settled rows by when they settled, which the relay's
