@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.store.conftest import interval_job
+from tests.store.conftest import interval_job, once_job
 from tests.store.test_contract import claim
+from wheel.engine.model import SHARD_COUNT, shard_of
 from wheel.errors import StoreError
 from wheel.store._schema import SQLITE_MIGRATIONS
 from wheel.store.base import Completion, RunStart, RunState, WriteBatch
@@ -172,6 +173,42 @@ def test_a_database_of_schema_2_loses_the_due_index_nothing_reads(tmp_path: Path
     assert store.get_job(job.job_id).next_run_at == 120_000
     store.close()
     assert indexes_on_next_run_at() == []
+    conn.close()
+
+
+def test_a_database_of_schema_14_loses_the_index_of_live_jobs_by_shard(tmp_path: Path) -> None:
+    """A one-shot's end took its entry out of ``jobs_owned`` (shard first): a
+    random page for each, most of what a batch wrote. The one node of a
+    SQLite store loads its shards without it, by id or through ``jobs_state``."""
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE wheel_schema_version (version INTEGER NOT NULL)")
+    for version, statements in SQLITE_MIGRATIONS:
+        if version > 14:
+            break
+        for statement in statements:
+            conn.execute(statement)
+        conn.execute("INSERT INTO wheel_schema_version VALUES (?)", (version,))
+    conn.commit()
+
+    def job_indexes_by_shard() -> list[str]:
+        names = [r[1] for r in conn.execute("PRAGMA index_list(jobs)")]
+        first = {n: conn.execute(f"PRAGMA index_info({n})").fetchone()[2] for n in names}
+        return [n for n in names if first[n] == "shard"]
+
+    assert job_indexes_by_shard() == ["jobs_owned"]
+    store = SQLiteStore(path)
+    store.migrate()
+    assert job_indexes_by_shard() == []
+    ids = store.import_jobs([once_job(50_000 + i) for i in range(600)])
+    store.claim_fires([claim(j, 50_000 + i, new=None) for i, j in enumerate(ids[:300])])
+    live = set(ids[300:])
+    assert {j.job_id for j in store.load_shards(range(SHARD_COUNT)).jobs} == live
+    some = {shard_of(j) for j in ids[:40]}
+    assert {j.job_id for j in store.load_shards(some).jobs} == {
+        j for j in live if shard_of(j) in some
+    }
+    store.close()
     conn.close()
 
 

@@ -9,7 +9,7 @@ the feed is a plain "above the watermark, up to the counter". The watermark
 is inclusive: "every change numbered up to it was seen". An API change takes
 its number in ``change_seq`` (indexed); an owner's schedule move in
 ``move_seq``, which no index covers, so a claim's update of its job writes
-no index (unless it ends a one-shot: state is in ``jobs_owned``) and a
+no index (unless it ends a one-shot: state is in ``jobs_state``) and a
 restarting owner reads the moves with a scan of the table for each page.
 """
 
@@ -43,8 +43,8 @@ def load_shards(
             jobs=jobs, inflight=inflight, watermark=int(watermark), packed=rows, profiles=profiles
         )
     # All shards (one node: always) read the table in job_id order; through
-    # jobs_owned the rows came in shard order and were sorted, 4x slower at
-    # a million jobs.
+    # the index of live jobs by shard (dropped in migration 15) the rows came
+    # in shard order and were sorted, 4x slower at a million jobs.
     if len(shards) == SHARD_COUNT:
         found = cur.execute(QUERIES.live_jobs).fetchall()
     else:
