@@ -150,16 +150,24 @@ def test_a_batch_is_written_all_or_nothing(sqlite_store: SQLiteStore, tmp_path: 
     assert [(c.run_id is not None, c.advanced) for c in outcome.claims] == [(True, True)]
 
 
-def test_a_database_of_schema_2_loses_the_due_index_nothing_reads(tmp_path: Path) -> None:
-    """Every claim moved its job's entry in ``jobs_due`` and no query read it."""
-    path = tmp_path / "old.db"
+def database_at_schema(path: Path, schema: int) -> sqlite3.Connection:
+    """A SQLite database as the code of schema ``schema`` left it."""
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE wheel_schema_version (version INTEGER NOT NULL)")
-    for version, statements in SQLITE_MIGRATIONS[:2]:
+    for version, statements in SQLITE_MIGRATIONS:
+        if version > schema:
+            break
         for statement in statements:
             conn.execute(statement)
         conn.execute("INSERT INTO wheel_schema_version VALUES (?)", (version,))
     conn.commit()
+    return conn
+
+
+def test_a_database_of_schema_2_loses_the_due_index_nothing_reads(tmp_path: Path) -> None:
+    """Every claim moved its job's entry in ``jobs_due`` and no query read it."""
+    path = tmp_path / "old.db"
+    conn = database_at_schema(path, 2)
 
     def indexes_on_next_run_at() -> list[str]:
         rows = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'")
@@ -181,15 +189,7 @@ def test_a_database_of_schema_14_loses_the_index_of_live_jobs_by_shard(tmp_path:
     random page for each, most of what a batch wrote. The one node of a
     SQLite store loads its shards without it, by id or through ``jobs_state``."""
     path = tmp_path / "old.db"
-    conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE wheel_schema_version (version INTEGER NOT NULL)")
-    for version, statements in SQLITE_MIGRATIONS:
-        if version > 14:
-            break
-        for statement in statements:
-            conn.execute(statement)
-        conn.execute("INSERT INTO wheel_schema_version VALUES (?)", (version,))
-    conn.commit()
+    conn = database_at_schema(path, 14)
 
     def job_indexes_by_shard() -> list[str]:
         names = [r[1] for r in conn.execute("PRAGMA index_list(jobs)")]
