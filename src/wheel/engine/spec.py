@@ -54,9 +54,14 @@ class DstFold(StrEnum):
     BOTH = "both"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, init=False)
 class Once:
     at_ms: int
+
+    # Spelled out: a one-shot's schedule is built each time its job wakes
+    # (see wheel.engine.records.FireClaim).
+    def __init__(self, *, at_ms: int) -> None:
+        object.__setattr__(self, "at_ms", at_ms)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

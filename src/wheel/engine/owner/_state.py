@@ -253,9 +253,10 @@ class _Worker:
         return route[0] in self.pools and (not self.handlers or route[1] in self.handlers)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _Pending:
-    """A claim on its way to the store."""
+    """A claim on its way to the store (its __init__ spelled out: see
+    wheel.engine.records.FireClaim)."""
 
     job_id: int
     scheduled_for: int
@@ -263,8 +264,26 @@ class _Pending:
     fence: int
     worker_id: str | None
     # ``claim_now``: the won run waits on its job, handed out as overdue work.
-    ahead: bool = False
-    overdue: bool = False
+    ahead: bool
+    overdue: bool
+
+    def __init__(
+        self,
+        job_id: int,
+        scheduled_for: int,
+        attempt: int,
+        fence: int,
+        worker_id: str | None,
+        ahead: bool = False,
+        overdue: bool = False,
+    ) -> None:
+        self.job_id = job_id
+        self.scheduled_for = scheduled_for
+        self.attempt = attempt
+        self.fence = fence
+        self.worker_id = worker_id
+        self.ahead = ahead
+        self.overdue = overdue
 
 
 class _Shard:

@@ -130,8 +130,9 @@ class OwnerConfig:
         return self.lease_ms // 3
 
 
-# Not frozen: one is built per dispatch (see wheel.engine.records.FireClaim).
-@dataclass(slots=True, kw_only=True)
+# Not frozen, and its __init__ spelled out: one is built per dispatch (see
+# wheel.engine.records.FireClaim).
+@dataclass(slots=True, kw_only=True, init=False)
 class Assignment:
     run_id: int
     job_id: int
@@ -143,6 +144,31 @@ class Assignment:
     payload: bytes
     lease_ms: int
     timeout_ms: int
+
+    def __init__(
+        self,
+        *,
+        run_id: int,
+        job_id: int,
+        handler: str,
+        tenant: str,
+        scheduled_for: int,
+        attempt: int,
+        fence: int,
+        payload: bytes,
+        lease_ms: int,
+        timeout_ms: int,
+    ) -> None:
+        self.run_id = run_id
+        self.job_id = job_id
+        self.handler = handler
+        self.tenant = tenant
+        self.scheduled_for = scheduled_for
+        self.attempt = attempt
+        self.fence = fence
+        self.payload = payload
+        self.lease_ms = lease_ms
+        self.timeout_ms = timeout_ms
 
     @property
     def idempotency_key(self) -> str:
@@ -156,11 +182,16 @@ class Revoke:
     reason: RevokeReason
 
 
-@dataclass(slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True, init=False)
 class CompletionResult:
     run_id: int
     accepted: bool
-    reason: str = ""
+    reason: str
+
+    def __init__(self, *, run_id: int, accepted: bool, reason: str = "") -> None:
+        self.run_id = run_id
+        self.accepted = accepted
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
