@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import inspect
 import itertools
 import json
 import logging
@@ -16,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -35,6 +38,7 @@ from wheel.errors import InvalidArgument
 from wheel.rpc.v1 import worker_service_pb2 as pb
 from wheel.rpc.v1 import worker_service_pb2_grpc as pb_grpc
 from wheel.worker import Permanent, Retryable, RunContext, Worker, load_handler
+from wheel.worker._api import run_context
 from wheel.worker._link import ACK_DELAY_S
 
 # -- handshake and heartbeats ----------------------------------------------------------
@@ -727,3 +731,29 @@ def test_a_batch_of_handlers_that_cannot_suspend_creates_no_task_per_run() -> No
     scenario(go)
     # A task each for the loop's own waits (the writer's, a timer), never one a run.
     assert created < 30, created
+
+
+def test_the_context_built_for_each_run_is_the_frozen_dataclass_with_every_field() -> None:
+    # The worker builds each run's context through ``run_context`` (cheaper
+    # than the dataclass's own __init__); it must be that same object.
+    values: dict[str, Any] = {
+        "run_id": 1,
+        "job_id": 2,
+        "handler": "h",
+        "tenant": "t",
+        "payload": b"p",
+        "idempotency_key": "k",
+        "fence": 3,
+        "attempt": 4,
+        "scheduled_for_ms": 5,
+        "timeout_ms": 6,
+        "deadline": 7.5,
+    }
+    assert list(inspect.signature(run_context).parameters) == [
+        f.name for f in dataclasses.fields(RunContext)
+    ]
+    ctx = run_context(**values)
+    assert type(ctx) is RunContext
+    assert ctx == RunContext(**values) and hash(ctx) == hash(RunContext(**values))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.run_id = 9  # type: ignore[misc]

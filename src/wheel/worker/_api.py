@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from wheel.errors import InvalidArgument
@@ -36,6 +36,71 @@ class RunContext:
     def remaining(self) -> float:
         """Seconds left before the run times out."""
         return self.deadline - time.monotonic()
+
+
+# The context of every run the worker receives is built by ``run_context``:
+# the ``__init__`` a frozen dataclass gets sets each field through
+# ``object.__setattr__`` (1.0 us for these eleven), where the fields' own slot
+# descriptors, bound once here, set them in 0.4 us. Same fields, same order
+# (checked at import), and the object is the same frozen RunContext.
+_FIELDS = (
+    "run_id",
+    "job_id",
+    "handler",
+    "tenant",
+    "payload",
+    "idempotency_key",
+    "fence",
+    "attempt",
+    "scheduled_for_ms",
+    "timeout_ms",
+    "deadline",
+)
+if tuple(f.name for f in fields(RunContext)) != _FIELDS:  # pragma: no cover - a field added
+    raise ImportError("run_context must set every field of RunContext")
+(
+    _set_run_id,
+    _set_job_id,
+    _set_handler,
+    _set_tenant,
+    _set_payload,
+    _set_idempotency_key,
+    _set_fence,
+    _set_attempt,
+    _set_scheduled_for_ms,
+    _set_timeout_ms,
+    _set_deadline,
+) = (vars(RunContext)[f].__set__ for f in _FIELDS)
+_new = object.__new__
+
+
+def run_context(
+    run_id: int,
+    job_id: int,
+    handler: str,
+    tenant: str,
+    payload: bytes,
+    idempotency_key: str,
+    fence: int,
+    attempt: int,
+    scheduled_for_ms: int,
+    timeout_ms: int,
+    deadline: float,
+) -> RunContext:
+    """``RunContext(...)`` with these values, built the cheap way (above)."""
+    ctx: RunContext = _new(RunContext)
+    _set_run_id(ctx, run_id)
+    _set_job_id(ctx, job_id)
+    _set_handler(ctx, handler)
+    _set_tenant(ctx, tenant)
+    _set_payload(ctx, payload)
+    _set_idempotency_key(ctx, idempotency_key)
+    _set_fence(ctx, fence)
+    _set_attempt(ctx, attempt)
+    _set_scheduled_for_ms(ctx, scheduled_for_ms)
+    _set_timeout_ms(ctx, timeout_ms)
+    _set_deadline(ctx, deadline)
+    return ctx
 
 
 class Retryable(Exception):

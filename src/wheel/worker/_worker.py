@@ -87,6 +87,7 @@ from wheel.worker._api import (
     RunContext,
     WorkerStats,
     load_handler,
+    run_context,
 )
 from wheel.worker._cluster import View, view_of
 from wheel.worker._credit import Credits
@@ -366,11 +367,21 @@ class Worker:
     def _on_assignments(self, link: Link, assignments: Sequence[pb.Assignment]) -> None:
         now = time.monotonic()
         runner = self._runner
+        handlers = self._handlers
+        held = link.held
+        # Runs held elsewhere can only be found where there is an elsewhere.
+        look_further = bool(self._strays) or len(self._links) > 1
+        refusing = self._draining or self._closing
+        taken: list[Run] = []
+        self.stats.received += len(assignments)
         for a in assignments:
-            self.stats.received += 1
-            old = self._find(a.run_id, link)
+            run_id = a.run_id
+            fence = a.fence
+            old = held.get(run_id)
+            if old is None and look_further:
+                old = self._find(run_id, link)
             if old is not None:
-                if old.ctx.fence == a.fence:
+                if old.ctx.fence == fence:
                     if old.link is link:
                         link.acks.append(old.ref())
                     else:  # the node assigning it again is where it reports now
@@ -380,33 +391,41 @@ class Worker:
                     continue
                 self._forget(old)  # a newer fence supersedes what we hold
                 runner.abort(old)
-            entry = self._handlers.get(a.handler)
-            ctx = RunContext(
-                run_id=a.run_id,
-                job_id=a.job_id,
-                handler=a.handler,
-                tenant=a.tenant,
-                payload=a.payload,
-                idempotency_key=a.idempotency_key,
-                fence=a.fence,
-                attempt=a.attempt,
-                scheduled_for_ms=a.scheduled_for_ms,
-                timeout_ms=a.timeout_ms,
-                deadline=now + a.timeout_ms / 1000 if a.timeout_ms > 0 else math.inf,
+            name = a.handler
+            timeout_ms = a.timeout_ms
+            ctx = run_context(
+                run_id,
+                a.job_id,
+                name,
+                a.tenant,
+                a.payload,
+                a.idempotency_key,
+                fence,
+                a.attempt,
+                a.scheduled_for_ms,
+                timeout_ms,
+                now + timeout_ms / 1000 if timeout_ms > 0 else math.inf,
             )
+            entry = handlers.get(name)
             run = Run(link, ctx, entry[0] if entry else None, entry[1] if entry else SYNC)
-            link.held[a.run_id] = run
-            link.defer_ack(run, now)
-            if self._draining or self._closing:
+            held[run_id] = run
+            taken.append(run)
+            if refusing:
                 runner.hand_back(run, "worker is draining")
             elif entry is None:
                 # A server that routes by handler sends none of these; one that
                 # raced a change of ours gets it back, no attempt used.
-                runner.hand_back(run, f"no handler registered for {a.handler!r}")
+                runner.hand_back(run, f"no handler registered for {name!r}")
             else:
                 runner.queue(run)
         link.wake.set()
         runner.admit()
+        # The ack of each run still held once the ones that could ran: a
+        # handler that returned at once has its completion on the way, which
+        # needs no ack (one would be dropped when it came due).
+        for run in taken:
+            if held.get(run.ctx.run_id) is run:
+                link.defer_ack(run, now)
         self.credits.assigned(link)
 
     def _report(self, run: Run, outcome: pb.Outcome, error: str) -> None:
