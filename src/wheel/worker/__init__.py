@@ -13,7 +13,8 @@ asyncio.run(worker.run())
 
 from wheel._tls import ChannelSecurity
 from wheel.worker._api import Permanent, Retryable, RunContext, WorkerStats, load_handler
-from wheel.worker._worker import Worker, run_worker
+from wheel.worker._process import run_worker
+from wheel.worker._worker import Worker
 
 __all__ = [
     "ChannelSecurity",
