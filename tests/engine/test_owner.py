@@ -1244,17 +1244,51 @@ def test_upsert_of_a_store_row_is_idempotent() -> None:
     assert [c.scheduled_for for c in n.step(T + MIN).claims] == [T + MIN]
 
 
+def _fires_per_tick(n: Node, ticks: int, per_tick: int) -> list[list[str]]:
+    """Submit ``per_tick`` jobs due at each of the next ``ticks`` ms and step
+    to each: the workers each tick's runs went to, in hand-out order."""
+    handed: list[list[str]] = []
+    for k in range(ticks):
+        due = n.now + 1
+        for i in range(per_tick):
+            n.submit(spec(name=f"j{k}.{i}", schedule=Interval(period_ms=HOUR, start_at_ms=due)))
+        fx = n.step(due)
+        handed.append([w for w, runs in sorted(fx.assignments.items()) for _ in runs])
+    return handed
+
+
 def test_fires_spread_over_workers_even_one_per_tick() -> None:
     n = Node()
-    n.hello("w1")
-    n.hello("w2")
-    got: dict[str, int] = {"w1": 0, "w2": 0}
-    for k in range(8):
-        j = n.submit(spec(name=f"j{k}", schedule=Interval(period_ms=HOUR, start_at_ms=T + k + 1)))
-        fx = n.step(T + k + 1)
-        for worker, assignments in fx.assignments.items():
-            got[worker] += len([a for a in assignments if a.job_id == j])
-    assert got["w1"] >= 3 and got["w2"] >= 3, got
+    n.hello("w1", capacity=1000)
+    n.hello("w2", capacity=1000)
+    handed = [w for tick in _fires_per_tick(n, 6, 1) for w in tick]
+    assert handed == ["w1", "w2"] * 3
+
+
+def test_a_batchs_runs_go_out_to_one_worker_and_the_next_batchs_to_the_next() -> None:
+    # One message a tick, not a part of it to each worker.
+    n = Node(OwnerConfig(hand_out_chunk=12))
+    n.hello("w1", capacity=1000)
+    n.hello("w2", capacity=1000)
+    n.hello("w3", capacity=1000)
+    assert _fires_per_tick(n, 4, 5) == [["w1"] * 5, ["w2"] * 5, ["w3"] * 5, ["w1"] * 5]
+    # A batch larger than the chunk is dealt a chunk at a time, from the next.
+    assert _fires_per_tick(n, 1, 30)[0] == ["w1"] * 6 + ["w2"] * 12 + ["w3"] * 12
+
+
+def test_one_run_a_worker_in_turn_with_a_chunk_of_one() -> None:
+    n = Node(OwnerConfig(hand_out_chunk=1))
+    n.hello("w1", capacity=1000)
+    n.hello("w2", capacity=1000)
+    assert [w for tick in _fires_per_tick(n, 4, 1) for w in tick] == ["w1", "w2", "w1", "w2"]
+    assert sorted(_fires_per_tick(n, 1, 4)[0]) == ["w1", "w1", "w2", "w2"]
+
+
+def test_a_worker_out_of_credit_passes_the_rest_of_its_chunk_on() -> None:
+    n = Node(OwnerConfig(hand_out_chunk=64))
+    n.hello("w1", capacity=3)
+    n.hello("w2", capacity=1000)
+    assert sorted(_fires_per_tick(n, 1, 10)[0]) == ["w1"] * 3 + ["w2"] * 7
 
 
 def test_dispatch_lag_counts_first_attempts_only() -> None:

@@ -1,10 +1,15 @@
 """What one loop iteration's effects become on a worker's stream: one message
-a tick, the answers to its completions riding with its new work."""
+a tick, the answers to its completions riding with its new work (accepted
+ones wait a little for it)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from wheel.engine.owner import Assignment, CompletionResult, Effects, Revoke, RevokeReason
 from wheel.node import WorkerSession
+from wheel.rpc._workers import RESULTS_HOLD_S
 from wheel.rpc.server import send_effects
 from wheel.rpc.v1 import worker_service_pb2 as pb
 
@@ -78,3 +83,80 @@ def test_assignments_alone_carry_no_results() -> None:
     send_effects(session, fx)
     [msg] = _sent(session)
     assert not msg.assignments.HasField("results")
+
+
+def _accepted(*run_ids: int) -> list[CompletionResult]:
+    return [CompletionResult(run_id=r, accepted=True) for r in run_ids]
+
+
+def test_accepted_answers_wait_to_ride_with_the_workers_next_assignments() -> None:
+    async def go() -> None:
+        session, fx = WorkerSession("w1"), Effects()
+        fx.results["w1"] = _accepted(1, 2)
+        send_effects(session, fx)
+        assert _sent(session) == []  # held: a message of their own is a round
+        fx = Effects()
+        fx.assignments["w1"] = [_assignment(7)]
+        fx.results["w1"] = _accepted(3)
+        send_effects(session, fx)
+        [msg] = _sent(session)
+        assert [x.run_id for x in msg.assignments.assignments] == [7]
+        assert list(msg.assignments.results.accepted) == [1, 2, 3]
+        await asyncio.sleep(RESULTS_HOLD_S * 2)
+        assert _sent(session) == []  # and nothing again when the hold ends
+
+    asyncio.run(go())
+
+
+def test_accepted_answers_go_alone_when_no_work_comes_within_the_hold() -> None:
+    async def go() -> None:
+        session, fx = WorkerSession("w1"), Effects()
+        fx.results["w1"] = _accepted(1)
+        send_effects(session, fx)
+        fx = Effects()
+        fx.results["w1"] = _accepted(2)
+        send_effects(session, fx)
+        started = time.monotonic()
+        msg = await asyncio.wait_for(session.outbox.get(), timeout=10)
+        assert isinstance(msg, pb.ServerMessage)
+        assert msg.WhichOneof("kind") == "results"
+        assert list(msg.results.accepted) == [1, 2]
+        assert time.monotonic() - started < RESULTS_HOLD_S + 5
+        assert _sent(session) == []
+
+    asyncio.run(go())
+
+
+def test_a_rejection_goes_at_once_and_takes_the_held_answers_with_it() -> None:
+    async def go() -> None:
+        session, fx = WorkerSession("w1"), Effects()
+        fx.results["w1"] = _accepted(1)
+        send_effects(session, fx)
+        fx = Effects()
+        fx.results["w1"] = [CompletionResult(run_id=2, accepted=False, reason="stale fence")]
+        send_effects(session, fx)
+        [msg] = _sent(session)
+        assert list(msg.results.accepted) == [1]
+        assert [c.run_id for c in msg.results.completions] == [2]
+        fx = Effects()
+        fx.credited["w1"] = 5  # a credit change is answered at once too
+        fx.results["w1"] = _accepted(3)
+        send_effects(session, fx)
+        [msg] = _sent(session)
+        assert (list(msg.results.accepted), msg.results.credit_seq) == ([3], 5)
+        await asyncio.sleep(RESULTS_HOLD_S * 2)
+        assert _sent(session) == []
+
+    asyncio.run(go())
+
+
+def test_held_answers_of_a_stream_that_closed_are_dropped() -> None:
+    async def go() -> None:
+        session, fx = WorkerSession("w1"), Effects()
+        fx.results["w1"] = _accepted(1)
+        send_effects(session, fx)
+        session.closed = True  # the worker resends its completions elsewhere
+        await asyncio.sleep(RESULTS_HOLD_S * 2)
+        assert _sent(session) == [] and session.held == []
+
+    asyncio.run(go())

@@ -143,6 +143,8 @@ class Driver:
         fires, schedule advances, claims, starts. A run that completes in this
         batch needs no separate start."""
         work = self.fx.take_store_work()
+        if work.claims:
+            self.owner.batch_taken()
         starts = work.starts
         if starts and work.completions:
             done = {c.run_id for c in work.completions}

@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 
 from wheel.checkpoint import Durability
 from wheel.coord.base import Member
-from wheel.engine.owner import Alert, Effects, OwnerConfig, OwnerStats, Unserved, WorkerView
+from wheel.engine.owner import (
+    Alert,
+    CompletionResult,
+    Effects,
+    OwnerConfig,
+    OwnerStats,
+    Unserved,
+    WorkerView,
+)
 
 DAY_MS = 86_400_000
 
@@ -223,12 +231,17 @@ class NodeConfig:
 
 
 class WorkerSession:
-    """One worker stream: the node writes server messages into ``outbox``."""
+    """One worker stream: the node writes server messages into ``outbox``.
+    ``held``: answers to its completions, all accepted, that wait to ride
+    with its next assignments (``wheel.rpc._workers.send_effects``);
+    ``held_timer`` sends them alone if none come first."""
 
     def __init__(self, worker_id: str) -> None:
         self.worker_id = worker_id
         self.outbox: asyncio.Queue[object] = asyncio.Queue()
         self.closed = False
+        self.held: list[CompletionResult] = []
+        self.held_timer: asyncio.TimerHandle | None = None
 
 
 # Translates an owner Effects into per-worker wire messages; set by the rpc layer.

@@ -269,9 +269,7 @@ class _Dispatch(_Parts):
     def _claim(
         self, picked: list[tuple[int, bool]], workers: list[_Worker], now_ms: int, fx: Effects
     ) -> None:
-        # Start where the last batch stopped: one fire a tick must not always
-        # land on the same worker.
-        wi = self._next_worker
+        # Runs go out ``hand_out_chunk`` to a worker (``_take_server``).
         for job_id, overdue in picked:
             job = self.jobs.get(job_id) or self._job(job_id)
             if job is None:
@@ -285,20 +283,14 @@ class _Dispatch(_Parts):
                 run_id, _ = job.ready.popleft()
                 run = self.runs.get(run_id)
                 if run is not None and run.phase is Phase.READY:
-                    while workers[wi % len(workers)].free <= 0:
-                        wi += 1
-                    self._hand_out(run, workers[wi % len(workers)], now_ms, fx)
-                    wi += 1
+                    self._hand_out(run, self._take_server(workers), now_ms, fx)
                 self._requeue_job(job, now_ms)
                 continue
             if not job.due or job.paused or job.inflight >= job.limit:
                 continue  # re-enqueued when a run of the job finishes
             fire, attempt, advance = job.due.popleft()
             job.inflight += 1
-            while workers[wi % len(workers)].free <= 0:
-                wi += 1
-            worker = workers[wi % len(workers)]
-            wi += 1
+            worker = self._take_server(workers)
             worker.reserved += 1
             fence = self._next_fence(job.shard)
             expected = new = None
@@ -340,7 +332,31 @@ class _Dispatch(_Parts):
             )
             if job.due and job.inflight < job.limit:
                 self._enqueue(job, now_ms, overdue=overdue)
-        self._next_worker = wi % len(workers)
+
+    def batch_taken(self) -> None:
+        """The claims made so far went into one store batch: the next
+        batch's runs start at the next worker. A batch's runs then go out in
+        one message (while they fit a chunk), not a part to each worker, and
+        over batches every worker gets its share."""
+        if self._given:
+            self._given = self.config.hand_out_chunk  # its first run moves on
+
+    def _take_server(self, workers: list[_Worker]) -> _Worker:
+        """The worker of ``workers`` the next run goes to: the one the last
+        run went to until it has had ``hand_out_chunk`` runs in a row or has
+        no credit left, then the next with credit (there is one: a batch is
+        no larger than their credit)."""
+        n = len(workers)
+        wi = self._next_worker % n
+        if self._given >= self.config.hand_out_chunk:
+            wi = (wi + 1) % n
+            self._given = 0
+        while workers[wi].free <= 0:
+            wi = (wi + 1) % n
+            self._given = 0
+        self._next_worker = wi
+        self._given += 1
+        return workers[wi]
 
     def on_claimed(self, outcomes: Sequence[ClaimOutcome], now_ms: int, fx: Effects) -> None:
         """The store's answer to a claim batch."""

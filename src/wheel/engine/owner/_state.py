@@ -340,6 +340,7 @@ class _Parts:
         "_ending",
         "_epochs",
         "_fresh",
+        "_given",
         "_grace",
         "_graced",
         "_held_tenant",
@@ -405,6 +406,7 @@ class _Parts:
     _reaper: deque[Redo]
     _reaper_bucket: TokenBucket
     _next_worker: int
+    _given: int
     _overdue_bucket: TokenBucket
     _reaper_paused: bool
     _tenant_limits: dict[str, TenantLimit]
@@ -650,6 +652,7 @@ class _OwnerState(_Parts):
         )
         rate = self.config.dispatch_rate_per_s * self.config.overdue_fraction
         self._next_worker = 0
+        self._given = 0  # runs of the batch the worker at _next_worker got
         self._overdue_bucket = TokenBucket(
             rate, max(1.0, rate * self.config.overdue_burst_s), now_ms
         )

@@ -109,6 +109,16 @@ class OwnerConfig:
     # Above this fleet utilisation the reaper stops and alerts (seed R6).
     busy_threshold: float = 0.85
     max_claim_batch: int = 10_000
+    # A store batch's claimed runs go to one worker until it has had this
+    # many (or has no credit left), then to the next; the next batch starts
+    # at the worker after the last (``Owner.batch_taken``). Each message a worker
+    # gets is a round of its stream each way, about half a millisecond of
+    # CPU on each side when the stream was idle (benchmarks/transport.py, 50
+    # rounds/s), the same for one run as for a hundred: a tick's forty fires
+    # dealt one at a time over two workers paid two rounds for what one
+    # carries. Over batches the load is even; a worker never gets more than
+    # its credit. 1: one run a worker in turn.
+    hand_out_chunk: int = 64
     # Upper bound on missed records listed for one catch-up or pause.
     max_missed_listed: int = 100_000
     # Work that waits this long for a worker of its route raises an alert
