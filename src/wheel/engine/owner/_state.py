@@ -652,7 +652,7 @@ class _OwnerState(_Parts):
         )
         rate = self.config.dispatch_rate_per_s * self.config.overdue_fraction
         self._next_worker = 0
-        self._given = 0  # runs of the batch the worker at _next_worker got
+        self._given = 0  # runs in a row the worker at _next_worker got
         self._overdue_bucket = TokenBucket(
             rate, max(1.0, rate * self.config.overdue_burst_s), now_ms
         )
