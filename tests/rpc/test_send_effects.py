@@ -89,17 +89,29 @@ def _accepted(*run_ids: int) -> list[CompletionResult]:
     return [CompletionResult(run_id=r, accepted=True) for r in run_ids]
 
 
+def _send(
+    session: WorkerSession,
+    results: list[CompletionResult],
+    assignments: list[Assignment] | None = None,
+    credited: int = 0,
+) -> list[pb.ServerMessage]:
+    """One loop iteration's effects for w1 through ``send_effects``: what
+    went on its stream at once."""
+    fx = Effects()
+    fx.results["w1"] = results
+    if assignments:
+        fx.assignments["w1"] = assignments
+    if credited:
+        fx.credited["w1"] = credited
+    send_effects(session, fx)
+    return _sent(session)
+
+
 def test_accepted_answers_wait_to_ride_with_the_workers_next_assignments() -> None:
     async def go() -> None:
-        session, fx = WorkerSession("w1"), Effects()
-        fx.results["w1"] = _accepted(1, 2)
-        send_effects(session, fx)
-        assert _sent(session) == []  # held: a message of their own is a round
-        fx = Effects()
-        fx.assignments["w1"] = [_assignment(7)]
-        fx.results["w1"] = _accepted(3)
-        send_effects(session, fx)
-        [msg] = _sent(session)
+        session = WorkerSession("w1")
+        assert _send(session, _accepted(1, 2)) == []  # held: a message alone is a round
+        [msg] = _send(session, _accepted(3), assignments=[_assignment(7)])
         assert [x.run_id for x in msg.assignments.assignments] == [7]
         assert list(msg.assignments.results.accepted) == [1, 2, 3]
         await asyncio.sleep(RESULTS_HOLD_S * 2)
@@ -110,12 +122,8 @@ def test_accepted_answers_wait_to_ride_with_the_workers_next_assignments() -> No
 
 def test_accepted_answers_go_alone_when_no_work_comes_within_the_hold() -> None:
     async def go() -> None:
-        session, fx = WorkerSession("w1"), Effects()
-        fx.results["w1"] = _accepted(1)
-        send_effects(session, fx)
-        fx = Effects()
-        fx.results["w1"] = _accepted(2)
-        send_effects(session, fx)
+        session = WorkerSession("w1")
+        assert _send(session, _accepted(1)) == _send(session, _accepted(2)) == []
         started = time.monotonic()
         msg = await asyncio.wait_for(session.outbox.get(), timeout=10)
         assert isinstance(msg, pb.ServerMessage)
@@ -129,20 +137,13 @@ def test_accepted_answers_go_alone_when_no_work_comes_within_the_hold() -> None:
 
 def test_a_rejection_goes_at_once_and_takes_the_held_answers_with_it() -> None:
     async def go() -> None:
-        session, fx = WorkerSession("w1"), Effects()
-        fx.results["w1"] = _accepted(1)
-        send_effects(session, fx)
-        fx = Effects()
-        fx.results["w1"] = [CompletionResult(run_id=2, accepted=False, reason="stale fence")]
-        send_effects(session, fx)
-        [msg] = _sent(session)
+        session = WorkerSession("w1")
+        assert _send(session, _accepted(1)) == []
+        rejected = CompletionResult(run_id=2, accepted=False, reason="stale fence")
+        [msg] = _send(session, [rejected])
         assert list(msg.results.accepted) == [1]
         assert [c.run_id for c in msg.results.completions] == [2]
-        fx = Effects()
-        fx.credited["w1"] = 5  # a credit change is answered at once too
-        fx.results["w1"] = _accepted(3)
-        send_effects(session, fx)
-        [msg] = _sent(session)
+        [msg] = _send(session, _accepted(3), credited=5)  # a credit change goes at once too
         assert (list(msg.results.accepted), msg.results.credit_seq) == ([3], 5)
         await asyncio.sleep(RESULTS_HOLD_S * 2)
         assert _sent(session) == []
@@ -152,9 +153,8 @@ def test_a_rejection_goes_at_once_and_takes_the_held_answers_with_it() -> None:
 
 def test_held_answers_of_a_stream_that_closed_are_dropped() -> None:
     async def go() -> None:
-        session, fx = WorkerSession("w1"), Effects()
-        fx.results["w1"] = _accepted(1)
-        send_effects(session, fx)
+        session = WorkerSession("w1")
+        assert _send(session, _accepted(1)) == []
         session.closed = True  # the worker resends its completions elsewhere
         await asyncio.sleep(RESULTS_HOLD_S * 2)
         assert _sent(session) == [] and session.held == []
