@@ -15,7 +15,10 @@ the store otherwise, and reconciled with the store either way (it wins).
    fire with no newer one.
 
 A checkpoint that is corrupt, of another cluster or shard set, or of an
-unknown format is discarded with an error in the log, never served.
+unknown format is discarded with an error in the log, never served; so is
+one ahead of the store, whose change mark is below the one the checkpoint
+logged (``OwnerState.check_mark``): the store lost commits the checkpoint's
+rows reflect, and a restore from them would skip fires the store still owes.
 """
 
 from __future__ import annotations
@@ -78,7 +81,9 @@ def restore_owner(
             for warning in recovery.warnings:
                 log.warning("checkpoint: %s", warning)
             if recovery.snapshot is not None or recovery.records:
-                state = recover_state(recovery)
+                recovered = recover_state(recovery)
+                recovered.check_mark(store.change_mark())
+                state = recovered
         except CheckpointError as exc:
             log.error("checkpoint unusable, rebuilding from the store: %s", exc)
             checkpoint.reset()

@@ -14,6 +14,7 @@ from wheel.checkpoint.owner_state import (
     apply_records,
     encode_gone,
     encode_held,
+    encode_mark,
     encode_profile,
     encode_row,
     encode_shard,
@@ -58,6 +59,31 @@ def test_records_of_the_earlier_per_job_spec_layout_are_refused() -> None:
     from the store, never read as rows."""
     with pytest.raises(CheckpointError, match="unknown owner record kind 1"):
         apply_records(OwnerState(), bytes([1]) + bytes(40))
+
+
+def test_the_highest_change_mark_logged_or_snapshotted_is_what_the_store_must_have(
+    tmp_path: Path,
+) -> None:
+    """Marks come with the batches (and the snapshot carries the last one):
+    the state keeps the highest, and a store whose mark is lower lost commits
+    the rows reflect, so the state refuses it; at or above it, it stands."""
+    with Checkpoint.open(tmp_path / "cp", IDENT) as cp:
+        cp.append([log_entry([encode_watermark(3), encode_mark(40)])])
+        cp.write_snapshot(snapshot_chunks([], lambda s: None, lambda: [], 3, 41), cp.last_seq())
+        cp.append([log_entry([encode_mark(45)])])
+        cp.append([log_entry([encode_mark(44), encode_watermark(4)])])
+        state = recover_state(cp.recover())
+    assert state.store_mark == 45
+    state.check_mark(45)
+    state.check_mark(46)
+    with pytest.raises(CheckpointError, match="change mark is 44, below the 45"):
+        state.check_mark(44)
+    snapshot_only = OwnerState()
+    for chunk in snapshot_chunks([], lambda s: None, lambda: [], 3, 41):
+        apply_records(snapshot_only, chunk, snapshot=True)
+    assert snapshot_only.store_mark == 41
+    # A checkpoint that logged no mark (a store that keeps none) takes any store.
+    OwnerState().check_mark(0)
 
 
 def test_log_records_write_a_profiles_body_once_before_the_first_row_that_names_it() -> None:

@@ -561,6 +561,9 @@ class ReferenceStore:
     def clock_ms(self) -> int:
         return self.now_ms
 
+    def change_mark(self) -> int:
+        return 0
+
     def acquire_epochs(self, shards: Collection[int], owner: str) -> dict[int, int]:
         wanted = self._shards(shards)
         for s in wanted:

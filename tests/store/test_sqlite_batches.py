@@ -259,3 +259,34 @@ def test_dead_letters_are_listed_through_their_index(sqlite_store: SQLiteStore) 
         ]
         assert any("executions_dead" in step for step in plan), plan
         assert not any(step.startswith("SCAN e") and "INDEX" not in step for step in plan), plan
+
+
+def test_a_batch_reports_the_change_mark_it_committed_and_a_copy_from_before_has_a_lower_one(
+    sqlite_store: SQLiteStore, tmp_path: Path
+) -> None:
+    """``BatchOutcome.change_mark`` is the store's change mark with the
+    batch's commit in it: a copy of the file from before that commit (what a
+    power loss leaves with ``synchronous=normal``) reads lower, which is how
+    a restore tells the checkpoint is ahead of the store."""
+    store = sqlite_store
+    job = store.submit_job(interval_job("j", next_run_at=60_000))[0]
+    before = store.change_mark()
+    assert before > 0
+    copy = tmp_path / "before.db"
+    with contextlib.closing(sqlite3.connect(copy)) as target:
+        store._db.conn.backup(target)
+    outcome = store.write_batch(
+        WriteBatch(claims=[claim(job.job_id, 60_000, fence=7, new=120_000)])
+    )
+    assert outcome.claims[0].advanced
+    assert outcome.change_mark == store.change_mark() > before
+    # A batch that moves no schedule leaves the mark where it was.
+    run = outcome.claims[0].run_id
+    assert run is not None
+    done = Completion(run_id=run, fence=7, state=RunState.SUCCEEDED, finished_at_ms=60_020)
+    assert store.write_batch(WriteBatch(completions=[done])).change_mark == outcome.change_mark
+    older = SQLiteStore(copy)
+    try:
+        assert older.change_mark() == before
+    finally:
+        older.close()

@@ -6,7 +6,9 @@ profile and flags. The checkpoint keeps the same rows.
 
 The log holds row images, not operations: each record is the whole current
 row of one job, a tombstone for a job that left, a profile's body (logged
-once, before the first row that names it), or the store watermark.
+once, before the first row that names it), the store watermark, or the
+store's change mark as the batch committed (``Store.change_mark``: a
+restore finds the store lost commits the log saw when its mark is lower).
 Replaying rows in log order is idempotent -- the last row of a job wins --
 so a snapshot may be *fuzzy*: written from a live owner while it keeps
 changing, as long as replay starts at the sequence number the log had when
@@ -23,7 +25,7 @@ lease (workers renew and so adopt them). What is slow to rebuild from the
 store is the job set, and that is what this module makes fast.
 
 Layouts (little-endian): a row ``<BqqqqqB`` (kind, job id, next fire, due,
-parameter, profile id, flags); a tombstone and a watermark ``<Bq``; a profile
+parameter, profile id, flags); a tombstone, a watermark and a mark ``<Bq``; a profile
 ``<BIqI`` (kind, its number in this snapshot or 0 in the log, profile id,
 body length) + the body; a shard ``<BHI`` (kind, shard, rows) + its ids,
 next fires, dues and parameters (8 bytes each), profile numbers (4) and
@@ -54,6 +56,7 @@ KIND_ROW = 5
 KIND_PROFILE = 6
 KIND_SHARD = 7
 KIND_HELD = 8
+KIND_MARK = 9
 
 _ROW = struct.Struct("<BqqqqqB")
 _GONE = struct.Struct("<Bq")
@@ -75,6 +78,12 @@ def encode_gone(job_id: int) -> bytes:
 
 def encode_watermark(watermark: int) -> bytes:
     return _WATERMARK.pack(KIND_WATERMARK, watermark)
+
+
+def encode_mark(mark: int) -> bytes:
+    """The store's change mark once the batch whose records these are
+    committed (``Store.change_mark``)."""
+    return _WATERMARK.pack(KIND_MARK, mark)
 
 
 def encode_held(shards: Iterable[int]) -> bytes:
@@ -208,6 +217,9 @@ class OwnerState:
     # shard again reads only the changes since).
     held: set[int] = field(default_factory=set)
     as_of: dict[int, int] = field(default_factory=dict)
+    # The highest change mark of the store logged (0: none): the store had
+    # committed at least this far when the rows were written.
+    store_mark: int = 0
 
     def restorable(self) -> dict[int, int]:
         """The shards whose rows this state holds whole, each with the
@@ -215,6 +227,18 @@ class OwnerState:
         in the log but missing from the snapshot -- lost while it was written,
         or gained since -- has only the rows logged after it)."""
         return {s: w for s, w in self.as_of.items() if s in self.shards}
+
+    def check_mark(self, store_mark: int) -> None:
+        """Refuse rows ahead of the record of truth: the store's change mark
+        now (``Store.change_mark``) is below the one logged, so the store lost
+        commits these rows reflect (fires claimed, schedules moved) and a
+        restore from them would skip what the store still owes."""
+        if store_mark < self.store_mark:
+            raise CheckpointError(
+                f"the store's change mark is {store_mark}, below the {self.store_mark} this "
+                "checkpoint logged: the store lost commits the checkpoint saw (a power loss "
+                "with commits not fsynced, or a database restored from a backup)"
+            )
 
     def job_count(self) -> int:
         """At most this many jobs (rows of the snapshot and of the log)."""
@@ -260,6 +284,9 @@ def apply_records(state: OwnerState, data: bytes, *, snapshot: bool = False) -> 
                 state.watermark = _WATERMARK.unpack_from(data, pos)[1]
                 for shard in state.held:
                     state.as_of[shard] = state.watermark
+                pos += _WATERMARK.size
+            elif kind == KIND_MARK:
+                state.store_mark = max(state.store_mark, _WATERMARK.unpack_from(data, pos)[1])
                 pos += _WATERMARK.size
             elif kind == KIND_HELD:
                 bits = int.from_bytes(_HELD.unpack_from(data, pos)[1], "little")
@@ -321,13 +348,15 @@ def snapshot_chunks(
     rows_of: Callable[[int], Columns | None],
     profiles: Callable[[], Sequence[Profile]],
     watermark: int,
+    mark: int = 0,
 ) -> Iterator[bytes]:
     """A fuzzy snapshot, chunk by chunk (see the module docstring): the
-    watermark and the shards the log after it starts out holding
-    (``encode_held``), each shard's rows (``rows_of``, with ``prof`` numbering
+    watermark, the store's change mark as last logged (``encode_mark``),
+    the shards the log after it starts out holding (``encode_held``), each
+    shard's rows (``rows_of``, with ``prof`` numbering
     the owner's profiles; None: no longer held), then every profile with its
     number, read last so that it covers every number a shard used."""
-    yield encode_watermark(watermark) + encode_held(shards)
+    yield encode_watermark(watermark) + encode_mark(mark) + encode_held(shards)
     for shard in shards:
         rows = rows_of(shard)
         if rows is not None:

@@ -379,3 +379,6 @@ class BatchOutcome:
     # their completions unapplied, and their schedule moves, missed records
     # and starts were not written.
     fenced: frozenset[int] = frozenset()
+    # The store's change mark as this batch committed (``Store.change_mark``;
+    # 0: the store keeps none).
+    change_mark: int = 0

@@ -31,6 +31,7 @@ from wheel.checkpoint import Checkpoint, DutyCycle, Identity
 from wheel.checkpoint.owner_state import (
     OwnerState,
     encode_held,
+    encode_mark,
     encode_profile,
     encode_shard,
     encode_watermark,
@@ -43,6 +44,7 @@ from wheel.node._values import NodeConfig
 
 if TYPE_CHECKING:
     from wheel.engine.driver import Driver
+    from wheel.store.base import Store
 
 log = logging.getLogger("wheel.node")
 
@@ -56,10 +58,12 @@ class NodeCheckpoint:
     """The checkpoint of ``wheel.node.Node``."""
 
     config: NodeConfig
+    store: Store
     _driver: Driver | None
     _checkpoint: Checkpoint | None
     _watermark: int
     _logged_watermark: int
+    _logged_mark: int
     _log_records: int
     _snapshot_covers: int
     _snapshot_due: bool
@@ -67,6 +71,8 @@ class NodeCheckpoint:
     def _init_checkpointing(self) -> None:
         self._checkpoint = None
         self._logged_watermark = -1
+        # The store's change mark as last logged (on the store thread).
+        self._logged_mark = 0
         self._snapshot_due = False
         self._snapshot_task: asyncio.Task[None] | None = None
         self._snapshot_thread: threading.Thread | None = None
@@ -144,7 +150,9 @@ class NodeCheckpoint:
                 log.warning("checkpoint: %s", warning)
             if recovery.snapshot is None and not recovery.records:
                 return None
-            return recover_state(recovery)
+            state = recover_state(recovery)
+            state.check_mark(self.store.change_mark())
+            return state
         except CheckpointError as exc:
             log.error("checkpoint unusable, shards will load from the store: %s", exc)
             checkpoint.reset()
@@ -235,7 +243,11 @@ class NodeCheckpoint:
             # out holding (what it said last): each shard chunk is whole as of
             # the watermark, and the log's later watermarks move on the shards
             # it names.
-            await put(encode_watermark(self._watermark) + encode_held(self._logged_held or ()))
+            await put(
+                encode_watermark(self._watermark)
+                + encode_mark(self._logged_mark)
+                + encode_held(self._logged_held or ())
+            )
             for shard in held:
                 rows = owner.snapshot_columns(shard)
                 if rows is not None:

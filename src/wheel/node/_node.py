@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from wheel.checkpoint.owner_state import log_entry
+from wheel.checkpoint.owner_state import encode_mark, log_entry
 from wheel.coord.base import Coordinator
 from wheel.engine.driver import Driver
 from wheel.engine.model import SHARD_COUNT
@@ -521,6 +521,10 @@ class Node(
         self._store_committed(time.perf_counter() - started)
         checkpoint = self._checkpoint
         if records and checkpoint is not None:
+            if outcome.change_mark > self._logged_mark:
+                # With the rows: a restore finds a store that lost this commit.
+                records.append(encode_mark(outcome.change_mark))
+                self._logged_mark = outcome.change_mark
             try:
                 checkpoint.append([log_entry(records)])
             except CheckpointError:

@@ -395,6 +395,16 @@ class Store(Protocol):
         host's, which is the node's). Nodes anchor their own clock to it, so
         a cluster fires by one clock whatever its hosts' clocks say."""
 
+    def change_mark(self) -> int:
+        """The store's change mark: a number its commits only ever raise
+        (SQLite: the change counter every schedule move and API change
+        bumps), reported again with each batch (``BatchOutcome.change_mark``).
+        A mark the checkpoint logged that is above the store's now means the
+        store lost commits the checkpoint saw (a power loss with commits not
+        fsynced, a database restored from a backup): the checkpoint is then
+        ahead of the record of truth and is not used. 0: the store keeps no
+        such mark (PostgreSQL: its commits are flushed before they return)."""
+
     def acquire_epochs(self, shards: Collection[int], owner: str) -> dict[int, int]:
         """Bump and return each shard's ownership epoch (strictly increasing):
         how a single node takes every shard at start."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -59,6 +60,9 @@ class SQLiteStore(SQLStore):
 
     def clock_ms(self) -> int:
         return time.time_ns() // 1_000_000  # the file's host is the node's
+
+    def change_mark(self) -> int:
+        return self._read(lambda cur: int(cur.execute(LAST_CHANGE).fetchone()[0]))
 
     def _read(self, fn: Callable[[Executor], T]) -> T:
         with self._db.tx(write=False) as cur:
@@ -115,13 +119,16 @@ class SQLiteStore(SQLStore):
         ``fence_shards`` out until it ends."""
         with self._db.tx(write=True) as cur:
             if batch.epochs is None:
-                return write_in_order(self, batch)
-            return write_checked(
-                batch,
-                _runs.stale_shards(cur, batch.epochs),
-                lambda run_ids: _runs.job_ids(cur, run_ids),
-                lambda part: write_in_order(self, part),
-            )
+                outcome = write_in_order(self, batch)
+            else:
+                outcome = write_checked(
+                    batch,
+                    _runs.stale_shards(cur, batch.epochs),
+                    lambda run_ids: _runs.job_ids(cur, run_ids),
+                    lambda part: write_in_order(self, part),
+                )
+            mark = int(cur.execute(LAST_CHANGE).fetchone()[0])
+        return replace(outcome, change_mark=mark)
 
     def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
         if not advances:
