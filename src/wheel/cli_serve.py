@@ -107,7 +107,7 @@ def add_serve_parser(sub: Any) -> None:
         "--tick-ms",
         type=_ms,
         help="while fires keep coming due, the dispatch loop goes round at most once per this"
-        " many ms, each round one store batch and one message a worker (default 20; 0: a"
+        " many ms, each round one store batch and one message a worker (default 30; 0: a"
         " round at every timer); a fire after a quiet spell goes at once",
     )
     s.add_argument(

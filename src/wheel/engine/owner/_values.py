@@ -117,8 +117,11 @@ class OwnerConfig:
     # rounds/s), the same for one run as for a hundred: a tick's forty fires
     # dealt one at a time over two workers paid two rounds for what one
     # carries. Over batches the load is even; a worker never gets more than
-    # its credit. 1: one run a worker in turn.
-    hand_out_chunk: int = 64
+    # its credit. 1: one run a worker in turn. A tick's batch at a few
+    # thousand fires/s is 60-200 runs: dealt 64 a worker, each batch still
+    # went to both of two workers (measured at 2,000 fires/s with 70-run
+    # batches: the workers' CPU a fire 17% lower with 256 than with 64).
+    hand_out_chunk: int = 256
     # Upper bound on missed records listed for one catch-up or pause.
     max_missed_listed: int = 100_000
     # Work that waits this long for a worker of its route raises an alert
