@@ -93,8 +93,15 @@ class NodeJobs:
                 if i % 250 == 249:
                     await asyncio.sleep(0)  # let the loop in between
                 if not isinstance(result, WheelError) and result.created:
-                    markers.add(result.job.change)
                     driver.submitted(result.job, now, new)
+                    if driver.owner.owns(result.job.job_id):
+                        markers.add(result.job.change)
+                    # Else its shard is being gained: the gain's load may
+                    # have read the store before this job, and the change
+                    # feed, read on from the load's watermark, brings it.
+                    # Left out of the feed as the node's own, it was never
+                    # armed (a state change or update of such a shard is
+                    # refused as moving; a submit is not).
                 if not future.done():
                     future.set_result(result)
             # Left out of the change feed only now that every job they mark is
