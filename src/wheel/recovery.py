@@ -81,9 +81,7 @@ def restore_owner(
             for warning in recovery.warnings:
                 log.warning("checkpoint: %s", warning)
             if recovery.snapshot is not None or recovery.records:
-                recovered = recover_state(recovery)
-                recovered.check_mark(store.change_mark())
-                state = recovered
+                state = recover_state(recovery, store.change_mark())
         except CheckpointError as exc:
             log.error("checkpoint unusable, rebuilding from the store: %s", exc)
             checkpoint.reset()

@@ -304,12 +304,17 @@ def log_entry(records: Sequence[bytes]) -> bytes:
     return b"".join(records)
 
 
-def recover_state(recovery: Recovery) -> OwnerState:
+def recover_state(recovery: Recovery, store_mark: int | None = None) -> OwnerState:
+    """The state a checkpoint's snapshot and log hold; with ``store_mark``
+    (the store's ``change_mark`` now), refused by ``OwnerState.check_mark``
+    when the store is behind it."""
     state = OwnerState()
     for chunk in recovery.snapshot or ():
         apply_records(state, chunk, snapshot=True)
     for _seq, entry in recovery.records:
         state.log_records += apply_records(state, entry)
+    if store_mark is not None:
+        state.check_mark(store_mark)
     return state
 
 

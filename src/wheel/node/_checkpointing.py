@@ -150,9 +150,7 @@ class NodeCheckpoint:
                 log.warning("checkpoint: %s", warning)
             if recovery.snapshot is None and not recovery.records:
                 return None
-            state = recover_state(recovery)
-            state.check_mark(self.store.change_mark())
-            return state
+            return recover_state(recovery, self.store.change_mark())
         except CheckpointError as exc:
             log.error("checkpoint unusable, shards will load from the store: %s", exc)
             checkpoint.reset()
