@@ -967,7 +967,7 @@ def _limit(spec: JobSpec) -> int:
 
 
 def check(sim: Sim) -> list[Violation]:
-    """Every promise of DESIGN.md "The promise to users" over the history.
+    """Every promise of docs/design.md "The promise to users" over the history.
 
     Run after ``Sim.drain``: every fire due before the end (``sim.end``, when
     the drain began) must be settled -- its latest attempt terminal, or the
