@@ -17,10 +17,11 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from wheel.auth import ADMIN, JOBS_READ, JOBS_WRITE, OPERATOR, SCOPES, TOKEN_ENV, mint
+from wheel.cli_common import fmt_time
 from wheel.client import Client, TenantQuota, Token
 from wheel.errors import InvalidArgument
 from wheel.store.base import Store
@@ -83,7 +84,7 @@ def _client(ns: argparse.Namespace) -> Client:
 
 
 def _time_text(t: datetime | None) -> str:
-    return "-" if t is None else t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return fmt_time(t)
 
 
 def token_line(t: Token) -> str:
