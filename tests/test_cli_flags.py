@@ -24,20 +24,22 @@ from wheel.engine.spec import DEFAULT_LIMITS
 
 
 def _options(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, argparse.Action]]:
-    """Every option of every (sub)command under ``parser``, with its command."""
+    """Every option and argument of every (sub)command under ``parser``,
+    with its command."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
                 yield from _options(sub, f"{path} {name}")
-        elif action.option_strings and not isinstance(action, argparse._HelpAction):
+        elif not isinstance(action, argparse._HelpAction):
             yield path, action
 
 
-def test_every_flag_of_every_command_has_help() -> None:
+def test_every_flag_and_argument_of_every_command_has_help() -> None:
     options = list(_options(build_parser(), "wheelctl"))
-    assert len(options) > 200  # the walk reached the subcommands' subcommands
+    assert len(options) > 200
+    assert "wheelctl dlq redrive" in {path for path, _ in options}  # the walk went all the way
     bare = [
-        f"{path} {'/'.join(a.option_strings)}"
+        f"{path} {'/'.join(a.option_strings) or a.dest}"
         for path, a in options
         if not a.help or a.help == argparse.SUPPRESS
     ]

@@ -504,13 +504,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, method in (("cancel", "cancel"), ("pause", "pause"), ("resume", "resume")):
         c = sub.add_parser(name, help=f"{name} a job")
-        c.add_argument("job_id", type=int)
+        c.add_argument("job_id", type=int, help="the job's id")
         c.add_argument("--target", default=target, help=target_help)
         add_token_flag(c)
         c.set_defaults(fn=_state_cmd(method))
 
     t = sub.add_parser("trigger", help="run a job now, out of band")
-    t.add_argument("job_id", type=int)
+    t.add_argument("job_id", type=int, help="the job's id")
     t.add_argument("--target", default=target, help=target_help)
     add_token_flag(t)
     t.set_defaults(fn=cmd_trigger)

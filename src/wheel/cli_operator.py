@@ -395,7 +395,7 @@ def register(sub: Any, target: str, target_help: str) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    up.add_argument("job_id", type=int)
+    up.add_argument("job_id", type=int, help="the job's id")
     common(up, "the job as JSON")
     actions = add_job_flags(up)
     defaults = _optional(actions)
@@ -404,12 +404,12 @@ def register(sub: Any, target: str, target_help: str) -> None:
     up.set_defaults(fn=cmd_update, submit_defaults=defaults)
 
     us = sub.add_parser("updates", help="a job's recorded updates, newest first")
-    us.add_argument("job_id", type=int)
+    us.add_argument("job_id", type=int, help="the job's id")
     common(us, "the updates as a JSON array")
     us.set_defaults(fn=cmd_updates)
 
     bf = sub.add_parser("backfill", help="run a job's past fires of a time range")
-    bf.add_argument("job_id", type=int)
+    bf.add_argument("job_id", type=int, help="the job's id")
     common(bf, "the answer as JSON")
     bf.add_argument(
         "--from",
@@ -462,7 +462,7 @@ def register(sub: Any, target: str, target_help: str) -> None:
     dl.add_argument("--job", type=int, help="of one job (default: every job you may see)")
     dl.set_defaults(fn=cmd_dlq_list)
     dr = dqs.add_parser("redrive", help="run a job's dead letters again as new attempts")
-    dr.add_argument("job_id", type=int)
+    dr.add_argument("job_id", type=int, help="the job's id")
     common(dr, "the new attempts as a JSON array")
     dr.add_argument("--run", type=int, help="only this dead-lettered run")
     dr.set_defaults(fn=cmd_dlq_redrive)
