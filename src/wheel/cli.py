@@ -417,8 +417,8 @@ def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
         ),
         p.add_argument(
             "--backoff-multiplier",
-            type=_positive_number,
-            help="the backoff is multiplied by this after each retry (default 2)",
+            type=_multiplier,
+            help="the backoff is multiplied by this after each retry, 1 to 100 (default 2)",
         ),
         p.add_argument("--timeout", default="5m", help="a run's time limit, e.g. 30s (5m)"),
         *_switch(
@@ -429,13 +429,14 @@ def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
     ]
 
 
-def _positive_number(text: str) -> float:
+def _multiplier(text: str) -> float:
+    """--backoff-multiplier: the node takes 1 to 100."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not 1.0 <= value <= 100.0:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 100, got {text}")
     return value
 
 
