@@ -103,7 +103,9 @@ def run_line(r: Run) -> str:
 def cmd_runs(ns: argparse.Namespace) -> int:
     limit = None if ns.all or ns.limit == 0 else ns.limit
     with command_client(ns) as client:
-        page = min(limit or 1000, 1000)
+        # ListRuns filters states on the page it read: a page of the most
+        # (1000) when filtering, so that a rare state costs fewer calls.
+        page = 1000 if ns.state else min(limit + 1 if limit else 1000, 1000)
         found = client.runs(ns.job_id, states=ns.state or (), page_size=page)
         # One more than shown: whether there are more to say so.
         runs = list(found if limit is None else itertools.islice(found, limit + 1))
