@@ -243,7 +243,9 @@ def register(sub: Any, target: str, target_help: str) -> None:
         "runs",
         help="a job's runs (every attempt) and missed fires, newest first",
         description="A job's runs and missed fires, newest first: the newest --limit (50)"
-        " unless --all. Times are UTC (Z).",
+        " unless --all. Times are UTC (Z). STARTED is when the worker started the run (when"
+        " a run ended before its start was recorded, when it was handed out); DURATION runs"
+        " from then to FINISHED.",
     )
     r.add_argument("job_id", type=int, help="the job's id")
     common(r, "the runs as a JSON array (the same --limit)")
