@@ -4,7 +4,8 @@ wheelctl serve  [--data-dir DIR] [--listen HOST:PORT] [--store URL] ...   (see w
 wheelctl worker [--target HOST:PORT[,HOST:PORT...]]... [--capacity N] module:function ...
 wheelctl submit --name N --handler H (--at WHEN | --cron EXPR | --every DURATION) ...
 wheelctl import FILE   (JSON Lines, one submit a line; see wheel.cli_import)
-wheelctl jobs | runs JOB_ID | cancel JOB_ID | pause JOB_ID | resume JOB_ID
+wheelctl jobs | job JOB_ID | runs JOB_ID   (see wheel.cli_listing)
+wheelctl cancel JOB_ID | pause JOB_ID | resume JOB_ID
 wheelctl trigger JOB_ID | status | alerts | inflight | demo
 wheelctl update JOB_ID ... | updates JOB_ID | backfill JOB_ID --from --to | preview ...
 wheelctl dlq list|redrive ...   (see wheel.cli_operator)
