@@ -186,7 +186,8 @@ def test_wheelctl_talks_to_a_node_through_the_client(
         runs = json.loads(capsys.readouterr().out)
         assert [(r["run_id"] > 0, r["attempt"]) for r in runs] == [(True, 0)]
         assert set(runs[0]) == {"run_id", "scheduled_for_ms", "attempt", "state", "fence",
-                                "worker_id", "error", "missed_reason"}  # fmt: skip
+                                "worker_id", "error", "missed_reason", "dispatched_at_ms",
+                                "started_at_ms", "finished_at_ms", "duration_ms"}  # fmt: skip
         assert main(["status", *target]) == 0
         status = capsys.readouterr().out
         assert status.startswith("node node-1: 2 jobs") and "workers: 0, capacity 0" in status
@@ -201,7 +202,9 @@ def test_wheelctl_talks_to_a_node_through_the_client(
         out = capsys.readouterr().out.splitlines()
         assert "shards: node-1 owns 256; 0 without an owner" in out
         # Each since the node started: dispatched under its epoch since then.
-        started = datetime.fromtimestamp(since[0] / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
+        # Its time as every time wheelctl prints: UTC, with its Z.
+        started = datetime.fromtimestamp(since[0] / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")
+        started = started[:-3] + "Z"
         assert set(since.values()) == {since[0]}
         assert out[-SHARD_COUNT:] == [
             f"{s:>5}  node-1  {epochs[s]:>5}  {started}" for s in range(SHARD_COUNT)
@@ -334,15 +337,15 @@ def test_the_shard_map_says_what_is_moving_held_twice_or_unknown() -> None:
     assert lines[:3] == [
         "shards: node-a owns 1, node-b owns 2, node-c owns 1, node-d owns 1; 251 without an owner",
         "no answer from node-c: their epochs are unknown",
-        "shard  owner   epoch  dispatching since (UTC)",
+        "shard  owner   epoch  dispatching since",
     ]
     assert lines[3:9] == [
-        "    0  node-a      3  04:05:06.789",
-        "    1  node-b      5  04:05:06.789  also held by node-a at epoch 4",
-        "    2  node-b      -  -             not loaded by its owner yet",
-        "    3  node-c      -  -             node-c did not answer",
-        "    4  -           -  -             no owner",
-        "    5  node-d      -  -             node-d is not a member",
+        "    0  node-a      3  2026-03-01T04:05:06.789Z",
+        "    1  node-b      5  2026-03-01T04:05:06.789Z  also held by node-a at epoch 4",
+        "    2  node-b      -  -                         not loaded by its owner yet",
+        "    3  node-c      -  -                         node-c did not answer",
+        "    4  -           -  -                         no owner",
+        "    5  node-d      -  -                         node-d is not a member",
     ]
     assert rows[1].as_json() == {
         "shard": 1,

@@ -91,10 +91,11 @@ def test_submit_takes_the_dst_flags_and_preview_shows_them_across_a_change(
     every = run(capsys, server, "preview", "--every", "90s", "--start", "1800000000000",
                 "--from", "1800000000000", "--count", "3")  # fmt: skip
     assert [f["fire_ms"] for f in every] == [1_800_000_000_000 + k * 90_000 for k in range(3)]
-    # Without --json: UTC and the zone's own wall time.
+    # Without --json: UTC with its Z, and the zone's own wall time with its
+    # offset and name.
     assert main(["preview", *spring, "--target", server.target]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1] == "2027-03-14 07:00:00.000  2027-03-14T03:00:00-04:00"
+    assert out[1] == "2027-03-14T07:00:00.000Z  2027-03-14T03:00:00.000-04:00 (America/New_York)"
 
 
 def test_backfill_and_dead_letters_through_wheelctl(
@@ -222,9 +223,9 @@ def test_a_from_or_to_without_a_zone_is_a_wall_time_in_the_schedules_zone(
     assert main(["preview", "--job", job_id, "--from", "2027-03-13", "--count", "1",
                  "--target", server.target]) == 0  # fmt: skip
     assert capsys.readouterr().out.split() == [
-        "2027-03-14",
-        "03:00:00.000",
-        "2027-03-13T22:00:00-05:00",
+        "2027-03-14T03:00:00.000Z",
+        "2027-03-13T22:00:00.000-05:00",
+        "(America/New_York)",
     ]
     # A zoneless ISO --from/--to of backfill: the job's wall times (read as
     # UTC, 21:00-23:00 would be the afternoon in New York, with no fire in it).

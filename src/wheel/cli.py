@@ -4,7 +4,8 @@ wheelctl serve  [--data-dir DIR] [--listen HOST:PORT] [--store URL] ...   (see w
 wheelctl worker [--target HOST:PORT[,HOST:PORT...]]... [--capacity N] module:function ...
 wheelctl submit --name N --handler H (--at WHEN | --cron EXPR | --every DURATION) ...
 wheelctl import FILE   (JSON Lines, one submit a line; see wheel.cli_import)
-wheelctl jobs | runs JOB_ID | cancel JOB_ID | pause JOB_ID | resume JOB_ID
+wheelctl jobs | job JOB_ID | runs JOB_ID   (see wheel.cli_listing)
+wheelctl cancel JOB_ID | pause JOB_ID | resume JOB_ID
 wheelctl trigger JOB_ID | status | alerts | inflight | demo
 wheelctl update JOB_ID ... | updates JOB_ID | backfill JOB_ID --from --to | preview ...
 wheelctl dlq list|redrive ...   (see wheel.cli_operator)
@@ -32,12 +33,20 @@ from wheel._tls_cli import (
 from wheel.cli_admin import add_token_flag
 from wheel.cli_admin import register as register_admin
 from wheel.cli_common import (
+    MAX_PAYLOAD_BYTES,
+    ZONELESS_UTC,
+    Parser,
     _add_log_format,
+    at_least_one,
     command_client,
     epoch_ms,
     fmt_time,
     parse_duration,
+    read_payload,
+    read_payload_json,
 )
+from wheel.cli_listing import job_line
+from wheel.cli_listing import register as register_listing
 from wheel.cli_serve import add_serve_parser, quiet_created_series
 from wheel.cli_status import cmd_alerts, cmd_inflight, cmd_status
 from wheel.client import (
@@ -52,6 +61,7 @@ from wheel.client import (
     JobArgs,
     Overlap,
     OverlapPolicy,
+    Retry,
     Schedule,
 )
 from wheel.errors import InvalidArgument, WheelError
@@ -63,7 +73,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 def parse_when(text: str, field: str) -> datetime | timedelta:
     """'+5s' (that long from now), epoch milliseconds, or an ISO 8601 time
-    (UTC if it has no zone)."""
+    (naive if it has no zone: the caller says in which zone it is, see
+    ``ZONELESS_UTC`` and ``ZONELESS_JOB``)."""
     text = text.strip()
     if text.startswith("+"):
         return parse_duration(text[1:], field)
@@ -75,11 +86,15 @@ def parse_when(text: str, field: str) -> datetime | timedelta:
         raise InvalidArgument(field, f"{text!r} is not +DURATION, epoch ms or ISO 8601") from None
 
 
-def submit_args(ns: argparse.Namespace, now: datetime | None = None) -> JobArgs:
+def submit_args(
+    ns: argparse.Namespace, now: datetime | None = None, *, files: bool = True
+) -> JobArgs:
     """``Client.submit``'s keywords from ``wheelctl submit``'s flags; the client
     checks them (one schedule, options that go with it). Relative times
     (``+5s``) count from ``now`` (default: the wall clock's now), so that
-    sending the same request again sends the same body."""
+    sending the same request again sends the same body; a time without a
+    zone is UTC (there is no job yet). With ``files``, ``--payload @PATH``
+    reads the payload from a file (an import's lines do not)."""
     now = now or datetime.now(UTC)
     args: JobArgs = {
         "name": ns.name,
@@ -88,7 +103,7 @@ def submit_args(ns: argparse.Namespace, now: datetime | None = None) -> JobArgs:
         "dst_gap": ns.dst_gap,
         "dst_fold": ns.dst_fold,
         "fixed_delay": _on(ns, "fixed_delay", "fixed_rate"),
-        "payload": ns.payload,
+        "payload": job_payload(ns, files=files),
         "tenant": ns.tenant,
         "pool": ns.pool,
         "catch_up": CatchUp(
@@ -99,7 +114,7 @@ def submit_args(ns: argparse.Namespace, now: datetime | None = None) -> JobArgs:
             max_count=ns.catch_up_max,
         ),
         "overlap": Overlap(policy=ns.overlap, max_concurrent=ns.max_concurrent),
-        "retry": ns.max_attempts,
+        "retry": retry_of(ns, {}),
         "timeout": parse_duration(ns.timeout, "timeout"),
         "at_most_once": _on(ns, "at_most_once", "idempotent"),
         "idempotency_key": ns.key or None,
@@ -117,6 +132,48 @@ def submit_args(ns: argparse.Namespace, now: datetime | None = None) -> JobArgs:
     if ns.jitter:
         args["jitter"] = parse_duration(ns.jitter, "jitter")
     return args
+
+
+def job_payload(ns: argparse.Namespace, *, files: bool = True) -> Any:
+    """The payload of ``--payload`` (any bytes, as text or ``@PATH``) or of
+    ``--payload-json`` (checked to be JSON), not both. An import line's
+    ``payload`` is a JSON value of its own, passed on as it is."""
+    raw, as_json = getattr(ns, "payload", None), getattr(ns, "payload_json", None)
+    if raw not in (None, "") and as_json is not None:
+        raise InvalidArgument("payload_json", "give --payload or --payload-json, not both")
+    if as_json is not None:
+        return read_payload_json(as_json, "payload_json", files=files)
+    if isinstance(raw, str):
+        return read_payload(raw, "payload", files=files)
+    return b"" if raw is None else raw
+
+
+# The flags of a retry policy besides --max-attempts, and the Retry field each sets.
+_BACKOFF_FLAGS = {
+    "initial_backoff": "initial_backoff",
+    "max_backoff": "max_backoff",
+    "backoff_multiplier": "multiplier",
+}
+
+
+def retry_of(ns: argparse.Namespace, defaults: dict[str, Any]) -> Retry | int:
+    """The retry policy of the flags given (``defaults``: submit's, for the
+    parts not in ``ns``): a number of attempts alone, or a whole ``Retry``
+    when a backoff flag is given."""
+
+    def part(flag: str) -> Any:
+        return getattr(ns, flag, defaults.get(flag))
+
+    backoff: dict[str, Any] = {}
+    for flag, field in _BACKOFF_FLAGS.items():
+        value = part(flag)
+        if value is None:
+            continue
+        backoff[field] = value if flag == "backoff_multiplier" else parse_duration(value, flag)
+    attempts: int = part("max_attempts")
+    if not backoff:
+        return attempts
+    return Retry(max_attempts=attempts, **backoff)
 
 
 # -- commands ------------------------------------------------------------------------
@@ -146,10 +203,7 @@ def cmd_worker(ns: argparse.Namespace) -> int:
 
 
 def _job_line(job: Job) -> str:
-    return (
-        f"{job.job_id:>20}  {job.state:<9}  {job.name:<24}  "
-        f"next {fmt_time(job.next_fire)}  handler {job.handler}"
-    )
+    return job_line(job)
 
 
 def cmd_submit(ns: argparse.Namespace) -> int:
@@ -161,16 +215,6 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     else:
         print(f"{'submitted' if job.created else 'already submitted'} job {job.job_id}")
         print(_job_line(job))
-    return 0
-
-
-def cmd_jobs(ns: argparse.Namespace) -> int:
-    with command_client(ns) as client:
-        if ns.json:
-            print(json.dumps([job_json(job) for job in client.jobs(tenant=ns.tenant)]))
-            return 0
-        for job in client.jobs(tenant=ns.tenant):
-            print(_job_line(job))
     return 0
 
 
@@ -245,37 +289,6 @@ def policies_json(job: Job) -> dict[str, Any]:
     }
 
 
-def cmd_runs(ns: argparse.Namespace) -> int:
-    with command_client(ns) as client:
-        runs = list(client.runs(ns.job_id))
-    if ns.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "run_id": r.run_id,
-                        "scheduled_for_ms": epoch_ms(r.scheduled_for),
-                        "attempt": r.attempt,
-                        "state": r.state.value,
-                        "fence": r.fence,
-                        "worker_id": r.worker_id or "",
-                        "error": r.error or "",
-                        "missed_reason": r.missed_reason or "",
-                    }
-                    for r in runs
-                ]
-            )
-        )
-        return 0
-    for r in runs:
-        detail = r.missed_reason or r.error or ""
-        print(
-            f"{fmt_time(r.scheduled_for)}  attempt {r.attempt}  {r.state:<13} "
-            f"run {r.run_id:<8} worker {r.worker_id or '-':<20} {detail}"
-        )
-    return 0
-
-
 def _state_cmd(method: str) -> Any:
     def run(ns: argparse.Namespace) -> int:
         with command_client(ns) as client:
@@ -306,9 +319,13 @@ def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
     reads them), and their actions: ``wheelctl import`` takes the same options
     as the keys of each line."""
     return [
-        p.add_argument("--name", required=True),
-        p.add_argument("--handler", required=True),
-        p.add_argument("--at", help="one-shot: +5s, epoch ms, or ISO 8601"),
+        p.add_argument("--name", required=True, help="the job's name (need not be unique)"),
+        p.add_argument(
+            "--handler", required=True, help="the handler a worker runs, by its registered name"
+        ),
+        p.add_argument(
+            "--at", help=f"one-shot: +5s (from now), epoch ms, or ISO 8601; {ZONELESS_UTC}"
+        ),
         p.add_argument("--cron", help="cron expression (5 fields, or 6 with seconds first)"),
         p.add_argument("--tz", default="UTC", help="IANA time zone of the cron expression"),
         p.add_argument(
@@ -325,33 +342,103 @@ def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
             help="a cron wall time that comes twice (fall back): fire on the first (default),"
             " or on both",
         ),
-        p.add_argument("--every", help="interval, e.g. 30s"),
-        p.add_argument("--start", help="first fire of an interval (default: now + period)"),
+        p.add_argument("--every", help="interval, e.g. 30s (--every=30s works too)"),
+        p.add_argument(
+            "--start",
+            help=f"first fire of an interval: +5s, epoch ms or ISO 8601 (default: now +"
+            f" period); {ZONELESS_UTC}",
+        ),
         *_switch(
             p,
             ("--fixed-delay", "the next fire an interval after the previous run ends"),
             ("--fixed-rate", "fires an interval apart whatever the runs take (the default)"),
         ),
-        p.add_argument("--jitter"),
-        p.add_argument("--payload", default=""),
-        p.add_argument("--tenant", default="default"),
-        p.add_argument("--pool", default="default"),
-        p.add_argument("--key", "--idempotency-key", dest="key", help="idempotency key"),
         p.add_argument(
-            "--catch-up", default="run_latest_only", choices=[m.value for m in CatchUpMode]
+            "--jitter", help="delay each fire by up to this much, e.g. 10s (never past the next)"
         ),
-        p.add_argument("--catch-up-window"),
-        p.add_argument("--catch-up-max", type=int, default=100),
-        p.add_argument("--overlap", default="skip", choices=[o.value for o in OverlapPolicy]),
-        p.add_argument("--max-concurrent", type=int, default=1),
-        p.add_argument("--max-attempts", type=int, default=5),
-        p.add_argument("--timeout", default="5m"),
+        p.add_argument(
+            "--payload",
+            default="",
+            help="the bytes a run gets, as text; @PATH reads them from a file, @- from stdin"
+            f" (at most {MAX_PAYLOAD_BYTES} bytes, 256 KiB)",
+        ),
+        p.add_argument(
+            "--payload-json",
+            help="a JSON payload, checked to be valid JSON; @PATH or @- reads it from a file"
+            " or stdin (at most 256 KiB)",
+        ),
+        p.add_argument("--tenant", default="default", help="the tenant the job belongs to"),
+        p.add_argument("--pool", default="default", help="the worker pool whose workers run it"),
+        p.add_argument(
+            "--key",
+            "--idempotency-key",
+            dest="key",
+            help="idempotency key: a retried submit"
+            " with the same key and body returns the same job",
+        ),
+        p.add_argument(
+            "--catch-up",
+            default="run_latest_only",
+            choices=[m.value for m in CatchUpMode],
+            help="fires missed while down: run the latest only (default), all (up to"
+            " --catch-up-max), or skip them (each recorded missed)",
+        ),
+        p.add_argument(
+            "--catch-up-window", help="how late a missed fire may still run, e.g. 1h (default: any)"
+        ),
+        p.add_argument(
+            "--catch-up-max", type=int, default=100, help="run_all: at most this many (100)"
+        ),
+        p.add_argument(
+            "--overlap",
+            default="skip",
+            choices=[o.value for o in OverlapPolicy],
+            help="a fire due while the previous run still goes: skip it (default, recorded"
+            " missed), buffer one, buffer all, or allow up to --max-concurrent",
+        ),
+        p.add_argument(
+            "--max-concurrent",
+            type=at_least_one,
+            default=1,
+            help="--overlap allow: runs at once, at most",
+        ),
+        p.add_argument(
+            "--max-attempts",
+            type=at_least_one,
+            default=5,
+            help="attempts of a fire in all, the first included, before it is dead-lettered (5)",
+        ),
+        p.add_argument(
+            "--initial-backoff",
+            help="wait before the first retry, e.g. 1s (the default); each retry waits a random"
+            " time up to the backoff (full jitter)",
+        ),
+        p.add_argument(
+            "--max-backoff", help="the backoff grows to at most this, e.g. 5m (the default)"
+        ),
+        p.add_argument(
+            "--backoff-multiplier",
+            type=_multiplier,
+            help="the backoff is multiplied by this after each retry, 1 to 100 (default 2)",
+        ),
+        p.add_argument("--timeout", default="5m", help="a run's time limit, e.g. 30s (5m)"),
         *_switch(
             p,
             ("--at-most-once", "a run never starts twice (a lost run is not run again)"),
             ("--idempotent", "a lost run is run again (the default)"),
         ),
     ]
+
+
+def _multiplier(text: str) -> float:
+    """--backoff-multiplier: the node takes 1 to 100."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 1.0 <= value <= 100.0:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 100, got {text}")
+    return value
 
 
 def _switch(
@@ -376,10 +463,8 @@ def _on(ns: argparse.Namespace, on: str, off: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="wheelctl", description="wheel: a fault-tolerant job scheduler"
-    )
-    p.add_argument("-v", "--verbose", action="store_true")
+    p = Parser(prog="wheelctl", description="wheel: a fault-tolerant job scheduler")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = p.add_subparsers(dest="command", required=True)
     target = os.environ.get("WHEEL_TARGET", DEFAULT_TARGET)
     # Several nodes: a call goes to the next when one is unavailable; a worker
@@ -396,9 +481,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="nodes to hold lease streams to: HOST:PORT[,HOST:PORT...], or the flag once per"
         f" node; in a cluster one is enough, the others are found (default {target})",
     )
-    w.add_argument("--capacity", type=int, default=16)
-    w.add_argument("--worker-id")
-    w.add_argument("--pool", action="append")
+    w.add_argument("--capacity", type=int, default=16, help="runs at once, at most (%(default)s)")
+    w.add_argument("--worker-id", help="this worker's name (default: host and process id)")
+    w.add_argument(
+        "--pool", action="append", help="a pool to take runs of (default: default); again for more"
+    )
     w.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
@@ -412,32 +499,20 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--target", default=target, help=target_help)
     add_token_flag(sb)
     add_job_flags(sb)
-    sb.add_argument("--json", action="store_true")
+    sb.add_argument("--json", action="store_true", help="the answer as JSON: job_id, created")
     sb.set_defaults(fn=cmd_submit)
 
-    j = sub.add_parser("jobs", help="list jobs")
-    j.add_argument("--target", default=target, help=target_help)
-    add_token_flag(j)
-    j.add_argument("--tenant")
-    j.add_argument("--json", action="store_true", help="the jobs as a JSON array")
-    j.set_defaults(fn=cmd_jobs)
-
-    r = sub.add_parser("runs", help="list a job's runs and missed fires")
-    r.add_argument("job_id", type=int)
-    r.add_argument("--target", default=target, help=target_help)
-    add_token_flag(r)
-    r.add_argument("--json", action="store_true")
-    r.set_defaults(fn=cmd_runs)
+    register_listing(sub, target, target_help)
 
     for name, method in (("cancel", "cancel"), ("pause", "pause"), ("resume", "resume")):
         c = sub.add_parser(name, help=f"{name} a job")
-        c.add_argument("job_id", type=int)
+        c.add_argument("job_id", type=int, help="the job's id")
         c.add_argument("--target", default=target, help=target_help)
         add_token_flag(c)
         c.set_defaults(fn=_state_cmd(method))
 
     t = sub.add_parser("trigger", help="run a job now, out of band")
-    t.add_argument("job_id", type=int)
+    t.add_argument("job_id", type=int, help="the job's id")
     t.add_argument("--target", default=target, help=target_help)
     add_token_flag(t)
     t.set_defaults(fn=cmd_trigger)
@@ -459,14 +534,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_token_flag(al)
     al.add_argument("--since", help="only those raised this long ago or later, e.g. 1h")
     al.add_argument("--limit", type=int, default=0, help="at most the newest N (0: all)")
-    al.add_argument("--json", action="store_true")
+    al.add_argument("--json", action="store_true", help="the alerts as JSON")
     al.set_defaults(fn=cmd_alerts)
 
     fl = sub.add_parser("inflight", help="runs in flight on every member, with who holds each")
     fl.add_argument("--target", default=target, help=target_help)
     add_token_flag(fl)
     fl.add_argument("--limit", type=int, default=100, help="at most N, lowest run ids (max 1000)")
-    fl.add_argument("--json", action="store_true")
+    fl.add_argument("--json", action="store_true", help="the runs as JSON")
     fl.set_defaults(fn=cmd_inflight)
 
     register_admin(sub, target, target_help)
@@ -479,7 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="a server, two workers and sample jobs, with live output")
     d.add_argument("--duration", type=float, default=30.0, help="seconds (0: until Ctrl-C)")
-    d.add_argument("--port", type=int, default=50051)
+    d.add_argument("--port", type=int, default=50051, help="the demo node's port (%(default)s)")
     d.add_argument("--data-dir", help="default: a temporary directory")
     d.set_defaults(fn=cmd_demo)
     cli_outbox.add_parser(sub)
@@ -496,6 +571,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         code: int = ns.fn(ns)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (``wheelctl jobs | head``): not an error of
+        # ours. Python's recipe: point stdout at devnull so that the flush at
+        # exit does not fail again, and end as a shell's killed writer would.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except WheelError as exc:
         fmt = getattr(ns, "log_format", "text")
         print(announcement(f"wheelctl: {exc}", fmt, level=logging.ERROR), file=sys.stderr)

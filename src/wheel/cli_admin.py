@@ -17,10 +17,11 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from wheel.auth import ADMIN, JOBS_READ, JOBS_WRITE, OPERATOR, SCOPES, TOKEN_ENV, mint
+from wheel.cli_common import fmt_time
 from wheel.client import Client, TenantQuota, Token
 from wheel.errors import InvalidArgument
 from wheel.store.base import Store
@@ -83,7 +84,7 @@ def _client(ns: argparse.Namespace) -> Client:
 
 
 def _time_text(t: datetime | None) -> str:
-    return "-" if t is None else t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return fmt_time(t)
 
 
 def token_line(t: Token) -> str:
@@ -226,7 +227,7 @@ def register(sub: Any, target: str, target_help: str) -> None:
     ls.set_defaults(fn=cmd_token_list)
     rv = tks.add_parser("revoke", help="revoke a token by id; its open streams end too")
     common(rv)
-    rv.add_argument("token_id")
+    rv.add_argument("token_id", help="the token's id, as token list shows it")
     rv.set_defaults(fn=cmd_token_revoke)
 
     tn = sub.add_parser("tenant", help="tenant quotas")
@@ -235,7 +236,7 @@ def register(sub: Any, target: str, target_help: str) -> None:
         "set", help=f"change a tenant's limits (those not given stay; '{UNLIMITED}' clears one)"
     )
     common(st)
-    st.add_argument("tenant")
+    st.add_argument("tenant", help="the tenant's name")
     st.add_argument("--max-jobs", help="active or paused jobs it may hold")
     st.add_argument("--submits-per-s", help="submits a second (per node)")
     st.add_argument("--fires-per-s", help="runs dispatched a second (per shard owner)")

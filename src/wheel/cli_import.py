@@ -8,7 +8,9 @@ submit`` (``wheel.cli.add_job_flags``), ``-`` spelled ``_``:
 "catch_up": "skip", "payload": {"id": 7}}``. A value is what the flag takes:
 a string, a number for a numeric flag (and for ``at`` and ``start``, epoch
 milliseconds), true or false for a switch; ``payload`` may be any JSON value
-(a string is sent as its text, anything else as compact JSON). The same
+(a string is sent as its text, anything else as compact JSON), and
+``payload_json`` JSON text, checked (or any other JSON value, sent as compact
+JSON); ``@PATH`` is not read in a line (it is the payload's text). The same
 ``submit_args`` as ``wheelctl submit``'s makes the request. Blank lines are
 skipped; relative times (``+5s``) count from the start of the import.
 
@@ -139,7 +141,7 @@ class LineParser:
         for dest in self._required:
             if values[dest] is None:
                 raise InvalidArgument(dest, "is required")
-        args = submit_args(argparse.Namespace(**values), now=self._now)
+        args = submit_args(argparse.Namespace(**values), now=self._now, files=False)
         args["idempotency_key"] = args.get("idempotency_key") or derived_key(number, text)
         return JobRequest(**args)
 
@@ -152,13 +154,17 @@ def _flag_value(action: argparse.Action, key: str, value: object) -> object:
         return value
     if action.dest == "payload":
         return value  # any JSON value: the client knows how to send each (Payload)
+    if action.dest == "payload_json" and not isinstance(value, str):
+        return json.dumps(value, separators=(",", ":"))  # the value itself, not JSON text
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise InvalidArgument(key, f"expected a string or a number, got {_json_type(value)}")
     text = value if isinstance(value, str) else json.dumps(value)
     convert = action.type if callable(action.type) else str
     try:
         out = convert(text)
-    except (TypeError, ValueError, argparse.ArgumentTypeError):
+    except argparse.ArgumentTypeError as exc:
+        raise InvalidArgument(key, str(exc)) from None
+    except (TypeError, ValueError):
         kind = "a whole number" if convert is int else "valid"
         raise InvalidArgument(key, f"{text!r} is not {kind}") from None
     if action.choices is not None and out not in action.choices:

@@ -30,9 +30,26 @@ import json
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any, cast
 
-from wheel.cli import _EPOCH, _job_line, add_job_flags, job_json, parse_when
+from wheel.cli import (
+    _BACKOFF_FLAGS,
+    _EPOCH,
+    _job_line,
+    add_job_flags,
+    job_json,
+    job_payload,
+    parse_when,
+    retry_of,
+)
 from wheel.cli_admin import add_token_flag
-from wheel.cli_common import command_client, epoch_ms, fmt_time, parse_duration
+from wheel.cli_common import (
+    ZONELESS_JOB,
+    ZONELESS_UTC,
+    command_client,
+    epoch_ms,
+    fmt_time,
+    fmt_zoned,
+    parse_duration,
+)
 from wheel.client import (
     CatchUp,
     Cron,
@@ -78,31 +95,36 @@ def _schedule_zone(schedule: Schedule) -> Any:
     return _zone(schedule.tz) if isinstance(schedule, Cron) else None
 
 
-def update_args(ns: argparse.Namespace, defaults: dict[str, Any]) -> UpdateArgs:
+def update_args(
+    ns: argparse.Namespace, defaults: dict[str, Any], zone: tzinfo | None = None
+) -> UpdateArgs:
     """``Client.update``'s keywords from the flags given (the others are not
     in ``ns``); ``defaults``: submit's, for the parts of a policy not given.
-    Schedule keywords are only those given (``with_schedule`` completes them)."""
+    Schedule keywords are only those given (``with_schedule`` completes them).
+    A zoneless ``--at`` or ``--start`` is a wall time in ``zone`` (the job's)."""
     given = vars(ns)
     now = datetime.now(UTC)
     args: UpdateArgs = {}
-    for flag in ("name", "handler", "payload", "pool", "tz", "dst_gap", "dst_fold", "cron"):
+    for flag in ("name", "handler", "pool", "tz", "dst_gap", "dst_fold", "cron"):
         if flag in given:
             args[flag] = given[flag]
+    if "payload" in given or "payload_json" in given:
+        args["payload"] = job_payload(ns)
     for on, off in (("fixed_delay", "fixed_rate"), ("at_most_once", "idempotent")):
         if on in given or off in given:
             args[on] = on in given  # type: ignore[literal-required]
     if "at" in given:
-        args["at"] = _when(given["at"], "at", now)
+        args["at"] = _when(given["at"], "at", now, zone)
     if "every" in given:
         args["every"] = parse_duration(given["every"], "every")
     if "start" in given:
-        args["start"] = _when(given["start"], "start", now)
+        args["start"] = _when(given["start"], "start", now, zone)
     if "jitter" in given:
         args["jitter"] = parse_duration(given["jitter"], "jitter")
     if "timeout" in given:
         args["timeout"] = parse_duration(given["timeout"], "timeout")
-    if "max_attempts" in given:
-        args["retry"] = given["max_attempts"]
+    if any(f in given for f in ("max_attempts", *_BACKOFF_FLAGS)):
+        args["retry"] = retry_of(ns, defaults)
 
     def part(flag: str) -> Any:
         return given.get(flag, defaults[flag])
@@ -161,10 +183,14 @@ def cmd_update(ns: argparse.Namespace) -> int:
     for flag in _NOT_UPDATED:
         if flag in vars(ns):
             raise InvalidArgument(flag, "a job's tenant never changes")
-    args = update_args(ns, ns.submit_defaults)
-    if not args:
+    if not any(flag in vars(ns) for flag in ns.submit_defaults if flag != "key"):
         raise InvalidArgument("flags", "give at least one of submit's job flags to change")
     with command_client(ns) as client:
+        zone = None
+        if _zoneless(getattr(ns, "at", None)) or _zoneless(getattr(ns, "start", None)):
+            tz = getattr(ns, "tz", None)
+            zone = _zone(tz) if tz is not None else _schedule_zone(client.get(ns.job_id).schedule)
+        args = update_args(ns, ns.submit_defaults, zone)
         if_version = None
         if any(k in args for parts in _SCHEDULE_PARTS.values() for k in parts):
             # Read the schedule and change the parts given, on the condition
@@ -286,7 +312,7 @@ def cmd_preview(ns: argparse.Namespace) -> int:
         print(json.dumps([{"fire_ms": epoch_ms(t), "utc": t.isoformat()} for t in fires]))
         return 0
     for t in fires:
-        local = f"  {t.astimezone(zone).isoformat()}" if zone is not None else ""
+        local = f"  {fmt_zoned(t, str(zone))}" if zone is not None else ""
         print(f"{fmt_time(t)}{local}")
     return 0
 
@@ -369,27 +395,33 @@ def register(sub: Any, target: str, target_help: str) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    up.add_argument("job_id", type=int)
+    up.add_argument("job_id", type=int, help="the job's id")
     common(up, "the job as JSON")
-    defaults = _optional(add_job_flags(up))
+    actions = add_job_flags(up)
+    defaults = _optional(actions)
+    for action in actions:  # the job exists: its zone is the one a zoneless time is in
+        action.help = (action.help or "").replace(ZONELESS_UTC, ZONELESS_JOB)
     up.set_defaults(fn=cmd_update, submit_defaults=defaults)
 
     us = sub.add_parser("updates", help="a job's recorded updates, newest first")
-    us.add_argument("job_id", type=int)
+    us.add_argument("job_id", type=int, help="the job's id")
     common(us, "the updates as a JSON array")
     us.set_defaults(fn=cmd_updates)
 
     bf = sub.add_parser("backfill", help="run a job's past fires of a time range")
-    bf.add_argument("job_id", type=int)
+    bf.add_argument("job_id", type=int, help="the job's id")
     common(bf, "the answer as JSON")
     bf.add_argument(
         "--from",
         dest="from_",
         required=True,
-        help="--from=-1h (that long ago), epoch ms or ISO 8601 (without a zone: a wall"
-        " time in the job's cron zone)",
+        help=f"the start: -1h (that long ago), epoch ms or ISO 8601; {ZONELESS_JOB}",
     )
-    bf.add_argument("--to", required=True, help="the end (not included), in the past")
+    bf.add_argument(
+        "--to",
+        required=True,
+        help=f"the end (not included), in the past, as --from; {ZONELESS_JOB}",
+    )
     bf.set_defaults(fn=cmd_backfill)
 
     pv = sub.add_parser("preview", help="the next fire times of a schedule or of a job")
@@ -398,17 +430,27 @@ def register(sub: Any, target: str, target_help: str) -> None:
     pv.add_argument("--cron", help="cron expression (5 fields, or 6 with seconds first)")
     pv.add_argument("--tz", default="UTC", help="IANA time zone of the cron expression")
     pv.add_argument(
-        "--dst-gap", default=DstGap.FIRE_AT_TRANSITION.value, choices=[g.value for g in DstGap]
+        "--dst-gap",
+        default=DstGap.FIRE_AT_TRANSITION.value,
+        choices=[g.value for g in DstGap],
+        help="as submit's: a wall time that does not exist fires at the transition, or not",
     )
-    pv.add_argument("--dst-fold", default=DstFold.FIRST.value, choices=[f.value for f in DstFold])
+    pv.add_argument(
+        "--dst-fold",
+        default=DstFold.FIRST.value,
+        choices=[f.value for f in DstFold],
+        help="as submit's: a wall time that comes twice fires on the first, or on both",
+    )
     pv.add_argument("--every", help="interval, e.g. 30s")
-    pv.add_argument("--start", help="first fire of an interval")
-    pv.add_argument("--at", help="a one-shot's time")
+    pv.add_argument(
+        "--start", help=f"first fire of an interval: +5s, epoch ms or ISO 8601; {ZONELESS_UTC}"
+    )
+    pv.add_argument("--at", help=f"a one-shot's time: +5s, epoch ms or ISO 8601; {ZONELESS_UTC}")
     pv.add_argument(
         "--from",
         dest="from_",
-        help="fires at or after this (default: now); a time without a zone is a wall time"
-        " in the schedule's (--tz, or the job's)",
+        help="fires at or after this (default: now): -1h, +1h, epoch ms or ISO 8601; a time"
+        " without a zone is a wall time in the schedule's zone (--tz, or the job's)",
     )
     pv.add_argument("--count", type=int, default=10, help="how many (at most 1000)")
     pv.set_defaults(fn=cmd_preview)
@@ -420,7 +462,7 @@ def register(sub: Any, target: str, target_help: str) -> None:
     dl.add_argument("--job", type=int, help="of one job (default: every job you may see)")
     dl.set_defaults(fn=cmd_dlq_list)
     dr = dqs.add_parser("redrive", help="run a job's dead letters again as new attempts")
-    dr.add_argument("job_id", type=int)
+    dr.add_argument("job_id", type=int, help="the job's id")
     common(dr, "the new attempts as a JSON array")
     dr.add_argument("--run", type=int, help="only this dead-lettered run")
     dr.set_defaults(fn=cmd_dlq_redrive)

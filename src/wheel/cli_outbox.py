@@ -81,7 +81,7 @@ def add_parser(sub: Any) -> None:
     init.set_defaults(fn=cmd_init)
     st = osub.add_parser("status", help="the outbox's backlog, read from its database")
     st.add_argument("--dsn", required=True, help="the database holding wheel_outbox")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--json", action="store_true", help="the status as JSON")
     st.set_defaults(fn=cmd_status)
 
 

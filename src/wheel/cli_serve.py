@@ -44,12 +44,23 @@ def add_serve_parser(sub: Any) -> None:
     s = sub.add_parser(
         "serve", help="run a node (embedded SQLite, all shards; or a cluster member with --cluster)"
     )
-    s.add_argument("--data-dir", default=os.environ.get("WHEEL_DATA_DIR", "wheel-data"))
-    s.add_argument("--listen", default="127.0.0.1:50051")
+    s.add_argument(
+        "--data-dir",
+        default=os.environ.get("WHEEL_DATA_DIR", "wheel-data"),
+        help="the node's directory: its SQLite store (without --store) and its checkpoint"
+        " ($WHEEL_DATA_DIR; %(default)s)",
+    )
+    s.add_argument(
+        "--listen",
+        default="127.0.0.1:50051",
+        help="HOST:PORT the node's gRPC API listens on (%(default)s)",
+    )
     s.add_argument(
         "--store", help="sqlite:///path or postgresql://... (default: SQLite in data dir)"
     )
-    s.add_argument("--node-id", default="node-1")
+    s.add_argument(
+        "--node-id", default="node-1", help="this node's name, unique in a cluster (%(default)s)"
+    )
     s.add_argument(
         "--cluster",
         help="etcd://HOST:PORT[,HOST:PORT...]/NAME: join the cluster NAME and own the shards"

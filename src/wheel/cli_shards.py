@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from wheel.cli_common import fmt_time
 from wheel.client import Status
 from wheel.engine.model import SHARD_COUNT
 
@@ -116,11 +117,11 @@ def shard_lines(rows: list[ShardRow], answers: Mapping[str, Status | None]) -> l
     if silent:
         lines.append(f"no answer from {', '.join(silent)}: their epochs are unknown")
     width = max([5, *(len(r.owner) for r in rows)])
-    lines.append(f"shard  {'owner':<{width}}  epoch  dispatching since (UTC)")
+    lines.append(f"shard  {'owner':<{width}}  epoch  dispatching since")
     for r in rows:
         epoch = "-" if r.epoch is None else str(r.epoch)
-        since = r.since.strftime("%H:%M:%S.%f")[:-3] if r.since else "-"
+        since = fmt_time(r.since)
         notes = r.notes(answered)
-        line = f"{r.shard:>5}  {r.owner or '-':<{width}}  {epoch:>5}  {since:<12}"
+        line = f"{r.shard:>5}  {r.owner or '-':<{width}}  {epoch:>5}  {since:<24}"
         lines.append(f"{line}  {'; '.join(notes)}" if notes else line.rstrip())
     return lines

@@ -136,7 +136,7 @@ def run_demo(*, duration_s: float, port: int, data_dir: str | None) -> int:
                     if seen.get(seen_key) == run.state:
                         continue
                     seen[seen_key] = run.state
-                    when = run.scheduled_for.strftime("%H:%M:%S.%f")[:-3]
+                    when = run.scheduled_for.strftime("%H:%M:%S.%f")[:-3] + "Z"
                     print(
                         f"{name:<16} fire {when} attempt {run.attempt} -> {run.state:<10} "
                         f"{run.worker_id or ''} {run.missed_reason or run.error or ''}",

@@ -4,7 +4,7 @@ cursors, filters, the API's own auth and tenancy, and the read-only rule."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -134,6 +134,10 @@ def test_a_job_shows_its_spec_and_next_fires(
     assert job["schedule_text"] == "every 3600s (fixed rate)"
     fires = [f["ms"] for f in job["next_fires"]]
     assert len(fires) == 3 and [b - a for a, b in pairwise(fires)] == [3_600_000] * 2
+    # Every time in one form: ISO 8601 in UTC with Z and milliseconds.
+    for t in [*job["next_fires"], job["created_at"], job["updated_at"]]:
+        utc = datetime.fromtimestamp(t["ms"] / 1000, UTC)
+        assert t["iso"] == utc.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def test_actions_on_a_read_only_console_are_refused_with_403_and_change_nothing(

@@ -145,7 +145,7 @@ class WorkerProc:
 
 
 def runs_of(target: str, job_id: int) -> list[dict[str, Any]]:
-    out = wheelctl("runs", str(job_id), "--target", target, "--json").stdout
+    out = wheelctl("runs", str(job_id), "--target", target, "--json", "--all").stdout
     runs: list[dict[str, Any]] = json.loads(out)
     return runs
 

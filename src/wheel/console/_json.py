@@ -1,15 +1,15 @@
 """The console's JSON: the client's values as plain JSON, one rule per kind.
 
 Pure: what the JSON API answers is a function of what the node's API
-answered. Times are ISO 8601 in UTC with their epoch milliseconds beside
-them (the page shows them in the browser's zone), durations are seconds, a
+answered. Times are ISO 8601 in UTC with ``Z`` and milliseconds, their epoch
+milliseconds beside them (the page shows them in the same form), durations are seconds, a
 payload is its size and, when it is UTF-8 text, its first kilobyte.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
 
@@ -26,7 +26,7 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, datetime):
-        return {"iso": value.isoformat(), "ms": int(value.timestamp() * 1000)}
+        return {"iso": iso_utc(value), "ms": int(value.timestamp() * 1000)}
     if isinstance(value, timedelta):
         return value.total_seconds()
     if isinstance(value, bytes):
@@ -38,6 +38,13 @@ def jsonable(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     raise TypeError(f"no JSON form for {type(value).__name__}")
+
+
+def iso_utc(value: datetime) -> str:
+    """The one form of a time in the console: ISO 8601 in UTC with ``Z`` and
+    milliseconds, as JavaScript's ``toISOString`` writes it
+    (``2026-12-06T07:17:07.132Z``)."""
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def payload_json(payload: bytes) -> dict[str, Any]:
@@ -55,7 +62,7 @@ def schedule_text(schedule: Cron | Every | At) -> str:
     if isinstance(schedule, Every):
         kind = "fixed delay" if schedule.fixed_delay else "fixed rate"
         return f"every {schedule.period.total_seconds():g}s ({kind})"
-    return f"once at {schedule.time.isoformat()}"
+    return f"once at {iso_utc(schedule.time)}"
 
 
 def job_row(job: Job) -> dict[str, Any]:

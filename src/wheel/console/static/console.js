@@ -36,7 +36,8 @@ function fill(tbody, rows, empty, columns) {
 
 function when(t) {
   if (!t) return "–";
-  return new Date(t.ms).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
+  // The one form of a time, the JSON API's own: ISO 8601, UTC, Z, milliseconds.
+  return new Date(t.ms).toISOString();
 }
 
 function stateTag(s) { return el("span", { class: "state " + s }, s); }
