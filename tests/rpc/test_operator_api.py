@@ -182,7 +182,7 @@ def test_an_update_takes_effect_at_the_next_fire_and_a_run_in_flight_finishes_un
     history = all_runs(api, job)
     runs = [r for r in history if r.run_id]
     assert len({r.scheduled_for_ms for r in runs}) == len(runs), "a fire ran twice"
-    assert all(r.attempt == 0 and r.state == jobs_pb2.RUN_STATE_SUCCEEDED for r in runs)
+    assert all(r.attempt == 1 and r.state == jobs_pb2.RUN_STATE_SUCCEEDED for r in runs)
     # The new schedule's every fire from the change on ran, none dropped:
     # even seconds in a row from the first after the change to the last.
     new = sorted(r.scheduled_for_ms for r in runs if r.scheduled_for_ms > at)
@@ -333,7 +333,7 @@ def test_a_completed_one_shots_dead_letter_is_redriven(api: Api) -> None:
             10,
             "the redriven run to succeed",
         )
-    assert calls == [0, new.attempt]
+    assert calls == [1, new.attempt] == [1, 2]
     assert api.jobs.ListDeadLetters(req, timeout=10).runs == []
     # A run that is not a dead letter cannot be redriven.
     with pytest.raises(grpc.RpcError) as info:

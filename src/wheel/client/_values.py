@@ -248,9 +248,10 @@ class Overlap:
 
 @dataclass(frozen=True, slots=True, init=False)
 class Retry:
-    """How a failed run is retried: up to ``max_attempts`` attempts in all, with
-    exponential backoff (``initial_backoff`` times ``multiplier`` per attempt,
-    at most ``max_backoff``, full jitter); then the run is dead-lettered."""
+    """How a failed run is retried: up to ``max_attempts`` attempts in all
+    (attempts 1 to ``max_attempts``), with exponential backoff
+    (``initial_backoff`` times ``multiplier`` per attempt, at most
+    ``max_backoff``, full jitter); then the run is dead-lettered."""
 
     max_attempts: int
     initial_backoff: timedelta
@@ -288,7 +289,8 @@ class Retry:
 class Run:
     """One execution (one attempt of one fire), or a missed fire: ``run_id`` 0,
     state ``missed``, ``missed_reason`` set and ``finished_at`` when the miss
-    was recorded. ``idempotency_key`` is the same on every attempt of a fire."""
+    was recorded. ``idempotency_key`` is the same on every attempt of a fire.
+    ``attempt`` counts from 1 (0 for a missed fire, which ran no attempt)."""
 
     run_id: int
     job_id: int
@@ -522,7 +524,7 @@ class InFlightRun:
     """A run a node's owner holds now: claimed, handed out or running.
     ``phase`` is the owner's word for where it is (claiming, ready,
     dispatched, running, ending); ``worker_id`` None until handed out;
-    ``node_id`` the member that holds it."""
+    ``node_id`` the member that holds it; ``attempt`` counts from 1."""
 
     run_id: int
     job_id: int
