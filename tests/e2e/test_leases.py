@@ -260,6 +260,11 @@ def test_retries_back_off_and_then_dead_letter(client: Client, workers: Workers)
     )
     wait_for(lambda: runs(client, permanent) == [(1, "dead_lettered")], 20, "no retry")
     assert [e["attempt"] for e in of_job(workers.out, doomed, "start")] == [1, 2, 3]
+    # Each retry waits at least its backoff (0.1 s, then 0.2 s), never less.
+    tried = sorted((r for r in client.runs(doomed) if r.run_id), key=lambda r: r.attempt)
+    for before, after, backoff_ms in zip(tried, tried[1:], (100, 200), strict=False):
+        assert before.finished_at is not None and after.dispatched_at is not None
+        assert epoch_ms(after.dispatched_at) - epoch_ms(before.finished_at) >= backoff_ms
     dead = list(client.runs(doomed, states=["dead_lettered"]))
     assert len(dead) == 1 and "scripted failure of attempt 3" in (dead[0].error or "")
     keys = {r.idempotency_key for r in client.runs(doomed)}

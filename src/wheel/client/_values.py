@@ -249,9 +249,11 @@ class Overlap:
 @dataclass(frozen=True, slots=True, init=False)
 class Retry:
     """How a failed run is retried: up to ``max_attempts`` attempts in all
-    (attempts 1 to ``max_attempts``), with exponential backoff
-    (``initial_backoff`` times ``multiplier`` per attempt, at most
-    ``max_backoff``, full jitter); then the run is dead-lettered."""
+    (attempts 1 to ``max_attempts``); then the run is dead-lettered. The wait
+    after attempt n fails is its backoff, ``min(max_backoff, initial_backoff *
+    multiplier**(n-1))``, plus a jitter of up to a quarter of it: never less
+    than the backoff, at most 1.25 times it (``max_backoff`` caps the backoff
+    before the jitter)."""
 
     max_attempts: int
     initial_backoff: timedelta
