@@ -174,7 +174,7 @@ def test_sigkill_restarts_lose_nothing_acknowledged(tmp_path: Path) -> None:
 def test_a_one_shot_in_flight_when_node_and_worker_die_runs_once_after_a_rebuild(
     tmp_path: Path,
 ) -> None:
-    """The one-shot's claim completed the job in the store; its worker and the
+    """The one-shot's claim ended the job's schedule in the store; its worker and the
     node are SIGKILLed mid-run; the node comes back rebuilt from the store
     (no checkpoint). The lost run is dispatched again, as attempt 2, and the
     handler's work is done exactly once."""

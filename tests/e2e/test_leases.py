@@ -271,6 +271,27 @@ def test_retries_back_off_and_then_dead_letter(client: Client, workers: Workers)
     assert len(keys) == 1  # stable across attempts
 
 
+def test_a_one_shot_is_running_while_its_run_goes_on_and_completed_once_it_succeeds(
+    client: Client, workers: Workers
+) -> None:
+    workers.start("one-shot-long")
+    job_id = submit(client, job(workers.pool, {"sleep_s": [2]}))
+    wait_for(lambda: of_job(workers.out, job_id, "start"), 20, "the run to start")
+    assert client.get(job_id).state == JobState.RUNNING
+    assert job_id in {j.job_id for j in client.jobs(state="running")}
+    wait_for(lambda: of_job(workers.out, job_id, "end"), 20, "the run to end")
+    wait_for(lambda: client.get(job_id).state == JobState.COMPLETED, 10, "the job to complete")
+
+
+def test_a_one_shot_whose_only_attempt_fails_ends_failed(client: Client, workers: Workers) -> None:
+    workers.start("one-shot-fails")
+    job_id = submit(client, job(workers.pool, {"fail": 1}, retry=Retry(max_attempts=1)))
+    wait_for(lambda: runs(client, job_id) == [(1, "dead_lettered")], 20, "the dead letter")
+    assert client.get(job_id).state == JobState.FAILED
+    assert job_id in {j.job_id for j in client.jobs(state="failed")}
+    assert job_id not in {j.job_id for j in client.jobs(state="completed")}
+
+
 def test_a_run_past_its_timeout_is_revoked_and_retried(client: Client, workers: Workers) -> None:
     workers.start("timeout")
     job_id = submit(

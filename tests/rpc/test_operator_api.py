@@ -298,7 +298,11 @@ def test_a_dead_letter_redriven_runs_once_as_a_new_attempt_with_a_new_fence(api:
     ]
 
 
-def test_a_completed_one_shots_dead_letter_is_redriven(api: Api) -> None:
+def test_a_failed_one_shots_dead_letter_is_redriven_and_its_success_completes_it(
+    api: Api,
+) -> None:
+    """Changed: a one-shot whose only fire was dead-lettered was shown
+    COMPLETED; it is FAILED, and COMPLETED once a redrive of it succeeds."""
     calls: list[int] = []
 
     def once_flaky(ctx: RunContext) -> None:
@@ -315,13 +319,13 @@ def test_a_completed_one_shots_dead_letter_is_redriven(api: Api) -> None:
         req = job_service_pb2.ListDeadLettersRequest(job_id=job)
         wait_for(lambda: api.jobs.ListDeadLetters(req, timeout=10).runs, 10, "the dead letter")
         got = api.jobs.GetJob(job_service_pb2.GetJobRequest(job_id=job), timeout=10)
-        assert got.state == jobs_pb2.JOB_STATE_COMPLETED
+        assert got.state == jobs_pb2.JOB_STATE_FAILED
         # Its schedule is over, but what its runs are given may be fixed.
         with pytest.raises(grpc.RpcError) as refused:
             update(api, job, spec(schedule=cron("* * * * *")), "schedule")
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         fixed = update(api, job, spec(payload=b"fixed"), "payload").job
-        assert fixed.state == jobs_pb2.JOB_STATE_COMPLETED and fixed.spec.payload == b"fixed"
+        assert fixed.state == jobs_pb2.JOB_STATE_FAILED and fixed.spec.payload == b"fixed"
         [new] = api.jobs.RedriveDeadLetters(
             job_service_pb2.RedriveDeadLettersRequest(job_id=job), timeout=10
         ).runs
@@ -335,6 +339,8 @@ def test_a_completed_one_shots_dead_letter_is_redriven(api: Api) -> None:
         )
     assert calls == [1, new.attempt] == [1, 2]
     assert api.jobs.ListDeadLetters(req, timeout=10).runs == []
+    got = api.jobs.GetJob(job_service_pb2.GetJobRequest(job_id=job), timeout=10)
+    assert got.state == jobs_pb2.JOB_STATE_COMPLETED
     # A run that is not a dead letter cannot be redriven.
     with pytest.raises(grpc.RpcError) as info:
         api.jobs.RedriveDeadLetters(

@@ -59,11 +59,21 @@ _E = TypeVar("_E", bound=StrEnum)
 
 
 class JobState(StrEnum):
+    """A job's state. A one-shot whose fire was claimed schedules nothing
+    more, and its state says how the fire ended: ``RUNNING`` while a run or
+    a retry of it is owed, then ``COMPLETED`` (it succeeded) or ``FAILED``
+    (dead-lettered, or an at_most_once run's outcome unknown; a redrive
+    that succeeds makes it ``COMPLETED``)."""
+
     ACTIVE = "active"
     PAUSED = "paused"
     CANCELLED = "cancelled"
-    # A one-shot whose fire has been claimed: nothing more to schedule.
+    # A one-shot whose fire succeeded.
     COMPLETED = "completed"
+    # A one-shot whose fire was claimed and has not ended for good yet.
+    RUNNING = "running"
+    # A one-shot whose fire was dead-lettered (or ended unknown).
+    FAILED = "failed"
 
 
 class RunState(StrEnum):

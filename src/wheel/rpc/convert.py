@@ -122,6 +122,8 @@ JOB_STATE_TO_PROTO: Mapping[JobState, jobs_pb2.JobState] = {
     JobState.PAUSED: jobs_pb2.JOB_STATE_PAUSED,
     JobState.CANCELLED: jobs_pb2.JOB_STATE_CANCELLED,
     JobState.COMPLETED: jobs_pb2.JOB_STATE_COMPLETED,
+    JobState.RUNNING: jobs_pb2.JOB_STATE_RUNNING,
+    JobState.FAILED: jobs_pb2.JOB_STATE_FAILED,
 }
 JOB_STATE_FROM_PROTO: Mapping[int, JobState] = {v: k for k, v in JOB_STATE_TO_PROTO.items()}
 
