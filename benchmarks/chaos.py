@@ -670,7 +670,9 @@ def store_history(dsn: str) -> tuple[list[Run], list[Missed]]:
                 error=r[9],
             )
             for r in conn.execute(
-                "SELECT run_id, job_id, scheduled_for, attempt, state, fence, worker_id,"
+                # Attempts as the handlers' effect lines carry them (from 1);
+                # the store numbers them from 0.
+                "SELECT run_id, job_id, scheduled_for, attempt + 1, state, fence, worker_id,"
                 " dispatched_at_ms, finished_at_ms, error FROM executions"
             )
         ]

@@ -184,7 +184,7 @@ def test_wheelctl_talks_to_a_node_through_the_client(
         assert " paused " in capsys.readouterr().out
         assert main(["runs", str(job_id), *target, "--json"]) == 0
         runs = json.loads(capsys.readouterr().out)
-        assert [(r["run_id"] > 0, r["attempt"]) for r in runs] == [(True, 0)]
+        assert [(r["run_id"] > 0, r["attempt"]) for r in runs] == [(True, 1)]
         assert set(runs[0]) == {"run_id", "scheduled_for_ms", "attempt", "state", "fence",
                                 "worker_id", "error", "missed_reason", "dispatched_at_ms",
                                 "started_at_ms", "finished_at_ms", "duration_ms"}  # fmt: skip

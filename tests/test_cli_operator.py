@@ -165,7 +165,7 @@ def test_redrive_of_a_whole_job_runs_every_dead_letter_past_a_nodes_bound_per_ca
     def flaky(ctx: RunContext) -> None:
         # The backfilled fires fail twice (a dead letter, then its redrive);
         # the job's own live fires run.
-        if ctx.scheduled_for_ms < end and ctx.attempt < 2:
+        if ctx.scheduled_for_ms < end and ctx.attempt <= 2:
             raise Permanent(f"attempt {ctx.attempt} fails")
 
     def dead(job_id: str) -> list[dict[str, Any]]:
@@ -179,19 +179,19 @@ def test_redrive_of_a_whole_job_runs_every_dead_letter_past_a_nodes_bound_per_ca
         back = run(capsys, server, "backfill", job_id, "--from", str(start), "--to", str(end))
         assert back["scheduled"] == count
         first = wait_for(lambda: len(d := dead(job_id)) == count and d, 20, "the dead letters")
-        assert {r["attempt"] for r in first} == {0}
+        assert {r["attempt"] for r in first} == {1}
         assert main(["dlq", "redrive", job_id, "--target", server.target]) == 0
         out = capsys.readouterr().out.splitlines()
         assert out[0] == f"redrove {count} dead letters of job {job_id}: new attempts"
         assert len(out) == 1 + count
         second = wait_for(lambda: len(d := dead(job_id)) == count and d, 20, "the second failures")
-        assert {r["attempt"] for r in second} == {1}
+        assert {r["attempt"] for r in second} == {2}
 
         async def redrive_async() -> list[int]:
             async with AsyncClient(server.target) as client:
                 return [r.attempt for r in await client.redrive(int(job_id))]
 
-        assert asyncio.run(redrive_async()) == [2] * count
+        assert asyncio.run(redrive_async()) == [3] * count
         assert dead(job_id) == []
 
         def succeeded() -> set[int]:

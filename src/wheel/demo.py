@@ -29,10 +29,10 @@ def hello(ctx: RunContext) -> None:
 
 def flaky(ctx: RunContext) -> None:
     """Fails its first attempt of every fire: shows retries with backoff."""
-    if ctx.attempt == 0:
+    if ctx.attempt == 1:
         print(
             f"  [{os.environ.get('WHEEL_DEMO_WORKER', 'worker')}] flaky job {ctx.job_id} "
-            "fails attempt 0 (will be retried)",
+            "fails attempt 1 (will be retried)",
             flush=True,
         )
         raise Retryable("first attempts always fail in this demo")

@@ -102,7 +102,7 @@ def test_trigger_backfill_runs_pause_resume_and_cancel(
             (r.run_id for r in executions), reverse=True
         )
         for r in executions:
-            assert (r.worker_id, r.error, r.missed_reason, r.attempt) == ("w-client", None, None, 0)
+            assert (r.worker_id, r.error, r.missed_reason, r.attempt) == ("w-client", None, None, 1)
             assert r.fence > 0 and r.idempotency_key == f"{job}:{epoch_ms(r.scheduled_for)}"
             assert r.dispatched_at is not None and r.finished_at is not None
             assert r.scheduled_for.tzinfo is UTC and r.dispatched_at <= r.finished_at

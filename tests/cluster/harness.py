@@ -16,6 +16,8 @@ Timing choices (all tests share them):
 Evidence comes from the record of truth (the executions table: fence,
 attempt, state, dispatched_at_ms, finished_at_ms; missed_fires; shard_epochs)
 and from each node's own status, never from what a test expected to happen.
+The store numbers a fire's attempts from 0; ``Truth.executions`` gives them
+as the API and the handlers do, from 1, so the two compare as they are.
 A fence is ``(epoch << 32) | counter`` and every epoch of a shard belongs to
 one acquisition by one node, so a fence says which owner issued the run.
 """
@@ -396,7 +398,7 @@ class Truth:
 
     def executions(self, shards: Iterable[int] | None = None) -> list[Execution]:
         sql = (
-            "SELECT e.run_id, e.job_id, j.shard, e.scheduled_for, e.attempt, e.state,"
+            "SELECT e.run_id, e.job_id, j.shard, e.scheduled_for, e.attempt + 1, e.state,"
             " e.fence, e.dispatched_at_ms, e.finished_at_ms"
             " FROM executions AS e JOIN jobs AS j ON j.job_id = e.job_id"
         )

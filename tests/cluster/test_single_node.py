@@ -38,7 +38,7 @@ def test_a_node_without_cluster_owns_every_shard_and_dispatches(
                 "the one-shot to succeed",
             )
             assert [(r.attempt, r.fence >> 32) for r in runs] == [
-                (0, status.shards[job.shard].epoch)
+                (1, status.shards[job.shard].epoch)
             ]
     finally:
         worker.stop()

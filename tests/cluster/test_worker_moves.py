@@ -87,7 +87,7 @@ def test_a_completion_sent_to_a_node_killed_before_confirming_it_is_not_run_agai
     # Each fire ran once: one handler start, one execution, its first attempt.
     assert {j: n for j, n in started().items() if j in mine and n > 1} == {}
     assert sorted((e.job_id, e.attempt, e.state) for e in runs) == [
-        (j, 0, "succeeded") for j in sorted(mine)
+        (j, 1, "succeeded") for j in sorted(mine)
     ]
 
 

@@ -249,7 +249,12 @@ def test_with_actions_on_a_dead_letter_is_listed_and_redriven_as_a_new_attempt(
         [dead] = [r for r in listed["runs"] if r["job_id"] == str(job_id)]
         assert listed["redrive"] is True
         assert "scripted permanent failure" in dead["error"]
+        assert dead["attempt"] == 1  # attempts count from 1
         assert call(f"{acting.url}/api/jobs/{job_id}/dead-letters").body["runs"] == [dead]
+        # The one-shot whose only fire was dead-lettered is failed, and listed so.
+        assert call(f"{acting.url}/api/jobs/{job_id}").body["state"] == "failed"
+        failed = call(f"{acting.url}/api/jobs?state=failed").body["jobs"]
+        assert str(job_id) in {j["job_id"] for j in failed}
         bad = call(
             f"{acting.url}/api/jobs/{job_id}/dead-letters/redrive",
             method="POST",
@@ -265,6 +270,7 @@ def test_with_actions_on_a_dead_letter_is_listed_and_redriven_as_a_new_attempt(
         [again] = answer.body["runs"]
         assert again["scheduled_for"] == dead["scheduled_for"]
         assert int(again["fence"]) > int(dead["fence"]) and again["run_id"] != dead["run_id"]
+        assert again["attempt"] == 2
         with Client(acting.target) as client:
             wait_for(
                 lambda: len(list(client.runs(job_id, states=["dead_lettered"]))) == 2,

@@ -111,8 +111,9 @@ def _fenced_write(ctx: RunContext) -> bool:
 def scripted(ctx: RunContext) -> None:
     """Behaviour chosen by the JSON payload, every step logged as an event:
 
-    ``sleep_s``: seconds to sleep, a number or a list indexed by attempt;
-    ``fail``: attempts before this one fail (retryable);
+    ``sleep_s``: seconds to sleep, a number or a list (its first entry for
+    attempt 1, the second for attempt 2, ...);
+    ``fail``: how many first attempts fail (retryable): 2 fails attempts 1 and 2;
     ``permanent``: fail for good;
     ``fenced``: finish with a fenced write to the shared resource;
     ``effect_dsn``: finish with an effect made once by ``wheel.effects`` in
@@ -122,13 +123,13 @@ def scripted(ctx: RunContext) -> None:
     _event(ctx, "start")
     sleep = opts.get("sleep_s", 0)
     if isinstance(sleep, list):
-        sleep = sleep[ctx.attempt] if ctx.attempt < len(sleep) else 0
+        sleep = sleep[ctx.attempt - 1] if ctx.attempt <= len(sleep) else 0
     if sleep:
         time.sleep(sleep)
     if opts.get("permanent"):
         _event(ctx, "end", outcome="permanent")
         raise Permanent("scripted permanent failure")
-    if ctx.attempt < int(opts.get("fail", 0)):
+    if ctx.attempt <= int(opts.get("fail", 0)):
         _event(ctx, "end", outcome="retryable")
         raise Retryable(f"scripted failure of attempt {ctx.attempt}")
     if opts.get("fenced"):
@@ -225,9 +226,9 @@ def chaos(ctx: RunContext) -> None:
     """Behaviour chosen by the JSON payload; every attempt logged (``_effect``):
 
     ``sleep_s``: seconds to sleep (past the lease, even past the timeout);
-    ``fail``: attempts before this one fail (retryable);
+    ``fail``: how many first attempts fail (retryable);
     ``permanent``: fail for good;
-    ``crash``: attempts before this one end the worker process (``os._exit``)
+    ``crash``: how many first attempts end the worker process (``os._exit``)
     right after their effect, before wheel hears of it.
     """
     opts: dict[str, Any] = json.loads(ctx.payload or b"{}")
@@ -243,11 +244,11 @@ def chaos(ctx: RunContext) -> None:
     if opts.get("permanent"):
         end("permanent")
         raise Permanent("scripted permanent failure")
-    if ctx.attempt < int(opts.get("fail", 0)):
+    if ctx.attempt <= int(opts.get("fail", 0)):
         end("retryable")
         raise Retryable(f"scripted failure of attempt {ctx.attempt}")
     accepted = _fenced_job_write(ctx)
-    if ctx.attempt < int(opts.get("crash", 0)):
+    if ctx.attempt <= int(opts.get("crash", 0)):
         end("crash", accepted=accepted)
         os._exit(17)
     end("succeeded", accepted=accepted)

@@ -174,9 +174,9 @@ def test_sigkill_restarts_lose_nothing_acknowledged(tmp_path: Path) -> None:
 def test_a_one_shot_in_flight_when_node_and_worker_die_runs_once_after_a_rebuild(
     tmp_path: Path,
 ) -> None:
-    """The one-shot's claim completed the job in the store; its worker and the
+    """The one-shot's claim ended the job's schedule in the store; its worker and the
     node are SIGKILLed mid-run; the node comes back rebuilt from the store
-    (no checkpoint). The lost run is dispatched again, as attempt 1, and the
+    (no checkpoint). The lost run is dispatched again, as attempt 2, and the
     handler's work is done exactly once."""
     server = ServerProc(tmp_path / "data", args=("--no-checkpoint", "--lease-ms", "3000"))
     server.start()
@@ -184,13 +184,13 @@ def test_a_one_shot_in_flight_when_node_and_worker_die_runs_once_after_a_rebuild
     first = WorkerProc(server.target, out, "w1", "e2e_handlers:scripted")
     second: WorkerProc | None = None
     try:
-        # Attempt 0 runs long enough to be killed in the middle; attempt 1 is quick.
+        # Attempt 1 runs long enough to be killed in the middle; attempt 2 is quick.
         payload = json.dumps({"sleep_s": [60, 0]})
         job = _submit(
             server.target, "--name", "once", "--handler", "scripted", "--at", "+1s",
             "--payload", payload,
         )  # fmt: skip
-        wait_for(lambda: [e for e in events(out) if e["job"] == job], 20, "attempt 0 to start")
+        wait_for(lambda: [e for e in events(out) if e["job"] == job], 20, "attempt 1 to start")
         wait_for(
             lambda: any(r["state"] == "running" for r in runs_of(server.target, job)),
             10,
@@ -214,9 +214,9 @@ def test_a_one_shot_in_flight_when_node_and_worker_die_runs_once_after_a_rebuild
                 w.stop()
         server.stop()
     states = sorted((r["attempt"], r["state"]) for r in runs)
-    assert states == [(0, "lost"), (1, "succeeded")], runs
+    assert states == [(1, "lost"), (2, "succeeded")], runs
     ends = [e for e in events(out) if e["job"] == job and e["event"] == "end"]
-    assert [(e["attempt"], e["outcome"]) for e in ends] == [(1, "succeeded")]
+    assert [(e["attempt"], e["outcome"]) for e in ends] == [(2, "succeeded")]
     assert "restored from the store" in (tmp_path / "server-2.log").read_text()
 
 

@@ -48,12 +48,12 @@ def test_the_same_fire_run_twice_writes_its_effect_once_and_refuses_the_stale_fe
             job_id = client.submit(
                 **job(workers.pool, {"sleep_s": [3, 0], "effect_dsn": pg_dsn})
             ).job_id
-            first = wait_for(lambda: of_job(workers.out, job_id, "start"), 20, "attempt 0")[0]
+            first = wait_for(lambda: of_job(workers.out, job_id, "start"), 20, "attempt 1")[0]
             holder = first["pid"]
             workers.signal(holder, signal.SIGSTOP)
             try:
                 wait_for(
-                    lambda: runs(client, job_id) == [(0, "lost"), (1, "succeeded")],
+                    lambda: runs(client, job_id) == [(1, "lost"), (2, "succeeded")],
                     20,
                     "the newer attempt to win",
                 )
@@ -71,15 +71,15 @@ def test_the_same_fire_run_twice_writes_its_effect_once_and_refuses_the_stale_fe
     starts = of_job(workers.out, job_id, "start")
     assert {s["pid"] for s in starts} == {a, b}  # both ran the handler
     by_attempt = {e["attempt"]: e for e in effects_seen}
-    assert by_attempt[1]["outcome"] == "written" and by_attempt[1]["pid"] != holder
-    assert by_attempt[0]["outcome"] == "stale" and by_attempt[0]["pid"] == holder
-    assert by_attempt[0]["fence"] < by_attempt[1]["fence"]
-    assert by_attempt[0]["key"] == by_attempt[1]["key"]
+    assert by_attempt[2]["outcome"] == "written" and by_attempt[2]["pid"] != holder
+    assert by_attempt[1]["outcome"] == "stale" and by_attempt[1]["pid"] == holder
+    assert by_attempt[1]["fence"] < by_attempt[2]["fence"]
+    assert by_attempt[1]["key"] == by_attempt[2]["key"]
     with psycopg.connect(pg_dsn) as conn:
         written = conn.execute("SELECT key, fence, attempt FROM reminders").fetchall()
         recorded = conn.execute(
             "SELECT idempotency_key, fence, done_at IS NOT NULL FROM wheel_effects"
         ).fetchall()
-    key, fence = by_attempt[1]["key"], by_attempt[1]["fence"]
-    assert written == [(key, fence, 1)]
+    key, fence = by_attempt[2]["key"], by_attempt[2]["fence"]
+    assert written == [(key, fence, 2)]
     assert recorded == [(key, fence, True)]

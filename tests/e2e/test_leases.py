@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import epoch_ms, utc_ms
 from tests.e2e.e2e_handlers import events
-from tests.e2e.procs import HERE, ServerProc, wait_for
+from tests.e2e.procs import HERE, ServerProc, runs_of, wait_for, wheelctl
 from wheel.client import Client, JobArgs, JobState, Overlap, OverlapPolicy, Retry
 
 pytestmark = pytest.mark.slow
@@ -165,18 +165,18 @@ def test_a_worker_killed_mid_run_loses_the_fire_to_another_within_the_lease(
     workers.signal(holder, signal.SIGKILL)
     killed_at = now_ms()
     wait_for(
-        lambda: runs(client, job_id) == [(0, "lost"), (1, "succeeded")],
+        lambda: runs(client, job_id) == [(1, "lost"), (2, "succeeded")],
         20,
         "the re-dispatched attempt to succeed",
     )
     by_attempt = {r.attempt: r for r in client.runs(job_id)}
     # Re-dispatched once the lease (renewed by heartbeats until the kill) ran out.
-    dispatched_at = by_attempt[1].dispatched_at
+    dispatched_at = by_attempt[2].dispatched_at
     assert dispatched_at is not None and epoch_ms(dispatched_at) - killed_at <= LEASE_MS + 1_500
-    assert by_attempt[1].fence > by_attempt[0].fence
-    assert by_attempt[1].idempotency_key == by_attempt[0].idempotency_key
+    assert by_attempt[2].fence > by_attempt[1].fence
+    assert by_attempt[2].idempotency_key == by_attempt[1].idempotency_key
     ends = of_job(workers.out, job_id, "end")
-    assert [(e["attempt"], e["pid"]) for e in ends] == [(1, ({a, b} - {holder}).pop())]
+    assert [(e["attempt"], e["pid"]) for e in ends] == [(2, ({a, b} - {holder}).pop())]
 
 
 def test_a_stopped_worker_past_its_lease_is_fenced_out_by_the_newer_attempt(
@@ -190,20 +190,20 @@ def test_a_stopped_worker_past_its_lease_is_fenced_out_by_the_newer_attempt(
     workers.signal(holder, signal.SIGSTOP)
     try:
         wait_for(
-            lambda: runs(client, job_id) == [(0, "lost"), (1, "succeeded")],
+            lambda: runs(client, job_id) == [(1, "lost"), (2, "succeeded")],
             20,
             "the newer attempt to win",
         )
         writes = of_job(workers.out, job_id, "fenced_write")
         assert [(w["attempt"], w["accepted"], w["pid"]) for w in writes] == [
-            (1, True, ({a, b} - {holder}).pop())
+            (2, True, ({a, b} - {holder}).pop())
         ]
     finally:
         workers.signal(holder, signal.SIGCONT)
     # The zombie wakes up believing nothing happened and writes with its old
     # fence: the resource refuses it.
     stale = wait_for(
-        lambda: [w for w in of_job(workers.out, job_id, "fenced_write") if w["attempt"] == 0],
+        lambda: [w for w in of_job(workers.out, job_id, "fenced_write") if w["attempt"] == 1],
         20,
         "the stale attempt's write",
     )
@@ -217,11 +217,29 @@ def test_a_stopped_worker_past_its_lease_is_fenced_out_by_the_newer_attempt(
         "the stale attempt to finish",
     )
     time.sleep(0.5)  # room for a stale completion to (wrongly) land
-    assert runs(client, job_id) == [(0, "lost"), (1, "succeeded")]
+    assert runs(client, job_id) == [(1, "lost"), (2, "succeeded")]
     # The stopped worker did not get the fire back while it was silent.
-    assert [r.worker_id for r in client.runs(job_id) if r.attempt == 1] != [
-        r.worker_id for r in client.runs(job_id) if r.attempt == 0
+    assert [r.worker_id for r in client.runs(job_id) if r.attempt == 2] != [
+        r.worker_id for r in client.runs(job_id) if r.attempt == 1
     ]
+
+
+def test_a_fires_first_attempt_is_attempt_1_wherever_it_is_shown(
+    server: TunedServer, client: Client, workers: Workers
+) -> None:
+    """Attempts count from 1: the handler's ``RunContext.attempt``, the
+    runs in flight (client and ``wheelctl inflight``) and the run's record
+    (client and ``wheelctl runs``) all say 1 for a fire's first run."""
+    workers.start("first")
+    job_id = submit(client, job(workers.pool, {"sleep_s": [2]}))
+    [start] = wait_for(lambda: of_job(workers.out, job_id, "start"), 20, "the run to start")
+    assert start["attempt"] == 1
+    held = client.in_flight().runs
+    assert [r.attempt for r in held if r.job_id == job_id] == [1]
+    listed = json.loads(wheelctl("inflight", "--target", server.target, "--json").stdout)
+    assert [r["attempt"] for r in listed["runs"] if r["job_id"] == job_id] == [1]
+    wait_for(lambda: runs(client, job_id) == [(1, "succeeded")], 20, "the run to succeed")
+    assert [r["attempt"] for r in runs_of(server.target, job_id)] == [1]
 
 
 def test_retries_back_off_and_then_dead_letter(client: Client, workers: Workers) -> None:
@@ -231,20 +249,47 @@ def test_retries_back_off_and_then_dead_letter(client: Client, workers: Workers)
     flaky = submit(client, job(workers.pool, {"fail": 2}, retry=retry))
     permanent = submit(client, job(workers.pool, {"permanent": True}, retry=retry))
     wait_for(
-        lambda: runs(client, doomed) == [(0, "failed"), (1, "failed"), (2, "dead_lettered")],
+        lambda: runs(client, doomed) == [(1, "failed"), (2, "failed"), (3, "dead_lettered")],
         20,
         "the dead letter",
     )
     wait_for(
-        lambda: runs(client, flaky) == [(0, "failed"), (1, "failed"), (2, "succeeded")],
+        lambda: runs(client, flaky) == [(1, "failed"), (2, "failed"), (3, "succeeded")],
         20,
         "the third attempt to succeed",
     )
-    wait_for(lambda: runs(client, permanent) == [(0, "dead_lettered")], 20, "no retry")
+    wait_for(lambda: runs(client, permanent) == [(1, "dead_lettered")], 20, "no retry")
+    assert [e["attempt"] for e in of_job(workers.out, doomed, "start")] == [1, 2, 3]
+    # Each retry waits at least its backoff (0.1 s, then 0.2 s), never less.
+    tried = sorted((r for r in client.runs(doomed) if r.run_id), key=lambda r: r.attempt)
+    for before, after, backoff_ms in zip(tried, tried[1:], (100, 200), strict=False):
+        assert before.finished_at is not None and after.dispatched_at is not None
+        assert epoch_ms(after.dispatched_at) - epoch_ms(before.finished_at) >= backoff_ms
     dead = list(client.runs(doomed, states=["dead_lettered"]))
-    assert len(dead) == 1 and "scripted failure of attempt 2" in (dead[0].error or "")
+    assert len(dead) == 1 and "scripted failure of attempt 3" in (dead[0].error or "")
     keys = {r.idempotency_key for r in client.runs(doomed)}
     assert len(keys) == 1  # stable across attempts
+
+
+def test_a_one_shot_is_running_while_its_run_goes_on_and_completed_once_it_succeeds(
+    client: Client, workers: Workers
+) -> None:
+    workers.start("one-shot-long")
+    job_id = submit(client, job(workers.pool, {"sleep_s": [2]}))
+    wait_for(lambda: of_job(workers.out, job_id, "start"), 20, "the run to start")
+    assert client.get(job_id).state == JobState.RUNNING
+    assert job_id in {j.job_id for j in client.jobs(state="running")}
+    wait_for(lambda: of_job(workers.out, job_id, "end"), 20, "the run to end")
+    wait_for(lambda: client.get(job_id).state == JobState.COMPLETED, 10, "the job to complete")
+
+
+def test_a_one_shot_whose_only_attempt_fails_ends_failed(client: Client, workers: Workers) -> None:
+    workers.start("one-shot-fails")
+    job_id = submit(client, job(workers.pool, {"fail": 1}, retry=Retry(max_attempts=1)))
+    wait_for(lambda: runs(client, job_id) == [(1, "dead_lettered")], 20, "the dead letter")
+    assert client.get(job_id).state == JobState.FAILED
+    assert job_id in {j.job_id for j in client.jobs(state="failed")}
+    assert job_id not in {j.job_id for j in client.jobs(state="completed")}
 
 
 def test_a_run_past_its_timeout_is_revoked_and_retried(client: Client, workers: Workers) -> None:
@@ -287,11 +332,11 @@ def test_cancel_during_a_run_revokes_it_and_nothing_more_runs(
     wait_for(lambda: of_job(workers.out, job_id, "start"), 20, "the run to start")
     cancelled = client.cancel(job_id)
     assert cancelled.state == JobState.CANCELLED
-    wait_for(lambda: runs(client, job_id) == [(0, "cancelled")], 10, "the run to be cancelled")
+    wait_for(lambda: runs(client, job_id) == [(1, "cancelled")], 10, "the run to be cancelled")
     # The handler finishes its sleep; its completion must not revive the run.
     wait_for(lambda: of_job(workers.out, job_id, "end"), 10, "the handler to return")
     time.sleep(0.5)
-    assert runs(client, job_id) == [(0, "cancelled")]
+    assert runs(client, job_id) == [(1, "cancelled")]
     assert len(of_job(workers.out, job_id, "start")) == 1
     assert client.cancel(job_id).state == JobState.CANCELLED  # idempotent
 

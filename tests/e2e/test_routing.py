@@ -90,7 +90,7 @@ def test_mixed_handler_workers_each_run_only_their_handlers(tmp_path: Path) -> N
         wait_for(
             lambda: (
                 _states(server.target, alpha + beta)
-                == Counter({(0, jobs_pb2.RUN_STATE_SUCCEEDED): 100})
+                == Counter({(1, jobs_pb2.RUN_STATE_SUCCEEDED): 100})
             ),
             15,
             "all 100 fires to succeed at their first attempt",

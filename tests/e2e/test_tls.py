@@ -189,7 +189,7 @@ def test_a_worker_process_runs_a_job_over_mutual_tls(
             worker.kill()
             worker.wait()
     [(_key, attempt, _fence)] = recorded(out)
-    assert attempt == 0
+    assert attempt == 1
 
 
 def test_metrics_are_served_over_tls_to_a_scraper_with_a_certificate(

@@ -265,7 +265,7 @@ def test_a_rotation_under_load_reaches_new_connections_and_keeps_the_open_stream
                 [run] = after.runs(job_id)
                 assert (run.state, run.attempt, run.worker_id) == (
                     RunState.SUCCEEDED,
-                    0,
+                    1,
                     WORKER,
                 )
         assert worker.alive and worker.connections() == 1
@@ -279,7 +279,7 @@ def test_a_rotation_under_load_reaches_new_connections_and_keeps_the_open_stream
     assert fires and all(r.state == RunState.SUCCEEDED for r in fires), [
         (r.scheduled_for, r.state, r.missed_reason) for r in fires if r.state != "succeeded"
     ]
-    assert {(r.attempt, r.worker_id) for r in fires} == {(0, WORKER)}
+    assert {(r.attempt, r.worker_id) for r in fires} == {(1, WORKER)}
     first = fires[0].scheduled_for
     steps = [(r.scheduled_for - first) / PERIOD for r in fires]
     assert steps == list(range(len(fires)))

@@ -833,15 +833,69 @@ def test_fixed_delay_next_fire_counts_from_the_completion() -> None:
     ]
 
 
-def test_a_one_shot_completes_the_job_when_claimed() -> None:
+def test_a_one_shot_runs_once_claimed_and_completes_when_its_run_succeeds() -> None:
+    """Changed: the claim made the job ``completed`` at once, while its run
+    still went on; now it is ``running`` until its fire ends."""
     n = Node()
     n.hello()
     j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
     [c] = n.step(T + MIN).claims
     assert c.new_next_run_at is None
+    assert n.store.jobs[j].state is JobState.RUNNING
+    fx = n.complete(_assignment(n, c.fence))
+    assert [x.job_state for x in fx.completions] == [JobState.COMPLETED]
     assert n.store.jobs[j].state is JobState.COMPLETED
-    n.complete(_assignment(n, c.fence))
     assert j not in n.owner.jobs and not n.step(T + DAY_MS).claims
+
+
+def test_a_one_shot_whose_fire_is_dead_lettered_ends_failed() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN), retry=Retry(max_attempts=1)))
+    a = n.run_once(j, T + MIN)
+    assert n.store.jobs[j].state is JobState.RUNNING
+    n.complete(a, Outcome.RETRYABLE)
+    assert n.execs(j) == [(T + MIN, 0, RunState.DEAD_LETTERED)]
+    assert n.store.jobs[j].state is JobState.FAILED
+
+
+def test_a_one_shot_stays_running_through_its_retries_until_one_succeeds() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN)))  # 3 attempts, no backoff
+    a = n.run_once(j, T + MIN)
+    fx = n.complete(a, Outcome.RETRYABLE)
+    assert [x.job_state for x in fx.completions] == [None]  # a retry follows
+    assert n.store.jobs[j].state is JobState.RUNNING
+    sent = fx.assignments.get("w1", []) + n.step(n.now + SEC).assignments.get("w1", [])
+    [retry] = [x for x in sent if x.job_id == j]  # no backoff: at once
+    n.owner.worker_ack("w1", [(retry.run_id, retry.fence)], n.now, n.fx)
+    n.complete(retry)
+    assert n.execs(j) == [(T + MIN, 0, RunState.FAILED), (T + MIN, 1, RunState.SUCCEEDED)]
+    assert n.store.jobs[j].state is JobState.COMPLETED
+
+
+def test_a_failed_one_shot_redriven_completes_when_the_redrive_succeeds() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN), retry=Retry(max_attempts=1)))
+    n.complete(n.run_once(j, T + MIN), Outcome.FAILED)
+    assert n.store.jobs[j].state is JobState.FAILED
+    n.driver.redrive(n.store.get_job(j), [(T + MIN, 1)], n.now)
+    [again] = [x for x in n.step(n.now + SEC).assignments["w1"] if x.job_id == j]
+    assert n.store.jobs[j].state is JobState.FAILED  # until the redriven run ends
+    n.owner.worker_ack("w1", [(again.run_id, again.fence)], n.now, n.fx)
+    n.complete(again)
+    assert n.store.jobs[j].state is JobState.COMPLETED
+
+
+def test_a_recurring_jobs_completions_never_touch_its_state() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(retry=Retry(max_attempts=1)))
+    fx = n.complete(n.run_once(j, T + MIN), Outcome.FAILED)
+    assert [x.job_state for x in fx.completions] == [None]
+    assert n.store.jobs[j].state is JobState.ACTIVE
 
 
 DAY_MS = 24 * HOUR
@@ -1181,14 +1235,15 @@ def test_a_restored_run_completed_before_its_first_heartbeat_is_accepted() -> No
 
 
 def test_a_one_shot_in_flight_at_a_rebuild_from_the_store_runs_again() -> None:
-    """Its claim completed the job in the store; the worker dies with the
-    node. The rebuilt owner must re-dispatch the lost run: a completed job
-    is over for its schedule, not for its fire's runs."""
+    """Its claim ended the job's schedule in the store (the job is running);
+    the worker dies with the node. The rebuilt owner must re-dispatch the
+    lost run: a one-shot claimed is over for its schedule, not for its
+    fire's runs, and its success completes it."""
     n = Node()
     n.hello()
     j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
     n.run_once(j, T + MIN)
-    assert n.store.jobs[j].state is JobState.COMPLETED
+    assert n.store.jobs[j].state is JobState.RUNNING
     n.restart()
     n.hello("w2")
     fx = n.step(n.now + n.config.lease_ms + SEC)  # nobody renews the restored run
@@ -1196,6 +1251,7 @@ def test_a_one_shot_in_flight_at_a_rebuild_from_the_store_runs_again() -> None:
     assert (again.scheduled_for, again.attempt) == (T + MIN, 1)
     n.complete(again, worker="w2")
     assert n.execs(j) == [(T + MIN, 0, RunState.LOST), (T + MIN, 1, RunState.SUCCEEDED)]
+    assert n.store.jobs[j].state is JobState.COMPLETED
     assert j not in n.owner.jobs  # nothing left behind
 
 

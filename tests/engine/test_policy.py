@@ -14,7 +14,7 @@ from wheel.engine.model import MissedReason
 from wheel.engine.policy import (
     CatchUpPlan,
     CatchUpStream,
-    backoff_ceiling_ms,
+    backoff_ms,
     plan_catch_up,
     retry_delay_ms,
     should_retry,
@@ -61,11 +61,11 @@ RETRY = Retry(max_attempts=5, initial_backoff_ms=1_000, max_backoff_ms=60_000, m
 
 
 @pytest.mark.parametrize(
-    ("attempt", "ceiling"),
+    ("attempt", "backoff"),
     [(0, 1_000), (1, 2_000), (2, 4_000), (5, 32_000), (6, 60_000), (7, 60_000), (10**9, 60_000)],
 )
-def test_backoff_ceiling_grows_exponentially_up_to_the_cap(attempt: int, ceiling: int) -> None:
-    assert backoff_ceiling_ms(RETRY, failed_attempt=attempt) == ceiling
+def test_backoff_grows_exponentially_up_to_the_cap(attempt: int, backoff: int) -> None:
+    assert backoff_ms(RETRY, failed_attempt=attempt) == backoff
 
 
 @given(
@@ -77,15 +77,29 @@ def test_backoff_ceiling_grows_exponentially_up_to_the_cap(attempt: int, ceiling
     fire=st.integers(0, 2**53),
 )
 @settings(deadline=None, max_examples=300)
-def test_retry_delay_is_within_zero_and_the_cap_for_any_attempt(
+def test_retry_delay_is_the_backoff_plus_at_most_a_quarter_for_any_attempt(
     initial: int, extra: int, multiplier: float, attempt: int, job_id: int, fire: int
 ) -> None:
     retry = Retry(initial_backoff_ms=initial, max_backoff_ms=initial + extra, multiplier=multiplier)
-    ceiling = backoff_ceiling_ms(retry, failed_attempt=attempt)
-    assert 0 <= ceiling <= retry.max_backoff_ms
+    backoff = backoff_ms(retry, failed_attempt=attempt)
+    assert 0 <= backoff <= retry.max_backoff_ms  # max_backoff caps the backoff before jitter
     delay = retry_delay_ms(retry, failed_attempt=attempt, job_id=job_id, scheduled_for=fire)
-    assert 0 <= delay <= ceiling
+    assert backoff <= delay <= 1.25 * backoff
     assert delay == retry_delay_ms(retry, failed_attempt=attempt, job_id=job_id, scheduled_for=fire)
+
+
+def test_the_first_retry_of_a_one_second_backoff_comes_no_sooner_than_a_second() -> None:
+    retry = Retry(max_attempts=3, initial_backoff_ms=1_000, max_backoff_ms=60_000, multiplier=2.0)
+    first = [
+        retry_delay_ms(retry, failed_attempt=0, job_id=job, scheduled_for=1_700_000_000_000)
+        for job in range(2_000)
+    ]
+    assert min(first) >= 1_000 and max(first) <= 1_250
+    second = [
+        retry_delay_ms(retry, failed_attempt=1, job_id=job, scheduled_for=1_700_000_000_000)
+        for job in range(2_000)
+    ]
+    assert min(second) >= 2_000 and max(second) <= 2_500
 
 
 @given(
@@ -94,26 +108,26 @@ def test_retry_delay_is_within_zero_and_the_cap_for_any_attempt(
     multiplier=st.floats(1.0, 100.0),
 )
 @settings(deadline=None, max_examples=100)
-def test_backoff_ceiling_never_shrinks_as_attempts_grow(
+def test_backoff_never_shrinks_as_attempts_grow(
     initial: int, extra: int, multiplier: float
 ) -> None:
     retry = Retry(initial_backoff_ms=initial, max_backoff_ms=initial + extra, multiplier=multiplier)
-    ceilings = [backoff_ceiling_ms(retry, failed_attempt=n) for n in range(200)]
-    assert ceilings == sorted(ceilings)
-    assert ceilings[0] == initial
+    backoffs = [backoff_ms(retry, failed_attempt=n) for n in range(200)]
+    assert backoffs == sorted(backoffs)
+    assert backoffs[0] == initial
     if multiplier >= 1.1:
-        assert ceilings[-1] == retry.max_backoff_ms
+        assert backoffs[-1] == retry.max_backoff_ms
 
 
-def test_retry_delay_is_spread_over_the_whole_range_with_full_jitter() -> None:
+def test_retry_delay_is_spread_over_a_quarter_of_the_backoff_on_top_of_it() -> None:
     delays = [
         retry_delay_ms(RETRY, failed_attempt=3, job_id=job, scheduled_for=1_700_000_000_000)
         for job in range(4_000)
     ]
-    assert min(delays) < 8_000 * 0.05
-    assert max(delays) > 8_000 * 0.95
-    assert 3_600 < sum(delays) / len(delays) < 4_400  # uniform on [0, 8000]: mean 4000
-    assert len(set(delays)) > 3_000
+    assert 8_000 <= min(delays) < 8_000 + 2_000 * 0.05
+    assert 8_000 + 2_000 * 0.95 < max(delays) <= 10_000
+    assert 8_900 < sum(delays) / len(delays) < 9_100  # uniform on [8000, 10000]: mean 9000
+    assert len(set(delays)) > 1_500
 
 
 def test_retry_delay_differs_between_attempts_and_fires_of_the_same_job() -> None:
@@ -140,14 +154,14 @@ def test_retry_delay_is_zero_when_there_is_no_backoff() -> None:
 def test_retry_delay_handles_huge_attempt_numbers_without_overflow() -> None:
     retry = Retry(initial_backoff_ms=1, max_backoff_ms=10**9, multiplier=100.0)
     for attempt in (10**3, 10**6, 2**63, 10**30):
-        assert backoff_ceiling_ms(retry, failed_attempt=attempt) == 10**9
+        assert backoff_ms(retry, failed_attempt=attempt) == 10**9
         delay = retry_delay_ms(retry, failed_attempt=attempt, job_id=1, scheduled_for=1)
-        assert 0 <= delay <= 10**9
+        assert 10**9 <= delay <= 1.25 * 10**9
 
 
-def test_a_multiplier_of_one_keeps_a_constant_ceiling() -> None:
+def test_a_multiplier_of_one_keeps_a_constant_backoff() -> None:
     retry = Retry(initial_backoff_ms=500, max_backoff_ms=10_000, multiplier=1.0)
-    assert {backoff_ceiling_ms(retry, failed_attempt=n) for n in range(100)} == {500}
+    assert {backoff_ms(retry, failed_attempt=n) for n in range(100)} == {500}
 
 
 @pytest.mark.parametrize(

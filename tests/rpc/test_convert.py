@@ -314,7 +314,8 @@ def test_execution_record_to_run() -> None:
         error="boom",
     )
     run = convert.run_to_proto(done)
-    assert (run.run_id, run.job_id, run.scheduled_for_ms, run.attempt) == (11, 7, NOW, 2)
+    # The store's third attempt (0-based 2) is attempt 3 on the wire.
+    assert (run.run_id, run.job_id, run.scheduled_for_ms, run.attempt) == (11, 7, NOW, 3)
     assert run.state == jobs_pb2.RUN_STATE_DEAD_LETTERED
     assert run.fence == 2**40
     assert run.worker_id == "w1"

@@ -182,7 +182,7 @@ def test_an_update_takes_effect_at_the_next_fire_and_a_run_in_flight_finishes_un
     history = all_runs(api, job)
     runs = [r for r in history if r.run_id]
     assert len({r.scheduled_for_ms for r in runs}) == len(runs), "a fire ran twice"
-    assert all(r.attempt == 0 and r.state == jobs_pb2.RUN_STATE_SUCCEEDED for r in runs)
+    assert all(r.attempt == 1 and r.state == jobs_pb2.RUN_STATE_SUCCEEDED for r in runs)
     # The new schedule's every fire from the change on ran, none dropped:
     # even seconds in a row from the first after the change to the last.
     new = sorted(r.scheduled_for_ms for r in runs if r.scheduled_for_ms > at)
@@ -298,7 +298,11 @@ def test_a_dead_letter_redriven_runs_once_as_a_new_attempt_with_a_new_fence(api:
     ]
 
 
-def test_a_completed_one_shots_dead_letter_is_redriven(api: Api) -> None:
+def test_a_failed_one_shots_dead_letter_is_redriven_and_its_success_completes_it(
+    api: Api,
+) -> None:
+    """Changed: a one-shot whose only fire was dead-lettered was shown
+    COMPLETED; it is FAILED, and COMPLETED once a redrive of it succeeds."""
     calls: list[int] = []
 
     def once_flaky(ctx: RunContext) -> None:
@@ -315,13 +319,13 @@ def test_a_completed_one_shots_dead_letter_is_redriven(api: Api) -> None:
         req = job_service_pb2.ListDeadLettersRequest(job_id=job)
         wait_for(lambda: api.jobs.ListDeadLetters(req, timeout=10).runs, 10, "the dead letter")
         got = api.jobs.GetJob(job_service_pb2.GetJobRequest(job_id=job), timeout=10)
-        assert got.state == jobs_pb2.JOB_STATE_COMPLETED
+        assert got.state == jobs_pb2.JOB_STATE_FAILED
         # Its schedule is over, but what its runs are given may be fixed.
         with pytest.raises(grpc.RpcError) as refused:
             update(api, job, spec(schedule=cron("* * * * *")), "schedule")
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         fixed = update(api, job, spec(payload=b"fixed"), "payload").job
-        assert fixed.state == jobs_pb2.JOB_STATE_COMPLETED and fixed.spec.payload == b"fixed"
+        assert fixed.state == jobs_pb2.JOB_STATE_FAILED and fixed.spec.payload == b"fixed"
         [new] = api.jobs.RedriveDeadLetters(
             job_service_pb2.RedriveDeadLettersRequest(job_id=job), timeout=10
         ).runs
@@ -333,8 +337,10 @@ def test_a_completed_one_shots_dead_letter_is_redriven(api: Api) -> None:
             10,
             "the redriven run to succeed",
         )
-    assert calls == [0, new.attempt]
+    assert calls == [1, new.attempt] == [1, 2]
     assert api.jobs.ListDeadLetters(req, timeout=10).runs == []
+    got = api.jobs.GetJob(job_service_pb2.GetJobRequest(job_id=job), timeout=10)
+    assert got.state == jobs_pb2.JOB_STATE_COMPLETED
     # A run that is not a dead letter cannot be redriven.
     with pytest.raises(grpc.RpcError) as info:
         api.jobs.RedriveDeadLetters(

@@ -177,11 +177,11 @@ def test_a_completion_for_a_run_not_held_is_rejected_and_the_holder_is_unaffecte
         finally:
             intruder.close()
         # The ack's start may land with a later batch than the answers above.
-        wait_for(lambda: states(api, job) == [(0, "running")], 10, "the holder's ack")
+        wait_for(lambda: states(api, job) == [(1, "running")], 10, "the holder's ack")
         holder.send(complete(a.run_id, a.fence))
         res = holder.expect("results", where=accepted_for(a.run_id)).results
         assert not res.completions  # nothing rejected
-        wait_for(lambda: states(api, job) == [(0, "succeeded")], 10, "the holder's success")
+        wait_for(lambda: states(api, job) == [(1, "succeeded")], 10, "the holder's success")
         assert all_runs(api, job)[0].worker_id == "holder"
     finally:
         holder.close()
@@ -213,12 +213,12 @@ def test_a_wrong_fence_is_rejected_on_ack_heartbeat_and_completion(api: Api) -> 
         assert not res.accepted and "does not match" in res.reason and "stale" not in res.reason
         # The ack's start is written with a later batch than this answer (it
         # needs no store round trip): the run shows running, never ended.
-        wait_for(lambda: states(api, job) == [(0, "running")], 10, "the ack's start")
+        wait_for(lambda: states(api, job) == [(1, "running")], 10, "the ack's start")
         w.send(complete(a.run_id, a.fence))
         assert list(w.expect("results", where=accepted_for(a.run_id)).results.accepted) == [
             a.run_id
         ]
-        wait_for(lambda: states(api, job) == [(0, "succeeded")], 10, "the success")
+        wait_for(lambda: states(api, job) == [(1, "succeeded")], 10, "the success")
     finally:
         w.close()
 
@@ -240,14 +240,14 @@ def test_a_worker_that_never_acks_loses_the_run_to_another_worker(api: Api) -> N
             wait_for(lambda: ran, 10, "the re-dispatch to the answering worker")
             assert time.monotonic() - t0 >= GRACE_MS / 1000 * 0.9
             again = ran[0]
-            assert again.attempt == 1 and again.fence > first.fence
+            assert (first.attempt, again.attempt) == (1, 2) and again.fence > first.fence
             assert again.idempotency_key == first.idempotency_key
-            wait_for(lambda: states(api, job) == [(0, "lost"), (1, "succeeded")], 10, "the success")
+            wait_for(lambda: states(api, job) == [(1, "lost"), (2, "succeeded")], 10, "the success")
             # The silent worker wakes up and completes its stale attempt.
             silent.send(complete(first.run_id, first.fence))
             res = silent.expect("results", where=result_for(first.run_id)).results.completions[0]
             assert not res.accepted
-        assert states(api, job) == [(0, "lost"), (1, "succeeded")]
+        assert states(api, job) == [(1, "lost"), (2, "succeeded")]
         # It got nothing else: the fire was not handed back to it.
         handed = [
             a.run_id
@@ -285,7 +285,7 @@ def test_a_flood_of_bogus_messages_gets_errors_and_other_workers_keep_running(
                     jobs.append(one_shot(api))
             wait_for(lambda: set(done) >= set(jobs), 20, "every good job to run")
             for job in jobs:
-                assert states(api, job) == [(0, "succeeded")]
+                assert states(api, job) == [(1, "succeeded")]
             # The flooder got an answer for its messages, and its stream is up.
             flooder.expect(
                 "error", timeout=10, where=lambda m: "unexpected message" in m.error.message
@@ -323,7 +323,7 @@ def test_a_bad_hello_ends_only_that_stream(
         assert fragment in info.value.details()
         assert good.connected == 1
         job = one_shot(api)
-        wait_for(lambda: states(api, job) == [(0, "succeeded")], 10, "the bystander's run")
+        wait_for(lambda: states(api, job) == [(1, "succeeded")], 10, "the bystander's run")
 
 
 def test_credit_cannot_take_a_worker_past_the_capacity_limit(api: Api) -> None:

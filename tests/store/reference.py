@@ -22,6 +22,7 @@ from typing import NamedTuple, overload
 import numpy as np
 
 from wheel.engine.jobtable import NO_FIRE
+from wheel.engine.model import SCHEDULE_OVER
 from wheel.engine.profiles import profile_of, split_spec
 from wheel.engine.spec import JobSpec
 from wheel.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, WheelError
@@ -437,7 +438,7 @@ class ReferenceStore:
         row = self.jobs[c.job_id]
         row.updated_at_ms = max(row.updated_at_ms, c.dispatched_at_ms)
         if c.new_next_run_at is None and not row.spec.recurring and row.state is JobState.ACTIVE:
-            row.state = JobState.COMPLETED
+            row.state = JobState.RUNNING
         return True
 
     def write_batch(self, batch: WriteBatch) -> BatchOutcome:
@@ -504,6 +505,10 @@ class ReferenceStore:
                 ex.state, ex.finished_at_ms, ex.error = c.state, c.finished_at_ms, c.error
                 if c.worker_id is not None:
                     ex.worker_id = c.worker_id
+                job = self.jobs.get(ex.job_id)
+                if c.job_state is not None and job is not None and job.state in SCHEDULE_OVER:
+                    job.state = c.job_state
+                    job.updated_at_ms = max(job.updated_at_ms, c.finished_at_ms)
                 self.seq += 1
                 self.applied.append(
                     AppliedCompletion(

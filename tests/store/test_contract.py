@@ -318,12 +318,59 @@ def test_claim_without_advance_keeps_the_schedule(store: Store) -> None:
     assert store.get_job(job.job_id).next_run_at == 60_000
 
 
-def test_claiming_a_one_shot_completes_the_job(store: Store) -> None:
+def test_claiming_a_one_shot_ends_its_schedule_and_it_runs_until_its_fire_ends(
+    store: Store,
+) -> None:
+    """Changed: a claimed one-shot was ``completed`` at once, even while its
+    run went on or after it was dead-lettered; it is ``running`` until the
+    completion that ends its fire says how (``Completion.job_state``)."""
     job, _ = store.submit_job(once_job(50_000))
     [out] = store.claim_fires([claim(job.job_id, 50_000, new=None)])
     assert out.run_id is not None and out.advanced
     after = store.get_job(job.job_id)
-    assert (after.state, after.next_run_at) == (JobState.COMPLETED, None)
+    assert (after.state, after.next_run_at) == (JobState.RUNNING, None)
+    # A failed attempt with a retry to follow leaves it running.
+    failed = replace(done(out.run_id, 1, RunState.FAILED), job_state=None)
+    assert store.complete_runs([failed])[0].applied
+    assert store.get_job(job.job_id).state is JobState.RUNNING
+    [retry] = store.claim_fires([claim(job.job_id, 50_000, attempt=1, fence=2, advance=False)])
+    assert retry.run_id is not None
+    last = replace(done(retry.run_id, 2, RunState.DEAD_LETTERED), job_state=JobState.FAILED)
+    assert store.complete_runs([last])[0].applied
+    assert store.get_job(job.job_id).state is JobState.FAILED
+    # A redrive that succeeds completes it.
+    [again] = store.claim_fires([claim(job.job_id, 50_000, attempt=2, fence=3, advance=False)])
+    assert again.run_id is not None
+    won = replace(done(again.run_id, 3), job_state=JobState.COMPLETED)
+    assert store.complete_runs([won])[0].applied
+    assert store.get_job(job.job_id).state is JobState.COMPLETED
+
+
+def test_a_completion_ending_a_one_shot_leaves_other_jobs_and_unapplied_ends_alone(
+    store: Store,
+) -> None:
+    """A completion's ``job_state`` moves only a job whose schedule is over,
+    and only when the completion applied: a cancelled job stays cancelled, a
+    recurring one active, a stale fence changes nothing."""
+    cancelled, _ = store.submit_job(once_job(50_000))
+    [c] = store.claim_fires([claim(cancelled.job_id, 50_000, new=None)])
+    store.set_job_state(cancelled.job_id, JobState.CANCELLED, next_run_at=None, now_ms=51_000)
+    live, _ = store.submit_job(interval_job("live", next_run_at=60_000))
+    [r] = store.claim_fires([claim(live.job_id, 60_000, new=120_000)])
+    stale, _ = store.submit_job(once_job(50_000))
+    [s] = store.claim_fires([claim(stale.job_id, 50_000, fence=7, new=None)])
+    assert c.run_id is not None and r.run_id is not None and s.run_id is not None
+    out = store.complete_runs(
+        [
+            replace(done(c.run_id, 1), job_state=JobState.COMPLETED),
+            replace(done(r.run_id, 1), job_state=JobState.COMPLETED),
+            replace(done(s.run_id, 6), job_state=JobState.FAILED),
+        ]
+    )
+    assert [o.applied for o in out] == [True, True, False]
+    assert store.get_job(cancelled.job_id).state is JobState.CANCELLED
+    assert store.get_job(live.job_id).state is JobState.ACTIVE
+    assert store.get_job(stale.job_id).state is JobState.RUNNING
 
 
 def test_ending_a_recurring_schedule_keeps_it_active(store: Store) -> None:
@@ -994,8 +1041,8 @@ def test_a_claim_of_a_fire_held_by_another_run_still_moves_the_schedule(store: S
     out = store.claim_fires(scheduled)
     assert [(o.run_id, o.advanced) for o in out] == [(None, True), (None, True)]
     assert store.get_job(job.job_id).next_run_at == 120_000
-    # A one-shot whose only fire is held is over.
-    assert store.get_job(one.job_id).state is JobState.COMPLETED
+    # A one-shot whose only fire is held is over: running until it ends.
+    assert store.get_job(one.job_id).state is JobState.RUNNING
     # Moved already: another try moves nothing.
     again = store.claim_fires([claim(job.job_id, 60_000, fence=7, new=120_000)])
     assert [(o.run_id, o.advanced) for o in again] == [(None, False)]
@@ -1430,15 +1477,18 @@ def test_an_update_on_a_version_that_is_no_longer_the_newest_changes_nothing(
     assert second.applied and second.change.version == 2
 
 
-def test_a_completed_one_shots_spec_may_be_updated_and_it_stays_completed(store: Store) -> None:
+def test_a_failed_one_shots_spec_may_be_updated_and_it_stays_failed(store: Store) -> None:
     job, _ = store.submit_job(once_job(50_000))
     [out] = store.claim_fires([claim(job.job_id, 50_000, new=None)])
-    assert out.advanced and store.get_job(job.job_id).state is JobState.COMPLETED
+    assert out.advanced and out.run_id is not None
+    dead = replace(done(out.run_id, 1, RunState.DEAD_LETTERED), job_state=JobState.FAILED)
+    assert store.complete_runs([dead])[0].applied
+    assert store.get_job(job.job_id).state is JobState.FAILED
     fixed = replace(job.spec, payload=b"fixed")
     update = SpecUpdate(job_id=job.job_id, spec=fixed, next_run_at=None, updated_at_ms=60_000)
     after = store.update_job(update).job
     assert (after.state, after.next_run_at, after.spec.payload) == (
-        JobState.COMPLETED,
+        JobState.FAILED,
         None,
         b"fixed",
     )

@@ -59,11 +59,21 @@ _E = TypeVar("_E", bound=StrEnum)
 
 
 class JobState(StrEnum):
+    """A job's state. A one-shot whose fire was claimed schedules nothing
+    more, and its state says how the fire ended: ``RUNNING`` while a run or
+    a retry of it is owed, then ``COMPLETED`` (it succeeded) or ``FAILED``
+    (dead-lettered, or an at_most_once run's outcome unknown; a redrive
+    that succeeds makes it ``COMPLETED``)."""
+
     ACTIVE = "active"
     PAUSED = "paused"
     CANCELLED = "cancelled"
-    # A one-shot whose fire has been claimed: nothing more to schedule.
+    # A one-shot whose fire succeeded.
     COMPLETED = "completed"
+    # A one-shot whose fire was claimed and has not ended for good yet.
+    RUNNING = "running"
+    # A one-shot whose fire was dead-lettered (or ended unknown).
+    FAILED = "failed"
 
 
 class RunState(StrEnum):
@@ -248,9 +258,12 @@ class Overlap:
 
 @dataclass(frozen=True, slots=True, init=False)
 class Retry:
-    """How a failed run is retried: up to ``max_attempts`` attempts in all, with
-    exponential backoff (``initial_backoff`` times ``multiplier`` per attempt,
-    at most ``max_backoff``, full jitter); then the run is dead-lettered."""
+    """How a failed run is retried: up to ``max_attempts`` attempts in all
+    (attempts 1 to ``max_attempts``); then the run is dead-lettered. The wait
+    after attempt n fails is its backoff, ``min(max_backoff, initial_backoff *
+    multiplier**(n-1))``, plus a jitter of up to a quarter of it: never less
+    than the backoff, at most 1.25 times it (``max_backoff`` caps the backoff
+    before the jitter)."""
 
     max_attempts: int
     initial_backoff: timedelta
@@ -288,7 +301,8 @@ class Retry:
 class Run:
     """One execution (one attempt of one fire), or a missed fire: ``run_id`` 0,
     state ``missed``, ``missed_reason`` set and ``finished_at`` when the miss
-    was recorded. ``idempotency_key`` is the same on every attempt of a fire."""
+    was recorded. ``idempotency_key`` is the same on every attempt of a fire.
+    ``attempt`` counts from 1 (0 for a missed fire, which ran no attempt)."""
 
     run_id: int
     job_id: int
@@ -522,7 +536,7 @@ class InFlightRun:
     """A run a node's owner holds now: claimed, handed out or running.
     ``phase`` is the owner's word for where it is (claiming, ready,
     dispatched, running, ending); ``worker_id`` None until handed out;
-    ``node_id`` the member that holds it."""
+    ``node_id`` the member that holds it; ``attempt`` counts from 1."""
 
     run_id: int
     job_id: int

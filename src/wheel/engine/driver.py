@@ -28,7 +28,7 @@ import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from wheel.engine.model import JobState, shard_of
+from wheel.engine.model import SCHEDULE_OVER, JobState, shard_of
 from wheel.engine.owner import Effects, FireHold, Owner, RunRef
 from wheel.engine.profiles import split_spec
 from wheel.engine.records import (
@@ -327,7 +327,7 @@ class Driver:
     def state_change(self, record: JobRecord, state: JobState, now_ms: int) -> StateChange:
         """What to write for ``record`` to become ``state``. Raises
         ``FailedPrecondition`` for a finished job (a cancel of one is a no-op)."""
-        if record.state in (JobState.CANCELLED, JobState.COMPLETED):
+        if record.state is JobState.CANCELLED or record.state in SCHEDULE_OVER:
             if state is JobState.CANCELLED:
                 return StateChange(state=state, noop=True)
             raise FailedPrecondition(f"job {record.job_id} is {record.state.value}")
@@ -379,12 +379,12 @@ class Driver:
         if record.state is JobState.CANCELLED:
             raise FailedPrecondition(f"job {record.job_id} is cancelled")
         spec = replace(spec, tenant=record.spec.tenant)
-        if record.state is JobState.COMPLETED and spec.schedule != record.spec.schedule:
+        if record.state in SCHEDULE_OVER and spec.schedule != record.spec.schedule:
             # A finished one-shot's payload and policies may change (to fix
             # what its dead letters need before a redrive); its schedule is over.
             raise FailedPrecondition(
-                f"job {record.job_id} is completed: its schedule is over (its payload and"
-                " policies may still change)"
+                f"job {record.job_id} is {record.state.value}: its schedule is over (its"
+                " payload and policies may still change)"
             )
         active = record.state is JobState.ACTIVE
         # Computed for a paused job too: it validates the schedule (cron
@@ -447,7 +447,7 @@ class Driver:
             raise FailedPrecondition(f"job {record.job_id} is cancelled")
         owner = self.owner
         if not owner.has_job(record.job_id):
-            if record.state is JobState.COMPLETED:
+            if record.state in SCHEDULE_OVER:
                 # Its schedule is over: held awake, with nothing armed, for
                 # the runs redriven, and forgotten when they end.
                 record = replace(record, state=JobState.ACTIVE, next_run_at=None)

@@ -10,11 +10,24 @@ SHARD_COUNT = 256
 
 
 class JobState(StrEnum):
+    """A job's state. A one-shot whose fire was claimed schedules nothing
+    more (``SCHEDULE_OVER``) and its state says how its fire ended: it is
+    ``running`` while a run or a retry of the fire is owed, ``completed``
+    once one succeeded, ``failed`` once the fire was dead-lettered (or its
+    at_most_once run's outcome is unknown). A redrive that succeeds makes a
+    failed one-shot completed. Databases from before ``running`` and
+    ``failed`` hold ``completed`` for every claimed one-shot; the end of
+    its run sets it as above."""
+
     ACTIVE = "active"
     PAUSED = "paused"
     CANCELLED = "cancelled"
-    # A one-shot whose fire has been claimed: nothing more to schedule.
+    # A one-shot whose fire succeeded.
     COMPLETED = "completed"
+    # A one-shot whose fire was claimed and has not ended for good yet.
+    RUNNING = "running"
+    # A one-shot whose fire was dead-lettered, or ended unknown.
+    FAILED = "failed"
 
 
 class RunState(StrEnum):
@@ -30,6 +43,19 @@ class RunState(StrEnum):
 
 
 TERMINAL_RUN_STATES = frozenset(RunState) - {RunState.DISPATCHED, RunState.RUNNING}
+
+# A one-shot whose fire was claimed: nothing more to schedule.
+SCHEDULE_OVER = frozenset({JobState.RUNNING, JobState.COMPLETED, JobState.FAILED})
+
+
+def one_shot_end(run: RunState) -> JobState | None:
+    """The state a claimed one-shot takes when its fire's run ends so: None
+    while a retry or a re-dispatch may follow (or the run was cancelled)."""
+    if run is RunState.SUCCEEDED:
+        return JobState.COMPLETED
+    if run is RunState.DEAD_LETTERED or run is RunState.UNKNOWN:
+        return JobState.FAILED
+    return None
 
 
 class MissedReason(StrEnum):

@@ -38,7 +38,7 @@ from wheel.engine.spec import CatchUp, CatchUpMode, Retry
 __all__ = [
     "CatchUpPlan",
     "CatchUpStream",
-    "backoff_ceiling_ms",
+    "backoff_ms",
     "plan_catch_up",
     "retry_delay_ms",
     "should_retry",
@@ -74,9 +74,11 @@ def stable_hash64(*values: int) -> int:
 # -- retries -------------------------------------------------------------------------
 
 
-def backoff_ceiling_ms(retry: Retry, *, failed_attempt: int) -> int:
-    """The upper bound of the jittered delay after attempt ``failed_attempt``
-    (0 = the first attempt): ``min(max_backoff, initial * multiplier**n)``.
+def backoff_ms(retry: Retry, *, failed_attempt: int) -> int:
+    """The backoff after attempt ``failed_attempt`` failed (0-based here: 0 is
+    the first attempt, the one users call 1), before jitter:
+    ``min(max_backoff, initial * multiplier**failed_attempt)``. ``max_backoff``
+    caps the backoff, not the jittered delay.
 
     Non-decreasing in ``failed_attempt`` and safe for any attempt number: the
     exponent is never evaluated past the point where the cap is reached.
@@ -96,15 +98,15 @@ def backoff_ceiling_ms(retry: Retry, *, failed_attempt: int) -> int:
 def retry_delay_ms(retry: Retry, *, failed_attempt: int, job_id: int, scheduled_for: int) -> int:
     """Delay before retrying a fire whose attempt ``failed_attempt`` failed.
 
-    Exponential backoff with full jitter: uniform in ``[0, ceiling]``, drawn
-    from a hash of the fire and the attempt, so a thundering herd of retries
-    spreads out yet a replay computes the same delay.
+    The backoff plus up to a quarter of it: ``backoff * (1 + u/4)``, with
+    ``u`` in ``[0, 1)`` drawn from a hash of the fire and the attempt. Never
+    less than the backoff (``initial_backoff 1s`` retries no sooner than a
+    second later), so a herd of retries spreads over a quarter of the
+    backoff, and a replay computes the same delay.
     """
-    ceiling = backoff_ceiling_ms(retry, failed_attempt=failed_attempt)
-    if ceiling == 0:
-        return 0
-    # The modulo bias is ceiling / 2**64: invisible for millisecond delays.
-    return stable_hash64(job_id, scheduled_for, failed_attempt) % (ceiling + 1)
+    backoff = backoff_ms(retry, failed_attempt=failed_attempt)
+    # The modulo bias is (backoff / 4) / 2**64: invisible for millisecond delays.
+    return backoff + stable_hash64(job_id, scheduled_for, failed_attempt) % (backoff // 4 + 1)
 
 
 def should_retry(retry: Retry, *, failed_attempt: int) -> bool:

@@ -152,8 +152,8 @@ class FireClaim:
     fence: int
     dispatched_at_ms: int
     # Schedule compare-and-swap: applied only when ``advance`` is true and the
-    # insert won. ``new_next_run_at=None`` ends the schedule (one-shot done:
-    # the job becomes ``completed``).
+    # insert won. ``new_next_run_at=None`` ends the schedule (a one-shot's
+    # fire claimed: the job becomes ``running`` until the fire ends).
     advance: bool
     expected_next_run_at: int | None
     new_next_run_at: int | None
@@ -241,6 +241,12 @@ class Completion:
     finished_at_ms: int
     error: str | None
     worker_id: str | None
+    # Set for a run whose end is its one-shot's (``model.one_shot_end``):
+    # applied, the completion also moves the run's job to this state if its
+    # schedule is over (running, completed or failed), in the same
+    # transaction; a cancelled or paused job keeps its state. None for the
+    # rest (every run of a recurring job): no job row is touched.
+    job_state: JobState | None
 
     def __init__(
         self,
@@ -251,6 +257,7 @@ class Completion:
         finished_at_ms: int,
         error: str | None = None,
         worker_id: str | None = None,
+        job_state: JobState | None = None,
     ) -> None:
         self.run_id = run_id
         self.fence = fence
@@ -258,6 +265,7 @@ class Completion:
         self.finished_at_ms = finished_at_ms
         self.error = error
         self.worker_id = worker_id
+        self.job_state = job_state
 
 
 @dataclass(slots=True, kw_only=True, init=False)

@@ -13,6 +13,7 @@ from wheel.rpc._guard import Guard
 from wheel.rpc._peers import Peers, forwarded_by
 from wheel.rpc._tenancy import TenancyAdmin
 from wheel.rpc._workers import membership_to_proto
+from wheel.rpc.convert import wire_attempt
 from wheel.rpc.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
@@ -129,7 +130,7 @@ class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
                 run_id=r.run_id,
                 job_id=r.job_id,
                 scheduled_for_ms=r.scheduled_for,
-                attempt=r.attempt,
+                attempt=wire_attempt(r.attempt),
                 fence=r.fence,
                 worker_id=r.worker_id,
                 phase=r.phase,

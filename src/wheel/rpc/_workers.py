@@ -23,6 +23,7 @@ from wheel.rpc._common import (
     MAX_WORKER_ID,
 )
 from wheel.rpc._guard import Guard
+from wheel.rpc.convert import wire_attempt
 from wheel.rpc.v1 import (
     cluster_pb2,
     worker_service_pb2,
@@ -330,7 +331,7 @@ def send_effects(session: WorkerSession, fx: Effects) -> None:
                 job_id=a.job_id,
                 handler=a.handler,
                 scheduled_for_ms=a.scheduled_for,
-                attempt=a.attempt,
+                attempt=wire_attempt(a.attempt),
                 fence=a.fence,
                 idempotency_key=a.idempotency_key,
                 payload=a.payload,

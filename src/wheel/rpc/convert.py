@@ -11,6 +11,13 @@ Some specs have no proto spelling because zero means "default" on the wire:
 ``Retry.initial_backoff_ms == 0``, ``CatchUp.window_ms == 0`` (as opposed to
 ``None``) and ``Interval.start_at_ms == 0``. ``spec_to_proto`` writes them
 as zero, which reads back as the default.
+
+Attempts are 1-based on the wire (the first attempt of a fire is attempt 1,
+as users of other schedulers expect) and 0-based in the engine and the store
+(``UNIQUE (job_id, scheduled_for, attempt)`` and the rows of existing
+databases keep their numbers): ``wire_attempt`` is the one translation, made
+where a run leaves for a client or a worker. Nothing reads an attempt from
+the wire.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ __all__ = [
     "run_to_proto",
     "spec_from_proto",
     "spec_to_proto",
+    "wire_attempt",
 ]
 
 _E = TypeVar("_E")
@@ -114,6 +122,8 @@ JOB_STATE_TO_PROTO: Mapping[JobState, jobs_pb2.JobState] = {
     JobState.PAUSED: jobs_pb2.JOB_STATE_PAUSED,
     JobState.CANCELLED: jobs_pb2.JOB_STATE_CANCELLED,
     JobState.COMPLETED: jobs_pb2.JOB_STATE_COMPLETED,
+    JobState.RUNNING: jobs_pb2.JOB_STATE_RUNNING,
+    JobState.FAILED: jobs_pb2.JOB_STATE_FAILED,
 }
 JOB_STATE_FROM_PROTO: Mapping[int, JobState] = {v: k for k, v in JOB_STATE_TO_PROTO.items()}
 
@@ -323,13 +333,19 @@ def job_to_proto(
     )
 
 
+def wire_attempt(stored: int) -> int:
+    """The attempt a client or a worker sees (1 for a fire's first) for the
+    engine's and the store's 0-based ``stored``."""
+    return stored + 1
+
+
 def run_to_proto(record: ExecutionRecord) -> jobs_pb2.Run:
     """A ``jobs_pb2.Run`` for one execution (one attempt of one fire)."""
     return jobs_pb2.Run(
         run_id=record.run_id,
         job_id=record.job_id,
         scheduled_for_ms=record.scheduled_for,
-        attempt=record.attempt,
+        attempt=wire_attempt(record.attempt),
         state=RUN_STATE_TO_PROTO[record.state],
         fence=record.fence,
         worker_id=record.worker_id or "",

@@ -26,6 +26,7 @@ class RunContext:
     # Stable across attempts of the same fire: use it to deduplicate side effects.
     idempotency_key: str
     fence: int
+    # 1 for a fire's first attempt, 2 for its first retry, ...
     attempt: int
     scheduled_for_ms: int
     timeout_ms: int

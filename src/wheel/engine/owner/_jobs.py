@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from mypy_extensions import trait
 
 from wheel.engine.jobtable import NEVER, NO_FIRE, PAUSED, PAYLOAD, ShardJobs
-from wheel.engine.model import AlertKind, JobState, MissedReason, RunState
+from wheel.engine.model import SCHEDULE_OVER, AlertKind, JobState, MissedReason, RunState
 from wheel.engine.owner._state import (
     _Job,
     _limit,
@@ -87,7 +87,7 @@ class _Jobs(_Parts):
         (a number of ``self.profiles``), schedule parameter and whether it
         has a payload. A new job, or one at rest whose row the store agrees
         with, stays at rest: no object is made."""
-        over = state in (JobState.CANCELLED, JobState.COMPLETED)
+        over = state is JobState.CANCELLED or state in SCHEDULE_OVER
         job = self.jobs.get(job_id)
         if job is None:
             table = self._table_of(job_id)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from mypy_extensions import trait
 
-from wheel.engine.model import AlertKind, RunState
+from wheel.engine.model import AlertKind, RunState, one_shot_end
 from wheel.engine.owner._state import (
     Redo,
     _Job,
@@ -73,6 +73,7 @@ class _Runs(_Parts):
             self.wheel.cancel((run.run_id << 2) | TIMEOUT)
         elif run.lease_deadline:
             self._graced -= 1  # its entry in ``_grace`` is skipped when due
+        job = self.jobs.get(run.job_id)
         fx.completions.append(
             Completion(
                 run_id=run.run_id,
@@ -81,11 +82,13 @@ class _Runs(_Parts):
                 finished_at_ms=now_ms,
                 error=error,
                 worker_id=run.worker_id,
+                # A one-shot's state tells how its fire ended (the store
+                # moves only a one-shot whose schedule is over).
+                job_state=None if job is None or job.spec.recurring else one_shot_end(state),
             )
         )
         run.end_state, run.reply_to = state, reply_to
         self._ending[run.run_id] = run
-        job = self.jobs.get(run.job_id)
         if job is not None:
             job.ending += 1
 

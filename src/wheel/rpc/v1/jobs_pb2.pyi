@@ -54,6 +54,8 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_STATE_PAUSED: _ClassVar[JobState]
     JOB_STATE_CANCELLED: _ClassVar[JobState]
     JOB_STATE_COMPLETED: _ClassVar[JobState]
+    JOB_STATE_RUNNING: _ClassVar[JobState]
+    JOB_STATE_FAILED: _ClassVar[JobState]
 
 class RunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -94,6 +96,8 @@ JOB_STATE_ACTIVE: JobState
 JOB_STATE_PAUSED: JobState
 JOB_STATE_CANCELLED: JobState
 JOB_STATE_COMPLETED: JobState
+JOB_STATE_RUNNING: JobState
+JOB_STATE_FAILED: JobState
 RUN_STATE_UNSPECIFIED: RunState
 RUN_STATE_DISPATCHED: RunState
 RUN_STATE_RUNNING: RunState

@@ -207,7 +207,7 @@ def complete(
     def write(part: Sequence[Completion]) -> tuple[list[bool], list[int]]:
         first = first_per_key([(c.run_id, c.fence) for c in part])
         params = sql.completion_arrays(first, [part[i] for i in first])
-        return _fenced_update(
+        applied, jobs = _fenced_update(
             conn,
             sql.COMPLETE_SQL,
             sql.RECOGNISE_COMPLETIONS_SQL,
@@ -217,6 +217,10 @@ def complete(
             "error",
             "worker",
         )
+        ends = [c for c, ok in zip(part, applied, strict=True) if ok and c.job_state is not None]
+        if ends:
+            conn.execute(sql.END_ONE_SHOT_SQL, sql.end_one_shot_arrays(ends))
+        return applied, jobs
 
     return _run_writes(conn, held, completions, [c.run_id for c in completions], write)
 

@@ -91,7 +91,7 @@ CLAIM_MOVE = """
     UPDATE jobs AS j
        SET next_run_at = w.new_next,
            state = CASE WHEN w.new_next IS NULL AND j.one_shot AND j.state = 'active'
-                        THEN 'completed' ELSE j.state END,
+                        THEN 'running' ELSE j.state END,
            updated_at_ms = greatest(j.updated_at_ms, w.dispatched_at_ms),
            move_xid = pg_current_xact_id()
       FROM {won} AS w
@@ -182,6 +182,29 @@ def completion_arrays(idx: Sequence[int], completions: Sequence[Completion]) -> 
         "finished": Int8s([c.finished_at_ms for c in completions]),
         "error": Texts([c.error for c in completions]),
         "worker": Texts([c.worker_id for c in completions]),
+    }
+
+
+# Completions that end a one-shot's fire (``Completion.job_state``): each
+# run's job, if its schedule is over, takes the state that says how (a
+# cancelled or paused job keeps its own). Completions of recurring jobs
+# never run it.
+END_ONE_SHOT_SQL = """
+UPDATE jobs AS j
+   SET state = t.state, updated_at_ms = greatest(j.updated_at_ms, t.finished_at_ms)
+  FROM unnest(%(run)b::int8[], %(state)b::text[], %(finished)b::int8[])
+       AS t(run_id, state, finished_at_ms)
+  JOIN executions AS e ON e.run_id = t.run_id
+ WHERE j.job_id = e.job_id AND j.state IN ('running', 'completed', 'failed')
+"""
+
+
+def end_one_shot_arrays(ends: Sequence[Completion]) -> dict[str, Any]:
+    """Completions that end a one-shot as the arrays ``END_ONE_SHOT_SQL`` unnests."""
+    return {
+        "run": Int8s([c.run_id for c in ends]),
+        "state": Texts([c.job_state.value if c.job_state is not None else "" for c in ends]),
+        "finished": Int8s([c.finished_at_ms for c in ends]),
     }
 
 

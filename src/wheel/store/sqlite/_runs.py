@@ -133,7 +133,7 @@ def mark_running(cur: sqlite3.Cursor, starts: Sequence[RunStart]) -> list[bool]:
 
 
 def complete(cur: sqlite3.Cursor, completions: Sequence[Completion]) -> list[bool]:
-    return _fenced_update(
+    applied = _fenced_update(
         cur,
         sql.COMPLETE,
         sql.RECOGNISE_COMPLETIONS,
@@ -148,6 +148,14 @@ def complete(cur: sqlite3.Cursor, completions: Sequence[Completion]) -> list[boo
             completions[i].finished_at_ms,
         ),
     )
+    ends = [
+        (c.job_state.value, c.finished_at_ms, c.run_id)
+        for c, ok in zip(completions, applied, strict=True)
+        if ok and c.job_state is not None
+    ]
+    if ends:
+        cur.executemany(sql.END_ONE_SHOT, ends)
+    return applied
 
 
 def _fenced_update(

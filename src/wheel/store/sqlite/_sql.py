@@ -79,11 +79,11 @@ ADVANCE_CAS = SetStatement(
     "(?, ?, ?, ?, ?)",
 )
 # For batches with a claim that ends its schedule: a one-shot whose next fire
-# is None becomes completed.
+# is None becomes running (until its fire ends: ``END_ONE_SHOT``).
 CLAIM_CAS_END = SetStatement(
     "UPDATE jobs SET next_run_at = t.column1,"
     " state = CASE WHEN t.column1 IS NULL AND one_shot = 1 AND state = 'active'"
-    " THEN 'completed' ELSE state END,"
+    " THEN 'running' ELSE state END,"
     " updated_at_ms = max(updated_at_ms, t.column2), move_seq = t.column3"
     " FROM (VALUES {rows}) AS t WHERE jobs.job_id = t.column4 AND +jobs.next_run_at IS t.column5",
     "(?, ?, ?, ?, ?)",
@@ -104,6 +104,15 @@ COMPLETE = SetStatement(
     "  AND newer.scheduled_for = executions.scheduled_for"
     "  AND newer.fence > executions.fence)",
     "(?, ?, ?, ?, ?, ?)",
+)
+
+# A completion that ends a one-shot's fire (``Completion.job_state``): its
+# job, if its schedule is over, takes the state that says how (a cancelled
+# or paused job keeps its own). Completions of recurring jobs never run it.
+END_ONE_SHOT = (
+    "UPDATE jobs SET state = ?, updated_at_ms = max(updated_at_ms, ?)"
+    " WHERE job_id = (SELECT job_id FROM executions WHERE run_id = ?)"
+    " AND state IN ('running', 'completed', 'failed')"
 )
 
 
