@@ -12,7 +12,15 @@ asyncio.run(worker.run())
 """
 
 from wheel._tls import ChannelSecurity
-from wheel.worker._api import Permanent, Retryable, RunContext, WorkerStats, load_handler
+from wheel.worker._api import (
+    Permanent,
+    Retryable,
+    RunContext,
+    RunLogFilter,
+    WorkerStats,
+    load_handler,
+    load_handlers,
+)
 from wheel.worker._process import run_worker
 from wheel.worker._worker import Worker
 
@@ -21,8 +29,10 @@ __all__ = [
     "Permanent",
     "Retryable",
     "RunContext",
+    "RunLogFilter",
     "Worker",
     "WorkerStats",
     "load_handler",
+    "load_handlers",
     "run_worker",
 ]
