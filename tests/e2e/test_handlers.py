@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -244,3 +245,24 @@ def test_the_sdk_worker_drains_on_sigterm_and_its_run_succeeds(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_run_shorter_than_an_ack_has_its_start_and_finish(
+    handlers_dir: Path, server: ServerProc
+) -> None:
+    # ``quick`` returns at once: its completion leaves before an ack is due,
+    # so the node never hears it start apart from the completion.
+    worker = ConsoleWorker(handlers_dir, server.target, "myhandlers:quick")
+    try:
+        jobs = [_submit(server.target, "quick") for _ in range(3)]
+        for job in jobs:
+            wait_for(partial(_ended, server.target, job), 30, f"job {job} to run")
+        with Client(server.target) as client:
+            runs = [r for job in jobs for r in client.runs(job)]
+        assert [r.state.value for r in runs] == ["succeeded"] * 3
+        for r in runs:
+            assert r.started_at is not None and r.finished_at is not None, r
+            assert r.started_at <= r.finished_at, r
+            assert r.finished_at - r.started_at < timedelta(seconds=1), r
+    finally:
+        assert worker.stop() == 0

@@ -504,6 +504,8 @@ class ReferenceStore:
                 ex.state, ex.finished_at_ms, ex.error = c.state, c.finished_at_ms, c.error
                 if c.worker_id is not None:
                     ex.worker_id = c.worker_id
+                if ex.started_at_ms is None:
+                    ex.started_at_ms = c.started_at_ms
                 self.seq += 1
                 self.applied.append(
                     AppliedCompletion(

@@ -241,6 +241,9 @@ class Completion:
     finished_at_ms: int
     error: str | None
     worker_id: str | None
+    # The run's start, kept only where the store has none: a run that ended
+    # before its worker's ack was due was never marked running.
+    started_at_ms: int | None
 
     def __init__(
         self,
@@ -251,6 +254,7 @@ class Completion:
         finished_at_ms: int,
         error: str | None = None,
         worker_id: str | None = None,
+        started_at_ms: int | None = None,
     ) -> None:
         self.run_id = run_id
         self.fence = fence
@@ -258,6 +262,7 @@ class Completion:
         self.finished_at_ms = finished_at_ms
         self.error = error
         self.worker_id = worker_id
+        self.started_at_ms = started_at_ms
 
 
 @dataclass(slots=True, kw_only=True, init=False)

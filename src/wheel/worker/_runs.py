@@ -68,9 +68,10 @@ SYNC = 0  # a plain function: in a thread of the pool
 TASK = 1  # a coroutine function: a task of its own
 INLINE = 2  # a coroutine function that cannot suspend: run to its end at once
 
-# A completion on its way: run id, fence, outcome, error, job id. A tuple, not
-# an object: one is made for every run, and it only travels to a message.
-Done = tuple[int, int, "pb.Outcome", str, int]
+# A completion on its way: run id, fence, outcome, error, job id, and how long
+# its handler ran in ms (0: it never started). A tuple, not an object: one is
+# made for every run, and it only travels to a message.
+Done = tuple[int, int, "pb.Outcome", str, int, int]
 
 
 class Run:
@@ -97,7 +98,8 @@ class Run:
 
     def done(self, outcome: pb.Outcome, error: str) -> Done:
         ctx = self.ctx
-        return (ctx.run_id, ctx.fence, outcome, error, ctx.job_id)
+        ran_ms = int((time.perf_counter() - self.started) * 1000) if self.started else 0
+        return (ctx.run_id, ctx.fence, outcome, error, ctx.job_id, ran_ms)
 
 
 def outcome_of(exc: BaseException) -> tuple[pb.Outcome, str]:

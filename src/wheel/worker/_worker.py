@@ -761,7 +761,7 @@ class Worker:
                 del link.held[run.ctx.run_id]
                 self._rehome_run(run, owner)
         pending = [*link.completions, *(d for d, _ in link.unconfirmed.values())]
-        for run_id, fence, _, _, job_id in pending:
+        for run_id, fence, _, _, job_id, _ in pending:
             owner = view.owner_of(job_id)
             if owner and owner != link.node_id:
                 done = link.take_completion(run_id, fence)
