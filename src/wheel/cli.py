@@ -278,7 +278,8 @@ def cmd_runs(ns: argparse.Namespace) -> int:
         )
         return 0
     for r in runs:
-        detail = r.missed_reason or r.error or ""
+        # An error's first line says what and where; --json has the traceback.
+        detail = r.missed_reason or (r.error or "").partition("\n")[0]
         print(
             f"{fmt_time(r.scheduled_for)}  attempt {r.attempt}  {r.state:<13} "
             f"run {r.run_id:<8} worker {r.worker_id or '-':<20} {detail}"

@@ -143,14 +143,16 @@ def test_a_handlers_bug_is_logged_with_its_traceback_and_kept_in_the_runs_error(
         with Client(server.target) as client:
             (stored,) = [r for r in client.runs(job) if r.run_id == run["run_id"]]
         assert stored.error == run["error"]
+        # The table shows the error's first line: what and where.
+        table = wheelctl("runs", str(job), "--target", server.target).stdout
+        assert first in table and "Traceback" not in table, table
         # The worker's log: a WARNING with the whole traceback; the handler's
         # own line carries the run's ids.
         log = wait_for(lambda: "Traceback" in worker.log and worker.log, 10, "the traceback")
         assert re.search(r"WARNING wheel\.worker: run \d+ of job \d+ .* failed: KeyError", log)
         assert 'return {"n": n}["missing"]' in log and "KeyError: 'missing'" in log
-        assert re.search(
-            rf"INFO myhandlers: about to fail job_id={job} run_id={run['run_id']} attempt=0", log
-        ), log
+        ids = f"job_id={job} run_id={run['run_id']} attempt={run['attempt']}"
+        assert f"INFO myhandlers: about to fail {ids}" in log, log
     finally:
         assert worker.stop() == 0
 
@@ -170,7 +172,7 @@ def test_handlers_load_from_a_worker_object_a_whole_module_or_a_function_in_the_
         (greet_run,) = runs_of(server.target, greet)
         assert (
             f"INFO wheel.handler.greet: hello ann job_id={greet}"
-            f" run_id={greet_run['run_id']} attempt=0"
+            f" run_id={greet_run['run_id']} attempt={greet_run['attempt']}"
         ) in log, log
         assert re.search(r"plain ran at \S+\+00:00", log), log
     finally:
@@ -264,5 +266,30 @@ def test_a_run_shorter_than_an_ack_has_its_start_and_finish(
             assert r.started_at is not None and r.finished_at is not None, r
             assert r.started_at <= r.finished_at, r
             assert r.finished_at - r.started_at < timedelta(seconds=1), r
+    finally:
+        assert worker.stop() == 0
+
+
+def test_the_readmes_worker_module_runs_under_wheelctl_worker(
+    tmp_path: Path, server: ServerProc
+) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    module = re.search(r"```python\n(# myhandlers\.py\n.*?)```", readme, re.S)
+    assert module is not None, "the README's worker module"
+    folder = tmp_path / "readme"
+    folder.mkdir()
+    (folder / "myhandlers.py").write_text(module.group(1))
+    worker = ConsoleWorker(folder, server.target, "myhandlers:worker")
+    try:
+        good = _submit(server.target, "send_report", "--payload", '{"id": 7}')
+        bad = _submit(server.target, "send_report", "--payload", '{"id": -1}')
+        (ok,) = wait_for(partial(_ended, server.target, good), 30, "the report to run")
+        (dead,) = wait_for(partial(_ended, server.target, bad), 30, "the bad report to end")
+        assert (ok["state"], dead["state"], dead["error"]) == (
+            "succeeded",
+            "dead_lettered",
+            "no such report",
+        )
+        assert re.search(rf"report 7 for the fire due at \S+ \S+\+00:00 job_id={good}", worker.log)
     finally:
         assert worker.stop() == 0

@@ -7,7 +7,7 @@ worker = Worker("node-a:50051,node-b:50051", capacity=32)
 async def send_report(ctx: RunContext) -> None:
     ...  # raise Retryable / Permanent to fail; return to succeed
 
-asyncio.run(worker.run())
+asyncio.run(worker.run())  # until SIGTERM/SIGINT, which drain it
 ```
 """
 
