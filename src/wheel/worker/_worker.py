@@ -64,7 +64,6 @@ import logging
 import math
 import os
 import secrets
-import signal
 import socket
 import threading
 import time
@@ -96,6 +95,7 @@ from wheel.worker._credit import Credits
 from wheel.worker._link import DEFAULT_LEASE_S, Link
 from wheel.worker._metrics import WorkerMetrics
 from wheel.worker._runs import SYNC, Done, Run, Runner, mode_of
+from wheel.worker._signals import drain_on_signals
 
 __all__ = [
     "Permanent",
@@ -302,52 +302,15 @@ class Worker:
         if self._closing:
             return
         install_log_filter()
-        restore = self._handle_signals(drain_timeout) if handle_signals else None
+        restore = (
+            drain_on_signals(self, drain_timeout, self._signal_drains) if handle_signals else None
+        )
         try:
             await self._serve()
         finally:
             if restore is not None:
                 restore()
             await asyncio.gather(*self._signal_drains, return_exceptions=True)
-
-    def _handle_signals(self, drain_timeout: float) -> Callable[[], None] | None:
-        """SIGTERM and SIGINT drain, then stop (see ``run``); what puts the
-        earlier handlers back, or None where signals cannot be handled here."""
-        loop = self._loop
-        if loop is None or threading.current_thread() is not threading.main_thread():
-            return None
-        sigs = (signal.SIGTERM, signal.SIGINT)
-        previous = {sig: signal.getsignal(sig) for sig in sigs}
-        draining = self._signal_drains
-
-        def on_signal(sig: signal.Signals) -> None:
-            if draining:
-                log.info("%s again: stopping now", sig.name)
-                self.stop()
-                return
-            log.info(
-                "%s: draining (up to %.0f s); signal again to stop now", sig.name, drain_timeout
-            )
-            draining.append(loop.create_task(self.drain(drain_timeout)))
-
-        installed = []
-        for sig in sigs:
-            try:
-                loop.add_signal_handler(sig, on_signal, sig)
-            except (NotImplementedError, RuntimeError, ValueError):
-                continue  # a loop without signal support (Windows' proactor)
-            installed.append(sig)
-
-        def restore() -> None:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-                old = previous[sig]
-                if old is not None:
-                    signal.signal(sig, old)
-            for t in draining:
-                t.cancel()
-
-        return restore if installed else None
 
     async def _serve(self) -> None:
         assert self._loop is not None and self._stopped is not None
