@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -105,3 +107,24 @@ def test_run_handles_sigterm_and_sigint_only_while_it_runs_unless_told_not_to() 
     assert seen["handled"] != before[signal.SIGTERM]
     assert seen["after"] == seen["opted_out"] == before[signal.SIGTERM]
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_bugs_error_keeps_its_last_frames_within_the_limit_and_no_credentials() -> None:
+    from wheel.worker._runs import MAX_ERROR_CHARS, error_text
+
+    # 200 distinct frames (repeated ones are folded into one line anyway).
+    source = "".join(f"def f{i}():\n    f{i + 1}()\n" for i in range(200))
+    source += 'def f200():\n    raise ConnectionError("postgresql://app:s3cret@db/app refused")\n'
+    scope: dict[str, Any] = {}
+    exec(compile(source, "deep.py", "exec"), scope)
+    try:
+        scope["f0"]()
+    except ConnectionError as exc:
+        text = error_text(exc)
+    first, _, rest = text.partition("\n")
+    assert first.startswith("ConnectionError: postgresql://app:[redacted]@db/app refused (at ")
+    assert first.endswith("(at deep.py:402, in f200)") and "s3cret" not in text
+    assert len(text) <= MAX_ERROR_CHARS
+    # The earliest frames are cut, the raising one kept last.
+    assert re.match(r"Traceback \(most recent call last, \d+ earlier frames cut\):\n", rest)
+    assert rest.endswith('File "deep.py", line 402, in f200')

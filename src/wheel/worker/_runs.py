@@ -29,7 +29,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from wheel.logs import ids
+from wheel.logs import ids, redact
 from wheel.rpc.v1 import worker_service_pb2 as pb
 from wheel.worker._api import (
     Handler,
@@ -127,7 +127,7 @@ def error_text(exc: BaseException) -> str:
     head = f"{name}: {text}" if text else name
     frames = traceback.extract_tb(_handler_tb(exc.__traceback__))
     if not frames:
-        return head[:MAX_ERROR_CHARS]
+        return redact(head)[:MAX_ERROR_CHARS]
     last = frames[-1]
     head += f" (at {last.filename}:{last.lineno}, in {last.name})"
     lines = frames.format()
@@ -142,7 +142,9 @@ def error_text(exc: BaseException) -> str:
     cut = len(lines) - len(kept)
     title = "Traceback (most recent call last"
     title += f", {cut} earlier frames cut):" if cut else "):"
-    return (f"{head}\n{title}\n" + "".join(kept)).rstrip("\n")[:MAX_ERROR_CHARS]
+    # Credentials a message or a source line may quote (a store URL's
+    # password, a bearer token) are not kept, as in the logs.
+    return redact(f"{head}\n{title}\n" + "".join(kept)).rstrip("\n")[:MAX_ERROR_CHARS]
 
 
 def _message(exc: BaseException) -> str:
