@@ -180,17 +180,20 @@ def test_handlers_load_from_a_worker_object_a_whole_module_or_a_function_in_the_
 
 
 @pytest.mark.parametrize(
-    ("spec", "says"),
+    ("specs", "says"),
     [
-        ("nosuchmodule:f", "cannot import 'nosuchmodule': no module named 'nosuchmodule'"),
-        ("myhandlers:nothere", "'myhandlers' has no attribute 'nothere'"),
-        ("myhandlers:NOT_CALLABLE", "is a int, not a function or a wheel.worker.Worker"),
-        ("json", "module 'json' declares no handlers"),
+        (["nosuchmodule:f"], "cannot import 'nosuchmodule': no module named 'nosuchmodule'"),
+        (["myhandlers:nothere"], "'myhandlers' has no attribute 'nothere'"),
+        (["myhandlers:NOT_CALLABLE"], "is a int, not a function or a wheel.worker.Worker"),
+        (["json"], "module 'json' declares no handlers"),
+        (["myhandlers:worker", "quick=myhandlers:plain"], "two handlers are named 'quick'"),
     ],
 )
-def test_a_handler_that_cannot_be_loaded_says_why(handlers_dir: Path, spec: str, says: str) -> None:
+def test_a_handler_that_cannot_be_loaded_says_why(
+    handlers_dir: Path, specs: list[str], says: str
+) -> None:
     done = subprocess.run(
-        [WHEELCTL, "worker", "--target", "127.0.0.1:1", spec],
+        [WHEELCTL, "worker", "--target", "127.0.0.1:1", *specs],
         cwd=handlers_dir,
         capture_output=True,
         text=True,
