@@ -180,12 +180,22 @@ def retry_of(ns: argparse.Namespace, defaults: dict[str, Any]) -> Retry | int:
 
 
 def cmd_worker(ns: argparse.Namespace) -> int:
-    from wheel.worker import load_handler, run_worker
+    from wheel.worker import load_handlers, run_worker
 
     if not ns.handlers:
-        raise InvalidArgument("handlers", "give at least one module:function")
-    handlers = dict(load_handler(h) for h in ns.handlers)
-    sys.path.insert(0, os.getcwd())
+        raise InvalidArgument(
+            "handlers", "give at least one module:function, module:worker or module"
+        )
+    # Modules are looked for in the working directory first, as uvicorn and
+    # celery do (a console script's sys.path does not have it).
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    handlers: dict[str, Any] = {}
+    for spec in ns.handlers:
+        for name, fn in load_handlers(spec):
+            if name in handlers and handlers[name] is not fn:
+                raise InvalidArgument("handlers", f"two handlers are named {name!r} ({spec!r})")
+            handlers[name] = fn
     if ns.metrics_listen:
         quiet_created_series()
     targets = [t for arg in ns.target or () for t in arg.split(",") if t]
@@ -474,7 +484,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
 
     w = sub.add_parser("worker", help="run handlers for assigned runs")
-    w.add_argument("handlers", nargs="*", help="module:function or name=module:function")
+    w.add_argument(
+        "handlers",
+        nargs="*",
+        help="module:function, name=module:function, module:worker (a wheel.worker.Worker:"
+        " its @worker.handler functions) or module (those of its Worker objects); modules are"
+        " found in the working directory too",
+    )
     w.add_argument(
         "--target",
         action="append",

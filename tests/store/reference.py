@@ -509,6 +509,8 @@ class ReferenceStore:
                 if c.job_state is not None and job is not None and job.state in SCHEDULE_OVER:
                     job.state = c.job_state
                     job.updated_at_ms = max(job.updated_at_ms, c.finished_at_ms)
+                if ex.started_at_ms is None:
+                    ex.started_at_ms = c.started_at_ms
                 self.seq += 1
                 self.applied.append(
                     AppliedCompletion(

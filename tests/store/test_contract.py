@@ -479,6 +479,35 @@ def test_completion_applies_once_with_the_right_fence(store: Store) -> None:
     assert store.complete_runs([done(out.run_id, 5)])[0].applied is False
 
 
+def test_a_completion_records_the_start_of_a_run_never_marked_running(store: Store) -> None:
+    # A run that ends before its worker's ack was due is never marked
+    # running: its completion brings its start, kept only where none is.
+    job, _ = store.submit_job(interval_job())
+    [quick, acked] = store.claim_fires(
+        [
+            claim(job.job_id, 60_000, fence=5, new=120_000),
+            claim(job.job_id, 120_000, fence=6, expected=120_000, new=180_000),
+        ]
+    )
+    assert quick.run_id is not None and acked.run_id is not None
+    store.mark_running(
+        [RunStart(run_id=acked.run_id, fence=6, worker_id="w-1", started_at_ms=121_000)]
+    )
+    ends = [
+        Completion(
+            run_id=run_id,
+            fence=fence,
+            state=RunState.SUCCEEDED,
+            finished_at_ms=at + 1_500,
+            started_at_ms=at + 1_450,
+        )
+        for run_id, fence, at in ((quick.run_id, 5, 60_000), (acked.run_id, 6, 120_000))
+    ]
+    assert [o.applied for o in store.complete_runs(ends)] == [True, True]
+    starts = [store.get_run(r).started_at_ms for r in (quick.run_id, acked.run_id)]
+    assert starts == [61_450, 121_000]
+
+
 def test_completion_with_an_older_fence_is_rejected_after_a_newer_attempt(store: Store) -> None:
     job, _ = store.submit_job(interval_job())
     [old] = store.claim_fires([claim(job.job_id, 60_000, fence=10, new=120_000)])

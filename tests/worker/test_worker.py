@@ -137,7 +137,19 @@ def test_outcomes_of_sync_and_async_handlers_and_no_ack_for_runs_done_at_once() 
                 await asyncio.sleep(ACK_DELAY_S * 2)
                 assert conn.sent("ack") == []
 
-        outcomes = {names[rid - 1]: (c.outcome, c.error, c.fence - rid) for rid, c in done.items()}
+        # A bug's error is its type and message, then where it was raised and
+        # the traceback's frames (the handler's, not the worker's).
+        errors = {names[rid - 1]: c.error for rid, c in done.items()}
+        for name, head in (("boom", "ValueError: x is 3"), ("boom_sync", "RuntimeError")):
+            first, _, frames = errors[name].partition("\n")
+            assert first.startswith(f"{head} (at {__file__}:"), first
+            assert first.endswith(f", in {name})"), first
+            assert frames.startswith("Traceback (most recent call last):\n"), frames
+            assert f"in {name}\n" in frames and "wheel/worker/_runs.py" not in frames, frames
+        outcomes = {
+            names[rid - 1]: (c.outcome, c.error.partition(" (at ")[0], c.fence - rid)
+            for rid, c in done.items()
+        }
         assert outcomes == {
             "ok_sync": (pb.OUTCOME_SUCCEEDED, "", 1000),
             "ok_async": (pb.OUTCOME_SUCCEEDED, "", 1000),

@@ -247,6 +247,9 @@ class Completion:
     # transaction; a cancelled or paused job keeps its state. None for the
     # rest (every run of a recurring job): no job row is touched.
     job_state: JobState | None
+    # The run's start, kept only where the store has none: a run that ended
+    # before its worker's ack was due was never marked running.
+    started_at_ms: int | None
 
     def __init__(
         self,
@@ -258,6 +261,7 @@ class Completion:
         error: str | None = None,
         worker_id: str | None = None,
         job_state: JobState | None = None,
+        started_at_ms: int | None = None,
     ) -> None:
         self.run_id = run_id
         self.fence = fence
@@ -266,6 +270,7 @@ class Completion:
         self.error = error
         self.worker_id = worker_id
         self.job_state = job_state
+        self.started_at_ms = started_at_ms
 
 
 @dataclass(slots=True, kw_only=True, init=False)

@@ -690,9 +690,14 @@ class Node(
         self.wake()
 
     def worker_complete(
-        self, worker_id: str, completions: Sequence[tuple[int, int, Outcome, str]]
+        self,
+        worker_id: str,
+        completions: Sequence[tuple[int, int, Outcome, str]],
+        ran_ms: Mapping[int, int] | None = None,
     ) -> None:
-        self._owner().worker_complete(worker_id, completions, self.clock.now_ms(), self._fx)
+        self._owner().worker_complete(
+            worker_id, completions, self.clock.now_ms(), self._fx, ran_ms=ran_ms
+        )
         self.wake()
 
     def worker_credit(self, worker_id: str, add: int, seq: int = 0) -> None:

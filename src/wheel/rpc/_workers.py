@@ -133,6 +133,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                     node.worker_heartbeat(wid, self._here(session, msg.heartbeat.runs))
                 elif kind == "complete":
                     done = []
+                    ran_ms: dict[int, int] = {}
                     for c in self._here(session, msg.complete.completions, full=True):
                         if c.outcome not in _OUTCOMES:
                             _protocol_error(
@@ -143,8 +144,10 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                             )
                             continue
                         done.append((c.run_id, c.fence, _OUTCOMES[c.outcome], c.error[:4000]))
+                        if c.ran_ms > 0:
+                            ran_ms[c.run_id] = c.ran_ms
                     if done:
-                        node.worker_complete(wid, done)
+                        node.worker_complete(wid, done, ran_ms)
                 elif kind == "credit":
                     held = node.worker_capacity(wid)
                     if held is None or not 0 <= held + msg.credit.add <= MAX_CAPACITY:

@@ -7,12 +7,20 @@ worker = Worker("node-a:50051,node-b:50051", capacity=32)
 async def send_report(ctx: RunContext) -> None:
     ...  # raise Retryable / Permanent to fail; return to succeed
 
-asyncio.run(worker.run())
+asyncio.run(worker.run())  # until SIGTERM/SIGINT, which drain it
 ```
 """
 
 from wheel._tls import ChannelSecurity
-from wheel.worker._api import Permanent, Retryable, RunContext, WorkerStats, load_handler
+from wheel.worker._api import (
+    Permanent,
+    Retryable,
+    RunContext,
+    RunLogFilter,
+    WorkerStats,
+    load_handler,
+    load_handlers,
+)
 from wheel.worker._process import run_worker
 from wheel.worker._worker import Worker
 
@@ -21,8 +29,10 @@ __all__ = [
     "Permanent",
     "Retryable",
     "RunContext",
+    "RunLogFilter",
     "Worker",
     "WorkerStats",
     "load_handler",
+    "load_handlers",
     "run_worker",
 ]

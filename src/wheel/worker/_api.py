@@ -3,20 +3,35 @@ handler raises on purpose, the worker's counters, and handler references."""
 
 from __future__ import annotations
 
+import contextvars
 import importlib
+import json
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, fields
+from datetime import UTC, datetime
 from typing import Any
 
 from wheel.errors import InvalidArgument
 
 Handler = Callable[["RunContext"], Any]
 
+# The run whose handler is executing in this context (its task, its thread,
+# or the inline step), for ``RunLogFilter``.
+current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
+    "wheel_current_run", default=None
+)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunContext:
-    """What a handler gets: one attempt of one fire."""
+    """What a handler gets: one attempt of one fire.
+
+    A handler's return value is dropped: only how it ended (returned,
+    raised ``Retryable``/``Permanent``/anything else, timed out) is
+    reported to the node.
+    """
 
     run_id: int
     job_id: int
@@ -28,15 +43,72 @@ class RunContext:
     fence: int
     # 1 for a fire's first attempt, 2 for its first retry, ...
     attempt: int
+    # When the fire was due, in milliseconds since the Unix epoch (UTC).
     scheduled_for_ms: int
+    # The job's timeout_s in milliseconds (0: no timeout).
     timeout_ms: int
-    # time.monotonic() when the run times out (inf: no timeout).
+    # When the run times out, on the monotonic clock: compare with
+    # time.monotonic() (or asyncio's loop.time()), never with time.time().
+    # inf: no timeout. ``remaining`` is the same as seconds from now.
     deadline: float
 
     @property
     def remaining(self) -> float:
-        """Seconds left before the run times out."""
+        """Seconds left before the run times out (inf: no timeout)."""
         return self.deadline - time.monotonic()
+
+    @property
+    def scheduled_for(self) -> datetime:
+        """When the fire was due, as an aware UTC datetime."""
+        return datetime.fromtimestamp(self.scheduled_for_ms / 1000, UTC)
+
+    def json(self) -> Any:
+        """The payload parsed as JSON. A payload that is not JSON raises
+        ``Permanent`` (another attempt would not change it: the fire is
+        dead-lettered unless the handler catches it)."""
+        try:
+            return json.loads(self.payload)
+        except (ValueError, UnicodeDecodeError) as exc:
+            head = self.payload[:40]
+            more = "..." if len(self.payload) > 40 else ""
+            raise Permanent(
+                f"the payload of run {self.run_id} is not JSON ({exc}): {head!r}{more}"
+            ) from exc
+
+    @property
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger whose records carry this run's ``job_id``, ``run_id`` and
+        ``attempt`` (logger ``wheel.handler.<handler name>``)."""
+        return logging.LoggerAdapter(
+            logging.getLogger(f"wheel.handler.{self.handler}"), _log_ids(self)
+        )
+
+
+def _log_ids(ctx: RunContext) -> dict[str, Any]:
+    return {"job_id": ctx.job_id, "run_id": ctx.run_id, "attempt": ctx.attempt}
+
+
+class RunLogFilter(logging.Filter):
+    """Adds the ``job_id``, ``run_id`` and ``attempt`` of the run whose
+    handler logs a record (any logger, any thread the worker runs handlers
+    in) to that record, unless it carries them already. Never drops one.
+    ``Worker.run()`` puts it on the root logger's handlers present when it
+    starts; put it on handlers made later yourself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ctx = current_run.get()
+        if ctx is not None:
+            attrs: MutableMapping[str, Any] = record.__dict__
+            for key, value in _log_ids(ctx).items():
+                attrs.setdefault(key, value)
+        return True
+
+
+def install_log_filter() -> None:
+    """``RunLogFilter`` on each handler of the root logger that lacks one."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RunLogFilter) for f in handler.filters):
+            handler.addFilter(RunLogFilter())
 
 
 # The context of every run the worker receives is built by ``run_context``:
@@ -141,23 +213,104 @@ def load_handler(spec: str) -> tuple[str, Callable[[RunContext], Any]]:
     The name defaults to the function's ``__name__``; ``func`` may be dotted
     (``pkg.mod:Class.method``).
     """
-    name, sep, ref = spec.partition("=")
-    if not sep or ":" in name:
-        name, ref = "", spec
-    module_name, _, attr = ref.partition(":")
-    if not module_name or not attr:
+    name, module_name, attr = _parse(spec)
+    if not attr:
         raise InvalidArgument(
             "handler", f"{spec!r} is not 'module:function' or 'name=module:function'"
         )
+    obj = _resolve(spec, module_name, attr)
+    if not callable(obj):
+        raise InvalidArgument("handler", f"{spec!r} is not callable")
+    return name or getattr(obj, "__name__", attr.rsplit(".", 1)[-1]), obj
+
+
+def load_handlers(spec: str) -> list[tuple[str, Callable[[RunContext], Any]]]:
+    """The handlers ``spec`` names, as (name, function) pairs, for
+    ``wheelctl worker``:
+
+    - ``module:function`` or ``name=module:function``: that function (see
+      ``load_handler``);
+    - ``module:worker``: every handler registered on that ``Worker`` object
+      (``@worker.handler``), under the names it registered;
+    - ``module``: every handler of every ``Worker`` object at the top level
+      of the module: a module declares its handlers by building a ``Worker``
+      and registering them on it.
+
+    Only the handlers are taken: where to connect, the capacity and the pools
+    come from the caller (``wheelctl worker``'s flags), not from the object.
+    """
+    from wheel.worker._worker import Worker  # _worker imports this module
+
+    name, module_name, attr = _parse(spec)
+    if not attr:
+        if name:
+            raise InvalidArgument(
+                "handler", f"{spec!r}: a name= goes with one function, 'name=module:function'"
+            )
+        module = _import(module_name)
+        workers = [v for v in vars(module).values() if isinstance(v, Worker)]
+        found = [pair for w in workers for pair in w.handlers.items()]
+        if not found:
+            raise InvalidArgument(
+                "handler",
+                f"module {module_name!r} declares no handlers: build a wheel.worker.Worker in it"
+                " and register them with @worker.handler(), or give module:function",
+            )
+        return found
+    obj = _resolve(spec, module_name, attr)
+    if isinstance(obj, Worker):
+        if name:
+            raise InvalidArgument(
+                "handler", f"{spec!r}: a Worker's handlers keep the names they registered"
+            )
+        if not obj.handlers:
+            raise InvalidArgument("handler", f"{spec!r} is a Worker with no handler registered")
+        return list(obj.handlers.items())
+    if not callable(obj):
+        raise InvalidArgument(
+            "handler",
+            f"{spec!r} is a {type(obj).__name__}, not a function or a wheel.worker.Worker",
+        )
+    return [(name or getattr(obj, "__name__", attr.rsplit(".", 1)[-1]), obj)]
+
+
+def _parse(spec: str) -> tuple[str, str, str]:
+    """(name, module, attribute) of ``[name=]module[:attribute]``."""
+    name, sep, ref = spec.partition("=")
+    if not sep or ":" in name:
+        name, ref = "", spec
+    module_name, colon, attr = ref.partition(":")
+    if not module_name or (colon and not attr):
+        raise InvalidArgument(
+            "handler", f"{spec!r} is not 'module:function' or 'name=module:function'"
+        )
+    return name, module_name, attr
+
+
+def _import(module_name: str) -> Any:
     try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidArgument("handler", f"cannot import {module_name!r}: {exc}") from exc
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+            raise InvalidArgument(
+                "handler",
+                f"cannot import {module_name!r}: no module named {exc.name!r} in the working"
+                " directory or on sys.path",
+            ) from exc
+        raise InvalidArgument(
+            "handler", f"importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    except Exception as exc:  # the module's own code raised
+        raise InvalidArgument(
+            "handler", f"importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _resolve(spec: str, module_name: str, attr: str) -> Any:
+    obj: Any = _import(module_name)
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
             raise InvalidArgument("handler", f"{module_name!r} has no attribute {attr!r}") from None
-    if not callable(obj):
-        raise InvalidArgument("handler", f"{spec!r} is not callable")
-    return name or getattr(obj, "__name__", attr.rsplit(".", 1)[-1]), obj
+    return obj

@@ -375,8 +375,17 @@ class Link:
             for i in range(0, len(done), MAX_ITEMS_PER_MESSAGE):
                 msg = pb.WorkerMessage()
                 add = msg.complete.completions.add
-                for run_id, fence, outcome, error, job_id in done[i : i + MAX_ITEMS_PER_MESSAGE]:
-                    add(run_id=run_id, fence=fence, outcome=outcome, error=error, job_id=job_id)
+                for run_id, fence, outcome, error, job_id, ran_ms in done[
+                    i : i + MAX_ITEMS_PER_MESSAGE
+                ]:
+                    add(
+                        run_id=run_id,
+                        fence=fence,
+                        outcome=outcome,
+                        error=error,
+                        job_id=job_id,
+                        ran_ms=ran_ms,
+                    )
                 out.append(msg)
         if self.heartbeat_due:
             self.heartbeat_due = False

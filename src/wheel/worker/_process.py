@@ -4,8 +4,6 @@ SIGINT, draining on the first signal (what ``wheelctl worker`` runs)."""
 from __future__ import annotations
 
 import asyncio
-import logging
-import signal
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -14,8 +12,6 @@ from wheel.worker._api import RunContext
 from wheel.worker._worker import Worker
 
 __all__ = ["run_worker"]
-
-log = logging.getLogger("wheel.worker")
 
 
 def run_worker(
@@ -30,7 +26,8 @@ def run_worker(
     security: ChannelSecurity | None = None,
     token: str | None = None,
 ) -> None:
-    """Run a worker until SIGTERM/SIGINT (drain gracefully; a second signal stops now)."""
+    """Run a worker until SIGTERM/SIGINT (drain gracefully; a second signal stops
+    now): ``Worker.run``'s own signal handling."""
     worker = Worker(
         target,
         worker_id=worker_id,
@@ -43,26 +40,4 @@ def run_worker(
     for name, fn in handlers.items():
         worker.register(name, fn)
 
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        draining: list[asyncio.Task[None]] = []
-
-        def on_signal() -> None:
-            if draining:
-                worker.stop()
-            else:
-                log.info("draining (up to %.0f s); signal again to stop now", drain_timeout)
-                draining.append(loop.create_task(worker.drain(drain_timeout)))
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
-        try:
-            await worker.run()
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-            for t in draining:
-                t.cancel()
-            await asyncio.gather(*draining, return_exceptions=True)
-
-    asyncio.run(main())
+    asyncio.run(worker.run(drain_timeout=drain_timeout))

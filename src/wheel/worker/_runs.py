@@ -24,20 +24,32 @@ import math
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from wheel.logs import ids
+from wheel.logs import ids, redact
 from wheel.rpc.v1 import worker_service_pb2 as pb
-from wheel.worker._api import Handler, Permanent, Retryable, RunContext, WorkerStats
+from wheel.worker._api import (
+    Handler,
+    Permanent,
+    Retryable,
+    RunContext,
+    WorkerStats,
+    current_run,
+)
 
 if TYPE_CHECKING:
     from wheel.worker._link import Link
 
 log = logging.getLogger("wheel.worker")
 
-# Error texts are for people; the server keeps them in the run's history.
-MAX_ERROR_CHARS = 2_000
+# Error texts are for people; the server keeps them in the run's history, up
+# to this many characters (it cuts a longer one: ``wheel.rpc._workers``).
+MAX_ERROR_CHARS = 4_000
+# Of which the exception's message takes at most this many.
+MAX_MESSAGE_CHARS = 1_000
 
 # Run states, local to this process.
 QUEUED = 0  # held, waiting for a free handler slot
@@ -56,9 +68,10 @@ SYNC = 0  # a plain function: in a thread of the pool
 TASK = 1  # a coroutine function: a task of its own
 INLINE = 2  # a coroutine function that cannot suspend: run to its end at once
 
-# A completion on its way: run id, fence, outcome, error, job id. A tuple, not
-# an object: one is made for every run, and it only travels to a message.
-Done = tuple[int, int, "pb.Outcome", str, int]
+# A completion on its way: run id, fence, outcome, error, job id, and how long
+# its handler ran in ms (0: it never started). A tuple, not an object: one is
+# made for every run, and it only travels to a message.
+Done = tuple[int, int, "pb.Outcome", str, int, int]
 
 
 class Run:
@@ -85,7 +98,8 @@ class Run:
 
     def done(self, outcome: pb.Outcome, error: str) -> Done:
         ctx = self.ctx
-        return (ctx.run_id, ctx.fence, outcome, error, ctx.job_id)
+        ran_ms = int((time.perf_counter() - self.started) * 1000) if self.started else 0
+        return (ctx.run_id, ctx.fence, outcome, error, ctx.job_id, ran_ms)
 
 
 def outcome_of(exc: BaseException) -> tuple[pb.Outcome, str]:
@@ -95,10 +109,62 @@ def outcome_of(exc: BaseException) -> tuple[pb.Outcome, str]:
 
 
 def error_text(exc: BaseException) -> str:
-    text = str(exc)
-    if not isinstance(exc, Retryable | Permanent) or not text:
-        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    return text[:MAX_ERROR_CHARS]
+    """A run's stored error for ``exc``. ``Retryable`` and ``Permanent`` are
+    raised on purpose and their message says why: the message alone. Any
+    other exception is a bug: its type, message and where it was raised on
+    the first line, then the traceback's last frames (the handler's side,
+    not the worker's), the earliest frames cut first to keep it within
+    ``MAX_ERROR_CHARS``."""
+    text = _message(exc)
+    if isinstance(exc, Retryable | Permanent):
+        return (text or type(exc).__name__)[:MAX_ERROR_CHARS]
+    cls = type(exc)
+    name = (
+        cls.__qualname__
+        if cls.__module__ in ("builtins", "__main__")
+        else (f"{cls.__module__}.{cls.__qualname__}")
+    )
+    head = f"{name}: {text}" if text else name
+    frames = traceback.extract_tb(_handler_tb(exc.__traceback__))
+    if not frames:
+        return redact(head)[:MAX_ERROR_CHARS]
+    last = frames[-1]
+    head += f" (at {last.filename}:{last.lineno}, in {last.name})"
+    lines = frames.format()
+    budget = MAX_ERROR_CHARS - len(head) - 80  # the traceback's own line
+    kept: list[str] = []
+    for line in reversed(lines):
+        if len(line) > budget:
+            break
+        kept.append(line)
+        budget -= len(line)
+    kept.reverse()
+    cut = len(lines) - len(kept)
+    title = "Traceback (most recent call last"
+    title += f", {cut} earlier frames cut):" if cut else "):"
+    # Credentials a message or a source line may quote (a store URL's
+    # password, a bearer token) are not kept, as in the logs.
+    return redact(f"{head}\n{title}\n" + "".join(kept)).rstrip("\n")[:MAX_ERROR_CHARS]
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # a __str__ that raises
+        text = f"<{type(exc).__name__}: str() failed>"
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[:MAX_MESSAGE_CHARS] + "..."
+    return text
+
+
+_THIS_FILE = __file__
+
+
+def _handler_tb(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` from the first frame that is not the runner's own."""
+    while tb is not None and tb.tb_frame.f_code.co_filename == _THIS_FILE:
+        tb = tb.tb_next
+    return tb
 
 
 def is_async(fn: Callable[..., Any]) -> bool:
@@ -156,7 +222,9 @@ class Runner:
         self._deadline_seq = 0
         self._deadline_at = math.inf
         self._deadline_timer: asyncio.TimerHandle | None = None
-        self._results: collections.deque[tuple[Run, pb.Outcome, str]] = collections.deque()
+        self._results: collections.deque[tuple[Run, pb.Outcome, str, BaseException | None]] = (
+            collections.deque()
+        )
         self._results_lock = threading.Lock()
         self._results_scheduled = False
 
@@ -203,7 +271,8 @@ class Runner:
 
     async def _run_async(self, run: Run) -> None:
         assert run.fn is not None
-        outcome, error = SUCCEEDED, ""
+        outcome, error, failure = SUCCEEDED, "", None
+        token = current_run.set(run.ctx)  # in the task's own context
         try:
             await run.fn(run.ctx)
         except asyncio.CancelledError:
@@ -211,9 +280,11 @@ class Runner:
             outcome, error = RETRYABLE, "handler was cancelled"
         except BaseException as exc:
             outcome, error = outcome_of(exc)
+            failure = exc
         finally:
+            current_run.reset(token)
             self.active -= 1
-        self._finish(run, outcome, error)
+        self._finish(run, outcome, error, failure)
         self.admit()
 
     def _run_inline(self, run: Run) -> None:
@@ -221,11 +292,13 @@ class Runner:
         context as a task would have (what it sets does not leak out). No
         timeout is watched: nothing could stop a step that never yields."""
         assert run.fn is not None
-        outcome, error = SUCCEEDED, ""
+        outcome, error, failure = SUCCEEDED, "", None
         try:
             coro = run.fn(run.ctx)
+            context = contextvars.copy_context()
+            context.run(current_run.set, run.ctx)
             try:
-                contextvars.copy_context().run(coro.send, None)
+                context.run(coro.send, None)
             except StopIteration:
                 pass
             else:  # pragma: no cover - mode_of said it cannot yield
@@ -233,20 +306,22 @@ class Runner:
                 raise RuntimeError("handler suspended although its code has no await")
         except BaseException as exc:
             outcome, error = outcome_of(exc)
+            failure = exc
         finally:
             self.active -= 1
-        self._finish(run, outcome, error)
+        self._finish(run, outcome, error, failure)
 
     def _thread_main(self) -> None:
         while True:
             run = self._jobs.get()
             if run is None:
                 return
-            outcome, error = SUCCEEDED, ""
+            outcome, error, failure = SUCCEEDED, "", None
             if run.state != RUNNING:
                 outcome, error = RETRYABLE, "aborted before it started"
             else:
                 assert run.fn is not None
+                token = current_run.set(run.ctx)
                 try:
                     result = run.fn(run.ctx)
                     if inspect.isawaitable(result):
@@ -256,7 +331,10 @@ class Runner:
                         asyncio.run_coroutine_threadsafe(_await(result), self._loop).result()
                 except BaseException as exc:
                     outcome, error = outcome_of(exc)
-            self._results.append((run, outcome, error))
+                    failure = exc
+                finally:
+                    current_run.reset(token)
+            self._results.append((run, outcome, error, failure))
             with self._results_lock:
                 if self._results_scheduled:
                     continue
@@ -271,28 +349,45 @@ class Runner:
             self._results_scheduled = False
         results = self._results
         while results:
-            run, outcome, error = results.popleft()
+            run, outcome, error, failure = results.popleft()
             self._sync_inflight -= 1
             self.active -= 1
-            self._finish(run, outcome, error)
+            self._finish(run, outcome, error, failure)
         self.admit()
 
-    def _finish(self, run: Run, outcome: pb.Outcome, error: str) -> None:
+    def _finish(
+        self, run: Run, outcome: pb.Outcome, error: str, failure: BaseException | None = None
+    ) -> None:
         if run.state != RUNNING:
             return  # superseded, timed out or handed back meanwhile: discard
         run.state = DONE
         succeeded = outcome == SUCCEEDED
         if succeeded:
             self.stats.succeeded += 1
-        else:
+        elif failure is None or isinstance(failure, Retryable):
+            # A Retryable is raised on purpose and says why: one line.
             self.stats.failed += 1
             self._log(run, logging.INFO, "failed", error)
+        elif isinstance(failure, Permanent):
+            self.stats.failed += 1
+            self._log(run, logging.WARNING, "failed for good", error)
+        else:
+            # A bug in the handler: where it is, with the whole traceback.
+            self.stats.failed += 1
+            self._log(run, logging.WARNING, "failed", error.partition("\n")[0], failure)
         if self.observe is not None:
             self.observe(run.ctx.handler, succeeded, time.perf_counter() - run.started)
         self._report(run, outcome, error)
 
-    def _log(self, run: Run, level: int, what: str, detail: str = "") -> None:
-        """A line about a run, with its ids."""
+    def _log(
+        self,
+        run: Run,
+        level: int,
+        what: str,
+        detail: str = "",
+        failure: BaseException | None = None,
+    ) -> None:
+        """A line about a run, with its ids (and ``failure``'s traceback)."""
         if not log.isEnabledFor(level):
             return
         ctx = run.ctx
@@ -305,6 +400,7 @@ class Runner:
             ctx.handler,
             what,
             f": {detail}" if detail else "",
+            exc_info=(type(failure), failure, failure.__traceback__) if failure else None,
             extra=ids(job_id=ctx.job_id, run_id=ctx.run_id, fence=ctx.fence, worker=self.worker_id),
         )
 

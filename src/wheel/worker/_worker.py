@@ -74,6 +74,7 @@ import grpc  # type: ignore[import-untyped, unused-ignore]
 
 from wheel._tls import ChannelSecurity
 from wheel.auth import call_metadata
+from wheel.client._wire import DEFAULT_TARGET
 from wheel.errors import InvalidArgument
 from wheel.metrics import MetricsServer, parse_listen
 from wheel.rpc.targets import targets_of
@@ -85,6 +86,7 @@ from wheel.worker._api import (
     Retryable,
     RunContext,
     WorkerStats,
+    install_log_filter,
     load_handler,
     run_context,
 )
@@ -93,6 +95,7 @@ from wheel.worker._credit import Credits
 from wheel.worker._link import DEFAULT_LEASE_S, Link
 from wheel.worker._metrics import WorkerMetrics
 from wheel.worker._runs import SYNC, Done, Run, Runner, mode_of
+from wheel.worker._signals import drain_on_signals
 
 __all__ = [
     "Permanent",
@@ -158,12 +161,12 @@ class Worker:
 
     ``target`` is one node address or several (a list, or comma-separated):
     seeds. In a cluster the worker learns every member from them and holds a
-    stream to each.
+    stream to each. None: ``$WHEEL_TARGET``, else ``127.0.0.1:50051``.
     """
 
     def __init__(
         self,
-        target: str | Sequence[str],
+        target: str | Sequence[str] | None = None,
         *,
         worker_id: str | None = None,
         capacity: int = 16,
@@ -185,6 +188,8 @@ class Worker:
         self.call_metadata = call_metadata(token)
         if capacity < 1:
             raise InvalidArgument("capacity", f"{capacity} is below 1")
+        if target is None:
+            target = os.environ.get("WHEEL_TARGET") or DEFAULT_TARGET
         seeds = targets_of(target)
         self.worker_id = worker_id or (
             f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -223,6 +228,8 @@ class Worker:
         self._bounces_limit = 4096
         self._refresh: asyncio.Task[None] | None = None
         self._refreshed_at = -math.inf
+        # Drains begun by a signal (``run``'s ``handle_signals``).
+        self._signal_drains: list[asyncio.Task[None]] = []
 
     # -- registration -------------------------------------------------------------
 
@@ -247,6 +254,11 @@ class Worker:
         return sorted(self._handlers)
 
     @property
+    def handlers(self) -> dict[str, Callable[[RunContext], Any]]:
+        """The registered handlers by name (a copy)."""
+        return {name: fn for name, (fn, _) in self._handlers.items()}
+
+    @property
     def connected(self) -> int:
         """How many node streams are up right now."""
         return sum(1 for link in self._links if link.connected)
@@ -269,8 +281,17 @@ class Worker:
 
     # -- lifecycle ----------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Hold a stream to every node until ``stop`` or ``drain`` ends the worker."""
+    async def run(self, *, handle_signals: bool = True, drain_timeout: float = 30.0) -> None:
+        """Hold a stream to every node until ``stop`` or ``drain`` ends the worker.
+
+        With ``handle_signals`` (the default), when it runs on the main
+        thread's event loop, SIGTERM and SIGINT drain the worker (``drain``
+        with ``drain_timeout``): no new runs, the running ones finish (those
+        still going after ``drain_timeout`` seconds are abandoned) and are
+        reported, then ``run`` returns. A second signal stops at once. The
+        signals' earlier handlers are back when ``run`` returns. Pass
+        ``handle_signals=False`` to handle them yourself.
+        """
         if self._started:
             raise RuntimeError("a Worker runs once")
         self._started = True
@@ -280,6 +301,19 @@ class Worker:
         self._runner.start(self._loop)
         if self._closing:
             return
+        install_log_filter()
+        restore = (
+            drain_on_signals(self, drain_timeout, self._signal_drains) if handle_signals else None
+        )
+        try:
+            await self._serve()
+        finally:
+            if restore is not None:
+                restore()
+            await asyncio.gather(*self._signal_drains, return_exceptions=True)
+
+    async def _serve(self) -> None:
+        assert self._loop is not None and self._stopped is not None
         if self.metrics is not None and self._metrics_listen is not None:
             self._metrics_server = MetricsServer(self.metrics.registry)
             port = await self._metrics_server.start(self._metrics_listen)
@@ -690,7 +724,7 @@ class Worker:
                 del link.held[run.ctx.run_id]
                 self._rehome_run(run, owner)
         pending = [*link.completions, *(d for d, _ in link.unconfirmed.values())]
-        for run_id, fence, _, _, job_id in pending:
+        for run_id, fence, _, _, job_id, _ in pending:
             owner = view.owner_of(job_id)
             if owner and owner != link.node_id:
                 done = link.take_completion(run_id, fence)

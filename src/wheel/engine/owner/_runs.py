@@ -61,8 +61,11 @@ class _Runs(_Parts):
         now_ms: int,
         *,
         reply_to: str | None = None,
+        started_at_ms: int | None = None,
     ) -> None:
-        """Send a terminal state to the store; follow-ups wait for its answer."""
+        """Send a terminal state to the store; follow-ups wait for its answer.
+        ``started_at_ms``: the run's start, for the store to keep if it has
+        none (a run completed before it was acked)."""
         _move(run, Phase.ENDING)
         if run.worker_id is not None:
             w = self.workers.get(run.worker_id)
@@ -85,6 +88,7 @@ class _Runs(_Parts):
                 # A one-shot's state tells how its fire ended (the store
                 # moves only a one-shot whose schedule is over).
                 job_state=None if job is None or job.spec.recurring else one_shot_end(state),
+                started_at_ms=started_at_ms,
             )
         )
         run.end_state, run.reply_to = state, reply_to

@@ -541,6 +541,7 @@ class _Parts:
         now_ms: int,
         *,
         reply_to: str | None = None,
+        started_at_ms: int | None = None,
     ) -> None:
         raise NotImplementedError
 

@@ -4,7 +4,7 @@ heartbeats and completions, each checked against the run it names."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from mypy_extensions import trait
 
@@ -190,7 +190,12 @@ class _Workers(_Parts):
         completions: Sequence[tuple[int, int, Outcome, str]],
         now_ms: int,
         fx: Effects,
+        *,
+        ran_ms: Mapping[int, int] | None = None,
     ) -> None:
+        """``ran_ms``: how long each run's handler ran, by run id, as its
+        worker measured it. A run never acked (it ended before its ack was
+        due) has no start recorded: it gets ``now_ms`` less that."""
         self._heard_from(worker_id)
         for run_id, fence, outcome, error in completions:
             run = self.runs.get(run_id)
@@ -222,8 +227,19 @@ class _Workers(_Parts):
                 )
                 self.stats.superseded_completions += 1
                 continue
+            # The start of a run that ran, if none was recorded (the store
+            # keeps one it has).
+            started = now_ms - min(max(ran_ms.get(run_id, 0) if ran_ms else 0, 0), now_ms)
             if outcome is Outcome.SUCCEEDED:
-                self._end_run(run, RunState.SUCCEEDED, None, fx, now_ms, reply_to=worker_id)
+                self._end_run(
+                    run,
+                    RunState.SUCCEEDED,
+                    None,
+                    fx,
+                    now_ms,
+                    reply_to=worker_id,
+                    started_at_ms=started,
+                )
             elif outcome is Outcome.HANDED_BACK:
                 self._take_back(run, now_ms)
                 fx.results.setdefault(worker_id, []).append(
@@ -239,9 +255,21 @@ class _Workers(_Parts):
                 and should_retry(job.spec.retry, failed_attempt=run.attempt)
             ):
                 self._end_run(
-                    run, RunState.FAILED, error or "failed", fx, now_ms, reply_to=worker_id
+                    run,
+                    RunState.FAILED,
+                    error or "failed",
+                    fx,
+                    now_ms,
+                    reply_to=worker_id,
+                    started_at_ms=started,
                 )
             else:
                 self._end_run(
-                    run, RunState.DEAD_LETTERED, error or "failed", fx, now_ms, reply_to=worker_id
+                    run,
+                    RunState.DEAD_LETTERED,
+                    error or "failed",
+                    fx,
+                    now_ms,
+                    reply_to=worker_id,
+                    started_at_ms=started,
                 )

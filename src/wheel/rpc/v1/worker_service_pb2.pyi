@@ -88,18 +88,20 @@ class Heartbeat(_message.Message):
     def __init__(self, runs: _Optional[_Iterable[_Union[RunRef, _Mapping]]] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("run_id", "fence", "outcome", "error", "job_id")
+    __slots__ = ("run_id", "fence", "outcome", "error", "job_id", "ran_ms")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RAN_MS_FIELD_NUMBER: _ClassVar[int]
     run_id: int
     fence: int
     outcome: Outcome
     error: str
     job_id: int
-    def __init__(self, run_id: _Optional[int] = ..., fence: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., error: _Optional[str] = ..., job_id: _Optional[int] = ...) -> None: ...
+    ran_ms: int
+    def __init__(self, run_id: _Optional[int] = ..., fence: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., error: _Optional[str] = ..., job_id: _Optional[int] = ..., ran_ms: _Optional[int] = ...) -> None: ...
 
 class Complete(_message.Message):
     __slots__ = ("completions",)

@@ -182,6 +182,7 @@ def completion_arrays(idx: Sequence[int], completions: Sequence[Completion]) -> 
         "finished": Int8s([c.finished_at_ms for c in completions]),
         "error": Texts([c.error for c in completions]),
         "worker": Texts([c.worker_id for c in completions]),
+        "started": Int8s([c.started_at_ms for c in completions]),
     }
 
 
@@ -234,10 +235,12 @@ SELECT t.idx, e.job_id
 COMPLETE_SQL = f"""
 UPDATE executions AS e
    SET state = t.state, finished_at_ms = t.finished_at_ms, error = t.error,
-       worker_id = coalesce(t.worker_id, e.worker_id)
+       worker_id = coalesce(t.worker_id, e.worker_id),
+       started_at_ms = coalesce(e.started_at_ms, t.started_at_ms)
   FROM unnest(%(idx)b::int4[], %(run)b::int8[], %(fence)b::int8[], %(state)b::text[],
-              %(finished)b::int8[], %(error)b::text[], %(worker)b::text[])
-       AS t(idx, run_id, fence, state, finished_at_ms, error, worker_id)
+              %(finished)b::int8[], %(error)b::text[], %(worker)b::text[],
+              %(started)b::int8[])
+       AS t(idx, run_id, fence, state, finished_at_ms, error, worker_id, started_at_ms)
  WHERE e.run_id = ANY(%(run)b::int8[]) AND e.run_id = t.run_id AND e.fence = t.fence
    AND e.state || '' <> {NOT_INFLIGHT}
    AND NOT EXISTS (SELECT 1 FROM executions AS newer

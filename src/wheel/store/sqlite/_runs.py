@@ -138,7 +138,15 @@ def complete(cur: sqlite3.Cursor, completions: Sequence[Completion]) -> list[boo
         sql.COMPLETE,
         sql.RECOGNISE_COMPLETIONS,
         [
-            (c.state.value, c.finished_at_ms, c.error, c.worker_id, c.run_id, c.fence)
+            (
+                c.state.value,
+                c.finished_at_ms,
+                c.error,
+                c.worker_id,
+                c.run_id,
+                c.fence,
+                c.started_at_ms,
+            )
             for c in completions
         ],
         lambda i: (

@@ -96,14 +96,15 @@ MARK_RUNNING = SetStatement(
 )
 COMPLETE = SetStatement(
     "UPDATE executions SET state = t.column1, finished_at_ms = t.column2, error = t.column3,"
-    " worker_id = coalesce(t.column4, executions.worker_id)"
+    " worker_id = coalesce(t.column4, executions.worker_id),"
+    " started_at_ms = coalesce(executions.started_at_ms, t.column7)"
     " FROM (VALUES {rows}) AS t WHERE executions.run_id = t.column5"
     f" AND executions.fence = t.column6 AND +executions.state IN {INFLIGHT_SQL}"
     " AND NOT EXISTS (SELECT 1 FROM executions AS newer"
     "  WHERE newer.job_id = executions.job_id"
     "  AND newer.scheduled_for = executions.scheduled_for"
     "  AND newer.fence > executions.fence)",
-    "(?, ?, ?, ?, ?, ?)",
+    "(?, ?, ?, ?, ?, ?, ?)",
 )
 
 # A completion that ends a one-shot's fire (``Completion.job_state``): its
