@@ -36,6 +36,7 @@ from wheel.cli_common import (
     _retain,
     _seconds,
     _seconds_or_off,
+    parse_duration,
 )
 from wheel.errors import InvalidArgument
 from wheel.logs import announcement
@@ -117,6 +118,14 @@ def add_serve_parser(sub: Any) -> None:
         " round at every timer); a fire after a quiet spell goes at once",
     )
     s.add_argument(
+        "--min-interval",
+        type=_interval_floor_ms,
+        metavar="DURATION",
+        help="the shortest period an interval job may be submitted or updated with"
+        " (default 1s, a seconds-field cron's finest; 0: no minimum); a shorter one is"
+        " refused with INVALID_ARGUMENT naming spec.schedule.interval.period_ms",
+    )
+    s.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)",
@@ -169,6 +178,16 @@ def add_serve_parser(sub: Any) -> None:
     s.set_defaults(fn=cmd_serve)
 
 
+def _interval_floor_ms(text: str) -> int:
+    """``--min-interval``: a duration (``1s``, ``250ms``) or 0, in ms."""
+    if text.strip() in ("0", "off"):
+        return 0
+    try:
+        return round(parse_duration(text, "min_interval").total_seconds() * 1000)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_cluster_url(url: str) -> tuple[list[str], str]:
     """``etcd://HOST:PORT[,HOST:PORT...]/NAME`` -> (endpoints, cluster name)."""
     scheme, sep, rest = url.partition("://")
@@ -214,7 +233,11 @@ def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
 
     # A flag not given is None: the configuration's own default holds.
     owner = {f: getattr(ns, f) for f in ("lease_ms", "grace_lease_ms", "overdue_after_ms")}
-    node = {f: getattr(ns, f) for f in ("group_commit_ms", "group_commit_light_ms", "tick_ms")}
+    node = {
+        f: getattr(ns, f)
+        for f in ("group_commit_ms", "group_commit_light_ms", "tick_ms", "min_interval")
+    }
+    node["min_interval_ms"] = node.pop("min_interval")
     return NodeConfig(
         node_id=ns.node_id,
         retain_ms=ns.retain,
