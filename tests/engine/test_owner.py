@@ -1359,6 +1359,89 @@ def test_work_with_no_worker_for_its_handler_waits_unclaimed_and_is_reported() -
     assert n.owner.unserved() == []
 
 
+def _waiting_for_a_worker(n: Node) -> dict[str, int]:
+    return {u.handler: u.waiting for u in n.owner.unserved()}
+
+
+def _unserved_one_shot(n: Node, at: int = T + MIN) -> int:
+    """A one-shot whose handler no worker serves, come due and waiting."""
+    j = n.submit(spec(handler="does_not_exist", schedule=Once(at_ms=at)))
+    n.step(at)
+    assert _waiting_for_a_worker(n) == {"does_not_exist": 1}
+    return j
+
+
+def test_a_cancel_takes_its_work_out_of_the_waiting_count_at_once() -> None:
+    # Its queue entry was left for the queue's next pop, which never comes on
+    # a route no worker serves: the count (and its alert) outlived the job.
+    n = Node(OwnerConfig(unserved_alert_ms=10 * SEC))
+    n.hello("mailer", handlers=("mail",))
+    j = _unserved_one_shot(n)
+    [alert] = n.step(T + MIN + 10 * SEC).alerts
+    assert alert.kind is AlertKind.NO_WORKER
+    n.owner.cancel_job(j, n.fx, n.now)
+    assert n.owner.unserved() == []
+    fx = n.step(T + MIN + HOUR)
+    assert not fx.alerts and not fx.claims and n.owner.unserved() == []
+    assert n.missed(j) == {T + MIN: MissedReason.CANCELLED}
+    # The route raises its alert again when new work waits on it.
+    _unserved_one_shot(n, T + 2 * HOUR)
+    [alert] = n.step(T + 2 * HOUR + 10 * SEC).alerts
+    assert alert.kind is AlertKind.NO_WORKER
+
+
+def test_a_pause_takes_its_fires_out_of_the_waiting_count_and_a_resume_puts_them_back() -> None:
+    n = Node()
+    j = n.submit(spec(handler="does_not_exist"))  # every minute from T + MIN
+    n.step(T + MIN)
+    assert _waiting_for_a_worker(n) == {"does_not_exist": 1}
+    paused = n.store.set_job_state(j, JobState.PAUSED, next_run_at=None, now_ms=n.now)
+    n.owner.upsert_job(paused, n.now, n.fx)
+    assert n.owner.unserved() == []
+    assert not n.step(T + 10 * MIN).claims and n.owner.unserved() == []
+    resume_at = T + 10 * MIN + SEC
+    n.now = resume_at
+    resumed = n.store.set_job_state(j, JobState.ACTIVE, next_run_at=T + 11 * MIN, now_ms=n.now)
+    n.owner.upsert_job(resumed, n.now, n.fx)
+    n.step(T + 11 * MIN)
+    assert _waiting_for_a_worker(n) == {"does_not_exist": 1}
+    n.hello("any")
+    [a] = n.step().assignments["any"]
+    assert (a.job_id, a.scheduled_for) == (j, T + 11 * MIN)
+
+
+def test_an_update_to_a_served_handler_moves_its_work_to_that_handler() -> None:
+    n = Node()
+    n.hello("mailer", handlers=("mail",))
+    j = _unserved_one_shot(n)
+    record = n.store.get_job(j)
+    update, _ = n.driver.update(record, replace(record.spec, handler="mail"), n.now)
+    n.driver.updated(n.store.update_job(update).job, n.now)
+    assert n.owner.unserved() == []
+    [a] = n.step().assignments["mailer"]
+    assert (a.job_id, a.handler, a.scheduled_for) == (j, "mail", T + MIN)
+    assert n.owner.unserved() == []
+
+
+def test_an_update_to_another_unserved_handler_counts_its_work_there() -> None:
+    n = Node()
+    n.hello("mailer", handlers=("mail",))
+    j = _unserved_one_shot(n)
+    record = n.store.get_job(j)
+    update, _ = n.driver.update(record, replace(record.spec, handler="still_missing"), n.now)
+    n.driver.updated(n.store.update_job(update).job, n.now)
+    n.step()
+    assert _waiting_for_a_worker(n) == {"still_missing": 1}
+
+
+def test_a_shard_handed_over_takes_its_waiting_work_with_it() -> None:
+    n = Node()
+    j = _unserved_one_shot(n)
+    n.driver.hand_over([shard_of(j)])
+    assert n.owner.unserved() == []
+    assert not n.step(T + HOUR).alerts and n.owner.unserved() == []
+
+
 def test_a_worker_with_no_handler_names_runs_any_handler() -> None:
     n = Node()
     n.hello("any")

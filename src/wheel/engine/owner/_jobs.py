@@ -112,6 +112,7 @@ class _Jobs(_Parts):
                 self._drop_job(job, cancelled=state is JobState.CANCELLED, now_ms=now_ms, fx=fx)
             return
         template = self.profiles[prof].template
+        rerouted = False
         if job is None:
             job = _Job(
                 job_id,
@@ -123,6 +124,11 @@ class _Jobs(_Parts):
             )
             self._keep_job(job)
         elif job.profile != prof or job.param != param:
+            if (template.pool, template.handler) != job.route:
+                # Queued under its old route: queued again under the new one
+                # once the row is applied (below).
+                self._unqueue(job)
+                rerouted = True
             job.spec = template
             job.profile = prof
             job.param = param
@@ -132,6 +138,8 @@ class _Jobs(_Parts):
         job.has_payload = has_payload
         self._settling.add(job_id)
         self._apply_store_row(job, state, next_run_at, now_ms, fx)
+        if rerouted:
+            self._requeue_job(job, now_ms)
 
     def _apply_store_row(
         self, job: _Job, state: JobState, next_run_at: int | None, now_ms: int, fx: Effects
@@ -142,6 +150,10 @@ class _Jobs(_Parts):
             if not job.paused:
                 job.paused = True
                 self._clear_pending_fires(job, MissedReason.PAUSED, now_ms, fx)
+                # Its fires wait for the resume, not for a worker: out of the
+                # queue, unless runs claimed ahead (a trigger's) still go out.
+                self._unqueue(job)
+                self._requeue_job(job, now_ms)
             job.store_next = next_run_at
             return
         job.paused = False
@@ -280,6 +292,9 @@ class _Jobs(_Parts):
                     self._end_run(run, RunState.CANCELLED, "job cancelled", fx, now_ms)
                     if run.worker_id is not None:
                         self._revoke(run, RevokeReason.CANCELLED, fx)
+        if cancelled or not (job.due or job.ready):
+            # Nothing of it waits for a worker any more (``unserved``).
+            self._unqueue(job)
         if job.inflight <= 0 and not job.due:
             self._forget_job(job)
 

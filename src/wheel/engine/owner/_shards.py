@@ -267,6 +267,8 @@ class _Shards(_Parts):
         later = self._later.claims
         if later:
             self._later.claims = [c for c in later if shard_of(c.job_id) not in lost]
-        # Queued job and run ids of these shards are skipped when their turn
-        # comes: their jobs and runs are gone.
+        # Their queued work goes too: an id left in a queue was skipped when
+        # its turn came, but on a route no worker serves that turn never
+        # comes, and the route's waiting count kept it.
+        self._unqueue_shards(lost)
         return handed

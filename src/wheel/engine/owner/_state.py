@@ -522,6 +522,12 @@ class _Parts:
     def _requeue_job(self, job: _Job, now_ms: int) -> None:
         raise NotImplementedError
 
+    def _unqueue(self, job: _Job) -> None:
+        raise NotImplementedError
+
+    def _unqueue_shards(self, lost: set[int]) -> None:
+        raise NotImplementedError
+
     def _wait_ready(self, run: _Run, job: _Job | None) -> None:
         raise NotImplementedError
 
