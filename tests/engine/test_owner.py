@@ -1305,6 +1305,50 @@ def test_dispatch_lag_counts_first_attempts_only() -> None:
     assert n.fx.lags == []  # the retry waited its backoff; that is not lag
 
 
+def test_dispatch_lag_leaves_out_backfills_and_redrives_and_counts_a_trigger_from_itself() -> None:
+    # A backfill's fires were hours old when it was asked for: counted as
+    # lag, one backfill put the p99 at hours. Not due then, not lag.
+    n = Node(now=T + 10 * HOUR)
+    n.hello()
+    j = n.submit(spec(schedule=Interval(period_ms=HOUR, start_at_ms=T)))
+    n.driver.backfill(n.store.get_job(j), [T + HOUR, T + 2 * HOUR], n.now)
+    [b] = n.step(n.now + SEC).assignments["w1"]  # one at a time: the job's overlap limit
+    [c] = n.complete(b).assignments["w1"]
+    assert (b.scheduled_for, c.scheduled_for) == (T + HOUR, T + 2 * HOUR)
+    n.complete(c)
+    assert n.fx.lags == []
+    # A redrive's fire (a dead letter's) is as old.
+    k = n.submit(spec(schedule=Once(at_ms=n.now + SEC), retry=Retry(max_attempts=1)))
+    a = n.run_once(k, n.now + SEC)
+    n.complete(a, Outcome.RETRYABLE)
+    n.step(n.now + HOUR)
+    n.fx.lags.clear()  # the hourly job's fire meanwhile
+    n.driver.redrive(n.store.get_job(k), [(a.scheduled_for, 1)], n.now)
+    [again] = n.step(n.now + SEC).assignments["w1"]
+    assert (again.job_id, again.attempt) == (k, 1)
+    assert n.fx.lags == []
+    # A trigger is due when it is asked for: its lag counts from then.
+    t = n.submit(spec(schedule=Interval(period_ms=HOUR, start_at_ms=n.now + MIN)))
+    at = n.now
+    fire = n.driver.trigger(n.store.get_job(t), at)
+    n.step(at + 5)
+    assert fire == at and n.fx.lags == [5]
+
+
+def test_a_run_handed_back_counts_its_dispatch_lag_once() -> None:
+    n = Node()
+    n.hello("w1")
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
+    a = n.run_once(j, T + MIN, ack=False)
+    assert n.fx.lags == [0]
+    n.complete(a, Outcome.HANDED_BACK)
+    n.now += MIN  # waited a minute for another worker
+    n.hello("w2")
+    [b] = n.step().assignments["w2"]
+    assert b.run_id == a.run_id
+    assert n.fx.lags == [0]  # not a minute more
+
+
 def test_a_backlog_longer_than_one_listing_is_one_catch_up() -> None:
     # 500 overdue fires listed 50 at a time: still one run_latest_only run.
     n = Node(OwnerConfig(max_missed_listed=50), now=T + 500 * SEC + 10)

@@ -442,6 +442,7 @@ class _Dispatch(_Parts):
                     self._run_finished(job, now_ms, fx)
                 continue
             run = _Run(out.run_id, c.job_id, c.scheduled_for, c.attempt, c.fence, out.payload)
+            run.timed = pend.timed and c.attempt == 0  # a retry's wait is its backoff
             self.runs[run.run_id] = run
             if pend.ahead and job is not None:
                 # Its timeout starts when a worker gets it (``_hand_out``).
@@ -554,7 +555,8 @@ class _Dispatch(_Parts):
                 timeout_ms=max(0, run.timeout_deadline - now_ms),
             )
         )
-        if run.attempt == 0:  # a retry's wait is its backoff, not dispatch lag
+        if run.timed:
+            run.timed = False  # once: a run handed back goes out again later
             fx.lags.append(now_ms - run.scheduled_for)
         self.stats.dispatched += 1
 

@@ -365,8 +365,11 @@ class _Jobs(_Parts):
         runs wait on their job (READY) and are handed out like its fires:
         first in line, or with ``overdue`` as catch-up work inside the overdue
         budget, fair across tenants; never more at once than the job's
-        overlap limit allows. The schedule is left alone (advance=False)."""
+        overlap limit allows. The schedule is left alone (advance=False).
+        Only a trigger's run counts as dispatch lag (from the trigger): a
+        backfill's or a redrive's fire was not due when it was asked for."""
         job = self._job_or_raise(job_id)
+        timed = not overdue and attempts is None
         for i, fire in enumerate(fires):
             attempt = 0 if attempts is None else attempts[i]
             job.inflight += 1
@@ -383,7 +386,7 @@ class _Jobs(_Parts):
                 )
             )
             self._pending[(job_id, fire, attempt)] = _Pending(
-                job_id, fire, attempt, fence, None, ahead=True, overdue=overdue
+                job_id, fire, attempt, fence, None, ahead=True, overdue=overdue, timed=timed
             )
 
     def trigger(self, job_id: int, now_ms: int, fx: Effects) -> int:
