@@ -1,9 +1,11 @@
 """What ``wheelctl status`` says about a real node: a backfill's old fires
-are not dispatch lag, and an alert clears when its cause does."""
+are not dispatch lag, an alert clears when its cause does, and an empty
+fleet is not called busy."""
 
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,11 @@ def _status(target: str) -> dict[str, Any]:
 
 def _status_text(target: str) -> str:
     return wheelctl("status", "--target", target).stdout
+
+
+def _states(target: str, job: int) -> list[str]:
+    """The job's runs' states by attempt."""
+    return [r["state"] for r in sorted(runs_of(target, job), key=lambda r: r["attempt"])]
 
 
 def _firing(target: str) -> list[str]:
@@ -100,4 +107,42 @@ def test_the_no_worker_alert_clears_when_the_job_waiting_for_a_worker_is_cancell
         assert _firing(server.target) == []
         assert [r["missed_reason"] for r in runs_of(server.target, job)] == ["cancelled"]
     finally:
+        server.stop()
+
+
+def test_a_lost_run_with_no_worker_connected_says_so_not_that_the_workers_are_busy(
+    tmp_path: Path,
+) -> None:
+    server = ServerProc(tmp_path / "data", args=("--lease-ms", "1500", "--grace-lease-ms", "1000"))
+    server.start()
+    out = tmp_path / "runs.txt"
+    first = WorkerProc(server.target, out, "w1", "e2e_handlers:scripted")
+    second = None
+    try:
+        job = _submit(server.target, "--name", "long", "--handler", "scripted", "--at", "+0s",
+                      "--payload", json.dumps({"sleep_s": [60, 0]}))  # fmt: skip
+        wait_for(
+            lambda: _states(server.target, job) == ["running"],
+            20,
+            "the run to start",
+        )
+        first.stop(signal.SIGKILL)  # its lease lapses with no worker left
+        paused = "re-dispatch of lost runs is paused: no worker is connected"
+        wait_for(lambda: paused in _status_text(server.target), 20, "the reaper's pause")
+        assert "busy" not in _status_text(server.target)
+        alerts = json.loads(wheelctl("alerts", "--target", server.target, "--json").stdout)
+        [alert] = [a for a in alerts["alerts"] if a["kind"] == "reaper_paused"]
+        assert "no worker connected" in alert["message"] and "busy" not in alert["message"]
+        # A worker connects: the lost run goes to it, and the pause is over.
+        second = WorkerProc(server.target, out, "w2", "e2e_handlers:scripted")
+        wait_for(
+            lambda: _states(server.target, job) == ["lost", "succeeded"],
+            20,
+            "the re-dispatched attempt",
+        )
+        wait_for(lambda: paused not in _status_text(server.target), 10, "the pause to end")
+    finally:
+        first.stop(signal.SIGKILL)
+        if second is not None:
+            second.stop()
         server.stop()

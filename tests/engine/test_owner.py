@@ -1145,6 +1145,21 @@ def test_reaper_pauses_and_alerts_above_the_busy_threshold_and_resumes_below() -
     assert len(redispatched) == 4
 
 
+def test_with_no_worker_connected_the_reaper_says_so_not_that_the_fleet_is_busy() -> None:
+    n = Node()
+    n.hello("w1")
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=HOUR))
+    n.run_once(j, T + MIN)
+    n.owner.worker_disconnect("w1")
+    fx = n.step(T + MIN + n.config.lease_ms + SEC)
+    assert n.owner.reaper_paused
+    [alert] = [a for a in fx.alerts if a.kind is AlertKind.REAPER_PAUSED]
+    assert alert.message == "reaper paused: no worker connected; 1 expired leases wait for one"
+    n.hello("w2")
+    [b] = n.step(n.now + SEC).assignments["w2"]
+    assert (b.job_id, b.attempt) == (j, 1) and not n.owner.reaper_paused
+
+
 def test_reaper_rate_limits_redispatch() -> None:
     n = Node(OwnerConfig(reaper_rate_per_s=10, reaper_burst=5, busy_threshold=1.0))
     n.hello("w1", capacity=100)
