@@ -1160,6 +1160,32 @@ def test_with_no_worker_connected_the_reaper_says_so_not_that_the_fleet_is_busy(
     assert (b.job_id, b.attempt) == (j, 1) and not n.owner.reaper_paused
 
 
+def test_a_cancel_ends_the_reapers_wait_for_its_lost_runs_and_its_pending_retries() -> None:
+    n = Node()
+    n.hello("w1")
+    lost = n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=HOUR))
+    failed = n.submit(
+        spec(
+            schedule=Once(at_ms=T + MIN),
+            retry=Retry(max_attempts=3, initial_backoff_ms=HOUR, max_backoff_ms=HOUR),
+        )
+    )
+    fx = n.step(T + MIN)
+    by_job = {a.job_id: a for a in fx.assignments["w1"]}
+    n.complete(by_job[failed], Outcome.RETRYABLE)  # its retry waits an hour
+    n.owner.worker_disconnect("w1")
+    n.step(T + MIN + n.config.lease_ms + SEC)
+    assert n.owner.reaper_paused  # no worker: the lost run waits
+    n.owner.cancel_job(lost, n.fx, n.now)
+    n.owner.cancel_job(failed, n.fx, n.now)
+    n.step(n.now + SEC)
+    assert not n.owner.reaper_paused  # nothing waits for a re-dispatch any more
+    assert not n.owner.has_job(lost) and not n.owner.has_job(failed)
+    n.hello("w2")
+    fx = n.step(T + 3 * HOUR)
+    assert not fx.assignments and not fx.claims
+
+
 def test_reaper_rate_limits_redispatch() -> None:
     n = Node(OwnerConfig(reaper_rate_per_s=10, reaper_burst=5, busy_threshold=1.0))
     n.hello("w1", capacity=100)

@@ -292,11 +292,31 @@ class _Jobs(_Parts):
                     self._end_run(run, RunState.CANCELLED, "job cancelled", fx, now_ms)
                     if run.worker_id is not None:
                         self._revoke(run, RevokeReason.CANCELLED, fx)
+        if cancelled:
+            self._drop_redos(job)
         if cancelled or not (job.due or job.ready):
             # Nothing of it waits for a worker any more (``unserved``).
             self._unqueue(job)
         if job.inflight <= 0 and not job.due:
             self._forget_job(job)
+
+    def _drop_redos(self, job: _Job) -> None:
+        """A cancelled job's retries waiting for their backoff and lost runs
+        waiting for the reaper end with it. Kept, the reaper's breaker went
+        on saying that they waited (``reaper_paused``, firing until the
+        fleet had room again), and each, requeued on a job that never
+        claims again, kept the job awake for good."""
+        job_id = job.job_id
+        for seq, redo in list(self._retries.items()):
+            if redo.job_id == job_id:
+                del self._retries[seq]  # its RETRY timer finds nothing
+                job.inflight -= 1
+        if self._reaper:
+            kept = deque(r for r in self._reaper if r.job_id != job_id)
+            job.inflight -= len(self._reaper) - len(kept)
+            self._reaper = kept
+            if not kept:
+                self._reaper_paused = False
 
     def _clear_pending_fires(
         self, job: _Job, reason: MissedReason, now_ms: int, fx: Effects

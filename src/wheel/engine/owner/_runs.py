@@ -323,6 +323,7 @@ class _Runs(_Parts):
         """Re-dispatch fires whose lease expired, rate limited, and not at all
         while the fleet is nearly saturated (seed R6: a spiral is worse)."""
         if not self._reaper:
+            self._reaper_paused = False  # nothing waits for it (a cancel, a hand-over)
             return
         if self._fleet_busy():
             if not self._reaper_paused:
