@@ -210,7 +210,7 @@ async def listen_on(field: str, listen: str, starting: Awaitable[int]) -> int:
     try:
         return await starting
     except OSError as exc:
-        why = exc.strerror or str(exc)
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
         raise InvalidArgument(field, f"cannot listen on {listen}: {why}") from None
 
 

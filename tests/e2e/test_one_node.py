@@ -75,3 +75,20 @@ def test_a_second_node_on_a_port_or_a_data_dir_in_use_is_refused(tmp_path: Path)
         assert _jobs(first.target) == 1
     finally:
         first.stop()
+
+
+def test_a_worker_whose_metrics_address_is_in_use_says_so(tmp_path: Path) -> None:
+    server = ServerProc(tmp_path / "data")
+    server.start()
+    try:
+        worker = wheelctl(
+            "worker", "--target", server.target, "--metrics-listen", server.target,
+            "json:dumps", check=False,
+        )  # fmt: skip
+        assert worker.returncode != 0
+        assert f"metrics_listen: cannot listen on {server.target}: Address already in use" in (
+            worker.stderr
+        )
+        assert "Traceback" not in worker.stderr
+    finally:
+        server.stop()
