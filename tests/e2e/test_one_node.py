@@ -92,3 +92,25 @@ def test_a_worker_whose_metrics_address_is_in_use_says_so(tmp_path: Path) -> Non
         assert "Traceback" not in worker.stderr
     finally:
         server.stop()
+
+
+def test_a_second_node_on_an_sqlite_file_kept_outside_its_data_dir_is_refused(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "shared" / "wheel.db"
+    db.parent.mkdir()
+    first = ServerProc(tmp_path / "first", store=f"sqlite:///{db}")
+    first.start()
+    try:
+        second = wheelctl(
+            "serve", "--data-dir", str(tmp_path / "second"), "--store", f"sqlite:///{db}",
+            "--listen", f"127.0.0.1:{free_port()}", check=False,
+        )  # fmt: skip
+        assert second.returncode != 0
+        assert first.proc is not None
+        assert f"SQLite store {db} is in use by another node (pid {first.proc.pid})" in (
+            second.stderr
+        )
+        assert first.healthy()
+    finally:
+        first.stop()
