@@ -11,10 +11,12 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from wheel import cli_outbox
+from wheel._lock import lock_data_dir, lock_sqlite_file
 from wheel._tls import ChannelSecurity, LiveChannelSecurity, LiveServerSecurity
 from wheel._tls_cli import (
     NodeSecurity,
@@ -34,9 +36,14 @@ from wheel.cli_common import (
     _retain,
     _seconds,
     _seconds_or_off,
+    parse_duration,
 )
 from wheel.errors import InvalidArgument
 from wheel.logs import announcement
+
+if TYPE_CHECKING:
+    from wheel.console import ConsoleServer
+    from wheel.metrics import MetricsServer
 
 
 def add_serve_parser(sub: Any) -> None:
@@ -122,6 +129,14 @@ def add_serve_parser(sub: Any) -> None:
         " round at every timer); a fire after a quiet spell goes at once",
     )
     s.add_argument(
+        "--min-interval",
+        type=_interval_floor_ms,
+        metavar="DURATION",
+        help="the shortest period an interval job may be submitted or updated with"
+        " (default 1s, a seconds-field cron's finest; 0: no minimum); a shorter one is"
+        " refused with INVALID_ARGUMENT naming spec.schedule.interval.period_ms",
+    )
+    s.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)",
@@ -174,6 +189,16 @@ def add_serve_parser(sub: Any) -> None:
     s.set_defaults(fn=cmd_serve)
 
 
+def _interval_floor_ms(text: str) -> int:
+    """``--min-interval``: a duration (``1s``, ``250ms``) or 0, in ms."""
+    if text.strip() in ("0", "off"):
+        return 0
+    try:
+        return round(parse_duration(text, "min_interval").total_seconds() * 1000)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_cluster_url(url: str) -> tuple[list[str], str]:
     """``etcd://HOST:PORT[,HOST:PORT...]/NAME`` -> (endpoints, cluster name)."""
     scheme, sep, rest = url.partition("://")
@@ -190,6 +215,27 @@ def parse_cluster_url(url: str) -> tuple[list[str], str]:
     return endpoints, name
 
 
+async def listen_on(field: str, listen: str, starting: Awaitable[int]) -> int:
+    """The port an HTTP listener bound, or ``InvalidArgument`` naming its
+    flag when its address is in use (or not this host's)."""
+    try:
+        return await starting
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise InvalidArgument(field, f"cannot listen on {listen}: {why}") from None
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of an SQLite store URL (None: not SQLite, or in memory)."""
+    scheme, sep, rest = url.partition(":///")
+    if scheme != "sqlite" or not sep:
+        return None
+    path = rest.split("?", 1)[0]
+    if not path or path == ":memory:":
+        return None
+    return Path(path).resolve()
+
+
 def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
     """The node's configuration from ``wheelctl serve``'s flags."""
     from wheel.checkpoint import Durability
@@ -198,7 +244,11 @@ def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
 
     # A flag not given is None: the configuration's own default holds.
     owner = {f: getattr(ns, f) for f in ("lease_ms", "grace_lease_ms", "overdue_after_ms")}
-    node = {f: getattr(ns, f) for f in ("group_commit_ms", "group_commit_light_ms", "tick_ms")}
+    node = {
+        f: getattr(ns, f)
+        for f in ("group_commit_ms", "group_commit_light_ms", "tick_ms", "min_interval")
+    }
+    node["min_interval_ms"] = node.pop("min_interval")
     return NodeConfig(
         node_id=ns.node_id,
         retain_ms=ns.retain,
@@ -258,7 +308,7 @@ def console_security(
 
 def cmd_serve(ns: argparse.Namespace) -> int:
     from wheel.node import CLOCK_SKEW_ENV, Node
-    from wheel.rpc.server import serve
+    from wheel.rpc.server import bind
     from wheel.store.open import open_store
 
     if os.environ.get(CLOCK_SKEW_ENV):
@@ -310,6 +360,13 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         line = announcement(message, ns.log_format, level=level, **fields)
         print(line, file=stream or sys.stdout, flush=True)
 
+    # One node per data directory (and per SQLite file), refused before
+    # anything is opened; held until the process exits.
+    locks = [lock_data_dir(data_dir)]
+    db = sqlite_file(url)
+    if db is not None and db.parent != data_dir:
+        locks.append(lock_sqlite_file(db))
+
     async def main() -> None:
         store = open_store(url)
         if ns.init_admin_token and init_admin_token(store, ns.init_admin_token, store.clock_ms()):
@@ -331,54 +388,72 @@ def cmd_serve(ns: argparse.Namespace) -> int:
                 security=live_etcd,
             )  # fmt: skip
         node = Node(store, serve_config(ns, data_dir), coordinator=coordinator)
+        # Every listener is bound before the node starts: an address in use
+        # stops it before it dispatched anything or took a shard.
+        bound = None
+        metrics: MetricsServer | None = None
+        console: ConsoleServer | None = None
+        try:
+            bound = await bind(
+                node,
+                ns.listen,
+                security=live_server,
+                peer_security=live_peers,
+                auth=ns.auth,
+                recheck_s=ns.auth_recheck,
+            )
+            if ns.metrics_listen:
+                from wheel.metrics import MetricsServer
+
+                quiet_created_series()
+                metrics = MetricsServer(node.metrics.registry)
+                ssl = live_server.ssl_context() if live_server else None
+                metrics_port = await listen_on(
+                    "metrics_listen", ns.metrics_listen, metrics.start(ns.metrics_listen, ssl=ssl)
+                )
+                host = ns.metrics_listen.rsplit(":", 1)[0] or "0.0.0.0"
+                metrics_url = f"{'https' if ssl else 'http'}://{host}:{metrics_port}/metrics"
+                say(f"wheel metrics on {metrics_url}", url=metrics_url, port=metrics_port)
+            if ns.http_listen:
+                from wheel.console import Console, ConsoleServer
+
+                console = ConsoleServer(
+                    Console(
+                        ns.advertise or api_address(ns.listen, bound.port),
+                        auth=ns.auth,
+                        actions=ns.console_actions,
+                        security=console_security(security, live_peers),
+                        node_id=ns.node_id,
+                    )
+                )
+                ssl = live_server.ssl_context() if live_server else None
+                console_port = await listen_on(
+                    "http_listen", ns.http_listen, console.start(ns.http_listen, ssl=ssl)
+                )
+                host = ns.http_listen.rsplit(":", 1)[0] or "0.0.0.0"
+                console_url = f"{'https' if ssl else 'http'}://{host}:{console_port}/"
+                mode = "actions on" if ns.console_actions else "read-only"
+                say(f"wheel console on {console_url} ({mode})", url=console_url, port=console_port)
+        except BaseException:
+            if console is not None:
+                await console.stop()
+            if metrics is not None:
+                await metrics.stop()
+            if bound is not None:
+                await bound.server.stop(None)
+            store.close()
+            raise
         await node.start()
         # What the node restored lives as long as the process: never scan it again.
         gc.collect()
         gc.freeze()
         relay_dsn = cli_outbox.outbox_dsn(ns, url)
-        server, port = await serve(
-            node,
-            ns.listen,
-            security=live_server,
-            peer_security=live_peers,
-            auth=ns.auth,
-            recheck_s=ns.auth_recheck,
-        )
+        server, port = await bound.start()
         logging.getLogger("wheel").info(
             "wheel node %s serving on port %d (store %s)", ns.node_id, port, url.split("?")[0]
         )
         logging.getLogger("wheel").log(*security.notice(ns.listen))
         relay = cli_outbox.start_relay(node, relay_dsn) if relay_dsn else None
-        metrics = None
-        if ns.metrics_listen:
-            from wheel.metrics import MetricsServer
-
-            quiet_created_series()
-            metrics = MetricsServer(node.metrics.registry)
-            ssl = live_server.ssl_context() if live_server else None
-            metrics_port = await metrics.start(ns.metrics_listen, ssl=ssl)
-            host = ns.metrics_listen.rsplit(":", 1)[0] or "0.0.0.0"
-            metrics_url = f"{'https' if ssl else 'http'}://{host}:{metrics_port}/metrics"
-            say(f"wheel metrics on {metrics_url}", url=metrics_url, port=metrics_port)
-        console = None
-        if ns.http_listen:
-            from wheel.console import Console, ConsoleServer
-
-            console = ConsoleServer(
-                Console(
-                    ns.advertise or api_address(ns.listen, port),
-                    auth=ns.auth,
-                    actions=ns.console_actions,
-                    security=console_security(security, live_peers),
-                    node_id=ns.node_id,
-                )
-            )
-            ssl = live_server.ssl_context() if live_server else None
-            console_port = await console.start(ns.http_listen, ssl=ssl)
-            host = ns.http_listen.rsplit(":", 1)[0] or "0.0.0.0"
-            console_url = f"{'https' if ssl else 'http'}://{host}:{console_port}/"
-            mode = "actions on" if ns.console_actions else "read-only"
-            say(f"wheel console on {console_url} ({mode})", url=console_url, port=console_port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -31,7 +31,7 @@ def status_lines(st: Status) -> list[str]:
     ]
     lines += [f"  node {n.node_id} {n.address} owns {n.shards_owned} shards" for n in st.nodes]
     if st.reaper_paused:
-        lines.append("re-dispatch of lost runs is paused: the workers are busy")
+        lines.append(f"re-dispatch of lost runs is paused: {_why_reaper_paused(st)}")
     lines.append(f"workers: {st.workers}, capacity {st.worker_capacity}")
     for w in st.worker_list:
         flags = "".join(
@@ -48,6 +48,15 @@ def status_lines(st: Status) -> list[str]:
     if st.alerts_firing:
         lines.append(f"alerts firing: {', '.join(st.alerts_firing)} (wheelctl alerts)")
     return lines
+
+
+def _why_reaper_paused(st: Status) -> str:
+    """The true reason: an empty fleet is not a busy one."""
+    if st.workers == 0:
+        return "no worker is connected"
+    if st.worker_capacity == 0:
+        return "the connected workers have no capacity"
+    return "the workers are busy"
 
 
 def alert_line(a: Alert) -> str:

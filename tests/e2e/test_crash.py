@@ -43,7 +43,8 @@ def _submit(target: str, *args: str) -> int:
 
 def test_sigkill_restarts_lose_nothing_acknowledged(tmp_path: Path) -> None:
     rng = random.Random(int(os.environ.get("WHEEL_CRASH_SEED", "7")))
-    server = ServerProc(tmp_path / "data")
+    # Interval jobs of 300 ms and more: below the node's default minimum.
+    server = ServerProc(tmp_path / "data", args=("--min-interval", "100ms"))
     server.start()
     out = tmp_path / "runs.txt"
     workers = [WorkerProc(server.target, out, f"w{i}", "e2e_handlers:scripted") for i in range(2)]

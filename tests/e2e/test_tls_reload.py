@@ -144,7 +144,7 @@ def test_a_rotation_under_load_reaches_new_connections_and_keeps_the_open_stream
         tmp_path / "data",
         args=(
             "--tls-cert", str(cert), "--tls-key", str(key), "--client-ca", str(client_ca),
-            "--metrics-listen", metrics,
+            "--metrics-listen", metrics, "--min-interval", "100ms",
             # SIGHUP alone, or the files looked at often (the default is seconds).
             "--tls-reload-interval", "off" if how == "sighup" else "200ms",
         ),

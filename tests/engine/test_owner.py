@@ -1199,6 +1199,47 @@ def test_reaper_pauses_and_alerts_above_the_busy_threshold_and_resumes_below() -
     assert len(redispatched) == 4
 
 
+def test_with_no_worker_connected_the_reaper_says_so_not_that_the_fleet_is_busy() -> None:
+    n = Node()
+    n.hello("w1")
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=HOUR))
+    n.run_once(j, T + MIN)
+    n.owner.worker_disconnect("w1")
+    fx = n.step(T + MIN + n.config.lease_ms + SEC)
+    assert n.owner.reaper_paused
+    [alert] = [a for a in fx.alerts if a.kind is AlertKind.REAPER_PAUSED]
+    assert alert.message == "reaper paused: no worker connected; 1 expired leases wait for one"
+    n.hello("w2")
+    [b] = n.step(n.now + SEC).assignments["w2"]
+    assert (b.job_id, b.attempt) == (j, 1) and not n.owner.reaper_paused
+
+
+def test_a_cancel_ends_the_reapers_wait_for_its_lost_runs_and_its_pending_retries() -> None:
+    n = Node()
+    n.hello("w1")
+    lost = n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=HOUR))
+    failed = n.submit(
+        spec(
+            schedule=Once(at_ms=T + MIN),
+            retry=Retry(max_attempts=3, initial_backoff_ms=HOUR, max_backoff_ms=HOUR),
+        )
+    )
+    fx = n.step(T + MIN)
+    by_job = {a.job_id: a for a in fx.assignments["w1"]}
+    n.complete(by_job[failed], Outcome.RETRYABLE)  # its retry waits an hour
+    n.owner.worker_disconnect("w1")
+    n.step(T + MIN + n.config.lease_ms + SEC)
+    assert n.owner.reaper_paused  # no worker: the lost run waits
+    n.owner.cancel_job(lost, n.fx, n.now)
+    n.owner.cancel_job(failed, n.fx, n.now)
+    n.step(n.now + SEC)
+    assert not n.owner.reaper_paused  # nothing waits for a re-dispatch any more
+    assert not n.owner.has_job(lost) and not n.owner.has_job(failed)
+    n.hello("w2")
+    fx = n.step(T + 3 * HOUR)
+    assert not fx.assignments and not fx.claims
+
+
 def test_reaper_rate_limits_redispatch() -> None:
     n = Node(OwnerConfig(reaper_rate_per_s=10, reaper_burst=5, busy_threshold=1.0))
     n.hello("w1", capacity=100)
@@ -1361,6 +1402,50 @@ def test_dispatch_lag_counts_first_attempts_only() -> None:
     assert n.fx.lags == []  # the retry waited its backoff; that is not lag
 
 
+def test_dispatch_lag_leaves_out_backfills_and_redrives_and_counts_a_trigger_from_itself() -> None:
+    # A backfill's fires were hours old when it was asked for: counted as
+    # lag, one backfill put the p99 at hours. Not due then, not lag.
+    n = Node(now=T + 10 * HOUR)
+    n.hello()
+    j = n.submit(spec(schedule=Interval(period_ms=HOUR, start_at_ms=T)))
+    n.driver.backfill(n.store.get_job(j), [T + HOUR, T + 2 * HOUR], n.now)
+    [b] = n.step(n.now + SEC).assignments["w1"]  # one at a time: the job's overlap limit
+    [c] = n.complete(b).assignments["w1"]
+    assert (b.scheduled_for, c.scheduled_for) == (T + HOUR, T + 2 * HOUR)
+    n.complete(c)
+    assert n.fx.lags == []
+    # A redrive's fire (a dead letter's) is as old.
+    k = n.submit(spec(schedule=Once(at_ms=n.now + SEC), retry=Retry(max_attempts=1)))
+    a = n.run_once(k, n.now + SEC)
+    n.complete(a, Outcome.RETRYABLE)
+    n.step(n.now + HOUR)
+    n.fx.lags.clear()  # the hourly job's fire meanwhile
+    n.driver.redrive(n.store.get_job(k), [(a.scheduled_for, 1)], n.now)
+    [again] = n.step(n.now + SEC).assignments["w1"]
+    assert (again.job_id, again.attempt) == (k, 1)
+    assert n.fx.lags == []
+    # A trigger is due when it is asked for: its lag counts from then.
+    t = n.submit(spec(schedule=Interval(period_ms=HOUR, start_at_ms=n.now + MIN)))
+    at = n.now
+    fire = n.driver.trigger(n.store.get_job(t), at)
+    n.step(at + 5)
+    assert fire == at and n.fx.lags == [5]
+
+
+def test_a_run_handed_back_counts_its_dispatch_lag_once() -> None:
+    n = Node()
+    n.hello("w1")
+    j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
+    a = n.run_once(j, T + MIN, ack=False)
+    assert n.fx.lags == [0]
+    n.complete(a, Outcome.HANDED_BACK)
+    n.now += MIN  # waited a minute for another worker
+    n.hello("w2")
+    [b] = n.step().assignments["w2"]
+    assert b.run_id == a.run_id
+    assert n.fx.lags == [0]  # not a minute more
+
+
 def test_a_backlog_longer_than_one_listing_is_one_catch_up() -> None:
     # 500 overdue fires listed 50 at a time: still one run_latest_only run.
     n = Node(OwnerConfig(max_missed_listed=50), now=T + 500 * SEC + 10)
@@ -1413,6 +1498,89 @@ def test_work_with_no_worker_for_its_handler_waits_unclaimed_and_is_reported() -
     assert (a.job_id, a.attempt) == (j, 0)
     assert a.timeout_ms == n.store.jobs[j].spec.timeout_ms  # its timeout starts now
     assert n.owner.unserved() == []
+
+
+def _waiting_for_a_worker(n: Node) -> dict[str, int]:
+    return {u.handler: u.waiting for u in n.owner.unserved()}
+
+
+def _unserved_one_shot(n: Node, at: int = T + MIN) -> int:
+    """A one-shot whose handler no worker serves, come due and waiting."""
+    j = n.submit(spec(handler="does_not_exist", schedule=Once(at_ms=at)))
+    n.step(at)
+    assert _waiting_for_a_worker(n) == {"does_not_exist": 1}
+    return j
+
+
+def test_a_cancel_takes_its_work_out_of_the_waiting_count_at_once() -> None:
+    # Its queue entry was left for the queue's next pop, which never comes on
+    # a route no worker serves: the count (and its alert) outlived the job.
+    n = Node(OwnerConfig(unserved_alert_ms=10 * SEC))
+    n.hello("mailer", handlers=("mail",))
+    j = _unserved_one_shot(n)
+    [alert] = n.step(T + MIN + 10 * SEC).alerts
+    assert alert.kind is AlertKind.NO_WORKER
+    n.owner.cancel_job(j, n.fx, n.now)
+    assert n.owner.unserved() == []
+    fx = n.step(T + MIN + HOUR)
+    assert not fx.alerts and not fx.claims and n.owner.unserved() == []
+    assert n.missed(j) == {T + MIN: MissedReason.CANCELLED}
+    # The route raises its alert again when new work waits on it.
+    _unserved_one_shot(n, T + 2 * HOUR)
+    [alert] = n.step(T + 2 * HOUR + 10 * SEC).alerts
+    assert alert.kind is AlertKind.NO_WORKER
+
+
+def test_a_pause_takes_its_fires_out_of_the_waiting_count_and_a_resume_puts_them_back() -> None:
+    n = Node()
+    j = n.submit(spec(handler="does_not_exist"))  # every minute from T + MIN
+    n.step(T + MIN)
+    assert _waiting_for_a_worker(n) == {"does_not_exist": 1}
+    paused = n.store.set_job_state(j, JobState.PAUSED, next_run_at=None, now_ms=n.now)
+    n.owner.upsert_job(paused, n.now, n.fx)
+    assert n.owner.unserved() == []
+    assert not n.step(T + 10 * MIN).claims and n.owner.unserved() == []
+    resume_at = T + 10 * MIN + SEC
+    n.now = resume_at
+    resumed = n.store.set_job_state(j, JobState.ACTIVE, next_run_at=T + 11 * MIN, now_ms=n.now)
+    n.owner.upsert_job(resumed, n.now, n.fx)
+    n.step(T + 11 * MIN)
+    assert _waiting_for_a_worker(n) == {"does_not_exist": 1}
+    n.hello("any")
+    [a] = n.step().assignments["any"]
+    assert (a.job_id, a.scheduled_for) == (j, T + 11 * MIN)
+
+
+def test_an_update_to_a_served_handler_moves_its_work_to_that_handler() -> None:
+    n = Node()
+    n.hello("mailer", handlers=("mail",))
+    j = _unserved_one_shot(n)
+    record = n.store.get_job(j)
+    update, _ = n.driver.update(record, replace(record.spec, handler="mail"), n.now)
+    n.driver.updated(n.store.update_job(update).job, n.now)
+    assert n.owner.unserved() == []
+    [a] = n.step().assignments["mailer"]
+    assert (a.job_id, a.handler, a.scheduled_for) == (j, "mail", T + MIN)
+    assert n.owner.unserved() == []
+
+
+def test_an_update_to_another_unserved_handler_counts_its_work_there() -> None:
+    n = Node()
+    n.hello("mailer", handlers=("mail",))
+    j = _unserved_one_shot(n)
+    record = n.store.get_job(j)
+    update, _ = n.driver.update(record, replace(record.spec, handler="still_missing"), n.now)
+    n.driver.updated(n.store.update_job(update).job, n.now)
+    n.step()
+    assert _waiting_for_a_worker(n) == {"still_missing": 1}
+
+
+def test_a_shard_handed_over_takes_its_waiting_work_with_it() -> None:
+    n = Node()
+    j = _unserved_one_shot(n)
+    n.driver.hand_over([shard_of(j)])
+    assert n.owner.unserved() == []
+    assert not n.step(T + HOUR).alerts and n.owner.unserved() == []
 
 
 def test_a_worker_with_no_handler_names_runs_any_handler() -> None:

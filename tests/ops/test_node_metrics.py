@@ -36,6 +36,7 @@ def live(tmp_path: Path) -> Iterator[LiveNode]:
     config = NodeConfig(
         owner=OwnerConfig(grace_lease_ms=800, lease_ms=1_500),
         retain_ms=None,
+        min_interval_ms=0,  # a job of 200 ms overlaps its own runs
     )
     with LiveNode(f"sqlite:///{tmp_path / 'wheel.db'}", config) as node:
         yield node

@@ -19,7 +19,7 @@ def test_the_log_takes_a_batch_an_entry_and_a_snapshot_after_enough_job_records(
     caplog.set_level(logging.INFO, logger="wheel")
     checkpoint_dir = str(tmp_path / "checkpoint")
     server = InProcessServer(
-        tmp_path, checkpoint_dir=checkpoint_dir, snapshot_every_records=300
+        tmp_path, checkpoint_dir=checkpoint_dir, snapshot_every_records=300, min_interval_ms=0
     ).start()
     try:
         node = server.node

@@ -107,7 +107,7 @@ class AlertKind(StrEnum):
     """What an alert is about. The first four are conditions a node reports
     as firing while they hold (``Alerts.firing``); the others are events."""
 
-    REAPER_PAUSED = "reaper_paused"  # re-dispatch of lost runs paused: the fleet is busy
+    REAPER_PAUSED = "reaper_paused"  # re-dispatch of lost runs paused: the fleet is busy or empty
     NO_WORKER = "no_worker"  # work waits for a handler no connected worker serves
     STORE_UNREACHABLE = "store_unreachable"
     LAG_SLO = "lag_slo"  # dispatch lag p99 over its objective

@@ -74,7 +74,7 @@ class AlertKind(StrEnum):
     (a node reports them as firing until it clears), the others an event."""
 
     # Conditions.
-    REAPER_PAUSED = "reaper_paused"  # the reaper's circuit breaker: the fleet is too busy
+    REAPER_PAUSED = "reaper_paused"  # the reaper's circuit breaker: the fleet is too busy or empty
     NO_WORKER = "no_worker"  # work waits for a handler no connected worker serves
     STORE_UNREACHABLE = "store_unreachable"  # the last store batch or probe failed
     LAG_SLO = "lag_slo"  # dispatch lag p99 over its objective

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import gzip
 import logging
+import os
 from dataclasses import dataclass, field
 from ssl import SSLContext
 
@@ -52,7 +53,11 @@ class MetricsServer:
         """Listen on ``HOST:PORT`` (port 0: any free one), over HTTPS with
         ``ssl``; returns the port."""
         host, port = parse_listen(listen)
-        self._server = await asyncio.start_server(self._serve, host, port, ssl=ssl)
+        try:
+            self._server = await asyncio.start_server(self._serve, host, port, ssl=ssl)
+        except OSError as exc:  # in use (another node or worker there?), or not this host's
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise InvalidArgument("metrics_listen", f"cannot listen on {listen}: {why}") from None
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 

@@ -17,7 +17,7 @@ from wheel.engine.owner import Owner
 from wheel.engine.records import JobRecord, NewJob
 from wheel.engine.spec import JobSpec
 from wheel.errors import FailedPrecondition, WheelError
-from wheel.node._values import Clock, trim_heap
+from wheel.node._values import Clock, NodeConfig, check_interval, trim_heap
 from wheel.store.base import Store
 
 log = logging.getLogger("wheel.node")
@@ -32,6 +32,7 @@ class NodeJobs:
 
     store: Store
     clock: Clock
+    config: NodeConfig
     _own_changes: set[int]
     _submits: list[tuple[NewJob, asyncio.Future[tuple[JobRecord, bool] | WheelError]]]
     _submit_flusher: asyncio.Task[None] | None
@@ -60,6 +61,7 @@ class NodeJobs:
         in one transaction (group commit) and scheduled. Returns the future
         of its outcome, a per-job error (a key conflict) included: a batch of
         requests queues all its jobs without a task for each."""
+        check_interval(spec, self.config.min_interval_ms)
         driver = self._the_driver()
         now = self.clock.now_ms() if now_ms is None else now_ms
         new = driver.new_job(spec, idempotency_key, now, body_hash=body_hash)

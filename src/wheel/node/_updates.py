@@ -14,7 +14,7 @@ from wheel.engine.driver import Driver
 from wheel.engine.records import ExecutionRecord, JobChange, JobRecord, Updated
 from wheel.engine.spec import JobSpec
 from wheel.errors import FailedPrecondition, NotFound
-from wheel.node._values import Clock
+from wheel.node._values import Clock, NodeConfig, check_interval
 from wheel.store.base import RunState, Store
 
 T = TypeVar("T")
@@ -39,6 +39,7 @@ class NodeUpdates:
 
     store: Store
     clock: Clock
+    config: NodeConfig
     _own_changes: set[int]
 
     if TYPE_CHECKING:
@@ -72,6 +73,10 @@ class NodeUpdates:
         changes nothing; so does an update on the condition ``if_version``
         (see ``Store.update_job``) that does not hold."""
         record = await self.get_job(job_id)
+        if spec.schedule != record.spec.schedule:
+            # A job stored before a higher minimum keeps its schedule through
+            # updates of its other fields.
+            check_interval(spec, self.config.min_interval_ms)
         driver, now = self._the_driver(), self.clock.now_ms()
         update, hold = driver.update(
             record,

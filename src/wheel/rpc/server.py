@@ -6,6 +6,8 @@ reflection. Errors become status codes in one place
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -18,6 +20,7 @@ from wheel._tls import (
     add_port,
 )
 from wheel.auth import DEFAULT_RECHECK_S, Authenticator, AuthInterceptor
+from wheel.errors import InvalidArgument
 from wheel.node import Health, Node
 from wheel.rpc._admin import AdminServicer
 from wheel.rpc._common import MAX_MESSAGE_BYTES, status_of
@@ -38,7 +41,39 @@ from wheel.rpc.v1 import (
     worker_service_pb2_grpc,
 )
 
-__all__ = ["send_effects", "serve", "status_of"]
+__all__ = ["Bound", "bind", "send_effects", "serve", "status_of"]
+
+
+# Two servers on one port would each take some of its connections (gRPC
+# turns SO_REUSEPORT on by default): two nodes answering one address in
+# turn. Off, a port in use is refused at bind.
+NO_PORT_SHARING = ("grpc.so_reuseport", 0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bound:
+    """A gRPC server for a node, bound to its port and not started yet
+    (``bind``); ``start`` serves."""
+
+    server: grpc.aio.Server
+    port: int
+    node: Node
+    health_servicer: health.aio.HealthServicer
+
+    async def start(self) -> tuple[grpc.aio.Server, int]:
+        """Serve; NOT_SERVING until the node is ready (awaited) and then
+        as its health says. Returns the server and its port."""
+        await self.server.start()
+        await self.node.ready.wait()
+        servicer = self.health_servicer
+
+        async def report(health: Health) -> None:
+            for name, status in statuses(health).items():
+                await servicer.set(name, status)
+
+        self.node.on_health(report)
+        await report(self.node.health())
+        return self.server, self.port
 
 
 async def serve(
@@ -53,16 +88,40 @@ async def serve(
     """Start the gRPC server for ``node``, with TLS if ``security`` is given;
     ``peer_security`` secures its calls to the other members. Either may be
     live: a reload replaces it for new connections (``wheel._tls_reload``).
-    Returns the server and the bound port.
+    Returns the server and the bound port (``bind`` then ``Bound.start``).
 
     ``auth``: every call but health and reflection needs a bearer token
     (``wheel.auth``), re-checked against the store every ``recheck_s``."""
+    bound = await bind(
+        node,
+        listen,
+        security=security,
+        peer_security=peer_security,
+        auth=auth,
+        recheck_s=recheck_s,
+    )
+    return await bound.start()
+
+
+async def bind(
+    node: Node,
+    listen: str,
+    *,
+    security: ServerSecurity | LiveServerSecurity | None = None,
+    peer_security: ChannelSecurity | LiveChannelSecurity | None = None,
+    auth: bool = False,
+    recheck_s: float = DEFAULT_RECHECK_S,
+) -> Bound:
+    """``serve``'s server, bound to ``listen`` but not started: a node
+    binds before it starts dispatching, so that an address in use
+    (``InvalidArgument`` naming ``listen``) stops it before it did anything."""
     options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", 64 * 1024 * 1024),
         ("grpc.keepalive_time_ms", 20_000),
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
+        NO_PORT_SHARING,
     ]
     authenticator = None
     interceptors = []
@@ -94,19 +153,17 @@ async def serve(
         reflection.SERVICE_NAME,
     ]
     reflection.enable_server_reflection(names, server)
-    port = add_port(server, listen, security)
+    try:
+        port = add_port(server, listen, security)
+    except RuntimeError:  # grpcio >= 1.60 raises where older ones returned 0
+        port = 0
     if port == 0:
-        raise OSError(f"cannot listen on {listen}")
+        raise InvalidArgument(
+            "listen",
+            f"cannot listen on {listen}: the address is in use (another node serving"
+            " there?) or not an address of this host",
+        )
     # NOT_SERVING until the node is ready and says otherwise.
     for name in statuses(Health(store=False, dispatching=False)):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    await server.start()
-    await node.ready.wait()
-
-    async def report(health: Health) -> None:
-        for name, status in statuses(health).items():
-            await health_servicer.set(name, status)
-
-    node.on_health(report)
-    await report(node.health())
-    return server, port
+    return Bound(server=server, port=port, node=node, health_servicer=health_servicer)

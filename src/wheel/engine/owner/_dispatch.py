@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from mypy_extensions import trait
 
 from wheel.engine.fairness import FairQueue, split_capacity
-from wheel.engine.model import AlertKind
+from wheel.engine.model import AlertKind, shard_of
 from wheel.engine.owner._state import (
     Ahead,
     _Job,
@@ -162,6 +162,59 @@ class _Dispatch(_Parts):
             q.push_front(job.spec.tenant, job.job_id)
         else:
             q.push(job.spec.tenant, job.job_id)
+
+    def _unqueue(self, job: _Job) -> None:
+        """Take ``job`` out of its route's queues at once (cancelled, paused,
+        or given another route), and its ended runs out of those waiting for
+        a worker; the route leaves ``unserved`` when nothing of it waits. An
+        entry left in a queue is dropped by the queue's next pop, which never
+        comes on a route no worker serves: its count and its no_worker alert
+        outlived their cause until a restart."""
+        route = job.route
+        if job.queued:
+            job_id = job.job_id
+            for queues in (self._fresh, self._overdue):
+                q = queues.get(route)
+                if q is not None and q.discard(lambda j: j == job_id, job.spec.tenant):
+                    if not q:
+                        del queues[route]
+                    break
+            job.queued = False
+        job.ready = deque(a for a in job.ready if self._is_ready(a.run_id))
+        waiting = self._ready.get(route)
+        if waiting:
+            live = deque(r for r in waiting if self._is_ready(r))
+            if live:
+                self._ready[route] = live
+            else:
+                del self._ready[route]
+        if route in self._unserved and not self._waiting_on(route):
+            del self._unserved[route]
+            self._unserved_alerted.discard(route)
+
+    def _unqueue_shards(self, lost: set[int]) -> None:
+        """Take the queued work of shards handed over out of the queues, and
+        the routes left with nothing waiting out of ``unserved`` (the same
+        stale count ``_unqueue`` spares a cancelled job)."""
+        for queues in (self._fresh, self._overdue):
+            for route, q in list(queues.items()):
+                q.discard(lambda j: shard_of(j) in lost)
+                if not q:
+                    del queues[route]
+        for route, waiting in list(self._ready.items()):
+            live = deque(r for r in waiting if self._is_ready(r))
+            if live:
+                self._ready[route] = live
+            else:
+                del self._ready[route]
+        for route in [r for r in self._unserved if not self._waiting_on(r)]:
+            del self._unserved[route]
+            self._unserved_alerted.discard(route)
+
+    def _is_ready(self, run_id: int) -> bool:
+        """A claimed run still waiting for a worker."""
+        run = self.runs.get(run_id)
+        return run is not None and run.phase is Phase.READY
 
     def _dispatch(self, now_ms: int, fx: Effects) -> None:
         starved: list[Route] = []  # routes with work and no worker with credit
@@ -389,6 +442,7 @@ class _Dispatch(_Parts):
                     self._run_finished(job, now_ms, fx)
                 continue
             run = _Run(out.run_id, c.job_id, c.scheduled_for, c.attempt, c.fence, out.payload)
+            run.timed = pend.timed and c.attempt == 0  # a retry's wait is its backoff
             self.runs[run.run_id] = run
             if pend.ahead and job is not None:
                 # Its timeout starts when a worker gets it (``_hand_out``).
@@ -501,7 +555,8 @@ class _Dispatch(_Parts):
                 timeout_ms=max(0, run.timeout_deadline - now_ms),
             )
         )
-        if run.attempt == 0:  # a retry's wait is its backoff, not dispatch lag
+        if run.timed:
+            run.timed = False  # once: a run handed back goes out again later
             fx.lags.append(now_ms - run.scheduled_for)
         self.stats.dispatched += 1
 

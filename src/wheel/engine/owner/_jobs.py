@@ -112,6 +112,7 @@ class _Jobs(_Parts):
                 self._drop_job(job, cancelled=state is JobState.CANCELLED, now_ms=now_ms, fx=fx)
             return
         template = self.profiles[prof].template
+        rerouted = False
         if job is None:
             job = _Job(
                 job_id,
@@ -123,6 +124,11 @@ class _Jobs(_Parts):
             )
             self._keep_job(job)
         elif job.profile != prof or job.param != param:
+            if (template.pool, template.handler) != job.route:
+                # Queued under its old route: queued again under the new one
+                # once the row is applied (below).
+                self._unqueue(job)
+                rerouted = True
             job.spec = template
             job.profile = prof
             job.param = param
@@ -132,6 +138,8 @@ class _Jobs(_Parts):
         job.has_payload = has_payload
         self._settling.add(job_id)
         self._apply_store_row(job, state, next_run_at, now_ms, fx)
+        if rerouted:
+            self._requeue_job(job, now_ms)
 
     def _apply_store_row(
         self, job: _Job, state: JobState, next_run_at: int | None, now_ms: int, fx: Effects
@@ -142,6 +150,10 @@ class _Jobs(_Parts):
             if not job.paused:
                 job.paused = True
                 self._clear_pending_fires(job, MissedReason.PAUSED, now_ms, fx)
+                # Its fires wait for the resume, not for a worker: out of the
+                # queue, unless runs claimed ahead (a trigger's) still go out.
+                self._unqueue(job)
+                self._requeue_job(job, now_ms)
             job.store_next = next_run_at
             return
         job.paused = False
@@ -280,8 +292,31 @@ class _Jobs(_Parts):
                     self._end_run(run, RunState.CANCELLED, "job cancelled", fx, now_ms)
                     if run.worker_id is not None:
                         self._revoke(run, RevokeReason.CANCELLED, fx)
+        if cancelled:
+            self._drop_redos(job)
+        if cancelled or not (job.due or job.ready):
+            # Nothing of it waits for a worker any more (``unserved``).
+            self._unqueue(job)
         if job.inflight <= 0 and not job.due:
             self._forget_job(job)
+
+    def _drop_redos(self, job: _Job) -> None:
+        """A cancelled job's retries waiting for their backoff and lost runs
+        waiting for the reaper end with it. Kept, the reaper's breaker went
+        on saying that they waited (``reaper_paused``, firing until the
+        fleet had room again), and each, requeued on a job that never
+        claims again, kept the job awake for good."""
+        job_id = job.job_id
+        for seq, redo in list(self._retries.items()):
+            if redo.job_id == job_id:
+                del self._retries[seq]  # its RETRY timer finds nothing
+                job.inflight -= 1
+        if self._reaper:
+            kept = deque(r for r in self._reaper if r.job_id != job_id)
+            job.inflight -= len(self._reaper) - len(kept)
+            self._reaper = kept
+            if not kept:
+                self._reaper_paused = False
 
     def _clear_pending_fires(
         self, job: _Job, reason: MissedReason, now_ms: int, fx: Effects
@@ -350,8 +385,11 @@ class _Jobs(_Parts):
         runs wait on their job (READY) and are handed out like its fires:
         first in line, or with ``overdue`` as catch-up work inside the overdue
         budget, fair across tenants; never more at once than the job's
-        overlap limit allows. The schedule is left alone (advance=False)."""
+        overlap limit allows. The schedule is left alone (advance=False).
+        Only a trigger's run counts as dispatch lag (from the trigger): a
+        backfill's or a redrive's fire was not due when it was asked for."""
         job = self._job_or_raise(job_id)
+        timed = not overdue and attempts is None
         for i, fire in enumerate(fires):
             attempt = 0 if attempts is None else attempts[i]
             job.inflight += 1
@@ -368,7 +406,7 @@ class _Jobs(_Parts):
                 )
             )
             self._pending[(job_id, fire, attempt)] = _Pending(
-                job_id, fire, attempt, fence, None, ahead=True, overdue=overdue
+                job_id, fire, attempt, fence, None, ahead=True, overdue=overdue, timed=timed
             )
 
     def trigger(self, job_id: int, now_ms: int, fx: Effects) -> int:

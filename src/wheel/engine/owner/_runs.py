@@ -330,18 +330,13 @@ class _Runs(_Parts):
         """Re-dispatch fires whose lease expired, rate limited, and not at all
         while the fleet is nearly saturated (seed R6: a spiral is worse)."""
         if not self._reaper:
+            self._reaper_paused = False  # nothing waits for it (a cancel, a hand-over)
             return
         if self._fleet_busy():
             if not self._reaper_paused:
-                capacity = sum(w.capacity for w in self.workers.values())
-                busy = sum(len(w.held) for w in self.workers.values())
                 self._reaper_paused = True
                 fx.alerts.append(
-                    Alert(
-                        kind=AlertKind.REAPER_PAUSED,
-                        message=f"reaper paused: fleet {busy}/{capacity} busy; "
-                        f"{len(self._reaper)} expired leases wait for capacity",
-                    )
+                    Alert(kind=AlertKind.REAPER_PAUSED, message=self._reaper_paused_why())
                 )
             return
         self._reaper_paused = False
@@ -349,6 +344,22 @@ class _Runs(_Parts):
         self.stats.redispatched += n
         for _ in range(n):
             self._requeue(self._reaper.popleft(), now_ms)
+
+    def _reaper_paused_why(self) -> str:
+        """Why re-dispatch waits, in the true words: an empty fleet is not
+        a busy one."""
+        waiting = f"{len(self._reaper)} expired leases wait"
+        workers = self.workers.values()
+        capacity = sum(w.capacity for w in workers)
+        if not workers:
+            return f"reaper paused: no worker connected; {waiting} for one"
+        if capacity == 0:
+            return (
+                f"reaper paused: the {len(workers)} connected workers have no capacity;"
+                f" {waiting} for some"
+            )
+        busy = sum(len(w.held) for w in workers)
+        return f"reaper paused: fleet {busy}/{capacity} busy; {waiting} for capacity"
 
     @property
     def reaper_paused(self) -> bool:

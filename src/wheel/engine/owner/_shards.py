@@ -190,6 +190,12 @@ class _Shards(_Parts):
             elif job is not None and ex.state is RunState.DISPATCHED and ex.worker_id == "":
                 # Its previous owner handed it over unsent (a planned move,
                 # ``Store.release_unsent``): sent now, same attempt and fence.
+                # Its hand-out here is its first: its lag counts if it was
+                # claimed as a fire on time (not a backfill's, claimed late).
+                run.timed = (
+                    ex.attempt == 0
+                    and ex.dispatched_at_ms - ex.scheduled_for <= self.config.overdue_after_ms
+                )
                 self._take_back(run, now_ms)
 
     def _restore_retries(
@@ -267,6 +273,8 @@ class _Shards(_Parts):
         later = self._later.claims
         if later:
             self._later.claims = [c for c in later if shard_of(c.job_id) not in lost]
-        # Queued job and run ids of these shards are skipped when their turn
-        # comes: their jobs and runs are gone.
+        # Their queued work goes too: an id left in a queue was skipped when
+        # its turn came, but on a route no worker serves that turn never
+        # comes, and the route's waiting count kept it.
+        self._unqueue_shards(lost)
         return handed

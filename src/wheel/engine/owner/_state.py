@@ -169,6 +169,7 @@ class _Run:
         "reply_to",
         "run_id",
         "scheduled_for",
+        "timed",
         "timeout_deadline",
         "worker_id",
     )
@@ -201,6 +202,12 @@ class _Run:
         # Workers (by incarnation) that handed it back, and until when it is
         # not offered to them again (``_take_back``).
         self.refused: dict[int, int] | None = None
+        # Its first hand-out counts as dispatch lag (how late a fire that
+        # was due went out): a scheduled fire's first attempt or a trigger,
+        # set when it is claimed (``on_claimed``). Not a backfill's or a
+        # redrive's fire, which was not due when it was asked for, nor a
+        # retry (its wait is its backoff), nor a run handed back and out again.
+        self.timed = False
         # Set when it goes ENDING (``_end_run``), read only after: the
         # terminal state sent to the store, and the worker to answer once the
         # store applied it (None: nobody asked).
@@ -266,6 +273,8 @@ class _Pending:
     # ``claim_now``: the won run waits on its job, handed out as overdue work.
     ahead: bool
     overdue: bool
+    # Its run's hand-out counts as dispatch lag (``_Run.timed``).
+    timed: bool
 
     def __init__(
         self,
@@ -276,6 +285,7 @@ class _Pending:
         worker_id: str | None,
         ahead: bool = False,
         overdue: bool = False,
+        timed: bool = True,
     ) -> None:
         self.job_id = job_id
         self.scheduled_for = scheduled_for
@@ -284,6 +294,7 @@ class _Pending:
         self.worker_id = worker_id
         self.ahead = ahead
         self.overdue = overdue
+        self.timed = timed
 
 
 class _Shard:
@@ -520,6 +531,12 @@ class _Parts:
         raise NotImplementedError
 
     def _requeue_job(self, job: _Job, now_ms: int) -> None:
+        raise NotImplementedError
+
+    def _unqueue(self, job: _Job) -> None:
+        raise NotImplementedError
+
+    def _unqueue_shards(self, lost: set[int]) -> None:
         raise NotImplementedError
 
     def _wait_ready(self, run: _Run, job: _Job | None) -> None:
