@@ -37,6 +37,7 @@ from wheel.cli_common import (
     epoch_ms,
     fmt_time,
     parse_duration,
+    version,
 )
 from wheel.cli_serve import add_serve_parser, quiet_created_series
 from wheel.cli_status import cmd_alerts, cmd_inflight, cmd_status
@@ -380,6 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="wheelctl", description="wheel: a fault-tolerant job scheduler"
     )
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {version()}",
+        help="print the installed wheel-scheduler's version and exit",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     target = os.environ.get("WHEEL_TARGET", DEFAULT_TARGET)
     # Several nodes: a call goes to the next when one is unavailable; a worker

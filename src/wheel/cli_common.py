@@ -4,6 +4,7 @@ and the output give them, and the client a command talks through."""
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import re
 from datetime import UTC, datetime, timedelta
@@ -98,3 +99,15 @@ def _add_log_format(p: argparse.ArgumentParser) -> None:
         help="text lines (default; $WHEEL_LOG_FORMAT), or one JSON object per line with"
         " job_id, run_id, shard, fence and worker on every record about them",
     )
+
+
+def version() -> str:
+    """The installed distribution's version (``wheelctl --version``); a
+    checkout that was never installed has no metadata, only the package's
+    own ``__version__``."""
+    try:
+        return importlib.metadata.version("wheel-scheduler")
+    except importlib.metadata.PackageNotFoundError:
+        import wheel
+
+        return wheel.__version__
