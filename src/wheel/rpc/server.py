@@ -21,6 +21,7 @@ from wheel.auth import DEFAULT_RECHECK_S, Authenticator, AuthInterceptor
 from wheel.node import Health, Node
 from wheel.rpc._admin import AdminServicer
 from wheel.rpc._common import MAX_MESSAGE_BYTES, status_of
+from wheel.rpc._decode import DecodeInterceptor
 from wheel.rpc._guard import Guard
 from wheel.rpc._health import statuses
 from wheel.rpc._jobs import JobServicer
@@ -65,10 +66,12 @@ async def serve(
         ("grpc.keepalive_permit_without_calls", 1),
     ]
     authenticator = None
-    interceptors = []
+    interceptors: list[grpc.aio.ServerInterceptor] = []
     if auth:
         authenticator = Authenticator(node.get_token, now_ms=node.now_ms, recheck_s=recheck_s)
         interceptors.append(AuthInterceptor(authenticator))
+    # Innermost: the credential is judged before the request's bytes.
+    interceptors.append(DecodeInterceptor())
     guard = Guard(authenticator)
     server = grpc.aio.server(options=options, interceptors=interceptors)
     node.message_sink = send_effects
