@@ -69,7 +69,10 @@ def parse_when(text: str, field: str) -> datetime | timedelta:
     if text.startswith("+"):
         return parse_duration(text[1:], field)
     if text.isdigit():
-        return _EPOCH + timedelta(milliseconds=int(text))
+        try:
+            return _EPOCH + timedelta(milliseconds=int(text))
+        except OverflowError:
+            raise InvalidArgument(field, f"{text!r} epoch ms is past the year 9999") from None
     try:
         return datetime.fromisoformat(text)
     except ValueError:

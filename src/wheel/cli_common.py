@@ -23,7 +23,10 @@ def parse_duration(text: str, field: str) -> timedelta:
     m = _DURATION.match(text.strip())
     if not m:
         raise InvalidArgument(field, f"{text!r} is not a duration like 500ms, 5s, 2m, 1h")
-    return timedelta(milliseconds=float(m.group(1)) * _UNITS[m.group(2)])
+    try:
+        return timedelta(milliseconds=float(m.group(1)) * _UNITS[m.group(2)])
+    except OverflowError:  # past timedelta's 999,999,999 days
+        raise InvalidArgument(field, f"{text!r} is too long a duration") from None
 
 
 def fmt_time(t: datetime | None) -> str:
