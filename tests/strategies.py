@@ -242,7 +242,7 @@ def keys() -> st.SearchStrategy[str]:
     """Idempotency keys: none, a few that repeat across examples, at and over the limit."""
     return st.one_of(
         st.just(""),
-        st.sampled_from(["k1", "k2", "k3"]),
+        st.sampled_from(["k1", "k2", "k3", "k\0"]),
         st.sampled_from(["k" * MAX_IDEMPOTENCY_KEY, "k" * (MAX_IDEMPOTENCY_KEY + 1)]),
     )
 
