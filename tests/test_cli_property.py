@@ -203,3 +203,55 @@ def test_a_value_too_big_for_a_date_or_the_wire_is_refused_naming_its_flag(
     assert (code, out) == (2, "")
     assert err.startswith(message), err
     assert "Traceback" not in err
+
+
+IDS = ["1", "0", "-1", "9223372036854775807", "9223372036854775808", "99999999999999999999", "x"]
+
+
+@st.composite
+def job_argv(draw: st.DrawFn) -> list[str]:
+    """A command about one job, its id at and past the wire's edges."""
+    job = draw(st.sampled_from(IDS))
+    return draw(
+        st.sampled_from(
+            [
+                ["runs", job], ["cancel", job], ["pause", job], ["resume", job],
+                ["trigger", job], ["updates", job], ["update", job, "--every", "1m"],
+                ["backfill", job, "--from", "0", "--to", "1000"],
+                ["preview", "--job", job],
+                ["preview", "--cron", "* * * * *", "--count", job],
+                ["alerts", "--limit", job], ["inflight", "--limit", job],
+            ]
+        )
+    )  # fmt: skip
+
+
+@PROPERTY
+@given(argv=job_argv())
+def test_job_commands_exit_cleanly_whatever_the_id(node: Api, argv: list[str]) -> None:
+    code, out, err = run([*argv, "--target", f"127.0.0.1:{node.server.port}"])
+    event(f"exit {code}")
+    assert "Traceback" not in err + out
+    assert code in (0, 2), (code, err)
+    if code == 2:
+        assert err.startswith(("usage:", "wheelctl: ")) or "error:" in err, err
+    assert_serving(node)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["cancel", "99999999999999999999"], "wheelctl: job_id: 99999999999999999999 is outside"),
+        (["runs", "9223372036854775808"], "wheelctl: job_id: 9223372036854775808 is outside"),
+        (["alerts", "--limit", "2147483648"], "wheelctl: limit: 2147483648 is outside"),
+        (["inflight", "--limit", "2147483648"], "wheelctl: limit: 2147483648 is outside"),
+    ],
+)
+def test_an_id_or_limit_past_the_wire_is_refused_naming_it(
+    node: Api, argv: list[str], message: str
+) -> None:
+    """Found by the property above: protobuf's ValueError ("Value out of
+    range") ended these commands with a traceback."""
+    code, out, err = run([*argv, "--target", f"127.0.0.1:{node.server.port}"])
+    assert (code, out) == (2, "")
+    assert err.startswith(message), err
