@@ -7,7 +7,7 @@ act on and reads as a server fault."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -36,8 +36,9 @@ def _tolerant(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
 
 class DecodeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Refuses an undecodable request of every unary-request method before
-    its handler runs. (The one streaming request, WorkerService.Connect,
-    reads its messages in its own loop and is left as it is.)"""
+    its handler runs; a stream of requests (WorkerService.Connect) ends at an
+    undecodable message, as if the client had closed it, and then answers
+    INVALID_ARGUMENT."""
 
     async def intercept_service(
         self,
@@ -45,15 +46,14 @@ class DecodeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         details: grpc.HandlerCallDetails,
     ) -> Any:
         handler = await continuation(details)
-        if (
-            handler is None
-            or handler.request_streaming
-            or handler.response_streaming
-            or handler.request_deserializer is None
-        ):
+        if handler is None or handler.request_deserializer is None:
             return handler
-        behaviour = handler.unary_unary
         method = details.method
+        if handler.request_streaming and handler.response_streaming:
+            return _stream(handler, method)
+        if handler.request_streaming or handler.response_streaming:
+            return handler  # none in wheel's services
+        behaviour = handler.unary_unary
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
             if isinstance(request, Undecodable):
@@ -67,3 +67,29 @@ class DecodeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return grpc.unary_unary_rpc_method_handler(
             unary, _tolerant(handler.request_deserializer), handler.response_serializer
         )
+
+
+def _stream(handler: Any, method: str) -> Any:
+    behaviour = handler.stream_stream
+
+    async def stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        bad: list[Undecodable] = []
+
+        async def decoded() -> AsyncIterator[Any]:
+            async for request in requests:
+                if isinstance(request, Undecodable):
+                    bad.append(request)
+                    return
+                yield request
+
+        async for response in behaviour(decoded(), context):
+            yield response
+        if bad:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"request: not a {method} request message ({bad[0].reason})",
+            )
+
+    return grpc.stream_stream_rpc_method_handler(
+        stream, _tolerant(handler.request_deserializer), handler.response_serializer
+    )
