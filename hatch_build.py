@@ -132,7 +132,8 @@ else:
                 print(
                     f"wheel: compiling the hot modules failed ({exc}): pure Python", file=sys.stderr
                 )
-                clean()
+                if version == "editable":  # a wheel's failed compile leaves the checkout's be
+                    clean()
                 return
             for rel in [*built, Path("wheel/_compiled.json")]:
                 build_data["force_include"][str(out / rel)] = str(rel)

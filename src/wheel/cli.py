@@ -44,6 +44,7 @@ from wheel.cli_common import (
     parse_duration,
     read_payload,
     read_payload_json,
+    version,
 )
 from wheel.cli_listing import job_line
 from wheel.cli_listing import register as register_listing
@@ -79,7 +80,10 @@ def parse_when(text: str, field: str) -> datetime | timedelta:
     if text.startswith("+"):
         return parse_duration(text[1:], field)
     if text.isdigit():
-        return _EPOCH + timedelta(milliseconds=int(text))
+        try:
+            return _EPOCH + timedelta(milliseconds=int(text))
+        except OverflowError:
+            raise InvalidArgument(field, f"{text!r} epoch ms is past the year 9999") from None
     try:
         return datetime.fromisoformat(text)
     except ValueError:
@@ -475,6 +479,12 @@ def _on(ns: argparse.Namespace, on: str, off: str) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="wheelctl", description="wheel: a fault-tolerant job scheduler")
     p.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    p.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {version()}",
+        help="print the installed wheel-scheduler's version and exit",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     target = os.environ.get("WHEEL_TARGET", DEFAULT_TARGET)
     # Several nodes: a call goes to the next when one is unavailable; a worker

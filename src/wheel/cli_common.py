@@ -4,6 +4,7 @@ and the output give them, and the client a command talks through."""
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import re
@@ -28,7 +29,10 @@ def parse_duration(text: str, field: str) -> timedelta:
     m = _DURATION.match(text.strip())
     if not m:
         raise InvalidArgument(field, f"{text!r} is not a duration like 500ms, 5s, 2m, 1h")
-    return timedelta(milliseconds=float(m.group(1)) * _UNITS[m.group(2)])
+    try:
+        return timedelta(milliseconds=float(m.group(1)) * _UNITS[m.group(2)])
+    except OverflowError:  # past timedelta's 999,999,999 days
+        raise InvalidArgument(field, f"{text!r} is too long a duration") from None
 
 
 # How a zoneless time given to a command is read, as each flag's help says it.
@@ -221,3 +225,15 @@ def _add_log_format(p: argparse.ArgumentParser) -> None:
         help="text lines (default; $WHEEL_LOG_FORMAT), or one JSON object per line with"
         " job_id, run_id, shard, fence and worker on every record about them",
     )
+
+
+def version() -> str:
+    """The installed distribution's version (``wheelctl --version``); a
+    checkout that was never installed has no metadata, only the package's
+    own ``__version__``."""
+    try:
+        return importlib.metadata.version("wheel-scheduler")
+    except importlib.metadata.PackageNotFoundError:
+        import wheel
+
+        return wheel.__version__

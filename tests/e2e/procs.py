@@ -53,8 +53,12 @@ class ServerProc:
         store: str | None = None,
         args: tuple[str, ...] = (),
         security: ChannelSecurity | None = None,
+        python: str = sys.executable,
     ) -> None:
+        """``python``: the interpreter to run ``-m wheel`` with (another
+        environment's, to run an installed package)."""
         self.data_dir = data_dir
+        self.python = python
         # How the test reaches it (the node's own TLS flags are in ``args``).
         self.security = security
         self.port = free_port()
@@ -76,7 +80,7 @@ class ServerProc:
         self.starts += 1
         with open(self.data_dir.parent / f"server-{self.starts}.log", "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "wheel", *args], stderr=log, stdout=log
+                [self.python, "-m", "wheel", *args], stderr=log, stdout=log
             )
         wait_for(self.healthy, 30, "the node to serve")
 

@@ -41,9 +41,16 @@ class InProcessServer:
     listening on a loopback port: real gRPC, no subprocess start-up cost."""
 
     def __init__(
-        self, data_dir: Path, owner: OwnerConfig | None = None, **node_config: Any
+        self,
+        data_dir: Path,
+        owner: OwnerConfig | None = None,
+        *,
+        store: str | None = None,
+        **node_config: Any,
     ) -> None:
+        """``store``: its URL (default: SQLite in ``data_dir``)."""
         self.data_dir = data_dir
+        self.store = store
         self.owner = owner or OwnerConfig()
         self.node_config = node_config
         self.loop = asyncio.new_event_loop()
@@ -62,7 +69,7 @@ class InProcessServer:
         return self
 
     async def _start(self) -> None:
-        store = open_store(f"sqlite:///{self.data_dir / 'wheel.db'}")
+        store = open_store(self.store or f"sqlite:///{self.data_dir / 'wheel.db'}")
         self.node = Node(store, NodeConfig(owner=self.owner, **self.node_config))
         await self.node.start()
         self.server, self.port = await serve(self.node, "127.0.0.1:0")

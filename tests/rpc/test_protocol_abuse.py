@@ -339,3 +339,27 @@ def test_credit_cannot_take_a_worker_past_the_capacity_limit(api: Api) -> None:
         assert api.server.call(lambda: node.worker_capacity("greedy")) == 1
     finally:
         worker.close()
+
+
+@pytest.mark.parametrize("after_hello", [False, True])
+def test_bytes_that_are_not_a_worker_message_end_only_that_stream(
+    api: Api, after_hello: bool
+) -> None:
+    """grpc answered UNKNOWN ("Unexpected DecodeError") for a stream message
+    that does not parse; it is INVALID_ARGUMENT naming the request, and the
+    other workers keep running."""
+    hello = pb.WorkerMessage(hello=pb.Hello(worker_id="garbled", capacity=1, pools=["default"]))
+    sent = [hello.SerializeToString()] if after_hello else []
+    sent.append(b"\xff\xff\xff")
+    with WorkerThread(api.server.target, "bystander", h=lambda ctx: None) as good:
+        with grpc.insecure_channel(api.server.target) as ch:
+            call = ch.stream_stream("/wheel.rpc.v1.WorkerService/Connect")(iter(sent), timeout=10)
+            with pytest.raises(grpc.RpcError) as info:
+                list(call)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (info.value.details() or "").startswith(
+            "request: not a /wheel.rpc.v1.WorkerService/Connect request message"
+        )
+        assert good.connected == 1
+        job = one_shot(api)
+        wait_for(lambda: states(api, job) == [(0, "succeeded")], 10, "the bystander's run")

@@ -376,7 +376,7 @@ class AsyncClient:
 
     async def in_flight(self, *, limit: int = 100) -> InFlight:
         """See ``Client.in_flight``."""
-        request = admin_pb.ListInFlightRequest(limit=limit)
+        request = _wire.build(admin_pb.ListInFlightRequest, limit=limit)
         return _wire.in_flight_of(await self._call(lambda n: n.admin.ListInFlight, request))
 
     async def alerts(self, *, since: When | None = None, limit: int = 0) -> Alerts:
@@ -415,7 +415,7 @@ class AsyncClient:
 
     async def revoke_token(self, token_id: str) -> Token:
         """See ``Client.revoke_token``."""
-        request = admin_pb.RevokeTokenRequest(token_id=token_id)
+        request = _wire.build(admin_pb.RevokeTokenRequest, token_id=token_id)
         return _admin.token_of(await self._call(lambda n: n.admin.RevokeToken, request))
 
     async def set_tenant_quota(self, quota: TenantQuota) -> TenantQuota:

@@ -389,7 +389,7 @@ class Client:
     def in_flight(self, *, limit: int = 100) -> InFlight:
         """Up to ``limit`` (at most 1,000) of the runs the node holds now, by
         run id, and how many it holds (scope admin; ask each member)."""
-        request = admin_pb.ListInFlightRequest(limit=limit)
+        request = _wire.build(admin_pb.ListInFlightRequest, limit=limit)
         return _wire.in_flight_of(self._call(lambda n: n.admin.ListInFlight, request))
 
     def alerts(self, *, since: When | None = None, limit: int = 0) -> Alerts:
@@ -430,7 +430,7 @@ class Client:
         return [_admin.token_of(t) for t in resp.tokens]
 
     def revoke_token(self, token_id: str) -> Token:
-        request = admin_pb.RevokeTokenRequest(token_id=token_id)
+        request = _wire.build(admin_pb.RevokeTokenRequest, token_id=token_id)
         return _admin.token_of(self._call(lambda n: n.admin.RevokeToken, request))
 
     def set_tenant_quota(self, quota: TenantQuota) -> TenantQuota:

@@ -158,10 +158,16 @@ def choice(enum: type[_E], value: object, field: str) -> _E:
     raise InvalidArgument(field, f"{value!r} is not one of {allowed}")
 
 
+# These counts are int32 on the wire: a bigger one cannot be sent at all.
+_INT32_MAX = 2**31 - 1
+
+
 def _at_least_one(value: object, field: str) -> int:
     # Zero on the wire means "the default": a zero here would be silently replaced.
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise InvalidArgument(field, f"must be a whole number >= 1, got {value!r}")
+    if value > _INT32_MAX:
+        raise InvalidArgument(field, f"{value} is over {_INT32_MAX}, the most the wire carries")
     return value
 
 

@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
+from google.protobuf.descriptor import FieldDescriptor
 
 from wheel.client._specs import (
     JobArgs,
@@ -277,7 +278,8 @@ def update_request(
     if "schedule" not in named:
         args["every"] = timedelta(minutes=1)  # stands in for the schedule kept
     spec = job_spec(JobRequest(**args), now_ms=time.time_ns() // 1_000_000)
-    return js.UpdateJobRequest(
+    return build(
+        js.UpdateJobRequest,
         job_id=job_id,
         spec=convert.spec_to_proto(spec),
         fields=named,
@@ -303,8 +305,8 @@ def job_update_of(msg: js.JobUpdate) -> JobUpdate:
 
 def update_pages(job_id: int, page_size: int) -> Pages[JobUpdate]:
     return Pages(
-        request=lambda token: js.ListJobUpdatesRequest(
-            job_id=job_id, page_size=page_size, page_token=token
+        request=lambda token: build(
+            js.ListJobUpdatesRequest, job_id=job_id, page_size=page_size, page_token=token
         ),
         items=lambda resp: [job_update_of(u) for u in resp.updates],
     )
@@ -322,19 +324,22 @@ def preview_request(
     if job_id is not None:
         if schedule:
             raise InvalidArgument("job_id", "give a job or a schedule, not both")
-        return js.PreviewScheduleRequest(job_id=job_id, from_ms=from_ms, count=count)
+        return build(js.PreviewScheduleRequest, job_id=job_id, from_ms=from_ms, count=count)
     spec = job_spec(
         JobRequest(name="-", handler="-", **schedule), now_ms=time.time_ns() // 1_000_000
     )
-    return js.PreviewScheduleRequest(
-        schedule=convert.spec_to_proto(spec).schedule, from_ms=from_ms, count=count
+    return build(
+        js.PreviewScheduleRequest,
+        schedule=convert.spec_to_proto(spec).schedule,
+        from_ms=from_ms,
+        count=count,
     )
 
 
 def dead_letter_pages(job_id: int | None, page_size: int) -> Pages[Run]:
     return Pages(
-        request=lambda token: js.ListDeadLettersRequest(
-            job_id=job_id or 0, page_size=page_size, page_token=token
+        request=lambda token: build(
+            js.ListDeadLettersRequest, job_id=job_id or 0, page_size=page_size, page_token=token
         ),
         items=lambda resp: [run_of(r) for r in resp.runs],
     )
@@ -345,20 +350,53 @@ def redrive_request(
 ) -> js.RedriveDeadLettersRequest:
     """One call of ``Client.redrive``: ``page_token``, the previous answer's
     ``next_page_token``, for the older dead letters a node's bound left."""
-    return js.RedriveDeadLettersRequest(job_id=job_id, run_id=run_id or 0, page_token=page_token)
+    return build(
+        js.RedriveDeadLettersRequest, job_id=job_id, run_id=run_id or 0, page_token=page_token
+    )
+
+
+_M = TypeVar("_M")
+# The integer fields' wire ranges, by protobuf field type.
+_RANGES = {
+    FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1),
+    FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1),
+}
+
+
+def build(cls: Callable[..., _M], **fields: Any) -> _M:
+    """``cls(**fields)``, a request message; an integer its field's wire type
+    cannot carry (a job id past int64, a limit past int32) is refused naming
+    the field, where protobuf raises a bare ValueError."""
+    try:
+        return cls(**fields)
+    except ValueError:
+        by_name = cls.DESCRIPTOR.fields_by_name  # type: ignore[attr-defined]
+        for name, value in fields.items():
+            fd = by_name.get(name)
+            if fd is None or not isinstance(value, int) or isinstance(value, bool):
+                continue
+            low, high = _RANGES.get(fd.type, (value, value))
+            if not low <= value <= high:
+                raise InvalidArgument(name, f"{value} is outside [{low}, {high}]") from None
+        raise
 
 
 def job_ref(job_id: int) -> js.JobRef:
-    return js.JobRef(job_id=job_id)
+    return build(js.JobRef, job_id=job_id)
 
 
 def get_request(job_id: int, next_fires: int, recent_runs: int) -> js.GetJobRequest:
-    return js.GetJobRequest(job_id=job_id, next_fires=next_fires, recent_runs=recent_runs)
+    return build(js.GetJobRequest, job_id=job_id, next_fires=next_fires, recent_runs=recent_runs)
 
 
 def backfill_request(job_id: int, start: When, end: When) -> js.BackfillJobRequest:
-    return js.BackfillJobRequest(
-        job_id=job_id, from_ms=time_ms(start, "start"), to_ms=time_ms(end, "end")
+    return build(
+        js.BackfillJobRequest,
+        job_id=job_id,
+        from_ms=time_ms(start, "start"),
+        to_ms=time_ms(end, "end"),
     )
 
 
@@ -374,7 +412,7 @@ def alerts_request(since: When | None, limit: int) -> admin.ListAlertsRequest:
     if limit < 0:
         raise InvalidArgument("limit", f"{limit} is negative")
     since_ms = 0 if since is None else max(0, time_ms(since, "since"))
-    return admin.ListAlertsRequest(since_ms=since_ms, limit=limit)
+    return build(admin.ListAlertsRequest, since_ms=since_ms, limit=limit)
 
 
 def _alert_kind(value: str) -> AlertKind | str:
@@ -422,7 +460,8 @@ def job_pages(
         else convert.job_state_to_proto(model.JobState(choice(JobState, state, "state")))
     )
     return Pages(
-        request=lambda token: js.ListJobsRequest(
+        request=lambda token: build(
+            js.ListJobsRequest,
             tenant=tenant or "",
             state=wire_state,
             page_size=page_size,
@@ -438,8 +477,8 @@ def run_pages(job_id: int, states: Iterable[RunState | str], page_size: int) -> 
         states = (states,)
     wanted = [_run_state_to_proto(choice(RunState, s, "states")) for s in states]
     return Pages(
-        request=lambda token: js.ListRunsRequest(
-            job_id=job_id, page_size=page_size, page_token=token, states=wanted
+        request=lambda token: build(
+            js.ListRunsRequest, job_id=job_id, page_size=page_size, page_token=token, states=wanted
         ),
         items=lambda resp: [run_of(r) for r in resp.runs],
     )

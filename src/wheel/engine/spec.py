@@ -313,6 +313,14 @@ def _text(name: str, value: str, limit: int) -> None:
         raise InvalidArgument(name, "must not be empty")
     if len(value) > limit:
         raise LimitExceeded(name, f"{len(value)} characters is over the limit of {limit}")
+    no_nul(name, value)
+
+
+def no_nul(name: str, value: str) -> None:
+    """PostgreSQL's text holds no NUL character (SQLite's does): refused here,
+    a NUL failed the store's whole batch, the other submits in it too."""
+    if "\0" in value:
+        raise InvalidArgument(name, "must not contain a NUL character")
 
 
 def _bounded(name: str, value: int, low: int, high: int) -> None:

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from wheel.engine.spec import no_nul
 from wheel.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -84,6 +85,13 @@ def _page_size(value: int, field: str = "page_size") -> int:
     if value > MAX_PAGE:
         raise LimitExceeded(field, f"{value} is over the limit of {MAX_PAGE}")
     return value or 100
+
+
+def _idempotency_key(value: str) -> str:
+    if len(value) > MAX_IDEMPOTENCY_KEY:
+        raise LimitExceeded("idempotency_key", f"longer than {MAX_IDEMPOTENCY_KEY} characters")
+    no_nul("idempotency_key", value)
+    return value
 
 
 def _job_id(value: int) -> int:

@@ -14,7 +14,7 @@ from wheel.engine.driver import next_fires_of
 from wheel.engine.model import JobState
 from wheel.engine.records import JobRecord
 from wheel.engine.schedule import compile_schedule
-from wheel.engine.spec import DEFAULT_LIMITS
+from wheel.engine.spec import DEFAULT_LIMITS, no_nul
 from wheel.errors import (
     InvalidArgument,
     LimitExceeded,
@@ -25,10 +25,10 @@ from wheel.errors import (
 from wheel.node import Node
 from wheel.rpc import convert
 from wheel.rpc._common import (
-    MAX_IDEMPOTENCY_KEY,
     MAX_NEXT_FIRES,
     MAX_SUBMIT_MANY,
     _call,
+    _idempotency_key,
     _ignore_outcome,
     _job_id,
     _page_size,
@@ -211,8 +211,7 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
         (``now``: the request's time; a bulk submit's jobs share it)."""
         if not request.HasField("spec"):
             raise InvalidArgument("spec", "is required")
-        if len(request.idempotency_key) > MAX_IDEMPOTENCY_KEY:
-            raise LimitExceeded("idempotency_key", f"longer than {MAX_IDEMPOTENCY_KEY} characters")
+        _idempotency_key(request.idempotency_key)
         spec = convert.spec_from_proto(request.spec, now_ms=now)
         digest = None
         if request.idempotency_key:
@@ -264,6 +263,8 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
                     "name_prefix",
                     f"{len(prefix)} characters is over the limit of {MAX_NAME_PREFIX}",
                 )
+            no_nul("name_prefix", prefix)
+            no_nul("tenant", request.tenant)
             after, after_name = _job_cursor(request.page_token, named=bool(prefix))
             state = convert.job_state_from_proto(request.state)
             tenant = self.guard.list_tenant(await self.guard.principal(context), request.tenant)

@@ -13,9 +13,9 @@ import grpc
 from wheel.engine.driver import preview_fires
 from wheel.engine.records import JobChange
 from wheel.engine.spec import JobSpec
-from wheel.errors import InvalidArgument, LimitExceeded
+from wheel.errors import InvalidArgument
 from wheel.rpc import convert
-from wheel.rpc._common import MAX_IDEMPOTENCY_KEY, _call, _job_id, _page_size
+from wheel.rpc._common import _call, _idempotency_key, _job_id, _page_size
 from wheel.rpc._guard import Guard
 from wheel.rpc.v1 import job_service_pb2, jobs_pb2
 
@@ -61,10 +61,7 @@ class OperatorCalls:
     ) -> job_service_pb2.UpdateJobResponse:
         async def work() -> job_service_pb2.UpdateJobResponse:
             job_id = _job_id(request.job_id)
-            if len(request.idempotency_key) > MAX_IDEMPOTENCY_KEY:
-                raise LimitExceeded(
-                    "idempotency_key", f"longer than {MAX_IDEMPOTENCY_KEY} characters"
-                )
+            _idempotency_key(request.idempotency_key)
             fields = list(request.fields) or list(UPDATABLE)
             for name in fields:
                 if name not in UPDATABLE:

@@ -24,6 +24,7 @@ from wheel.errors import InvalidArgument
 from wheel.node import Health, Node
 from wheel.rpc._admin import AdminServicer
 from wheel.rpc._common import MAX_MESSAGE_BYTES, status_of
+from wheel.rpc._decode import DecodeInterceptor
 from wheel.rpc._guard import Guard
 from wheel.rpc._health import statuses
 from wheel.rpc._jobs import JobServicer
@@ -124,10 +125,12 @@ async def bind(
         NO_PORT_SHARING,
     ]
     authenticator = None
-    interceptors = []
+    interceptors: list[grpc.aio.ServerInterceptor] = []
     if auth:
         authenticator = Authenticator(node.get_token, now_ms=node.now_ms, recheck_s=recheck_s)
         interceptors.append(AuthInterceptor(authenticator))
+    # Innermost: the credential is judged before the request's bytes.
+    interceptors.append(DecodeInterceptor())
     guard = Guard(authenticator)
     server = grpc.aio.server(options=options, interceptors=interceptors)
     node.message_sink = send_effects
