@@ -66,6 +66,7 @@ CRON_EXPRS = [
 ZONES = [
     "", "UTC", "Asia/Tokyo", "Europe/London", "America/New_York", "Etc/GMT+12", "localtime",
     "Nowhere/City", "../../etc/passwd", "utc", "Europe/London\x00", "+09:00", "/", "." * 300,
+    "posix/Asia/Tokyo", "right/UTC", "posixrules", "Factory", "EST5EDT",
 ]  # fmt: skip
 
 

@@ -212,7 +212,7 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
         if not request.HasField("spec"):
             raise InvalidArgument("spec", "is required")
         _idempotency_key(request.idempotency_key)
-        spec = convert.spec_from_proto(request.spec, now_ms=now)
+        spec = convert.spec_from_proto(request.spec, now_ms=now, sent=True)
         digest = None
         if request.idempotency_key:
             # The request as sent decides "same body" for a retry, not the spec

@@ -139,7 +139,7 @@ class OperatorCalls:
             elif source == "schedule":
                 msg = jobs_pb2.JobSpec(name="preview", handler="preview")
                 msg.schedule.CopyFrom(request.schedule)
-                spec = convert.spec_from_proto(msg, now_ms=now)
+                spec = convert.spec_from_proto(msg, now_ms=now, sent=True)
             else:
                 raise InvalidArgument("source", "give a schedule or a job_id")
             fires = preview_fires(spec, after, request.count or 10)
@@ -214,7 +214,8 @@ def _merged(old: JobSpec, new: jobs_pb2.JobSpec, fields: list[str], now_ms: int)
         else:
             setattr(merged, name, getattr(new, name))
     merged.tenant = old.tenant
-    return convert.spec_from_proto(merged, now_ms=now_ms)
+    # A schedule kept is taken as stored; one sent is checked as a submit's.
+    return convert.spec_from_proto(merged, now_ms=now_ms, sent="schedule" in fields)
 
 
 def change_to_proto(change: JobChange) -> job_service_pb2.JobUpdate:

@@ -22,6 +22,8 @@ the wire.
 
 from __future__ import annotations
 
+import functools
+import zoneinfo
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -156,18 +158,21 @@ def _or(value: _E, zero: _E, default: _E) -> _E:
 # -- specs ----------------------------------------------------------------------
 
 
-def spec_from_proto(msg: jobs_pb2.JobSpec, *, now_ms: int) -> JobSpec:
+def spec_from_proto(msg: jobs_pb2.JobSpec, *, now_ms: int, sent: bool = False) -> JobSpec:
     """A validated ``JobSpec`` from a ``jobs_pb2.JobSpec``, with the proto's defaults.
 
     ``now_ms`` anchors an interval whose ``start_at_ms`` is 0 (first fire at
     now + period). Raises ``InvalidArgument`` naming the first bad field.
+    ``sent``: a spec a caller sent (a submit, an update, a preview), whose
+    time zone must be an IANA name (``_iana_zone``); a spec read back is
+    taken as the node stored it.
     """
     spec = JobSpec(
         name=msg.name,
         handler=msg.handler,
         tenant=msg.tenant or "default",
         payload=bytes(msg.payload),
-        schedule=_schedule_from_proto(msg, now_ms),
+        schedule=_schedule_from_proto(msg, now_ms, sent),
         jitter_ms=msg.jitter_ms,
         catch_up=CatchUp(
             mode=_enum(_CATCH_UP_MODE, msg.catch_up.mode, "spec.catch_up.mode"),
@@ -193,7 +198,7 @@ def spec_from_proto(msg: jobs_pb2.JobSpec, *, now_ms: int) -> JobSpec:
     return spec
 
 
-def _schedule_from_proto(msg: jobs_pb2.JobSpec, now_ms: int) -> Schedule:
+def _schedule_from_proto(msg: jobs_pb2.JobSpec, now_ms: int, sent: bool) -> Schedule:
     kind = msg.schedule.WhichOneof("kind") if msg.HasField("schedule") else None
     if kind == "once":
         return Once(at_ms=msg.schedule.once.at_ms)
@@ -201,7 +206,7 @@ def _schedule_from_proto(msg: jobs_pb2.JobSpec, now_ms: int) -> Schedule:
         c = msg.schedule.cron
         return Cron(
             expr=c.expr,
-            time_zone=c.time_zone or "UTC",
+            time_zone=_iana_zone(c.time_zone or "UTC") if sent else c.time_zone or "UTC",
             dst_gap=_enum(_DST_GAP, c.dst_gap, "spec.schedule.cron.dst_gap"),
             dst_fold=_enum(_DST_FOLD, c.dst_fold, "spec.schedule.cron.dst_fold"),
         )
@@ -213,6 +218,21 @@ def _schedule_from_proto(msg: jobs_pb2.JobSpec, now_ms: int) -> Schedule:
             start_at_ms=i.start_at_ms or now_ms + i.period_ms,
         )
     raise InvalidArgument("spec.schedule", "one of once, cron or interval is required")
+
+
+@functools.cache
+def _iana_zones() -> frozenset[str]:
+    return frozenset(zoneinfo.available_timezones())
+
+
+def _iana_zone(name: str) -> str:
+    """An IANA zone name, as every node knows it. ZoneInfo also opens other
+    files of the system's zoneinfo directory (``posix/Asia/Tokyo``,
+    ``right/UTC``, ``posixrules``): a job named so fires on this node and
+    fails to compile on a node whose zones come from the tzdata package."""
+    if name not in _iana_zones():
+        raise InvalidArgument("spec.schedule.cron.time_zone", f"unknown IANA time zone {name!r}")
+    return name
 
 
 def spec_to_proto(spec: JobSpec) -> jobs_pb2.JobSpec:
