@@ -39,6 +39,13 @@ py="$root/.venv/bin"
 "$py/ruff" check src tests benchmarks scripts hatch_build.py
 "$py/ruff" format --check src tests benchmarks scripts hatch_build.py
 "$py/mypy"
+# The docs site (mkdocs.yml): a broken link or anchor, or a page left out of
+# the navigation, fails the build. Built into a temporary directory.
+site=$(mktemp -d)
+docs=0
+NO_MKDOCS_2_WARNING=1 "$py/mkdocs" build --strict --quiet --site-dir "$site" || docs=$?
+rm -rf "$site"
+[ "$docs" = 0 ] || exit "$docs"
 
 # With arguments: one pytest run of what they name.
 if [ $# -gt 0 ]; then

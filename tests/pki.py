@@ -1,5 +1,5 @@
 """Certificates for the TLS tests, made with the ``openssl`` command line
-(the same commands the README gives): two CAs, a node certificate valid for
+(the same commands docs/security.md gives): two CAs, a node certificate valid for
 127.0.0.1 and localhost (server and client use: nodes call one another
 with it), a client certificate of each CA, and etcd's server certificate."""
 

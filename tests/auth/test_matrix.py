@@ -378,16 +378,16 @@ def test_a_tenant_lists_only_its_own_dead_letters(
     assert listed(tokens.acme_read) == {dead["acme"]}  # not redriven by beta
 
 
-def test_the_readmes_scope_table_names_each_job_call_with_the_scope_it_needs() -> None:
+def test_the_docs_scope_table_names_each_job_call_with_the_scope_it_needs() -> None:
     """The table of scopes an operator reads to make tokens lists every
     JobService call under the scope the interceptor asks for."""
     from pathlib import Path
 
     from wheel.auth._interceptor import scope_of
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
     listed: dict[str, set[str]] = {}
-    for line in readme.splitlines():
+    for line in page.splitlines():
         for scope in ("jobs:read", "jobs:write"):
             if line.startswith(f"| `{scope}` |"):
                 listed[scope] = {name.strip() for name in line.split("|")[2].split(",")}

@@ -2,7 +2,7 @@
 Playwright) against a real node, worker and auth: the page signs in, lists a
 job submitted over gRPC, opens it, and shows its runs and a missed fire with
 its reason; another tenant's token shows none of it. The screenshot of the
-job's page is kept as docs/console.png (the README shows it)."""
+job's page is kept as docs/console.png (docs/operating.md shows it)."""
 
 from __future__ import annotations
 

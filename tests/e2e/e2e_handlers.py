@@ -141,7 +141,7 @@ def scripted(ctx: RunContext) -> None:
 
 
 def _effect_once(ctx: RunContext, dsn: str) -> str:
-    """The README's worked example: the reminder and its record in one
+    """The worked example of docs/effects.md: the reminder and its record in one
     transaction; "written", or why the database refused it."""
     import psycopg
 

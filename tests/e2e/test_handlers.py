@@ -273,13 +273,13 @@ def test_a_run_shorter_than_an_ack_has_its_start_and_finish(
         assert worker.stop() == 0
 
 
-def test_the_readmes_worker_module_runs_under_wheelctl_worker(
+def test_the_docs_worker_module_runs_under_wheelctl_worker(
     tmp_path: Path, server: ServerProc
 ) -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    module = re.search(r"```python\n(# myhandlers\.py\n.*?)```", readme, re.S)
-    assert module is not None, "the README's worker module"
-    folder = tmp_path / "readme"
+    page = (Path(__file__).resolve().parents[2] / "docs" / "workers.md").read_text()
+    module = re.search(r"```python\n(# myhandlers\.py\n.*?)```", page, re.S)
+    assert module is not None, "the worker module of docs/workers.md"
+    folder = tmp_path / "docs"
     folder.mkdir()
     (folder / "myhandlers.py").write_text(module.group(1))
     worker = ConsoleWorker(folder, server.target, "myhandlers:worker")
