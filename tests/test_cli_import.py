@@ -20,7 +20,7 @@ import pytest
 
 from tests.e2e.procs import ServerProc, wait_for
 from wheel.cli import build_parser, submit_args
-from wheel.cli_import import (
+from wheel.cli.import_ import (
     LineParser,
     Report,
     batches,

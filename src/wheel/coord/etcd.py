@@ -99,7 +99,6 @@ from etcd3 import etcdrpc
 from etcd3.etcdrpc import kv_pb2
 from etcd3.utils import prefix_range_end
 
-from wheel._tls import ChannelSecurity, LiveChannelSecurity, live_channel
 from wheel.coord._moves import PlannedMoves, assign_shards, rendezvous_owner
 from wheel.coord.base import (
     MAX_EPOCH,
@@ -109,6 +108,7 @@ from wheel.coord.base import (
     Subscribers,
 )
 from wheel.errors import CoordinationError
+from wheel.tls import ChannelSecurity, LiveChannelSecurity, live_channel
 
 __all__ = ["EtcdCoordinator", "assign_shards", "rendezvous_owner"]
 

@@ -11,7 +11,7 @@ asyncio.run(worker.run())  # until SIGTERM/SIGINT, which drain it
 ```
 """
 
-from wheel._tls import ChannelSecurity
+from wheel.tls import ChannelSecurity
 from wheel.worker._api import (
     Permanent,
     Retryable,

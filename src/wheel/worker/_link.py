@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 import grpc  # type: ignore[import-untyped, unused-ignore]
 import grpc.aio  # type: ignore[import-untyped, unused-ignore]
 
-from wheel._tls import make_channel
 from wheel.logs import ids
 from wheel.rpc.v1 import worker_service_pb2 as pb
 from wheel.rpc.v1 import worker_service_pb2_grpc as pb_grpc
+from wheel.tls import make_channel
 from wheel.worker._runs import Done, Run
 
 if TYPE_CHECKING:

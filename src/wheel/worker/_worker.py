@@ -72,7 +72,6 @@ from typing import Any, TypeVar
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
 
-from wheel._tls import ChannelSecurity
 from wheel.auth import call_metadata
 from wheel.client._wire import DEFAULT_TARGET
 from wheel.errors import InvalidArgument
@@ -80,6 +79,7 @@ from wheel.metrics import MetricsServer, parse_listen
 from wheel.rpc.targets import targets_of
 from wheel.rpc.v1 import admin_service_pb2, admin_service_pb2_grpc, cluster_pb2
 from wheel.rpc.v1 import worker_service_pb2 as pb
+from wheel.tls import ChannelSecurity
 from wheel.worker._api import (
     Handler,
     Permanent,

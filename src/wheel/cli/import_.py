@@ -53,12 +53,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, TextIO
 
-from wheel._tls_cli import client_security
 from wheel.cli import add_job_flags, submit_args
-from wheel.cli_admin import add_token_flag
-from wheel.cli_common import parse_duration
+from wheel.cli._common import parse_duration
+from wheel.cli.admin import add_token_flag
 from wheel.client import Client, Job, JobRequest
 from wheel.errors import InvalidArgument, WheelError
+from wheel.tls import client_security
 
 # ``Client.submit_many`` (and the node) take at most this many jobs a call.
 MAX_BATCH = 10_000

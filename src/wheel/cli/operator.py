@@ -40,8 +40,7 @@ from wheel.cli import (
     parse_when,
     retry_of,
 )
-from wheel.cli_admin import add_token_flag
-from wheel.cli_common import (
+from wheel.cli._common import (
     ZONELESS_JOB,
     ZONELESS_UTC,
     command_client,
@@ -50,6 +49,7 @@ from wheel.cli_common import (
     fmt_zoned,
     parse_duration,
 )
+from wheel.cli.admin import add_token_flag
 from wheel.client import (
     CatchUp,
     Cron,

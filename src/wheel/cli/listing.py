@@ -19,8 +19,8 @@ import sys
 from datetime import timedelta
 from typing import Any
 
-from wheel.cli_admin import add_token_flag
-from wheel.cli_common import command_client, epoch_ms, fmt_duration, fmt_time, fmt_zoned
+from wheel.cli._common import command_client, epoch_ms, fmt_duration, fmt_time, fmt_zoned
+from wheel.cli.admin import add_token_flag
 from wheel.client import Cron, Every, Job, JobState, Run, RunState
 
 # ``runs`` without --limit or --all: the newest this many.

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from wheel._tls_cli import client_security
 from wheel.client import Client
 from wheel.errors import InvalidArgument
 from wheel.logs import FORMATS
+from wheel.tls import client_security
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}

@@ -1,16 +1,16 @@
 """``wheelctl``: run a node or a worker, and talk to a running node.
 
-wheelctl serve  [--data-dir DIR] [--listen HOST:PORT] [--store URL] ...   (see wheel.cli_serve)
+wheelctl serve  [--data-dir DIR] [--listen HOST:PORT] [--store URL] ...   (see wheel.cli.serve)
 wheelctl worker [--target HOST:PORT[,HOST:PORT...]]... [--capacity N] module:function ...
 wheelctl submit --name N --handler H (--at WHEN | --cron EXPR | --every DURATION) ...
-wheelctl import FILE   (JSON Lines, one submit a line; see wheel.cli_import)
-wheelctl jobs | job JOB_ID | runs JOB_ID   (see wheel.cli_listing)
+wheelctl import FILE   (JSON Lines, one submit a line; see wheel.cli.import_)
+wheelctl jobs | job JOB_ID | runs JOB_ID   (see wheel.cli.listing)
 wheelctl cancel JOB_ID | pause JOB_ID | resume JOB_ID
 wheelctl trigger JOB_ID | status | alerts | inflight | demo
 wheelctl update JOB_ID ... | updates JOB_ID | backfill JOB_ID --from --to | preview ...
-wheelctl dlq list|redrive ...   (see wheel.cli_operator)
-wheelctl token create|list|revoke ... | tenant set|list ...   (see wheel.cli_admin)
-wheelctl outbox init|status --dsn DSN   (the transactional submit's table; see wheel.cli_outbox)
+wheelctl dlq list|redrive ...   (see wheel.cli.operator)
+wheelctl token create|list|revoke ... | tenant set|list ...   (see wheel.cli.admin)
+wheelctl outbox init|status --dsn DSN   (the transactional submit's table; see wheel.cli.outbox)
 """
 
 from __future__ import annotations
@@ -25,14 +25,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from wheel import cli_outbox
-from wheel._tls_cli import (
-    add_client_flags,
-    client_security,
-)
-from wheel.cli_admin import add_token_flag
-from wheel.cli_admin import register as register_admin
-from wheel.cli_common import (
+from wheel.cli import outbox as cli_outbox
+from wheel.cli._common import (
     MAX_PAYLOAD_BYTES,
     ZONELESS_UTC,
     Parser,
@@ -46,10 +40,12 @@ from wheel.cli_common import (
     read_payload_json,
     version,
 )
-from wheel.cli_listing import job_line
-from wheel.cli_listing import register as register_listing
-from wheel.cli_serve import add_serve_parser, quiet_created_series
-from wheel.cli_status import cmd_alerts, cmd_inflight, cmd_status
+from wheel.cli.admin import add_token_flag
+from wheel.cli.admin import register as register_admin
+from wheel.cli.listing import job_line
+from wheel.cli.listing import register as register_listing
+from wheel.cli.serve import add_serve_parser, quiet_created_series
+from wheel.cli.status import cmd_alerts, cmd_inflight, cmd_status
 from wheel.client import (
     DEFAULT_TARGET,
     CatchUp,
@@ -68,6 +64,10 @@ from wheel.client import (
 from wheel.errors import InvalidArgument, WheelError
 from wheel.logs import announcement
 from wheel.logs import configure as configure_logging
+from wheel.tls import (
+    add_client_flags,
+    client_security,
+)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -571,10 +571,10 @@ def build_parser() -> argparse.ArgumentParser:
     fl.set_defaults(fn=cmd_inflight)
 
     register_admin(sub, target, target_help)
-    from wheel.cli_import import register as register_import  # it imports this module
+    from wheel.cli.import_ import register as register_import  # it imports this module
 
     register_import(sub, target, target_help)
-    from wheel.cli_operator import register as register_operator  # it imports this module
+    from wheel.cli.operator import register as register_operator  # it imports this module
 
     register_operator(sub, target, target_help)
 
