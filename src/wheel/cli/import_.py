@@ -53,8 +53,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, TextIO
 
-from wheel.cli import add_job_flags, submit_args
-from wheel.cli._common import parse_duration
+from wheel.cli._common import add_job_flags, parse_duration, submit_args
 from wheel.cli.admin import add_token_flag
 from wheel.client import Client, Job, JobRequest
 from wheel.errors import InvalidArgument, WheelError
