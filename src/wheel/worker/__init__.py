@@ -18,9 +18,8 @@ from wheel.worker._api import (
     RunContext,
     RunLogFilter,
     WorkerStats,
-    load_handler,
-    load_handlers,
 )
+from wheel.worker._loading import load_handler, load_handlers
 from wheel.worker._process import run_worker
 from wheel.worker._worker import Worker
 
