@@ -16,7 +16,6 @@ import asyncio
 import collections
 import logging
 import math
-import random
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,6 +30,7 @@ from wheel.tls import make_channel
 from wheel.worker._runs import Done, Run
 
 if TYPE_CHECKING:
+    from wheel._retry import Backoff
     from wheel.rpc.v1 import cluster_pb2
     from wheel.tls import ChannelSecurity
     from wheel.worker._api import WorkerStats
@@ -64,9 +64,7 @@ class LinkHost(Protocol):
     @property
     def call_metadata(self) -> tuple[tuple[str, str], ...]: ...
     @property
-    def reconnect_initial(self) -> float: ...
-    @property
-    def reconnect_max(self) -> float: ...
+    def reconnect(self) -> Backoff: ...
     @property
     def stats(self) -> WorkerStats: ...
     @property
@@ -253,7 +251,7 @@ class Link:
 
     async def run(self) -> None:
         w = self.host
-        failures = 0
+        delays = w.reconnect.delays()
         while not w.closing and not self.closed:
             self.welcomed = False
             try:
@@ -277,10 +275,9 @@ class Link:
             elif self.down_since is not None and now - self.down_since > self.lease_s:
                 # Down past the lease: if its shards moved, a fresh view says where.
                 w.refresh_membership()
-            failures = 1 if welcomed else failures + 1
-            ceiling = min(w.reconnect_max, w.reconnect_initial * 2 ** (failures - 1))
-            # Equal jitter: never a thundering herd, never a zero wait.
-            await asyncio.sleep(ceiling / 2 + random.uniform(0, ceiling / 2))
+            if welcomed:
+                delays.reset()
+            await asyncio.sleep(delays.wait())
             w.stats.reconnects += 1
 
     async def _session(self) -> None:

@@ -72,6 +72,7 @@ from typing import Any, TypeVar
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
 
+from wheel._retry import Backoff, Jitter
 from wheel.auth import call_metadata
 from wheel.client._wire import DEFAULT_TARGET
 from wheel.errors import InvalidArgument
@@ -117,10 +118,8 @@ BOUNCE_WINDOW_S = 5.0
 MEMBERSHIP_TIMEOUT_S = 2.0
 MEMBERSHIP_MIN_INTERVAL_S = 0.2
 
-
-def _backoff(retries: int) -> float:
-    """The wait before try ``retries + 1`` to place a stray (rule 6)."""
-    return min(REHOME_RETRY_MAX_S, REHOME_RETRY_S * 2.0**retries)
+# The wait before try ``retries + 1`` to place a stray (rule 6).
+REHOME_BACKOFF = Backoff(initial=REHOME_RETRY_S, max=REHOME_RETRY_MAX_S)
 
 
 class _Stray:
@@ -202,6 +201,8 @@ class Worker:
         self.interceptors = tuple(interceptors)
         self.reconnect_initial = reconnect_initial
         self.reconnect_max = reconnect_max
+        # Equal jitter: never a thundering herd of workers, never a zero wait.
+        self.reconnect = Backoff(initial=reconnect_initial, max=reconnect_max, jitter=Jitter.EQUAL)
         self.stats = WorkerStats()
         self._handlers: dict[str, tuple[Handler, int]] = {}
         self._runner = Runner(capacity, self.stats, self._report, worker_id=self.worker_id)
@@ -585,8 +586,8 @@ class Worker:
             self._bounces = {k: v for k, v in self._bounces.items() if now - v[1] < BOUNCE_WINDOW_S}
             self._bounces_limit = max(4096, 2 * len(self._bounces))
         if wait:
-            return _backoff(count - 1)
-        return 0.0 if count == 1 else _backoff(count - 2)
+            return REHOME_BACKOFF.delay(count - 1)
+        return 0.0 if count == 1 else REHOME_BACKOFF.delay(count - 2)
 
     def _home_for(self, stray: _Stray) -> Link | None:
         """The connected link of the node the stray should report to: the owner
@@ -607,7 +608,7 @@ class Worker:
         home = self._home_for(stray)
         if home is None:
             stray.tries += 1
-            stray.due = now + _backoff(stray.tries - 1)
+            stray.due = now + REHOME_BACKOFF.delay(stray.tries - 1)
             return False
         del self._strays[run_id]
         if stray.run is not None:
