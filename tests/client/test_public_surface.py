@@ -20,7 +20,7 @@ from wheel.engine import model
 from wheel.engine import spec as engine
 from wheel.rpc.v1 import jobs_pb2
 
-# Where a type in the public surface may come from (``wheel._tls``: the
+# Where a type in the public surface may come from (``wheel.tls._security``: the
 # channel security every SDK shares).
 ALLOWED_MODULES = {
     "builtins",
@@ -29,7 +29,7 @@ ALLOWED_MODULES = {
     "collections.abc",
     "types",
     "wheel.errors",
-    "wheel._tls",
+    "wheel.tls._security",
 }
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from tests.console.http import ConsoleNode
 from tests.pki import Pki
-from wheel._tls import ChannelSecurity
 from wheel.client import Client
+from wheel.tls import ChannelSecurity
 
 pytestmark = pytest.mark.slow
 

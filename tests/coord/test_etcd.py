@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 
 from tests.conftest import EtcdServer, running_etcd
 from tests.pki import Pair, Pki
-from wheel._tls import ChannelSecurity, LiveChannelSecurity
 from wheel.coord import (
     MAX_EPOCH,
     SHARD_COUNT,
@@ -31,6 +30,7 @@ from wheel.coord import (
     assign_shards,
 )
 from wheel.errors import CoordinationError
+from wheel.tls import ChannelSecurity, LiveChannelSecurity
 
 TTL = 2
 MARGIN = 0.5

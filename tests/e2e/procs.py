@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import free_port
-from wheel._tls import ChannelSecurity, make_channel
+from wheel.tls import ChannelSecurity, make_channel
 
 HERE = Path(__file__).resolve().parent
 

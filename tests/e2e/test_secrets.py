@@ -21,8 +21,8 @@ import pytest
 from tests.conftest import free_port
 from tests.e2e.procs import HERE, recorded, wait_for
 from tests.pki import Pki
-from wheel._tls import ChannelSecurity, make_channel
 from wheel.rpc.v1 import job_service_pb2, job_service_pb2_grpc
+from wheel.tls import ChannelSecurity, make_channel
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import pytest
 from tests.rpc.test_api import Api, InProcessServer, connect, cron, every, spec, submit
 from tests.rpc.test_operator_api import update
 from wheel.cli import build_parser
-from wheel.cli_serve import serve_config
+from wheel.cli.serve import serve_config
 from wheel.node import NodeConfig
 from wheel.rpc.v1 import job_service_pb2
 

@@ -25,7 +25,6 @@ with Client("127.0.0.1:50051") as client:
 ``timedelta``); every failure is a ``wheel.errors.WheelError``.
 """
 
-from wheel._tls import ChannelSecurity
 from wheel.client._admin import TenantQuota, Token
 from wheel.client._async import AsyncClient
 from wheel.client._specs import JobArgs, JobRequest, Payload, UpdateArgs
@@ -68,6 +67,7 @@ from wheel.client._values import (
     WorkerStatus,
 )
 from wheel.client._wire import DEFAULT_TARGET
+from wheel.tls import ChannelSecurity
 
 __all__ = [
     "DEFAULT_TARGET",

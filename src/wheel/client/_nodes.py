@@ -26,9 +26,12 @@ from enum import Enum
 import grpc  # type: ignore[import-untyped, unused-ignore]
 from grpc_health.v1 import health_pb2  # type: ignore[import-untyped, unused-ignore]
 
+from wheel._retry import Backoff
+
 # The backoff between two rounds over every address: doubling, capped.
 RETRY_INITIAL_S = 0.05
 RETRY_MAX_S = 1.0
+ROUND_BACKOFF = Backoff(initial=RETRY_INITIAL_S, max=RETRY_MAX_S)
 # At most this long for a connection to one address before trying the next
 # (an address that drops packets would otherwise take the whole timeout).
 CONNECT_TIMEOUT_S = 2.0
@@ -82,7 +85,7 @@ class Tries:
         delay = 0.0
         if self._tried >= self._count:  # a round over every address failed
             self._tried = 0
-            delay = min(RETRY_MAX_S, RETRY_INITIAL_S * 2.0**self._round)
+            delay = ROUND_BACKOFF.delay(self._round)
             self._round += 1
         if now + delay >= self._deadline:
             return None

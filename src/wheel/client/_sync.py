@@ -11,7 +11,6 @@ from typing import Any, TypeVar, Unpack
 import grpc  # type: ignore[import-untyped, unused-ignore]
 from grpc_health.v1 import health_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
 
-from wheel._tls import ChannelSecurity, make_channel
 from wheel.auth import call_metadata
 from wheel.client import _admin, _wire
 from wheel.client._admin import TenantQuota, Token
@@ -46,6 +45,7 @@ from wheel.errors import WheelError
 from wheel.rpc.targets import targets_of
 from wheel.rpc.v1 import admin_service_pb2 as admin_pb
 from wheel.rpc.v1 import admin_service_pb2_grpc, job_service_pb2_grpc
+from wheel.tls import ChannelSecurity, make_channel
 
 _T = TypeVar("_T")
 

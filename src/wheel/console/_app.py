@@ -27,7 +27,6 @@ from typing import Any
 
 from aiohttp import web
 
-from wheel._tls import ChannelSecurity, LiveChannelSecurity
 from wheel.client import AsyncClient, JobState, RunState
 from wheel.console._json import job_detail, job_row, jsonable, run_row
 from wheel.errors import (
@@ -40,6 +39,7 @@ from wheel.errors import (
     Unauthenticated,
     WheelError,
 )
+from wheel.tls import ChannelSecurity, LiveChannelSecurity
 
 log = logging.getLogger("wheel.console")
 

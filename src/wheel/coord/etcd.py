@@ -99,7 +99,7 @@ from etcd3 import etcdrpc
 from etcd3.etcdrpc import kv_pb2
 from etcd3.utils import prefix_range_end
 
-from wheel._tls import ChannelSecurity, LiveChannelSecurity, live_channel
+from wheel._retry import Backoff
 from wheel.coord._moves import PlannedMoves, assign_shards, rendezvous_owner
 from wheel.coord.base import (
     MAX_EPOCH,
@@ -109,6 +109,7 @@ from wheel.coord.base import (
     Subscribers,
 )
 from wheel.errors import CoordinationError
+from wheel.tls import ChannelSecurity, LiveChannelSecurity, live_channel
 
 __all__ = ["EtcdCoordinator", "assign_shards", "rendezvous_owner"]
 
@@ -140,23 +141,6 @@ def _is_not_found(exc: BaseException) -> bool:
     cause = exc.__cause__ if isinstance(exc, CoordinationError) else exc
     code = getattr(cause, "code", None)
     return callable(code) and getattr(code(), "name", "") == "NOT_FOUND"
-
-
-class _Backoff:
-    """Exponential backoff between retries, reset by a success."""
-
-    def __init__(self, initial: float, cap: float) -> None:
-        self._initial = initial
-        self._cap = cap
-        self._next = initial
-
-    def reset(self) -> None:
-        self._next = self._initial
-
-    def next(self) -> float:
-        delay = self._next
-        self._next = min(self._cap, self._next * 2)
-        return delay
 
 
 class EtcdCoordinator(PlannedMoves):
@@ -450,7 +434,7 @@ class EtcdCoordinator(PlannedMoves):
         stream breaks. After any break the control thread reconciles, since
         events may have been missed.
         """
-        backoff = _Backoff(0.1, 1.0)
+        backoff = Backoff(initial=0.1, max=1.0).delays()
         prefix = self._prefix.encode()
         request = etcdrpc.WatchRequest(
             create_request=etcdrpc.WatchCreateRequest(
@@ -487,7 +471,7 @@ class EtcdCoordinator(PlannedMoves):
             finally:
                 done.set()
                 self._watch_call = None
-            self._stopping.wait(backoff.next())
+            self._stopping.wait(backoff.wait())
 
     def _note_holders(self, response: Any) -> None:
         """Keep the view of who holds which shard current from the watch:
@@ -526,7 +510,7 @@ class EtcdCoordinator(PlannedMoves):
         return woke
 
     def _run_control(self) -> None:
-        backoff = _Backoff(0.05, max(0.2, self._ttl / 6))
+        backoff = Backoff(initial=0.05, max=max(0.2, self._ttl / 6)).delays()
         reconcile_interval = self._ttl / 3
         next_reconcile = 0.0
         while not self._stopping.is_set():
@@ -552,11 +536,11 @@ class EtcdCoordinator(PlannedMoves):
             except CoordinationError as exc:
                 _log.warning("coordination step failed, retrying: %s", exc)
                 next_reconcile = 0.0
-                timeout = backoff.next()
+                timeout = backoff.wait()
             except Exception:
                 _log.exception("coordination step crashed, retrying")
                 next_reconcile = 0.0
-                timeout = backoff.next()
+                timeout = backoff.wait()
             if self._wait(self._wake, timeout):
                 next_reconcile = 0.0
 

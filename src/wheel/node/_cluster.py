@@ -49,6 +49,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from wheel._retry import Backoff
 from wheel.coord.base import Coordinator, OwnershipChange
 from wheel.engine.owner import ShardContents
 from wheel.errors import StoreError
@@ -71,6 +72,7 @@ log = logging.getLogger("wheel.node")
 # Store trouble while gaining shards: retried with this backoff while they are
 # still ours.
 GAIN_RETRY_S = (0.05, 2.0)
+GAIN_BACKOFF = Backoff(initial=GAIN_RETRY_S[0], max=GAIN_RETRY_S[1])
 # Shards of a gain's rest added to the owner between two turns of the loop.
 REST_SHARDS_AT_ONCE = 8
 # A staging older than this is not used: its changes since would be a load
@@ -207,7 +209,7 @@ class ShardOwnership:
     async def _gain_part(self, epochs: Mapping[int, int]) -> None:
         """Gain the shards of ``epochs`` still ours under them, retried
         until they are in or are ours no more."""
-        backoff = GAIN_RETRY_S[0]
+        delays = GAIN_BACKOFF.delays()
         try:
             while not self.node.stopping:
                 mine = {
@@ -219,11 +221,11 @@ class ShardOwnership:
                     await self._gain(mine)
                     return
                 except StoreError as exc:
+                    backoff = delays.wait()
                     log.warning(
                         "gaining %d shards failed (%s); retrying in %.2fs", len(mine), exc, backoff
                     )
                     await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, GAIN_RETRY_S[1])
                 except Exception:
                     log.exception("gaining %d shards failed; retrying", len(mine))
                     await asyncio.sleep(GAIN_RETRY_S[1])
@@ -283,7 +285,7 @@ class ShardOwnership:
         shards = sorted(epochs)
         node.loading_rest(shards)
         started = time.perf_counter()
-        backoff = GAIN_RETRY_S[0]
+        delays = GAIN_BACKOFF.delays()
         load = functools.partial(load_later, node.store, shards, after)
         while True:
             if not self._still_ours(epochs) or node.stopping:
@@ -292,6 +294,7 @@ class ShardOwnership:
                 packed, profiles = await node.in_thread(load)
                 break
             except Exception as exc:
+                backoff = delays.wait()
                 log.warning(
                     "loading the rest of %d shards failed (%s); retrying in %.2fs",
                     len(shards),
@@ -299,7 +302,6 @@ class ShardOwnership:
                     backoff,
                 )
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, GAIN_RETRY_S[1])
         # A few shards at a time, so that the loop dispatches in between; a
         # shard lost meanwhile (or lost and gained again under a new epoch,
         # with a load of its own) gets nothing more of this one.

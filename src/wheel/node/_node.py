@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from wheel._retry import Backoff
 from wheel.checkpoint.owner_state import encode_mark, log_entry
 from wheel.coord.base import Coordinator
 from wheel.engine.driver import Driver
@@ -65,6 +66,8 @@ log = logging.getLogger("wheel.node")
 CLOCK_WARN_MS = 500
 # Store batches committing while the loop forms the next one.
 MAX_BATCHES_IN_FLIGHT = 2
+# An unavailable store: its batch is written again after these waits.
+STORE_WRITE_BACKOFF = Backoff(initial=0.05, max=2.0)
 # The epochs a batch was written under (``WriteBatch.epochs``).
 Epochs = Mapping[int, int] | None
 T = TypeVar("T")
@@ -505,7 +508,7 @@ class Node(
         with backoff (later batches wait behind it, so order holds; claims are
         idempotent by (job, fire, attempt) and completions by fence), then
         append its checkpoint records."""
-        backoff = 0.05
+        delays = STORE_WRITE_BACKOFF.delays()
         started = time.perf_counter()
         while True:
             try:
@@ -515,9 +518,9 @@ class Node(
                 self._store_failed(exc)
                 if self._stopping:
                     raise
+                backoff = delays.wait()
                 log.warning("store write failed (%s); retrying in %.2fs", exc, backoff)
                 time.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
         self._store_committed(time.perf_counter() - started)
         checkpoint = self._checkpoint
         if records and checkpoint is not None:

@@ -56,6 +56,7 @@ from prometheus_client import Counter
 from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict
 
+from wheel._retry import Backoff
 from wheel.engine.records import JobRecord
 from wheel.engine.spec import JobSpec
 from wheel.errors import (
@@ -77,6 +78,8 @@ __all__ = ["RECORD_DELAY_ENV", "OutboxRelay", "RowFate"]
 
 # Rows claimed in one transaction: a bulk submit's worth, in one group commit.
 BATCH_ROWS = 2_000
+# The listener's reconnects, and a lane whose pass left rows pending.
+RELAY_BACKOFF = Backoff(initial=0.1, max=5.0)
 # Passes side by side (``OutboxRelay(lanes=...)``).
 LANES = 2
 # The fallback poll: a row whose notification was lost waits this long at most.
@@ -213,7 +216,7 @@ class OutboxRelay:
     # -- the listener -----------------------------------------------------------------
 
     async def _listen(self) -> None:
-        backoff = 0.1
+        delays = RELAY_BACKOFF.delays()
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
@@ -231,21 +234,24 @@ class OutboxRelay:
                     # The trigger's channel, computed as the trigger does.
                     channel = pgsql.Identifier(row[0])
                     await conn.execute(pgsql.SQL("LISTEN {}").format(channel))
-                    backoff = 0.1
+                    delays.reset()
                     self.listening.set()
                     self.wake()  # rows committed while nobody listened
                     async for _ in conn.notifies():
                         self.wake()
             except psycopg.Error as exc:
                 self.listening.clear()
+                backoff = delays.wait()
                 log.warning("outbox listener: %s; reconnecting in %.1fs", exc, backoff)
                 self.wake()
             except Exception:  # a bug here must not end the listening for good
                 self.listening.clear()
+                backoff = delays.wait()
                 log.exception("outbox listener failed; reconnecting in %.1fs", backoff)
                 self.wake()
+            else:
+                backoff = delays.wait()
             await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
 
     # -- retention ----------------------------------------------------------------------
 
@@ -309,16 +315,15 @@ class OutboxRelay:
     # -- the pump ---------------------------------------------------------------------
 
     async def _pump(self, lane: _Lane) -> None:
-        backoff = 0.1
+        delays = RELAY_BACKOFF.delays()
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(lane.woken.wait(), self.poll_s)
             lane.woken.clear()
             if await self._drain(lane):
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                await asyncio.sleep(delays.wait())
             else:
-                backoff = 0.1
+                delays.reset()
 
     async def _drain(self, lane: _Lane) -> bool:
         """Passes on ``lane`` while whole batches settle (rows that stay

@@ -17,7 +17,6 @@ from typing import Any
 
 import grpc
 
-from wheel._tls import ChannelSecurity, LiveChannelSecurity, live_channel, make_channel
 from wheel.auth import AUTHORIZATION
 from wheel.rpc.v1 import (
     admin_service_pb2_grpc,
@@ -25,6 +24,7 @@ from wheel.rpc.v1 import (
     node_service_pb2,
     node_service_pb2_grpc,
 )
+from wheel.tls import ChannelSecurity, LiveChannelSecurity, live_channel, make_channel
 
 log = logging.getLogger("wheel.rpc")
 

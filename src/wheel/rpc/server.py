@@ -12,13 +12,6 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from wheel._tls import (
-    ChannelSecurity,
-    LiveChannelSecurity,
-    LiveServerSecurity,
-    ServerSecurity,
-    add_port,
-)
 from wheel.auth import DEFAULT_RECHECK_S, Authenticator, AuthInterceptor
 from wheel.errors import InvalidArgument
 from wheel.node import Health, Node
@@ -40,6 +33,13 @@ from wheel.rpc.v1 import (
     node_service_pb2_grpc,
     worker_service_pb2,
     worker_service_pb2_grpc,
+)
+from wheel.tls import (
+    ChannelSecurity,
+    LiveChannelSecurity,
+    LiveServerSecurity,
+    ServerSecurity,
+    add_port,
 )
 
 __all__ = ["Bound", "bind", "send_effects", "serve", "status_of"]
@@ -88,7 +88,7 @@ async def serve(
 ) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC server for ``node``, with TLS if ``security`` is given;
     ``peer_security`` secures its calls to the other members. Either may be
-    live: a reload replaces it for new connections (``wheel._tls_reload``).
+    live: a reload replaces it for new connections (``wheel.tls``).
     Returns the server and the bound port (``bind`` then ``Bound.start``).
 
     ``auth``: every call but health and reflection needs a bearer token

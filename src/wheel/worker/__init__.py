@@ -11,16 +11,15 @@ asyncio.run(worker.run())  # until SIGTERM/SIGINT, which drain it
 ```
 """
 
-from wheel._tls import ChannelSecurity
+from wheel.tls import ChannelSecurity
 from wheel.worker._api import (
     Permanent,
     Retryable,
     RunContext,
     RunLogFilter,
     WorkerStats,
-    load_handler,
-    load_handlers,
 )
+from wheel.worker._loading import load_handler, load_handlers
 from wheel.worker._process import run_worker
 from wheel.worker._worker import Worker
 

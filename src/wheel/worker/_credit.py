@@ -37,12 +37,11 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from wheel.worker._link import Link
-    from wheel.worker._worker import Worker
 
 __all__ = ["Credits", "fair_shares"]
 
@@ -76,9 +75,15 @@ def fair_shares(budget: int, demands: Sequence[float]) -> list[int]:
 class Credits:
     """The split of one worker's capacity between its links."""
 
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.capacity = worker.capacity
+    def __init__(
+        self, capacity: int, links: Sequence[Link], strays_holding: Callable[[], int]
+    ) -> None:
+        """``links``: the worker's links, as they come and go (read, never
+        changed here); ``strays_holding``: how many runs wait for a home
+        (they hold a slot of the capacity too)."""
+        self.capacity = capacity
+        self._links = links
+        self._strays_holding = strays_holding
         self._seq = 0
         self._soon: asyncio.Handle | None = None
 
@@ -126,16 +131,15 @@ class Credits:
         there is more than one link to share it with."""
         while True:
             await asyncio.sleep(REBALANCE_S)
-            if sum(1 for link in self.worker._links if link.open) > 1:
+            if sum(1 for link in self._links if link.open) > 1:
                 self.rebalance()
 
     def rebalance(self) -> None:
-        w = self.worker
-        links = [link for link in w._links if link.open and not link.closed]
+        links = [link for link in self._links if link.open and not link.closed]
         if not links:
             return
-        used = sum(1 for s in w._strays.values() if s.run is not None)
-        used += sum(len(link.held) for link in w._links if not link.open)
+        used = self._strays_holding()
+        used += sum(len(link.held) for link in self._links if not link.open)
         free = self.capacity - used
         free -= sum(max(link.committed(), len(link.held)) for link in links)
         now = time.monotonic()

@@ -16,21 +16,24 @@ import asyncio
 import collections
 import logging
 import math
-import random
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
 import grpc.aio  # type: ignore[import-untyped, unused-ignore]
 
-from wheel._tls import make_channel
 from wheel.logs import ids
 from wheel.rpc.v1 import worker_service_pb2 as pb
 from wheel.rpc.v1 import worker_service_pb2_grpc as pb_grpc
+from wheel.tls import make_channel
 from wheel.worker._runs import Done, Run
 
 if TYPE_CHECKING:
-    from wheel.worker._worker import Worker
+    from wheel._retry import Backoff
+    from wheel.rpc.v1 import cluster_pb2
+    from wheel.tls import ChannelSecurity
+    from wheel.worker._api import WorkerStats
 
 log = logging.getLogger("wheel.worker")
 
@@ -44,6 +47,51 @@ DEFAULT_LEASE_S = 60.0
 WELCOME_TIMEOUT_S = 10.0
 
 
+class LinkHost(Protocol):
+    """What a link needs of its worker: who it is and how it dials, and where
+    it hands what its node says (``Worker`` is one)."""
+
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def pools(self) -> tuple[str, ...]: ...
+    @property
+    def handler_names(self) -> list[str]: ...
+    @property
+    def security(self) -> ChannelSecurity: ...
+    @property
+    def interceptors(self) -> tuple[Any, ...]: ...
+    @property
+    def call_metadata(self) -> tuple[tuple[str, str], ...]: ...
+    @property
+    def reconnect(self) -> Backoff: ...
+    @property
+    def stats(self) -> WorkerStats: ...
+    @property
+    def closing(self) -> bool: ...
+
+    def on_welcome(self, link: Link, welcome: pb.Welcome) -> bool:
+        """``link``'s node said Welcome: False closes the link (another reaches that node)."""
+        ...
+
+    def on_link_up(self, link: Link) -> None: ...
+    def on_link_down(self, link: Link) -> None: ...
+    def refresh_membership(self) -> None: ...
+    def on_assignments(self, link: Link, assignments: Sequence[pb.Assignment]) -> None: ...
+    def supersede(self, link: Link, run_id: int, fence: int) -> None: ...
+    def on_membership(self, msg: cluster_pb2.Membership) -> None: ...
+    def on_moved(self, link: Link, moved: Sequence[pb.MovedRun]) -> None: ...
+
+
+class LinkCredit(Protocol):
+    """The worker's split of its capacity, as a link's stream reports to it
+    (``wheel.worker._credit.Credits`` is one)."""
+
+    def hello_capacity(self, link: Link) -> int: ...
+    def closed(self, link: Link) -> None: ...
+    def confirmed(self, link: Link, seq: int) -> None: ...
+
+
 class Link:
     """One node: its stream across reconnects and the runs that report to it."""
 
@@ -51,8 +99,11 @@ class Link:
     # How long a run may go unacked: a run done sooner needs no ack at all.
     ack_delay: float
 
-    def __init__(self, worker: Worker, target: str, *, node_id: str = "") -> None:
-        self.worker = worker
+    def __init__(
+        self, host: LinkHost, credits: LinkCredit, target: str, *, node_id: str = ""
+    ) -> None:
+        self.host = host
+        self.credits = credits
         self.target = target
         # The node behind ``target``: its own word once it said Welcome
         # (``confirmed``), before that the membership's, or "" (a seed).
@@ -199,9 +250,9 @@ class Link:
     # -- the stream -------------------------------------------------------------------
 
     async def run(self) -> None:
-        w = self.worker
-        failures = 0
-        while not w._closing and not self.closed:
+        w = self.host
+        delays = w.reconnect.delays()
+        while not w.closing and not self.closed:
             self.welcomed = False
             try:
                 await self._session()
@@ -215,24 +266,23 @@ class Link:
                 log.exception("stream to %s failed", self.target)
             welcomed = self.welcomed
             self.connected = False
-            if w._closing or self.closed:
+            if w.closing or self.closed:
                 return
             now = time.monotonic()
             if welcomed:
                 self.down_since = now
-                w._on_link_down(self)
+                w.on_link_down(self)
             elif self.down_since is not None and now - self.down_since > self.lease_s:
                 # Down past the lease: if its shards moved, a fresh view says where.
-                w._refresh_membership()
-            failures = 1 if welcomed else failures + 1
-            ceiling = min(w.reconnect_max, w.reconnect_initial * 2 ** (failures - 1))
-            # Equal jitter: never a thundering herd, never a zero wait.
-            await asyncio.sleep(ceiling / 2 + random.uniform(0, ceiling / 2))
+                w.refresh_membership()
+            if welcomed:
+                delays.reset()
+            await asyncio.sleep(delays.wait())
             w.stats.reconnects += 1
 
     async def _session(self) -> None:
         """One stream, from Hello to its end (``welcomed`` says if it got that far)."""
-        w = self.worker
+        w = self.host
         channel = make_channel(self.target, w.security, aio=True, interceptors=w.interceptors)
         async with channel:
             call = pb_grpc.WorkerServiceStub(channel).Connect(metadata=w.call_metadata)
@@ -241,7 +291,7 @@ class Link:
                     pb.WorkerMessage(
                         hello=pb.Hello(
                             worker_id=w.worker_id,
-                            capacity=w.credits.hello_capacity(self),
+                            capacity=self.credits.hello_capacity(self),
                             pools=list(w.pools),
                             handlers=w.handler_names,
                         )
@@ -254,7 +304,7 @@ class Link:
                     self._on_message(first)
                     log.warning("%s did not answer Hello with Welcome; reconnecting", self.target)
                     return
-                if not w._on_welcome(self, first.welcome):
+                if not w.on_welcome(self, first.welcome):
                     return  # a second stream to a node already linked: closed
                 self.welcome = first.welcome
                 self.welcomed = True
@@ -269,7 +319,7 @@ class Link:
                 self.drain_sent = False
                 self.heartbeat_due = True
                 self.wake.set()
-                w._on_link_up(self)
+                w.on_link_up(self)
                 if self.closed:
                     return  # its own membership says its node left
                 interval = self.welcome.heartbeat_interval_ms / 1000 or (
@@ -291,7 +341,7 @@ class Link:
             finally:
                 self.connected = False
                 self.channel = None
-                w.credits.closed(self)
+                self.credits.closed(self)
                 call.cancel()
 
     async def _reader(self, call: Any) -> None:
@@ -304,18 +354,18 @@ class Link:
 
     def _on_message(self, msg: pb.ServerMessage) -> None:
         kind = msg.WhichOneof("kind")
-        w = self.worker
+        w = self.host
         if kind == "assignments":
-            w._on_assignments(self, msg.assignments.assignments)
+            w.on_assignments(self, msg.assignments.assignments)
             if msg.assignments.HasField("results"):
                 self._on_results(msg.assignments.results)
         elif kind == "revokes":
             for r in msg.revokes.revokes:
-                w._supersede(self, r.run_id, r.fence)
+                w.supersede(self, r.run_id, r.fence)
         elif kind == "results":
             self._on_results(msg.results)
         elif kind == "membership":
-            w._on_membership(msg.membership)
+            w.on_membership(msg.membership)
         elif kind == "error":
             e = msg.error
             log.warning(
@@ -326,24 +376,24 @@ class Link:
 
     def _on_results(self, results: pb.Results) -> None:
         if results.credit_seq:
-            self.worker.credits.confirmed(self, results.credit_seq)
+            self.credits.confirmed(self, results.credit_seq)
         for run_id in results.accepted:
             self.unconfirmed.pop(run_id, None)
         for c in results.completions:
             self.unconfirmed.pop(c.run_id, None)
             if not c.accepted:
-                self.worker.stats.rejected += 1
+                self.host.stats.rejected += 1
                 log.info(
                     "%s rejected the completion of run %d: %s",
                     self.target,
                     c.run_id,
                     c.reason,
-                    extra=ids(run_id=c.run_id, worker=self.worker.worker_id),
+                    extra=ids(run_id=c.run_id, worker=self.host.worker_id),
                 )
         for ref in results.rejected_renewals:
-            self.worker._supersede(self, ref.run_id, ref.fence)
+            self.host.supersede(self, ref.run_id, ref.fence)
         if results.moved:
-            self.worker._on_moved(self, results.moved)
+            self.host.on_moved(self, results.moved)
 
     async def _writer(self, call: Any) -> None:
         while True:

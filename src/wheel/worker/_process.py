@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from wheel._tls import ChannelSecurity
+from wheel.tls import ChannelSecurity
 from wheel.worker._api import RunContext
 from wheel.worker._worker import Worker
 

@@ -72,7 +72,7 @@ from typing import Any, TypeVar
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
 
-from wheel._tls import ChannelSecurity
+from wheel._retry import Backoff, Jitter
 from wheel.auth import call_metadata
 from wheel.client._wire import DEFAULT_TARGET
 from wheel.errors import InvalidArgument
@@ -80,6 +80,7 @@ from wheel.metrics import MetricsServer, parse_listen
 from wheel.rpc.targets import targets_of
 from wheel.rpc.v1 import admin_service_pb2, admin_service_pb2_grpc, cluster_pb2
 from wheel.rpc.v1 import worker_service_pb2 as pb
+from wheel.tls import ChannelSecurity
 from wheel.worker._api import (
     Handler,
     Permanent,
@@ -87,7 +88,6 @@ from wheel.worker._api import (
     RunContext,
     WorkerStats,
     install_log_filter,
-    load_handler,
     run_context,
 )
 from wheel.worker._cluster import View, view_of
@@ -103,7 +103,6 @@ __all__ = [
     "RunContext",
     "Worker",
     "WorkerStats",
-    "load_handler",
 ]
 
 log = logging.getLogger("wheel.worker")
@@ -119,10 +118,8 @@ BOUNCE_WINDOW_S = 5.0
 MEMBERSHIP_TIMEOUT_S = 2.0
 MEMBERSHIP_MIN_INTERVAL_S = 0.2
 
-
-def _backoff(retries: int) -> float:
-    """The wait before try ``retries + 1`` to place a stray (rule 6)."""
-    return min(REHOME_RETRY_MAX_S, REHOME_RETRY_S * 2.0**retries)
+# The wait before try ``retries + 1`` to place a stray (rule 6).
+REHOME_BACKOFF = Backoff(initial=REHOME_RETRY_S, max=REHOME_RETRY_MAX_S)
 
 
 class _Stray:
@@ -162,6 +159,10 @@ class Worker:
     ``target`` is one node address or several (a list, or comma-separated):
     seeds. In a cluster the worker learns every member from them and holds a
     stream to each. None: ``$WHEEL_TARGET``, else ``127.0.0.1:50051``.
+
+    Its links hand it what their nodes say through ``LinkHost`` (``on_*``,
+    ``supersede``, ``refresh_membership``, ``closing``): calls for them, not
+    for the code that runs a worker.
     """
 
     def __init__(
@@ -200,6 +201,8 @@ class Worker:
         self.interceptors = tuple(interceptors)
         self.reconnect_initial = reconnect_initial
         self.reconnect_max = reconnect_max
+        # Equal jitter: never a thundering herd of workers, never a zero wait.
+        self.reconnect = Backoff(initial=reconnect_initial, max=reconnect_max, jitter=Jitter.EQUAL)
         self.stats = WorkerStats()
         self._handlers: dict[str, tuple[Handler, int]] = {}
         self._runner = Runner(capacity, self.stats, self._report, worker_id=self.worker_id)
@@ -210,8 +213,9 @@ class Worker:
             parse_listen(metrics_listen)  # a bad address fails here, not in run()
             self.metrics = WorkerMetrics(self)
             self._runner.observe = self.metrics.observe
-        self.credits = Credits(self)
-        self._links = [Link(self, t) for t in seeds]
+        self._links: list[Link] = []
+        self.credits = Credits(capacity, self._links, self._strays_holding)
+        self._links.extend(Link(self, self.credits, t) for t in seeds)
         self._link_tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -248,6 +252,11 @@ class Worker:
         if name in self._handlers:
             raise InvalidArgument("handler", f"{name!r} is already registered")
         self._handlers[name] = (fn, mode_of(fn))
+
+    @property
+    def closing(self) -> bool:
+        """Whether it is stopping (its links reconnect no more)."""
+        return self._closing
 
     @property
     def handler_names(self) -> list[str]:
@@ -396,7 +405,7 @@ class Worker:
 
     # -- runs: assignment, outcome, supersession -------------------------------------------
 
-    def _on_assignments(self, link: Link, assignments: Sequence[pb.Assignment]) -> None:
+    def on_assignments(self, link: Link, assignments: Sequence[pb.Assignment]) -> None:
         now = time.monotonic()
         runner = self._runner
         handlers = self._handlers
@@ -502,7 +511,7 @@ class Worker:
         if stray is not None and stray.run is run:
             del self._strays[run_id]
 
-    def _supersede(self, link: Link, run_id: int, fence: int) -> None:
+    def supersede(self, link: Link, run_id: int, fence: int) -> None:
         """A revoke or a rejected renewal (rule 2), from any node."""
         run = self._find(run_id, link)
         if run is not None and (fence == 0 or run.ctx.fence == fence):
@@ -511,7 +520,7 @@ class Worker:
 
     # -- moved runs (rule 6) ------------------------------------------------------------
 
-    def _on_moved(self, link: Link, moved: Sequence[pb.MovedRun]) -> None:
+    def on_moved(self, link: Link, moved: Sequence[pb.MovedRun]) -> None:
         for m in moved:
             owner = m.owner_node_id
             loading = owner == link.node_id  # it gained the shard, not loaded yet
@@ -577,8 +586,8 @@ class Worker:
             self._bounces = {k: v for k, v in self._bounces.items() if now - v[1] < BOUNCE_WINDOW_S}
             self._bounces_limit = max(4096, 2 * len(self._bounces))
         if wait:
-            return _backoff(count - 1)
-        return 0.0 if count == 1 else _backoff(count - 2)
+            return REHOME_BACKOFF.delay(count - 1)
+        return 0.0 if count == 1 else REHOME_BACKOFF.delay(count - 2)
 
     def _home_for(self, stray: _Stray) -> Link | None:
         """The connected link of the node the stray should report to: the owner
@@ -599,7 +608,7 @@ class Worker:
         home = self._home_for(stray)
         if home is None:
             stray.tries += 1
-            stray.due = now + _backoff(stray.tries - 1)
+            stray.due = now + REHOME_BACKOFF.delay(stray.tries - 1)
             return False
         del self._strays[run_id]
         if stray.run is not None:
@@ -639,7 +648,11 @@ class Worker:
         self._stray_at = math.inf
         self._place_strays()
         if self._strays:
-            self._refresh_membership()
+            self.refresh_membership()
+
+    def _strays_holding(self) -> int:
+        """Runs waiting for a home that hold a slot of the capacity."""
+        return sum(1 for s in self._strays.values() if s.run is not None)
 
     def _lease_s(self) -> float:
         leases = [link.lease_s for link in self._links if link.welcomed]
@@ -664,7 +677,7 @@ class Worker:
             if not link.confirmed and not link.node_id and link.target == address:
                 link.node_id = node_id  # a seed not welcomed yet: the member's
                 return
-        link = Link(self, address, node_id=node_id)
+        link = Link(self, self.credits, address, node_id=node_id)
         link.drain_requested = self._draining
         self._links.append(link)
         log.info("following member %s at %s", node_id, address)
@@ -681,7 +694,7 @@ class Worker:
         for d in done:
             self._rehome_done(d, "")
 
-    def _on_welcome(self, link: Link, welcome: pb.Welcome) -> bool:
+    def on_welcome(self, link: Link, welcome: pb.Welcome) -> bool:
         """Name ``link`` by the node that welcomed it; False (and the link is
         closed) if another link already reaches that node."""
         node_id = welcome.node_id
@@ -703,12 +716,12 @@ class Worker:
         link.confirmed = True
         return True
 
-    def _on_link_up(self, link: Link) -> None:
+    def on_link_up(self, link: Link) -> None:
         if link.welcome.HasField("membership"):
-            self._on_membership(link.welcome.membership)
+            self.on_membership(link.welcome.membership)
         self._place_strays(every=True)
 
-    def _on_link_down(self, link: Link) -> None:
+    def on_link_down(self, link: Link) -> None:
         if self._view is not None:
             self._leave(link, self._view)
 
@@ -731,7 +744,7 @@ class Worker:
                 if done is not None:
                     self._rehome_done(done, owner)
 
-    def _on_membership(self, msg: cluster_pb2.Membership) -> None:
+    def on_membership(self, msg: cluster_pb2.Membership) -> None:
         view = view_of(msg)
         if view is None or self._closing or not view.supersedes(self._view):
             return
@@ -748,7 +761,7 @@ class Worker:
                 self._leave(link, view, runs=not link.connected)
         self._place_strays(every=True)
 
-    def _refresh_membership(self) -> None:
+    def refresh_membership(self) -> None:
         """Ask a connected node for the membership (one ask at a time)."""
         if self._refresh is not None or self._closing or self._loop is None:
             return
@@ -777,4 +790,4 @@ class Worker:
             return
         finally:
             self._refresh = None
-        self._on_membership(msg)
+        self.on_membership(msg)

@@ -10,7 +10,6 @@ committed: only an operation that recognises its own earlier work (see
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -20,10 +19,16 @@ from psycopg import Connection
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
+from wheel._retry import Backoff, Jitter
 from wheel.errors import StoreError, StoreUnavailable
 from wheel.store.postgres._arrays import register as register_arrays
 
 T = TypeVar("T")
+
+# Between the tries of a transaction whose connection was lost: on average
+# 50 ms doubling up to 1 s, each wait spread over its upper half so that the
+# pool's connections do not come back all at once.
+RETRY_BACKOFF = Backoff(initial=0.07, max=1.35, jitter=Jitter.EQUAL)
 Conn = Connection[tuple[Any, ...]]
 
 
@@ -107,7 +112,7 @@ class Database:
         ``idempotent`` operations, which then get ``after_unknown_commit``.
         """
         attempt = Attempt(after_unknown_commit=False)
-        delay = 0.05
+        delays = RETRY_BACKOFF.delays()
         last: Exception | None = None
         for n in range(self.retries):
             committing = False
@@ -130,8 +135,7 @@ class Database:
                         ) from exc
                     attempt = Attempt(after_unknown_commit=True)
                 if n + 1 < self.retries:
-                    time.sleep(delay * (0.5 + random.random()))
-                    delay = min(delay * 2, 1.0)
+                    time.sleep(delays.wait())
             except psycopg.Error as exc:
                 raise StoreError(f"postgresql: {without_rows(exc)}") from None
         raise StoreUnavailable(f"postgresql unavailable: {last}") from last

@@ -17,8 +17,8 @@ import pytest
 
 from tests.rpc.test_api import InProcessServer, WorkerThread, wait_for
 from wheel.cli import main
-from wheel.cli_common import fmt_duration
-from wheel.cli_listing import DEFAULT_RUNS_LIMIT, JOB_HEADER, RUN_HEADER
+from wheel.cli._common import fmt_duration
+from wheel.cli.listing import DEFAULT_RUNS_LIMIT, JOB_HEADER, RUN_HEADER
 from wheel.worker import RunContext
 
 

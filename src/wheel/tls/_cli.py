@@ -19,8 +19,8 @@ import ipaddress
 import logging
 from dataclasses import dataclass
 
-from wheel._tls import ENV_CA, ENV_CERT, ENV_KEY, ChannelSecurity, ServerSecurity, read_pem
 from wheel.errors import InvalidArgument, WheelError
+from wheel.tls._security import ENV_CA, ENV_CERT, ENV_KEY, ChannelSecurity, ServerSecurity, read_pem
 
 __all__ = [
     "NodeSecurity",
@@ -182,7 +182,7 @@ class NodeSecurity:
 
 def tls_paths(ns: argparse.Namespace) -> list[str]:
     """The files ``serve``'s TLS flags name, in flag order: what a reload
-    reads again (``wheel._tls_reload``)."""
+    reads again (``wheel.tls._reload``)."""
     flags = ("tls_cert", "tls_key", "client_ca", "peer_tls_ca", "etcd_ca", "etcd_cert", "etcd_key")
     return [path for path in (getattr(ns, flag) for flag in flags) if path]
 

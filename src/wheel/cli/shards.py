@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from wheel.cli_common import fmt_time
+from wheel.cli._common import fmt_time
 from wheel.client import Status
 from wheel.engine.model import SHARD_COUNT
 

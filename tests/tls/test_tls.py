@@ -13,10 +13,17 @@ import pytest
 
 from tests.conftest import free_port
 from tests.pki import Pki
-from wheel._tls import ChannelSecurity, ServerSecurity, read_pem
-from wheel._tls_cli import check_listen, is_loopback, listen_notice, node_security
 from wheel.cli import build_parser
 from wheel.errors import InvalidArgument, WheelError
+from wheel.tls import (
+    ChannelSecurity,
+    ServerSecurity,
+    check_listen,
+    is_loopback,
+    listen_notice,
+    node_security,
+    read_pem,
+)
 
 
 def key_body(path: Path) -> str:

@@ -15,21 +15,9 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from wheel import cli_outbox
 from wheel._lock import lock_data_dir, lock_sqlite_file
-from wheel._tls import ChannelSecurity, LiveChannelSecurity, LiveServerSecurity
-from wheel._tls_cli import (
-    NodeSecurity,
-    add_serve_flags,
-    api_address,
-    check_http_listen,
-    node_security,
-    tls_paths,
-)
-from wheel._tls_reload import DEFAULT_INTERVAL_S as DEFAULT_RELOAD_INTERVAL_S
-from wheel._tls_reload import TlsReloader
-from wheel.cli_admin import add_auth_flags, init_admin_token
-from wheel.cli_common import (
+from wheel.cli import outbox as cli_outbox
+from wheel.cli._common import (
     _add_log_format,
     _ms,
     _positive_ms,
@@ -38,8 +26,22 @@ from wheel.cli_common import (
     _seconds_or_off,
     parse_duration,
 )
+from wheel.cli.admin import add_auth_flags, init_admin_token
 from wheel.errors import InvalidArgument
 from wheel.logs import announcement
+from wheel.tls import DEFAULT_INTERVAL_S as DEFAULT_RELOAD_INTERVAL_S
+from wheel.tls import (
+    ChannelSecurity,
+    LiveChannelSecurity,
+    LiveServerSecurity,
+    NodeSecurity,
+    TlsReloader,
+    add_serve_flags,
+    api_address,
+    check_http_listen,
+    node_security,
+    tls_paths,
+)
 
 if TYPE_CHECKING:
     from wheel.console import ConsoleServer

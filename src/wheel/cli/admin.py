@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from wheel.auth import ADMIN, JOBS_READ, JOBS_WRITE, OPERATOR, SCOPES, TOKEN_ENV, mint
-from wheel.cli_common import fmt_time
+from wheel.cli._common import fmt_time
 from wheel.client import Client, TenantQuota, Token
 from wheel.errors import InvalidArgument
 from wheel.store.base import Store
@@ -98,7 +98,7 @@ def token_line(t: Token) -> str:
 
 
 def cmd_token_create(ns: argparse.Namespace) -> int:
-    from wheel.cli_common import parse_duration
+    from wheel.cli._common import parse_duration
 
     ttl = parse_duration(ns.ttl, "ttl") if ns.ttl else None
     with _client(ns) as client:

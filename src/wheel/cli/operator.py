@@ -30,26 +30,24 @@ import json
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any, cast
 
-from wheel.cli import (
-    _BACKOFF_FLAGS,
-    _EPOCH,
-    _job_line,
-    add_job_flags,
-    job_json,
-    job_payload,
-    parse_when,
-    retry_of,
-)
-from wheel.cli_admin import add_token_flag
-from wheel.cli_common import (
+from wheel.cli._common import (
+    BACKOFF_FLAGS,
+    EPOCH,
     ZONELESS_JOB,
     ZONELESS_UTC,
+    add_job_flags,
     command_client,
     epoch_ms,
     fmt_time,
     fmt_zoned,
+    job_json,
+    job_payload,
     parse_duration,
+    parse_when,
+    retry_of,
 )
+from wheel.cli.admin import add_token_flag
+from wheel.cli.listing import job_line
 from wheel.client import (
     CatchUp,
     Cron,
@@ -123,7 +121,7 @@ def update_args(
         args["jitter"] = parse_duration(given["jitter"], "jitter")
     if "timeout" in given:
         args["timeout"] = parse_duration(given["timeout"], "timeout")
-    if any(f in given for f in ("max_attempts", *_BACKOFF_FLAGS)):
+    if any(f in given for f in ("max_attempts", *BACKOFF_FLAGS)):
         args["retry"] = retry_of(ns, defaults)
 
     def part(flag: str) -> Any:
@@ -169,7 +167,7 @@ def with_schedule(args: UpdateArgs, current: Schedule) -> UpdateArgs:
     elif isinstance(current, Every):
         kind = "every"
         kept = {"every": current.period, "fixed_delay": current.fixed_delay}
-        if current.start > _EPOCH:
+        if current.start > EPOCH:
             kept["start"] = current.start
     else:
         kind = "at"
@@ -207,7 +205,7 @@ def cmd_update(ns: argparse.Namespace) -> int:
         print(json.dumps(job_json(job)))
     else:
         print(f"updated job {job.job_id}")
-        print(_job_line(job))
+        print(job_line(job))
     return 0
 
 

@@ -19,8 +19,15 @@ import sys
 from datetime import timedelta
 from typing import Any
 
-from wheel.cli_admin import add_token_flag
-from wheel.cli_common import command_client, epoch_ms, fmt_duration, fmt_time, fmt_zoned
+from wheel.cli._common import (
+    command_client,
+    epoch_ms,
+    fmt_duration,
+    fmt_time,
+    fmt_zoned,
+    job_json,
+)
+from wheel.cli.admin import add_token_flag
 from wheel.client import Cron, Every, Job, JobState, Run, RunState
 
 # ``runs`` without --limit or --all: the newest this many.
@@ -43,8 +50,6 @@ def cmd_jobs(ns: argparse.Namespace) -> int:
     with command_client(ns) as client:
         jobs = client.jobs(tenant=ns.tenant, state=ns.state, name_prefix=ns.name or "")
         if ns.json:
-            from wheel.cli import job_json
-
             print(json.dumps([job_json(job) for job in jobs]))
             return 0
         print(JOB_HEADER)
@@ -179,8 +184,6 @@ def cmd_job(ns: argparse.Namespace) -> int:
     with command_client(ns) as client:
         job = client.get(ns.job_id, next_fires=ns.next, recent_runs=ns.runs)
     if ns.json:
-        from wheel.cli import job_json
-
         print(
             json.dumps(
                 {

@@ -17,7 +17,7 @@ a key that is not its certificate's, fails there, naming the flag (or
 environment variable) and the path. Key contents are never in a repr, an
 error or a log record.
 
-A node's certificates can change while it serves (``wheel._tls_reload``
+A node's certificates can change while it serves (``wheel.tls._reload``
 reads them again): ``LiveServerSecurity`` hands each new handshake of a
 listener the certificates current then, and ``LiveChannelSecurity`` tells
 the makers of outgoing channels (to the other members, to etcd) to make new

@@ -34,9 +34,9 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from wheel._tls import LiveChannelSecurity, LiveServerSecurity
-from wheel._tls_cli import NodeSecurity
 from wheel.errors import WheelError
+from wheel.tls._cli import NodeSecurity
+from wheel.tls._security import LiveChannelSecurity, LiveServerSecurity
 
 __all__ = ["DEFAULT_INTERVAL_S", "TlsReloader"]
 

@@ -14,11 +14,16 @@ from pathlib import Path
 import pytest
 
 from tests.pki import Pki
-from wheel._tls import LiveChannelSecurity, LiveServerSecurity, ServerSecurity
-from wheel._tls_cli import node_security, tls_paths
-from wheel._tls_reload import TlsReloader
 from wheel.cli import build_parser
 from wheel.errors import InvalidArgument
+from wheel.tls import (
+    LiveChannelSecurity,
+    LiveServerSecurity,
+    ServerSecurity,
+    TlsReloader,
+    node_security,
+    tls_paths,
+)
 
 
 def _put(path: Path, source: Path) -> None:

@@ -53,12 +53,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, TextIO
 
-from wheel._tls_cli import client_security
-from wheel.cli import add_job_flags, submit_args
-from wheel.cli_admin import add_token_flag
-from wheel.cli_common import parse_duration
+from wheel._retry import Backoff, Jitter
+from wheel.cli._common import add_job_flags, parse_duration, submit_args
+from wheel.cli.admin import add_token_flag
 from wheel.client import Client, Job, JobRequest
 from wheel.errors import InvalidArgument, WheelError
+from wheel.tls import client_security
 
 # ``Client.submit_many`` (and the node) take at most this many jobs a call.
 MAX_BATCH = 10_000
@@ -196,17 +196,11 @@ class Sent:
     stopped: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Backoff:
-    """How a call is tried again: after a wait of full jitter, doubling from
-    ``initial_s`` up to ``max_s``, until ``budget_s`` after its first failure."""
-
-    budget_s: float
-    initial_s: float = 0.25
-    max_s: float = 5.0
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        return rng.uniform(0.0, min(self.max_s, self.initial_s * 2.0**attempt))
+def retry_backoff(budget_s: float) -> Backoff:
+    """How a call is tried again: after a wait of full jitter (the batches of
+    a parallel import fail together), doubling from 0.25 s up to 5 s, until
+    ``budget_s`` after its first failure."""
+    return Backoff(initial=0.25, max=5.0, jitter=Jitter.FULL, deadline=budget_s)
 
 
 class Sender:
@@ -233,8 +227,7 @@ class Sender:
     def _send(self, batch: Batch) -> Sent:
         results: dict[int, Job | WheelError] = {}
         pending = list(range(len(batch.requests)))
-        attempt = 0
-        first_failure: float | None = None
+        delays = self._backoff.delays(rng=self._rng)
         while True:
             whole: WheelError | None = None
             try:
@@ -253,14 +246,11 @@ class Sender:
                         again.append(i)
             if not again:
                 return Sent(results=results)
-            now = time.monotonic()
-            first_failure = now if first_failure is None else first_failure
-            delay = self._backoff.delay(attempt, self._rng)
-            attempt += 1
-            if now + delay > first_failure + self._backoff.budget_s:
+            delay = delays.next()
+            if delay is None:
                 if whole is None:  # the node answered: these lines failed, with its reason
                     return Sent(results=results)
-                retried = f"{whole} (retried for {now - first_failure:.1f} s)"
+                retried = f"{whole} (retried for {delays.failing_for:.1f} s)"
                 return _unsent(results, again, stopped=retried)
             self._on_retry(str(whole if whole is not None else results[again[0]]))
             if self.stop.wait(delay):  # another batch stopped the import, or Ctrl-C did
@@ -637,7 +627,7 @@ def cmd_import(ns: argparse.Namespace) -> int:
             load(
                 stream,
                 report,
-                Sender(client, Backoff(budget_s=ns.retry_for), on_retry=report.retrying),
+                Sender(client, retry_backoff(ns.retry_for), on_retry=report.retrying),
                 parser=LineParser(now=datetime.now(UTC)),
                 batch=ns.batch,
                 parallel=ns.parallel,

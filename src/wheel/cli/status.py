@@ -1,6 +1,6 @@
 """``wheelctl status`` and ``wheelctl alerts``: what a node says about
 itself, its workers and its cluster (with ``--shards``, the shard map its
-members report: ``wheel.cli_shards``)."""
+members report: ``wheel.cli.shards``)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 
-from wheel._tls_cli import client_security
-from wheel.cli_common import command_client, epoch_ms, fmt_time, parse_duration
-from wheel.cli_shards import ShardRow, gather, shard_lines, shard_map
+from wheel.cli._common import command_client, epoch_ms, fmt_time, parse_duration
+from wheel.cli.shards import ShardRow, gather, shard_lines, shard_map
 from wheel.client import Alert, Client, Status
 from wheel.errors import WheelError
+from wheel.tls import client_security
 
 __all__ = ["alert_line", "cmd_alerts", "cmd_inflight", "cmd_status", "status_lines"]
 

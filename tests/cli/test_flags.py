@@ -18,7 +18,7 @@ import pytest
 
 from tests.rpc.test_api import InProcessServer
 from wheel.cli import build_parser, main
-from wheel.cli_common import MAX_PAYLOAD_BYTES
+from wheel.cli._common import MAX_PAYLOAD_BYTES
 from wheel.client import Client
 from wheel.engine.spec import DEFAULT_LIMITS
 

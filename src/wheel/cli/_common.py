@@ -1,59 +1,25 @@
-"""``wheelctl``: run a node or a worker, and talk to a running node.
-
-wheelctl serve  [--data-dir DIR] [--listen HOST:PORT] [--store URL] ...   (see wheel.cli_serve)
-wheelctl worker [--target HOST:PORT[,HOST:PORT...]]... [--capacity N] module:function ...
-wheelctl submit --name N --handler H (--at WHEN | --cron EXPR | --every DURATION) ...
-wheelctl import FILE   (JSON Lines, one submit a line; see wheel.cli_import)
-wheelctl jobs | job JOB_ID | runs JOB_ID   (see wheel.cli_listing)
-wheelctl cancel JOB_ID | pause JOB_ID | resume JOB_ID
-wheelctl trigger JOB_ID | status | alerts | inflight | demo
-wheelctl update JOB_ID ... | updates JOB_ID | backfill JOB_ID --from --to | preview ...
-wheelctl dlq list|redrive ...   (see wheel.cli_operator)
-wheelctl token create|list|revoke ... | tenant set|list ...   (see wheel.cli_admin)
-wheelctl outbox init|status --dsn DSN   (the transactional submit's table; see wheel.cli_outbox)
-"""
+"""What the ``wheelctl`` commands share: durations and times as the flags
+and the output give them, the client a command talks through, and the flags
+that describe a job (``submit``, ``import`` and ``update`` take them). It
+imports no command: every command imports it."""
 
 from __future__ import annotations
 
 import argparse
 import base64
+import importlib.metadata
 import json
-import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from wheel import cli_outbox
-from wheel._tls_cli import (
-    add_client_flags,
-    client_security,
-)
-from wheel.cli_admin import add_token_flag
-from wheel.cli_admin import register as register_admin
-from wheel.cli_common import (
-    MAX_PAYLOAD_BYTES,
-    ZONELESS_UTC,
-    Parser,
-    _add_log_format,
-    at_least_one,
-    command_client,
-    epoch_ms,
-    fmt_time,
-    parse_duration,
-    read_payload,
-    read_payload_json,
-    version,
-)
-from wheel.cli_listing import job_line
-from wheel.cli_listing import register as register_listing
-from wheel.cli_serve import add_serve_parser, quiet_created_series
-from wheel.cli_status import cmd_alerts, cmd_inflight, cmd_status
 from wheel.client import (
-    DEFAULT_TARGET,
     CatchUp,
     CatchUpMode,
+    Client,
     Cron,
     DstFold,
     DstGap,
@@ -65,11 +31,235 @@ from wheel.client import (
     Retry,
     Schedule,
 )
-from wheel.errors import InvalidArgument, WheelError
-from wheel.logs import announcement
-from wheel.logs import configure as configure_logging
+from wheel.errors import InvalidArgument
+from wheel.logs import FORMATS
+from wheel.tls import client_security
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration(text: str, field: str) -> timedelta:
+    """'250ms', '5s', '2m', '1h', '1d'."""
+    if text.strip().startswith("-"):
+        raise InvalidArgument(field, f"{text!r} is negative: give a positive duration like 5s")
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise InvalidArgument(field, f"{text!r} is not a duration like 500ms, 5s, 2m, 1h")
+    try:
+        return timedelta(milliseconds=float(m.group(1)) * _UNITS[m.group(2)])
+    except OverflowError:  # past timedelta's 999,999,999 days
+        raise InvalidArgument(field, f"{text!r} is too long a duration") from None
+
+
+# How a zoneless time given to a command is read, as each flag's help says it.
+ZONELESS_UTC = "a time without a zone is UTC"
+ZONELESS_JOB = (
+    "a time without a zone is a wall time in the job's zone (its cron's --tz; UTC for"
+    " other schedules)"
+)
+
+
+def fmt_time(t: datetime | None) -> str:
+    """Every time ``wheelctl`` prints: ISO 8601 in UTC, with its ``Z`` and
+    milliseconds (``2026-12-06T17:00:00.000Z``); ``-`` for none."""
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z" if t else "-"
+
+
+def fmt_zoned(t: datetime, tz: str) -> str:
+    """``t`` as a wall time of ``tz`` with its offset and the zone's name:
+    ``2026-12-07T02:00:00.000+09:00 (Asia/Tokyo)``."""
+    from zoneinfo import ZoneInfo
+
+    try:
+        zone = ZoneInfo(tz)
+    except (KeyError, ValueError):
+        return fmt_time(t)
+    return f"{t.astimezone(zone).isoformat(timespec='milliseconds')} ({tz})"
+
+
+def fmt_duration(d: timedelta | None) -> str:
+    """A run's duration as a person reads it: 132ms, 4.25s, 3m07s, 2h05m."""
+    if d is None:
+        return "-"
+    ms = round(d.total_seconds() * 1000)
+    if ms < 1000:
+        return f"{ms}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.2f}s"
+    s = ms // 1000
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def epoch_ms(t: datetime) -> int:
+    # The client's times are whole milliseconds: the round trip is exact.
+    return round(t.timestamp() * 1000)
+
+
+def command_client(ns: argparse.Namespace) -> Client:
+    return Client(ns.target, security=client_security(ns), token=ns.token)
+
+
+# -- parsing -------------------------------------------------------------------------
+
+
+class Parser(argparse.ArgumentParser):
+    """``wheelctl``'s parsers (its subcommands' too: argparse makes them of
+    the top one's class). A flag a command does not know is reported with
+    that command's usage, not the top-level list of commands. And a value
+    that starts with ``-`` and a digit (``--every -5s``, ``--from -1h``) is a
+    value, which the flag's own check then judges, rather than an unknown
+    flag leaving ``--every`` with "expected one argument"."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # argparse's own test for "a negative number, hence a value".
+        self._negative_number_matcher = re.compile(r"^-\d")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns, extras
+
+
+def at_least_one(text: str) -> int:
+    """A whole-number flag's type that refuses 0 and below in the CLI's own
+    words: ``argument --max-attempts: must be >= 1, got 0``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+# The node's limit on a payload (``wheel.engine.spec.Limits``).
+MAX_PAYLOAD_BYTES = 256 * 1024
+
+
+def read_payload(text: str, flag: str, *, files: bool = True) -> bytes:
+    """A payload flag's bytes: its text (UTF-8), or with ``files`` the
+    contents of ``@PATH`` (``@-``: standard input), which also carries a
+    payload too long for a command line. Over the node's limit it is refused
+    here, saying the limit."""
+    if files and text.startswith("@"):
+        path = text[1:]
+        try:
+            if path == "-":
+                data = sys.stdin.buffer.read()
+            else:
+                with open(path, "rb") as f:
+                    data = f.read()
+        except OSError as exc:
+            raise InvalidArgument(flag, f"cannot read {path}: {exc.strerror}") from None
+    else:
+        data = text.encode("utf-8", "surrogateescape")
+    if len(data) > MAX_PAYLOAD_BYTES:
+        raise InvalidArgument(
+            flag,
+            f"{len(data)} bytes is over the limit of {MAX_PAYLOAD_BYTES} bytes (256 KiB)",
+        )
+    return data
+
+
+def read_payload_json(text: str, flag: str, *, files: bool = True) -> bytes:
+    """``read_payload``, checked to be one JSON document (UTF-8)."""
+    data = read_payload(text, flag, files=files)
+    try:
+        json.loads(data)
+    except UnicodeDecodeError:
+        raise InvalidArgument(flag, "is not UTF-8 text, so not JSON") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(
+            flag, f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    return data
+
+
+# -- flag values the commands share --------------------------------------------------
+
+
+def _positive_ms(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number of milliseconds")
+    return value
+
+
+def _ms(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is a negative number of milliseconds")
+    return value
+
+
+def parse_retain(text: str) -> int | None:
+    """``--retain``: a duration (30d, 12h), or "forever" (never purge)."""
+    if text.strip().lower() in ("forever", "never", "off"):
+        return None
+    ms = round(parse_duration(text, "retain").total_seconds() * 1000)
+    if ms <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a retention must be positive (or 'forever')")
+    return ms
+
+
+def _retain(text: str) -> int | None:
+    try:
+        return parse_retain(text)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _seconds(text: str) -> float:
+    """A positive duration flag, in seconds."""
+    try:
+        seconds = parse_duration(text, "duration").total_seconds()
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration")
+    return seconds
+
+
+def _seconds_or_off(text: str) -> float:
+    """A duration flag that "off" (or 0) turns off, in seconds (0.0: off)."""
+    if text.strip().lower() in ("off", "0"):
+        return 0.0
+    return _seconds(text)
+
+
+def _add_log_format(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=os.environ.get("WHEEL_LOG_FORMAT", "text"),
+        help="text lines (default; $WHEEL_LOG_FORMAT), or one JSON object per line with"
+        " job_id, run_id, shard, fence and worker on every record about them",
+    )
+
+
+def version() -> str:
+    """The installed distribution's version (``wheelctl --version``); a
+    checkout that was never installed has no metadata, only the package's
+    own ``__version__``."""
+    try:
+        return importlib.metadata.version("wheel-scheduler")
+    except importlib.metadata.PackageNotFoundError:
+        import wheel
+
+        return wheel.__version__
+
+
+# -- the job's flags, shared by submit, import and update ---------------------------
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def parse_when(text: str, field: str) -> datetime | timedelta:
@@ -81,7 +271,7 @@ def parse_when(text: str, field: str) -> datetime | timedelta:
         return parse_duration(text[1:], field)
     if text.isdigit():
         try:
-            return _EPOCH + timedelta(milliseconds=int(text))
+            return EPOCH + timedelta(milliseconds=int(text))
         except OverflowError:
             raise InvalidArgument(field, f"{text!r} epoch ms is past the year 9999") from None
     try:
@@ -153,7 +343,7 @@ def job_payload(ns: argparse.Namespace, *, files: bool = True) -> Any:
 
 
 # The flags of a retry policy besides --max-attempts, and the Retry field each sets.
-_BACKOFF_FLAGS = {
+BACKOFF_FLAGS = {
     "initial_backoff": "initial_backoff",
     "max_backoff": "max_backoff",
     "backoff_multiplier": "multiplier",
@@ -169,7 +359,7 @@ def retry_of(ns: argparse.Namespace, defaults: dict[str, Any]) -> Retry | int:
         return getattr(ns, flag, defaults.get(flag))
 
     backoff: dict[str, Any] = {}
-    for flag, field in _BACKOFF_FLAGS.items():
+    for flag, field in BACKOFF_FLAGS.items():
         value = part(flag)
         if value is None:
             continue
@@ -178,58 +368,6 @@ def retry_of(ns: argparse.Namespace, defaults: dict[str, Any]) -> Retry | int:
     if not backoff:
         return attempts
     return Retry(max_attempts=attempts, **backoff)
-
-
-# -- commands ------------------------------------------------------------------------
-
-
-def cmd_worker(ns: argparse.Namespace) -> int:
-    from wheel.worker import load_handlers, run_worker
-
-    if not ns.handlers:
-        raise InvalidArgument(
-            "handlers", "give at least one module:function, module:worker or module"
-        )
-    # Modules are looked for in the working directory first, as uvicorn and
-    # celery do (a console script's sys.path does not have it).
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    handlers: dict[str, Any] = {}
-    for spec in ns.handlers:
-        for name, fn in load_handlers(spec):
-            if name in handlers and handlers[name] is not fn:
-                raise InvalidArgument("handlers", f"two handlers are named {name!r} ({spec!r})")
-            handlers[name] = fn
-    if ns.metrics_listen:
-        quiet_created_series()
-    targets = [t for arg in ns.target or () for t in arg.split(",") if t]
-    run_worker(
-        targets or [os.environ.get("WHEEL_TARGET", DEFAULT_TARGET)],
-        handlers,
-        capacity=ns.capacity,
-        worker_id=ns.worker_id,
-        pools=ns.pool or ["default"],
-        metrics_listen=ns.metrics_listen,
-        security=client_security(ns),
-        token=ns.token,
-    )
-    return 0
-
-
-def _job_line(job: Job) -> str:
-    return job_line(job)
-
-
-def cmd_submit(ns: argparse.Namespace) -> int:
-    args = submit_args(ns)
-    with command_client(ns) as client:
-        job = client.submit(**args)
-    if ns.json:
-        print(json.dumps({"job_id": job.job_id, "created": job.created}))
-    else:
-        print(f"{'submitted' if job.created else 'already submitted'} job {job.job_id}")
-        print(_job_line(job))
-    return 0
 
 
 def schedule_json(schedule: Schedule) -> dict[str, Any]:
@@ -301,31 +439,6 @@ def policies_json(job: Job) -> dict[str, Any]:
         "jitter_ms": ms(job.jitter),
         "at_most_once": job.at_most_once,
     }
-
-
-def _state_cmd(method: str) -> Any:
-    def run(ns: argparse.Namespace) -> int:
-        with command_client(ns) as client:
-            job = getattr(client, method)(ns.job_id)
-        print(_job_line(job))
-        return 0
-
-    return run
-
-
-def cmd_trigger(ns: argparse.Namespace) -> int:
-    with command_client(ns) as client:
-        out = client.trigger(ns.job_id)
-    print(
-        f"triggered job {out.job_id}: fire {fmt_time(out.scheduled_for)} key {out.idempotency_key}"
-    )
-    return 0
-
-
-def cmd_demo(ns: argparse.Namespace) -> int:
-    from wheel.demo import run_demo
-
-    return run_demo(duration_s=ns.duration, port=ns.port, data_dir=ns.data_dir)
 
 
 def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -474,145 +587,3 @@ def _on(ns: argparse.Namespace, on: str, off: str) -> bool:
     if getattr(ns, on, False) and getattr(ns, off, False):
         raise InvalidArgument(off, f"give {on} or {off}, not both")
     return bool(getattr(ns, on, False))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="wheelctl", description="wheel: a fault-tolerant job scheduler")
-    p.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
-    p.add_argument(
-        "--version",
-        action="version",
-        version=f"%(prog)s {version()}",
-        help="print the installed wheel-scheduler's version and exit",
-    )
-    sub = p.add_subparsers(dest="command", required=True)
-    target = os.environ.get("WHEEL_TARGET", DEFAULT_TARGET)
-    # Several nodes: a call goes to the next when one is unavailable; a worker
-    # learns the rest of a cluster from any of them.
-    target_help = "a node's HOST:PORT, or several comma-separated ($WHEEL_TARGET; %(default)s)"
-
-    add_serve_parser(sub)
-
-    w = sub.add_parser("worker", help="run handlers for assigned runs")
-    w.add_argument(
-        "handlers",
-        nargs="*",
-        help="module:function, name=module:function, module:worker (a wheel.worker.Worker:"
-        " its @worker.handler functions) or module (those of its Worker objects); modules are"
-        " found in the working directory too",
-    )
-    w.add_argument(
-        "--target",
-        action="append",
-        help="nodes to hold lease streams to: HOST:PORT[,HOST:PORT...], or the flag once per"
-        f" node; in a cluster one is enough, the others are found (default {target})",
-    )
-    w.add_argument("--capacity", type=int, default=16, help="runs at once, at most (%(default)s)")
-    w.add_argument("--worker-id", help="this worker's name (default: host and process id)")
-    w.add_argument(
-        "--pool", action="append", help="a pool to take runs of (default: default); again for more"
-    )
-    w.add_argument(
-        "--metrics-listen",
-        metavar="HOST:PORT",
-        help="serve the worker's Prometheus metrics at http://HOST:PORT/metrics (default: off)",
-    )
-    add_token_flag(w)
-    _add_log_format(w)
-    w.set_defaults(fn=cmd_worker)
-
-    sb = sub.add_parser("submit", help="submit a job")
-    sb.add_argument("--target", default=target, help=target_help)
-    add_token_flag(sb)
-    add_job_flags(sb)
-    sb.add_argument("--json", action="store_true", help="the answer as JSON: job_id, created")
-    sb.set_defaults(fn=cmd_submit)
-
-    register_listing(sub, target, target_help)
-
-    for name, method in (("cancel", "cancel"), ("pause", "pause"), ("resume", "resume")):
-        c = sub.add_parser(name, help=f"{name} a job")
-        c.add_argument("job_id", type=int, help="the job's id")
-        c.add_argument("--target", default=target, help=target_help)
-        add_token_flag(c)
-        c.set_defaults(fn=_state_cmd(method))
-
-    t = sub.add_parser("trigger", help="run a job now, out of band")
-    t.add_argument("job_id", type=int, help="the job's id")
-    t.add_argument("--target", default=target, help=target_help)
-    add_token_flag(t)
-    t.set_defaults(fn=cmd_trigger)
-
-    st = sub.add_parser("status", help="node status: counters, workers, unserved handlers")
-    st.add_argument("--target", default=target, help=target_help)
-    add_token_flag(st)
-    st.add_argument("--json", action="store_true", help="the status as JSON (durations in s)")
-    st.add_argument(
-        "--shards",
-        action="store_true",
-        help="and the shard map: each shard's owner and the epoch it holds it under, asked"
-        " of every member, with shards moving, held twice or not held said so",
-    )
-    st.set_defaults(fn=cmd_status)
-
-    al = sub.add_parser("alerts", help="the node's alerts, and the kinds firing now")
-    al.add_argument("--target", default=target, help=target_help)
-    add_token_flag(al)
-    al.add_argument("--since", help="only those raised this long ago or later, e.g. 1h")
-    al.add_argument("--limit", type=int, default=0, help="at most the newest N (0: all)")
-    al.add_argument("--json", action="store_true", help="the alerts as JSON")
-    al.set_defaults(fn=cmd_alerts)
-
-    fl = sub.add_parser("inflight", help="runs in flight on every member, with who holds each")
-    fl.add_argument("--target", default=target, help=target_help)
-    add_token_flag(fl)
-    fl.add_argument("--limit", type=int, default=100, help="at most N, lowest run ids (max 1000)")
-    fl.add_argument("--json", action="store_true", help="the runs as JSON")
-    fl.set_defaults(fn=cmd_inflight)
-
-    register_admin(sub, target, target_help)
-    from wheel.cli_import import register as register_import  # it imports this module
-
-    register_import(sub, target, target_help)
-    from wheel.cli_operator import register as register_operator  # it imports this module
-
-    register_operator(sub, target, target_help)
-
-    d = sub.add_parser("demo", help="a server, two workers and sample jobs, with live output")
-    d.add_argument("--duration", type=float, default=30.0, help="seconds (0: until Ctrl-C)")
-    d.add_argument("--port", type=int, default=50051, help="the demo node's port (%(default)s)")
-    d.add_argument("--data-dir", help="default: a temporary directory")
-    d.set_defaults(fn=cmd_demo)
-    cli_outbox.add_parser(sub)
-    for name, command in sub.choices.items():
-        if name not in ("serve", "demo", "outbox"):
-            add_client_flags(command)
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
-    configure_logging(
-        getattr(ns, "log_format", "text"), level=logging.DEBUG if ns.verbose else logging.INFO
-    )
-    try:
-        code: int = ns.fn(ns)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # The reader went away (``wheelctl jobs | head``): not an error of
-        # ours. Python's recipe: point stdout at devnull so that the flush at
-        # exit does not fail again, and end as a shell's killed writer would.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 141
-    except WheelError as exc:
-        fmt = getattr(ns, "log_format", "text")
-        print(announcement(f"wheelctl: {exc}", fmt, level=logging.ERROR), file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return code
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -16,9 +16,9 @@ import pytest
 from tests.conftest import free_port
 from tests.rpc.test_api import InProcessServer, wait_for
 from wheel.cli import build_parser, main
-from wheel.cli_serve import GC_YOUNG_THRESHOLD, SWITCH_INTERVAL_S, serve_config, tune_runtime
-from wheel.cli_shards import ShardRow, gather, shard_lines, shard_map
-from wheel.cli_status import status_lines
+from wheel.cli.serve import GC_YOUNG_THRESHOLD, SWITCH_INTERVAL_S, serve_config, tune_runtime
+from wheel.cli.shards import ShardRow, gather, shard_lines, shard_map
+from wheel.cli.status import status_lines
 from wheel.client import NodeStatus, ShardStatus, Status, UnservedHandler, WorkerStatus
 from wheel.engine.model import SHARD_COUNT
 from wheel.engine.owner import OwnerConfig
