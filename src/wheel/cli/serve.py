@@ -373,7 +373,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         store = open_store(url)
         if ns.init_admin_token and init_admin_token(store, ns.init_admin_token, store.clock_ms()):
             logging.getLogger("wheel").info("wrote a first admin token to %s", ns.init_admin_token)
-        # What a reload replaces (wheel._tls_reload): the listeners' TLS, and
+        # What a reload replaces (wheel.tls._reload): the listeners' TLS, and
         # that of the channels to the other members and to etcd.
         live_server = LiveServerSecurity(security.server) if security.server else None
         live_peers, live_etcd = (
