@@ -76,13 +76,21 @@ def test_serve_flags_become_the_process_config(tmp_path: Path) -> None:
     assert not (tmp_path / "d").exists()
 
 
-def test_the_test_hooks_come_from_the_environment_given_and_only_from_it(tmp_path: Path) -> None:
+def test_the_test_hooks_come_from_hidden_flags_not_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The names these hooks once had in the environment are not read.
+    monkeypatch.setenv("WHEEL_CLOCK_SKEW_FILE", str(tmp_path / "skew"))
+    monkeypatch.setenv("WHEEL_OUTBOX_RECORD_DELAY_S", "9")
     skew = tmp_path / "skew"
     skew.write_text("1500")
-    hooks = serve_hooks({"WHEEL_CLOCK_SKEW_FILE": str(skew), "WHEEL_OUTBOX_RECORD_DELAY_S": "2.5"})
+    parse = build_parser().parse_args
+    hooks = serve_hooks(
+        parse(["serve", "--clock-skew-file", str(skew), "--outbox-record-delay", "2.5"])
+    )
     assert hooks.clock is not None and hooks.clock.skew_ms == 1500
     assert hooks.outbox_record_delay_s == 2.5
-    none = serve_hooks({})
+    none = serve_hooks(parse(["serve"]))
     assert (none.clock, none.outbox_record_delay_s) == (None, 0.0)
 
 

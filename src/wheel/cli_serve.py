@@ -179,6 +179,15 @@ def add_serve_parser(sub: Any) -> None:
         " for new connections without a restart, as SIGHUP does ('off': on SIGHUP only;"
         " default %(default)s)",
     )
+    # Test hooks, not for production (so not in --help): a file whose number of
+    # milliseconds skews the node's clock, read again on SIGUSR1 (fault
+    # injection steps one node's clock without touching the machine's); a
+    # pause of the outbox relay between storing a batch's jobs and recording
+    # their rows' fate (the window a crash can fall in).
+    s.add_argument("--clock-skew-file", metavar="PATH", help=argparse.SUPPRESS)
+    s.add_argument(
+        "--outbox-record-delay", type=float, default=0.0, metavar="SECONDS", help=argparse.SUPPRESS
+    )
     s.add_argument(
         "--cprofile",
         metavar="PATH",
@@ -349,19 +358,16 @@ def _first_admin_token(path: str) -> Callable[[Store], None]:
     return write
 
 
-def serve_hooks(environ: Mapping[str, str]) -> Hooks:
-    """The test hooks a node's process takes from its environment (unset in
-    production): a clock reading a skew file (``WHEEL_CLOCK_SKEW_FILE``) and
-    the outbox relay's pause before it records its rows' fate
-    (``WHEEL_OUTBOX_RECORD_DELAY_S``)."""
+def serve_hooks(ns: argparse.Namespace) -> Hooks:
+    """The test hooks a node's process takes from its hidden flags (none in
+    production): a clock reading ``--clock-skew-file`` and the outbox
+    relay's ``--outbox-record-delay``."""
     from wheel.app import Hooks
-    from wheel.node import CLOCK_SKEW_ENV, Clock
-    from wheel.node._outbox import RECORD_DELAY_ENV
+    from wheel.node import Clock
 
-    skew_file = environ.get(CLOCK_SKEW_ENV)
     return Hooks(
-        clock=Clock(skew_file=skew_file) if skew_file else None,
-        outbox_record_delay_s=float(environ.get(RECORD_DELAY_ENV) or 0),
+        clock=Clock(skew_file=ns.clock_skew_file) if ns.clock_skew_file else None,
+        outbox_record_delay_s=ns.outbox_record_delay,
     )
 
 
@@ -375,7 +381,7 @@ def cmd_serve(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) 
     """Run a node until SIGTERM or SIGINT: drain, leave the cluster, exit."""
     environ = os.environ if environ is None else environ
     config = app_config(ns)
-    hooks = serve_hooks(environ)
+    hooks = serve_hooks(ns)
     if hooks.clock is not None:
         # A step signalled before the handler is installed must not end the
         # process (SIGUSR1's default action).

@@ -25,14 +25,6 @@ from wheel.errors import InvalidArgument
 
 DAY_MS = 86_400_000
 
-# Test hook: names a file holding a number of milliseconds added to the wall
-# time the node's clock reads at start, re-read on ``Clock.reload_skew``
-# (wheelctl serve calls it on SIGUSR1). It lets fault-injection runs give one
-# node a skewed clock, or step it, without touching the machine's clock.
-# Unset in production; read by ``wheelctl serve`` only (``Clock`` takes the
-# file as ``skew_file``).
-CLOCK_SKEW_ENV = "WHEEL_CLOCK_SKEW_FILE"
-
 
 class Clock:
     """Milliseconds on the wall-clock scale that never step backwards: a wall
@@ -42,10 +34,12 @@ class Clock:
     one clock, whatever their hosts' clocks say (seed 7: one clock, the
     database's).
 
-    ``skew_file`` (default: none) is a test hook that makes the host's wall
-    clock wrong: its number of milliseconds is added to the host's wall
-    time, and ``reload_skew`` reads it again, which steps that wall time by
-    the difference (backwards too).
+    ``skew_file`` (default: none; ``wheelctl serve --clock-skew-file``) is a
+    test hook that makes the host's wall clock wrong: its number of
+    milliseconds is added to the host's wall time, and ``reload_skew`` reads
+    it again (serve: on SIGUSR1), which steps that wall time by the
+    difference (backwards too). It lets fault-injection runs give one node a
+    skewed clock, or step it, without touching the machine's clock.
     Before an anchor the node's clock follows it; after, only ``wall_ms``
     does."""
 
