@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from wheel._lock import lock_data_dir, lock_sqlite_file
+from wheel._lock import DirLock, lock_data_dir, lock_sqlite_file
 from wheel._tls import ChannelSecurity, LiveChannelSecurity, LiveServerSecurity
 from wheel._tls_cli import NodeSecurity, api_address
 from wheel.auth import DEFAULT_RECHECK_S
@@ -365,7 +365,7 @@ async def _start(config: AppConfig, hooks: Hooks, parts: _Parts, announce: Annou
     )
 
 
-def _locks(config: AppConfig) -> list[Any]:
+def _locks(config: AppConfig) -> list[DirLock]:
     """One node per data directory (and per SQLite file kept outside it),
     refused before anything is opened."""
     if config.data_dir is None:
