@@ -20,7 +20,7 @@ or a worker; PostgreSQL stopped (fast or immediate) and started again, or our
 backends terminated; etcd killed or stopped and started again; a node cut off
 from etcd or from PostgreSQL (its relay holds traffic; healing either lets it
 through or resets the connections); a node's clock stepped (the node's
-``WHEEL_CLOCK_SKEW_FILE`` test hook and SIGUSR1); a node's data directory, a
+``--clock-skew-file`` test hook and SIGUSR1); a node's data directory, a
 tiny tmpfs, filled. Dead workers and nodes that the nemesis did not kill are
 restarted too (a handler's ``os._exit``), and counted.
 
@@ -793,7 +793,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
         workers=args.workers,
         name="chaos",
         etcd_links=True,
-        node_env=lambda n: {"WHEEL_CLOCK_SKEW_FILE": str(skew_files[n])},
+        node_flags=lambda n: ("--clock-skew-file", str(skew_files[n])),
         worker_capacity=args.capacity,
     )
     nemesis = Nemesis(cluster, etcd, pg, skew_files, disks, log)

@@ -1,19 +1,26 @@
 """``wheelctl demo``: a node, two workers and sample jobs, with live output.
 
-The handlers below are what the demo's workers run; they are also a small
-example of the worker SDK.
+The node runs in the demo's own process (``wheel.app.running``, as
+``wheelctl serve`` runs it), its log in ``server.log``; the workers are
+``wheelctl worker`` processes. The handlers below are what the demo's
+workers run; they are also a small example of the worker SDK.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from wheel.worker import Retryable, RunContext
 
@@ -43,6 +50,76 @@ def _wheelctl(*args: str) -> list[str]:
     return [sys.executable, "-m", "wheel", *args]
 
 
+class DemoNode:
+    """The demo's node: ``wheel.app.running`` on an event loop in a thread,
+    SQLite and the checkpoint in ``data_dir``, its log lines (not its
+    announcements) in ``data_dir/server.log``."""
+
+    def __init__(self, data_dir: Path, listen: str) -> None:
+        from wheel.app import AppConfig
+        from wheel.node import NodeConfig
+
+        self.config = AppConfig(
+            store_url=f"sqlite:///{data_dir / 'wheel.db'}",
+            node=NodeConfig(checkpoint_dir=str(data_dir / "checkpoint")),
+            listen=listen,
+            data_dir=data_dir,
+        )
+        self.log = logging.FileHandler(data_dir / "server.log")
+        self.log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self.error: BaseException | None = None
+        self._level = logging.NOTSET
+        self._started = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="demo-node", daemon=True)
+
+    def start(self) -> bool:
+        """Serving (True), or failed to start (False; ``error`` says why)."""
+        logger = logging.getLogger("wheel")
+        self._level = logger.level
+        logger.addHandler(self.log)
+        logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
+        logger.propagate = False
+        self._thread.start()
+        self._started.wait()
+        return self.error is None
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            # Its loop is closed already when the node did not start.
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+        logger = logging.getLogger("wheel")
+        logger.removeHandler(self.log)
+        logger.setLevel(self._level)
+        logger.propagate = True
+        self.log.close()
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self._started.set()
+
+    async def _serve(self) -> None:
+        from wheel.app import running
+
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+
+        def say(message: str, /, **fields: Any) -> None:
+            print(message, flush=True)
+
+        async with running(self.config, announce=say) as app:
+            print(f"wheel serving on {self.config.listen.rsplit(':', 1)[0]}:{app.port}", flush=True)
+            self._started.set()
+            await self._stop.wait()
+
+
 def run_demo(*, duration_s: float, port: int, data_dir: str | None) -> int:
     from wheel.client import Client, JobArgs, Retry
 
@@ -53,24 +130,13 @@ def run_demo(*, duration_s: float, port: int, data_dir: str | None) -> int:
     target = f"127.0.0.1:{port}"
     procs: list[subprocess.Popen[bytes]] = []
     print(f"== wheel demo: node on {target}, data in {data_dir}", flush=True)
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    node = DemoNode(Path(data_dir).resolve(), target)
     try:
-        procs.append(
-            subprocess.Popen(
-                _wheelctl("serve", "--data-dir", data_dir, "--listen", target),
-                stderr=open(Path(data_dir) / "server.log", "ab"),  # noqa: SIM115
-            )
-        )
+        if not node.start():
+            print(f"the node did not start: {node.error}; see server.log", file=sys.stderr)
+            return 1
         client = Client(target)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.status()
-                break
-            except Exception:
-                if time.monotonic() > deadline or procs[0].poll() is not None:
-                    print("the node did not start; see server.log", file=sys.stderr)
-                    return 1
-                time.sleep(0.2)
         for name in ("worker-a", "worker-b"):
             env = dict(os.environ, WHEEL_DEMO_WORKER=name)
             procs.append(
@@ -161,5 +227,6 @@ def run_demo(*, duration_s: float, port: int, data_dir: str | None) -> int:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+        node.stop()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

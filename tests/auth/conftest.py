@@ -27,11 +27,11 @@ RECHECK_S = 0.3
 
 
 class AuthServer(LiveNode):
-    """``Node`` + ``serve(auth=True)`` on their own loop in a thread."""
+    """A node's process with ``auth`` on its own loop in a thread."""
 
     def __init__(self, store_url: str, owner: OwnerConfig | None = None) -> None:
         config = NodeConfig(owner=owner or OwnerConfig(), checkpoint_dir=None)
-        super().__init__(store_url, config, serve_options={"auth": True, "recheck_s": RECHECK_S})
+        super().__init__(store_url, config, auth=True, recheck_s=RECHECK_S)
 
     def mint(self, tenant: str, *scopes: str, **kw: Any) -> str:
         """A new token straight into the store; returns the bearer string."""

@@ -2,7 +2,7 @@
 benchmark's clock steps (``--faults clock_step``): a node ran on its host's
 wall time, so one started 3 s ahead started runs 3 s early. A node now reads
 the store's clock at start and runs on it (``Node._anchor_clock``), so its
-host's clock -- skewed by the ``WHEEL_CLOCK_SKEW_FILE`` test hook here --
+host's clock -- skewed by the ``--clock-skew-file`` test hook here --
 no longer decides when a fire is due.
 """
 
@@ -32,14 +32,14 @@ def skewed(
     tmp_path_factory: pytest.TempPathFactory, module_etcd_server: EtcdServer, module_pg_dsn: str
 ) -> Iterator[Cluster]:
     """A one-node cluster whose node's clock reads SKEW_MS ahead (the
-    ``WHEEL_CLOCK_SKEW_FILE`` test hook), and one worker; one for the
+    ``--clock-skew-file`` test hook), and one worker; one for the
     module, each test judging only its own jobs."""
     root = tmp_path_factory.mktemp("skewed")
     skew = root / "skew"
     skew.write_text(str(SKEW_MS))
     c = Cluster(
         root, module_etcd_server, module_pg_dsn, size=1, workers=1,
-        node_env=lambda _: {"WHEEL_CLOCK_SKEW_FILE": str(skew)},
+        node_flags=lambda _: ("--clock-skew-file", str(skew)),
     )  # fmt: skip
     try:
         c.start()

@@ -16,7 +16,15 @@ import pytest
 from tests.conftest import free_port
 from tests.rpc.test_api import InProcessServer, wait_for
 from wheel.cli import build_parser, main
-from wheel.cli.serve import GC_YOUNG_THRESHOLD, SWITCH_INTERVAL_S, serve_config, tune_runtime
+from wheel.cli.serve import (
+    GC_YOUNG_THRESHOLD,
+    SWITCH_INTERVAL_S,
+    app_config,
+    cprofile_path,
+    serve_config,
+    serve_hooks,
+    tune_runtime,
+)
 from wheel.cli.shards import ShardRow, gather, shard_lines, shard_map
 from wheel.cli.status import status_lines
 from wheel.client import NodeStatus, ShardStatus, Status, UnservedHandler, WorkerStatus
@@ -46,6 +54,52 @@ def test_serve_defaults_are_the_node_defaults(tmp_path: Path) -> None:
     assert config.group_commit_ms == NodeConfig().group_commit_ms == 20
     assert config.group_commit_light_ms == NodeConfig().group_commit_light_ms == 5
     assert config.checkpoint_dir is None
+
+
+def test_serve_flags_become_the_process_config(tmp_path: Path) -> None:
+    ns = build_parser().parse_args(
+        [
+            "serve",
+            "--data-dir", str(tmp_path / "d"),
+            "--listen", "127.0.0.1:7001",
+            "--metrics-listen", "127.0.0.1:7002",
+            "--outbox-dsn", "off",
+        ]
+    )  # fmt: skip
+    config = app_config(ns)
+    assert config.data_dir == (tmp_path / "d").resolve()
+    assert config.store_url == f"sqlite:///{(tmp_path / 'd').resolve() / 'wheel.db'}"
+    assert (config.listen, config.metrics_listen) == ("127.0.0.1:7001", "127.0.0.1:7002")
+    assert (config.cluster, config.outbox_dsn, config.tls_reload) == (None, None, None)
+    assert config.freeze_heap
+    # Checked, not acted on: nothing is made on disk.
+    assert not (tmp_path / "d").exists()
+
+
+def test_the_test_hooks_come_from_hidden_flags_not_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The names these hooks once had in the environment are not read.
+    monkeypatch.setenv("WHEEL_CLOCK_SKEW_FILE", str(tmp_path / "skew"))
+    monkeypatch.setenv("WHEEL_OUTBOX_RECORD_DELAY_S", "9")
+    skew = tmp_path / "skew"
+    skew.write_text("1500")
+    parse = build_parser().parse_args
+    hooks = serve_hooks(
+        parse(["serve", "--clock-skew-file", str(skew), "--outbox-record-delay", "2.5"])
+    )
+    assert hooks.clock is not None and hooks.clock.skew_ms == 1500
+    assert hooks.outbox_record_delay_s == 2.5
+    none = serve_hooks(parse(["serve"]))
+    assert (none.clock, none.outbox_record_delay_s) == (None, 0.0)
+
+
+def test_the_cprofile_switch_is_a_flag_or_its_variable_or_the_old_name() -> None:
+    parse = build_parser().parse_args
+    assert cprofile_path(parse(["serve", "--cprofile", "/tmp/a.prof"]), {}) == "/tmp/a.prof"
+    assert cprofile_path(parse(["serve"]), {"WHEEL_CPROFILE": "/tmp/b.prof"}) == "/tmp/b.prof"
+    assert cprofile_path(parse(["serve"]), {"WHEEL_PROFILE": "/tmp/c.prof"}) == "/tmp/c.prof"
+    assert cprofile_path(parse(["serve"]), {}) is None
 
 
 def _imported(code: str, modules: tuple[str, ...]) -> list[str]:

@@ -529,13 +529,14 @@ class Cluster:
         workers: int = 2,
         name: str = "wheel-test",
         etcd_links: bool = False,
-        node_env: Callable[[str], Mapping[str, str]] | None = None,
+        node_flags: Callable[[str], Sequence[str]] | None = None,
         worker_capacity: int = 32,
         node_args: Sequence[str] = (),
         security: ChannelSecurity | None = None,
         worker_env: Mapping[str, str] | None = None,
     ) -> None:
-        """``node_args``: more flags for every node (TLS, say); ``security``:
+        """``node_args``: more flags for every node (TLS, say); ``node_flags``:
+        more for each node by its id (a test hook's file, say); ``security``:
         how the test reaches the nodes; ``worker_env``: the workers' (WHEEL_TLS_*)."""
         self.root = root
         self.etcd = etcd
@@ -555,8 +556,7 @@ class Cluster:
                 node_id,
                 self._cluster_url(node_id, name),
                 through(dsn, self.links[node_id]),
-                env=node_env(node_id) if node_env is not None else None,
-                args=node_args,
+                args=(*node_args, *(node_flags(node_id) if node_flags is not None else ())),
                 security=security,
             )
             for node_id in ids

@@ -1,7 +1,8 @@
-"""A real node for the operations tests: ``Node`` + ``serve`` + its
-``/metrics`` endpoint on an event loop in a thread, on the store URL given
-(SQLite on disk or PostgreSQL), and helpers to scrape and to hold a gRPC
-health check."""
+"""A real node for the operations tests: the node's process
+(``wheel.app.running``: the node, its gRPC server and its ``/metrics``
+endpoint) on an event loop in a thread, on the store URL given (SQLite on
+disk or PostgreSQL), and helpers to scrape and to hold a gRPC health
+check."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import contextlib
 import socket
 import threading
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, Self
 
@@ -18,12 +19,12 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from wheel.app import AppConfig, Hooks, running
+from wheel.auth import DEFAULT_RECHECK_S
 from wheel.coord.base import Coordinator
 from wheel.metrics import MetricsServer
 from wheel.node import Node, NodeConfig
-from wheel.rpc.server import serve
 from wheel.store.base import Store
-from wheel.store.open import open_store
 
 
 class LiveNode:
@@ -35,13 +36,23 @@ class LiveNode:
         config: NodeConfig,
         *,
         coordinator: Callable[[Store], Coordinator] | None = None,
-        serve_options: Mapping[str, Any] | None = None,
+        auth: bool = False,
+        recheck_s: float = DEFAULT_RECHECK_S,
     ) -> None:
-        """``serve_options``: more keywords for ``wheel.rpc.server.serve``."""
+        """``auth``: every call needs a token, re-checked every ``recheck_s``."""
         self.store_url = store_url
         self.config = config
-        self._coordinator = coordinator
-        self._serve_options = dict(serve_options or {})
+        self._app_config = AppConfig(
+            store_url=store_url,
+            node=config,
+            listen="127.0.0.1:0",
+            metrics_listen="127.0.0.1:0",
+            auth=auth,
+            auth_recheck_s=recheck_s,
+            drain_s=0.5,
+        )
+        self._hooks = Hooks(coordinator=coordinator)
+        self._stack = contextlib.AsyncExitStack()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.node: Node | None = None
@@ -64,13 +75,9 @@ class LiveNode:
         return self
 
     async def _start(self) -> None:
-        store = open_store(self.store_url)
-        coordinator = self._coordinator(store) if self._coordinator is not None else None
-        self.node = Node(store, self.config, coordinator=coordinator)
-        await self.node.start()
-        self.server, self.port = await serve(self.node, "127.0.0.1:0", **self._serve_options)
-        self.metrics = MetricsServer(self.node.metrics.registry)
-        await self.metrics.start("127.0.0.1:0")
+        app = await self._stack.enter_async_context(running(self._app_config, self._hooks))
+        self.node, self.server, self.port = app.node, app.server, app.port
+        self.metrics = app.metrics
 
     def run(self, coro: Any, timeout: float = 10) -> Any:
         fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -85,17 +92,8 @@ class LiveNode:
         return self.run(wrapper(), timeout)
 
     def stop(self) -> None:
-        async def _stop() -> None:
-            if self.metrics is not None:
-                await self.metrics.stop()
-            if self.server is not None:
-                await self.server.stop(grace=0.5)
-            if self.node is not None:
-                await self.node.stop()
-                self.node.store.close()
-
         try:
-            self.run(_stop(), timeout=30)
+            self.run(self._stack.aclose(), timeout=30)
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)

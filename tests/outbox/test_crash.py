@@ -19,7 +19,7 @@ from tests.e2e.procs import ServerProc, wait_for, wheelctl
 from tests.outbox._pg import OwnPostgres
 from wheel import outbox
 from wheel.client import Client
-from wheel.node._outbox import BATCH_ROWS, LANES, RECORD_DELAY_ENV
+from wheel.node._outbox import BATCH_ROWS, LANES
 
 pytestmark = pytest.mark.slow
 
@@ -36,14 +36,14 @@ def count(conn: psycopg.Connection[Any], query: str, *args: Any) -> int:
 
 @pytest.mark.postgres
 def test_a_node_killed_after_storing_jobs_but_before_their_fate_makes_each_row_one_job(
-    tmp_path: Path, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, pg_dsn: str
 ) -> None:
     # A batch for each lane, the last one short: every row is claimed at once.
     rows = LANES * BATCH_ROWS - 1_000
     server = ServerProc(tmp_path / "data", store=pg_dsn)
     # The first node stores its first batch's jobs, then waits before it
     # records their rows' fate: the window a crash can fall in.
-    monkeypatch.setenv(RECORD_DELAY_ENV, "60")
+    server.args = ("--outbox-record-delay", "60")
     server.start()
     try:
         with psycopg.connect(pg_dsn) as conn:
@@ -63,7 +63,7 @@ def test_a_node_killed_after_storing_jobs_but_before_their_fate_makes_each_row_o
                 for r in conn.execute("SELECT job_id FROM jobs WHERE name = 'crash'").fetchall()
             }
             assert len(before) == rows
-            monkeypatch.delenv(RECORD_DELAY_ENV)
+            server.args = ()
             server.start()
             wait_for(lambda: count(conn, pending) == 0, 60, "every row's fate", interval=0.2)
             fates = conn.execute(

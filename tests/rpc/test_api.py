@@ -17,12 +17,12 @@ from typing import Any
 import grpc
 import pytest
 
+from wheel.app import AppConfig, running
 from wheel.engine.model import JobState
 from wheel.engine.owner import OwnerConfig
 from wheel.engine.spec import DEFAULT_LIMITS
 from wheel.node import Node, NodeConfig
 from wheel.rpc._common import MAX_MESSAGE_BYTES
-from wheel.rpc.server import serve
 from wheel.rpc.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
@@ -37,8 +37,9 @@ from wheel.worker import Permanent, RunContext, Worker
 
 
 class InProcessServer:
-    """``Node`` + ``serve`` on their own asyncio loop in a thread, SQLite on disk,
-    listening on a loopback port: real gRPC, no subprocess start-up cost."""
+    """A node's process (``wheel.app.running``) on its own asyncio loop in a
+    thread, SQLite on disk, listening on a loopback port: real gRPC, no
+    subprocess start-up cost."""
 
     def __init__(
         self,
@@ -58,6 +59,7 @@ class InProcessServer:
         self.node: Node | None = None
         self.server: Any = None
         self.port = 0
+        self._stack = contextlib.AsyncExitStack()
 
     @property
     def target(self) -> str:
@@ -69,10 +71,14 @@ class InProcessServer:
         return self
 
     async def _start(self) -> None:
-        store = open_store(self.store or f"sqlite:///{self.data_dir / 'wheel.db'}")
-        self.node = Node(store, NodeConfig(owner=self.owner, **self.node_config))
-        await self.node.start()
-        self.server, self.port = await serve(self.node, "127.0.0.1:0")
+        config = AppConfig(
+            store_url=self.store or f"sqlite:///{self.data_dir / 'wheel.db'}",
+            node=NodeConfig(owner=self.owner, **self.node_config),
+            listen="127.0.0.1:0",
+            drain_s=0.5,
+        )
+        app = await self._stack.enter_async_context(running(config))
+        self.node, self.server, self.port = app.node, app.server, app.port
 
     def run(self, coro: Any, timeout: float = 10) -> Any:
         fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -87,15 +93,8 @@ class InProcessServer:
         return self.run(wrapper(), timeout)
 
     def stop(self) -> None:
-        async def _stop() -> None:
-            if self.server is not None:
-                await self.server.stop(grace=0.5)
-            if self.node is not None:
-                await self.node.stop()
-                self.node.store.close()
-
         try:
-            self.run(_stop(), timeout=30)
+            self.run(self._stack.aclose(), timeout=30)
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)

@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from wheel.errors import InvalidArgument, StoreUnavailable
-
-if TYPE_CHECKING:
-    from wheel.node import Node, OutboxRelay
 
 # ``--outbox-dsn`` that turns the relay off.
 OFF = "off"
@@ -46,31 +42,6 @@ def outbox_dsn(ns: argparse.Namespace, store_url: str) -> str | None:
             raise InvalidArgument("outbox_dsn", f"{given!r} is not a PostgreSQL DSN")
         return str(given)
     return libpq_dsn(store_url)
-
-
-def start_relay(node: Node, dsn: str) -> OutboxRelay:
-    import os
-
-    from wheel.node import OutboxRelay
-    from wheel.node._outbox import RECORD_DELAY_ENV
-
-    relay = OutboxRelay(node, dsn, record_delay_s=float(os.environ.get(RECORD_DELAY_ENV) or 0))
-    relay.start()
-    logging.getLogger("wheel").info("relaying the outbox at %s", _safe(dsn))
-    return relay
-
-
-def _safe(dsn: str) -> str:
-    """A DSN to log: without its password."""
-    from psycopg.conninfo import conninfo_to_dict
-
-    try:
-        params = conninfo_to_dict(dsn)
-    except Exception:
-        return "(a DSN)"
-    return (
-        f"{params.get('host', 'localhost')}:{params.get('port', 5432)}/{params.get('dbname', '')}"
-    )
 
 
 def add_parser(sub: Any) -> None:

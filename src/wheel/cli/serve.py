@@ -1,6 +1,6 @@
-"""``wheelctl serve``: a node's flags, its configuration from them, and the
-command that runs it (the store, the coordinator, the gRPC server, the
-metrics and console listeners, TLS reloads, until SIGTERM)."""
+"""``wheelctl serve``: a node's flags, its configuration from them
+(``wheel.app.AppConfig``, read once here with the environment), and the
+command that runs it (``wheel.app.running``) until SIGTERM."""
 
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from wheel._lock import lock_data_dir, lock_sqlite_file
 from wheel.cli import outbox as cli_outbox
 from wheel.cli._common import (
     _add_log_format,
@@ -30,22 +29,16 @@ from wheel.cli.admin import add_auth_flags, init_admin_token
 from wheel.errors import InvalidArgument
 from wheel.logs import announcement
 from wheel.tls import DEFAULT_INTERVAL_S as DEFAULT_RELOAD_INTERVAL_S
-from wheel.tls import (
-    ChannelSecurity,
-    LiveChannelSecurity,
-    LiveServerSecurity,
-    NodeSecurity,
-    TlsReloader,
-    add_serve_flags,
-    api_address,
-    check_http_listen,
-    node_security,
-    tls_paths,
-)
+from wheel.tls import add_serve_flags, check_http_listen, node_security, tls_paths
 
 if TYPE_CHECKING:
-    from wheel.console import ConsoleServer
-    from wheel.metrics import MetricsServer
+    from wheel.app import AppConfig, Hooks
+    from wheel.store.base import Store
+
+# ``--cprofile``'s environment variable, and the name it had before (a job's
+# profile is its template: this one is cProfile's).
+CPROFILE_ENV = "WHEEL_CPROFILE"
+OLD_CPROFILE_ENV = "WHEEL_PROFILE"
 
 
 def add_serve_parser(sub: Any) -> None:
@@ -186,6 +179,21 @@ def add_serve_parser(sub: Any) -> None:
         " for new connections without a restart, as SIGHUP does ('off': on SIGHUP only;"
         " default %(default)s)",
     )
+    # Test hooks, not for production (so not in --help): a file whose number of
+    # milliseconds skews the node's clock, read again on SIGUSR1 (fault
+    # injection steps one node's clock without touching the machine's); a
+    # pause of the outbox relay between storing a batch's jobs and recording
+    # their rows' fate (the window a crash can fall in).
+    s.add_argument("--clock-skew-file", metavar="PATH", help=argparse.SUPPRESS)
+    s.add_argument(
+        "--outbox-record-delay", type=float, default=0.0, metavar="SECONDS", help=argparse.SUPPRESS
+    )
+    s.add_argument(
+        "--cprofile",
+        metavar="PATH",
+        help="write a cProfile of the node's process to PATH when it stops: where its time"
+        f" goes (${CPROFILE_ENV}; default: off)",
+    )
     add_auth_flags(s, seconds=_seconds)
     _add_log_format(s)
     s.set_defaults(fn=cmd_serve)
@@ -215,27 +223,6 @@ def parse_cluster_url(url: str) -> tuple[list[str], str]:
     if not endpoints:
         raise InvalidArgument("cluster", f"{url!r} names no etcd endpoint")
     return endpoints, name
-
-
-async def listen_on(field: str, listen: str, starting: Awaitable[int]) -> int:
-    """The port an HTTP listener bound, or ``InvalidArgument`` naming its
-    flag when its address is in use (or not this host's)."""
-    try:
-        return await starting
-    except OSError as exc:
-        why = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise InvalidArgument(field, f"cannot listen on {listen}: {why}") from None
-
-
-def sqlite_file(url: str) -> Path | None:
-    """The file of an SQLite store URL (None: not SQLite, or in memory)."""
-    scheme, sep, rest = url.partition(":///")
-    if scheme != "sqlite" or not sep:
-        return None
-    path = rest.split("?", 1)[0]
-    if not path or path == ":memory:":
-        return None
-    return Path(path).resolve()
 
 
 def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
@@ -295,36 +282,16 @@ def quiet_created_series() -> None:
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
-def console_security(
-    security: NodeSecurity, peers: LiveChannelSecurity
-) -> ChannelSecurity | LiveChannelSecurity:
-    """How the web console's channel to its own node is secured: as the
-    node's channels to its peers, which trust --peer-tls-ca or --client-ca;
-    with neither, the node's own certificate chain (a node with a private
-    CA and no client certificates still reaches itself)."""
-    server = security.server
-    if server is None or peers.current.ca is not None:
-        return peers
-    return ChannelSecurity(tls=True, ca=server.cert, cert=server.cert, key=server.key)
+def app_config(ns: argparse.Namespace) -> AppConfig:
+    """The node's process from ``wheelctl serve``'s flags, checked: a bad
+    flag, or a network address without TLS, is refused here, before
+    anything is opened."""
+    from wheel.app import AppConfig, ClusterConfig, TlsReload
 
-
-def cmd_serve(ns: argparse.Namespace) -> int:
-    from wheel.node import CLOCK_SKEW_ENV, Node
-    from wheel.rpc.server import bind
-    from wheel.store.open import open_store
-
-    if os.environ.get(CLOCK_SKEW_ENV):
-        # Test hook (see wheel.node.Clock): a step signalled before the handler
-        # is installed must not end the process (SIGUSR1's default action);
-        # the clock reads the file when it is made.
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    # Refused (a bad flag, a network address without TLS) before touching anything.
     security = node_security(ns, auth=ns.auth)
     data_dir = Path(ns.data_dir).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
     url = ns.store or f"sqlite:///{data_dir / 'wheel.db'}"
-
-    coordinator_args = None
+    cluster = None
     if ns.cluster:
         if not url.startswith(("postgresql://", "postgres://")):
             raise InvalidArgument(
@@ -332,15 +299,14 @@ def cmd_serve(ns: argparse.Namespace) -> int:
                 "--cluster needs a PostgreSQL store (--store postgresql://...): SQLite is"
                 " one node's embedded file",
             )
-        endpoints, cluster = parse_cluster_url(ns.cluster)
+        endpoints, name = parse_cluster_url(ns.cluster)
         advertise = ns.advertise or ns.listen
         host, _, port = advertise.rpartition(":")
         if port in ("", "0") or host.strip("[]") in ("", "0.0.0.0", "::"):
             raise InvalidArgument(
                 "advertise", f"{advertise!r}: other members need a fixed host:port to reach"
             )
-        coordinator_args = (endpoints, cluster, advertise)
-
+        cluster = ClusterConfig(endpoints=tuple(endpoints), name=name, lease_ttl_s=ns.lease_ttl)
     if ns.init_admin_token and not ns.auth:
         raise InvalidArgument("init_admin_token", "goes with --auth")
     if ns.http_listen:
@@ -354,6 +320,74 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             raise InvalidArgument("http_listen", problem)
     elif ns.console_actions:
         raise InvalidArgument("console_actions", "goes with --http-listen")
+    paths = tls_paths(ns)
+    return AppConfig(
+        store_url=url,
+        node=serve_config(ns, data_dir),
+        listen=ns.listen,
+        data_dir=data_dir,
+        advertise=ns.advertise,
+        cluster=cluster,
+        security=security,
+        tls_reload=TlsReload(
+            load=lambda: node_security(ns, auth=ns.auth),
+            paths=tuple(paths),
+            interval_s=ns.tls_reload_interval,
+        )
+        if paths
+        else None,
+        auth=ns.auth,
+        auth_recheck_s=ns.auth_recheck,
+        metrics_listen=ns.metrics_listen,
+        http_listen=ns.http_listen,
+        console_actions=ns.console_actions,
+        outbox_dsn=cli_outbox.outbox_dsn(ns, url),
+        on_store=_first_admin_token(ns.init_admin_token) if ns.init_admin_token else None,
+        freeze_heap=True,
+    )
+
+
+def _first_admin_token(path: str) -> Callable[[Store], None]:
+    """``--init-admin-token``: a first admin token written to ``path`` when
+    the store holds none."""
+
+    def write(store: Store) -> None:
+        if init_admin_token(store, path, store.clock_ms()):
+            logging.getLogger("wheel").info("wrote a first admin token to %s", path)
+
+    return write
+
+
+def serve_hooks(ns: argparse.Namespace) -> Hooks:
+    """The test hooks a node's process takes from its hidden flags (none in
+    production): a clock reading ``--clock-skew-file`` and the outbox
+    relay's ``--outbox-record-delay``."""
+    from wheel.app import Hooks
+    from wheel.node import Clock
+
+    return Hooks(
+        clock=Clock(skew_file=ns.clock_skew_file) if ns.clock_skew_file else None,
+        outbox_record_delay_s=ns.outbox_record_delay,
+    )
+
+
+def cprofile_path(ns: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """Where ``--cprofile`` (or ``$WHEEL_CPROFILE``, or its old name
+    ``$WHEEL_PROFILE``) writes the node's profile; None: no profile."""
+    return ns.cprofile or environ.get(CPROFILE_ENV) or environ.get(OLD_CPROFILE_ENV) or None
+
+
+def cmd_serve(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
+    """Run a node until SIGTERM or SIGINT: drain, leave the cluster, exit."""
+    environ = os.environ if environ is None else environ
+    config = app_config(ns)
+    hooks = serve_hooks(ns)
+    if hooks.clock is not None:
+        # A step signalled before the handler is installed must not end the
+        # process (SIGUSR1's default action).
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    if config.metrics_listen:
+        quiet_created_series()
 
     def say(
         message: str, stream: IO[str] | None = None, level: int = logging.INFO, **fields: Any
@@ -362,148 +396,38 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         line = announcement(message, ns.log_format, level=level, **fields)
         print(line, file=stream or sys.stdout, flush=True)
 
-    # One node per data directory (and per SQLite file), refused before
-    # anything is opened; held until the process exits.
-    locks = [lock_data_dir(data_dir)]
-    db = sqlite_file(url)
-    if db is not None and db.parent != data_dir:
-        locks.append(lock_sqlite_file(db))
+    def announce(message: str, /, **fields: Any) -> None:
+        say(message, **fields)
 
     async def main() -> None:
-        store = open_store(url)
-        if ns.init_admin_token and init_admin_token(store, ns.init_admin_token, store.clock_ms()):
-            logging.getLogger("wheel").info("wrote a first admin token to %s", ns.init_admin_token)
-        # What a reload replaces (wheel.tls._reload): the listeners' TLS, and
-        # that of the channels to the other members and to etcd.
-        live_server = LiveServerSecurity(security.server) if security.server else None
-        live_peers, live_etcd = (
-            LiveChannelSecurity(security.peers),
-            LiveChannelSecurity(security.etcd),
-        )
-        coordinator = None
-        if coordinator_args is not None:
-            from wheel.coord.etcd import EtcdCoordinator
+        from wheel.app import running
 
-            endpoints, cluster, advertise = coordinator_args
-            coordinator = EtcdCoordinator(
-                ns.node_id, advertise, endpoints, cluster=cluster, ttl_s=ns.lease_ttl,
-                security=live_etcd,
-            )  # fmt: skip
-        node = Node(store, serve_config(ns, data_dir), coordinator=coordinator)
-        # Every listener is bound before the node starts: an address in use
-        # stops it before it dispatched anything or took a shard.
-        bound = None
-        metrics: MetricsServer | None = None
-        console: ConsoleServer | None = None
-        try:
-            bound = await bind(
-                node,
-                ns.listen,
-                security=live_server,
-                peer_security=live_peers,
-                auth=ns.auth,
-                recheck_s=ns.auth_recheck,
-            )
-            if ns.metrics_listen:
-                from wheel.metrics import MetricsServer
-
-                quiet_created_series()
-                metrics = MetricsServer(node.metrics.registry)
-                ssl = live_server.ssl_context() if live_server else None
-                metrics_port = await listen_on(
-                    "metrics_listen", ns.metrics_listen, metrics.start(ns.metrics_listen, ssl=ssl)
-                )
-                host = ns.metrics_listen.rsplit(":", 1)[0] or "0.0.0.0"
-                metrics_url = f"{'https' if ssl else 'http'}://{host}:{metrics_port}/metrics"
-                say(f"wheel metrics on {metrics_url}", url=metrics_url, port=metrics_port)
-            if ns.http_listen:
-                from wheel.console import Console, ConsoleServer
-
-                console = ConsoleServer(
-                    Console(
-                        ns.advertise or api_address(ns.listen, bound.port),
-                        auth=ns.auth,
-                        actions=ns.console_actions,
-                        security=console_security(security, live_peers),
-                        node_id=ns.node_id,
-                    )
-                )
-                ssl = live_server.ssl_context() if live_server else None
-                console_port = await listen_on(
-                    "http_listen", ns.http_listen, console.start(ns.http_listen, ssl=ssl)
-                )
-                host = ns.http_listen.rsplit(":", 1)[0] or "0.0.0.0"
-                console_url = f"{'https' if ssl else 'http'}://{host}:{console_port}/"
-                mode = "actions on" if ns.console_actions else "read-only"
-                say(f"wheel console on {console_url} ({mode})", url=console_url, port=console_port)
-        except BaseException:
-            if console is not None:
-                await console.stop()
-            if metrics is not None:
-                await metrics.stop()
-            if bound is not None:
-                await bound.server.stop(None)
-            store.close()
-            raise
-        await node.start()
-        # What the node restored lives as long as the process: never scan it again.
-        gc.collect()
-        gc.freeze()
-        relay_dsn = cli_outbox.outbox_dsn(ns, url)
-        server, port = await bound.start()
-        logging.getLogger("wheel").info(
-            "wheel node %s serving on port %d (store %s)", ns.node_id, port, url.split("?")[0]
-        )
-        logging.getLogger("wheel").log(*security.notice(ns.listen))
-        relay = cli_outbox.start_relay(node, relay_dsn) if relay_dsn else None
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        if os.environ.get(CLOCK_SKEW_ENV):
-            # Test hook (see wheel.node.Clock): step the clock to the file's skew.
-            loop.add_signal_handler(signal.SIGUSR1, node.clock.reload_skew)
-        watching = None
-        paths = tls_paths(ns)
-        if paths:
-            reloader = TlsReloader(
-                lambda: node_security(ns, auth=ns.auth),
-                paths,
-                server=live_server,
-                peers=live_peers,
-                etcd=live_etcd,
-            )
-            loop.add_signal_handler(signal.SIGHUP, reloader.on_signal)
-            if ns.tls_reload_interval:
-                watching = asyncio.create_task(reloader.watch(ns.tls_reload_interval))
-        address = f"{ns.listen.rsplit(':', 1)[0]}:{port}"
-        # Scripts and tests wait for this line: the node serves and its signal
-        # handlers are in place.
-        say(f"wheel serving on {address}", address=address, port=port)
-        stopping = asyncio.create_task(stop.wait())
-        died = asyncio.create_task(node.stopped.wait())
-        await asyncio.wait({stopping, died}, return_when=asyncio.FIRST_COMPLETED)
-        crashed = died.done() and not stop.is_set()
-        stopping.cancel()
-        died.cancel()
-        if watching is not None:
-            watching.cancel()
-        if relay is not None:
-            await relay.stop()
-        await node.leave()  # shards to the other members first, then the server
-        if console is not None:
-            await console.stop()
-        await server.stop(grace=2.0)
-        if metrics is not None:
-            await metrics.stop()
-        await node.stop()
-        store.close()
+        async with running(config, hooks, announce=announce) as app:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            if hooks.clock is not None:
+                # Step the clock to the skew file's number.
+                loop.add_signal_handler(signal.SIGUSR1, app.node.clock.reload_skew)
+            if app.reloader is not None:
+                loop.add_signal_handler(signal.SIGHUP, app.reloader.on_signal)
+            address = f"{ns.listen.rsplit(':', 1)[0]}:{app.port}"
+            # Scripts and tests wait for this line: the node serves and its
+            # signal handlers are in place.
+            say(f"wheel serving on {address}", address=address, port=app.port)
+            stopping = asyncio.create_task(stop.wait())
+            died = asyncio.create_task(app.node.stopped.wait())
+            await asyncio.wait({stopping, died}, return_when=asyncio.FIRST_COMPLETED)
+            crashed = died.done() and not stop.is_set()
+            stopping.cancel()
+            died.cancel()
         if crashed:
             say("wheel: the dispatch loop died; see the log above", sys.stderr, logging.CRITICAL)
             raise SystemExit(1)
 
     tune_runtime()
-    profile = os.environ.get("WHEEL_PROFILE")
+    profile = cprofile_path(ns, environ)
     if profile:
         # Operators' and benchmarks' view of where a node's time goes.
         import cProfile

@@ -5,7 +5,6 @@ coordinator that gives and takes its shards."""
 from wheel.node._node import Node
 from wheel.node._outbox import OutboxRelay
 from wheel.node._values import (
-    CLOCK_SKEW_ENV,
     Clock,
     Health,
     Membership,
@@ -18,7 +17,6 @@ from wheel.node._values import (
 )
 
 __all__ = [
-    "CLOCK_SKEW_ENV",
     "Clock",
     "Health",
     "Membership",

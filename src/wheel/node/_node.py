@@ -91,9 +91,11 @@ class Node(
         config: NodeConfig | None = None,
         *,
         coordinator: Coordinator | None = None,
+        clock: Clock | None = None,
     ) -> None:
         """A single node owning every shard, or with ``coordinator`` a member
-        of a cluster owning the shards the coordinator gives it."""
+        of a cluster owning the shards the coordinator gives it; ``clock``:
+        the host's clock as the node reads it (default: the host's own)."""
         self.store = store
         self.config = config or NodeConfig()
         self.coordinator = coordinator
@@ -105,7 +107,7 @@ class Node(
         # Awaited by ``stop`` (the rpc layer's channels to other members).
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self._left = False
-        self.clock = Clock()
+        self.clock = clock or Clock()
         # The owner's loop and job API without I/O; set by ``start``.
         self._driver: Driver | None = None
         self.sessions: dict[str, WorkerSession] = {}

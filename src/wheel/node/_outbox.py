@@ -74,7 +74,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("wheel.outbox")
 
-__all__ = ["RECORD_DELAY_ENV", "OutboxRelay", "RowFate"]
+__all__ = ["OutboxRelay", "RowFate"]
 
 # Rows claimed in one transaction: a bulk submit's worth, in one group commit.
 BATCH_ROWS = 2_000
@@ -95,8 +95,6 @@ PERMANENT: tuple[type[WheelError], ...] = (
 )
 # A claimed row: id, idempotency key, its spec (or why it is none), body hash.
 Claimed = tuple[int, str, JobSpec | WheelError, str | None]
-# The test hook of ``OutboxRelay(record_delay_s=...)`` for ``wheelctl serve``.
-RECORD_DELAY_ENV = "WHEEL_OUTBOX_RECORD_DELAY_S"
 # Queued submits between two yields to the loop.
 YIELD_EVERY = 250
 
@@ -140,7 +138,8 @@ class OutboxRelay:
     ) -> None:
         """``lanes``: passes that run side by side, each on a connection and
         a thread of its own (one's store commit overlaps another's claim or
-        record). ``record_delay_s``: a test hook (``RECORD_DELAY_ENV``), a pause
+        record). ``record_delay_s``: a test hook (``wheelctl serve
+        --outbox-record-delay``), a pause
         between the jobs stored and their rows' fate recorded, the window
         in which a crash leaves a row pending whose job exists."""
         self.node = node

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,13 +25,6 @@ from wheel.errors import InvalidArgument
 
 DAY_MS = 86_400_000
 
-# Test hook: a file holding a number of milliseconds added to the wall time
-# the node's clock reads at start, re-read on ``Clock.reload_skew`` (wheelctl
-# serve calls it on SIGUSR1). It lets fault-injection runs give one node a
-# skewed clock, or step it, without touching the machine's clock. Unset in
-# production.
-CLOCK_SKEW_ENV = "WHEEL_CLOCK_SKEW_FILE"
-
 
 class Clock:
     """Milliseconds on the wall-clock scale that never step backwards: a wall
@@ -42,15 +34,17 @@ class Clock:
     one clock, whatever their hosts' clocks say (seed 7: one clock, the
     database's).
 
-    ``skew_file`` (default: the file named by ``WHEEL_CLOCK_SKEW_FILE``) is a
+    ``skew_file`` (default: none; ``wheelctl serve --clock-skew-file``) is a
     test hook that makes the host's wall clock wrong: its number of
     milliseconds is added to the host's wall time, and ``reload_skew`` reads
-    it again, which steps that wall time by the difference (backwards too).
+    it again (serve: on SIGUSR1), which steps that wall time by the
+    difference (backwards too). It lets fault-injection runs give one node a
+    skewed clock, or step it, without touching the machine's clock.
     Before an anchor the node's clock follows it; after, only ``wall_ms``
     does."""
 
     def __init__(self, skew_file: str | None = None) -> None:
-        self._skew_file = skew_file if skew_file is not None else os.environ.get(CLOCK_SKEW_ENV)
+        self._skew_file = skew_file
         self.skew_ms = 0
         self.anchored = False
         self.reload_skew()
