@@ -184,9 +184,19 @@ def add_serve_parser(sub: Any) -> None:
     # injection steps one node's clock without touching the machine's); a
     # pause of the outbox relay between storing a batch's jobs and recording
     # their rows' fate (the window a crash can fall in).
-    s.add_argument("--clock-skew-file", metavar="PATH", help=argparse.SUPPRESS)
     s.add_argument(
-        "--outbox-record-delay", type=float, default=0.0, metavar="SECONDS", help=argparse.SUPPRESS
+        "--clock-skew-file",
+        metavar="PATH",
+        help="fault injection (tests): add the milliseconds this file holds to the node's"
+        " wall clock, read again on SIGUSR1",
+    )
+    s.add_argument(
+        "--outbox-record-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="fault injection (tests): wait this long before the outbox relay records"
+        " what it made (%(default)s)",
     )
     s.add_argument(
         "--cprofile",
