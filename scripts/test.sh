@@ -36,8 +36,8 @@ if command -v pg_lsclusters >/dev/null 2>&1; then
 fi
 
 py="$root/.venv/bin"
-"$py/ruff" check src tests benchmarks scripts hatch_build.py
-"$py/ruff" format --check src tests benchmarks scripts hatch_build.py
+"$py/ruff" check src tests testkit benchmarks scripts hatch_build.py
+"$py/ruff" format --check src tests testkit benchmarks scripts hatch_build.py
 "$py/mypy"
 
 # With arguments: one pytest run of what they name.

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.procs import ServerProc, wait_for
+from testkit.procs import ServerProc, wait_for
 from wheel.cli import build_parser, submit_args
 from wheel.cli_import import (
     LineParser,

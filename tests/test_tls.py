@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from testkit.services import free_port
 from tests.pki import Pki
 from wheel._tls import ChannelSecurity, ServerSecurity, read_pem
 from wheel._tls_cli import check_listen, is_loopback, listen_notice, node_security
