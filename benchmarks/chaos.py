@@ -4,14 +4,14 @@ checker.
     python benchmarks/chaos.py --duration 300 --seed 1 --json out/chaos.json
 
 The system under test is the cluster of the cluster tests
-(``tests/cluster/harness.py``): our own etcd, a fresh PostgreSQL schema,
+(``testkit/cluster.py``): our own etcd, a fresh PostgreSQL schema,
 three ``wheelctl serve --cluster`` nodes, each reaching PostgreSQL and etcd
 through a relay of its own that can hold or cut traffic, and four worker
 processes with a stream to every node. The load is steady and mixed: one-shots
 every second, interval jobs, cron jobs with a seconds field, some of them
 ``at_most_once``; handlers that succeed, fail (retryable, permanent), sleep past
 their lease or past their timeout, or end their own process right after their
-effect (``tests/e2e/e2e_handlers.py: chaos``).
+effect (``testkit/e2e_handlers.py: chaos``).
 
 The nemesis is one ``random.Random(seed)``: it plans the whole fault schedule
 before the run (the same seed, the same schedule: ``--plan`` prints it), and
@@ -27,7 +27,7 @@ restarted too (a handler's ``os._exit``), and counted.
 After ``--duration`` seconds the faults stop and everything is healed: every
 process alive, every relay open, every clock true. The load stops; the run
 waits until every fire due by then is settled (or ``--drain`` seconds pass),
-then past every lease and grace, and the checker (``_checker.py``) judges the
+then past every lease and grace, and the checker (``testkit/promises.py``) judges the
 handlers' own effect log and fenced resource against the store's executions
 and missed fires.
 
@@ -70,12 +70,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import _report
 import psycopg
-from _checker import Missed, PlannedJob, ResourceWrite, Run, check, history, summary
 from dispatch import DEFAULT_PG, PgSchema
 
-from tests.cluster.harness import GRACE_MS, LEASE_MS, Cluster, ClusterNode, utc
-from tests.conftest import EtcdServer
-from tests.e2e.e2e_handlers import effects as read_effects
+from testkit.cluster import GRACE_MS, LEASE_MS, Cluster, ClusterNode, utc
+from testkit.e2e_handlers import effects as read_effects
+from testkit.promises import Missed, PlannedJob, ResourceWrite, Run, check, history, summary
+from testkit.services import EtcdServer
 from wheel.client import Client, JobRequest, Retry
 from wheel.errors import WheelError
 
@@ -865,6 +865,9 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
             report = {
                 "seed": args.seed,
                 "violations": violations,
+                "promises_broken": {
+                    f"{p.value}. {p.name.lower()}": n for p, n in verdict.by_promise().items() if n
+                },
                 "early": verdict.early,
                 "stale_fence_accepted": verdict.stale_fence_accepted,
                 "missed_without_reason": verdict.missed_without_reason,
@@ -886,6 +889,8 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
                 )
             )
             print(f"\nchaos FAILED with seed {args.seed}: {violations}", file=sys.stderr)
+            broken = ", ".join(str(p.value) for p, n in verdict.by_promise().items() if n)
+            print(f"promises broken (docs/design.md): {broken}", file=sys.stderr)
             print(f"the fault plan: {tmp / 'plan.txt'}; every fire involved: {failures}",
                   file=sys.stderr)  # fmt: skip
             for fire in report["fires"][:10]:

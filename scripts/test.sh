@@ -36,8 +36,8 @@ if command -v pg_lsclusters >/dev/null 2>&1; then
 fi
 
 py="$root/.venv/bin"
-"$py/ruff" check src tests benchmarks scripts hatch_build.py
-"$py/ruff" format --check src tests benchmarks scripts hatch_build.py
+"$py/ruff" check src tests testkit benchmarks scripts hatch_build.py
+"$py/ruff" format --check src tests testkit benchmarks scripts hatch_build.py
 "$py/mypy"
 # The docs site (mkdocs.yml): a broken link or anchor, or a page left out of
 # the navigation, fails the build. Built into a temporary directory.

@@ -18,7 +18,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.conftest import free_port
+from testkit.services import free_port
 from wheel._lock import lock_data_dir
 from wheel.app import PARTS, AppConfig, ClusterConfig, Hooks, running
 from wheel.errors import CoordinationError, InvalidArgument, WheelError

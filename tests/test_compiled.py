@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import IN_CI
+from testkit.services import IN_CI
 from wheel._compiled import MANIFEST, MODULES, compiled, source_hashes
 
 PURE = bool(os.environ.get("WHEEL_PURE_PYTHON"))

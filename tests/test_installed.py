@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
-from tests.e2e.procs import ServerProc
+from testkit.procs import ServerProc
+from testkit.services import free_port
 from wheel._compiled import MODULES
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from testkit.services import free_port
 
 
 def wheelctl(*args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PG_DSN, EtcdServer
+from testkit.services import EtcdServer
+from tests.conftest import PG_DSN
 
 ROOT = Path(__file__).resolve().parents[2]
 FAILOVER = ROOT / "benchmarks" / "failover.py"

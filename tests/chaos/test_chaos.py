@@ -21,7 +21,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.conftest import PG_DSN, EtcdServer, service_missing
+from testkit.services import EtcdServer, service_missing
+from tests.conftest import PG_DSN
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAOS = ROOT / "benchmarks" / "chaos.py"

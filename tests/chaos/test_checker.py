@@ -3,15 +3,11 @@ found; a clean history, clean."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from _checker import Missed, PlannedJob, ResourceWrite, Run, check
+from testkit.promises import Missed, PlannedJob, ResourceWrite, Run, check
 
 E = 1 << 32  # epoch 1's first fence
 

@@ -15,10 +15,10 @@ from datetime import timedelta
 
 import pytest
 
-from tests.cluster.harness import Cluster, utc
-from tests.conftest import EtcdServer
-from tests.e2e.e2e_handlers import effects
-from tests.e2e.procs import wait_for
+from testkit.cluster import Cluster, utc
+from testkit.e2e_handlers import effects
+from testkit.procs import wait_for
+from testkit.services import EtcdServer
 from wheel.client import Client, JobRequest
 
 SKEW_MS = 3_000

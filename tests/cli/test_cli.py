@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import free_port
+from testkit.services import free_port
 from tests.rpc.test_api import InProcessServer, wait_for
 from wheel.cli import build_parser, main
 from wheel.cli.serve import (

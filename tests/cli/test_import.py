@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.procs import ServerProc, wait_for
+from testkit.procs import ServerProc, wait_for
 from wheel.cli import build_parser
 from wheel.cli._common import submit_args
 from wheel.cli.import_ import (

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import pytest
 
-from tests.conftest import free_port
+from testkit.services import free_port
 from tests.rpc.test_api import InProcessServer
 from wheel.client import (
     AsyncClient,

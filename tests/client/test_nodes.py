@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.conftest import free_port
+from testkit.services import free_port
 from tests.rpc.test_api import InProcessServer
 from wheel.client import AsyncClient, Client, JobRequest, Member, Membership
 from wheel.engine.model import SHARD_COUNT, shard_of

@@ -14,7 +14,8 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.conftest import free_port, utc_ms
+from testkit.services import free_port
+from tests.conftest import utc_ms
 from wheel.client import (
     AsyncClient,
     Client,

@@ -1,4 +1,4 @@
-"""The cluster fixtures: a real three-node cluster (see harness), fresh per
+"""The cluster fixtures: a real three-node cluster (``testkit.cluster``), fresh per
 test, or one per module for tests that leave it as they found it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import Cluster
-from tests.conftest import EtcdServer
+from testkit.cluster import Cluster
+from testkit.services import EtcdServer
 
 
 @pytest.fixture

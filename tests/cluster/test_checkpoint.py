@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.cluster.harness import TTL_S, Cluster, ClusterNode, held_jobs, now_ms
-from tests.e2e.procs import wait_for
+from testkit.cluster import TTL_S, Cluster, ClusterNode, held_jobs, now_ms
+from testkit.procs import wait_for
 from wheel.client import Job, JobRequest
 from wheel.engine.model import shard_of
 

@@ -6,15 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.cluster.harness import (
-    SAFETY_MARGIN_S,
-    TTL_S,
-    Cluster,
-    Load,
-    now_ms,
-    wait_every_fire_resolved,
-)
-from tests.e2e.procs import wait_for
+from testkit.cluster import SAFETY_MARGIN_S, TTL_S, Cluster, Load, now_ms, wait_every_fire_resolved
+from testkit.procs import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.etcd]
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.cluster.harness import (
+from testkit.cluster import (
     HANDLER,
     SAFETY_MARGIN_S,
     TTL_S,
@@ -26,8 +26,8 @@ from tests.cluster.harness import (
     utc,
     wait_every_fire_resolved,
 )
-from tests.e2e.e2e_handlers import events
-from tests.e2e.procs import wait_for
+from testkit.e2e_handlers import events
+from testkit.procs import wait_for
 from wheel.client import JobRequest
 from wheel.engine.model import shard_of
 

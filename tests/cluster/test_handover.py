@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.cluster.harness import (
+from testkit.cluster import (
     TTL_S,
     Cluster,
     ClusterNode,
@@ -24,7 +24,7 @@ from tests.cluster.harness import (
     now_ms,
     wait_every_fire_resolved,
 )
-from tests.e2e.procs import wait_for
+from testkit.procs import wait_for
 from wheel.client import Job, JobRequest
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.etcd]

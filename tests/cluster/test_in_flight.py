@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tests.cluster.harness import HANDLER, Cluster, now_ms, utc
-from tests.e2e.procs import wait_for
+from testkit.cluster import HANDLER, Cluster, now_ms, utc
+from testkit.procs import wait_for
 from wheel.cli import main
 from wheel.client import Client, InFlight, JobRequest
 from wheel.engine.model import shard_of

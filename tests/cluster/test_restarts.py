@@ -9,14 +9,8 @@ import time
 
 import pytest
 
-from tests.cluster.harness import (
-    TTL_S,
-    Cluster,
-    ClusterNode,
-    Load,
-    wait_every_fire_resolved,
-)
-from tests.e2e.procs import wait_for
+from testkit.cluster import TTL_S, Cluster, ClusterNode, Load, wait_every_fire_resolved
+from testkit.procs import wait_for
 from wheel.coord.etcd import assign_shards
 from wheel.engine.model import SHARD_COUNT
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import HANDLER, PAYLOAD, ClusterWorker
-from tests.e2e.procs import ServerProc, wait_for
+from testkit.cluster import HANDLER, PAYLOAD, ClusterWorker
+from testkit.procs import ServerProc, wait_for
 from wheel.client import Client, RunState
 from wheel.engine.model import SHARD_COUNT
 

@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 import psycopg
 import pytest
 
-from tests.cluster.harness import HANDLER, PAYLOAD, Cluster, Execution, now_ms, utc
-from tests.e2e.e2e_handlers import events
-from tests.e2e.procs import wait_for
+from testkit.cluster import HANDLER, PAYLOAD, Cluster, Execution, now_ms, utc
+from testkit.e2e_handlers import events
+from testkit.procs import wait_for
 from wheel import outbox
 from wheel.cli import main
 from wheel.client import JobRequest

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import Cluster, ClusterNode
-from tests.conftest import EtcdServer, running_etcd
-from tests.e2e.procs import wait_for
+from testkit.cluster import Cluster, ClusterNode
+from testkit.procs import wait_for
+from testkit.services import EtcdServer, running_etcd
 from tests.pki import Pair, Pki
 from wheel.client import ChannelSecurity, Client, RunState
 from wheel.errors import WheelError

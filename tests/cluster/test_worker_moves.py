@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import HANDLER, TTL_S, Cluster, now_ms, utc
-from tests.conftest import EtcdServer
-from tests.e2e.e2e_handlers import events
-from tests.e2e.procs import wait_for
+from testkit.cluster import HANDLER, TTL_S, Cluster, now_ms, utc
+from testkit.e2e_handlers import events
+from testkit.procs import wait_for
+from testkit.services import EtcdServer
 from wheel.client import Client, JobRequest
 from wheel.engine.model import shard_of
 from wheel.worker import RunContext, Worker

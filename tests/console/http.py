@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import free_port
-from tests.e2e.procs import ServerProc
+from testkit.procs import ServerProc
+from testkit.services import free_port
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,8 +12,8 @@ from urllib.parse import urlencode
 
 import pytest
 
+from testkit.procs import WorkerProc, wait_for
 from tests.console.http import Answer, ConsoleNode, call
-from tests.e2e.procs import WorkerProc, wait_for
 from wheel.client import Client, JobState
 from wheel.errors import InvalidArgument
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import service_missing
+from testkit.procs import WorkerProc, wait_for
+from testkit.services import service_missing
 from tests.console.http import ConsoleNode, call
-from tests.e2e.procs import WorkerProc, wait_for
 from wheel.client import Client
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import EtcdServer, running_etcd
+from testkit.services import EtcdServer, running_etcd
 from tests.pki import Pair, Pki
 from wheel.coord import (
     MAX_EPOCH,

@@ -12,8 +12,8 @@ from typing import Any, cast
 
 import pytest
 
+from testkit.procs import wait_for
 from tests.conftest import epoch_ms, utc_ms
-from tests.e2e.procs import wait_for
 from tests.e2e.test_leases import TunedServer, Workers, now_ms
 from wheel.client import CatchUp, CatchUpMode, Client, JobArgs
 

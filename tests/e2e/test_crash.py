@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from testkit.e2e_handlers import events
+from testkit.procs import ServerProc, WorkerProc, runs_of, wait_for, wheelctl
 from tests.conftest import utc_ms
-from tests.e2e.e2e_handlers import events
-from tests.e2e.procs import ServerProc, WorkerProc, runs_of, wait_for, wheelctl
 from wheel.client import Client
 from wheel.engine.model import RunState
 from wheel.store.sqlite import SQLiteStore

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.e2e.procs import wait_for
+from testkit.procs import wait_for
 from tests.e2e.test_leases import GRACE_MS, LEASE_MS, TunedServer, Workers, job, of_job, runs
 from wheel import effects
 from wheel.client import Client

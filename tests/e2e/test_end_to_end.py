@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.procs import ServerProc, WorkerProc, recorded, runs_of, wait_for, wheelctl
+from testkit.procs import ServerProc, WorkerProc, recorded, runs_of, wait_for, wheelctl
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.procs import ServerProc, runs_of, wait_for, wheelctl
+from testkit.procs import ServerProc, runs_of, wait_for, wheelctl
 from wheel.client import Client
 
 pytestmark = pytest.mark.slow

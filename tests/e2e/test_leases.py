@@ -16,9 +16,9 @@ from typing import Any, cast
 
 import pytest
 
+from testkit.e2e_handlers import events
+from testkit.procs import HERE, ServerProc, runs_of, wait_for, wheelctl
 from tests.conftest import epoch_ms, utc_ms
-from tests.e2e.e2e_handlers import events
-from tests.e2e.procs import HERE, ServerProc, runs_of, wait_for, wheelctl
 from wheel.client import Client, JobArgs, JobState, Overlap, OverlapPolicy, Retry
 
 pytestmark = pytest.mark.slow

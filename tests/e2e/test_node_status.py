@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import free_port
-from tests.e2e.procs import ServerProc, WorkerProc, runs_of, wait_for, wheelctl
+from testkit.procs import ServerProc, WorkerProc, runs_of, wait_for, wheelctl
+from testkit.services import free_port
 from tests.ops._node import scrape
 
 pytestmark = pytest.mark.slow

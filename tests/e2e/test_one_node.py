@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
-from tests.e2e.procs import ServerProc, wheelctl
+from testkit.procs import ServerProc, wheelctl
+from testkit.services import free_port
 
 pytestmark = pytest.mark.slow
 

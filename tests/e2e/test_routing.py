@@ -12,8 +12,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.e2e.e2e_handlers import where
-from tests.e2e.procs import ServerProc, WorkerProc, wait_for
+from testkit.e2e_handlers import where
+from testkit.procs import ServerProc, WorkerProc, wait_for
 from wheel.rpc.v1 import admin_service_pb2, admin_service_pb2_grpc, jobs_pb2
 from wheel.rpc.v1 import job_service_pb2 as js
 from wheel.rpc.v1 import job_service_pb2_grpc as js_grpc

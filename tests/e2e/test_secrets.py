@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.conftest import free_port
-from tests.e2e.procs import HERE, recorded, wait_for
+from testkit.procs import HERE, recorded, wait_for
+from testkit.services import free_port
 from tests.pki import Pki
 from wheel.rpc.v1 import job_service_pb2, job_service_pb2_grpc
 from wheel.tls import ChannelSecurity, make_channel

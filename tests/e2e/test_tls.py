@@ -21,8 +21,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from tests.conftest import free_port
-from tests.e2e.procs import HERE, ServerProc, recorded, wait_for
+from testkit.procs import HERE, ServerProc, recorded, wait_for
+from testkit.services import free_port
 from tests.pki import Pki
 from wheel.client import AsyncClient, ChannelSecurity, Client
 from wheel.errors import Unauthenticated, WheelError

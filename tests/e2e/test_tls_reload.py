@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import HANDLER, PAYLOAD, ClusterWorker
-from tests.conftest import free_port
-from tests.e2e.procs import ServerProc, wait_for
+from testkit.cluster import HANDLER, PAYLOAD, ClusterWorker
+from testkit.procs import ServerProc, wait_for
+from testkit.services import free_port
 from tests.pki import Pair, Pki
 from wheel.client import ChannelSecurity, Client, Run, RunState
 from wheel.errors import WheelError

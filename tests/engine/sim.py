@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from itertools import pairwise
 
+from testkit.promises import Violation
 from tests.store.reference import ExecRow as _ExecRow
 from tests.store.reference import RefStore
 from wheel.engine.driver import Driver
@@ -941,15 +942,6 @@ def _supersede_all(w: SimWorker, refs: Iterable[tuple[int, int]]) -> None:
 # -- the checker --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Violation:
-    promise: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"[{self.promise}] {self.detail}"
-
-
 _RETRIED_FROM = (RunState.FAILED, RunState.TIMED_OUT, RunState.LOST)
 # What the store holds once a completion with each outcome was accepted (a
 # hand-back writes nothing: the run goes to another worker as it is).
@@ -967,7 +959,9 @@ def _limit(spec: JobSpec) -> int:
 
 
 def check(sim: Sim) -> list[Violation]:
-    """Every promise of docs/design.md "The promise to users" over the history.
+    """Every promise of docs/design.md "The promise to users" over the history,
+    each violation named by its rule in ``testkit.promises.RULES`` (and so by
+    the promise's number there).
 
     Run after ``Sim.drain``: every fire due before the end (``sim.end``, when
     the drain began) must be settled -- its latest attempt terminal, or the

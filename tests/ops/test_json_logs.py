@@ -17,8 +17,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import free_port
-from tests.e2e.procs import wait_for, wheelctl
+from testkit.procs import wait_for, wheelctl
+from testkit.services import free_port
 from wheel.client import Client
 from wheel.engine.model import shard_of
 from wheel.errors import WheelError

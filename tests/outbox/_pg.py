@@ -11,8 +11,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.conftest import free_port, service_missing
-from tests.e2e.procs import wait_for
+from testkit.procs import wait_for
+from testkit.services import free_port, service_missing
 
 
 def _bindir() -> Path | None:

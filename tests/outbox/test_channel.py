@@ -16,8 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from testkit.procs import wait_for
 from tests.conftest import PG_DSN
-from tests.e2e.procs import wait_for
 from tests.outbox._relay import RelayingNode
 from wheel import outbox
 from wheel.client import Client

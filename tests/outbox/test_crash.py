@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.e2e.procs import ServerProc, wait_for, wheelctl
+from testkit.procs import ServerProc, wait_for, wheelctl
 from tests.outbox._pg import OwnPostgres
 from wheel import outbox
 from wheel.client import Client

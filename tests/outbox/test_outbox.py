@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.e2e.procs import wait_for
+from testkit.procs import wait_for
 from tests.ops._node import scrape
 from tests.outbox._relay import RelayingNode
 from wheel import outbox

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import PG_DSN, service_missing
+from testkit.services import service_missing
+from tests.conftest import PG_DSN
 from wheel.store.postgres._arrays import Bools, Int4s, Int8s, Texts, register
 
 INT8 = st.integers(-(2**63), 2**63 - 1)

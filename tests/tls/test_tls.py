@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from testkit.services import free_port
 from tests.pki import Pki
 from wheel.cli import build_parser
 from wheel.errors import InvalidArgument, WheelError

@@ -1,4 +1,10 @@
-"""The record of truth: one ``Store`` protocol, two backends (SQLite, PostgreSQL).
+"""The record of truth: the ``Store`` protocol, two backends (SQLite, PostgreSQL).
+
+``Store`` is five roles in one, each a protocol of its own that a caller
+needing only it can take: ``JobStore`` (jobs through the API),
+``TenancyStore`` (tokens and quotas), ``DispatchStore`` (the owner's claims,
+completions and batches), ``OwnershipStore`` (epochs, fences, shard loads and
+the change feed) and ``HistoryStore`` (runs, missed fires, retention).
 
 The store holds job definitions, schedule state (``next_run_at``) and every
 execution. The shard owner keeps its fast state in memory and in the LMDB
@@ -80,15 +86,20 @@ __all__ = [
     "ClaimOutcome",
     "Completion",
     "CompletionOutcome",
+    "DispatchStore",
     "ExecutionRecord",
     "FireClaim",
+    "HistoryStore",
     "JobChange",
     "JobRecord",
     "JobRow",
     "JobState",
+    "JobStore",
+    "KindWrites",
     "MissedFire",
     "MissedReason",
     "NewJob",
+    "OwnershipStore",
     "PackedRows",
     "RowChanges",
     "RunStart",
@@ -96,7 +107,9 @@ __all__ = [
     "ScheduleAdvance",
     "ShardLoad",
     "SpecUpdate",
+    "Store",
     "Submitted",
+    "TenancyStore",
     "TenantQuota",
     "TokenRecord",
     "Updated",
@@ -155,19 +168,9 @@ class Changes(NamedTuple):
     watermark: int
 
 
-class Store(Protocol):
-    """The record of truth. Blocking calls: the node runs them off the event loop."""
-
-    def migrate(self) -> None:
-        """Apply pending schema migrations; safe to run twice and concurrently."""
-
-    def close(self) -> None: ...
-
-    def ping(self) -> None:
-        """One trivial round trip, not retried (a health probe): raises
-        ``StoreUnavailable`` when the store cannot answer now."""
-
-    # -- jobs -----------------------------------------------------------------
+class JobStore(Protocol):
+    """Jobs as the API reads and writes them: submits, reads, state changes
+    and spec updates, each in one transaction."""
 
     def submit_job(self, new: NewJob) -> Submitted:
         """Insert a job. Same (tenant, key) and same body returns the existing
@@ -231,10 +234,13 @@ class Store(Protocol):
         ``tenant``), through an index of dead letters (no scan of the
         executions)."""
 
+
+class TenancyStore(Protocol):
+    """Tenants and their tokens (``wheel.auth``): tokens, quotas, and the
+    count a max-jobs quota is checked against."""
+
     def count_jobs(self, tenant: str) -> int:
         """How many active or paused jobs ``tenant`` holds (its max-jobs quota)."""
-
-    # -- tokens and tenants (wheel.auth) --------------------------------------
 
     def create_token(self, token: TokenRecord) -> None:
         """Store a new token; an existing ``token_id`` raises ``AlreadyExists``."""
@@ -255,108 +261,15 @@ class Store(Protocol):
     def list_tenant_quotas(self) -> list[TenantQuota]:
         """Every tenant with limits set, by name."""
 
-    # -- executions -----------------------------------------------------------
+
+class KindWrites(Protocol):
+    """The owner's writes one kind at a time, each in one transaction, or
+    all inside the one transaction of a batch (``write_in_order``)."""
 
     def claim_fires(self, claims: Sequence[FireClaim]) -> list[ClaimOutcome]:
         """One transaction for the whole batch; outcomes in the order of
         claims. A won claim that asks for its job's payload has it in its
         outcome (read in the same transaction)."""
-
-    def write_batch(self, batch: WriteBatch) -> BatchOutcome:
-        """One dispatch-loop iteration's writes; answers in the batch's order.
-
-        Order. The kinds are applied as if one after another: completions,
-        missed fires, schedule advances, claims, starts. Missed fires go before
-        the advances that move past them (a failure in between leaves a fire
-        recorded, never skipped in silence), and an advance before the claim
-        whose compare-and-swap expects it.
-
-        Transactions. SQLite writes the whole batch in ONE transaction (one
-        fsync): all of it or none; so does the reference model, in memory.
-        PostgreSQL writes each kind in a transaction of its own: missed
-        fires, advances, claims and starts one after another on the calling
-        thread, and the completions at the same time on a second connection;
-        it returns once all have committed. A failure there may leave some
-        kinds committed and others not.
-
-        Why the completions may commit beside the rest: they only end runs
-        that are in flight already, while the other kinds insert new runs,
-        record missed fires, move schedules and start runs the same batch does
-        not complete (the caller leaves such starts out). The one pair that
-        would depend on the order is a completion and a claim of another
-        attempt of the same fire, and the owner never forms it: it claims a
-        new attempt only once the store has answered that the older one
-        ended, so that completion was in an earlier batch, and batches are
-        written one after another. So every answer is what one transaction in
-        the order above would have given, and the owner, which feeds the
-        answers back in the batch's order, cannot tell the difference; a
-        failure part-way is covered by writing the batch again (below). Put
-        in one batch anyway, either may commit first on PostgreSQL, and when
-        the claim does, the fence check reports the completion superseded.
-
-        Epochs (seed C4). With ``batch.epochs`` (shard -> the epoch the
-        writer holds it under; None: not checked), every transaction the
-        batch commits reads first the stored epochs of the writer's shards,
-        locked until it ends, and refuses each shard whose stored epoch is
-        newer than the writer's, and each shard missing from
-        ``batch.epochs`` that a write is about. A refused shard gets nothing
-        of the batch: its claims come back unwon (no run id, not advanced),
-        its completions unapplied, and its missed fires, schedule advances
-        and starts are not written. The other shards' writes go on as they
-        would without the check. ``BatchOutcome.fenced`` names the refused
-        shards: every shard of ``batch.epochs`` a check found newer, whether
-        the batch writes about it or not, and the missing shards it writes
-        about (on PostgreSQL, a missing shard whose only writes are
-        completions or starts that would not have applied anyway may go
-        unnamed). A shard with no stored epoch was never fenced and is
-        current: every owner fences a shard before it writes to it. A write
-        refused after an earlier write of it committed (a batch written
-        again) reports refused all the same: the shard is the newer owner's
-        now, and it goes by what the store holds.
-
-        Why the lock makes it safe: ``fence_shards`` changes the rows the
-        check locks. On PostgreSQL the check is a ``SELECT ... FOR SHARE``
-        of the rows the fence updates, so whichever takes its lock first
-        makes the other wait for its commit. A batch transaction that locked
-        first commits before the fence does, and the new owner's load, which
-        follows its fence, sees what it wrote; one that comes second reads
-        the new epoch and is refused. No write checks an old epoch and
-        commits after the fence. Both take the rows in shard order, so they
-        cannot deadlock. A fence that commits while a batch is being written
-        there refuses the kinds whose transactions check after it and not
-        those that committed before. The lock's price is that a fence waits
-        for a writer that stopped in the middle of a batch (paused, or cut
-        off from the store): PostgreSQL ends such a transaction once it has
-        waited on its client for 1 s (``idle_tx_timeout_ms``), and the fence
-        goes on. SQLite holds the write lock from the start of the batch's
-        one transaction, which keeps ``fence_shards`` out until it ends; the
-        reference model writes one call at a time.
-
-        The common case costs one small statement per transaction: each
-        write's shard is worked out only when a shard is refused or the
-        writer does not hold every shard (from the job id of claims,
-        advances and missed fires; completions and starts carry only a run,
-        whose job is looked up then, or on PostgreSQL read back from the
-        rows they changed).
-
-        Retries and errors. PostgreSQL retries each kind's transaction on a
-        lost connection, with backoff; when the connection died during COMMIT
-        (outcome unknown) it retries every kind but the schedule advances,
-        which raise ``StoreUnavailable`` instead (an advance that applied would
-        then read as not applied). SQLite waits up to its busy timeout for
-        the write lock and does not retry. Whatever fails comes out as a
-        ``StoreError``, and the caller writes the whole batch again.
-
-        A batch written again reports the first write's work as its own, on
-        every store: a claim whose fire attempt is held with its own fence is
-        won, with that run's id (``advanced`` when the job's schedule stands at
-        the claim's new next fire, so of several claims of one job only the
-        last reads as moved); a completion or a start whose run is already in
-        exactly that state with that fence is applied; a missed fire is not
-        recorded twice; an advance that applied before does not apply again
-        (advances have no answer in ``BatchOutcome``). The same (run, fence)
-        twice in one batch is applied once, and the repeat reported not
-        applied."""
 
     def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
         """CAS ``next_run_at`` from expected to new where it still equals expected;
@@ -371,24 +284,72 @@ class Store(Protocol):
     def record_missed(self, missed: Sequence[MissedFire]) -> None:
         """Missed fires with reasons; a repeat of the same (job, fire) is ignored."""
 
-    def get_run(self, run_id: int) -> ExecutionRecord:
-        """Raises ``NotFound``."""
 
-    def list_runs(
-        self, job_id: int, *, before_run_id: int | None = None, limit: int = 100
-    ) -> list[ExecutionRecord]:
-        """Newest first."""
+class DispatchStore(KindWrites, Protocol):
+    """The owner's writes: what one iteration of its dispatch loop claims,
+    completes, records and moves, as a batch or one kind at a time."""
 
-    def list_missed(
-        self, job_id: int, *, before_scheduled_for: int | None = None, limit: int = 100
-    ) -> list[MissedFire]:
-        """Newest first."""
+    def write_batch(self, batch: WriteBatch) -> BatchOutcome:
+        """One dispatch-loop iteration's writes; answers in the batch's order.
 
-    def fires_exist(self, job_id: int, scheduled_for: Sequence[int]) -> set[int]:
-        """Which of these fire times already have an execution (any attempt) or a
-        missed record: backfill skips them."""
+        Order. The kinds are applied as if one after another: completions,
+        missed fires, schedule advances, claims, starts (``write_in_order``).
+        Missed fires go before the advances that move past them (a failure
+        in between leaves a fire recorded, never skipped in silence), and an
+        advance before the claim whose compare-and-swap expects it.
 
-    # -- ownership ------------------------------------------------------------
+        Transactions are the backend's (each says how in its own
+        ``write_batch``): SQLite and the reference model write the whole
+        batch in ONE transaction, all of it or none; PostgreSQL writes each
+        kind in a transaction of its own and may leave some committed and
+        others not when it fails. Either way every answer is what one
+        transaction in the order above would have given.
+
+        Epochs (seed C4). With ``batch.epochs`` (shard -> the epoch the
+        writer holds it under; None: not checked), every transaction the
+        batch commits reads first the stored epochs of the writer's shards,
+        locked against ``fence_shards`` until it ends, and refuses each
+        shard whose stored epoch is newer than the writer's, and each shard
+        missing from ``batch.epochs`` that a write is about. A refused shard
+        gets nothing of the batch: its claims come back unwon (no run id,
+        not advanced), its completions unapplied, and its missed fires,
+        schedule advances and starts are not written. The other shards'
+        writes go on as they would without the check. ``BatchOutcome.fenced``
+        names the refused shards: every shard of ``batch.epochs`` a check
+        found newer, whether the batch writes about it or not, and the
+        missing shards it writes about (on PostgreSQL, a missing shard whose
+        only writes are completions or starts that would not have applied
+        anyway may go unnamed). A shard with no stored epoch was never
+        fenced and is current: every owner fences a shard before it writes
+        to it. A write refused after an earlier write of it committed (a
+        batch written again) reports refused all the same: the shard is the
+        newer owner's now, and it goes by what the store holds. No write
+        checks an old epoch and commits after the fence (each backend's
+        ``write_batch`` says how its lock keeps that rule).
+
+        The common case costs one small statement per transaction: each
+        write's shard is worked out only when a shard is refused or the
+        writer does not hold every shard (``wheel.store._fence``).
+
+        Errors. Whatever fails comes out as a ``StoreError``, and the caller
+        writes the whole batch again.
+
+        A batch written again reports the first write's work as its own, on
+        every store: a claim whose fire attempt is held with its own fence is
+        won, with that run's id (``advanced`` when the job's schedule stands at
+        the claim's new next fire, so of several claims of one job only the
+        last reads as moved); a completion or a start whose run is already in
+        exactly that state with that fence is applied; a missed fire is not
+        recorded twice; an advance that applied before does not apply again
+        (advances have no answer in ``BatchOutcome``). The same (run, fence)
+        twice in one batch is applied once, and the repeat reported not
+        applied."""
+
+
+class OwnershipStore(Protocol):
+    """Shards and who owns them: epochs and fences, the clock and change
+    mark an owner anchors to, a shard's load, and the change feed that
+    keeps a running owner current."""
 
     def clock_ms(self) -> int:
         """The store's wall clock now (PostgreSQL: the server's; SQLite: the
@@ -512,7 +473,27 @@ class Store(Protocol):
         """These jobs as ``JobRow`` values (those that exist), as
         ``changed_rows`` gives them: one read for many jobs."""
 
-    # -- retention ------------------------------------------------------------
+
+class HistoryStore(Protocol):
+    """What ran and what was missed: runs and missed fires as the API reads
+    them, and their retention."""
+
+    def get_run(self, run_id: int) -> ExecutionRecord:
+        """Raises ``NotFound``."""
+
+    def list_runs(
+        self, job_id: int, *, before_run_id: int | None = None, limit: int = 100
+    ) -> list[ExecutionRecord]:
+        """Newest first."""
+
+    def list_missed(
+        self, job_id: int, *, before_scheduled_for: int | None = None, limit: int = 100
+    ) -> list[MissedFire]:
+        """Newest first."""
+
+    def fires_exist(self, job_id: int, scheduled_for: Sequence[int]) -> set[int]:
+        """Which of these fire times already have an execution (any attempt) or a
+        missed record: backfill skips them."""
 
     def purge_history(self, finished_before_ms: int, batch: int = 10_000) -> int:
         """Delete terminal executions and missed records older than the cutoff, in
@@ -527,12 +508,28 @@ class Store(Protocol):
         step it ran committed and the rest for the next pass."""
 
 
-def write_in_order(store: Store, batch: WriteBatch) -> BatchOutcome:
-    """``batch`` through the one-kind calls, in ``write_batch``'s order: what a
-    store that writes a batch in one transaction runs inside it."""
-    completed = store.complete_runs(batch.completions)
-    store.record_missed(batch.missed)
-    store.advance_schedules(batch.advances)
-    claimed = store.claim_fires(batch.claims)
-    store.mark_running(batch.starts)
+class Store(JobStore, TenancyStore, DispatchStore, OwnershipStore, HistoryStore, Protocol):
+    """The record of truth: every role in one. Blocking calls: the node runs
+    them off the event loop. A caller that needs one role takes that
+    protocol instead."""
+
+    def migrate(self) -> None:
+        """Apply pending schema migrations; safe to run twice and concurrently."""
+
+    def close(self) -> None: ...
+
+    def ping(self) -> None:
+        """One trivial round trip, not retried (a health probe): raises
+        ``StoreUnavailable`` when the store cannot answer now."""
+
+
+def write_in_order(tx: KindWrites, batch: WriteBatch) -> BatchOutcome:
+    """``batch`` through the one-kind writes of ``tx``, in ``write_batch``'s
+    order: what a store that writes a batch in one transaction runs inside
+    it, with ``tx`` writing in that transaction."""
+    completed = tx.complete_runs(batch.completions)
+    tx.record_missed(batch.missed)
+    tx.advance_schedules(batch.advances)
+    claimed = tx.claim_fires(batch.claims)
+    tx.mark_running(batch.starts)
     return BatchOutcome(completions=completed, claims=claimed)

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from wheel.errors import StoreError, WheelError
+from wheel.errors import WheelError
+from wheel.store._keys import KeyedSubmits
 from wheel.store._shared import (
-    batch_keys,
-    created_record,
     get_job,
-    job_from_row,
-    key_conflict,
     new_job_row,
     new_profiles,
     new_spec_text,
@@ -29,7 +26,8 @@ def submit_many(conn: Conn, news: Sequence[NewJob]) -> list[Submitted | WheelErr
     """Set-based: a handful of statements for the whole batch instead of
     four round trips per job. A key conflict is returned in that submit's
     place."""
-    digests, first = batch_keys(news)
+    keyed = KeyedSubmits(news)
+    first = keyed.first
     ids: dict[int, int] = {}  # index -> new job id
     if first:
         won = conn.execute(
@@ -37,13 +35,13 @@ def submit_many(conn: Conn, news: Sequence[NewJob]) -> list[Submitted | WheelErr
             (
                 Texts([t for t, _ in first]),
                 Texts([k for _, k in first]),
-                Texts([digests[i] for i in first.values()]),
+                Texts([keyed.digests[i] for i in first.values()]),
                 Int8s([news[i].created_at_ms for i in first.values()]),
             ),
         ).fetchall()
         for tenant, key, job_id in won:
             ids[first[(tenant, key)]] = int(job_id)
-    fresh = [i for i, n in enumerate(news) if n.idempotency_key is None]
+    fresh = keyed.keyless()
     if fresh:
         rows = conn.execute(sql.NEW_JOB_IDS_SQL, (len(fresh),)).fetchall()
         for i, row in zip(fresh, rows, strict=True):
@@ -85,40 +83,15 @@ def submit_many(conn: Conn, news: Sequence[NewJob]) -> list[Submitted | WheelErr
                 [n.spec.payload for n in fresh_news],
             ),
         )
-    # Keys held by an earlier request (or earlier in this batch).
-    taken = {
-        (n.spec.tenant, n.idempotency_key)
-        for i, n in enumerate(news)
-        if n.idempotency_key is not None and i not in ids
-    }
-    held: dict[tuple[str, str], tuple[str, int]] = {}
+    # Keys held by an earlier request (or taken earlier in this batch).
+    taken = keyed.not_created(ids)
     if taken:
-        for tenant, key, digest, job_id in conn.execute(
-            sql.HELD_KEYS_SQL, (Texts([t for t, _ in taken]), Texts([k for _, k in taken]))
-        ).fetchall():
-            held[(tenant, key)] = (digest, int(job_id))
-    existing: dict[int, JobRecord] = {}
-    if held:
-        for row in conn.execute(
-            sql.QUERIES.jobs_by_id, ([job_id for _, job_id in held.values()],)
-        ).fetchall():
-            record = job_from_row(row)
-            existing[record.job_id] = record
-    out: list[Submitted | WheelError] = []
-    for i, n in enumerate(news):
-        if i in ids:
-            out.append(Submitted(created_record(ids[i], n, change), True))
-            continue
-        assert n.idempotency_key is not None
-        pair = (n.spec.tenant, n.idempotency_key)
-        if pair not in held:  # pragma: no cover - the key row committed
-            raise StoreError("idempotency key vanished during submit")
-        digest, job_id = held[pair]
-        if digest != digests[i]:
-            out.append(key_conflict(n))
-        else:
-            out.append(Submitted(existing[job_id], False))
-    return out
+        keyed.hold(
+            conn.execute(
+                sql.HELD_KEYS_SQL, (Texts([t for t, _ in taken]), Texts([k for _, k in taken]))
+            ).fetchall()
+        )
+    return keyed.answers(conn, sql.QUERIES, ids, change)
 
 
 def import_jobs(conn: Conn, news: Sequence[NewJob]) -> list[int]:

@@ -156,11 +156,50 @@ class PostgresStore(SQLStore):
     def write_batch(self, batch: WriteBatch) -> BatchOutcome:
         """A loop iteration's writes, each kind in its own transaction (each
         retried on its own when the connection drops, which keeps the retry
-        rules per operation), each checking the writer's epochs first;
-        ``Store.write_batch`` says why the completions may commit beside the
-        rest. Measured at 18,000 dispatches/s the two took 40% and 37% of
-        the store thread, mostly waiting on the server, which has cores to
-        spare."""
+        rules per operation), each checking the writer's epochs first: the
+        missed fires, advances, claims and starts one after another on the
+        calling thread, and the completions at the same time on a second
+        connection (``_side``); it returns once all have committed. A
+        failure may leave some kinds committed and others not; writing the
+        batch again covers it (``Store.write_batch``). Measured at 18,000
+        dispatches/s the two took 40% and 37% of the store thread, mostly
+        waiting on the server, which has cores to spare.
+
+        Why the completions may commit beside the rest: they only end runs
+        that are in flight already, while the other kinds insert new runs,
+        record missed fires, move schedules and start runs the same batch does
+        not complete (the caller leaves such starts out). The one pair that
+        would depend on the order is a completion and a claim of another
+        attempt of the same fire, and the owner never forms it: it claims a
+        new attempt only once the store has answered that the older one
+        ended, so that completion was in an earlier batch, and batches are
+        written one after another. So every answer is what one transaction in
+        the order of ``Store.write_batch`` would have given, and the owner,
+        which feeds the answers back in the batch's order, cannot tell the
+        difference. Put in one batch anyway, either may commit first, and
+        when the claim does, the fence check reports the completion
+        superseded.
+
+        The epoch check is a ``SELECT ... FOR SHARE`` of the rows
+        ``fence_shards`` updates, so whichever takes its lock first makes the
+        other wait for its commit. A batch transaction that locked first
+        commits before the fence does, and the new owner's load, which
+        follows its fence, sees what it wrote; one that comes second reads
+        the new epoch and is refused. Both take the rows in shard order, so
+        they cannot deadlock. A fence that commits while a batch is being
+        written refuses the kinds whose transactions check after it and not
+        those that committed before. The lock's price is that a fence waits
+        for a writer that stopped in the middle of a batch (paused, or cut
+        off from the store): the server ends such a transaction once it has
+        waited on its client for 1 s (``idle_in_transaction_timeout_ms``),
+        and the fence goes on. A write's shard, when it must be worked out,
+        is read back from the rows a completion or start changed.
+
+        Retries: each kind's transaction again on a lost connection, with
+        backoff; when the connection died during COMMIT (outcome unknown)
+        every kind but the schedule advances, which raise
+        ``StoreUnavailable`` instead (an advance that applied would then
+        read as not applied)."""
         held = None if batch.epochs is None else self._held(batch.epochs)
         rest = batch.claims or batch.advances or batch.missed or batch.starts
         if not (batch.completions and rest):

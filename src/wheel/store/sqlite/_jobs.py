@@ -8,17 +8,9 @@ import json
 import sqlite3
 from collections.abc import Sequence
 
-from wheel.errors import StoreError, WheelError
-from wheel.store._shared import (
-    batch_keys,
-    created_record,
-    get_job,
-    job_from_row,
-    key_conflict,
-    new_job_row,
-    new_profiles,
-    spec_row,
-)
+from wheel.errors import WheelError
+from wheel.store._keys import KeyedSubmits
+from wheel.store._shared import get_job, new_job_row, new_profiles, spec_row
 from wheel.store.base import JobRecord, JobState, NewJob, Submitted
 from wheel.store.sqlite import _sql as sql
 from wheel.store.sqlite._db import bump
@@ -27,21 +19,13 @@ from wheel.store.sqlite._db import bump
 def submit_many(cur: sqlite3.Cursor, news: Sequence[NewJob]) -> list[Submitted | WheelError]:
     """Set-based: one lookup of the batch's keys, one bump of each counter
     and one statement per table, instead of seven statements per job. A key
-    conflict is returned in that submit's place."""
-    digests, first = batch_keys(news)
-    held: dict[tuple[str, str], tuple[str, int]] = {}  # key -> (digest, job id)
-    if first:
-        for tenant, key, digest, job_id in cur.execute(sql.HELD_KEYS, (json.dumps(list(first)),)):
-            held[(tenant, key)] = (digest, job_id)
-    made = [
-        i
-        for i, n in enumerate(news)
-        if n.idempotency_key is None
-        or (
-            (n.spec.tenant, n.idempotency_key) not in held
-            and first[(n.spec.tenant, n.idempotency_key)] == i
-        )
-    ]
+    conflict is returned in that submit's place. The write lock, held since
+    the transaction began, keeps the keys read here from being taken before
+    the jobs are written."""
+    keyed = KeyedSubmits(news)
+    if keyed.first:
+        keyed.hold(cur.execute(sql.HELD_KEYS, (json.dumps(keyed.keys()),)))
+    made = keyed.to_create()
     ids: dict[int, int] = {}  # index -> new job id
     change = 0
     if made:
@@ -54,38 +38,12 @@ def submit_many(cur: sqlite3.Cursor, news: Sequence[NewJob]) -> list[Submitted |
         cur.executemany(
             sql.INSERT_KEY,
             [
-                (n.spec.tenant, n.idempotency_key, digests[i], ids[i], n.created_at_ms)
+                (n.spec.tenant, n.idempotency_key, keyed.digests[i], ids[i], n.created_at_ms)
                 for i in made
                 if (n := news[i]).idempotency_key is not None
             ],
         )
-    existing: dict[int, JobRecord] = {}
-    if held:
-        job_ids = [job_id for _, job_id in held.values()]
-        for row in cur.execute(sql.QUERIES.jobs_by_id, (json.dumps(job_ids),)):
-            record = job_from_row(row)
-            existing[record.job_id] = record
-    out: list[Submitted | WheelError] = []
-    created: dict[int, JobRecord] = {}
-    for i, n in enumerate(news):
-        if i in ids:
-            created[i] = record = created_record(ids[i], n, change)
-            out.append(Submitted(record, True))
-            continue
-        assert n.idempotency_key is not None
-        pair = (n.spec.tenant, n.idempotency_key)
-        if pair in held:
-            digest, job_id = held[pair]
-            same = existing.get(job_id)
-        else:  # the key's first use is earlier in this batch
-            digest, same = digests[first[pair]], created[first[pair]]
-        if digest != digests[i]:
-            out.append(key_conflict(n))
-        elif same is None:  # pragma: no cover - a key row keeps its job
-            raise StoreError(f"job of idempotency key {n.idempotency_key!r} is gone")
-        else:
-            out.append(Submitted(same, False))
-    return out
+    return keyed.answers(cur, sql.QUERIES, ids, change)
 
 
 def import_jobs(cur: sqlite3.Cursor, news: Sequence[NewJob]) -> list[int]:

@@ -14,10 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from wheel.store import _fence
-from wheel.store._shared import first_per_key, read_payloads
+from wheel.store._shared import check_terminal, first_per_key, read_payloads, wall_ms
 from wheel.store.base import (
     ClaimOutcome,
     Completion,
+    CompletionOutcome,
     FireClaim,
     MissedFire,
     RunStart,
@@ -204,3 +205,37 @@ def stale_shards(cur: sqlite3.Cursor, epochs: Mapping[int, int]) -> set[int]:
 def job_ids(cur: sqlite3.Cursor, run_ids: Sequence[int]) -> dict[int, int]:
     """Run -> job, for the runs the store has."""
     return dict(cur.execute(sql.JOB_IDS, (sql.DIALECT.ints(run_ids),)).fetchall())
+
+
+class Writes:
+    """The one-kind writes (``KindWrites``) in the open transaction ``cur``:
+    a batch hands this to ``write_in_order``, so that every kind writes in
+    the batch's one transaction."""
+
+    __slots__ = ("cur",)
+
+    def __init__(self, cur: sqlite3.Cursor) -> None:
+        self.cur = cur
+
+    def claim_fires(self, claims: Sequence[FireClaim]) -> list[ClaimOutcome]:
+        return claim(self.cur, claims) if claims else []
+
+    def advance_schedules(self, advances: Sequence[ScheduleAdvance]) -> list[bool]:
+        return advance(self.cur, advances, wall_ms()) if advances else []
+
+    def mark_running(self, starts: Sequence[RunStart]) -> list[bool]:
+        return mark_running(self.cur, starts) if starts else []
+
+    def complete_runs(self, completions: Sequence[Completion]) -> list[CompletionOutcome]:
+        if not completions:
+            return []
+        check_terminal(completions)
+        applied = complete(self.cur, completions)
+        return [
+            CompletionOutcome(run_id=c.run_id, applied=ok)
+            for c, ok in zip(completions, applied, strict=True)
+        ]
+
+    def record_missed(self, missed: Sequence[MissedFire]) -> None:
+        if missed:
+            record_missed(self.cur, missed)

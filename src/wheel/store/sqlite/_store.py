@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from wheel.errors import WheelError
 from wheel.store._fence import write_checked
 from wheel.store._schema import SQLITE_MIGRATIONS
-from wheel.store._shared import Executor, check_importable, check_terminal, wall_ms
+from wheel.store._shared import Executor, check_importable, check_terminal
 from wheel.store._sqlstore import SQLStore
 from wheel.store._updates import UpdateSQL
 from wheel.store.base import (
@@ -110,22 +110,26 @@ class SQLiteStore(SQLStore):
         if not claims:
             return []
         with self._db.tx(write=True) as cur:
-            return _runs.claim(cur, claims)
+            return _runs.Writes(cur).claim_fires(claims)
 
     def write_batch(self, batch: WriteBatch) -> BatchOutcome:
-        """A loop iteration's writes in ONE transaction (one fsync), in the
-        order ``Store.write_batch`` gives, after the writer's epochs are
-        checked in it. The write lock taken at its start keeps
-        ``fence_shards`` out until it ends."""
+        """A loop iteration's writes in ONE transaction (one fsync), all of
+        it or none, in the order ``Store.write_batch`` gives, after the
+        writer's epochs are checked in it. The transaction is handed to each
+        kind's write (``_runs.Writes``). BEGIN IMMEDIATE takes the write lock
+        at its start, which keeps ``fence_shards`` out until it ends: a batch
+        that checked an epoch commits before any fence of that shard. It
+        waits up to the busy timeout for the lock and is not retried."""
         with self._db.tx(write=True) as cur:
+            writes = _runs.Writes(cur)
             if batch.epochs is None:
-                outcome = write_in_order(self, batch)
+                outcome = write_in_order(writes, batch)
             else:
                 outcome = write_checked(
                     batch,
                     _runs.stale_shards(cur, batch.epochs),
                     lambda run_ids: _runs.job_ids(cur, run_ids),
-                    lambda part: write_in_order(self, part),
+                    lambda part: write_in_order(writes, part),
                 )
             mark = int(cur.execute(LAST_CHANGE).fetchone()[0])
         return replace(outcome, change_mark=mark)
@@ -134,29 +138,25 @@ class SQLiteStore(SQLStore):
         if not advances:
             return []
         with self._db.tx(write=True) as cur:
-            return _runs.advance(cur, advances, wall_ms())
+            return _runs.Writes(cur).advance_schedules(advances)
 
     def mark_running(self, starts: Sequence[RunStart]) -> list[bool]:
         if not starts:
             return []
         with self._db.tx(write=True) as cur:
-            return _runs.mark_running(cur, starts)
+            return _runs.Writes(cur).mark_running(starts)
 
     def complete_runs(self, completions: Sequence[Completion]) -> list[CompletionOutcome]:
         if not completions:
             return []
-        check_terminal(completions)
+        check_terminal(completions)  # before the write lock is taken
         with self._db.tx(write=True) as cur:
-            applied = _runs.complete(cur, completions)
-        return [
-            CompletionOutcome(run_id=c.run_id, applied=ok)
-            for c, ok in zip(completions, applied, strict=True)
-        ]
+            return _runs.Writes(cur).complete_runs(completions)
 
     def record_missed(self, missed: Sequence[MissedFire]) -> None:
         if missed:
             with self._db.tx(write=True) as cur:
-                _runs.record_missed(cur, missed)
+                _runs.Writes(cur).record_missed(missed)
 
     # -- ownership ------------------------------------------------------------
 

@@ -1,6 +1,7 @@
-"""A real cluster for the cluster tests: one etcd, one fresh PostgreSQL schema,
-N ``wheelctl serve --cluster`` processes and worker processes that hold a
-stream to every node, plus the readers the tests judge by.
+"""A real cluster for the cluster tests and the chaos benchmark: one etcd,
+one fresh PostgreSQL schema, N ``wheelctl serve --cluster`` processes and
+worker processes that hold a stream to every node, plus the readers the
+tests judge by.
 
 Timing choices (all tests share them):
 
@@ -42,9 +43,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from tests.conftest import EtcdServer
-from tests.e2e.procs import HERE as E2E_DIR
-from tests.e2e.procs import ServerProc, wait_for
+from testkit.procs import HERE as E2E_DIR
+from testkit.procs import ServerProc, wait_for
+from testkit.services import EtcdServer
 from wheel.client import ChannelSecurity, Client, JobRequest, Status
 from wheel.engine.model import SHARD_COUNT
 from wheel.errors import WheelError

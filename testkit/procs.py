@@ -1,4 +1,4 @@
-"""Real wheel processes for end-to-end tests: a node and workers on loopback."""
+"""Real wheel processes for end-to-end tests and benchmarks: a node and workers on loopback."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.conftest import free_port
+from testkit.services import free_port
 from wheel.tls import ChannelSecurity, make_channel
 
 HERE = Path(__file__).resolve().parent

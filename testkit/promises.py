@@ -1,9 +1,27 @@
-"""The chaos benchmark's checker: judges a run from two records that wheel
-does not write for itself, the plan of what was submitted (the load's own
-word for every acknowledged job and its schedule) and the handlers' effect
-log and fenced resource, against the record of truth (executions,
-missed_fires). It imports nothing from wheel: which fires were due is
-computed here from the plan, not asked of wheel's schedule code.
+"""The one checker of wheel's promises to its users (``docs/design.md``,
+"The promise to users"), numbered as they are there:
+
+1. At-least-once execution, never a silent drop.
+2. Never early.
+3. Exactly-once effect needs the handler (a stable idempotency key per fire,
+   fences that refuse a stale write, at_most_once never sent again).
+4. Per-job serialization.
+5. Jobs submitted and acknowledged are never lost.
+
+Two harnesses judge a history by it. The simulator (``tests/engine/sim.py``)
+sees everything (the reference store's log of every claim and completion,
+the owner, each worker's messages) and reports ``Violation`` values; the
+nemesis (``benchmarks/chaos.py``) sees only what a real cluster leaves
+behind and is judged by ``check`` below. Every rule either of them applies is
+named in ``RULES`` with the promise it guards, so a failure reads as
+"promise 3, no stale fence: ..." whichever harness found it.
+
+``check``, the nemesis's judge, works from two records that wheel does not
+write for itself, the plan of what was submitted (the load's own word for
+every acknowledged job and its schedule) and the handlers' effect log and
+fenced resource, against the record of truth (executions, missed_fires). It
+imports nothing from wheel: which fires were due is computed here from the
+plan, not asked of wheel's schedule code.
 
 A fire is ``(job, scheduled_for)``; "due" means scheduled at or before the
 judged window's end. What it reports (``Verdict``):
@@ -35,8 +53,71 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 from itertools import pairwise
 from typing import Any
+
+
+class Promise(IntEnum):
+    """The promises of ``docs/design.md``, by their number there."""
+
+    NO_SILENT_DROP = 1
+    NEVER_EARLY = 2
+    EFFECT_ONCE_WITH_THE_HANDLER = 3
+    PER_JOB_SERIALIZATION = 4
+    ACKNOWLEDGED_NEVER_LOST = 5
+
+
+# Every rule a harness checks, and the promise it guards. The simulator's
+# rules first (``tests/engine/sim.py``), then the counts of ``Verdict`` that
+# must be zero (the nemesis).
+RULES: dict[str, Promise] = {
+    # A fire due is settled (run to an end or recorded missed) ...
+    "no silent drop": Promise.NO_SILENT_DROP,
+    # ... a missed one with a reason its job's policies can give ...
+    "missed with a reason": Promise.NO_SILENT_DROP,
+    # ... failed attempts retried until max_attempts, and no further ...
+    "retries": Promise.NO_SILENT_DROP,
+    "retries stop": Promise.NO_SILENT_DROP,
+    "retries use every attempt": Promise.NO_SILENT_DROP,
+    "retries continue": Promise.NO_SILENT_DROP,
+    # ... dispatched only to a worker that can run it, and a schedule never
+    # moved back (which would fire a fire twice or pass one by).
+    "routing": Promise.NO_SILENT_DROP,
+    "schedule moves forward": Promise.NO_SILENT_DROP,
+    "never early": Promise.NEVER_EARLY,
+    "stable idempotency key": Promise.EFFECT_ONCE_WITH_THE_HANDLER,
+    "fenced assignment": Promise.EFFECT_ONCE_WITH_THE_HANDLER,
+    "fences increase": Promise.EFFECT_ONCE_WITH_THE_HANDLER,
+    "no stale fence": Promise.EFFECT_ONCE_WITH_THE_HANDLER,
+    "valid completion accepted": Promise.EFFECT_ONCE_WITH_THE_HANDLER,
+    "at_most_once": Promise.EFFECT_ONCE_WITH_THE_HANDLER,
+    "per-job serialization": Promise.PER_JOB_SERIALIZATION,
+    # The nemesis's counts (``Verdict.violations``).
+    "lost": Promise.NO_SILENT_DROP,
+    "missed_without_reason": Promise.NO_SILENT_DROP,
+    "early": Promise.NEVER_EARLY,
+    "duplicates": Promise.EFFECT_ONCE_WITH_THE_HANDLER,
+    "stale_fence_accepted": Promise.EFFECT_ONCE_WITH_THE_HANDLER,
+    "at_most_once_redispatched": Promise.EFFECT_ONCE_WITH_THE_HANDLER,
+    "success_with_refused_effect": Promise.EFFECT_ONCE_WITH_THE_HANDLER,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """A rule of ``RULES`` broken, and what broke it."""
+
+    rule: str
+    detail: str
+
+    @property
+    def promise(self) -> Promise:
+        return RULES[self.rule]
+
+    def __str__(self) -> str:
+        return f"[promise {self.promise.value}, {self.rule}] {self.detail}"
+
 
 # Missed reasons a job may have under the chaos workload's policies
 # (run_latest_only catch-up with no window, overlap skip, UTC schedules, no
@@ -170,6 +251,13 @@ class Verdict:
             "at_most_once_redispatched": len(self.at_most_once_redispatched),
             "success_with_refused_effect": len(self.success_with_refused_effect),
         }
+
+    def by_promise(self) -> dict[Promise, int]:
+        """The counts of ``violations`` summed by the promise each guards."""
+        out: dict[Promise, int] = {}
+        for rule, n in self.violations().items():
+            out[RULES[rule]] = out.get(RULES[rule], 0) + n
+        return out
 
     def fires_involved(self) -> list[Fire]:
         """The fires behind every violation, for the failure report."""
