@@ -372,6 +372,99 @@ def test_3_a_schedule_moved_by_the_store_drops_buffered_fires_of_the_old_one() -
     assert all(m.new > m.old for m in n.store.moves if m.new and m.old), n.store.moves
 
 
+# A node reads the store (its change feed; a re-read asked for by another
+# member's word of a submit) in the same round as it sends a batch, on
+# another thread: the read's snapshot may come before the batch commits,
+# and its rows are applied after the owner made the batch's writes.
+
+
+def _claim_with_a_stale_row(n: Node, j: int, fire: int, *, answered: bool) -> int:
+    """Claim ``fire`` as the node does, applying the job's row as the store
+    had it before the claim (next_run_at at ``fire``) while the claim is on
+    its way (``answered`` False) or after its answer. Returns its fence."""
+    stale = n.store.get_job(j)
+    assert stale.next_run_at == fire
+    n.now = fire
+    driver = n.driver
+    driver.advance(n.now)
+    batch = driver.take_batch()
+    [claim] = batch.claims
+    assert claim.scheduled_for == fire
+    if not answered:
+        driver.apply_changes([stale], n.now)
+    n.store.now_ms = n.now
+    driver.apply(n.store.write_batch(batch), n.now)
+    n._collect(batch)
+    if answered:
+        driver.apply_changes([stale], n.now)
+    return claim.fence
+
+
+def test_3_a_row_read_before_a_claim_committed_never_brings_the_claimed_fire_back() -> None:
+    # Seen in a chaos run: a cron job's fire S was claimed and run, and its
+    # row read before the claim committed (next_run_at still S) re-armed S,
+    # which came due again while its own run was going and was recorded
+    # missed (overlap): one fire both run and missed.
+    for answered in (False, True):
+        n = Node()
+        n.hello()
+        j = n.submit(spec())
+        fence = _claim_with_a_stale_row(n, j, T + MIN, answered=answered)
+        n.take()
+        fx = n.step(T + MIN + 19)
+        assert not fx.claims and not fx.missed, answered
+        assert n.missed(j) == {}, answered
+        assert n.store.jobs[j].next_run_at == T + 2 * MIN
+        assert n.owner.next_fires(j, 1) == [T + 2 * MIN]
+        # Nor does the stale row cost the next fire.
+        n.complete(_assignment(n, fence))
+        assert [c.scheduled_for for c in n.step(T + 2 * MIN).claims] == [T + 2 * MIN]
+        assert n.missed(j) == {}
+        assert [f for f, _, _ in n.execs(j)] == [T + MIN, T + 2 * MIN]
+
+
+def test_1_a_row_read_before_a_schedule_advance_committed_never_runs_the_fire_it_passed() -> None:
+    # The reverse: a fire skipped behind the running one is recorded missed
+    # as the advance moves next_run_at past it; the row read before that
+    # advance landed must not arm it again, or, once the run is over, it
+    # runs: a fire both missed and run. (Every 2 s, as the chaos run's job:
+    # it stays awake between its fires.)
+    p = 2 * SEC
+    n = Node()
+    n.hello()
+    j = n.submit(spec(schedule=Interval(period_ms=p, start_at_ms=T + p)))
+    a = n.run_once(j, T + p)
+    stale = n.store.get_job(j)
+    assert stale.next_run_at == T + 2 * p
+    n.step(T + 2 * p)
+    assert n.missed(j) == {T + 2 * p: MissedReason.OVERLAP}
+    assert n.store.jobs[j].next_run_at == T + 3 * p
+    n.complete(a)
+    n.driver.apply_changes([stale], n.now)
+    assert not n.step(T + 2 * p + 19).claims
+    assert n.owner.next_fires(j, 1) == [T + 3 * p]
+    assert [c.scheduled_for for c in n.step(T + 3 * p).claims] == [T + 3 * p]
+    assert [f for f, _, _ in n.execs(j)] == [T + p, T + 3 * p]
+    assert n.missed(j) == {T + 2 * p: MissedReason.OVERLAP}
+
+
+def test_3_a_stale_row_never_drops_a_buffered_fire() -> None:
+    # buffer_one: T+2min waits behind the running T+1min; a row read before
+    # T+1min's claim committed must leave it waiting, not drop it.
+    n = Node()
+    n.hello()
+    j = n.submit(spec(overlap=Overlap(policy=OverlapPolicy.BUFFER_ONE)))
+    fence = _claim_with_a_stale_row(n, j, T + MIN, answered=True)
+    n.step(T + 2 * MIN)  # buffered behind the run
+    n.driver.apply_changes([replace(n.store.get_job(j), next_run_at=T + MIN)], n.now)
+    fx = n.complete(_assignment(n, fence))
+    assert [c.scheduled_for for c in fx.claims] == [T + 2 * MIN]
+    n.step(T + 2 * MIN + 19)
+    assert [f for f, _, _ in n.execs(j)] == [T + MIN, T + 2 * MIN]
+    assert n.missed(j) == {}
+    assert n.store.jobs[j].next_run_at == T + 3 * MIN
+
+
 def _assignment(n: Node, fence: int) -> Assignment:
     ex = next(e for e in n.store.execs.values() if e.fence == fence)
     run = n.owner.runs[ex.run_id]

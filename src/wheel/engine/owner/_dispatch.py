@@ -364,6 +364,7 @@ class _Dispatch(_Parts):
                     # fixed_delay: provisional next fire, corrected on completion.
                     new = job.compiled.next_after_completion(fire)
                 job.store_next = new
+                job.moved_past = max(job.moved_past, fire)
                 job.advancing += 1
                 self.dirty.add(job_id)
                 self._flush_skipped(job, new, now_ms, fx)
@@ -430,6 +431,10 @@ class _Dispatch(_Parts):
                 job.advancing -= 1
             if c.advance and not out.advanced:
                 fx.resync.add(c.job_id)
+                if job is not None:
+                    # The store's next_run_at is not what this owner moved it
+                    # to: the row read again is taken as it is.
+                    job.moved_past = -1
             elif c.advance and job is not None and job.advancing == 0 and not job.paused:
                 # Fires passed over while the claim was on its way.
                 self._sync_schedule(job, now_ms, fx)

@@ -107,6 +107,18 @@ class _Jobs(_Parts):
                 self._park(table, job_id, nxt, NEVER if paused else nxt, param, prof, flags)
                 self.dirty.add(job_id)
                 return
+        if (
+            job is not None
+            and state is JobState.ACTIVE
+            and next_run_at is not None
+            and next_run_at <= job.moved_past
+        ):
+            # Read before this owner's own claim or schedule advance that
+            # moved next_run_at past that fire landed (a change feed page or
+            # a re-read on its way while the write was): the store has moved
+            # on already. Applied, the fire came due again: recorded missed
+            # (overlap) behind its own run, or run after it was missed.
+            return
         if over:
             if job is not None:
                 self._drop_job(job, cancelled=state is JobState.CANCELLED, now_ms=now_ms, fx=fx)
@@ -256,6 +268,7 @@ class _Jobs(_Parts):
             if held:
                 job.paused = False
             job.store_next = _REARM
+            job.moved_past = -1  # the store's answer to this owner's own change
         self.upsert_job(record, now_ms, fx)
 
     def cancel_job(self, job_id: int, fx: Effects, now_ms: int | None = None) -> None:
@@ -598,6 +611,8 @@ class _Jobs(_Parts):
                     new_next_run_at=target,
                 )
             )
+            if target is not None:
+                job.moved_past = max(job.moved_past, target - 1)
             job.store_next = target
             self.dirty.add(job.job_id)
         self._flush_skipped(job, job.store_next, now_ms, fx)

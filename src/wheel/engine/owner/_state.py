@@ -85,6 +85,7 @@ class _Job:
         "inflight",
         "job_id",
         "limit",
+        "moved_past",
         "next_fire",
         "param",
         "paused",
@@ -126,6 +127,12 @@ class _Job:
         self.cancelled = False
         # What the store's next_run_at is (or will be once our pending writes land).
         self.store_next: int | None = None
+        # The latest fire this owner's own writes moved the store's
+        # next_run_at past (a claim that advances the schedule, a schedule
+        # advance; -1: none). The store never moves it back to such a fire:
+        # a row saying so was read before those writes landed
+        # (``_Jobs.upsert``).
+        self.moved_past = -1
         # The next nominal fire armed in the wheel (None: nothing armed).
         self.next_fire: int | None = None
         # Fires ready to claim.
