@@ -3,9 +3,9 @@
 The owner is fed events -- the clock advanced, a job was submitted or changed,
 a worker said hello / acked / heartbeated / completed / went away, the store
 answered a claim or a completion -- and appends what must happen to an
-``Effects`` accumulator: store writes, assignments and revokes for workers,
+``Actions`` accumulator: store writes, assignments and revokes for workers,
 results for completions. It never reads a clock, never sleeps, never does I/O;
-``now_ms`` is always an argument. The node (``wheel.node``) executes effects
+``now_ms`` is always an argument. The node (``wheel.node``) executes actions
 in this order per loop iteration: completions, missed fires, schedule
 advances, claims, starts; then it feeds the store's answers back in
 (``wheel.engine.driver`` is that loop, without the I/O).
@@ -86,10 +86,10 @@ from wheel.engine.owner._values import (
     LEASE,
     RETRY,
     TIMEOUT,
+    Actions,
     Alert,
     Assignment,
     CompletionResult,
-    Effects,
     Outcome,
     OwnerConfig,
     OwnerStats,
@@ -116,11 +116,11 @@ __all__ = [
     "LEASE",
     "RETRY",
     "TIMEOUT",
+    "Actions",
     "Alert",
     "Assignment",
     "CompletionResult",
     "Due",
-    "Effects",
     "FireHold",
     "Outcome",
     "Owner",
@@ -148,10 +148,10 @@ class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Dispatch, _Workers, _Runs, _T
 
     __slots__ = ()
 
-    def advance(self, now_ms: int, fx: Effects) -> None:
+    def advance(self, now_ms: int, acts: Actions) -> None:
         """Fire every timer due at ``now_ms``, then hand out what workers can take."""
         if self._later.claims:
-            fx.claims.extend(self._later.claims)
+            acts.claims.extend(self._later.claims)
             self._later.claims.clear()
         grace = self._grace
         while grace and grace[0][0] <= now_ms:
@@ -165,16 +165,16 @@ class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Dispatch, _Workers, _Runs, _T
                 job = self.jobs.get(n) or self._wake_to_fire(n, now_ms)
                 if job is not None and not job.paused and job.next_fire is not None:
                     fired += 1
-                    self._on_fire(job, now_ms, fx)
+                    self._on_fire(job, now_ms, acts)
             elif kind == LEASE:
-                self._on_lease_timer(n, now_ms, fx)
+                self._on_lease_timer(n, now_ms, acts)
             elif kind == TIMEOUT:
-                self._on_timeout(n, now_ms, fx)
+                self._on_timeout(n, now_ms, acts)
             else:
                 self._on_retry(n, now_ms)
         if fired:
             self.stats.fires += fired
-        self._run_reaper(now_ms, fx)
-        self._dispatch(now_ms, fx)
+        self._run_reaper(now_ms, acts)
+        self._dispatch(now_ms, acts)
         if self._settling:
             self._settle(now_ms)

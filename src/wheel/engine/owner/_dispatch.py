@@ -22,9 +22,9 @@ from wheel.engine.owner._state import (
     _Worker,
 )
 from wheel.engine.owner._values import (
+    Actions,
     Alert,
     Assignment,
-    Effects,
     Phase,
     Route,
     Unserved,
@@ -216,10 +216,10 @@ class _Dispatch(_Parts):
         run = self.runs.get(run_id)
         return run is not None and run.phase is Phase.READY
 
-    def _dispatch(self, now_ms: int, fx: Effects) -> None:
+    def _dispatch(self, now_ms: int, acts: Actions) -> None:
         starved: list[Route] = []  # routes with work and no worker with credit
         if self._ready:
-            starved.extend(self._assign_ready(now_ms, fx))
+            starved.extend(self._assign_ready(now_ms, acts))
         budget = self.config.max_claim_batch - len(self._pending)
         workers_all = self.workers.values()
         # Limited tenants' allowances (wheel.engine.owner._tenants), counted
@@ -266,13 +266,13 @@ class _Dispatch(_Parts):
                     n = self._overdue_bucket.take(split.overdue, now_ms)
                     picked.extend((j, True) for j in over.pop(n, allow))
             budget -= len(picked)
-            self._claim(picked, workers, now_ms, fx)
+            self._claim(picked, workers, now_ms, acts)
         if allow is not None and before is not None:
             self._tenants_took(before, allow, now_ms)
         if starved or self._unserved:
-            self._note_unserved(starved, now_ms, fx)
+            self._note_unserved(starved, now_ms, acts)
 
-    def _note_unserved(self, starved: list[Route], now_ms: int, fx: Effects) -> None:
+    def _note_unserved(self, starved: list[Route], now_ms: int, acts: Actions) -> None:
         """Of the routes whose work found no worker with credit, those no
         connected worker serves at all: their work waits (unclaimed, or
         claimed without a lease), reported by ``unserved`` and, once it has
@@ -290,7 +290,7 @@ class _Dispatch(_Parts):
             if now_ms - since >= limit and route not in self._unserved_alerted:
                 self._unserved_alerted.add(route)
                 pool, handler = route
-                fx.alerts.append(
+                acts.alerts.append(
                     Alert(
                         kind=AlertKind.NO_WORKER,
                         message=f"no worker for handler {handler!r} in pool {pool!r}: "
@@ -320,7 +320,7 @@ class _Dispatch(_Parts):
         ]
 
     def _claim(
-        self, picked: list[tuple[int, bool]], workers: list[_Worker], now_ms: int, fx: Effects
+        self, picked: list[tuple[int, bool]], workers: list[_Worker], now_ms: int, acts: Actions
     ) -> None:
         # Runs go out ``hand_out_chunk`` to a worker (``_take_server``).
         for job_id, overdue in picked:
@@ -336,7 +336,7 @@ class _Dispatch(_Parts):
                 run_id, _ = job.ready.popleft()
                 run = self.runs.get(run_id)
                 if run is not None and run.phase is Phase.READY:
-                    self._hand_out(run, self._take_server(workers), now_ms, fx)
+                    self._hand_out(run, self._take_server(workers), now_ms, acts)
                 self._requeue_job(job, now_ms)
                 continue
             if not job.due or job.paused or job.inflight >= job.limit:
@@ -366,8 +366,8 @@ class _Dispatch(_Parts):
                 job.store_next = new
                 job.advancing += 1
                 self.dirty.add(job_id)
-                self._flush_skipped(job, new, now_ms, fx)
-            fx.claims.append(
+                self._flush_skipped(job, new, now_ms, acts)
+            acts.claims.append(
                 FireClaim(
                     job_id=job_id,
                     scheduled_for=fire,
@@ -411,7 +411,7 @@ class _Dispatch(_Parts):
         self._given += 1
         return workers[wi]
 
-    def on_claimed(self, outcomes: Sequence[ClaimOutcome], now_ms: int, fx: Effects) -> None:
+    def on_claimed(self, outcomes: Sequence[ClaimOutcome], now_ms: int, acts: Actions) -> None:
         """The store's answer to a claim batch."""
         stats = self.stats
         # Counted won for the batch at once, less each one lost or not ours.
@@ -429,17 +429,17 @@ class _Dispatch(_Parts):
             if c.advance and job is not None:
                 job.advancing -= 1
             if c.advance and not out.advanced:
-                fx.resync.add(c.job_id)
+                acts.resync.add(c.job_id)
             elif c.advance and job is not None and job.advancing == 0 and not job.paused:
                 # Fires passed over while the claim was on its way.
-                self._sync_schedule(job, now_ms, fx)
+                self._sync_schedule(job, now_ms, acts)
             if out.run_id is None:
                 # Someone else holds this fire (another owner, or an earlier
                 # life of this one): it is not ours to run.
                 stats.claims_won -= 1
                 stats.claims_lost += 1
                 if job is not None:
-                    self._run_finished(job, now_ms, fx)
+                    self._run_finished(job, now_ms, acts)
                 continue
             run = _Run(out.run_id, c.job_id, c.scheduled_for, c.attempt, c.fence, out.payload)
             run.timed = pend.timed and c.attempt == 0  # a retry's wait is its backoff
@@ -454,7 +454,7 @@ class _Dispatch(_Parts):
             # if that leaves the worker within its credit, which it may have
             # lowered while the claim was on its way.
             if worker is not None and worker.free > 0 and not worker.draining:
-                self._hand_out(run, worker, now_ms, fx)
+                self._hand_out(run, worker, now_ms, acts)
             else:
                 # Its worker went away: it waits for another of its route,
                 # with no lease and no timeout running until one gets it.
@@ -465,7 +465,7 @@ class _Dispatch(_Parts):
         route = job.route if job is not None else ("default", "")
         self._ready.setdefault(route, deque()).append(run.run_id)
 
-    def _assign_ready(self, now_ms: int, fx: Effects) -> list[Route]:
+    def _assign_ready(self, now_ms: int, acts: Actions) -> list[Route]:
         """Hand out claimed runs that wait for a worker, in order per route,
         each to a worker of its route that did not hand it back, while its
         job is below its limit; the others keep their place. Returns the
@@ -496,7 +496,7 @@ class _Dispatch(_Parts):
                 ):
                     kept.append(run.run_id)
                     continue
-                self._hand_out(run, worker, now_ms, fx)
+                self._hand_out(run, worker, now_ms, acts)
             if kept:
                 q.extendleft(reversed(kept))
             if not q:
@@ -514,7 +514,7 @@ class _Dispatch(_Parts):
                 job, now_ms, overdue=now_ms - job.due[0][0] > self.config.overdue_after_ms
             )
 
-    def _hand_out(self, run: _Run, worker: _Worker, now_ms: int, fx: Effects) -> None:
+    def _hand_out(self, run: _Run, worker: _Worker, now_ms: int, acts: Actions) -> None:
         job = self.jobs.get(run.job_id) or self._job(run.job_id)
         if job is None:  # pragma: no cover - a run keeps its job alive
             return
@@ -541,7 +541,7 @@ class _Dispatch(_Parts):
                 grace.append((deadline, [run.run_id]))
             self._graced += 1
         spec = job.spec
-        fx.assignments.setdefault(worker.worker_id, []).append(
+        acts.assignments.setdefault(worker.worker_id, []).append(
             Assignment(
                 run_id=run.run_id,
                 job_id=run.job_id,
@@ -557,7 +557,7 @@ class _Dispatch(_Parts):
         )
         if run.timed:
             run.timed = False  # once: a run handed back goes out again later
-            fx.lags.append(now_ms - run.scheduled_for)
+            acts.lags.append(now_ms - run.scheduled_for)
         self.stats.dispatched += 1
 
     def backlog(self) -> tuple[int, int]:

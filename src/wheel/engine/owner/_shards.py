@@ -19,7 +19,7 @@ from wheel.engine.owner._values import (
     LEASE,
     RETRY,
     TIMEOUT,
-    Effects,
+    Actions,
     Phase,
     RunRef,
     ShardContents,
@@ -57,7 +57,7 @@ class _Shards(_Parts):
     # -- gaining shards -----------------------------------------------------------
 
     def add_shards(
-        self, epochs: Mapping[int, int], contents: ShardContents, now_ms: int, fx: Effects
+        self, epochs: Mapping[int, int], contents: ShardContents, now_ms: int, acts: Actions
     ) -> None:
         """Take on the shards of ``epochs`` (shard -> the epoch this owner now
         holds it under): arm their jobs, keep the jobs that only finish their
@@ -78,22 +78,22 @@ class _Shards(_Parts):
                 self._take_on_rows(gained, rows, numbers)
         ours = None if len(self._shards) == SHARD_COUNT else set(epochs)
         for changes in contents.rows:
-            self.apply_rows(changes, now_ms, fx, ours)
+            self.apply_rows(changes, now_ms, acts, ours)
         for record in contents.jobs:
             if ours is not None and shard_of(record.job_id) not in ours:
                 continue
             try:
-                self.upsert_job(record, now_ms, fx)
+                self.upsert_job(record, now_ms, acts)
             except Exception:
                 # One bad row (an expression this version rejects) must not keep
                 # every other job of the shard from running.
                 log.exception("job %s could not be loaded; skipped", record.job_id)
         self._adopt_finished(contents.finished, ours)
-        self._restore_inflight(contents.inflight, ours, now_ms, fx)
+        self._restore_inflight(contents.inflight, ours, now_ms, acts)
         self._restore_retries(contents.retries, ours, now_ms)
 
     def apply_rows(
-        self, changes: RowChanges, now_ms: int, fx: Effects, ours: set[int] | None = None
+        self, changes: RowChanges, now_ms: int, acts: Actions, ours: set[int] | None = None
     ) -> None:
         """Jobs as the store has them now, as rows (``Store.changed_rows``):
         each taken on by its profile, with no spec to parse; those stored
@@ -115,11 +115,11 @@ class _Shards(_Parts):
                 row.param,
                 row.has_payload,
                 now_ms,
-                fx,
+                acts,
             )
         for record in changes.jobs:
             if ours is None or shard_of(record.job_id) in ours:
-                self.upsert_job(record, now_ms, fx)
+                self.upsert_job(record, now_ms, acts)
 
     def _adopt_finished(self, records: Sequence[JobRecord], ours: set[int] | None) -> None:
         """Jobs whose schedule is over but that still have runs in flight or
@@ -153,7 +153,7 @@ class _Shards(_Parts):
         executions: Sequence[ExecutionRecord],
         ours: set[int] | None,
         now_ms: int,
-        fx: Effects,
+        acts: Actions,
     ) -> None:
         """Runs the store says are in flight. A running run gets a full lease
         from now and one never acked the grace lease (seed R1): their workers
@@ -186,7 +186,7 @@ class _Shards(_Parts):
             if ex.fence >> COUNTER_BITS == state.epoch:
                 state.counter = max(state.counter, ex.fence & COUNTER_MASK)
             if job is not None and job.cancelled:
-                self._end_run(run, RunState.CANCELLED, "job cancelled", fx, now_ms)
+                self._end_run(run, RunState.CANCELLED, "job cancelled", acts, now_ms)
             elif job is not None and ex.state is RunState.DISPATCHED and ex.worker_id == "":
                 # Its previous owner handed it over unsent (a planned move,
                 # ``Store.release_unsent``): sent now, same attempt and fence.

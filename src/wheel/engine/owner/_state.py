@@ -23,7 +23,7 @@ from wheel.engine.jobtable import NEVER, Columns, ShardJobs
 from wheel.engine.model import RunState, shard_of
 from wheel.engine.owner._values import (
     _RUN_TRANSITIONS,
-    Effects,
+    Actions,
     OwnerConfig,
     OwnerStats,
     Phase,
@@ -425,7 +425,7 @@ class _Parts:
     _held_tenant: dict[int, str]
     _tenant_held: dict[str, int]
     _tenant_blocked: set[str]
-    _later: Effects
+    _later: Actions
 
     # What one part calls in another, defined by the part named.
     # _packed
@@ -510,24 +510,24 @@ class _Parts:
         raise NotImplementedError
 
     def _miss(
-        self, job: _Job, missed: Iterable[tuple[int, MissedReason]], now_ms: int, fx: Effects
+        self, job: _Job, missed: Iterable[tuple[int, MissedReason]], now_ms: int, acts: Actions
     ) -> None:
         raise NotImplementedError
 
-    def _sync_schedule(self, job: _Job, now_ms: int, fx: Effects) -> None:
+    def _sync_schedule(self, job: _Job, now_ms: int, acts: Actions) -> None:
         raise NotImplementedError
 
-    def _flush_skipped(self, job: _Job, upto: int | None, now_ms: int, fx: Effects) -> None:
+    def _flush_skipped(self, job: _Job, upto: int | None, now_ms: int, acts: Actions) -> None:
         raise NotImplementedError
 
-    def _run_finished(self, job: _Job, now_ms: int, fx: Effects) -> None:
+    def _run_finished(self, job: _Job, now_ms: int, acts: Actions) -> None:
         raise NotImplementedError
 
     # _dispatch
     def _enqueue(self, job: _Job, now_ms: int, *, overdue: bool, front: bool = False) -> None:
         raise NotImplementedError
 
-    def _dispatch(self, now_ms: int, fx: Effects) -> None:
+    def _dispatch(self, now_ms: int, acts: Actions) -> None:
         raise NotImplementedError
 
     def _requeue_job(self, job: _Job, now_ms: int) -> None:
@@ -542,7 +542,7 @@ class _Parts:
     def _wait_ready(self, run: _Run, job: _Job | None) -> None:
         raise NotImplementedError
 
-    def _hand_out(self, run: _Run, worker: _Worker, now_ms: int, fx: Effects) -> None:
+    def _hand_out(self, run: _Run, worker: _Worker, now_ms: int, acts: Actions) -> None:
         raise NotImplementedError
 
     def _next_fence(self, shard: int) -> int:
@@ -554,7 +554,7 @@ class _Parts:
         run: _Run,
         state: RunState,
         error: str | None,
-        fx: Effects,
+        acts: Actions,
         now_ms: int,
         *,
         reply_to: str | None = None,
@@ -562,14 +562,14 @@ class _Parts:
     ) -> None:
         raise NotImplementedError
 
-    def _revoke(self, run: _Run, reason: RevokeReason, fx: Effects) -> None:
+    def _revoke(self, run: _Run, reason: RevokeReason, acts: Actions) -> None:
         raise NotImplementedError
 
     def _arm_run(self, run: _Run) -> None:
         raise NotImplementedError
 
     def _lose(
-        self, run: _Run, why: str, now_ms: int, fx: Effects, *, reply_to: str | None = None
+        self, run: _Run, why: str, now_ms: int, acts: Actions, *, reply_to: str | None = None
     ) -> None:
         raise NotImplementedError
 
@@ -577,7 +577,7 @@ class _Parts:
         raise NotImplementedError
 
     # _jobs
-    def upsert_job(self, record: JobRecord, now_ms: int, fx: Effects) -> None:
+    def upsert_job(self, record: JobRecord, now_ms: int, acts: Actions) -> None:
         raise NotImplementedError
 
     def upsert(
@@ -589,7 +589,7 @@ class _Parts:
         param: int,
         has_payload: bool,
         now_ms: int,
-        fx: Effects,
+        acts: Actions,
     ) -> None:
         raise NotImplementedError
 
@@ -683,5 +683,5 @@ class _OwnerState(_Parts):
         self._held_tenant: dict[int, str] = {}
         self._tenant_held: dict[str, int] = {}
         self._tenant_blocked: set[str] = set()
-        # Claims made without an Effects at hand, sent with the next advance.
-        self._later = Effects()
+        # Claims made without an Actions at hand, sent with the next advance.
+        self._later = Actions()

@@ -1,5 +1,5 @@
 """The shard owner's values: what it is configured with, what it is fed and
-what it returns (``Effects``), and the names of its timers, phases and
+what it returns (``Actions``), and the names of its timers, phases and
 outcomes."""
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ class RunNote:
 
 
 @dataclass(slots=True)
-class Effects:
+class Actions:
     """What the node must do, in this order: store writes, then messages."""
 
     completions: list[Completion] = field(default_factory=list)
@@ -266,9 +266,9 @@ class Effects:
     def store_work(self) -> bool:
         return bool(self.completions or self.missed or self.advances or self.claims or self.starts)
 
-    def take_store_work(self) -> Effects:
-        """Move the store writes into a new Effects, leaving messages here."""
-        out = Effects(
+    def take_store_work(self) -> Actions:
+        """Move the store writes into a new Actions, leaving messages here."""
+        out = Actions(
             completions=self.completions,
             missed=self.missed,
             advances=self.advances,
