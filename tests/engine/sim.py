@@ -577,7 +577,7 @@ class Sim:
                     self.crash_node(self._down_time())
                     return
                 driver.apply(outcome, now)
-            self._publish(driver.acts)
+            self._publish(driver.take_messages())
             resync = driver.take_resync()
             if resync:
                 driver.apply_changes([store.get_job(j) for j in sorted(resync)], now)
@@ -587,11 +587,7 @@ class Sim:
 
     def _publish(self, acts: Actions) -> None:
         self.history.alerts.extend(acts.alerts)
-        acts.alerts.clear()
-        acts.notes.clear()
-        acts.lags.clear()
         if not (acts.assignments or acts.revokes or acts.results or acts.rejected_renewals):
-            acts.violations.clear()
             return
         by_id = self._by_id
         for wid, items in acts.assignments.items():
@@ -606,11 +602,7 @@ class Sim:
             self._send(by_id, wid, partial(_answer, results))
         for wid, refs in acts.rejected_renewals.items():
             self._send(by_id, wid, partial(_supersede_refs, refs))
-        acts.assignments.clear()
-        acts.revokes.clear()
-        acts.results.clear()
-        acts.rejected_renewals.clear()
-        acts.violations.clear()  # the SDK only logs protocol errors
+        # Violations are dropped: the SDK only logs protocol errors.
 
     def _send(self, by_id: dict[str, SimWorker], wid: str, fn: Callable[[SimWorker], None]) -> None:
         w = by_id.get(wid)

@@ -11,9 +11,16 @@ one copy of it:
 3. the shell writes the batch (on a thread, in order with the batches before
    it) and hands the store's answer to ``apply(outcome, now)``, which
    produces assignments and results;
-4. the shell sends the messages in ``acts`` (``Actions``), reads the jobs that
-   need re-reading (``take_resync``) and the change feed, feeds them to
+4. the shell sends the messages ``take_messages()`` gives it, reads the jobs
+   that need re-reading (``take_resync``) and the change feed, feeds them to
    ``apply_changes``, and sleeps until ``next_deadline()`` or an event.
+
+What the owner decides accumulates in one ``Actions``, held here: the
+owner's methods append to the one the driver passes them, and only the
+driver takes anything out of it (``take_batch``, ``take_messages``,
+``take_resync``, and ``hand_over``, which drops what is not this owner's to
+do any more). A shell reads what it is given and never clears the
+accumulator; it asks for a job to be read again with ``reread``.
 
 The job API's logic is here too, between the shell's store reads and writes:
 what a submit stores (``new_job``), what a pause, resume or cancel writes
@@ -245,6 +252,18 @@ class Driver:
 
     def next_deadline(self) -> int | None:
         return self.owner.next_deadline()
+
+    def take_messages(self) -> Actions:
+        """The messages decided since the last call, for the shell to send:
+        hand-outs, revokes, answers, refused renewals, protocol errors and
+        credit answers by worker, and the alerts, run notes and lag samples.
+        Taken out: the next call gives only what came after."""
+        return self.acts.take_messages()
+
+    def reread(self, job_ids: Iterable[int]) -> None:
+        """Read these jobs again from the store (``take_resync`` gives them):
+        a read that failed, or jobs another member changed."""
+        self.acts.resync.update(job_ids)
 
     def take_resync(self) -> set[int]:
         """Jobs whose store row disagrees with the owner: to be read again

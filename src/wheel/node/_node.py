@@ -392,7 +392,6 @@ class Node(
         pending = deque()
         next_batch_ms = 0  # group commit: no batch before this (clock ms)
         driver = self._the_driver()
-        acts = driver.acts
         coordinator = self.coordinator
         tick = config.tick_ms
         tick_at = -tick  # when the last round with store work began (clock ms)
@@ -448,7 +447,7 @@ class Node(
                     if not waiter.done():
                         waiter.set_result(None)
             self._quiet_if_lapsed()  # and before a hand-out leaves
-            self._publish(acts)
+            self._publish(driver.take_messages())
             resync = driver.take_resync()
             if coordinator is not None and time.monotonic() >= next_changes:
                 self._push_membership()
@@ -573,12 +572,10 @@ class Node(
         if acts.alerts:
             for alert in acts.alerts:
                 self._raise(alert)
-            acts.alerts.clear()
         lags = acts.lags
         if lags:
             self._lags.extend(lags)
             self.lag_histogram.add(lags)
-            lags.clear()
         if acts.notes:
             for note in acts.notes:
                 log.warning(
@@ -591,7 +588,6 @@ class Node(
                         job_id=note.job_id, run_id=note.run_id, fence=note.fence, worker=note.worker
                     ),
                 )
-            acts.notes.clear()
         workers = (
             set(acts.assignments)
             | set(acts.revokes)
@@ -604,12 +600,6 @@ class Node(
             session = self.sessions.get(worker_id)
             if session is not None and self.message_sink is not None:
                 self.message_sink(session, acts)
-        acts.assignments.clear()
-        acts.revokes.clear()
-        acts.results.clear()
-        acts.rejected_renewals.clear()
-        acts.violations.clear()
-        acts.credited.clear()
 
     async def _read_changes(self, resync: set[int]) -> bool:
         """Apply the jobs changed since the last read (and re-read ``resync``);
@@ -636,7 +626,7 @@ class Node(
         except StoreError as exc:
             self.metrics.store_errors.labels("changes").inc()
             log.warning("reading job changes failed: %s", exc)
-            driver.acts.resync |= resync  # read again next time
+            driver.reread(resync)  # read again next time
             return False
         finally:
             self._reading_changes = False

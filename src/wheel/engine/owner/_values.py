@@ -241,7 +241,16 @@ class RunNote:
 
 @dataclass(slots=True)
 class Actions:
-    """What the node must do, in this order: store writes, then messages."""
+    """What the owner decided must happen, in this order: store writes, then
+    messages to workers and operators (not to be confused with
+    ``wheel.effects``, the handlers' effects made once).
+
+    One accumulator per owner, and one owner of it: the ``Driver``
+    (``wheel.engine.driver``) holds it and passes it to every ``Owner`` call,
+    whose methods only append to it; the driver alone takes what it holds
+    out, as batches for the store (``take_store_work``), messages for the
+    shell to send (``take_messages``) and jobs to read again (``resync``).
+    A shell never clears it: what it was given is its own."""
 
     completions: list[Completion] = field(default_factory=list)
     missed: list[MissedFire] = field(default_factory=list)
@@ -276,6 +285,25 @@ class Actions:
             starts=self.starts,
         )
         self.completions, self.missed, self.advances, self.claims, self.starts = [], [], [], [], []
+        return out
+
+    def take_messages(self) -> Actions:
+        """Move the messages (to workers, alerts, notes, lag samples) into a
+        new Actions, leaving the store writes and the re-reads here."""
+        out = Actions(
+            assignments=self.assignments,
+            revokes=self.revokes,
+            results=self.results,
+            rejected_renewals=self.rejected_renewals,
+            violations=self.violations,
+            credited=self.credited,
+            alerts=self.alerts,
+            notes=self.notes,
+            lags=self.lags,
+        )
+        self.assignments, self.revokes, self.results = {}, {}, {}
+        self.rejected_renewals, self.violations, self.credited = {}, {}, {}
+        self.alerts, self.notes, self.lags = [], [], []
         return out
 
 
