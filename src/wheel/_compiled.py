@@ -40,6 +40,8 @@ MODULES: tuple[str, ...] = (
     "wheel.engine.profiles",
     "wheel.engine.jobtable",
     "wheel.engine.owner._values",
+    "wheel.engine.owner._runtable",
+    "wheel.engine.owner._tenants",
     "wheel.engine.owner._state",
     "wheel.engine.owner._packed",
     "wheel.engine.owner._jobs",
@@ -47,7 +49,6 @@ MODULES: tuple[str, ...] = (
     "wheel.engine.owner._workers",
     "wheel.engine.owner._runs",
     "wheel.engine.owner._shards",
-    "wheel.engine.owner._tenants",
     "wheel.engine.owner",
     "wheel.engine.driver",
 )

@@ -12,9 +12,13 @@ advances, claims, starts; then it feeds the store's answers back in
 
 Shards come and go (``add_shards``, ``remove_shards``): everything the owner
 keeps is filed under its shard, and a shard is taken on or handed over whole.
-The logic is split by seam into parts that share one state (see
-``wheel.engine.owner._state``): jobs and missed fires, dispatch, workers, run
-endings, jobs at rest as packed rows (``_packed``), shards.
+Parts that own their state are held as fields and called through their
+methods: the run table (``runs``: ``_runtable``, the runs' phases, the
+transition table, grace leases and lease timers) and the tenant limits
+(``tenants``: ``_tenants``). The rest of the logic is still split by seam
+into traits that share one state (see ``wheel.engine.owner._state``): jobs
+and missed fires, dispatch, workers, run endings, jobs at rest as packed
+rows (``_packed``), shards.
 
 Invariants (each has a test in tests/engine/test_owner.py):
 
@@ -40,16 +44,10 @@ Invariants (each has a test in tests/engine/test_owner.py):
    while fewer than that many runs of the job are held by workers.
 7. A run leaves the owner only through a terminal state sent to the store.
 
-Run lifecycle (``_RUN_TRANSITIONS`` is the table; ``_move`` enforces it):
-
-    CLAIMING --claim won--> DISPATCHED (grace lease) --ack--> RUNNING (full lease)
-    CLAIMING --worker gone, or claimed ahead--> READY --assigned--> DISPATCHED
-    DISPATCHED/RUNNING --handed back, never started--> READY
-    DISPATCHED/RUNNING --complete / lease expired / timeout / cancel--> ENDING
-    ENDING --store applied--> (gone)
-
-A READY run has no lease and no timeout running: it waits for a worker of its
-route, and its timeout starts when one gets it.
+Run lifecycle: see ``wheel.engine.owner._runtable`` (the phases, their
+transition table, and how grace leases wait in one FIFO instead of the
+wheel). A READY run has no lease and no timeout running: it waits for a
+worker of its route, and its timeout starts when one gets it.
 
 Routing: a job's route is (pool, handler). A run goes only to a worker that
 serves the pool and registered the handler (a worker that registered no
@@ -59,18 +57,11 @@ unclaimed -- no grace lease, no attempt used -- and is reported by
 
 Timer ids pack a kind into the low two bits: ``(n << 2) | kind`` where n is a
 job id (FIRE), a run id (LEASE, TIMEOUT) or a retry sequence number (RETRY).
-
-A run's first grace lease is not a wheel timer of its own. Runs handed out
-in one tick share a grace deadline, and those deadlines only grow, so they
-wait in one FIFO (``_grace``), a list of run ids per deadline. Most runs end
-within their grace lease and never touch the wheel: no LEASE or TIMEOUT to
-add, none to cancel. A run still in flight at its grace deadline is checked
-then and, if its lease was renewed, gets its own LEASE and TIMEOUT timers
-(``_arm_run``). A run whose timeout falls within the grace lease gets them at
-once, so no deadline is ever checked late.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from wheel.engine.owner._dispatch import _Dispatch
 from wheel.engine.owner._jobs import FireHold, _Jobs
@@ -78,7 +69,6 @@ from wheel.engine.owner._packed import _Packed
 from wheel.engine.owner._runs import _Runs
 from wheel.engine.owner._shards import _Shards
 from wheel.engine.owner._state import Due, Redo, _OwnerState
-from wheel.engine.owner._tenants import _Tenants
 from wheel.engine.owner._values import (
     COUNTER_BITS,
     COUNTER_MASK,
@@ -143,7 +133,7 @@ __all__ = [
 ]
 
 
-class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Dispatch, _Workers, _Runs, _Tenants):
+class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Dispatch, _Workers, _Runs):
     """Owns a set of shards: their jobs' pending fires, in-flight runs and leases."""
 
     __slots__ = ()
@@ -153,9 +143,7 @@ class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Dispatch, _Workers, _Runs, _T
         if self._later.claims:
             acts.claims.extend(self._later.claims)
             self._later.claims.clear()
-        grace = self._grace
-        while grace and grace[0][0] <= now_ms:
-            self._grace_expired(grace.popleft()[1])
+        self.runs.expire_grace(now_ms)
         if now_ms + self.config.arm_ahead_ms >= self._next_unarmed:
             self._arm_ahead(now_ms)
         fired = 0  # added to the stats once: a local costs less per fire
@@ -178,3 +166,23 @@ class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Dispatch, _Workers, _Runs, _T
         self._dispatch(now_ms, acts)
         if self._settling:
             self._settle(now_ms)
+
+    # -- tenant limits (``Tenants``) ----------------------------------------------
+
+    def set_tenant_limits(self, limits: Mapping[str, TenantLimit], now_ms: int) -> None:
+        """Replace every tenant's limits (a tenant not named has none); the
+        runs held by workers are counted afresh."""
+        counted = self.tenants.set_limits(limits, now_ms)
+        if counted:
+            for run in self.runs.values():
+                if run.held_out:
+                    job = self.jobs.get(run.job_id) or self._job(run.job_id)
+                    if job is not None and job.spec.tenant in counted:
+                        self.tenants.hold(run.run_id, job.spec.tenant)
+
+    def tenant_limits(self) -> dict[str, TenantLimit]:
+        return dict(self.tenants.limits)
+
+    def tenant_in_flight(self, tenant: str) -> int:
+        """Runs of ``tenant`` held by workers (counted for limited tenants only)."""
+        return self.tenants.in_flight(tenant)

@@ -12,13 +12,12 @@ from mypy_extensions import trait
 
 from wheel.engine.fairness import FairQueue, split_capacity
 from wheel.engine.model import AlertKind, shard_of
+from wheel.engine.owner._runtable import _Run, set_phase
 from wheel.engine.owner._state import (
     Ahead,
     _Job,
-    _move,
     _Parts,
     _Pending,
-    _Run,
     _Worker,
 )
 from wheel.engine.owner._values import (
@@ -44,14 +43,15 @@ class _Dispatch(_Parts):
     def next_timer(self) -> int | None:
         """The earliest deadline of a timer: the wheel's, or a grace lease's."""
         deadline = self.wheel.next_deadline()
-        if self._grace and (deadline is None or self._grace[0][0] < deadline):
-            return self._grace[0][0]
+        grace = self.runs.next_grace()
+        if grace is not None and (deadline is None or grace < deadline):
+            return grace
         return deadline
 
     def pending_timers(self) -> int:
         """Timers pending: the wheel's, grace leases of runs not ended, and
         the FIRE timers of jobs at rest not armed in the wheel yet."""
-        return len(self.wheel) + self._graced + self.unarmed_fires()
+        return len(self.wheel) + self.runs.graced + self.unarmed_fires()
 
     def next_deadline(self) -> int | None:
         """When the node should call ``advance`` next (None: only on events):
@@ -74,8 +74,8 @@ class _Dispatch(_Parts):
                 waits.append(self._overdue_bucket.next_available_ms(now))
             if self._reaper and self._any_free() and not self._fleet_busy():
                 waits.append(self._reaper_bucket.next_available_ms(now))
-        if self._tenant_blocked:
-            waits.append(self._tenant_wake(self.wheel.now))
+        if self.tenants.any_blocked():
+            waits.append(self.tenants.wake(self.wheel.now))
         return min((w for w in waits if w is not None), default=None)
 
     def has_dispatchable_work(self) -> bool:
@@ -94,12 +94,12 @@ class _Dispatch(_Parts):
         if len(self._pending) >= self.config.max_claim_batch:
             return False
         if any(
-            q and self._has_server(route) and self._has_unblocked(q)
+            q and self._has_server(route) and self.tenants.has_unblocked(q)
             for route, q in self._fresh.items()
         ):
             return True
         if self._overdue_bucket.available(now) > 0 and any(
-            len(q) and self._has_server(route) and self._has_unblocked(q)
+            len(q) and self._has_server(route) and self.tenants.has_unblocked(q)
             for route, q in self._overdue.items()
         ):
             return True
@@ -131,8 +131,8 @@ class _Dispatch(_Parts):
             return False
         if (
             job is not None
-            and self._tenant_limits
-            and self._over_in_flight(job.spec.tenant, self._claiming())
+            and self.tenants.limits
+            and self.tenants.over_in_flight(job.spec.tenant, self._claiming())
         ):
             return False  # a run of the tenant ending wakes it
         return self._server_for(run, route) is not None
@@ -224,7 +224,7 @@ class _Dispatch(_Parts):
         workers_all = self.workers.values()
         # Limited tenants' allowances (wheel.engine.owner._tenants), counted
         # down by the pops of every route.
-        allow = self._tenant_allowance(now_ms)
+        allow = self.tenants.allowance(now_ms, self._claiming()) if self.tenants.limits else None
         before = dict(allow) if allow is not None else None
         # In the order routes first had work (a set's order would change
         # with the hash seed, and a simulation must replay exactly).
@@ -268,7 +268,7 @@ class _Dispatch(_Parts):
             budget -= len(picked)
             self._claim(picked, workers, now_ms, acts)
         if allow is not None and before is not None:
-            self._tenants_took(before, allow, now_ms)
+            self.tenants.took(before, allow, now_ms)
         if starved or self._unserved:
             self._note_unserved(starved, now_ms, acts)
 
@@ -443,10 +443,10 @@ class _Dispatch(_Parts):
                 continue
             run = _Run(out.run_id, c.job_id, c.scheduled_for, c.attempt, c.fence, out.payload)
             run.timed = pend.timed and c.attempt == 0  # a retry's wait is its backoff
-            self.runs[run.run_id] = run
+            self.runs.add(run)
             if pend.ahead and job is not None:
                 # Its timeout starts when a worker gets it (``_hand_out``).
-                _move(run, Phase.READY)
+                set_phase(run, Phase.READY)
                 job.ready.append(Ahead(run.run_id, pend.overdue))
                 self._requeue_job(job, now_ms)
                 continue
@@ -458,8 +458,23 @@ class _Dispatch(_Parts):
             else:
                 # Its worker went away: it waits for another of its route,
                 # with no lease and no timeout running until one gets it.
-                _move(run, Phase.READY)
+                set_phase(run, Phase.READY)
                 self._wait_ready(run, job)
+
+    def _claiming(self) -> dict[str, int]:
+        """Claims on their way to the store by tenant (those a dispatch made:
+        a trigger's or a backfill's count once handed out), for tenants with
+        an in-flight limit."""
+        claiming: dict[str, int] = {}
+        if self._pending and self.tenants.counts_claims():
+            for pend in self._pending.values():
+                if pend.ahead:
+                    continue
+                job = self.jobs.get(pend.job_id)
+                if job is not None:
+                    tenant = job.spec.tenant
+                    claiming[tenant] = claiming.get(tenant, 0) + 1
+        return claiming
 
     def _wait_ready(self, run: _Run, job: _Job | None) -> None:
         route = job.route if job is not None else ("default", "")
@@ -471,7 +486,7 @@ class _Dispatch(_Parts):
         job is below its limit; the others keep their place. Returns the
         routes with runs left and no worker with credit."""
         starved: list[Route] = []
-        claiming = self._claiming() if self._tenant_limits else {}
+        claiming = self._claiming() if self.tenants.limits else {}
         for route, q in list(self._ready.items()):
             kept: list[int] = []
             while q:
@@ -490,8 +505,8 @@ class _Dispatch(_Parts):
                     or (job is not None and job.running >= job.limit)
                     or (
                         job is not None
-                        and self._tenant_limits
-                        and self._over_in_flight(job.spec.tenant, claiming)
+                        and self.tenants.limits
+                        and self.tenants.over_in_flight(job.spec.tenant, claiming)
                     )
                 ):
                     kept.append(run.run_id)
@@ -518,28 +533,16 @@ class _Dispatch(_Parts):
         job = self.jobs.get(run.job_id) or self._job(run.job_id)
         if job is None:  # pragma: no cover - a run keeps its job alive
             return
-        _move(run, Phase.DISPATCHED)
+        set_phase(run, Phase.DISPATCHED)
         run.held_out = True
         job.running += 1
         if run.timeout_deadline == 0:
             run.timeout_deadline = now_ms + job.spec.timeout_ms
         run.worker_id = worker.worker_id
         worker.held.add(run.run_id)
-        if self._tenant_limits:
-            self._hold_if_limited(run.run_id, job.spec.tenant)
-        deadline = run.lease_deadline = now_ms + self.config.grace_lease_ms
-        grace = self._grace
-        last = grace[-1][0] if grace else None
-        # Own timers when it has them already, when its timeout comes first,
-        # or when an earlier now than the last hand-out would unsort the FIFO.
-        if run.armed or run.timeout_deadline <= deadline or (last is not None and last > deadline):
-            self._arm_run(run)
-        else:
-            if last == deadline:
-                grace[-1][1].append(run.run_id)
-            else:
-                grace.append((deadline, [run.run_id]))
-            self._graced += 1
+        if self.tenants.limits:
+            self.tenants.hold_if_limited(run.run_id, job.spec.tenant)
+        self.runs.lease(run, now_ms, self.config.grace_lease_ms)
         spec = job.spec
         acts.assignments.setdefault(worker.worker_id, []).append(
             Assignment(

@@ -283,7 +283,7 @@ class _Jobs(_Parts):
             # is over, but that fire's retries and re-dispatches must still run.
             job.due = deque(d for d in job.due if not _moves(d))
         if cancelled:
-            for run in list(self.runs.values()):
+            for run in self.runs.values():
                 if run.job_id == job.job_id and run.phase in (
                     Phase.READY,
                     Phase.DISPATCHED,

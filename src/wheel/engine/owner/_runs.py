@@ -10,17 +10,14 @@ from collections.abc import Sequence
 from mypy_extensions import trait
 
 from wheel.engine.model import AlertKind, RunState, one_shot_end
+from wheel.engine.owner._runtable import _Run, set_phase
 from wheel.engine.owner._state import (
     Redo,
     _Job,
-    _move,
     _Parts,
-    _Run,
 )
 from wheel.engine.owner._values import (
-    LEASE,
     RETRY,
-    TIMEOUT,
     Actions,
     Alert,
     CompletionResult,
@@ -66,16 +63,11 @@ class _Runs(_Parts):
         """Send a terminal state to the store; follow-ups wait for its answer.
         ``started_at_ms``: the run's start, for the store to keep if it has
         none (a run completed before it was acked)."""
-        _move(run, Phase.ENDING)
+        self.runs.ending(run, state, reply_to)
         if run.worker_id is not None:
             w = self.workers.get(run.worker_id)
             if w is not None:
                 w.held.discard(run.run_id)
-        if run.armed:
-            self.wheel.cancel((run.run_id << 2) | LEASE)
-            self.wheel.cancel((run.run_id << 2) | TIMEOUT)
-        elif run.lease_deadline:
-            self._graced -= 1  # its entry in ``_grace`` is skipped when due
         job = self.jobs.get(run.job_id)
         acts.completions.append(
             Completion(
@@ -91,8 +83,6 @@ class _Runs(_Parts):
                 started_at_ms=started_at_ms,
             )
         )
-        run.end_state, run.reply_to = state, reply_to
-        self._ending[run.run_id] = run
         if job is not None:
             job.ending += 1
 
@@ -110,21 +100,17 @@ class _Runs(_Parts):
             if run.refused is None:
                 run.refused = {}
             run.refused[worker.incarnation] = now_ms + self.config.grace_lease_ms
-        if run.armed:
-            self.wheel.cancel((run.run_id << 2) | LEASE)
-            self.wheel.cancel((run.run_id << 2) | TIMEOUT)
-            run.armed = False
-        elif run.lease_deadline:
-            self._graced -= 1  # its entry in ``_grace`` is skipped when due
+        self.runs.disarm(run)
+        run.armed = False
         run.worker_id = None
         run.lease_deadline = run.timeout_deadline = 0
-        _move(run, Phase.READY)
+        set_phase(run, Phase.READY)
         job = self.jobs.get(run.job_id) or self._job(run.job_id)
         if job is not None and run.held_out:
             job.running -= 1
         run.held_out = False
-        if self._held_tenant:
-            self._unhold(run.run_id)
+        if self.tenants.holds_runs():
+            self.tenants.unhold(run.run_id)
         self._wait_ready(run, job)
 
     def on_completed(
@@ -132,13 +118,12 @@ class _Runs(_Parts):
     ) -> None:
         """The store's answer to a completion batch: follow-ups for applied ones."""
         for out in outcomes:
-            run = self._ending.pop(out.run_id, None)
+            run = self.runs.ended(out.run_id)
             if run is None:
                 continue
             state, reply_to = run.end_state, run.reply_to
-            del self.runs[run.run_id]
-            if self._held_tenant:
-                self._unhold(run.run_id)
+            if self.tenants.holds_runs():
+                self.tenants.unhold(run.run_id)
             if reply_to is not None:
                 acts.results.setdefault(reply_to, []).append(
                     CompletionResult(
@@ -228,31 +213,13 @@ class _Runs(_Parts):
         job.due.appendleft((redo.fire, redo.attempt, False))
         self._enqueue(job, now_ms, overdue=False)
 
-    def _arm_run(self, run: _Run) -> None:
-        """Give the run its own wheel timers: TIMEOUT, and LEASE once handed out."""
-        run.armed = True
-        if run.lease_deadline:
-            self.wheel.add((run.run_id << 2) | LEASE, run.lease_deadline)
-        self.wheel.add((run.run_id << 2) | TIMEOUT, run.timeout_deadline)
-
-    def _grace_expired(self, run_ids: list[int]) -> None:
-        """Grace leases handed out together are due: runs that ended are
-        gone; the rest get their own timers, which fire at once if due."""
-        runs = self.runs
-        for run_id in run_ids:
-            run = runs.get(run_id)
-            if run is None or run.armed or run.phase not in (Phase.DISPATCHED, Phase.RUNNING):
-                continue
-            self._graced -= 1
-            self._arm_run(run)
-
     def _on_lease_timer(self, run_id: int, now_ms: int, acts: Actions) -> None:
         run = self.runs.get(run_id)
         if run is None or run.phase not in (Phase.DISPATCHED, Phase.RUNNING):
             return
         if run.lease_deadline > now_ms:
             # Renewed since the timer was set: renewals only move the deadline.
-            self.wheel.add((run_id << 2) | LEASE, run.lease_deadline)
+            self.runs.renew_timer(run)
             return
         self.stats.lost_leases += 1
         acts.notes.append(_note("lease expired", run))

@@ -11,14 +11,13 @@ from collections.abc import Collection, Mapping, Sequence
 from mypy_extensions import trait
 
 from wheel.engine.model import SHARD_COUNT, JobState, RunState, shard_of
-from wheel.engine.owner._state import Redo, _Job, _Parts, _Run, _Shard
+from wheel.engine.owner._runtable import _Run
+from wheel.engine.owner._state import Redo, _Job, _Parts, _Shard
 from wheel.engine.owner._values import (
     COUNTER_BITS,
     COUNTER_MASK,
     FIRE,
-    LEASE,
     RETRY,
-    TIMEOUT,
     Actions,
     Phase,
     RunRef,
@@ -172,16 +171,15 @@ class _Shards(_Parts):
                 run.phase = Phase.DISPATCHED
                 run.lease_deadline = now_ms + self.config.grace_lease_ms
             run.held_out = True
-            run.armed = True
-            self.wheel.add((run.run_id << 2) | LEASE, run.lease_deadline)
+            self.runs.adopt(run)
             job = self._job(ex.job_id)
             if job is not None:
                 job.inflight += 1
                 job.running += 1
-                self._hold_if_limited(run.run_id, job.spec.tenant)
+                self.tenants.hold_if_limited(run.run_id, job.spec.tenant)
                 run.timeout_deadline = ex.dispatched_at_ms + job.spec.timeout_ms
-                self.wheel.add((run.run_id << 2) | TIMEOUT, max(now_ms, run.timeout_deadline))
-            self.runs[run.run_id] = run
+                self.runs.time_out_at(run, max(now_ms, run.timeout_deadline))
+            self.runs.add(run)
             state = self._shards[shard_of(ex.job_id)]
             if ex.fence >> COUNTER_BITS == state.epoch:
                 state.counter = max(state.counter, ex.fence & COUNTER_MASK)
@@ -244,16 +242,10 @@ class _Shards(_Parts):
                 wheel.cancel((job_id << 2) | FIRE)
         if self.dirty:
             self.dirty = {j for j in self.dirty if shard_of(j) not in lost}
-        for run_id, run in list(self.runs.items()):
+        for run_id, run in self.runs.items():
             if shard_of(run.job_id) in lost:
-                del self.runs[run_id]
-                self._unhold(run_id)
-                self._ending.pop(run_id, None)
-                if run.armed:
-                    wheel.cancel((run_id << 2) | LEASE)
-                    wheel.cancel((run_id << 2) | TIMEOUT)
-                elif run.lease_deadline and run.phase in (Phase.DISPATCHED, Phase.RUNNING):
-                    self._graced -= 1  # its entry in ``_grace`` is skipped when due
+                self.runs.drop(run)
+                self.tenants.unhold(run_id)
                 if run.worker_id is not None:
                     worker = self.workers.get(run.worker_id)
                     if worker is not None:

@@ -1,13 +1,14 @@
 """The shard owner's state: the records it keeps per job, run, worker and
 shard, and the base every part of the owner shares (``_OwnerState``).
 
-The owner is one object whose logic is split by seam into parts (mixins) that
-share this state: ``_images`` (jobs kept as checkpoint images until first
-touched), ``_jobs`` (schedules, fires and missed fires), ``_dispatch``
-(routing, claims and hand-out), ``_workers`` (the lease streams), ``_runs``
-(run endings, leases, retries, the reaper) and ``_shards`` (gaining and losing
-shards). What one part calls in another is declared here, so each seam shows
-what crosses it.
+Two parts own their state and are reached through their methods: the run
+table (``runs``, ``_runtable``) and the tenant limits (``tenants``,
+``_tenants``). The rest of the logic is split by seam into traits that still
+share this state: ``_packed`` (jobs at rest as packed rows), ``_jobs``
+(schedules, fires and missed fires), ``_dispatch`` (routing, claims and
+hand-out), ``_workers`` (the lease streams), ``_runs`` (run endings,
+retries, the reaper) and ``_shards`` (gaining and losing shards). What one
+trait calls in another is declared here, so each seam shows what crosses it.
 """
 
 from __future__ import annotations
@@ -21,14 +22,13 @@ from mypy_extensions import trait
 from wheel.engine.fairness import FairQueue, TokenBucket
 from wheel.engine.jobtable import NEVER, Columns, ShardJobs
 from wheel.engine.model import RunState, shard_of
+from wheel.engine.owner._runtable import RunTable, _Run
+from wheel.engine.owner._tenants import Tenants
 from wheel.engine.owner._values import (
-    _RUN_TRANSITIONS,
     Actions,
     OwnerConfig,
     OwnerStats,
-    Phase,
     Route,
-    TenantLimit,
 )
 from wheel.engine.profiles import Profiles
 from wheel.engine.schedule import CompiledSchedule
@@ -36,7 +36,7 @@ from wheel.engine.spec import JobSpec, OverlapPolicy
 from wheel.engine.timerwheel import TimerWheel
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable
 
     from wheel.engine.model import JobState, MissedReason
     from wheel.engine.owner._values import RevokeReason
@@ -154,67 +154,6 @@ class _Job:
         self.queued = False
 
 
-class _Run:
-    __slots__ = (
-        "armed",
-        "attempt",
-        "end_state",
-        "fence",
-        "held_out",
-        "job_id",
-        "lease_deadline",
-        "payload",
-        "phase",
-        "refused",
-        "reply_to",
-        "run_id",
-        "scheduled_for",
-        "timed",
-        "timeout_deadline",
-        "worker_id",
-    )
-
-    def __init__(
-        self,
-        run_id: int,
-        job_id: int,
-        scheduled_for: int,
-        attempt: int,
-        fence: int,
-        payload: bytes = b"",
-    ) -> None:
-        self.run_id = run_id
-        self.job_id = job_id
-        self.scheduled_for = scheduled_for
-        self.attempt = attempt
-        self.fence = fence
-        # Read from the store with its claim (its job keeps no payload).
-        self.payload = payload
-        self.phase = Phase.CLAIMING
-        self.worker_id: str | None = None
-        self.lease_deadline = 0
-        self.timeout_deadline = 0
-        # Handed to a worker (or restored): counted in its job's ``running``.
-        self.held_out = False
-        # Its LEASE and TIMEOUT deadlines are wheel timers (else its grace
-        # lease waits in the owner's ``_grace`` FIFO, or it has no lease yet).
-        self.armed = False
-        # Workers (by incarnation) that handed it back, and until when it is
-        # not offered to them again (``_take_back``).
-        self.refused: dict[int, int] | None = None
-        # Its first hand-out counts as dispatch lag (how late a fire that
-        # was due went out): a scheduled fire's first attempt or a trigger,
-        # set when it is claimed (``on_claimed``). Not a backfill's or a
-        # redrive's fire, which was not due when it was asked for, nor a
-        # retry (its wait is its backoff), nor a run handed back and out again.
-        self.timed = False
-        # Set when it goes ENDING (``_end_run``), read only after: the
-        # terminal state sent to the store, and the worker to answer once the
-        # store applied it (None: nobody asked).
-        self.end_state: RunState
-        self.reply_to: str | None
-
-
 class _Worker:
     __slots__ = (
         "capacity",
@@ -328,12 +267,6 @@ def _fence_mismatch(given: int, current: int) -> str:
     return f"fence {given} does not match the run's fence {current}"
 
 
-def _move(run: _Run, to: Phase) -> None:
-    if (run.phase, to) not in _RUN_TRANSITIONS:
-        raise AssertionError(f"illegal run transition {run.phase.name} -> {to.name}")
-    run.phase = to
-
-
 @trait
 class _Parts:
     """What every part of the owner shares: its state (declared here, set by
@@ -348,13 +281,9 @@ class _Parts:
     # dispatch).
     __slots__ = (
         "_armed_until",
-        "_ending",
         "_epochs",
         "_fresh",
         "_given",
-        "_grace",
-        "_graced",
-        "_held_tenant",
         "_holds",
         "_incarnations",
         "_later",
@@ -371,10 +300,6 @@ class _Parts:
         "_retry_seq",
         "_settling",
         "_shards",
-        "_tenant_blocked",
-        "_tenant_buckets",
-        "_tenant_held",
-        "_tenant_limits",
         "_unserved",
         "_unserved_alerted",
         "config",
@@ -383,6 +308,7 @@ class _Parts:
         "profiles",
         "runs",
         "stats",
+        "tenants",
         "wheel",
         "workers",
     )
@@ -397,21 +323,18 @@ class _Parts:
     _settling: set[int]
     _holds: set[int]
     dirty: set[int]
-    runs: dict[int, _Run]
+    runs: RunTable
     workers: dict[str, _Worker]
     stats: OwnerStats
     _shards: dict[int, _Shard]
     _epochs: dict[int, int] | None
     _pending: dict[tuple[int, int, int], _Pending]
-    _ending: dict[int, _Run]
     _fresh: dict[Route, FairQueue[int]]
     _overdue: dict[Route, FairQueue[int]]
     _ready: dict[Route, deque[int]]
     _unserved: dict[Route, int]
     _unserved_alerted: set[Route]
     _incarnations: int
-    _grace: deque[tuple[int, list[int]]]
-    _graced: int
     _retries: dict[int, Redo]
     _retry_seq: int
     _reaper: deque[Redo]
@@ -420,11 +343,7 @@ class _Parts:
     _given: int
     _overdue_bucket: TokenBucket
     _reaper_paused: bool
-    _tenant_limits: dict[str, TenantLimit]
-    _tenant_buckets: dict[str, TokenBucket]
-    _held_tenant: dict[int, str]
-    _tenant_held: dict[str, int]
-    _tenant_blocked: set[str]
+    tenants: Tenants
     _later: Actions
 
     # What one part calls in another, defined by the part named.
@@ -476,33 +395,6 @@ class _Parts:
 
     # _shards
     def owns(self, job_id: int) -> bool:
-        raise NotImplementedError
-
-    # _tenants
-    def _hold_if_limited(self, run_id: int, tenant: str) -> None:
-        raise NotImplementedError
-
-    def _unhold(self, run_id: int) -> None:
-        raise NotImplementedError
-
-    def _tenant_allowance(self, now_ms: int) -> dict[str, int] | None:
-        raise NotImplementedError
-
-    def _tenants_took(
-        self, before: Mapping[str, int], allow: Mapping[str, int], now_ms: int
-    ) -> None:
-        raise NotImplementedError
-
-    def _has_unblocked(self, q: FairQueue[int]) -> bool:
-        raise NotImplementedError
-
-    def _tenant_wake(self, now_ms: int) -> int | None:
-        raise NotImplementedError
-
-    def _claiming(self) -> dict[str, int]:
-        raise NotImplementedError
-
-    def _over_in_flight(self, tenant: str, claiming: Mapping[str, int]) -> bool:
         raise NotImplementedError
 
     # _jobs
@@ -563,9 +455,6 @@ class _Parts:
         raise NotImplementedError
 
     def _revoke(self, run: _Run, reason: RevokeReason, acts: Actions) -> None:
-        raise NotImplementedError
-
-    def _arm_run(self, run: _Run) -> None:
         raise NotImplementedError
 
     def _lose(
@@ -638,7 +527,8 @@ class _OwnerState(_Parts):
         self._settling: set[int] = set()
         # Jobs whose packed image changed since ``take_dirty`` (the node logs them).
         self.dirty: set[int] = set()
-        self.runs: dict[int, _Run] = {}
+        # The runs held, their phases and leases (``_runtable``).
+        self.runs = RunTable(self.wheel)
         self.workers: dict[str, _Worker] = {}
         self.stats = OwnerStats()
         self._shards: dict[int, _Shard] = {s: _Shard(s, e) for s, e in (epochs or {}).items()}
@@ -646,7 +536,6 @@ class _OwnerState(_Parts):
         # ask for it; a change to the shards held drops it (never mutated).
         self._epochs: dict[int, int] | None = None
         self._pending: dict[tuple[int, int, int], _Pending] = {}
-        self._ending: dict[int, _Run] = {}  # runs whose terminal state is on its way
         # Queued work by route: jobs with a fresh fire, jobs with overdue
         # work (fair across tenants), and claimed runs that wait for a worker
         # (theirs went away, or it handed them back).
@@ -658,10 +547,6 @@ class _OwnerState(_Parts):
         self._unserved: dict[Route, int] = {}
         self._unserved_alerted: set[Route] = set()
         self._incarnations = 0
-        # Grace leases in hand-out order: (deadline, run ids), deadlines
-        # increasing (see the module docstring).
-        self._grace: deque[tuple[int, list[int]]] = deque()
-        self._graced = 0  # runs in there that have not ended
         self._retries: dict[int, Redo] = {}  # by sequence number (RETRY timers)
         self._retry_seq = 0
         self._reaper: deque[Redo] = deque()
@@ -675,13 +560,8 @@ class _OwnerState(_Parts):
             rate, max(1.0, rate * self.config.overdue_burst_s), now_ms
         )
         self._reaper_paused = False
-        # Tenant limits (``_tenants``): each limited tenant's fire bucket,
-        # the runs its workers hold (by run id, and counted by tenant), and
-        # the tenants the last dispatch held back.
-        self._tenant_limits: dict[str, TenantLimit] = {}
-        self._tenant_buckets: dict[str, TokenBucket] = {}
-        self._held_tenant: dict[int, str] = {}
-        self._tenant_held: dict[str, int] = {}
-        self._tenant_blocked: set[str] = set()
+        # Tenant limits: each limited tenant's fire bucket and the runs its
+        # workers hold (``_tenants``).
+        self.tenants = Tenants()
         # Claims made without an Actions at hand, sent with the next advance.
         self._later = Actions()

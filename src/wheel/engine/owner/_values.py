@@ -42,22 +42,6 @@ class Phase(IntEnum):
     ENDING = 4
 
 
-_RUN_TRANSITIONS: frozenset[tuple[Phase, Phase]] = frozenset(
-    {
-        (Phase.CLAIMING, Phase.DISPATCHED),
-        (Phase.CLAIMING, Phase.READY),
-        (Phase.READY, Phase.DISPATCHED),
-        (Phase.DISPATCHED, Phase.RUNNING),
-        (Phase.DISPATCHED, Phase.ENDING),
-        (Phase.RUNNING, Phase.ENDING),
-        (Phase.READY, Phase.ENDING),
-        # Handed back by a worker that never started it.
-        (Phase.DISPATCHED, Phase.READY),
-        (Phase.RUNNING, Phase.READY),
-    }
-)
-
-
 class Outcome(IntEnum):
     """What a worker reports about a run (mirrors the wire enum)."""
 

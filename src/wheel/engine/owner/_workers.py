@@ -9,11 +9,10 @@ from collections.abc import Mapping, Sequence
 from mypy_extensions import trait
 
 from wheel.engine.model import RunState
+from wheel.engine.owner._runtable import _Run, set_phase
 from wheel.engine.owner._state import (
     _fence_mismatch,
-    _move,
     _Parts,
-    _Run,
     _Worker,
 )
 from wheel.engine.owner._values import (
@@ -151,7 +150,7 @@ class _Workers(_Parts):
             if run is None:
                 continue
             if run.phase is Phase.DISPATCHED:
-                _move(run, Phase.RUNNING)
+                set_phase(run, Phase.RUNNING)
                 acts.starts.append(
                     RunStart(run_id=run_id, fence=fence, worker_id=worker_id, started_at_ms=now_ms)
                 )
