@@ -256,7 +256,7 @@ def test_a_job_whose_stored_spec_cannot_be_loaded_is_skipped_not_fatal(
     # As if the stored profile were one this version rejects.
     rejected = replace(spec(), name="", schedule=Cron(expr="not a cron"))
     number = n.owner.profiles.add(profile_of(rejected))
-    table = n.owner._shards[shard_of(bad)].table
+    table = n.owner.shard_map[shard_of(bad)].table
     table.prof[table.find(bad)] = number
     [claim] = n.step(T + MIN).claims
     assert claim.job_id == good

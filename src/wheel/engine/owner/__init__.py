@@ -14,11 +14,12 @@ Shards come and go (``add_shards``, ``remove_shards``): everything the owner
 keeps is filed under its shard, and a shard is taken on or handed over whole.
 Parts that own their state are held as fields and called through their
 methods: the run table (``runs``: ``_runtable``, the runs' phases, the
-transition table, grace leases and lease timers) and the tenant limits
-(``tenants``: ``_tenants``). The rest of the logic is still split by seam
-into traits that share one state (see ``wheel.engine.owner._state``): jobs
-and missed fires, dispatch, workers, run endings, jobs at rest as packed
-rows (``_packed``), shards.
+transition table, grace leases and lease timers), the tenant limits
+(``tenants``: ``_tenants``) and the shards held (``shard_map``:
+``_shardmap``, their epochs, fence counters and tables of jobs). The rest of
+the logic is still split by seam into traits that share one state (see
+``wheel.engine.owner._state``): jobs and missed fires, dispatch, workers,
+run endings, jobs at rest as packed rows (``_packed``), shards.
 
 Invariants (each has a test in tests/engine/test_owner.py):
 

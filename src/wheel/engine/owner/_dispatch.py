@@ -345,7 +345,7 @@ class _Dispatch(_Parts):
             job.inflight += 1
             worker = self._take_server(workers)
             worker.reserved += 1
-            fence = self._next_fence(job.shard)
+            fence = self.shard_map.next_fence(job.shard)
             expected = new = None
             if advance:
                 expected = job.store_next

@@ -90,7 +90,7 @@ class _Jobs(_Parts):
         over = state is JobState.CANCELLED or state in SCHEDULE_OVER
         job = self.jobs.get(job_id)
         if job is None:
-            table = self._table_of(job_id)
+            table = self.shard_map.table_of(job_id)
             if table is None:
                 return  # of a shard this owner does not hold (any more)
             i = table.find(job_id)
@@ -393,7 +393,7 @@ class _Jobs(_Parts):
         for i, fire in enumerate(fires):
             attempt = 0 if attempts is None else attempts[i]
             job.inflight += 1
-            fence = self._next_fence(job.shard)
+            fence = self.shard_map.next_fence(job.shard)
             acts.claims.append(
                 FireClaim(
                     job_id=job_id,

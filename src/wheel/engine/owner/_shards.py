@@ -12,10 +12,8 @@ from mypy_extensions import trait
 
 from wheel.engine.model import SHARD_COUNT, JobState, RunState, shard_of
 from wheel.engine.owner._runtable import _Run
-from wheel.engine.owner._state import Redo, _Job, _Parts, _Shard
+from wheel.engine.owner._state import Redo, _Job, _Parts
 from wheel.engine.owner._values import (
-    COUNTER_BITS,
-    COUNTER_MASK,
     FIRE,
     RETRY,
     Actions,
@@ -35,23 +33,12 @@ class _Shards(_Parts):
     __slots__ = ()
 
     def owns(self, job_id: int) -> bool:
-        return shard_of(job_id) in self._shards
+        return self.shard_map.owns(job_id)
 
     def shards(self) -> Mapping[int, int]:
         """Shard -> the epoch this owner holds it under (not to be changed:
         the same mapping until the shards held change)."""
-        epochs = self._epochs
-        if epochs is None:
-            epochs = self._epochs = {s: state.epoch for s, state in self._shards.items()}
-        return epochs
-
-    def _next_fence(self, shard: int) -> int:
-        state = self._shards[shard]
-        counter = state.counter + 1
-        if counter > COUNTER_MASK:
-            raise OverflowError(f"fence counter of shard {shard} exhausted; bump the epoch")
-        state.counter = counter
-        return (state.epoch << COUNTER_BITS) | counter
+        return self.shard_map.epochs()
 
     # -- gaining shards -----------------------------------------------------------
 
@@ -65,17 +52,16 @@ class _Shards(_Parts):
         pending retries. Whatever in ``contents`` belongs to other shards is
         left out. A shard must not be held already: to change a shard's epoch
         the owner hands it over first."""
-        held = set(epochs) & self._shards.keys()
+        held = {s for s in epochs if s in self.shard_map}
         if held:
             raise ValueError(f"shards already held: {sorted(held)[:10]}")
         numbers = [self.profiles.add(p) for p in contents.profiles]
         for shard, epoch in epochs.items():
-            gained = self._shards[shard] = _Shard(shard, epoch)
-            self._epochs = None
+            gained = self.shard_map.add(shard, epoch)
             rows = contents.packed.get(shard)
             if rows is not None:
                 self._take_on_rows(gained, rows, numbers)
-        ours = None if len(self._shards) == SHARD_COUNT else set(epochs)
+        ours = None if len(self.shard_map) == SHARD_COUNT else set(epochs)
         for changes in contents.rows:
             self.apply_rows(changes, now_ms, acts, ours)
         for record in contents.jobs:
@@ -101,7 +87,7 @@ class _Shards(_Parts):
         profiles = self.profiles
         for row in changes.rows:
             shard = shard_of(row.job_id)
-            if shard not in self._shards or (ours is not None and shard not in ours):
+            if shard not in self.shard_map or (ours is not None and shard not in ours):
                 continue
             index = profiles.index_of(row.profile_id)
             if index is None:
@@ -180,9 +166,7 @@ class _Shards(_Parts):
                 run.timeout_deadline = ex.dispatched_at_ms + job.spec.timeout_ms
                 self.runs.time_out_at(run, max(now_ms, run.timeout_deadline))
             self.runs.add(run)
-            state = self._shards[shard_of(ex.job_id)]
-            if ex.fence >> COUNTER_BITS == state.epoch:
-                state.counter = max(state.counter, ex.fence & COUNTER_MASK)
+            self.shard_map.adopt_fence(shard_of(ex.job_id), ex.fence)
             if job is not None and job.cancelled:
                 self._end_run(run, RunState.CANCELLED, "job cancelled", acts, now_ms)
             elif job is not None and ex.state is RunState.DISPATCHED and ex.worker_id == "":
@@ -225,8 +209,7 @@ class _Shards(_Parts):
         claims on their way and runs, at once and without a store write. No
         run is marked lost: its worker goes on, and the next owner adopts it
         from the store. Returns the runs handed over, as (run id, fence)."""
-        gone = [self._shards.pop(s) for s in shards if s in self._shards]
-        self._epochs = None
+        gone = self.shard_map.remove(shards)
         if not gone:
             return []
         lost = {state.shard for state in gone}

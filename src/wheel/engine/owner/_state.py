@@ -1,14 +1,15 @@
 """The shard owner's state: the records it keeps per job, run, worker and
 shard, and the base every part of the owner shares (``_OwnerState``).
 
-Two parts own their state and are reached through their methods: the run
-table (``runs``, ``_runtable``) and the tenant limits (``tenants``,
-``_tenants``). The rest of the logic is split by seam into traits that still
-share this state: ``_packed`` (jobs at rest as packed rows), ``_jobs``
-(schedules, fires and missed fires), ``_dispatch`` (routing, claims and
-hand-out), ``_workers`` (the lease streams), ``_runs`` (run endings,
-retries, the reaper) and ``_shards`` (gaining and losing shards). What one
-trait calls in another is declared here, so each seam shows what crosses it.
+Three parts own their state and are reached through their methods: the run
+table (``runs``, ``_runtable``), the tenant limits (``tenants``,
+``_tenants``) and the shards held (``shard_map``, ``_shardmap``). The rest
+of the logic is split by seam into traits that still share this state:
+``_packed`` (jobs at rest as packed rows), ``_jobs`` (schedules, fires and
+missed fires), ``_dispatch`` (routing, claims and hand-out), ``_workers``
+(the lease streams), ``_runs`` (run endings, retries, the reaper) and
+``_shards`` (gaining and losing shards). What one trait calls in another is
+declared here, so each seam shows what crosses it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from wheel.engine.fairness import FairQueue, TokenBucket
 from wheel.engine.jobtable import NEVER, Columns, ShardJobs
 from wheel.engine.model import RunState, shard_of
 from wheel.engine.owner._runtable import RunTable, _Run
+from wheel.engine.owner._shardmap import ShardMap, _Shard
 from wheel.engine.owner._tenants import Tenants
 from wheel.engine.owner._values import (
     Actions,
@@ -236,22 +238,6 @@ class _Pending:
         self.timed = timed
 
 
-class _Shard:
-    """A shard this owner holds: its epoch and fence counter, and its jobs as
-    packed rows (awake ones marked), so that the shard is taken on and handed
-    over as a whole (``Owner.add_shards``, ``remove_shards``) without an
-    object per job. Its runs are few (bounded by the fleet's capacity): a
-    hand-over finds them by their job's shard."""
-
-    __slots__ = ("counter", "epoch", "shard", "table")
-
-    def __init__(self, shard: int, epoch: int, table: ShardJobs | None = None) -> None:
-        self.shard = shard
-        self.epoch = epoch
-        self.counter = 0
-        self.table = table if table is not None else ShardJobs()
-
-
 def _limit(spec: JobSpec) -> int:
     """How many runs of a job may be in flight at once (per-job serialization)."""
     overlap = spec.overlap
@@ -281,7 +267,6 @@ class _Parts:
     # dispatch).
     __slots__ = (
         "_armed_until",
-        "_epochs",
         "_fresh",
         "_given",
         "_holds",
@@ -299,7 +284,6 @@ class _Parts:
         "_retries",
         "_retry_seq",
         "_settling",
-        "_shards",
         "_unserved",
         "_unserved_alerted",
         "config",
@@ -307,6 +291,7 @@ class _Parts:
         "jobs",
         "profiles",
         "runs",
+        "shard_map",
         "stats",
         "tenants",
         "wheel",
@@ -326,8 +311,7 @@ class _Parts:
     runs: RunTable
     workers: dict[str, _Worker]
     stats: OwnerStats
-    _shards: dict[int, _Shard]
-    _epochs: dict[int, int] | None
+    shard_map: ShardMap
     _pending: dict[tuple[int, int, int], _Pending]
     _fresh: dict[Route, FairQueue[int]]
     _overdue: dict[Route, FairQueue[int]]
@@ -384,17 +368,10 @@ class _Parts:
     def _settle(self, now_ms: int) -> None:
         raise NotImplementedError
 
-    def _table_of(self, job_id: int) -> ShardJobs | None:
-        raise NotImplementedError
-
     def _wake(self, job_id: int) -> _Job | None:
         raise NotImplementedError
 
     def _take_on_rows(self, held: _Shard, rows: Columns, profiles: list[int]) -> None:
-        raise NotImplementedError
-
-    # _shards
-    def owns(self, job_id: int) -> bool:
         raise NotImplementedError
 
     # _jobs
@@ -435,9 +412,6 @@ class _Parts:
         raise NotImplementedError
 
     def _hand_out(self, run: _Run, worker: _Worker, now_ms: int, acts: Actions) -> None:
-        raise NotImplementedError
-
-    def _next_fence(self, shard: int) -> int:
         raise NotImplementedError
 
     # _runs
@@ -531,10 +505,8 @@ class _OwnerState(_Parts):
         self.runs = RunTable(self.wheel)
         self.workers: dict[str, _Worker] = {}
         self.stats = OwnerStats()
-        self._shards: dict[int, _Shard] = {s: _Shard(s, e) for s, e in (epochs or {}).items()}
-        # ``shards()`` as last built: a batch, a status and a hand-over each
-        # ask for it; a change to the shards held drops it (never mutated).
-        self._epochs: dict[int, int] | None = None
+        # The shards held: epochs, fence counters, tables of jobs (``_shardmap``).
+        self.shard_map = ShardMap(epochs)
         self._pending: dict[tuple[int, int, int], _Pending] = {}
         # Queued work by route: jobs with a fresh fire, jobs with overdue
         # work (fair across tenants), and claimed runs that wait for a worker
