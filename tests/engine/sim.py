@@ -854,7 +854,7 @@ class Sim:
                 # held back by a token bucket goes out then.
                 if (
                     owner._ready
-                    or owner._reaper
+                    or owner.redos.lost()
                     or any(owner._fresh.values())
                     or any(len(q) for q in owner._overdue.values())
                 ):
@@ -978,8 +978,7 @@ def check(sim: Sim) -> list[Violation]:
         execs_by_fire[(ex.job_id, ex.scheduled_for)].append(ex)
 
     # Retries and re-dispatches of fires due during the drain may still wait.
-    retry_pending = {(j, f, a) for j, f, a in owner._retries.values()}
-    retry_pending.update(owner._reaper)
+    retry_pending = {(j, f, a) for j, f, a in owner.redos.waiting()}
     for job_id, held_job in owner.jobs.items():
         retry_pending.update((job_id, f, n) for f, n, _ in held_job.due if n > 0)
     retry_pending.update(owner._pending)

@@ -15,8 +15,10 @@ keeps is filed under its shard, and a shard is taken on or handed over whole.
 Parts that own their state are held as fields and called through their
 methods: the run table (``runs``: ``_runtable``, the runs' phases, the
 transition table, grace leases and lease timers), the tenant limits
-(``tenants``: ``_tenants``) and the shards held (``shard_map``:
-``_shardmap``, their epochs, fence counters and tables of jobs). The rest of
+(``tenants``: ``_tenants``), the shards held (``shard_map``:
+``_shardmap``, their epochs, fence counters and tables of jobs) and the
+fires to run again (``redos``: ``_redos``, retries waiting out their
+backoff and lost runs' fires waiting for the reaper). The rest of
 the logic is still split by seam into traits that share one state (see
 ``wheel.engine.owner._state``): jobs and missed fires, dispatch, workers,
 run endings, jobs at rest as packed rows (``_packed``), shards.
@@ -67,9 +69,10 @@ from collections.abc import Mapping
 from wheel.engine.owner._dispatch import _Dispatch
 from wheel.engine.owner._jobs import FireHold, _Jobs
 from wheel.engine.owner._packed import _Packed
+from wheel.engine.owner._redos import Redo
 from wheel.engine.owner._runs import _Runs
 from wheel.engine.owner._shards import _Shards
-from wheel.engine.owner._state import Due, Redo, _OwnerState
+from wheel.engine.owner._state import Due, _OwnerState
 from wheel.engine.owner._values import (
     COUNTER_BITS,
     COUNTER_MASK,

@@ -68,12 +68,12 @@ class _Dispatch(_Parts):
                 for route, since in self._unserved.items()
                 if route not in self._unserved_alerted
             )
-        if self._reaper or any(len(q) for q in self._overdue.values()):
+        if self.redos.lost() or any(len(q) for q in self._overdue.values()):
             now = self.wheel.now
             if any(len(q) and self._has_server(route) for route, q in self._overdue.items()):
                 waits.append(self._overdue_bucket.next_available_ms(now))
-            if self._reaper and self._any_free() and not self._fleet_busy():
-                waits.append(self._reaper_bucket.next_available_ms(now))
+            if self.redos.lost() and self._any_free() and not self._fleet_busy():
+                waits.append(self.redos.next_token_ms(now))
         if self.tenants.any_blocked():
             waits.append(self.tenants.wake(self.wheel.now))
         return min((w for w in waits if w is not None), default=None)
@@ -103,9 +103,7 @@ class _Dispatch(_Parts):
             for route, q in self._overdue.items()
         ):
             return True
-        return bool(
-            self._reaper and not self._fleet_busy() and self._reaper_bucket.available(now) > 0
-        )
+        return bool(self.redos.lost() and not self._fleet_busy() and self.redos.tokens(now) > 0)
 
     def _fleet_busy(self) -> bool:
         """Above the reaper's busy threshold (or no capacity at all)."""

@@ -307,16 +307,11 @@ class _Jobs(_Parts):
         fleet had room again), and each, requeued on a job that never
         claims again, kept the job awake for good."""
         job_id = job.job_id
-        for seq, redo in list(self._retries.items()):
-            if redo.job_id == job_id:
-                del self._retries[seq]  # its RETRY timer finds nothing
-                job.inflight -= 1
-        if self._reaper:
-            kept = deque(r for r in self._reaper if r.job_id != job_id)
-            job.inflight -= len(self._reaper) - len(kept)
-            self._reaper = kept
-            if not kept:
-                self._reaper_paused = False
+        redos = self.redos
+        had_lost = redos.lost()
+        job.inflight -= redos.drop(lambda j: j == job_id)
+        if had_lost and not redos.lost():
+            redos.paused = False
 
     def _clear_pending_fires(
         self, job: _Job, reason: MissedReason, now_ms: int, acts: Actions

@@ -10,14 +10,13 @@ from collections.abc import Sequence
 from mypy_extensions import trait
 
 from wheel.engine.model import AlertKind, RunState, one_shot_end
+from wheel.engine.owner._redos import Redo
 from wheel.engine.owner._runtable import _Run, set_phase
 from wheel.engine.owner._state import (
-    Redo,
     _Job,
     _Parts,
 )
 from wheel.engine.owner._values import (
-    RETRY,
     Actions,
     Alert,
     CompletionResult,
@@ -168,7 +167,7 @@ class _Runs(_Parts):
                 self._release_held(job, now_ms, acts)
                 continue
             if state is RunState.LOST:
-                self._reaper.append(Redo(job.job_id, run.scheduled_for, run.attempt + 1))
+                self.redos.reap_later(Redo(job.job_id, run.scheduled_for, run.attempt + 1))
                 self._release_held(job, now_ms, acts)
                 continue
             self._run_finished(job, now_ms, acts)
@@ -194,12 +193,10 @@ class _Runs(_Parts):
             job_id=job.job_id,
             scheduled_for=run.scheduled_for,
         )
-        self._retry_seq += 1
-        self._retries[self._retry_seq] = Redo(job.job_id, run.scheduled_for, run.attempt + 1)
-        self.wheel.add((self._retry_seq << 2) | RETRY, now_ms + delay)
+        self.redos.retry_at(Redo(job.job_id, run.scheduled_for, run.attempt + 1), now_ms + delay)
 
     def _on_retry(self, seq: int, now_ms: int) -> None:
-        redo = self._retries.pop(seq, None)
+        redo = self.redos.retry_due(seq)
         if redo is not None:
             self.stats.retried += 1
             self._requeue(redo, now_ms)
@@ -298,26 +295,27 @@ class _Runs(_Parts):
     def _run_reaper(self, now_ms: int, acts: Actions) -> None:
         """Re-dispatch fires whose lease expired, rate limited, and not at all
         while the fleet is nearly saturated (seed R6: a spiral is worse)."""
-        if not self._reaper:
-            self._reaper_paused = False  # nothing waits for it (a cancel, a hand-over)
+        redos = self.redos
+        if not redos.lost():
+            redos.paused = False  # nothing waits for it (a cancel, a hand-over)
             return
         if self._fleet_busy():
-            if not self._reaper_paused:
-                self._reaper_paused = True
+            if not redos.paused:
+                redos.paused = True
                 acts.alerts.append(
                     Alert(kind=AlertKind.REAPER_PAUSED, message=self._reaper_paused_why())
                 )
             return
-        self._reaper_paused = False
-        n = self._reaper_bucket.take(len(self._reaper), now_ms)
-        self.stats.redispatched += n
-        for _ in range(n):
-            self._requeue(self._reaper.popleft(), now_ms)
+        redos.paused = False
+        due = redos.reap(now_ms)
+        self.stats.redispatched += len(due)
+        for redo in due:
+            self._requeue(redo, now_ms)
 
     def _reaper_paused_why(self) -> str:
         """Why re-dispatch waits, in the true words: an empty fleet is not
         a busy one."""
-        waiting = f"{len(self._reaper)} expired leases wait"
+        waiting = f"{self.redos.lost()} expired leases wait"
         workers = self.workers.values()
         capacity = sum(w.capacity for w in workers)
         if not workers:
@@ -332,4 +330,4 @@ class _Runs(_Parts):
 
     @property
     def reaper_paused(self) -> bool:
-        return self._reaper_paused
+        return self.redos.paused

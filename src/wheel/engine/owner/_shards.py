@@ -5,17 +5,16 @@ or handed over whole."""
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 
 from mypy_extensions import trait
 
 from wheel.engine.model import SHARD_COUNT, JobState, RunState, shard_of
+from wheel.engine.owner._redos import Redo
 from wheel.engine.owner._runtable import _Run
-from wheel.engine.owner._state import Redo, _Job, _Parts
+from wheel.engine.owner._state import _Job, _Parts
 from wheel.engine.owner._values import (
     FIRE,
-    RETRY,
     Actions,
     Phase,
     RunRef,
@@ -195,12 +194,10 @@ class _Shards(_Parts):
             redo = Redo(job.job_id, ex.scheduled_for, ex.attempt + 1)
             if ex.state is RunState.LOST:
                 job.inflight += 1
-                self._reaper.append(redo)
+                self.redos.reap_later(redo)
             elif should_retry(job.spec.retry, failed_attempt=ex.attempt):
                 job.inflight += 1
-                self._retry_seq += 1
-                self._retries[self._retry_seq] = redo
-                self.wheel.add((self._retry_seq << 2) | RETRY, now_ms)
+                self.redos.retry_at(redo, now_ms)
 
     # -- losing shards ------------------------------------------------------------
 
@@ -240,11 +237,7 @@ class _Shards(_Parts):
                 worker = self.workers.get(pend.worker_id) if pend.worker_id else None
                 if worker is not None:
                     worker.reserved -= 1
-        for seq, redo in list(self._retries.items()):
-            if shard_of(redo.job_id) in lost:
-                del self._retries[seq]  # its RETRY timer finds nothing
-        if self._reaper:
-            self._reaper = deque(r for r in self._reaper if shard_of(r.job_id) not in lost)
+        self.redos.drop(lambda j: shard_of(j) in lost)
         later = self._later.claims
         if later:
             self._later.claims = [c for c in later if shard_of(c.job_id) not in lost]

@@ -1,13 +1,14 @@
 """The shard owner's state: the records it keeps per job, run, worker and
 shard, and the base every part of the owner shares (``_OwnerState``).
 
-Three parts own their state and are reached through their methods: the run
+Four parts own their state and are reached through their methods: the run
 table (``runs``, ``_runtable``), the tenant limits (``tenants``,
-``_tenants``) and the shards held (``shard_map``, ``_shardmap``). The rest
+``_tenants``), the shards held (``shard_map``, ``_shardmap``) and the fires
+to run again (``redos``, ``_redos``). The rest
 of the logic is split by seam into traits that still share this state:
 ``_packed`` (jobs at rest as packed rows), ``_jobs`` (schedules, fires and
 missed fires), ``_dispatch`` (routing, claims and hand-out), ``_workers``
-(the lease streams), ``_runs`` (run endings, retries, the reaper) and
+(the lease streams), ``_runs`` (run endings and what follows them) and
 ``_shards`` (gaining and losing shards). What one trait calls in another is
 declared here, so each seam shows what crosses it.
 """
@@ -23,6 +24,7 @@ from mypy_extensions import trait
 from wheel.engine.fairness import FairQueue, TokenBucket
 from wheel.engine.jobtable import NEVER, Columns, ShardJobs
 from wheel.engine.model import RunState, shard_of
+from wheel.engine.owner._redos import Redos
 from wheel.engine.owner._runtable import RunTable, _Run
 from wheel.engine.owner._shardmap import ShardMap, _Shard
 from wheel.engine.owner._tenants import Tenants
@@ -57,15 +59,6 @@ def _moves(due: Due) -> bool:
 def _retry(due: Due) -> bool:
     """A later attempt of a fire that already ran."""
     return due[1] > 0
-
-
-class Redo(NamedTuple):
-    """A fire to run again as a new attempt (a retry, or a re-dispatch after
-    a lost lease)."""
-
-    job_id: int
-    fire: int
-    attempt: int
 
 
 class Ahead(NamedTuple):
@@ -278,11 +271,6 @@ class _Parts:
         "_overdue_bucket",
         "_pending",
         "_ready",
-        "_reaper",
-        "_reaper_bucket",
-        "_reaper_paused",
-        "_retries",
-        "_retry_seq",
         "_settling",
         "_unserved",
         "_unserved_alerted",
@@ -290,6 +278,7 @@ class _Parts:
         "dirty",
         "jobs",
         "profiles",
+        "redos",
         "runs",
         "shard_map",
         "stats",
@@ -319,14 +308,10 @@ class _Parts:
     _unserved: dict[Route, int]
     _unserved_alerted: set[Route]
     _incarnations: int
-    _retries: dict[int, Redo]
-    _retry_seq: int
-    _reaper: deque[Redo]
-    _reaper_bucket: TokenBucket
+    redos: Redos
     _next_worker: int
     _given: int
     _overdue_bucket: TokenBucket
-    _reaper_paused: bool
     tenants: Tenants
     _later: Actions
 
@@ -519,11 +504,10 @@ class _OwnerState(_Parts):
         self._unserved: dict[Route, int] = {}
         self._unserved_alerted: set[Route] = set()
         self._incarnations = 0
-        self._retries: dict[int, Redo] = {}  # by sequence number (RETRY timers)
-        self._retry_seq = 0
-        self._reaper: deque[Redo] = deque()
-        self._reaper_bucket = TokenBucket(
-            self.config.reaper_rate_per_s, self.config.reaper_burst, now_ms
+        # Retries waiting out their backoff, lost runs' fires waiting for
+        # the reaper (``_redos``).
+        self.redos = Redos(
+            self.wheel, self.config.reaper_rate_per_s, self.config.reaper_burst, now_ms
         )
         rate = self.config.dispatch_rate_per_s * self.config.overdue_fraction
         self._next_worker = 0
@@ -531,7 +515,6 @@ class _OwnerState(_Parts):
         self._overdue_bucket = TokenBucket(
             rate, max(1.0, rate * self.config.overdue_burst_s), now_ms
         )
-        self._reaper_paused = False
         # Tenant limits: each limited tenant's fire bucket and the runs its
         # workers hold (``_tenants``).
         self.tenants = Tenants()
