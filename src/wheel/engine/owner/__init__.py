@@ -15,13 +15,15 @@ keeps is filed under its shard, and a shard is taken on or handed over whole.
 Parts that own their state are held as fields and called through their
 methods: the run table (``runs``: ``_runtable``, the runs' phases, the
 transition table, grace leases and lease timers), the tenant limits
-(``tenants``: ``_tenants``), the shards held (``shard_map``:
-``_shardmap``, their epochs, fence counters and tables of jobs) and the
-fires to run again (``redos``: ``_redos``, retries waiting out their
-backoff and lost runs' fires waiting for the reaper). The rest of
-the logic is still split by seam into traits that share one state (see
-``wheel.engine.owner._state``): jobs and missed fires, dispatch, workers,
-run endings, jobs at rest as packed rows (``_packed``), shards.
+(``tenants``: ``_tenants``), the shards held (``shard_map``: ``_shardmap``,
+their epochs, fence counters and tables of jobs), the fires to run again
+(``redos``: ``_redos``, retries waiting out their backoff and lost runs'
+fires waiting for the reaper) and the connected workers (``workers``:
+``_fleet``, their credit and the runs they hold). The rest of the logic is
+still split by seam into traits that share one state (see
+``wheel.engine.owner._state``): jobs and missed fires, dispatch, the
+workers' messages, run endings, jobs at rest as packed rows (``_packed``),
+gaining and losing shards.
 
 Invariants (each has a test in tests/engine/test_owner.py):
 

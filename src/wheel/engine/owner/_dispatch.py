@@ -12,13 +12,13 @@ from mypy_extensions import trait
 
 from wheel.engine.fairness import FairQueue, split_capacity
 from wheel.engine.model import AlertKind, shard_of
+from wheel.engine.owner._fleet import _Worker
 from wheel.engine.owner._runtable import _Run, set_phase
 from wheel.engine.owner._state import (
     Ahead,
     _Job,
     _Parts,
     _Pending,
-    _Worker,
 )
 from wheel.engine.owner._values import (
     Actions,
@@ -70,9 +70,12 @@ class _Dispatch(_Parts):
             )
         if self.redos.lost() or any(len(q) for q in self._overdue.values()):
             now = self.wheel.now
-            if any(len(q) and self._has_server(route) for route, q in self._overdue.items()):
+            if any(
+                len(q) and self.workers.serves_with_credit(route)
+                for route, q in self._overdue.items()
+            ):
                 waits.append(self._overdue_bucket.next_available_ms(now))
-            if self.redos.lost() and self._any_free() and not self._fleet_busy():
+            if self.redos.lost() and self.workers.any_free() and not self._fleet_busy():
                 waits.append(self.redos.next_token_ms(now))
         if self.tenants.any_blocked():
             waits.append(self.tenants.wake(self.wheel.now))
@@ -85,7 +88,7 @@ class _Dispatch(_Parts):
         The node asks after feeding the store's answers back, so a buffered
         fire released by a completion or a claim lost to a gone worker goes
         out at once instead of at the next wake. O(routes x workers)."""
-        if not self.workers or not self._any_free():
+        if not self.workers or not self.workers.any_free():
             return False
         now = self.wheel.now
         for route, q in self._ready.items():
@@ -94,12 +97,12 @@ class _Dispatch(_Parts):
         if len(self._pending) >= self.config.max_claim_batch:
             return False
         if any(
-            q and self._has_server(route) and self.tenants.has_unblocked(q)
+            q and self.workers.serves_with_credit(route) and self.tenants.has_unblocked(q)
             for route, q in self._fresh.items()
         ):
             return True
         if self._overdue_bucket.available(now) > 0 and any(
-            len(q) and self._has_server(route) and self.tenants.has_unblocked(q)
+            len(q) and self.workers.serves_with_credit(route) and self.tenants.has_unblocked(q)
             for route, q in self._overdue.items()
         ):
             return True
@@ -107,16 +110,7 @@ class _Dispatch(_Parts):
 
     def _fleet_busy(self) -> bool:
         """Above the reaper's busy threshold (or no capacity at all)."""
-        capacity = sum(w.capacity for w in self.workers.values())
-        busy = sum(len(w.held) for w in self.workers.values())
-        return capacity == 0 or busy / capacity > self.config.busy_threshold
-
-    def _any_free(self) -> bool:
-        return any(w.free > 0 for w in self.workers.values())
-
-    def _has_server(self, route: Route) -> bool:
-        """Some worker with credit serves ``route``."""
-        return any(w.free > 0 and w.serves(route) for w in self.workers.values())
+        return self.workers.busy(self.config.busy_threshold)
 
     def _placeable(self, run_id: int, route: Route) -> bool:
         """A waiting run could go out now: a worker of its route that did not
@@ -133,19 +127,7 @@ class _Dispatch(_Parts):
             and self.tenants.over_in_flight(job.spec.tenant, self._claiming())
         ):
             return False  # a run of the tenant ending wakes it
-        return self._server_for(run, route) is not None
-
-    def _server_for(self, run: _Run, route: Route) -> _Worker | None:
-        refused = run.refused
-        now = self.wheel.now
-        for w in self.workers.values():
-            if (
-                w.free > 0
-                and w.serves(route)
-                and (not refused or refused.get(w.incarnation, 0) <= now)
-            ):
-                return w
-        return None
+        return self.workers.server_for(route, run.refused, self.wheel.now) is not None
 
     def _enqueue(self, job: _Job, now_ms: int, *, overdue: bool, front: bool = False) -> None:
         if job.queued or not (job.due or job.ready):
@@ -219,7 +201,6 @@ class _Dispatch(_Parts):
         if self._ready:
             starved.extend(self._assign_ready(now_ms, acts))
         budget = self.config.max_claim_batch - len(self._pending)
-        workers_all = self.workers.values()
         # Limited tenants' allowances (wheel.engine.owner._tenants), counted
         # down by the pops of every route.
         allow = self.tenants.allowance(now_ms, self._claiming()) if self.tenants.limits else None
@@ -235,12 +216,7 @@ class _Dispatch(_Parts):
                 self._fresh.pop(route, None)
                 self._overdue.pop(route, None)
                 continue
-            pool, handler = route
-            workers = [
-                w
-                for w in workers_all
-                if pool in w.pools and (not w.handlers or handler in w.handlers) and w.free > 0
-            ]
+            workers = self.workers.serving(route)
             if not workers:
                 starved.append(route)
                 continue
@@ -492,12 +468,12 @@ class _Dispatch(_Parts):
                 if run is None or run.phase is not Phase.READY:
                     q.popleft()
                     continue
-                if not any(w.free > 0 and w.serves(route) for w in self.workers.values()):
+                if not self.workers.serves_with_credit(route):
                     starved.append(route)
                     break
                 q.popleft()
                 job = self.jobs.get(run.job_id) or self._job(run.job_id)
-                worker = self._server_for(run, route)
+                worker = self.workers.server_for(route, run.refused, self.wheel.now)
                 if (
                     worker is None
                     or (job is not None and job.running >= job.limit)

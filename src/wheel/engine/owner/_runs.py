@@ -299,7 +299,7 @@ class _Runs(_Parts):
         if not redos.lost():
             redos.paused = False  # nothing waits for it (a cancel, a hand-over)
             return
-        if self._fleet_busy():
+        if self.workers.busy(self.config.busy_threshold):
             if not redos.paused:
                 redos.paused = True
                 acts.alerts.append(

@@ -1,10 +1,11 @@
 """The shard owner's state: the records it keeps per job, run, worker and
 shard, and the base every part of the owner shares (``_OwnerState``).
 
-Four parts own their state and are reached through their methods: the run
+Five parts own their state and are reached through their methods: the run
 table (``runs``, ``_runtable``), the tenant limits (``tenants``,
-``_tenants``), the shards held (``shard_map``, ``_shardmap``) and the fires
-to run again (``redos``, ``_redos``). The rest
+``_tenants``), the shards held (``shard_map``, ``_shardmap``), the fires
+to run again (``redos``, ``_redos``) and the connected workers
+(``workers``, ``_fleet``). The rest
 of the logic is split by seam into traits that still share this state:
 ``_packed`` (jobs at rest as packed rows), ``_jobs`` (schedules, fires and
 missed fires), ``_dispatch`` (routing, claims and hand-out), ``_workers``
@@ -24,6 +25,7 @@ from mypy_extensions import trait
 from wheel.engine.fairness import FairQueue, TokenBucket
 from wheel.engine.jobtable import NEVER, Columns, ShardJobs
 from wheel.engine.model import RunState, shard_of
+from wheel.engine.owner._fleet import Fleet, _Worker
 from wheel.engine.owner._redos import Redos
 from wheel.engine.owner._runtable import RunTable, _Run
 from wheel.engine.owner._shardmap import ShardMap, _Shard
@@ -149,51 +151,6 @@ class _Job:
         self.queued = False
 
 
-class _Worker:
-    __slots__ = (
-        "capacity",
-        "draining",
-        "handlers",
-        "held",
-        "incarnation",
-        "pools",
-        "reserved",
-        "silent",
-        "worker_id",
-    )
-
-    def __init__(
-        self,
-        worker_id: str,
-        capacity: int,
-        pools: frozenset[str],
-        handlers: frozenset[str],
-        incarnation: int,
-    ) -> None:
-        self.worker_id = worker_id
-        self.capacity = capacity
-        self.pools = pools
-        # Handler names it runs; empty: any.
-        self.handlers = handlers
-        # Which hello this is: refusals of an earlier one do not count.
-        self.incarnation = incarnation
-        self.held: set[int] = set()
-        self.reserved = 0
-        self.draining = False
-        # Let a lease it held expire (stopped, partitioned, not acking): no new
-        # work until it sends something again.
-        self.silent = False
-
-    @property
-    def free(self) -> int:
-        if self.draining or self.silent:
-            return 0
-        return self.capacity - len(self.held) - self.reserved
-
-    def serves(self, route: Route) -> bool:
-        return route[0] in self.pools and (not self.handlers or route[1] in self.handlers)
-
-
 @dataclass(slots=True, init=False)
 class _Pending:
     """A claim on its way to the store (its __init__ spelled out: see
@@ -263,7 +220,6 @@ class _Parts:
         "_fresh",
         "_given",
         "_holds",
-        "_incarnations",
         "_later",
         "_next_unarmed",
         "_next_worker",
@@ -298,7 +254,7 @@ class _Parts:
     _holds: set[int]
     dirty: set[int]
     runs: RunTable
-    workers: dict[str, _Worker]
+    workers: Fleet
     stats: OwnerStats
     shard_map: ShardMap
     _pending: dict[tuple[int, int, int], _Pending]
@@ -307,7 +263,6 @@ class _Parts:
     _ready: dict[Route, deque[int]]
     _unserved: dict[Route, int]
     _unserved_alerted: set[Route]
-    _incarnations: int
     redos: Redos
     _next_worker: int
     _given: int
@@ -441,10 +396,6 @@ class _Parts:
     ) -> None:
         raise NotImplementedError
 
-    # _dispatch
-    def _fleet_busy(self) -> bool:
-        raise NotImplementedError
-
     # _packed
     def next_arming(self) -> int | None:
         raise NotImplementedError
@@ -488,7 +439,8 @@ class _OwnerState(_Parts):
         self.dirty: set[int] = set()
         # The runs held, their phases and leases (``_runtable``).
         self.runs = RunTable(self.wheel)
-        self.workers: dict[str, _Worker] = {}
+        # The connected workers, their credit and the runs they hold (``_fleet``).
+        self.workers = Fleet()
         self.stats = OwnerStats()
         # The shards held: epochs, fence counters, tables of jobs (``_shardmap``).
         self.shard_map = ShardMap(epochs)
@@ -503,7 +455,6 @@ class _OwnerState(_Parts):
         # and whether the alert went out.
         self._unserved: dict[Route, int] = {}
         self._unserved_alerted: set[Route] = set()
-        self._incarnations = 0
         # Retries waiting out their backoff, lost runs' fires waiting for
         # the reaper (``_redos``).
         self.redos = Redos(

@@ -13,7 +13,6 @@ from wheel.engine.owner._runtable import _Run, set_phase
 from wheel.engine.owner._state import (
     _fence_mismatch,
     _Parts,
-    _Worker,
 )
 from wheel.engine.owner._values import (
     Actions,
@@ -48,19 +47,9 @@ class _Workers(_Parts):
         """A worker's stream opened: it serves ``pools`` and runs ``handlers``
         (none named: any). A hello again (a reconnect) keeps the runs it holds
         and forgets the runs it handed back."""
-        old = self.workers.get(worker_id)
-        self._incarnations += 1
-        w = _Worker(
-            worker_id,
-            capacity,
-            frozenset(pools or ("default",)),
-            frozenset(handlers),
-            self._incarnations,
+        self.workers.hello(
+            worker_id, capacity, frozenset(pools or ("default",)), frozenset(handlers)
         )
-        if old is not None:
-            w.held = old.held
-            w.reserved = old.reserved
-        self.workers[worker_id] = w
         self._dispatch(now_ms, acts)
 
     def worker_capacity(self, worker_id: str) -> int | None:
@@ -94,8 +83,7 @@ class _Workers(_Parts):
     def worker_disconnect(self, worker_id: str) -> None:
         """The stream is gone. Its runs keep their leases: the worker may come
         back and renew them; otherwise they expire and are re-dispatched."""
-        w = self.workers.pop(worker_id, None)
-        if w is None:
+        if self.workers.gone(worker_id) is None:
             return
         for pend in self._pending.values():
             if pend.worker_id == worker_id:
