@@ -45,6 +45,7 @@ MODULES: tuple[str, ...] = (
     "wheel.engine.owner._shardmap",
     "wheel.engine.owner._redos",
     "wheel.engine.owner._fleet",
+    "wheel.engine.owner._claims",
     "wheel.engine.owner._state",
     "wheel.engine.owner._packed",
     "wheel.engine.owner._jobs",

@@ -981,7 +981,7 @@ def check(sim: Sim) -> list[Violation]:
     retry_pending = {(j, f, a) for j, f, a in owner.redos.waiting()}
     for job_id, held_job in owner.jobs.items():
         retry_pending.update((job_id, f, n) for f, n, _ in held_job.due if n > 0)
-    retry_pending.update(owner._pending)
+    retry_pending.update(owner.claims.keys())
 
     # 0. Settled: nothing owed before the end is left in flight or waiting.
     for job_id, f in sorted(set(sim.unsettled(horizon))):

@@ -18,8 +18,9 @@ transition table, grace leases and lease timers), the tenant limits
 (``tenants``: ``_tenants``), the shards held (``shard_map``: ``_shardmap``,
 their epochs, fence counters and tables of jobs), the fires to run again
 (``redos``: ``_redos``, retries waiting out their backoff and lost runs'
-fires waiting for the reaper) and the connected workers (``workers``:
-``_fleet``, their credit and the runs they hold). The rest of the logic is
+fires waiting for the reaper), the connected workers (``workers``:
+``_fleet``, their credit and the runs they hold) and the claims on their
+way to the store (``claims``: ``_claims``). The rest of the logic is
 still split by seam into traits that share one state (see
 ``wheel.engine.owner._state``): jobs and missed fires, dispatch, the
 workers' messages, run endings, jobs at rest as packed rows (``_packed``),

@@ -12,13 +12,13 @@ from mypy_extensions import trait
 
 from wheel.engine.fairness import FairQueue, split_capacity
 from wheel.engine.model import AlertKind, shard_of
+from wheel.engine.owner._claims import _Pending
 from wheel.engine.owner._fleet import _Worker
 from wheel.engine.owner._runtable import _Run, set_phase
 from wheel.engine.owner._state import (
     Ahead,
     _Job,
     _Parts,
-    _Pending,
 )
 from wheel.engine.owner._values import (
     Actions,
@@ -94,7 +94,7 @@ class _Dispatch(_Parts):
         for route, q in self._ready.items():
             if q and any(self._placeable(run_id, route) for run_id in q):
                 return True
-        if len(self._pending) >= self.config.max_claim_batch:
+        if len(self.claims) >= self.config.max_claim_batch:
             return False
         if any(
             q and self.workers.serves_with_credit(route) and self.tenants.has_unblocked(q)
@@ -200,7 +200,7 @@ class _Dispatch(_Parts):
         starved: list[Route] = []  # routes with work and no worker with credit
         if self._ready:
             starved.extend(self._assign_ready(now_ms, acts))
-        budget = self.config.max_claim_batch - len(self._pending)
+        budget = self.config.max_claim_batch - len(self.claims)
         # Limited tenants' allowances (wheel.engine.owner._tenants), counted
         # down by the pops of every route.
         allow = self.tenants.allowance(now_ms, self._claiming()) if self.tenants.limits else None
@@ -354,9 +354,7 @@ class _Dispatch(_Parts):
                     payload=job.has_payload,
                 )
             )
-            self._pending[(job_id, fire, attempt)] = _Pending(
-                job_id, fire, attempt, fence, worker.worker_id
-            )
+            self.claims.sent(_Pending(job_id, fire, attempt, fence, worker.worker_id))
             if job.due and job.inflight < job.limit:
                 self._enqueue(job, now_ms, overdue=overdue)
 
@@ -392,7 +390,7 @@ class _Dispatch(_Parts):
         stats.claims_won += len(outcomes)
         for out in outcomes:
             c = out.claim
-            pend = self._pending.pop((c.job_id, c.scheduled_for, c.attempt), None)
+            pend = self.claims.answered(c.job_id, c.scheduled_for, c.attempt)
             if pend is None:
                 stats.claims_won -= 1
                 continue
@@ -440,8 +438,8 @@ class _Dispatch(_Parts):
         a trigger's or a backfill's count once handed out), for tenants with
         an in-flight limit."""
         claiming: dict[str, int] = {}
-        if self._pending and self.tenants.counts_claims():
-            for pend in self._pending.values():
+        if self.claims and self.tenants.counts_claims():
+            for pend in self.claims.values():
                 if pend.ahead:
                     continue
                 job = self.jobs.get(pend.job_id)

@@ -13,12 +13,12 @@ from mypy_extensions import trait
 
 from wheel.engine.jobtable import NEVER, NO_FIRE, PAUSED, PAYLOAD, ShardJobs
 from wheel.engine.model import SCHEDULE_OVER, AlertKind, JobState, MissedReason, RunState
+from wheel.engine.owner._claims import _Pending
 from wheel.engine.owner._state import (
     _Job,
     _limit,
     _moves,
     _Parts,
-    _Pending,
     _retry,
 )
 from wheel.engine.owner._values import (
@@ -400,8 +400,10 @@ class _Jobs(_Parts):
                     payload=job.has_payload,
                 )
             )
-            self._pending[(job_id, fire, attempt)] = _Pending(
-                job_id, fire, attempt, fence, None, ahead=True, overdue=overdue, timed=timed
+            self.claims.sent(
+                _Pending(
+                    job_id, fire, attempt, fence, None, ahead=True, overdue=overdue, timed=timed
+                )
             )
 
     def trigger(self, job_id: int, now_ms: int, acts: Actions) -> int:

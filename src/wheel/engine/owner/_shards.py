@@ -231,12 +231,10 @@ class _Shards(_Parts):
                     if worker is not None:
                         worker.held.discard(run_id)
                 handed.append((run_id, run.fence))
-        for key, pend in list(self._pending.items()):
-            if shard_of(pend.job_id) in lost:
-                del self._pending[key]
-                worker = self.workers.get(pend.worker_id) if pend.worker_id else None
-                if worker is not None:
-                    worker.reserved -= 1
+        for pend in self.claims.drop(lambda j: shard_of(j) in lost):
+            worker = self.workers.get(pend.worker_id) if pend.worker_id else None
+            if worker is not None:
+                worker.reserved -= 1
         self.redos.drop(lambda j: shard_of(j) in lost)
         later = self._later.claims
         if later:

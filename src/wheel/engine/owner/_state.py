@@ -1,11 +1,12 @@
 """The shard owner's state: the records it keeps per job, run, worker and
 shard, and the base every part of the owner shares (``_OwnerState``).
 
-Five parts own their state and are reached through their methods: the run
+Six parts own their state and are reached through their methods: the run
 table (``runs``, ``_runtable``), the tenant limits (``tenants``,
 ``_tenants``), the shards held (``shard_map``, ``_shardmap``), the fires
-to run again (``redos``, ``_redos``) and the connected workers
-(``workers``, ``_fleet``). The rest
+to run again (``redos``, ``_redos``), the connected workers (``workers``,
+``_fleet``) and the claims on their way to the store (``claims``,
+``_claims``). The rest
 of the logic is split by seam into traits that still share this state:
 ``_packed`` (jobs at rest as packed rows), ``_jobs`` (schedules, fires and
 missed fires), ``_dispatch`` (routing, claims and hand-out), ``_workers``
@@ -17,7 +18,6 @@ declared here, so each seam shows what crosses it.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from mypy_extensions import trait
@@ -25,6 +25,7 @@ from mypy_extensions import trait
 from wheel.engine.fairness import FairQueue, TokenBucket
 from wheel.engine.jobtable import NEVER, Columns, ShardJobs
 from wheel.engine.model import RunState, shard_of
+from wheel.engine.owner._claims import Claims
 from wheel.engine.owner._fleet import Fleet, _Worker
 from wheel.engine.owner._redos import Redos
 from wheel.engine.owner._runtable import RunTable, _Run
@@ -151,43 +152,6 @@ class _Job:
         self.queued = False
 
 
-@dataclass(slots=True, init=False)
-class _Pending:
-    """A claim on its way to the store (its __init__ spelled out: see
-    wheel.engine.records.FireClaim)."""
-
-    job_id: int
-    scheduled_for: int
-    attempt: int
-    fence: int
-    worker_id: str | None
-    # ``claim_now``: the won run waits on its job, handed out as overdue work.
-    ahead: bool
-    overdue: bool
-    # Its run's hand-out counts as dispatch lag (``_Run.timed``).
-    timed: bool
-
-    def __init__(
-        self,
-        job_id: int,
-        scheduled_for: int,
-        attempt: int,
-        fence: int,
-        worker_id: str | None,
-        ahead: bool = False,
-        overdue: bool = False,
-        timed: bool = True,
-    ) -> None:
-        self.job_id = job_id
-        self.scheduled_for = scheduled_for
-        self.attempt = attempt
-        self.fence = fence
-        self.worker_id = worker_id
-        self.ahead = ahead
-        self.overdue = overdue
-        self.timed = timed
-
-
 def _limit(spec: JobSpec) -> int:
     """How many runs of a job may be in flight at once (per-job serialization)."""
     overlap = spec.overlap
@@ -225,11 +189,11 @@ class _Parts:
         "_next_worker",
         "_overdue",
         "_overdue_bucket",
-        "_pending",
         "_ready",
         "_settling",
         "_unserved",
         "_unserved_alerted",
+        "claims",
         "config",
         "dirty",
         "jobs",
@@ -257,7 +221,7 @@ class _Parts:
     workers: Fleet
     stats: OwnerStats
     shard_map: ShardMap
-    _pending: dict[tuple[int, int, int], _Pending]
+    claims: Claims
     _fresh: dict[Route, FairQueue[int]]
     _overdue: dict[Route, FairQueue[int]]
     _ready: dict[Route, deque[int]]
@@ -444,7 +408,8 @@ class _OwnerState(_Parts):
         self.stats = OwnerStats()
         # The shards held: epochs, fence counters, tables of jobs (``_shardmap``).
         self.shard_map = ShardMap(epochs)
-        self._pending: dict[tuple[int, int, int], _Pending] = {}
+        # Claims sent to the store and not answered yet (``_claims``).
+        self.claims = Claims()
         # Queued work by route: jobs with a fresh fire, jobs with overdue
         # work (fair across tenants), and claimed runs that wait for a worker
         # (theirs went away, or it handed them back).

@@ -85,9 +85,7 @@ class _Workers(_Parts):
         back and renew them; otherwise they expire and are re-dispatched."""
         if self.workers.gone(worker_id) is None:
             return
-        for pend in self._pending.values():
-            if pend.worker_id == worker_id:
-                pend.worker_id = None
+        self.claims.orphan(worker_id)
 
     def worker_views(self) -> list[WorkerView]:
         return [
