@@ -147,12 +147,17 @@ class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Dispatch, _Workers, _Runs):
 
     def advance(self, now_ms: int, acts: Actions) -> None:
         """Fire every timer due at ``now_ms``, then hand out what workers can take."""
+        # 1. Claims made with no Actions at hand (a backfill) go out now.
         if self._later.claims:
             acts.claims.extend(self._later.claims)
             self._later.claims.clear()
+        # 2. Grace leases due become wheel timers (the run table); jobs at
+        #    rest coming due get their FIRE timers (``_packed``).
         self.runs.expire_grace(now_ms)
         if now_ms + self.config.arm_ahead_ms >= self._next_unarmed:
             self._arm_ahead(now_ms)
+        # 3. The wheel's due timers, by kind: a job's fire (``_jobs``), a
+        #    run's lease or timeout (``_runs``), a retry's backoff (``redos``).
         fired = 0  # added to the stats once: a local costs less per fire
         for tid in self.wheel.advance(now_ms):
             kind, n = tid & 3, tid >> 2
@@ -169,8 +174,11 @@ class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Dispatch, _Workers, _Runs):
                 self._on_retry(n, now_ms)
         if fired:
             self.stats.fires += fired
+        # 4. Lost runs' fires the reaper may send again, then everything
+        #    queued that workers have credit for (``_dispatch``).
         self._run_reaper(now_ms, acts)
         self._dispatch(now_ms, acts)
+        # 5. Jobs whose work is over go back to rest as rows (``_packed``).
         if self._settling:
             self._settle(now_ms)
 
