@@ -27,7 +27,7 @@ from typing import Any
 import _report
 
 from wheel.engine.model import SHARD_COUNT, JobState, shard_of
-from wheel.engine.owner import Effects, Outcome, Owner
+from wheel.engine.owner import Actions, Outcome, Owner
 from wheel.engine.records import ClaimOutcome, CompletionOutcome, JobRecord
 from wheel.engine.spec import Interval, JobSpec, Once
 from wheel.engine.timerwheel import TimerWheel
@@ -37,7 +37,7 @@ T0 = 1_800_000_000_000
 
 def build(rate: int, seconds: int) -> Owner:
     owner = Owner(epochs=dict.fromkeys(range(SHARD_COUNT), 1), now_ms=T0)
-    fx = Effects()
+    acts = Actions()
     start = T0 + 1_000
     n_once = rate * seconds // 2
     n_every = rate // 2  # each fires once a second
@@ -59,39 +59,39 @@ def build(rate: int, seconds: int) -> Owner:
             created_at_ms=T0,
             updated_at_ms=T0,
         )
-        owner.upsert_job(record, T0, fx)
+        owner.upsert_job(record, T0, acts)
     owner.take_dirty()
     for w in ("w1", "w2"):
-        owner.worker_hello(w, 5_000, ["default"], T0, fx)
+        owner.worker_hello(w, 5_000, ["default"], T0, acts)
     return owner
 
 
 def drive(owner: Owner, seconds: int) -> tuple[int, float]:
     """Dispatches and the process CPU seconds they took."""
-    fx = Effects()
+    acts = Actions()
     now = T0 + 1_000
     end = now + seconds * 1_000
     run_id = 0
     dispatched = 0
     cpu0 = time.process_time()
     while now < end:
-        owner.advance(now, fx)
-        work = fx.take_store_work()
+        owner.advance(now, acts)
+        work = acts.take_store_work()
         claimed = []
         for c in work.claims:
             run_id += 1
             claimed.append(ClaimOutcome(claim=c, run_id=run_id, advanced=c.advance))
         owner.take_dirty()
         done = [CompletionOutcome(run_id=c.run_id, applied=True) for c in work.completions]
-        owner.on_completed(done, now, fx)
-        owner.on_claimed(claimed, now, fx)
-        for worker_id, assignments in fx.assignments.items():
+        owner.on_completed(done, now, acts)
+        owner.on_claimed(claimed, now, acts)
+        for worker_id, assignments in acts.assignments.items():
             dispatched += len(assignments)
             ok = [(a.run_id, a.fence, Outcome.SUCCEEDED, "") for a in assignments]
-            owner.worker_complete(worker_id, ok, now, fx)
-        fx.assignments.clear()
-        fx.results.clear()
-        fx.lags.clear()
+            owner.worker_complete(worker_id, ok, now, acts)
+        acts.assignments.clear()
+        acts.results.clear()
+        acts.lags.clear()
         now += 1
     return dispatched, time.process_time() - cpu0
 

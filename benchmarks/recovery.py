@@ -36,7 +36,7 @@ import _report
 from wheel.checkpoint import Checkpoint, Durability, Identity
 from wheel.checkpoint.owner_state import log_entry, log_records, snapshot_chunks
 from wheel.engine.model import SHARD_COUNT
-from wheel.engine.owner import Effects, Owner, OwnerConfig
+from wheel.engine.owner import Actions, Owner, OwnerConfig
 from wheel.engine.profiles import profile_of, split_spec
 from wheel.engine.records import NewJob
 from wheel.engine.spec import Interval, JobSpec
@@ -98,7 +98,7 @@ def build_store(path: Path, timers: int, now_ms: int) -> None:
 
 def _ready_to_dispatch(owner: Owner, now: int) -> None:
     """The first advance: the next minute's fires armed in the wheel."""
-    owner.advance(now, Effects())
+    owner.advance(now, Actions())
     assert owner.next_deadline() is not None
 
 

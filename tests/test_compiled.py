@@ -77,7 +77,7 @@ def test_the_records_built_per_dispatch_are_built_by_their_own_init() -> None:
     # its own out (``init=False``); a module that builds one per dispatch
     # names it here.
     from wheel.engine import records, spec
-    from wheel.engine.owner import _state, _values
+    from wheel.engine.owner import _claims, _values
 
     per_dispatch = [
         records.FireClaim,
@@ -89,7 +89,7 @@ def test_the_records_built_per_dispatch_are_built_by_their_own_init() -> None:
         records.MissedFire,
         _values.Assignment,
         _values.CompletionResult,
-        _state._Pending,
+        _claims._Pending,
         spec.Once,
     ]
     # dataclass's own is a function compiled from a string (its code's file

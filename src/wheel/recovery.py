@@ -34,7 +34,7 @@ from wheel.checkpoint.owner_state import OwnerState, recover_state, restored_row
 from wheel.checkpoint.wal import Checkpoint
 from wheel.engine.jobtable import NEVER, PAUSED, PAYLOAD, Columns, group_by_shard
 from wheel.engine.model import JobState, shard_of
-from wheel.engine.owner import Effects, Owner, OwnerConfig, ShardContents
+from wheel.engine.owner import Actions, Owner, OwnerConfig, ShardContents
 from wheel.engine.profiles import Profile, template_of_body
 from wheel.engine.records import ExecutionRecord, JobRecord, RowChanges, ShardLoad
 from wheel.errors import CheckpointError, NotFound, StoreError
@@ -56,8 +56,8 @@ class Restored:
     # Job records replayed from the checkpoint's log (0: rebuilt from the store).
     log_records: int
     seconds: float
-    # Effects produced while reconciling (missed fires of paused jobs, ...).
-    effects: Effects
+    # Actions produced while reconciling (missed fires of paused jobs, ...).
+    actions: Actions
 
 
 def restore_owner(
@@ -73,7 +73,7 @@ def restore_owner(
     started = time.perf_counter()
     shards = sorted(epochs)
     owner = Owner(now_ms=now_ms, config=config)
-    fx = Effects()
+    acts = Actions()
     state = None
     if checkpoint is not None:
         try:
@@ -93,14 +93,14 @@ def restore_owner(
         contents, watermark = load_shard_contents(store, shards)
         source = "store"
         log_records = 0
-    owner.add_shards(epochs, contents, now_ms, fx)
+    owner.add_shards(epochs, contents, now_ms, acts)
     return Restored(
         owner=owner,
         watermark=watermark,
         source=source,
         log_records=log_records,
         seconds=time.perf_counter() - started,
-        effects=fx,
+        actions=acts,
     )
 
 

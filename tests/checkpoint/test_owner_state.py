@@ -27,7 +27,7 @@ from wheel.checkpoint.owner_state import (
 )
 from wheel.engine.jobtable import NEVER, Columns
 from wheel.engine.model import SHARD_COUNT, JobState, shard_of
-from wheel.engine.owner import Effects, Outcome, Owner, PackedJob, ShardContents
+from wheel.engine.owner import Actions, Outcome, Owner, PackedJob, ShardContents
 from wheel.engine.profiles import profile_of, split_spec
 from wheel.engine.records import ClaimOutcome, CompletionOutcome, JobRecord
 from wheel.engine.spec import Interval, JobSpec, Once
@@ -108,7 +108,7 @@ def test_log_records_write_a_profiles_body_once_before_the_first_row_that_names_
 
 def _owner_with_jobs(n: int) -> Owner:
     owner = Owner(epochs=dict.fromkeys(range(SHARD_COUNT), 1), now_ms=T0)
-    fx = Effects()
+    acts = Actions()
     for job_id in range(1, n + 1):
         if job_id % 3:
             schedule: Once | Interval = Interval(period_ms=40, start_at_ms=T0 + job_id)
@@ -123,32 +123,32 @@ def _owner_with_jobs(n: int) -> Owner:
             created_at_ms=T0,
             updated_at_ms=T0,
         )
-        owner.upsert_job(record, T0, fx)
-    owner.worker_hello("w", 10_000, ["default"], T0, fx)
+        owner.upsert_job(record, T0, acts)
+    owner.worker_hello("w", 10_000, ["default"], T0, acts)
     return owner
 
 
 def _tick(owner: Owner, now: int, run_ids: list[int]) -> None:
     """One node pass with a store that accepts everything and a worker that
     completes each run at once."""
-    fx = Effects()
-    owner.advance(now, fx)
-    work = fx.take_store_work()
+    acts = Actions()
+    owner.advance(now, acts)
+    work = acts.take_store_work()
     claimed = []
     for c in work.claims:
         run_ids.append(len(run_ids) + 1)
         claimed.append(ClaimOutcome(claim=c, run_id=len(run_ids), advanced=c.advance))
     owner.on_completed(
-        [CompletionOutcome(run_id=c.run_id, applied=True) for c in work.completions], now, fx
+        [CompletionOutcome(run_id=c.run_id, applied=True) for c in work.completions], now, acts
     )
-    owner.on_claimed(claimed, now, fx)
-    for worker_id, assignments in fx.assignments.items():
+    owner.on_claimed(claimed, now, acts)
+    for worker_id, assignments in acts.assignments.items():
         done = [(a.run_id, a.fence, Outcome.SUCCEEDED, "") for a in assignments]
-        owner.worker_complete(worker_id, done, now, fx)
+        owner.worker_complete(worker_id, done, now, acts)
     # The store applies those completions too (left unanswered, every run
     # would stay in flight and each later fire would wait behind it).
-    ended = fx.take_store_work().completions
-    owner.on_completed([CompletionOutcome(run_id=c.run_id, applied=True) for c in ended], now, fx)
+    ended = acts.take_store_work().completions
+    owner.on_completed([CompletionOutcome(run_id=c.run_id, applied=True) for c in ended], now, acts)
 
 
 def _snapshot(owner: Owner, watermark: int) -> list[bytes]:
@@ -218,8 +218,8 @@ def test_a_snapshot_holds_jobs_at_rest_and_awake_as_they_rest_and_restores_them(
     tmp_path: Path,
 ) -> None:
     owner = Owner(now_ms=T0)
-    fx = Effects()
-    owner.add_shards(dict.fromkeys(range(SHARD_COUNT), 1), ShardContents(), T0, fx)
+    acts = Actions()
+    owner.add_shards(dict.fromkeys(range(SHARD_COUNT), 1), ShardContents(), T0, acts)
     for job_id in range(1, 41):
         spec = JobSpec(
             name=f"job-{job_id}",
@@ -236,7 +236,7 @@ def test_a_snapshot_holds_jobs_at_rest_and_awake_as_they_rest_and_restores_them(
             created_at_ms=T0,
             updated_at_ms=T0,
         )
-        owner.upsert_job(record, T0, fx)
+        owner.upsert_job(record, T0, acts)
     assert not owner.jobs  # all at rest
     woken = list(range(1, 41, 4))
     for job_id in woken:
@@ -259,7 +259,7 @@ def test_a_snapshot_holds_jobs_at_rest_and_awake_as_they_rest_and_restores_them(
         dict.fromkeys(range(SHARD_COUNT), 2),
         ShardContents(packed=restored.packed, profiles=restored.profiles),
         T0,
-        Effects(),
+        Actions(),
     )
     assert not again.jobs
     assert {j: again.image_of(j) for j in again.job_ids()} == live

@@ -49,10 +49,10 @@ from wheel.engine.model import (
     shard_of,
 )
 from wheel.engine.owner import (
+    Actions,
     Alert,
     Assignment,
     CompletionResult,
-    Effects,
     Outcome,
     Owner,
     OwnerConfig,
@@ -413,16 +413,16 @@ class Sim:
         return None if self.driver is None else self.driver.owner
 
     @property
-    def fx(self) -> Effects:
+    def acts(self) -> Actions:
         assert self.driver is not None
-        return self.driver.fx
+        return self.driver.acts
 
     def attach(self, w: SimWorker) -> int:
         assert self.owner is not None
         self._token += 1
         self.sessions[w.worker_id] = self._token
         self.owner.worker_hello(
-            w.worker_id, w.capacity, w.pools, self.now, self.fx, handlers=w.handlers
+            w.worker_id, w.capacity, w.pools, self.now, self.acts, handlers=w.handlers
         )
         return self._token
 
@@ -440,16 +440,16 @@ class Sim:
             owner = self.owner
             if owner is None or self.sessions.get(w.worker_id) != token:
                 return
-            wid, now, fx = w.worker_id, self.now, self.fx
+            wid, now, acts = w.worker_id, self.now, self.acts
             if kind == "ack":
-                owner.worker_ack(wid, payload, now, fx)  # type: ignore[arg-type]
+                owner.worker_ack(wid, payload, now, acts)  # type: ignore[arg-type]
             elif kind == "heartbeat":
-                owner.worker_heartbeat(wid, payload, now, fx)  # type: ignore[arg-type]
+                owner.worker_heartbeat(wid, payload, now, acts)  # type: ignore[arg-type]
             else:
                 items: list[tuple[int, int, Outcome, str]] = payload  # type: ignore[assignment]
                 for run_id, fence, outcome, _ in items:
                     self.history.received_completions.append((now, wid, run_id, fence, outcome))
-                owner.worker_complete(wid, items, now, fx)
+                owner.worker_complete(wid, items, now, acts)
 
         self.at(t, deliver)
 
@@ -472,7 +472,7 @@ class Sim:
             config=self.config,
             now_ms=now,
         )
-        self.driver = Driver(restored.owner, restored.effects)
+        self.driver = Driver(restored.owner, restored.actions)
         self.sessions = {}
 
     def crash_node(self, down_for: int) -> None:
@@ -497,9 +497,9 @@ class Sim:
 
     def _new_owner(self, epochs: dict[int, int], contents: ShardContents) -> Driver:
         owner = Owner(now_ms=self.now, config=self.config)
-        fx = Effects()
-        owner.add_shards(epochs, contents, self.now, fx)
-        self.driver = Driver(owner, fx)
+        acts = Actions()
+        owner.add_shards(epochs, contents, self.now, acts)
+        self.driver = Driver(owner, acts)
         self.sessions = {}
         self._reconnect()
         return self.driver
@@ -578,7 +578,7 @@ class Sim:
                     self.crash_node(self._down_time())
                     return
                 driver.apply(outcome, now)
-            self._publish(driver.fx)
+            self._publish(driver.take_messages())
             resync = driver.take_resync()
             if resync:
                 driver.apply_changes([store.get_job(j) for j in sorted(resync)], now)
@@ -586,32 +586,24 @@ class Sim:
                 return
         raise AssertionError("the owner keeps producing work without time passing")
 
-    def _publish(self, fx: Effects) -> None:
-        self.history.alerts.extend(fx.alerts)
-        fx.alerts.clear()
-        fx.notes.clear()
-        fx.lags.clear()
-        if not (fx.assignments or fx.revokes or fx.results or fx.rejected_renewals):
-            fx.violations.clear()
+    def _publish(self, acts: Actions) -> None:
+        self.history.alerts.extend(acts.alerts)
+        if not (acts.assignments or acts.revokes or acts.results or acts.rejected_renewals):
             return
         by_id = self._by_id
-        for wid, items in fx.assignments.items():
+        for wid, items in acts.assignments.items():
             for a in items:
                 self.history.dispatches.append((self.now, wid, a))
             self._send(by_id, wid, partial(_assign, items))
-        for wid, revokes in fx.revokes.items():
+        for wid, revokes in acts.revokes.items():
             self._send(by_id, wid, partial(_supersede_refs, [(r.run_id, r.fence) for r in revokes]))
-        for wid, results in fx.results.items():
+        for wid, results in acts.results.items():
             for r in results:
                 self.history.results.append((self.now, wid, r))
             self._send(by_id, wid, partial(_answer, results))
-        for wid, refs in fx.rejected_renewals.items():
+        for wid, refs in acts.rejected_renewals.items():
             self._send(by_id, wid, partial(_supersede_refs, refs))
-        fx.assignments.clear()
-        fx.revokes.clear()
-        fx.results.clear()
-        fx.rejected_renewals.clear()
-        fx.violations.clear()  # the SDK only logs protocol errors
+        # Violations are dropped: the SDK only logs protocol errors.
 
     def _send(self, by_id: dict[str, SimWorker], wid: str, fn: Callable[[SimWorker], None]) -> None:
         w = by_id.get(wid)
@@ -863,7 +855,7 @@ class Sim:
                 # held back by a token bucket goes out then.
                 if (
                     owner._ready
-                    or owner._reaper
+                    or owner.redos.lost()
                     or any(owner._fresh.values())
                     or any(len(q) for q in owner._overdue.values())
                 ):
@@ -980,11 +972,10 @@ def check(sim: Sim) -> list[Violation]:
         execs_by_fire[(ex.job_id, ex.scheduled_for)].append(ex)
 
     # Retries and re-dispatches of fires due during the drain may still wait.
-    retry_pending = {(j, f, a) for j, f, a in owner._retries.values()}
-    retry_pending.update(owner._reaper)
+    retry_pending = {(j, f, a) for j, f, a in owner.redos.waiting()}
     for job_id, held_job in owner.jobs.items():
         retry_pending.update((job_id, f, n) for f, n, _ in held_job.due if n > 0)
-    retry_pending.update(owner._pending)
+    retry_pending.update(owner.claims.keys())
 
     # 0. Settled: nothing owed before the end is left in flight or waiting.
     for job_id, f in sorted(set(sim.unsettled(horizon))):

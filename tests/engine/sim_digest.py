@@ -10,7 +10,7 @@ import hashlib
 import sys
 
 from tests.engine.sim import HOUR, Sim, SimScale
-from wheel.engine.owner import Effects
+from wheel.engine.owner import Actions
 from wheel.engine.records import BatchOutcome, WriteBatch
 
 SCALE = SimScale(jobs=150, days=0.5, node_restart_every=2 * HOUR, quiet_ms=HOUR)
@@ -22,7 +22,7 @@ def digest(seed: int, scale: SimScale = SCALE) -> tuple[str, int]:
     count = 0
 
     class Recording(Sim):
-        def _publish(self, fx: Effects) -> None:
+        def _publish(self, acts: Actions) -> None:
             nonlocal count
             count += 1
             h.update(
@@ -30,16 +30,18 @@ def digest(seed: int, scale: SimScale = SCALE) -> tuple[str, int]:
                     (
                         self.now,
                         sorted(
-                            (w, [(a.run_id, a.fence) for a in v]) for w, v in fx.assignments.items()
+                            (w, [(a.run_id, a.fence) for a in v])
+                            for w, v in acts.assignments.items()
                         ),
                         sorted(
-                            (w, [(r.run_id, r.accepted) for r in v]) for w, v in fx.results.items()
+                            (w, [(r.run_id, r.accepted) for r in v])
+                            for w, v in acts.results.items()
                         ),
-                        sorted((w, [r.run_id for r in v]) for w, v in fx.revokes.items()),
+                        sorted((w, [r.run_id for r in v]) for w, v in acts.revokes.items()),
                     )
                 ).encode()
             )
-            super()._publish(fx)
+            super()._publish(acts)
 
         def iterate(self) -> None:
             store = self.store

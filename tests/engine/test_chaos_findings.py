@@ -39,7 +39,7 @@ def _stuck_completion(n: Node, job: int, outcome: Outcome, *, answered: bool = T
     node)."""
     a = n.run_once(job, T + MIN)
     n.now = T + MIN + 30_000
-    n.owner.worker_complete("w1", [(a.run_id, a.fence, outcome, "")], n.now, n.fx)
+    n.owner.worker_complete("w1", [(a.run_id, a.fence, outcome, "")], n.now, n.acts)
     n.driver.advance(n.now)
     stuck = n.driver.take_batch()
     n.now = T + 2 * MIN

@@ -19,8 +19,8 @@ from wheel.engine.jobtable import PAUSED, rows_of
 from wheel.engine.model import AlertKind, JobState, MissedReason, RunState, shard_of
 from wheel.engine.owner import (
     COUNTER_BITS,
+    Actions,
     Assignment,
-    Effects,
     Outcome,
     Owner,
     OwnerConfig,
@@ -76,16 +76,17 @@ class Node:
         self.config = config or OwnerConfig()
         owner = Owner(epochs={s: epoch for s in range(256)}, now_ms=now, config=self.config)
         self.driver = Driver(owner)
-        self.out = Effects()  # messages accumulated since the last take()
+        self.out = Actions()  # messages accumulated since the last take()
         self.silent: set[str] = set()  # workers that stopped heartbeating
+        self.lags: list[int] = []  # dispatch lag samples of the runs handed out
 
     @property
     def owner(self) -> Owner:
         return self.driver.owner
 
     @property
-    def fx(self) -> Effects:
-        return self.driver.fx
+    def acts(self) -> Actions:
+        return self.driver.acts
 
     def submit(self, s: JobSpec, *, next_run_at: int | None = None) -> int:
         first = next_run_at
@@ -106,12 +107,14 @@ class Node:
             config=self.config,
             now_ms=self.now,
         )
-        self.driver = Driver(restored.owner, restored.effects)
+        self.driver = Driver(restored.owner, restored.actions)
 
     def hello(self, worker: str = "w1", capacity: int = 10, handlers: tuple[str, ...] = ()) -> None:
-        self.owner.worker_hello(worker, capacity, ["default"], self.now, self.fx, handlers=handlers)
+        self.owner.worker_hello(
+            worker, capacity, ["default"], self.now, self.acts, handlers=handlers
+        )
 
-    def step(self, to: int | None = None) -> Effects:
+    def step(self, to: int | None = None) -> Actions:
         """Advance the clock (if given) and run loop iterations until quiet."""
         if to is not None:
             assert to >= self.now
@@ -129,7 +132,7 @@ class Node:
         for wid, w in list(self.owner.workers.items()):
             if wid not in self.silent and w.held:
                 refs = [(r, self.owner.runs[r].fence) for r in w.held if r in self.owner.runs]
-                self.owner.worker_heartbeat(wid, refs, self.now, self.fx)
+                self.owner.worker_heartbeat(wid, refs, self.now, self.acts)
 
     def _iterate(self) -> None:
         # Until a pass does nothing: the node wakes again within max_idle, so
@@ -149,38 +152,36 @@ class Node:
                 break
 
     def _collect(self, work: WriteBatch) -> None:
-        o, fx = self.out, self.fx
+        o, acts = self.out, self.driver.take_messages()
         o.claims += work.claims
         o.missed += work.missed
         o.completions += work.completions
         o.advances += work.advances
         for name in ("assignments", "revokes", "results", "rejected_renewals", "violations"):
-            mine, theirs = getattr(o, name), getattr(fx, name)
+            mine, theirs = getattr(o, name), getattr(acts, name)
             for k, v in theirs.items():
                 mine.setdefault(k, []).extend(v)
-            theirs.clear()
-        o.alerts += fx.alerts
-        fx.alerts.clear()
-        o.notes += fx.notes
-        fx.notes.clear()
+        o.alerts += acts.alerts
+        o.notes += acts.notes
+        self.lags += acts.lags
 
-    def take(self) -> Effects:
-        out, self.out = self.out, Effects()
+    def take(self) -> Actions:
+        out, self.out = self.out, Actions()
         return out
 
     def run_once(self, job_id: int, at: int, worker: str = "w1", *, ack: bool = True) -> Assignment:
         """Step to ``at``; the one assignment of the job (acked unless told not to)."""
-        fx = self.step(at)
-        [a] = [a for a in fx.assignments.get(worker, []) if a.job_id == job_id]
+        acts = self.step(at)
+        [a] = [a for a in acts.assignments.get(worker, []) if a.job_id == job_id]
         if ack:
-            self.owner.worker_ack(worker, [(a.run_id, a.fence)], self.now, self.fx)
+            self.owner.worker_ack(worker, [(a.run_id, a.fence)], self.now, self.acts)
             self.step()
         return a
 
     def complete(
         self, a: Assignment, outcome: Outcome = Outcome.SUCCEEDED, worker: str = "w1"
-    ) -> Effects:
-        self.owner.worker_complete(worker, [(a.run_id, a.fence, outcome, "")], self.now, self.fx)
+    ) -> Actions:
+        self.owner.worker_complete(worker, [(a.run_id, a.fence, outcome, "")], self.now, self.acts)
         return self.step()
 
     def missed(self, job_id: int) -> dict[int, MissedReason]:
@@ -255,7 +256,7 @@ def test_a_job_whose_stored_spec_cannot_be_loaded_is_skipped_not_fatal(
     # As if the stored profile were one this version rejects.
     rejected = replace(spec(), name="", schedule=Cron(expr="not a cron"))
     number = n.owner.profiles.add(profile_of(rejected))
-    table = n.owner._shards[shard_of(bad)].table
+    table = n.owner.shard_map[shard_of(bad)].table
     table.prof[table.find(bad)] = number
     [claim] = n.step(T + MIN).claims
     assert claim.job_id == good
@@ -283,8 +284,8 @@ def test_3_a_claimed_buffered_fire_moves_the_schedule_only_to_the_next_buffered_
     n.step(T + 2 * MIN)
     n.step(T + 3 * MIN)  # two fires buffered behind the run
     assert n.store.jobs[j].next_run_at == T + 2 * MIN
-    fx = n.complete(a)
-    [claim] = fx.claims
+    acts = n.complete(a)
+    [claim] = acts.claims
     assert claim.scheduled_for == T + 2 * MIN
     # Not past T+3min, still buffered: a restart now must find it in the store.
     assert claim.new_next_run_at == T + 3 * MIN
@@ -309,8 +310,8 @@ def test_1_a_fire_skipped_behind_a_buffered_one_is_recorded_when_the_schedule_pa
     # store would catch up through T+3min and run it after all.
     assert n.store.jobs[j].next_run_at == T + 2 * MIN
     assert n.missed(j) == {}
-    fx = n.complete(a)
-    assert [c.scheduled_for for c in fx.claims] == [T + 2 * MIN]
+    acts = n.complete(a)
+    assert [c.scheduled_for for c in acts.claims] == [T + 2 * MIN]
     assert n.store.jobs[j].next_run_at == T + 4 * MIN
     assert n.missed(j) == {T + 3 * MIN: MissedReason.OVERLAP}
 
@@ -329,12 +330,12 @@ def test_1_a_restart_never_runs_a_fire_already_recorded_missed() -> None:
     n.step(T + 3 * MIN)  # T+2min buffered, T+3min skipped
     n.restart()
     n.hello()
-    n.owner.worker_heartbeat("w1", [(a.run_id, a.fence)], n.now, n.fx)
-    fx = n.complete(a)
+    n.owner.worker_heartbeat("w1", [(a.run_id, a.fence)], n.now, n.acts)
+    acts = n.complete(a)
     for k in range(1, 30):
-        for b in fx.assignments.get("w1", []):
+        for b in acts.assignments.get("w1", []):
             n.complete(b)
-        fx = n.step(T + 3 * MIN + k * SEC)
+        acts = n.step(T + 3 * MIN + k * SEC)
     ran = {f for f, _, _ in n.execs(j)}
     assert not ran & set(n.missed(j)), (n.execs(j), n.missed(j))
     assert {T + MIN, T + 2 * MIN, T + 3 * MIN} <= ran | set(n.missed(j))
@@ -364,7 +365,7 @@ def test_3_a_schedule_moved_by_the_store_drops_buffered_fires_of_the_old_one() -
     n.step(T + 2 * MIN)  # buffered behind the run
     # Another writer moved the schedule past T+2min (the store wins).
     n.store.jobs[j].next_run_at = T + 3 * MIN
-    n.owner.upsert_job(n.store.get_job(j), n.now, n.fx)
+    n.owner.upsert_job(n.store.get_job(j), n.now, n.acts)
     n.complete(a)
     n.step(T + 3 * MIN)
     claimed = [c.scheduled_for for _, _, c, _ in n.store.claims_log]
@@ -487,21 +488,21 @@ def test_4_ack_renewal_and_completion_only_from_the_holder_with_its_fence() -> N
     n.hello("w1")
     n.hello("w2")
     j = n.submit(spec())
-    fx = n.step(T + MIN)
-    [(holder, [a])] = list(fx.assignments.items())
+    acts = n.step(T + MIN)
+    [(holder, [a])] = list(acts.assignments.items())
     other = "w2" if holder == "w1" else "w1"
-    n.owner.worker_ack(other, [(a.run_id, a.fence)], n.now, n.fx)
-    n.owner.worker_ack(holder, [(a.run_id, a.fence + 1)], n.now, n.fx)
-    n.owner.worker_heartbeat(other, [(a.run_id, a.fence)], n.now, n.fx)
-    n.owner.worker_complete(other, [(a.run_id, a.fence, Outcome.SUCCEEDED, "")], n.now, n.fx)
-    n.owner.worker_complete(holder, [(a.run_id, a.fence - 1, Outcome.SUCCEEDED, "")], n.now, n.fx)
-    fx = n.step()
-    assert len(fx.violations[other]) == 1 and len(fx.violations[holder]) == 1
-    assert all(v.code == "FAILED_PRECONDITION" for vs in fx.violations.values() for v in vs)
-    assert fx.rejected_renewals[other] == [(a.run_id, a.fence)]
-    assert [r.accepted for rs in fx.results.values() for r in rs] == [False, False]
+    n.owner.worker_ack(other, [(a.run_id, a.fence)], n.now, n.acts)
+    n.owner.worker_ack(holder, [(a.run_id, a.fence + 1)], n.now, n.acts)
+    n.owner.worker_heartbeat(other, [(a.run_id, a.fence)], n.now, n.acts)
+    n.owner.worker_complete(other, [(a.run_id, a.fence, Outcome.SUCCEEDED, "")], n.now, n.acts)
+    n.owner.worker_complete(holder, [(a.run_id, a.fence - 1, Outcome.SUCCEEDED, "")], n.now, n.acts)
+    acts = n.step()
+    assert len(acts.violations[other]) == 1 and len(acts.violations[holder]) == 1
+    assert all(v.code == "FAILED_PRECONDITION" for vs in acts.violations.values() for v in vs)
+    assert acts.rejected_renewals[other] == [(a.run_id, a.fence)]
+    assert [r.accepted for rs in acts.results.values() for r in rs] == [False, False]
     # Nothing else changed: no store write, the run is still dispatched to its holder.
-    assert not fx.completions and not fx.claims
+    assert not acts.completions and not acts.claims
     run = n.owner.runs[a.run_id]
     assert (run.phase, run.worker_id) == (Phase.DISPATCHED, holder)
     assert n.execs(j) == [(T + MIN, 0, RunState.DISPATCHED)]
@@ -518,8 +519,8 @@ def test_4_the_store_rejects_a_stale_fence_even_if_the_owner_would_not() -> None
             _claim(j, T + MIN, attempt=1, fence=a.fence + 10),
         ]
     )
-    fx = n.complete(a)
-    assert fx.results["w1"][0].accepted is False
+    acts = n.complete(a)
+    assert acts.results["w1"][0].accepted is False
     assert n.execs(j)[0] == (T + MIN, 0, RunState.RUNNING)
 
 
@@ -556,10 +557,10 @@ def test_6_a_retry_is_claimed_only_after_the_failed_attempt_is_terminal_in_the_s
     n.hello()
     j = n.submit(spec())
     a = n.run_once(j, T + MIN)
-    fx = n.complete(a, Outcome.RETRYABLE)
-    [done] = fx.completions
+    acts = n.complete(a, Outcome.RETRYABLE)
+    [done] = acts.completions
     assert done.state is RunState.FAILED
-    [retry] = fx.claims  # backoff 0: same iteration, after the completion was applied
+    [retry] = acts.claims  # backoff 0: same iteration, after the completion was applied
     assert retry.attempt == 1 and retry.fence > a.fence and not retry.advance
     assert [s for _, _, s in n.execs(j)] == [RunState.FAILED, RunState.DISPATCHED]
 
@@ -580,9 +581,9 @@ def test_7_a_run_leaves_only_after_the_store_applied_its_terminal_state() -> Non
     n.hello()
     j = n.submit(spec())
     a = n.run_once(j, T + MIN)
-    n.owner.worker_complete("w1", [(a.run_id, a.fence, Outcome.SUCCEEDED, "")], n.now, n.fx)
+    n.owner.worker_complete("w1", [(a.run_id, a.fence, Outcome.SUCCEEDED, "")], n.now, n.acts)
     assert n.owner.runs[a.run_id].phase is Phase.ENDING
-    assert n.fx.completions[0].state is RunState.SUCCEEDED
+    assert n.acts.completions[0].state is RunState.SUCCEEDED
     n.step()
     assert a.run_id not in n.owner.runs
     assert n.execs(j) == [(T + MIN, 0, RunState.SUCCEEDED)]
@@ -600,7 +601,7 @@ def test_dispatch_grants_the_grace_lease_and_the_ack_the_full_lease() -> None:
     run = n.owner.runs[a.run_id]
     assert (run.phase, run.lease_deadline) == (Phase.DISPATCHED, T + MIN + n.config.grace_lease_ms)
     n.now += 1_000
-    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
+    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.acts)
     n.step()
     assert (run.phase, run.lease_deadline) == (Phase.RUNNING, n.now + n.config.lease_ms)
     assert n.execs(j) == [(T + MIN, 0, RunState.RUNNING)]
@@ -613,14 +614,14 @@ def test_an_unacked_run_loses_its_grace_lease_and_is_redispatched() -> None:
     a = n.run_once(j, T + MIN, ack=False)
     n.silent.add("w1")
     n.hello("w2")
-    fx = n.step(T + MIN + n.config.grace_lease_ms)
-    assert fx.revokes["w1"][0].reason is RevokeReason.LEASE_EXPIRED
-    assert [c.attempt for c in fx.claims] == [1]
+    acts = n.step(T + MIN + n.config.grace_lease_ms)
+    assert acts.revokes["w1"][0].reason is RevokeReason.LEASE_EXPIRED
+    assert [c.attempt for c in acts.claims] == [1]
     # The worker that let its lease lapse gets nothing until it speaks again.
-    assert [b.attempt for b in fx.assignments["w2"]] == [1] and "w1" not in fx.assignments
+    assert [b.attempt for b in acts.assignments["w2"]] == [1] and "w1" not in acts.assignments
     assert n.execs(j)[0] == (T + MIN, 0, RunState.LOST)
     # The slow worker's late ack is refused.
-    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
+    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.acts)
     assert n.step().violations["w1"]
 
 
@@ -631,36 +632,36 @@ def test_runs_that_end_within_their_grace_lease_never_touch_the_wheel() -> None:
     n.step(T)  # the jobs at rest get their FIRE timers, a minute ahead
     timers = len(n.owner.wheel)
     assert timers == 50
-    fx = n.step(T + MIN)
-    handed = fx.assignments["w1"]
+    acts = n.step(T + MIN)
+    handed = acts.assignments["w1"]
     assert sorted(a.job_id for a in handed) == jobs
     # No LEASE or TIMEOUT timer each: one grace deadline for the tick.
     assert len(n.owner.wheel) == timers - 50
     assert n.owner.pending_timers() == len(n.owner.wheel) + 50
     assert n.owner.next_timer() == T + MIN + n.config.grace_lease_ms
     n.owner.worker_complete(
-        "w1", [(a.run_id, a.fence, Outcome.SUCCEEDED, "") for a in handed], n.now, n.fx
+        "w1", [(a.run_id, a.fence, Outcome.SUCCEEDED, "") for a in handed], n.now, n.acts
     )
     n.step()
     assert n.owner.pending_timers() == len(n.owner.wheel) == timers - 50
     assert [s for j in jobs for _, _, s in n.execs(j)] == [RunState.SUCCEEDED] * 50
     # Their grace deadline passes with nothing left to expire.
-    fx = n.step(T + MIN + n.config.grace_lease_ms)
-    assert not fx.revokes and not fx.claims and n.owner.next_timer() is None
+    acts = n.step(T + MIN + n.config.grace_lease_ms)
+    assert not acts.revokes and not acts.claims and n.owner.next_timer() is None
 
 
 def test_a_run_handed_out_with_an_earlier_now_still_loses_its_grace_lease_on_time() -> None:
     n = Node()
     n.hello(capacity=10)
     a, b = (n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=HOUR)) for _ in range(2))
-    n.owner.advance(T + MIN, n.fx)
-    claimed = n.store.claim_fires(n.fx.take_store_work().claims)
+    n.owner.advance(T + MIN, n.acts)
+    claimed = n.store.claim_fires(n.acts.take_store_work().claims)
     # The store's answers come back out of clock order: the second is fed
     # with an earlier now than the first, so its grace deadline is earlier.
-    n.owner.on_claimed(claimed[:1], T + MIN + 10, n.fx)
-    n.owner.on_claimed(claimed[1:], T + MIN, n.fx)
-    assert {x.job_id for x in n.fx.assignments["w1"]} == {a, b}
-    n.fx.assignments.clear()
+    n.owner.on_claimed(claimed[:1], T + MIN + 10, n.acts)
+    n.owner.on_claimed(claimed[1:], T + MIN, n.acts)
+    assert {x.job_id for x in n.acts.assignments["w1"]} == {a, b}
+    n.acts.assignments.clear()
     n.now = T + MIN + 10
     n.silent.add("w1")
     assert n.owner.next_timer() == T + MIN + n.config.grace_lease_ms
@@ -677,10 +678,10 @@ def test_a_timeout_shorter_than_the_grace_lease_fires_on_time() -> None:
     j = n.submit(spec(timeout_ms=2 * SEC, schedule=Once(at_ms=T + MIN)))
     a = n.run_once(j, T + MIN)
     assert not n.step(T + MIN + 2 * SEC - 1).revokes
-    fx = n.step(T + MIN + 2 * SEC)
-    assert fx.revokes["w1"][0].reason is RevokeReason.TIMED_OUT
+    acts = n.step(T + MIN + 2 * SEC)
+    assert acts.revokes["w1"][0].reason is RevokeReason.TIMED_OUT
     assert n.execs(j)[0] == (T + MIN, 0, RunState.TIMED_OUT)
-    assert fx.assignments["w1"][0].attempt == a.attempt + 1
+    assert acts.assignments["w1"][0].attempt == a.attempt + 1
 
 
 def test_heartbeats_renew_the_lease_and_silence_loses_it() -> None:
@@ -688,32 +689,32 @@ def test_heartbeats_renew_the_lease_and_silence_loses_it() -> None:
     n.hello()
     j = n.submit(spec(timeout_ms=HOUR, schedule=Once(at_ms=T + MIN)))
     a = n.run_once(j, T + MIN)
-    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
+    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.acts)
     for k in range(1, 10):  # 9 heartbeats, each within a lease of the last
         n.step(T + MIN + k * n.config.heartbeat_interval_ms)
-        n.owner.worker_heartbeat("w1", [(a.run_id, a.fence)], n.now, n.fx)
+        n.owner.worker_heartbeat("w1", [(a.run_id, a.fence)], n.now, n.acts)
     assert n.step().claims == [] and n.execs(j) == [(T + MIN, 0, RunState.RUNNING)]
     n.silent.add("w1")
     n.hello("w2")
-    fx = n.step(n.now + n.config.lease_ms)
-    assert fx.revokes["w1"][0].reason is RevokeReason.LEASE_EXPIRED
-    assert n.execs(j)[0][2] is RunState.LOST and fx.claims[0].attempt == 1
+    acts = n.step(n.now + n.config.lease_ms)
+    assert acts.revokes["w1"][0].reason is RevokeReason.LEASE_EXPIRED
+    assert n.execs(j)[0][2] is RunState.LOST and acts.claims[0].attempt == 1
 
 
 def test_a_claimed_run_whose_worker_left_waits_ready_for_another() -> None:
     n = Node()
     n.hello("w1")
     j = n.submit(spec())
-    n.owner.advance(T + MIN, n.fx)  # the claim is on its way to the store
+    n.owner.advance(T + MIN, n.acts)  # the claim is on its way to the store
     n.now = T + MIN
     n.owner.worker_disconnect("w1")
-    fx = n.step()
-    assert not fx.assignments
+    acts = n.step()
+    assert not acts.assignments
     [run] = n.owner.runs.values()
     assert run.phase is Phase.READY
     n.hello("w2")
-    fx = n.step()
-    assert [a.job_id for a in fx.assignments["w2"]] == [j]
+    acts = n.step()
+    assert [a.job_id for a in acts.assignments["w2"]] == [j]
     assert n.owner.runs[run.run_id].phase is Phase.DISPATCHED  # the same run, handed out now
 
 
@@ -726,15 +727,15 @@ def test_timeout_revokes_and_retries_then_dead_letters_on_the_last_attempt() -> 
         )
     )
     a = n.run_once(j, T + MIN)
-    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
-    fx = n.step(T + MIN + 10 * SEC)
-    assert fx.revokes["w1"][0].reason is RevokeReason.TIMED_OUT
-    [retry] = fx.assignments["w1"]
+    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.acts)
+    acts = n.step(T + MIN + 10 * SEC)
+    assert acts.revokes["w1"][0].reason is RevokeReason.TIMED_OUT
+    [retry] = acts.assignments["w1"]
     assert retry.attempt == 1 and retry.idempotency_key == a.idempotency_key
-    n.owner.worker_ack("w1", [(retry.run_id, retry.fence)], n.now, n.fx)
-    fx = n.step(n.now + 10 * SEC)
+    n.owner.worker_ack("w1", [(retry.run_id, retry.fence)], n.now, n.acts)
+    acts = n.step(n.now + 10 * SEC)
     assert [s for _, _, s in n.execs(j)] == [RunState.TIMED_OUT, RunState.DEAD_LETTERED]
-    [alert] = [x for x in fx.alerts if x.kind is AlertKind.DEAD_LETTERED]
+    [alert] = [x for x in acts.alerts if x.kind is AlertKind.DEAD_LETTERED]
     assert "dead-lettered" in alert.message
     assert (alert.job_id, alert.run_id, alert.fence) == (j, retry.run_id, retry.fence)
 
@@ -746,16 +747,16 @@ def test_an_at_most_once_run_is_never_redispatched_once_handed_out() -> None:
     a = n.run_once(j, T + MIN, ack=False)
     n.silent.add("w1")
     n.hello("w2")
-    fx = n.step(T + MIN + n.config.grace_lease_ms)  # lease lost: outcome unknown
-    assert n.execs(j) == [(T + MIN, 0, RunState.UNKNOWN)] and not fx.claims
-    [alert] = fx.alerts
+    acts = n.step(T + MIN + n.config.grace_lease_ms)  # lease lost: outcome unknown
+    assert n.execs(j) == [(T + MIN, 0, RunState.UNKNOWN)] and not acts.claims
+    [alert] = acts.alerts
     assert alert.kind is AlertKind.OUTCOME_UNKNOWN and "at_most_once" in alert.message
     assert (alert.job_id, alert.run_id, alert.worker) == (j, a.run_id, "w1")
     n.silent.clear()
     b = n.run_once(j, T + 2 * MIN, "w2", ack=False)
-    n.owner.worker_ack("w2", [(b.run_id, b.fence)], n.now, n.fx)
-    fx = n.step(T + 2 * MIN + 10 * SEC)  # timed out: may have run, not retried
-    assert n.execs(j)[1] == (T + 2 * MIN, 0, RunState.DEAD_LETTERED) and not fx.claims
+    n.owner.worker_ack("w2", [(b.run_id, b.fence)], n.now, n.acts)
+    acts = n.step(T + 2 * MIN + 10 * SEC)  # timed out: may have run, not retried
+    assert n.execs(j)[1] == (T + 2 * MIN, 0, RunState.DEAD_LETTERED) and not acts.claims
     del a
 
 
@@ -765,14 +766,14 @@ def test_cancel_during_a_run_revokes_it_and_records_it_cancelled() -> None:
     j = n.submit(spec())
     a = n.run_once(j, T + MIN)
     updated = n.store.set_job_state(j, JobState.CANCELLED, next_run_at=None, now_ms=n.now)
-    n.owner.cancel_job(j, n.fx)
-    n.owner.upsert_job(updated, n.now, n.fx)
-    fx = n.step()
-    assert fx.revokes["w1"][0].reason is RevokeReason.CANCELLED
+    n.owner.cancel_job(j, n.acts)
+    n.owner.upsert_job(updated, n.now, n.acts)
+    acts = n.step()
+    assert acts.revokes["w1"][0].reason is RevokeReason.CANCELLED
     assert n.execs(j) == [(T + MIN, 0, RunState.CANCELLED)]
     assert not n.step(T + HOUR).claims and j not in n.owner.jobs
-    fx = n.complete(a)  # the worker finishes anyway: refused
-    assert fx.results["w1"][0].accepted is False
+    acts = n.complete(a)  # the worker finishes anyway: refused
+    assert acts.results["w1"][0].accepted is False
 
 
 def test_cancel_records_fires_that_were_queued_or_buffered_as_cancelled() -> None:
@@ -786,7 +787,7 @@ def test_cancel_records_fires_that_were_queued_or_buffered_as_cancelled() -> Non
     assert n.owner.backlog() == (1, 0)
     for job_id in (j, k):
         n.store.set_job_state(job_id, JobState.CANCELLED, next_run_at=None, now_ms=n.now)
-        n.owner.cancel_job(job_id, n.fx, n.now)
+        n.owner.cancel_job(job_id, n.acts, n.now)
     n.step()
     assert n.missed(j) == {T + 2 * MIN: MissedReason.CANCELLED, T + 3 * MIN: MissedReason.OVERLAP}
     assert n.missed(k) == {T + 3 * MIN: MissedReason.CANCELLED}
@@ -800,17 +801,17 @@ def test_pause_records_fires_as_paused_and_resume_starts_from_now_without_a_burs
     n.complete(n.run_once(j, T + MIN))
     n.now = T + MIN + 30 * SEC
     paused = n.store.set_job_state(j, JobState.PAUSED, next_run_at=None, now_ms=n.now)
-    n.owner.upsert_job(paused, n.now, n.fx)
+    n.owner.upsert_job(paused, n.now, n.acts)
     assert not n.step(T + 10 * MIN).claims
     resume_at = T + 10 * MIN + 30 * SEC
     n.now = resume_at
     record = n.store.get_job(j)
     nxt = compile_schedule(record.spec.schedule, jitter_ms=0, job_id=j).next_fire(resume_at)
     updated = n.store.set_job_state(j, JobState.ACTIVE, next_run_at=nxt, now_ms=resume_at)
-    n.owner.upsert_job(updated, resume_at, n.fx)
-    n.owner.record_paused_fires(j, record.updated_at_ms, resume_at, n.fx)
-    fx = n.step()
-    assert not fx.claims  # no burst of the nine fires missed while paused
+    n.owner.upsert_job(updated, resume_at, n.acts)
+    n.owner.record_paused_fires(j, record.updated_at_ms, resume_at, n.acts)
+    acts = n.step()
+    assert not acts.claims  # no burst of the nine fires missed while paused
     assert n.missed(j) == {T + k * MIN: MissedReason.PAUSED for k in range(2, 11)}
     assert [c.scheduled_for for c in n.step(T + 11 * MIN).claims] == [T + 11 * MIN]
 
@@ -824,7 +825,7 @@ def test_pausing_after_the_nominal_time_of_a_jittered_fire_records_it() -> None:
     n.step(T + MIN)
     n.now = (T + MIN + due) // 2 if due > T + MIN + 1 else T + MIN
     paused = n.store.set_job_state(j, JobState.PAUSED, next_run_at=None, now_ms=n.now)
-    n.owner.upsert_job(paused, n.now, n.fx)
+    n.owner.upsert_job(paused, n.now, n.acts)
     n.step()
     assert n.missed(j) == {T + MIN: MissedReason.PAUSED}
 
@@ -834,7 +835,7 @@ def test_trigger_runs_now_with_its_own_fire_time_and_leaves_the_schedule_alone()
     n.hello()
     j = n.submit(spec())
     n.now = T + 10 * SEC
-    at = n.owner.trigger(j, n.now, n.fx)
+    at = n.owner.trigger(j, n.now, n.acts)
     [c] = n.step().claims
     assert (c.scheduled_for, c.advance) == (at, False)
     assert n.store.jobs[j].next_run_at == T + MIN
@@ -844,10 +845,10 @@ def test_backfill_runs_past_fires_as_overdue_work_without_moving_the_schedule() 
     n = Node()
     n.hello()
     j = n.submit(spec(overlap=Overlap(policy=OverlapPolicy.ALLOW, max_concurrent=5)))
-    n.owner.backfill(j, [T - 3 * MIN, T - 2 * MIN], n.now, n.fx)
-    fx = n.step()
-    assert sorted(c.scheduled_for for c in fx.claims) == [T - 3 * MIN, T - 2 * MIN]
-    assert all(not c.advance for c in fx.claims)
+    n.owner.backfill(j, [T - 3 * MIN, T - 2 * MIN], n.now, n.acts)
+    acts = n.step()
+    assert sorted(c.scheduled_for for c in acts.claims) == [T - 3 * MIN, T - 2 * MIN]
+    assert all(not c.advance for c in acts.claims)
     assert n.store.jobs[j].next_run_at == T + MIN
 
 
@@ -855,11 +856,11 @@ def test_a_trigger_is_claimed_at_once_without_credit_and_survives_a_restart() ->
     n = Node()
     j = n.submit(spec())
     n.now = T + 10 * SEC
-    fx = Effects()
-    n.owner.claim_now(j, [n.now], n.now, fx)  # no worker at all yet
-    [claim] = fx.claims
+    acts = Actions()
+    n.owner.claim_now(j, [n.now], n.now, acts)  # no worker at all yet
+    [claim] = acts.claims
     assert (claim.scheduled_for, claim.attempt, claim.advance) == (n.now, 0, False)
-    n.owner.on_claimed(n.store.claim_fires(fx.claims), n.now, n.fx)
+    n.owner.on_claimed(n.store.claim_fires(acts.claims), n.now, n.acts)
     assert n.execs(j) == [(T + 10 * SEC, 0, RunState.DISPATCHED)]  # acknowledged = stored
     n.restart()  # before any worker took it
     n.hello()
@@ -877,18 +878,18 @@ def test_runs_claimed_ahead_are_handed_out_one_at_a_time_per_job() -> None:
     n.hello(capacity=10)
     j = n.submit(spec(schedule=Interval(period_ms=HOUR, start_at_ms=T + HOUR)))
     fires = [T - 3 * HOUR, T - 2 * HOUR, T - HOUR]
-    n.owner.backfill(j, fires, n.now, n.fx)
-    fx = n.step()
-    assert sorted(c.scheduled_for for c in fx.claims) == fires  # all stored at once
+    n.owner.backfill(j, fires, n.now, n.acts)
+    acts = n.step()
+    assert sorted(c.scheduled_for for c in acts.claims) == fires  # all stored at once
     handed: list[int] = []
     for _ in range(3):
-        [a] = fx.assignments["w1"]  # overlap limit 1: one at a time, in fire order
+        [a] = acts.assignments["w1"]  # overlap limit 1: one at a time, in fire order
         handed.append(a.scheduled_for)
-        fx = n.complete(a)
-    assert handed == fires and not fx.assignments
+        acts = n.complete(a)
+    assert handed == fires and not acts.assignments
 
 
-def test_a_backfill_without_effects_at_hand_is_claimed_with_the_next_advance() -> None:
+def test_a_backfill_without_actions_at_hand_is_claimed_with_the_next_advance() -> None:
     n = Node()
     n.hello()
     j = n.submit(spec(schedule=Interval(period_ms=HOUR, start_at_ms=T + HOUR)))
@@ -902,11 +903,11 @@ def test_a_backfill_is_handed_out_after_fresh_work() -> None:
     j = n.submit(spec(schedule=Interval(period_ms=HOUR, start_at_ms=T + HOUR)))
     k = n.submit(spec(schedule=Once(at_ms=T + MIN)))
     n.now = T + MIN
-    n.owner.backfill(j, [T - HOUR], n.now, n.fx)
-    fx = n.step()
-    assert [a.job_id for a in fx.assignments["w1"]] == [k]
-    fx = n.complete(fx.assignments["w1"][0])
-    assert [a.scheduled_for for a in fx.assignments["w1"]] == [T - HOUR]
+    n.owner.backfill(j, [T - HOUR], n.now, n.acts)
+    acts = n.step()
+    assert [a.job_id for a in acts.assignments["w1"]] == [k]
+    acts = n.complete(acts.assignments["w1"][0])
+    assert [a.scheduled_for for a in acts.assignments["w1"]] == [T - HOUR]
 
 
 def test_fixed_delay_next_fire_counts_from_the_completion() -> None:
@@ -935,8 +936,8 @@ def test_a_one_shot_runs_once_claimed_and_completes_when_its_run_succeeds() -> N
     [c] = n.step(T + MIN).claims
     assert c.new_next_run_at is None
     assert n.store.jobs[j].state is JobState.RUNNING
-    fx = n.complete(_assignment(n, c.fence))
-    assert [x.job_state for x in fx.completions] == [JobState.COMPLETED]
+    acts = n.complete(_assignment(n, c.fence))
+    assert [x.job_state for x in acts.completions] == [JobState.COMPLETED]
     assert n.store.jobs[j].state is JobState.COMPLETED
     assert j not in n.owner.jobs and not n.step(T + DAY_MS).claims
 
@@ -957,12 +958,12 @@ def test_a_one_shot_stays_running_through_its_retries_until_one_succeeds() -> No
     n.hello()
     j = n.submit(spec(schedule=Once(at_ms=T + MIN)))  # 3 attempts, no backoff
     a = n.run_once(j, T + MIN)
-    fx = n.complete(a, Outcome.RETRYABLE)
-    assert [x.job_state for x in fx.completions] == [None]  # a retry follows
+    acts = n.complete(a, Outcome.RETRYABLE)
+    assert [x.job_state for x in acts.completions] == [None]  # a retry follows
     assert n.store.jobs[j].state is JobState.RUNNING
-    sent = fx.assignments.get("w1", []) + n.step(n.now + SEC).assignments.get("w1", [])
+    sent = acts.assignments.get("w1", []) + n.step(n.now + SEC).assignments.get("w1", [])
     [retry] = [x for x in sent if x.job_id == j]  # no backoff: at once
-    n.owner.worker_ack("w1", [(retry.run_id, retry.fence)], n.now, n.fx)
+    n.owner.worker_ack("w1", [(retry.run_id, retry.fence)], n.now, n.acts)
     n.complete(retry)
     assert n.execs(j) == [(T + MIN, 0, RunState.FAILED), (T + MIN, 1, RunState.SUCCEEDED)]
     assert n.store.jobs[j].state is JobState.COMPLETED
@@ -977,7 +978,7 @@ def test_a_failed_one_shot_redriven_completes_when_the_redrive_succeeds() -> Non
     n.driver.redrive(n.store.get_job(j), [(T + MIN, 1)], n.now)
     [again] = [x for x in n.step(n.now + SEC).assignments["w1"] if x.job_id == j]
     assert n.store.jobs[j].state is JobState.FAILED  # until the redriven run ends
-    n.owner.worker_ack("w1", [(again.run_id, again.fence)], n.now, n.fx)
+    n.owner.worker_ack("w1", [(again.run_id, again.fence)], n.now, n.acts)
     n.complete(again)
     assert n.store.jobs[j].state is JobState.COMPLETED
 
@@ -986,8 +987,8 @@ def test_a_recurring_jobs_completions_never_touch_its_state() -> None:
     n = Node()
     n.hello()
     j = n.submit(spec(retry=Retry(max_attempts=1)))
-    fx = n.complete(n.run_once(j, T + MIN), Outcome.FAILED)
-    assert [x.job_state for x in fx.completions] == [None]
+    acts = n.complete(n.run_once(j, T + MIN), Outcome.FAILED)
+    assert [x.job_state for x in acts.completions] == [None]
     assert n.store.jobs[j].state is JobState.ACTIVE
 
 
@@ -1007,8 +1008,8 @@ def _ny_skip(expr: str) -> JobSpec:
 def _run_until(n: Node, end: int, every: int = 10 * MIN) -> None:
     """Step to ``end``, completing every run handed out on the way."""
     while n.now < end:
-        fx = n.step(min(end, n.now + every))
-        for a in fx.assignments.get("w1", []):
+        acts = n.step(min(end, n.now + every))
+        for a in acts.assignments.get("w1", []):
             n.complete(a)
 
 
@@ -1080,8 +1081,8 @@ def _restarted_with_backlog(mode: CatchUpMode, **kw: object) -> tuple[Node, int]
 
 def test_catch_up_run_latest_only_runs_the_newest_and_records_the_rest_collapsed() -> None:
     n, j = _restarted_with_backlog(CatchUpMode.RUN_LATEST_ONLY)
-    fx = n.step()
-    assert [c.scheduled_for for c in fx.claims] == [T + 10 * MIN]
+    acts = n.step()
+    assert [c.scheduled_for for c in acts.claims] == [T + 10 * MIN]
     assert n.missed(j) == {T + k * MIN: MissedReason.COLLAPSED for k in range(1, 10)}
     assert n.store.jobs[j].next_run_at == T + 11 * MIN
 
@@ -1096,10 +1097,10 @@ def test_catch_up_run_all_runs_every_fire_inside_the_cap() -> None:
 
 def test_catch_up_run_all_past_the_cap_collapses_with_an_alert() -> None:
     n, j = _restarted_with_backlog(CatchUpMode.RUN_ALL, max_count=3)
-    fx = n.step()
-    assert [c.scheduled_for for c in fx.claims] == [T + 10 * MIN]
+    acts = n.step()
+    assert [c.scheduled_for for c in acts.claims] == [T + 10 * MIN]
     assert set(n.missed(j).values()) == {MissedReason.OVER_CAP}
-    [alert] = fx.alerts
+    [alert] = acts.alerts
     assert alert.kind is AlertKind.CATCH_UP_CAPPED and alert.job_id == j
     assert "max_count" in alert.message
 
@@ -1153,13 +1154,13 @@ def test_fresh_fires_go_before_overdue_ones_and_overdue_work_is_budgeted_fairly(
     a_jobs = [n.submit(_tenant_spec("A", T - HOUR), next_run_at=T - HOUR) for _ in range(10_000)]
     b_over = [n.submit(_tenant_spec("B", T - HOUR), next_run_at=T - HOUR) for _ in range(50)]
     b_fresh = n.submit(_tenant_spec("B", T + SEC))
-    fx = n.step()
-    first = {c.job_id for c in fx.claims}
+    acts = n.step()
+    first = {c.job_id for c in acts.claims}
     assert len(first) <= 100  # the overdue bucket's burst
     # B's overdue fires are not starved behind A's 10,000: they share the budget.
     assert len(first & set(b_over)) >= 40
-    fx = n.step(T + SEC)
-    ids = [c.job_id for c in fx.claims]
+    acts = n.step(T + SEC)
+    ids = [c.job_id for c in acts.claims]
     assert ids[0] == b_fresh  # fresh before overdue, whatever the backlog
     assert len(ids) <= 1 + 100 + 1  # the burst caps what piles up
     # A node waking every 100 ms gets the budget's rate: ~1,000 overdue/s.
@@ -1200,7 +1201,7 @@ def test_next_deadline_wakes_the_node_for_the_next_overdue_token() -> None:
         claimed += len(n.step(min(deadline, n.now + 500)).claims)
     assert claimed == 200
     # Nobody with credit: overdue work waits for a worker, not for the clock.
-    n.owner.worker_credit("w1", -100_000, n.now, n.fx)
+    n.owner.worker_credit("w1", -100_000, n.now, n.acts)
     assert n.owner.next_deadline() == n.owner.next_timer()  # leases only
 
 
@@ -1223,13 +1224,13 @@ def test_has_dispatchable_work_when_a_completion_releases_a_buffered_fire() -> N
     a = n.run_once(j, T + MIN)
     n.step(T + 2 * MIN)  # buffered behind the run
     assert not n.owner.has_dispatchable_work()
-    n.owner.worker_complete("w1", [(a.run_id, a.fence, Outcome.SUCCEEDED, "")], n.now, n.fx)
-    work = n.fx.take_store_work()
-    n.owner.on_completed(n.store.complete_runs(work.completions), n.now, n.fx)
+    n.owner.worker_complete("w1", [(a.run_id, a.fence, Outcome.SUCCEEDED, "")], n.now, n.acts)
+    work = n.acts.take_store_work()
+    n.owner.on_completed(n.store.complete_runs(work.completions), n.now, n.acts)
     # The buffered fire is queued and the worker has its credit back.
     assert n.owner.has_dispatchable_work()
-    n.owner.advance(n.now, n.fx)
-    assert [c.scheduled_for for c in n.fx.claims] == [T + 2 * MIN]
+    n.owner.advance(n.now, n.acts)
+    assert [c.scheduled_for for c in n.acts.claims] == [T + 2 * MIN]
     assert not n.owner.has_dispatchable_work()
 
 
@@ -1237,12 +1238,12 @@ def test_has_dispatchable_work_needs_credit_and_overdue_tokens() -> None:
     n = _overdue_backlog(OwnerConfig(dispatch_rate_per_s=500), jobs=200)
     n.step()
     assert not n.owner.has_dispatchable_work()  # 100 wait for tokens
-    n.owner.advance(T + 10, n.fx)  # one token, taken by that advance
+    n.owner.advance(T + 10, n.acts)  # one token, taken by that advance
     assert not n.owner.has_dispatchable_work()
     n.now = T + 30
     n.owner.wheel.advance(n.now)  # the clock moved: two tokens wait
     assert n.owner.has_dispatchable_work()
-    n.owner.worker_credit("w1", -100_000, n.now, n.fx)
+    n.owner.worker_credit("w1", -100_000, n.now, n.acts)
     assert not n.owner.has_dispatchable_work()  # but no worker has credit
 
 
@@ -1255,15 +1256,15 @@ def test_reaper_redispatches_expired_leases_while_the_fleet_has_room() -> None:
     n.hello("w2", capacity=10)
     for _ in range(20):
         n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=HOUR))
-    fx = n.step(T + MIN)
-    for a in fx.assignments["w1"]:
-        n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
+    acts = n.step(T + MIN)
+    for a in acts.assignments["w1"]:
+        n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.acts)
     n.silent.add("w2")  # w2 never acks: its 10 grace leases expire
     n.hello("w3", capacity=10)
-    fx = n.step(T + MIN + n.config.grace_lease_ms)
-    assert len([r for r in fx.revokes["w2"] if r.reason is RevokeReason.LEASE_EXPIRED]) == 10
+    acts = n.step(T + MIN + n.config.grace_lease_ms)
+    assert len([r for r in acts.revokes["w2"] if r.reason is RevokeReason.LEASE_EXPIRED]) == 10
     # 10 busy of 30 slots (<= 85%): all ten re-dispatched, to the healthy worker.
-    assert len(fx.assignments["w3"]) == 10 and all(a.attempt == 1 for a in fx.assignments["w3"])
+    assert len(acts.assignments["w3"]) == 10 and all(a.attempt == 1 for a in acts.assignments["w3"])
     assert not n.owner.reaper_paused
 
 
@@ -1273,17 +1274,17 @@ def test_reaper_pauses_and_alerts_above_the_busy_threshold_and_resumes_below() -
     n.hello("w2", capacity=4)
     for _ in range(14):
         n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=HOUR))
-    fx = n.step(T + MIN)
-    w1 = fx.assignments["w1"]
+    acts = n.step(T + MIN)
+    w1 = acts.assignments["w1"]
     for a in w1:
-        n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
+        n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.acts)
     n.silent.add("w2")
     n.hello("w3", capacity=4)
-    fx = n.step(T + MIN + n.config.grace_lease_ms)  # w2's 4 runs lose their lease
+    acts = n.step(T + MIN + n.config.grace_lease_ms)  # w2's 4 runs lose their lease
     assert n.owner.reaper_paused  # 10 of 18 slots busy > 50%
-    assert not [c for c in fx.claims if c.attempt == 1]
-    assert [a.kind for a in fx.alerts] == [AlertKind.REAPER_PAUSED]
-    assert "reaper paused" in fx.alerts[0].message
+    assert not [c for c in acts.claims if c.attempt == 1]
+    assert [a.kind for a in acts.alerts] == [AlertKind.REAPER_PAUSED]
+    assert "reaper paused" in acts.alerts[0].message
     redispatched = []
     for a in w1[:6]:
         redispatched += [c for c in n.complete(a).claims if c.attempt == 1]
@@ -1298,9 +1299,9 @@ def test_with_no_worker_connected_the_reaper_says_so_not_that_the_fleet_is_busy(
     j = n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=HOUR))
     n.run_once(j, T + MIN)
     n.owner.worker_disconnect("w1")
-    fx = n.step(T + MIN + n.config.lease_ms + SEC)
+    acts = n.step(T + MIN + n.config.lease_ms + SEC)
     assert n.owner.reaper_paused
-    [alert] = [a for a in fx.alerts if a.kind is AlertKind.REAPER_PAUSED]
+    [alert] = [a for a in acts.alerts if a.kind is AlertKind.REAPER_PAUSED]
     assert alert.message == "reaper paused: no worker connected; 1 expired leases wait for one"
     n.hello("w2")
     [b] = n.step(n.now + SEC).assignments["w2"]
@@ -1317,20 +1318,20 @@ def test_a_cancel_ends_the_reapers_wait_for_its_lost_runs_and_its_pending_retrie
             retry=Retry(max_attempts=3, initial_backoff_ms=HOUR, max_backoff_ms=HOUR),
         )
     )
-    fx = n.step(T + MIN)
-    by_job = {a.job_id: a for a in fx.assignments["w1"]}
+    acts = n.step(T + MIN)
+    by_job = {a.job_id: a for a in acts.assignments["w1"]}
     n.complete(by_job[failed], Outcome.RETRYABLE)  # its retry waits an hour
     n.owner.worker_disconnect("w1")
     n.step(T + MIN + n.config.lease_ms + SEC)
     assert n.owner.reaper_paused  # no worker: the lost run waits
-    n.owner.cancel_job(lost, n.fx, n.now)
-    n.owner.cancel_job(failed, n.fx, n.now)
+    n.owner.cancel_job(lost, n.acts, n.now)
+    n.owner.cancel_job(failed, n.acts, n.now)
     n.step(n.now + SEC)
     assert not n.owner.reaper_paused  # nothing waits for a re-dispatch any more
     assert not n.owner.has_job(lost) and not n.owner.has_job(failed)
     n.hello("w2")
-    fx = n.step(T + 3 * HOUR)
-    assert not fx.assignments and not fx.claims
+    acts = n.step(T + 3 * HOUR)
+    assert not acts.assignments and not acts.claims
 
 
 def test_reaper_rate_limits_redispatch() -> None:
@@ -1341,8 +1342,8 @@ def test_reaper_rate_limits_redispatch() -> None:
     n.step(T + MIN)
     n.silent.add("w1")
     n.hello("w2", capacity=100)
-    fx = n.step(T + MIN + n.config.grace_lease_ms)
-    assert len([c for c in fx.claims if c.attempt == 1]) == 5  # the burst
+    acts = n.step(T + MIN + n.config.grace_lease_ms)
+    assert len([c for c in acts.claims if c.attempt == 1]) == 5  # the burst
     start = n.now
     again = 0
     for k in range(1, 11):  # the node wakes at least every 0.5 s; here every 100 ms
@@ -1358,13 +1359,13 @@ def test_a_restored_run_completed_before_its_first_heartbeat_is_accepted() -> No
     n.hello()
     j = n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=HOUR))
     a = n.run_once(j, T + MIN)
-    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
+    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.acts)
     n.step()
     # The node restarts; the worker reconnects and re-sends its completion first.
     n.restart()
     n.hello()
-    fx = n.complete(a)
-    assert fx.results["w1"][0].accepted
+    acts = n.complete(a)
+    assert acts.results["w1"][0].accepted
     assert n.execs(j) == [(T + MIN, 0, RunState.SUCCEEDED)]
 
 
@@ -1380,8 +1381,8 @@ def test_a_one_shot_in_flight_at_a_rebuild_from_the_store_runs_again() -> None:
     assert n.store.jobs[j].state is JobState.RUNNING
     n.restart()
     n.hello("w2")
-    fx = n.step(n.now + n.config.lease_ms + SEC)  # nobody renews the restored run
-    [again] = fx.assignments["w2"]
+    acts = n.step(n.now + n.config.lease_ms + SEC)  # nobody renews the restored run
+    [again] = acts.assignments["w2"]
     assert (again.scheduled_for, again.attempt) == (T + MIN, 1)
     n.complete(again, worker="w2")
     assert n.execs(j) == [(T + MIN, 0, RunState.LOST), (T + MIN, 1, RunState.SUCCEEDED)]
@@ -1394,13 +1395,13 @@ def test_a_retry_of_a_one_shot_owed_at_a_rebuild_from_the_store_runs() -> None:
     n.hello()
     j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
     a = n.run_once(j, T + MIN)
-    n.owner.worker_complete("w1", [(a.run_id, a.fence, Outcome.RETRYABLE, "busy")], n.now, n.fx)
-    n.owner.advance(n.now, n.fx)  # the failure is sent; the node dies before the retry
+    n.owner.worker_complete("w1", [(a.run_id, a.fence, Outcome.RETRYABLE, "busy")], n.now, n.acts)
+    n.owner.advance(n.now, n.acts)  # the failure is sent; the node dies before the retry
     n._pass()
     n.restart()
     n.hello()
-    fx = n.step(n.now + SEC)
-    [again] = fx.assignments["w1"]
+    acts = n.step(n.now + SEC)
+    [again] = acts.assignments["w1"]
     assert again.attempt == 1
     n.complete(again)
     assert n.execs(j) == [(T + MIN, 0, RunState.FAILED), (T + MIN, 1, RunState.SUCCEEDED)]
@@ -1419,8 +1420,8 @@ def test_a_run_of_a_cancelled_job_restored_from_the_store_is_cancelled() -> None
     n.hello()
     n.step()
     assert n.execs(j) == [(T + MIN, 0, RunState.CANCELLED)]
-    n.owner.worker_heartbeat("w1", [(a.run_id, a.fence)], n.now, n.fx)
-    assert n.fx.rejected_renewals["w1"] == [(a.run_id, a.fence)]
+    n.owner.worker_heartbeat("w1", [(a.run_id, a.fence)], n.now, n.acts)
+    assert n.acts.rejected_renewals["w1"] == [(a.run_id, a.fence)]
     assert j not in n.owner.jobs
 
 
@@ -1430,7 +1431,7 @@ def test_upsert_of_a_store_row_is_idempotent() -> None:
     j = n.submit(spec())
     record: JobRecord = n.store.get_job(j)
     for _ in range(3):
-        n.owner.upsert_job(record, n.now, n.fx)
+        n.owner.upsert_job(record, n.now, n.acts)
     assert [c.scheduled_for for c in n.step(T + MIN).claims] == [T + MIN]
 
 
@@ -1442,8 +1443,8 @@ def _fires_per_tick(n: Node, ticks: int, per_tick: int) -> list[list[str]]:
         due = n.now + 1
         for i in range(per_tick):
             n.submit(spec(name=f"j{k}.{i}", schedule=Interval(period_ms=HOUR, start_at_ms=due)))
-        fx = n.step(due)
-        handed.append([w for w, runs in sorted(fx.assignments.items()) for _ in runs])
+        acts = n.step(due)
+        handed.append([w for w, runs in sorted(acts.assignments.items()) for _ in runs])
     return handed
 
 
@@ -1488,11 +1489,11 @@ def test_dispatch_lag_counts_first_attempts_only() -> None:
         spec(retry=Retry(max_attempts=3, initial_backoff_ms=10_000, max_backoff_ms=10_000))
     )
     a = n.run_once(j, T + MIN)
-    n.fx.lags.clear()
+    n.lags.clear()
     n.complete(a, Outcome.RETRYABLE)
-    fx = n.step(T + MIN + 20_000)
-    assert [x.attempt for x in fx.assignments["w1"]] == [1]
-    assert n.fx.lags == []  # the retry waited its backoff; that is not lag
+    acts = n.step(T + MIN + 20_000)
+    assert [x.attempt for x in acts.assignments["w1"]] == [1]
+    assert n.lags == []  # the retry waited its backoff; that is not lag
 
 
 def test_dispatch_lag_leaves_out_backfills_and_redrives_and_counts_a_trigger_from_itself() -> None:
@@ -1506,23 +1507,23 @@ def test_dispatch_lag_leaves_out_backfills_and_redrives_and_counts_a_trigger_fro
     [c] = n.complete(b).assignments["w1"]
     assert (b.scheduled_for, c.scheduled_for) == (T + HOUR, T + 2 * HOUR)
     n.complete(c)
-    assert n.fx.lags == []
+    assert n.lags == []
     # A redrive's fire (a dead letter's) is as old.
     k = n.submit(spec(schedule=Once(at_ms=n.now + SEC), retry=Retry(max_attempts=1)))
     a = n.run_once(k, n.now + SEC)
     n.complete(a, Outcome.RETRYABLE)
     n.step(n.now + HOUR)
-    n.fx.lags.clear()  # the hourly job's fire meanwhile
+    n.lags.clear()  # the hourly job's fire meanwhile
     n.driver.redrive(n.store.get_job(k), [(a.scheduled_for, 1)], n.now)
     [again] = n.step(n.now + SEC).assignments["w1"]
     assert (again.job_id, again.attempt) == (k, 1)
-    assert n.fx.lags == []
+    assert n.lags == []
     # A trigger is due when it is asked for: its lag counts from then.
     t = n.submit(spec(schedule=Interval(period_ms=HOUR, start_at_ms=n.now + MIN)))
     at = n.now
     fire = n.driver.trigger(n.store.get_job(t), at)
     n.step(at + 5)
-    assert fire == at and n.fx.lags == [5]
+    assert fire == at and n.lags == [5]
 
 
 def test_a_run_handed_back_counts_its_dispatch_lag_once() -> None:
@@ -1530,13 +1531,13 @@ def test_a_run_handed_back_counts_its_dispatch_lag_once() -> None:
     n.hello("w1")
     j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
     a = n.run_once(j, T + MIN, ack=False)
-    assert n.fx.lags == [0]
+    assert n.lags == [0]
     n.complete(a, Outcome.HANDED_BACK)
     n.now += MIN  # waited a minute for another worker
     n.hello("w2")
     [b] = n.step().assignments["w2"]
     assert b.run_id == a.run_id
-    assert n.fx.lags == [0]  # not a minute more
+    assert n.lags == [0]  # not a minute more
 
 
 def test_a_backlog_longer_than_one_listing_is_one_catch_up() -> None:
@@ -1544,8 +1545,8 @@ def test_a_backlog_longer_than_one_listing_is_one_catch_up() -> None:
     n = Node(OwnerConfig(max_missed_listed=50), now=T + 500 * SEC + 10)
     j = n.submit(spec(schedule=Interval(period_ms=SEC, start_at_ms=T + SEC)), next_run_at=T + SEC)
     n.hello()
-    fx = n.step()
-    runs = [a for a in fx.assignments.get("w1", []) if a.job_id == j]
+    acts = n.step()
+    runs = [a for a in acts.assignments.get("w1", []) if a.job_id == j]
     assert [a.scheduled_for for a in runs] == [T + 500 * SEC]
     missed = n.missed(j)
     assert len(missed) == 499
@@ -1562,10 +1563,10 @@ def test_a_run_goes_only_to_a_worker_that_registered_its_handler() -> None:
     mail = n.submit(spec(handler="mail"))
     report = n.submit(spec(handler="report"))
     for k in range(1, 6):
-        fx = n.step(T + k * MIN)
-        assert {a.job_id for a in fx.assignments.get("mailer", [])} == {mail}
-        assert {a.job_id for a in fx.assignments.get("reporter", [])} == {report}
-        for wid, items in fx.assignments.items():
+        acts = n.step(T + k * MIN)
+        assert {a.job_id for a in acts.assignments.get("mailer", [])} == {mail}
+        assert {a.job_id for a in acts.assignments.get("reporter", [])} == {report}
+        for wid, items in acts.assignments.items():
             for a in items:
                 n.complete(a, worker=wid)
 
@@ -1574,20 +1575,20 @@ def test_work_with_no_worker_for_its_handler_waits_unclaimed_and_is_reported() -
     n = Node(OwnerConfig(unserved_alert_ms=10 * SEC))
     n.hello("mailer", handlers=("mail",))
     j = n.submit(spec(handler="report", schedule=Once(at_ms=T + MIN)))
-    fx = n.step(T + MIN)
-    assert not fx.assignments and not fx.claims  # no claim: no grace, no attempt
+    acts = n.step(T + MIN)
+    assert not acts.assignments and not acts.claims  # no claim: no grace, no attempt
     [waiting] = n.owner.unserved()
     assert (waiting.pool, waiting.handler, waiting.waiting) == ("default", "report", 1)
-    assert not fx.alerts
-    fx = n.step(T + MIN + 10 * SEC)
-    [alert] = fx.alerts
+    assert not acts.alerts
+    acts = n.step(T + MIN + 10 * SEC)
+    [alert] = acts.alerts
     assert alert.kind is AlertKind.NO_WORKER
     assert "no worker for handler 'report'" in alert.message
-    fx = n.step(T + MIN + HOUR)  # waits as long as it takes; one alert
-    assert not fx.alerts and not fx.claims
+    acts = n.step(T + MIN + HOUR)  # waits as long as it takes; one alert
+    assert not acts.alerts and not acts.claims
     n.hello("reporter", handlers=("report",))
-    fx = n.step()
-    [a] = fx.assignments["reporter"]
+    acts = n.step()
+    [a] = acts.assignments["reporter"]
     assert (a.job_id, a.attempt) == (j, 0)
     assert a.timeout_ms == n.store.jobs[j].spec.timeout_ms  # its timeout starts now
     assert n.owner.unserved() == []
@@ -1613,10 +1614,10 @@ def test_a_cancel_takes_its_work_out_of_the_waiting_count_at_once() -> None:
     j = _unserved_one_shot(n)
     [alert] = n.step(T + MIN + 10 * SEC).alerts
     assert alert.kind is AlertKind.NO_WORKER
-    n.owner.cancel_job(j, n.fx, n.now)
+    n.owner.cancel_job(j, n.acts, n.now)
     assert n.owner.unserved() == []
-    fx = n.step(T + MIN + HOUR)
-    assert not fx.alerts and not fx.claims and n.owner.unserved() == []
+    acts = n.step(T + MIN + HOUR)
+    assert not acts.alerts and not acts.claims and n.owner.unserved() == []
     assert n.missed(j) == {T + MIN: MissedReason.CANCELLED}
     # The route raises its alert again when new work waits on it.
     _unserved_one_shot(n, T + 2 * HOUR)
@@ -1630,13 +1631,13 @@ def test_a_pause_takes_its_fires_out_of_the_waiting_count_and_a_resume_puts_them
     n.step(T + MIN)
     assert _waiting_for_a_worker(n) == {"does_not_exist": 1}
     paused = n.store.set_job_state(j, JobState.PAUSED, next_run_at=None, now_ms=n.now)
-    n.owner.upsert_job(paused, n.now, n.fx)
+    n.owner.upsert_job(paused, n.now, n.acts)
     assert n.owner.unserved() == []
     assert not n.step(T + 10 * MIN).claims and n.owner.unserved() == []
     resume_at = T + 10 * MIN + SEC
     n.now = resume_at
     resumed = n.store.set_job_state(j, JobState.ACTIVE, next_run_at=T + 11 * MIN, now_ms=n.now)
-    n.owner.upsert_job(resumed, n.now, n.fx)
+    n.owner.upsert_job(resumed, n.now, n.acts)
     n.step(T + 11 * MIN)
     assert _waiting_for_a_worker(n) == {"does_not_exist": 1}
     n.hello("any")
@@ -1688,14 +1689,14 @@ def test_a_run_handed_back_goes_to_another_worker_with_the_same_attempt_and_fenc
     n.hello("w1")
     j = n.submit(spec(schedule=Once(at_ms=T + MIN), retry=Retry(max_attempts=1)))
     a = n.run_once(j, T + MIN)  # acked: the store has it running on w1
-    fx = n.complete(a, Outcome.HANDED_BACK)
-    assert fx.results["w1"][0].accepted
-    assert not fx.assignments  # never back to the worker that gave it back
+    acts = n.complete(a, Outcome.HANDED_BACK)
+    assert acts.results["w1"][0].accepted
+    assert not acts.assignments  # never back to the worker that gave it back
     assert n.execs(j) == [(T + MIN, 0, RunState.RUNNING)]  # nothing written
     n.hello("w2")
     [b] = n.step().assignments["w2"]
     assert (b.run_id, b.attempt, b.fence) == (a.run_id, a.attempt, a.fence)
-    n.owner.worker_ack("w2", [(b.run_id, b.fence)], n.now, n.fx)
+    n.owner.worker_ack("w2", [(b.run_id, b.fence)], n.now, n.acts)
     n.complete(b, worker="w2")  # its one attempt was not used by the hand-back
     assert n.execs(j) == [(T + MIN, 0, RunState.SUCCEEDED)]
     assert n.store.execs[b.run_id].worker_id == "w2"
@@ -1707,16 +1708,16 @@ def test_a_handed_back_run_waits_without_a_lease_or_timeout() -> None:
     j = n.submit(spec(schedule=Once(at_ms=T + MIN), timeout_ms=MIN))
     a = n.run_once(j, T + MIN, ack=False)
     n.complete(a, Outcome.HANDED_BACK)
-    fx = n.step(n.now + n.config.grace_lease_ms - 1)  # not back to w1 for a grace lease
-    assert not fx.completions and not fx.assignments
+    acts = n.step(n.now + n.config.grace_lease_ms - 1)  # not back to w1 for a grace lease
+    assert not acts.completions and not acts.assignments
     assert n.owner.unserved() == []  # w1 serves the route; it just gave this one back
     n.hello("w1")  # a new hello (a redeployed worker): it may have the handler now
     [b] = n.step().assignments["w1"]
     assert (b.run_id, b.attempt) == (a.run_id, 0)
     n.owner.worker_disconnect("w1")  # no worker at all: it waits, and nothing ends it
     n.complete(b, Outcome.HANDED_BACK)
-    fx = n.step(n.now + 3 * HOUR)  # far past its grace lease, lease and timeout
-    assert not fx.completions and not fx.assignments
+    acts = n.step(n.now + 3 * HOUR)  # far past its grace lease, lease and timeout
+    assert not acts.completions and not acts.assignments
     n.hello("w2")
     [c] = n.step().assignments["w2"]
     assert (c.run_id, c.attempt, c.timeout_ms) == (a.run_id, 0, MIN)  # a fresh timeout
@@ -1727,9 +1728,9 @@ def test_a_run_abandoned_while_running_is_a_new_attempt_or_unknown() -> None:
     n.hello()
     j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
     a = n.run_once(j, T + MIN)
-    fx = n.complete(a, Outcome.ABANDONED)
-    assert fx.results["w1"][0].accepted
-    [b] = fx.assignments["w1"]  # re-dispatched at once, as after a lost lease
+    acts = n.complete(a, Outcome.ABANDONED)
+    assert acts.results["w1"][0].accepted
+    [b] = acts.assignments["w1"]  # re-dispatched at once, as after a lost lease
     assert (b.attempt, b.fence > a.fence) == (1, True)  # a new fence shuts out the old holder
     amo = n.submit(spec(schedule=Once(at_ms=n.now + MIN), side_effect=SideEffect.AT_MOST_ONCE))
     c = n.run_once(amo, n.now + MIN)
@@ -1759,26 +1760,26 @@ def test_removing_a_shard_hands_its_runs_over_and_another_owner_adds_it() -> Non
     n = Node()
     n.hello()
     a, b = _two_shards(n)
-    fx = n.step(T + MIN)
-    held = {x.job_id: x for x in fx.assignments["w1"] if x.job_id in (a, b)}
+    acts = n.step(T + MIN)
+    held = {x.job_id: x for x in acts.assignments["w1"] if x.job_id in (a, b)}
     for x in held.values():
-        n.owner.worker_ack("w1", [(x.run_id, x.fence)], n.now, n.fx)
+        n.owner.worker_ack("w1", [(x.run_id, x.fence)], n.now, n.acts)
     n.step()
     sa = shard_of(a)
     handed = n.owner.remove_shards([sa])
     assert handed == [(held[a].run_id, held[a].fence)]
     assert sa not in n.owner.shards() and shard_of(b) in n.owner.shards()
-    fx = n.step(T + 2 * MIN)  # no completion written: nothing marked lost
-    assert not [c for c in fx.completions if c.run_id == held[a].run_id]
+    acts = n.step(T + 2 * MIN)  # no completion written: nothing marked lost
+    assert not [c for c in acts.completions if c.run_id == held[a].run_id]
     assert n.store.execs[held[a].run_id].state is RunState.RUNNING
     assert held[a].run_id not in n.owner.workers["w1"].held
-    assert {x.job_id for x in fx.assignments.get("w1", [])} & {a, b} == set()  # b overlaps
+    assert {x.job_id for x in acts.assignments.get("w1", [])} & {a, b} == set()  # b overlaps
     n.complete(held[b])
     assert {x.job_id for x in n.step(T + 3 * MIN).assignments["w1"]} == {b}  # a's shard is gone
 
     # Another owner takes the shard over at a newer epoch, from the store.
     other = Owner(now_ms=n.now, config=n.config)
-    fx2 = Effects()
+    fx2 = Actions()
     other.add_shards({sa: 7}, _contents(n, [sa]), n.now, fx2)
     assert set(other.shards()) == {sa}
     other.worker_hello("w1", 10, ["default"], n.now, fx2)
@@ -1809,8 +1810,8 @@ def test_a_planned_hand_over_gives_the_next_owner_its_unsent_runs_to_send_at_onc
     n.driver.advance(n.now)
     batch = n.driver.take_batch()
     n.driver.apply(n.store.write_batch(batch), n.now, batch.epochs)
-    sent, unsent = n.fx.assignments["w1"]
-    n.fx.assignments["w1"] = [unsent]  # the node sent the first; the second waits
+    sent, unsent = n.acts.assignments["w1"]
+    n.acts.assignments["w1"] = [unsent]  # the node sent the first; the second waits
     held = n.driver.sent_runs([sa, sb])
     assert held == {sent.run_id}
     n.driver.hand_over([sa, sb])
@@ -1818,7 +1819,7 @@ def test_a_planned_hand_over_gives_the_next_owner_its_unsent_runs_to_send_at_onc
 
     n.store.fence_shards({sa: 2, sb: 2}, "node-new")
     other = Owner(now_ms=n.now, config=n.config)
-    fx2 = Effects()
+    fx2 = Actions()
     other.add_shards({sa: 2, sb: 2}, _contents(n, [sa, sb]), n.now, fx2)
     other.worker_hello("w2", 10, ["default"], n.now, fx2)
     other.advance(n.now, fx2)
@@ -1830,7 +1831,7 @@ def test_a_planned_hand_over_gives_the_next_owner_its_unsent_runs_to_send_at_onc
     # know it was sent (the mark was taken), so it waits for the worker.
     n.store.fence_shards({sa: 3, sb: 3}, "node-third")
     third = Owner(now_ms=n.now, config=n.config)
-    fx3 = Effects()
+    fx3 = Actions()
     third.add_shards({sa: 3, sb: 3}, _contents(n, [sa, sb]), n.now, fx3)
     third.worker_hello("w3", 10, ["default"], n.now, fx3)
     third.advance(n.now, fx3)
@@ -1852,19 +1853,19 @@ def test_shards_gained_due_first_fire_as_shards_loaded_whole() -> None:
     epochs = dict.fromkeys(shards, 2)
     bound = T + 20 * MIN
 
-    def sweep(owner: Owner, fx: Effects, start: int) -> set[tuple[int, int]]:
+    def sweep(owner: Owner, acts: Actions, start: int) -> set[tuple[int, int]]:
         fires = set()
         for t in range(start, T + 5 * HOUR, MIN):
-            owner.advance(t, fx)
-            fires |= {(c.job_id, c.scheduled_for) for c in fx.claims}
-            fx.claims.clear()
+            owner.advance(t, acts)
+            fires |= {(c.job_id, c.scheduled_for) for c in acts.claims}
+            acts.claims.clear()
         return fires
 
-    whole, fx_whole = Owner(now_ms=T, config=n.config), Effects()
+    whole, fx_whole = Owner(now_ms=T, config=n.config), Actions()
     whole.add_shards(epochs, load_shard_contents(n.store, shards)[0], T, fx_whole)
     whole.worker_hello("w1", 1_000, ["default"], T, fx_whole)
 
-    split, fx_split = Owner(now_ms=T, config=n.config), Effects()
+    split, fx_split = Owner(now_ms=T, config=n.config), Actions()
     split.add_shards(epochs, load_shard_contents(n.store, shards, due_by=bound)[0], T, fx_split)
     split.worker_hello("w1", 1_000, ["default"], T, fx_split)
     assert split.job_count() < whole.job_count()
@@ -1875,7 +1876,7 @@ def test_shards_gained_due_first_fire_as_shards_loaded_whole() -> None:
     assert split.add_rest(packed, profiles) == missing
     assert split.job_count() == whole.job_count()
     assert split.add_rest(packed, profiles) == 0  # held already
-    late = sweep(split, Effects(), T)
+    late = sweep(split, Actions(), T)
     assert early | late == sweep(whole, fx_whole, T)
 
 
@@ -1909,15 +1910,15 @@ def test_a_job_due_later_with_a_run_in_flight_keeps_its_schedule_in_a_gain_due_f
     shards = sorted({shard_of(hourly), shard_of(paused)})
     epochs = dict.fromkeys(shards, 2)
     now, bound = T + 2 * MIN, T + 20 * MIN
-    owner, fx = Owner(now_ms=now, config=n.config), Effects()
-    owner.add_shards(epochs, load_shard_contents(n.store, shards, due_by=bound)[0], now, fx)
-    owner.worker_hello("w1", 1_000, ["default"], now, fx)
+    owner, acts = Owner(now_ms=now, config=n.config), Actions()
+    owner.add_shards(epochs, load_shard_contents(n.store, shards, due_by=bound)[0], now, acts)
+    owner.worker_hello("w1", 1_000, ["default"], now, acts)
     owner.add_rest(*load_later(n.store, shards, bound))
     fires = set()
     for t in range(now, T + 3 * HOUR, MIN):
-        owner.advance(t, fx)
-        fires |= {(c.job_id, c.scheduled_for) for c in fx.claims}
-        fx.claims.clear()
+        owner.advance(t, acts)
+        fires |= {(c.job_id, c.scheduled_for) for c in acts.claims}
+        acts.claims.clear()
     assert {(hourly, T + MIN + HOUR), (hourly, T + MIN + 2 * HOUR)} <= fires
     assert not {f for j, f in fires if j == paused and f > T + MIN}
 
@@ -1968,15 +1969,15 @@ def test_a_staged_shard_takes_on_what_its_owner_and_the_api_changed_since() -> N
         born = n.submit(spec(schedule=Interval(period_ms=HOUR, start_at_ms=T + 2 * HOUR)))
 
     contents, _ = staged_contents(n.store, staged, [shard], T + 2 * MIN)
-    owner, fx = Owner(now_ms=T + 2 * MIN, config=n.config), Effects()
-    owner.add_shards({shard: 2}, contents, T + 2 * MIN, fx)
+    owner, acts = Owner(now_ms=T + 2 * MIN, config=n.config), Actions()
+    owner.add_shards({shard: 2}, contents, T + 2 * MIN, acts)
     assert owner.has_job(born) and not contents.inflight
-    owner.worker_hello("w1", 100, ["default"], T + 2 * MIN, fx)
+    owner.worker_hello("w1", 100, ["default"], T + 2 * MIN, acts)
     fires: set[tuple[int, int]] = set()
     for t in range(T + 2 * MIN, T + 3 * HOUR, MIN):
-        owner.advance(t, fx)
-        fires |= {(c.job_id, c.scheduled_for) for c in fx.claims}
-        fx.claims.clear()
+        owner.advance(t, acts)
+        fires |= {(c.job_id, c.scheduled_for) for c in acts.claims}
+        acts.claims.clear()
     assert (due, T + MIN) not in fires  # claimed by the old owner already
     assert (due, T + MIN + HOUR) in fires  # where the claim moved it
     assert not any(job == paused for job, _ in fires)
@@ -1988,17 +1989,17 @@ def test_an_owner_adds_only_the_shards_it_is_given_and_can_take_more_later() -> 
     a, b = _two_shards(n)
     sa, sb = shard_of(a), shard_of(b)
     owner = Owner(now_ms=n.now, config=n.config)
-    fx = Effects()
+    acts = Actions()
     everything = _contents(n, list(range(256)))
-    owner.add_shards({sa: 2}, everything, n.now, fx)
+    owner.add_shards({sa: 2}, everything, n.now, acts)
     assert owner.has_job(a) and not owner.has_job(b)
-    owner.add_shards({sb: 3}, _contents(n, [sb]), n.now, fx)
+    owner.add_shards({sb: 3}, _contents(n, [sb]), n.now, acts)
     assert owner.has_job(b) and owner.shards() == {sa: 2, sb: 3}
     with pytest.raises(ValueError, match="already held"):
-        owner.add_shards({sa: 4}, ShardContents(), n.now, fx)
+        owner.add_shards({sa: 4}, ShardContents(), n.now, acts)
     owner.remove_shards([sa])
     assert not owner.has_job(a) and owner.has_job(b)
-    owner.add_shards({sa: 4}, _contents(n, [sa]), n.now, fx)
+    owner.add_shards({sa: 4}, _contents(n, [sa]), n.now, acts)
     assert owner.has_job(a) and owner.shards()[sa] == 4
 
 
@@ -2009,14 +2010,14 @@ def test_a_shard_added_from_checkpoint_rows_wakes_its_jobs_when_touched() -> Non
     profile = n.owner.profile(image.profile_id) if image is not None else None
     assert image is not None and profile is not None
     owner = Owner(now_ms=n.now, config=n.config)
-    fx = Effects()
+    acts = Actions()
     rows = rows_of([j], [image.nxt], [image.due], [image.param], [0], [image.flags])
     contents = ShardContents(packed={shard_of(j): rows}, profiles=[profile])
-    owner.add_shards({shard_of(j): 3}, contents, n.now, fx)
+    owner.add_shards({shard_of(j): 3}, contents, n.now, acts)
     assert owner.has_job(j) and j not in owner.jobs  # at rest, no object
-    owner.worker_hello("w1", 10, ["default"], n.now, fx)
-    owner.advance(T + MIN, fx)
-    [claim] = fx.claims
+    owner.worker_hello("w1", 10, ["default"], n.now, acts)
+    owner.advance(T + MIN, acts)
+    [claim] = acts.claims
     assert (claim.job_id, claim.scheduled_for, claim.fence >> COUNTER_BITS) == (j, T + MIN, 3)
 
 
@@ -2029,14 +2030,14 @@ def test_a_fixed_delay_fire_due_while_a_trigger_runs_is_recorded_missed_not_drop
     every = Interval(period_ms=HOUR, mode=IntervalMode.FIXED_DELAY, start_at_ms=T + MIN)
     j = n.submit(spec(schedule=every))
     [a] = [x for x in _trigger_now(n, j).assignments["w1"]]
-    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
+    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.acts)
     n.step(T + 2 * MIN)  # the first scheduled fire comes due during the trigger's run
     n.complete(a)
     assert n.missed(j) == {T + MIN: MissedReason.OVERLAP}
     assert n.store.jobs[j].next_run_at == n.now + HOUR  # counted from the completion
 
 
-def _trigger_now(n: Node, job_id: int) -> Effects:
+def _trigger_now(n: Node, job_id: int) -> Actions:
     n.driver.trigger(n.store.get_job(job_id), n.now)
     return n.step()
 
@@ -2058,7 +2059,7 @@ def test_a_refused_shard_is_handed_over_unless_gained_again_since_the_batch() ->
     n.store.fence_shards({sa: 2, sb: 2}, "node-new")
     n.driver.hand_over([sa])
     n.store.fence_shards({sa: 3}, "node-old")
-    n.owner.add_shards({sa: 3}, _contents(n, [sa]), n.now, n.fx)
+    n.owner.add_shards({sa: 3}, _contents(n, [sa]), n.now, n.acts)
     out = n.store.write_batch(old)
     assert out.fenced == {sa, sb}
     assert [c.run_id for c in out.claims] == [None, None]
@@ -2078,8 +2079,8 @@ def test_stats_count_fires_claims_dispatches_and_run_endings_by_state() -> None:
     n.hello()
     ok = n.submit(spec(schedule=Once(at_ms=T + MIN)))
     bad = n.submit(spec(schedule=Once(at_ms=T + MIN), retry=Retry(max_attempts=1)))
-    fx = n.step(T + MIN)
-    by_job = {a.job_id: a for a in fx.assignments["w1"]}
+    acts = n.step(T + MIN)
+    by_job = {a.job_id: a for a in acts.assignments["w1"]}
     n.complete(by_job[ok])
     n.complete(by_job[bad], Outcome.FAILED)
     stats = n.owner.stats
@@ -2097,7 +2098,7 @@ def test_a_claim_the_store_refuses_counts_as_lost() -> None:
     n = Node()
     n.hello()
     j = n.submit(spec(schedule=Once(at_ms=T + MIN)))
-    fx = n.fx
+    acts = n.acts
     n.driver.advance(T + MIN)
     batch = n.driver.take_batch()
     [c] = batch.claims
@@ -2105,7 +2106,7 @@ def test_a_claim_the_store_refuses_counts_as_lost() -> None:
     n.store.claim_fires([dataclasses.replace(c, fence=c.fence + 1, advance=False)])
     n.driver.apply(n.store.write_batch(batch), T + MIN)
     assert (n.owner.stats.claims_won, n.owner.stats.claims_lost) == (0, 1)
-    assert not fx.assignments and j in n.store.jobs
+    assert not acts.assignments and j in n.store.jobs
 
 
 def test_missed_fires_are_counted_by_reason_and_a_catch_up_counts_every_fire() -> None:
@@ -2124,15 +2125,15 @@ def test_a_lapsed_lease_is_counted_noted_with_its_ids_and_redispatched() -> None
     a = n.run_once(j, T + MIN, ack=False)
     n.silent.add("w1")
     n.hello("w2")
-    fx = n.step(T + MIN + n.config.grace_lease_ms)
+    acts = n.step(T + MIN + n.config.grace_lease_ms)
     stats = n.owner.stats
     assert stats.lost_leases == 1
-    assert [(x.what, x.job_id, x.run_id, x.fence, x.worker) for x in fx.notes] == [
+    assert [(x.what, x.job_id, x.run_id, x.fence, x.worker) for x in acts.notes] == [
         ("lease expired", j, a.run_id, a.fence, "w1")
     ]
     assert stats.ended_by_state() == {RunState.LOST: 1}
     assert stats.redispatched == 1
-    [again] = fx.assignments["w2"]
+    [again] = acts.assignments["w2"]
     assert (again.job_id, again.attempt) == (j, 1)
 
 
@@ -2199,7 +2200,7 @@ def test_fires_due_at_an_updates_instant_run_under_the_old_spec() -> None:
     record = n.store.get_job(j)
     new = replace(record.spec, schedule=Interval(period_ms=7 * SEC, start_at_ms=T + 5 * SEC))
     update, _ = n.driver.update(record, new, n.now)
-    claims = n.driver.fx.claims
+    claims = n.driver.acts.claims
     assert [c.scheduled_for for c in claims] == [T + MIN]  # claimed by the update itself
     assert update.next_run_at == T + 61 * SEC
     result = n.store.update_job(update)
@@ -2214,7 +2215,7 @@ def test_a_paused_job_updated_stays_paused_with_its_new_spec() -> None:
     n = Node()
     j = n.submit(spec())
     paused = n.store.set_job_state(j, JobState.PAUSED, next_run_at=None, now_ms=n.now)
-    n.owner.upsert_job(paused, n.now, n.fx)
+    n.owner.upsert_job(paused, n.now, n.acts)
     new = replace(paused.spec, handler="other")
     update, hold = n.driver.update(paused, new, n.now)
     assert hold is None and update.next_run_at is None

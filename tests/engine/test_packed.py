@@ -119,11 +119,11 @@ def test_jobs_due_in_days_rest_as_rows_and_only_the_next_minute_is_armed() -> No
     assert n.owner.pending_timers() == 2_001
     # An hour on, the first ones come due: armed a minute ahead, fired, and
     # back to rest with their next fire a day away.
-    fx = n.step(T + HOUR + 30 * SEC)
-    fired = {a.job_id for a in fx.assignments["w1"]}
+    acts = n.step(T + HOUR + 30 * SEC)
+    fired = {a.job_id for a in acts.assignments["w1"]}
     assert fired == {j for i, j in enumerate(jobs) if 60 * i <= 30 * SEC}
-    for a in fx.assignments["w1"]:
-        n.owner.worker_complete("w1", [(a.run_id, a.fence, Outcome.SUCCEEDED, "")], n.now, n.fx)
+    for a in acts.assignments["w1"]:
+        n.owner.worker_complete("w1", [(a.run_id, a.fence, Outcome.SUCCEEDED, "")], n.now, n.acts)
     n.step()
     assert not n.owner.jobs
     assert len(n.owner.wheel) < 2_000 and (jobs[0] << 2) | FIRE not in n.owner.wheel
@@ -149,7 +149,7 @@ def test_a_woken_job_at_rest_keeps_its_row_and_an_awake_one_leaves_no_stale_time
     n.step(T)
     assert (j << 2) | FIRE in n.owner.wheel
     assert n.owner.next_fires(j, 2) == [T + 30 * SEC, T + 30 * SEC + DAY]  # woken to read
-    table = n.owner._shards[n.owner._job_or_raise(j).shard].table
+    table = n.owner.shard_map[n.owner._job_or_raise(j).shard].table
     assert table.flags[table.find(j)] & AWAKE
     n.step(T + SEC)  # nothing going on: back to rest, its timer where it was
     assert j not in n.owner.jobs and (j << 2) | FIRE in n.owner.wheel
@@ -224,12 +224,12 @@ def _replay(
     claims: list[tuple[int, int, int, int]] = []
     k = 0
     for dt in steps:
-        fx = n.step(n.now + dt)
-        claims += [(c.job_id, c.scheduled_for, c.attempt, c.dispatched_at_ms) for c in fx.claims]
-        for a in fx.assignments.get("w1", []):
+        acts = n.step(n.now + dt)
+        claims += [(c.job_id, c.scheduled_for, c.attempt, c.dispatched_at_ms) for c in acts.claims]
+        for a in acts.assignments.get("w1", []):
             outcome = Outcome.FAILED if fail[k % len(fail)] else Outcome.SUCCEEDED
             k += 1
-            n.owner.worker_complete("w1", [(a.run_id, a.fence, outcome, "")], n.now, n.fx)
+            n.owner.worker_complete("w1", [(a.run_id, a.fence, outcome, "")], n.now, n.acts)
         claims += [
             (c.job_id, c.scheduled_for, c.attempt, c.dispatched_at_ms) for c in n.step().claims
         ]

@@ -42,21 +42,23 @@ def test_a_run_handed_back_waits_while_its_tenant_is_at_its_limit() -> None:
     # One is handed back, never started: it waits for a worker other than
     # the one that gave it back. A new fire of the tenant takes its place.
     back, done = handed
-    n.owner.worker_complete("w1", [(back.run_id, back.fence, Outcome.HANDED_BACK, "")], n.now, n.fx)
+    n.owner.worker_complete(
+        "w1", [(back.run_id, back.fence, Outcome.HANDED_BACK, "")], n.now, n.acts
+    )
     # (w1 is not offered it again for a grace lease.)
     third = n.submit(spec(tenant="acme", schedule=Once(at_ms=n.now + SEC)))
-    fx = n.step(n.now + SEC)
-    assert [a.job_id for a in fx.assignments["w1"]] == [third]
+    acts = n.step(n.now + SEC)
+    assert [a.job_id for a in acts.assignments["w1"]] == [third]
     # A worker comes that could take the waiting run: it stays waiting while
     # the tenant is at its limit.
     n.hello("w2", capacity=10)
     for _ in range(10):
-        fx = n.step(n.now + SEC)
-        assert not any(fx.assignments.values()) and _acme_held(n) == LIMIT
+        acts = n.step(n.now + SEC)
+        assert not any(acts.assignments.values()) and _acme_held(n) == LIMIT
     # A run of the tenant ends: the waiting one goes out.
-    n.owner.worker_complete("w1", [(done.run_id, done.fence, Outcome.SUCCEEDED, "")], n.now, n.fx)
-    fx = n.step()
-    assert [a.run_id for w in fx.assignments.values() for a in w] == [back.run_id]
+    n.owner.worker_complete("w1", [(done.run_id, done.fence, Outcome.SUCCEEDED, "")], n.now, n.acts)
+    acts = n.step()
+    assert [a.run_id for w in acts.assignments.values() for a in w] == [back.run_id]
     assert _acme_held(n) == LIMIT
 
 
@@ -71,19 +73,19 @@ def test_runs_adopted_after_a_restart_count_against_the_limit() -> None:
     for i in range(LIMIT):
         n.submit(spec(tenant="acme", schedule=_every_minute(T + MIN + i), timeout_ms=60 * MIN))
     later = n.submit(spec(tenant="acme", schedule=Once(at_ms=T + 3 * MIN)))
-    fx = n.step(T + MIN + LIMIT)
-    running = fx.assignments["w1"]
+    acts = n.step(T + MIN + LIMIT)
+    running = acts.assignments["w1"]
     for a in running:
-        n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.fx)
+        n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.acts)
     n.step()
     # The node dies; a new life adopts the two runs from the store, and the
     # limits come back once it is up (as a node loads its tenants' quotas).
     n.restart()
     _limited(n)
     n.hello("w1", capacity=10)
-    n.owner.worker_heartbeat("w1", [(a.run_id, a.fence) for a in running], n.now, n.fx)
-    fx = n.step(T + 3 * MIN)
-    assert all(a.job_id != later for a in fx.assignments.get("w1", []))
+    n.owner.worker_heartbeat("w1", [(a.run_id, a.fence) for a in running], n.now, n.acts)
+    acts = n.step(T + 3 * MIN)
+    assert all(a.job_id != later for a in acts.assignments.get("w1", []))
     assert n.owner.tenant_in_flight("acme") == LIMIT
 
 
@@ -93,8 +95,8 @@ def test_a_fire_run_again_after_a_lost_lease_waits_for_room_too() -> None:
     n.hello("w2", capacity=10)
     _limited(n)
     first = n.submit(spec(tenant="acme", schedule=Once(at_ms=T + MIN)))
-    fx = n.step(T + MIN)
-    [lost] = [a for w in fx.assignments.values() for a in w]
+    acts = n.step(T + MIN)
+    [lost] = [a for w in acts.assignments.values() for a in w]
     silent = _holder(n, lost.run_id)
     n.silent.add(silent)  # its lease lapses: the fire goes to the reaper
     others = [n.submit(spec(tenant="acme", schedule=Once(at_ms=T + 2 * MIN + i))) for i in range(2)]

@@ -11,9 +11,16 @@ one copy of it:
 3. the shell writes the batch (on a thread, in order with the batches before
    it) and hands the store's answer to ``apply(outcome, now)``, which
    produces assignments and results;
-4. the shell sends the messages in ``fx`` (``Effects``), reads the jobs that
-   need re-reading (``take_resync``) and the change feed, feeds them to
+4. the shell sends the messages ``take_messages()`` gives it, reads the jobs
+   that need re-reading (``take_resync``) and the change feed, feeds them to
    ``apply_changes``, and sleeps until ``next_deadline()`` or an event.
+
+What the owner decides accumulates in one ``Actions``, held here: the
+owner's methods append to the one the driver passes them, and only the
+driver takes anything out of it (``take_batch``, ``take_messages``,
+``take_resync``, and ``hand_over``, which drops what is not this owner's to
+do any more). A shell reads what it is given and never clears the
+accumulator; it asks for a job to be read again with ``reread``.
 
 The job API's logic is here too, between the shell's store reads and writes:
 what a submit stores (``new_job``), what a pause, resume or cancel writes
@@ -29,7 +36,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from wheel.engine.model import SCHEDULE_OVER, JobState, shard_of
-from wheel.engine.owner import Effects, FireHold, Owner, RunRef
+from wheel.engine.owner import Actions, FireHold, Owner, RunRef
 from wheel.engine.profiles import split_spec
 from wheel.engine.records import (
     BatchOutcome,
@@ -122,27 +129,27 @@ class StateChange:
 class Driver:
     """One owner's loop and job API, fed values and time by its shell."""
 
-    __slots__ = ("fx", "owner")
+    __slots__ = ("acts", "owner")
 
-    def __init__(self, owner: Owner, fx: Effects | None = None) -> None:
+    def __init__(self, owner: Owner, acts: Actions | None = None) -> None:
         self.owner = owner
         # What the owner emitted and the shell has not carried out yet.
-        self.fx = fx if fx is not None else Effects()
+        self.acts = acts if acts is not None else Actions()
 
     # -- the loop -------------------------------------------------------------------
 
     def advance(self, now_ms: int) -> None:
         """Fire what is due and hand out what workers can take."""
-        self.owner.advance(now_ms, self.fx)
+        self.owner.advance(now_ms, self.acts)
 
     def has_store_work(self) -> bool:
-        return self.fx.store_work()
+        return self.acts.store_work()
 
     def take_batch(self) -> WriteBatch:
         """The store writes emitted so far, as one batch: completions, missed
         fires, schedule advances, claims, starts. A run that completes in this
         batch needs no separate start."""
-        work = self.fx.take_store_work()
+        work = self.acts.take_store_work()
         if work.claims:
             self.owner.batch_taken()
         starts = work.starts
@@ -160,12 +167,12 @@ class Driver:
 
     def sent_runs(self, shards: Collection[int]) -> set[int]:
         """The runs of ``shards`` a worker was sent: handed out, their
-        hand-out published (not waiting in the effects), or adopted from a
+        hand-out published (not waiting in the actions), or adopted from a
         previous owner, who may have sent them. The others, claimed and
         never sent, a planned hand-over gives the next owner to send at once
         (``Store.release_unsent``)."""
         lost = set(shards)
-        waiting = {a.run_id for handouts in self.fx.assignments.values() for a in handouts}
+        waiting = {a.run_id for handouts in self.acts.assignments.values() for a in handouts}
         return {
             run_id
             for run_id, run in self.owner.runs.items()
@@ -194,21 +201,21 @@ class Driver:
         owner. Returns the runs handed over."""
         handed = self.owner.remove_shards(shards)
         lost = set(shards)
-        fx = self.fx
+        acts = self.acts
         runs = {run_id for run_id, _ in handed}
         # Hand-outs and revokes of these runs not sent yet are not this
         # owner's to send any more: the next owner decides.
-        if fx.assignments or fx.revokes:
-            for worker_id, handouts in list(fx.assignments.items()):
-                fx.assignments[worker_id] = [a for a in handouts if a.run_id not in runs]
-            for worker_id, revokes in list(fx.revokes.items()):
-                fx.revokes[worker_id] = [r for r in revokes if r.run_id not in runs]
-        if fx.store_work():
-            fx.completions = [c for c in fx.completions if c.run_id not in runs]
-            fx.starts = [s for s in fx.starts if s.run_id not in runs]
-            fx.claims = [c for c in fx.claims if shard_of(c.job_id) not in lost]
-            fx.advances = [a for a in fx.advances if shard_of(a.job_id) not in lost]
-            fx.missed = [m for m in fx.missed if shard_of(m.job_id) not in lost]
+        if acts.assignments or acts.revokes:
+            for worker_id, handouts in list(acts.assignments.items()):
+                acts.assignments[worker_id] = [a for a in handouts if a.run_id not in runs]
+            for worker_id, revokes in list(acts.revokes.items()):
+                acts.revokes[worker_id] = [r for r in revokes if r.run_id not in runs]
+        if acts.store_work():
+            acts.completions = [c for c in acts.completions if c.run_id not in runs]
+            acts.starts = [s for s in acts.starts if s.run_id not in runs]
+            acts.claims = [c for c in acts.claims if shard_of(c.job_id) not in lost]
+            acts.advances = [a for a in acts.advances if shard_of(a.job_id) not in lost]
+            acts.missed = [m for m in acts.missed if shard_of(m.job_id) not in lost]
         return handed
 
     def apply(
@@ -225,7 +232,7 @@ class Driver:
         earlier hold leaves a newer one alone: a batch written under the old
         epochs can come back after the owner lost the shard and gained it
         again under a newer epoch."""
-        owner, fx = self.owner, self.fx
+        owner, acts = self.owner, self.acts
         lost: frozenset[int] = frozenset()
         if outcome.fenced:
             held = owner.shards()
@@ -233,37 +240,49 @@ class Driver:
             lost = frozenset(s for s in outcome.fenced if s in held and under.get(s) == held[s])
             if lost:
                 self.hand_over(lost)
-        owner.on_completed(outcome.completions, now_ms, fx)
-        owner.on_claimed(outcome.claims, now_ms, fx)
+        owner.on_completed(outcome.completions, now_ms, acts)
+        owner.on_claimed(outcome.claims, now_ms, acts)
         return lost
 
     def wants_another_pass(self) -> bool:
         """Whether the loop should go round again at once: store writes wait,
         or the answers left work that can go out now (a released buffered
         fire, a run whose claim outlived its worker)."""
-        return self.fx.store_work() or self.owner.has_dispatchable_work()
+        return self.acts.store_work() or self.owner.has_dispatchable_work()
 
     def next_deadline(self) -> int | None:
         return self.owner.next_deadline()
 
+    def take_messages(self) -> Actions:
+        """The messages decided since the last call, for the shell to send:
+        hand-outs, revokes, answers, refused renewals, protocol errors and
+        credit answers by worker, and the alerts, run notes and lag samples.
+        Taken out: the next call gives only what came after."""
+        return self.acts.take_messages()
+
+    def reread(self, job_ids: Iterable[int]) -> None:
+        """Read these jobs again from the store (``take_resync`` gives them):
+        a read that failed, or jobs another member changed."""
+        self.acts.resync.update(job_ids)
+
     def take_resync(self) -> set[int]:
         """Jobs whose store row disagrees with the owner: to be read again
         and given to ``apply_changes``."""
-        resync, self.fx.resync = self.fx.resync, set()
+        resync, self.acts.resync = self.acts.resync, set()
         return resync
 
     def apply_changes(self, records: Iterable[JobRecord], now_ms: int) -> None:
         """Jobs as the store has them now (the change feed, re-reads): the
         store wins. Jobs of shards this owner does not hold are left out."""
-        owner, fx = self.owner, self.fx
+        owner, acts = self.owner, self.acts
         for record in records:
             if owner.owns(record.job_id):
-                owner.upsert_job(record, now_ms, fx)
+                owner.upsert_job(record, now_ms, acts)
 
     def apply_rows(self, changes: RowChanges, now_ms: int) -> None:
         """``apply_changes`` of jobs read as rows: each taken on by its
         profile, with no spec to parse."""
-        self.owner.apply_rows(changes, now_ms, self.fx)
+        self.owner.apply_rows(changes, now_ms, self.acts)
 
     # -- the job API ------------------------------------------------------------------
 
@@ -311,7 +330,7 @@ class Driver:
         profile = new.profile if new is not None else None
         index = owner.profiles.index_of(profile.profile_id) if profile is not None else None
         if new is None or index is None:
-            owner.upsert_job(record, now_ms, self.fx)
+            owner.upsert_job(record, now_ms, self.acts)
             return
         owner.upsert(
             record.job_id,
@@ -321,7 +340,7 @@ class Driver:
             new.param,
             bool(record.spec.payload),
             now_ms,
-            self.fx,
+            self.acts,
         )
 
     def state_change(self, record: JobRecord, state: JobState, now_ms: int) -> StateChange:
@@ -344,14 +363,14 @@ class Driver:
     ) -> None:
         """The store wrote ``state``: a cancel ends the job's runs, a resume
         records the fires missed while it was paused."""
-        owner, fx = self.owner, self.fx
+        owner, acts = self.owner, self.acts
         if not owner.owns(after.job_id):
             return
         if state is JobState.CANCELLED:
-            owner.cancel_job(after.job_id, fx, now_ms)
-        owner.upsert_job(after, now_ms, fx)
+            owner.cancel_job(after.job_id, acts, now_ms)
+        owner.upsert_job(after, now_ms, acts)
         if state is JobState.ACTIVE:
-            owner.record_paused_fires(after.job_id, before.updated_at_ms, now_ms, fx)
+            owner.record_paused_fires(after.job_id, before.updated_at_ms, now_ms, acts)
 
     def update(
         self,
@@ -431,7 +450,7 @@ class Driver:
         """The store has the job's new spec and next fire: its owner
         re-arms from them (``Owner.respecify``)."""
         if self.owner.owns(record.job_id):
-            self.owner.respecify(record, now_ms, self.fx)
+            self.owner.respecify(record, now_ms, self.acts)
 
     def update_failed(self, job_id: int, hold: FireHold | None, now_ms: int) -> None:
         """The store did not take the change: the job fires on as before."""
@@ -451,22 +470,22 @@ class Driver:
                 # Its schedule is over: held awake, with nothing armed, for
                 # the runs redriven, and forgotten when they end.
                 record = replace(record, state=JobState.ACTIVE, next_run_at=None)
-            owner.upsert_job(record, now_ms, self.fx)
-        owner.redrive(record.job_id, fires, now_ms, self.fx)
+            owner.upsert_job(record, now_ms, self.acts)
+        owner.redrive(record.job_id, fires, now_ms, self.acts)
 
     def _active(self, record: JobRecord, now_ms: int) -> None:
         if record.state is not JobState.ACTIVE:
             raise FailedPrecondition(f"job {record.job_id} is {record.state.value}, not active")
         if not self.owner.has_job(record.job_id):
-            self.owner.upsert_job(record, now_ms, self.fx)
+            self.owner.upsert_job(record, now_ms, self.acts)
 
     def trigger(self, record: JobRecord, now_ms: int) -> int:
         """An out-of-band fire now, claimed at once; returns its
         scheduled_for. The shell answers once the claim is in the store."""
         self._active(record, now_ms)
-        return self.owner.trigger(record.job_id, now_ms, self.fx)
+        return self.owner.trigger(record.job_id, now_ms, self.acts)
 
     def backfill(self, record: JobRecord, fires: Sequence[int], now_ms: int) -> None:
         """Past fires not in history yet, claimed at once as catch-up work."""
         self._active(record, now_ms)
-        self.owner.backfill(record.job_id, fires, now_ms, self.fx)
+        self.owner.backfill(record.job_id, fires, now_ms, self.acts)

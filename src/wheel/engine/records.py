@@ -1,6 +1,6 @@
 """Records that cross the engine/store boundary: pure frozen values.
 
-The shard owner emits them as effects (claims, completions, missed fires) and
+The shard owner emits them as actions (claims, completions, missed fires) and
 receives them back (jobs and executions loaded from the store). They live in
 the engine so that the engine never imports the store; ``wheel.store.base``
 re-exports them.

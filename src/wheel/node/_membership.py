@@ -65,7 +65,7 @@ class NodeMembership:
     def jobs_changed(self, job_ids: Iterable[int]) -> None:
         """Another member stored or changed these jobs: read them now."""
         driver = self._the_driver()
-        driver.fx.resync.update(j for j in job_ids if driver.owner.owns(j))
+        driver.reread(j for j in job_ids if driver.owner.owns(j))
         self.wake()
 
     def members(self) -> list[Member]:

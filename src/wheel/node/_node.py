@@ -34,7 +34,7 @@ from wheel.checkpoint.owner_state import encode_mark, log_entry
 from wheel.coord.base import Coordinator
 from wheel.engine.driver import Driver
 from wheel.engine.model import SHARD_COUNT
-from wheel.engine.owner import Effects, Outcome, Owner, ShardContents
+from wheel.engine.owner import Actions, Outcome, Owner, ShardContents
 from wheel.engine.records import JobRecord, NewJob
 from wheel.errors import CheckpointError, FailedPrecondition, StoreError, WheelError
 from wheel.logs import ids
@@ -164,7 +164,7 @@ class Node(
             )
         )
         owner = restored.owner
-        self._driver = Driver(owner, restored.effects)
+        self._driver = Driver(owner, restored.actions)
         self._began_dispatching(owner.shards())
         trim_heap()
         self._watermark = restored.watermark
@@ -287,7 +287,7 @@ class Node(
             # new hold replaces it whole.
             self._ended_dispatching(stale)
             driver.hand_over(stale)
-        driver.owner.add_shards(epochs, contents, self.clock.now_ms(), driver.fx)
+        driver.owner.add_shards(epochs, contents, self.clock.now_ms(), driver.acts)
         self._began_dispatching(epochs)
         self.gained(epochs, covered=from_checkpoint)
         if self._reading_changes:
@@ -366,8 +366,8 @@ class Node(
         return self._the_driver().owner
 
     @property
-    def _fx(self) -> Effects:
-        return self._the_driver().fx
+    def _acts(self) -> Actions:
+        return self._the_driver().acts
 
     async def _api(self, fn: Callable[..., T], *args: object) -> T:
         loop = asyncio.get_running_loop()
@@ -397,7 +397,6 @@ class Node(
         pending = deque()
         next_batch_ms = 0  # group commit: no batch before this (clock ms)
         driver = self._the_driver()
-        fx = driver.fx
         coordinator = self.coordinator
         tick = config.tick_ms
         tick_at = -tick  # when the last round with store work began (clock ms)
@@ -453,7 +452,7 @@ class Node(
                     if not waiter.done():
                         waiter.set_result(None)
             self._quiet_if_lapsed()  # and before a hand-out leaves
-            self._publish(fx)
+            self._publish(driver.take_messages())
             resync = driver.take_resync()
             if coordinator is not None and time.monotonic() >= next_changes:
                 self._push_membership()
@@ -572,20 +571,18 @@ class Node(
             wake.clear()
             timeout = (tick - now) / 1000
 
-    def _publish(self, fx: Effects) -> None:
+    def _publish(self, acts: Actions) -> None:
         if self._snapshot_due and self._start_snapshot():
             self._snapshot_due = False
-        if fx.alerts:
-            for alert in fx.alerts:
+        if acts.alerts:
+            for alert in acts.alerts:
                 self._raise(alert)
-            fx.alerts.clear()
-        lags = fx.lags
+        lags = acts.lags
         if lags:
             self._lags.extend(lags)
             self.lag_histogram.add(lags)
-            lags.clear()
-        if fx.notes:
-            for note in fx.notes:
+        if acts.notes:
+            for note in acts.notes:
                 log.warning(
                     "run %d of job %d %s (worker %s)",
                     note.run_id,
@@ -596,25 +593,18 @@ class Node(
                         job_id=note.job_id, run_id=note.run_id, fence=note.fence, worker=note.worker
                     ),
                 )
-            fx.notes.clear()
         workers = (
-            set(fx.assignments)
-            | set(fx.revokes)
-            | set(fx.results)
-            | set(fx.rejected_renewals)
-            | set(fx.violations)
-            | set(fx.credited)
+            set(acts.assignments)
+            | set(acts.revokes)
+            | set(acts.results)
+            | set(acts.rejected_renewals)
+            | set(acts.violations)
+            | set(acts.credited)
         )
         for worker_id in workers:
             session = self.sessions.get(worker_id)
             if session is not None and self.message_sink is not None:
-                self.message_sink(session, fx)
-        fx.assignments.clear()
-        fx.revokes.clear()
-        fx.results.clear()
-        fx.rejected_renewals.clear()
-        fx.violations.clear()
-        fx.credited.clear()
+                self.message_sink(session, acts)
 
     async def _read_changes(self, resync: set[int]) -> bool:
         """Apply the jobs changed since the last read (and re-read ``resync``);
@@ -641,7 +631,7 @@ class Node(
         except StoreError as exc:
             self.metrics.store_errors.labels("changes").inc()
             log.warning("reading job changes failed: %s", exc)
-            driver.fx.resync |= resync  # read again next time
+            driver.reread(resync)  # read again next time
             return False
         finally:
             self._reading_changes = False
@@ -674,7 +664,7 @@ class Node(
         session = WorkerSession(worker_id)
         self.sessions[worker_id] = session
         self._owner().worker_hello(
-            worker_id, capacity, pools, self.clock.now_ms(), self._fx, handlers=handlers
+            worker_id, capacity, pools, self.clock.now_ms(), self._acts, handlers=handlers
         )
         self.wake()
         return session
@@ -687,11 +677,11 @@ class Node(
             self.wake()
 
     def worker_ack(self, worker_id: str, refs: Sequence[tuple[int, int]]) -> None:
-        self._owner().worker_ack(worker_id, refs, self.clock.now_ms(), self._fx)
+        self._owner().worker_ack(worker_id, refs, self.clock.now_ms(), self._acts)
         self.wake()
 
     def worker_heartbeat(self, worker_id: str, refs: Sequence[tuple[int, int]]) -> None:
-        self._owner().worker_heartbeat(worker_id, refs, self.clock.now_ms(), self._fx)
+        self._owner().worker_heartbeat(worker_id, refs, self.clock.now_ms(), self._acts)
         self.wake()
 
     def worker_complete(
@@ -701,12 +691,12 @@ class Node(
         ran_ms: Mapping[int, int] | None = None,
     ) -> None:
         self._owner().worker_complete(
-            worker_id, completions, self.clock.now_ms(), self._fx, ran_ms=ran_ms
+            worker_id, completions, self.clock.now_ms(), self._acts, ran_ms=ran_ms
         )
         self.wake()
 
     def worker_credit(self, worker_id: str, add: int, seq: int = 0) -> None:
-        self._owner().worker_credit(worker_id, add, self.clock.now_ms(), self._fx, seq=seq)
+        self._owner().worker_credit(worker_id, add, self.clock.now_ms(), self._acts, seq=seq)
         self.wake()
 
     def worker_capacity(self, worker_id: str) -> int | None:

@@ -5,7 +5,7 @@ health, alerts, metrics, and the retention of finished history.
   store answers (the last dispatch batch committed, and, when no batch has
   committed for ``probe_after_s``, a probe did), and the node holds a shard
   it may dispatch. Listeners (the gRPC health service) hear of every change.
-- **Alerts** come from the owner (``Effects.alerts``) and from the node (the
+- **Alerts** come from the owner (``Actions.alerts``) and from the node (the
   store unreachable, the dispatch lag objective breached); each is kept with
   its time for ``AdminService.ListAlerts``, counted in
   ``wheel_alerts_total{kind}`` and logged with the ids it is about.

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from wheel.checkpoint import Durability
 from wheel.coord.base import Member
 from wheel.engine.owner import (
+    Actions,
     Alert,
     CompletionResult,
-    Effects,
     OwnerConfig,
     OwnerStats,
     Unserved,
@@ -238,7 +238,7 @@ class NodeConfig:
 class WorkerSession:
     """One worker stream: the node writes server messages into ``outbox``.
     ``held``: answers to its completions, all accepted, that wait to ride
-    with its next assignments (``wheel.rpc._workers.send_effects``);
+    with its next assignments (``wheel.rpc._workers.send_actions``);
     ``held_timer`` sends them alone if none come first."""
 
     def __init__(self, worker_id: str) -> None:
@@ -249,8 +249,8 @@ class WorkerSession:
         self.held_timer: asyncio.TimerHandle | None = None
 
 
-# Translates an owner Effects into per-worker wire messages; set by the rpc layer.
-MessageSink = Callable[[WorkerSession, Effects], None]
+# Translates an owner Actions into per-worker wire messages; set by the rpc layer.
+MessageSink = Callable[[WorkerSession, Actions], None]
 
 
 @dataclass(frozen=True, slots=True)

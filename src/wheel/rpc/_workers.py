@@ -1,4 +1,4 @@
-"""WorkerService: the lease stream, and how an owner's effects become one
+"""WorkerService: the lease stream, and how an owner's actions become one
 message per worker per loop iteration."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 
 from wheel.auth import Authenticator, Principal
-from wheel.engine.owner import CompletionResult, Effects, Outcome
+from wheel.engine.owner import Actions, CompletionResult, Outcome
 from wheel.engine.spec import DEFAULT_LIMITS
 from wheel.errors import StoreError, Unauthenticated
 from wheel.node import Membership, MovedRun, Node, WorkerSession
@@ -301,17 +301,17 @@ def _protocol_error(session: WorkerSession, code: str, message: str, run_id: int
 RESULTS_HOLD_S = 0.06
 
 
-def send_effects(session: WorkerSession, fx: Effects) -> None:
+def send_actions(session: WorkerSession, acts: Actions) -> None:
     """One message per worker per loop iteration (batching): its assignments
     carry the answers to its completions; revokes go on their own."""
     wid = session.worker_id
     put = session.outbox.put_nowait
-    results = fx.results.get(wid)
-    rejected = fx.rejected_renewals.get(wid)
-    assignments = fx.assignments.get(wid)
+    results = acts.results.get(wid)
+    rejected = acts.rejected_renewals.get(wid)
+    assignments = acts.assignments.get(wid)
     # After the assignments it follows (the worker reads a message's
     # assignments before its results).
-    credited = fx.credited.get(wid, 0)
+    credited = acts.credited.get(wid, 0)
     if (
         results
         and not assignments
@@ -349,7 +349,7 @@ def send_effects(session: WorkerSession, fx: Effects) -> None:
         msg = worker_service_pb2.ServerMessage()
         _fill_results(msg.results, results or (), rejected or (), credited)
         put(msg)
-    revokes = fx.revokes.get(wid)
+    revokes = acts.revokes.get(wid)
     if revokes:
         put(
             worker_service_pb2.ServerMessage(
@@ -365,7 +365,7 @@ def send_effects(session: WorkerSession, fx: Effects) -> None:
                 )
             )
         )
-    for v in fx.violations.get(wid, ()):
+    for v in acts.violations.get(wid, ()):
         _protocol_error(session, v.code, v.message, v.run_id)
 
 

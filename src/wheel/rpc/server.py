@@ -23,7 +23,7 @@ from wheel.rpc._health import statuses
 from wheel.rpc._jobs import JobServicer
 from wheel.rpc._nodes import NodeServicer
 from wheel.rpc._peers import Peers
-from wheel.rpc._workers import WorkerServicer, send_effects, send_membership, send_moved
+from wheel.rpc._workers import WorkerServicer, send_actions, send_membership, send_moved
 from wheel.rpc.v1 import (
     admin_service_pb2,
     admin_service_pb2_grpc,
@@ -42,7 +42,7 @@ from wheel.tls import (
     add_port,
 )
 
-__all__ = ["Bound", "bind", "send_effects", "serve", "status_of"]
+__all__ = ["Bound", "bind", "send_actions", "serve", "status_of"]
 
 
 # Two servers on one port would each take some of its connections (gRPC
@@ -133,7 +133,7 @@ async def bind(
     interceptors.append(DecodeInterceptor())
     guard = Guard(authenticator)
     server = grpc.aio.server(options=options, interceptors=interceptors)
-    node.message_sink = send_effects
+    node.message_sink = send_actions
     node.membership_sink = send_membership
     node.moved_sink = send_moved
     peers = Peers(node.config.node_id, peer_security)

@@ -3,18 +3,28 @@
 The owner is fed events -- the clock advanced, a job was submitted or changed,
 a worker said hello / acked / heartbeated / completed / went away, the store
 answered a claim or a completion -- and appends what must happen to an
-``Effects`` accumulator: store writes, assignments and revokes for workers,
+``Actions`` accumulator: store writes, assignments and revokes for workers,
 results for completions. It never reads a clock, never sleeps, never does I/O;
-``now_ms`` is always an argument. The node (``wheel.node``) executes effects
+``now_ms`` is always an argument. The node (``wheel.node``) executes actions
 in this order per loop iteration: completions, missed fires, schedule
 advances, claims, starts; then it feeds the store's answers back in
 (``wheel.engine.driver`` is that loop, without the I/O).
 
 Shards come and go (``add_shards``, ``remove_shards``): everything the owner
 keeps is filed under its shard, and a shard is taken on or handed over whole.
-The logic is split by seam into parts that share one state (see
-``wheel.engine.owner._state``): jobs and missed fires, dispatch, workers, run
-endings, jobs at rest as packed rows (``_packed``), shards.
+Parts that own their state are held as fields and called through their
+methods: the run table (``runs``: ``_runtable``, the runs' phases, the
+transition table, grace leases and lease timers), the tenant limits
+(``tenants``: ``_tenants``), the shards held (``shard_map``: ``_shardmap``,
+their epochs, fence counters and tables of jobs), the fires to run again
+(``redos``: ``_redos``, retries waiting out their backoff and lost runs'
+fires waiting for the reaper), the connected workers (``workers``:
+``_fleet``, their credit and the runs they hold) and the claims on their
+way to the store (``claims``: ``_claims``). The rest of the logic is
+still split by seam into traits that share one state (see
+``wheel.engine.owner._state``): jobs and missed fires, dispatch, the
+workers' messages, run endings, jobs at rest as packed rows (``_packed``),
+gaining and losing shards.
 
 Invariants (each has a test in tests/engine/test_owner.py):
 
@@ -40,16 +50,10 @@ Invariants (each has a test in tests/engine/test_owner.py):
    while fewer than that many runs of the job are held by workers.
 7. A run leaves the owner only through a terminal state sent to the store.
 
-Run lifecycle (``_RUN_TRANSITIONS`` is the table; ``_move`` enforces it):
-
-    CLAIMING --claim won--> DISPATCHED (grace lease) --ack--> RUNNING (full lease)
-    CLAIMING --worker gone, or claimed ahead--> READY --assigned--> DISPATCHED
-    DISPATCHED/RUNNING --handed back, never started--> READY
-    DISPATCHED/RUNNING --complete / lease expired / timeout / cancel--> ENDING
-    ENDING --store applied--> (gone)
-
-A READY run has no lease and no timeout running: it waits for a worker of its
-route, and its timeout starts when one gets it.
+Run lifecycle: see ``wheel.engine.owner._runtable`` (the phases, their
+transition table, and how grace leases wait in one FIFO instead of the
+wheel). A READY run has no lease and no timeout running: it waits for a
+worker of its route, and its timeout starts when one gets it.
 
 Routing: a job's route is (pool, handler). A run goes only to a worker that
 serves the pool and registered the handler (a worker that registered no
@@ -59,26 +63,19 @@ unclaimed -- no grace lease, no attempt used -- and is reported by
 
 Timer ids pack a kind into the low two bits: ``(n << 2) | kind`` where n is a
 job id (FIRE), a run id (LEASE, TIMEOUT) or a retry sequence number (RETRY).
-
-A run's first grace lease is not a wheel timer of its own. Runs handed out
-in one tick share a grace deadline, and those deadlines only grow, so they
-wait in one FIFO (``_grace``), a list of run ids per deadline. Most runs end
-within their grace lease and never touch the wheel: no LEASE or TIMEOUT to
-add, none to cancel. A run still in flight at its grace deadline is checked
-then and, if its lease was renewed, gets its own LEASE and TIMEOUT timers
-(``_arm_run``). A run whose timeout falls within the grace lease gets them at
-once, so no deadline is ever checked late.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from wheel.engine.owner._dispatch import _Dispatch
 from wheel.engine.owner._jobs import FireHold, _Jobs
 from wheel.engine.owner._packed import _Packed
+from wheel.engine.owner._redos import Redo
 from wheel.engine.owner._runs import _Runs
 from wheel.engine.owner._shards import _Shards
-from wheel.engine.owner._state import Due, Redo, _OwnerState
-from wheel.engine.owner._tenants import _Tenants
+from wheel.engine.owner._state import Due, _OwnerState
 from wheel.engine.owner._values import (
     COUNTER_BITS,
     COUNTER_MASK,
@@ -86,10 +83,10 @@ from wheel.engine.owner._values import (
     LEASE,
     RETRY,
     TIMEOUT,
+    Actions,
     Alert,
     Assignment,
     CompletionResult,
-    Effects,
     Outcome,
     OwnerConfig,
     OwnerStats,
@@ -116,11 +113,11 @@ __all__ = [
     "LEASE",
     "RETRY",
     "TIMEOUT",
+    "Actions",
     "Alert",
     "Assignment",
     "CompletionResult",
     "Due",
-    "Effects",
     "FireHold",
     "Outcome",
     "Owner",
@@ -143,21 +140,24 @@ __all__ = [
 ]
 
 
-class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Dispatch, _Workers, _Runs, _Tenants):
+class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Dispatch, _Workers, _Runs):
     """Owns a set of shards: their jobs' pending fires, in-flight runs and leases."""
 
     __slots__ = ()
 
-    def advance(self, now_ms: int, fx: Effects) -> None:
+    def advance(self, now_ms: int, acts: Actions) -> None:
         """Fire every timer due at ``now_ms``, then hand out what workers can take."""
+        # 1. Claims made with no Actions at hand (a backfill) go out now.
         if self._later.claims:
-            fx.claims.extend(self._later.claims)
+            acts.claims.extend(self._later.claims)
             self._later.claims.clear()
-        grace = self._grace
-        while grace and grace[0][0] <= now_ms:
-            self._grace_expired(grace.popleft()[1])
+        # 2. Grace leases due become wheel timers (the run table); jobs at
+        #    rest coming due get their FIRE timers (``_packed``).
+        self.runs.expire_grace(now_ms)
         if now_ms + self.config.arm_ahead_ms >= self._next_unarmed:
             self._arm_ahead(now_ms)
+        # 3. The wheel's due timers, by kind: a job's fire (``_jobs``), a
+        #    run's lease or timeout (``_runs``), a retry's backoff (``redos``).
         fired = 0  # added to the stats once: a local costs less per fire
         for tid in self.wheel.advance(now_ms):
             kind, n = tid & 3, tid >> 2
@@ -165,16 +165,39 @@ class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Dispatch, _Workers, _Runs, _T
                 job = self.jobs.get(n) or self._wake_to_fire(n, now_ms)
                 if job is not None and not job.paused and job.next_fire is not None:
                     fired += 1
-                    self._on_fire(job, now_ms, fx)
+                    self._on_fire(job, now_ms, acts)
             elif kind == LEASE:
-                self._on_lease_timer(n, now_ms, fx)
+                self._on_lease_timer(n, now_ms, acts)
             elif kind == TIMEOUT:
-                self._on_timeout(n, now_ms, fx)
+                self._on_timeout(n, now_ms, acts)
             else:
                 self._on_retry(n, now_ms)
         if fired:
             self.stats.fires += fired
-        self._run_reaper(now_ms, fx)
-        self._dispatch(now_ms, fx)
+        # 4. Lost runs' fires the reaper may send again, then everything
+        #    queued that workers have credit for (``_dispatch``).
+        self._run_reaper(now_ms, acts)
+        self._dispatch(now_ms, acts)
+        # 5. Jobs whose work is over go back to rest as rows (``_packed``).
         if self._settling:
             self._settle(now_ms)
+
+    # -- tenant limits (``Tenants``) ----------------------------------------------
+
+    def set_tenant_limits(self, limits: Mapping[str, TenantLimit], now_ms: int) -> None:
+        """Replace every tenant's limits (a tenant not named has none); the
+        runs held by workers are counted afresh."""
+        counted = self.tenants.set_limits(limits, now_ms)
+        if counted:
+            for run in self.runs.values():
+                if run.held_out:
+                    job = self.jobs.get(run.job_id) or self._job(run.job_id)
+                    if job is not None and job.spec.tenant in counted:
+                        self.tenants.hold(run.run_id, job.spec.tenant)
+
+    def tenant_limits(self) -> dict[str, TenantLimit]:
+        return dict(self.tenants.limits)
+
+    def tenant_in_flight(self, tenant: str) -> int:
+        """Runs of ``tenant`` held by workers (counted for limited tenants only)."""
+        return self.tenants.in_flight(tenant)

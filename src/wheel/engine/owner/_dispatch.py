@@ -12,19 +12,18 @@ from mypy_extensions import trait
 
 from wheel.engine.fairness import FairQueue, split_capacity
 from wheel.engine.model import AlertKind, shard_of
+from wheel.engine.owner._claims import _Pending
+from wheel.engine.owner._fleet import _Worker
+from wheel.engine.owner._runtable import _Run, set_phase
 from wheel.engine.owner._state import (
     Ahead,
     _Job,
-    _move,
     _Parts,
-    _Pending,
-    _Run,
-    _Worker,
 )
 from wheel.engine.owner._values import (
+    Actions,
     Alert,
     Assignment,
-    Effects,
     Phase,
     Route,
     Unserved,
@@ -44,14 +43,15 @@ class _Dispatch(_Parts):
     def next_timer(self) -> int | None:
         """The earliest deadline of a timer: the wheel's, or a grace lease's."""
         deadline = self.wheel.next_deadline()
-        if self._grace and (deadline is None or self._grace[0][0] < deadline):
-            return self._grace[0][0]
+        grace = self.runs.next_grace()
+        if grace is not None and (deadline is None or grace < deadline):
+            return grace
         return deadline
 
     def pending_timers(self) -> int:
         """Timers pending: the wheel's, grace leases of runs not ended, and
         the FIRE timers of jobs at rest not armed in the wheel yet."""
-        return len(self.wheel) + self._graced + self.unarmed_fires()
+        return len(self.wheel) + self.runs.graced + self.unarmed_fires()
 
     def next_deadline(self) -> int | None:
         """When the node should call ``advance`` next (None: only on events):
@@ -68,14 +68,17 @@ class _Dispatch(_Parts):
                 for route, since in self._unserved.items()
                 if route not in self._unserved_alerted
             )
-        if self._reaper or any(len(q) for q in self._overdue.values()):
+        if self.redos.lost() or any(len(q) for q in self._overdue.values()):
             now = self.wheel.now
-            if any(len(q) and self._has_server(route) for route, q in self._overdue.items()):
+            if any(
+                len(q) and self.workers.serves_with_credit(route)
+                for route, q in self._overdue.items()
+            ):
                 waits.append(self._overdue_bucket.next_available_ms(now))
-            if self._reaper and self._any_free() and not self._fleet_busy():
-                waits.append(self._reaper_bucket.next_available_ms(now))
-        if self._tenant_blocked:
-            waits.append(self._tenant_wake(self.wheel.now))
+            if self.redos.lost() and self.workers.any_free() and not self._fleet_busy():
+                waits.append(self.redos.next_token_ms(now))
+        if self.tenants.any_blocked():
+            waits.append(self.tenants.wake(self.wheel.now))
         return min((w for w in waits if w is not None), default=None)
 
     def has_dispatchable_work(self) -> bool:
@@ -85,40 +88,29 @@ class _Dispatch(_Parts):
         The node asks after feeding the store's answers back, so a buffered
         fire released by a completion or a claim lost to a gone worker goes
         out at once instead of at the next wake. O(routes x workers)."""
-        if not self.workers or not self._any_free():
+        if not self.workers or not self.workers.any_free():
             return False
         now = self.wheel.now
         for route, q in self._ready.items():
             if q and any(self._placeable(run_id, route) for run_id in q):
                 return True
-        if len(self._pending) >= self.config.max_claim_batch:
+        if len(self.claims) >= self.config.max_claim_batch:
             return False
         if any(
-            q and self._has_server(route) and self._has_unblocked(q)
+            q and self.workers.serves_with_credit(route) and self.tenants.has_unblocked(q)
             for route, q in self._fresh.items()
         ):
             return True
         if self._overdue_bucket.available(now) > 0 and any(
-            len(q) and self._has_server(route) and self._has_unblocked(q)
+            len(q) and self.workers.serves_with_credit(route) and self.tenants.has_unblocked(q)
             for route, q in self._overdue.items()
         ):
             return True
-        return bool(
-            self._reaper and not self._fleet_busy() and self._reaper_bucket.available(now) > 0
-        )
+        return bool(self.redos.lost() and not self._fleet_busy() and self.redos.tokens(now) > 0)
 
     def _fleet_busy(self) -> bool:
         """Above the reaper's busy threshold (or no capacity at all)."""
-        capacity = sum(w.capacity for w in self.workers.values())
-        busy = sum(len(w.held) for w in self.workers.values())
-        return capacity == 0 or busy / capacity > self.config.busy_threshold
-
-    def _any_free(self) -> bool:
-        return any(w.free > 0 for w in self.workers.values())
-
-    def _has_server(self, route: Route) -> bool:
-        """Some worker with credit serves ``route``."""
-        return any(w.free > 0 and w.serves(route) for w in self.workers.values())
+        return self.workers.busy(self.config.busy_threshold)
 
     def _placeable(self, run_id: int, route: Route) -> bool:
         """A waiting run could go out now: a worker of its route that did not
@@ -131,23 +123,11 @@ class _Dispatch(_Parts):
             return False
         if (
             job is not None
-            and self._tenant_limits
-            and self._over_in_flight(job.spec.tenant, self._claiming())
+            and self.tenants.limits
+            and self.tenants.over_in_flight(job.spec.tenant, self._claiming())
         ):
             return False  # a run of the tenant ending wakes it
-        return self._server_for(run, route) is not None
-
-    def _server_for(self, run: _Run, route: Route) -> _Worker | None:
-        refused = run.refused
-        now = self.wheel.now
-        for w in self.workers.values():
-            if (
-                w.free > 0
-                and w.serves(route)
-                and (not refused or refused.get(w.incarnation, 0) <= now)
-            ):
-                return w
-        return None
+        return self.workers.server_for(route, run.refused, self.wheel.now) is not None
 
     def _enqueue(self, job: _Job, now_ms: int, *, overdue: bool, front: bool = False) -> None:
         if job.queued or not (job.due or job.ready):
@@ -216,15 +196,14 @@ class _Dispatch(_Parts):
         run = self.runs.get(run_id)
         return run is not None and run.phase is Phase.READY
 
-    def _dispatch(self, now_ms: int, fx: Effects) -> None:
+    def _dispatch(self, now_ms: int, acts: Actions) -> None:
         starved: list[Route] = []  # routes with work and no worker with credit
         if self._ready:
-            starved.extend(self._assign_ready(now_ms, fx))
-        budget = self.config.max_claim_batch - len(self._pending)
-        workers_all = self.workers.values()
+            starved.extend(self._assign_ready(now_ms, acts))
+        budget = self.config.max_claim_batch - len(self.claims)
         # Limited tenants' allowances (wheel.engine.owner._tenants), counted
         # down by the pops of every route.
-        allow = self._tenant_allowance(now_ms)
+        allow = self.tenants.allowance(now_ms, self._claiming()) if self.tenants.limits else None
         before = dict(allow) if allow is not None else None
         # In the order routes first had work (a set's order would change
         # with the hash seed, and a simulation must replay exactly).
@@ -237,12 +216,7 @@ class _Dispatch(_Parts):
                 self._fresh.pop(route, None)
                 self._overdue.pop(route, None)
                 continue
-            pool, handler = route
-            workers = [
-                w
-                for w in workers_all
-                if pool in w.pools and (not w.handlers or handler in w.handlers) and w.free > 0
-            ]
+            workers = self.workers.serving(route)
             if not workers:
                 starved.append(route)
                 continue
@@ -266,13 +240,13 @@ class _Dispatch(_Parts):
                     n = self._overdue_bucket.take(split.overdue, now_ms)
                     picked.extend((j, True) for j in over.pop(n, allow))
             budget -= len(picked)
-            self._claim(picked, workers, now_ms, fx)
+            self._claim(picked, workers, now_ms, acts)
         if allow is not None and before is not None:
-            self._tenants_took(before, allow, now_ms)
+            self.tenants.took(before, allow, now_ms)
         if starved or self._unserved:
-            self._note_unserved(starved, now_ms, fx)
+            self._note_unserved(starved, now_ms, acts)
 
-    def _note_unserved(self, starved: list[Route], now_ms: int, fx: Effects) -> None:
+    def _note_unserved(self, starved: list[Route], now_ms: int, acts: Actions) -> None:
         """Of the routes whose work found no worker with credit, those no
         connected worker serves at all: their work waits (unclaimed, or
         claimed without a lease), reported by ``unserved`` and, once it has
@@ -290,7 +264,7 @@ class _Dispatch(_Parts):
             if now_ms - since >= limit and route not in self._unserved_alerted:
                 self._unserved_alerted.add(route)
                 pool, handler = route
-                fx.alerts.append(
+                acts.alerts.append(
                     Alert(
                         kind=AlertKind.NO_WORKER,
                         message=f"no worker for handler {handler!r} in pool {pool!r}: "
@@ -320,7 +294,7 @@ class _Dispatch(_Parts):
         ]
 
     def _claim(
-        self, picked: list[tuple[int, bool]], workers: list[_Worker], now_ms: int, fx: Effects
+        self, picked: list[tuple[int, bool]], workers: list[_Worker], now_ms: int, acts: Actions
     ) -> None:
         # Runs go out ``hand_out_chunk`` to a worker (``_take_server``).
         for job_id, overdue in picked:
@@ -336,7 +310,7 @@ class _Dispatch(_Parts):
                 run_id, _ = job.ready.popleft()
                 run = self.runs.get(run_id)
                 if run is not None and run.phase is Phase.READY:
-                    self._hand_out(run, self._take_server(workers), now_ms, fx)
+                    self._hand_out(run, self._take_server(workers), now_ms, acts)
                 self._requeue_job(job, now_ms)
                 continue
             if not job.due or job.paused or job.inflight >= job.limit:
@@ -345,7 +319,7 @@ class _Dispatch(_Parts):
             job.inflight += 1
             worker = self._take_server(workers)
             worker.reserved += 1
-            fence = self._next_fence(job.shard)
+            fence = self.shard_map.next_fence(job.shard)
             expected = new = None
             if advance:
                 expected = job.store_next
@@ -367,8 +341,8 @@ class _Dispatch(_Parts):
                 job.moved_past = max(job.moved_past, fire)
                 job.advancing += 1
                 self.dirty.add(job_id)
-                self._flush_skipped(job, new, now_ms, fx)
-            fx.claims.append(
+                self._flush_skipped(job, new, now_ms, acts)
+            acts.claims.append(
                 FireClaim(
                     job_id=job_id,
                     scheduled_for=fire,
@@ -381,9 +355,7 @@ class _Dispatch(_Parts):
                     payload=job.has_payload,
                 )
             )
-            self._pending[(job_id, fire, attempt)] = _Pending(
-                job_id, fire, attempt, fence, worker.worker_id
-            )
+            self.claims.sent(_Pending(job_id, fire, attempt, fence, worker.worker_id))
             if job.due and job.inflight < job.limit:
                 self._enqueue(job, now_ms, overdue=overdue)
 
@@ -412,14 +384,14 @@ class _Dispatch(_Parts):
         self._given += 1
         return workers[wi]
 
-    def on_claimed(self, outcomes: Sequence[ClaimOutcome], now_ms: int, fx: Effects) -> None:
+    def on_claimed(self, outcomes: Sequence[ClaimOutcome], now_ms: int, acts: Actions) -> None:
         """The store's answer to a claim batch."""
         stats = self.stats
         # Counted won for the batch at once, less each one lost or not ours.
         stats.claims_won += len(outcomes)
         for out in outcomes:
             c = out.claim
-            pend = self._pending.pop((c.job_id, c.scheduled_for, c.attempt), None)
+            pend = self.claims.answered(c.job_id, c.scheduled_for, c.attempt)
             if pend is None:
                 stats.claims_won -= 1
                 continue
@@ -430,28 +402,28 @@ class _Dispatch(_Parts):
             if c.advance and job is not None:
                 job.advancing -= 1
             if c.advance and not out.advanced:
-                fx.resync.add(c.job_id)
+                acts.resync.add(c.job_id)
                 if job is not None:
                     # The store's next_run_at is not what this owner moved it
                     # to: the row read again is taken as it is.
                     job.moved_past = -1
             elif c.advance and job is not None and job.advancing == 0 and not job.paused:
                 # Fires passed over while the claim was on its way.
-                self._sync_schedule(job, now_ms, fx)
+                self._sync_schedule(job, now_ms, acts)
             if out.run_id is None:
                 # Someone else holds this fire (another owner, or an earlier
                 # life of this one): it is not ours to run.
                 stats.claims_won -= 1
                 stats.claims_lost += 1
                 if job is not None:
-                    self._run_finished(job, now_ms, fx)
+                    self._run_finished(job, now_ms, acts)
                 continue
             run = _Run(out.run_id, c.job_id, c.scheduled_for, c.attempt, c.fence, out.payload)
             run.timed = pend.timed and c.attempt == 0  # a retry's wait is its backoff
-            self.runs[run.run_id] = run
+            self.runs.add(run)
             if pend.ahead and job is not None:
                 # Its timeout starts when a worker gets it (``_hand_out``).
-                _move(run, Phase.READY)
+                set_phase(run, Phase.READY)
                 job.ready.append(Ahead(run.run_id, pend.overdue))
                 self._requeue_job(job, now_ms)
                 continue
@@ -459,24 +431,39 @@ class _Dispatch(_Parts):
             # if that leaves the worker within its credit, which it may have
             # lowered while the claim was on its way.
             if worker is not None and worker.free > 0 and not worker.draining:
-                self._hand_out(run, worker, now_ms, fx)
+                self._hand_out(run, worker, now_ms, acts)
             else:
                 # Its worker went away: it waits for another of its route,
                 # with no lease and no timeout running until one gets it.
-                _move(run, Phase.READY)
+                set_phase(run, Phase.READY)
                 self._wait_ready(run, job)
+
+    def _claiming(self) -> dict[str, int]:
+        """Claims on their way to the store by tenant (those a dispatch made:
+        a trigger's or a backfill's count once handed out), for tenants with
+        an in-flight limit."""
+        claiming: dict[str, int] = {}
+        if self.claims and self.tenants.counts_claims():
+            for pend in self.claims.values():
+                if pend.ahead:
+                    continue
+                job = self.jobs.get(pend.job_id)
+                if job is not None:
+                    tenant = job.spec.tenant
+                    claiming[tenant] = claiming.get(tenant, 0) + 1
+        return claiming
 
     def _wait_ready(self, run: _Run, job: _Job | None) -> None:
         route = job.route if job is not None else ("default", "")
         self._ready.setdefault(route, deque()).append(run.run_id)
 
-    def _assign_ready(self, now_ms: int, fx: Effects) -> list[Route]:
+    def _assign_ready(self, now_ms: int, acts: Actions) -> list[Route]:
         """Hand out claimed runs that wait for a worker, in order per route,
         each to a worker of its route that did not hand it back, while its
         job is below its limit; the others keep their place. Returns the
         routes with runs left and no worker with credit."""
         starved: list[Route] = []
-        claiming = self._claiming() if self._tenant_limits else {}
+        claiming = self._claiming() if self.tenants.limits else {}
         for route, q in list(self._ready.items()):
             kept: list[int] = []
             while q:
@@ -484,24 +471,24 @@ class _Dispatch(_Parts):
                 if run is None or run.phase is not Phase.READY:
                     q.popleft()
                     continue
-                if not any(w.free > 0 and w.serves(route) for w in self.workers.values()):
+                if not self.workers.serves_with_credit(route):
                     starved.append(route)
                     break
                 q.popleft()
                 job = self.jobs.get(run.job_id) or self._job(run.job_id)
-                worker = self._server_for(run, route)
+                worker = self.workers.server_for(route, run.refused, self.wheel.now)
                 if (
                     worker is None
                     or (job is not None and job.running >= job.limit)
                     or (
                         job is not None
-                        and self._tenant_limits
-                        and self._over_in_flight(job.spec.tenant, claiming)
+                        and self.tenants.limits
+                        and self.tenants.over_in_flight(job.spec.tenant, claiming)
                     )
                 ):
                     kept.append(run.run_id)
                     continue
-                self._hand_out(run, worker, now_ms, fx)
+                self._hand_out(run, worker, now_ms, acts)
             if kept:
                 q.extendleft(reversed(kept))
             if not q:
@@ -519,34 +506,22 @@ class _Dispatch(_Parts):
                 job, now_ms, overdue=now_ms - job.due[0][0] > self.config.overdue_after_ms
             )
 
-    def _hand_out(self, run: _Run, worker: _Worker, now_ms: int, fx: Effects) -> None:
+    def _hand_out(self, run: _Run, worker: _Worker, now_ms: int, acts: Actions) -> None:
         job = self.jobs.get(run.job_id) or self._job(run.job_id)
         if job is None:  # pragma: no cover - a run keeps its job alive
             return
-        _move(run, Phase.DISPATCHED)
+        set_phase(run, Phase.DISPATCHED)
         run.held_out = True
         job.running += 1
         if run.timeout_deadline == 0:
             run.timeout_deadline = now_ms + job.spec.timeout_ms
         run.worker_id = worker.worker_id
         worker.held.add(run.run_id)
-        if self._tenant_limits:
-            self._hold_if_limited(run.run_id, job.spec.tenant)
-        deadline = run.lease_deadline = now_ms + self.config.grace_lease_ms
-        grace = self._grace
-        last = grace[-1][0] if grace else None
-        # Own timers when it has them already, when its timeout comes first,
-        # or when an earlier now than the last hand-out would unsort the FIFO.
-        if run.armed or run.timeout_deadline <= deadline or (last is not None and last > deadline):
-            self._arm_run(run)
-        else:
-            if last == deadline:
-                grace[-1][1].append(run.run_id)
-            else:
-                grace.append((deadline, [run.run_id]))
-            self._graced += 1
+        if self.tenants.limits:
+            self.tenants.hold_if_limited(run.run_id, job.spec.tenant)
+        self.runs.lease(run, now_ms, self.config.grace_lease_ms)
         spec = job.spec
-        fx.assignments.setdefault(worker.worker_id, []).append(
+        acts.assignments.setdefault(worker.worker_id, []).append(
             Assignment(
                 run_id=run.run_id,
                 job_id=run.job_id,
@@ -562,7 +537,7 @@ class _Dispatch(_Parts):
         )
         if run.timed:
             run.timed = False  # once: a run handed back goes out again later
-            fx.lags.append(now_ms - run.scheduled_for)
+            acts.lags.append(now_ms - run.scheduled_for)
         self.stats.dispatched += 1
 
     def backlog(self) -> tuple[int, int]:

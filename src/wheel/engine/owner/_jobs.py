@@ -13,18 +13,18 @@ from mypy_extensions import trait
 
 from wheel.engine.jobtable import NEVER, NO_FIRE, PAUSED, PAYLOAD, ShardJobs
 from wheel.engine.model import SCHEDULE_OVER, AlertKind, JobState, MissedReason, RunState
+from wheel.engine.owner._claims import _Pending
 from wheel.engine.owner._state import (
     _Job,
     _limit,
     _moves,
     _Parts,
-    _Pending,
     _retry,
 )
 from wheel.engine.owner._values import (
     FIRE,
+    Actions,
     Alert,
-    Effects,
     Phase,
     RevokeReason,
 )
@@ -58,7 +58,7 @@ class FireHold:
 class _Jobs(_Parts):
     __slots__ = ()
 
-    def upsert_job(self, record: JobRecord, now_ms: int, fx: Effects) -> None:
+    def upsert_job(self, record: JobRecord, now_ms: int, acts: Actions) -> None:
         """A job as the store has it now (submitted, changed, or reloaded). Store wins."""
         template, param = split_spec(record.spec)
         self.upsert(
@@ -69,7 +69,7 @@ class _Jobs(_Parts):
             param,
             bool(record.spec.payload),
             now_ms,
-            fx,
+            acts,
         )
 
     def upsert(
@@ -81,7 +81,7 @@ class _Jobs(_Parts):
         param: int,
         has_payload: bool,
         now_ms: int,
-        fx: Effects,
+        acts: Actions,
     ) -> None:
         """``upsert_job`` of a job named by its packed fields: its profile
         (a number of ``self.profiles``), schedule parameter and whether it
@@ -90,7 +90,7 @@ class _Jobs(_Parts):
         over = state is JobState.CANCELLED or state in SCHEDULE_OVER
         job = self.jobs.get(job_id)
         if job is None:
-            table = self._table_of(job_id)
+            table = self.shard_map.table_of(job_id)
             if table is None:
                 return  # of a shard this owner does not hold (any more)
             i = table.find(job_id)
@@ -121,7 +121,7 @@ class _Jobs(_Parts):
             return
         if over:
             if job is not None:
-                self._drop_job(job, cancelled=state is JobState.CANCELLED, now_ms=now_ms, fx=fx)
+                self._drop_job(job, cancelled=state is JobState.CANCELLED, now_ms=now_ms, acts=acts)
             return
         template = self.profiles[prof].template
         rerouted = False
@@ -149,19 +149,19 @@ class _Jobs(_Parts):
             job.compiled = self._compile(job_id, template, param)
         job.has_payload = has_payload
         self._settling.add(job_id)
-        self._apply_store_row(job, state, next_run_at, now_ms, fx)
+        self._apply_store_row(job, state, next_run_at, now_ms, acts)
         if rerouted:
             self._requeue_job(job, now_ms)
 
     def _apply_store_row(
-        self, job: _Job, state: JobState, next_run_at: int | None, now_ms: int, fx: Effects
+        self, job: _Job, state: JobState, next_run_at: int | None, now_ms: int, acts: Actions
     ) -> None:
         """An awake job's state and schedule as the store has them."""
         self.dirty.add(job.job_id)
         if state is JobState.PAUSED:
             if not job.paused:
                 job.paused = True
-                self._clear_pending_fires(job, MissedReason.PAUSED, now_ms, fx)
+                self._clear_pending_fires(job, MissedReason.PAUSED, now_ms, acts)
                 # Its fires wait for the resume, not for a worker: out of the
                 # queue, unless runs claimed ahead (a trigger's) still go out.
                 self._unqueue(job)
@@ -182,12 +182,12 @@ class _Jobs(_Parts):
             job.buffered.clear()
             # Skipped fires the store moved past are recorded; the others come
             # due again from the store's value and are decided again.
-            self._flush_skipped(job, next_run_at, now_ms, fx)
+            self._flush_skipped(job, next_run_at, now_ms, acts)
             job.skipped.clear()
             job.store_next = next_run_at
             # A first fire or a resume from now: gap wall times between now
             # and that fire are passed over already.
-            self._record_gap_skips(job, now_ms, next_run_at, now_ms, fx)
+            self._record_gap_skips(job, now_ms, next_run_at, now_ms, acts)
             self._arm(job, next_run_at)
         if (
             job.compiled.completion_driven
@@ -254,7 +254,7 @@ class _Jobs(_Parts):
             self._enqueue(job, now_ms, overdue=False)
         self._settling.add(job_id)
 
-    def respecify(self, record: JobRecord, now_ms: int, fx: Effects) -> None:
+    def respecify(self, record: JobRecord, now_ms: int, acts: Actions) -> None:
         """The store changed the job's spec and next fire (``record``): its
         profile interned again, its schedule compiled again, and its fires
         re-armed from the store's next fire; queued fires of the old
@@ -269,22 +269,22 @@ class _Jobs(_Parts):
                 job.paused = False
             job.store_next = _REARM
             job.moved_past = -1  # the store's answer to this owner's own change
-        self.upsert_job(record, now_ms, fx)
+        self.upsert_job(record, now_ms, acts)
 
-    def cancel_job(self, job_id: int, fx: Effects, now_ms: int | None = None) -> None:
+    def cancel_job(self, job_id: int, acts: Actions, now_ms: int | None = None) -> None:
         job = self._job(job_id)
         if job is not None:
             now = self.wheel.now if now_ms is None else now_ms
-            self._drop_job(job, cancelled=True, now_ms=now, fx=fx)
+            self._drop_job(job, cancelled=True, now_ms=now, acts=acts)
 
-    def _drop_job(self, job: _Job, *, cancelled: bool, now_ms: int, fx: Effects) -> None:
+    def _drop_job(self, job: _Job, *, cancelled: bool, now_ms: int, acts: Actions) -> None:
         if cancelled:
             # Fires queued, buffered or already past due that no run will
             # serve: recorded, never dropped silently (invariant 1).
-            self._clear_pending_fires(job, MissedReason.CANCELLED, now_ms, fx)
+            self._clear_pending_fires(job, MissedReason.CANCELLED, now_ms, acts)
         self.wheel.cancel((job.job_id << 2) | FIRE)
         job.next_fire = None
-        self._flush_skipped(job, None, now_ms, fx)
+        self._flush_skipped(job, None, now_ms, acts)
         job.buffered.clear()
         if cancelled:
             # Retries of fires that ran end with the job: their last attempt
@@ -296,15 +296,15 @@ class _Jobs(_Parts):
             # is over, but that fire's retries and re-dispatches must still run.
             job.due = deque(d for d in job.due if not _moves(d))
         if cancelled:
-            for run in list(self.runs.values()):
+            for run in self.runs.values():
                 if run.job_id == job.job_id and run.phase in (
                     Phase.READY,
                     Phase.DISPATCHED,
                     Phase.RUNNING,
                 ):
-                    self._end_run(run, RunState.CANCELLED, "job cancelled", fx, now_ms)
+                    self._end_run(run, RunState.CANCELLED, "job cancelled", acts, now_ms)
                     if run.worker_id is not None:
-                        self._revoke(run, RevokeReason.CANCELLED, fx)
+                        self._revoke(run, RevokeReason.CANCELLED, acts)
         if cancelled:
             self._drop_redos(job)
         if cancelled or not (job.due or job.ready):
@@ -320,19 +320,14 @@ class _Jobs(_Parts):
         fleet had room again), and each, requeued on a job that never
         claims again, kept the job awake for good."""
         job_id = job.job_id
-        for seq, redo in list(self._retries.items()):
-            if redo.job_id == job_id:
-                del self._retries[seq]  # its RETRY timer finds nothing
-                job.inflight -= 1
-        if self._reaper:
-            kept = deque(r for r in self._reaper if r.job_id != job_id)
-            job.inflight -= len(self._reaper) - len(kept)
-            self._reaper = kept
-            if not kept:
-                self._reaper_paused = False
+        redos = self.redos
+        had_lost = redos.lost()
+        job.inflight -= redos.drop(lambda j: j == job_id)
+        if had_lost and not redos.lost():
+            redos.paused = False
 
     def _clear_pending_fires(
-        self, job: _Job, reason: MissedReason, now_ms: int, fx: Effects
+        self, job: _Job, reason: MissedReason, now_ms: int, acts: Actions
     ) -> None:
         """Drop armed/due/buffered fires, each recorded as missed with ``reason``."""
         self.wheel.cancel((job.job_id << 2) | FIRE)
@@ -345,16 +340,16 @@ class _Jobs(_Parts):
             fires.append(armed)
             armed = job.compiled.next_fire(armed)
         if first_armed is not None and first_armed <= now_ms:
-            self._record_gap_skips(job, first_armed, now_ms + 1, now_ms, fx)
+            self._record_gap_skips(job, first_armed, now_ms + 1, now_ms, acts)
         # Retries of fires already run keep their place; new fires are dropped.
         job.due = deque(d for d in job.due if _retry(d))
         job.buffered.clear()
         job.next_fire = None
-        self._miss(job, [(f, reason) for f in fires], now_ms, fx)
-        self._flush_skipped(job, None, now_ms, fx)
+        self._miss(job, [(f, reason) for f in fires], now_ms, acts)
+        self._flush_skipped(job, None, now_ms, acts)
 
     def record_paused_fires(
-        self, job_id: int, paused_from_ms: int, resumed_at_ms: int, fx: Effects
+        self, job_id: int, paused_from_ms: int, resumed_at_ms: int, acts: Actions
     ) -> None:
         """Fires that came due while a job was paused become missed records."""
         job = self._job(job_id)
@@ -363,22 +358,22 @@ class _Jobs(_Parts):
         fires = job.compiled.fires_between(
             paused_from_ms, resumed_at_ms, self.config.max_missed_listed
         )
-        self._miss(job, [(f, MissedReason.PAUSED) for f in fires], resumed_at_ms, fx)
-        self._record_gap_skips(job, paused_from_ms, resumed_at_ms + 1, resumed_at_ms, fx)
+        self._miss(job, [(f, MissedReason.PAUSED) for f in fires], resumed_at_ms, acts)
+        self._record_gap_skips(job, paused_from_ms, resumed_at_ms + 1, resumed_at_ms, acts)
 
     def _miss(
-        self, job: _Job, missed: Iterable[tuple[int, MissedReason]], now_ms: int, fx: Effects
+        self, job: _Job, missed: Iterable[tuple[int, MissedReason]], now_ms: int, acts: Actions
     ) -> None:
         """Record fires not run, each with its reason: never dropped silently."""
-        n = len(fx.missed)
-        fx.missed.extend(
+        n = len(acts.missed)
+        acts.missed.extend(
             MissedFire(job_id=job.job_id, scheduled_for=f, reason=reason, recorded_at_ms=now_ms)
             for f, reason in missed
         )
         stats = self.stats
-        stats.missed += len(fx.missed) - n
+        stats.missed += len(acts.missed) - n
         by_reason = stats.missed_by_reason
-        for m in fx.missed[n:]:
+        for m in acts.missed[n:]:
             by_reason[m.reason] = by_reason.get(m.reason, 0) + 1
 
     def claim_now(
@@ -386,7 +381,7 @@ class _Jobs(_Parts):
         job_id: int,
         fires: Sequence[int],
         now_ms: int,
-        fx: Effects,
+        acts: Actions,
         *,
         overdue: bool = False,
         attempts: Sequence[int] | None = None,
@@ -406,8 +401,8 @@ class _Jobs(_Parts):
         for i, fire in enumerate(fires):
             attempt = 0 if attempts is None else attempts[i]
             job.inflight += 1
-            fence = self._next_fence(job.shard)
-            fx.claims.append(
+            fence = self.shard_map.next_fence(job.shard)
+            acts.claims.append(
                 FireClaim(
                     job_id=job_id,
                     scheduled_for=fire,
@@ -418,37 +413,39 @@ class _Jobs(_Parts):
                     payload=job.has_payload,
                 )
             )
-            self._pending[(job_id, fire, attempt)] = _Pending(
-                job_id, fire, attempt, fence, None, ahead=True, overdue=overdue, timed=timed
+            self.claims.sent(
+                _Pending(
+                    job_id, fire, attempt, fence, None, ahead=True, overdue=overdue, timed=timed
+                )
             )
 
-    def trigger(self, job_id: int, now_ms: int, fx: Effects) -> int:
+    def trigger(self, job_id: int, now_ms: int, acts: Actions) -> int:
         """An out-of-band fire at ``now_ms``, claimed at once (``claim_now``);
         returns its scheduled_for."""
-        self.claim_now(job_id, (now_ms,), now_ms, fx)
+        self.claim_now(job_id, (now_ms,), now_ms, acts)
         return now_ms
 
     def backfill(
-        self, job_id: int, fires: Sequence[int], now_ms: int, fx: Effects | None = None
+        self, job_id: int, fires: Sequence[int], now_ms: int, acts: Actions | None = None
     ) -> None:
         """Past fires to run as catch-up work, claimed at once (``claim_now``)
         and handed out inside the overdue budget, fair across tenants.
-        Without ``fx`` the claims go out with the next ``advance`` (not yet
+        Without ``acts`` the claims go out with the next ``advance`` (not yet
         durable when this returns)."""
-        if fx is None:
-            fx = self._later
-        self.claim_now(job_id, fires, now_ms, fx, overdue=True)
+        if acts is None:
+            acts = self._later
+        self.claim_now(job_id, fires, now_ms, acts, overdue=True)
 
     def redrive(
-        self, job_id: int, fires: Sequence[tuple[int, int]], now_ms: int, fx: Effects
+        self, job_id: int, fires: Sequence[tuple[int, int]], now_ms: int, acts: Actions
     ) -> None:
         """Dead-lettered fires, each as the attempt given (after its last),
         claimed at once (``claim_now``) with new fences: the store's
         ``UNIQUE (job, fire, attempt)`` makes a fire redriven twice at once
         one run."""
-        self.claim_now(job_id, [f for f, _ in fires], now_ms, fx, attempts=[a for _, a in fires])
+        self.claim_now(job_id, [f for f, _ in fires], now_ms, acts, attempts=[a for _, a in fires])
 
-    def _on_fire(self, job: _Job, now_ms: int, fx: Effects) -> None:
+    def _on_fire(self, job: _Job, now_ms: int, acts: Actions) -> None:
         """A job's FIRE timer expired (``advance`` counts it in
         ``stats.fires``; a catch-up adds the other fires it covers)."""
         fire = job.next_fire
@@ -482,7 +479,7 @@ class _Jobs(_Parts):
                     more = compiled.fires_between(held, now_ms, chunk)
                     if not more:
                         break
-                    self._miss(job, stream.feed([held, *more[:-1]]).missed, now_ms, fx)
+                    self._miss(job, stream.feed([held, *more[:-1]]).missed, now_ms, acts)
                     held, count = more[-1], count + len(more)
                     if len(more) < chunk:
                         break
@@ -490,14 +487,14 @@ class _Jobs(_Parts):
                     nxt = held
                     count -= 1  # not due yet: it fires later
                 else:
-                    self._miss(job, stream.feed([held]).missed, now_ms, fx)
+                    self._miss(job, stream.feed([held]).missed, now_ms, acts)
                     nxt = compiled.next_fire(held)
             else:
-                self._miss(job, stream.feed([held]).missed, now_ms, fx)
+                self._miss(job, stream.feed([held]).missed, now_ms, acts)
             plan = stream.finish()
             self.stats.fires += count - 1  # each fire of the catch-up, run or missed
             if plan.alert:
-                fx.alerts.append(
+                acts.alerts.append(
                     Alert(
                         kind=AlertKind.CATCH_UP_CAPPED,
                         message=f"job {job.job_id}: {plan.alert}",
@@ -508,12 +505,12 @@ class _Jobs(_Parts):
                 # fixed_delay whose fire was not run: no completion will arm
                 # the next one, so count from now or the schedule stops.
                 nxt = compiled.next_after_completion(now_ms)
-            self._record_gap_skips(job, fire, nxt, now_ms, fx)
+            self._record_gap_skips(job, fire, nxt, now_ms, acts)
             self._arm(job, nxt)
             # Planned catch-up runs one after another: the overlap gate
             # applies to the batch as a whole, not between its fires.
             if plan.run:
-                self._admit(job, plan.run[0], now_ms, overdue=True, fx=fx)
+                self._admit(job, plan.run[0], now_ms, overdue=True, acts=acts)
                 if job.buffered and job.buffered[-1] == plan.run[0]:
                     # The batch waits behind the running run as a whole, in
                     # fire order: queued ahead of its first fire, the rest
@@ -523,10 +520,10 @@ class _Jobs(_Parts):
                 else:
                     job.due.extend((f, 0, True) for f in plan.run[1:])
         else:
-            self._record_gap_skips(job, fire, nxt, now_ms, fx)
+            self._record_gap_skips(job, fire, nxt, now_ms, acts)
             self._arm(job, nxt)
-            self._admit(job, fire, now_ms, overdue=False, fx=fx)
-        self._sync_schedule(job, now_ms, fx)
+            self._admit(job, fire, now_ms, overdue=False, acts=acts)
+        self._sync_schedule(job, now_ms, acts)
         self._settling.add(job.job_id)
 
     def _record_gap_skips(
@@ -535,7 +532,7 @@ class _Jobs(_Parts):
         after: int,
         until: int | None,
         now_ms: int,
-        fx: Effects,
+        acts: Actions,
     ) -> None:
         """Record the wall times a ``DstGap.SKIP`` cron policy passed over in
         ``(after, until)`` as missed (dst_gap), once the schedule moves past
@@ -552,9 +549,9 @@ class _Jobs(_Parts):
             instants = sorted(
                 {s.at_ms for s in skips if compiled.next_fire(s.at_ms - 1) != s.at_ms}
             )
-            self._miss(job, [(at, MissedReason.DST_GAP) for at in instants], now_ms, fx)
+            self._miss(job, [(at, MissedReason.DST_GAP) for at in instants], now_ms, acts)
 
-    def _admit(self, job: _Job, fire: int, now_ms: int, *, overdue: bool, fx: Effects) -> None:
+    def _admit(self, job: _Job, fire: int, now_ms: int, *, overdue: bool, acts: Actions) -> None:
         """Apply the overlap policy to a fire that came due."""
         overlap = job.spec.overlap
         if job.inflight + len(job.due) < job.limit:
@@ -579,7 +576,7 @@ class _Jobs(_Parts):
         # right after, or the claim of the fire that holds it back).
         job.skipped.append(fire)
 
-    def _sync_schedule(self, job: _Job, now_ms: int, fx: Effects) -> None:
+    def _sync_schedule(self, job: _Job, now_ms: int, acts: Actions) -> None:
         """Move the store's next_run_at past fires that will never be claimed
         (missed, skipped by overlap) when no claim of ours will move it."""
         due = job.due
@@ -604,7 +601,7 @@ class _Jobs(_Parts):
                 # A one-shot whose only fire was skipped: a claim-less advance
                 # must not complete the job; leave it for the catch-up record.
                 return
-            fx.advances.append(
+            acts.advances.append(
                 ScheduleAdvance(
                     job_id=job.job_id,
                     expected_next_run_at=job.store_next,
@@ -615,9 +612,9 @@ class _Jobs(_Parts):
                 job.moved_past = max(job.moved_past, target - 1)
             job.store_next = target
             self.dirty.add(job.job_id)
-        self._flush_skipped(job, job.store_next, now_ms, fx)
+        self._flush_skipped(job, job.store_next, now_ms, acts)
 
-    def _flush_skipped(self, job: _Job, upto: int | None, now_ms: int, fx: Effects) -> None:
+    def _flush_skipped(self, job: _Job, upto: int | None, now_ms: int, acts: Actions) -> None:
         """Record overlap-skipped fires before ``upto`` (all of them if None) as
         missed, in the same store pass as the write that moves next_run_at to
         ``upto`` (missed records are written first).
@@ -635,15 +632,15 @@ class _Jobs(_Parts):
             if not gone:
                 return
             job.skipped = [f for f in job.skipped if f >= upto]
-        self._miss(job, [(f, MissedReason.OVERLAP) for f in gone], now_ms, fx)
+        self._miss(job, [(f, MissedReason.OVERLAP) for f in gone], now_ms, acts)
 
-    def _run_finished(self, job: _Job, now_ms: int, fx: Effects) -> None:
+    def _run_finished(self, job: _Job, now_ms: int, acts: Actions) -> None:
         job.inflight -= 1
         if job.compiled.completion_driven and not job.paused and job.next_fire is None:
             nxt = job.compiled.next_after_completion(now_ms)
             if job.inflight == 0 and nxt is not None:
                 self._arm(job, nxt)
-                self._sync_schedule(job, now_ms, fx)
+                self._sync_schedule(job, now_ms, acts)
         if job.buffered and not job.paused and job.inflight + len(job.due) < job.limit:
             job.due.append((job.buffered.popleft(), 0, True))
         self._requeue_job(job, now_ms)

@@ -50,8 +50,8 @@ from wheel.engine.jobtable import (
     Columns,
     ShardJobs,
 )
-from wheel.engine.model import shard_of
-from wheel.engine.owner._state import _Job, _Parts, _Shard
+from wheel.engine.owner._shardmap import _Shard
+from wheel.engine.owner._state import _Job, _Parts
 from wheel.engine.owner._values import FIRE, PackedJob
 from wheel.engine.profiles import Profile, schedule_of
 from wheel.engine.schedule import CompiledSchedule, compile_schedule
@@ -81,12 +81,8 @@ class _Packed(_Parts):
             raise KeyError(job_id)
         return job
 
-    def _table_of(self, job_id: int) -> ShardJobs | None:
-        held = self._shards.get(shard_of(job_id))
-        return None if held is None else held.table
-
     def _wake(self, job_id: int) -> _Job | None:
-        table = self._table_of(job_id)
+        table = self.shard_map.table_of(job_id)
         if table is None:
             return None
         i = table.find(job_id)
@@ -139,26 +135,26 @@ class _Packed(_Parts):
     def has_job(self, job_id: int) -> bool:
         if job_id in self.jobs:
             return True
-        table = self._table_of(job_id)
+        table = self.shard_map.table_of(job_id)
         return table is not None and table.find(job_id) >= 0
 
     def job_count(self) -> int:
-        return sum(len(held.table) for held in self._shards.values())
+        return sum(len(held.table) for held in self.shard_map.values())
 
     def awake_count(self) -> int:
         return len(self.jobs)
 
     def job_ids(self) -> list[int]:
-        return [j for held in self._shards.values() for j in held.table.live_ids()]
+        return [j for held in self.shard_map.values() for j in held.table.live_ids()]
 
     def unarmed_fires(self) -> int:
         """Jobs at rest with a fire due after the stretch armed in the wheel."""
         until = self._armed_until
-        return sum(held.table.due_from(until) for held in self._shards.values())
+        return sum(held.table.due_from(until) for held in self.shard_map.values())
 
     def packed_bytes(self) -> int:
         """What the tables of jobs at rest take (their arrays' memory)."""
-        return sum(held.table.nbytes() for held in self._shards.values())
+        return sum(held.table.nbytes() for held in self.shard_map.values())
 
     def profile(self, profile_id: int) -> Profile | None:
         index = self.profiles.index_of(profile_id)
@@ -169,7 +165,7 @@ class _Packed(_Parts):
         job = self.jobs.get(job_id)
         if job is not None:
             return self._image(job)
-        table = self._table_of(job_id)
+        table = self.shard_map.table_of(job_id)
         if table is None:
             return None
         i = table.find(job_id)
@@ -209,7 +205,7 @@ class _Packed(_Parts):
         """A copy of the shard's rows as a checkpoint keeps them: awake jobs
         as they would rest, no tombstones; ``prof`` numbers ``profiles``
         (None: the shard is not held)."""
-        held = self._shards.get(shard)
+        held = self.shard_map.get(shard)
         if held is None:
             return None
         table = held.table
@@ -232,7 +228,7 @@ class _Packed(_Parts):
     def _keep_job(self, job: _Job) -> None:
         """A new awake job: in the table of awake jobs and its shard's rows."""
         self.jobs[job.job_id] = job
-        table = self._shards[job.shard].table
+        table = self.shard_map[job.shard].table
         flags = AWAKE | (PAYLOAD if job.has_payload else 0)
         table.put(job.job_id, NO_FIRE, NEVER, job.param, job.profile, flags)
         self._settling.add(job.job_id)
@@ -240,7 +236,7 @@ class _Packed(_Parts):
     def _forget_job(self, job: _Job) -> None:
         """A job leaves the owner: its schedule and runs are over."""
         del self.jobs[job.job_id]
-        held = self._shards.get(job.shard)
+        held = self.shard_map.get(job.shard)
         if held is not None:
             i = held.table.locate(job.job_id)
             if i >= 0:
@@ -275,7 +271,7 @@ class _Packed(_Parts):
                 due = job.compiled.jittered(job.next_fire)
                 if due < keep_until:
                     continue  # fires soon: awake it stays
-            held = self._shards.get(job.shard)
+            held = self.shard_map.get(job.shard)
             if held is None:  # pragma: no cover - an awake job's shard is held
                 continue
             del jobs[job_id]
@@ -294,7 +290,7 @@ class _Packed(_Parts):
         hi = max(lo, now_ms + ahead + self.config.arm_step_ms)
         wheel = self.wheel
         first = NEVER
-        for held in self._shards.values():
+        for held in self.shard_map.values():
             ids, deadlines, after = held.table.arm(lo, hi)
             if ids:
                 wheel.add_many([(j << 2) | FIRE for j in ids], deadlines)
@@ -319,7 +315,7 @@ class _Packed(_Parts):
         lookup = np.asarray([self.profiles.add(p) for p in profiles], dtype=np.int32)
         added = 0
         for shard, rows in packed.items():
-            held = self._shards.get(shard)
+            held = self.shard_map.get(shard)
             if held is None or not len(rows):
                 continue
             table = held.table

@@ -10,20 +10,16 @@ from collections.abc import Sequence
 from mypy_extensions import trait
 
 from wheel.engine.model import AlertKind, RunState, one_shot_end
+from wheel.engine.owner._redos import Redo
+from wheel.engine.owner._runtable import _Run, set_phase
 from wheel.engine.owner._state import (
-    Redo,
     _Job,
-    _move,
     _Parts,
-    _Run,
 )
 from wheel.engine.owner._values import (
-    LEASE,
-    RETRY,
-    TIMEOUT,
+    Actions,
     Alert,
     CompletionResult,
-    Effects,
     Phase,
     Revoke,
     RevokeReason,
@@ -57,7 +53,7 @@ class _Runs(_Parts):
         run: _Run,
         state: RunState,
         error: str | None,
-        fx: Effects,
+        acts: Actions,
         now_ms: int,
         *,
         reply_to: str | None = None,
@@ -66,18 +62,13 @@ class _Runs(_Parts):
         """Send a terminal state to the store; follow-ups wait for its answer.
         ``started_at_ms``: the run's start, for the store to keep if it has
         none (a run completed before it was acked)."""
-        _move(run, Phase.ENDING)
+        self.runs.ending(run, state, reply_to)
         if run.worker_id is not None:
             w = self.workers.get(run.worker_id)
             if w is not None:
                 w.held.discard(run.run_id)
-        if run.armed:
-            self.wheel.cancel((run.run_id << 2) | LEASE)
-            self.wheel.cancel((run.run_id << 2) | TIMEOUT)
-        elif run.lease_deadline:
-            self._graced -= 1  # its entry in ``_grace`` is skipped when due
         job = self.jobs.get(run.job_id)
-        fx.completions.append(
+        acts.completions.append(
             Completion(
                 run_id=run.run_id,
                 fence=run.fence,
@@ -91,8 +82,6 @@ class _Runs(_Parts):
                 started_at_ms=started_at_ms,
             )
         )
-        run.end_state, run.reply_to = state, reply_to
-        self._ending[run.run_id] = run
         if job is not None:
             job.ending += 1
 
@@ -110,35 +99,32 @@ class _Runs(_Parts):
             if run.refused is None:
                 run.refused = {}
             run.refused[worker.incarnation] = now_ms + self.config.grace_lease_ms
-        if run.armed:
-            self.wheel.cancel((run.run_id << 2) | LEASE)
-            self.wheel.cancel((run.run_id << 2) | TIMEOUT)
-            run.armed = False
-        elif run.lease_deadline:
-            self._graced -= 1  # its entry in ``_grace`` is skipped when due
+        self.runs.disarm(run)
+        run.armed = False
         run.worker_id = None
         run.lease_deadline = run.timeout_deadline = 0
-        _move(run, Phase.READY)
+        set_phase(run, Phase.READY)
         job = self.jobs.get(run.job_id) or self._job(run.job_id)
         if job is not None and run.held_out:
             job.running -= 1
         run.held_out = False
-        if self._held_tenant:
-            self._unhold(run.run_id)
+        if self.tenants.holds_runs():
+            self.tenants.unhold(run.run_id)
         self._wait_ready(run, job)
 
-    def on_completed(self, outcomes: Sequence[CompletionOutcome], now_ms: int, fx: Effects) -> None:
+    def on_completed(
+        self, outcomes: Sequence[CompletionOutcome], now_ms: int, acts: Actions
+    ) -> None:
         """The store's answer to a completion batch: follow-ups for applied ones."""
         for out in outcomes:
-            run = self._ending.pop(out.run_id, None)
+            run = self.runs.ended(out.run_id)
             if run is None:
                 continue
             state, reply_to = run.end_state, run.reply_to
-            del self.runs[run.run_id]
-            if self._held_tenant:
-                self._unhold(run.run_id)
+            if self.tenants.holds_runs():
+                self.tenants.unhold(run.run_id)
             if reply_to is not None:
-                fx.results.setdefault(reply_to, []).append(
+                acts.results.setdefault(reply_to, []).append(
                     CompletionResult(
                         run_id=run.run_id,
                         accepted=out.applied,
@@ -155,7 +141,7 @@ class _Runs(_Parts):
                     self._requeue_job(job, now_ms)  # a run claimed ahead may go now
             if not out.applied:
                 self.stats.superseded_completions += 1
-                self._run_finished(job, now_ms, fx)
+                self._run_finished(job, now_ms, acts)
                 continue
             if state is RunState.SUCCEEDED:
                 self.stats.completed += 1
@@ -164,7 +150,7 @@ class _Runs(_Parts):
                 ended[state] = ended.get(state, 0) + 1
                 if state is RunState.DEAD_LETTERED:
                     self.stats.dead_lettered += 1
-                    fx.alerts.append(
+                    acts.alerts.append(
                         Alert(
                             kind=AlertKind.DEAD_LETTERED,
                             message=f"job {job.job_id} fire {run.scheduled_for}: dead-lettered",
@@ -178,15 +164,15 @@ class _Runs(_Parts):
                 job.spec.retry, failed_attempt=run.attempt
             ):
                 self._schedule_retry(job, run, now_ms)
-                self._release_held(job, now_ms, fx)
+                self._release_held(job, now_ms, acts)
                 continue
             if state is RunState.LOST:
-                self._reaper.append(Redo(job.job_id, run.scheduled_for, run.attempt + 1))
-                self._release_held(job, now_ms, fx)
+                self.redos.reap_later(Redo(job.job_id, run.scheduled_for, run.attempt + 1))
+                self._release_held(job, now_ms, acts)
                 continue
-            self._run_finished(job, now_ms, fx)
+            self._run_finished(job, now_ms, acts)
 
-    def _release_held(self, job: _Job, now_ms: int, fx: Effects) -> None:
+    def _release_held(self, job: _Job, now_ms: int, acts: Actions) -> None:
         """The run a fire was held behind goes on (a retry, a re-dispatch):
         under ``skip`` or ``allow`` the held fire is skipped after all, as it
         would have been when it came due; fires of a catch-up batch held
@@ -198,7 +184,7 @@ class _Runs(_Parts):
         job.buffered.clear()
         if job.due:
             self._enqueue(job, now_ms, overdue=True)
-        self._sync_schedule(job, now_ms, fx)
+        self._sync_schedule(job, now_ms, acts)
 
     def _schedule_retry(self, job: _Job, run: _Run, now_ms: int) -> None:
         delay = retry_delay_ms(
@@ -207,12 +193,10 @@ class _Runs(_Parts):
             job_id=job.job_id,
             scheduled_for=run.scheduled_for,
         )
-        self._retry_seq += 1
-        self._retries[self._retry_seq] = Redo(job.job_id, run.scheduled_for, run.attempt + 1)
-        self.wheel.add((self._retry_seq << 2) | RETRY, now_ms + delay)
+        self.redos.retry_at(Redo(job.job_id, run.scheduled_for, run.attempt + 1), now_ms + delay)
 
     def _on_retry(self, seq: int, now_ms: int) -> None:
-        redo = self._retries.pop(seq, None)
+        redo = self.redos.retry_due(seq)
         if redo is not None:
             self.stats.retried += 1
             self._requeue(redo, now_ms)
@@ -226,45 +210,27 @@ class _Runs(_Parts):
         job.due.appendleft((redo.fire, redo.attempt, False))
         self._enqueue(job, now_ms, overdue=False)
 
-    def _arm_run(self, run: _Run) -> None:
-        """Give the run its own wheel timers: TIMEOUT, and LEASE once handed out."""
-        run.armed = True
-        if run.lease_deadline:
-            self.wheel.add((run.run_id << 2) | LEASE, run.lease_deadline)
-        self.wheel.add((run.run_id << 2) | TIMEOUT, run.timeout_deadline)
-
-    def _grace_expired(self, run_ids: list[int]) -> None:
-        """Grace leases handed out together are due: runs that ended are
-        gone; the rest get their own timers, which fire at once if due."""
-        runs = self.runs
-        for run_id in run_ids:
-            run = runs.get(run_id)
-            if run is None or run.armed or run.phase not in (Phase.DISPATCHED, Phase.RUNNING):
-                continue
-            self._graced -= 1
-            self._arm_run(run)
-
-    def _on_lease_timer(self, run_id: int, now_ms: int, fx: Effects) -> None:
+    def _on_lease_timer(self, run_id: int, now_ms: int, acts: Actions) -> None:
         run = self.runs.get(run_id)
         if run is None or run.phase not in (Phase.DISPATCHED, Phase.RUNNING):
             return
         if run.lease_deadline > now_ms:
             # Renewed since the timer was set: renewals only move the deadline.
-            self.wheel.add((run_id << 2) | LEASE, run.lease_deadline)
+            self.runs.renew_timer(run)
             return
         self.stats.lost_leases += 1
-        fx.notes.append(_note("lease expired", run))
+        acts.notes.append(_note("lease expired", run))
         if run.worker_id is not None:
             holder = self.workers.get(run.worker_id)
             if holder is not None:
                 # Its stream is up but it did not renew: do not hand the
                 # re-dispatch (or anything else) straight back to it.
                 holder.silent = True
-            self._revoke(run, RevokeReason.LEASE_EXPIRED, fx)
-        self._lose(run, "lease expired", now_ms, fx)
+            self._revoke(run, RevokeReason.LEASE_EXPIRED, acts)
+        self._lose(run, "lease expired", now_ms, acts)
 
     def _lose(
-        self, run: _Run, why: str, now_ms: int, fx: Effects, *, reply_to: str | None = None
+        self, run: _Run, why: str, now_ms: int, acts: Actions, *, reply_to: str | None = None
     ) -> None:
         """A run that may have had its effect ended without an outcome (its
         lease lapsed, its worker gave up on it): an at_most_once run becomes
@@ -272,7 +238,7 @@ class _Runs(_Parts):
         remain, else dead-lettered."""
         job = self._job(run.job_id)
         if job is not None and job.spec.side_effect is SideEffect.AT_MOST_ONCE:
-            fx.alerts.append(
+            acts.alerts.append(
                 Alert(
                     kind=AlertKind.OUTCOME_UNKNOWN,
                     message=f"job {run.job_id} fire {run.scheduled_for}: at_most_once run {why};"
@@ -283,27 +249,27 @@ class _Runs(_Parts):
                     worker=run.worker_id,
                 )
             )
-            self._end_run(run, RunState.UNKNOWN, why, fx, now_ms, reply_to=reply_to)
+            self._end_run(run, RunState.UNKNOWN, why, acts, now_ms, reply_to=reply_to)
         elif job is not None and should_retry(job.spec.retry, failed_attempt=run.attempt):
-            self._end_run(run, RunState.LOST, why, fx, now_ms, reply_to=reply_to)
+            self._end_run(run, RunState.LOST, why, acts, now_ms, reply_to=reply_to)
         else:
             self._end_run(
                 run,
                 RunState.DEAD_LETTERED,
                 f"{why} on the last attempt",
-                fx,
+                acts,
                 now_ms,
                 reply_to=reply_to,
             )
 
-    def _on_timeout(self, run_id: int, now_ms: int, fx: Effects) -> None:
+    def _on_timeout(self, run_id: int, now_ms: int, acts: Actions) -> None:
         run = self.runs.get(run_id)
         if run is None or run.phase not in (Phase.DISPATCHED, Phase.RUNNING, Phase.READY):
             return
         self.stats.timed_out += 1
-        fx.notes.append(_note("timed out", run))
+        acts.notes.append(_note("timed out", run))
         if run.worker_id is not None:
-            self._revoke(run, RevokeReason.TIMED_OUT, fx)
+            self._revoke(run, RevokeReason.TIMED_OUT, acts)
         job = self._job(run.job_id)
         # An at_most_once run that was handed out may have had its effect: a
         # timeout is no proof it did not, so it is never re-dispatched.
@@ -316,39 +282,40 @@ class _Runs(_Parts):
             run,
             RunState.DEAD_LETTERED if last else RunState.TIMED_OUT,
             "timed out",
-            fx,
+            acts,
             now_ms,
         )
 
-    def _revoke(self, run: _Run, reason: RevokeReason, fx: Effects) -> None:
+    def _revoke(self, run: _Run, reason: RevokeReason, acts: Actions) -> None:
         if run.worker_id is not None and run.worker_id in self.workers:
-            fx.revokes.setdefault(run.worker_id, []).append(
+            acts.revokes.setdefault(run.worker_id, []).append(
                 Revoke(run_id=run.run_id, fence=run.fence, reason=reason)
             )
 
-    def _run_reaper(self, now_ms: int, fx: Effects) -> None:
+    def _run_reaper(self, now_ms: int, acts: Actions) -> None:
         """Re-dispatch fires whose lease expired, rate limited, and not at all
         while the fleet is nearly saturated (seed R6: a spiral is worse)."""
-        if not self._reaper:
-            self._reaper_paused = False  # nothing waits for it (a cancel, a hand-over)
+        redos = self.redos
+        if not redos.lost():
+            redos.paused = False  # nothing waits for it (a cancel, a hand-over)
             return
-        if self._fleet_busy():
-            if not self._reaper_paused:
-                self._reaper_paused = True
-                fx.alerts.append(
+        if self.workers.busy(self.config.busy_threshold):
+            if not redos.paused:
+                redos.paused = True
+                acts.alerts.append(
                     Alert(kind=AlertKind.REAPER_PAUSED, message=self._reaper_paused_why())
                 )
             return
-        self._reaper_paused = False
-        n = self._reaper_bucket.take(len(self._reaper), now_ms)
-        self.stats.redispatched += n
-        for _ in range(n):
-            self._requeue(self._reaper.popleft(), now_ms)
+        redos.paused = False
+        due = redos.reap(now_ms)
+        self.stats.redispatched += len(due)
+        for redo in due:
+            self._requeue(redo, now_ms)
 
     def _reaper_paused_why(self) -> str:
         """Why re-dispatch waits, in the true words: an empty fleet is not
         a busy one."""
-        waiting = f"{len(self._reaper)} expired leases wait"
+        waiting = f"{self.redos.lost()} expired leases wait"
         workers = self.workers.values()
         capacity = sum(w.capacity for w in workers)
         if not workers:
@@ -363,4 +330,4 @@ class _Runs(_Parts):
 
     @property
     def reaper_paused(self) -> bool:
-        return self._reaper_paused
+        return self.redos.paused

@@ -5,21 +5,17 @@ or handed over whole."""
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 
 from mypy_extensions import trait
 
 from wheel.engine.model import SHARD_COUNT, JobState, RunState, shard_of
-from wheel.engine.owner._state import Redo, _Job, _Parts, _Run, _Shard
+from wheel.engine.owner._redos import Redo
+from wheel.engine.owner._runtable import _Run
+from wheel.engine.owner._state import _Job, _Parts
 from wheel.engine.owner._values import (
-    COUNTER_BITS,
-    COUNTER_MASK,
     FIRE,
-    LEASE,
-    RETRY,
-    TIMEOUT,
-    Effects,
+    Actions,
     Phase,
     RunRef,
     ShardContents,
@@ -36,28 +32,17 @@ class _Shards(_Parts):
     __slots__ = ()
 
     def owns(self, job_id: int) -> bool:
-        return shard_of(job_id) in self._shards
+        return self.shard_map.owns(job_id)
 
     def shards(self) -> Mapping[int, int]:
         """Shard -> the epoch this owner holds it under (not to be changed:
         the same mapping until the shards held change)."""
-        epochs = self._epochs
-        if epochs is None:
-            epochs = self._epochs = {s: state.epoch for s, state in self._shards.items()}
-        return epochs
-
-    def _next_fence(self, shard: int) -> int:
-        state = self._shards[shard]
-        counter = state.counter + 1
-        if counter > COUNTER_MASK:
-            raise OverflowError(f"fence counter of shard {shard} exhausted; bump the epoch")
-        state.counter = counter
-        return (state.epoch << COUNTER_BITS) | counter
+        return self.shard_map.epochs()
 
     # -- gaining shards -----------------------------------------------------------
 
     def add_shards(
-        self, epochs: Mapping[int, int], contents: ShardContents, now_ms: int, fx: Effects
+        self, epochs: Mapping[int, int], contents: ShardContents, now_ms: int, acts: Actions
     ) -> None:
         """Take on the shards of ``epochs`` (shard -> the epoch this owner now
         holds it under): arm their jobs, keep the jobs that only finish their
@@ -66,34 +51,33 @@ class _Shards(_Parts):
         pending retries. Whatever in ``contents`` belongs to other shards is
         left out. A shard must not be held already: to change a shard's epoch
         the owner hands it over first."""
-        held = set(epochs) & self._shards.keys()
+        held = {s for s in epochs if s in self.shard_map}
         if held:
             raise ValueError(f"shards already held: {sorted(held)[:10]}")
         numbers = [self.profiles.add(p) for p in contents.profiles]
         for shard, epoch in epochs.items():
-            gained = self._shards[shard] = _Shard(shard, epoch)
-            self._epochs = None
+            gained = self.shard_map.add(shard, epoch)
             rows = contents.packed.get(shard)
             if rows is not None:
                 self._take_on_rows(gained, rows, numbers)
-        ours = None if len(self._shards) == SHARD_COUNT else set(epochs)
+        ours = None if len(self.shard_map) == SHARD_COUNT else set(epochs)
         for changes in contents.rows:
-            self.apply_rows(changes, now_ms, fx, ours)
+            self.apply_rows(changes, now_ms, acts, ours)
         for record in contents.jobs:
             if ours is not None and shard_of(record.job_id) not in ours:
                 continue
             try:
-                self.upsert_job(record, now_ms, fx)
+                self.upsert_job(record, now_ms, acts)
             except Exception:
                 # One bad row (an expression this version rejects) must not keep
                 # every other job of the shard from running.
                 log.exception("job %s could not be loaded; skipped", record.job_id)
         self._adopt_finished(contents.finished, ours)
-        self._restore_inflight(contents.inflight, ours, now_ms, fx)
+        self._restore_inflight(contents.inflight, ours, now_ms, acts)
         self._restore_retries(contents.retries, ours, now_ms)
 
     def apply_rows(
-        self, changes: RowChanges, now_ms: int, fx: Effects, ours: set[int] | None = None
+        self, changes: RowChanges, now_ms: int, acts: Actions, ours: set[int] | None = None
     ) -> None:
         """Jobs as the store has them now, as rows (``Store.changed_rows``):
         each taken on by its profile, with no spec to parse; those stored
@@ -102,7 +86,7 @@ class _Shards(_Parts):
         profiles = self.profiles
         for row in changes.rows:
             shard = shard_of(row.job_id)
-            if shard not in self._shards or (ours is not None and shard not in ours):
+            if shard not in self.shard_map or (ours is not None and shard not in ours):
                 continue
             index = profiles.index_of(row.profile_id)
             if index is None:
@@ -115,11 +99,11 @@ class _Shards(_Parts):
                 row.param,
                 row.has_payload,
                 now_ms,
-                fx,
+                acts,
             )
         for record in changes.jobs:
             if ours is None or shard_of(record.job_id) in ours:
-                self.upsert_job(record, now_ms, fx)
+                self.upsert_job(record, now_ms, acts)
 
     def _adopt_finished(self, records: Sequence[JobRecord], ours: set[int] | None) -> None:
         """Jobs whose schedule is over but that still have runs in flight or
@@ -153,7 +137,7 @@ class _Shards(_Parts):
         executions: Sequence[ExecutionRecord],
         ours: set[int] | None,
         now_ms: int,
-        fx: Effects,
+        acts: Actions,
     ) -> None:
         """Runs the store says are in flight. A running run gets a full lease
         from now and one never acked the grace lease (seed R1): their workers
@@ -172,21 +156,18 @@ class _Shards(_Parts):
                 run.phase = Phase.DISPATCHED
                 run.lease_deadline = now_ms + self.config.grace_lease_ms
             run.held_out = True
-            run.armed = True
-            self.wheel.add((run.run_id << 2) | LEASE, run.lease_deadline)
+            self.runs.adopt(run)
             job = self._job(ex.job_id)
             if job is not None:
                 job.inflight += 1
                 job.running += 1
-                self._hold_if_limited(run.run_id, job.spec.tenant)
+                self.tenants.hold_if_limited(run.run_id, job.spec.tenant)
                 run.timeout_deadline = ex.dispatched_at_ms + job.spec.timeout_ms
-                self.wheel.add((run.run_id << 2) | TIMEOUT, max(now_ms, run.timeout_deadline))
-            self.runs[run.run_id] = run
-            state = self._shards[shard_of(ex.job_id)]
-            if ex.fence >> COUNTER_BITS == state.epoch:
-                state.counter = max(state.counter, ex.fence & COUNTER_MASK)
+                self.runs.time_out_at(run, max(now_ms, run.timeout_deadline))
+            self.runs.add(run)
+            self.shard_map.adopt_fence(shard_of(ex.job_id), ex.fence)
             if job is not None and job.cancelled:
-                self._end_run(run, RunState.CANCELLED, "job cancelled", fx, now_ms)
+                self._end_run(run, RunState.CANCELLED, "job cancelled", acts, now_ms)
             elif job is not None and ex.state is RunState.DISPATCHED and ex.worker_id == "":
                 # Its previous owner handed it over unsent (a planned move,
                 # ``Store.release_unsent``): sent now, same attempt and fence.
@@ -213,12 +194,10 @@ class _Shards(_Parts):
             redo = Redo(job.job_id, ex.scheduled_for, ex.attempt + 1)
             if ex.state is RunState.LOST:
                 job.inflight += 1
-                self._reaper.append(redo)
+                self.redos.reap_later(redo)
             elif should_retry(job.spec.retry, failed_attempt=ex.attempt):
                 job.inflight += 1
-                self._retry_seq += 1
-                self._retries[self._retry_seq] = redo
-                self.wheel.add((self._retry_seq << 2) | RETRY, now_ms)
+                self.redos.retry_at(redo, now_ms)
 
     # -- losing shards ------------------------------------------------------------
 
@@ -227,8 +206,7 @@ class _Shards(_Parts):
         claims on their way and runs, at once and without a store write. No
         run is marked lost: its worker goes on, and the next owner adopts it
         from the store. Returns the runs handed over, as (run id, fence)."""
-        gone = [self._shards.pop(s) for s in shards if s in self._shards]
-        self._epochs = None
+        gone = self.shard_map.remove(shards)
         if not gone:
             return []
         lost = {state.shard for state in gone}
@@ -244,32 +222,20 @@ class _Shards(_Parts):
                 wheel.cancel((job_id << 2) | FIRE)
         if self.dirty:
             self.dirty = {j for j in self.dirty if shard_of(j) not in lost}
-        for run_id, run in list(self.runs.items()):
+        for run_id, run in self.runs.items():
             if shard_of(run.job_id) in lost:
-                del self.runs[run_id]
-                self._unhold(run_id)
-                self._ending.pop(run_id, None)
-                if run.armed:
-                    wheel.cancel((run_id << 2) | LEASE)
-                    wheel.cancel((run_id << 2) | TIMEOUT)
-                elif run.lease_deadline and run.phase in (Phase.DISPATCHED, Phase.RUNNING):
-                    self._graced -= 1  # its entry in ``_grace`` is skipped when due
+                self.runs.drop(run)
+                self.tenants.unhold(run_id)
                 if run.worker_id is not None:
                     worker = self.workers.get(run.worker_id)
                     if worker is not None:
                         worker.held.discard(run_id)
                 handed.append((run_id, run.fence))
-        for key, pend in list(self._pending.items()):
-            if shard_of(pend.job_id) in lost:
-                del self._pending[key]
-                worker = self.workers.get(pend.worker_id) if pend.worker_id else None
-                if worker is not None:
-                    worker.reserved -= 1
-        for seq, redo in list(self._retries.items()):
-            if shard_of(redo.job_id) in lost:
-                del self._retries[seq]  # its RETRY timer finds nothing
-        if self._reaper:
-            self._reaper = deque(r for r in self._reaper if shard_of(r.job_id) not in lost)
+        for pend in self.claims.drop(lambda j: shard_of(j) in lost):
+            worker = self.workers.get(pend.worker_id) if pend.worker_id else None
+            if worker is not None:
+                worker.reserved -= 1
+        self.redos.drop(lambda j: shard_of(j) in lost)
         later = self._later.claims
         if later:
             self._later.claims = [c for c in later if shard_of(c.job_id) not in lost]

@@ -1,19 +1,23 @@
 """The shard owner's state: the records it keeps per job, run, worker and
 shard, and the base every part of the owner shares (``_OwnerState``).
 
-The owner is one object whose logic is split by seam into parts (mixins) that
-share this state: ``_images`` (jobs kept as checkpoint images until first
-touched), ``_jobs`` (schedules, fires and missed fires), ``_dispatch``
-(routing, claims and hand-out), ``_workers`` (the lease streams), ``_runs``
-(run endings, leases, retries, the reaper) and ``_shards`` (gaining and losing
-shards). What one part calls in another is declared here, so each seam shows
-what crosses it.
+Six parts own their state and are reached through their methods: the run
+table (``runs``, ``_runtable``), the tenant limits (``tenants``,
+``_tenants``), the shards held (``shard_map``, ``_shardmap``), the fires
+to run again (``redos``, ``_redos``), the connected workers (``workers``,
+``_fleet``) and the claims on their way to the store (``claims``,
+``_claims``). The rest
+of the logic is split by seam into traits that still share this state:
+``_packed`` (jobs at rest as packed rows), ``_jobs`` (schedules, fires and
+missed fires), ``_dispatch`` (routing, claims and hand-out), ``_workers``
+(the lease streams), ``_runs`` (run endings and what follows them) and
+``_shards`` (gaining and losing shards). What one trait calls in another is
+declared here, so each seam shows what crosses it.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from mypy_extensions import trait
@@ -21,14 +25,17 @@ from mypy_extensions import trait
 from wheel.engine.fairness import FairQueue, TokenBucket
 from wheel.engine.jobtable import NEVER, Columns, ShardJobs
 from wheel.engine.model import RunState, shard_of
+from wheel.engine.owner._claims import Claims
+from wheel.engine.owner._fleet import Fleet, _Worker
+from wheel.engine.owner._redos import Redos
+from wheel.engine.owner._runtable import RunTable, _Run
+from wheel.engine.owner._shardmap import ShardMap, _Shard
+from wheel.engine.owner._tenants import Tenants
 from wheel.engine.owner._values import (
-    _RUN_TRANSITIONS,
-    Effects,
+    Actions,
     OwnerConfig,
     OwnerStats,
-    Phase,
     Route,
-    TenantLimit,
 )
 from wheel.engine.profiles import Profiles
 from wheel.engine.schedule import CompiledSchedule
@@ -36,7 +43,7 @@ from wheel.engine.spec import JobSpec, OverlapPolicy
 from wheel.engine.timerwheel import TimerWheel
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable
 
     from wheel.engine.model import JobState, MissedReason
     from wheel.engine.owner._values import RevokeReason
@@ -55,15 +62,6 @@ def _moves(due: Due) -> bool:
 def _retry(due: Due) -> bool:
     """A later attempt of a fire that already ran."""
     return due[1] > 0
-
-
-class Redo(NamedTuple):
-    """A fire to run again as a new attempt (a retry, or a re-dispatch after
-    a lost lease)."""
-
-    job_id: int
-    fire: int
-    attempt: int
 
 
 class Ahead(NamedTuple):
@@ -161,165 +159,6 @@ class _Job:
         self.queued = False
 
 
-class _Run:
-    __slots__ = (
-        "armed",
-        "attempt",
-        "end_state",
-        "fence",
-        "held_out",
-        "job_id",
-        "lease_deadline",
-        "payload",
-        "phase",
-        "refused",
-        "reply_to",
-        "run_id",
-        "scheduled_for",
-        "timed",
-        "timeout_deadline",
-        "worker_id",
-    )
-
-    def __init__(
-        self,
-        run_id: int,
-        job_id: int,
-        scheduled_for: int,
-        attempt: int,
-        fence: int,
-        payload: bytes = b"",
-    ) -> None:
-        self.run_id = run_id
-        self.job_id = job_id
-        self.scheduled_for = scheduled_for
-        self.attempt = attempt
-        self.fence = fence
-        # Read from the store with its claim (its job keeps no payload).
-        self.payload = payload
-        self.phase = Phase.CLAIMING
-        self.worker_id: str | None = None
-        self.lease_deadline = 0
-        self.timeout_deadline = 0
-        # Handed to a worker (or restored): counted in its job's ``running``.
-        self.held_out = False
-        # Its LEASE and TIMEOUT deadlines are wheel timers (else its grace
-        # lease waits in the owner's ``_grace`` FIFO, or it has no lease yet).
-        self.armed = False
-        # Workers (by incarnation) that handed it back, and until when it is
-        # not offered to them again (``_take_back``).
-        self.refused: dict[int, int] | None = None
-        # Its first hand-out counts as dispatch lag (how late a fire that
-        # was due went out): a scheduled fire's first attempt or a trigger,
-        # set when it is claimed (``on_claimed``). Not a backfill's or a
-        # redrive's fire, which was not due when it was asked for, nor a
-        # retry (its wait is its backoff), nor a run handed back and out again.
-        self.timed = False
-        # Set when it goes ENDING (``_end_run``), read only after: the
-        # terminal state sent to the store, and the worker to answer once the
-        # store applied it (None: nobody asked).
-        self.end_state: RunState
-        self.reply_to: str | None
-
-
-class _Worker:
-    __slots__ = (
-        "capacity",
-        "draining",
-        "handlers",
-        "held",
-        "incarnation",
-        "pools",
-        "reserved",
-        "silent",
-        "worker_id",
-    )
-
-    def __init__(
-        self,
-        worker_id: str,
-        capacity: int,
-        pools: frozenset[str],
-        handlers: frozenset[str],
-        incarnation: int,
-    ) -> None:
-        self.worker_id = worker_id
-        self.capacity = capacity
-        self.pools = pools
-        # Handler names it runs; empty: any.
-        self.handlers = handlers
-        # Which hello this is: refusals of an earlier one do not count.
-        self.incarnation = incarnation
-        self.held: set[int] = set()
-        self.reserved = 0
-        self.draining = False
-        # Let a lease it held expire (stopped, partitioned, not acking): no new
-        # work until it sends something again.
-        self.silent = False
-
-    @property
-    def free(self) -> int:
-        if self.draining or self.silent:
-            return 0
-        return self.capacity - len(self.held) - self.reserved
-
-    def serves(self, route: Route) -> bool:
-        return route[0] in self.pools and (not self.handlers or route[1] in self.handlers)
-
-
-@dataclass(slots=True, init=False)
-class _Pending:
-    """A claim on its way to the store (its __init__ spelled out: see
-    wheel.engine.records.FireClaim)."""
-
-    job_id: int
-    scheduled_for: int
-    attempt: int
-    fence: int
-    worker_id: str | None
-    # ``claim_now``: the won run waits on its job, handed out as overdue work.
-    ahead: bool
-    overdue: bool
-    # Its run's hand-out counts as dispatch lag (``_Run.timed``).
-    timed: bool
-
-    def __init__(
-        self,
-        job_id: int,
-        scheduled_for: int,
-        attempt: int,
-        fence: int,
-        worker_id: str | None,
-        ahead: bool = False,
-        overdue: bool = False,
-        timed: bool = True,
-    ) -> None:
-        self.job_id = job_id
-        self.scheduled_for = scheduled_for
-        self.attempt = attempt
-        self.fence = fence
-        self.worker_id = worker_id
-        self.ahead = ahead
-        self.overdue = overdue
-        self.timed = timed
-
-
-class _Shard:
-    """A shard this owner holds: its epoch and fence counter, and its jobs as
-    packed rows (awake ones marked), so that the shard is taken on and handed
-    over as a whole (``Owner.add_shards``, ``remove_shards``) without an
-    object per job. Its runs are few (bounded by the fleet's capacity): a
-    hand-over finds them by their job's shard."""
-
-    __slots__ = ("counter", "epoch", "shard", "table")
-
-    def __init__(self, shard: int, epoch: int, table: ShardJobs | None = None) -> None:
-        self.shard = shard
-        self.epoch = epoch
-        self.counter = 0
-        self.table = table if table is not None else ShardJobs()
-
-
 def _limit(spec: JobSpec) -> int:
     """How many runs of a job may be in flight at once (per-job serialization)."""
     overlap = spec.overlap
@@ -333,12 +172,6 @@ def _fence_mismatch(given: int, current: int) -> str:
     if given < current:
         return f"stale fence {given}: the run's fence is now {current}"
     return f"fence {given} does not match the run's fence {current}"
-
-
-def _move(run: _Run, to: Phase) -> None:
-    if (run.phase, to) not in _RUN_TRANSITIONS:
-        raise AssertionError(f"illegal run transition {run.phase.name} -> {to.name}")
-    run.phase = to
 
 
 @trait
@@ -355,41 +188,28 @@ class _Parts:
     # dispatch).
     __slots__ = (
         "_armed_until",
-        "_ending",
-        "_epochs",
         "_fresh",
         "_given",
-        "_grace",
-        "_graced",
-        "_held_tenant",
         "_holds",
-        "_incarnations",
         "_later",
         "_next_unarmed",
         "_next_worker",
         "_overdue",
         "_overdue_bucket",
-        "_pending",
         "_ready",
-        "_reaper",
-        "_reaper_bucket",
-        "_reaper_paused",
-        "_retries",
-        "_retry_seq",
         "_settling",
-        "_shards",
-        "_tenant_blocked",
-        "_tenant_buckets",
-        "_tenant_held",
-        "_tenant_limits",
         "_unserved",
         "_unserved_alerted",
+        "claims",
         "config",
         "dirty",
         "jobs",
         "profiles",
+        "redos",
         "runs",
+        "shard_map",
         "stats",
+        "tenants",
         "wheel",
         "workers",
     )
@@ -404,35 +224,22 @@ class _Parts:
     _settling: set[int]
     _holds: set[int]
     dirty: set[int]
-    runs: dict[int, _Run]
-    workers: dict[str, _Worker]
+    runs: RunTable
+    workers: Fleet
     stats: OwnerStats
-    _shards: dict[int, _Shard]
-    _epochs: dict[int, int] | None
-    _pending: dict[tuple[int, int, int], _Pending]
-    _ending: dict[int, _Run]
+    shard_map: ShardMap
+    claims: Claims
     _fresh: dict[Route, FairQueue[int]]
     _overdue: dict[Route, FairQueue[int]]
     _ready: dict[Route, deque[int]]
     _unserved: dict[Route, int]
     _unserved_alerted: set[Route]
-    _incarnations: int
-    _grace: deque[tuple[int, list[int]]]
-    _graced: int
-    _retries: dict[int, Redo]
-    _retry_seq: int
-    _reaper: deque[Redo]
-    _reaper_bucket: TokenBucket
+    redos: Redos
     _next_worker: int
     _given: int
     _overdue_bucket: TokenBucket
-    _reaper_paused: bool
-    _tenant_limits: dict[str, TenantLimit]
-    _tenant_buckets: dict[str, TokenBucket]
-    _held_tenant: dict[int, str]
-    _tenant_held: dict[str, int]
-    _tenant_blocked: set[str]
-    _later: Effects
+    tenants: Tenants
+    _later: Actions
 
     # What one part calls in another, defined by the part named.
     # _packed
@@ -472,44 +279,10 @@ class _Parts:
     def _settle(self, now_ms: int) -> None:
         raise NotImplementedError
 
-    def _table_of(self, job_id: int) -> ShardJobs | None:
-        raise NotImplementedError
-
     def _wake(self, job_id: int) -> _Job | None:
         raise NotImplementedError
 
     def _take_on_rows(self, held: _Shard, rows: Columns, profiles: list[int]) -> None:
-        raise NotImplementedError
-
-    # _shards
-    def owns(self, job_id: int) -> bool:
-        raise NotImplementedError
-
-    # _tenants
-    def _hold_if_limited(self, run_id: int, tenant: str) -> None:
-        raise NotImplementedError
-
-    def _unhold(self, run_id: int) -> None:
-        raise NotImplementedError
-
-    def _tenant_allowance(self, now_ms: int) -> dict[str, int] | None:
-        raise NotImplementedError
-
-    def _tenants_took(
-        self, before: Mapping[str, int], allow: Mapping[str, int], now_ms: int
-    ) -> None:
-        raise NotImplementedError
-
-    def _has_unblocked(self, q: FairQueue[int]) -> bool:
-        raise NotImplementedError
-
-    def _tenant_wake(self, now_ms: int) -> int | None:
-        raise NotImplementedError
-
-    def _claiming(self) -> dict[str, int]:
-        raise NotImplementedError
-
-    def _over_in_flight(self, tenant: str, claiming: Mapping[str, int]) -> bool:
         raise NotImplementedError
 
     # _jobs
@@ -517,24 +290,24 @@ class _Parts:
         raise NotImplementedError
 
     def _miss(
-        self, job: _Job, missed: Iterable[tuple[int, MissedReason]], now_ms: int, fx: Effects
+        self, job: _Job, missed: Iterable[tuple[int, MissedReason]], now_ms: int, acts: Actions
     ) -> None:
         raise NotImplementedError
 
-    def _sync_schedule(self, job: _Job, now_ms: int, fx: Effects) -> None:
+    def _sync_schedule(self, job: _Job, now_ms: int, acts: Actions) -> None:
         raise NotImplementedError
 
-    def _flush_skipped(self, job: _Job, upto: int | None, now_ms: int, fx: Effects) -> None:
+    def _flush_skipped(self, job: _Job, upto: int | None, now_ms: int, acts: Actions) -> None:
         raise NotImplementedError
 
-    def _run_finished(self, job: _Job, now_ms: int, fx: Effects) -> None:
+    def _run_finished(self, job: _Job, now_ms: int, acts: Actions) -> None:
         raise NotImplementedError
 
     # _dispatch
     def _enqueue(self, job: _Job, now_ms: int, *, overdue: bool, front: bool = False) -> None:
         raise NotImplementedError
 
-    def _dispatch(self, now_ms: int, fx: Effects) -> None:
+    def _dispatch(self, now_ms: int, acts: Actions) -> None:
         raise NotImplementedError
 
     def _requeue_job(self, job: _Job, now_ms: int) -> None:
@@ -549,10 +322,7 @@ class _Parts:
     def _wait_ready(self, run: _Run, job: _Job | None) -> None:
         raise NotImplementedError
 
-    def _hand_out(self, run: _Run, worker: _Worker, now_ms: int, fx: Effects) -> None:
-        raise NotImplementedError
-
-    def _next_fence(self, shard: int) -> int:
+    def _hand_out(self, run: _Run, worker: _Worker, now_ms: int, acts: Actions) -> None:
         raise NotImplementedError
 
     # _runs
@@ -561,7 +331,7 @@ class _Parts:
         run: _Run,
         state: RunState,
         error: str | None,
-        fx: Effects,
+        acts: Actions,
         now_ms: int,
         *,
         reply_to: str | None = None,
@@ -569,14 +339,11 @@ class _Parts:
     ) -> None:
         raise NotImplementedError
 
-    def _revoke(self, run: _Run, reason: RevokeReason, fx: Effects) -> None:
-        raise NotImplementedError
-
-    def _arm_run(self, run: _Run) -> None:
+    def _revoke(self, run: _Run, reason: RevokeReason, acts: Actions) -> None:
         raise NotImplementedError
 
     def _lose(
-        self, run: _Run, why: str, now_ms: int, fx: Effects, *, reply_to: str | None = None
+        self, run: _Run, why: str, now_ms: int, acts: Actions, *, reply_to: str | None = None
     ) -> None:
         raise NotImplementedError
 
@@ -584,7 +351,7 @@ class _Parts:
         raise NotImplementedError
 
     # _jobs
-    def upsert_job(self, record: JobRecord, now_ms: int, fx: Effects) -> None:
+    def upsert_job(self, record: JobRecord, now_ms: int, acts: Actions) -> None:
         raise NotImplementedError
 
     def upsert(
@@ -596,12 +363,8 @@ class _Parts:
         param: int,
         has_payload: bool,
         now_ms: int,
-        fx: Effects,
+        acts: Actions,
     ) -> None:
-        raise NotImplementedError
-
-    # _dispatch
-    def _fleet_busy(self) -> bool:
         raise NotImplementedError
 
     # _packed
@@ -645,15 +408,15 @@ class _OwnerState(_Parts):
         self._settling: set[int] = set()
         # Jobs whose packed image changed since ``take_dirty`` (the node logs them).
         self.dirty: set[int] = set()
-        self.runs: dict[int, _Run] = {}
-        self.workers: dict[str, _Worker] = {}
+        # The runs held, their phases and leases (``_runtable``).
+        self.runs = RunTable(self.wheel)
+        # The connected workers, their credit and the runs they hold (``_fleet``).
+        self.workers = Fleet()
         self.stats = OwnerStats()
-        self._shards: dict[int, _Shard] = {s: _Shard(s, e) for s, e in (epochs or {}).items()}
-        # ``shards()`` as last built: a batch, a status and a hand-over each
-        # ask for it; a change to the shards held drops it (never mutated).
-        self._epochs: dict[int, int] | None = None
-        self._pending: dict[tuple[int, int, int], _Pending] = {}
-        self._ending: dict[int, _Run] = {}  # runs whose terminal state is on its way
+        # The shards held: epochs, fence counters, tables of jobs (``_shardmap``).
+        self.shard_map = ShardMap(epochs)
+        # Claims sent to the store and not answered yet (``_claims``).
+        self.claims = Claims()
         # Queued work by route: jobs with a fresh fire, jobs with overdue
         # work (fair across tenants), and claimed runs that wait for a worker
         # (theirs went away, or it handed them back).
@@ -664,16 +427,10 @@ class _OwnerState(_Parts):
         # and whether the alert went out.
         self._unserved: dict[Route, int] = {}
         self._unserved_alerted: set[Route] = set()
-        self._incarnations = 0
-        # Grace leases in hand-out order: (deadline, run ids), deadlines
-        # increasing (see the module docstring).
-        self._grace: deque[tuple[int, list[int]]] = deque()
-        self._graced = 0  # runs in there that have not ended
-        self._retries: dict[int, Redo] = {}  # by sequence number (RETRY timers)
-        self._retry_seq = 0
-        self._reaper: deque[Redo] = deque()
-        self._reaper_bucket = TokenBucket(
-            self.config.reaper_rate_per_s, self.config.reaper_burst, now_ms
+        # Retries waiting out their backoff, lost runs' fires waiting for
+        # the reaper (``_redos``).
+        self.redos = Redos(
+            self.wheel, self.config.reaper_rate_per_s, self.config.reaper_burst, now_ms
         )
         rate = self.config.dispatch_rate_per_s * self.config.overdue_fraction
         self._next_worker = 0
@@ -681,14 +438,8 @@ class _OwnerState(_Parts):
         self._overdue_bucket = TokenBucket(
             rate, max(1.0, rate * self.config.overdue_burst_s), now_ms
         )
-        self._reaper_paused = False
-        # Tenant limits (``_tenants``): each limited tenant's fire bucket,
-        # the runs its workers hold (by run id, and counted by tenant), and
-        # the tenants the last dispatch held back.
-        self._tenant_limits: dict[str, TenantLimit] = {}
-        self._tenant_buckets: dict[str, TokenBucket] = {}
-        self._held_tenant: dict[int, str] = {}
-        self._tenant_held: dict[str, int] = {}
-        self._tenant_blocked: set[str] = set()
-        # Claims made without an Effects at hand, sent with the next advance.
-        self._later = Effects()
+        # Tenant limits: each limited tenant's fire bucket and the runs its
+        # workers hold (``_tenants``).
+        self.tenants = Tenants()
+        # Claims made without an Actions at hand, sent with the next advance.
+        self._later = Actions()

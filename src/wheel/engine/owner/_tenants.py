@@ -1,5 +1,12 @@
 """Tenant limits on dispatch: fires a second and runs in flight per tenant.
 
+``Tenants`` is a part of the owner: it keeps each limited tenant's fire
+bucket and the runs its workers hold, and answers the dispatcher's
+questions (how much may each tenant take now, is it over its in-flight
+limit, when does a tenant held back get its next token). It knows nothing
+of jobs or runs beyond the run ids and tenants it is told of; what is on its
+way to the store (``claiming``) the dispatcher counts and passes in.
+
 A tenant over either limit is passed over by the dispatch queues (``FairQueue.pop``'s
 ``allow``): its fires stay queued in order and go out once it is back under
 (a token of its bucket, or a run of its ending), never dropped. The other
@@ -30,22 +37,34 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mypy_extensions import trait
-
 from wheel.engine.fairness import FairQueue, TokenBucket
-from wheel.engine.owner._state import _Parts
 from wheel.engine.owner._values import TenantLimit
 
 # An allowance without a limit.
 _UNLIMITED = 1 << 62
 
 
-@trait
-class _Tenants(_Parts):
-    __slots__ = ()
+class Tenants:
+    """Each limited tenant's limits, fire bucket and runs held by workers."""
 
-    def set_tenant_limits(self, limits: Mapping[str, TenantLimit], now_ms: int) -> None:
-        """Replace every tenant's limits (a tenant not named has none)."""
+    __slots__ = ("_blocked", "_buckets", "_by_run", "_held", "limits")
+
+    def __init__(self) -> None:
+        # Only tenants with a limit; empty: no tenant is limited (the
+        # dispatch path asks nothing more).
+        self.limits: dict[str, TenantLimit] = {}
+        self._buckets: dict[str, TokenBucket] = {}
+        # Runs held by workers, counted for tenants with an in-flight limit:
+        # the tenant of each run (rule 3), and how many each tenant holds.
+        self._by_run: dict[int, str] = {}
+        self._held: dict[str, int] = {}
+        # The tenants the last dispatch left without allowance.
+        self._blocked: set[str] = set()
+
+    def set_limits(self, limits: Mapping[str, TenantLimit], now_ms: int) -> set[str]:
+        """Replace every tenant's limits (a tenant not named has none). The
+        runs held are forgotten: returns the tenants whose runs must be
+        counted afresh (``hold``), those with an in-flight limit."""
         kept = {
             t: lim
             for t, lim in limits.items()
@@ -57,116 +76,98 @@ class _Tenants(_Parts):
                 continue
             rate = max(0.0, lim.fires_per_s)
             burst = max(1.0, rate)
-            bucket = self._tenant_buckets.get(tenant)
+            bucket = self._buckets.get(tenant)
             if bucket is None:
                 bucket = TokenBucket(rate, burst, now_ms)
             else:
                 bucket.set_rate(rate, now_ms, burst=burst)
             buckets[tenant] = bucket
-        self._tenant_limits = kept
-        self._tenant_buckets = buckets
-        self._tenant_blocked = set()
-        self._held_tenant.clear()
-        self._tenant_held.clear()
-        counted = {t for t, lim in kept.items() if lim.max_in_flight is not None}
-        if counted:
-            for run in self.runs.values():
-                if run.held_out:
-                    job = self.jobs.get(run.job_id) or self._job(run.job_id)
-                    if job is not None and job.spec.tenant in counted:
-                        self._hold(run.run_id, job.spec.tenant)
+        self.limits = kept
+        self._buckets = buckets
+        self._blocked = set()
+        self._by_run.clear()
+        self._held.clear()
+        return {t for t, lim in kept.items() if lim.max_in_flight is not None}
 
-    def tenant_limits(self) -> dict[str, TenantLimit]:
-        return dict(self._tenant_limits)
-
-    def tenant_in_flight(self, tenant: str) -> int:
+    def in_flight(self, tenant: str) -> int:
         """Runs of ``tenant`` held by workers (counted for limited tenants only)."""
-        return self._tenant_held.get(tenant, 0)
+        return self._held.get(tenant, 0)
 
-    def _hold(self, run_id: int, tenant: str) -> None:
-        if run_id not in self._held_tenant:
-            self._held_tenant[run_id] = tenant
-            self._tenant_held[tenant] = self._tenant_held.get(tenant, 0) + 1
+    def holds_runs(self) -> bool:
+        """Some run is counted (an ``unhold`` may have something to do)."""
+        return bool(self._by_run)
 
-    def _hold_if_limited(self, run_id: int, tenant: str) -> None:
-        lim = self._tenant_limits.get(tenant)
+    def hold(self, run_id: int, tenant: str) -> None:
+        """A worker holds the run: counted once however often it is told."""
+        if run_id not in self._by_run:
+            self._by_run[run_id] = tenant
+            self._held[tenant] = self._held.get(tenant, 0) + 1
+
+    def hold_if_limited(self, run_id: int, tenant: str) -> None:
+        lim = self.limits.get(tenant)
         if lim is not None and lim.max_in_flight is not None:
-            self._hold(run_id, tenant)
+            self.hold(run_id, tenant)
 
-    def _unhold(self, run_id: int) -> None:
-        tenant = self._held_tenant.pop(run_id, None)
+    def unhold(self, run_id: int) -> None:
+        """The run left its worker (by any path): uncounted, once."""
+        tenant = self._by_run.pop(run_id, None)
         if tenant is not None:
-            self._tenant_held[tenant] -= 1
+            self._held[tenant] -= 1
 
-    def _claiming(self) -> dict[str, int]:
-        """Claims on their way to the store by tenant (those a dispatch made:
-        a trigger's or a backfill's count once handed out), for tenants with
-        an in-flight limit."""
-        claiming: dict[str, int] = {}
-        limits = self._tenant_limits
-        if self._pending and any(lim.max_in_flight is not None for lim in limits.values()):
-            for pend in self._pending.values():
-                if pend.ahead:
-                    continue
-                job = self.jobs.get(pend.job_id)
-                if job is not None:
-                    tenant = job.spec.tenant
-                    claiming[tenant] = claiming.get(tenant, 0) + 1
-        return claiming
+    def counts_claims(self) -> bool:
+        """Some tenant has an in-flight limit: claims on their way count."""
+        return any(lim.max_in_flight is not None for lim in self.limits.values())
 
-    def _over_in_flight(self, tenant: str, claiming: Mapping[str, int]) -> bool:
+    def over_in_flight(self, tenant: str, claiming: Mapping[str, int]) -> bool:
         """The tenant has as many runs in flight as its limit allows (rule 4):
         a claimed run waiting for a worker stays waiting."""
-        lim = self._tenant_limits.get(tenant)
+        lim = self.limits.get(tenant)
         if lim is None or lim.max_in_flight is None:
             return False
-        busy = self._tenant_held.get(tenant, 0) + claiming.get(tenant, 0)
+        busy = self._held.get(tenant, 0) + claiming.get(tenant, 0)
         return busy >= lim.max_in_flight
 
-    def _tenant_allowance(self, now_ms: int) -> dict[str, int] | None:
+    def allowance(self, now_ms: int, claiming: Mapping[str, int]) -> dict[str, int]:
         """Items each limited tenant may take in this dispatch (rule 1)."""
-        limits = self._tenant_limits
-        if not limits:
-            return None
-        claiming = self._claiming()
         allow: dict[str, int] = {}
-        for tenant, lim in limits.items():
+        for tenant, lim in self.limits.items():
             room = _UNLIMITED
-            bucket = self._tenant_buckets.get(tenant)
+            bucket = self._buckets.get(tenant)
             if bucket is not None:
                 room = bucket.available(now_ms)
             if lim.max_in_flight is not None:
-                busy = self._tenant_held.get(tenant, 0) + claiming.get(tenant, 0)
+                busy = self._held.get(tenant, 0) + claiming.get(tenant, 0)
                 room = min(room, max(0, lim.max_in_flight - busy))
             allow[tenant] = room
         return allow
 
-    def _tenants_took(
-        self, before: Mapping[str, int], allow: Mapping[str, int], now_ms: int
-    ) -> None:
+    def took(self, before: Mapping[str, int], allow: Mapping[str, int], now_ms: int) -> None:
         """Charge each tenant's bucket for what it took (rule 2), and note the
         tenants left without allowance."""
         blocked: set[str] = set()
         for tenant, left in allow.items():
             took = before[tenant] - left
-            bucket = self._tenant_buckets.get(tenant)
+            bucket = self._buckets.get(tenant)
             if bucket is not None and took > 0:
                 bucket.take(took, now_ms)
             if left <= 0:
                 blocked.add(tenant)
-        self._tenant_blocked = blocked
+        self._blocked = blocked
 
-    def _has_unblocked(self, q: FairQueue[int]) -> bool:
+    def any_blocked(self) -> bool:
+        return bool(self._blocked)
+
+    def has_unblocked(self, q: FairQueue[int]) -> bool:
         """Some tenant queued in ``q`` was not held back by the last dispatch."""
-        blocked = self._tenant_blocked
+        blocked = self._blocked
         return not blocked or any(t not in blocked for t in q.tenants())
 
-    def _tenant_wake(self, now_ms: int) -> int | None:
+    def wake(self, now_ms: int) -> int | None:
         """When a tenant held back by its fire rate gets its next token (one
         held back by its in-flight limit waits for a run to end: an event)."""
         wake: int | None = None
-        for tenant in self._tenant_blocked:
-            bucket = self._tenant_buckets.get(tenant)
+        for tenant in self._blocked:
+            bucket = self._buckets.get(tenant)
             if bucket is not None and bucket.available(now_ms) == 0:
                 at = bucket.next_available_ms(now_ms)
                 if at is not None and (wake is None or at < wake):

@@ -1,5 +1,5 @@
 """The shard owner's values: what it is configured with, what it is fed and
-what it returns (``Effects``), and the names of its timers, phases and
+what it returns (``Actions``), and the names of its timers, phases and
 outcomes."""
 
 from __future__ import annotations
@@ -40,22 +40,6 @@ class Phase(IntEnum):
     DISPATCHED = 2
     RUNNING = 3
     ENDING = 4
-
-
-_RUN_TRANSITIONS: frozenset[tuple[Phase, Phase]] = frozenset(
-    {
-        (Phase.CLAIMING, Phase.DISPATCHED),
-        (Phase.CLAIMING, Phase.READY),
-        (Phase.READY, Phase.DISPATCHED),
-        (Phase.DISPATCHED, Phase.RUNNING),
-        (Phase.DISPATCHED, Phase.ENDING),
-        (Phase.RUNNING, Phase.ENDING),
-        (Phase.READY, Phase.ENDING),
-        # Handed back by a worker that never started it.
-        (Phase.DISPATCHED, Phase.READY),
-        (Phase.RUNNING, Phase.READY),
-    }
-)
 
 
 class Outcome(IntEnum):
@@ -240,8 +224,17 @@ class RunNote:
 
 
 @dataclass(slots=True)
-class Effects:
-    """What the node must do, in this order: store writes, then messages."""
+class Actions:
+    """What the owner decided must happen, in this order: store writes, then
+    messages to workers and operators (not to be confused with
+    ``wheel.effects``, the handlers' effects made once).
+
+    One accumulator per owner, and one owner of it: the ``Driver``
+    (``wheel.engine.driver``) holds it and passes it to every ``Owner`` call,
+    whose methods only append to it; the driver alone takes what it holds
+    out, as batches for the store (``take_store_work``), messages for the
+    shell to send (``take_messages``) and jobs to read again (``resync``).
+    A shell never clears it: what it was given is its own."""
 
     completions: list[Completion] = field(default_factory=list)
     missed: list[MissedFire] = field(default_factory=list)
@@ -266,9 +259,9 @@ class Effects:
     def store_work(self) -> bool:
         return bool(self.completions or self.missed or self.advances or self.claims or self.starts)
 
-    def take_store_work(self) -> Effects:
-        """Move the store writes into a new Effects, leaving messages here."""
-        out = Effects(
+    def take_store_work(self) -> Actions:
+        """Move the store writes into a new Actions, leaving messages here."""
+        out = Actions(
             completions=self.completions,
             missed=self.missed,
             advances=self.advances,
@@ -276,6 +269,25 @@ class Effects:
             starts=self.starts,
         )
         self.completions, self.missed, self.advances, self.claims, self.starts = [], [], [], [], []
+        return out
+
+    def take_messages(self) -> Actions:
+        """Move the messages (to workers, alerts, notes, lag samples) into a
+        new Actions, leaving the store writes and the re-reads here."""
+        out = Actions(
+            assignments=self.assignments,
+            revokes=self.revokes,
+            results=self.results,
+            rejected_renewals=self.rejected_renewals,
+            violations=self.violations,
+            credited=self.credited,
+            alerts=self.alerts,
+            notes=self.notes,
+            lags=self.lags,
+        )
+        self.assignments, self.revokes, self.results = {}, {}, {}
+        self.rejected_renewals, self.violations, self.credited = {}, {}, {}
+        self.alerts, self.notes, self.lags = [], [], []
         return out
 
 

@@ -9,16 +9,14 @@ from collections.abc import Mapping, Sequence
 from mypy_extensions import trait
 
 from wheel.engine.model import RunState
+from wheel.engine.owner._runtable import _Run, set_phase
 from wheel.engine.owner._state import (
     _fence_mismatch,
-    _move,
     _Parts,
-    _Run,
-    _Worker,
 )
 from wheel.engine.owner._values import (
+    Actions,
     CompletionResult,
-    Effects,
     Outcome,
     Phase,
     ProtocolViolation,
@@ -42,27 +40,17 @@ class _Workers(_Parts):
         capacity: int,
         pools: Sequence[str],
         now_ms: int,
-        fx: Effects,
+        acts: Actions,
         *,
         handlers: Sequence[str] = (),
     ) -> None:
         """A worker's stream opened: it serves ``pools`` and runs ``handlers``
         (none named: any). A hello again (a reconnect) keeps the runs it holds
         and forgets the runs it handed back."""
-        old = self.workers.get(worker_id)
-        self._incarnations += 1
-        w = _Worker(
-            worker_id,
-            capacity,
-            frozenset(pools or ("default",)),
-            frozenset(handlers),
-            self._incarnations,
+        self.workers.hello(
+            worker_id, capacity, frozenset(pools or ("default",)), frozenset(handlers)
         )
-        if old is not None:
-            w.held = old.held
-            w.reserved = old.reserved
-        self.workers[worker_id] = w
-        self._dispatch(now_ms, fx)
+        self._dispatch(now_ms, acts)
 
     def worker_capacity(self, worker_id: str) -> int | None:
         w = self.workers.get(worker_id)
@@ -79,28 +67,25 @@ class _Workers(_Parts):
             w.silent = False
 
     def worker_credit(
-        self, worker_id: str, add: int, now_ms: int, fx: Effects, *, seq: int = 0
+        self, worker_id: str, add: int, now_ms: int, acts: Actions, *, seq: int = 0
     ) -> None:
         """More (or less) credit from a worker. A ``seq`` is answered in the
-        same effects as the assignments made before it: any run handed out
+        same actions as the assignments made before it: any run handed out
         from now on respects the new credit (a claim on its way included)."""
         w = self.workers.get(worker_id)
         if w is not None:
             w.silent = False
             w.capacity = max(0, w.capacity + add)
-            self._dispatch(now_ms, fx)
+            self._dispatch(now_ms, acts)
         if seq:
-            fx.credited[worker_id] = max(seq, fx.credited.get(worker_id, 0))
+            acts.credited[worker_id] = max(seq, acts.credited.get(worker_id, 0))
 
     def worker_disconnect(self, worker_id: str) -> None:
         """The stream is gone. Its runs keep their leases: the worker may come
         back and renew them; otherwise they expire and are re-dispatched."""
-        w = self.workers.pop(worker_id, None)
-        if w is None:
+        if self.workers.gone(worker_id) is None:
             return
-        for pend in self._pending.values():
-            if pend.worker_id == worker_id:
-                pend.worker_id = None
+        self.claims.orphan(worker_id)
 
     def worker_views(self) -> list[WorkerView]:
         return [
@@ -117,7 +102,7 @@ class _Workers(_Parts):
         ]
 
     def _held_run(
-        self, worker_id: str, run_id: int, fence: int, fx: Effects, what: str
+        self, worker_id: str, run_id: int, fence: int, acts: Actions, what: str
     ) -> _Run | None:
         run = self.runs.get(run_id)
         if run is not None and run.worker_id is None and run.fence == fence:
@@ -135,7 +120,7 @@ class _Workers(_Parts):
             reason = "run is held by another worker"
         else:
             return run
-        fx.violations.setdefault(worker_id, []).append(
+        acts.violations.setdefault(worker_id, []).append(
             ProtocolViolation(
                 code="FAILED_PRECONDITION", message=f"{what}: {reason}", run_id=run_id
             )
@@ -143,22 +128,22 @@ class _Workers(_Parts):
         return None
 
     def worker_ack(
-        self, worker_id: str, refs: Sequence[tuple[int, int]], now_ms: int, fx: Effects
+        self, worker_id: str, refs: Sequence[tuple[int, int]], now_ms: int, acts: Actions
     ) -> None:
         self._heard_from(worker_id)
         for run_id, fence in refs:
-            run = self._held_run(worker_id, run_id, fence, fx, "ack")
+            run = self._held_run(worker_id, run_id, fence, acts, "ack")
             if run is None:
                 continue
             if run.phase is Phase.DISPATCHED:
-                _move(run, Phase.RUNNING)
-                fx.starts.append(
+                set_phase(run, Phase.RUNNING)
+                acts.starts.append(
                     RunStart(run_id=run_id, fence=fence, worker_id=worker_id, started_at_ms=now_ms)
                 )
             run.lease_deadline = now_ms + self.config.lease_ms
 
     def worker_heartbeat(
-        self, worker_id: str, refs: Sequence[tuple[int, int]], now_ms: int, fx: Effects
+        self, worker_id: str, refs: Sequence[tuple[int, int]], now_ms: int, acts: Actions
     ) -> None:
         """One stream-level heartbeat renews every run the worker holds."""
         self._heard_from(worker_id)
@@ -182,14 +167,14 @@ class _Workers(_Parts):
             else:
                 rejected.append((run_id, fence))
         if rejected:
-            fx.rejected_renewals.setdefault(worker_id, []).extend(rejected)
+            acts.rejected_renewals.setdefault(worker_id, []).extend(rejected)
 
     def worker_complete(
         self,
         worker_id: str,
         completions: Sequence[tuple[int, int, Outcome, str]],
         now_ms: int,
-        fx: Effects,
+        acts: Actions,
         *,
         ran_ms: Mapping[int, int] | None = None,
     ) -> None:
@@ -203,7 +188,7 @@ class _Workers(_Parts):
                 # Not ours in memory (finished, superseded, or from before a
                 # restart). The store is the authority: it applies the
                 # completion only if the fence is still the newest.
-                fx.results.setdefault(worker_id, []).append(
+                acts.results.setdefault(worker_id, []).append(
                     CompletionResult(run_id=run_id, accepted=False, reason="run not held")
                 )
                 self.stats.superseded_completions += 1
@@ -216,7 +201,7 @@ class _Workers(_Parts):
                 # a fire that had succeeded.
                 run.worker_id = worker_id
             if run.fence != fence or run.worker_id != worker_id:
-                fx.results.setdefault(worker_id, []).append(
+                acts.results.setdefault(worker_id, []).append(
                     CompletionResult(
                         run_id=run_id,
                         accepted=False,
@@ -235,19 +220,19 @@ class _Workers(_Parts):
                     run,
                     RunState.SUCCEEDED,
                     None,
-                    fx,
+                    acts,
                     now_ms,
                     reply_to=worker_id,
                     started_at_ms=started,
                 )
             elif outcome is Outcome.HANDED_BACK:
                 self._take_back(run, now_ms)
-                fx.results.setdefault(worker_id, []).append(
+                acts.results.setdefault(worker_id, []).append(
                     CompletionResult(run_id=run_id, accepted=True)
                 )
             elif outcome is Outcome.ABANDONED:
                 self._lose(
-                    run, "abandoned by its worker while running", now_ms, fx, reply_to=worker_id
+                    run, "abandoned by its worker while running", now_ms, acts, reply_to=worker_id
                 )
             elif (
                 outcome is Outcome.RETRYABLE
@@ -258,7 +243,7 @@ class _Workers(_Parts):
                     run,
                     RunState.FAILED,
                     error or "failed",
-                    fx,
+                    acts,
                     now_ms,
                     reply_to=worker_id,
                     started_at_ms=started,
@@ -268,7 +253,7 @@ class _Workers(_Parts):
                     run,
                     RunState.DEAD_LETTERED,
                     error or "failed",
-                    fx,
+                    acts,
                     now_ms,
                     reply_to=worker_id,
                     started_at_ms=started,

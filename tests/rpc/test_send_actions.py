@@ -1,4 +1,4 @@
-"""What one loop iteration's effects become on a worker's stream: one message
+"""What one loop iteration's actions become on a worker's stream: one message
 a tick, the answers to its completions riding with its new work (accepted
 ones wait a little for it)."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from wheel.engine.owner import Assignment, CompletionResult, Effects, Revoke, RevokeReason
+from wheel.engine.owner import Actions, Assignment, CompletionResult, Revoke, RevokeReason
 from wheel.node import WorkerSession
 from wheel.rpc._workers import RESULTS_HOLD_S
-from wheel.rpc.server import send_effects
+from wheel.rpc.server import send_actions
 from wheel.rpc.v1 import worker_service_pb2 as pb
 
 
@@ -47,12 +47,12 @@ def _results() -> list[CompletionResult]:
 
 
 def test_assignments_carry_the_ticks_results_in_one_message() -> None:
-    session, fx = WorkerSession("w1"), Effects()
-    fx.assignments["w1"] = [_assignment(7), _assignment(8)]
-    fx.results["w1"] = _results()
-    fx.rejected_renewals["w1"] = [(4, 44)]
-    fx.assignments["w2"] = [_assignment(9)]  # another worker's: not on this stream
-    send_effects(session, fx)
+    session, acts = WorkerSession("w1"), Actions()
+    acts.assignments["w1"] = [_assignment(7), _assignment(8)]
+    acts.results["w1"] = _results()
+    acts.rejected_renewals["w1"] = [(4, 44)]
+    acts.assignments["w2"] = [_assignment(9)]  # another worker's: not on this stream
+    send_actions(session, acts)
     [msg] = _sent(session)
     assert msg.WhichOneof("kind") == "assignments"
     a = msg.assignments
@@ -66,10 +66,10 @@ def test_assignments_carry_the_ticks_results_in_one_message() -> None:
 
 
 def test_results_without_new_work_go_on_their_own_and_revokes_apart() -> None:
-    session, fx = WorkerSession("w1"), Effects()
-    fx.results["w1"] = _results()
-    fx.revokes["w1"] = [Revoke(run_id=5, fence=55, reason=RevokeReason.TIMED_OUT)]
-    send_effects(session, fx)
+    session, acts = WorkerSession("w1"), Actions()
+    acts.results["w1"] = _results()
+    acts.revokes["w1"] = [Revoke(run_id=5, fence=55, reason=RevokeReason.TIMED_OUT)]
+    send_actions(session, acts)
     results, revokes = _sent(session)
     assert results.WhichOneof("kind") == "results"
     assert list(results.results.accepted) == [1, 3]
@@ -78,9 +78,9 @@ def test_results_without_new_work_go_on_their_own_and_revokes_apart() -> None:
 
 
 def test_assignments_alone_carry_no_results() -> None:
-    session, fx = WorkerSession("w1"), Effects()
-    fx.assignments["w1"] = [_assignment(7)]
-    send_effects(session, fx)
+    session, acts = WorkerSession("w1"), Actions()
+    acts.assignments["w1"] = [_assignment(7)]
+    send_actions(session, acts)
     [msg] = _sent(session)
     assert not msg.assignments.HasField("results")
 
@@ -95,15 +95,15 @@ def _send(
     assignments: list[Assignment] | None = None,
     credited: int = 0,
 ) -> list[pb.ServerMessage]:
-    """One loop iteration's effects for w1 through ``send_effects``: what
+    """One loop iteration's actions for w1 through ``send_actions``: what
     went on its stream at once."""
-    fx = Effects()
-    fx.results["w1"] = results
+    acts = Actions()
+    acts.results["w1"] = results
     if assignments:
-        fx.assignments["w1"] = assignments
+        acts.assignments["w1"] = assignments
     if credited:
-        fx.credited["w1"] = credited
-    send_effects(session, fx)
+        acts.credited["w1"] = credited
+    send_actions(session, acts)
     return _sent(session)
 
 

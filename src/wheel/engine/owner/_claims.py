@@ -1,0 +1,103 @@
+"""Claims on their way to the store: a part of the owner.
+
+A claim is sent in a store batch and answered with the next batch's
+outcome (``Owner.on_claimed``): until then it waits here, by its fire
+attempt ``(job, fire, attempt)``, with the worker it was meant for (its
+credit reserved) and how its run is to be handed out. What the answer means
+for the job and the run is the owner's business.
+
+Invariants (tests in tests/engine/test_claims.py):
+
+1. A fire attempt has at most one claim on its way; an answer takes it out
+   once (a second answer, or one for a claim dropped, finds nothing).
+2. A claim whose worker went away is kept, meant for no worker: its run
+   waits for another when it is won.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, init=False)
+class _Pending:
+    """A claim on its way to the store (its __init__ spelled out: see
+    wheel.engine.records.FireClaim)."""
+
+    job_id: int
+    scheduled_for: int
+    attempt: int
+    fence: int
+    worker_id: str | None
+    # ``claim_now``: the won run waits on its job, handed out as overdue work.
+    ahead: bool
+    overdue: bool
+    # Its run's hand-out counts as dispatch lag (``_Run.timed``).
+    timed: bool
+
+    def __init__(
+        self,
+        job_id: int,
+        scheduled_for: int,
+        attempt: int,
+        fence: int,
+        worker_id: str | None,
+        ahead: bool = False,
+        overdue: bool = False,
+        timed: bool = True,
+    ) -> None:
+        self.job_id = job_id
+        self.scheduled_for = scheduled_for
+        self.attempt = attempt
+        self.fence = fence
+        self.worker_id = worker_id
+        self.ahead = ahead
+        self.overdue = overdue
+        self.timed = timed
+
+
+class Claims:
+    """The claims sent and not answered yet."""
+
+    __slots__ = ("_pending",)
+
+    def __init__(self) -> None:
+        self._pending: dict[tuple[int, int, int], _Pending] = {}
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    def values(self) -> Collection[_Pending]:
+        return self._pending.values()
+
+    def keys(self) -> list[tuple[int, int, int]]:
+        """The fire attempts claimed: (job, fire, attempt)."""
+        return list(self._pending)
+
+    def sent(self, pend: _Pending) -> None:
+        """A claim went into a store batch (invariant 1)."""
+        self._pending[(pend.job_id, pend.scheduled_for, pend.attempt)] = pend
+
+    def answered(self, job_id: int, fire: int, attempt: int) -> _Pending | None:
+        """The store answered the claim of this fire attempt: taken out
+        (None: not on its way from here)."""
+        return self._pending.pop((job_id, fire, attempt), None)
+
+    def orphan(self, worker_id: str) -> None:
+        """The worker went away: its claims are meant for none (invariant 2)."""
+        for pend in self._pending.values():
+            if pend.worker_id == worker_id:
+                pend.worker_id = None
+
+    def drop(self, gone: Callable[[int], bool]) -> list[_Pending]:
+        """Drop the claims of the jobs ``gone`` names (a hand-over): returned."""
+        dropped = []
+        for key, pend in list(self._pending.items()):
+            if gone(pend.job_id):
+                del self._pending[key]
+                dropped.append(pend)
+        return dropped
