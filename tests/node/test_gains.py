@@ -81,7 +81,7 @@ def _held(live: LiveNode) -> tuple[Mapping[int, int], int, set[int]]:
 
     def read() -> tuple[Mapping[int, int], int, set[int]]:
         status = node.status()
-        return status.shards, status.jobs, set(node._partial)
+        return status.shards, status.jobs, node._checkpointing.partial()
 
     held: tuple[Mapping[int, int], int, set[int]] = live.call(read)
     return held

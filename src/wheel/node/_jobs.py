@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 from wheel.engine.driver import Driver, next_fires_of
 from wheel.engine.model import JobState
-from wheel.engine.owner import Owner
 from wheel.engine.records import JobRecord, NewJob
 from wheel.engine.spec import JobSpec
 from wheel.errors import FailedPrecondition, WheelError
+from wheel.node._batches import Batches
+from wheel.node._changes import ChangeFeed
 from wheel.node._values import Clock, NodeConfig, check_interval, trim_heap
 from wheel.store.base import Store
 
@@ -33,18 +34,16 @@ class NodeJobs:
     store: Store
     clock: Clock
     config: NodeConfig
-    _own_changes: set[int]
+    _changes: ChangeFeed
+    _batches: Batches
     _submits: list[tuple[NewJob, asyncio.Future[tuple[JobRecord, bool] | WheelError]]]
     _submit_flusher: asyncio.Task[None] | None
-    _commit_waiters: list[asyncio.Future[None]]
 
     if TYPE_CHECKING:
 
         async def _api(self, fn: Callable[..., T], *args: object) -> T: ...
 
         def _the_driver(self) -> Driver: ...
-
-        def _owner(self) -> Owner: ...
 
         def wake(self) -> None: ...
 
@@ -96,7 +95,7 @@ class NodeJobs:
                     await asyncio.sleep(0)  # let the loop in between
                 if not isinstance(result, WheelError) and result.created:
                     driver.submitted(result.job, now, new)
-                    if driver.owner.owns(result.job.job_id):
+                    if driver.owns(result.job.job_id):
                         markers.add(result.job.change)
                     # Else its shard is being gained: the gain's load may
                     # have read the store before this job, and the change
@@ -110,7 +109,7 @@ class NodeJobs:
             # in the owner: a read meanwhile brings them (applied twice,
             # harmlessly), and a watermark logged past them never comes before
             # the jobs' own rows in the checkpoint.
-            self._own_changes |= markers
+            self._changes.own(markers)
             flushed += len(batch)
             self.wake()
         if flushed >= MAX_SUBMIT_BATCH:
@@ -138,7 +137,7 @@ class NodeJobs:
                 now_ms=now,
             )
         )
-        self._own_changes.add(updated.change)
+        self._changes.own((updated.change,))
         self._the_driver().state_changed(record, updated, change.state, now)
         self.wake()
         return updated
@@ -162,15 +161,14 @@ class NodeJobs:
     async def _committed(self) -> None:
         """Wait until what the owner emitted so far is in the store: an
         acknowledged trigger or backfill survives a crash right after."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._commit_waiters.append(waiter)
+        waiter = self._batches.commit_waiter()
         self.wake()
         await waiter
 
     def next_fires(self, job_id: int, count: int, record: JobRecord | None = None) -> list[int]:
         """The job's next fires: as its owner has them armed, or, for a job
         held by another node, as its schedule computes them from ``record``."""
-        owner = self._owner()
-        if owner.owns(job_id) or record is None:
-            return owner.next_fires(job_id, count)
+        driver = self._the_driver()
+        if driver.owns(job_id) or record is None:
+            return driver.next_fires(job_id, count)
         return next_fires_of(record, count)

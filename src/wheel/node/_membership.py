@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 from wheel.coord.base import Coordinator, Member
 from wheel.engine.driver import Driver
 from wheel.engine.model import SHARD_COUNT, shard_of
-from wheel.engine.owner import Owner
 from wheel.errors import NotOwner
 from wheel.node._values import Membership, NodeConfig, WorkerSession
 
@@ -28,7 +27,6 @@ class NodeMembership:
 
     if TYPE_CHECKING:
 
-        def _owner(self) -> Owner: ...
         def _the_driver(self) -> Driver: ...
         def wake(self) -> None: ...
 
@@ -38,7 +36,7 @@ class NodeMembership:
         Raises ``NotOwner`` when no member is known to hold the shard (it is
         moving): the client retries."""
         coordinator = self.coordinator
-        if coordinator is None or self._owner().owns(job_id):
+        if coordinator is None or self._the_driver().owns(job_id):
             return None
         shard = shard_of(job_id)
         holder = coordinator.shard_owners().get(shard)
@@ -65,7 +63,7 @@ class NodeMembership:
     def jobs_changed(self, job_ids: Iterable[int]) -> None:
         """Another member stored or changed these jobs: read them now."""
         driver = self._the_driver()
-        driver.fx.resync.update(j for j in job_ids if driver.owner.owns(j))
+        driver.reread(j for j in job_ids if driver.owns(j))
         self.wake()
 
     def members(self) -> list[Member]:
@@ -102,8 +100,7 @@ class NodeMembership:
         holds its shard; else the member that does (this node itself while
         it is still loading a shard it just gained, so the worker comes
         back), or an empty member while the shard is between owners."""
-        owner = self._owner()
-        if owner.owns(job_id):
+        if self._the_driver().owns(job_id):
             return None
         coordinator = self.coordinator
         if coordinator is None:
@@ -121,5 +118,5 @@ class NodeMembership:
     def shard_owners(self) -> dict[int, str]:
         """Shard -> the node id holding it, as last seen."""
         if self.coordinator is None:
-            return dict.fromkeys(self._owner().shards(), self.config.node_id)
+            return dict.fromkeys(self._the_driver().shards(), self.config.node_id)
         return dict(self.coordinator.shard_owners())

@@ -23,9 +23,7 @@ from wheel.node._values import Clock, MovedRun, NodeConfig, WorkerSession
 from wheel.store.base import Store
 
 if TYPE_CHECKING:
-    from wheel.checkpoint import Checkpoint
     from wheel.engine.driver import Driver
-    from wheel.engine.owner import Owner
 
 log = logging.getLogger("wheel.node")
 
@@ -38,9 +36,6 @@ class NodeMoving:
 
     store: Store
     _driver: Driver | None
-    _partial: set[int]
-    _snapshot_due: bool
-    _checkpoint: Checkpoint | None
     _store_thread: ThreadPoolExecutor
 
     clock: Clock
@@ -53,7 +48,7 @@ class NodeMoving:
 
     if TYPE_CHECKING:
 
-        def _owner(self) -> Owner: ...
+        def _the_driver(self) -> Driver: ...
 
         def wake(self) -> None: ...
 
@@ -80,26 +75,17 @@ class NodeMoving:
             self._since.pop(shard, None)
             self._released.append((shard, epoch, now))
 
-    def loading_rest(self, shards: Collection[int]) -> None:
-        """``shards`` were taken on due first; their rest is on its way."""
-        self._partial.update(shards)
-
     def add_rest(
         self, shards: Collection[int], packed: Mapping[int, Columns], profiles: Sequence[Profile]
     ) -> int:
         """The rest of ``shards`` taken on due first (those still held),
         added to the owner; how many jobs. The caller gives the heap back
         (``trim_heap``) once all of it is in."""
-        held = set(shards) & set(self._owner().shards())
-        added = self._owner().add_rest({s: c for s, c in packed.items() if s in held}, profiles)
+        driver = self._the_driver()
+        held = set(shards) & set(driver.shards())
+        added = driver.add_rest({s: c for s, c in packed.items() if s in held}, profiles)
         self.wake()
         return added
-
-    def rest_loaded(self, shards: Collection[int]) -> None:
-        """The rest of ``shards`` is in (or will not come): the next snapshot
-        writes them whole."""
-        self._partial.difference_update(shards)
-        self._snapshot_due = self._checkpoint is not None
 
     async def hand_over_planned(self, shards: Collection[int]) -> None:
         """A planned hand-over (this node leaving, or a member joining that
@@ -109,7 +95,7 @@ class NodeMoving:
         they commit are marked too."""
         if self._driver is None:
             return
-        held = [s for s in shards if s in self._driver.owner.shards()]
+        held = [s for s in shards if s in self._driver.shards()]
         if not held:
             return
         sent = self._driver.sent_runs(held)

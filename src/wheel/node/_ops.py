@@ -60,13 +60,8 @@ class NodeOps:
     ready: asyncio.Event
     _driver: Driver | None
     _stopping: bool
-    _log_records: int
-    _snapshot_covers: int
 
     if TYPE_CHECKING:
-
-        def _has_checkpoint(self) -> bool: ...
-
         # wheel.node._tenancy
         def _init_tenancy(self) -> None: ...
 
@@ -75,6 +70,8 @@ class NodeOps:
         async def _stop_tenancy(self) -> None: ...
 
         def status(self, *, percentiles: bool = True) -> NodeStatus: ...
+
+        def checkpoint_log_records(self) -> int | None: ...
 
     def _init_ops(self) -> None:
         config = self.config
@@ -173,7 +170,7 @@ class NodeOps:
         driver = self._driver
         if driver is None or not self.ready.is_set() or self._stopping:
             return False
-        if not driver.owner.shards():
+        if not driver.shards():
             return False
         coordinator = self.coordinator
         return coordinator is None or time.monotonic() < coordinator.valid_until()
@@ -296,12 +293,11 @@ class NodeOps:
         firing[AlertKind.LAG_SLO] = int(self._lag_breached)
         driver = self._driver
         if driver is not None:
-            owner = driver.owner
-            firing[AlertKind.REAPER_PAUSED] = int(owner.reaper_paused)
-            limit = owner.config.unserved_alert_ms
+            firing[AlertKind.REAPER_PAUSED] = int(driver.reaper_paused())
+            limit = driver.unserved_alert_ms()
             now = self.clock.now_ms()
             firing[AlertKind.NO_WORKER] = sum(
-                1 for u in owner.unserved() if now - u.since_ms >= limit
+                1 for u in driver.unserved() if now - u.since_ms >= limit
             )
         return firing
 
@@ -350,13 +346,6 @@ class NodeOps:
         self._observe_lag()
         return self.lag_ring.history(self.clock.now_ms())
 
-    def checkpoint_log_records(self) -> int | None:
-        """Job records in the checkpoint's log since its last snapshot (None:
-        no checkpoint)."""
-        if not self._has_checkpoint():
-            return None
-        return max(0, self._log_records - self._snapshot_covers)
-
     # -- retention --------------------------------------------------------------------
 
     async def _retain(self) -> None:
@@ -368,7 +357,7 @@ class NodeOps:
             driver = self._driver
             # One member of a cluster purges (the holder of shard 0): the
             # tables are the cluster's, not a shard's.
-            if self.coordinator is None or (driver is not None and 0 in driver.owner.shards()):
+            if self.coordinator is None or (driver is not None and 0 in driver.shards()):
                 try:
                     await self.purge_history(config.retain_ms)
                 except Exception:  # the next pass tries again

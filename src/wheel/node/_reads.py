@@ -5,7 +5,6 @@ reads nothing else of the node."""
 from __future__ import annotations
 
 import functools
-import heapq
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TypeVar
@@ -104,25 +103,24 @@ class NodeReads:
         driver = self._driver
         if driver is None:
             return NodeStatus(node_id=self.config.node_id, lag_p50_ms=p50, lag_p99_ms=p99)
-        owner = driver.owner
-        fresh, overdue = owner.backlog()
-        workers = owner.worker_views()
+        census = driver.census()
+        workers = census.workers
         return NodeStatus(
             node_id=self.config.node_id,
             lag_p50_ms=p50,
             lag_p99_ms=p99,
-            shards=owner.shards(),
-            jobs=owner.job_count(),
-            jobs_awake=owner.awake_count(),
-            pending_timers=owner.pending_timers(),
-            in_flight=len(owner.runs),
-            backlog=fresh + overdue,
-            overdue_backlog=overdue,
+            shards=census.shards,
+            jobs=census.jobs,
+            jobs_awake=census.jobs_awake,
+            pending_timers=census.pending_timers,
+            in_flight=census.in_flight,
+            backlog=census.backlog,
+            overdue_backlog=census.overdue_backlog,
             workers=workers,
             worker_capacity=sum(w.capacity for w in workers),
-            stats=owner.stats.copy(),
-            reaper_paused=owner.reaper_paused,
-            unserved=owner.unserved(),
+            stats=census.stats,
+            reaper_paused=census.reaper_paused,
+            unserved=census.unserved,
             alerts_firing=tuple(sorted(k.value for k, n in self.alerts_firing().items() if n)),
             dispatching_since=dict(self._since),
             released=tuple(self._released),
@@ -134,7 +132,7 @@ class NodeReads:
         driver = self._driver
         if driver is None:
             return [], 0
-        runs = driver.owner.runs
+        runs, total = driver.runs_in_flight(limit)
         return [
             InFlightRun(
                 run_id=run.run_id,
@@ -143,10 +141,10 @@ class NodeReads:
                 attempt=run.attempt,
                 fence=run.fence,
                 worker_id=run.worker_id or "",
-                phase=run.phase.name.lower(),
+                phase=run.phase,
             )
-            for run in (runs[i] for i in heapq.nsmallest(max(0, limit), runs))
-        ], len(runs)
+            for run in runs
+        ], total
 
     def lag_percentiles(self) -> tuple[float, float]:
         if not self._lags:

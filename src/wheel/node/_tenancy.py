@@ -100,8 +100,8 @@ class NodeTenancy:
                 q.tenant: TenantLimit(fires_per_s=q.fires_per_s, max_in_flight=q.max_in_flight)
                 for q in quotas
             }
-            if limits or driver.owner.tenant_limits():
-                driver.owner.set_tenant_limits(limits, now)
+            if limits or driver.tenant_limits():
+                driver.set_tenant_limits(limits, now)
                 self.wake()
 
     async def set_tenant_quota(self, quota: TenantQuota) -> TenantQuota:

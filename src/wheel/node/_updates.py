@@ -14,6 +14,7 @@ from wheel.engine.driver import Driver
 from wheel.engine.records import ExecutionRecord, JobChange, JobRecord, Updated
 from wheel.engine.spec import JobSpec
 from wheel.errors import FailedPrecondition, NotFound
+from wheel.node._changes import ChangeFeed
 from wheel.node._values import Clock, NodeConfig, check_interval
 from wheel.store.base import RunState, Store
 
@@ -40,7 +41,7 @@ class NodeUpdates:
     store: Store
     clock: Clock
     config: NodeConfig
-    _own_changes: set[int]
+    _changes: ChangeFeed
 
     if TYPE_CHECKING:
 
@@ -97,7 +98,7 @@ class NodeUpdates:
         if not result.applied:
             driver.update_failed(job_id, hold, self.clock.now_ms())
         else:
-            self._own_changes.add(result.job.change)
+            self._changes.own((result.job.change,))
             driver.updated(result.job, self.clock.now_ms())
         self.wake()
         return result
