@@ -32,8 +32,10 @@ from typing import TypeVar
 from wheel.checkpoint.owner_state import OwnerState
 from wheel.coord.base import Coordinator
 from wheel.engine.driver import Driver
+from wheel.engine.jobtable import Columns
 from wheel.engine.model import SHARD_COUNT
 from wheel.engine.owner import Effects, Outcome, Owner, ShardContents
+from wheel.engine.profiles import Profile
 from wheel.engine.records import JobRecord, NewJob
 from wheel.errors import FailedPrecondition, StoreError, WheelError
 from wheel.logs import ids
@@ -43,7 +45,7 @@ from wheel.node._checkpointing import Appended, Checkpointing, CheckpointLog
 from wheel.node._cluster import ShardOwnership
 from wheel.node._jobs import NodeJobs
 from wheel.node._membership import NodeMembership
-from wheel.node._moving import NodeMoving
+from wheel.node._moving import Moves
 from wheel.node._ops import NodeOps
 from wheel.node._reads import NodeReads
 from wheel.node._tenancy import NodeTenancy
@@ -73,7 +75,6 @@ class Node(
     NodeMembership,
     NodeOps,
     NodeTenancy,
-    NodeMoving,
     NodeJobs,
     NodeUpdates,
 ):
@@ -127,7 +128,18 @@ class Node(
         self._checkpointing = Checkpointing(
             self.config, store, watermark=lambda: self._changes.watermark
         )
-        self._init_moving()
+        self._moves = Moves(
+            config=self.config,
+            clock=self.clock,
+            store=store,
+            store_thread=self._store_thread,
+            coordinator=coordinator,
+            sessions=self.sessions,
+            sink=lambda: self.moved_sink,
+            left=lambda: self._left,
+            hand_over=self.hand_over,
+            wake=self.wake,
+        )
         # Set when the dispatch loop ends; a node whose loop died must exit
         # (and be restarted) rather than keep serving without dispatching.
         self.stopped = asyncio.Event()
@@ -158,7 +170,7 @@ class Node(
             )
         )
         driver = self._driver = Driver(restored.owner, restored.effects)
-        self._began_dispatching(driver.shards())
+        self._moves.began_dispatching(driver.shards())
         trim_heap()
         self._changes.watermark = restored.watermark
         if restored.source == "store":
@@ -253,7 +265,7 @@ class Node(
         held = [s for s in shards if s in epochs]
         if not held:
             return
-        self._ended_dispatching({s: epochs[s] for s in held})
+        self._moves.ended_dispatching({s: epochs[s] for s in held})
         handed = driver.hand_over(held)
         self._checkpointing.handed_over(held)
         log.info("handed over %d shards with %d runs in flight", len(held), len(handed))
@@ -279,10 +291,10 @@ class Node(
         if stale:
             # Held under an older epoch still (its loss not heard yet): the
             # new hold replaces it whole.
-            self._ended_dispatching(stale)
+            self._moves.ended_dispatching(stale)
             driver.hand_over(stale)
         driver.add_shards(epochs, contents, self.clock.now_ms())
-        self._began_dispatching(epochs)
+        self._moves.began_dispatching(epochs)
         self._checkpointing.gained(epochs, covered=from_checkpoint)
         self._changes.loaded_as_of(watermark)
         log.info(
@@ -368,6 +380,21 @@ class Node(
         """The rest of ``shards`` is in (or will not come)."""
         self._checkpointing.rest_loaded(shards)
 
+    # -- shards that move (wheel.node._moving) ------------------------------------
+
+    def add_rest(
+        self, shards: Collection[int], packed: Mapping[int, Columns], profiles: Sequence[Profile]
+    ) -> int:
+        """The rest of ``shards`` taken on due first (those still held),
+        added to the owner; how many jobs."""
+        return self._moves.add_rest(self._the_driver(), shards, packed, profiles)
+
+    async def hand_over_planned(self, shards: Collection[int]) -> None:
+        """Hand ``shards`` over, the runs claimed and never sent marked for
+        their next owner to send at once (see ``Moves.hand_over_planned``)."""
+        if self._driver is not None:
+            await self._moves.hand_over_planned(self._driver, shards)
+
     def _the_driver(self) -> Driver:
         if self._driver is None:
             raise FailedPrecondition("node is starting")
@@ -446,7 +473,7 @@ class Node(
             held = driver.shards() if outcome.fenced else {}
             lost = driver.apply(outcome, self.clock.now_ms(), answer.epochs)
             if lost:
-                self._ended_dispatching({s: held[s] for s in lost})
+                self._moves.ended_dispatching({s: held[s] for s in lost})
             if outcome.fenced:
                 log.warning(
                     "the store refused writes for %d shards a newer owner holds: %s"

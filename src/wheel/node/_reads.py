@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, TypeVar
 from wheel.engine.driver import Driver
 from wheel.engine.model import AlertKind, JobState
 from wheel.engine.records import ExecutionRecord, JobRecord, MissedFire
+from wheel.node._moving import Moves
 from wheel.node._values import Clock, InFlightRun, NodeConfig, NodeStatus
 from wheel.store.base import Store
 
@@ -26,8 +27,7 @@ class NodeReads:
     clock: Clock
     _driver: Driver | None
     _lags: deque[int]
-    _since: dict[int, int]
-    _released: deque[tuple[int, int, int]]
+    _moves: Moves
 
     if TYPE_CHECKING:
 
@@ -122,8 +122,8 @@ class NodeReads:
             reaper_paused=census.reaper_paused,
             unserved=census.unserved,
             alerts_firing=tuple(sorted(k.value for k, n in self.alerts_firing().items() if n)),
-            dispatching_since=dict(self._since),
-            released=tuple(self._released),
+            dispatching_since=self._moves.dispatching_since(),
+            released=self._moves.released(),
         )
 
     def in_flight(self, limit: int) -> tuple[list[InFlightRun], int]:
