@@ -37,7 +37,7 @@ from wheel.engine.model import SHARD_COUNT
 from wheel.engine.owner import Effects, Outcome, Owner, ShardContents
 from wheel.engine.profiles import Profile
 from wheel.engine.records import JobRecord, NewJob
-from wheel.errors import FailedPrecondition, StoreError, WheelError
+from wheel.errors import FailedPrecondition, ResourceExhausted, StoreError, WheelError
 from wheel.logs import ids
 from wheel.node._batches import Batches, Write
 from wheel.node._changes import ChangeFeed
@@ -48,7 +48,7 @@ from wheel.node._membership import NodeMembership
 from wheel.node._moving import Moves
 from wheel.node._ops import NodeOps
 from wheel.node._reads import NodeReads
-from wheel.node._tenancy import NodeTenancy
+from wheel.node._tenancy import Tenancy
 from wheel.node._updates import NodeUpdates
 from wheel.node._values import (
     Clock,
@@ -62,7 +62,7 @@ from wheel.node._values import (
     trim_heap,
 )
 from wheel.recovery import restore_owner
-from wheel.store.base import BatchOutcome, Store, WriteBatch
+from wheel.store.base import BatchOutcome, Store, TenantQuota, TokenRecord, WriteBatch
 
 log = logging.getLogger("wheel.node")
 # A host clock further than this off the store's is reported at start.
@@ -74,7 +74,6 @@ class Node(
     NodeReads,
     NodeMembership,
     NodeOps,
-    NodeTenancy,
     NodeJobs,
     NodeUpdates,
 ):
@@ -145,6 +144,9 @@ class Node(
         self.stopped = asyncio.Event()
         # Health, alerts, metrics and retention (wheel.node._ops).
         self._init_ops()
+        self._tenancy = Tenancy(
+            store, self.clock, in_thread=self._api, driver=lambda: self._driver, wake=self.wake
+        )
 
     # -- life cycle -------------------------------------------------------------
 
@@ -194,6 +196,7 @@ class Node(
         self._task.add_done_callback(self._loop_done)
         self.ready.set()
         self._start_ops()
+        self._tenancy.start()
 
     async def _anchor_clock(self) -> None:
         """Read the store's clock and run on it: fires come due by the record
@@ -238,6 +241,7 @@ class Node(
         )
         self.ready.set()
         self._start_ops()
+        self._tenancy.start()
 
     # -- shards gained and lost (see wheel.node._cluster) -------------------------
 
@@ -339,6 +343,7 @@ class Node(
         """Stop dispatching (after ``leave``, if it was not called)."""
         await self.leave()
         self._stopping = True
+        await self._tenancy.stop()
         await self._stop_ops()
         self._wake.set()
         if self._task is not None:
@@ -379,6 +384,40 @@ class Node(
     def rest_loaded(self, shards: Collection[int]) -> None:
         """The rest of ``shards`` is in (or will not come)."""
         self._checkpointing.rest_loaded(shards)
+
+    # -- tenants (wheel.node._tenancy) -------------------------------------------
+
+    async def set_tenant_quota(self, quota: TenantQuota) -> TenantQuota:
+        return await self._tenancy.set_tenant_quota(quota)
+
+    async def list_tenant_quotas(self) -> list[TenantQuota]:
+        """Every tenant with limits set, as the store has them now."""
+        return await self._tenancy.list_tenant_quotas()
+
+    async def create_token(self, record: TokenRecord) -> None:
+        """Store a minted token (``AlreadyExists`` for a token id in use)."""
+        await self._tenancy.create_token(record)
+
+    async def get_token(self, token_id: str) -> TokenRecord:
+        """A token's record as the store has it now (``NotFound``)."""
+        return await self._tenancy.get_token(token_id)
+
+    async def list_tokens(self) -> list[TokenRecord]:
+        """Every token, revoked and expired ones included."""
+        return await self._tenancy.list_tokens()
+
+    async def revoke_token(self, token_id: str) -> TokenRecord:
+        """Revoke a token as of now by the node's clock (``NotFound``)."""
+        return await self._tenancy.revoke_token(token_id)
+
+    async def admit_submits(self, tenants: Sequence[str]) -> list[ResourceExhausted | None]:
+        """For each submit (by its tenant, in order): None when it may go on,
+        or the quota it is over (see ``Tenancy.admit_submits``)."""
+        return await self._tenancy.admit_submits(tenants)
+
+    def submits_done(self, tenants: Sequence[str]) -> None:
+        """Give back the places ``admit_submits`` held for these submits."""
+        self._tenancy.submits_done(tenants)
 
     # -- shards that move (wheel.node._moving) ------------------------------------
 

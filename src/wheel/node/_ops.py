@@ -62,12 +62,6 @@ class NodeOps:
     _stopping: bool
 
     if TYPE_CHECKING:
-        # wheel.node._tenancy
-        def _init_tenancy(self) -> None: ...
-
-        def _start_tenancy(self) -> None: ...
-
-        async def _stop_tenancy(self) -> None: ...
 
         def status(self, *, percentiles: bool = True) -> NodeStatus: ...
 
@@ -98,7 +92,6 @@ class NodeOps:
         self._purge_thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-purge")
         self._ops_tasks: list[asyncio.Task[None]] = []
         self._stall_max_s = 0.0
-        self._init_tenancy()
 
     def _start_ops(self) -> None:
         self._ops_tasks = [
@@ -106,10 +99,8 @@ class NodeOps:
             asyncio.create_task(self._retain(), name="wheel-retention"),
             asyncio.create_task(self._watch_stalls(), name="wheel-stalls"),
         ]
-        self._start_tenancy()
 
     async def _stop_ops(self) -> None:
-        await self._stop_tenancy()
         for task in self._ops_tasks:
             task.cancel()
         for task in self._ops_tasks:
