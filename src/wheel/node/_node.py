@@ -33,23 +33,24 @@ from wheel.checkpoint.owner_state import OwnerState
 from wheel.coord.base import Coordinator
 from wheel.engine.driver import Driver
 from wheel.engine.jobtable import Columns
-from wheel.engine.model import SHARD_COUNT
+from wheel.engine.model import SHARD_COUNT, JobState
 from wheel.engine.owner import Effects, Outcome, Owner, ShardContents
 from wheel.engine.profiles import Profile
-from wheel.engine.records import JobRecord, NewJob
+from wheel.engine.records import ExecutionRecord, JobChange, JobRecord, Updated
+from wheel.engine.spec import JobSpec
 from wheel.errors import FailedPrecondition, ResourceExhausted, StoreError, WheelError
 from wheel.logs import ids
 from wheel.node._batches import Batches, Write
 from wheel.node._changes import ChangeFeed
 from wheel.node._checkpointing import Appended, Checkpointing, CheckpointLog
 from wheel.node._cluster import ShardOwnership
-from wheel.node._jobs import NodeJobs
+from wheel.node._jobs import Jobs
 from wheel.node._membership import NodeMembership
 from wheel.node._moving import Moves
 from wheel.node._ops import NodeOps
 from wheel.node._reads import NodeReads
 from wheel.node._tenancy import Tenancy
-from wheel.node._updates import NodeUpdates
+from wheel.node._updates import Redriven, Updates
 from wheel.node._values import (
     Clock,
     Membership,
@@ -74,8 +75,6 @@ class Node(
     NodeReads,
     NodeMembership,
     NodeOps,
-    NodeJobs,
-    NodeUpdates,
 ):
     """One node owning shards (all 256 on a single node)."""
 
@@ -119,11 +118,28 @@ class Node(
         )
         self._lags: deque[int] = deque(maxlen=10_000)
         self.ready = asyncio.Event()
-        self._submits: list[tuple[NewJob, asyncio.Future[tuple[JobRecord, bool] | WheelError]]]
-        self._submits = []
         # Store batches on their way (durable triggers wait for one).
         self._batches = Batches(self.config, self._store_thread, wake=self._wake.set)
-        self._submit_flusher: asyncio.Task[None] | None = None
+        self._jobs = Jobs(
+            self.config,
+            store,
+            self.clock,
+            in_thread=self._api,
+            driver=self._the_driver,
+            changes=self._changes,
+            batches=self._batches,
+            wake=self.wake,
+        )
+        self._updates = Updates(
+            self.config,
+            store,
+            self.clock,
+            in_thread=self._api,
+            driver=self._the_driver,
+            changes=self._changes,
+            jobs=self._jobs,
+            wake=self.wake,
+        )
         self._checkpointing = Checkpointing(
             self.config, store, watermark=lambda: self._changes.watermark
         )
@@ -384,6 +400,79 @@ class Node(
     def rest_loaded(self, shards: Collection[int]) -> None:
         """The rest of ``shards`` is in (or will not come)."""
         self._checkpointing.rest_loaded(shards)
+
+    # -- jobs (wheel.node._jobs, wheel.node._updates) ----------------------------
+
+    def submit_later(
+        self,
+        spec: JobSpec,
+        idempotency_key: str | None,
+        *,
+        body_hash: str | None = None,
+        now_ms: int | None = None,
+    ) -> asyncio.Future[tuple[JobRecord, bool] | WheelError]:
+        """Validate now, then store the job with the other submits waiting
+        (see ``Jobs.submit_later``); the future of its outcome."""
+        return self._jobs.submit_later(spec, idempotency_key, body_hash=body_hash, now_ms=now_ms)
+
+    async def get_job(self, job_id: int) -> JobRecord:
+        return await self._jobs.get_job(job_id)
+
+    async def set_state(self, job_id: int, state: JobState) -> JobRecord:
+        """Pause, resume or cancel: the store first, then the owner."""
+        return await self._jobs.set_state(job_id, state)
+
+    async def trigger(self, job_id: int) -> int:
+        return await self._jobs.trigger(job_id)
+
+    async def backfill(self, job_id: int, fires: Sequence[int]) -> tuple[list[int], int]:
+        return await self._jobs.backfill(job_id, fires)
+
+    def next_fires(self, job_id: int, count: int, record: JobRecord | None = None) -> list[int]:
+        return self._jobs.next_fires(job_id, count, record)
+
+    async def update_job(
+        self,
+        job_id: int,
+        spec: JobSpec,
+        *,
+        idempotency_key: str | None = None,
+        body_hash: str = "",
+        updated_by: str = "",
+        if_version: int | None = None,
+    ) -> Updated:
+        return await self._updates.update_job(
+            job_id,
+            spec,
+            idempotency_key=idempotency_key,
+            body_hash=body_hash,
+            updated_by=updated_by,
+            if_version=if_version,
+        )
+
+    async def list_job_updates(
+        self, job_id: int, *, before_version: int | None, limit: int
+    ) -> list[JobChange]:
+        return await self._updates.list_job_updates(
+            job_id, before_version=before_version, limit=limit
+        )
+
+    async def list_dead_letters(
+        self,
+        *,
+        job_id: int | None,
+        tenant: str | None,
+        before_run_id: int | None,
+        limit: int,
+    ) -> list[ExecutionRecord]:
+        return await self._updates.list_dead_letters(
+            job_id=job_id, tenant=tenant, before_run_id=before_run_id, limit=limit
+        )
+
+    async def redrive(
+        self, job_id: int, run_id: int | None = None, *, before_run_id: int | None = None
+    ) -> Redriven:
+        return await self._updates.redrive(job_id, run_id, before_run_id=before_run_id)
 
     # -- tenants (wheel.node._tenancy) -------------------------------------------
 
