@@ -15,21 +15,73 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from wheel.errors import FailedPrecondition
-from wheel.node._checkpointing import Appended
+from wheel.errors import FailedPrecondition, StoreError
+from wheel.node._checkpointing import Appended, CheckpointLog
 from wheel.node._values import NodeConfig
-from wheel.store.base import BatchOutcome, WriteBatch
+from wheel.store.base import BatchOutcome, Store, WriteBatch
+
+log = logging.getLogger("wheel.node")
 
 # Store batches committing while the loop forms the next one.
 MAX_BATCHES_IN_FLIGHT = 2
 
 # What the store thread does with a batch and its checkpoint records.
 Write = Callable[[WriteBatch, list[bytes]], tuple[BatchOutcome, Appended | None]]
+
+
+class StoreWriter:
+    """The store thread's side of a batch (a ``Write``): commit it, then
+    append its checkpoint records (never ahead of the store)."""
+
+    __slots__ = ("_checkpoint_log", "_committed", "_failed", "_stopping", "_store")
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        checkpoint_log: CheckpointLog | None,
+        committed: Callable[[float], None],
+        failed: Callable[[StoreError], None],
+        stopping: Callable[[], bool],
+    ) -> None:
+        self._store = store
+        self._checkpoint_log = checkpoint_log
+        # Told of each commit (its seconds) and each failure (the node's health).
+        self._committed = committed
+        self._failed = failed
+        self._stopping = stopping
+
+    def __call__(
+        self, batch: WriteBatch, records: list[bytes]
+    ) -> tuple[BatchOutcome, Appended | None]:
+        """On the store thread: commit the batch, retrying an unavailable store
+        with backoff (later batches wait behind it, so order holds; claims are
+        idempotent by (job, fire, attempt) and completions by fence), then
+        append its checkpoint records."""
+        backoff = 0.05
+        started = time.perf_counter()
+        while True:
+            try:
+                outcome = self._store.write_batch(batch)
+                break
+            except StoreError as exc:
+                self._failed(exc)
+                if self._stopping():
+                    raise
+                log.warning("store write failed (%s); retrying in %.2fs", exc, backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+        self._committed(time.perf_counter() - started)
+        if self._checkpoint_log is None:
+            return outcome, None
+        return outcome, self._checkpoint_log.append(records, outcome.change_mark)
 
 
 @dataclass(slots=True, kw_only=True)

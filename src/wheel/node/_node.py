@@ -13,8 +13,15 @@ One asyncio loop iteration (``_loop``):
    wakes the loop.
 
 Everything that touches the owner runs on the event loop thread, so the owner
-needs no locks. Store calls run on one dedicated thread for dispatch and a
-small pool for API reads.
+needs no locks, and reaches it through the ``Driver`` alone. Store calls run
+on one dedicated thread for dispatch and a small pool for API reads.
+
+The node is composed of parts that own their state, each given what it uses:
+the batches on their way and the store thread's writer (``_batches``), the
+change feed (``_changes``), the checkpoint and its log (``_checkpointing``),
+shards that move (``_moving``), shard ownership in a cluster (``_cluster``),
+the job API (``_jobs``, ``_updates``) and tenancy (``_tenancy``). ``Node``
+builds them, runs the loop and passes its API calls to them.
 """
 
 from __future__ import annotations
@@ -38,11 +45,11 @@ from wheel.engine.owner import Effects, Outcome, Owner, ShardContents
 from wheel.engine.profiles import Profile
 from wheel.engine.records import ExecutionRecord, JobChange, JobRecord, Updated
 from wheel.engine.spec import JobSpec
-from wheel.errors import FailedPrecondition, ResourceExhausted, StoreError, WheelError
+from wheel.errors import FailedPrecondition, ResourceExhausted, WheelError
 from wheel.logs import ids
-from wheel.node._batches import Batches, Write
+from wheel.node._batches import Batches, StoreWriter, Write
 from wheel.node._changes import ChangeFeed
-from wheel.node._checkpointing import Appended, Checkpointing, CheckpointLog
+from wheel.node._checkpointing import Checkpointing
 from wheel.node._cluster import ShardOwnership
 from wheel.node._jobs import Jobs
 from wheel.node._membership import NodeMembership
@@ -63,7 +70,7 @@ from wheel.node._values import (
     trim_heap,
 )
 from wheel.recovery import restore_owner
-from wheel.store.base import BatchOutcome, Store, TenantQuota, TokenRecord, WriteBatch
+from wheel.store.base import Store, TenantQuota, TokenRecord, WriteBatch
 
 log = logging.getLogger("wheel.node")
 # A host clock further than this off the store's is reported at start.
@@ -546,7 +553,13 @@ class Node(
         commit (never ahead of the store) and before the messages its
         answers produce are sent."""
         driver = self._the_driver()
-        write = functools.partial(self._write, checkpoint_log=self._checkpointing.log)
+        write = StoreWriter(
+            self.store,
+            checkpoint_log=self._checkpointing.log,
+            committed=self._store_committed,
+            failed=self._store_failed,
+            stopping=lambda: self._stopping,
+        )
         tick = self.config.tick_ms
         tick_at = -tick  # when the last round with store work began (clock ms)
         early = False  # this round only applies a batch's answer (see _sleep_until)
@@ -657,31 +670,6 @@ class Node(
         if not driver.has_store_work() and not records and not self._batches.has_waiters():
             return None
         return driver.take_batch(), records
-
-    def _write(
-        self, batch: WriteBatch, records: list[bytes], *, checkpoint_log: CheckpointLog | None
-    ) -> tuple[BatchOutcome, Appended | None]:
-        """On the store thread: commit the batch, retrying an unavailable store
-        with backoff (later batches wait behind it, so order holds; claims are
-        idempotent by (job, fire, attempt) and completions by fence), then
-        append its checkpoint records."""
-        backoff = 0.05
-        started = time.perf_counter()
-        while True:
-            try:
-                outcome = self.store.write_batch(batch)
-                break
-            except StoreError as exc:
-                self._store_failed(exc)
-                if self._stopping:
-                    raise
-                log.warning("store write failed (%s); retrying in %.2fs", exc, backoff)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-        self._store_committed(time.perf_counter() - started)
-        if checkpoint_log is None:
-            return outcome, None
-        return outcome, checkpoint_log.append(records, outcome.change_mark)
 
     async def _sleep_until(
         self, deadline: int | None, tick: int, answered: Callable[[], bool]
