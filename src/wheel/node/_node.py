@@ -31,7 +31,6 @@ import contextlib
 import functools
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -40,24 +39,23 @@ from wheel.checkpoint.owner_state import OwnerState
 from wheel.coord.base import Coordinator
 from wheel.engine.driver import Driver
 from wheel.engine.jobtable import Columns
-from wheel.engine.model import SHARD_COUNT, JobState
+from wheel.engine.model import SHARD_COUNT
 from wheel.engine.owner import Effects, Outcome, Owner, ShardContents
 from wheel.engine.profiles import Profile
-from wheel.engine.records import ExecutionRecord, JobChange, JobRecord, Updated
-from wheel.engine.spec import JobSpec
-from wheel.errors import FailedPrecondition, ResourceExhausted, WheelError
+from wheel.errors import FailedPrecondition
 from wheel.logs import ids
 from wheel.node._batches import Batches, StoreWriter, Write
+from wheel.node._calls import NodeCalls
 from wheel.node._changes import ChangeFeed
 from wheel.node._checkpointing import Checkpointing
 from wheel.node._cluster import ShardOwnership
 from wheel.node._jobs import Jobs
-from wheel.node._membership import NodeMembership
+from wheel.node._membership import ClusterView
 from wheel.node._moving import Moves
 from wheel.node._ops import NodeOps
-from wheel.node._reads import NodeReads
+from wheel.node._reads import Reads
 from wheel.node._tenancy import Tenancy
-from wheel.node._updates import Redriven, Updates
+from wheel.node._updates import Updates
 from wheel.node._values import (
     Clock,
     Membership,
@@ -70,7 +68,7 @@ from wheel.node._values import (
     trim_heap,
 )
 from wheel.recovery import restore_owner
-from wheel.store.base import Store, TenantQuota, TokenRecord, WriteBatch
+from wheel.store.base import Store, WriteBatch
 
 log = logging.getLogger("wheel.node")
 # A host clock further than this off the store's is reported at start.
@@ -78,11 +76,7 @@ CLOCK_WARN_MS = 500
 T = TypeVar("T")
 
 
-class Node(
-    NodeReads,
-    NodeMembership,
-    NodeOps,
-):
+class Node(NodeCalls, NodeOps):
     """One node owning shards (all 256 on a single node)."""
 
     def __init__(
@@ -110,7 +104,10 @@ class Node(
         # the view last pushed, to push only changes.
         self.membership_sink: Callable[[WorkerSession, Membership], None] | None = None
         self.moved_sink: Callable[[WorkerSession, list[MovedRun]], None] | None = None
-        self._pushed_view: Membership | None = None
+        # Tells the owners of other members' shards that these jobs are new
+        # or changed (set by the rpc layer; the outbox relay's jobs go
+        # through it).
+        self.job_changes_sink: Callable[[list[int]], None] | None = None
         self._wake = Wake()
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-store")
         self._api_threads = ThreadPoolExecutor(4, thread_name_prefix="wheel-api")
@@ -123,11 +120,10 @@ class Node(
             in_thread=self._api,
             failed=lambda: self.metrics.store_errors.labels("changes").inc(),
         )
-        self._lags: deque[int] = deque(maxlen=10_000)
         self.ready = asyncio.Event()
         # Store batches on their way (durable triggers wait for one).
         self._batches = Batches(self.config, self._store_thread, wake=self._wake.set)
-        self._jobs = Jobs(
+        jobs = Jobs(
             self.config,
             store,
             self.clock,
@@ -137,14 +133,14 @@ class Node(
             batches=self._batches,
             wake=self.wake,
         )
-        self._updates = Updates(
+        updates = Updates(
             self.config,
             store,
             self.clock,
             in_thread=self._api,
             driver=self._the_driver,
             changes=self._changes,
-            jobs=self._jobs,
+            jobs=jobs,
             wake=self.wake,
         )
         self._checkpointing = Checkpointing(
@@ -167,8 +163,28 @@ class Node(
         self.stopped = asyncio.Event()
         # Health, alerts, metrics and retention (wheel.node._ops).
         self._init_ops()
-        self._tenancy = Tenancy(
+        tenancy = Tenancy(
             store, self.clock, in_thread=self._api, driver=lambda: self._driver, wake=self.wake
+        )
+        reads = Reads(
+            self.config,
+            store,
+            self.clock,
+            in_thread=self._api,
+            driver=lambda: self._driver,
+            moves=self._moves,
+            alerts_firing=self.alerts_firing,
+        )
+        view = ClusterView(
+            self.config,
+            coordinator,
+            driver=self._the_driver,
+            sessions=self.sessions,
+            sink=lambda: self.membership_sink,
+            wake=self.wake,
+        )
+        NodeCalls.__init__(
+            self, jobs=jobs, updates=updates, tenancy=tenancy, reads=reads, view=view
         )
 
     # -- life cycle -------------------------------------------------------------
@@ -296,7 +312,7 @@ class Node(
         handed = driver.hand_over(held)
         self._checkpointing.handed_over(held)
         log.info("handed over %d shards with %d runs in flight", len(held), len(handed))
-        self._push_membership()
+        self._view.push()
         self.wake()
 
     def take_on(
@@ -331,7 +347,7 @@ class Node(
             len(contents.jobs) + sum(len(rows) for rows in contents.packed.values()),
             len(contents.inflight),
         )
-        self._push_membership()
+        self._view.push()
         self.wake()
         # Off the loop: with a large heap it takes a good part of a second,
         # and the shards just taken on are to dispatch now.
@@ -407,113 +423,6 @@ class Node(
     def rest_loaded(self, shards: Collection[int]) -> None:
         """The rest of ``shards`` is in (or will not come)."""
         self._checkpointing.rest_loaded(shards)
-
-    # -- jobs (wheel.node._jobs, wheel.node._updates) ----------------------------
-
-    def submit_later(
-        self,
-        spec: JobSpec,
-        idempotency_key: str | None,
-        *,
-        body_hash: str | None = None,
-        now_ms: int | None = None,
-    ) -> asyncio.Future[tuple[JobRecord, bool] | WheelError]:
-        """Validate now, then store the job with the other submits waiting
-        (see ``Jobs.submit_later``); the future of its outcome."""
-        return self._jobs.submit_later(spec, idempotency_key, body_hash=body_hash, now_ms=now_ms)
-
-    async def get_job(self, job_id: int) -> JobRecord:
-        return await self._jobs.get_job(job_id)
-
-    async def set_state(self, job_id: int, state: JobState) -> JobRecord:
-        """Pause, resume or cancel: the store first, then the owner."""
-        return await self._jobs.set_state(job_id, state)
-
-    async def trigger(self, job_id: int) -> int:
-        return await self._jobs.trigger(job_id)
-
-    async def backfill(self, job_id: int, fires: Sequence[int]) -> tuple[list[int], int]:
-        return await self._jobs.backfill(job_id, fires)
-
-    def next_fires(self, job_id: int, count: int, record: JobRecord | None = None) -> list[int]:
-        return self._jobs.next_fires(job_id, count, record)
-
-    async def update_job(
-        self,
-        job_id: int,
-        spec: JobSpec,
-        *,
-        idempotency_key: str | None = None,
-        body_hash: str = "",
-        updated_by: str = "",
-        if_version: int | None = None,
-    ) -> Updated:
-        return await self._updates.update_job(
-            job_id,
-            spec,
-            idempotency_key=idempotency_key,
-            body_hash=body_hash,
-            updated_by=updated_by,
-            if_version=if_version,
-        )
-
-    async def list_job_updates(
-        self, job_id: int, *, before_version: int | None, limit: int
-    ) -> list[JobChange]:
-        return await self._updates.list_job_updates(
-            job_id, before_version=before_version, limit=limit
-        )
-
-    async def list_dead_letters(
-        self,
-        *,
-        job_id: int | None,
-        tenant: str | None,
-        before_run_id: int | None,
-        limit: int,
-    ) -> list[ExecutionRecord]:
-        return await self._updates.list_dead_letters(
-            job_id=job_id, tenant=tenant, before_run_id=before_run_id, limit=limit
-        )
-
-    async def redrive(
-        self, job_id: int, run_id: int | None = None, *, before_run_id: int | None = None
-    ) -> Redriven:
-        return await self._updates.redrive(job_id, run_id, before_run_id=before_run_id)
-
-    # -- tenants (wheel.node._tenancy) -------------------------------------------
-
-    async def set_tenant_quota(self, quota: TenantQuota) -> TenantQuota:
-        return await self._tenancy.set_tenant_quota(quota)
-
-    async def list_tenant_quotas(self) -> list[TenantQuota]:
-        """Every tenant with limits set, as the store has them now."""
-        return await self._tenancy.list_tenant_quotas()
-
-    async def create_token(self, record: TokenRecord) -> None:
-        """Store a minted token (``AlreadyExists`` for a token id in use)."""
-        await self._tenancy.create_token(record)
-
-    async def get_token(self, token_id: str) -> TokenRecord:
-        """A token's record as the store has it now (``NotFound``)."""
-        return await self._tenancy.get_token(token_id)
-
-    async def list_tokens(self) -> list[TokenRecord]:
-        """Every token, revoked and expired ones included."""
-        return await self._tenancy.list_tokens()
-
-    async def revoke_token(self, token_id: str) -> TokenRecord:
-        """Revoke a token as of now by the node's clock (``NotFound``)."""
-        return await self._tenancy.revoke_token(token_id)
-
-    async def admit_submits(self, tenants: Sequence[str]) -> list[ResourceExhausted | None]:
-        """For each submit (by its tenant, in order): None when it may go on,
-        or the quota it is over (see ``Tenancy.admit_submits``)."""
-        return await self._tenancy.admit_submits(tenants)
-
-    def submits_done(self, tenants: Sequence[str]) -> None:
-        """Give back the places ``admit_submits`` held for these submits."""
-        self._tenancy.submits_done(tenants)
 
     # -- shards that move (wheel.node._moving) ------------------------------------
 
@@ -631,7 +540,7 @@ class Node(
         resync = driver.take_resync()
         due = self._changes.due()
         if due and self.coordinator is not None:
-            self._push_membership()
+            self._view.push()
         if resync or due:
             await self._changes.read(driver, resync)
 
@@ -707,7 +616,7 @@ class Node(
             fx.alerts.clear()
         lags = fx.lags
         if lags:
-            self._lags.extend(lags)
+            self._reads.lagged(lags)
             self.lag_histogram.add(lags)
             lags.clear()
         if fx.notes:
