@@ -39,11 +39,12 @@ from wheel.checkpoint.owner_state import OwnerState
 from wheel.coord.base import Coordinator
 from wheel.engine.driver import Driver
 from wheel.engine.jobtable import Columns
-from wheel.engine.model import SHARD_COUNT
+from wheel.engine.model import SHARD_COUNT, AlertKind
 from wheel.engine.owner import Effects, Outcome, Owner, ShardContents
 from wheel.engine.profiles import Profile
 from wheel.errors import FailedPrecondition
 from wheel.logs import ids
+from wheel.metrics import LagMinute
 from wheel.node._batches import Batches, StoreWriter, Write
 from wheel.node._calls import NodeCalls
 from wheel.node._changes import ChangeFeed
@@ -51,17 +52,20 @@ from wheel.node._checkpointing import Checkpointing
 from wheel.node._cluster import ShardOwnership
 from wheel.node._jobs import Jobs
 from wheel.node._membership import ClusterView
+from wheel.node._metrics import NodeMetrics
 from wheel.node._moving import Moves
-from wheel.node._ops import NodeOps
+from wheel.node._ops import HealthListener, Ops
 from wheel.node._reads import Reads
 from wheel.node._tenancy import Tenancy
 from wheel.node._updates import Updates
 from wheel.node._values import (
     Clock,
+    Health,
     Membership,
     MessageSink,
     MovedRun,
     NodeConfig,
+    RaisedAlert,
     Wake,
     WorkerSession,
     read_store_clock,
@@ -76,7 +80,7 @@ CLOCK_WARN_MS = 500
 T = TypeVar("T")
 
 
-class Node(NodeCalls, NodeOps):
+class Node(NodeCalls):
     """One node owning shards (all 256 on a single node)."""
 
     def __init__(
@@ -162,7 +166,20 @@ class Node(NodeCalls, NodeOps):
         # (and be restarted) rather than keep serving without dispatching.
         self.stopped = asyncio.Event()
         # Health, alerts, metrics and retention (wheel.node._ops).
-        self._init_ops()
+        self._ops = Ops(
+            self.config,
+            store,
+            self.clock,
+            coordinator,
+            ready=self.ready,
+            driver=lambda: self._driver,
+            stopping=lambda: self._stopping,
+            source=self,
+        )
+        self.metrics: NodeMetrics = self._ops.metrics
+        self.lag_histogram = self._ops.lag_histogram
+        self.lag_ring = self._ops.lag_ring
+        self.alerts = self._ops.alerts
         tenancy = Tenancy(
             store, self.clock, in_thread=self._api, driver=lambda: self._driver, wake=self.wake
         )
@@ -234,7 +251,7 @@ class Node(NodeCalls, NodeOps):
         self._task = asyncio.create_task(self._loop(), name="wheel-dispatch")
         self._task.add_done_callback(self._loop_done)
         self.ready.set()
-        self._start_ops()
+        self._ops.start()
         self._tenancy.start()
 
     async def _anchor_clock(self) -> None:
@@ -279,7 +296,7 @@ class Node(NodeCalls, NodeOps):
             len(self._ownership.gaining()),
         )
         self.ready.set()
-        self._start_ops()
+        self._ops.start()
         self._tenancy.start()
 
     # -- shards gained and lost (see wheel.node._cluster) -------------------------
@@ -383,7 +400,7 @@ class Node(NodeCalls, NodeOps):
         await self.leave()
         self._stopping = True
         await self._tenancy.stop()
-        await self._stop_ops()
+        await self._ops.stop()
         self._wake.set()
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
@@ -423,6 +440,33 @@ class Node(NodeCalls, NodeOps):
     def rest_loaded(self, shards: Collection[int]) -> None:
         """The rest of ``shards`` is in (or will not come)."""
         self._checkpointing.rest_loaded(shards)
+
+    # -- health, alerts, metrics, retention (wheel.node._ops) --------------------
+
+    def health(self) -> Health:
+        """The node's health now (see ``wheel.node._ops``)."""
+        return self._ops.health()
+
+    def on_health(self, listener: HealthListener) -> None:
+        """Await ``listener(health)`` whenever the node's health changes."""
+        self._ops.on_health(listener)
+
+    def list_alerts(self, since_ms: int = 0, limit: int = 0) -> list[RaisedAlert]:
+        return self._ops.list_alerts(since_ms, limit)
+
+    def alerts_firing(self) -> Mapping[AlertKind, int]:
+        """Each condition alert's kind -> how many of it hold now (0: clear)."""
+        return self._ops.alerts_firing()
+
+    def lag_history(self) -> list[LagMinute]:
+        """The dispatch lag minute by minute over the last hour, oldest first."""
+        return self._ops.lag_history()
+
+    async def purge_history(self, retain_ms: int) -> int:
+        return await self._ops.purge_history(retain_ms)
+
+    def loop_stall_max_s(self) -> float:
+        return self._ops.loop_stall_max_s()
 
     # -- shards that move (wheel.node._moving) ------------------------------------
 
@@ -465,8 +509,8 @@ class Node(NodeCalls, NodeOps):
         write = StoreWriter(
             self.store,
             checkpoint_log=self._checkpointing.log,
-            committed=self._store_committed,
-            failed=self._store_failed,
+            committed=self._ops.store_committed,
+            failed=self._ops.store_failed,
             stopping=lambda: self._stopping,
         )
         tick = self.config.tick_ms
@@ -612,7 +656,7 @@ class Node(NodeCalls, NodeOps):
         self._checkpointing.snapshot_if_due(driver)
         if fx.alerts:
             for alert in fx.alerts:
-                self._raise(alert)
+                self._ops.raise_alert(alert)
             fx.alerts.clear()
         lags = fx.lags
         if lags:
