@@ -104,8 +104,8 @@ class Node(NodeCalls):
         self._driver: Driver | None = None
         self.sessions: dict[str, WorkerSession] = {}
         self.message_sink: MessageSink | None = None
-        # Pushes the cluster's view to a worker stream (set by the rpc layer);
-        # the view last pushed, to push only changes.
+        # Push the cluster's view, and where moved runs report now, to a
+        # worker stream (set by the rpc layer).
         self.membership_sink: Callable[[WorkerSession, Membership], None] | None = None
         self.moved_sink: Callable[[WorkerSession, list[MovedRun]], None] | None = None
         # Tells the owners of other members' shards that these jobs are new
