@@ -20,7 +20,6 @@ from wheel.engine.model import SHARD_COUNT, shard_of
 from wheel.engine.records import NewJob
 from wheel.engine.spec import Interval, JobSpec
 from wheel.node import Node, NodeConfig, _cluster
-from wheel.node._moving import NodeMoving
 from wheel.store.base import Store
 from wheel.store.open import open_store
 
@@ -81,7 +80,7 @@ def _held(live: LiveNode) -> tuple[Mapping[int, int], int, set[int]]:
 
     def read() -> tuple[Mapping[int, int], int, set[int]]:
         status = node.status()
-        return status.shards, status.jobs, set(node._partial)
+        return status.shards, status.jobs, node._checkpointing.partial()
 
     held: tuple[Mapping[int, int], int, set[int]] = live.call(read)
     return held
@@ -156,7 +155,7 @@ def test_a_fault_while_adding_a_rest_gains_its_shards_again_whole(
     jobs: tuple[str, dict[int, int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dsn, _ = jobs
-    real = NodeMoving.add_rest
+    real = Node.add_rest
     faults: list[int] = []
 
     def add_rest(self: Node, shards: Any, packed: Any, profiles: Any) -> int:
@@ -165,7 +164,7 @@ def test_a_fault_while_adding_a_rest_gains_its_shards_again_whole(
             raise RuntimeError("injected: a fault of the node adding a rest")
         return real(self, shards, packed, profiles)
 
-    monkeypatch.setattr(NodeMoving, "add_rest", add_rest)
+    monkeypatch.setattr(Node, "add_rest", add_rest)
     live, made = _coordinated(dsn, range(SHARD_COUNT))
     with live:
         [coordinator] = made

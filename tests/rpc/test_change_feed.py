@@ -62,14 +62,14 @@ def test_the_change_feed_brings_others_changes_and_not_the_node_s_own(tmp_path: 
         finally:
             other.close()
 
-        server.run(node._read_changes(set()))
+        server.run(node._changes.read_page(node._the_driver(), set()))
         assert sorted(read) == sorted([theirs.job_id, mine[1]])
 
         def paused(job_id: int) -> bool:
-            job = node._owner()._job(job_id)
+            job = node._the_driver().owner._job(job_id)
             return job is not None and job.paused
 
-        assert server.call(lambda: node._owner().has_job(theirs.job_id))
+        assert server.call(lambda: node._the_driver().owner.has_job(theirs.job_id))
         assert server.call(lambda: [paused(j) for j in mine]) == [True, True, *[False] * 4]
     finally:
         server.stop()

@@ -31,8 +31,7 @@ def test_the_log_takes_a_batch_an_entry_and_a_snapshot_after_enough_job_records(
                 lambda: f"snapshot of {JOBS} jobs" in caplog.text, 20, "a snapshot of the jobs"
             )
             # Every fire moved a job and so logged a record; a batch carries many.
-            entries = server.call(lambda: node._checkpoint.last_seq())  # type: ignore[union-attr]
-            logged = server.call(lambda: node._log_records)
+            entries, logged = server.call(lambda: node._checkpointing.logged())
             assert logged >= 300
             assert entries < logged / 2
             fires = server.call(lambda: node.status().stats.completed)

@@ -32,12 +32,26 @@ clock and the network.
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Iterable, Mapping, Sequence
+import heapq
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from wheel.engine.jobtable import Columns
 from wheel.engine.model import SCHEDULE_OVER, JobState, shard_of
-from wheel.engine.owner import Actions, FireHold, Owner, RunRef
-from wheel.engine.profiles import split_spec
+from wheel.engine.owner import (
+    Actions,
+    FireHold,
+    Outcome,
+    Owner,
+    OwnerStats,
+    PackedJob,
+    RunRef,
+    ShardContents,
+    TenantLimit,
+    Unserved,
+    WorkerView,
+)
+from wheel.engine.profiles import Profile, split_spec
 from wheel.engine.records import (
     BatchOutcome,
     JobRecord,
@@ -50,7 +64,16 @@ from wheel.engine.schedule import compile_schedule
 from wheel.engine.spec import DEFAULT_LIMITS, Cron, Interval, IntervalMode, JobSpec, Once
 from wheel.errors import FailedPrecondition, LimitExceeded
 
-__all__ = ["Driver", "FireHold", "StateChange", "first_fire", "next_fires_of", "preview_fires"]
+__all__ = [
+    "Census",
+    "Driver",
+    "FireHold",
+    "RunView",
+    "StateChange",
+    "first_fire",
+    "next_fires_of",
+    "preview_fires",
+]
 
 # The field a schedule's first fire comes from, named when it is too far ahead.
 _HORIZON_FIELD = {
@@ -126,8 +149,45 @@ class StateChange:
     noop: bool = False
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Census:
+    """What the owner holds now, counted (a node's status)."""
+
+    shards: Mapping[int, int]
+    jobs: int
+    jobs_awake: int
+    pending_timers: int
+    in_flight: int
+    # Runs waiting for a worker: fresh ones and those already late.
+    backlog: int
+    overdue_backlog: int
+    workers: list[WorkerView]
+    stats: OwnerStats
+    reaper_paused: bool
+    unserved: list[Unserved]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunView:
+    """A run the owner holds, as an operator sees it."""
+
+    run_id: int
+    job_id: int
+    scheduled_for: int
+    attempt: int
+    fence: int
+    worker_id: str | None
+    # claiming, ready, dispatched, running, ending.
+    phase: str
+
+
 class Driver:
-    """One owner's loop and job API, fed values and time by its shell."""
+    """One owner's loop and job API, fed values and time by its shell.
+
+    The shell reaches the owner through it alone: the methods below the loop
+    and the job API (shards, workers, tenants, the checkpoint's view, what
+    an operator reads) pass the shell's values and the owner's effects on.
+    """
 
     __slots__ = ("acts", "owner")
 
@@ -489,3 +549,144 @@ class Driver:
         """Past fires not in history yet, claimed at once as catch-up work."""
         self._active(record, now_ms)
         self.owner.backfill(record.job_id, fires, now_ms, self.acts)
+
+    # -- shards -------------------------------------------------------------------
+
+    def shards(self) -> Mapping[int, int]:
+        """The shards held, each with the epoch it is held under."""
+        return self.owner.shards()
+
+    def owns(self, job_id: int) -> bool:
+        return self.owner.owns(job_id)
+
+    def add_shards(self, epochs: Mapping[int, int], contents: ShardContents, now_ms: int) -> None:
+        """Shards fenced and loaded: their jobs armed, their runs adopted."""
+        self.owner.add_shards(epochs, contents, now_ms, self.acts)
+
+    def add_rest(self, packed: Mapping[int, Columns], profiles: Sequence[Profile]) -> int:
+        """The rest of shards taken on due first; how many jobs it added."""
+        return self.owner.add_rest(packed, profiles)
+
+    # -- workers ------------------------------------------------------------------
+
+    def worker_hello(
+        self,
+        worker_id: str,
+        capacity: int,
+        pools: Sequence[str],
+        now_ms: int,
+        *,
+        handlers: Sequence[str] = (),
+    ) -> None:
+        self.owner.worker_hello(worker_id, capacity, pools, now_ms, self.acts, handlers=handlers)
+
+    def worker_disconnect(self, worker_id: str) -> None:
+        self.owner.worker_disconnect(worker_id)
+
+    def worker_ack(self, worker_id: str, refs: Sequence[tuple[int, int]], now_ms: int) -> None:
+        self.owner.worker_ack(worker_id, refs, now_ms, self.acts)
+
+    def worker_heartbeat(
+        self, worker_id: str, refs: Sequence[tuple[int, int]], now_ms: int
+    ) -> None:
+        self.owner.worker_heartbeat(worker_id, refs, now_ms, self.acts)
+
+    def worker_complete(
+        self,
+        worker_id: str,
+        completions: Sequence[tuple[int, int, Outcome, str]],
+        now_ms: int,
+        ran_ms: Mapping[int, int] | None = None,
+    ) -> None:
+        self.owner.worker_complete(worker_id, completions, now_ms, self.acts, ran_ms=ran_ms)
+
+    def worker_credit(self, worker_id: str, add: int, now_ms: int, *, seq: int = 0) -> None:
+        self.owner.worker_credit(worker_id, add, now_ms, self.acts, seq=seq)
+
+    def worker_capacity(self, worker_id: str) -> int | None:
+        return self.owner.worker_capacity(worker_id)
+
+    def worker_drain(self, worker_id: str) -> None:
+        self.owner.worker_drain(worker_id)
+
+    # -- tenants ------------------------------------------------------------------
+
+    def tenant_limits(self) -> dict[str, TenantLimit]:
+        return self.owner.tenant_limits()
+
+    def set_tenant_limits(self, limits: Mapping[str, TenantLimit], now_ms: int) -> None:
+        self.owner.set_tenant_limits(limits, now_ms)
+
+    # -- the checkpoint's view ----------------------------------------------------
+
+    def take_dirty(self) -> set[int]:
+        """The jobs changed since the last call (to log)."""
+        return self.owner.take_dirty()
+
+    def job_images(self) -> Callable[[int], PackedJob | None]:
+        """A job's row as the checkpoint keeps it, by job id."""
+        return self.owner.image_of
+
+    def profile(self, profile_id: int) -> Profile | None:
+        return self.owner.profile(profile_id)
+
+    def profiles(self) -> list[Profile]:
+        """Every profile interned, numbered as ``snapshot_columns`` names them."""
+        return list(self.owner.profiles.items)
+
+    def snapshot_columns(self, shard: int) -> Columns | None:
+        return self.owner.snapshot_columns(shard)
+
+    # -- what an operator reads ---------------------------------------------------
+
+    def job_count(self) -> int:
+        return self.owner.job_count()
+
+    def run_count(self) -> int:
+        return len(self.owner.runs)
+
+    def next_fires(self, job_id: int, count: int) -> list[int]:
+        """The job's next ``count`` fires as the owner has them armed."""
+        return self.owner.next_fires(job_id, count)
+
+    def reaper_paused(self) -> bool:
+        return self.owner.reaper_paused
+
+    def unserved(self) -> list[Unserved]:
+        return self.owner.unserved()
+
+    def unserved_alert_ms(self) -> int:
+        return self.owner.config.unserved_alert_ms
+
+    def census(self) -> Census:
+        owner = self.owner
+        fresh, overdue = owner.backlog()
+        return Census(
+            shards=owner.shards(),
+            jobs=owner.job_count(),
+            jobs_awake=owner.awake_count(),
+            pending_timers=owner.pending_timers(),
+            in_flight=len(owner.runs),
+            backlog=fresh + overdue,
+            overdue_backlog=overdue,
+            workers=owner.worker_views(),
+            stats=owner.stats.copy(),
+            reaper_paused=owner.reaper_paused,
+            unserved=owner.unserved(),
+        )
+
+    def runs_in_flight(self, limit: int) -> tuple[list[RunView], int]:
+        """Up to ``limit`` of the runs held, by run id, and how many in all."""
+        runs = self.owner.runs
+        return [
+            RunView(
+                run_id=run.run_id,
+                job_id=run.job_id,
+                scheduled_for=run.scheduled_for,
+                attempt=run.attempt,
+                fence=run.fence,
+                worker_id=run.worker_id,
+                phase=run.phase.name.lower(),
+            )
+            for run in (runs[i] for i in heapq.nsmallest(max(0, limit), runs))
+        ], len(runs)

@@ -3,11 +3,16 @@ fuzzy snapshots that never stall the event loop, and the shards it covers.
 
 The log is appended on the store thread right after each batch commits (never
 ahead of the store): the rows of the jobs the batch's owner pass changed
-(``wheel.checkpoint.owner_state``). A snapshot copies the owner's tables one
-shard at a time on the event loop -- a memcpy of some 40,000 rows, well under
-a millisecond -- and a thread of its own writes them to LMDB, taking at most
-``SNAPSHOT_SHARE`` of the process's time; the log replays everything after the
-sequence number the snapshot started at.
+(``wheel.checkpoint.owner_state``). ``CheckpointLog`` is the store thread's
+side, and the only code that appends; it answers each append with what it did
+(``Appended``), which the loop's side, ``Checkpointing``, takes in with the
+batch's answer. Nothing else of the checkpoint changes off the event loop.
+
+A snapshot copies the owner's tables one shard at a time on the event loop --
+a memcpy of some 40,000 rows, well under a millisecond -- and a thread of its
+own writes them to LMDB, taking at most ``SNAPSHOT_SHARE`` of the process's
+time; the log replays everything after the sequence number the snapshot
+started at (the last one the batches answered so far appended).
 
 A node in a cluster keeps a checkpoint too. It covers the shards whose rows
 it holds whole: those restored from it, and those a snapshot wrote since they
@@ -24,7 +29,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from wheel.checkpoint import Checkpoint, DutyCycle, Identity
@@ -35,6 +41,7 @@ from wheel.checkpoint.owner_state import (
     encode_profile,
     encode_shard,
     encode_watermark,
+    log_entry,
     recover_state,
 )
 from wheel.checkpoint.owner_state import log_records as owner_log_records
@@ -54,30 +61,74 @@ SNAPSHOT_SHARE = 0.2
 SNAPSHOT_QUEUE = 4
 
 
-class NodeCheckpoint:
-    """The checkpoint of ``wheel.node.Node``."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Appended:
+    """What one append to the log did, as of its end: the log's last seq,
+    the store's change mark logged last, and the job records logged in all.
+    ``failed``: the append failed and the log takes no more."""
 
-    config: NodeConfig
-    store: Store
-    _driver: Driver | None
-    _checkpoint: Checkpoint | None
-    _watermark: int
-    _logged_watermark: int
-    _logged_mark: int
-    _log_records: int
-    _snapshot_covers: int
-    _snapshot_due: bool
+    seq: int
+    mark: int
+    records: int
+    failed: bool = False
 
-    def _init_checkpointing(self) -> None:
-        self._checkpoint = None
+
+class CheckpointLog:
+    """The checkpoint's log as the store thread appends it: each batch's
+    records right after the batch commits, with the store's change mark
+    when it moved. Used on the store thread alone."""
+
+    __slots__ = ("_checkpoint", "_failed", "_mark", "_records")
+
+    def __init__(self, checkpoint: Checkpoint, *, records: int) -> None:
+        self._checkpoint = checkpoint
+        self._mark = 0
+        self._records = records
+        self._failed = False
+
+    def append(self, records: list[bytes], change_mark: int) -> Appended | None:
+        """Log ``records`` of a batch the store committed at ``change_mark``;
+        None when there is nothing to log (or the log failed before)."""
+        if not records or self._failed:
+            return None
+        if change_mark > self._mark:
+            # With the rows: a restore finds a store that lost this commit.
+            records.append(encode_mark(change_mark))
+            self._mark = change_mark
+        try:
+            seq = self._checkpoint.append([log_entry(records)])
+        except CheckpointError:
+            # The store is the record of truth: losing the checkpoint costs
+            # a slow restart, not correctness. Say so and go on without it.
+            log.exception("checkpoint append failed; continuing without a checkpoint")
+            self._failed = True
+            return Appended(seq=0, mark=self._mark, records=self._records, failed=True)
+        self._records += len(records)
+        return Appended(seq=seq, mark=self._mark, records=self._records)
+
+
+class Checkpointing:
+    """A node's checkpoint on the event loop: the records of what changed
+    for each batch, the log's progress as the store thread reports it,
+    snapshots, and the shards covered."""
+
+    def __init__(self, config: NodeConfig, store: Store, *, watermark: Callable[[], int]) -> None:
+        self._config = config
+        self._store = store
+        # The change feed's watermark now (the node's).
+        self._watermark = watermark
+        self._checkpoint: Checkpoint | None = None
+        # The store thread's side, made when the node starts logging.
+        self.log: CheckpointLog | None = None
         self._logged_watermark = -1
-        # The store's change mark as last logged (on the store thread).
-        self._logged_mark = 0
         self._snapshot_due = False
         self._snapshot_task: asyncio.Task[None] | None = None
         self._snapshot_thread: threading.Thread | None = None
-        # Job records in the log: all logged (counted by the store thread) and
-        # those the running or last snapshot covers (set by the loop).
+        # The log as the answers of the batches so far left it (see
+        # ``Appended``): its last seq, the change mark logged last, the job
+        # records in it, and those the running or last snapshot covers.
+        self._log_seq = 0
+        self._logged_mark = 0
         self._log_records = 0
         self._snapshot_covers = 0
         # Profiles whose body the log holds (a row names its profile by id).
@@ -93,11 +144,24 @@ class NodeCheckpoint:
         # shards it gains back; released once its first gains are done.
         self._recovered: OwnerState | None = None
 
-    def _open_checkpoint(self) -> Checkpoint | None:
-        assert self.config.checkpoint_dir is not None
-        path = self.config.checkpoint_dir
-        identity = Identity(cluster_id=self.config.cluster_id, shard_set=f"0-{SHARD_COUNT - 1}")
-        durability = self.config.checkpoint_durability
+    # -- opening and closing ------------------------------------------------------
+
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """The open checkpoint (None: none, or it failed)."""
+        return self._checkpoint
+
+    def enabled(self) -> bool:
+        return self._checkpoint is not None
+
+    def open_file(self) -> Checkpoint | None:
+        """On a thread: the checkpoint opened (a damaged one made anew), or
+        None to run without one. ``use`` it on the loop."""
+        config = self._config
+        assert config.checkpoint_dir is not None
+        path = config.checkpoint_dir
+        identity = Identity(cluster_id=config.cluster_id, shard_set=f"0-{SHARD_COUNT - 1}")
+        durability = config.checkpoint_durability
         try:
             return Checkpoint.open(path, identity, durability=durability)
         except CheckpointError as exc:
@@ -109,36 +173,10 @@ class NodeCheckpoint:
                 log.exception("running without a checkpoint")
                 return None
 
-    def _checkpoint_records(self) -> list[bytes]:
-        """The log records of what changed since the last batch (on the loop,
-        when a batch is formed): nothing without a checkpoint."""
-        driver = self._driver
-        assert driver is not None
-        owner = driver.owner
-        dirty = owner.take_dirty()
-        if self._checkpoint is None:
-            return []
-        records: list[bytes] = []
-        held = self._covered & owner.shards().keys()
-        if held != self._logged_held:
-            # Before the watermark: it tells how current these shards are.
-            records.append(encode_held(held))
-            self._logged_held = held
-        watermark = self._watermark if self._watermark != self._logged_watermark else None
-        if not dirty and watermark is None:
-            return records
-        records += owner_log_records(
-            dirty,
-            owner.image_of,
-            watermark,
-            profile_of=owner.profile,
-            logged=self._logged_profiles,
-        )
-        if watermark is not None:
-            self._logged_watermark = watermark
-        return records
+    def use(self, checkpoint: Checkpoint | None) -> None:
+        self._checkpoint = checkpoint
 
-    def _recover_checkpoint(self) -> OwnerState | None:
+    def recover_file(self) -> OwnerState | None:
         """On a thread, at the start of a cluster node: what its checkpoint
         holds (None: nothing usable; a damaged one is reset)."""
         checkpoint = self._checkpoint
@@ -150,11 +188,90 @@ class NodeCheckpoint:
                 log.warning("checkpoint: %s", warning)
             if recovery.snapshot is None and not recovery.records:
                 return None
-            return recover_state(recovery, self.store.change_mark())
+            return recover_state(recovery, self._store.change_mark())
         except CheckpointError as exc:
             log.error("checkpoint unusable, shards will load from the store: %s", exc)
             checkpoint.reset()
             return None
+
+    def keep_recovered(self, state: OwnerState | None) -> None:
+        self._recovered = state
+
+    def start_log(self, *, records: int = 0, covered: Collection[int] = ()) -> None:
+        """Before the dispatch loop starts: the log takes batches from now
+        on, holding ``records`` job records already; ``covered``: shards
+        restored whole from the checkpoint."""
+        checkpoint = self._checkpoint
+        self._log_records, self._snapshot_covers = records, 0
+        if checkpoint is None:
+            return
+        self.log = CheckpointLog(checkpoint, records=records)
+        self._log_seq = checkpoint.last_seq()
+        self._covered.update(covered)
+        self._logged_watermark = -1  # log the watermark with the first batch
+
+    def appended(self, answer: Appended | None) -> None:
+        """The store thread's answer to a batch's append, in batch order."""
+        if answer is None:
+            return
+        if answer.failed:
+            self._checkpoint = None
+            return
+        self._log_seq, self._logged_mark, self._log_records = (
+            answer.seq,
+            answer.mark,
+            answer.records,
+        )
+        if self._log_records - self._snapshot_covers >= self._config.snapshot_every_records:
+            self._snapshot_due = True
+
+    def close(self) -> None:
+        """After the store thread stopped."""
+        if self._checkpoint is not None:
+            self._checkpoint.close()
+
+    # -- what each batch logs -----------------------------------------------------
+
+    def records(self, driver: Driver) -> list[bytes]:
+        """The log records of what changed since the last batch (on the loop,
+        when a batch is formed): nothing without a checkpoint."""
+        dirty = driver.take_dirty()
+        if self._checkpoint is None:
+            return []
+        records: list[bytes] = []
+        held = self._covered & driver.shards().keys()
+        if held != self._logged_held:
+            # Before the watermark: it tells how current these shards are.
+            records.append(encode_held(held))
+            self._logged_held = held
+        now = self._watermark()
+        watermark = now if now != self._logged_watermark else None
+        if not dirty and watermark is None:
+            return records
+        records += owner_log_records(
+            dirty,
+            driver.job_images(),
+            watermark,
+            profile_of=driver.profile,
+            logged=self._logged_profiles,
+        )
+        if watermark is not None:
+            self._logged_watermark = watermark
+        return records
+
+    def log_records(self) -> int | None:
+        """Job records logged since the last snapshot began (None: no
+        checkpoint)."""
+        if self._checkpoint is None:
+            return None
+        return max(0, self._log_records - self._snapshot_covers)
+
+    def logged(self) -> tuple[int, int]:
+        """The log's last seq and the job records in it, as the batches
+        answered so far left them."""
+        return self._log_seq, self._log_records
+
+    # -- shards -------------------------------------------------------------------
 
     def checkpointed(self, shards: Collection[int]) -> dict[int, int]:
         """Of ``shards``, those the node's checkpoint can give back, each with
@@ -179,6 +296,25 @@ class NodeCheckpoint:
         elif self._checkpoint is not None:
             self._snapshot_due = True
 
+    def handed_over(self, shards: Collection[int]) -> None:
+        """Shards the owner no longer holds: covered no more."""
+        self._covered.difference_update(shards)
+        self._partial.difference_update(shards)
+
+    def loading_rest(self, shards: Collection[int]) -> None:
+        """``shards`` were taken on due first; their rest is on its way."""
+        self._partial.update(shards)
+
+    def rest_loaded(self, shards: Collection[int]) -> None:
+        """The rest of ``shards`` is in (or will not come): the next snapshot
+        writes them whole."""
+        self._partial.difference_update(shards)
+        self._snapshot_due = self._checkpoint is not None
+
+    def partial(self) -> set[int]:
+        """Shards whose rest is still loading."""
+        return set(self._partial)
+
     def recovered(self) -> OwnerState | None:
         return self._recovered
 
@@ -187,12 +323,18 @@ class NodeCheckpoint:
         is left to the store."""
         self._recovered = None
 
-    def _start_snapshot(self) -> bool:
+    # -- snapshots ----------------------------------------------------------------
+
+    def snapshot_if_due(self, driver: Driver) -> None:
+        if self._snapshot_due and self.start_snapshot(driver):
+            self._snapshot_due = False
+
+    def start_snapshot(self, driver: Driver) -> bool:
         """A fuzzy snapshot: shard by shard copied on the loop, written on a
         thread of its own (see the module docstring). False: one is running
         (or there is no checkpoint)."""
-        checkpoint, driver = self._checkpoint, self._driver
-        if checkpoint is None or driver is None:
+        checkpoint = self._checkpoint
+        if checkpoint is None:
             return False
         if self._snapshot_task is not None and not self._snapshot_task.done():
             return False
@@ -202,8 +344,9 @@ class NodeCheckpoint:
         return True
 
     async def _snapshot(self, checkpoint: Checkpoint, driver: Driver) -> None:
-        owner = driver.owner
-        upto = checkpoint.last_seq()
+        # Where the log stands as the batches answered so far left it: every
+        # record up to this seq was formed before the rows below are copied.
+        upto = self._log_seq
         covered_before, self._snapshot_covers = self._snapshot_covers, self._log_records
         # The owner reflects every store change up to this watermark, and the
         # fuzzy snapshot holds rows at least that new.
@@ -235,23 +378,23 @@ class NodeCheckpoint:
                 except queue.Full:
                     await asyncio.sleep(0.005)
 
-        held = sorted(s for s in owner.shards() if s not in self._partial)
+        held = sorted(s for s in driver.shards() if s not in self._partial)
         try:
             # The watermark, then the shards the log after this snapshot starts
             # out holding (what it said last): each shard chunk is whole as of
             # the watermark, and the log's later watermarks move on the shards
             # it names.
             await put(
-                encode_watermark(self._watermark)
+                encode_watermark(self._watermark())
                 + encode_mark(self._logged_mark)
                 + encode_held(self._logged_held or ())
             )
             for shard in held:
-                rows = owner.snapshot_columns(shard)
+                rows = driver.snapshot_columns(shard)
                 if rows is not None:
                     jobs += len(rows)
                     await put(encode_shard(shard, rows))
-            profiles = list(owner.profiles.items)
+            profiles = driver.profiles()
             await put(b"".join(encode_profile(p, n) for n, p in enumerate(profiles)))
         finally:
             await put(None)
@@ -261,7 +404,7 @@ class NodeCheckpoint:
             self._snapshot_covers = covered_before  # due again
             return
         # Written whole: covered, those still held.
-        self._covered.update(s for s in held if s in owner.shards())
+        self._covered.update(s for s in held if s in driver.shards())
         log.info(
             "snapshot of %d jobs up to log record %d in %.2fs",
             jobs,
@@ -269,7 +412,7 @@ class NodeCheckpoint:
             time.perf_counter() - started,
         )
 
-    async def _stop_snapshot(self) -> None:
+    async def stop_snapshot(self) -> None:
         task = self._snapshot_task
         if task is not None and not task.done():
             await asyncio.gather(task, return_exceptions=True)

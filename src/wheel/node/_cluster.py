@@ -45,15 +45,18 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 from wheel._retry import Backoff
+from wheel.checkpoint.owner_state import OwnerState
 from wheel.coord.base import Coordinator, OwnershipChange
+from wheel.engine.jobtable import Columns
 from wheel.engine.owner import ShardContents
+from wheel.engine.profiles import Profile
 from wheel.errors import StoreError
-from wheel.node._values import trim_heap
+from wheel.node._values import Clock, NodeConfig, trim_heap
 from wheel.recovery import (
     Staged,
     checkpoint_contents,
@@ -63,9 +66,7 @@ from wheel.recovery import (
     stage_from_store,
     staged_contents,
 )
-
-if TYPE_CHECKING:
-    from wheel.node._node import Node
+from wheel.store.base import Store
 
 log = logging.getLogger("wheel.node")
 
@@ -84,10 +85,48 @@ STAGED_TTL_S = 120.0
 DUE_FIRST_SLACK_MS = 60_000
 
 
+T = TypeVar("T")
+
+
+class ShardHost(Protocol):
+    """What shard ownership needs of the node it runs in (``wheel.node.Node``)."""
+
+    @property
+    def store(self) -> Store: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def config(self) -> NodeConfig: ...
+    @property
+    def stopping(self) -> bool: ...
+
+    def in_thread(self, fn: Callable[..., T], /, *args: object) -> Awaitable[T]: ...
+    def held_shards(self) -> Collection[int]: ...
+    def checkpointed(self, shards: Collection[int]) -> dict[int, int]: ...
+    def recovered(self) -> OwnerState | None: ...
+    def release_recovered(self) -> None: ...
+    def hand_over(self, shards: Collection[int]) -> None: ...
+    async def hand_over_planned(self, shards: Collection[int]) -> None: ...
+    def take_on(
+        self,
+        epochs: Mapping[int, int],
+        contents: ShardContents,
+        watermark: int,
+        *,
+        from_checkpoint: bool = False,
+        how: str = "",
+    ) -> None: ...
+    def loading_rest(self, shards: Collection[int]) -> None: ...
+    def add_rest(
+        self, shards: Collection[int], packed: Mapping[int, Columns], profiles: Sequence[Profile]
+    ) -> int: ...
+    def rest_loaded(self, shards: Collection[int]) -> None: ...
+
+
 class ShardOwnership:
     """Applies a coordinator's ownership changes to a node's owner."""
 
-    def __init__(self, node: Node, coordinator: Coordinator) -> None:
+    def __init__(self, node: ShardHost, coordinator: Coordinator) -> None:
         self.node = node
         self.coordinator = coordinator
         # Gained and not yet added: shard -> epoch, newest wins.

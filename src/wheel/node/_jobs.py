@@ -9,14 +9,14 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
 
 from wheel.engine.driver import Driver, next_fires_of
 from wheel.engine.model import JobState
-from wheel.engine.owner import Owner
 from wheel.engine.records import JobRecord, NewJob
 from wheel.engine.spec import JobSpec
 from wheel.errors import FailedPrecondition, WheelError
+from wheel.node._batches import Batches
+from wheel.node._changes import ChangeFeed, InThread
 from wheel.node._values import Clock, NodeConfig, check_interval, trim_heap
 from wheel.store.base import Store
 
@@ -24,29 +24,37 @@ log = logging.getLogger("wheel.node")
 # Submits written in one store transaction at most: a bulk submit's 10,000
 # jobs take two commits (each an fsync), not ten.
 MAX_SUBMIT_BATCH = 5_000
-T = TypeVar("T")
 
 
-class NodeJobs:
-    """Submits, reads and state changes of ``wheel.node.Node``."""
+class Jobs:
+    """Submits, reads and state changes of a node's jobs."""
 
-    store: Store
-    clock: Clock
-    config: NodeConfig
-    _own_changes: set[int]
-    _submits: list[tuple[NewJob, asyncio.Future[tuple[JobRecord, bool] | WheelError]]]
-    _submit_flusher: asyncio.Task[None] | None
-    _commit_waiters: list[asyncio.Future[None]]
-
-    if TYPE_CHECKING:
-
-        async def _api(self, fn: Callable[..., T], *args: object) -> T: ...
-
-        def _the_driver(self) -> Driver: ...
-
-        def _owner(self) -> Owner: ...
-
-        def wake(self) -> None: ...
+    def __init__(
+        self,
+        config: NodeConfig,
+        store: Store,
+        clock: Clock,
+        *,
+        in_thread: InThread,
+        driver: Callable[[], Driver],
+        changes: ChangeFeed,
+        batches: Batches,
+        wake: Callable[[], None],
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._clock = clock
+        self._in_thread = in_thread
+        # The node's driver (``FailedPrecondition`` while it starts).
+        self._driver = driver
+        # The node's own job writes are left out of its change feed.
+        self._changes = changes
+        # A durable trigger waits for the next batch's commit.
+        self._batches = batches
+        self._wake = wake
+        self._submits: list[tuple[NewJob, asyncio.Future[tuple[JobRecord, bool] | WheelError]]]
+        self._submits = []
+        self._submit_flusher: asyncio.Task[None] | None = None
 
     def submit_later(
         self,
@@ -61,9 +69,9 @@ class NodeJobs:
         in one transaction (group commit) and scheduled. Returns the future
         of its outcome, a per-job error (a key conflict) included: a batch of
         requests queues all its jobs without a task for each."""
-        check_interval(spec, self.config.min_interval_ms)
-        driver = self._the_driver()
-        now = self.clock.now_ms() if now_ms is None else now_ms
+        check_interval(spec, self._config.min_interval_ms)
+        driver = self._driver()
+        now = self._clock.now_ms() if now_ms is None else now_ms
         new = driver.new_job(spec, idempotency_key, now, body_hash=body_hash)
         future: asyncio.Future[tuple[JobRecord, bool] | WheelError] = (
             asyncio.get_running_loop().create_future()
@@ -81,7 +89,7 @@ class NodeJobs:
                 self._submits[MAX_SUBMIT_BATCH:],
             )
             try:
-                results = await self._api(self.store.submit_jobs, [n for n, _ in batch])
+                results = await self._in_thread(self._store.submit_jobs, [n for n, _ in batch])
             except Exception as exc:  # every waiter hears of it: none hangs
                 for _, future in batch:
                     if not future.done():
@@ -89,14 +97,14 @@ class NodeJobs:
                 if not isinstance(exc, WheelError):
                     log.exception("storing %d submits failed", len(batch))
                 continue
-            driver, now = self._the_driver(), self.clock.now_ms()
+            driver, now = self._driver(), self._clock.now_ms()
             markers: set[int] = set()
             for i, ((new, future), result) in enumerate(zip(batch, results, strict=True)):
                 if i % 250 == 249:
                     await asyncio.sleep(0)  # let the loop in between
                 if not isinstance(result, WheelError) and result.created:
                     driver.submitted(result.job, now, new)
-                    if driver.owner.owns(result.job.job_id):
+                    if driver.owns(result.job.job_id):
                         markers.add(result.job.change)
                     # Else its shard is being gained: the gain's load may
                     # have read the store before this job, and the change
@@ -110,9 +118,9 @@ class NodeJobs:
             # in the owner: a read meanwhile brings them (applied twice,
             # harmlessly), and a watermark logged past them never comes before
             # the jobs' own rows in the checkpoint.
-            self._own_changes |= markers
+            self._changes.own(markers)
             flushed += len(batch)
-            self.wake()
+            self._wake()
         if flushed >= MAX_SUBMIT_BATCH:
             # What a bulk submit's requests and records left free, given back
             # off the loop (not waited for: submits may come meanwhile): with a
@@ -120,57 +128,56 @@ class NodeJobs:
             asyncio.get_running_loop().run_in_executor(None, trim_heap)
 
     async def get_job(self, job_id: int) -> JobRecord:
-        return await self._api(self.store.get_job, job_id)
+        return await self._in_thread(self._store.get_job, job_id)
 
     async def set_state(self, job_id: int, state: JobState) -> JobRecord:
         """Pause, resume or cancel: the store first, then the owner."""
         record = await self.get_job(job_id)
-        now = self.clock.now_ms()
-        change = self._the_driver().state_change(record, state, now)
+        now = self._clock.now_ms()
+        change = self._driver().state_change(record, state, now)
         if change.noop:
             return record
-        updated = await self._api(
+        updated = await self._in_thread(
             functools.partial(
-                self.store.set_job_state,
+                self._store.set_job_state,
                 job_id,
                 change.state,
                 next_run_at=change.next_run_at,
                 now_ms=now,
             )
         )
-        self._own_changes.add(updated.change)
-        self._the_driver().state_changed(record, updated, change.state, now)
-        self.wake()
+        self._changes.own((updated.change,))
+        self._driver().state_changed(record, updated, change.state, now)
+        self._wake()
         return updated
 
     async def trigger(self, job_id: int) -> int:
         record = await self.get_job(job_id)
-        at = self._the_driver().trigger(record, self.clock.now_ms())
-        await self._committed()
+        at = self._driver().trigger(record, self._clock.now_ms())
+        await self.committed()
         return at
 
     async def backfill(self, job_id: int, fires: Sequence[int]) -> tuple[list[int], int]:
         record = await self.get_job(job_id)
         if record.state is not JobState.ACTIVE:
             raise FailedPrecondition(f"job {job_id} is {record.state.value}, not active")
-        existing = await self._api(self.store.fires_exist, job_id, list(fires))
+        existing = await self._in_thread(self._store.fires_exist, job_id, list(fires))
         todo = [f for f in fires if f not in existing]
-        self._the_driver().backfill(record, todo, self.clock.now_ms())
-        await self._committed()
+        self._driver().backfill(record, todo, self._clock.now_ms())
+        await self.committed()
         return todo, len(fires) - len(todo)
 
-    async def _committed(self) -> None:
+    async def committed(self) -> None:
         """Wait until what the owner emitted so far is in the store: an
         acknowledged trigger or backfill survives a crash right after."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._commit_waiters.append(waiter)
-        self.wake()
+        waiter = self._batches.commit_waiter()
+        self._wake()
         await waiter
 
     def next_fires(self, job_id: int, count: int, record: JobRecord | None = None) -> list[int]:
         """The job's next fires: as its owner has them armed, or, for a job
         held by another node, as its schedule computes them from ``record``."""
-        owner = self._owner()
-        if owner.owns(job_id) or record is None:
-            return owner.next_fires(job_id, count)
+        driver = self._driver()
+        if driver.owns(job_id) or record is None:
+            return driver.next_fires(job_id, count)
         return next_fires_of(record, count)

@@ -13,8 +13,15 @@ One asyncio loop iteration (``_loop``):
    wakes the loop.
 
 Everything that touches the owner runs on the event loop thread, so the owner
-needs no locks. Store calls run on one dedicated thread for dispatch and a
-small pool for API reads.
+needs no locks, and reaches it through the ``Driver`` alone. Store calls run
+on one dedicated thread for dispatch and a small pool for API reads.
+
+The node is composed of parts that own their state, each given what it uses:
+the batches on their way and the store thread's writer (``_batches``), the
+change feed (``_changes``), the checkpoint and its log (``_checkpointing``),
+shards that move (``_moving``), shard ownership in a cluster (``_cluster``),
+the job API (``_jobs``, ``_updates``) and tenancy (``_tenancy``). ``Node``
+builds them, runs the loop and passes its API calls to them.
 """
 
 from __future__ import annotations
@@ -24,65 +31,56 @@ import contextlib
 import functools
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from wheel._retry import Backoff
-from wheel.checkpoint.owner_state import encode_mark, log_entry
+from wheel.checkpoint.owner_state import OwnerState
 from wheel.coord.base import Coordinator
 from wheel.engine.driver import Driver
-from wheel.engine.model import SHARD_COUNT
+from wheel.engine.jobtable import Columns
+from wheel.engine.model import SHARD_COUNT, AlertKind
 from wheel.engine.owner import Actions, Outcome, Owner, ShardContents
-from wheel.engine.records import JobRecord, NewJob
-from wheel.errors import CheckpointError, FailedPrecondition, StoreError, WheelError
+from wheel.engine.profiles import Profile
+from wheel.errors import FailedPrecondition
 from wheel.logs import ids
-from wheel.node._checkpointing import NodeCheckpoint
+from wheel.metrics import LagMinute
+from wheel.node._batches import Batches, StoreWriter, Write
+from wheel.node._calls import NodeCalls
+from wheel.node._changes import ChangeFeed
+from wheel.node._checkpointing import Checkpointing
 from wheel.node._cluster import ShardOwnership
-from wheel.node._jobs import NodeJobs
-from wheel.node._membership import NodeMembership
-from wheel.node._moving import NodeMoving
-from wheel.node._ops import NodeOps
-from wheel.node._reads import NodeReads
-from wheel.node._tenancy import NodeTenancy
-from wheel.node._updates import NodeUpdates
+from wheel.node._jobs import Jobs
+from wheel.node._membership import ClusterView
+from wheel.node._metrics import NodeMetrics
+from wheel.node._moving import Moves
+from wheel.node._ops import HealthListener, Ops
+from wheel.node._reads import Reads
+from wheel.node._tenancy import Tenancy
+from wheel.node._updates import Updates
 from wheel.node._values import (
     Clock,
+    Health,
     Membership,
     MessageSink,
     MovedRun,
     NodeConfig,
+    RaisedAlert,
     Wake,
     WorkerSession,
     read_store_clock,
     trim_heap,
 )
 from wheel.recovery import restore_owner
-from wheel.store.base import BatchOutcome, Store, WriteBatch
+from wheel.store.base import Store, WriteBatch
 
 log = logging.getLogger("wheel.node")
 # A host clock further than this off the store's is reported at start.
 CLOCK_WARN_MS = 500
-# Store batches committing while the loop forms the next one.
-MAX_BATCHES_IN_FLIGHT = 2
-# An unavailable store: its batch is written again after these waits.
-STORE_WRITE_BACKOFF = Backoff(initial=0.05, max=2.0)
-# The epochs a batch was written under (``WriteBatch.epochs``).
-Epochs = Mapping[int, int] | None
 T = TypeVar("T")
 
 
-class Node(
-    NodeReads,
-    NodeMembership,
-    NodeOps,
-    NodeTenancy,
-    NodeCheckpoint,
-    NodeMoving,
-    NodeJobs,
-    NodeUpdates,
-):
+class Node(NodeCalls):
     """One node owning shards (all 256 on a single node)."""
 
     def __init__(
@@ -100,10 +98,6 @@ class Node(
         self.config = config or NodeConfig()
         self.coordinator = coordinator
         self._ownership: ShardOwnership | None = None
-        # The change feed's watermark to go back to once the read on its way
-        # returns: shards gained meanwhile were loaded as of it.
-        self._rewind: int | None = None
-        self._reading_changes = False
         # Awaited by ``stop`` (the rpc layer's channels to other members).
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self._left = False
@@ -112,34 +106,105 @@ class Node(
         self._driver: Driver | None = None
         self.sessions: dict[str, WorkerSession] = {}
         self.message_sink: MessageSink | None = None
-        # Pushes the cluster's view to a worker stream (set by the rpc layer);
-        # the view last pushed, to push only changes.
+        # Push the cluster's view, and where moved runs report now, to a
+        # worker stream (set by the rpc layer).
         self.membership_sink: Callable[[WorkerSession, Membership], None] | None = None
         self.moved_sink: Callable[[WorkerSession, list[MovedRun]], None] | None = None
-        self._pushed_view: Membership | None = None
+        # Tells the owners of other members' shards that these jobs are new
+        # or changed (set by the rpc layer; the outbox relay's jobs go
+        # through it).
+        self.job_changes_sink: Callable[[list[int]], None] | None = None
         self._wake = Wake()
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-store")
         self._api_threads = ThreadPoolExecutor(4, thread_name_prefix="wheel-api")
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
-        self._watermark = 0
-        # Change markers of the node's own job writes: its change feed leaves
-        # those jobs out (it applied them when it wrote them).
-        self._own_changes: set[int] = set()
-        self._lags: deque[int] = deque(maxlen=10_000)
+        self._changes = ChangeFeed(
+            self.config,
+            store,
+            self.clock,
+            in_thread=self._api,
+            failed=lambda: self.metrics.store_errors.labels("changes").inc(),
+        )
         self.ready = asyncio.Event()
-        self._submits: list[tuple[NewJob, asyncio.Future[tuple[JobRecord, bool] | WheelError]]]
-        self._submits = []
-        # API calls waiting for the next batch's commit (durable triggers).
-        self._commit_waiters: list[asyncio.Future[None]] = []
-        self._submit_flusher: asyncio.Task[None] | None = None
-        self._init_checkpointing()
-        self._init_moving()
+        # Store batches on their way (durable triggers wait for one).
+        self._batches = Batches(self.config, self._store_thread, wake=self._wake.set)
+        jobs = Jobs(
+            self.config,
+            store,
+            self.clock,
+            in_thread=self._api,
+            driver=self._the_driver,
+            changes=self._changes,
+            batches=self._batches,
+            wake=self.wake,
+        )
+        updates = Updates(
+            self.config,
+            store,
+            self.clock,
+            in_thread=self._api,
+            driver=self._the_driver,
+            changes=self._changes,
+            jobs=jobs,
+            wake=self.wake,
+        )
+        self._checkpointing = Checkpointing(
+            self.config, store, watermark=lambda: self._changes.watermark
+        )
+        self._moves = Moves(
+            config=self.config,
+            clock=self.clock,
+            store=store,
+            store_thread=self._store_thread,
+            coordinator=coordinator,
+            sessions=self.sessions,
+            sink=lambda: self.moved_sink,
+            left=lambda: self._left,
+            hand_over=self.hand_over,
+            wake=self.wake,
+        )
         # Set when the dispatch loop ends; a node whose loop died must exit
         # (and be restarted) rather than keep serving without dispatching.
         self.stopped = asyncio.Event()
         # Health, alerts, metrics and retention (wheel.node._ops).
-        self._init_ops()
+        self._ops = Ops(
+            self.config,
+            store,
+            self.clock,
+            coordinator,
+            ready=self.ready,
+            driver=lambda: self._driver,
+            stopping=lambda: self._stopping,
+            source=self,
+        )
+        self.metrics: NodeMetrics = self._ops.metrics
+        self.lag_histogram = self._ops.lag_histogram
+        self.lag_ring = self._ops.lag_ring
+        self.alerts = self._ops.alerts
+        tenancy = Tenancy(
+            store, self.clock, in_thread=self._api, driver=lambda: self._driver, wake=self.wake
+        )
+        reads = Reads(
+            self.config,
+            store,
+            self.clock,
+            in_thread=self._api,
+            driver=lambda: self._driver,
+            moves=self._moves,
+            alerts_firing=self.alerts_firing,
+        )
+        view = ClusterView(
+            self.config,
+            coordinator,
+            driver=self._the_driver,
+            sessions=self.sessions,
+            sink=lambda: self.membership_sink,
+            wake=self.wake,
+        )
+        NodeCalls.__init__(
+            self, jobs=jobs, updates=updates, tenancy=tenancy, reads=reads, view=view
+        )
 
     # -- life cycle -------------------------------------------------------------
 
@@ -151,45 +216,45 @@ class Node(
             return
         shards = list(range(SHARD_COUNT))
         epochs = await self._api(self.store.acquire_epochs, shards, self.config.node_id)
+        checkpointing = self._checkpointing
         if self.config.checkpoint_dir is not None:
-            self._checkpoint = await self._api(self._open_checkpoint)
+            checkpointing.use(await self._api(checkpointing.open_file))
         restored = await self._api(
             functools.partial(
                 restore_owner,
                 self.store,
-                self._checkpoint,
+                checkpointing.checkpoint,
                 epochs=epochs,
                 config=self.config.owner,
                 now_ms=self.clock.now_ms(),
             )
         )
-        owner = restored.owner
-        self._driver = Driver(owner, restored.actions)
-        self._began_dispatching(owner.shards())
+        driver = self._driver = Driver(restored.owner, restored.actions)
+        self._moves.began_dispatching(driver.shards())
         trim_heap()
-        self._watermark = restored.watermark
-        self._log_records, self._snapshot_covers = restored.log_records, 0
-        if self._checkpoint is not None:
-            if restored.source == "store":
+        self._changes.watermark = restored.watermark
+        if restored.source == "store":
+            checkpointing.start_log(records=restored.log_records)
+            if checkpointing.enabled():
                 # A full snapshot follows instead of a huge log batch.
-                owner.take_dirty()
-                self._start_snapshot()
-            else:
-                self._covered = set(epochs)
-            self._logged_watermark = -1  # log the watermark with the first batch
+                driver.take_dirty()
+                checkpointing.start_snapshot(driver)
+        else:
+            checkpointing.start_log(records=restored.log_records, covered=epochs)
         log.info(
             "node %s owns %d shards: %d jobs, %d runs in flight (restored from the %s in %.2fs)",
             self.config.node_id,
             len(epochs),
-            owner.job_count(),
-            len(owner.runs),
+            driver.job_count(),
+            driver.run_count(),
             restored.source,
             restored.seconds,
         )
         self._task = asyncio.create_task(self._loop(), name="wheel-dispatch")
         self._task.add_done_callback(self._loop_done)
         self.ready.set()
-        self._start_ops()
+        self._ops.start()
+        self._tenancy.start()
 
     async def _anchor_clock(self) -> None:
         """Read the store's clock and run on it: fires come due by the record
@@ -208,17 +273,20 @@ class Node(
         coordinator's first shards fenced, loaded and added as they come: a
         shard this node held before its restart from its checkpoint and the
         store's changes since, the others from the store."""
+        checkpointing = self._checkpointing
         if self.config.checkpoint_dir is not None:
-            self._checkpoint = await self._api(self._open_checkpoint)
-            self._recovered = await self._api(self._recover_checkpoint)
-            if self._recovered is not None:
+            checkpointing.use(await self._api(checkpointing.open_file))
+            recovered = await self._api(checkpointing.recover_file)
+            checkpointing.keep_recovered(recovered)
+            if recovered is not None:
                 log.info(
                     "checkpoint holds %d jobs of %d shards to gain back",
-                    self._recovered.job_count(),
-                    len(self._recovered.as_of),
+                    recovered.job_count(),
+                    len(recovered.as_of),
                 )
+        checkpointing.start_log()
         self._driver = Driver(Owner(now_ms=self.clock.now_ms(), config=self.config.owner))
-        self._watermark = (await self._api(self.store.load_shards, [])).watermark
+        self._changes.watermark = (await self._api(self.store.load_shards, [])).watermark
         self._ownership = ShardOwnership(self, coordinator)
         self._task = asyncio.create_task(self._loop(), name="wheel-dispatch")
         self._task.add_done_callback(self._loop_done)
@@ -230,7 +298,8 @@ class Node(
             len(self._ownership.gaining()),
         )
         self.ready.set()
-        self._start_ops()
+        self._ops.start()
+        self._tenancy.start()
 
     # -- shards gained and lost (see wheel.node._cluster) -------------------------
 
@@ -248,22 +317,21 @@ class Node(
 
     def held_shards(self) -> Collection[int]:
         """The shards the owner holds now (none while the node starts)."""
-        return () if self._driver is None else self._driver.owner.shards().keys()
+        return () if self._driver is None else self._driver.shards().keys()
 
     def hand_over(self, shards: Collection[int]) -> None:
         """Stop dispatching ``shards`` at once and forget them; their runs go
         on and their next owner adopts them from the store."""
         driver = self._the_driver()
-        epochs = driver.owner.shards()
+        epochs = driver.shards()
         held = [s for s in shards if s in epochs]
         if not held:
             return
-        self._ended_dispatching({s: epochs[s] for s in held})
+        self._moves.ended_dispatching({s: epochs[s] for s in held})
         handed = driver.hand_over(held)
-        self._covered.difference_update(held)
-        self._partial.difference_update(held)
+        self._checkpointing.handed_over(held)
         log.info("handed over %d shards with %d runs in flight", len(held), len(handed))
-        self._push_membership()
+        self._view.push()
         self.wake()
 
     def take_on(
@@ -280,20 +348,17 @@ class Node(
         ``from_checkpoint``: loaded from this node's checkpoint and the store's
         changes since, which the log gets as they apply."""
         driver = self._the_driver()
-        held = driver.owner.shards()
+        held = driver.shards()
         stale = {s: held[s] for s in epochs if s in held}
         if stale:
             # Held under an older epoch still (its loss not heard yet): the
             # new hold replaces it whole.
-            self._ended_dispatching(stale)
+            self._moves.ended_dispatching(stale)
             driver.hand_over(stale)
-        driver.owner.add_shards(epochs, contents, self.clock.now_ms(), driver.acts)
-        self._began_dispatching(epochs)
-        self.gained(epochs, covered=from_checkpoint)
-        if self._reading_changes:
-            self._rewind = watermark if self._rewind is None else min(self._rewind, watermark)
-        else:
-            self._watermark = min(self._watermark, watermark)
+        driver.add_shards(epochs, contents, self.clock.now_ms())
+        self._moves.began_dispatching(epochs)
+        self._checkpointing.gained(epochs, covered=from_checkpoint)
+        self._changes.loaded_as_of(watermark)
         log.info(
             "took on %d shards from %s: %d jobs, %d runs in flight",
             len(epochs),
@@ -301,7 +366,7 @@ class Node(
             len(contents.jobs) + sum(len(rows) for rows in contents.packed.values()),
             len(contents.inflight),
         )
-        self._push_membership()
+        self._view.push()
         self.wake()
         # Off the loop: with a large heap it takes a good part of a second,
         # and the shards just taken on are to dispatch now.
@@ -336,7 +401,8 @@ class Node(
         """Stop dispatching (after ``leave``, if it was not called)."""
         await self.leave()
         self._stopping = True
-        await self._stop_ops()
+        await self._tenancy.stop()
+        await self._ops.stop()
         self._wake.set()
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
@@ -346,28 +412,83 @@ class Node(
         for session in list(self.sessions.values()):
             session.closed = True
             session.outbox.put_nowait(None)
-        await self._stop_snapshot()
+        await self._checkpointing.stop_snapshot()
         self._store_thread.shutdown(wait=True)
         self._api_threads.shutdown(wait=True)
-        if self._checkpoint is not None:
-            self._checkpoint.close()
+        self._checkpointing.close()
 
-    # -- the checkpoint ---------------------------------------------------------
+    # -- the checkpoint (wheel.node._checkpointing) -------------------------------
 
-    def _has_checkpoint(self) -> bool:
-        return self._checkpoint is not None
+    def checkpoint_log_records(self) -> int | None:
+        """Job records in the checkpoint's log since its last snapshot (None:
+        no checkpoint)."""
+        return self._checkpointing.log_records()
+
+    def checkpointed(self, shards: Collection[int]) -> dict[int, int]:
+        """Of ``shards``, those the node's checkpoint can give back, each with
+        the watermark its rows are current up to."""
+        return self._checkpointing.checkpointed(shards)
+
+    def recovered(self) -> OwnerState | None:
+        return self._checkpointing.recovered()
+
+    def release_recovered(self) -> None:
+        self._checkpointing.release_recovered()
+
+    def loading_rest(self, shards: Collection[int]) -> None:
+        """``shards`` were taken on due first; their rest is on its way."""
+        self._checkpointing.loading_rest(shards)
+
+    def rest_loaded(self, shards: Collection[int]) -> None:
+        """The rest of ``shards`` is in (or will not come)."""
+        self._checkpointing.rest_loaded(shards)
+
+    # -- health, alerts, metrics, retention (wheel.node._ops) --------------------
+
+    def health(self) -> Health:
+        """The node's health now (see ``wheel.node._ops``)."""
+        return self._ops.health()
+
+    def on_health(self, listener: HealthListener) -> None:
+        """Await ``listener(health)`` whenever the node's health changes."""
+        self._ops.on_health(listener)
+
+    def list_alerts(self, since_ms: int = 0, limit: int = 0) -> list[RaisedAlert]:
+        return self._ops.list_alerts(since_ms, limit)
+
+    def alerts_firing(self) -> Mapping[AlertKind, int]:
+        """Each condition alert's kind -> how many of it hold now (0: clear)."""
+        return self._ops.alerts_firing()
+
+    def lag_history(self) -> list[LagMinute]:
+        """The dispatch lag minute by minute over the last hour, oldest first."""
+        return self._ops.lag_history()
+
+    async def purge_history(self, retain_ms: int) -> int:
+        return await self._ops.purge_history(retain_ms)
+
+    def loop_stall_max_s(self) -> float:
+        return self._ops.loop_stall_max_s()
+
+    # -- shards that move (wheel.node._moving) ------------------------------------
+
+    def add_rest(
+        self, shards: Collection[int], packed: Mapping[int, Columns], profiles: Sequence[Profile]
+    ) -> int:
+        """The rest of ``shards`` taken on due first (those still held),
+        added to the owner; how many jobs."""
+        return self._moves.add_rest(self._the_driver(), shards, packed, profiles)
+
+    async def hand_over_planned(self, shards: Collection[int]) -> None:
+        """Hand ``shards`` over, the runs claimed and never sent marked for
+        their next owner to send at once (see ``Moves.hand_over_planned``)."""
+        if self._driver is not None:
+            await self._moves.hand_over_planned(self._driver, shards)
 
     def _the_driver(self) -> Driver:
         if self._driver is None:
             raise FailedPrecondition("node is starting")
         return self._driver
-
-    def _owner(self) -> Owner:
-        return self._the_driver().owner
-
-    @property
-    def _acts(self) -> Actions:
-        return self._the_driver().acts
 
     async def _api(self, fn: Callable[..., T], *args: object) -> T:
         loop = asyncio.get_running_loop()
@@ -379,26 +500,22 @@ class Node(
     # -- the dispatch loop ------------------------------------------------------
 
     async def _loop(self) -> None:
-        """Pipelined: while the store thread commits batch N, the loop keeps
-        firing timers and serving workers and forms batch N+1. Batches commit
-        in order on the one store thread, and their answers are fed back in
-        order; a batch's checkpoint records are appended after its store
-        commit (never ahead of the store) and before the messages its answers
-        produce are sent."""
-        loop = asyncio.get_running_loop()
-        config = self.config
-        next_changes = time.monotonic() + config.changes_interval_s
-        # Batches on the store thread: each one's answer, the epochs it was
-        # written under, the commits waiting for it and whether it writes to
-        # the store (a batch may carry checkpoint records alone).
-        pending: deque[
-            tuple[asyncio.Future[BatchOutcome], Epochs, list[asyncio.Future[None]], bool]
-        ]
-        pending = deque()
-        next_batch_ms = 0  # group commit: no batch before this (clock ms)
+        """Round after round until the node stops (see the module docstring):
+        fire what is due, send a batch when the group commit lets it, take
+        in the store's answers, publish what the owner emitted, follow the
+        cluster and the change feed, and sleep until the next deadline or
+        an event. A batch's checkpoint records are appended after its store
+        commit (never ahead of the store) and before the messages its
+        answers produce are sent."""
         driver = self._the_driver()
-        coordinator = self.coordinator
-        tick = config.tick_ms
+        write = StoreWriter(
+            self.store,
+            checkpoint_log=self._checkpointing.log,
+            committed=self._ops.store_committed,
+            failed=self._ops.store_failed,
+            stopping=lambda: self._stopping,
+        )
+        tick = self.config.tick_ms
         tick_at = -tick  # when the last round with store work began (clock ms)
         early = False  # this round only applies a batch's answer (see _sleep_until)
         while not self._stopping:
@@ -412,78 +529,83 @@ class Node(
             self._quiet_if_lapsed()
             now = self.clock.now_ms()
             driver.advance(now)
-            if not early and len(pending) < MAX_BATCHES_IN_FLIGHT and now >= next_batch_ms:
-                # Checked again right before writing: a pause between the
-                # check above and here must not let a claim out either.
-                self._quiet_if_lapsed()
-                batch = self._form_batch(driver)
-                if batch is not None:
-                    if batch[0].size() >= config.group_commit_min_writes:
-                        next_batch_ms = now + config.group_commit_ms
-                    else:
-                        next_batch_ms = now + config.group_commit_light_ms
-                    future = loop.run_in_executor(self._store_thread, self._write, *batch)
-                    future.add_done_callback(lambda _: self._wake.set())
-                    writes = batch[0].size() > 0 or bool(self._commit_waiters)
-                    pending.append((future, batch[0].epochs, self._commit_waiters, writes))
-                    self._commit_waiters = []
-            if not early and (any(p[3] for p in pending) or driver.has_store_work()):
-                # A round with store work starts the tick. One woken by a
-                # submit or a read, with nothing to write, does not hold the
-                # next fire back; nor does one that only logs what a submit
-                # changed to the checkpoint.
-                tick_at = now
-            while pending and pending[0][0].done():
-                done, epochs, waiters, _ = pending.popleft()
-                outcome = done.result()
-                held = driver.owner.shards() if outcome.fenced else {}
-                lost = driver.apply(outcome, self.clock.now_ms(), epochs)
-                if lost:
-                    self._ended_dispatching({s: held[s] for s in lost})
-                if outcome.fenced:
-                    log.warning(
-                        "the store refused writes for %d shards a newer owner holds: %s"
-                        " (%d of them handed over now)",
-                        len(outcome.fenced),
-                        sorted(outcome.fenced)[:16],
-                        len(lost),
-                    )
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_result(None)
+            if not early:
+                self._send_batch(driver, write, now)
+                if self._batches.writing() or driver.has_store_work():
+                    # A round with store work starts the tick. One woken by
+                    # a submit or a read, with nothing to write, does not
+                    # hold the next fire back; nor does one that only logs
+                    # what a submit changed to the checkpoint.
+                    tick_at = now
+            self._take_answers(driver)
             self._quiet_if_lapsed()  # and before a hand-out leaves
-            self._publish(driver.take_messages())
-            resync = driver.take_resync()
-            if coordinator is not None and time.monotonic() >= next_changes:
-                self._push_membership()
-            if resync or time.monotonic() >= next_changes:
-                busy = await self._read_changes(resync)
-                next_changes = time.monotonic() + (0.0 if busy else config.changes_interval_s)
-            deadline = driver.next_deadline()
-            now = self.clock.now_ms()
-            if next_batch_ms > now:
-                # Holding writes for the group commit: wake for it, for the
-                # next timer, or for a message; never spin.
-                if driver.has_store_work() or self._commit_waiters:
-                    deadline = next_batch_ms if deadline is None else min(deadline, next_batch_ms)
-            elif len(pending) < MAX_BATCHES_IN_FLIGHT and (
-                self._commit_waiters or driver.wants_another_pass()
-            ):
-                deadline = now  # another round now, or at the next tick
-            if time.monotonic() >= next_changes:  # a busy change feed: next page now
-                deadline = now
+            self._publish(driver, driver.take_messages())
+            await self._follow(driver)
             early = await self._sleep_until(
-                deadline, tick_at + tick, lambda: bool(pending) and pending[0][0].done()
+                self._next_wake(driver), tick_at + tick, self._batches.answered
             )
-        for future, _, waiters, _ in pending:
-            with contextlib.suppress(Exception):
-                await future
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
-        for waiter in self._commit_waiters:
-            if not waiter.done():
-                waiter.set_exception(FailedPrecondition("node is stopping"))
+        await self._batches.drain()
+
+    def _send_batch(self, driver: Driver, write: Write, now: int) -> None:
+        """Group commit: a batch of the store writes and checkpoint records
+        so far, once the store thread has room and the last batch's wait is
+        over."""
+        if not self._batches.may_send(now):
+            return
+        # Checked again right before writing: a pause between the round's
+        # check and here must not let a claim out either.
+        self._quiet_if_lapsed()
+        formed = self._form_batch(driver)
+        if formed is not None:
+            self._batches.send(write, *formed, now)
+
+    def _take_answers(self, driver: Driver) -> None:
+        """The store's answers to the batches done, in batch order: their
+        checkpoint appends, then the owner's answers (fenced shards handed
+        over), then the calls that waited for their commit."""
+        while (answer := self._batches.next_answer()) is not None:
+            outcome, appended = answer.result()
+            self._checkpointing.appended(appended)
+            held = driver.shards() if outcome.fenced else {}
+            lost = driver.apply(outcome, self.clock.now_ms(), answer.epochs)
+            if lost:
+                self._moves.ended_dispatching({s: held[s] for s in lost})
+            if outcome.fenced:
+                log.warning(
+                    "the store refused writes for %d shards a newer owner holds: %s"
+                    " (%d of them handed over now)",
+                    len(outcome.fenced),
+                    sorted(outcome.fenced)[:16],
+                    len(lost),
+                )
+            answer.release()
+
+    async def _follow(self, driver: Driver) -> None:
+        """The cluster's view pushed to workers, and the change feed read,
+        when due (or at once for jobs whose store row disagrees)."""
+        resync = driver.take_resync()
+        due = self._changes.due()
+        if due and self.coordinator is not None:
+            self._view.push()
+        if resync or due:
+            await self._changes.read(driver, resync)
+
+    def _next_wake(self, driver: Driver) -> int | None:
+        """When the next round is due (clock ms; None: on an event only)."""
+        batches = self._batches
+        deadline = driver.next_deadline()
+        now = self.clock.now_ms()
+        if batches.next_batch_ms > now:
+            # Holding writes for the group commit: wake for it, for the
+            # next timer, or for a message; never spin.
+            if driver.has_store_work() or batches.has_waiters():
+                at = batches.next_batch_ms
+                deadline = at if deadline is None else min(deadline, at)
+        elif batches.has_room() and (batches.has_waiters() or driver.wants_another_pass()):
+            deadline = now  # another round now, or at the next tick
+        if self._changes.due():  # a busy change feed: next page now
+            deadline = now
+        return deadline
 
     def _quiet_if_lapsed(self) -> None:
         """Past the local lease deadline (a pause, a partition), hand every
@@ -492,56 +614,17 @@ class Node(
         coordinator = self.coordinator
         if coordinator is None or time.monotonic() < coordinator.valid_until():
             return
-        lapsed = list(self._owner().shards())
+        lapsed = list(self._the_driver().shards())
         if lapsed:
             log.warning("lease deadline passed: %d shards stop at once", len(lapsed))
             self.hand_over(lapsed)
 
     def _form_batch(self, driver: Driver) -> tuple[WriteBatch, list[bytes]] | None:
         """Take the store writes and the checkpoint records of what changed."""
-        records = self._checkpoint_records()
-        if not driver.has_store_work() and not records and not self._commit_waiters:
+        records = self._checkpointing.records(driver)
+        if not driver.has_store_work() and not records and not self._batches.has_waiters():
             return None
         return driver.take_batch(), records
-
-    def _write(self, batch: WriteBatch, records: list[bytes]) -> BatchOutcome:
-        """On the store thread: commit the batch, retrying an unavailable store
-        with backoff (later batches wait behind it, so order holds; claims are
-        idempotent by (job, fire, attempt) and completions by fence), then
-        append its checkpoint records."""
-        delays = STORE_WRITE_BACKOFF.delays()
-        started = time.perf_counter()
-        while True:
-            try:
-                outcome = self.store.write_batch(batch)
-                break
-            except StoreError as exc:
-                self._store_failed(exc)
-                if self._stopping:
-                    raise
-                backoff = delays.wait()
-                log.warning("store write failed (%s); retrying in %.2fs", exc, backoff)
-                time.sleep(backoff)
-        self._store_committed(time.perf_counter() - started)
-        checkpoint = self._checkpoint
-        if records and checkpoint is not None:
-            if outcome.change_mark > self._logged_mark:
-                # With the rows: a restore finds a store that lost this commit.
-                records.append(encode_mark(outcome.change_mark))
-                self._logged_mark = outcome.change_mark
-            try:
-                checkpoint.append([log_entry(records)])
-            except CheckpointError:
-                # The store is the record of truth: losing the checkpoint costs
-                # a slow restart, not correctness. Say so and go on without it.
-                log.exception("checkpoint append failed; continuing without a checkpoint")
-                self._checkpoint = None
-            else:
-                self._log_records += len(records)
-                logged = self._log_records - self._snapshot_covers
-                if logged >= self.config.snapshot_every_records:
-                    self._snapshot_due = True
-        return outcome
 
     async def _sleep_until(
         self, deadline: int | None, tick: int, answered: Callable[[], bool]
@@ -571,15 +654,16 @@ class Node(
             wake.clear()
             timeout = (tick - now) / 1000
 
-    def _publish(self, acts: Actions) -> None:
-        if self._snapshot_due and self._start_snapshot():
-            self._snapshot_due = False
+    def _publish(self, driver: Driver, acts: Actions) -> None:
+        """Send what the engine said in a round (``Driver.take_messages``
+        took it out): alerts, lag samples, notes and the workers' messages."""
+        self._checkpointing.snapshot_if_due(driver)
         if acts.alerts:
             for alert in acts.alerts:
-                self._raise(alert)
+                self._ops.raise_alert(alert)
         lags = acts.lags
         if lags:
-            self._lags.extend(lags)
+            self._reads.lagged(lags)
             self.lag_histogram.add(lags)
         if acts.notes:
             for note in acts.notes:
@@ -606,47 +690,6 @@ class Node(
             if session is not None and self.message_sink is not None:
                 self.message_sink(session, acts)
 
-    async def _read_changes(self, resync: set[int]) -> bool:
-        """Apply the jobs changed since the last read (and re-read ``resync``);
-        True when the page was busy enough that more may be waiting."""
-        driver = self._the_driver()
-        page = self.config.changes_page
-        self._reading_changes = True
-        try:
-            # Jobs as rows: an owner takes them on by profile, parsing no spec.
-            reread = await self._api(self.store.job_rows, resync) if resync else None
-            changed = await self._api(
-                functools.partial(
-                    self.store.changed_rows,
-                    self._watermark,
-                    list(driver.owner.shards()),
-                    page,
-                    owner_moves=False,
-                    exclude=frozenset(self._own_changes),
-                )
-            )
-            self._watermark = changed.watermark
-            # A marker below the watermark is never reported again.
-            self._own_changes = {m for m in self._own_changes if m >= self._watermark}
-        except StoreError as exc:
-            self.metrics.store_errors.labels("changes").inc()
-            log.warning("reading job changes failed: %s", exc)
-            driver.reread(resync)  # read again next time
-            return False
-        finally:
-            self._reading_changes = False
-            if self._rewind is not None:
-                # Shards were gained while this read was on its way: read
-                # again from where they were loaded.
-                self._watermark = min(self._watermark, self._rewind)
-                self._rewind = None
-        now = self.clock.now_ms()
-        if reread is not None:
-            driver.apply_rows(reread, now)
-        driver.apply_rows(changed, now)
-        # A page can end short of the limit on a whole transaction (PostgreSQL).
-        return 2 * (len(changed.rows) + len(changed.jobs)) >= page
-
     # -- worker streams ---------------------------------------------------------
 
     def attach_worker(
@@ -663,8 +706,8 @@ class Node(
             old.outbox.put_nowait(None)
         session = WorkerSession(worker_id)
         self.sessions[worker_id] = session
-        self._owner().worker_hello(
-            worker_id, capacity, pools, self.clock.now_ms(), self._acts, handlers=handlers
+        self._the_driver().worker_hello(
+            worker_id, capacity, pools, self.clock.now_ms(), handlers=handlers
         )
         self.wake()
         return session
@@ -673,15 +716,15 @@ class Node(
         session.closed = True
         if self.sessions.get(session.worker_id) is session:
             del self.sessions[session.worker_id]
-            self._owner().worker_disconnect(session.worker_id)
+            self._the_driver().worker_disconnect(session.worker_id)
             self.wake()
 
     def worker_ack(self, worker_id: str, refs: Sequence[tuple[int, int]]) -> None:
-        self._owner().worker_ack(worker_id, refs, self.clock.now_ms(), self._acts)
+        self._the_driver().worker_ack(worker_id, refs, self.clock.now_ms())
         self.wake()
 
     def worker_heartbeat(self, worker_id: str, refs: Sequence[tuple[int, int]]) -> None:
-        self._owner().worker_heartbeat(worker_id, refs, self.clock.now_ms(), self._acts)
+        self._the_driver().worker_heartbeat(worker_id, refs, self.clock.now_ms())
         self.wake()
 
     def worker_complete(
@@ -690,17 +733,15 @@ class Node(
         completions: Sequence[tuple[int, int, Outcome, str]],
         ran_ms: Mapping[int, int] | None = None,
     ) -> None:
-        self._owner().worker_complete(
-            worker_id, completions, self.clock.now_ms(), self._acts, ran_ms=ran_ms
-        )
+        self._the_driver().worker_complete(worker_id, completions, self.clock.now_ms(), ran_ms)
         self.wake()
 
     def worker_credit(self, worker_id: str, add: int, seq: int = 0) -> None:
-        self._owner().worker_credit(worker_id, add, self.clock.now_ms(), self._acts, seq=seq)
+        self._the_driver().worker_credit(worker_id, add, self.clock.now_ms(), seq=seq)
         self.wake()
 
     def worker_capacity(self, worker_id: str) -> int | None:
-        return self._owner().worker_capacity(worker_id)
+        return self._the_driver().worker_capacity(worker_id)
 
     def worker_drain(self, worker_id: str) -> None:
-        self._owner().worker_drain(worker_id)
+        self._the_driver().worker_drain(worker_id)

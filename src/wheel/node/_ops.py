@@ -32,8 +32,8 @@ from wheel.engine.owner import Alert
 from wheel.errors import StoreError
 from wheel.logs import ids
 from wheel.metrics import BatchedHistogram, LagMinute, LagRing
-from wheel.node._metrics import LAG_BOUNDS_MS, NodeMetrics
-from wheel.node._values import Clock, Health, NodeConfig, NodeStatus, RaisedAlert
+from wheel.node._metrics import LAG_BOUNDS_MS, MetricsSource, NodeMetrics
+from wheel.node._values import Clock, Health, NodeConfig, RaisedAlert
 from wheel.store.base import Store
 
 if TYPE_CHECKING:
@@ -50,36 +50,33 @@ STALL_FLOOR_S = 0.005
 STALL_WARN_S = 0.1
 
 
-class NodeOps:
-    """Health, alerts, metrics and retention of ``wheel.node.Node``."""
+class Ops:
+    """Health, alerts, metrics and retention of a node."""
 
-    store: Store
-    config: NodeConfig
-    clock: Clock
-    coordinator: Coordinator | None
-    ready: asyncio.Event
-    _driver: Driver | None
-    _stopping: bool
-    _log_records: int
-    _snapshot_covers: int
-
-    if TYPE_CHECKING:
-
-        def _has_checkpoint(self) -> bool: ...
-
-        # wheel.node._tenancy
-        def _init_tenancy(self) -> None: ...
-
-        def _start_tenancy(self) -> None: ...
-
-        async def _stop_tenancy(self) -> None: ...
-
-        def status(self, *, percentiles: bool = True) -> NodeStatus: ...
-
-    def _init_ops(self) -> None:
-        config = self.config
+    def __init__(
+        self,
+        config: NodeConfig,
+        store: Store,
+        clock: Clock,
+        coordinator: Coordinator | None,
+        *,
+        ready: asyncio.Event,
+        driver: Callable[[], Driver | None],
+        stopping: Callable[[], bool],
+        source: MetricsSource,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._clock = clock
+        self._coordinator = coordinator
+        # Set once the node serves.
+        self._ready = ready
+        # The node's driver once it started, and whether it is stopping.
+        self._driver = driver
+        self._stopping = stopping
+        config = self._config
         self.lag_histogram = BatchedHistogram(sorted({*LAG_BOUNDS_MS, config.lag_slo_ms}))
-        self.metrics = NodeMetrics.create(self)
+        self.metrics = NodeMetrics.create(source)
         self._batch_errors = self.metrics.store_errors.labels("batch")
         self.alerts: deque[RaisedAlert] = deque(maxlen=config.alerts_kept)
         # Written by the store thread (a bool or float assignment is atomic),
@@ -101,18 +98,15 @@ class NodeOps:
         self._purge_thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-purge")
         self._ops_tasks: list[asyncio.Task[None]] = []
         self._stall_max_s = 0.0
-        self._init_tenancy()
 
-    def _start_ops(self) -> None:
+    def start(self) -> None:
         self._ops_tasks = [
             asyncio.create_task(self._watch(), name="wheel-health"),
             asyncio.create_task(self._retain(), name="wheel-retention"),
             asyncio.create_task(self._watch_stalls(), name="wheel-stalls"),
         ]
-        self._start_tenancy()
 
-    async def _stop_ops(self) -> None:
-        await self._stop_tenancy()
+    async def stop(self) -> None:
         for task in self._ops_tasks:
             task.cancel()
         for task in self._ops_tasks:
@@ -170,32 +164,32 @@ class NodeOps:
         )
 
     def _dispatching(self) -> bool:
-        driver = self._driver
-        if driver is None or not self.ready.is_set() or self._stopping:
+        driver = self._driver()
+        if driver is None or not self._ready.is_set() or self._stopping():
             return False
-        if not driver.owner.shards():
+        if not driver.shards():
             return False
-        coordinator = self.coordinator
+        coordinator = self._coordinator
         return coordinator is None or time.monotonic() < coordinator.valid_until()
 
     def on_health(self, listener: HealthListener) -> None:
         """Await ``listener(health)`` whenever the node's health changes."""
         self._health_listeners.append(listener)
 
-    def _store_committed(self, seconds: float) -> None:
+    def store_committed(self, seconds: float) -> None:
         """On the store thread: a batch committed after ``seconds``."""
         self._batch_failed = False
         self._last_answer = time.monotonic()
         self.metrics.store_batch_seconds.observe(seconds)
 
-    def _store_failed(self, exc: StoreError) -> None:
+    def store_failed(self, exc: StoreError) -> None:
         """On the store thread: a batch failed (it is written again)."""
         self._batch_failed = True
         self._store_error = str(exc)
         self._batch_errors.inc()
 
     async def _watch(self) -> None:
-        interval = self.config.health_interval_s
+        interval = self._config.health_interval_s
         while True:
             try:
                 await self._probe_if_quiet()
@@ -210,7 +204,7 @@ class NodeOps:
         """Ask the store when it has not answered lately: no batch committed
         and no probe answered for ``probe_after_s`` (an idle node, or one
         whose batch is stuck retrying)."""
-        config = self.config
+        config = self._config
         now = time.monotonic()
         if now - self._last_answer < config.probe_after_s:
             self._probe_failed = False
@@ -221,7 +215,7 @@ class NodeOps:
                 self._probe_down(f"no answer to a probe in {config.probe_timeout_s:g}s")
             return
         loop = asyncio.get_running_loop()
-        self._probe = probe = loop.run_in_executor(self._probe_thread, self.store.ping)
+        self._probe = probe = loop.run_in_executor(self._probe_thread, self._store.ping)
         self._probe_started = now
         try:
             await asyncio.wait_for(asyncio.shield(probe), config.probe_timeout_s)
@@ -248,7 +242,7 @@ class NodeOps:
             if health.store:
                 log.info("the store answers again")
             else:
-                self._raise(
+                self.raise_alert(
                     Alert(
                         kind=AlertKind.STORE_UNREACHABLE,
                         message=f"the store is unreachable: {self._store_error}",
@@ -257,7 +251,7 @@ class NodeOps:
         if was is not None and health.dispatching != was.dispatching:
             log.info(
                 "node %s %s",
-                self.config.node_id,
+                self._config.node_id,
                 "holds shards to dispatch"
                 if health.dispatching
                 else "holds no shard it may dispatch",
@@ -270,10 +264,10 @@ class NodeOps:
 
     # -- alerts -----------------------------------------------------------------------
 
-    def _raise(self, alert: Alert) -> None:
+    def raise_alert(self, alert: Alert) -> None:
         """Keep, count and log an alert."""
         self.alerts.append(
-            RaisedAlert(at_ms=self.clock.now_ms(), node_id=self.config.node_id, alert=alert)
+            RaisedAlert(at_ms=self._clock.now_ms(), node_id=self._config.node_id, alert=alert)
         )
         self.metrics.alerts.labels(alert.kind.value).inc()
         extra = ids(
@@ -294,14 +288,13 @@ class NodeOps:
         firing = dict.fromkeys(CONDITION_ALERTS, 0)
         firing[AlertKind.STORE_UNREACHABLE] = int(not health.store)
         firing[AlertKind.LAG_SLO] = int(self._lag_breached)
-        driver = self._driver
+        driver = self._driver()
         if driver is not None:
-            owner = driver.owner
-            firing[AlertKind.REAPER_PAUSED] = int(owner.reaper_paused)
-            limit = owner.config.unserved_alert_ms
-            now = self.clock.now_ms()
+            firing[AlertKind.REAPER_PAUSED] = int(driver.reaper_paused())
+            limit = driver.unserved_alert_ms()
+            now = self._clock.now_ms()
             firing[AlertKind.NO_WORKER] = sum(
-                1 for u in owner.unserved() if now - u.since_ms >= limit
+                1 for u in driver.unserved() if now - u.since_ms >= limit
             )
         return firing
 
@@ -310,7 +303,7 @@ class NodeOps:
         runs handed out later than ``lag_slo_ms`` breaches the objective (an
         alert); back within it clears it. Exact, not estimated: the
         objective is a bucket bound of the lag histogram."""
-        config = self.config
+        config = self._config
         hist = self.lag_histogram
         now = time.monotonic()
         window = self._lag_window
@@ -327,7 +320,7 @@ class NodeOps:
             return
         self._lag_breached = breached
         if breached:
-            self._raise(
+            self.raise_alert(
                 Alert(
                     kind=AlertKind.LAG_SLO,
                     message=f"dispatch lag over its objective: {late} of {samples} runs in the"
@@ -343,32 +336,25 @@ class NodeOps:
 
     def _observe_lag(self) -> None:
         hist = self.lag_histogram
-        self.lag_ring.observe(self.clock.now_ms(), hist.buckets(), hist.take_peak())
+        self.lag_ring.observe(self._clock.now_ms(), hist.buckets(), hist.take_peak())
 
     def lag_history(self) -> list[LagMinute]:
         """The dispatch lag minute by minute over the last hour, oldest first."""
         self._observe_lag()
-        return self.lag_ring.history(self.clock.now_ms())
-
-    def checkpoint_log_records(self) -> int | None:
-        """Job records in the checkpoint's log since its last snapshot (None:
-        no checkpoint)."""
-        if not self._has_checkpoint():
-            return None
-        return max(0, self._log_records - self._snapshot_covers)
+        return self.lag_ring.history(self._clock.now_ms())
 
     # -- retention --------------------------------------------------------------------
 
     async def _retain(self) -> None:
-        config = self.config
+        config = self._config
         if config.retain_ms is None:
             return
         await asyncio.sleep(min(config.retention_first_s, config.retention_interval_s))
         while True:
-            driver = self._driver
+            driver = self._driver()
             # One member of a cluster purges (the holder of shard 0): the
             # tables are the cluster's, not a shard's.
-            if self.coordinator is None or (driver is not None and 0 in driver.owner.shards()):
+            if self._coordinator is None or (driver is not None and 0 in driver.shards()):
                 try:
                     await self.purge_history(config.retain_ms)
                 except Exception:  # the next pass tries again
@@ -380,10 +366,10 @@ class NodeOps:
         older than ``retain_ms``, paced (see the module docstring); returns
         the rows deleted. A store error ends the pass early (the next one
         goes on where this stopped: nothing is half-deleted)."""
-        config = self.config
+        config = self._config
         share = min(1.0, max(0.01, config.retention_share))
-        cutoff = self.clock.now_ms() - retain_ms
-        steps: Iterator[int] = self.store.purge_steps(cutoff, config.retention_batch)
+        cutoff = self._clock.now_ms() - retain_ms
+        steps: Iterator[int] = self._store.purge_steps(cutoff, config.retention_batch)
         loop = asyncio.get_running_loop()
         total, started = 0, time.perf_counter()
         while True:

@@ -19,47 +19,48 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
 
+from wheel.engine.driver import Driver
 from wheel.engine.fairness import TokenBucket
 from wheel.engine.owner import TenantLimit
 from wheel.errors import ResourceExhausted, StoreError
+from wheel.node._changes import InThread
 from wheel.node._values import Clock
 from wheel.store.base import Store, TenantQuota, TokenRecord
 
-if TYPE_CHECKING:
-    from wheel.engine.driver import Driver
-
 log = logging.getLogger("wheel.node")
-T = TypeVar("T")
 
 QUOTA_REFRESH_S = 5.0
 
 
-class NodeTenancy:
-    """The tenant quotas of ``wheel.node.Node``."""
+class Tenancy:
+    """The tenant quotas and tokens of a node."""
 
-    store: Store
-    clock: Clock
-    _driver: Driver | None
-
-    if TYPE_CHECKING:
-
-        async def _api(self, fn: Callable[..., T], *args: object) -> T: ...
-
-        def wake(self) -> None: ...
-
-    def _init_tenancy(self) -> None:
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        *,
+        in_thread: InThread,
+        driver: Callable[[], Driver | None],
+        wake: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._in_thread = in_thread
+        # The node's driver once it started (quotas are handed to the owner).
+        self._driver = driver
+        self._wake = wake
         self.quotas: dict[str, TenantQuota] = {}
         self._submit_buckets: dict[str, TokenBucket] = {}
         # Submits admitted by max_jobs and not yet stored, by tenant.
         self._jobs_on_the_way: dict[str, int] = {}
         self._quota_task: asyncio.Task[None] | None = None
 
-    def _start_tenancy(self) -> None:
+    def start(self) -> None:
         self._quota_task = asyncio.create_task(self._watch_quotas(), name="wheel-quotas")
 
-    async def _stop_tenancy(self) -> None:
+    async def stop(self) -> None:
         if self._quota_task is not None:
             self._quota_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -77,10 +78,10 @@ class NodeTenancy:
 
     async def refresh_quotas(self) -> None:
         """Read every tenant's quota from the store and apply it."""
-        self.apply_quotas(await self._api(self.store.list_tenant_quotas))
+        self.apply_quotas(await self._in_thread(self._store.list_tenant_quotas))
 
     def apply_quotas(self, quotas: Sequence[TenantQuota]) -> None:
-        now = self.clock.now_ms()
+        now = self._clock.now_ms()
         self.quotas = {q.tenant: q for q in quotas}
         buckets: dict[str, TokenBucket] = {}
         for q in quotas:
@@ -94,43 +95,43 @@ class NodeTenancy:
                 bucket.set_rate(rate, now, burst=burst)
             buckets[q.tenant] = bucket
         self._submit_buckets = buckets
-        driver = self._driver
+        driver = self._driver()
         if driver is not None:
             limits = {
                 q.tenant: TenantLimit(fires_per_s=q.fires_per_s, max_in_flight=q.max_in_flight)
                 for q in quotas
             }
-            if limits or driver.owner.tenant_limits():
-                driver.owner.set_tenant_limits(limits, now)
-                self.wake()
+            if limits or driver.tenant_limits():
+                driver.set_tenant_limits(limits, now)
+                self._wake()
 
     async def set_tenant_quota(self, quota: TenantQuota) -> TenantQuota:
-        stored = await self._api(self.store.set_tenant_quota, quota)
+        stored = await self._in_thread(self._store.set_tenant_quota, quota)
         await self.refresh_quotas()
         return stored
 
     async def list_tenant_quotas(self) -> list[TenantQuota]:
         """Every tenant with limits set, as the store has them now."""
-        return await self._api(self.store.list_tenant_quotas)
+        return await self._in_thread(self._store.list_tenant_quotas)
 
     # -- tokens -------------------------------------------------------------------
 
     async def create_token(self, record: TokenRecord) -> None:
         """Store a minted token (``AlreadyExists`` for a token id in use)."""
-        await self._api(self.store.create_token, record)
+        await self._in_thread(self._store.create_token, record)
 
     async def get_token(self, token_id: str) -> TokenRecord:
         """A token's record as the store has it now (``NotFound``)."""
-        return await self._api(self.store.get_token, token_id)
+        return await self._in_thread(self._store.get_token, token_id)
 
     async def list_tokens(self) -> list[TokenRecord]:
         """Every token, revoked and expired ones included."""
-        return await self._api(self.store.list_tokens)
+        return await self._in_thread(self._store.list_tokens)
 
     async def revoke_token(self, token_id: str) -> TokenRecord:
         """Revoke a token as of now by the node's clock (again: keeps the
         first time; ``NotFound``)."""
-        return await self._api(self.store.revoke_token, token_id, self.clock.now_ms())
+        return await self._in_thread(self._store.revoke_token, token_id, self._clock.now_ms())
 
     async def admit_submits(self, tenants: Sequence[str]) -> list[ResourceExhausted | None]:
         """For each submit (by its tenant, in order): None when it may go on,
@@ -138,7 +139,7 @@ class NodeTenancy:
         ``max_jobs`` until ``submits_done`` gives it back."""
         out: list[ResourceExhausted | None] = []
         room: dict[str, int | None] = {}
-        now = self.clock.now_ms()
+        now = self._clock.now_ms()
         for tenant in tenants:
             quota = self.quotas.get(tenant)
             if quota is None:
@@ -181,5 +182,5 @@ class NodeTenancy:
     async def _job_room(self, quota: TenantQuota) -> int | None:
         if quota.max_jobs is None:
             return None
-        held = await self._api(self.store.count_jobs, quota.tenant)
+        held = await self._in_thread(self._store.count_jobs, quota.tenant)
         return quota.max_jobs - held - self._jobs_on_the_way.get(quota.tenant, 0)

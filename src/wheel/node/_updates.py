@@ -8,16 +8,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
 
 from wheel.engine.driver import Driver
-from wheel.engine.records import ExecutionRecord, JobChange, JobRecord, Updated
+from wheel.engine.records import ExecutionRecord, JobChange, Updated
 from wheel.engine.spec import JobSpec
 from wheel.errors import FailedPrecondition, NotFound
+from wheel.node._changes import ChangeFeed, InThread
+from wheel.node._jobs import Jobs
 from wheel.node._values import Clock, NodeConfig, check_interval
 from wheel.store.base import RunState, Store
 
-T = TypeVar("T")
 # Dead letters a redrive of a whole job claims at most (the newest): a call
 # claims them in one go, and says where the rest begin (``Redriven``).
 MAX_REDRIVE = 1_000
@@ -34,25 +34,32 @@ class Redriven:
     more_before_run_id: int | None = None
 
 
-class NodeUpdates:
-    """Spec updates and dead-letter redrives of ``wheel.node.Node``."""
+class Updates:
+    """Spec updates and dead-letter redrives of a node's jobs."""
 
-    store: Store
-    clock: Clock
-    config: NodeConfig
-    _own_changes: set[int]
-
-    if TYPE_CHECKING:
-
-        async def _api(self, fn: Callable[..., T], *args: object) -> T: ...
-
-        def _the_driver(self) -> Driver: ...
-
-        def wake(self) -> None: ...
-
-        async def _committed(self) -> None: ...
-
-        async def get_job(self, job_id: int) -> JobRecord: ...
+    def __init__(
+        self,
+        config: NodeConfig,
+        store: Store,
+        clock: Clock,
+        *,
+        in_thread: InThread,
+        driver: Callable[[], Driver],
+        changes: ChangeFeed,
+        jobs: Jobs,
+        wake: Callable[[], None],
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._clock = clock
+        self._in_thread = in_thread
+        # The node's driver (``FailedPrecondition`` while it starts).
+        self._driver = driver
+        # The node's own job writes are left out of its change feed.
+        self._changes = changes
+        # Reads a job, and waits for the next batch's commit.
+        self._jobs = jobs
+        self._wake = wake
 
     async def update_job(
         self,
@@ -72,12 +79,12 @@ class NodeUpdates:
         spec they were claimed with. ``spec`` is validated first: a bad one
         changes nothing; so does an update on the condition ``if_version``
         (see ``Store.update_job``) that does not hold."""
-        record = await self.get_job(job_id)
+        record = await self._jobs.get_job(job_id)
         if spec.schedule != record.spec.schedule:
             # A job stored before a higher minimum keeps its schedule through
             # updates of its other fields.
-            check_interval(spec, self.config.min_interval_ms)
-        driver, now = self._the_driver(), self.clock.now_ms()
+            check_interval(spec, self._config.min_interval_ms)
+        driver, now = self._driver(), self._clock.now_ms()
         update, hold = driver.update(
             record,
             spec,
@@ -87,27 +94,27 @@ class NodeUpdates:
             updated_by=updated_by,
         )
         try:
-            result = await self._api(
-                functools.partial(self.store.update_job, update, if_version=if_version)
+            result = await self._in_thread(
+                functools.partial(self._store.update_job, update, if_version=if_version)
             )
         except BaseException:
-            driver.update_failed(job_id, hold, self.clock.now_ms())
-            self.wake()
+            driver.update_failed(job_id, hold, self._clock.now_ms())
+            self._wake()
             raise
         if not result.applied:
-            driver.update_failed(job_id, hold, self.clock.now_ms())
+            driver.update_failed(job_id, hold, self._clock.now_ms())
         else:
-            self._own_changes.add(result.job.change)
-            driver.updated(result.job, self.clock.now_ms())
-        self.wake()
+            self._changes.own((result.job.change,))
+            driver.updated(result.job, self._clock.now_ms())
+        self._wake()
         return result
 
     async def list_job_updates(
         self, job_id: int, *, before_version: int | None, limit: int
     ) -> list[JobChange]:
-        return await self._api(
+        return await self._in_thread(
             functools.partial(
-                self.store.list_job_updates, job_id, before_version=before_version, limit=limit
+                self._store.list_job_updates, job_id, before_version=before_version, limit=limit
             )
         )
 
@@ -119,9 +126,9 @@ class NodeUpdates:
         before_run_id: int | None,
         limit: int,
     ) -> list[ExecutionRecord]:
-        return await self._api(
+        return await self._in_thread(
             functools.partial(
-                self.store.list_dead_letters,
+                self._store.list_dead_letters,
                 job_id=job_id,
                 tenant=tenant,
                 before_run_id=before_run_id,
@@ -138,7 +145,7 @@ class NodeUpdates:
         new attempts, once they are in the store, and where older dead
         letters remain. A dead letter redriven already is not one any more:
         redriving it again does nothing."""
-        record = await self.get_job(job_id)
+        record = await self._jobs.get_job(job_id)
         more: int | None = None
         if run_id is None:
             # One more than the bound: whether older ones remain.
@@ -156,7 +163,7 @@ class NodeUpdates:
             )
             dead = [r for r in dead if r.run_id == run_id]
             if not dead:
-                run = await self._api(self.store.get_run, run_id)  # NotFound
+                run = await self._in_thread(self._store.get_run, run_id)  # NotFound
                 if run.job_id != job_id:
                     raise NotFound(f"run {run_id} is not a run of job {job_id}")
                 if run.state is not RunState.DEAD_LETTERED:
@@ -167,11 +174,11 @@ class NodeUpdates:
         if not dead:
             return Redriven(runs=[])
         fires = sorted((r.scheduled_for, r.attempt + 1) for r in dead)
-        self._the_driver().redrive(record, fires, self.clock.now_ms())
-        await self._committed()
+        self._driver().redrive(record, fires, self._clock.now_ms())
+        await self._jobs.committed()
         # The new attempts are the job's newest runs (with any fire since).
-        recent = await self._api(
-            functools.partial(self.store.list_runs, job_id, limit=len(fires) + 100)
+        recent = await self._in_thread(
+            functools.partial(self._store.list_runs, job_id, limit=len(fires) + 100)
         )
         wanted = set(fires)
         runs = sorted(

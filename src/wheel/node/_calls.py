@@ -1,0 +1,243 @@
+"""The calls a node answers for the rpc layer, the console and the outbox
+relay, each passed to the part of the node that answers it: the job API
+(``Jobs``, ``Updates``), tenancy (``Tenancy``), reads (``Reads``) and the
+cluster's view (``ClusterView``). ``Node`` builds the parts and hands them
+here; nothing here holds state of its own."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+
+from wheel.coord.base import Member
+from wheel.engine.model import JobState
+from wheel.engine.records import (
+    ExecutionRecord,
+    JobChange,
+    JobRecord,
+    MissedFire,
+    Updated,
+)
+from wheel.engine.spec import JobSpec
+from wheel.errors import ResourceExhausted, WheelError
+from wheel.node._jobs import Jobs
+from wheel.node._membership import ClusterView
+from wheel.node._reads import Reads
+from wheel.node._tenancy import Tenancy
+from wheel.node._updates import Redriven, Updates
+from wheel.node._values import InFlightRun, Membership, NodeStatus
+from wheel.store.base import TenantQuota, TokenRecord
+
+
+class NodeCalls:
+    """The node's API, passed to its parts."""
+
+    def __init__(
+        self, *, jobs: Jobs, updates: Updates, tenancy: Tenancy, reads: Reads, view: ClusterView
+    ) -> None:
+        self._jobs = jobs
+        self._updates = updates
+        self._tenancy = tenancy
+        self._reads = reads
+        self._view = view
+
+    # -- jobs (wheel.node._jobs, wheel.node._updates) ----------------------------
+
+    def submit_later(
+        self,
+        spec: JobSpec,
+        idempotency_key: str | None,
+        *,
+        body_hash: str | None = None,
+        now_ms: int | None = None,
+    ) -> asyncio.Future[tuple[JobRecord, bool] | WheelError]:
+        """Validate now, then store the job with the other submits waiting
+        (see ``Jobs.submit_later``); the future of its outcome."""
+        return self._jobs.submit_later(spec, idempotency_key, body_hash=body_hash, now_ms=now_ms)
+
+    async def get_job(self, job_id: int) -> JobRecord:
+        return await self._jobs.get_job(job_id)
+
+    async def set_state(self, job_id: int, state: JobState) -> JobRecord:
+        """Pause, resume or cancel: the store first, then the owner."""
+        return await self._jobs.set_state(job_id, state)
+
+    async def trigger(self, job_id: int) -> int:
+        return await self._jobs.trigger(job_id)
+
+    async def backfill(self, job_id: int, fires: Sequence[int]) -> tuple[list[int], int]:
+        return await self._jobs.backfill(job_id, fires)
+
+    def next_fires(self, job_id: int, count: int, record: JobRecord | None = None) -> list[int]:
+        return self._jobs.next_fires(job_id, count, record)
+
+    async def update_job(
+        self,
+        job_id: int,
+        spec: JobSpec,
+        *,
+        idempotency_key: str | None = None,
+        body_hash: str = "",
+        updated_by: str = "",
+        if_version: int | None = None,
+    ) -> Updated:
+        return await self._updates.update_job(
+            job_id,
+            spec,
+            idempotency_key=idempotency_key,
+            body_hash=body_hash,
+            updated_by=updated_by,
+            if_version=if_version,
+        )
+
+    async def list_job_updates(
+        self, job_id: int, *, before_version: int | None, limit: int
+    ) -> list[JobChange]:
+        return await self._updates.list_job_updates(
+            job_id, before_version=before_version, limit=limit
+        )
+
+    async def list_dead_letters(
+        self,
+        *,
+        job_id: int | None,
+        tenant: str | None,
+        before_run_id: int | None,
+        limit: int,
+    ) -> list[ExecutionRecord]:
+        return await self._updates.list_dead_letters(
+            job_id=job_id, tenant=tenant, before_run_id=before_run_id, limit=limit
+        )
+
+    async def redrive(
+        self, job_id: int, run_id: int | None = None, *, before_run_id: int | None = None
+    ) -> Redriven:
+        return await self._updates.redrive(job_id, run_id, before_run_id=before_run_id)
+
+    # -- tenants (wheel.node._tenancy) -------------------------------------------
+
+    async def set_tenant_quota(self, quota: TenantQuota) -> TenantQuota:
+        return await self._tenancy.set_tenant_quota(quota)
+
+    async def list_tenant_quotas(self) -> list[TenantQuota]:
+        """Every tenant with limits set, as the store has them now."""
+        return await self._tenancy.list_tenant_quotas()
+
+    async def create_token(self, record: TokenRecord) -> None:
+        """Store a minted token (``AlreadyExists`` for a token id in use)."""
+        await self._tenancy.create_token(record)
+
+    async def get_token(self, token_id: str) -> TokenRecord:
+        """A token's record as the store has it now (``NotFound``)."""
+        return await self._tenancy.get_token(token_id)
+
+    async def list_tokens(self) -> list[TokenRecord]:
+        """Every token, revoked and expired ones included."""
+        return await self._tenancy.list_tokens()
+
+    async def revoke_token(self, token_id: str) -> TokenRecord:
+        """Revoke a token as of now by the node's clock (``NotFound``)."""
+        return await self._tenancy.revoke_token(token_id)
+
+    async def admit_submits(self, tenants: Sequence[str]) -> list[ResourceExhausted | None]:
+        """For each submit (by its tenant, in order): None when it may go on,
+        or the quota it is over (see ``Tenancy.admit_submits``)."""
+        return await self._tenancy.admit_submits(tenants)
+
+    def submits_done(self, tenants: Sequence[str]) -> None:
+        """Give back the places ``admit_submits`` held for these submits."""
+        self._tenancy.submits_done(tenants)
+
+    # -- reads (wheel.node._reads) ----------------------------------------------
+
+    def now_ms(self) -> int:
+        return self._reads.now_ms()
+
+    async def list_jobs(
+        self,
+        *,
+        tenant: str | None,
+        state: JobState | None,
+        after_job_id: int,
+        limit: int,
+        name_prefix: str = "",
+        after_name: str | None = None,
+    ) -> list[JobRecord]:
+        return await self._reads.list_jobs(
+            tenant=tenant,
+            state=state,
+            after_job_id=after_job_id,
+            limit=limit,
+            name_prefix=name_prefix,
+            after_name=after_name,
+        )
+
+    async def list_runs(
+        self, job_id: int, *, before_run_id: int | None = None, limit: int
+    ) -> list[ExecutionRecord]:
+        return await self._reads.list_runs(job_id, before_run_id=before_run_id, limit=limit)
+
+    async def list_history(
+        self,
+        job_id: int,
+        *,
+        before_run_id: int | None,
+        before_scheduled_for: int | None,
+        limit: int,
+        runs: bool = True,
+        missed: bool = True,
+    ) -> tuple[list[ExecutionRecord], list[MissedFire]]:
+        """A page of a job's executions and of its missed fires, each newest
+        first (see ``Reads.list_history``)."""
+        return await self._reads.list_history(
+            job_id,
+            before_run_id=before_run_id,
+            before_scheduled_for=before_scheduled_for,
+            limit=limit,
+            runs=runs,
+            missed=missed,
+        )
+
+    def status(self, *, percentiles: bool = True) -> NodeStatus:
+        """The node's view of itself (see ``Reads.status``)."""
+        return self._reads.status(percentiles=percentiles)
+
+    def in_flight(self, limit: int) -> tuple[list[InFlightRun], int]:
+        """Up to ``limit`` of the runs the owner holds, by run id, and how
+        many it holds in all."""
+        return self._reads.in_flight(limit)
+
+    def lag_percentiles(self) -> tuple[float, float]:
+        return self._reads.lag_percentiles()
+
+    # -- the cluster (wheel.node._membership) --------------------------------------
+
+    def route(self, job_id: int) -> str | None:
+        """Where a call that changes the job must run: None here, else the
+        owner's address (see ``ClusterView.route``)."""
+        return self._view.route(job_id)
+
+    def owners_of(self, job_ids: Sequence[int]) -> dict[str, list[int]]:
+        """The jobs held by other members, by their owner's address."""
+        return self._view.owners_of(job_ids)
+
+    def jobs_changed(self, job_ids: Iterable[int]) -> None:
+        """Another member stored or changed these jobs: read them now."""
+        self._view.jobs_changed(job_ids)
+
+    def members(self) -> list[Member]:
+        """The cluster's live members (this node alone without a cluster)."""
+        return self._view.members()
+
+    def membership(self) -> Membership:
+        """The cluster as this node sees it: what workers route runs by."""
+        return self._view.membership()
+
+    def run_home(self, job_id: int) -> Member | None:
+        """Where a worker reports a run of ``job_id`` (see
+        ``ClusterView.run_home``)."""
+        return self._view.run_home(job_id)
+
+    def shard_owners(self) -> dict[int, str]:
+        """Shard -> the node id holding it, as last seen."""
+        return self._view.shard_owners()
