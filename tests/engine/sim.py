@@ -20,8 +20,12 @@ writes in the order completions, missed, advances, claims, starts, then
 ``on_completed`` and ``on_claimed`` with the store's answers, then messages.
 
 ``check(sim)`` verifies the design's promises over the whole recorded history
-and returns the violations it found; a fire due before the end that is still
-pending after the drain is one (a fire that would never have ended). One
+and returns the violations it found: through ``testkit.promises.check``
+(the nemesis's judge) from the fires the simulation owed, the store's
+executions and missed records and the handlers' effect log and fenced
+writes, then by the rules only a simulation can see. A fire due before the
+end that is still pending after the drain is one (a fire that would never
+have ended). One
 ``random.Random(seed)`` drives it all, so a seed replays a run exactly.
 """
 
@@ -35,7 +39,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from itertools import pairwise
 
-from testkit.promises import Violation
+from testkit.promises import Missed, PlannedJob, ResourceWrite, Run, Verdict, Violation
+from testkit.promises import check as check_promises
 from tests.store.reference import ExecRow as _ExecRow
 from tests.store.reference import RefStore
 from wheel.engine.driver import Driver
@@ -228,6 +233,7 @@ class SimWorker:
                 duration = rng.randint(job.spec.timeout_ms // 2, 2 * job.spec.timeout_ms)
             run = _WRun(a.run_id, a.fence, a.job_id, a.scheduled_for, a.attempt, outcome, duration)
             self.runs[a.run_id] = run
+            sim.history.effect(run, "start", t=sim.now / 1000)
             slow_ack = sim.chaos() and rng.random() < sim.scale.slow_ack_rate
             ack = rng.randint(5_500, 9_000) if slow_ack else rng.randint(1, 300)
             sim.at(sim.now + ack, self._gen_guard(partial(self._ack, run)))
@@ -241,6 +247,8 @@ class SimWorker:
         if self.runs.pop(run.run_id, None) is not run:
             return  # revoked or superseded: no completion (SDK rule 2)
         error = "" if run.outcome is Outcome.SUCCEEDED else f"sim {run.outcome.name.lower()}"
+        if run.outcome is not Outcome.HANDED_BACK:
+            self.sim.handler_ends(run)
         c = (run.run_id, run.fence, run.outcome, error)
         self.unconfirmed[run.run_id] = c
         self.sim.history.worker_completions.append(
@@ -352,6 +360,11 @@ class History:
     # Runs a worker got for a handler it did not register: (time, worker, assignment).
     misrouted: list[tuple[int, str, Assignment]] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
+    # The handlers' effect log (``testkit.promises.check``'s "start" and
+    # "end" lines, times in the simulated clock's seconds) and the writes
+    # asked of the fenced per-job resource, in the order it took them.
+    effects: list[dict[str, object]] = field(default_factory=list)
+    writes: list[ResourceWrite] = field(default_factory=list)
     restarts: int = 0
     mid_iteration_crashes: int = 0
     takeovers: int = 0
@@ -364,6 +377,19 @@ class History:
     freezes: int = 0
     iterations: int = 0
     api_ops: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def effect(self, run: _WRun, kind: str, **extra: object) -> None:
+        self.effects.append(
+            {
+                "kind": kind,
+                "job": run.job_id,
+                "scheduled_for": run.scheduled_for,
+                "run": run.run_id,
+                "attempt": run.attempt,
+                "fence": run.fence,
+                **extra,
+            }
+        )
 
 
 class Sim:
@@ -395,6 +421,8 @@ class Sim:
         self._lat_node: dict[str, int] = {}
         self._lat_worker: dict[str, int] = {}
         self._by_id: dict[str, SimWorker] = {}
+        # The fenced per-job resource: the newest fence it accepted, by job.
+        self._resource: dict[int, int] = {}
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -618,6 +646,30 @@ class Sim:
         token = self.sessions.get(wid)
         if w is not None and token is not None:
             self.to_worker(w, token, lambda: fn(w))
+
+    def handler_ends(self, run: _WRun) -> None:
+        """A handler returns: one that succeeded first wrote its job's fenced
+        resource, if its job runs one fire at a time (one with several runs
+        at once has no single newest fence to keep)."""
+        extra: dict[str, object] = {}
+        if run.outcome is Outcome.SUCCEEDED and _limit(self.jobs[run.job_id].spec) == 1:
+            newest = self._resource.get(run.job_id, -1)
+            accepted = run.fence >= newest
+            if accepted:
+                self._resource[run.job_id] = run.fence
+            self.history.writes.append(
+                ResourceWrite(
+                    seq=len(self.history.writes) + 1,
+                    job_id=run.job_id,
+                    key=f"{run.job_id}:{run.scheduled_for}",
+                    fence=run.fence,
+                    run_id=run.run_id,
+                    accepted=accepted,
+                )
+            )
+            extra["accepted"] = accepted
+        outcome = "permanent" if run.outcome is Outcome.FAILED else run.outcome.name.lower()
+        self.history.effect(run, "end", outcome=outcome, t=self.now / 1000, **extra)
 
     # -- users --------------------------------------------------------------------------
 
@@ -963,11 +1015,16 @@ def check(sim: Sim) -> list[Violation]:
     each violation named by its rule in ``testkit.promises.RULES`` (and so by
     the promise's number there).
 
+    The history is judged first by ``testkit.promises.check``, the nemesis's
+    judge too (``_promises_violations``), then by the rules only the
+    simulation can see (the claim log, the owner, each worker's messages).
+
     Run after ``Sim.drain``: every fire due before the end (``sim.end``, when
-    the drain began) must be settled -- its latest attempt terminal, or the
-    fire recorded missed with a reason. A fire still in flight, waiting on a
-    job or owed a retry after the drain would never have ended: a silent
-    drop. Fires that came due during the drain may still be on their way.
+    the drain began) must be settled -- run to success, dead-lettered or
+    unknown, or recorded missed with a reason. A fire still in flight,
+    waiting on a job or owed a retry after the drain would never have ended:
+    a silent drop (``lost``). Fires that came due during the drain may still
+    be on their way.
     """
     out: list[Violation] = []
     store, owner, end = sim.store, sim.owner, sim.end
@@ -986,76 +1043,15 @@ def check(sim: Sim) -> list[Violation]:
         retry_pending.update((job_id, f, n) for f, n, _ in held_job.due if n > 0)
     retry_pending.update(owner._pending)
 
-    # 0. Settled: nothing owed before the end is left in flight or waiting.
-    for job_id, f in sorted(set(sim.unsettled(horizon))):
-        exs = sorted(execs_by_fire.get((job_id, f), ()), key=lambda e: e.attempt)
-        held = owner.jobs.get(job_id)
-        out.append(
-            Violation(
-                "no silent drop",
-                f"job {job_id} ({_describe(sim.jobs[job_id].spec)}) fire {f} (T0{f - T0:+d} ms) "
-                f"still pending {sim.history.drain_ms // MIN} min after the end: attempts "
-                f"{[(e.attempt, e.state.value, e.error) for e in exs]}, owner holds "
-                + (
-                    "nothing"
-                    if held is None
-                    else f"due={list(held.due)} buffered={list(held.buffered)} "
-                    f"paused={held.paused} inflight={held.inflight}"
-                ),
-            )
-        )
+    # 1. No silent drop, and missed with a reason: ``testkit.promises.check``
+    # judges every fire the simulation owed (see ``_planned``).
+    out.extend(_promises_violations(sim, execs_by_fire))
 
-    # 1. No silent drop: every nominal fire up to the horizon has an execution
-    # or a missed record with its reason.
+    # Liveness: an active fixed_delay job with fires left is armed, running
+    # or queued (its next fire is not known before its last run ends, so no
+    # plan can list it).
     for job in sim.jobs.values():
-        expected: set[int] = set(job.extra_fires)
-        life_end = horizon
-        if job.cancelled_at is not None:
-            life_end = min(life_end, job.cancelled_at)
-        if job.pauses and job.pauses[-1][1] is None:
-            life_end = min(life_end, job.pauses[-1][0])
         c = job.compiled
-        if job.first_fire is not None:
-            if c.completion_driven:
-                if c.jittered(job.first_fire) < life_end:
-                    expected.add(job.first_fire)
-            else:
-                nominal: int | None = job.first_fire
-                while nominal is not None and c.jittered(nominal) < life_end:
-                    expected.add(nominal)
-                    nominal = c.next_fire(nominal)
-        # DST gaps under skip: each transition instant that had skipped wall
-        # times and no real fire is recorded missed (dst_gap) once the
-        # schedule passed it: at the fire before it, or from the job's
-        # submission or resume when it comes before the next fire.
-        if job.first_fire is not None:
-            for skip in c.skipped_between(job.submitted_at, life_end):
-                s = skip.at_ms
-                if c.next_fire(s - 1) == s or (job.job_id, s) in store.missed:
-                    continue
-                before = [p for p in c.fires_between(job.first_fire - 1, s - 1, 10_000)]
-                if before and c.jittered(before[-1]) >= life_end:
-                    continue
-                out.append(
-                    Violation(
-                        "no silent drop",
-                        f"job {job.job_id} ({_describe(job.spec)}): DST gap wall time "
-                        f"{skip.wall_time} skipped at {s} (T0{s - T0:+d} ms) has no "
-                        "dst_gap record",
-                    )
-                )
-        for f in sorted(expected):
-            key = (job.job_id, f)
-            if key in execs_by_fire or key in store.missed:
-                continue
-            out.append(
-                Violation(
-                    "no silent drop",
-                    f"job {job.job_id} ({_describe(job.spec)}) fire {f} (T0{f - T0:+d} ms) has "
-                    "no execution and no missed record",
-                )
-            )
-        # Liveness: an active job with fires left is armed, running or queued.
         row = store.jobs[job.job_id]
         if row.state is JobState.ACTIVE and c.completion_driven and job.first_fire is not None:
             oj = owner.jobs.get(job.job_id)
@@ -1082,49 +1078,6 @@ def check(sim: Sim) -> list[Violation]:
                         f"(last run finished at T0{last_finish - T0:+d} ms, pauses {job.pauses})",
                     )
                 )
-
-    # Missed records carry a reason the job's policies can give.
-    for (job_id, f), m in store.missed.items():
-        spec = sim.jobs[job_id].spec
-        allowed = {MissedReason.PAUSED}
-        compiled = sim.jobs[job_id].compiled
-        if compiled.skipped_between(f - 1, f, 1) and compiled.next_fire(f - 1) != f:
-            allowed.add(MissedReason.DST_GAP)  # a gap instant that no fire shares
-        mode = spec.catch_up.mode
-        allowed.add(
-            {
-                CatchUpMode.SKIP: MissedReason.SKIPPED,
-                CatchUpMode.RUN_LATEST_ONLY: MissedReason.COLLAPSED,
-                CatchUpMode.RUN_ALL: MissedReason.OVER_CAP,
-            }[mode]
-        )
-        if spec.catch_up.window_ms is not None and mode is not CatchUpMode.SKIP:
-            allowed.add(MissedReason.OUTSIDE_WINDOW)
-        # Every overlap policy can skip a fire (allow past max_concurrent).
-        allowed.add(MissedReason.OVERLAP)
-        cancelled_at = sim.jobs[job_id].cancelled_at
-        if cancelled_at is not None and f <= cancelled_at:
-            allowed.add(MissedReason.CANCELLED)
-        if m.reason not in allowed:
-            out.append(
-                Violation(
-                    "missed with a reason",
-                    f"job {job_id} fire {f}: {m.reason} under {_describe(spec)}",
-                )
-            )
-        if m.reason is MissedReason.PAUSED and not sim.jobs[job_id].pauses:
-            out.append(
-                Violation(
-                    "missed with a reason", f"job {job_id} fire {f} missed as paused, never paused"
-                )
-            )
-        if (job_id, f) in execs_by_fire and f not in sim.jobs[job_id].extra_fires:
-            out.append(
-                Violation(
-                    "no silent drop",
-                    f"job {job_id} fire {f} both ran and was recorded missed ({m.reason})",
-                )
-            )
 
     # 2. Never early.
     for _, _, claim, run_id in store.claims_log:
@@ -1307,7 +1260,13 @@ def check(sim: Sim) -> list[Violation]:
                         f"job {job_id} fire {f}: attempt {nxt.attempt} after {prev.state}",
                     )
                 )
-            if spec.side_effect is SideEffect.AT_MOST_ONCE and prev.state is not RunState.FAILED:
+            # (After a lost or unknown one it is ``check``'s
+            # at_most_once_redispatched.)
+            if spec.side_effect is SideEffect.AT_MOST_ONCE and prev.state not in (
+                RunState.FAILED,
+                RunState.LOST,
+                RunState.UNKNOWN,
+            ):
                 out.append(
                     Violation(
                         "at_most_once",
@@ -1360,6 +1319,186 @@ def check(sim: Sim) -> list[Violation]:
     for move in store.moves:
         if move.old is not None and move.new is not None and move.new < move.old:
             out.append(Violation("schedule moves forward", f"{move}"))
+    return out
+
+
+def _promises_violations(
+    sim: Sim, execs_by_fire: dict[tuple[int, int], list[_ExecRow]]
+) -> list[Violation]:
+    """The simulation's history judged by ``testkit.promises.check``, the
+    nemesis's judge: the fires the simulation owed, the reference store's
+    executions and missed records, the handlers' effect log and writes."""
+    store = sim.store
+    runs = [
+        Run(
+            run_id=ex.run_id,
+            job_id=ex.job_id,
+            scheduled_for=ex.scheduled_for,
+            attempt=ex.attempt,
+            state=ex.state.value,
+            fence=ex.fence,
+            worker_id=ex.worker_id,
+            dispatched_at_ms=ex.dispatched_at_ms,
+            finished_at_ms=ex.finished_at_ms,
+            error=ex.error,
+        )
+        for ex in store.execs.values()
+    ]
+    # A trigger's fire shares its key with the schedule's fire at that
+    # instant: the schedule's may be recorded missed while the trigger's
+    # ran. Those records say nothing about the fire, which ran.
+    missed = [
+        Missed(
+            job_id=m.job_id,
+            scheduled_for=m.scheduled_for,
+            reason=m.reason.value,
+            recorded_at_ms=m.recorded_at_ms,
+        )
+        for (job_id, f), m in store.missed.items()
+        if not ((job_id, f) in execs_by_fire and f in sim.jobs[job_id].extra_fires)
+    ]
+    verdict = check_promises(
+        _planned(sim, execs_by_fire),
+        runs,
+        missed,
+        sim.history.effects,
+        sim.history.writes,
+        end_ms=sim.end,
+        overlap_tolerance_ms=0,  # one clock
+    )
+    return _verdict_violations(sim, verdict, execs_by_fire)
+
+
+def _planned(sim: Sim, execs_by_fire: dict[tuple[int, int], list[_ExecRow]]) -> list[PlannedJob]:
+    """Each job's plan as ``check`` reads it: the fires it owed by the end
+    (``sim.end``, when the drain began) and why one may be recorded missed.
+
+    Owed: every nominal fire (jittered) before the end of its life (the
+    end, its cancellation, or a pause never resumed); its triggers and
+    backfills; each DST-gap instant its schedule passed under ``skip`` that
+    no fire shares (recorded missed as ``dst_gap``); and every fire due
+    before the end that the store or the owner holds (a fixed_delay job's
+    fires after its first, known only as runs end). A cancelled job owes
+    nothing more of a fire whose run the cancellation ended or whose retry
+    it stopped."""
+    store, owner, horizon = sim.store, sim.owner, sim.end
+    assert owner is not None
+    held: dict[int, set[int]] = defaultdict(set)
+    for job_id, f in execs_by_fire:
+        if f < horizon:
+            held[job_id].add(f)
+    for job_id, held_job in owner.jobs.items():
+        held[job_id].update(d[0] for d in held_job.due if d[0] < horizon)
+        held[job_id].update(f for f in held_job.buffered if f < horizon)
+    missed_fires: dict[int, list[int]] = defaultdict(list)
+    for job_id, f in store.missed:
+        missed_fires[job_id].append(f)
+    plans = []
+    for job in sim.jobs.values():
+        spec, c = job.spec, job.compiled
+        fires: set[int] = set(job.extra_fires) | held[job.job_id]
+        life_end = horizon
+        if job.cancelled_at is not None:
+            life_end = min(life_end, job.cancelled_at)
+        if job.pauses and job.pauses[-1][1] is None:
+            life_end = min(life_end, job.pauses[-1][0])
+        if job.first_fire is not None:
+            if c.completion_driven:
+                if c.jittered(job.first_fire) < life_end:
+                    fires.add(job.first_fire)
+            else:
+                nominal: int | None = job.first_fire
+                while nominal is not None and c.jittered(nominal) < life_end:
+                    fires.add(nominal)
+                    nominal = c.next_fire(nominal)
+            # DST gaps under skip: each transition instant that had skipped
+            # wall times and no real fire is recorded missed once the
+            # schedule passed it: at the fire before it, or from the job's
+            # submission or resume when it comes before the next fire.
+            for skip in c.skipped_between(job.submitted_at, life_end):
+                s = skip.at_ms
+                if c.next_fire(s - 1) == s:
+                    continue
+                before = c.fires_between(job.first_fire - 1, s - 1, 10_000)
+                if before and c.jittered(before[-1]) >= life_end:
+                    continue
+                fires.add(s)
+        if store.jobs[job.job_id].state is JobState.CANCELLED:
+            for f in list(fires):
+                exs = execs_by_fire.get((job.job_id, f))
+                if exs:
+                    last = max(exs, key=lambda e: e.attempt).state
+                    if last is RunState.CANCELLED or last in _RETRIED_FROM:
+                        fires.discard(f)
+        reasons = {MissedReason.OVERLAP}  # every overlap policy can skip a fire
+        if job.pauses:
+            reasons.add(MissedReason.PAUSED)
+        mode = spec.catch_up.mode
+        reasons.add(
+            {
+                CatchUpMode.SKIP: MissedReason.SKIPPED,
+                CatchUpMode.RUN_LATEST_ONLY: MissedReason.COLLAPSED,
+                CatchUpMode.RUN_ALL: MissedReason.OVER_CAP,
+            }[mode]
+        )
+        if spec.catch_up.window_ms is not None and mode is not CatchUpMode.SKIP:
+            reasons.add(MissedReason.OUTSIDE_WINDOW)
+        gaps = frozenset(
+            f
+            for f in missed_fires[job.job_id]
+            if c.skipped_between(f - 1, f, 1) and c.next_fire(f - 1) != f
+        )
+        plans.append(
+            PlannedJob(
+                job_id=job.job_id,
+                kind="listed",
+                at_most_once=spec.side_effect is SideEffect.AT_MOST_ONCE,
+                fires=tuple(sorted(fires)),
+                missed_reasons=frozenset(r.value for r in reasons),
+                cancelled_at_ms=job.cancelled_at,
+                dst_gaps=gaps,
+            )
+        )
+    return plans
+
+
+def _verdict_violations(
+    sim: Sim, verdict: Verdict, execs_by_fire: dict[tuple[int, int], list[_ExecRow]]
+) -> list[Violation]:
+    """One ``Violation`` per item of each count ``check`` requires to be
+    zero, named by that count's rule, with what the simulation knows of it."""
+    owner = sim.owner
+    assert owner is not None
+    out = []
+    for rule in verdict.violations():
+        items: list[object] = getattr(verdict, rule)
+        for item in items:
+            if isinstance(item, dict):
+                job_id, f = int(item["job"]), int(item["scheduled_for"])
+                said = {k: v for k, v in item.items() if k not in ("job", "scheduled_for")}
+            else:
+                assert isinstance(item, tuple)
+                job_id, f = item
+                said = {}
+            exs = sorted(execs_by_fire.get((job_id, f), ()), key=lambda e: e.attempt)
+            held = owner.jobs.get(job_id)
+            missed = sim.store.missed.get((job_id, f))
+            out.append(
+                Violation(
+                    rule,
+                    f"job {job_id} ({_describe(sim.jobs[job_id].spec)}) fire {f} "
+                    f"(T0{f - T0:+d} ms){f' {said}' if said else ''}: attempts "
+                    f"{[(e.attempt, e.state.value, e.error) for e in exs]}, missed "
+                    f"{None if missed is None else missed.reason.value}, "
+                    f"{sim.history.drain_ms // MIN} min after the end the owner holds "
+                    + (
+                        "nothing"
+                        if held is None
+                        else f"due={list(held.due)} buffered={list(held.buffered)} "
+                        f"paused={held.paused} inflight={held.inflight}"
+                    ),
+                )
+            )
     return out
 
 
