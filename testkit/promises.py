@@ -10,7 +10,7 @@
 
 Two harnesses judge a history by ``check`` below: the nemesis
 (``benchmarks/chaos.py``), from what a real cluster leaves behind, and the
-simulator (``tests/engine/sim.py``), from its simulated one. The simulator
+simulator (``tests/engine/sim_check.py``), from its simulated one. The simulator
 sees more (the reference store's log of every claim and completion, the
 owner, each worker's messages) and applies stricter rules of its own on top,
 each judged there and nowhere else. Every rule is named in ``RULES`` with the
@@ -71,7 +71,7 @@ class Promise(IntEnum):
 
 
 # Every rule a harness checks, and the promise it guards. The simulator's own
-# rules first (``tests/engine/sim.py``: what only it can see), then the
+# rules first (``tests/engine/sim_check.py``: what only it can see), then the
 # counts of ``Verdict`` that must be zero (``check``, both harnesses).
 RULES: dict[str, Promise] = {
     # An active fixed_delay job always has its next fire armed or a run

@@ -10,8 +10,9 @@ import pytest
 
 from testkit import promises
 from testkit.promises import Promise, Verdict
-from tests.engine import sim as sim_module
-from tests.engine.sim import HOUR, Sim, SimScale, check
+from tests.engine import sim_check
+from tests.engine.sim import HOUR, Sim, SimScale
+from tests.engine.sim_check import check
 from wheel.engine.model import MissedReason, RunState
 from wheel.engine.records import MissedFire
 
@@ -28,7 +29,7 @@ def _judged(sim: Sim, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Verdict], l
         verdicts.append(promises.check(*args, **kwargs))
         return verdicts[-1]
 
-    monkeypatch.setattr(sim_module, "check_promises", spy)
+    monkeypatch.setattr(sim_check, "check_promises", spy)
     return verdicts, check(sim)
 
 
