@@ -81,6 +81,7 @@ RULES: dict[str, Promise] = {
     "retries": Promise.NO_SILENT_DROP,
     "retries stop": Promise.NO_SILENT_DROP,
     "retries use every attempt": Promise.NO_SILENT_DROP,
+    # (a fire due during the drain: one owed by the end not settled is ``lost``)
     "retries continue": Promise.NO_SILENT_DROP,
     # ... dispatched only to a worker that can run it, and a schedule never
     # moved back (which would fire a fire twice or pass one by).
