@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from testkit import promises
-from testkit.promises import Promise, Verdict
+from testkit.promises import Promise, Verdict, Violation
 from tests.engine import sim_check
 from tests.engine.sim import HOUR, Sim, SimScale
 from tests.engine.sim_check import check
@@ -22,7 +22,7 @@ def small() -> Sim:
     return Sim(3, SimScale(jobs=60, days=0.25, quiet_ms=HOUR)).run()
 
 
-def _judged(sim: Sim, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Verdict], list[Any]]:
+def _judged(sim: Sim, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Verdict], list[Violation]]:
     verdicts: list[Verdict] = []
 
     def spy(*args: Any, **kwargs: Any) -> Verdict:
