@@ -8,20 +8,21 @@
 4. Per-job serialization.
 5. Jobs submitted and acknowledged are never lost.
 
-Two harnesses judge a history by it. The simulator (``tests/engine/sim.py``)
-sees everything (the reference store's log of every claim and completion,
-the owner, each worker's messages) and reports ``Violation`` values; the
-nemesis (``benchmarks/chaos.py``) sees only what a real cluster leaves
-behind and is judged by ``check`` below. Every rule either of them applies is
-named in ``RULES`` with the promise it guards, so a failure reads as
-"promise 3, no stale fence: ..." whichever harness found it.
+Two harnesses judge a history by ``check`` below: the nemesis
+(``benchmarks/chaos.py``), from what a real cluster leaves behind, and the
+simulator (``tests/engine/sim_check.py``), from its simulated one. The simulator
+sees more (the reference store's log of every claim and completion, the
+owner, each worker's messages) and applies stricter rules of its own on top,
+each judged there and nowhere else. Every rule is named in ``RULES`` with the
+promise it guards, so a failure reads as "promise 3, no stale fence: ..."
+whichever harness found it.
 
-``check``, the nemesis's judge, works from two records that wheel does not
-write for itself, the plan of what was submitted (the load's own word for
-every acknowledged job and its schedule) and the handlers' effect log and
-fenced resource, against the record of truth (executions, missed_fires). It
-imports nothing from wheel: which fires were due is computed here from the
-plan, not asked of wheel's schedule code.
+``check`` works from two records that wheel does not write for itself, the
+plan of what was submitted (the load's own word for every acknowledged job
+and its schedule) and the handlers' effect log and fenced resource, against
+the record of truth (executions, missed_fires). It imports nothing from
+wheel: which fires were due is computed here from the plan (or listed in it
+by a harness that knows the schedule), not asked of wheel's schedule code.
 
 A fire is ``(job, scheduled_for)``; "due" means scheduled at or before the
 judged window's end. What it reports (``Verdict``):
@@ -37,8 +38,9 @@ judged window's end. What it reports (``Verdict``):
   the newest of their fire's attempts, plus writes the fenced resource
   accepted with a fence older than one it had already accepted;
 - ``missed_without_reason``: missed records whose reason is not one the
-  job's policy allows, or that the history contradicts: the fire also has an
-  execution; ``collapsed`` with no later fire of the job claimed;
+  job's policy allows (``PlannedJob.may_miss``), or that the history
+  contradicts: the fire also has an execution; ``collapsed`` with no later
+  fire of the job claimed;
   ``overlap`` with no earlier fire of the job holding its slot between the
   fire's due time and the record (a fire holds it from its first dispatch
   until its last attempt ends for good, through the wait for a retry or a
@@ -68,32 +70,36 @@ class Promise(IntEnum):
     ACKNOWLEDGED_NEVER_LOST = 5
 
 
-# Every rule a harness checks, and the promise it guards. The simulator's
-# rules first (``tests/engine/sim.py``), then the counts of ``Verdict`` that
-# must be zero (the nemesis).
+# Every rule a harness checks, and the promise it guards. The simulator's own
+# rules first (``tests/engine/sim_check.py``: what only it can see), then the
+# counts of ``Verdict`` that must be zero (``check``, both harnesses).
 RULES: dict[str, Promise] = {
-    # A fire due is settled (run to an end or recorded missed) ...
+    # An active fixed_delay job always has its next fire armed or a run
+    # going (its fires are known only as its runs end, so no plan lists them) ...
     "no silent drop": Promise.NO_SILENT_DROP,
-    # ... a missed one with a reason its job's policies can give ...
-    "missed with a reason": Promise.NO_SILENT_DROP,
     # ... failed attempts retried until max_attempts, and no further ...
     "retries": Promise.NO_SILENT_DROP,
     "retries stop": Promise.NO_SILENT_DROP,
     "retries use every attempt": Promise.NO_SILENT_DROP,
+    # (a fire due during the drain: one owed by the end not settled is ``lost``)
     "retries continue": Promise.NO_SILENT_DROP,
     # ... dispatched only to a worker that can run it, and a schedule never
     # moved back (which would fire a fire twice or pass one by).
     "routing": Promise.NO_SILENT_DROP,
     "schedule moves forward": Promise.NO_SILENT_DROP,
+    # Never claimed before its jittered due time nor handed out before its
+    # fire (``early`` below judges the handler's start).
     "never early": Promise.NEVER_EARLY,
     "stable idempotency key": Promise.EFFECT_ONCE_WITH_THE_HANDLER,
     "fenced assignment": Promise.EFFECT_ONCE_WITH_THE_HANDLER,
     "fences increase": Promise.EFFECT_ONCE_WITH_THE_HANDLER,
     "no stale fence": Promise.EFFECT_ONCE_WITH_THE_HANDLER,
     "valid completion accepted": Promise.EFFECT_ONCE_WITH_THE_HANDLER,
+    # An at_most_once run lost is unknown, and one timed out is never run
+    # again (sent again after a lost or unknown one: ``at_most_once_redispatched``).
     "at_most_once": Promise.EFFECT_ONCE_WITH_THE_HANDLER,
     "per-job serialization": Promise.PER_JOB_SERIALIZATION,
-    # The nemesis's counts (``Verdict.violations``).
+    # ``check``'s counts (``Verdict.violations``).
     "lost": Promise.NO_SILENT_DROP,
     "missed_without_reason": Promise.NO_SILENT_DROP,
     "early": Promise.NEVER_EARLY,
@@ -136,7 +142,7 @@ class PlannedJob:
     """One acknowledged job as the load submitted it."""
 
     job_id: int
-    kind: str  # "once", "interval" or "cron"
+    kind: str  # "once", "interval", "cron" or "listed"
     at_most_once: bool = False
     # once: its time; interval: its first fire (fires at first + k * period).
     first_ms: int = 0
@@ -146,13 +152,24 @@ class PlannedJob:
     # depends on the clock of the node that took the submit).
     seconds: tuple[int, ...] = ()
     from_ms: int = 0
+    # listed: the fires it owes, worked out by a harness that knows the
+    # schedule (time zones, jitter, pauses, triggers), not by this module.
+    fires: tuple[int, ...] = ()
     behaviour: str = "ok"
+    # Why a fire of it may be recorded missed: what its policies allow, plus
+    # "cancelled" for a fire due by its cancellation and "dst_gap" at an
+    # instant its schedule skips wall times at.
+    missed_reasons: frozenset[str] = ALLOWED_MISSED
+    cancelled_at_ms: int | None = None
+    dst_gaps: frozenset[int] = frozenset()
 
     def fires_until(self, end_ms: int) -> list[int]:
         if self.kind == "once":
             return [self.first_ms] if self.first_ms <= end_ms else []
         if self.kind == "interval":
             return list(range(self.first_ms, end_ms + 1, self.period_ms))
+        if self.kind == "listed":
+            return sorted(f for f in self.fires if f <= end_ms)
         out = []
         minute = self.from_ms // 60_000 * 60_000
         while minute <= end_ms:
@@ -163,6 +180,14 @@ class PlannedJob:
             minute += 60_000
         return out
 
+    def may_miss(self, fire: int, reason: str) -> bool:
+        """Whether its policies can record this fire missed for this reason."""
+        if reason == "cancelled":
+            return self.cancelled_at_ms is not None and fire <= self.cancelled_at_ms
+        if reason == "dst_gap":
+            return fire in self.dst_gaps
+        return reason in self.missed_reasons
+
     def to_json(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id,
@@ -172,12 +197,24 @@ class PlannedJob:
             "period_ms": self.period_ms,
             "seconds": list(self.seconds),
             "from_ms": self.from_ms,
+            "fires": list(self.fires),
             "behaviour": self.behaviour,
+            "missed_reasons": sorted(self.missed_reasons),
+            "cancelled_at_ms": self.cancelled_at_ms,
+            "dst_gaps": sorted(self.dst_gaps),
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> PlannedJob:
-        return cls(**{**d, "seconds": tuple(d.get("seconds", ()))})
+        return cls(
+            **{
+                **d,
+                "seconds": tuple(d.get("seconds", ())),
+                "fires": tuple(d.get("fires", ())),
+                "missed_reasons": frozenset(d.get("missed_reasons", ALLOWED_MISSED)),
+                "dst_gaps": frozenset(d.get("dst_gaps", ())),
+            }
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -403,7 +440,7 @@ def check(
     counts: dict[str, int] = defaultdict(int)
     for fire, m in missed_of.items():
         counts[m.reason] += 1
-        why = _unjustified(m, runs_of, runs_of_job, overlap_tolerance_ms)
+        why = _unjustified(m, plan.get(m.job_id), runs_of, runs_of_job, overlap_tolerance_ms)
         if why:
             v.missed_without_reason.append(
                 {"job": fire[0], "scheduled_for": fire[1], "reason": m.reason, "why": why}
@@ -414,13 +451,15 @@ def check(
 
 def _unjustified(
     m: Missed,
+    job: PlannedJob | None,
     runs_of: Mapping[Fire, list[Run]],
     runs_of_job: Mapping[int, list[Run]],
     tolerance_ms: int,
 ) -> str:
     """Why the history does not bear this missed record out ("" if it does)."""
     fire = (m.job_id, m.scheduled_for)
-    if m.reason not in ALLOWED_MISSED:
+    allowed = m.reason in ALLOWED_MISSED if job is None else job.may_miss(fire[1], m.reason)
+    if not allowed:
         return f"reason {m.reason!r} is not one this job's policy has"
     if runs_of.get(fire):
         return "the fire also has executions"
@@ -429,6 +468,8 @@ def _unjustified(
         if not any(r.scheduled_for > m.scheduled_for for r in job_runs):
             return "collapsed, but no later fire of the job was claimed"
         return ""
+    if m.reason != "overlap":
+        return ""  # the policy allows it and nothing in the history says otherwise
     # overlap: an earlier fire held the job's slot at some moment between
     # this fire's due time and the record (an owner that took the shard on
     # late judges an overdue fire when it gets to it, not when it was due).

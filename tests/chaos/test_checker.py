@@ -135,3 +135,21 @@ def test_a_success_whose_fenced_write_was_refused_is_found() -> None:
 def test_cron_fires_are_the_listed_seconds_of_each_minute_from_the_judged_start() -> None:
     job = PlannedJob(job_id=3, kind="cron", seconds=(0, 30), from_ms=59_000)
     assert job.fires_until(121_000) == [60_000, 90_000, 120_000]
+
+
+def test_a_listed_plan_owes_its_fires_and_allows_the_missed_reasons_it_names() -> None:
+    job = PlannedJob(job_id=4, kind="listed", fires=(10_000, 20_000, 30_000),
+                     missed_reasons=frozenset({"skipped"}), cancelled_at_ms=25_000,
+                     dst_gaps=frozenset({15_000}))  # fmt: skip
+    assert job.fires_until(20_000) == [10_000, 20_000]
+    assert PlannedJob.from_json(job.to_json()) == job
+    missed = [
+        Missed(job_id=4, scheduled_for=10_000, reason="skipped"),
+        Missed(job_id=4, scheduled_for=15_000, reason="dst_gap"),  # a gap instant
+        Missed(job_id=4, scheduled_for=20_000, reason="cancelled"),  # queued at the cancel
+        Missed(job_id=4, scheduled_for=30_000, reason="cancelled"),  # due after it
+        Missed(job_id=4, scheduled_for=35_000, reason="dst_gap"),  # no gap there
+    ]
+    v = check([job], [], missed, [], [], end_ms=40_000)
+    assert v.fires == 3 and v.lost == []
+    assert [m["scheduled_for"] for m in v.missed_without_reason] == [30_000, 35_000]

@@ -19,9 +19,13 @@ The owner is driven like the node drives it: ``advance(now)``, then the store
 writes in the order completions, missed, advances, claims, starts, then
 ``on_completed`` and ``on_claimed`` with the store's answers, then messages.
 
-``check(sim)`` verifies the design's promises over the whole recorded history
-and returns the violations it found; a fire due before the end that is still
-pending after the drain is one (a fire that would never have ended). One
+``tests.engine.sim_check.check(sim)`` verifies the design's promises over the
+whole recorded history and returns the violations it found: through
+``testkit.promises.check`` (the nemesis's judge) from the fires the
+simulation owed, the store's executions and missed records and the
+handlers' effect log and fenced writes, then by the rules only a simulation
+can see. A fire due before the end that is still pending after the drain is
+one (a fire that would never have ended). One
 ``random.Random(seed)`` drives it all, so a seed replays a run exactly.
 """
 
@@ -33,20 +37,15 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import pairwise
 
-from testkit.promises import Violation
+from testkit.promises import ResourceWrite
 from tests.store.reference import ExecRow as _ExecRow
 from tests.store.reference import RefStore
 from wheel.engine.driver import Driver
-from wheel.engine.jobtable import NEVER
 from wheel.engine.model import (
     SHARD_COUNT,
     JobState,
-    MissedReason,
     RunState,
-    idempotency_key,
-    shard_of,
 )
 from wheel.engine.owner import (
     Actions,
@@ -228,6 +227,7 @@ class SimWorker:
                 duration = rng.randint(job.spec.timeout_ms // 2, 2 * job.spec.timeout_ms)
             run = _WRun(a.run_id, a.fence, a.job_id, a.scheduled_for, a.attempt, outcome, duration)
             self.runs[a.run_id] = run
+            sim.history.effect(run, "start", t=sim.now / 1000)
             slow_ack = sim.chaos() and rng.random() < sim.scale.slow_ack_rate
             ack = rng.randint(5_500, 9_000) if slow_ack else rng.randint(1, 300)
             sim.at(sim.now + ack, self._gen_guard(partial(self._ack, run)))
@@ -241,6 +241,8 @@ class SimWorker:
         if self.runs.pop(run.run_id, None) is not run:
             return  # revoked or superseded: no completion (SDK rule 2)
         error = "" if run.outcome is Outcome.SUCCEEDED else f"sim {run.outcome.name.lower()}"
+        if run.outcome is not Outcome.HANDED_BACK:
+            self.sim.handler_ends(run)
         c = (run.run_id, run.fence, run.outcome, error)
         self.unconfirmed[run.run_id] = c
         self.sim.history.worker_completions.append(
@@ -352,6 +354,11 @@ class History:
     # Runs a worker got for a handler it did not register: (time, worker, assignment).
     misrouted: list[tuple[int, str, Assignment]] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
+    # The handlers' effect log (``testkit.promises.check``'s "start" and
+    # "end" lines, times in the simulated clock's seconds) and the writes
+    # asked of the fenced per-job resource, in the order it took them.
+    effects: list[dict[str, object]] = field(default_factory=list)
+    writes: list[ResourceWrite] = field(default_factory=list)
     restarts: int = 0
     mid_iteration_crashes: int = 0
     takeovers: int = 0
@@ -364,6 +371,19 @@ class History:
     freezes: int = 0
     iterations: int = 0
     api_ops: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def effect(self, run: _WRun, kind: str, **extra: object) -> None:
+        self.effects.append(
+            {
+                "kind": kind,
+                "job": run.job_id,
+                "scheduled_for": run.scheduled_for,
+                "run": run.run_id,
+                "attempt": run.attempt,
+                "fence": run.fence,
+                **extra,
+            }
+        )
 
 
 class Sim:
@@ -395,6 +415,8 @@ class Sim:
         self._lat_node: dict[str, int] = {}
         self._lat_worker: dict[str, int] = {}
         self._by_id: dict[str, SimWorker] = {}
+        # The fenced per-job resource: the newest fence it accepted, by job.
+        self._resource: dict[int, int] = {}
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -610,6 +632,30 @@ class Sim:
         token = self.sessions.get(wid)
         if w is not None and token is not None:
             self.to_worker(w, token, lambda: fn(w))
+
+    def handler_ends(self, run: _WRun) -> None:
+        """A handler returns: one that succeeded first wrote its job's fenced
+        resource, if its job runs one fire at a time (one with several runs
+        at once has no single newest fence to keep)."""
+        extra: dict[str, object] = {}
+        if run.outcome is Outcome.SUCCEEDED and overlap_limit(self.jobs[run.job_id].spec) == 1:
+            newest = self._resource.get(run.job_id, -1)
+            accepted = run.fence >= newest
+            if accepted:
+                self._resource[run.job_id] = run.fence
+            self.history.writes.append(
+                ResourceWrite(
+                    seq=len(self.history.writes) + 1,
+                    job_id=run.job_id,
+                    key=f"{run.job_id}:{run.scheduled_for}",
+                    fence=run.fence,
+                    run_id=run.run_id,
+                    accepted=accepted,
+                )
+            )
+            extra["accepted"] = accepted
+        outcome = "permanent" if run.outcome is Outcome.FAILED else run.outcome.name.lower()
+        self.history.effect(run, "end", outcome=outcome, t=self.now / 1000, **extra)
 
     # -- users --------------------------------------------------------------------------
 
@@ -873,7 +919,7 @@ class Sim:
         (they come back from crashes and pauses by themselves; no faults
         after the quiet stretch), paused jobs resumed, and the clock advanced
         past every lease, backoff and grace until no fire due before the end
-        is still in flight or waiting. ``check`` then requires each such fire
+        is still in flight or waiting. ``sim_check.check`` then requires each such fire
         to be terminal or recorded missed: one still pending is a drop that
         would never have ended. Stops after ``limit_ms`` whatever is left."""
         self.draining = True
@@ -902,7 +948,7 @@ class Sim:
                 latest[key] = ex
         for key, ex in latest.items():
             if ex.state in INFLIGHT or (
-                ex.state in _RETRIED_FROM
+                ex.state in RETRIED_FROM
                 and self.store.jobs[ex.job_id].state is not JobState.CANCELLED
             ):
                 out.append(key)
@@ -931,441 +977,14 @@ def _supersede_all(w: SimWorker, refs: Iterable[tuple[int, int]]) -> None:
         w.supersede(run_id, fence)
 
 
-# -- the checker --------------------------------------------------------------------------
+# The states an attempt ends in that another attempt follows.
+RETRIED_FROM = (RunState.FAILED, RunState.TIMED_OUT, RunState.LOST)
 
 
-_RETRIED_FROM = (RunState.FAILED, RunState.TIMED_OUT, RunState.LOST)
-# What the store holds once a completion with each outcome was accepted (a
-# hand-back writes nothing: the run goes to another worker as it is).
-_OUTCOME_STATES = {
-    Outcome.SUCCEEDED: {RunState.SUCCEEDED},
-    Outcome.FAILED: {RunState.DEAD_LETTERED},
-    Outcome.RETRYABLE: {RunState.FAILED, RunState.DEAD_LETTERED},
-    Outcome.ABANDONED: {RunState.LOST, RunState.UNKNOWN, RunState.DEAD_LETTERED},
-}
-
-
-def _limit(spec: JobSpec) -> int:
+def overlap_limit(spec: JobSpec) -> int:
+    """How many runs of the job may be going at once."""
     o = spec.overlap
     return o.max_concurrent if o.policy is OverlapPolicy.ALLOW else 1
-
-
-def check(sim: Sim) -> list[Violation]:
-    """Every promise of docs/design.md "The promise to users" over the history,
-    each violation named by its rule in ``testkit.promises.RULES`` (and so by
-    the promise's number there).
-
-    Run after ``Sim.drain``: every fire due before the end (``sim.end``, when
-    the drain began) must be settled -- its latest attempt terminal, or the
-    fire recorded missed with a reason. A fire still in flight, waiting on a
-    job or owed a retry after the drain would never have ended: a silent
-    drop. Fires that came due during the drain may still be on their way.
-    """
-    out: list[Violation] = []
-    store, owner, end = sim.store, sim.owner, sim.end
-    assert owner is not None, "check runs on a live node"
-    assert sim.draining, "check runs after the drain"
-    horizon = end
-
-    execs_by_fire: dict[tuple[int, int], list[_ExecRow]] = defaultdict(list)
-    for ex in store.execs.values():
-        execs_by_fire[(ex.job_id, ex.scheduled_for)].append(ex)
-
-    # Retries and re-dispatches of fires due during the drain may still wait.
-    retry_pending = {(j, f, a) for j, f, a in owner.redos.waiting()}
-    for job_id, held_job in owner.jobs.items():
-        retry_pending.update((job_id, f, n) for f, n, _ in held_job.due if n > 0)
-    retry_pending.update(owner.claims.keys())
-
-    # 0. Settled: nothing owed before the end is left in flight or waiting.
-    for job_id, f in sorted(set(sim.unsettled(horizon))):
-        exs = sorted(execs_by_fire.get((job_id, f), ()), key=lambda e: e.attempt)
-        held = owner.jobs.get(job_id)
-        out.append(
-            Violation(
-                "no silent drop",
-                f"job {job_id} ({_describe(sim.jobs[job_id].spec)}) fire {f} (T0{f - T0:+d} ms) "
-                f"still pending {sim.history.drain_ms // MIN} min after the end: attempts "
-                f"{[(e.attempt, e.state.value, e.error) for e in exs]}, owner holds "
-                + (
-                    "nothing"
-                    if held is None
-                    else f"due={list(held.due)} buffered={list(held.buffered)} "
-                    f"paused={held.paused} inflight={held.inflight}"
-                ),
-            )
-        )
-
-    # 1. No silent drop: every nominal fire up to the horizon has an execution
-    # or a missed record with its reason.
-    for job in sim.jobs.values():
-        expected: set[int] = set(job.extra_fires)
-        life_end = horizon
-        if job.cancelled_at is not None:
-            life_end = min(life_end, job.cancelled_at)
-        if job.pauses and job.pauses[-1][1] is None:
-            life_end = min(life_end, job.pauses[-1][0])
-        c = job.compiled
-        if job.first_fire is not None:
-            if c.completion_driven:
-                if c.jittered(job.first_fire) < life_end:
-                    expected.add(job.first_fire)
-            else:
-                nominal: int | None = job.first_fire
-                while nominal is not None and c.jittered(nominal) < life_end:
-                    expected.add(nominal)
-                    nominal = c.next_fire(nominal)
-        # DST gaps under skip: each transition instant that had skipped wall
-        # times and no real fire is recorded missed (dst_gap) once the
-        # schedule passed it: at the fire before it, or from the job's
-        # submission or resume when it comes before the next fire.
-        if job.first_fire is not None:
-            for skip in c.skipped_between(job.submitted_at, life_end):
-                s = skip.at_ms
-                if c.next_fire(s - 1) == s or (job.job_id, s) in store.missed:
-                    continue
-                before = [p for p in c.fires_between(job.first_fire - 1, s - 1, 10_000)]
-                if before and c.jittered(before[-1]) >= life_end:
-                    continue
-                out.append(
-                    Violation(
-                        "no silent drop",
-                        f"job {job.job_id} ({_describe(job.spec)}): DST gap wall time "
-                        f"{skip.wall_time} skipped at {s} (T0{s - T0:+d} ms) has no "
-                        "dst_gap record",
-                    )
-                )
-        for f in sorted(expected):
-            key = (job.job_id, f)
-            if key in execs_by_fire or key in store.missed:
-                continue
-            out.append(
-                Violation(
-                    "no silent drop",
-                    f"job {job.job_id} ({_describe(job.spec)}) fire {f} (T0{f - T0:+d} ms) has "
-                    "no execution and no missed record",
-                )
-            )
-        # Liveness: an active job with fires left is armed, running or queued.
-        row = store.jobs[job.job_id]
-        if row.state is JobState.ACTIVE and c.completion_driven and job.first_fire is not None:
-            oj = owner.jobs.get(job.job_id)
-            # A job at rest is armed if its row has a fire due (its FIRE
-            # timer is in the wheel once that comes within the arming window).
-            image = owner.image_of(job.job_id) if oj is None else None
-            dormant_armed = image is not None and image.due != NEVER
-            if not dormant_armed and (
-                oj is None or (oj.next_fire is None and not oj.due and oj.inflight <= 0)
-            ):
-                last_finish = max(
-                    (
-                        ex.finished_at_ms or 0
-                        for (j, _), exs in execs_by_fire.items()
-                        if j == job.job_id
-                        for ex in exs
-                    ),
-                    default=0,
-                )
-                out.append(
-                    Violation(
-                        "no silent drop",
-                        f"fixed_delay job {job.job_id} is active but nothing is armed "
-                        f"(last run finished at T0{last_finish - T0:+d} ms, pauses {job.pauses})",
-                    )
-                )
-
-    # Missed records carry a reason the job's policies can give.
-    for (job_id, f), m in store.missed.items():
-        spec = sim.jobs[job_id].spec
-        allowed = {MissedReason.PAUSED}
-        compiled = sim.jobs[job_id].compiled
-        if compiled.skipped_between(f - 1, f, 1) and compiled.next_fire(f - 1) != f:
-            allowed.add(MissedReason.DST_GAP)  # a gap instant that no fire shares
-        mode = spec.catch_up.mode
-        allowed.add(
-            {
-                CatchUpMode.SKIP: MissedReason.SKIPPED,
-                CatchUpMode.RUN_LATEST_ONLY: MissedReason.COLLAPSED,
-                CatchUpMode.RUN_ALL: MissedReason.OVER_CAP,
-            }[mode]
-        )
-        if spec.catch_up.window_ms is not None and mode is not CatchUpMode.SKIP:
-            allowed.add(MissedReason.OUTSIDE_WINDOW)
-        # Every overlap policy can skip a fire (allow past max_concurrent).
-        allowed.add(MissedReason.OVERLAP)
-        cancelled_at = sim.jobs[job_id].cancelled_at
-        if cancelled_at is not None and f <= cancelled_at:
-            allowed.add(MissedReason.CANCELLED)
-        if m.reason not in allowed:
-            out.append(
-                Violation(
-                    "missed with a reason",
-                    f"job {job_id} fire {f}: {m.reason} under {_describe(spec)}",
-                )
-            )
-        if m.reason is MissedReason.PAUSED and not sim.jobs[job_id].pauses:
-            out.append(
-                Violation(
-                    "missed with a reason", f"job {job_id} fire {f} missed as paused, never paused"
-                )
-            )
-        if (job_id, f) in execs_by_fire and f not in sim.jobs[job_id].extra_fires:
-            out.append(
-                Violation(
-                    "no silent drop",
-                    f"job {job_id} fire {f} both ran and was recorded missed ({m.reason})",
-                )
-            )
-
-    # 2. Never early.
-    for _, _, claim, run_id in store.claims_log:
-        if run_id is None:
-            continue
-        job = sim.jobs[claim.job_id]
-        due = claim.scheduled_for
-        if claim.attempt == 0 and claim.scheduled_for not in job.extra_fires:
-            due = job.compiled.jittered(claim.scheduled_for)
-        if claim.dispatched_at_ms < due:
-            out.append(
-                Violation(
-                    "never early",
-                    f"job {claim.job_id} fire {claim.scheduled_for} attempt {claim.attempt} "
-                    f"claimed at {claim.dispatched_at_ms}, due {due}",
-                )
-            )
-    for t, _, a in sim.history.dispatches:
-        if t < a.scheduled_for:
-            out.append(
-                Violation("never early", f"run {a.run_id} handed out at {t} < {a.scheduled_for}")
-            )
-
-    # 3. Per-job serialization: runs held by workers at once <= the overlap
-    # limit, each from its first hand-out until the store applied its terminal
-    # state. (A run claimed ahead -- a trigger, a backfill -- is an execution
-    # row from its claim on, but runs nowhere until it is handed out.)
-    handed: dict[int, int] = {}
-    for t, _, a in sim.history.dispatches:
-        handed.setdefault(a.run_id, t)
-    points: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
-    for ex in store.execs.values():
-        start = handed.get(ex.run_id)
-        if start is None:
-            continue
-        stop = ex.finished_at_ms if ex.finished_at_ms is not None else end + 1
-        points[ex.job_id].append((start, 1, ex.run_id))
-        points[ex.job_id].append((stop, -1, ex.run_id))
-    for job_id, pts in points.items():
-        limit = _limit(sim.jobs[job_id].spec)
-        live, live_ids = 0, set()
-        for t, d, run_id in sorted(pts, key=lambda p: (p[0], p[1])):
-            live += d
-            if d > 0:
-                live_ids.add(run_id)
-            else:
-                live_ids.discard(run_id)
-            if live > limit:
-                out.append(
-                    Violation(
-                        "per-job serialization",
-                        f"job {job_id} ({_describe(sim.jobs[job_id].spec)}): "
-                        f"{live} runs in flight at "
-                        f"{t} (limit {limit}): {sorted(live_ids)}",
-                    )
-                )
-                break
-
-    # 4. Fences: per shard strictly increasing in claim order; a completion
-    # applied in the store carries the newest fence of its fire.
-    last_fence: dict[int, int] = {}
-    claimed_at: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
-    for _, seq, claim, run_id in store.claims_log:
-        shard = shard_of(claim.job_id)
-        if claim.fence <= last_fence.get(shard, -1):
-            out.append(
-                Violation(
-                    "fences increase",
-                    f"shard {shard}: fence {claim.fence} after {last_fence[shard]}",
-                )
-            )
-        last_fence[shard] = claim.fence
-        if run_id is not None:
-            claimed_at[(claim.job_id, claim.scheduled_for)].append((seq, claim.fence))
-    applied_by_run = {ap.run_id: ap for ap in store.applied}
-    for ap in store.applied:
-        ex = store.execs[ap.run_id]
-        newer = [
-            fence
-            for seq, fence in claimed_at[(ex.job_id, ex.scheduled_for)]
-            if seq < ap.seq and fence > ap.fence
-        ]
-        if newer:
-            out.append(
-                Violation(
-                    "no stale fence",
-                    f"run {ap.run_id} completed with fence {ap.fence}; newer {newer}",
-                )
-            )
-    received = {
-        (t, wid, run_id): (fence, outcome)
-        for t, wid, run_id, fence, outcome in sim.history.received_completions
-    }
-    for t, wid, res in sim.history.results:
-        if (t, wid, res.run_id) not in received:
-            continue
-        fence, outcome = received[(t, wid, res.run_id)]
-        applied = applied_by_run.get(res.run_id)
-        if outcome is Outcome.HANDED_BACK:
-            continue  # the run went back to the queue: nothing in the store
-        if res.accepted:
-            ok = (
-                applied is not None
-                and applied.at_ms == t
-                and applied.fence == fence
-                and applied.state in _OUTCOME_STATES[outcome]
-            )
-            if not ok:
-                out.append(
-                    Violation(
-                        "no stale fence",
-                        f"worker {wid}'s completion of run {res.run_id} (fence {fence}) "
-                        "was accepted "
-                        f"but the store holds {applied}",
-                    )
-                )
-        else:
-            exec_row = store.execs.get(res.run_id)
-            if (
-                exec_row is not None
-                and exec_row.fence == fence
-                and exec_row.worker_id in (None, wid)
-                and applied is not None
-                and applied.at_ms >= t
-                and applied.state in (RunState.LOST, RunState.UNKNOWN, RunState.DEAD_LETTERED)
-                and (
-                    applied.state is not RunState.DEAD_LETTERED or "lease" in (exec_row.error or "")
-                )
-                and max(fc for _, fc in claimed_at[(exec_row.job_id, exec_row.scheduled_for)])
-                == fence
-            ):
-                out.append(
-                    Violation(
-                        "valid completion accepted",
-                        f"worker {wid} completed run {res.run_id} (fence {fence}, the newest, "
-                        f"not terminal) at {t}: rejected ({res.reason}); "
-                        f"later ended {applied.state}",
-                    )
-                )
-
-    # 5. Retries: contiguous attempts, stop at max_attempts, never dropped;
-    # at_most_once never re-dispatched once its outcome is unknown.
-    for (job_id, f), exs in execs_by_fire.items():
-        job = sim.jobs[job_id]
-        spec = job.spec
-        exs.sort(key=lambda e: e.attempt)
-        attempts = [e.attempt for e in exs]
-        if attempts != list(range(len(exs))):
-            out.append(Violation("retries", f"job {job_id} fire {f}: attempts {attempts}"))
-            continue
-        if len(exs) > spec.retry.max_attempts:
-            out.append(
-                Violation(
-                    "retries stop",
-                    f"job {job_id} fire {f}: {len(exs)} attempts > "
-                    f"max {spec.retry.max_attempts}: "
-                    f"{[(e.state.value, e.error) for e in exs]}",
-                )
-            )
-        # A hand-back uses no attempt: a fire whose handler kept failing
-        # (retryable) is dead-lettered only after all of its attempts.
-        if (
-            exs[-1].state is RunState.DEAD_LETTERED
-            and exs[-1].error == "sim retryable"
-            and len(exs) < spec.retry.max_attempts
-        ):
-            out.append(
-                Violation(
-                    "retries use every attempt",
-                    f"job {job_id} fire {f}: dead-lettered after {len(exs)} of "
-                    f"{spec.retry.max_attempts} attempts: "
-                    f"{[(e.state.value, e.error) for e in exs]}",
-                )
-            )
-        for prev, nxt in pairwise(exs):
-            if prev.state not in _RETRIED_FROM:
-                out.append(
-                    Violation(
-                        "retries",
-                        f"job {job_id} fire {f}: attempt {nxt.attempt} after {prev.state}",
-                    )
-                )
-            if spec.side_effect is SideEffect.AT_MOST_ONCE and prev.state is not RunState.FAILED:
-                out.append(
-                    Violation(
-                        "at_most_once",
-                        f"job {job_id} fire {f}: attempt {nxt.attempt} re-dispatched after "
-                        f"{prev.state} ({prev.error}): the first may have run",
-                    )
-                )
-        last = exs[-1]
-        if last.state in _RETRIED_FROM:
-            if f >= horizon and (job_id, f, last.attempt + 1) in retry_pending:
-                continue
-            if store.jobs[job_id].state is JobState.CANCELLED:
-                continue
-            out.append(
-                Violation(
-                    "retries continue",
-                    f"job {job_id} fire {f}: attempt {last.attempt} ended {last.state} "
-                    f"({last.error}) at {last.finished_at_ms}; no further attempt, none pending",
-                )
-            )
-        if spec.side_effect is SideEffect.AT_MOST_ONCE and last.state is RunState.LOST:
-            out.append(
-                Violation(
-                    "at_most_once", f"job {job_id} fire {f}: at_most_once run lost, not unknown"
-                )
-            )
-
-    # Routing: a run goes only to a worker that registered its handler.
-    for t, wid, a in sim.history.misrouted:
-        out.append(
-            Violation("routing", f"run {a.run_id} of handler {a.handler!r} went to {wid} at {t}")
-        )
-
-    # 6. Idempotency keys: derived from the fire only, equal across attempts.
-    keys: dict[tuple[int, int], set[str]] = defaultdict(set)
-    for _, _, a in sim.history.dispatches:
-        keys[(a.job_id, a.scheduled_for)].add(a.idempotency_key)
-        exec_row = store.execs.get(a.run_id)
-        if exec_row is None or exec_row.fence != a.fence or exec_row.attempt != a.attempt:
-            out.append(
-                Violation(
-                    "fenced assignment", f"assignment {a} does not match the store's {exec_row}"
-                )
-            )
-    for (job_id, f), ks in keys.items():
-        if ks != {idempotency_key(job_id, f)}:
-            out.append(Violation("stable idempotency key", f"job {job_id} fire {f}: keys {ks}"))
-
-    # Schedules only move forward.
-    for move in store.moves:
-        if move.old is not None and move.new is not None and move.new < move.old:
-            out.append(Violation("schedule moves forward", f"{move}"))
-    return out
-
-
-def _describe(spec: JobSpec) -> str:
-    s = spec.schedule
-    if isinstance(s, Once):
-        sched = "once"
-    elif isinstance(s, Cron):
-        sched = f"cron {s.expr!r} {s.time_zone}"
-    else:
-        sched = f"{s.mode.value} {s.period_ms // 1000}s"
-    return (
-        f"{sched}, overlap {spec.overlap.policy.value}, catch-up {spec.catch_up.mode.value}, "
-        f"{spec.side_effect.value}, jitter {spec.jitter_ms}, retry {spec.retry.max_attempts}"
-    )
 
 
 def summary(sim: Sim) -> dict[str, object]:
@@ -1396,7 +1015,5 @@ __all__ = [
     "Sim",
     "SimScale",
     "SimWorker",
-    "Violation",
-    "check",
     "summary",
 ]

@@ -21,7 +21,8 @@ import os
 
 import pytest
 
-from tests.engine.sim import Sim, SimScale, check, summary
+from tests.engine.sim import Sim, SimScale, summary
+from tests.engine.sim_check import check
 
 # One seed of the whole fleet in the suite (about 35 s); the restart seeds
 # below add four shorter runs. ``WHEEL_SIM_SEEDS`` runs more.
