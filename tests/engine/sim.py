@@ -900,10 +900,10 @@ class Sim:
                 # Node._sleep_until wakes at least every max_idle (0.5 s): work
                 # held back by a token bucket goes out then.
                 if (
-                    owner._ready
+                    owner.dispatcher.ready
                     or owner.redos.lost()
-                    or any(owner._fresh.values())
-                    or any(len(q) for q in owner._overdue.values())
+                    or any(owner.dispatcher.fresh.values())
+                    or any(len(q) for q in owner.dispatcher.overdue.values())
                 ):
                     t = self.now + 500 if t is None else min(t, self.now + 500)
             if t is None or t > end:

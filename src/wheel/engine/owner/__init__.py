@@ -19,12 +19,13 @@ transition table, grace leases and lease timers), the tenant limits
 their epochs, fence counters and tables of jobs), the fires to run again
 (``redos``: ``_redos``, retries waiting out their backoff and lost runs'
 fires waiting for the reaper), the connected workers (``workers``:
-``_fleet``, their credit and the runs they hold) and the claims on their
-way to the store (``claims``: ``_claims``). The rest of the logic is
+``_fleet``, their credit and the runs they hold), the claims on their
+way to the store (``claims``: ``_claims``) and the work queued for workers
+and its hand-out (``dispatcher``: ``_dispatch``). The rest of the logic is
 still split by seam into traits that share one state (see
-``wheel.engine.owner._state``): jobs and missed fires, dispatch, the
-workers' messages, run endings, jobs at rest as packed rows (``_packed``),
-gaining and losing shards.
+``wheel.engine.owner._state``): jobs and missed fires, the workers'
+messages, run endings, jobs at rest as packed rows (``_packed``), gaining
+and losing shards.
 
 Invariants (each has a test in tests/engine/test_owner.py):
 
@@ -67,9 +68,9 @@ job id (FIRE), a run id (LEASE, TIMEOUT) or a retry sequence number (RETRY).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from wheel.engine.owner._dispatch import _Dispatch
+from wheel.engine.owner._dispatch import Dispatcher
 from wheel.engine.owner._jobs import FireHold, _Jobs
 from wheel.engine.owner._packed import _Packed
 from wheel.engine.owner._redos import Redo
@@ -105,6 +106,7 @@ from wheel.engine.owner._values import (
     WorkerView,
 )
 from wheel.engine.owner._workers import _Workers
+from wheel.engine.records import ClaimOutcome
 
 __all__ = [
     "COUNTER_BITS",
@@ -140,10 +142,36 @@ __all__ = [
 ]
 
 
-class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Dispatch, _Workers, _Runs):
+class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Workers, _Runs):
     """Owns a set of shards: their jobs' pending fires, in-flight runs and leases."""
 
     __slots__ = ()
+
+    def __init__(
+        self,
+        *,
+        epochs: dict[int, int] | None = None,
+        now_ms: int,
+        config: OwnerConfig | None = None,
+    ) -> None:
+        """An owner of the shards in ``epochs`` (shard -> epoch), empty until
+        ``add_shards`` gives it jobs and runs; more shards come and go with
+        ``add_shards`` and ``remove_shards``."""
+        super().__init__(epochs=epochs, now_ms=now_ms, config=config)
+        # The work queued for workers and its hand-out (``_dispatch``).
+        self.dispatcher = Dispatcher(
+            self,
+            config=self.config,
+            wheel=self.wheel,
+            runs=self.runs,
+            workers=self.workers,
+            tenants=self.tenants,
+            claims=self.claims,
+            shard_map=self.shard_map,
+            redos=self.redos,
+            stats=self.stats,
+            now_ms=now_ms,
+        )
 
     def advance(self, now_ms: int, acts: Actions) -> None:
         """Fire every timer due at ``now_ms``, then hand out what workers can take."""
@@ -175,12 +203,56 @@ class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Dispatch, _Workers, _Runs):
         if fired:
             self.stats.fires += fired
         # 4. Lost runs' fires the reaper may send again, then everything
-        #    queued that workers have credit for (``_dispatch``).
+        #    queued that workers have credit for (the dispatcher).
         self._run_reaper(now_ms, acts)
-        self._dispatch(now_ms, acts)
+        self.dispatcher.dispatch(now_ms, acts)
         # 5. Jobs whose work is over go back to rest as rows (``_packed``).
         if self._settling:
             self._settle(now_ms)
+
+    # -- timers and the loop's wake-ups ---------------------------------------------
+
+    def next_timer(self) -> int | None:
+        """The earliest deadline of a timer: the wheel's, or a grace lease's."""
+        deadline = self.wheel.next_deadline()
+        grace = self.runs.next_grace()
+        if grace is not None and (deadline is None or grace < deadline):
+            return grace
+        return deadline
+
+    def pending_timers(self) -> int:
+        """Timers pending: the wheel's, grace leases of runs not ended, and
+        the FIRE timers of jobs at rest not armed in the wheel yet."""
+        return len(self.wheel) + self.runs.graced + self.unarmed_fires()
+
+    def next_deadline(self) -> int | None:
+        """When the node should call ``advance`` next (None: only on events):
+        the wheel's next timer, the next job at rest to arm, or sooner when
+        the dispatcher's budgeted or waiting work is due (``next_wake``)."""
+        waits = (self.next_timer(), self.next_arming(), self.dispatcher.next_wake())
+        return min((w for w in waits if w is not None), default=None)
+
+    # -- dispatch (``Dispatcher``) ------------------------------------------------
+
+    def has_dispatchable_work(self) -> bool:
+        """Whether ``advance(now)`` would hand out or claim something right away."""
+        return self.dispatcher.has_dispatchable_work()
+
+    def on_claimed(self, outcomes: Sequence[ClaimOutcome], now_ms: int, acts: Actions) -> None:
+        """The store's answer to a claim batch."""
+        self.dispatcher.on_claimed(outcomes, now_ms, acts)
+
+    def batch_taken(self) -> None:
+        """The claims made so far went into one store batch."""
+        self.dispatcher.batch_taken()
+
+    def unserved(self) -> list[Unserved]:
+        """Work waiting because no connected worker serves its route."""
+        return self.dispatcher.unserved()
+
+    def backlog(self) -> tuple[int, int]:
+        """Queued work: (fresh fires and claimed runs waiting, overdue fires)."""
+        return self.dispatcher.backlog()
 
     # -- tenant limits (``Tenants``) ----------------------------------------------
 

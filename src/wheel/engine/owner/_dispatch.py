@@ -7,23 +7,26 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from mypy_extensions import trait
-
-from wheel.engine.fairness import FairQueue, split_capacity
+from wheel.engine.fairness import FairQueue, TokenBucket, split_capacity
 from wheel.engine.model import AlertKind, shard_of
-from wheel.engine.owner._claims import _Pending
-from wheel.engine.owner._fleet import _Worker
-from wheel.engine.owner._runtable import _Run, set_phase
+from wheel.engine.owner._claims import Claims, _Pending
+from wheel.engine.owner._fleet import Fleet, _Worker
+from wheel.engine.owner._redos import Redos
+from wheel.engine.owner._runtable import RunTable, _Run, set_phase
+from wheel.engine.owner._shardmap import ShardMap
 from wheel.engine.owner._state import (
     Ahead,
     _Job,
-    _Parts,
 )
+from wheel.engine.owner._tenants import Tenants
 from wheel.engine.owner._values import (
     Actions,
     Alert,
     Assignment,
+    OwnerConfig,
+    OwnerStats,
     Phase,
     Route,
     Unserved,
@@ -32,47 +35,106 @@ from wheel.engine.records import (
     ClaimOutcome,
     FireClaim,
 )
+from wheel.engine.timerwheel import TimerWheel
+
+if TYPE_CHECKING:
+    from wheel.engine.owner import Owner as JobBook
 
 log = logging.getLogger("wheel.owner")
 
 
-@trait
-class _Dispatch(_Parts):
-    __slots__ = ()
+class Dispatcher:
+    """The work queued for workers and its hand-out: jobs with a fresh fire
+    and jobs with overdue work by route (fair across tenants), claimed runs
+    waiting for a worker, the overdue budget, which worker the next run goes
+    to, and the routes no connected worker serves.
 
-    def next_timer(self) -> int | None:
-        """The earliest deadline of a timer: the wheel's, or a grace lease's."""
-        deadline = self.wheel.next_deadline()
-        grace = self.runs.next_grace()
-        if grace is not None and (deadline is None or grace < deadline):
-            return grace
-        return deadline
+    It reads the parts it shares with the owner (the run table, the fleet,
+    the tenant limits, the claims on their way, the shard map, the redos)
+    and reaches the jobs through ``book``: their awake objects, and what a
+    claim changes in a job's schedule."""
 
-    def pending_timers(self) -> int:
-        """Timers pending: the wheel's, grace leases of runs not ended, and
-        the FIRE timers of jobs at rest not armed in the wheel yet."""
-        return len(self.wheel) + self.runs.graced + self.unarmed_fires()
+    __slots__ = (
+        "_given",
+        "_next_worker",
+        "_overdue_bucket",
+        "book",
+        "claims",
+        "config",
+        "fresh",
+        "jobs",
+        "overdue",
+        "ready",
+        "redos",
+        "runs",
+        "shard_map",
+        "stats",
+        "tenants",
+        "unserved_alerted",
+        "unserved_since",
+        "wheel",
+        "workers",
+    )
 
-    def next_deadline(self) -> int | None:
-        """When the node should call ``advance`` next (None: only on events):
-        the wheel's next timer, or sooner when budgeted work (overdue fires,
-        expired leases to re-dispatch) waits only for the next token of its
-        bucket -- waking just every ``max_idle`` would deliver a fraction of
-        the configured rate -- or when waiting work is due an alert."""
-        deadline = self.next_timer()
-        waits: list[int | None] = [deadline, self.next_arming()]
-        if self._unserved:
+    def __init__(
+        self,
+        book: JobBook,
+        *,
+        config: OwnerConfig,
+        wheel: TimerWheel,
+        runs: RunTable,
+        workers: Fleet,
+        tenants: Tenants,
+        claims: Claims,
+        shard_map: ShardMap,
+        redos: Redos,
+        stats: OwnerStats,
+        now_ms: int,
+    ) -> None:
+        self.book = book
+        self.jobs = book.jobs  # the book's awake jobs (the same dict)
+        self.config = config
+        self.wheel = wheel
+        self.runs = runs
+        self.workers = workers
+        self.tenants = tenants
+        self.claims = claims
+        self.shard_map = shard_map
+        self.redos = redos
+        self.stats = stats
+        # Queued work by route: jobs with a fresh fire, jobs with overdue
+        # work (fair across tenants), and claimed runs that wait for a worker
+        # (theirs went away, or it handed them back).
+        self.fresh: dict[Route, FairQueue[int]] = {}
+        self.overdue: dict[Route, FairQueue[int]] = {}
+        self.ready: dict[Route, deque[int]] = {}
+        # Routes with work and no connected worker serving them: since when,
+        # and whether the alert went out.
+        self.unserved_since: dict[Route, int] = {}
+        self.unserved_alerted: set[Route] = set()
+        rate = config.dispatch_rate_per_s * config.overdue_fraction
+        self._next_worker = 0
+        self._given = 0  # runs in a row the worker at _next_worker got
+        self._overdue_bucket = TokenBucket(rate, max(1.0, rate * config.overdue_burst_s), now_ms)
+
+    def next_wake(self) -> int | None:
+        """When budgeted work (overdue fires, expired leases to re-dispatch)
+        gets its next token, or waiting work is due an alert (None: never):
+        waking just every ``max_idle`` would deliver a fraction of the
+        configured rate (``Owner.next_deadline``)."""
+        waits: list[int | None] = []
+        if self.unserved_since:
             limit = self.config.unserved_alert_ms
             waits.extend(
                 since + limit
-                for route, since in self._unserved.items()
-                if route not in self._unserved_alerted
+                for route, since in self.unserved_since.items()
+                if route not in self.unserved_alerted
             )
-        if self.redos.lost() or any(len(q) for q in self._overdue.values()):
+        if self.redos.lost() or any(len(q) for q in self.overdue.values()):
             now = self.wheel.now
             if any(
                 len(q) and self.workers.serves_with_credit(route)
-                for route, q in self._overdue.items()
+                for route, q in self.overdue.items()
             ):
                 waits.append(self._overdue_bucket.next_available_ms(now))
             if self.redos.lost() and self.workers.any_free() and not self._fleet_busy():
@@ -91,19 +153,19 @@ class _Dispatch(_Parts):
         if not self.workers or not self.workers.any_free():
             return False
         now = self.wheel.now
-        for route, q in self._ready.items():
+        for route, q in self.ready.items():
             if q and any(self._placeable(run_id, route) for run_id in q):
                 return True
         if len(self.claims) >= self.config.max_claim_batch:
             return False
         if any(
             q and self.workers.serves_with_credit(route) and self.tenants.has_unblocked(q)
-            for route, q in self._fresh.items()
+            for route, q in self.fresh.items()
         ):
             return True
         if self._overdue_bucket.available(now) > 0 and any(
             len(q) and self.workers.serves_with_credit(route) and self.tenants.has_unblocked(q)
-            for route, q in self._overdue.items()
+            for route, q in self.overdue.items()
         ):
             return True
         return bool(self.redos.lost() and not self._fleet_busy() and self.redos.tokens(now) > 0)
@@ -118,7 +180,7 @@ class _Dispatch(_Parts):
         run = self.runs.get(run_id)
         if run is None or run.phase is not Phase.READY:
             return True  # dropped from the queue on the next pass
-        job = self.jobs.get(run.job_id) or self._job(run.job_id)
+        job = self.jobs.get(run.job_id) or self.book._job(run.job_id)
         if job is not None and job.running >= job.limit:
             return False
         if (
@@ -129,12 +191,12 @@ class _Dispatch(_Parts):
             return False  # a run of the tenant ending wakes it
         return self.workers.server_for(route, run.refused, self.wheel.now) is not None
 
-    def _enqueue(self, job: _Job, now_ms: int, *, overdue: bool, front: bool = False) -> None:
+    def enqueue(self, job: _Job, now_ms: int, *, overdue: bool, front: bool = False) -> None:
         if job.queued or not (job.due or job.ready):
             return
         job.queued = True
         route = job.route
-        queues = self._overdue if overdue else self._fresh
+        queues = self.overdue if overdue else self.fresh
         q = queues.get(route)
         if q is None:
             q = queues[route] = FairQueue()
@@ -143,7 +205,7 @@ class _Dispatch(_Parts):
         else:
             q.push(job.spec.tenant, job.job_id)
 
-    def _unqueue(self, job: _Job) -> None:
+    def unqueue(self, job: _Job) -> None:
         """Take ``job`` out of its route's queues at once (cancelled, paused,
         or given another route), and its ended runs out of those waiting for
         a worker; the route leaves ``unserved`` when nothing of it waits. An
@@ -153,7 +215,7 @@ class _Dispatch(_Parts):
         route = job.route
         if job.queued:
             job_id = job.job_id
-            for queues in (self._fresh, self._overdue):
+            for queues in (self.fresh, self.overdue):
                 q = queues.get(route)
                 if q is not None and q.discard(lambda j: j == job_id, job.spec.tenant):
                     if not q:
@@ -161,44 +223,44 @@ class _Dispatch(_Parts):
                     break
             job.queued = False
         job.ready = deque(a for a in job.ready if self._is_ready(a.run_id))
-        waiting = self._ready.get(route)
+        waiting = self.ready.get(route)
         if waiting:
             live = deque(r for r in waiting if self._is_ready(r))
             if live:
-                self._ready[route] = live
+                self.ready[route] = live
             else:
-                del self._ready[route]
-        if route in self._unserved and not self._waiting_on(route):
-            del self._unserved[route]
-            self._unserved_alerted.discard(route)
+                del self.ready[route]
+        if route in self.unserved_since and not self._waiting_on(route):
+            del self.unserved_since[route]
+            self.unserved_alerted.discard(route)
 
-    def _unqueue_shards(self, lost: set[int]) -> None:
+    def unqueue_shards(self, lost: set[int]) -> None:
         """Take the queued work of shards handed over out of the queues, and
         the routes left with nothing waiting out of ``unserved`` (the same
         stale count ``_unqueue`` spares a cancelled job)."""
-        for queues in (self._fresh, self._overdue):
+        for queues in (self.fresh, self.overdue):
             for route, q in list(queues.items()):
                 q.discard(lambda j: shard_of(j) in lost)
                 if not q:
                     del queues[route]
-        for route, waiting in list(self._ready.items()):
+        for route, waiting in list(self.ready.items()):
             live = deque(r for r in waiting if self._is_ready(r))
             if live:
-                self._ready[route] = live
+                self.ready[route] = live
             else:
-                del self._ready[route]
-        for route in [r for r in self._unserved if not self._waiting_on(r)]:
-            del self._unserved[route]
-            self._unserved_alerted.discard(route)
+                del self.ready[route]
+        for route in [r for r in self.unserved_since if not self._waiting_on(r)]:
+            del self.unserved_since[route]
+            self.unserved_alerted.discard(route)
 
     def _is_ready(self, run_id: int) -> bool:
         """A claimed run still waiting for a worker."""
         run = self.runs.get(run_id)
         return run is not None and run.phase is Phase.READY
 
-    def _dispatch(self, now_ms: int, acts: Actions) -> None:
+    def dispatch(self, now_ms: int, acts: Actions) -> None:
         starved: list[Route] = []  # routes with work and no worker with credit
-        if self._ready:
+        if self.ready:
             starved.extend(self._assign_ready(now_ms, acts))
         budget = self.config.max_claim_batch - len(self.claims)
         # Limited tenants' allowances (wheel.engine.owner._tenants), counted
@@ -207,14 +269,14 @@ class _Dispatch(_Parts):
         before = dict(allow) if allow is not None else None
         # In the order routes first had work (a set's order would change
         # with the hash seed, and a simulation must replay exactly).
-        routes = list(self._fresh)
-        routes.extend(r for r in self._overdue if r not in self._fresh)
+        routes = list(self.fresh)
+        routes.extend(r for r in self.overdue if r not in self.fresh)
         for route in routes:
-            fresh = self._fresh.get(route)
-            over = self._overdue.get(route)
+            fresh = self.fresh.get(route)
+            over = self.overdue.get(route)
             if not fresh and not over:
-                self._fresh.pop(route, None)
-                self._overdue.pop(route, None)
+                self.fresh.pop(route, None)
+                self.overdue.pop(route, None)
                 continue
             workers = self.workers.serving(route)
             if not workers:
@@ -243,7 +305,7 @@ class _Dispatch(_Parts):
             self._claim(picked, workers, now_ms, acts)
         if allow is not None and before is not None:
             self.tenants.took(before, allow, now_ms)
-        if starved or self._unserved:
+        if starved or self.unserved_since:
             self._note_unserved(starved, now_ms, acts)
 
     def _note_unserved(self, starved: list[Route], now_ms: int, acts: Actions) -> None:
@@ -252,17 +314,17 @@ class _Dispatch(_Parts):
         claimed without a lease), reported by ``unserved`` and, once it has
         waited ``unserved_alert_ms``, by an alert."""
         workers = self.workers.values()
-        was = self._unserved
-        self._unserved = {
+        was = self.unserved_since
+        self.unserved_since = {
             route: was.get(route, now_ms)
             for route in starved
             if not any(w.serves(route) for w in workers)
         }
-        self._unserved_alerted &= self._unserved.keys()
+        self.unserved_alerted &= self.unserved_since.keys()
         limit = self.config.unserved_alert_ms
-        for route, since in self._unserved.items():
-            if now_ms - since >= limit and route not in self._unserved_alerted:
-                self._unserved_alerted.add(route)
+        for route, since in self.unserved_since.items():
+            if now_ms - since >= limit and route not in self.unserved_alerted:
+                self.unserved_alerted.add(route)
                 pool, handler = route
                 acts.alerts.append(
                     Alert(
@@ -275,7 +337,7 @@ class _Dispatch(_Parts):
     def _waiting_on(self, route: Route) -> int:
         """Fires and claimed runs queued for ``route``."""
         n = 0
-        for queues in (self._fresh, self._overdue, self._ready):
+        for queues in (self.fresh, self.overdue, self.ready):
             q = queues.get(route)
             if q is not None:
                 n += len(q)
@@ -290,7 +352,7 @@ class _Dispatch(_Parts):
                 waiting=self._waiting_on((pool, handler)),
                 since_ms=since,
             )
-            for (pool, handler), since in sorted(self._unserved.items())
+            for (pool, handler), since in sorted(self.unserved_since.items())
         ]
 
     def _claim(
@@ -298,7 +360,7 @@ class _Dispatch(_Parts):
     ) -> None:
         # Runs go out ``hand_out_chunk`` to a worker (``_take_server``).
         for job_id, overdue in picked:
-            job = self.jobs.get(job_id) or self._job(job_id)
+            job = self.jobs.get(job_id) or self.book._job(job_id)
             if job is None:
                 continue
             job.queued = False
@@ -310,8 +372,8 @@ class _Dispatch(_Parts):
                 run_id, _ = job.ready.popleft()
                 run = self.runs.get(run_id)
                 if run is not None and run.phase is Phase.READY:
-                    self._hand_out(run, self._take_server(workers), now_ms, acts)
-                self._requeue_job(job, now_ms)
+                    self.hand_out(run, self._take_server(workers), now_ms, acts)
+                self.requeue_job(job, now_ms)
                 continue
             if not job.due or job.paused or job.inflight >= job.limit:
                 continue  # re-enqueued when a run of the job finishes
@@ -340,8 +402,8 @@ class _Dispatch(_Parts):
                 job.store_next = new
                 job.moved_past = max(job.moved_past, fire)
                 job.advancing += 1
-                self.dirty.add(job_id)
-                self._flush_skipped(job, new, now_ms, acts)
+                self.book.dirty.add(job_id)
+                self.book._flush_skipped(job, new, now_ms, acts)
             acts.claims.append(
                 FireClaim(
                     job_id=job_id,
@@ -357,7 +419,7 @@ class _Dispatch(_Parts):
             )
             self.claims.sent(_Pending(job_id, fire, attempt, fence, worker.worker_id))
             if job.due and job.inflight < job.limit:
-                self._enqueue(job, now_ms, overdue=overdue)
+                self.enqueue(job, now_ms, overdue=overdue)
 
     def batch_taken(self) -> None:
         """The claims made so far went into one store batch: the next
@@ -398,7 +460,7 @@ class _Dispatch(_Parts):
             worker = self.workers.get(pend.worker_id) if pend.worker_id else None
             if worker is not None:
                 worker.reserved -= 1
-            job = self.jobs.get(c.job_id) or self._job(c.job_id)
+            job = self.jobs.get(c.job_id) or self.book._job(c.job_id)
             if c.advance and job is not None:
                 job.advancing -= 1
             if c.advance and not out.advanced:
@@ -409,14 +471,14 @@ class _Dispatch(_Parts):
                     job.moved_past = -1
             elif c.advance and job is not None and job.advancing == 0 and not job.paused:
                 # Fires passed over while the claim was on its way.
-                self._sync_schedule(job, now_ms, acts)
+                self.book._sync_schedule(job, now_ms, acts)
             if out.run_id is None:
                 # Someone else holds this fire (another owner, or an earlier
                 # life of this one): it is not ours to run.
                 stats.claims_won -= 1
                 stats.claims_lost += 1
                 if job is not None:
-                    self._run_finished(job, now_ms, acts)
+                    self.book._run_finished(job, now_ms, acts)
                 continue
             run = _Run(out.run_id, c.job_id, c.scheduled_for, c.attempt, c.fence, out.payload)
             run.timed = pend.timed and c.attempt == 0  # a retry's wait is its backoff
@@ -425,18 +487,18 @@ class _Dispatch(_Parts):
                 # Its timeout starts when a worker gets it (``_hand_out``).
                 set_phase(run, Phase.READY)
                 job.ready.append(Ahead(run.run_id, pend.overdue))
-                self._requeue_job(job, now_ms)
+                self.requeue_job(job, now_ms)
                 continue
             # Its slot is free again now that it is not reserved: it goes out
             # if that leaves the worker within its credit, which it may have
             # lowered while the claim was on its way.
             if worker is not None and worker.free > 0 and not worker.draining:
-                self._hand_out(run, worker, now_ms, acts)
+                self.hand_out(run, worker, now_ms, acts)
             else:
                 # Its worker went away: it waits for another of its route,
                 # with no lease and no timeout running until one gets it.
                 set_phase(run, Phase.READY)
-                self._wait_ready(run, job)
+                self.wait_ready(run, job)
 
     def _claiming(self) -> dict[str, int]:
         """Claims on their way to the store by tenant (those a dispatch made:
@@ -453,9 +515,9 @@ class _Dispatch(_Parts):
                     claiming[tenant] = claiming.get(tenant, 0) + 1
         return claiming
 
-    def _wait_ready(self, run: _Run, job: _Job | None) -> None:
+    def wait_ready(self, run: _Run, job: _Job | None) -> None:
         route = job.route if job is not None else ("default", "")
-        self._ready.setdefault(route, deque()).append(run.run_id)
+        self.ready.setdefault(route, deque()).append(run.run_id)
 
     def _assign_ready(self, now_ms: int, acts: Actions) -> list[Route]:
         """Hand out claimed runs that wait for a worker, in order per route,
@@ -464,7 +526,7 @@ class _Dispatch(_Parts):
         routes with runs left and no worker with credit."""
         starved: list[Route] = []
         claiming = self._claiming() if self.tenants.limits else {}
-        for route, q in list(self._ready.items()):
+        for route, q in list(self.ready.items()):
             kept: list[int] = []
             while q:
                 run = self.runs.get(q[0])
@@ -475,7 +537,7 @@ class _Dispatch(_Parts):
                     starved.append(route)
                     break
                 q.popleft()
-                job = self.jobs.get(run.job_id) or self._job(run.job_id)
+                job = self.jobs.get(run.job_id) or self.book._job(run.job_id)
                 worker = self.workers.server_for(route, run.refused, self.wheel.now)
                 if (
                     worker is None
@@ -488,26 +550,24 @@ class _Dispatch(_Parts):
                 ):
                     kept.append(run.run_id)
                     continue
-                self._hand_out(run, worker, now_ms, acts)
+                self.hand_out(run, worker, now_ms, acts)
             if kept:
                 q.extendleft(reversed(kept))
             if not q:
-                del self._ready[route]
+                del self.ready[route]
         return starved
 
-    def _requeue_job(self, job: _Job, now_ms: int) -> None:
+    def requeue_job(self, job: _Job, now_ms: int) -> None:
         """Queue the job for its next piece of work: a run claimed ahead (a
         trigger first in line, a backfill as overdue work), else a due fire."""
         if job.ready:
             overdue = job.ready[0].overdue
-            self._enqueue(job, now_ms, overdue=overdue, front=not overdue)
+            self.enqueue(job, now_ms, overdue=overdue, front=not overdue)
         elif job.due and not job.paused:
-            self._enqueue(
-                job, now_ms, overdue=now_ms - job.due[0][0] > self.config.overdue_after_ms
-            )
+            self.enqueue(job, now_ms, overdue=now_ms - job.due[0][0] > self.config.overdue_after_ms)
 
-    def _hand_out(self, run: _Run, worker: _Worker, now_ms: int, acts: Actions) -> None:
-        job = self.jobs.get(run.job_id) or self._job(run.job_id)
+    def hand_out(self, run: _Run, worker: _Worker, now_ms: int, acts: Actions) -> None:
+        job = self.jobs.get(run.job_id) or self.book._job(run.job_id)
         if job is None:  # pragma: no cover - a run keeps its job alive
             return
         set_phase(run, Phase.DISPATCHED)
@@ -541,6 +601,6 @@ class _Dispatch(_Parts):
         self.stats.dispatched += 1
 
     def backlog(self) -> tuple[int, int]:
-        fresh = sum(len(q) for q in self._fresh.values())
-        overdue = sum(len(q) for q in self._overdue.values())
-        return fresh + sum(len(q) for q in self._ready.values()), overdue
+        fresh = sum(len(q) for q in self.fresh.values())
+        overdue = sum(len(q) for q in self.overdue.values())
+        return fresh + sum(len(q) for q in self.ready.values()), overdue

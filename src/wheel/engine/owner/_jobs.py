@@ -139,7 +139,7 @@ class _Jobs(_Parts):
             if (template.pool, template.handler) != job.route:
                 # Queued under its old route: queued again under the new one
                 # once the row is applied (below).
-                self._unqueue(job)
+                self.dispatcher.unqueue(job)
                 rerouted = True
             job.spec = template
             job.profile = prof
@@ -151,7 +151,7 @@ class _Jobs(_Parts):
         self._settling.add(job_id)
         self._apply_store_row(job, state, next_run_at, now_ms, acts)
         if rerouted:
-            self._requeue_job(job, now_ms)
+            self.dispatcher.requeue_job(job, now_ms)
 
     def _apply_store_row(
         self, job: _Job, state: JobState, next_run_at: int | None, now_ms: int, acts: Actions
@@ -164,8 +164,8 @@ class _Jobs(_Parts):
                 self._clear_pending_fires(job, MissedReason.PAUSED, now_ms, acts)
                 # Its fires wait for the resume, not for a worker: out of the
                 # queue, unless runs claimed ahead (a trigger's) still go out.
-                self._unqueue(job)
-                self._requeue_job(job, now_ms)
+                self.dispatcher.unqueue(job)
+                self.dispatcher.requeue_job(job, now_ms)
             job.store_next = next_run_at
             return
         job.paused = False
@@ -201,7 +201,7 @@ class _Jobs(_Parts):
             # from now, or the job would never fire again.
             self._arm(job, job.compiled.next_after_completion(now_ms))
         if job.due:
-            self._enqueue(job, now_ms, overdue=False)
+            self.dispatcher.enqueue(job, now_ms, overdue=False)
 
     def _arm(self, job: _Job, fire: int | None) -> None:
         job.next_fire = fire
@@ -251,7 +251,7 @@ class _Jobs(_Parts):
         job.paused = False
         self._arm(job, hold.armed)
         if job.due:
-            self._enqueue(job, now_ms, overdue=False)
+            self.dispatcher.enqueue(job, now_ms, overdue=False)
         self._settling.add(job_id)
 
     def respecify(self, record: JobRecord, now_ms: int, acts: Actions) -> None:
@@ -309,7 +309,7 @@ class _Jobs(_Parts):
             self._drop_redos(job)
         if cancelled or not (job.due or job.ready):
             # Nothing of it waits for a worker any more (``unserved``).
-            self._unqueue(job)
+            self.dispatcher.unqueue(job)
         if job.inflight <= 0 and not job.due:
             self._forget_job(job)
 
@@ -556,7 +556,7 @@ class _Jobs(_Parts):
         overlap = job.spec.overlap
         if job.inflight + len(job.due) < job.limit:
             job.due.append((fire, 0, True))
-            self._enqueue(job, now_ms, overdue=overdue)
+            self.dispatcher.enqueue(job, now_ms, overdue=overdue)
             return
         room = {OverlapPolicy.BUFFER_ONE: 1, OverlapPolicy.BUFFER_ALL: overlap.max_buffered}
         if len(job.buffered) < room.get(overlap.policy, 0):
@@ -643,7 +643,7 @@ class _Jobs(_Parts):
                 self._sync_schedule(job, now_ms, acts)
         if job.buffered and not job.paused and job.inflight + len(job.due) < job.limit:
             job.due.append((job.buffered.popleft(), 0, True))
-        self._requeue_job(job, now_ms)
+        self.dispatcher.requeue_job(job, now_ms)
         if (
             job.inflight <= 0
             and job.next_fire is None

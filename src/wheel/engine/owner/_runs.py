@@ -110,7 +110,7 @@ class _Runs(_Parts):
         run.held_out = False
         if self.tenants.holds_runs():
             self.tenants.unhold(run.run_id)
-        self._wait_ready(run, job)
+        self.dispatcher.wait_ready(run, job)
 
     def on_completed(
         self, outcomes: Sequence[CompletionOutcome], now_ms: int, acts: Actions
@@ -138,7 +138,7 @@ class _Runs(_Parts):
             if run.held_out:
                 job.running -= 1
                 if job.ready:
-                    self._requeue_job(job, now_ms)  # a run claimed ahead may go now
+                    self.dispatcher.requeue_job(job, now_ms)  # a run claimed ahead may go now
             if not out.applied:
                 self.stats.superseded_completions += 1
                 self._run_finished(job, now_ms, acts)
@@ -183,7 +183,7 @@ class _Runs(_Parts):
         job.due.extend((f, 0, True) for f in job.buffered)
         job.buffered.clear()
         if job.due:
-            self._enqueue(job, now_ms, overdue=True)
+            self.dispatcher.enqueue(job, now_ms, overdue=True)
         self._sync_schedule(job, now_ms, acts)
 
     def _schedule_retry(self, job: _Job, run: _Run, now_ms: int) -> None:
@@ -208,7 +208,7 @@ class _Runs(_Parts):
             return
         job.inflight -= 1
         job.due.appendleft((redo.fire, redo.attempt, False))
-        self._enqueue(job, now_ms, overdue=False)
+        self.dispatcher.enqueue(job, now_ms, overdue=False)
 
     def _on_lease_timer(self, run_id: int, now_ms: int, acts: Actions) -> None:
         run = self.runs.get(run_id)

@@ -242,5 +242,5 @@ class _Shards(_Parts):
         # Their queued work goes too: an id left in a queue was skipped when
         # its turn came, but on a route no worker serves that turn never
         # comes, and the route's waiting count kept it.
-        self._unqueue_shards(lost)
+        self.dispatcher.unqueue_shards(lost)
         return handed

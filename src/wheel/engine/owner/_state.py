@@ -1,18 +1,18 @@
 """The shard owner's state: the records it keeps per job, run, worker and
 shard, and the base every part of the owner shares (``_OwnerState``).
 
-Six parts own their state and are reached through their methods: the run
+Seven parts own their state and are reached through their methods: the run
 table (``runs``, ``_runtable``), the tenant limits (``tenants``,
 ``_tenants``), the shards held (``shard_map``, ``_shardmap``), the fires
 to run again (``redos``, ``_redos``), the connected workers (``workers``,
-``_fleet``) and the claims on their way to the store (``claims``,
-``_claims``). The rest
-of the logic is split by seam into traits that still share this state:
-``_packed`` (jobs at rest as packed rows), ``_jobs`` (schedules, fires and
-missed fires), ``_dispatch`` (routing, claims and hand-out), ``_workers``
-(the lease streams), ``_runs`` (run endings and what follows them) and
-``_shards`` (gaining and losing shards). What one trait calls in another is
-declared here, so each seam shows what crosses it.
+``_fleet``), the claims on their way to the store (``claims``,
+``_claims``) and the work queued for workers (``dispatcher``,
+``_dispatch``: routing, claims formed and hand-out). The rest of the logic
+is split by seam into traits that still share this state: ``_packed``
+(jobs at rest as packed rows), ``_jobs`` (schedules, fires and missed
+fires), ``_workers`` (the lease streams), ``_runs`` (run endings and what
+follows them) and ``_shards`` (gaining and losing shards). What one trait
+calls in another is declared here, so each seam shows what crosses it.
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from mypy_extensions import trait
 
-from wheel.engine.fairness import FairQueue, TokenBucket
 from wheel.engine.jobtable import NEVER, Columns, ShardJobs
 from wheel.engine.model import RunState, shard_of
 from wheel.engine.owner._claims import Claims
-from wheel.engine.owner._fleet import Fleet, _Worker
+from wheel.engine.owner._fleet import Fleet
 from wheel.engine.owner._redos import Redos
 from wheel.engine.owner._runtable import RunTable, _Run
 from wheel.engine.owner._shardmap import ShardMap, _Shard
@@ -46,6 +45,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from wheel.engine.model import JobState, MissedReason
+    from wheel.engine.owner._dispatch import Dispatcher
     from wheel.engine.owner._values import RevokeReason
     from wheel.engine.records import JobRecord
 
@@ -188,21 +188,14 @@ class _Parts:
     # dispatch).
     __slots__ = (
         "_armed_until",
-        "_fresh",
-        "_given",
         "_holds",
         "_later",
         "_next_unarmed",
-        "_next_worker",
-        "_overdue",
-        "_overdue_bucket",
-        "_ready",
         "_settling",
-        "_unserved",
-        "_unserved_alerted",
         "claims",
         "config",
         "dirty",
+        "dispatcher",
         "jobs",
         "profiles",
         "redos",
@@ -229,16 +222,9 @@ class _Parts:
     stats: OwnerStats
     shard_map: ShardMap
     claims: Claims
-    _fresh: dict[Route, FairQueue[int]]
-    _overdue: dict[Route, FairQueue[int]]
-    _ready: dict[Route, deque[int]]
-    _unserved: dict[Route, int]
-    _unserved_alerted: set[Route]
     redos: Redos
-    _next_worker: int
-    _given: int
-    _overdue_bucket: TokenBucket
     tenants: Tenants
+    dispatcher: Dispatcher
     _later: Actions
 
     # What one part calls in another, defined by the part named.
@@ -301,28 +287,6 @@ class _Parts:
         raise NotImplementedError
 
     def _run_finished(self, job: _Job, now_ms: int, acts: Actions) -> None:
-        raise NotImplementedError
-
-    # _dispatch
-    def _enqueue(self, job: _Job, now_ms: int, *, overdue: bool, front: bool = False) -> None:
-        raise NotImplementedError
-
-    def _dispatch(self, now_ms: int, acts: Actions) -> None:
-        raise NotImplementedError
-
-    def _requeue_job(self, job: _Job, now_ms: int) -> None:
-        raise NotImplementedError
-
-    def _unqueue(self, job: _Job) -> None:
-        raise NotImplementedError
-
-    def _unqueue_shards(self, lost: set[int]) -> None:
-        raise NotImplementedError
-
-    def _wait_ready(self, run: _Run, job: _Job | None) -> None:
-        raise NotImplementedError
-
-    def _hand_out(self, run: _Run, worker: _Worker, now_ms: int, acts: Actions) -> None:
         raise NotImplementedError
 
     # _runs
@@ -417,26 +381,10 @@ class _OwnerState(_Parts):
         self.shard_map = ShardMap(epochs)
         # Claims sent to the store and not answered yet (``_claims``).
         self.claims = Claims()
-        # Queued work by route: jobs with a fresh fire, jobs with overdue
-        # work (fair across tenants), and claimed runs that wait for a worker
-        # (theirs went away, or it handed them back).
-        self._fresh: dict[Route, FairQueue[int]] = {}
-        self._overdue: dict[Route, FairQueue[int]] = {}
-        self._ready: dict[Route, deque[int]] = {}
-        # Routes with work and no connected worker serving them: since when,
-        # and whether the alert went out.
-        self._unserved: dict[Route, int] = {}
-        self._unserved_alerted: set[Route] = set()
         # Retries waiting out their backoff, lost runs' fires waiting for
         # the reaper (``_redos``).
         self.redos = Redos(
             self.wheel, self.config.reaper_rate_per_s, self.config.reaper_burst, now_ms
-        )
-        rate = self.config.dispatch_rate_per_s * self.config.overdue_fraction
-        self._next_worker = 0
-        self._given = 0  # runs in a row the worker at _next_worker got
-        self._overdue_bucket = TokenBucket(
-            rate, max(1.0, rate * self.config.overdue_burst_s), now_ms
         )
         # Tenant limits: each limited tenant's fire bucket and the runs its
         # workers hold (``_tenants``).

@@ -50,7 +50,7 @@ class _Workers(_Parts):
         self.workers.hello(
             worker_id, capacity, frozenset(pools or ("default",)), frozenset(handlers)
         )
-        self._dispatch(now_ms, acts)
+        self.dispatcher.dispatch(now_ms, acts)
 
     def worker_capacity(self, worker_id: str) -> int | None:
         w = self.workers.get(worker_id)
@@ -76,7 +76,7 @@ class _Workers(_Parts):
         if w is not None:
             w.silent = False
             w.capacity = max(0, w.capacity + add)
-            self._dispatch(now_ms, acts)
+            self.dispatcher.dispatch(now_ms, acts)
         if seq:
             acts.credited[worker_id] = max(seq, acts.credited.get(worker_id, 0))
 
