@@ -149,7 +149,7 @@ def test_a_woken_job_at_rest_keeps_its_row_and_an_awake_one_leaves_no_stale_time
     n.step(T)
     assert (j << 2) | FIRE in n.owner.wheel
     assert n.owner.next_fires(j, 2) == [T + 30 * SEC, T + 30 * SEC + DAY]  # woken to read
-    table = n.owner.shard_map[n.owner._job_or_raise(j).shard].table
+    table = n.owner.shard_map[n.owner.book.job_or_raise(j).shard].table
     assert table.flags[table.find(j)] & AWAKE
     n.step(T + SEC)  # nothing going on: back to rest, its timer where it was
     assert j not in n.owner.jobs and (j << 2) | FIRE in n.owner.wheel
@@ -220,7 +220,7 @@ def _replay(
     ids = [n.submit(s) for s in jobs]
     if awake:
         for j in ids:
-            n.owner._job(j)  # an object from the start, and kept so
+            n.owner.book.job(j)  # an object from the start, and kept so
     claims: list[tuple[int, int, int, int]] = []
     k = 0
     for dt in steps:

@@ -23,7 +23,7 @@ def _acme_held(n: Node) -> int:
         1
         for w in n.owner.workers.values()
         for run_id in w.held
-        if (job := n.owner._job(n.owner.runs[run_id].job_id)) is not None
+        if (job := n.owner.book.job(n.owner.runs[run_id].job_id)) is not None
         and job.spec.tenant == "acme"
     )
 

@@ -1375,7 +1375,7 @@ def test_a_busy_change_feed_is_read_page_after_page_not_a_page_an_interval(
         def paused() -> int:
             owner = node._the_driver().owner
             return sum(
-                1 for job_id in ids if (job := owner._job(job_id)) is not None and job.paused
+                1 for job_id in ids if (job := owner.book.job(job_id)) is not None and job.paused
             )
 
         wait_for(lambda: server.call(paused) == len(ids), 8, "every pause to reach the owner")

@@ -66,7 +66,7 @@ def test_the_change_feed_brings_others_changes_and_not_the_node_s_own(tmp_path: 
         assert sorted(read) == sorted([theirs.job_id, mine[1]])
 
         def paused(job_id: int) -> bool:
-            job = node._the_driver().owner._job(job_id)
+            job = node._the_driver().owner.book.job(job_id)
             return job is not None and job.paused
 
         assert server.call(lambda: node._the_driver().owner.has_job(theirs.job_id))

@@ -20,12 +20,13 @@ their epochs, fence counters and tables of jobs), the fires to run again
 (``redos``: ``_redos``, retries waiting out their backoff and lost runs'
 fires waiting for the reaper), the connected workers (``workers``:
 ``_fleet``, their credit and the runs they hold), the claims on their
-way to the store (``claims``: ``_claims``) and the work queued for workers
-and its hand-out (``dispatcher``: ``_dispatch``). The rest of the logic is
+way to the store (``claims``: ``_claims``), the work queued for workers
+and its hand-out (``dispatcher``: ``_dispatch``) and the jobs (``book``:
+``_jobs`` and ``_packed``, jobs at rest as packed rows and awake as
+objects, their FIRE timers and the fire path). The rest of the logic is
 still split by seam into traits that share one state (see
-``wheel.engine.owner._state``): jobs and missed fires, the workers'
-messages, run endings, jobs at rest as packed rows (``_packed``), gaining
-and losing shards.
+``wheel.engine.owner._state``): the workers' messages, run endings,
+gaining and losing shards.
 
 Invariants (each has a test in tests/engine/test_owner.py):
 
@@ -70,9 +71,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from wheel.engine.jobtable import Columns
+from wheel.engine.model import JobState
 from wheel.engine.owner._dispatch import Dispatcher
-from wheel.engine.owner._jobs import FireHold, _Jobs
-from wheel.engine.owner._packed import _Packed
+from wheel.engine.owner._jobs import FireHold, JobBook
 from wheel.engine.owner._redos import Redo
 from wheel.engine.owner._runs import _Runs
 from wheel.engine.owner._shards import _Shards
@@ -106,7 +108,8 @@ from wheel.engine.owner._values import (
     WorkerView,
 )
 from wheel.engine.owner._workers import _Workers
-from wheel.engine.records import ClaimOutcome
+from wheel.engine.profiles import Profile
+from wheel.engine.records import ClaimOutcome, JobRecord
 
 __all__ = [
     "COUNTER_BITS",
@@ -142,7 +145,7 @@ __all__ = [
 ]
 
 
-class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Workers, _Runs):
+class Owner(_OwnerState, _Shards, _Workers, _Runs):
     """Owns a set of shards: their jobs' pending fires, in-flight runs and leases."""
 
     __slots__ = ()
@@ -158,9 +161,23 @@ class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Workers, _Runs):
         ``add_shards`` gives it jobs and runs; more shards come and go with
         ``add_shards`` and ``remove_shards``."""
         super().__init__(epochs=epochs, now_ms=now_ms, config=config)
+        # The jobs, at rest and awake, and the fire path (``_jobs``, ``_packed``).
+        self.book = JobBook(
+            config=self.config,
+            wheel=self.wheel,
+            shard_map=self.shard_map,
+            runs=self.runs,
+            claims=self.claims,
+            redos=self.redos,
+            stats=self.stats,
+            now_ms=now_ms,
+        )
+        # The book's awake jobs and profiles, read where the owner is at hand.
+        self.jobs = self.book.jobs
+        self.profiles = self.book.profiles
         # The work queued for workers and its hand-out (``_dispatch``).
         self.dispatcher = Dispatcher(
-            self,
+            self.book,
             config=self.config,
             wheel=self.wheel,
             runs=self.runs,
@@ -172,28 +189,31 @@ class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Workers, _Runs):
             stats=self.stats,
             now_ms=now_ms,
         )
+        self.book.dispatcher = self.dispatcher
+        self.book.ends = self
 
     def advance(self, now_ms: int, acts: Actions) -> None:
         """Fire every timer due at ``now_ms``, then hand out what workers can take."""
+        book = self.book
         # 1. Claims made with no Actions at hand (a backfill) go out now.
-        if self._later.claims:
-            acts.claims.extend(self._later.claims)
-            self._later.claims.clear()
+        if book.later.claims:
+            acts.claims.extend(book.later.claims)
+            book.later.claims.clear()
         # 2. Grace leases due become wheel timers (the run table); jobs at
-        #    rest coming due get their FIRE timers (``_packed``).
+        #    rest coming due get their FIRE timers (the book).
         self.runs.expire_grace(now_ms)
-        if now_ms + self.config.arm_ahead_ms >= self._next_unarmed:
-            self._arm_ahead(now_ms)
-        # 3. The wheel's due timers, by kind: a job's fire (``_jobs``), a
+        if now_ms + self.config.arm_ahead_ms >= book.next_unarmed:
+            book.arm_ahead(now_ms)
+        # 3. The wheel's due timers, by kind: a job's fire (the book), a
         #    run's lease or timeout (``_runs``), a retry's backoff (``redos``).
         fired = 0  # added to the stats once: a local costs less per fire
         for tid in self.wheel.advance(now_ms):
             kind, n = tid & 3, tid >> 2
             if kind == FIRE:
-                job = self.jobs.get(n) or self._wake_to_fire(n, now_ms)
+                job = book.jobs.get(n) or book.wake_to_fire(n, now_ms)
                 if job is not None and not job.paused and job.next_fire is not None:
                     fired += 1
-                    self._on_fire(job, now_ms, acts)
+                    book.on_fire(job, now_ms, acts)
             elif kind == LEASE:
                 self._on_lease_timer(n, now_ms, acts)
             elif kind == TIMEOUT:
@@ -206,9 +226,9 @@ class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Workers, _Runs):
         #    queued that workers have credit for (the dispatcher).
         self._run_reaper(now_ms, acts)
         self.dispatcher.dispatch(now_ms, acts)
-        # 5. Jobs whose work is over go back to rest as rows (``_packed``).
-        if self._settling:
-            self._settle(now_ms)
+        # 5. Jobs whose work is over go back to rest as rows (the book).
+        if book.settling:
+            book.settle(now_ms)
 
     # -- timers and the loop's wake-ups ---------------------------------------------
 
@@ -223,13 +243,13 @@ class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Workers, _Runs):
     def pending_timers(self) -> int:
         """Timers pending: the wheel's, grace leases of runs not ended, and
         the FIRE timers of jobs at rest not armed in the wheel yet."""
-        return len(self.wheel) + self.runs.graced + self.unarmed_fires()
+        return len(self.wheel) + self.runs.graced + self.book.unarmed_fires()
 
     def next_deadline(self) -> int | None:
         """When the node should call ``advance`` next (None: only on events):
         the wheel's next timer, the next job at rest to arm, or sooner when
         the dispatcher's budgeted or waiting work is due (``next_wake``)."""
-        waits = (self.next_timer(), self.next_arming(), self.dispatcher.next_wake())
+        waits = (self.next_timer(), self.book.next_arming(), self.dispatcher.next_wake())
         return min((w for w in waits if w is not None), default=None)
 
     # -- dispatch (``Dispatcher``) ------------------------------------------------
@@ -254,6 +274,111 @@ class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Workers, _Runs):
         """Queued work: (fresh fires and claimed runs waiting, overdue fires)."""
         return self.dispatcher.backlog()
 
+    # -- jobs (``JobBook``) ------------------------------------------------------
+
+    def has_job(self, job_id: int) -> bool:
+        return self.book.has_job(job_id)
+
+    def job_count(self) -> int:
+        return self.book.job_count()
+
+    def awake_count(self) -> int:
+        return self.book.awake_count()
+
+    def job_ids(self) -> list[int]:
+        return self.book.job_ids()
+
+    def unarmed_fires(self) -> int:
+        """Jobs at rest with a fire due after the stretch armed in the wheel."""
+        return self.book.unarmed_fires()
+
+    def packed_bytes(self) -> int:
+        """What the tables of jobs at rest take (their arrays' memory)."""
+        return self.book.packed_bytes()
+
+    def profile(self, profile_id: int) -> Profile | None:
+        return self.book.profile(profile_id)
+
+    def image_of(self, job_id: int) -> PackedJob | None:
+        """A job as it rests (None: the job is gone): what a checkpoint keeps."""
+        return self.book.image_of(job_id)
+
+    def take_dirty(self) -> set[int]:
+        return self.book.take_dirty()
+
+    def snapshot_columns(self, shard: int) -> Columns | None:
+        return self.book.snapshot_columns(shard)
+
+    def next_arming(self) -> int | None:
+        """When the book has timers to arm next (None: no job at rest comes due)."""
+        return self.book.next_arming()
+
+    def add_rest(self, packed: Mapping[int, Columns], profiles: Sequence[Profile]) -> int:
+        return self.book.add_rest(packed, profiles)
+
+    def upsert_job(self, record: JobRecord, now_ms: int, acts: Actions) -> None:
+        """A job as the store has it now (submitted, changed, or reloaded). Store wins."""
+        self.book.upsert_job(record, now_ms, acts)
+
+    def upsert(
+        self,
+        job_id: int,
+        state: JobState,
+        next_run_at: int | None,
+        prof: int,
+        param: int,
+        has_payload: bool,
+        now_ms: int,
+        acts: Actions,
+    ) -> None:
+        self.book.upsert(job_id, state, next_run_at, prof, param, has_payload, now_ms, acts)
+
+    def hold_fires(self, job_id: int) -> FireHold | None:
+        return self.book.hold_fires(job_id)
+
+    def release_fires(self, job_id: int, hold: FireHold, now_ms: int) -> None:
+        self.book.release_fires(job_id, hold, now_ms)
+
+    def respecify(self, record: JobRecord, now_ms: int, acts: Actions) -> None:
+        self.book.respecify(record, now_ms, acts)
+
+    def cancel_job(self, job_id: int, acts: Actions, now_ms: int | None = None) -> None:
+        self.book.cancel_job(job_id, acts, now_ms)
+
+    def record_paused_fires(
+        self, job_id: int, paused_from_ms: int, resumed_at_ms: int, acts: Actions
+    ) -> None:
+        """Fires that came due while a job was paused become missed records."""
+        self.book.record_paused_fires(job_id, paused_from_ms, resumed_at_ms, acts)
+
+    def claim_now(
+        self,
+        job_id: int,
+        fires: Sequence[int],
+        now_ms: int,
+        acts: Actions,
+        *,
+        overdue: bool = False,
+        attempts: Sequence[int] | None = None,
+    ) -> None:
+        self.book.claim_now(job_id, fires, now_ms, acts, overdue=overdue, attempts=attempts)
+
+    def trigger(self, job_id: int, now_ms: int, acts: Actions) -> int:
+        return self.book.trigger(job_id, now_ms, acts)
+
+    def backfill(
+        self, job_id: int, fires: Sequence[int], now_ms: int, acts: Actions | None = None
+    ) -> None:
+        self.book.backfill(job_id, fires, now_ms, acts)
+
+    def redrive(
+        self, job_id: int, fires: Sequence[tuple[int, int]], now_ms: int, acts: Actions
+    ) -> None:
+        self.book.redrive(job_id, fires, now_ms, acts)
+
+    def next_fires(self, job_id: int, count: int) -> list[int]:
+        return self.book.next_fires(job_id, count)
+
     # -- tenant limits (``Tenants``) ----------------------------------------------
 
     def set_tenant_limits(self, limits: Mapping[str, TenantLimit], now_ms: int) -> None:
@@ -263,7 +388,7 @@ class Owner(_OwnerState, _Shards, _Packed, _Jobs, _Workers, _Runs):
         if counted:
             for run in self.runs.values():
                 if run.held_out:
-                    job = self.jobs.get(run.job_id) or self._job(run.job_id)
+                    job = self.book.jobs.get(run.job_id) or self.book.job(run.job_id)
                     if job is not None and job.spec.tenant in counted:
                         self.tenants.hold(run.run_id, job.spec.tenant)
 

@@ -38,7 +38,7 @@ from wheel.engine.records import (
 from wheel.engine.timerwheel import TimerWheel
 
 if TYPE_CHECKING:
-    from wheel.engine.owner import Owner as JobBook
+    from wheel.engine.owner._jobs import JobBook
 
 log = logging.getLogger("wheel.owner")
 
@@ -180,7 +180,7 @@ class Dispatcher:
         run = self.runs.get(run_id)
         if run is None or run.phase is not Phase.READY:
             return True  # dropped from the queue on the next pass
-        job = self.jobs.get(run.job_id) or self.book._job(run.job_id)
+        job = self.jobs.get(run.job_id) or self.book.job(run.job_id)
         if job is not None and job.running >= job.limit:
             return False
         if (
@@ -360,7 +360,7 @@ class Dispatcher:
     ) -> None:
         # Runs go out ``hand_out_chunk`` to a worker (``_take_server``).
         for job_id, overdue in picked:
-            job = self.jobs.get(job_id) or self.book._job(job_id)
+            job = self.jobs.get(job_id) or self.book.job(job_id)
             if job is None:
                 continue
             job.queued = False
@@ -403,7 +403,7 @@ class Dispatcher:
                 job.moved_past = max(job.moved_past, fire)
                 job.advancing += 1
                 self.book.dirty.add(job_id)
-                self.book._flush_skipped(job, new, now_ms, acts)
+                self.book.flush_skipped(job, new, now_ms, acts)
             acts.claims.append(
                 FireClaim(
                     job_id=job_id,
@@ -460,7 +460,7 @@ class Dispatcher:
             worker = self.workers.get(pend.worker_id) if pend.worker_id else None
             if worker is not None:
                 worker.reserved -= 1
-            job = self.jobs.get(c.job_id) or self.book._job(c.job_id)
+            job = self.jobs.get(c.job_id) or self.book.job(c.job_id)
             if c.advance and job is not None:
                 job.advancing -= 1
             if c.advance and not out.advanced:
@@ -471,14 +471,14 @@ class Dispatcher:
                     job.moved_past = -1
             elif c.advance and job is not None and job.advancing == 0 and not job.paused:
                 # Fires passed over while the claim was on its way.
-                self.book._sync_schedule(job, now_ms, acts)
+                self.book.sync_schedule(job, now_ms, acts)
             if out.run_id is None:
                 # Someone else holds this fire (another owner, or an earlier
                 # life of this one): it is not ours to run.
                 stats.claims_won -= 1
                 stats.claims_lost += 1
                 if job is not None:
-                    self.book._run_finished(job, now_ms, acts)
+                    self.book.run_finished(job, now_ms, acts)
                 continue
             run = _Run(out.run_id, c.job_id, c.scheduled_for, c.attempt, c.fence, out.payload)
             run.timed = pend.timed and c.attempt == 0  # a retry's wait is its backoff
@@ -537,7 +537,7 @@ class Dispatcher:
                     starved.append(route)
                     break
                 q.popleft()
-                job = self.jobs.get(run.job_id) or self.book._job(run.job_id)
+                job = self.jobs.get(run.job_id) or self.book.job(run.job_id)
                 worker = self.workers.server_for(route, run.refused, self.wheel.now)
                 if (
                     worker is None
@@ -567,7 +567,7 @@ class Dispatcher:
             self.enqueue(job, now_ms, overdue=now_ms - job.due[0][0] > self.config.overdue_after_ms)
 
     def hand_out(self, run: _Run, worker: _Worker, now_ms: int, acts: Actions) -> None:
-        job = self.jobs.get(run.job_id) or self.book._job(run.job_id)
+        job = self.jobs.get(run.job_id) or self.book.job(run.job_id)
         if job is None:  # pragma: no cover - a run keeps its job alive
             return
         set_phase(run, Phase.DISPATCHED)

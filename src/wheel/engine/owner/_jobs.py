@@ -8,23 +8,27 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-
-from mypy_extensions import trait
+from typing import TYPE_CHECKING, Protocol
 
 from wheel.engine.jobtable import NEVER, NO_FIRE, PAUSED, PAYLOAD, ShardJobs
 from wheel.engine.model import SCHEDULE_OVER, AlertKind, JobState, MissedReason, RunState
-from wheel.engine.owner._claims import _Pending
+from wheel.engine.owner._claims import Claims, _Pending
+from wheel.engine.owner._packed import _Shelf
+from wheel.engine.owner._redos import Redos
+from wheel.engine.owner._runtable import RunTable, _Run
+from wheel.engine.owner._shardmap import ShardMap
 from wheel.engine.owner._state import (
     _Job,
     _limit,
     _moves,
-    _Parts,
     _retry,
 )
 from wheel.engine.owner._values import (
     FIRE,
     Actions,
     Alert,
+    OwnerConfig,
+    OwnerStats,
     Phase,
     RevokeReason,
 )
@@ -37,6 +41,10 @@ from wheel.engine.records import (
     ScheduleAdvance,
 )
 from wheel.engine.spec import Cron, DstGap, JobSpec, OverlapPolicy
+from wheel.engine.timerwheel import TimerWheel
+
+if TYPE_CHECKING:
+    from wheel.engine.owner._dispatch import Dispatcher
 
 log = logging.getLogger("wheel.owner")
 
@@ -47,16 +55,64 @@ _REARM = -1
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FireHold:
     """A job's fires held while its spec changes in the store
-    (``_Jobs.hold_fires``): the fire it had armed, and the oldest fire of its
+    (``JobBook.hold_fires``): the fire it had armed, and the oldest fire of its
     schedule not claimed yet (queued, buffered or armed; None: none)."""
 
     armed: int | None
     oldest: int | None
 
 
-@trait
-class _Jobs(_Parts):
-    __slots__ = ()
+class RunEnds(Protocol):
+    """What the job book asks of the run endings (``Owner``): a cancel ends
+    the job's runs and revokes those its workers hold."""
+
+    def end_run(
+        self,
+        run: _Run,
+        state: RunState,
+        error: str | None,
+        acts: Actions,
+        now_ms: int,
+        *,
+        reply_to: str | None = None,
+        started_at_ms: int | None = None,
+    ) -> None: ...
+
+    def revoke(self, run: _Run, reason: RevokeReason, acts: Actions) -> None: ...
+
+
+class JobBook(_Shelf):
+    """The owner's jobs: at rest as packed rows or awake as ``_Job`` objects
+    (``_Shelf``, ``_packed``), their schedules armed in the wheel, the fire
+    path (a FIRE timer's ``on_fire``: catch-up, the overlap policy, the
+    schedule moved on in the store) and upserts, spec changes and cancels.
+    It queues the fires it admits with the ``dispatcher`` and asks ``ends``
+    to end a cancelled job's runs."""
+
+    __slots__ = ("claims", "dispatcher", "ends", "later", "redos", "runs", "stats")
+
+    dispatcher: Dispatcher
+    ends: RunEnds
+
+    def __init__(
+        self,
+        *,
+        config: OwnerConfig,
+        wheel: TimerWheel,
+        shard_map: ShardMap,
+        runs: RunTable,
+        claims: Claims,
+        redos: Redos,
+        stats: OwnerStats,
+        now_ms: int,
+    ) -> None:
+        super().__init__(config=config, wheel=wheel, shard_map=shard_map, now_ms=now_ms)
+        self.runs = runs
+        self.claims = claims
+        self.redos = redos
+        self.stats = stats
+        # Claims made without an Actions at hand, sent with the next advance.
+        self.later = Actions()
 
     def upsert_job(self, record: JobRecord, now_ms: int, acts: Actions) -> None:
         """A job as the store has it now (submitted, changed, or reloaded). Store wins."""
@@ -129,12 +185,12 @@ class _Jobs(_Parts):
             job = _Job(
                 job_id,
                 template,
-                self._compile(job_id, template, param),
+                self.compile_spec(job_id, template, param),
                 prof,
                 param,
                 has_payload,
             )
-            self._keep_job(job)
+            self.keep_job(job)
         elif job.profile != prof or job.param != param:
             if (template.pool, template.handler) != job.route:
                 # Queued under its old route: queued again under the new one
@@ -146,9 +202,9 @@ class _Jobs(_Parts):
             job.param = param
             job.limit = _limit(template)
             job.route = (template.pool, template.handler)
-            job.compiled = self._compile(job_id, template, param)
+            job.compiled = self.compile_spec(job_id, template, param)
         job.has_payload = has_payload
-        self._settling.add(job_id)
+        self.settling.add(job_id)
         self._apply_store_row(job, state, next_run_at, now_ms, acts)
         if rerouted:
             self.dispatcher.requeue_job(job, now_ms)
@@ -182,7 +238,7 @@ class _Jobs(_Parts):
             job.buffered.clear()
             # Skipped fires the store moved past are recorded; the others come
             # due again from the store's value and are decided again.
-            self._flush_skipped(job, next_run_at, now_ms, acts)
+            self.flush_skipped(job, next_run_at, now_ms, acts)
             job.skipped.clear()
             job.store_next = next_run_at
             # A first fire or a resume from now: gap wall times between now
@@ -226,7 +282,7 @@ class _Jobs(_Parts):
         wait (as a pause makes them, without a missed record: the new
         schedule decides). None when nothing of it fires (paused, not held
         here)."""
-        job = self._job(job_id)
+        job = self.job(job_id)
         if job is None or job.paused:
             return None
         armed = job.next_fire
@@ -245,14 +301,14 @@ class _Jobs(_Parts):
         if job_id not in self._holds:
             return
         self._holds.discard(job_id)
-        job = self._job(job_id)
+        job = self.job(job_id)
         if job is None or not job.paused or job.next_fire is not None or job.cancelled:
             return
         job.paused = False
         self._arm(job, hold.armed)
         if job.due:
             self.dispatcher.enqueue(job, now_ms, overdue=False)
-        self._settling.add(job_id)
+        self.settling.add(job_id)
 
     def respecify(self, record: JobRecord, now_ms: int, acts: Actions) -> None:
         """The store changed the job's spec and next fire (``record``): its
@@ -263,7 +319,7 @@ class _Jobs(_Parts):
         place."""
         held = record.job_id in self._holds
         self._holds.discard(record.job_id)
-        job = self._job(record.job_id)
+        job = self.job(record.job_id)
         if job is not None and record.state is JobState.ACTIVE:
             if held:
                 job.paused = False
@@ -272,7 +328,7 @@ class _Jobs(_Parts):
         self.upsert_job(record, now_ms, acts)
 
     def cancel_job(self, job_id: int, acts: Actions, now_ms: int | None = None) -> None:
-        job = self._job(job_id)
+        job = self.job(job_id)
         if job is not None:
             now = self.wheel.now if now_ms is None else now_ms
             self._drop_job(job, cancelled=True, now_ms=now, acts=acts)
@@ -284,7 +340,7 @@ class _Jobs(_Parts):
             self._clear_pending_fires(job, MissedReason.CANCELLED, now_ms, acts)
         self.wheel.cancel((job.job_id << 2) | FIRE)
         job.next_fire = None
-        self._flush_skipped(job, None, now_ms, acts)
+        self.flush_skipped(job, None, now_ms, acts)
         job.buffered.clear()
         if cancelled:
             # Retries of fires that ran end with the job: their last attempt
@@ -302,9 +358,9 @@ class _Jobs(_Parts):
                     Phase.DISPATCHED,
                     Phase.RUNNING,
                 ):
-                    self._end_run(run, RunState.CANCELLED, "job cancelled", acts, now_ms)
+                    self.ends.end_run(run, RunState.CANCELLED, "job cancelled", acts, now_ms)
                     if run.worker_id is not None:
-                        self._revoke(run, RevokeReason.CANCELLED, acts)
+                        self.ends.revoke(run, RevokeReason.CANCELLED, acts)
         if cancelled:
             self._drop_redos(job)
         if cancelled or not (job.due or job.ready):
@@ -346,13 +402,13 @@ class _Jobs(_Parts):
         job.buffered.clear()
         job.next_fire = None
         self._miss(job, [(f, reason) for f in fires], now_ms, acts)
-        self._flush_skipped(job, None, now_ms, acts)
+        self.flush_skipped(job, None, now_ms, acts)
 
     def record_paused_fires(
         self, job_id: int, paused_from_ms: int, resumed_at_ms: int, acts: Actions
     ) -> None:
         """Fires that came due while a job was paused become missed records."""
-        job = self._job(job_id)
+        job = self.job(job_id)
         if job is None:
             return
         fires = job.compiled.fires_between(
@@ -396,7 +452,7 @@ class _Jobs(_Parts):
         overlap limit allows. The schedule is left alone (advance=False).
         Only a trigger's run counts as dispatch lag (from the trigger): a
         backfill's or a redrive's fire was not due when it was asked for."""
-        job = self._job_or_raise(job_id)
+        job = self.job_or_raise(job_id)
         timed = not overdue and attempts is None
         for i, fire in enumerate(fires):
             attempt = 0 if attempts is None else attempts[i]
@@ -433,7 +489,7 @@ class _Jobs(_Parts):
         Without ``acts`` the claims go out with the next ``advance`` (not yet
         durable when this returns)."""
         if acts is None:
-            acts = self._later
+            acts = self.later
         self.claim_now(job_id, fires, now_ms, acts, overdue=True)
 
     def redrive(
@@ -445,7 +501,7 @@ class _Jobs(_Parts):
         one run."""
         self.claim_now(job_id, [f for f, _ in fires], now_ms, acts, attempts=[a for _, a in fires])
 
-    def _on_fire(self, job: _Job, now_ms: int, acts: Actions) -> None:
+    def on_fire(self, job: _Job, now_ms: int, acts: Actions) -> None:
         """A job's FIRE timer expired (``advance`` counts it in
         ``stats.fires``; a catch-up adds the other fires it covers)."""
         fire = job.next_fire
@@ -523,8 +579,8 @@ class _Jobs(_Parts):
             self._record_gap_skips(job, fire, nxt, now_ms, acts)
             self._arm(job, nxt)
             self._admit(job, fire, now_ms, overdue=False, acts=acts)
-        self._sync_schedule(job, now_ms, acts)
-        self._settling.add(job.job_id)
+        self.sync_schedule(job, now_ms, acts)
+        self.settling.add(job.job_id)
 
     def _record_gap_skips(
         self,
@@ -572,11 +628,11 @@ class _Jobs(_Parts):
             # (``_Runs.on_completed``), it is not skipped for an overlap.
             job.buffered.append(fire)
             return
-        # Recorded missed once next_run_at moves past it (``_sync_schedule``
+        # Recorded missed once next_run_at moves past it (``sync_schedule``
         # right after, or the claim of the fire that holds it back).
         job.skipped.append(fire)
 
-    def _sync_schedule(self, job: _Job, now_ms: int, acts: Actions) -> None:
+    def sync_schedule(self, job: _Job, now_ms: int, acts: Actions) -> None:
         """Move the store's next_run_at past fires that will never be claimed
         (missed, skipped by overlap) when no claim of ours will move it."""
         due = job.due
@@ -612,9 +668,9 @@ class _Jobs(_Parts):
                 job.moved_past = max(job.moved_past, target - 1)
             job.store_next = target
             self.dirty.add(job.job_id)
-        self._flush_skipped(job, job.store_next, now_ms, acts)
+        self.flush_skipped(job, job.store_next, now_ms, acts)
 
-    def _flush_skipped(self, job: _Job, upto: int | None, now_ms: int, acts: Actions) -> None:
+    def flush_skipped(self, job: _Job, upto: int | None, now_ms: int, acts: Actions) -> None:
         """Record overlap-skipped fires before ``upto`` (all of them if None) as
         missed, in the same store pass as the write that moves next_run_at to
         ``upto`` (missed records are written first).
@@ -634,13 +690,13 @@ class _Jobs(_Parts):
             job.skipped = [f for f in job.skipped if f >= upto]
         self._miss(job, [(f, MissedReason.OVERLAP) for f in gone], now_ms, acts)
 
-    def _run_finished(self, job: _Job, now_ms: int, acts: Actions) -> None:
+    def run_finished(self, job: _Job, now_ms: int, acts: Actions) -> None:
         job.inflight -= 1
         if job.compiled.completion_driven and not job.paused and job.next_fire is None:
             nxt = job.compiled.next_after_completion(now_ms)
             if job.inflight == 0 and nxt is not None:
                 self._arm(job, nxt)
-                self._sync_schedule(job, now_ms, acts)
+                self.sync_schedule(job, now_ms, acts)
         if job.buffered and not job.paused and job.inflight + len(job.due) < job.limit:
             job.due.append((job.buffered.popleft(), 0, True))
         self.dispatcher.requeue_job(job, now_ms)
@@ -654,10 +710,10 @@ class _Jobs(_Parts):
             self.wheel.cancel((job.job_id << 2) | FIRE)
             self._forget_job(job)
         else:
-            self._settling.add(job.job_id)
+            self.settling.add(job.job_id)
 
     def next_fires(self, job_id: int, count: int) -> list[int]:
-        job = self._job(job_id)
+        job = self.job(job_id)
         if job is None or job.next_fire is None:
             return []
         out = [job.next_fire]

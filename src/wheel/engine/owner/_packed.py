@@ -5,13 +5,13 @@ days away. Each of those is one row of its shard's ``ShardJobs`` table (37
 bytes: see ``wheel.engine.jobtable``), not an object. A job *wakes* -- becomes
 a ``_Job`` in ``self.jobs``, its row marked ``AWAKE`` -- when its FIRE timer
 goes off, when the owner is told something about it, or when it is read; it
-goes back to rest (``_settle``) once its work is over and its next fire is not
+goes back to rest (``settle``) once its work is over and its next fire is not
 due within ``keep_awake_ms``. Submitted, restored and gained jobs all start at
 rest; a job that fires every few seconds stays awake.
 
 Timers of jobs at rest are armed ahead, not all at once: the wheel holds a
-FIRE timer for each job at rest due before ``_armed_until`` (the next
-``arm_ahead_ms``), and ``_arm_ahead`` scans the tables' ``due`` columns for the
+FIRE timer for each job at rest due before ``armed_until`` (the next
+``arm_ahead_ms``), and ``arm_ahead`` scans the tables' ``due`` columns for the
 next stretch as time moves on. So ten million jobs cost the wheel only the
 timers of the next minute.
 
@@ -20,9 +20,9 @@ Invariants (tests in tests/engine/test_packed.py):
 1. Every job the owner holds has exactly one row in its shard's table: at
    rest, or ``AWAKE`` with an object in ``self.jobs``; a job that left is a
    tombstone or no row.
-2. A job at rest with ``due < _armed_until`` has a FIRE timer in the wheel at
-   ``due``; one with ``due >= _armed_until`` has ``due >= _next_unarmed``.
-   An awake job's FIRE timer is its own business (``_Jobs._arm``).
+2. A job at rest with ``due < armed_until`` has a FIRE timer in the wheel at
+   ``due``; one with ``due >= armed_until`` has ``due >= next_unarmed``.
+   An awake job's FIRE timer is its own business (``JobBook.arm``).
 3. A job goes to rest only when nothing of it is in flight, queued, due,
    buffered, skipped or on its way to the store, and its schedule in the
    store is what the owner has armed (or it is paused): its row then says
@@ -38,7 +38,6 @@ import logging
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from mypy_extensions import trait
 
 from wheel.engine.jobtable import (
     AWAKE,
@@ -50,33 +49,70 @@ from wheel.engine.jobtable import (
     Columns,
     ShardJobs,
 )
-from wheel.engine.owner._shardmap import _Shard
-from wheel.engine.owner._state import _Job, _Parts
-from wheel.engine.owner._values import FIRE, PackedJob
-from wheel.engine.profiles import Profile, schedule_of
+from wheel.engine.owner._shardmap import ShardMap, _Shard
+from wheel.engine.owner._state import _Job
+from wheel.engine.owner._values import FIRE, OwnerConfig, PackedJob
+from wheel.engine.profiles import Profile, Profiles, schedule_of
 from wheel.engine.schedule import CompiledSchedule, compile_schedule
 from wheel.engine.spec import JobSpec
+from wheel.engine.timerwheel import TimerWheel
 
 log = logging.getLogger("wheel.owner")
 
 
-@trait
-class _Packed(_Parts):
-    __slots__ = ()
+class _Shelf:
+    """The book's shelf: awake jobs by id, jobs at rest as rows of their
+    shard's table (in ``shard_map``), and the stretch of FIRE timers armed
+    ahead in the wheel. ``JobBook`` (``_jobs``) is the part built on it."""
+
+    __slots__ = (
+        "_holds",
+        "armed_until",
+        "config",
+        "dirty",
+        "jobs",
+        "next_unarmed",
+        "profiles",
+        "settling",
+        "shard_map",
+        "wheel",
+    )
+
+    def __init__(
+        self, *, config: OwnerConfig, wheel: TimerWheel, shard_map: ShardMap, now_ms: int
+    ) -> None:
+        self.config = config
+        self.wheel = wheel
+        self.shard_map = shard_map
+        # Awake jobs (work going on, or a fire due soon), by id; the others
+        # rest as packed rows in their shard's table.
+        self.jobs: dict[int, _Job] = {}
+        self.profiles = Profiles()
+        # Jobs at rest due before ``armed_until`` have their FIRE timer in
+        # the wheel; none of the others is due before ``next_unarmed``.
+        self.armed_until = now_ms
+        self.next_unarmed = NEVER
+        # Jobs whose fires are held while their spec changes in the store
+        # (``JobBook.hold_fires``): paused in memory only, never so in an image.
+        self._holds: set[int] = set()
+        # Awake jobs whose work may be over: put back to rest (``settle``).
+        self.settling: set[int] = set()
+        # Jobs whose packed image changed since ``take_dirty`` (the node logs them).
+        self.dirty: set[int] = set()
 
     # -- finding and waking jobs ------------------------------------------------------
 
-    def _job(self, job_id: int) -> _Job | None:
+    def job(self, job_id: int) -> _Job | None:
         """The job, woken if it is at rest. The dispatch path writes
-        ``self.jobs.get(j) or self._job(j)``: a job it touches is nearly
+        ``self.jobs.get(j) or self.job(j)``: a job it touches is nearly
         always awake, and the call costs more than the get."""
         job = self.jobs.get(job_id)
         if job is None:
             job = self._wake(job_id)
         return job
 
-    def _job_or_raise(self, job_id: int) -> _Job:
-        job = self._job(job_id)
+    def job_or_raise(self, job_id: int) -> _Job:
+        job = self.job(job_id)
         if job is None:
             raise KeyError(job_id)
         return job
@@ -92,7 +128,7 @@ class _Packed(_Parts):
         prof, flags = table.prof[i], table.flags[i]
         profile = self.profiles[prof]
         try:
-            compiled = self._compile(job_id, profile.template, param)
+            compiled = self.compile_spec(job_id, profile.template, param)
         except Exception:
             # One bad row (an expression this version rejects) must not stop
             # the owner, nor every other job of the shard from running.
@@ -112,22 +148,22 @@ class _Packed(_Parts):
             # job's jitter (never earlier) moves it now. An awake job's timer
             # is always in the wheel.
             jittered = compiled.jittered(job.next_fire)
-            if jittered != due or due >= self._armed_until:
+            if jittered != due or due >= self.armed_until:
                 self.wheel.add((job_id << 2) | FIRE, jittered)
         self.jobs[job_id] = job
-        self._settling.add(job_id)
+        self.settling.add(job_id)
         return job
 
-    def _wake_to_fire(self, job_id: int, now_ms: int) -> _Job | None:
+    def wake_to_fire(self, job_id: int, now_ms: int) -> _Job | None:
         """A job at rest whose FIRE timer went off, if its fire is due: one
         armed at the nominal time of a jittered fire is due later (``_wake``
         armed it again for then)."""
-        job = self._job(job_id)
+        job = self.job(job_id)
         if job is None or job.next_fire is None or job.compiled.jittered(job.next_fire) > now_ms:
             return None
         return job
 
-    def _compile(self, job_id: int, spec: JobSpec, param: int) -> CompiledSchedule:
+    def compile_spec(self, job_id: int, spec: JobSpec, param: int) -> CompiledSchedule:
         return compile_schedule(schedule_of(spec, param), jitter_ms=spec.jitter_ms, job_id=job_id)
 
     # -- what the owner holds ---------------------------------------------------------
@@ -149,7 +185,7 @@ class _Packed(_Parts):
 
     def unarmed_fires(self) -> int:
         """Jobs at rest with a fire due after the stretch armed in the wheel."""
-        until = self._armed_until
+        until = self.armed_until
         return sum(held.table.due_from(until) for held in self.shard_map.values())
 
     def packed_bytes(self) -> int:
@@ -225,13 +261,13 @@ class _Packed(_Parts):
 
     # -- rest and wake ----------------------------------------------------------------
 
-    def _keep_job(self, job: _Job) -> None:
+    def keep_job(self, job: _Job) -> None:
         """A new awake job: in the table of awake jobs and its shard's rows."""
         self.jobs[job.job_id] = job
         table = self.shard_map[job.shard].table
         flags = AWAKE | (PAYLOAD if job.has_payload else 0)
         table.put(job.job_id, NO_FIRE, NEVER, job.param, job.profile, flags)
-        self._settling.add(job.job_id)
+        self.settling.add(job.job_id)
 
     def _forget_job(self, job: _Job) -> None:
         """A job leaves the owner: its schedule and runs are over."""
@@ -249,17 +285,17 @@ class _Packed(_Parts):
         """Put a job at rest (a new one, or one going back to rest), armed if
         it comes due within the stretch armed already."""
         table.put(job_id, nxt, due, param, prof, flags)
-        if due < self._armed_until:
+        if due < self.armed_until:
             self.wheel.add((job_id << 2) | FIRE, due)
         else:
             self.wheel.cancel((job_id << 2) | FIRE)
-            if due < self._next_unarmed:
-                self._next_unarmed = due
+            if due < self.next_unarmed:
+                self.next_unarmed = due
 
-    def _settle(self, now_ms: int) -> None:
+    def settle(self, now_ms: int) -> None:
         """Put the woken jobs whose work is over back to rest, unless they
         fire again soon (invariant 3)."""
-        settling, self._settling = self._settling, set()
+        settling, self.settling = self.settling, set()
         keep_until = now_ms + self.config.keep_awake_ms
         jobs = self.jobs
         for job_id in settling:
@@ -279,14 +315,14 @@ class _Packed(_Parts):
             nxt = NO_FIRE if job.store_next is None else job.store_next
             self._park(held.table, job_id, nxt, due, job.param, job.profile, flags)
 
-    def _arm_ahead(self, now_ms: int) -> None:
+    def arm_ahead(self, now_ms: int) -> None:
         """Arm the FIRE timers of the jobs at rest that come due within the
         next ``arm_ahead_ms`` (invariant 2): a scan of the tables' ``due``
         columns, every ``arm_step_ms`` at most while jobs come due."""
         ahead = self.config.arm_ahead_ms
-        if now_ms + ahead < self._next_unarmed:
+        if now_ms + ahead < self.next_unarmed:
             return
-        lo = self._armed_until
+        lo = self.armed_until
         hi = max(lo, now_ms + ahead + self.config.arm_step_ms)
         wheel = self.wheel
         first = NEVER
@@ -296,15 +332,15 @@ class _Packed(_Parts):
                 wheel.add_many([(j << 2) | FIRE for j in ids], deadlines)
             if after < first:
                 first = after
-        self._armed_until = hi
-        self._next_unarmed = first
+        self.armed_until = hi
+        self.next_unarmed = first
 
     def next_arming(self) -> int | None:
-        """When ``_arm_ahead`` has timers to arm next (None: no job at rest
+        """When ``arm_ahead`` has timers to arm next (None: no job at rest
         comes due)."""
-        if self._next_unarmed == NEVER:
+        if self.next_unarmed == NEVER:
             return None
-        return max(self.wheel.now, self._next_unarmed - self.config.arm_ahead_ms)
+        return max(self.wheel.now, self.next_unarmed - self.config.arm_ahead_ms)
 
     def add_rest(self, packed: Mapping[int, Columns], profiles: Sequence[Profile]) -> int:
         """The rest of shards gained due first: rows of jobs not due soon
@@ -327,18 +363,18 @@ class _Packed(_Parts):
             new.prof = lookup[new.prof]
             new.flags &= PAUSED | PAYLOAD | GONE
             table.extend(new)
-            early = new.due < self._armed_until
+            early = new.due < self.armed_until
             if early.any():
                 ids = [(int(j) << 2) | FIRE for j in new.ids[early]]
                 self.wheel.add_many(ids, [int(d) for d in new.due[early]])
             if not early.all():
                 first = int(new.due[~early].min())
                 table.low = min(table.low, first)
-                self._next_unarmed = min(self._next_unarmed, first)
+                self.next_unarmed = min(self.next_unarmed, first)
             added += len(new)
         return added
 
-    def _take_on_rows(self, held: _Shard, rows: Columns, profiles: list[int]) -> None:
+    def take_on_rows(self, held: _Shard, rows: Columns, profiles: list[int]) -> None:
         """Rows of a gained shard (``prof`` numbering ``profiles``' entries,
         owner numbers): the shard's table, its FIRE timers armed ahead."""
         if len(rows):
@@ -346,10 +382,10 @@ class _Packed(_Parts):
             # Rows as a checkpoint or a load gives them rest; none is awake.
             rows.flags &= PAUSED | PAYLOAD | GONE
         held.table = ShardJobs(rows)
-        ids, deadlines, after = held.table.arm(NO_FIRE + 1, self._armed_until)
+        ids, deadlines, after = held.table.arm(NO_FIRE + 1, self.armed_until)
         if ids:
             self.wheel.add_many([(j << 2) | FIRE for j in ids], deadlines)
-        self._next_unarmed = min(self._next_unarmed, after)
+        self.next_unarmed = min(self.next_unarmed, after)
 
 
 def _at_rest(job: _Job) -> bool:

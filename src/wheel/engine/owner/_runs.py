@@ -48,7 +48,7 @@ def _note(what: str, run: _Run) -> RunNote:
 class _Runs(_Parts):
     __slots__ = ()
 
-    def _end_run(
+    def end_run(
         self,
         run: _Run,
         state: RunState,
@@ -67,7 +67,7 @@ class _Runs(_Parts):
             w = self.workers.get(run.worker_id)
             if w is not None:
                 w.held.discard(run.run_id)
-        job = self.jobs.get(run.job_id)
+        job = self.book.jobs.get(run.job_id)
         acts.completions.append(
             Completion(
                 run_id=run.run_id,
@@ -104,7 +104,7 @@ class _Runs(_Parts):
         run.worker_id = None
         run.lease_deadline = run.timeout_deadline = 0
         set_phase(run, Phase.READY)
-        job = self.jobs.get(run.job_id) or self._job(run.job_id)
+        job = self.book.jobs.get(run.job_id) or self.book.job(run.job_id)
         if job is not None and run.held_out:
             job.running -= 1
         run.held_out = False
@@ -131,7 +131,7 @@ class _Runs(_Parts):
                         reason="" if out.applied else "superseded: a newer attempt exists",
                     )
                 )
-            job = self.jobs.get(run.job_id) or self._job(run.job_id)
+            job = self.book.jobs.get(run.job_id) or self.book.job(run.job_id)
             if job is None:
                 continue
             job.ending = max(0, job.ending - 1)
@@ -141,7 +141,7 @@ class _Runs(_Parts):
                     self.dispatcher.requeue_job(job, now_ms)  # a run claimed ahead may go now
             if not out.applied:
                 self.stats.superseded_completions += 1
-                self._run_finished(job, now_ms, acts)
+                self.book.run_finished(job, now_ms, acts)
                 continue
             if state is RunState.SUCCEEDED:
                 self.stats.completed += 1
@@ -170,7 +170,7 @@ class _Runs(_Parts):
                 self.redos.reap_later(Redo(job.job_id, run.scheduled_for, run.attempt + 1))
                 self._release_held(job, now_ms, acts)
                 continue
-            self._run_finished(job, now_ms, acts)
+            self.book.run_finished(job, now_ms, acts)
 
     def _release_held(self, job: _Job, now_ms: int, acts: Actions) -> None:
         """The run a fire was held behind goes on (a retry, a re-dispatch):
@@ -184,7 +184,7 @@ class _Runs(_Parts):
         job.buffered.clear()
         if job.due:
             self.dispatcher.enqueue(job, now_ms, overdue=True)
-        self._sync_schedule(job, now_ms, acts)
+        self.book.sync_schedule(job, now_ms, acts)
 
     def _schedule_retry(self, job: _Job, run: _Run, now_ms: int) -> None:
         delay = retry_delay_ms(
@@ -203,7 +203,7 @@ class _Runs(_Parts):
 
     def _requeue(self, redo: Redo, now_ms: int) -> None:
         """A retry or a re-dispatch of a fire that already ran: first in line."""
-        job = self._job(redo.job_id)
+        job = self.book.job(redo.job_id)
         if job is None:
             return
         job.inflight -= 1
@@ -226,7 +226,7 @@ class _Runs(_Parts):
                 # Its stream is up but it did not renew: do not hand the
                 # re-dispatch (or anything else) straight back to it.
                 holder.silent = True
-            self._revoke(run, RevokeReason.LEASE_EXPIRED, acts)
+            self.revoke(run, RevokeReason.LEASE_EXPIRED, acts)
         self._lose(run, "lease expired", now_ms, acts)
 
     def _lose(
@@ -236,7 +236,7 @@ class _Runs(_Parts):
         lease lapsed, its worker gave up on it): an at_most_once run becomes
         unknown; another is re-dispatched as a new attempt while attempts
         remain, else dead-lettered."""
-        job = self._job(run.job_id)
+        job = self.book.job(run.job_id)
         if job is not None and job.spec.side_effect is SideEffect.AT_MOST_ONCE:
             acts.alerts.append(
                 Alert(
@@ -249,11 +249,11 @@ class _Runs(_Parts):
                     worker=run.worker_id,
                 )
             )
-            self._end_run(run, RunState.UNKNOWN, why, acts, now_ms, reply_to=reply_to)
+            self.end_run(run, RunState.UNKNOWN, why, acts, now_ms, reply_to=reply_to)
         elif job is not None and should_retry(job.spec.retry, failed_attempt=run.attempt):
-            self._end_run(run, RunState.LOST, why, acts, now_ms, reply_to=reply_to)
+            self.end_run(run, RunState.LOST, why, acts, now_ms, reply_to=reply_to)
         else:
-            self._end_run(
+            self.end_run(
                 run,
                 RunState.DEAD_LETTERED,
                 f"{why} on the last attempt",
@@ -269,8 +269,8 @@ class _Runs(_Parts):
         self.stats.timed_out += 1
         acts.notes.append(_note("timed out", run))
         if run.worker_id is not None:
-            self._revoke(run, RevokeReason.TIMED_OUT, acts)
-        job = self._job(run.job_id)
+            self.revoke(run, RevokeReason.TIMED_OUT, acts)
+        job = self.book.job(run.job_id)
         # An at_most_once run that was handed out may have had its effect: a
         # timeout is no proof it did not, so it is never re-dispatched.
         last = (
@@ -278,7 +278,7 @@ class _Runs(_Parts):
             or job.spec.side_effect is SideEffect.AT_MOST_ONCE
             or not should_retry(job.spec.retry, failed_attempt=run.attempt)
         )
-        self._end_run(
+        self.end_run(
             run,
             RunState.DEAD_LETTERED if last else RunState.TIMED_OUT,
             "timed out",
@@ -286,7 +286,7 @@ class _Runs(_Parts):
             now_ms,
         )
 
-    def _revoke(self, run: _Run, reason: RevokeReason, acts: Actions) -> None:
+    def revoke(self, run: _Run, reason: RevokeReason, acts: Actions) -> None:
         if run.worker_id is not None and run.worker_id in self.workers:
             acts.revokes.setdefault(run.worker_id, []).append(
                 Revoke(run_id=run.run_id, fence=run.fence, reason=reason)

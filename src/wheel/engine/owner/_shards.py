@@ -54,12 +54,12 @@ class _Shards(_Parts):
         held = {s for s in epochs if s in self.shard_map}
         if held:
             raise ValueError(f"shards already held: {sorted(held)[:10]}")
-        numbers = [self.profiles.add(p) for p in contents.profiles]
+        numbers = [self.book.profiles.add(p) for p in contents.profiles]
         for shard, epoch in epochs.items():
             gained = self.shard_map.add(shard, epoch)
             rows = contents.packed.get(shard)
             if rows is not None:
-                self._take_on_rows(gained, rows, numbers)
+                self.book.take_on_rows(gained, rows, numbers)
         ours = None if len(self.shard_map) == SHARD_COUNT else set(epochs)
         for changes in contents.rows:
             self.apply_rows(changes, now_ms, acts, ours)
@@ -67,7 +67,7 @@ class _Shards(_Parts):
             if ours is not None and shard_of(record.job_id) not in ours:
                 continue
             try:
-                self.upsert_job(record, now_ms, acts)
+                self.book.upsert_job(record, now_ms, acts)
             except Exception:
                 # One bad row (an expression this version rejects) must not keep
                 # every other job of the shard from running.
@@ -83,7 +83,7 @@ class _Shards(_Parts):
         each taken on by its profile, with no spec to parse; those stored
         before profiles as records. ``ours``: the shards to take them for
         (None: every shard held)."""
-        profiles = self.profiles
+        profiles = self.book.profiles
         for row in changes.rows:
             shard = shard_of(row.job_id)
             if shard not in self.shard_map or (ours is not None and shard not in ours):
@@ -91,7 +91,7 @@ class _Shards(_Parts):
             index = profiles.index_of(row.profile_id)
             if index is None:
                 index = profiles.add_body(row.profile_id, changes.profiles[row.profile_id])
-            self.upsert(
+            self.book.upsert(
                 row.job_id,
                 row.state,
                 row.next_run_at,
@@ -103,7 +103,7 @@ class _Shards(_Parts):
             )
         for record in changes.jobs:
             if ours is None or shard_of(record.job_id) in ours:
-                self.upsert_job(record, now_ms, acts)
+                self.book.upsert_job(record, now_ms, acts)
 
     def _adopt_finished(self, records: Sequence[JobRecord], ours: set[int] | None) -> None:
         """Jobs whose schedule is over but that still have runs in flight or
@@ -116,21 +116,21 @@ class _Shards(_Parts):
         is kept only to end its runs as the cancel would have."""
         for record in records:
             job_id = record.job_id
-            if (ours is not None and shard_of(job_id) not in ours) or self.has_job(job_id):
+            if (ours is not None and shard_of(job_id) not in ours) or self.book.has_job(job_id):
                 continue
             template, param = split_spec(record.spec)
-            prof = self.profiles.intern(template)
+            prof = self.book.profiles.intern(template)
             job = _Job(
                 job_id,
                 template,
-                self._compile(job_id, template, param),
+                self.book.compile_spec(job_id, template, param),
                 prof,
                 param,
                 bool(record.spec.payload),
             )
             if record.state is JobState.CANCELLED:
                 job.paused = job.cancelled = True
-            self._keep_job(job)
+            self.book.keep_job(job)
 
     def _restore_inflight(
         self,
@@ -157,7 +157,7 @@ class _Shards(_Parts):
                 run.lease_deadline = now_ms + self.config.grace_lease_ms
             run.held_out = True
             self.runs.adopt(run)
-            job = self._job(ex.job_id)
+            job = self.book.job(ex.job_id)
             if job is not None:
                 job.inflight += 1
                 job.running += 1
@@ -167,7 +167,7 @@ class _Shards(_Parts):
             self.runs.add(run)
             self.shard_map.adopt_fence(shard_of(ex.job_id), ex.fence)
             if job is not None and job.cancelled:
-                self._end_run(run, RunState.CANCELLED, "job cancelled", acts, now_ms)
+                self.end_run(run, RunState.CANCELLED, "job cancelled", acts, now_ms)
             elif job is not None and ex.state is RunState.DISPATCHED and ex.worker_id == "":
                 # Its previous owner handed it over unsent (a planned move,
                 # ``Store.release_unsent``): sent now, same attempt and fence.
@@ -188,7 +188,7 @@ class _Shards(_Parts):
         for ex in executions:
             if ours is not None and shard_of(ex.job_id) not in ours:
                 continue
-            job = self._job(ex.job_id)
+            job = self.book.job(ex.job_id)
             if job is None or job.cancelled:
                 continue
             redo = Redo(job.job_id, ex.scheduled_for, ex.attempt + 1)
@@ -215,13 +215,13 @@ class _Shards(_Parts):
         for state in gone:
             table = state.table
             for job_id in table.awake_ids():
-                self.jobs.pop(job_id, None)
-                self._settling.discard(job_id)
+                self.book.jobs.pop(job_id, None)
+                self.book.settling.discard(job_id)
                 wheel.cancel((job_id << 2) | FIRE)
-            for job_id in table.armed_before(self._armed_until):
+            for job_id in table.armed_before(self.book.armed_until):
                 wheel.cancel((job_id << 2) | FIRE)
-        if self.dirty:
-            self.dirty = {j for j in self.dirty if shard_of(j) not in lost}
+        if self.book.dirty:
+            self.book.dirty = {j for j in self.book.dirty if shard_of(j) not in lost}
         for run_id, run in self.runs.items():
             if shard_of(run.job_id) in lost:
                 self.runs.drop(run)
@@ -236,9 +236,9 @@ class _Shards(_Parts):
             if worker is not None:
                 worker.reserved -= 1
         self.redos.drop(lambda j: shard_of(j) in lost)
-        later = self._later.claims
+        later = self.book.later.claims
         if later:
-            self._later.claims = [c for c in later if shard_of(c.job_id) not in lost]
+            self.book.later.claims = [c for c in later if shard_of(c.job_id) not in lost]
         # Their queued work goes too: an id left in a queue was skipped when
         # its turn came, but on a route no worker serves that turn never
         # comes, and the route's waiting count kept it.

@@ -1,18 +1,18 @@
 """The shard owner's state: the records it keeps per job, run, worker and
 shard, and the base every part of the owner shares (``_OwnerState``).
 
-Seven parts own their state and are reached through their methods: the run
+Eight parts own their state and are reached through their methods: the run
 table (``runs``, ``_runtable``), the tenant limits (``tenants``,
 ``_tenants``), the shards held (``shard_map``, ``_shardmap``), the fires
 to run again (``redos``, ``_redos``), the connected workers (``workers``,
 ``_fleet``), the claims on their way to the store (``claims``,
-``_claims``) and the work queued for workers (``dispatcher``,
-``_dispatch``: routing, claims formed and hand-out). The rest of the logic
-is split by seam into traits that still share this state: ``_packed``
-(jobs at rest as packed rows), ``_jobs`` (schedules, fires and missed
-fires), ``_workers`` (the lease streams), ``_runs`` (run endings and what
-follows them) and ``_shards`` (gaining and losing shards). What one trait
-calls in another is declared here, so each seam shows what crosses it.
+``_claims``), the work queued for workers (``dispatcher``, ``_dispatch``:
+routing, claims formed and hand-out) and the jobs (``book``, ``_jobs`` on
+``_packed``: jobs at rest and awake, arming, the fire path). The rest of
+the logic is split by seam into traits that still share this state:
+``_workers`` (the lease streams), ``_runs`` (run endings and what follows
+them) and ``_shards`` (gaining and losing shards). What one trait calls in
+another is declared here, so each seam shows what crosses it.
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from mypy_extensions import trait
 
-from wheel.engine.jobtable import NEVER, Columns, ShardJobs
 from wheel.engine.model import RunState, shard_of
 from wheel.engine.owner._claims import Claims
 from wheel.engine.owner._fleet import Fleet
 from wheel.engine.owner._redos import Redos
 from wheel.engine.owner._runtable import RunTable, _Run
-from wheel.engine.owner._shardmap import ShardMap, _Shard
+from wheel.engine.owner._shardmap import ShardMap
 from wheel.engine.owner._tenants import Tenants
 from wheel.engine.owner._values import (
     Actions,
@@ -42,12 +41,9 @@ from wheel.engine.spec import JobSpec, OverlapPolicy
 from wheel.engine.timerwheel import TimerWheel
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
-    from wheel.engine.model import JobState, MissedReason
     from wheel.engine.owner._dispatch import Dispatcher
+    from wheel.engine.owner._jobs import JobBook
     from wheel.engine.owner._values import RevokeReason
-    from wheel.engine.records import JobRecord
 
 # A fire a job is to claim: (scheduled_for, attempt, whether its claim moves
 # the schedule). Plain tuples, unpacked where read: one is made per fire.
@@ -129,7 +125,7 @@ class _Job:
         # next_run_at past (a claim that advances the schedule, a schedule
         # advance; -1: none). The store never moves it back to such a fire:
         # a row saying so was read before those writes landed
-        # (``_Jobs.upsert``).
+        # (``JobBook.upsert``).
         self.moved_past = -1
         # The next nominal fire armed in the wheel (None: nothing armed).
         self.next_fire: int | None = None
@@ -138,7 +134,7 @@ class _Job:
         # Fires held back by buffer_one / buffer_all while a run is going.
         self.buffered: deque[int] = deque()
         # Fires skipped by the overlap policy whose missed record waits for the
-        # store write that moves next_run_at past them (``_flush_skipped``).
+        # store write that moves next_run_at past them (``JobBook.flush_skipped``).
         self.skipped: list[int] = []
         # Runs of this job whose terminal state is on its way to the store.
         # A fire that comes due while only such runs are in the way is held
@@ -187,14 +183,9 @@ class _Parts:
     # dispatch path becomes a dict lookup (measured: 4% more instructions per
     # dispatch).
     __slots__ = (
-        "_armed_until",
-        "_holds",
-        "_later",
-        "_next_unarmed",
-        "_settling",
+        "book",
         "claims",
         "config",
-        "dirty",
         "dispatcher",
         "jobs",
         "profiles",
@@ -212,11 +203,6 @@ class _Parts:
     wheel: TimerWheel
     jobs: dict[int, _Job]
     profiles: Profiles
-    _armed_until: int
-    _next_unarmed: int
-    _settling: set[int]
-    _holds: set[int]
-    dirty: set[int]
     runs: RunTable
     workers: Fleet
     stats: OwnerStats
@@ -225,72 +211,11 @@ class _Parts:
     redos: Redos
     tenants: Tenants
     dispatcher: Dispatcher
-    _later: Actions
+    book: JobBook
 
     # What one part calls in another, defined by the part named.
-    # _packed
-    def _job(self, job_id: int) -> _Job | None:
-        raise NotImplementedError
-
-    def _job_or_raise(self, job_id: int) -> _Job:
-        raise NotImplementedError
-
-    def has_job(self, job_id: int) -> bool:
-        raise NotImplementedError
-
-    def _compile(self, job_id: int, spec: JobSpec, param: int) -> CompiledSchedule:
-        raise NotImplementedError
-
-    def _keep_job(self, job: _Job) -> None:
-        raise NotImplementedError
-
-    def _forget_job(self, job: _Job) -> None:
-        raise NotImplementedError
-
-    def _park(
-        self,
-        table: ShardJobs,
-        job_id: int,
-        nxt: int,
-        due: int,
-        param: int,
-        prof: int,
-        flags: int,
-    ) -> None:
-        raise NotImplementedError
-
-    def _arm_ahead(self, now_ms: int) -> None:
-        raise NotImplementedError
-
-    def _settle(self, now_ms: int) -> None:
-        raise NotImplementedError
-
-    def _wake(self, job_id: int) -> _Job | None:
-        raise NotImplementedError
-
-    def _take_on_rows(self, held: _Shard, rows: Columns, profiles: list[int]) -> None:
-        raise NotImplementedError
-
-    # _jobs
-    def _arm(self, job: _Job, fire: int | None) -> None:
-        raise NotImplementedError
-
-    def _miss(
-        self, job: _Job, missed: Iterable[tuple[int, MissedReason]], now_ms: int, acts: Actions
-    ) -> None:
-        raise NotImplementedError
-
-    def _sync_schedule(self, job: _Job, now_ms: int, acts: Actions) -> None:
-        raise NotImplementedError
-
-    def _flush_skipped(self, job: _Job, upto: int | None, now_ms: int, acts: Actions) -> None:
-        raise NotImplementedError
-
-    def _run_finished(self, job: _Job, now_ms: int, acts: Actions) -> None:
-        raise NotImplementedError
-
     # _runs
-    def _end_run(
+    def end_run(
         self,
         run: _Run,
         state: RunState,
@@ -303,7 +228,7 @@ class _Parts:
     ) -> None:
         raise NotImplementedError
 
-    def _revoke(self, run: _Run, reason: RevokeReason, acts: Actions) -> None:
+    def revoke(self, run: _Run, reason: RevokeReason, acts: Actions) -> None:
         raise NotImplementedError
 
     def _lose(
@@ -312,30 +237,6 @@ class _Parts:
         raise NotImplementedError
 
     def _take_back(self, run: _Run, now_ms: int) -> None:
-        raise NotImplementedError
-
-    # _jobs
-    def upsert_job(self, record: JobRecord, now_ms: int, acts: Actions) -> None:
-        raise NotImplementedError
-
-    def upsert(
-        self,
-        job_id: int,
-        state: JobState,
-        next_run_at: int | None,
-        prof: int,
-        param: int,
-        has_payload: bool,
-        now_ms: int,
-        acts: Actions,
-    ) -> None:
-        raise NotImplementedError
-
-    # _packed
-    def next_arming(self) -> int | None:
-        raise NotImplementedError
-
-    def unarmed_fires(self) -> int:
         raise NotImplementedError
 
 
@@ -357,21 +258,6 @@ class _OwnerState(_Parts):
         ``add_shards`` and ``remove_shards``."""
         self.config = config or OwnerConfig()
         self.wheel = TimerWheel(now_ms)
-        # Awake jobs (work going on, or a fire due soon), by id; the others
-        # rest as packed rows in their shard's table (see ``_packed``).
-        self.jobs: dict[int, _Job] = {}
-        self.profiles = Profiles()
-        # Jobs at rest due before ``_armed_until`` have their FIRE timer in
-        # the wheel; none of the others is due before ``_next_unarmed``.
-        self._armed_until = now_ms
-        self._next_unarmed = NEVER
-        # Awake jobs whose work may be over: put back to rest (``_settle``).
-        # Jobs whose fires are held while their spec changes in the store
-        # (``_Jobs.hold_fires``): paused in memory only, never so in an image.
-        self._holds: set[int] = set()
-        self._settling: set[int] = set()
-        # Jobs whose packed image changed since ``take_dirty`` (the node logs them).
-        self.dirty: set[int] = set()
         # The runs held, their phases and leases (``_runtable``).
         self.runs = RunTable(self.wheel)
         # The connected workers, their credit and the runs they hold (``_fleet``).
@@ -389,5 +275,3 @@ class _OwnerState(_Parts):
         # Tenant limits: each limited tenant's fire bucket and the runs its
         # workers hold (``_tenants``).
         self.tenants = Tenants()
-        # Claims made without an Actions at hand, sent with the next advance.
-        self._later = Actions()

@@ -216,7 +216,7 @@ class _Workers(_Parts):
             # keeps one it has).
             started = now_ms - min(max(ran_ms.get(run_id, 0) if ran_ms else 0, 0), now_ms)
             if outcome is Outcome.SUCCEEDED:
-                self._end_run(
+                self.end_run(
                     run,
                     RunState.SUCCEEDED,
                     None,
@@ -236,10 +236,10 @@ class _Workers(_Parts):
                 )
             elif (
                 outcome is Outcome.RETRYABLE
-                and (job := self._job(run.job_id)) is not None
+                and (job := self.book.job(run.job_id)) is not None
                 and should_retry(job.spec.retry, failed_attempt=run.attempt)
             ):
-                self._end_run(
+                self.end_run(
                     run,
                     RunState.FAILED,
                     error or "failed",
@@ -249,7 +249,7 @@ class _Workers(_Parts):
                     started_at_ms=started,
                 )
             else:
-                self._end_run(
+                self.end_run(
                     run,
                     RunState.DEAD_LETTERED,
                     error or "failed",
