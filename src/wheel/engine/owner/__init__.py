@@ -12,21 +12,31 @@ advances, claims, starts; then it feeds the store's answers back in
 
 Shards come and go (``add_shards``, ``remove_shards``): everything the owner
 keeps is filed under its shard, and a shard is taken on or handed over whole.
-Parts that own their state are held as fields and called through their
-methods: the run table (``runs``: ``_runtable``, the runs' phases, the
-transition table, grace leases and lease timers), the tenant limits
-(``tenants``: ``_tenants``), the shards held (``shard_map``: ``_shardmap``,
-their epochs, fence counters and tables of jobs), the fires to run again
-(``redos``: ``_redos``, retries waiting out their backoff and lost runs'
-fires waiting for the reaper), the connected workers (``workers``:
-``_fleet``, their credit and the runs they hold), the claims on their
-way to the store (``claims``: ``_claims``), the work queued for workers
-and its hand-out (``dispatcher``: ``_dispatch``) and the jobs (``book``:
-``_jobs`` and ``_packed``, jobs at rest as packed rows and awake as
-objects, their FIRE timers and the fire path). The rest of the logic is
-still split by seam into traits that share one state (see
-``wheel.engine.owner._state``): the workers' messages, run endings,
-gaining and losing shards.
+``Owner`` composes parts that own their state, each held as a field and
+called through its methods:
+
+- ``runs`` (``_runtable``): the runs' phases, the transition table, grace
+  leases and lease timers;
+- ``book`` (``_jobs`` on ``_packed``): the jobs, at rest as packed rows or
+  awake as objects, their FIRE timers and the fire path (catch-up, overlap,
+  the schedule moved on in the store);
+- ``dispatcher`` (``_dispatch``): the work queued by route, claims formed
+  within the workers' credit and the overdue budget, runs handed out;
+- ``ends`` (``_runs``): run endings and what follows the store's answer
+  (retries, re-dispatch through the reaper), lease and timeout timers;
+- ``streams`` (``_workers``): the workers' messages on their lease streams;
+- ``shard_moves`` (``_shards``): shards gained and lost, each whole;
+- ``shard_map`` (``_shardmap``): the shards held, their epochs, fence
+  counters and tables of jobs; ``workers`` (``_fleet``): the connected
+  workers, their credit and the runs they hold; ``claims`` (``_claims``):
+  claims on their way to the store; ``redos`` (``_redos``): retries waiting
+  out their backoff and lost runs' fires waiting for the reaper;
+  ``tenants`` (``_tenants``): the tenant limits.
+
+Where two parts call each other the seam is explicit: the book queues the
+fires it admits with the dispatcher and asks the run endings (a small
+``RunEnds`` protocol) to end a cancelled job's runs; the dispatcher, the
+run endings and the rest reach the jobs through the book.
 
 Invariants (each has a test in tests/engine/test_owner.py):
 
@@ -69,16 +79,21 @@ job id (FIRE), a run id (LEASE, TIMEOUT) or a retry sequence number (RETRY).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from wheel.engine.jobtable import Columns
 from wheel.engine.model import JobState
+from wheel.engine.owner._claims import Claims
 from wheel.engine.owner._dispatch import Dispatcher
+from wheel.engine.owner._fleet import Fleet
 from wheel.engine.owner._jobs import FireHold, JobBook
-from wheel.engine.owner._redos import Redo
-from wheel.engine.owner._runs import _Runs
-from wheel.engine.owner._shards import _Shards
-from wheel.engine.owner._state import Due, _OwnerState
+from wheel.engine.owner._redos import Redo, Redos
+from wheel.engine.owner._runs import RunEndings
+from wheel.engine.owner._runtable import RunTable
+from wheel.engine.owner._shardmap import ShardMap
+from wheel.engine.owner._shards import ShardMoves
+from wheel.engine.owner._state import Due
+from wheel.engine.owner._tenants import Tenants
 from wheel.engine.owner._values import (
     COUNTER_BITS,
     COUNTER_MASK,
@@ -107,9 +122,10 @@ from wheel.engine.owner._values import (
     Unserved,
     WorkerView,
 )
-from wheel.engine.owner._workers import _Workers
+from wheel.engine.owner._workers import WorkerStreams
 from wheel.engine.profiles import Profile
-from wheel.engine.records import ClaimOutcome, JobRecord
+from wheel.engine.records import ClaimOutcome, CompletionOutcome, JobRecord, RowChanges
+from wheel.engine.timerwheel import TimerWheel
 
 __all__ = [
     "COUNTER_BITS",
@@ -145,10 +161,29 @@ __all__ = [
 ]
 
 
-class Owner(_OwnerState, _Shards, _Workers, _Runs):
-    """Owns a set of shards: their jobs' pending fires, in-flight runs and leases."""
+class Owner:
+    """Owns a set of shards: their jobs' pending fires, in-flight runs and
+    leases. It composes the parts below and calls each through its methods;
+    its own methods are what the driver, the node and the tests call."""
 
-    __slots__ = ()
+    __slots__ = (
+        "book",
+        "claims",
+        "config",
+        "dispatcher",
+        "ends",
+        "jobs",
+        "profiles",
+        "redos",
+        "runs",
+        "shard_map",
+        "shard_moves",
+        "stats",
+        "streams",
+        "tenants",
+        "wheel",
+        "workers",
+    )
 
     def __init__(
         self,
@@ -160,11 +195,27 @@ class Owner(_OwnerState, _Shards, _Workers, _Runs):
         """An owner of the shards in ``epochs`` (shard -> epoch), empty until
         ``add_shards`` gives it jobs and runs; more shards come and go with
         ``add_shards`` and ``remove_shards``."""
-        super().__init__(epochs=epochs, now_ms=now_ms, config=config)
+        config = self.config = config or OwnerConfig()
+        wheel = self.wheel = TimerWheel(now_ms)
+        self.stats = OwnerStats()
+        # The runs held, their phases and leases (``_runtable``).
+        self.runs = RunTable(wheel)
+        # The connected workers, their credit and the runs they hold (``_fleet``).
+        self.workers = Fleet()
+        # The shards held: epochs, fence counters, tables of jobs (``_shardmap``).
+        self.shard_map = ShardMap(epochs)
+        # Claims sent to the store and not answered yet (``_claims``).
+        self.claims = Claims()
+        # Retries waiting out their backoff, lost runs' fires waiting for
+        # the reaper (``_redos``).
+        self.redos = Redos(wheel, config.reaper_rate_per_s, config.reaper_burst, now_ms)
+        # Tenant limits: each limited tenant's fire bucket and the runs its
+        # workers hold (``_tenants``).
+        self.tenants = Tenants()
         # The jobs, at rest and awake, and the fire path (``_jobs``, ``_packed``).
-        self.book = JobBook(
-            config=self.config,
-            wheel=self.wheel,
+        book = self.book = JobBook(
+            config=config,
+            wheel=wheel,
             shard_map=self.shard_map,
             runs=self.runs,
             claims=self.claims,
@@ -173,13 +224,13 @@ class Owner(_OwnerState, _Shards, _Workers, _Runs):
             now_ms=now_ms,
         )
         # The book's awake jobs and profiles, read where the owner is at hand.
-        self.jobs = self.book.jobs
-        self.profiles = self.book.profiles
+        self.jobs = book.jobs
+        self.profiles = book.profiles
         # The work queued for workers and its hand-out (``_dispatch``).
         self.dispatcher = Dispatcher(
-            self.book,
-            config=self.config,
-            wheel=self.wheel,
+            book,
+            config=config,
+            wheel=wheel,
             runs=self.runs,
             workers=self.workers,
             tenants=self.tenants,
@@ -189,12 +240,50 @@ class Owner(_OwnerState, _Shards, _Workers, _Runs):
             stats=self.stats,
             now_ms=now_ms,
         )
-        self.book.dispatcher = self.dispatcher
-        self.book.ends = self
+        # Run endings and what follows them (``_runs``).
+        self.ends = RunEndings(
+            book=book,
+            config=config,
+            dispatcher=self.dispatcher,
+            redos=self.redos,
+            runs=self.runs,
+            stats=self.stats,
+            tenants=self.tenants,
+            workers=self.workers,
+        )
+        # The book's two-way seams: the fires it admits are queued with the
+        # dispatcher, and a cancel ends the job's runs.
+        book.dispatcher = self.dispatcher
+        book.ends = self.ends
+        # The workers' messages (``_workers``) and shards gained and lost
+        # (``_shards``).
+        self.streams = WorkerStreams(
+            book=book,
+            claims=self.claims,
+            config=config,
+            dispatcher=self.dispatcher,
+            ends=self.ends,
+            runs=self.runs,
+            stats=self.stats,
+            workers=self.workers,
+        )
+        self.shard_moves = ShardMoves(
+            book=book,
+            claims=self.claims,
+            config=config,
+            dispatcher=self.dispatcher,
+            ends=self.ends,
+            redos=self.redos,
+            runs=self.runs,
+            shard_map=self.shard_map,
+            tenants=self.tenants,
+            wheel=wheel,
+            workers=self.workers,
+        )
 
     def advance(self, now_ms: int, acts: Actions) -> None:
         """Fire every timer due at ``now_ms``, then hand out what workers can take."""
-        book = self.book
+        book, ends = self.book, self.ends
         # 1. Claims made with no Actions at hand (a backfill) go out now.
         if book.later.claims:
             acts.claims.extend(book.later.claims)
@@ -205,7 +294,7 @@ class Owner(_OwnerState, _Shards, _Workers, _Runs):
         if now_ms + self.config.arm_ahead_ms >= book.next_unarmed:
             book.arm_ahead(now_ms)
         # 3. The wheel's due timers, by kind: a job's fire (the book), a
-        #    run's lease or timeout (``_runs``), a retry's backoff (``redos``).
+        #    run's lease or timeout (the run endings), a retry's backoff (``redos``).
         fired = 0  # added to the stats once: a local costs less per fire
         for tid in self.wheel.advance(now_ms):
             kind, n = tid & 3, tid >> 2
@@ -215,16 +304,16 @@ class Owner(_OwnerState, _Shards, _Workers, _Runs):
                     fired += 1
                     book.on_fire(job, now_ms, acts)
             elif kind == LEASE:
-                self._on_lease_timer(n, now_ms, acts)
+                ends.on_lease_timer(n, now_ms, acts)
             elif kind == TIMEOUT:
-                self._on_timeout(n, now_ms, acts)
+                ends.on_timeout(n, now_ms, acts)
             else:
-                self._on_retry(n, now_ms)
+                ends.on_retry(n, now_ms)
         if fired:
             self.stats.fires += fired
         # 4. Lost runs' fires the reaper may send again, then everything
         #    queued that workers have credit for (the dispatcher).
-        self._run_reaper(now_ms, acts)
+        ends.run_reaper(now_ms, acts)
         self.dispatcher.dispatch(now_ms, acts)
         # 5. Jobs whose work is over go back to rest as rows (the book).
         if book.settling:
@@ -378,6 +467,92 @@ class Owner(_OwnerState, _Shards, _Workers, _Runs):
 
     def next_fires(self, job_id: int, count: int) -> list[int]:
         return self.book.next_fires(job_id, count)
+
+    # -- runs ending (``RunEndings``) ---------------------------------------------
+
+    def on_completed(
+        self, outcomes: Sequence[CompletionOutcome], now_ms: int, acts: Actions
+    ) -> None:
+        """The store's answer to a completion batch: follow-ups for applied ones."""
+        self.ends.on_completed(outcomes, now_ms, acts)
+
+    @property
+    def reaper_paused(self) -> bool:
+        return self.ends.reaper_paused
+
+    # -- workers' messages (``WorkerStreams``) -------------------------------------
+
+    def worker_hello(
+        self,
+        worker_id: str,
+        capacity: int,
+        pools: Sequence[str],
+        now_ms: int,
+        acts: Actions,
+        *,
+        handlers: Sequence[str] = (),
+    ) -> None:
+        self.streams.worker_hello(worker_id, capacity, pools, now_ms, acts, handlers=handlers)
+
+    def worker_capacity(self, worker_id: str) -> int | None:
+        return self.streams.worker_capacity(worker_id)
+
+    def worker_drain(self, worker_id: str) -> None:
+        self.streams.worker_drain(worker_id)
+
+    def worker_credit(
+        self, worker_id: str, add: int, now_ms: int, acts: Actions, *, seq: int = 0
+    ) -> None:
+        self.streams.worker_credit(worker_id, add, now_ms, acts, seq=seq)
+
+    def worker_disconnect(self, worker_id: str) -> None:
+        self.streams.worker_disconnect(worker_id)
+
+    def worker_views(self) -> list[WorkerView]:
+        return self.streams.worker_views()
+
+    def worker_ack(
+        self, worker_id: str, refs: Sequence[tuple[int, int]], now_ms: int, acts: Actions
+    ) -> None:
+        self.streams.worker_ack(worker_id, refs, now_ms, acts)
+
+    def worker_heartbeat(
+        self, worker_id: str, refs: Sequence[tuple[int, int]], now_ms: int, acts: Actions
+    ) -> None:
+        """One stream-level heartbeat renews every run the worker holds."""
+        self.streams.worker_heartbeat(worker_id, refs, now_ms, acts)
+
+    def worker_complete(
+        self,
+        worker_id: str,
+        completions: Sequence[tuple[int, int, Outcome, str]],
+        now_ms: int,
+        acts: Actions,
+        *,
+        ran_ms: Mapping[int, int] | None = None,
+    ) -> None:
+        self.streams.worker_complete(worker_id, completions, now_ms, acts, ran_ms=ran_ms)
+
+    # -- shards gained and lost (``ShardMoves``) -----------------------------------
+
+    def owns(self, job_id: int) -> bool:
+        return self.shard_moves.owns(job_id)
+
+    def shards(self) -> Mapping[int, int]:
+        return self.shard_moves.shards()
+
+    def add_shards(
+        self, epochs: Mapping[int, int], contents: ShardContents, now_ms: int, acts: Actions
+    ) -> None:
+        self.shard_moves.add_shards(epochs, contents, now_ms, acts)
+
+    def apply_rows(
+        self, changes: RowChanges, now_ms: int, acts: Actions, ours: set[int] | None = None
+    ) -> None:
+        self.shard_moves.apply_rows(changes, now_ms, acts, ours)
+
+    def remove_shards(self, shards: Collection[int]) -> list[RunRef]:
+        return self.shard_moves.remove_shards(shards)
 
     # -- tenant limits (``Tenants``) ----------------------------------------------
 

@@ -625,7 +625,7 @@ class JobBook(_Shelf):
         ):
             # Only runs that have ended are in the way, their terminal state
             # not yet applied by the store: the fire waits for its answer
-            # (``_Runs.on_completed``), it is not skipped for an overlap.
+            # (``RunEndings.on_completed``), it is not skipped for an overlap.
             job.buffered.append(fire)
             return
         # Recorded missed once next_run_at moves past it (``sync_schedule``

@@ -6,20 +6,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-
-from mypy_extensions import trait
+from typing import TYPE_CHECKING
 
 from wheel.engine.model import AlertKind, RunState, one_shot_end
-from wheel.engine.owner._redos import Redo
-from wheel.engine.owner._runtable import _Run, set_phase
+from wheel.engine.owner._fleet import Fleet
+from wheel.engine.owner._redos import Redo, Redos
+from wheel.engine.owner._runtable import RunTable, _Run, set_phase
 from wheel.engine.owner._state import (
     _Job,
-    _Parts,
 )
+from wheel.engine.owner._tenants import Tenants
 from wheel.engine.owner._values import (
     Actions,
     Alert,
     CompletionResult,
+    OwnerConfig,
+    OwnerStats,
     Phase,
     Revoke,
     RevokeReason,
@@ -31,6 +33,10 @@ from wheel.engine.records import (
     CompletionOutcome,
 )
 from wheel.engine.spec import OverlapPolicy, SideEffect
+
+if TYPE_CHECKING:
+    from wheel.engine.owner._dispatch import Dispatcher
+    from wheel.engine.owner._jobs import JobBook
 
 log = logging.getLogger("wheel.owner")
 # Overlap policies that buffer nothing of their own: a fire they would skip
@@ -44,9 +50,44 @@ def _note(what: str, run: _Run) -> RunNote:
     )
 
 
-@trait
-class _Runs(_Parts):
-    __slots__ = ()
+class RunEndings:
+    """Run endings: terminal states sent to the store (``end_run``) and what
+    follows the store's answer (``on_completed``: retries, re-dispatch of
+    lost runs through the reaper), hand-backs, lease and timeout timers.
+    It keeps no state of its own: it moves runs through the run table and
+    tells the job book and the dispatcher what a run's end frees."""
+
+    __slots__ = (
+        "book",
+        "config",
+        "dispatcher",
+        "redos",
+        "runs",
+        "stats",
+        "tenants",
+        "workers",
+    )
+
+    def __init__(
+        self,
+        *,
+        book: JobBook,
+        config: OwnerConfig,
+        dispatcher: Dispatcher,
+        redos: Redos,
+        runs: RunTable,
+        stats: OwnerStats,
+        tenants: Tenants,
+        workers: Fleet,
+    ) -> None:
+        self.book = book
+        self.config = config
+        self.dispatcher = dispatcher
+        self.redos = redos
+        self.runs = runs
+        self.stats = stats
+        self.tenants = tenants
+        self.workers = workers
 
     def end_run(
         self,
@@ -85,7 +126,7 @@ class _Runs(_Parts):
         if job is not None:
             job.ending += 1
 
-    def _take_back(self, run: _Run, now_ms: int) -> None:
+    def take_back(self, run: _Run, now_ms: int) -> None:
         """A worker gives back a run it never started: it goes to another
         worker of its route with the same attempt and fence (nothing ran that
         a newer fence must shut out), and waits with no lease and no timeout
@@ -195,7 +236,7 @@ class _Runs(_Parts):
         )
         self.redos.retry_at(Redo(job.job_id, run.scheduled_for, run.attempt + 1), now_ms + delay)
 
-    def _on_retry(self, seq: int, now_ms: int) -> None:
+    def on_retry(self, seq: int, now_ms: int) -> None:
         redo = self.redos.retry_due(seq)
         if redo is not None:
             self.stats.retried += 1
@@ -210,7 +251,7 @@ class _Runs(_Parts):
         job.due.appendleft((redo.fire, redo.attempt, False))
         self.dispatcher.enqueue(job, now_ms, overdue=False)
 
-    def _on_lease_timer(self, run_id: int, now_ms: int, acts: Actions) -> None:
+    def on_lease_timer(self, run_id: int, now_ms: int, acts: Actions) -> None:
         run = self.runs.get(run_id)
         if run is None or run.phase not in (Phase.DISPATCHED, Phase.RUNNING):
             return
@@ -227,9 +268,9 @@ class _Runs(_Parts):
                 # re-dispatch (or anything else) straight back to it.
                 holder.silent = True
             self.revoke(run, RevokeReason.LEASE_EXPIRED, acts)
-        self._lose(run, "lease expired", now_ms, acts)
+        self.lose(run, "lease expired", now_ms, acts)
 
-    def _lose(
+    def lose(
         self, run: _Run, why: str, now_ms: int, acts: Actions, *, reply_to: str | None = None
     ) -> None:
         """A run that may have had its effect ended without an outcome (its
@@ -262,7 +303,7 @@ class _Runs(_Parts):
                 reply_to=reply_to,
             )
 
-    def _on_timeout(self, run_id: int, now_ms: int, acts: Actions) -> None:
+    def on_timeout(self, run_id: int, now_ms: int, acts: Actions) -> None:
         run = self.runs.get(run_id)
         if run is None or run.phase not in (Phase.DISPATCHED, Phase.RUNNING, Phase.READY):
             return
@@ -292,7 +333,7 @@ class _Runs(_Parts):
                 Revoke(run_id=run.run_id, fence=run.fence, reason=reason)
             )
 
-    def _run_reaper(self, now_ms: int, acts: Actions) -> None:
+    def run_reaper(self, now_ms: int, acts: Actions) -> None:
         """Re-dispatch fires whose lease expired, rate limited, and not at all
         while the fleet is nearly saturated (seed R6: a spiral is worse)."""
         redos = self.redos

@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping, Sequence
-
-from mypy_extensions import trait
+from typing import TYPE_CHECKING
 
 from wheel.engine.model import SHARD_COUNT, JobState, RunState, shard_of
-from wheel.engine.owner._redos import Redo
-from wheel.engine.owner._runtable import _Run
-from wheel.engine.owner._state import _Job, _Parts
+from wheel.engine.owner._claims import Claims
+from wheel.engine.owner._fleet import Fleet
+from wheel.engine.owner._redos import Redo, Redos
+from wheel.engine.owner._runtable import RunTable, _Run
+from wheel.engine.owner._shardmap import ShardMap
+from wheel.engine.owner._state import _Job
+from wheel.engine.owner._tenants import Tenants
 from wheel.engine.owner._values import (
     FIRE,
     Actions,
+    OwnerConfig,
     Phase,
     RunRef,
     ShardContents,
@@ -23,13 +27,61 @@ from wheel.engine.owner._values import (
 from wheel.engine.policy import should_retry
 from wheel.engine.profiles import split_spec
 from wheel.engine.records import ExecutionRecord, JobRecord, RowChanges
+from wheel.engine.timerwheel import TimerWheel
+
+if TYPE_CHECKING:
+    from wheel.engine.owner._dispatch import Dispatcher
+    from wheel.engine.owner._jobs import JobBook
+    from wheel.engine.owner._runs import RunEndings
 
 log = logging.getLogger("wheel.owner")
 
 
-@trait
-class _Shards(_Parts):
-    __slots__ = ()
+class ShardMoves:
+    """Shards gained and lost, each as one operation: a gained shard's jobs,
+    runs in flight and retries owed taken on into the book, the run table
+    and the redos; a lost shard's handed over whole."""
+
+    __slots__ = (
+        "book",
+        "claims",
+        "config",
+        "dispatcher",
+        "ends",
+        "redos",
+        "runs",
+        "shard_map",
+        "tenants",
+        "wheel",
+        "workers",
+    )
+
+    def __init__(
+        self,
+        *,
+        book: JobBook,
+        claims: Claims,
+        config: OwnerConfig,
+        dispatcher: Dispatcher,
+        ends: RunEndings,
+        redos: Redos,
+        runs: RunTable,
+        shard_map: ShardMap,
+        tenants: Tenants,
+        wheel: TimerWheel,
+        workers: Fleet,
+    ) -> None:
+        self.book = book
+        self.claims = claims
+        self.config = config
+        self.dispatcher = dispatcher
+        self.ends = ends
+        self.redos = redos
+        self.runs = runs
+        self.shard_map = shard_map
+        self.tenants = tenants
+        self.wheel = wheel
+        self.workers = workers
 
     def owns(self, job_id: int) -> bool:
         return self.shard_map.owns(job_id)
@@ -167,7 +219,7 @@ class _Shards(_Parts):
             self.runs.add(run)
             self.shard_map.adopt_fence(shard_of(ex.job_id), ex.fence)
             if job is not None and job.cancelled:
-                self.end_run(run, RunState.CANCELLED, "job cancelled", acts, now_ms)
+                self.ends.end_run(run, RunState.CANCELLED, "job cancelled", acts, now_ms)
             elif job is not None and ex.state is RunState.DISPATCHED and ex.worker_id == "":
                 # Its previous owner handed it over unsent (a planned move,
                 # ``Store.release_unsent``): sent now, same attempt and fence.
@@ -177,7 +229,7 @@ class _Shards(_Parts):
                     ex.attempt == 0
                     and ex.dispatched_at_ms - ex.scheduled_for <= self.config.overdue_after_ms
                 )
-                self._take_back(run, now_ms)
+                self.ends.take_back(run, now_ms)
 
     def _restore_retries(
         self, executions: Sequence[ExecutionRecord], ours: set[int] | None, now_ms: int

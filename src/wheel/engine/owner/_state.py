@@ -1,49 +1,17 @@
-"""The shard owner's state: the records it keeps per job, run, worker and
-shard, and the base every part of the owner shares (``_OwnerState``).
-
-Eight parts own their state and are reached through their methods: the run
-table (``runs``, ``_runtable``), the tenant limits (``tenants``,
-``_tenants``), the shards held (``shard_map``, ``_shardmap``), the fires
-to run again (``redos``, ``_redos``), the connected workers (``workers``,
-``_fleet``), the claims on their way to the store (``claims``,
-``_claims``), the work queued for workers (``dispatcher``, ``_dispatch``:
-routing, claims formed and hand-out) and the jobs (``book``, ``_jobs`` on
-``_packed``: jobs at rest and awake, arming, the fire path). The rest of
-the logic is split by seam into traits that still share this state:
-``_workers`` (the lease streams), ``_runs`` (run endings and what follows
-them) and ``_shards`` (gaining and losing shards). What one trait calls in
-another is declared here, so each seam shows what crosses it.
+"""The records the shard owner keeps per job (``_Job``) and the small
+helpers its parts share about them. The parts themselves are in their own
+modules (see ``wheel.engine.owner``).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-from mypy_extensions import trait
-
-from wheel.engine.model import RunState, shard_of
-from wheel.engine.owner._claims import Claims
-from wheel.engine.owner._fleet import Fleet
-from wheel.engine.owner._redos import Redos
-from wheel.engine.owner._runtable import RunTable, _Run
-from wheel.engine.owner._shardmap import ShardMap
-from wheel.engine.owner._tenants import Tenants
-from wheel.engine.owner._values import (
-    Actions,
-    OwnerConfig,
-    OwnerStats,
-    Route,
-)
-from wheel.engine.profiles import Profiles
+from wheel.engine.model import shard_of
+from wheel.engine.owner._values import Route
 from wheel.engine.schedule import CompiledSchedule
 from wheel.engine.spec import JobSpec, OverlapPolicy
-from wheel.engine.timerwheel import TimerWheel
-
-if TYPE_CHECKING:
-    from wheel.engine.owner._dispatch import Dispatcher
-    from wheel.engine.owner._jobs import JobBook
-    from wheel.engine.owner._values import RevokeReason
 
 # A fire a job is to claim: (scheduled_for, attempt, whether its claim moves
 # the schedule). Plain tuples, unpacked where read: one is made per fire.
@@ -140,7 +108,7 @@ class _Job:
         # A fire that comes due while only such runs are in the way is held
         # (in ``buffered``) until the store answers, not skipped as overlap:
         # the run has ended, but the owner cannot know yet whether a retry
-        # or a re-dispatch of it follows (``_Runs.on_completed``).
+        # or a re-dispatch of it follows (``RunEndings.on_completed``).
         self.ending = 0
         # Runs of this job in flight (claiming .. ending) + pending retries.
         self.inflight = 0
@@ -168,110 +136,3 @@ def _fence_mismatch(given: int, current: int) -> str:
     if given < current:
         return f"stale fence {given}: the run's fence is now {current}"
     return f"fence {given} does not match the run's fence {current}"
-
-
-@trait
-class _Parts:
-    """What every part of the owner shares: its state (declared here, set by
-    ``_OwnerState``) and what each part offers the others (declared here,
-    defined by the part named), so each seam shows what crosses it. A trait
-    (mypyc's word for a mixin base): the parts are compiled classes, and a
-    compiled class has one base class and any number of traits."""
-
-    # Slots, not an instance dict (the pure-Python build): past 30 attributes
-    # an instance dict stops sharing its keys and every ``self.x`` on the
-    # dispatch path becomes a dict lookup (measured: 4% more instructions per
-    # dispatch).
-    __slots__ = (
-        "book",
-        "claims",
-        "config",
-        "dispatcher",
-        "jobs",
-        "profiles",
-        "redos",
-        "runs",
-        "shard_map",
-        "stats",
-        "tenants",
-        "wheel",
-        "workers",
-    )
-
-    # The state, set by ``_OwnerState.__init__`` (see there).
-    config: OwnerConfig
-    wheel: TimerWheel
-    jobs: dict[int, _Job]
-    profiles: Profiles
-    runs: RunTable
-    workers: Fleet
-    stats: OwnerStats
-    shard_map: ShardMap
-    claims: Claims
-    redos: Redos
-    tenants: Tenants
-    dispatcher: Dispatcher
-    book: JobBook
-
-    # What one part calls in another, defined by the part named.
-    # _runs
-    def end_run(
-        self,
-        run: _Run,
-        state: RunState,
-        error: str | None,
-        acts: Actions,
-        now_ms: int,
-        *,
-        reply_to: str | None = None,
-        started_at_ms: int | None = None,
-    ) -> None:
-        raise NotImplementedError
-
-    def revoke(self, run: _Run, reason: RevokeReason, acts: Actions) -> None:
-        raise NotImplementedError
-
-    def _lose(
-        self, run: _Run, why: str, now_ms: int, acts: Actions, *, reply_to: str | None = None
-    ) -> None:
-        raise NotImplementedError
-
-    def _take_back(self, run: _Run, now_ms: int) -> None:
-        raise NotImplementedError
-
-
-class _OwnerState(_Parts):
-    """The state every part of the owner shares (the base class of ``Owner``;
-    the parts are its traits)."""
-
-    __slots__ = ()
-
-    def __init__(
-        self,
-        *,
-        epochs: dict[int, int] | None = None,
-        now_ms: int,
-        config: OwnerConfig | None = None,
-    ) -> None:
-        """An owner of the shards in ``epochs`` (shard -> epoch), empty until
-        ``add_shards`` gives it jobs and runs; more shards come and go with
-        ``add_shards`` and ``remove_shards``."""
-        self.config = config or OwnerConfig()
-        self.wheel = TimerWheel(now_ms)
-        # The runs held, their phases and leases (``_runtable``).
-        self.runs = RunTable(self.wheel)
-        # The connected workers, their credit and the runs they hold (``_fleet``).
-        self.workers = Fleet()
-        self.stats = OwnerStats()
-        # The shards held: epochs, fence counters, tables of jobs (``_shardmap``).
-        self.shard_map = ShardMap(epochs)
-        # Claims sent to the store and not answered yet (``_claims``).
-        self.claims = Claims()
-        # Retries waiting out their backoff, lost runs' fires waiting for
-        # the reaper (``_redos``).
-        self.redos = Redos(
-            self.wheel, self.config.reaper_rate_per_s, self.config.reaper_burst, now_ms
-        )
-        # Tenant limits: each limited tenant's fire bucket and the runs its
-        # workers hold (``_tenants``).
-        self.tenants = Tenants()

@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-
-from mypy_extensions import trait
+from typing import TYPE_CHECKING
 
 from wheel.engine.model import RunState
-from wheel.engine.owner._runtable import _Run, set_phase
+from wheel.engine.owner._claims import Claims
+from wheel.engine.owner._fleet import Fleet
+from wheel.engine.owner._runtable import RunTable, _Run, set_phase
 from wheel.engine.owner._state import (
     _fence_mismatch,
-    _Parts,
 )
 from wheel.engine.owner._values import (
     Actions,
     CompletionResult,
     Outcome,
+    OwnerConfig,
+    OwnerStats,
     Phase,
     ProtocolViolation,
     WorkerView,
@@ -27,12 +29,51 @@ from wheel.engine.records import (
     RunStart,
 )
 
+if TYPE_CHECKING:
+    from wheel.engine.owner._dispatch import Dispatcher
+    from wheel.engine.owner._jobs import JobBook
+    from wheel.engine.owner._runs import RunEndings
+
 log = logging.getLogger("wheel.owner")
 
 
-@trait
-class _Workers(_Parts):
-    __slots__ = ()
+class WorkerStreams:
+    """The workers' messages on their lease streams: hello, credit, acks,
+    heartbeats, completions and goodbyes, checked against the run table
+    (one holder per run, its fence) and passed on to the fleet, the run
+    endings and the dispatcher."""
+
+    __slots__ = (
+        "book",
+        "claims",
+        "config",
+        "dispatcher",
+        "ends",
+        "runs",
+        "stats",
+        "workers",
+    )
+
+    def __init__(
+        self,
+        *,
+        book: JobBook,
+        claims: Claims,
+        config: OwnerConfig,
+        dispatcher: Dispatcher,
+        ends: RunEndings,
+        runs: RunTable,
+        stats: OwnerStats,
+        workers: Fleet,
+    ) -> None:
+        self.book = book
+        self.claims = claims
+        self.config = config
+        self.dispatcher = dispatcher
+        self.ends = ends
+        self.runs = runs
+        self.stats = stats
+        self.workers = workers
 
     def worker_hello(
         self,
@@ -216,7 +257,7 @@ class _Workers(_Parts):
             # keeps one it has).
             started = now_ms - min(max(ran_ms.get(run_id, 0) if ran_ms else 0, 0), now_ms)
             if outcome is Outcome.SUCCEEDED:
-                self.end_run(
+                self.ends.end_run(
                     run,
                     RunState.SUCCEEDED,
                     None,
@@ -226,12 +267,12 @@ class _Workers(_Parts):
                     started_at_ms=started,
                 )
             elif outcome is Outcome.HANDED_BACK:
-                self._take_back(run, now_ms)
+                self.ends.take_back(run, now_ms)
                 acts.results.setdefault(worker_id, []).append(
                     CompletionResult(run_id=run_id, accepted=True)
                 )
             elif outcome is Outcome.ABANDONED:
-                self._lose(
+                self.ends.lose(
                     run, "abandoned by its worker while running", now_ms, acts, reply_to=worker_id
                 )
             elif (
@@ -239,7 +280,7 @@ class _Workers(_Parts):
                 and (job := self.book.job(run.job_id)) is not None
                 and should_retry(job.spec.retry, failed_attempt=run.attempt)
             ):
-                self.end_run(
+                self.ends.end_run(
                     run,
                     RunState.FAILED,
                     error or "failed",
@@ -249,7 +290,7 @@ class _Workers(_Parts):
                     started_at_ms=started,
                 )
             else:
-                self.end_run(
+                self.ends.end_run(
                     run,
                     RunState.DEAD_LETTERED,
                     error or "failed",
