@@ -82,7 +82,11 @@ class StoreWriter:
                 backoff = delays.wait()
                 log.warning("store write failed (%s); retrying in %.2fs", exc, backoff)
                 time.sleep(backoff)
-        self._committed(time.perf_counter() - started)
+        if batch.size():
+            # A batch of checkpoint records alone asked the store nothing: it
+            # is no answer from it, and must not hide an outage from the
+            # health probe (which runs only when the store has been quiet).
+            self._committed(time.perf_counter() - started)
         if self._checkpoint_log is None:
             return outcome, None
         return outcome, self._checkpoint_log.append(records, outcome.change_mark)
