@@ -27,7 +27,7 @@ import time
 import traceback
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from wheel.logs import ids, redact
 from wheel.rpc.v1 import worker_service_pb2 as pb
@@ -40,10 +40,17 @@ from wheel.worker._api import (
     current_run,
 )
 
-if TYPE_CHECKING:
-    from wheel.worker._link import Link
-
 log = logging.getLogger("wheel.worker")
+
+
+class Holder(Protocol):
+    """What a run asks of the link (``wheel.worker._link.Link``) it came on:
+    the runs it holds, and where its completion goes."""
+
+    held: dict[int, Run]
+
+    def complete(self, done: Done) -> None: ...
+
 
 # Error texts are for people; the server keeps them in the run's history, up
 # to this many characters (it cuts a longer one: ``wheel.rpc._workers``).
@@ -80,8 +87,8 @@ class Run:
 
     __slots__ = ("acked", "ctx", "fn", "link", "mode", "started", "state", "task")
 
-    def __init__(self, link: Link, ctx: RunContext, fn: Handler | None, mode: int) -> None:
-        self.link: Link | None = link
+    def __init__(self, link: Holder, ctx: RunContext, fn: Handler | None, mode: int) -> None:
+        self.link: Holder | None = link
         self.ctx = ctx
         self.fn = fn
         self.mode = mode

@@ -8,16 +8,21 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from wheel.worker._worker import Worker
+from typing import Protocol
 
 log = logging.getLogger("wheel.worker")
 
 
+class Drainable(Protocol):
+    """What a signal does to a worker (``wheel.worker.Worker``)."""
+
+    def stop(self) -> None: ...
+
+    async def drain(self, timeout: float = 30.0) -> None: ...
+
+
 def drain_on_signals(
-    worker: Worker, drain_timeout: float, drains: list[asyncio.Task[None]]
+    worker: Drainable, drain_timeout: float, drains: list[asyncio.Task[None]]
 ) -> Callable[[], None] | None:
     """Make SIGTERM and SIGINT drain ``worker`` (the drain's task goes to
     ``drains``), and a second one stop it. Returns what puts the signals'
