@@ -250,6 +250,8 @@ class Completion:
     # The run's start, kept only where the store has none: a run that ended
     # before its worker's ack was due was never marked running.
     started_at_ms: int | None
+    # What the run left (a JSON object, as its worker sent it); None: nothing.
+    result: str | None
 
     def __init__(
         self,
@@ -262,6 +264,7 @@ class Completion:
         worker_id: str | None = None,
         job_state: JobState | None = None,
         started_at_ms: int | None = None,
+        result: str | None = None,
     ) -> None:
         self.run_id = run_id
         self.fence = fence
@@ -271,6 +274,7 @@ class Completion:
         self.worker_id = worker_id
         self.job_state = job_state
         self.started_at_ms = started_at_ms
+        self.result = result
 
 
 @dataclass(slots=True, kw_only=True, init=False)
@@ -315,6 +319,8 @@ class ExecutionRecord:
     # The job's payload: read only for runs in flight (``inflight_runs``),
     # which an owner that adopts them may hand to another worker.
     payload: bytes = b""
+    # The run's result (a JSON object), None where it left none.
+    result: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

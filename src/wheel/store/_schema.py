@@ -117,6 +117,27 @@ def _job_updates(integer: str, text: str, boolean: str) -> list[str]:
     ]
 
 
+def _results_and_secrets(integer: str, text: str, blob: str) -> list[str]:
+    """Migration 16 in a backend's types: each run's result (a JSON object,
+    NULL where a run left none; it goes with its run's row, so retention
+    removes it too), and the signing secrets of HTTP targets, by tenant, name
+    and version, their values encrypted with the nodes' secrets key
+    (``key_id`` names it). A version past ``retires_at_ms`` no longer signs."""
+    return [
+        f"ALTER TABLE executions ADD COLUMN result {text}",
+        f"""CREATE TABLE secrets (
+            tenant        {text}    NOT NULL,
+            name          {text}    NOT NULL,
+            version       {integer} NOT NULL,
+            key_id        {text}    NOT NULL,
+            ciphertext    {blob}    NOT NULL,
+            created_at_ms {integer} NOT NULL,
+            retires_at_ms {integer},
+            PRIMARY KEY (tenant, name, version)
+        )""",
+    ]
+
+
 SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
     (
         1,
@@ -297,6 +318,7 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
             "DROP INDEX IF EXISTS jobs_owned",
         ],
     ),
+    (16, _results_and_secrets("INTEGER", "TEXT", "BLOB")),
 ]
 
 
@@ -481,4 +503,5 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
         [OUTBOX_SETTLED_INDEX],
     ),
     (15, []),  # SQLite's jobs_owned dropped: PostgreSQL keeps its shard indexes
+    (16, _results_and_secrets("bigint", "text", "bytea")),
 ]

@@ -8,6 +8,82 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SetSecretRequest(_message.Message):
+    __slots__ = ("tenant", "name", "generate", "value")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GENERATE_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    name: str
+    generate: bool
+    value: bytes
+    def __init__(self, tenant: _Optional[str] = ..., name: _Optional[str] = ..., generate: _Optional[bool] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class RotateSecretRequest(_message.Message):
+    __slots__ = ("tenant", "name", "generate", "value", "overlap_ms")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GENERATE_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_MS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    name: str
+    generate: bool
+    value: bytes
+    overlap_ms: int
+    def __init__(self, tenant: _Optional[str] = ..., name: _Optional[str] = ..., generate: _Optional[bool] = ..., value: _Optional[bytes] = ..., overlap_ms: _Optional[int] = ...) -> None: ...
+
+class SecretInfo(_message.Message):
+    __slots__ = ("tenant", "name", "version", "created_at_ms", "retires_at_ms", "key_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    RETIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    name: str
+    version: int
+    created_at_ms: int
+    retires_at_ms: int
+    key_id: str
+    def __init__(self, tenant: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[int] = ..., created_at_ms: _Optional[int] = ..., retires_at_ms: _Optional[int] = ..., key_id: _Optional[str] = ...) -> None: ...
+
+class SetSecretResponse(_message.Message):
+    __slots__ = ("info", "value")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    info: SecretInfo
+    value: str
+    def __init__(self, info: _Optional[_Union[SecretInfo, _Mapping]] = ..., value: _Optional[str] = ...) -> None: ...
+
+class ListSecretsRequest(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+
+class ListSecretsResponse(_message.Message):
+    __slots__ = ("secrets",)
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
+    secrets: _containers.RepeatedCompositeFieldContainer[SecretInfo]
+    def __init__(self, secrets: _Optional[_Iterable[_Union[SecretInfo, _Mapping]]] = ...) -> None: ...
+
+class DeleteSecretRequest(_message.Message):
+    __slots__ = ("tenant", "name")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    name: str
+    def __init__(self, tenant: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class DeleteSecretResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: int
+    def __init__(self, deleted: _Optional[int] = ...) -> None: ...
+
 class CreateTokenRequest(_message.Message):
     __slots__ = ("tenant", "scopes", "ttl_ms", "worker_id", "pools", "label")
     TENANT_FIELD_NUMBER: _ClassVar[int]

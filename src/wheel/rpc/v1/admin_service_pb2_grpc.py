@@ -86,6 +86,26 @@ class AdminServiceStub:
                 request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTenantQuotasRequest.SerializeToString,
                 response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTenantQuotasResponse.FromString,
                 _registered_method=True)
+        self.SetSecret = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/SetSecret',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetSecretRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetSecretResponse.FromString,
+                _registered_method=True)
+        self.RotateSecret = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/RotateSecret',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.RotateSecretRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetSecretResponse.FromString,
+                _registered_method=True)
+        self.ListSecrets = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/ListSecrets',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListSecretsRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListSecretsResponse.FromString,
+                _registered_method=True)
+        self.DeleteSecret = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/DeleteSecret',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -167,6 +187,37 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetSecret(self, request, context):
+        """Signing secrets of HTTP targets. A tenant's token manages its own
+        tenant's (scope jobs:write; listing jobs:read); an operator any tenant's.
+        No answer ever carries a secret's value, but SetSecret's and
+        RotateSecret's with generate: the new value, once.
+        Creates the secret (version 1) or replaces every version of it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RotateSecret(self, request, context):
+        """A new version; the older ones keep signing for overlap_ms (requests
+        carry a signature by each, space-separated), then retire.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSecrets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSecret(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -219,6 +270,26 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListTenantQuotas,
                     request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTenantQuotasRequest.FromString,
                     response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTenantQuotasResponse.SerializeToString,
+            ),
+            'SetSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSecret,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetSecretRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetSecretResponse.SerializeToString,
+            ),
+            'RotateSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateSecret,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.RotateSecretRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetSecretResponse.SerializeToString,
+            ),
+            'ListSecrets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSecrets,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListSecretsRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListSecretsResponse.SerializeToString,
+            ),
+            'DeleteSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSecret,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -491,6 +562,114 @@ class AdminService:
             '/wheel.rpc.v1.AdminService/ListTenantQuotas',
             wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTenantQuotasRequest.SerializeToString,
             wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListTenantQuotasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/SetSecret',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetSecretRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/RotateSecret',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.RotateSecretRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSecrets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/ListSecrets',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListSecretsRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListSecretsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/DeleteSecret',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -128,6 +128,12 @@ class ListRunsRequest(_message.Message):
     states: _containers.RepeatedScalarFieldContainer[_jobs_pb2.RunState]
     def __init__(self, job_id: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_jobs_pb2.RunState, str]]] = ...) -> None: ...
 
+class GetRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: int
+    def __init__(self, run_id: _Optional[int] = ...) -> None: ...
+
 class ListRunsResponse(_message.Message):
     __slots__ = ("runs", "next_page_token")
     RUNS_FIELD_NUMBER: _ClassVar[int]

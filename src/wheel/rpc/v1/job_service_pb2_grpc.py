@@ -86,6 +86,11 @@ class JobServiceStub:
                 request_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRunsRequest.SerializeToString,
                 response_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRunsResponse.FromString,
                 _registered_method=True)
+        self.GetRun = channel.unary_unary(
+                '/wheel.rpc.v1.JobService/GetRun',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.GetRunRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_jobs__pb2.Run.FromString,
+                _registered_method=True)
         self.UpdateJob = channel.unary_unary(
                 '/wheel.rpc.v1.JobService/UpdateJob',
                 request_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.UpdateJobRequest.SerializeToString,
@@ -186,6 +191,13 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetRun(self, request, context):
+        """One run whole, by its id (NOT_FOUND, also for another tenant's).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def UpdateJob(self, request, context):
         """Change a job's schedule, payload and policies in place (its id and
         history kept): its next fires are re-armed from the new schedule at
@@ -278,6 +290,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.ListRuns,
                     request_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRunsRequest.FromString,
                     response_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'GetRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRun,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.GetRunRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_jobs__pb2.Run.SerializeToString,
             ),
             'UpdateJob': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateJob,
@@ -575,6 +592,33 @@ class JobService:
             '/wheel.rpc.v1.JobService/ListRuns',
             wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRunsRequest.SerializeToString,
             wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.JobService/GetRun',
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.GetRunRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_jobs__pb2.Run.FromString,
             options,
             channel_credentials,
             insecure,

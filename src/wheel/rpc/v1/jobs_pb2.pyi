@@ -180,8 +180,42 @@ class RetryPolicy(_message.Message):
     multiplier: float
     def __init__(self, max_attempts: _Optional[int] = ..., initial_backoff_ms: _Optional[int] = ..., max_backoff_ms: _Optional[int] = ..., multiplier: _Optional[float] = ...) -> None: ...
 
+class HttpHeader(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class HttpTarget(_message.Message):
+    __slots__ = ("url", "method", "headers", "timeout_ms", "signing_secret", "retry_4xx", "follow_redirects")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    SIGNING_SECRET_FIELD_NUMBER: _ClassVar[int]
+    RETRY_4XX_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_REDIRECTS_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    method: str
+    headers: _containers.RepeatedCompositeFieldContainer[HttpHeader]
+    timeout_ms: int
+    signing_secret: str
+    retry_4xx: bool
+    follow_redirects: bool
+    def __init__(self, url: _Optional[str] = ..., method: _Optional[str] = ..., headers: _Optional[_Iterable[_Union[HttpHeader, _Mapping]]] = ..., timeout_ms: _Optional[int] = ..., signing_secret: _Optional[str] = ..., retry_4xx: _Optional[bool] = ..., follow_redirects: _Optional[bool] = ...) -> None: ...
+
+class HttpCall(_message.Message):
+    __slots__ = ("target", "body")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    target: HttpTarget
+    body: bytes
+    def __init__(self, target: _Optional[_Union[HttpTarget, _Mapping]] = ..., body: _Optional[bytes] = ...) -> None: ...
+
 class JobSpec(_message.Message):
-    __slots__ = ("name", "tenant", "handler", "payload", "schedule", "jitter_ms", "catch_up", "overlap", "retry", "timeout_ms", "side_effect", "pool")
+    __slots__ = ("name", "tenant", "handler", "payload", "schedule", "jitter_ms", "catch_up", "overlap", "retry", "timeout_ms", "side_effect", "pool", "http")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     HANDLER_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +228,7 @@ class JobSpec(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     SIDE_EFFECT_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
+    HTTP_FIELD_NUMBER: _ClassVar[int]
     name: str
     tenant: str
     handler: str
@@ -206,10 +241,11 @@ class JobSpec(_message.Message):
     timeout_ms: int
     side_effect: SideEffect
     pool: str
-    def __init__(self, name: _Optional[str] = ..., tenant: _Optional[str] = ..., handler: _Optional[str] = ..., payload: _Optional[bytes] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., jitter_ms: _Optional[int] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., overlap: _Optional[_Union[Overlap, _Mapping]] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., side_effect: _Optional[_Union[SideEffect, str]] = ..., pool: _Optional[str] = ...) -> None: ...
+    http: HttpTarget
+    def __init__(self, name: _Optional[str] = ..., tenant: _Optional[str] = ..., handler: _Optional[str] = ..., payload: _Optional[bytes] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., jitter_ms: _Optional[int] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., overlap: _Optional[_Union[Overlap, _Mapping]] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., side_effect: _Optional[_Union[SideEffect, str]] = ..., pool: _Optional[str] = ..., http: _Optional[_Union[HttpTarget, _Mapping]] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "job_id", "scheduled_for_ms", "attempt", "state", "fence", "worker_id", "dispatched_at_ms", "started_at_ms", "finished_at_ms", "error", "missed_reason", "idempotency_key")
+    __slots__ = ("run_id", "job_id", "scheduled_for_ms", "attempt", "state", "fence", "worker_id", "dispatched_at_ms", "started_at_ms", "finished_at_ms", "error", "missed_reason", "idempotency_key", "result_json")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_FOR_MS_FIELD_NUMBER: _ClassVar[int]
@@ -223,6 +259,7 @@ class Run(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     MISSED_REASON_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
     run_id: int
     job_id: int
     scheduled_for_ms: int
@@ -236,7 +273,8 @@ class Run(_message.Message):
     error: str
     missed_reason: str
     idempotency_key: str
-    def __init__(self, run_id: _Optional[int] = ..., job_id: _Optional[int] = ..., scheduled_for_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[RunState, str]] = ..., fence: _Optional[int] = ..., worker_id: _Optional[str] = ..., dispatched_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., error: _Optional[str] = ..., missed_reason: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    result_json: str
+    def __init__(self, run_id: _Optional[int] = ..., job_id: _Optional[int] = ..., scheduled_for_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[RunState, str]] = ..., fence: _Optional[int] = ..., worker_id: _Optional[str] = ..., dispatched_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., error: _Optional[str] = ..., missed_reason: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., result_json: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("job_id", "spec", "state", "shard", "created_at_ms", "updated_at_ms", "next_fire_ms", "next_fires_ms", "recent_runs")

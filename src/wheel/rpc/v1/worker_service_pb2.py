@@ -24,57 +24,58 @@ _sym_db = _symbol_database.Default()
 
 
 from wheel.rpc.v1 import cluster_pb2 as wheel_dot_rpc_dot_v1_dot_cluster__pb2
+from wheel.rpc.v1 import jobs_pb2 as wheel_dot_rpc_dot_v1_dot_jobs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!wheel/rpc/v1/worker_service.proto\x12\x0cwheel.rpc.v1\x1a\x1awheel/rpc/v1/cluster.proto\"\x87\x02\n\rWorkerMessage\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x13.wheel.rpc.v1.HelloH\x00\x12 \n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x11.wheel.rpc.v1.AckH\x00\x12,\n\theartbeat\x18\x03 \x01(\x0b\x32\x17.wheel.rpc.v1.HeartbeatH\x00\x12*\n\x08\x63omplete\x18\x04 \x01(\x0b\x32\x16.wheel.rpc.v1.CompleteH\x00\x12&\n\x06\x63redit\x18\x05 \x01(\x0b\x32\x14.wheel.rpc.v1.CreditH\x00\x12$\n\x05\x64rain\x18\x06 \x01(\x0b\x32\x13.wheel.rpc.v1.DrainH\x00\x42\x06\n\x04kind\"M\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x05\x12\r\n\x05pools\x18\x03 \x03(\t\x12\x10\n\x08handlers\x18\x04 \x03(\t\"7\n\x06RunRef\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12\x0e\n\x06job_id\x18\x03 \x01(\x03\")\n\x03\x41\x63k\x12\"\n\x04runs\x18\x01 \x03(\x0b\x32\x14.wheel.rpc.v1.RunRef\"/\n\tHeartbeat\x12\"\n\x04runs\x18\x01 \x03(\x0b\x32\x14.wheel.rpc.v1.RunRef\"\x82\x01\n\nCompletion\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12&\n\x07outcome\x18\x03 \x01(\x0e\x32\x15.wheel.rpc.v1.Outcome\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0e\n\x06job_id\x18\x05 \x01(\x03\x12\x0e\n\x06ran_ms\x18\x06 \x01(\x03\"9\n\x08\x43omplete\x12-\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x18.wheel.rpc.v1.Completion\"\"\n\x06\x43redit\x12\x0b\n\x03\x61\x64\x64\x18\x01 \x01(\x05\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"\x07\n\x05\x44rain\"\xa5\x02\n\rServerMessage\x12(\n\x07welcome\x18\x01 \x01(\x0b\x32\x15.wheel.rpc.v1.WelcomeH\x00\x12\x30\n\x0b\x61ssignments\x18\x02 \x01(\x0b\x32\x19.wheel.rpc.v1.AssignmentsH\x00\x12(\n\x07revokes\x18\x03 \x01(\x0b\x32\x15.wheel.rpc.v1.RevokesH\x00\x12(\n\x07results\x18\x04 \x01(\x0b\x32\x15.wheel.rpc.v1.ResultsH\x00\x12,\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x1b.wheel.rpc.v1.ProtocolErrorH\x00\x12.\n\nmembership\x18\x06 \x01(\x0b\x32\x18.wheel.rpc.v1.MembershipH\x00\x42\x06\n\x04kind\"\x91\x01\n\x07Welcome\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x16\n\x0egrace_lease_ms\x18\x02 \x01(\x03\x12\x10\n\x08lease_ms\x18\x03 \x01(\x03\x12\x1d\n\x15heartbeat_interval_ms\x18\x04 \x01(\x03\x12,\n\nmembership\x18\x05 \x01(\x0b\x32\x18.wheel.rpc.v1.Membership\"\xd7\x01\n\nAssignment\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x0f\n\x07handler\x18\x03 \x01(\t\x12\x18\n\x10scheduled_for_ms\x18\x04 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\x05\x12\r\n\x05\x66\x65nce\x18\x06 \x01(\x04\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\x0f\n\x07payload\x18\x08 \x01(\x0c\x12\x10\n\x08lease_ms\x18\t \x01(\x03\x12\x12\n\ntimeout_ms\x18\n \x01(\x03\x12\x0e\n\x06tenant\x18\x0b \x01(\t\"d\n\x0b\x41ssignments\x12-\n\x0b\x61ssignments\x18\x01 \x03(\x0b\x32\x18.wheel.rpc.v1.Assignment\x12&\n\x07results\x18\x02 \x01(\x0b\x32\x15.wheel.rpc.v1.Results\"S\n\x06Revoke\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12*\n\x06reason\x18\x03 \x01(\x0e\x32\x1a.wheel.rpc.v1.RevokeReason\"0\n\x07Revokes\x12%\n\x07revokes\x18\x01 \x03(\x0b\x32\x14.wheel.rpc.v1.Revoke\"D\n\x10\x43ompletionResult\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xbc\x01\n\x07Results\x12\x33\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x1e.wheel.rpc.v1.CompletionResult\x12/\n\x11rejected_renewals\x18\x02 \x03(\x0b\x32\x14.wheel.rpc.v1.RunRef\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x03(\x03\x12%\n\x05moved\x18\x04 \x03(\x0b\x32\x16.wheel.rpc.v1.MovedRun\x12\x12\n\ncredit_seq\x18\x05 \x01(\x04\"g\n\x08MovedRun\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12\x0e\n\x06job_id\x18\x03 \x01(\x03\x12\x15\n\rowner_node_id\x18\x04 \x01(\t\x12\x15\n\rowner_address\x18\x05 \x01(\t\">\n\rProtocolError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\x03*\x94\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x15\n\x11OUTCOME_SUCCEEDED\x10\x01\x12\x12\n\x0eOUTCOME_FAILED\x10\x02\x12\x15\n\x11OUTCOME_RETRYABLE\x10\x03\x12\x17\n\x13OUTCOME_HANDED_BACK\x10\x04\x12\x15\n\x11OUTCOME_ABANDONED\x10\x05*\xa6\x01\n\x0cRevokeReason\x12\x1d\n\x19REVOKE_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18REVOKE_REASON_SUPERSEDED\x10\x01\x12\x1b\n\x17REVOKE_REASON_TIMED_OUT\x10\x02\x12\x1b\n\x17REVOKE_REASON_CANCELLED\x10\x03\x12\x1f\n\x1bREVOKE_REASON_LEASE_EXPIRED\x10\x04\x32X\n\rWorkerService\x12G\n\x07\x43onnect\x12\x1b.wheel.rpc.v1.WorkerMessage\x1a\x1b.wheel.rpc.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!wheel/rpc/v1/worker_service.proto\x12\x0cwheel.rpc.v1\x1a\x1awheel/rpc/v1/cluster.proto\x1a\x17wheel/rpc/v1/jobs.proto\"\x87\x02\n\rWorkerMessage\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x13.wheel.rpc.v1.HelloH\x00\x12 \n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x11.wheel.rpc.v1.AckH\x00\x12,\n\theartbeat\x18\x03 \x01(\x0b\x32\x17.wheel.rpc.v1.HeartbeatH\x00\x12*\n\x08\x63omplete\x18\x04 \x01(\x0b\x32\x16.wheel.rpc.v1.CompleteH\x00\x12&\n\x06\x63redit\x18\x05 \x01(\x0b\x32\x14.wheel.rpc.v1.CreditH\x00\x12$\n\x05\x64rain\x18\x06 \x01(\x0b\x32\x13.wheel.rpc.v1.DrainH\x00\x42\x06\n\x04kind\"M\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x05\x12\r\n\x05pools\x18\x03 \x03(\t\x12\x10\n\x08handlers\x18\x04 \x03(\t\"7\n\x06RunRef\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12\x0e\n\x06job_id\x18\x03 \x01(\x03\")\n\x03\x41\x63k\x12\"\n\x04runs\x18\x01 \x03(\x0b\x32\x14.wheel.rpc.v1.RunRef\"/\n\tHeartbeat\x12\"\n\x04runs\x18\x01 \x03(\x0b\x32\x14.wheel.rpc.v1.RunRef\"\xaf\x01\n\nCompletion\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12&\n\x07outcome\x18\x03 \x01(\x0e\x32\x15.wheel.rpc.v1.Outcome\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0e\n\x06job_id\x18\x05 \x01(\x03\x12\x13\n\x0bresult_json\x18\x07 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x08 \x01(\x03\x12\x0e\n\x06ran_ms\x18\x06 \x01(\x03\"9\n\x08\x43omplete\x12-\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x18.wheel.rpc.v1.Completion\"\"\n\x06\x43redit\x12\x0b\n\x03\x61\x64\x64\x18\x01 \x01(\x05\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"\x07\n\x05\x44rain\"\xa5\x02\n\rServerMessage\x12(\n\x07welcome\x18\x01 \x01(\x0b\x32\x15.wheel.rpc.v1.WelcomeH\x00\x12\x30\n\x0b\x61ssignments\x18\x02 \x01(\x0b\x32\x19.wheel.rpc.v1.AssignmentsH\x00\x12(\n\x07revokes\x18\x03 \x01(\x0b\x32\x15.wheel.rpc.v1.RevokesH\x00\x12(\n\x07results\x18\x04 \x01(\x0b\x32\x15.wheel.rpc.v1.ResultsH\x00\x12,\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x1b.wheel.rpc.v1.ProtocolErrorH\x00\x12.\n\nmembership\x18\x06 \x01(\x0b\x32\x18.wheel.rpc.v1.MembershipH\x00\x42\x06\n\x04kind\"\x91\x01\n\x07Welcome\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x16\n\x0egrace_lease_ms\x18\x02 \x01(\x03\x12\x10\n\x08lease_ms\x18\x03 \x01(\x03\x12\x1d\n\x15heartbeat_interval_ms\x18\x04 \x01(\x03\x12,\n\nmembership\x18\x05 \x01(\x0b\x32\x18.wheel.rpc.v1.Membership\"\x9d\x02\n\nAssignment\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x0f\n\x07handler\x18\x03 \x01(\t\x12\x18\n\x10scheduled_for_ms\x18\x04 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\x05\x12\r\n\x05\x66\x65nce\x18\x06 \x01(\x04\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\x0f\n\x07payload\x18\x08 \x01(\x0c\x12\x10\n\x08lease_ms\x18\t \x01(\x03\x12\x12\n\ntimeout_ms\x18\n \x01(\x03\x12\x0e\n\x06tenant\x18\x0b \x01(\t\x12\x30\n\x0esigned_headers\x18\x0c \x03(\x0b\x32\x18.wheel.rpc.v1.HttpHeader\x12\x12\n\nsign_error\x18\r \x01(\t\"d\n\x0b\x41ssignments\x12-\n\x0b\x61ssignments\x18\x01 \x03(\x0b\x32\x18.wheel.rpc.v1.Assignment\x12&\n\x07results\x18\x02 \x01(\x0b\x32\x15.wheel.rpc.v1.Results\"S\n\x06Revoke\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12*\n\x06reason\x18\x03 \x01(\x0e\x32\x1a.wheel.rpc.v1.RevokeReason\"0\n\x07Revokes\x12%\n\x07revokes\x18\x01 \x03(\x0b\x32\x14.wheel.rpc.v1.Revoke\"D\n\x10\x43ompletionResult\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xbc\x01\n\x07Results\x12\x33\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x1e.wheel.rpc.v1.CompletionResult\x12/\n\x11rejected_renewals\x18\x02 \x03(\x0b\x32\x14.wheel.rpc.v1.RunRef\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x03(\x03\x12%\n\x05moved\x18\x04 \x03(\x0b\x32\x16.wheel.rpc.v1.MovedRun\x12\x12\n\ncredit_seq\x18\x05 \x01(\x04\"g\n\x08MovedRun\x12\x0e\n\x06run_id\x18\x01 \x01(\x03\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12\x0e\n\x06job_id\x18\x03 \x01(\x03\x12\x15\n\rowner_node_id\x18\x04 \x01(\t\x12\x15\n\rowner_address\x18\x05 \x01(\t\">\n\rProtocolError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\x03*\x94\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x15\n\x11OUTCOME_SUCCEEDED\x10\x01\x12\x12\n\x0eOUTCOME_FAILED\x10\x02\x12\x15\n\x11OUTCOME_RETRYABLE\x10\x03\x12\x17\n\x13OUTCOME_HANDED_BACK\x10\x04\x12\x15\n\x11OUTCOME_ABANDONED\x10\x05*\xa6\x01\n\x0cRevokeReason\x12\x1d\n\x19REVOKE_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18REVOKE_REASON_SUPERSEDED\x10\x01\x12\x1b\n\x17REVOKE_REASON_TIMED_OUT\x10\x02\x12\x1b\n\x17REVOKE_REASON_CANCELLED\x10\x03\x12\x1f\n\x1bREVOKE_REASON_LEASE_EXPIRED\x10\x04\x32X\n\rWorkerService\x12G\n\x07\x43onnect\x12\x1b.wheel.rpc.v1.WorkerMessage\x1a\x1b.wheel.rpc.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'wheel.rpc.v1.worker_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OUTCOME']._serialized_start=2140
-  _globals['_OUTCOME']._serialized_end=2288
-  _globals['_REVOKEREASON']._serialized_start=2291
-  _globals['_REVOKEREASON']._serialized_end=2457
-  _globals['_WORKERMESSAGE']._serialized_start=80
-  _globals['_WORKERMESSAGE']._serialized_end=343
-  _globals['_HELLO']._serialized_start=345
-  _globals['_HELLO']._serialized_end=422
-  _globals['_RUNREF']._serialized_start=424
-  _globals['_RUNREF']._serialized_end=479
-  _globals['_ACK']._serialized_start=481
-  _globals['_ACK']._serialized_end=522
-  _globals['_HEARTBEAT']._serialized_start=524
-  _globals['_HEARTBEAT']._serialized_end=571
-  _globals['_COMPLETION']._serialized_start=574
-  _globals['_COMPLETION']._serialized_end=704
-  _globals['_COMPLETE']._serialized_start=706
-  _globals['_COMPLETE']._serialized_end=763
-  _globals['_CREDIT']._serialized_start=765
-  _globals['_CREDIT']._serialized_end=799
-  _globals['_DRAIN']._serialized_start=801
-  _globals['_DRAIN']._serialized_end=808
-  _globals['_SERVERMESSAGE']._serialized_start=811
-  _globals['_SERVERMESSAGE']._serialized_end=1104
-  _globals['_WELCOME']._serialized_start=1107
-  _globals['_WELCOME']._serialized_end=1252
-  _globals['_ASSIGNMENT']._serialized_start=1255
-  _globals['_ASSIGNMENT']._serialized_end=1470
-  _globals['_ASSIGNMENTS']._serialized_start=1472
-  _globals['_ASSIGNMENTS']._serialized_end=1572
-  _globals['_REVOKE']._serialized_start=1574
-  _globals['_REVOKE']._serialized_end=1657
-  _globals['_REVOKES']._serialized_start=1659
-  _globals['_REVOKES']._serialized_end=1707
-  _globals['_COMPLETIONRESULT']._serialized_start=1709
-  _globals['_COMPLETIONRESULT']._serialized_end=1777
-  _globals['_RESULTS']._serialized_start=1780
-  _globals['_RESULTS']._serialized_end=1968
-  _globals['_MOVEDRUN']._serialized_start=1970
-  _globals['_MOVEDRUN']._serialized_end=2073
-  _globals['_PROTOCOLERROR']._serialized_start=2075
-  _globals['_PROTOCOLERROR']._serialized_end=2137
-  _globals['_WORKERSERVICE']._serialized_start=2459
-  _globals['_WORKERSERVICE']._serialized_end=2547
+  _globals['_OUTCOME']._serialized_start=2280
+  _globals['_OUTCOME']._serialized_end=2428
+  _globals['_REVOKEREASON']._serialized_start=2431
+  _globals['_REVOKEREASON']._serialized_end=2597
+  _globals['_WORKERMESSAGE']._serialized_start=105
+  _globals['_WORKERMESSAGE']._serialized_end=368
+  _globals['_HELLO']._serialized_start=370
+  _globals['_HELLO']._serialized_end=447
+  _globals['_RUNREF']._serialized_start=449
+  _globals['_RUNREF']._serialized_end=504
+  _globals['_ACK']._serialized_start=506
+  _globals['_ACK']._serialized_end=547
+  _globals['_HEARTBEAT']._serialized_start=549
+  _globals['_HEARTBEAT']._serialized_end=596
+  _globals['_COMPLETION']._serialized_start=599
+  _globals['_COMPLETION']._serialized_end=774
+  _globals['_COMPLETE']._serialized_start=776
+  _globals['_COMPLETE']._serialized_end=833
+  _globals['_CREDIT']._serialized_start=835
+  _globals['_CREDIT']._serialized_end=869
+  _globals['_DRAIN']._serialized_start=871
+  _globals['_DRAIN']._serialized_end=878
+  _globals['_SERVERMESSAGE']._serialized_start=881
+  _globals['_SERVERMESSAGE']._serialized_end=1174
+  _globals['_WELCOME']._serialized_start=1177
+  _globals['_WELCOME']._serialized_end=1322
+  _globals['_ASSIGNMENT']._serialized_start=1325
+  _globals['_ASSIGNMENT']._serialized_end=1610
+  _globals['_ASSIGNMENTS']._serialized_start=1612
+  _globals['_ASSIGNMENTS']._serialized_end=1712
+  _globals['_REVOKE']._serialized_start=1714
+  _globals['_REVOKE']._serialized_end=1797
+  _globals['_REVOKES']._serialized_start=1799
+  _globals['_REVOKES']._serialized_end=1847
+  _globals['_COMPLETIONRESULT']._serialized_start=1849
+  _globals['_COMPLETIONRESULT']._serialized_end=1917
+  _globals['_RESULTS']._serialized_start=1920
+  _globals['_RESULTS']._serialized_end=2108
+  _globals['_MOVEDRUN']._serialized_start=2110
+  _globals['_MOVEDRUN']._serialized_end=2213
+  _globals['_PROTOCOLERROR']._serialized_start=2215
+  _globals['_PROTOCOLERROR']._serialized_end=2277
+  _globals['_WORKERSERVICE']._serialized_start=2599
+  _globals['_WORKERSERVICE']._serialized_end=2687
 # @@protoc_insertion_point(module_scope)
