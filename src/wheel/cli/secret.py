@@ -148,7 +148,7 @@ def register(sub: Any, target: str, target_help: str) -> None:
 
     rt = scs.add_parser("rotate", help="a new version; the ones before keep signing for --overlap")
     common(rt)
-    rt.add_argument("name")
+    rt.add_argument("name", help="the secret to rotate")
     rhow = rt.add_mutually_exclusive_group()
     rhow.add_argument(
         "--generate", action="store_true", help="a new random secret, printed once (the default)"
@@ -166,5 +166,5 @@ def register(sub: Any, target: str, target_help: str) -> None:
 
     dl = scs.add_parser("delete", help="delete every version of a secret")
     common(dl)
-    dl.add_argument("name")
+    dl.add_argument("name", help="the secret to delete")
     dl.set_defaults(fn=cmd_secret_delete)
