@@ -105,10 +105,13 @@ def normalised_target(
     tenant: str,
     job_timeout_ms: int,
     field: str = "spec.http",
+    check_secret: bool = True,
 ) -> jobs_pb2.HttpTarget:
     """The target as it is kept, checked (the module's docstring lists the
     rules): method upper-cased, timeout resolved. Raises ``InvalidArgument``
-    naming the field (``spec.http.url``...)."""
+    naming the field (``spec.http.url``...). ``check_secret``: ask
+    ``check_signing_secret`` (not for a target an update keeps: a secret
+    deleted since must not block a change of the job's name)."""
     url = _url(target.url, f"{field}.url")
     method = (target.method or "POST").upper()
     if method not in METHODS:
@@ -127,7 +130,8 @@ def normalised_target(
                 f"{secret[:140]!r} is not a secret's name (letters, digits, '.', '_' and '-',"
                 " at most 128)",
             )
-        check_signing_secret(tenant, secret)
+        if check_secret:
+            check_signing_secret(tenant, secret)
     return jobs_pb2.HttpTarget(
         url=url,
         method=method,

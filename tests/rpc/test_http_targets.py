@@ -26,6 +26,8 @@ from tests.rpc.test_api import (
     wait_for,
 )
 from tests.rpc.test_protocol_abuse import RawWorker, ack, complete
+from wheel import http_targets
+from wheel.errors import InvalidArgument
 from wheel.rpc.v1 import job_service_pb2, jobs_pb2
 from wheel.rpc.v1 import worker_service_pb2 as pb
 
@@ -323,3 +325,27 @@ def test_a_whole_spec_update_may_carry_a_target(api: Api) -> None:
     after = update(api, made.job_id, whole).job.spec
     assert after.handler == "http" and after.http.url == whole.http.url
     assert (after.name, after.payload) == ("whole", b"all")
+
+
+def test_the_signing_secret_hook_is_asked_when_a_target_is_sent_not_when_kept(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = {"gone"}
+    asked: list[tuple[str, str]] = []
+
+    def check(tenant: str, name: str) -> None:
+        asked.append((tenant, name))
+        if name in missing:
+            raise InvalidArgument("spec.http.signing_secret", f"{tenant} has no secret {name!r}")
+
+    monkeypatch.setattr(http_targets, "check_signing_secret", check)
+    details = refused(api, http_spec(target(signing_secret="gone"), tenant="acme"))
+    assert details == "spec.http.signing_secret: acme has no secret 'gone'"
+    made = submit(api, http_spec(target(signing_secret="s1"), tenant="acme")).job
+    assert asked == [("acme", "gone"), ("acme", "s1")]
+    missing.add("s1")  # deleted since: a change that keeps the target still goes
+    assert update(api, made.job_id, spec(name="renamed"), "name").job.spec.name == "renamed"
+    assert len(asked) == 2
+    with pytest.raises(grpc.RpcError) as info:
+        update(api, made.job_id, http_spec(made.spec.http), "http")
+    assert "spec.http.signing_secret" in str(info.value.details())

@@ -225,9 +225,14 @@ def _merged(old: JobSpec, new: jobs_pb2.JobSpec, fields: list[str], now_ms: int)
     elif "http" in fields and merged.HasField("http"):
         merged.handler = http_targets.HANDLER
     # A schedule kept is taken as stored; one sent is checked as a submit's.
-    # The target is checked either way: the job's timeout bounds it.
+    # The target is checked either way (the job's timeout bounds it), its
+    # signing secret only when the target is sent.
     return convert.spec_from_proto(
-        merged, now_ms=now_ms, sent="schedule" in fields, target_sent=True
+        merged,
+        now_ms=now_ms,
+        sent="schedule" in fields,
+        target_sent=True,
+        secret_sent="http" in fields,
     )
 
 

@@ -160,7 +160,12 @@ def _or(value: _E, zero: _E, default: _E) -> _E:
 
 
 def spec_from_proto(
-    msg: jobs_pb2.JobSpec, *, now_ms: int, sent: bool = False, target_sent: bool | None = None
+    msg: jobs_pb2.JobSpec,
+    *,
+    now_ms: int,
+    sent: bool = False,
+    target_sent: bool | None = None,
+    secret_sent: bool | None = None,
 ) -> JobSpec:
     """A validated ``JobSpec`` from a ``jobs_pb2.JobSpec``, with the proto's defaults.
 
@@ -170,8 +175,9 @@ def spec_from_proto(
     time zone must be an IANA name (``_iana_zone``); a spec read back is
     taken as the node stored it. ``target_sent`` (default: ``sent``): its
     HTTP target is checked as ``wheel.http_targets`` says, and a handler
-    "http" without one refused. A job with a target has handler "http" and
-    the ``HttpCall`` of its target and body as its payload.
+    "http" without one refused; ``secret_sent`` (default: ``target_sent``):
+    its signing secret is checked too. A job with a target has handler
+    "http" and the ``HttpCall`` of its target and body as its payload.
     """
     tenant = msg.tenant or "default"
     timeout_ms = _or(msg.timeout_ms, 0, 300_000)
@@ -187,7 +193,10 @@ def spec_from_proto(
         target = msg.http
         if check:
             target = http_targets.normalised_target(
-                target, tenant=tenant, job_timeout_ms=max(timeout_ms, 1)
+                target,
+                tenant=tenant,
+                job_timeout_ms=max(timeout_ms, 1),
+                check_secret=check if secret_sent is None else secret_sent,
             )
         handler, payload = http_targets.HANDLER, http_targets.call_payload(target, payload)
     elif check and handler == http_targets.HANDLER:
