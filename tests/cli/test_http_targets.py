@@ -8,6 +8,8 @@ refusal names its flag or field."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from testkit.procs import ServerProc
 from tests.rpc.test_api import InProcessServer
 from wheel import http_targets
 from wheel.cli import build_parser, main
@@ -262,3 +265,34 @@ def test_an_outbox_row_keeps_the_target_checked_and_normalised() -> None:
     assert tenant == "default" and len(digest) == 64
     with pytest.raises(InvalidArgument, match=r"spec\.http\.url"):
         row_of({"name": "o", "every": 3600, "http": HttpTarget("gopher://x/")}, now_ms=1)
+
+
+@pytest.mark.slow
+def test_wheelctl_processes_submit_a_target_to_a_serving_node_and_show_it(tmp_path: Path) -> None:
+    node = ServerProc(tmp_path / "data")
+    node.start()
+    try:
+
+        def wheelctl(*argv: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "wheel", *argv, "--target", node.target],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+
+        made = wheelctl("submit", "--name", "proc-hook", "--every", "1h", "--payload", "hi",
+                        "--http-url", "https://p.example.com/", "--http-header", "X-A: 1",
+                        "--json")  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        job_id = json.loads(made.stdout)["job_id"]
+        shown = wheelctl("job", str(job_id), "--json")
+        assert shown.returncode == 0, shown.stderr
+        job = json.loads(shown.stdout)
+        assert (job["handler"], job["payload"]) == ("http", "hi")
+        assert job["http"]["url"] == "https://p.example.com/"
+        assert job["http"]["headers"] == {"X-A": "1"}
+        bad = wheelctl("submit", "--name", "x", "--every", "1h", "--http-url", "https://u:p@h/")
+        assert bad.returncode == 2 and "spec.http.url: holds credentials" in bad.stderr
+    finally:
+        node.stop()
