@@ -76,9 +76,10 @@ class JobRequest:
     sent; give a time where a retry must be idempotent). Times are ``datetime``
     values (naive means UTC) or epoch seconds; durations are ``timedelta``
     values or seconds. ``catch_up``, ``overlap`` and ``retry`` take their
-    policy value, or a mode, a policy name and a number of attempts. A request
-    is checked when it is made: a bad one raises ``InvalidArgument`` naming
-    the keyword.
+    policy value, or a mode, a policy name and a number of attempts. Give
+    ``handler`` (a Python handler's name) or ``http`` (an ``HttpTarget``, whose
+    request's body is ``payload``). A request is checked when it is made: a
+    bad one raises ``InvalidArgument`` naming the keyword.
     """
 
     name: str
