@@ -225,10 +225,11 @@ def body_of(spec: JobSpec) -> bytes:
     return spec.payload if call is None else call.body
 
 
-def stored_spec(spec: JobSpec) -> JobSpec:
+def stored_spec(spec: JobSpec, *, check_secret: bool = True) -> JobSpec:
     """A spec with handler ``"http"`` from a source that is not the node's
     API (an outbox row), checked and normalised as a submit's; any other spec
-    as it is. Raises ``InvalidArgument`` naming the field."""
+    as it is. Raises ``InvalidArgument`` naming the field. ``check_secret``:
+    see ``normalised_target``."""
     if spec.handler != HANDLER:
         return spec
     call = call_of(spec.payload)
@@ -236,7 +237,12 @@ def stored_spec(spec: JobSpec) -> JobSpec:
         raise InvalidArgument(
             "spec.handler", f"{HANDLER!r} is reserved for jobs with an HTTP target (spec.http)"
         )
-    target = normalised_target(call.target, tenant=spec.tenant, job_timeout_ms=spec.timeout_ms)
+    target = normalised_target(
+        call.target,
+        tenant=spec.tenant,
+        job_timeout_ms=spec.timeout_ms,
+        check_secret=check_secret,
+    )
     return replace(spec, payload=call_payload(target, call.body))
 
 

@@ -23,7 +23,7 @@ from wheel import http_targets
 from wheel.cli import build_parser, main
 from wheel.cli._common import submit_args
 from wheel.cli.import_ import LineParser
-from wheel.client import Client, HttpTarget, JobRequest
+from wheel.client import Client, HttpTarget, Job, JobRequest
 from wheel.engine.spec import JobSpec
 from wheel.errors import InvalidArgument, WheelError
 from wheel.outbox import row_of
@@ -223,6 +223,10 @@ def test_the_client_submits_updates_and_reads_targets(server: InProcessServer) -
             ]
         )
         assert not isinstance(many[0], WheelError) and many[0].http == job.http
+        # The lean answer of a bulk submit shows the target as the node keeps it.
+        [short] = client.submit_many([{"name": "m3", "every": 3600, "http": target, "timeout": 2}])
+        assert isinstance(short, Job) and short.http is not None
+        assert short.http.timeout == timedelta(seconds=2) == client.get(short.job_id).http.timeout  # type: ignore[union-attr]
         assert isinstance(many[1], InvalidArgument) and many[1].field == "spec.http.url"
         moved = client.update(job.job_id, http=HttpTarget("https://d.example.com/", method="get"))
         assert moved.http is not None and moved.http.url == "https://d.example.com/"

@@ -238,7 +238,9 @@ def submit_many_results(
             out.append(job_of(msg, created=created))
             continue
         # A lean answer: the spec is the one sent, an interval sent without a
-        # start beginning at its first fire.
+        # start beginning at its first fire, a target as the node keeps it
+        # (its method upper-cased, its timeout resolved).
+        spec = http_targets.stored_spec(spec, check_secret=False)
         s = spec.schedule
         if isinstance(s, Interval) and not s.start_at_ms and msg.next_fire_ms:
             spec = replace(spec, schedule=replace(s, start_at_ms=msg.next_fire_ms))
