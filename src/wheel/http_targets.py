@@ -21,7 +21,8 @@ The checks made when a target is sent (``normalised_target``):
 - ``timeout_ms``: 0 means 30 s; never longer than the job's own timeout (a
   longer one is cut to it: the job's timeout would end the run first anyway).
 - ``signing_secret``: a secret's name (letters, digits, ``.``, ``_`` and
-  ``-``, at most 128), checked by ``check_signing_secret``.
+  ``-``, at most 128) that the job's tenant has, where the caller can tell
+  (``secret_known``: the node's cache of its secrets).
 
 A literal address that is loopback, private or link-local is not refused
 here: workers run with ``--allow-private-targets`` may call it, and every
@@ -31,7 +32,7 @@ executor checks the address it resolves when it sends.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from urllib.parse import urlsplit
 
@@ -49,10 +50,10 @@ __all__ = [
     "MAX_URL_LEN",
     "METHODS",
     "RESERVED_HEADERS",
+    "SecretKnown",
     "body_of",
     "call_of",
     "call_payload",
-    "check_signing_secret",
     "history_spec",
     "normalised_target",
     "stored_spec",
@@ -91,12 +92,8 @@ _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
 _BAD_VALUE_CHARS = re.compile(r"[\r\n\x00]")
 
 
-def check_signing_secret(tenant: str, name: str) -> None:
-    """Refuse (``InvalidArgument``, field ``spec.http.signing_secret``) a
-    signing secret the tenant does not have. The hook the secrets store
-    fills in: for now every well-formed name passes, and a run whose secret
-    is missing fails at hand-out (``Assignment.sign_error``)."""
-    del tenant, name
+# Whether a tenant has a signing secret of that name: (tenant, name) -> bool.
+SecretKnown = Callable[[str, str], bool]
 
 
 def normalised_target(
@@ -106,12 +103,13 @@ def normalised_target(
     job_timeout_ms: int,
     field: str = "spec.http",
     check_secret: bool = True,
+    secret_known: SecretKnown | None = None,
 ) -> jobs_pb2.HttpTarget:
     """The target as it is kept, checked (the module's docstring lists the
     rules): method upper-cased, timeout resolved. Raises ``InvalidArgument``
-    naming the field (``spec.http.url``...). ``check_secret``: ask
-    ``check_signing_secret`` (not for a target an update keeps: a secret
-    deleted since must not block a change of the job's name)."""
+    naming the field (``spec.http.url``...). ``check_secret``: refuse a
+    signing secret ``secret_known`` does not know (not for a target an update
+    keeps: a secret deleted since must not block a change of the job's name)."""
     url = _url(target.url, f"{field}.url")
     method = (target.method or "POST").upper()
     if method not in METHODS:
@@ -130,8 +128,12 @@ def normalised_target(
                 f"{secret[:140]!r} is not a secret's name (letters, digits, '.', '_' and '-',"
                 " at most 128)",
             )
-        if check_secret:
-            check_signing_secret(tenant, secret)
+        if check_secret and secret_known is not None and not secret_known(tenant, secret):
+            raise InvalidArgument(
+                f"{field}.signing_secret",
+                f"tenant {tenant!r} has no signing secret {secret!r}"
+                f" (make one: wheelctl secret set {secret} --generate)",
+            )
     return jobs_pb2.HttpTarget(
         url=url,
         method=method,

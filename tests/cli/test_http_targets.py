@@ -35,6 +35,10 @@ NOW = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer]:
     s = InProcessServer(tmp_path_factory.mktemp("cli-http")).start()
     try:
+        # The signing secrets the targets below name.
+        with Client(s.target) as client:
+            for name in ("hooks", "s", "s1"):
+                client.set_secret(name, generate=True)
         yield s
     finally:
         s.stop()

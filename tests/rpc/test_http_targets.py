@@ -26,10 +26,10 @@ from tests.rpc.test_api import (
     wait_for,
 )
 from tests.rpc.test_protocol_abuse import RawWorker, ack, complete
-from wheel import http_targets
-from wheel.errors import InvalidArgument
-from wheel.rpc.v1 import job_service_pb2, jobs_pb2
+from wheel.rpc.v1 import admin_service_pb2, job_service_pb2, jobs_pb2
 from wheel.rpc.v1 import worker_service_pb2 as pb
+
+SECRETS = [("default", "hooks.v1"), ("default", "s1"), ("acme", "s1")]
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,12 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     server = InProcessServer(tmp_path_factory.mktemp("http-targets")).start()
     try:
         with connect(server) as a:
+            # The signing secrets the targets below name.
+            for tenant, name in SECRETS:
+                a.admin.SetSecret(
+                    admin_service_pb2.SetSecretRequest(tenant=tenant, name=name, generate=True),
+                    timeout=10,
+                )
             yield a
     finally:
         server.stop()
@@ -327,25 +333,25 @@ def test_a_whole_spec_update_may_carry_a_target(api: Api) -> None:
     assert (after.name, after.payload) == ("whole", b"all")
 
 
-def test_the_signing_secret_hook_is_asked_when_a_target_is_sent_not_when_kept(
-    api: Api, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    missing = {"gone"}
-    asked: list[tuple[str, str]] = []
-
-    def check(tenant: str, name: str) -> None:
-        asked.append((tenant, name))
-        if name in missing:
-            raise InvalidArgument("spec.http.signing_secret", f"{tenant} has no secret {name!r}")
-
-    monkeypatch.setattr(http_targets, "check_signing_secret", check)
+def test_a_target_names_a_secret_its_tenant_has_when_sent_not_when_kept(api: Api) -> None:
     details = refused(api, http_spec(target(signing_secret="gone"), tenant="acme"))
-    assert details == "spec.http.signing_secret: acme has no secret 'gone'"
-    made = submit(api, http_spec(target(signing_secret="s1"), tenant="acme")).job
-    assert asked == [("acme", "gone"), ("acme", "s1")]
-    missing.add("s1")  # deleted since: a change that keeps the target still goes
+    assert details == (
+        "spec.http.signing_secret: tenant 'acme' has no signing secret 'gone'"
+        " (make one: wheelctl secret set gone --generate)"
+    )
+    # Another tenant's secret of that name is not this tenant's.
+    refused(api, http_spec(target(signing_secret="hooks.v1"), tenant="acme"))
+    api.admin.SetSecret(
+        admin_service_pb2.SetSecretRequest(tenant="acme", name="s2", generate=True), timeout=10
+    )
+    made = submit(api, http_spec(target(signing_secret="s2"), tenant="acme")).job
+    api.admin.DeleteSecret(
+        admin_service_pb2.DeleteSecretRequest(tenant="acme", name="s2"), timeout=10
+    )
+    # Deleted since: a change that keeps the target still goes ...
     assert update(api, made.job_id, spec(name="renamed"), "name").job.spec.name == "renamed"
-    assert len(asked) == 2
+    # ... one that sends it again is refused.
     with pytest.raises(grpc.RpcError) as info:
         update(api, made.job_id, http_spec(made.spec.http), "http")
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "spec.http.signing_secret" in str(info.value.details())

@@ -74,7 +74,17 @@ class OperatorCalls:
             record = self.guard.check_job(principal, await self.node.get_job(job_id))
             # Validated here as well as on the owner: a bad spec is refused
             # by the node it was sent to, before any forward.
-            spec = _merged(record.spec, request.spec, fields, self.node.now_ms())
+            if "http" in fields and request.spec.http.signing_secret:
+                await self.node.learn_secrets(
+                    [(record.spec.tenant, request.spec.http.signing_secret)]
+                )
+            spec = _merged(
+                record.spec,
+                request.spec,
+                fields,
+                self.node.now_ms(),
+                secret_known=self.node.knows_secret,
+            )
             # Into a pool its tenant may use, as a submit.
             probe = jobs_pb2.JobSpec(tenant=spec.tenant, pool=spec.pool)
             self.guard.own_submit(principal, job_service_pb2.SubmitJobRequest(spec=probe))
@@ -203,7 +213,14 @@ class OperatorCalls:
         self.guard.check_job(await self.guard.principal(context), await self.node.get_job(job_id))
 
 
-def _merged(old: JobSpec, new: jobs_pb2.JobSpec, fields: list[str], now_ms: int) -> JobSpec:
+def _merged(
+    old: JobSpec,
+    new: jobs_pb2.JobSpec,
+    fields: list[str],
+    now_ms: int,
+    *,
+    secret_known: http_targets.SecretKnown | None = None,
+) -> JobSpec:
     """``old`` with the fields named taken from ``new``, validated (a bad
     field is named as in a submit: ``spec.schedule.cron.expr``...)."""
     merged = convert.spec_to_proto(old)
@@ -233,6 +250,7 @@ def _merged(old: JobSpec, new: jobs_pb2.JobSpec, fields: list[str], now_ms: int)
         sent="schedule" in fields,
         target_sent=True,
         secret_sent="http" in fields,
+        secret_known=secret_known,
     )
 
 

@@ -166,6 +166,7 @@ def spec_from_proto(
     sent: bool = False,
     target_sent: bool | None = None,
     secret_sent: bool | None = None,
+    secret_known: http_targets.SecretKnown | None = None,
 ) -> JobSpec:
     """A validated ``JobSpec`` from a ``jobs_pb2.JobSpec``, with the proto's defaults.
 
@@ -176,8 +177,9 @@ def spec_from_proto(
     taken as the node stored it. ``target_sent`` (default: ``sent``): its
     HTTP target is checked as ``wheel.http_targets`` says, and a handler
     "http" without one refused; ``secret_sent`` (default: ``target_sent``):
-    its signing secret is checked too. A job with a target has handler
-    "http" and the ``HttpCall`` of its target and body as its payload.
+    its signing secret is checked too, against ``secret_known`` when given.
+    A job with a target has handler "http" and the ``HttpCall`` of its
+    target and body as its payload.
     """
     tenant = msg.tenant or "default"
     timeout_ms = _or(msg.timeout_ms, 0, 300_000)
@@ -197,6 +199,7 @@ def spec_from_proto(
                 tenant=tenant,
                 job_timeout_ms=max(timeout_ms, 1),
                 check_secret=check if secret_sent is None else secret_sent,
+                secret_known=secret_known,
             )
         handler, payload = http_targets.HANDLER, http_targets.call_payload(target, payload)
     elif check and handler == http_targets.HANDLER:
