@@ -57,9 +57,10 @@ class Echo(asyncio.Protocol):
             end = buf.find(b"\r\n\r\n")
             if end < 0:
                 break
-            head = buf[:end].lower()
-            i = head.find(b"content-length:")
-            n = int(head[i + 15:head.find(b"\r\n", i) if head.find(b"\r\n", i) > 0 else None]) if i >= 0 else 0
+            n = 0
+            for line in buf[:end].lower().split(b"\r\n"):
+                if line.startswith(b"content-length:"):
+                    n = int(line[15:])
             if len(buf) < end + 4 + n:
                 break
             buf = buf[end + 4 + n:]
@@ -101,10 +102,13 @@ async def _drive(n: int, concurrency: int, one: Any) -> tuple[float, float]:
             if left == 0:
                 done.set_result(None)
 
+    tasks = set()
     wall, cpu = time.perf_counter(), time.process_time()
     for i in range(n):
         await sem.acquire()
-        loop.create_task(task(i))
+        t = loop.create_task(task(i))
+        tasks.add(t)
+        t.add_done_callback(tasks.discard)
     await done
     return time.perf_counter() - wall, time.process_time() - cpu
 
@@ -113,7 +117,9 @@ async def bench(port: int, n: int, concurrency: int) -> dict[str, Any]:
     url = f"http://127.0.0.1:{port}/hook"
     body = b'{"report": "daily", "n": 1}'
     payload = jobs_pb2.HttpCall(
-        target=jobs_pb2.HttpTarget(url=url, headers=[jobs_pb2.HttpHeader(name="X-Team", value="a")]),
+        target=jobs_pb2.HttpTarget(
+            url=url, headers=[jobs_pb2.HttpHeader(name="X-Team", value="a")]
+        ),
         body=body,
     ).SerializeToString()
     key = webhooks.parse_secret(webhooks.new_secret())
@@ -124,11 +130,15 @@ async def bench(port: int, n: int, concurrency: int) -> dict[str, Any]:
     def run_of(i: int) -> Run:
         signed = webhooks.signed_headers([key], f"fire-{i}", stamp, body)
         a = pb.Assignment(
-            run_id=i, handler="http", payload=payload, idempotency_key=f"fire-{i}",
+            run_id=i,
+            handler="http",
+            payload=payload,
+            idempotency_key=f"fire-{i}",
             signed_headers=[jobs_pb2.HttpHeader(name=k, value=v) for k, v in signed],
         )
-        ctx = run_context(i, 1, "http", "default", payload, f"fire-{i}", i, 1,
-                          1_796_644_800_000, 0, math.inf)
+        ctx = run_context(
+            i, 1, "http", "default", payload, f"fire-{i}", i, 1, 1_796_644_800_000, 0, math.inf
+        )
         return Run(holder, ctx, None, HTTP, a)
 
     runs = [run_of(i) for i in range(n)]
@@ -142,7 +152,10 @@ async def bench(port: int, n: int, concurrency: int) -> dict[str, Any]:
     out: dict[str, Any] = {"requests": n, "concurrency": concurrency}
     await _drive(min(n, 2_000), concurrency, wheel_one)  # warm-up
     wall, cpu = await _drive(n, concurrency, wheel_one)
-    out["wheel_executor"] = {"per_s": round(n / wall), "cpu_us_per_request": round(cpu / n * 1e6, 1)}
+    out["wheel_executor"] = {
+        "per_s": round(n / wall),
+        "cpu_us_per_request": round(cpu / n * 1e6, 1),
+    }
     executor.close()
 
     import aiohttp
@@ -159,7 +172,10 @@ async def bench(port: int, n: int, concurrency: int) -> dict[str, Any]:
 
         await _drive(min(n, 2_000), concurrency, aiohttp_one)
         wall, cpu = await _drive(n, concurrency, aiohttp_one)
-    out["aiohttp_session"] = {"per_s": round(n / wall), "cpu_us_per_request": round(cpu / n * 1e6, 1)}
+    out["aiohttp_session"] = {
+        "per_s": round(n / wall),
+        "cpu_us_per_request": round(cpu / n * 1e6, 1),
+    }
 
     async def noop(i: int) -> None:
         pass
@@ -167,7 +183,8 @@ async def bench(port: int, n: int, concurrency: int) -> dict[str, Any]:
     wall, cpu = await _drive(n, concurrency, noop)
     out["noop_task"] = {"cpu_us_per_request": round(cpu / n * 1e6, 1)}
     out["aiohttp_over_wheel"] = round(
-        out["aiohttp_session"]["cpu_us_per_request"] / out["wheel_executor"]["cpu_us_per_request"], 2
+        out["aiohttp_session"]["cpu_us_per_request"] / out["wheel_executor"]["cpu_us_per_request"],
+        2,
     )
     out["failures"] = failures
     return out
@@ -179,9 +196,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--json", type=Path, help="also write the figures here")
     ns = p.parse_args()
-    receiver = subprocess.Popen(
-        [sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE, text=True
-    )
+    receiver = subprocess.Popen([sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE, text=True)
     try:
         assert receiver.stdout is not None
         port = int(receiver.stdout.readline())

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
+import sys
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -69,9 +71,7 @@ async def receiver() -> AsyncIterator[Receiver]:
     async def dispatch(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         peer = request.transport.get_extra_info("peername") if request.transport else None
-        rec.seen.append(
-            Seen(request.method, request.path_qs, dict(request.headers), body, peer)
-        )
+        rec.seen.append(Seen(request.method, request.path_qs, dict(request.headers), body, peer))
         route = rec.routes.get(request.path)
         if route is None:
             return web.Response(status=404, text="no such route")
@@ -99,7 +99,8 @@ def call(url: str, body: bytes = b"", **target: Any) -> bytes:
     t = jobs_pb2.HttpTarget(url=url, **target)
     for name, value in headers.items():
         t.headers.add(name=name, value=value)
-    return jobs_pb2.HttpCall(target=t, body=body).SerializeToString()
+    payload: bytes = jobs_pb2.HttpCall(target=t, body=body).SerializeToString()
+    return payload
 
 
 @dataclass
@@ -134,7 +135,7 @@ async def executor(*, allow_private: bool = True, capacity: int = 64) -> AsyncIt
             yield Executor(conn, w)
 
 
-# -- outcomes by status ------------------------------------------------------------------
+# -- outcomes by status ----------------------------------------------------------------
 
 
 def test_a_2xx_succeeds_with_the_status_headers_and_body_excerpt_as_its_result() -> None:
@@ -283,7 +284,7 @@ def test_a_redirect_fails_naming_its_location_unless_the_job_follows_redirects()
     scenario(go)
 
 
-# -- no response --------------------------------------------------------------------------
+# -- no response -----------------------------------------------------------------------
 
 
 def test_a_hung_endpoint_times_out_retryable_within_the_targets_timeout() -> None:
@@ -354,7 +355,7 @@ def test_a_payload_that_is_no_target_fails_for_good() -> None:
     scenario(go)
 
 
-# -- private targets ------------------------------------------------------------------------
+# -- private targets -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -403,7 +404,7 @@ def test_loopback_is_refused_without_allow_private_targets_also_behind_a_name() 
     scenario(go)
 
 
-# -- bodies and connections -------------------------------------------------------------------
+# -- bodies and connections ------------------------------------------------------------
 
 
 def test_a_huge_body_is_cut_at_the_limit_and_its_connection_dropped() -> None:
@@ -441,7 +442,7 @@ def test_chunked_responses_are_read_and_the_excerpt_is_the_first_4_kib() -> None
             resp.enable_chunked_encoding()
             await resp.prepare(request)
             for i in range(10):
-                await resp.write(("%d" % i).encode() * 1000)
+                await resp.write(str(i).encode() * 1000)
             await resp.write_eof()
             return resp
 
@@ -459,7 +460,10 @@ def test_chunked_responses_are_read_and_the_excerpt_is_the_first_4_kib() -> None
             c2, result2 = await ex.run(call(rec.on("/small", small)))
             c3, _ = await ex.run(call(rec.url + "/ok"))
         assert c.outcome == c2.outcome == c3.outcome == pb.OUTCOME_SUCCEEDED
-        assert result["response_excerpt"] == "0" * 1000 + "1" * 1000 + "2" * 1000 + "3" * 1000 + "4" * 96
+        assert (
+            result["response_excerpt"]
+            == "0" * 1000 + "1" * 1000 + "2" * 1000 + "3" * 1000 + "4" * 96
+        )
         assert result["excerpt_truncated"] is True
         assert result2["response_excerpt"] == "caf\u00e9 \ufffd ok"
         assert "excerpt_truncated" not in result2
@@ -509,7 +513,7 @@ def test_requests_in_flight_at_once_each_get_a_connection() -> None:
     scenario(go)
 
 
-# -- signatures ------------------------------------------------------------------------------------
+# -- signatures ------------------------------------------------------------------------
 
 
 def test_signed_headers_go_out_unchanged_and_verify_with_standardwebhooks() -> None:
@@ -536,7 +540,7 @@ def test_signed_headers_go_out_unchanged_and_verify_with_standardwebhooks() -> N
     scenario(go)
 
 
-# -- the worker ----------------------------------------------------------------------------------------
+# -- the worker ------------------------------------------------------------------------
 
 
 def test_http_is_no_name_for_a_python_handler() -> None:
@@ -547,3 +551,48 @@ def test_http_is_no_name_for_a_python_handler() -> None:
     both.register("report", lambda ctx: None)
     assert both.handler_names == ["http", "report"]
     assert list(both.handlers) == ["report"]
+
+
+def test_wheelctl_worker_http_sends_requests_and_says_so_in_hello() -> None:
+    async def go() -> None:
+        async with receiver() as rec, node() as (svc, target):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "wheel",
+                "worker",
+                "--http",
+                "--allow-private-targets",
+                "--target",
+                target,
+                "--worker-id",
+                "proc",
+            )
+            try:
+                conn, hello = await svc.accept()
+                assert (hello.worker_id, list(hello.handlers)) == ("proc", ["http"])
+                assign(conn, assignment(1, "http", payload=call(rec.url + "/ok")))
+                done = await conn.completed(1)
+                assert done[1].outcome == pb.OUTCOME_SUCCEEDED, done[1].error
+                assert json.loads(done[1].result_json)["http_status"] == 200
+            finally:
+                proc.kill()
+                await proc.wait()
+        assert len(rec.seen) == 1
+
+    scenario(go)
+
+
+def test_wheelctl_worker_needs_handlers_or_http() -> None:
+    for args, says in (
+        ([], "or --http"),
+        (["--allow-private-targets", "m:f"], "--allow-private-targets needs --http"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-m", "wheel", "worker", "--target", "127.0.0.1:1", *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.returncode != 0
+        assert says in out.stderr, out.stderr

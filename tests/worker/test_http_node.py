@@ -1,10 +1,15 @@
 """The HTTP executor through a real node (in process, SQLite, real gRPC) and
 a real worker with ``http=True``: a job whose handler is ``http`` and whose
 payload is an ``HttpCall`` is sent to a real HTTP server on loopback, and
-a 503 is retried by the node as a new attempt that succeeds."""
+a 503 is retried by the node as a new attempt that succeeds, and a worker
+killed in the middle of a request leaves it to another attempt under a
+higher fence with the same idempotency key."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +29,7 @@ from tests.rpc.test_api import (
     submit,
     wait_for,
 )
+from wheel.engine.owner import OwnerConfig
 from wheel.rpc.v1 import jobs_pb2
 
 
@@ -110,3 +116,79 @@ def test_an_http_job_through_a_node_is_retried_after_a_503_and_then_succeeds(
     assert (first["Wheel-Attempt"], second["Wheel-Attempt"]) == ("1", "2")
     assert int(second["Wheel-Fence"]) > int(first["Wheel-Fence"])
     assert first["X-Team"] == "blue" and first["body"] == '{"report": 1}'
+
+
+class _HangsFirst(BaseHTTPRequestHandler):
+    """The first request hangs (until ``release``); the rest get 200."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[dict[str, str]] = []
+    release = threading.Event()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.seen.append(dict(self.headers.items()))
+        if len(self.seen) == 1:
+            self.release.wait(30)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_worker_killed_mid_request_leaves_a_second_attempt_with_a_higher_fence(
+    tmp_path: Path,
+) -> None:
+    seen: list[dict[str, str]] = []
+    release = threading.Event()
+    handler = type("Handler", (_HangsFirst,), {"seen": seen, "release": release})
+    http = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    server = InProcessServer(tmp_path, OwnerConfig(lease_ms=1_500, grace_lease_ms=800)).start()
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        with connect(server) as api:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "wheel", "worker", "--http", "--allow-private-targets"]
+                + ["--target", server.target, "--worker-id", "doomed"],
+            )
+            url = f"http://127.0.0.1:{http.server_address[1]}/hook"
+            call = jobs_pb2.HttpCall(target=jobs_pb2.HttpTarget(url=url), body=b"{}")
+            job_id = submit(
+                api,
+                spec(
+                    name="hook",
+                    handler="http",
+                    payload=call.SerializeToString(),
+                    schedule=once(now_ms()),
+                    retry=jobs_pb2.RetryPolicy(
+                        max_attempts=3, initial_backoff_ms=100, max_backoff_ms=200, multiplier=2
+                    ),
+                ),
+            ).job.job_id
+            wait_for(lambda: seen, 20, "the first request")
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            options = {"http": True, "allow_private_targets": True}
+            with WorkerThread(server.target, "w-2", options=options):
+
+                def succeeded() -> bool:
+                    return any(
+                        r.state == jobs_pb2.RUN_STATE_SUCCEEDED for r in all_runs(api, job_id)
+                    )
+
+                wait_for(succeeded, 20, "another attempt to succeed")
+        assert len(seen) == 2
+        first, second = seen
+        assert first["Idempotency-Key"] == second["Idempotency-Key"]
+        assert int(second["Wheel-Fence"]) > int(first["Wheel-Fence"])
+    finally:
+        release.set()
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.stop()
+        http.shutdown()
+        http.server_close()

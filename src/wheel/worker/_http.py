@@ -188,7 +188,11 @@ class _Target:
             lower = name.lower()
             if lower in OWN_HEADERS:
                 continue
-            if not name or any(c in name for c in ":\r\n\0 \t") or any(c in value for c in "\r\n\0"):
+            if (
+                not name
+                or any(c in name for c in ":\r\n\0 \t")
+                or any(c in value for c in "\r\n\0")
+            ):
                 raise BadTarget(f"headers: {name[:40]!r} is not a valid header")
             own_agent = own_agent or lower == "user-agent"
             lines.append(f"{name}: {value}")
@@ -204,7 +208,9 @@ class _Target:
         self.key = (scheme, host, port)
         self.head_only = method == "HEAD"
         # GET and HEAD without a body say nothing of one.
-        length = "" if method in ("GET", "HEAD") and not body else f"Content-Length: {len(body)}\r\n"
+        length = (
+            "" if method in ("GET", "HEAD") and not body else f"Content-Length: {len(body)}\r\n"
+        )
         self.head = ("\r\n".join(lines) + "\r\n").encode("utf-8"), length.encode("ascii")
         self.timeout_s = (timeout_ms or DEFAULT_TIMEOUT_MS) / 1000
         self.retry_4xx = retry_4xx
@@ -301,7 +307,17 @@ def retry_after_ms(value: str | None, now_s: float) -> int:
 def _scheduled_for(ms: int) -> str:
     """RFC 3339 UTC with milliseconds, e.g. 2026-12-06T12:00:00.000Z."""
     s, frac = divmod(ms, 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(s)) + f".{frac:03d}Z"
+    global _last_second, _last_second_text
+    if s != _last_second:
+        # Runs come due together: one formatting per second, not per run.
+        _last_second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(s))
+        _last_second = s
+    return f"{_last_second_text}.{frac:03d}Z"
+
+
+_last_second = -1
+_last_second_text = ""
+_json_str = json.encoder.encode_basestring_ascii
 
 
 def _dump(obj: object) -> str:
@@ -368,7 +384,7 @@ class HttpExecutor:
             f"Wheel-Scheduled-For: {_scheduled_for(ctx.scheduled_for_ms)}\r\n"
         )
         if a is not None and a.signed_headers:
-            fixed += "".join(f"{h.name}: {h.value}\r\n" for h in a.signed_headers)
+            fixed += "".join([f"{h.name}: {h.value}\r\n" for h in a.signed_headers])
         run_head = fixed.encode("utf-8")
         hops = 0
         try:
@@ -404,22 +420,24 @@ class HttpExecutor:
     def _finish(self, resp: Response, target: _Target, started: float, hops: int) -> Finish:
         status = resp.status
         outcome = outcome_of_status(status, target.retry_4xx)
-        kept = {k: v for k, v in resp.headers if k in KEPT_HEADERS}
         body = resp.body
-        excerpt = body[:EXCERPT_BYTES]
-        result: dict[str, object] = {
-            "http_status": status,
-            "duration_ms": _ms_since(started),
-            "response_headers": kept,
-            "response_excerpt": excerpt.decode("utf-8", errors="replace"),
-        }
+        # The result's JSON written out directly: it is made for every run,
+        # and json.dumps of the dict costs several times this.
+        kept = ",".join(
+            [f"{_json_str(k)}:{_json_str(v)}" for k, v in resp.headers if k in KEPT_HEADERS]
+        )
+        excerpt = _json_str(body[:EXCERPT_BYTES].decode("utf-8", errors="replace"))
+        result = (
+            f'{{"http_status":{status},"duration_ms":{_ms_since(started)},'
+            f'"response_headers":{{{kept}}},"response_excerpt":{excerpt}'
+        )
         if len(body) > EXCERPT_BYTES or resp.truncated:
-            result["excerpt_truncated"] = True
+            result += ',"excerpt_truncated":true'
         if hops:
-            result["redirects"] = hops
-            result["url"] = target.url
+            result += f',"redirects":{hops},"url":{_json_str(target.url)}'
+        result += "}"
         if outcome == SUCCEEDED:
-            return outcome, "", _dump(result), 0
+            return outcome, "", result, 0
         reason = resp.reason or _phrase(status)
         error = f"HTTP {status} {reason}".rstrip()
         wait = 0
@@ -435,7 +453,7 @@ class HttpExecutor:
             wait = retry_after_ms(resp.header("retry-after"), time.time())
             if wait:
                 error += f" (Retry-After {wait / 1000:g} s)"
-        return outcome, error, _dump(result), wait
+        return outcome, error, result, wait
 
     async def _send(self, target: _Target, data: bytes, deadline: float) -> Response:
         pool = self.pool
@@ -443,31 +461,33 @@ class HttpExecutor:
         reused = conn is not None
         if conn is None:
             conn = await self._open(target, deadline)
+        waiter = conn.request(data, target.head_only)
+        timer = conn.loop.call_at(deadline, _expire, waiter)
         try:
-            resp = await self._exchange(conn, data, target.head_only, deadline)
+            resp = await waiter
         except Disconnected as exc:
+            timer.cancel()
             if not reused or exc.any_bytes:
                 raise
             # A kept-alive connection the server closed while it was idle:
             # once more on a new one.
             conn = await self._open(target, deadline)
-            resp = await self._exchange(conn, data, target.head_only, deadline)
-        pool.put(conn)
-        return resp
-
-    @staticmethod
-    async def _exchange(
-        conn: Connection, data: bytes, head_only: bool, deadline: float
-    ) -> Response:
-        waiter = conn.request(data, head_only)
-        timer = asyncio.get_running_loop().call_at(deadline, _expire, waiter)
-        try:
-            return await waiter
+            waiter = conn.request(data, target.head_only)
+            timer = conn.loop.call_at(deadline, _expire, waiter)
+            try:
+                resp = await waiter
+            except BaseException:
+                conn.abandon()
+                raise
+            finally:
+                timer.cancel()
         except BaseException:
             conn.abandon()
-            raise
-        finally:
             timer.cancel()
+            raise
+        timer.cancel()
+        pool.put(conn)
+        return resp
 
     async def _open(self, target: _Target, deadline: float) -> Connection:
         """A new connection to a checked address of ``target``'s host."""
@@ -491,14 +511,14 @@ class HttpExecutor:
                 what = refusal(first)
                 if target.ip is not None:
                     raise Refused(f"refused: {host} is {what} address; {PRIVATE_HINT}")
-                raise Refused(f"refused: {host} resolves to {first}, {what} address; {PRIVATE_HINT}")
+                raise Refused(
+                    f"refused: {host} resolves to {first}, {what} address; {PRIVATE_HINT}"
+                )
             addresses = allowed
         last: OSError | None = None
         for addr in addresses:
             try:
-                return await self.pool.connect(
-                    target.key, addr, max(0.0, deadline - loop.time())
-                )
+                return await self.pool.connect(target.key, addr, max(0.0, deadline - loop.time()))
             except TimeoutError:
                 raise
             except OSError as exc:

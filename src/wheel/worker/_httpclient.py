@@ -95,6 +95,7 @@ class Connection(asyncio.Protocol):
         self.key = key
         self.body_limit = body_limit
         self.transport: asyncio.Transport | None = None
+        self.loop = asyncio.get_running_loop()
         self.closed = False
         self.idle_since = 0.0
         self._waiter: asyncio.Future[Response] | None = None
@@ -140,17 +141,14 @@ class Connection(asyncio.Protocol):
             self._end(False)
         elif self._waiter is not None:
             why = f": {exc}" if exc else ""
-            self._fail(
-                Disconnected(f"the server closed the connection{why}", any_bytes=self._any)
-            )
+            self._fail(Disconnected(f"the server closed the connection{why}", any_bytes=self._any))
 
     # -- use ------------------------------------------------------------------------
 
     def request(self, data: bytes, head_only: bool) -> asyncio.Future[Response]:
         """Send ``data`` (a whole request); the future gets its response."""
         assert self.transport is not None and self._waiter is None
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[Response] = loop.create_future()
+        waiter: asyncio.Future[Response] = self.loop.create_future()
         self._waiter = waiter
         self._state = _HEAD
         self._no_body = head_only
@@ -335,7 +333,9 @@ class Connection(asyncio.Protocol):
             self.close()
         if waiter is not None and not waiter.done():
             waiter.set_result(
-                Response(self._status, self._reason, self._headers, bytes(self._body), self._truncated)
+                Response(
+                    self._status, self._reason, self._headers, bytes(self._body), self._truncated
+                )
             )
 
     def _fail(self, exc: Exception) -> None:
@@ -391,9 +391,7 @@ class Pool:
             idle.popleft().close()
         idle.append(conn)
 
-    async def connect(
-        self, key: tuple[str, str, int], address: str, timeout: float
-    ) -> Connection:
+    async def connect(self, key: tuple[str, str, int], address: str, timeout: float) -> Connection:
         """A new connection to ``address`` (already resolved and checked) for ``key``."""
         scheme, host, port = key
         loop = asyncio.get_running_loop()

@@ -128,7 +128,9 @@ class Run:
         ctx = self.ctx
         return pb.RunRef(run_id=ctx.run_id, fence=ctx.fence, job_id=ctx.job_id)
 
-    def done(self, outcome: pb.Outcome, error: str, result: str = "", retry_after_ms: int = 0) -> Done:
+    def done(
+        self, outcome: pb.Outcome, error: str, result: str = "", retry_after_ms: int = 0
+    ) -> Done:
         ctx = self.ctx
         ran_ms = int((time.perf_counter() - self.started) * 1000) if self.started else 0
         return (ctx.run_id, ctx.fence, outcome, error, ctx.job_id, ran_ms, result, retry_after_ms)
@@ -284,9 +286,9 @@ class Runner:
         self._deadline_seq = 0
         self._deadline_at = math.inf
         self._deadline_timer: asyncio.TimerHandle | None = None
-        self._results: collections.deque[
-            tuple[Run, pb.Outcome, str, BaseException | None, str]
-        ] = collections.deque()
+        self._results: collections.deque[tuple[Run, pb.Outcome, str, BaseException | None, str]] = (
+            collections.deque()
+        )
         self._results_lock = threading.Lock()
         self._results_scheduled = False
 
@@ -410,9 +412,7 @@ class Runner:
                         # A sync-looking callable that returned an awaitable:
                         # run it on the loop, this thread waits for it.
                         assert self._loop is not None
-                        value = asyncio.run_coroutine_threadsafe(
-                            _await(value), self._loop
-                        ).result()
+                        value = asyncio.run_coroutine_threadsafe(_await(value), self._loop).result()
                     if value is not None:
                         result = result_of(value)
                 except BaseException as exc:

@@ -190,8 +190,9 @@ class Worker:
         """``http``: run the built-in handler ``http`` too, which sends the
         requests of jobs with an HTTP target (``wheel.worker._http``); with
         ``allow_private_targets`` it sends them to loopback, private and
-        link-local addresses as well (refused otherwise). ``metrics_listen`` ("HOST:PORT", port 0 for any free one): serve the
-        worker's Prometheus metrics at ``/metrics`` there while it runs
+        link-local addresses as well (refused otherwise). ``metrics_listen``
+        ("HOST:PORT", port 0 for any free one): serve the worker's Prometheus
+        metrics at ``/metrics`` there while it runs
         (``metrics_port`` is the port bound). ``security``: TLS for the
         streams, as ``Client``'s (None: ``WHEEL_TLS_*`` from the environment);
         ``interceptors``: ``grpc.aio`` client interceptors on every channel.
