@@ -150,9 +150,9 @@ def test_a_worker_killed_mid_request_leaves_a_second_attempt_with_a_higher_fence
     proc: subprocess.Popen[bytes] | None = None
     try:
         with connect(server) as api:
+            worker = ["worker", "--http", "--allow-private-targets", "--worker-id", "doomed"]
             proc = subprocess.Popen(
-                [sys.executable, "-m", "wheel", "worker", "--http", "--allow-private-targets"]
-                + ["--target", server.target, "--worker-id", "doomed"],
+                [sys.executable, "-m", "wheel", *worker, "--target", server.target]
             )
             url = f"http://127.0.0.1:{http.server_address[1]}/hook"
             call = jobs_pb2.HttpCall(target=jobs_pb2.HttpTarget(url=url), body=b"{}")
