@@ -73,6 +73,8 @@ USER_AGENT = f"wheel/{wheel.__version__}"
 KEPT_HEADERS = frozenset(
     ("content-type", "content-length", "retry-after", "location", "x-request-id", "request-id")
 )
+# Of each, at most this much: a result stays far below its 64 KiB.
+MAX_KEPT_HEADER_CHARS = 1_000
 # Headers the executor sets itself: a job's own are dropped.
 OWN_HEADERS = frozenset(
     (
@@ -375,7 +377,7 @@ class HttpExecutor:
         except BadTarget as exc:
             error = f"bad HTTP target: {exc}"
             return FAILED, error, _error_result(error, started), 0
-        timeout = min(target.timeout_s, ctx.deadline - time.monotonic())
+        timeout = max(0.0, min(target.timeout_s, ctx.deadline - time.monotonic()))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         fixed = (
@@ -424,7 +426,11 @@ class HttpExecutor:
         # The result's JSON written out directly: it is made for every run,
         # and json.dumps of the dict costs several times this.
         kept = ",".join(
-            [f"{_json_str(k)}:{_json_str(v)}" for k, v in resp.headers if k in KEPT_HEADERS]
+            [
+                f"{_json_str(k)}:{_json_str(v[:MAX_KEPT_HEADER_CHARS])}"
+                for k, v in resp.headers
+                if k in KEPT_HEADERS
+            ]
         )
         excerpt = _json_str(body[:EXCERPT_BYTES].decode("utf-8", errors="replace"))
         result = (
@@ -438,7 +444,7 @@ class HttpExecutor:
         result += "}"
         if outcome == SUCCEEDED:
             return outcome, "", result, 0
-        reason = resp.reason or _phrase(status)
+        reason = resp.reason[:100] or _phrase(status)
         error = f"HTTP {status} {reason}".rstrip()
         wait = 0
         if 300 <= status < 400:
