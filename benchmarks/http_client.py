@@ -8,11 +8,13 @@ A receiver in a process of its own answers every request on kept-alive
 connections (``200``, a short body); this process sends ``--requests``
 POSTs with ``--concurrency`` in flight, each a task as the worker runs them,
 and reads its own CPU time around them (the receiver's is not counted).
+The aiohttp and no-op figures run each request as a task of its own.
 
-- ``wheel_executor``: ``HttpExecutor.execute`` on a run as the worker holds
+- ``wheel_executor``: ``HttpExecutor.start`` on a run as the worker holds
   it (a Standard Webhooks-signed request with the run's headers, the outcome
-  and the result's JSON): what a run of the ``http`` handler costs the worker
-  beyond the stream.
+  and the result's JSON), the next run started from the callback that ends
+  one, as the worker's runner does: what a run of the ``http`` handler costs
+  the worker beyond the stream.
 - ``aiohttp_session``: ``ClientSession.post`` of the same bytes and
   ``await resp.read()``: the same request with the obvious library.
 - ``noop_task``: a task that does nothing: the floor under both.
@@ -144,14 +146,39 @@ async def bench(port: int, n: int, concurrency: int) -> dict[str, Any]:
     runs = [run_of(i) for i in range(n)]
     failures = 0
 
-    async def wheel_one(i: int) -> None:
-        nonlocal failures
-        outcome, *_ = await executor.execute(runs[i])
-        failures += outcome != pb.OUTCOME_SUCCEEDED
+    async def by_callbacks(count: int) -> tuple[float, float]:
+        """``count`` runs through ``HttpExecutor.start``, as the worker's
+        runner starts them: ``concurrency`` in flight, the next started
+        from the callback that ends one (no task per run)."""
+        loop = asyncio.get_running_loop()
+        finished = loop.create_future()
+        state = {"next": 0, "left": count}
+
+        def done(run: Run, finish: Any) -> None:
+            nonlocal failures
+            failures += finish[0] != pb.OUTCOME_SUCCEEDED
+            state["left"] -= 1
+            if state["left"] == 0:
+                finished.set_result(None)
+            elif state["next"] < count:
+                launch()
+
+        def launch() -> None:
+            i = state["next"]
+            state["next"] += 1
+            run = runs[i]
+            run.task = None
+            executor.start(run, done)
+
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(min(concurrency, count)):
+            launch()
+        await finished
+        return time.perf_counter() - wall, time.process_time() - cpu
 
     out: dict[str, Any] = {"requests": n, "concurrency": concurrency}
-    await _drive(min(n, 2_000), concurrency, wheel_one)  # warm-up
-    wall, cpu = await _drive(n, concurrency, wheel_one)
+    await by_callbacks(min(n, 2_000))  # warm-up
+    wall, cpu = await by_callbacks(n)
     out["wheel_executor"] = {
         "per_s": round(n / wall),
         "cpu_us_per_request": round(cpu / n * 1e6, 1),

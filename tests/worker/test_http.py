@@ -297,14 +297,22 @@ def test_a_hung_endpoint_times_out_retryable_within_the_targets_timeout() -> Non
 
         async with receiver() as rec, executor() as ex:
             url = rec.on("/hung", hung)
-            t0 = time.monotonic()
-            c, result = await ex.run(call(url, timeout_ms=300))
-            took = time.monotonic() - t0
+            # On a new connection, then on one kept alive from an earlier run.
+            for first in (None, rec.url + "/ok"):
+                if first is not None:
+                    c, _ = await ex.run(call(first))
+                    assert c.outcome == pb.OUTCOME_SUCCEEDED
+                t0 = time.monotonic()
+                c, result = await ex.run(call(url, timeout_ms=300))
+                took = time.monotonic() - t0
+                assert c.outcome == pb.OUTCOME_RETRYABLE
+                assert c.error == "timed out after 0.3 s"
+                assert result["error"] == c.error and 250 <= result["duration_ms"] < 2_000
+                assert 0.25 < took < 2.0
+            # The timed-out connections were dropped, not reused.
+            c, _ = await ex.run(call(rec.url + "/ok"))
+            assert c.outcome == pb.OUTCOME_SUCCEEDED
             hang.set()
-        assert c.outcome == pb.OUTCOME_RETRYABLE
-        assert c.error == "timed out after 0.3 s"
-        assert result["error"] == c.error and 250 <= result["duration_ms"] < 2_000
-        assert 0.25 < took < 2.0
 
     scenario(go)
 

@@ -27,12 +27,15 @@ bytes of a response are read.
 from __future__ import annotations
 
 import asyncio
+import collections
 import email.utils
 import ipaddress
 import json
+import math
 import socket
 import time
 import urllib.parse
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 
@@ -104,6 +107,8 @@ RETRYABLE = pb.OUTCOME_RETRYABLE
 
 # How a run ended: outcome, error, result (JSON object text), retry_after_ms.
 Finish = tuple["pb.Outcome", str, str, int]
+# Called once when a run's request ended.
+Done = Callable[["Run", Finish], object]
 
 
 class BadTarget(Exception):
@@ -116,6 +121,18 @@ class Refused(Exception):
 
 class NoConnection(Exception):
     """No connection could be made (resolution or connect failed): retryable."""
+
+
+class _Early(Exception):
+    """A run ended before any request was sent."""
+
+    def __init__(self, outcome: pb.Outcome, error: str) -> None:
+        super().__init__(error)
+        self.outcome = outcome
+        self.error = error
+
+    def finish(self, started: float) -> Finish:
+        return self.outcome, self.error, _error_result(self.error, started), 0
 
 
 class _Target:
@@ -133,6 +150,7 @@ class _Target:
         "method",
         "port",
         "retry_4xx",
+        "tail",
         "timeout_s",
         "url",
     )
@@ -213,7 +231,9 @@ class _Target:
         length = (
             "" if method in ("GET", "HEAD") and not body else f"Content-Length: {len(body)}\r\n"
         )
-        self.head = ("\r\n".join(lines) + "\r\n").encode("utf-8"), length.encode("ascii")
+        self.head = ("\r\n".join(lines) + "\r\n").encode("utf-8")
+        # What follows the run's own lines: the length, the blank line, the body.
+        self.tail = (length + "\r\n").encode("ascii") + body
         self.timeout_s = (timeout_ms or DEFAULT_TIMEOUT_MS) / 1000
         self.retry_4xx = retry_4xx
         self.follow = follow
@@ -232,6 +252,10 @@ class _Target:
             t.retry_4xx,
             t.follow_redirects,
         )
+
+    def request(self, lines: bytes) -> bytes:
+        """The whole request, with a run's own header ``lines``."""
+        return self.head + lines + self.tail
 
     def redirected(self, location: str, status: int) -> _Target:
         url = urllib.parse.urljoin(self.url, location)
@@ -345,9 +369,11 @@ class HttpExecutor:
     def __init__(self, *, allow_private: bool = False, body_limit: int = BODY_LIMIT) -> None:
         self.allow_private = allow_private
         self.pool = Pool(body_limit)
+        self.deadlines = _Deadlines()
         self._targets: dict[bytes, _Target] = {}
 
     def close(self) -> None:
+        self.deadlines.close()
         self.pool.close()
 
     def _target(self, payload: bytes) -> _Target:
@@ -364,36 +390,85 @@ class HttpExecutor:
         self._targets[payload] = target
         return target
 
-    async def execute(self, run: Run) -> Finish:
-        """One attempt: the request, and how the run ended."""
-        started = time.perf_counter()
+    def _prepare(self, run: Run) -> tuple[_Target, bytes, float]:
+        """The run's target, the request's lines of this run, and its timeout
+        in seconds; raises ``_Early`` for a run that is not sent at all."""
         ctx = run.ctx
         a = run.assignment
         if a is not None and a.sign_error:
             error = f"not sent: the request could not be signed: {a.sign_error}"
-            return RETRYABLE, error, _error_result(error, started), 0
+            raise _Early(RETRYABLE, error)
         try:
             target = self._target(ctx.payload)
         except BadTarget as exc:
-            error = f"bad HTTP target: {exc}"
-            return FAILED, error, _error_result(error, started), 0
+            raise _Early(FAILED, f"bad HTTP target: {exc}") from None
         timeout = max(0.0, min(target.timeout_s, ctx.deadline - time.monotonic()))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        fixed = (
+        lines = (
             f"Idempotency-Key: {ctx.idempotency_key}\r\nWheel-Fence: {ctx.fence}\r\n"
             f"Wheel-Attempt: {ctx.attempt}\r\n"
             f"Wheel-Scheduled-For: {_scheduled_for(ctx.scheduled_for_ms)}\r\n"
         )
         if a is not None and a.signed_headers:
-            fixed += "".join([f"{h.name}: {h.value}\r\n" for h in a.signed_headers])
-        run_head = fixed.encode("utf-8")
+            lines += "".join([f"{h.name}: {h.value}\r\n" for h in a.signed_headers])
+        return target, lines.encode("utf-8"), timeout
+
+    def start(self, run: Run, done: Done) -> None:
+        """Send ``run``'s request; ``done(run, finish)`` is called once when it
+        ended, always later than this call. The common case, a kept-alive
+        connection to the host at hand, costs no task and no future: the
+        connection's callback ends the run. Opening a connection (resolve,
+        check, connect) and following redirects run as a task (``run.task``,
+        which the runner may cancel)."""
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        try:
+            target, lines, timeout = self._prepare(run)
+        except _Early as early:
+            loop.call_soon(done, run, early.finish(started))
+            return
+        conn = None if target.follow else self.pool.take(target.key)
+        if conn is None:
+            run.task = loop.create_task(
+                self._later(run, done, target, lines, timeout, started, fresh=False)
+            )
+            return
+        _Exchange(self, run, done, target, lines, timeout, started).send(conn)
+
+    async def _later(
+        self,
+        run: Run,
+        done: Done,
+        target: _Target,
+        lines: bytes,
+        timeout: float,
+        started: float,
+        *,
+        fresh: bool,
+    ) -> None:
+        finish: Finish = (RETRYABLE, "request was cancelled", "", 0)
+        try:
+            finish = await self._exchange(target, lines, timeout, started, fresh=fresh)
+        finally:
+            done(run, finish)
+
+    async def execute(self, run: Run) -> Finish:
+        """One attempt as a coroutine: the request, and how the run ended."""
+        started = time.perf_counter()
+        try:
+            target, lines, timeout = self._prepare(run)
+        except _Early as early:
+            return early.finish(started)
+        return await self._exchange(target, lines, timeout, started, fresh=False)
+
+    async def _exchange(
+        self, target: _Target, lines: bytes, timeout: float, started: float, *, fresh: bool
+    ) -> Finish:
+        deadline = asyncio.get_running_loop().time() + timeout
         hops = 0
         try:
             while True:
-                head, length = target.head
-                data = b"".join((head, run_head, length, b"\r\n", target.body))
-                resp = await self._send(target, data, deadline)
+                data = target.request(lines)
+                resp = await self._send(target, data, deadline, fresh=fresh)
                 status = resp.status
                 if status in REDIRECTS and target.follow and hops < MAX_REDIRECTS:
                     location = resp.header("location")
@@ -402,22 +477,25 @@ class HttpExecutor:
                         target = target.redirected(location, status)
                         continue
                 break
-        except BadTarget as exc:
-            error = f"bad redirect: {exc}"
-            return FAILED, error, _error_result(error, started), 0
-        except Refused as exc:
-            error = str(exc)
-            return FAILED, error, _error_result(error, started), 0
-        except TimeoutError:
-            error = f"timed out after {timeout:.1f} s"
-            return RETRYABLE, error, _error_result(error, started), 0
-        except NoConnection as exc:
-            error = str(exc)
-            return RETRYABLE, error, _error_result(error, started), 0
-        except (Disconnected, BadResponse) as exc:
-            error = f"{target.host}:{target.port}: {exc}"
-            return RETRYABLE, error, _error_result(error, started), 0
+        except _FAILURES as exc:
+            return self._failure(exc, target, timeout, started)
         return self._finish(resp, target, started, hops)
+
+    @staticmethod
+    def _failure(exc: Exception, target: _Target, timeout: float, started: float) -> Finish:
+        """How a request that got no (whole) response ended."""
+        outcome = RETRYABLE
+        if isinstance(exc, BadTarget):
+            outcome, error = FAILED, f"bad redirect: {exc}"
+        elif isinstance(exc, Refused):
+            outcome, error = FAILED, str(exc)
+        elif isinstance(exc, TimeoutError):
+            error = f"timed out after {timeout:.1f} s"
+        elif isinstance(exc, NoConnection):
+            error = str(exc)
+        else:
+            error = f"{target.host}:{target.port}: {exc}"
+        return outcome, error, _error_result(error, started), 0
 
     def _finish(self, resp: Response, target: _Target, started: float, hops: int) -> Finish:
         status = resp.status
@@ -461,39 +539,38 @@ class HttpExecutor:
                 error += f" (Retry-After {wait / 1000:g} s)"
         return outcome, error, result, wait
 
-    async def _send(self, target: _Target, data: bytes, deadline: float) -> Response:
+    async def _send(
+        self, target: _Target, data: bytes, deadline: float, *, fresh: bool
+    ) -> Response:
+        """One request on a kept-alive connection (unless ``fresh``) or a new one."""
         pool = self.pool
-        conn = pool.take(target.key)
+        conn = None if fresh else pool.take(target.key)
         reused = conn is not None
         if conn is None:
             conn = await self._open(target, deadline)
-        waiter = conn.request(data, target.head_only)
-        timer = conn.loop.call_at(deadline, _expire, waiter)
         try:
-            resp = await waiter
+            return await self._fetch(conn, data, target.head_only, deadline)
         except Disconnected as exc:
-            timer.cancel()
             if not reused or exc.any_bytes:
                 raise
-            # A kept-alive connection the server closed while it was idle:
-            # once more on a new one.
-            conn = await self._open(target, deadline)
-            waiter = conn.request(data, target.head_only)
-            timer = conn.loop.call_at(deadline, _expire, waiter)
-            try:
-                resp = await waiter
-            except BaseException:
-                conn.abandon()
-                raise
-            finally:
-                timer.cancel()
+        # A kept-alive connection the server closed while it was idle: once
+        # more on a new one.
+        conn = await self._open(target, deadline)
+        return await self._fetch(conn, data, target.head_only, deadline)
+
+    async def _fetch(
+        self, conn: Connection, data: bytes, head_only: bool, deadline: float
+    ) -> Response:
+        waiter = conn.fetch(data, head_only)
+        timer = conn.loop.call_at(deadline, _expire, waiter)
+        try:
+            return await waiter
         except BaseException:
             conn.abandon()
-            timer.cancel()
             raise
-        timer.cancel()
-        pool.put(conn)
-        return resp
+        finally:
+            timer.cancel()
+            self.pool.put(conn)
 
     async def _open(self, target: _Target, deadline: float) -> Connection:
         """A new connection to a checked address of ``target``'s host."""
@@ -535,6 +612,149 @@ class HttpExecutor:
         if isinstance(last, ConnectionRefusedError):
             raise NoConnection(f"connect to {where} refused")
         raise NoConnection(f"connect to {where} failed: {last.strerror or last}")
+
+
+_FAILURES = (BadTarget, Refused, TimeoutError, NoConnection, Disconnected, BadResponse)
+
+
+class _Exchange:
+    """One request on a kept-alive connection, ended by the connection's
+    callback or by its deadline (``HttpExecutor.start``)."""
+
+    __slots__ = (
+        "conn",
+        "deadline",
+        "done",
+        "executor",
+        "lines",
+        "run",
+        "started",
+        "target",
+        "timeout",
+    )
+
+    def __init__(
+        self,
+        executor: HttpExecutor,
+        run: Run,
+        done: Done,
+        target: _Target,
+        lines: bytes,
+        timeout: float,
+        started: float,
+    ) -> None:
+        self.executor = executor
+        self.run: Run | None = run
+        self.done = done
+        self.target = target
+        self.lines = lines
+        self.timeout = timeout
+        self.started = started
+
+    def send(self, conn: Connection) -> None:
+        self.conn = conn
+        conn.request(self.target.request(self.lines), self.target.head_only, self.on_response)
+        self.deadline = conn.loop.time() + self.timeout
+        self.executor.deadlines.add(self)
+
+    def on_response(self, resp: Response | None, exc: Exception | None) -> None:
+        run = self.run
+        if run is None:
+            return
+        self.run = None  # ended: its deadline passes unheeded
+        executor = self.executor
+        executor.deadlines.trim(self.timeout)
+        executor.pool.put(self.conn)
+        if resp is not None:
+            finish = executor._finish(resp, self.target, self.started, 0)
+        elif isinstance(exc, Disconnected) and not exc.any_bytes:
+            # Closed while idle, just as the request went: once more on a new
+            # connection, in what is left of the timeout.
+            left = max(0.0, self.timeout - (time.perf_counter() - self.started))
+            run.task = self.conn.loop.create_task(
+                executor._later(
+                    run, self.done, self.target, self.lines, left, self.started, fresh=True
+                )
+            )
+            return
+        else:
+            assert exc is not None
+            finish = executor._failure(exc, self.target, self.timeout, self.started)
+        self.done(run, finish)
+
+    def expire(self) -> None:
+        run = self.run
+        if run is None:
+            return
+        self.run = None
+        self.conn.abandon()
+        self.executor.pool.put(self.conn)
+        self.done(
+            run, self.executor._failure(TimeoutError(), self.target, self.timeout, self.started)
+        )
+
+
+class _Deadlines:
+    """When requests time out, with one loop timer for all of them.
+
+    Requests with the same timeout reach their deadlines in the order they
+    were sent, so each timeout keeps a FIFO queue and only the queues' heads
+    are ever looked at: adding is O(1), and there are no timer handles to
+    make and cancel per request (which would also pile up, cancelled, in
+    the loop's heap for as long as the timeout). A request that ends leaves
+    its queue once every request sent before it has ended too; until then it
+    stays, without its run.
+    """
+
+    def __init__(self) -> None:
+        self._queues: dict[float, collections.deque[_Exchange]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = math.inf
+
+    def add(self, exchange: _Exchange) -> None:
+        queue = self._queues.get(exchange.timeout)
+        if queue is None:
+            queue = self._queues[exchange.timeout] = collections.deque()
+        queue.append(exchange)
+        if exchange.deadline < self._at:
+            self._arm(exchange.conn.loop, exchange.deadline)
+
+    def trim(self, timeout: float) -> None:
+        """Drop the ended requests at the head of ``timeout``'s queue:
+        answered mostly in the order sent, requests leave it as they end."""
+        queue = self._queues.get(timeout)
+        while queue and queue[0].run is None:
+            queue.popleft()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._at = at
+        self._timer = loop.call_at(at, self._due, loop)
+
+    def _due(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        self._at = math.inf
+        now = loop.time()
+        expired = []
+        earliest = math.inf
+        for queue in self._queues.values():
+            while queue and (queue[0].run is None or queue[0].deadline <= now):
+                exchange = queue.popleft()
+                if exchange.run is not None:
+                    expired.append(exchange)
+            if queue:
+                earliest = min(earliest, queue[0].deadline)
+        if earliest < math.inf:
+            self._arm(loop, earliest)
+        for exchange in expired:
+            exchange.expire()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._queues.clear()
 
 
 def _phrase(status: int) -> str:

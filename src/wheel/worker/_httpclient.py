@@ -12,7 +12,8 @@ Why not aiohttp's ``ClientSession``: it costs several times the CPU per
 request (``benchmarks/http_client.py`` measures both), and one worker
 process must send thousands of requests a second. This client does only
 what the executor needs: the caller gives the address to connect to (it
-resolved and checked it) and the request's bytes; it gets a ``Response``.
+resolved and checked it) and the request's bytes, and a callback that gets
+the ``Response`` or the error: no task and no future per request.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import collections
 import ssl
 import time
 from collections.abc import Callable
+from typing import Any
 
 __all__ = [
     "MAX_HEADERS",
@@ -29,6 +31,7 @@ __all__ = [
     "BadResponse",
     "Connection",
     "Disconnected",
+    "OnResponse",
     "Pool",
     "Response",
 ]
@@ -50,6 +53,10 @@ _CHUNK_CRLF = 4
 _TRAILERS = 5
 _TO_CLOSE = 6  # body until the connection closes
 _DONE = 7
+
+
+# What a request's callback gets: the response, or None and the error.
+OnResponse = Callable[["Response | None", "Exception | None"], Any]
 
 
 class BadResponse(Exception):
@@ -98,7 +105,7 @@ class Connection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.closed = False
         self.idle_since = 0.0
-        self._waiter: asyncio.Future[Response] | None = None
+        self._on_response: OnResponse | None = None
         self._buf = bytearray()
         self._state = _DONE
         self._no_body = False
@@ -118,7 +125,7 @@ class Connection(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        if self._waiter is None:
+        if self._on_response is None:
             # Bytes nobody asked for: the connection is not reusable.
             self.close()
             return
@@ -139,34 +146,48 @@ class Connection(asyncio.Protocol):
         self.closed = True
         if self._state == _TO_CLOSE:
             self._end(False)
-        elif self._waiter is not None:
+        elif self._on_response is not None:
             why = f": {exc}" if exc else ""
             self._fail(Disconnected(f"the server closed the connection{why}", any_bytes=self._any))
 
     # -- use ------------------------------------------------------------------------
 
-    def request(self, data: bytes, head_only: bool) -> asyncio.Future[Response]:
-        """Send ``data`` (a whole request); the future gets its response."""
-        assert self.transport is not None and self._waiter is None
-        waiter: asyncio.Future[Response] = self.loop.create_future()
-        self._waiter = waiter
+    def request(self, data: bytes, head_only: bool, on_response: OnResponse) -> None:
+        """Send ``data`` (a whole request); ``on_response`` is called once,
+        from the loop's I/O callbacks, with the response or the error."""
+        assert self.transport is not None and self._on_response is None
+        self._on_response = on_response
         self._state = _HEAD
         self._no_body = head_only
         self._any = False
         self._body = bytearray()
         self._truncated = False
         self.transport.write(data)
+
+    def fetch(self, data: bytes, head_only: bool) -> asyncio.Future[Response]:
+        """``request`` for a coroutine: a future of the response."""
+        waiter: asyncio.Future[Response] = self.loop.create_future()
+
+        def settle(resp: Response | None, exc: Exception | None) -> None:
+            if waiter.done():
+                return
+            if exc is not None:
+                waiter.set_exception(exc)
+            elif resp is not None:
+                waiter.set_result(resp)
+
+        self.request(data, head_only, settle)
         return waiter
 
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
-            self.transport.abort() if self._waiter is not None else self.transport.close()
+            self.transport.abort() if self._on_response is not None else self.transport.close()
 
     def abandon(self) -> None:
         """The caller stopped waiting (timeout, cancel): the connection's
-        state is unknown, so it is closed."""
-        self._waiter = None
+        state is unknown, so it is closed; its callback is not called."""
+        self._on_response = None
         self._state = _DONE
         self.closed = True
         if self.transport is not None:
@@ -178,6 +199,8 @@ class Connection(asyncio.Protocol):
         buf = self._buf
         while True:
             state = self._state
+            if self._on_response is None:
+                return  # ended (or abandoned): what follows is not this response's
             if state == _HEAD:
                 end = buf.find(b"\r\n\r\n")
                 if end < 0:
@@ -326,24 +349,26 @@ class Connection(asyncio.Protocol):
         del buf[:n]
 
     def _end(self, keep: bool) -> None:
-        waiter = self._waiter
-        self._waiter = None
+        on_response = self._on_response
+        self._on_response = None
         self._state = _DONE
         if not keep or self._buf:
             self.close()
-        if waiter is not None and not waiter.done():
-            waiter.set_result(
+        if on_response is not None:
+            # It may send the next request on this connection at once.
+            on_response(
                 Response(
                     self._status, self._reason, self._headers, bytes(self._body), self._truncated
-                )
+                ),
+                None,
             )
 
     def _fail(self, exc: Exception) -> None:
-        waiter = self._waiter
-        self._waiter = None
+        on_response = self._on_response
+        self._on_response = None
         self._state = _DONE
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
+        if on_response is not None:
+            on_response(None, exc)
 
 
 class Pool:
@@ -353,6 +378,8 @@ class Pool:
         self.body_limit = body_limit
         self._ssl = ssl_context
         self._idle: dict[tuple[str, str, int], collections.deque[Connection]] = {}
+        # Taken and not put back yet: closed with the pool.
+        self.busy: set[Connection] = set()
         self.opened = 0
 
     def ssl_context(self) -> ssl.SSLContext:
@@ -376,11 +403,13 @@ class Pool:
                 while idle:
                     idle.pop().close()
                 return None
+            self.busy.add(conn)
             return conn
         return None
 
     def put(self, conn: Connection) -> None:
-        """Back to the pool after a response that left it reusable."""
+        """Back from a request: kept for the next one if it is still open."""
+        self.busy.discard(conn)
         if conn.closed:
             return
         conn.idle_since = time.monotonic()
@@ -409,6 +438,7 @@ class Pool:
             timeout,
         )
         self.opened += 1
+        self.busy.add(conn)
         return conn
 
     def close(self) -> None:
@@ -416,3 +446,6 @@ class Pool:
             while idle:
                 idle.pop().close()
         self._idle.clear()
+        for conn in list(self.busy):
+            conn.abandon()
+        self.busy.clear()

@@ -49,9 +49,10 @@ log = logging.getLogger("wheel.worker")
 
 class HttpRunner(Protocol):
     """The built-in ``http`` handler (``wheel.worker._http.HttpExecutor``):
-    it sends a run's request and says how the run ended."""
+    it sends a run's request and calls ``done(run, finish)`` once, later,
+    with how the run ended."""
 
-    async def execute(self, run: Run) -> Finish: ...
+    def start(self, run: Run, done: Callable[[Run, Finish], object]) -> None: ...
 
 
 class Holder(Protocol):
@@ -315,12 +316,15 @@ class Runner:
         if run.mode == INLINE:
             self._run_inline(run)
             return
+        if run.mode == HTTP:
+            # Its request's own timeout ends no later than the run's: no watch.
+            assert self.http is not None
+            self.http.start(run, self._http_done)
+            return
         if run.ctx.deadline != math.inf:
             self._watch_deadline(run)
         if run.mode == TASK:
             run.task = self._loop.create_task(self._run_async(run))
-        elif run.mode == HTTP:
-            run.task = self._loop.create_task(self._run_http(run))
         else:
             self._sync_inflight += 1
             if self._sync_inflight > len(self._threads):
@@ -355,19 +359,10 @@ class Runner:
         self._finish(run, outcome, error, failure, result)
         self.admit()
 
-    async def _run_http(self, run: Run) -> None:
-        assert self.http is not None
-        failure: BaseException | None = None
-        try:
-            outcome, error, result, retry_after_ms = await self.http.execute(run)
-        except asyncio.CancelledError:
-            outcome, error, result, retry_after_ms = RETRYABLE, "request was cancelled", "", 0
-        except BaseException as exc:  # a bug of the executor's: retry, and say where
-            outcome, error = outcome_of(exc)
-            result, retry_after_ms, failure = "", 0, exc
-        finally:
-            self.active -= 1
-        self._finish(run, outcome, error, failure, result, retry_after_ms)
+    def _http_done(self, run: Run, finish: Finish) -> None:
+        self.active -= 1
+        outcome, error, result, retry_after_ms = finish
+        self._finish(run, outcome, error, None, result, retry_after_ms)
         self.admit()
 
     def _run_inline(self, run: Run) -> None:
