@@ -277,10 +277,11 @@ class Connection(asyncio.Protocol):
                 return
 
     def _on_head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
+        # One decode for the whole head (latin-1 maps every byte), then str work.
+        lines = head.decode("latin-1").split("\r\n")
         status_line = lines[0]
-        parts = status_line.split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+        parts = status_line.split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
             raise BadResponse(f"not an HTTP/1.x status line: {status_line[:60]!r}")
         try:
             status = int(parts[1])
@@ -295,13 +296,13 @@ class Connection(asyncio.Protocol):
         headers: list[tuple[str, str]] = []
         length = -1
         chunked = False
-        keep = parts[0] == b"HTTP/1.1"
+        keep = parts[0] == "HTTP/1.1"
         for line in lines[1:]:
-            name, sep, value = line.partition(b":")
+            name, sep, value = line.partition(":")
             if not sep:
                 raise BadResponse(f"a header line without ':': {line[:60]!r}")
-            k = name.strip().lower().decode("latin-1")
-            v = value.strip().decode("latin-1")
+            k = name.strip().lower()
+            v = value.strip()
             headers.append((k, v))
             if k == "content-length":
                 try:
@@ -319,7 +320,7 @@ class Connection(asyncio.Protocol):
                 elif "keep-alive" in tokens:
                     keep = True
         self._status = status
-        self._reason = parts[2].decode("latin-1") if len(parts) > 2 else ""
+        self._reason = parts[2] if len(parts) > 2 else ""
         self._headers = headers
         self._keep = keep
         if self._no_body or status in (101, 204, 304) or status < 200:
