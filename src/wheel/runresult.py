@@ -36,7 +36,11 @@ def checked_result(text: str) -> str:
     """``text`` as the run's result if it is a JSON object of at most
     ``MAX_RESULT_BYTES`` (UTF-8), else a JSON object whose ``error`` says
     why it was refused."""
-    size = len(text.encode("utf-8", "surrogatepass"))
+    # A character is 1 to 4 bytes of UTF-8: most results need no encoding
+    # to know they fit.
+    size = len(text)
+    if size > MAX_RESULT_BYTES // 4:
+        size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_RESULT_BYTES:
         why = f"result refused: {size} bytes, over the limit of {MAX_RESULT_BYTES}"
     else:
