@@ -430,15 +430,15 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
             if request.run_id <= 0:
                 raise InvalidArgument("run_id", "must be a positive run id")
             node = self.node
+            principal = await self.guard.principal(context)
             run = await node.get_run(request.run_id)
-            try:
-                # As ListRuns: NOT_FOUND for another tenant's, in the same
-                # words as for a run that does not exist.
-                self.guard.check_job(
-                    await self.guard.principal(context), await node.get_job(run.job_id)
-                )
-            except NotFound:
-                raise NotFound(f"run {request.run_id} does not exist") from None
+            if principal is not None and not principal.operator:
+                try:
+                    # As ListRuns: NOT_FOUND for another tenant's, in the
+                    # same words as for a run that does not exist.
+                    self.guard.check_job(principal, await node.get_job(run.job_id))
+                except NotFound:
+                    raise NotFound(f"run {request.run_id} does not exist") from None
             return convert.run_to_proto(run)
 
         return await _call(context, work())
