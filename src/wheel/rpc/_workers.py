@@ -13,6 +13,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from wheel.auth import Authenticator, Principal
+from wheel.engine.model import HTTP_HANDLER
 from wheel.engine.owner import Actions, CompletionResult, Outcome
 from wheel.engine.spec import DEFAULT_LIMITS
 from wheel.errors import StoreError, Unauthenticated
@@ -35,8 +36,6 @@ from wheel.runresult import checked_result, clamp_retry_after
 
 log = logging.getLogger("wheel.rpc")
 
-# The built-in handler of HTTP targets: its runs' payload is an HttpCall.
-HTTP_HANDLER = "http"
 # Signs one attempt: (tenant, secret name, webhook id, body) -> its Standard
 # Webhooks headers, or ``SignError`` (``Node.signed_headers``).
 Signer = Callable[[str, str, str, bytes], list[tuple[str, str]]]
