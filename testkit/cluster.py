@@ -555,6 +555,7 @@ class Cluster:
         # One secrets key for every node, as a real cluster needs: a secret
         # set through one node signs on all of them.
         self.secrets_key_file = root / "secrets.key"
+        root.mkdir(parents=True, exist_ok=True)
         SecretsKey.load_or_create(self.secrets_key_file)
         key_args = ("--secrets-key-file", str(self.secrets_key_file))
         self.nodes = [
