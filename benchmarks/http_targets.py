@@ -112,6 +112,8 @@ class Phase:
             except subprocess.TimeoutExpired:
                 self.receiver.kill()
                 self.receiver.wait()
+        if self.receiver is not None and self.receiver.stdout is not None:
+            self.receiver.stdout.close()
 
 
 def body_of(j: h.WorkloadJob, size: int) -> bytes:
@@ -187,14 +189,14 @@ def start_receiver(tmp: Path, secret: str) -> tuple[subprocess.Popen[str], int]:
     secret_file = tmp / "receiver.secret"
     secret_file.touch(mode=0o600)
     secret_file.write_text(secret)
-    log = open(tmp / "receiver.log", "wb")  # noqa: SIM115 - the child holds it
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "testkit.webhook_receiver", "--secret-file", str(secret_file)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-    )
+    with open(tmp / "receiver.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "testkit.webhook_receiver", "--secret-file", str(secret_file)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith("PORT "):
