@@ -340,6 +340,7 @@ def run_phase(name: str, cfg: Config, root: Path) -> dict[str, Any]:
                     raise RuntimeError(f"a {name} process exited during the run; see {phase.tmp}")
         end_ms = h.now_ms()
         cpu1 = h.cpu_total(list(cpu0))
+        worker_rss_mb = peak_rss_mb(pids[1])
         records = evidence.records()
     finally:
         phase.stop()
@@ -362,6 +363,7 @@ def run_phase(name: str, cfg: Config, root: Path) -> dict[str, Any]:
         "cpu_s_per_1k": round((node_cpu + worker_cpu) * per_k, 4),
         "node_cpu_s_per_1k": round(node_cpu * per_k, 4),
         "worker_cpu_s_per_1k": round(worker_cpu * per_k, 4),
+        "worker_peak_rss_mb": worker_rss_mb,
         "window_s": round((end_ms - workload.start_ms) / 1000, 2),
         "submitted_per_s": round(submitted_per_s),
         "setup_overran_ms": overran,
@@ -381,6 +383,18 @@ def run_phase(name: str, cfg: Config, root: Path) -> dict[str, Any]:
             result["signature_errors"] = tally["errors"]
         result["scheduled_for_mismatches"] = scheduled_for_mismatches(workload, records)
     return result
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The most memory the process held so far (VmHWM), in MiB; 0 if unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return 0.0
 
 
 def scheduled_for_mismatches(workload: h.Workload, records: np.ndarray) -> int:
