@@ -49,6 +49,7 @@ from testkit.services import EtcdServer
 from wheel.client import ChannelSecurity, Client, JobRequest, Status
 from wheel.engine.model import SHARD_COUNT
 from wheel.errors import WheelError
+from wheel.node import SecretsKey
 
 TTL_S = 3
 # EtcdCoordinator's default; ``wheelctl serve`` does not change it.
@@ -551,13 +552,22 @@ class Cluster:
         if etcd_links:
             up = ("127.0.0.1", etcd.client_port)
             self.etcd_links = {node_id: Link(up, f"etcd-{node_id}") for node_id in ids}
+        # One secrets key for every node, as a real cluster needs: a secret
+        # set through one node signs on all of them.
+        self.secrets_key_file = root / "secrets.key"
+        SecretsKey.load_or_create(self.secrets_key_file)
+        key_args = ("--secrets-key-file", str(self.secrets_key_file))
         self.nodes = [
             ClusterNode(
                 root,
                 node_id,
                 self._cluster_url(node_id, name),
                 through(dsn, self.links[node_id]),
-                args=(*node_args, *(node_flags(node_id) if node_flags is not None else ())),
+                args=(
+                    *key_args,
+                    *node_args,
+                    *(node_flags(node_id) if node_flags is not None else ()),
+                ),
                 security=security,
             )
             for node_id in ids

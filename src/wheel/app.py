@@ -4,7 +4,8 @@ parts in order and stops them in reverse, whatever fails.
 The order, and why:
 
 1. the data directory's lock (and an outside SQLite file's): a second node
-   on the same files is refused before anything is opened;
+   on the same files is refused before anything is opened; then the
+   secrets key (``--secrets-key-file``, or made in the data directory);
 2. the store, then what the command does with it before the node
    (``AppConfig.on_store``: a first admin token);
 3. the coordinator (a cluster member's etcd client; nothing runs yet);
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from wheel.console import ConsoleServer
     from wheel.coord.base import Coordinator
     from wheel.metrics import MetricsServer
-    from wheel.node import Clock, Node, NodeConfig, OutboxRelay
+    from wheel.node import Clock, Node, NodeConfig, OutboxRelay, SecretsKey
     from wheel.store.base import Store
     from wheel.tls import TlsReloader
 
@@ -137,6 +138,10 @@ class AppConfig:
     tls_reload: TlsReload | None = None
     auth: bool = False
     auth_recheck_s: float = DEFAULT_RECHECK_S
+    # The key sealing signing secrets in the store (None: ``data_dir``'s
+    # ``secrets.key``, made on first start; without a data dir, a key of
+    # this process alone).
+    secrets_key_file: Path | None = None
     metrics_listen: str | None = None
     http_listen: str | None = None
     console_actions: bool = False
@@ -247,6 +252,8 @@ async def _start(config: AppConfig, hooks: Hooks, parts: _Parts, announce: Annou
     for lock in _locks(config):
         parts.on_exit("lock", lock.release)
 
+    secrets_key = _secrets_key(config)
+
     parts.before("store")
     store = open_store(config.store_url)
     parts.on_exit("store", store.close)
@@ -263,7 +270,13 @@ async def _start(config: AppConfig, hooks: Hooks, parts: _Parts, announce: Annou
     coordinator = _coordinator(config, hooks, store, live_etcd)
 
     parts.before("node")
-    node = Node(store, config.node, coordinator=coordinator, clock=hooks.clock)
+    node = Node(
+        store,
+        config.node,
+        coordinator=coordinator,
+        clock=hooks.clock,
+        secrets_key=secrets_key,
+    )
     # Stopping a node that never started only shuts its threads down.
     parts.on_exit("node", node.stop)
 
@@ -386,6 +399,22 @@ def _locks(config: AppConfig) -> list[DirLock]:
             locks[0].release()
             raise
     return locks
+
+
+def _secrets_key(config: AppConfig) -> SecretsKey | None:
+    """The key that seals signing secrets: the file given, else the data
+    directory's (made there on first start)."""
+    from wheel.node import SecretsKey
+    from wheel.node._secrets_key import KEY_FILE
+
+    if config.secrets_key_file is not None:
+        key = SecretsKey.load(config.secrets_key_file)
+    elif config.data_dir is not None:
+        key = SecretsKey.load_or_create(config.data_dir / KEY_FILE)
+    else:
+        return None
+    log.info("signing secrets are sealed with secrets key %s", key.key_id)
+    return key
 
 
 def _coordinator(

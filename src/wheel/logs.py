@@ -9,8 +9,9 @@ formatter appends them as ``key=value`` after the message.
 
 What wheel logs never carries a job's payload or a request; and since a
 library's record (gRPC's, say) may quote call metadata, ``RedactSecrets``
-rewrites the value of any ``authorization`` header, any ``Bearer`` token and
-the password of any URL (a store's) in a record (message, traceback,
+rewrites the value of any ``authorization`` header, any ``Bearer`` token,
+any Standard Webhooks signing secret (``whsec_...``) and the password of
+any URL (a store's) in a record (message, traceback,
 extras) as ``[redacted]`` before it is written. ``configure`` puts it on the handler it installs.
 
 What a command prints for people and scripts to read, not as a log record
@@ -57,15 +58,20 @@ _AUTHORIZATION = re.compile(
     r"""(authorization['"]?\s*[:=,]\s*['"]?)(?:bearer\s+)?[^\s'",)}\]]+""", re.IGNORECASE
 )
 _BEARER = re.compile(r"\b(bearer\s+)[\w.~+/=-]+", re.IGNORECASE)
+# A signing secret as Standard Webhooks spells one (wheel never logs one;
+# a library quoting a request might).
+_WHSEC = re.compile(r"\b(whsec_)[A-Za-z0-9+/=]+")
 # The password in a URL's user info (a store URL: postgresql://user:pw@host/db).
 _URL_PASSWORD = re.compile(r"(\b[a-z][\w+.-]*://[^/\s:@]*:)[^@\s/]+(@)", re.IGNORECASE)
 
 
 def redact(text: str) -> str:
-    """``text`` with authorization values, bearer tokens and URL passwords
-    replaced."""
+    """``text`` with authorization values, bearer tokens, signing secrets
+    and URL passwords replaced."""
     text = _AUTHORIZATION.sub(rf"\1{REDACTED}", text)
     text = _BEARER.sub(rf"\1{REDACTED}", text)
+    if "whsec_" in text:
+        text = _WHSEC.sub(rf"\1{REDACTED}", text)
     return _URL_PASSWORD.sub(rf"\1{REDACTED}\2", text)
 
 

@@ -50,6 +50,8 @@ from wheel.store.base import (
     RunStart,
     RunState,
     ScheduleAdvance,
+    Seal,
+    SecretRecord,
     ShardLoad,
     SpecUpdate,
     Submitted,
@@ -166,6 +168,7 @@ class ReferenceStore:
         self.owners: dict[int, str] = {}
         self.tokens: dict[str, TokenRecord] = {}
         self.quotas: dict[str, TenantQuota] = {}
+        self.secrets: dict[tuple[str, str], list[SecretRecord]] = {}
         # Each job's recorded updates in version order, and its update keys.
         self.updates: dict[int, list[JobChange]] = defaultdict(list)
         self.update_keys: dict[tuple[int, str], tuple[str, int]] = {}  # -> (digest, version)
@@ -301,6 +304,56 @@ class ReferenceStore:
 
     def list_tenant_quotas(self) -> list[TenantQuota]:
         return [self.quotas[t] for t in sorted(self.quotas)]
+
+    def _new_secret(
+        self, tenant: str, name: str, version: int, seal: Seal, now_ms: int
+    ) -> SecretRecord:
+        key_id, ciphertext = seal(version)
+        return SecretRecord(
+            tenant=tenant,
+            name=name,
+            version=version,
+            key_id=key_id,
+            ciphertext=ciphertext,
+            created_at_ms=now_ms,
+        )
+
+    def set_secret(self, tenant: str, name: str, seal: Seal, now_ms: int) -> SecretRecord:
+        old = self.secrets.get((tenant, name), [])
+        new = self._new_secret(
+            tenant, name, max((r.version for r in old), default=0) + 1, seal, now_ms
+        )
+        self.secrets[(tenant, name)] = [new]
+        return new
+
+    def rotate_secret(
+        self, tenant: str, name: str, seal: Seal, now_ms: int, overlap_ms: int
+    ) -> SecretRecord:
+        old = self.secrets.get((tenant, name))
+        if not old:
+            raise NotFound(f"secret {name!r} of tenant {tenant!r} does not exist")
+        until = now_ms + max(0, overlap_ms)
+        kept = [
+            replace(r, retires_at_ms=min(until, r.retires_at_ms or until))
+            for r in old
+            if r.signing(now_ms)
+        ]
+        new = self._new_secret(tenant, name, old[-1].version + 1, seal, now_ms)
+        self.secrets[(tenant, name)] = [*kept, new]
+        return new
+
+    def list_secrets(self, now_ms: int, tenant: str | None = None) -> list[SecretRecord]:
+        for key, versions in list(self.secrets.items()):
+            self.secrets[key] = [r for r in versions if r.signing(now_ms)]
+        return [
+            r
+            for key in sorted(self.secrets)
+            if tenant is None or key[0] == tenant
+            for r in self.secrets[key]
+        ]
+
+    def delete_secret(self, tenant: str, name: str) -> int:
+        return len(self.secrets.pop((tenant, name), []))
 
     def set_job_state(
         self, job_id: int, state: JobState, *, next_run_at: int | None, now_ms: int

@@ -10,6 +10,7 @@ wheelctl trigger JOB_ID | status | alerts | inflight | demo
 wheelctl update JOB_ID ... | updates JOB_ID | backfill JOB_ID --from --to | preview ...
 wheelctl dlq list|redrive ...   (see wheel.cli.operator)
 wheelctl token create|list|revoke ... | tenant set|list ...   (see wheel.cli.admin)
+wheelctl secret set|list|rotate|delete ...   (signing secrets; see wheel.cli.secret)
 wheelctl outbox init|status --dsn DSN   (the transactional submit's table; see wheel.cli.outbox)
 """
 
@@ -39,6 +40,7 @@ from wheel.cli.import_ import register as register_import
 from wheel.cli.listing import job_line
 from wheel.cli.listing import register as register_listing
 from wheel.cli.operator import register as register_operator
+from wheel.cli.secret import register as register_secret
 from wheel.cli.serve import add_serve_parser, quiet_created_series
 from wheel.cli.status import cmd_alerts, cmd_inflight, cmd_status
 from wheel.client import DEFAULT_TARGET
@@ -218,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     fl.set_defaults(fn=cmd_inflight)
 
     register_admin(sub, target, target_help)
+    register_secret(sub, target, target_help)
     register_import(sub, target, target_help)
     register_operator(sub, target, target_help)
 

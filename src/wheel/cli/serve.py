@@ -205,6 +205,14 @@ def add_serve_parser(sub: Any) -> None:
         f" goes (${CPROFILE_ENV}; default: off)",
     )
     add_auth_flags(s, seconds=_seconds)
+    s.add_argument(
+        "--secrets-key-file",
+        default=os.environ.get("WHEEL_SECRETS_KEY_FILE"),
+        help='the 32-byte key (JSON {"key": BASE64} or bare base64) that encrypts the'
+        " signing secrets of HTTP targets in the store; every node of a cluster needs the"
+        " same one ($WHEEL_SECRETS_KEY_FILE; default: DATA_DIR/secrets.key, made on first"
+        " start)",
+    )
     _add_log_format(s)
     s.set_defaults(fn=cmd_serve)
 
@@ -348,6 +356,7 @@ def app_config(ns: argparse.Namespace) -> AppConfig:
         else None,
         auth=ns.auth,
         auth_recheck_s=ns.auth_recheck,
+        secrets_key_file=Path(ns.secrets_key_file) if ns.secrets_key_file else None,
         metrics_listen=ns.metrics_listen,
         http_listen=ns.http_listen,
         console_actions=ns.console_actions,

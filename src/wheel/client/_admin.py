@@ -1,5 +1,6 @@
-"""Requests and answers of AdminService's token and tenant-quota calls, for
-``Client`` (``wheelctl token`` and ``wheelctl tenant``)."""
+"""Requests and answers of AdminService's token, tenant-quota and
+signing-secret calls, for ``Client`` (``wheelctl token``, ``wheelctl
+tenant`` and ``wheelctl secret``)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,60 @@ class TenantQuota:
     submits_per_s: float | None = None
     fires_per_s: float | None = None
     max_in_flight: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Secret:
+    """One version of a signing secret as a node lists it: never its value.
+    ``retires_at``: None while it is the newest version; else when it stops
+    signing. ``key_id``: the secrets key it is sealed under (its id)."""
+
+    tenant: str
+    name: str
+    version: int
+    created_at: datetime
+    retires_at: datetime | None = None
+    key_id: str = ""
+
+
+def secret_of(msg: admin.SecretInfo) -> Secret:
+    return Secret(
+        tenant=msg.tenant,
+        name=msg.name,
+        version=msg.version,
+        created_at=utc(msg.created_at_ms),
+        retires_at=utc_or_none(msg.retires_at_ms),
+        key_id=msg.key_id,
+    )
+
+
+def _value(value: bytes | str | None) -> bytes:
+    if value is None:
+        return b""
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def set_secret_request(
+    name: str, tenant: str, value: bytes | str | None, generate: bool
+) -> admin.SetSecretRequest:
+    return admin.SetSecretRequest(tenant=tenant, name=name, generate=generate, value=_value(value))
+
+
+def rotate_secret_request(
+    name: str,
+    tenant: str,
+    value: bytes | str | None,
+    generate: bool | None,
+    overlap: timedelta | None,
+) -> admin.RotateSecretRequest:
+    return admin.RotateSecretRequest(
+        tenant=tenant,
+        name=name,
+        # A rotation without a value makes one.
+        generate=value is None if generate is None else generate,
+        value=_value(value),
+        overlap_ms=0 if overlap is None else round(overlap.total_seconds() * 1000),
+    )
 
 
 def create_token_request(

@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2_grpc  # type: ignore[import-untyped, unuse
 
 from wheel.auth import call_metadata
 from wheel.client import _admin, _wire
-from wheel.client._admin import TenantQuota, Token
+from wheel.client._admin import Secret, TenantQuota, Token
 from wheel.client._nodes import (
     CHANNEL_OPTIONS,
     CONNECT_TIMEOUT_S,
@@ -428,3 +428,44 @@ class AsyncClient:
         request = admin_pb.ListTenantQuotasRequest()
         resp = await self._call(lambda n: n.admin.ListTenantQuotas, request)
         return [_admin.quota_of(q) for q in resp.quotas]
+
+    # -- signing secrets of HTTP targets (scope jobs:write; listing jobs:read) -----
+
+    async def set_secret(
+        self,
+        name: str,
+        *,
+        tenant: str = "",
+        value: bytes | str | None = None,
+        generate: bool = False,
+    ) -> tuple[Secret, str | None]:
+        """See ``Client.set_secret``."""
+        request = _admin.set_secret_request(name, tenant, value, generate)
+        resp = await self._call(lambda n: n.admin.SetSecret, request, Resend.UNSENT)
+        return _admin.secret_of(resp.info), resp.value or None
+
+    async def rotate_secret(
+        self,
+        name: str,
+        *,
+        tenant: str = "",
+        value: bytes | str | None = None,
+        generate: bool | None = None,
+        overlap: timedelta | None = None,
+    ) -> tuple[Secret, str | None]:
+        """See ``Client.rotate_secret``."""
+        request = _admin.rotate_secret_request(name, tenant, value, generate, overlap)
+        resp = await self._call(lambda n: n.admin.RotateSecret, request, Resend.UNSENT)
+        return _admin.secret_of(resp.info), resp.value or None
+
+    async def secrets(self, tenant: str = "") -> list[Secret]:
+        """See ``Client.secrets``."""
+        request = admin_pb.ListSecretsRequest(tenant=tenant)
+        resp = await self._call(lambda n: n.admin.ListSecrets, request)
+        return [_admin.secret_of(m) for m in resp.secrets]
+
+    async def delete_secret(self, name: str, *, tenant: str = "") -> int:
+        """See ``Client.delete_secret``."""
+        request = admin_pb.DeleteSecretRequest(tenant=tenant, name=name)
+        resp = await self._call(lambda n: n.admin.DeleteSecret, request)
+        return int(resp.deleted)

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2_grpc  # type: ignore[import-untyped, unuse
 
 from wheel.auth import call_metadata
 from wheel.client import _admin, _wire
-from wheel.client._admin import TenantQuota, Token
+from wheel.client._admin import Secret, TenantQuota, Token
 from wheel.client._nodes import (
     CHANNEL_OPTIONS,
     CONNECT_TIMEOUT_S,
@@ -442,3 +442,52 @@ class Client:
         request = admin_pb.ListTenantQuotasRequest()
         resp = self._call(lambda n: n.admin.ListTenantQuotas, request)
         return [_admin.quota_of(q) for q in resp.quotas]
+
+    # -- signing secrets of HTTP targets (scope jobs:write; listing jobs:read) -----
+
+    def set_secret(
+        self,
+        name: str,
+        *,
+        tenant: str = "",
+        value: bytes | str | None = None,
+        generate: bool = False,
+    ) -> tuple[Secret, str | None]:
+        """Create the secret ``name`` of ``tenant`` (empty: the caller's), or
+        replace every version of it: with ``value`` (``whsec_`` and base64, or
+        24 to 64 raw bytes), or with a new random one when ``generate``, which
+        is returned here (and never shown again); None for a given value."""
+        request = _admin.set_secret_request(name, tenant, value, generate)
+        resp = self._call(lambda n: n.admin.SetSecret, request, Resend.UNSENT)
+        return _admin.secret_of(resp.info), resp.value or None
+
+    def rotate_secret(
+        self,
+        name: str,
+        *,
+        tenant: str = "",
+        value: bytes | str | None = None,
+        generate: bool | None = None,
+        overlap: timedelta | None = None,
+    ) -> tuple[Secret, str | None]:
+        """A new version of the secret (generated unless ``value`` is given;
+        the generated value is returned, once); the versions before keep
+        signing for ``overlap`` (None: a day), requests carrying a signature
+        by each. ``NotFound`` when there is no such secret."""
+        request = _admin.rotate_secret_request(name, tenant, value, generate, overlap)
+        resp = self._call(lambda n: n.admin.RotateSecret, request, Resend.UNSENT)
+        return _admin.secret_of(resp.info), resp.value or None
+
+    def secrets(self, tenant: str = "") -> list[Secret]:
+        """Every secret version still signing (of ``tenant``; empty: every
+        tenant the caller sees), by tenant, name and version; never values."""
+        request = admin_pb.ListSecretsRequest(tenant=tenant)
+        resp = self._call(lambda n: n.admin.ListSecrets, request)
+        return [_admin.secret_of(m) for m in resp.secrets]
+
+    def delete_secret(self, name: str, *, tenant: str = "") -> int:
+        """Delete every version of the secret: how many (0: none such). Runs
+        of jobs signing with it fail to sign from then on."""
+        request = admin_pb.DeleteSecretRequest(tenant=tenant, name=name)
+        resp = self._call(lambda n: n.admin.DeleteSecret, request)
+        return int(resp.deleted)

@@ -4,6 +4,8 @@ coordinator that gives and takes its shards."""
 
 from wheel.node._node import Node
 from wheel.node._outbox import OutboxRelay
+from wheel.node._secrets import SignError
+from wheel.node._secrets_key import SecretsKey
 from wheel.node._values import (
     Clock,
     Health,
@@ -27,5 +29,7 @@ __all__ = [
     "NodeStatus",
     "OutboxRelay",
     "RaisedAlert",
+    "SecretsKey",
+    "SignError",
     "WorkerSession",
 ]

@@ -1,8 +1,9 @@
 """The calls a node answers for the rpc layer, the console and the outbox
 relay, each passed to the part of the node that answers it: the job API
-(``Jobs``, ``Updates``), tenancy (``Tenancy``), reads (``Reads``) and the
-cluster's view (``ClusterView``). ``Node`` builds the parts and hands them
-here; nothing here holds state of its own."""
+(``Jobs``, ``Updates``), tenancy (``Tenancy``), signing secrets
+(``Secrets``), reads (``Reads``) and the cluster's view (``ClusterView``).
+``Node`` builds the parts and hands them here; nothing here holds state of
+its own."""
 
 from __future__ import annotations
 
@@ -23,21 +24,30 @@ from wheel.errors import ResourceExhausted, WheelError
 from wheel.node._jobs import Jobs
 from wheel.node._membership import ClusterView
 from wheel.node._reads import Reads
+from wheel.node._secrets import Secrets
 from wheel.node._tenancy import Tenancy
 from wheel.node._updates import Redriven, Updates
 from wheel.node._values import InFlightRun, Membership, NodeStatus
-from wheel.store.base import TenantQuota, TokenRecord
+from wheel.store.base import SecretRecord, TenantQuota, TokenRecord
 
 
 class NodeCalls:
     """The node's API, passed to its parts."""
 
     def __init__(
-        self, *, jobs: Jobs, updates: Updates, tenancy: Tenancy, reads: Reads, view: ClusterView
+        self,
+        *,
+        jobs: Jobs,
+        updates: Updates,
+        tenancy: Tenancy,
+        secrets: Secrets,
+        reads: Reads,
+        view: ClusterView,
     ) -> None:
         self._jobs = jobs
         self._updates = updates
         self._tenancy = tenancy
+        self._secrets = secrets
         self._reads = reads
         self._view = view
 
@@ -138,6 +148,32 @@ class NodeCalls:
     async def revoke_token(self, token_id: str) -> TokenRecord:
         """Revoke a token as of now by the node's clock (``NotFound``)."""
         return await self._tenancy.revoke_token(token_id)
+
+    # -- signing secrets (wheel.node._secrets) ----------------------------------
+
+    async def set_secret(self, tenant: str, name: str, key: bytes) -> SecretRecord:
+        """Create the secret, or replace every version of it with ``key``."""
+        return await self._secrets.set(tenant, name, key)
+
+    async def rotate_secret(
+        self, tenant: str, name: str, key: bytes, overlap_ms: int
+    ) -> SecretRecord:
+        """A new version; the ones before sign ``overlap_ms`` longer
+        (0: a day). ``NotFound``."""
+        return await self._secrets.rotate(tenant, name, key, overlap_ms)
+
+    async def list_secrets(self, tenant: str | None) -> list[SecretRecord]:
+        """Every version still signing, of ``tenant`` (None: of all)."""
+        return await self._secrets.list(tenant)
+
+    async def delete_secret(self, tenant: str, name: str) -> int:
+        return await self._secrets.delete(tenant, name)
+
+    def signed_headers(
+        self, tenant: str, name: str, msg_id: str, body: bytes
+    ) -> list[tuple[str, str]]:
+        """A hand-out's Standard Webhooks headers (``SignError``)."""
+        return self._secrets.signed_headers(tenant, name, msg_id, body)
 
     async def admit_submits(self, tenants: Sequence[str]) -> list[ResourceExhausted | None]:
         """For each submit (by its tenant, in order): None when it may go on,

@@ -20,7 +20,8 @@ The node is composed of parts that own their state, each given what it uses:
 the batches on their way and the store thread's writer (``_batches``), the
 change feed (``_changes``), the checkpoint and its log (``_checkpointing``),
 shards that move (``_moving``), shard ownership in a cluster (``_cluster``),
-the job API (``_jobs``, ``_updates``) and tenancy (``_tenancy``). ``Node``
+the job API (``_jobs``, ``_updates``), tenancy (``_tenancy``) and signing
+secrets (``_secrets``). ``Node``
 builds them, runs the loop and passes its API calls to them.
 """
 
@@ -56,6 +57,8 @@ from wheel.node._metrics import NodeMetrics
 from wheel.node._moving import Moves
 from wheel.node._ops import HealthListener, Ops
 from wheel.node._reads import Reads
+from wheel.node._secrets import Secrets
+from wheel.node._secrets_key import SecretsKey
 from wheel.node._tenancy import Tenancy
 from wheel.node._updates import Updates
 from wheel.node._values import (
@@ -90,10 +93,14 @@ class Node(NodeCalls):
         *,
         coordinator: Coordinator | None = None,
         clock: Clock | None = None,
+        secrets_key: SecretsKey | None = None,
     ) -> None:
         """A single node owning every shard, or with ``coordinator`` a member
         of a cluster owning the shards the coordinator gives it; ``clock``:
-        the host's clock as the node reads it (default: the host's own)."""
+        the host's clock as the node reads it (default: the host's own);
+        ``secrets_key``: what seals the signing secrets in the store (None: a
+        key of this process alone, for throwaway nodes: what it seals no
+        other node, and no later process, can open)."""
         self.store = store
         self.config = config or NodeConfig()
         self.coordinator = coordinator
@@ -185,6 +192,9 @@ class Node(NodeCalls):
         tenancy = Tenancy(
             store, self.clock, in_thread=self._api, driver=lambda: self._driver, wake=self.wake
         )
+        secrets = Secrets(
+            store, self.clock, secrets_key or SecretsKey.generate(), in_thread=self._api
+        )
         reads = Reads(
             self.config,
             store,
@@ -203,7 +213,13 @@ class Node(NodeCalls):
             wake=self.wake,
         )
         NodeCalls.__init__(
-            self, jobs=jobs, updates=updates, tenancy=tenancy, reads=reads, view=view
+            self,
+            jobs=jobs,
+            updates=updates,
+            tenancy=tenancy,
+            secrets=secrets,
+            reads=reads,
+            view=view,
         )
 
     # -- life cycle -------------------------------------------------------------
@@ -255,6 +271,7 @@ class Node(NodeCalls):
         self.ready.set()
         self._ops.start()
         self._tenancy.start()
+        self._secrets.start()
 
     async def _anchor_clock(self) -> None:
         """Read the store's clock and run on it: fires come due by the record
@@ -300,6 +317,7 @@ class Node(NodeCalls):
         self.ready.set()
         self._ops.start()
         self._tenancy.start()
+        self._secrets.start()
 
     # -- shards gained and lost (see wheel.node._cluster) -------------------------
 
@@ -402,6 +420,7 @@ class Node(NodeCalls):
         await self.leave()
         self._stopping = True
         await self._tenancy.stop()
+        await self._secrets.stop()
         await self._ops.stop()
         self._wake.set()
         if self._task is not None:

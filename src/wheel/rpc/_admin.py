@@ -11,6 +11,7 @@ import grpc
 from wheel.node import Node
 from wheel.rpc._guard import Guard
 from wheel.rpc._peers import Peers, forwarded_by
+from wheel.rpc._secrets import SecretsAdmin
 from wheel.rpc._tenancy import TenancyAdmin
 from wheel.rpc._workers import membership_to_proto
 from wheel.rpc.convert import wire_attempt
@@ -26,7 +27,7 @@ log = logging.getLogger("wheel.rpc")
 MAX_IN_FLIGHT_LISTED = 1000
 
 
-class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
+class AdminServicer(TenancyAdmin, SecretsAdmin, admin_service_pb2_grpc.AdminServiceServicer):
     def __init__(self, node: Node, guard: Guard | None = None, peers: Peers | None = None) -> None:
         """``peers``: how to reach the other members, for the calls that
         answer for the whole cluster (``ListInFlight``)."""

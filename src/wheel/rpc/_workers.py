@@ -6,16 +6,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from wheel.auth import Authenticator, Principal
 from wheel.engine.owner import Actions, CompletionResult, Outcome
 from wheel.engine.spec import DEFAULT_LIMITS
 from wheel.errors import StoreError, Unauthenticated
-from wheel.node import Membership, MovedRun, Node, WorkerSession
+from wheel.node import Membership, MovedRun, Node, SignError, WorkerSession
 from wheel.rpc._common import (
     MAX_CAPACITY,
     MAX_HANDLERS,
@@ -26,11 +27,18 @@ from wheel.rpc._guard import Guard
 from wheel.rpc.convert import wire_attempt
 from wheel.rpc.v1 import (
     cluster_pb2,
+    jobs_pb2,
     worker_service_pb2,
     worker_service_pb2_grpc,
 )
 
 log = logging.getLogger("wheel.rpc")
+
+# The built-in handler of HTTP targets: its runs' payload is an HttpCall.
+HTTP_HANDLER = "http"
+# Signs one attempt: (tenant, secret name, webhook id, body) -> its Standard
+# Webhooks headers, or ``SignError`` (``Node.signed_headers``).
+Signer = Callable[[str, str, str, bytes], list[tuple[str, str]]]
 
 
 class _CredentialEnded:
@@ -301,9 +309,11 @@ def _protocol_error(session: WorkerSession, code: str, message: str, run_id: int
 RESULTS_HOLD_S = 0.06
 
 
-def send_actions(session: WorkerSession, acts: Actions) -> None:
+def send_actions(session: WorkerSession, acts: Actions, sign: Signer | None = None) -> None:
     """One message per worker per loop iteration (batching): its assignments
-    carry the answers to its completions; revokes go on their own."""
+    carry the answers to its completions; revokes go on their own. With
+    ``sign``, each run of an HTTP target with a signing secret is signed as
+    it is handed out (``sign_http``)."""
     wid = session.worker_id
     put = session.outbox.put_nowait
     results = acts.results.get(wid)
@@ -329,7 +339,7 @@ def send_actions(session: WorkerSession, acts: Actions) -> None:
         # copied into the list cost twice as much (4.7 against 2.6 us a run).
         add = msg.assignments.assignments.add
         for a in assignments:
-            add(
+            out = add(
                 run_id=a.run_id,
                 job_id=a.job_id,
                 handler=a.handler,
@@ -342,6 +352,8 @@ def send_actions(session: WorkerSession, acts: Actions) -> None:
                 timeout_ms=a.timeout_ms,
                 tenant=a.tenant,
             )
+            if a.handler == HTTP_HANDLER and sign is not None:
+                sign_http(out, sign)
         if results or rejected or credited:
             _fill_results(msg.assignments.results, results or (), rejected or (), credited)
         put(msg)
@@ -367,6 +379,30 @@ def send_actions(session: WorkerSession, acts: Actions) -> None:
         )
     for v in acts.violations.get(wid, ()):
         _protocol_error(session, v.code, v.message, v.run_id)
+
+
+def sign_http(out: worker_service_pb2.Assignment, sign: Signer) -> None:
+    """Sign a hand-out of an HTTP target (its payload an ``HttpCall``) whose
+    target names a signing secret: ``signed_headers`` by every version of
+    the secret still signing, ``webhook-id`` the fire's idempotency key (the
+    same on every attempt of the fire) and ``webhook-timestamp`` this
+    hand-out's second. A run that cannot be signed here gets ``sign_error``
+    instead, and its worker fails it as retryable without sending it."""
+    try:
+        call = jobs_pb2.HttpCall.FromString(out.payload)
+    except DecodeError:
+        out.sign_error = "payload: a run of handler 'http' whose payload is no HttpCall"
+        return
+    name = call.target.signing_secret
+    if not name:
+        return
+    try:
+        headers = sign(out.tenant, name, out.idempotency_key, call.body)
+    except SignError as exc:
+        out.sign_error = str(exc)
+        return
+    for key, value in headers:
+        out.signed_headers.add(name=key, value=value)
 
 
 def _hold(session: WorkerSession, results: Sequence[CompletionResult]) -> None:

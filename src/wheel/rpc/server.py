@@ -6,6 +6,7 @@ reflection. Errors become status codes in one place
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import grpc
@@ -133,7 +134,7 @@ async def bind(
     interceptors.append(DecodeInterceptor())
     guard = Guard(authenticator)
     server = grpc.aio.server(options=options, interceptors=interceptors)
-    node.message_sink = send_actions
+    node.message_sink = functools.partial(send_actions, sign=node.signed_headers)
     node.membership_sink = send_membership
     node.moved_sink = send_moved
     peers = Peers(node.config.node_id, peer_security)

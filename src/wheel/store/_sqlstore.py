@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from wheel.errors import InvalidArgument, NotFound, WheelError
 from wheel.store._schema import RETRY_WHERE
+from wheel.store._secrets import SecretsSQL
 from wheel.store._shared import (
     Executor,
     Queries,
@@ -50,7 +51,7 @@ from wheel.store.base import (
 T = TypeVar("T")
 
 
-class SQLStore(TenancySQL):
+class SQLStore(TenancySQL, SecretsSQL):
     """The part of ``Store`` that reads the same in both SQL backends."""
 
     _queries: Queries

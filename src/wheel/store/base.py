@@ -1,10 +1,11 @@
 """The record of truth: the ``Store`` protocol, two backends (SQLite, PostgreSQL).
 
-``Store`` is five roles in one, each a protocol of its own that a caller
+``Store`` is six roles in one, each a protocol of its own that a caller
 needing only it can take: ``JobStore`` (jobs through the API),
-``TenancyStore`` (tokens and quotas), ``DispatchStore`` (the owner's claims,
-completions and batches), ``OwnershipStore`` (epochs, fences, shard loads and
-the change feed) and ``HistoryStore`` (runs, missed fires, retention).
+``TenancyStore`` (tokens and quotas), ``SecretStore`` (the signing secrets
+of HTTP targets), ``DispatchStore`` (the owner's claims, completions and
+batches), ``OwnershipStore`` (epochs, fences, shard loads and the change
+feed) and ``HistoryStore`` (runs, missed fires, retention).
 
 The store holds job definitions, schedule state (``next_run_at``) and every
 execution. The shard owner keeps its fast state in memory and in the LMDB
@@ -42,7 +43,7 @@ All times are integer milliseconds since the Unix epoch; ids are 64-bit ints.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -105,6 +106,9 @@ __all__ = [
     "RunStart",
     "RunState",
     "ScheduleAdvance",
+    "Seal",
+    "SecretRecord",
+    "SecretStore",
     "ShardLoad",
     "SpecUpdate",
     "Store",
@@ -158,6 +162,31 @@ class TenantQuota:
     fires_per_s: float | None = None
     max_in_flight: int | None = None
     updated_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SecretRecord:
+    """One version of a signing secret as the store keeps it: its key sealed
+    with the nodes' secrets key (``key_id`` names that key, never holds it),
+    bound to its tenant, name and version. ``retires_at_ms``: None while it
+    is the newest version; else when it stops signing (a rotation's
+    overlap). Times are epoch ms."""
+
+    tenant: str
+    name: str
+    version: int
+    key_id: str
+    ciphertext: bytes
+    created_at_ms: int
+    retires_at_ms: int | None = None
+
+    def signing(self, now_ms: int) -> bool:
+        return self.retires_at_ms is None or self.retires_at_ms > now_ms
+
+
+# Seals a secret's new key for the version the store gives it (the version
+# is part of what the seal binds): the key id and the ciphertext.
+Seal = Callable[[int], tuple[str, bytes]]
 
 
 class Changes(NamedTuple):
@@ -260,6 +289,34 @@ class TenancyStore(Protocol):
 
     def list_tenant_quotas(self) -> list[TenantQuota]:
         """Every tenant with limits set, by name."""
+
+
+class SecretStore(Protocol):
+    """The signing secrets of HTTP targets, by tenant, name and version. The
+    store never sees a key in the clear: ``seal`` (run inside the write's
+    transaction, so it must be quick) turns the version the store picks
+    into what it keeps. A version past its ``retires_at_ms`` no longer signs
+    and is deleted when a call comes across it."""
+
+    def set_secret(self, tenant: str, name: str, seal: Seal, now_ms: int) -> SecretRecord:
+        """Create the secret (version 1), or replace every version of it with
+        one new version (the highest so far plus one, so a version number is
+        never reused while a node may cache the one before)."""
+
+    def rotate_secret(
+        self, tenant: str, name: str, seal: Seal, now_ms: int, overlap_ms: int
+    ) -> SecretRecord:
+        """Add a new version (the highest plus one); the versions before it
+        sign until ``now_ms + overlap_ms`` (or their own retirement if that
+        comes sooner). ``NotFound`` when the secret does not exist."""
+
+    def list_secrets(self, now_ms: int, tenant: str | None = None) -> list[SecretRecord]:
+        """Every version still signing at ``now_ms``, of ``tenant`` (None:
+        of every tenant), by tenant, name and version."""
+
+    def delete_secret(self, tenant: str, name: str) -> int:
+        """Delete every version of the secret; how many versions it removed
+        (0: there was no such secret)."""
 
 
 class KindWrites(Protocol):
@@ -508,7 +565,9 @@ class HistoryStore(Protocol):
         step it ran committed and the rest for the next pass."""
 
 
-class Store(JobStore, TenancyStore, DispatchStore, OwnershipStore, HistoryStore, Protocol):
+class Store(
+    JobStore, TenancyStore, SecretStore, DispatchStore, OwnershipStore, HistoryStore, Protocol
+):
     """The record of truth: every role in one. Blocking calls: the node runs
     them off the event loop. A caller that needs one role takes that
     protocol instead."""

@@ -65,6 +65,8 @@ class PostgresStore(SQLStore):
     _migrations = PG_MIGRATIONS
     # Keyed by the schema: concurrent migrators of one schema wait for each other.
     _migration_lock = "SELECT pg_advisory_xact_lock(hashtext('wheel.migrate:' || current_schema()))"
+    # Two writers of one secret: the second waits, then sees the first's version.
+    _secret_lock = "SELECT pg_advisory_xact_lock(hashtext('wheel.secret:' || %s))"
 
     def __init__(
         self,
