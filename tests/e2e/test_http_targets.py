@@ -32,7 +32,6 @@ GRACE_MS = 1_000
 SECRET = "hooks"
 # Retries come soon: a test waits for them.
 QUICK_RETRY = ("--initial-backoff", "200ms", "--max-backoff", "500ms")
-ENDED = ("succeeded", "failed", "dead_lettered", "lost")
 
 
 class Env:
@@ -85,17 +84,21 @@ class Env:
         return sorted((r for r in runs if r["run_id"]), key=lambda r: r["attempt"])
 
     def wait_states(self, job_id: int, states: list[str], timeout: float = 20) -> list[Any]:
-        """The job's runs once their states, oldest attempt first, are ``states``."""
+        """The job's runs as ``runs --json`` gives them, once their states
+        (oldest attempt first) are ``states``."""
 
-        def done() -> list[dict[str, Any]] | None:
-            runs = self.runs(job_id)
-            return runs if [r["state"] for r in runs] == states else None
+        def reached() -> bool:
+            with Client(self.target) as client:
+                runs = sorted((r.attempt, r.state.value) for r in client.runs(job_id) if r.run_id)
+            return [state for _, state in runs] == states
 
         try:
-            got: list[dict[str, Any]] = wait_for(done, timeout, f"job {job_id}'s runs: {states}")
+            wait_for(reached, timeout, f"job {job_id}'s runs: {states}")
         except AssertionError:
             raise AssertionError(f"job {job_id}: {self.runs(job_id)}") from None
-        return got
+        runs = self.runs(job_id)
+        assert [r["state"] for r in runs] == states, runs
+        return runs
 
 
 @pytest.fixture(scope="module")
