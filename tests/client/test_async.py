@@ -60,7 +60,7 @@ async def flow(target: str) -> None:
         assert isinstance(soon.schedule, At)
         assert before + MINUTE - timedelta(milliseconds=1) <= soon.schedule.time
         many = await client.submit_many(
-            [JobRequest(name="m1", handler="h", at=MINUTE, tenant="aio"), {"name": "m2"}],  # type: ignore[list-item]
+            [JobRequest(name="m1", handler="h", at=MINUTE, tenant="aio"), {"name": "m2"}],
         )
         assert isinstance(many[0], Job) and isinstance(many[1], InvalidArgument)
         assert many[1].field == "handler"

@@ -277,7 +277,7 @@ def test_submit_many_answers_each_item_with_its_job_or_its_own_error(client: Cli
             JobRequest(name="a", handler="h", cron="*/5 * * * *", tenant="many"),
             {"name": "", "handler": "h", "at": HOUR, "tenant": "many"},
             {"name": "no schedule", "handler": "h", "tenant": "many"},
-            {"name": "no handler", "at": HOUR, "tenant": "many"},  # type: ignore[list-item]
+            {"name": "no handler", "at": HOUR, "tenant": "many"},
             {"name": "typo", "handler": "h", "at": HOUR, "tennant": "many"},  # type: ignore[list-item]
             {"name": "other", "handler": "h", "at": HOUR, "idempotency_key": "many-taken"},
             {"name": "b", "handler": "h", "every": 30, "tenant": "many"},

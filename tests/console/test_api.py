@@ -14,7 +14,7 @@ import pytest
 
 from testkit.procs import WorkerProc, wait_for
 from tests.console.http import Answer, ConsoleNode, call
-from wheel.client import Client, JobState
+from wheel.client import Client, HttpTarget, JobState
 from wheel.errors import InvalidArgument
 
 pytestmark = pytest.mark.slow
@@ -227,6 +227,31 @@ def test_with_actions_on_a_pause_goes_through_the_api(acting: ConsoleNode) -> No
     with Client(acting.target) as client:
         assert client.get(job_id).state is JobState.PAUSED
     assert call(f"{acting.url}/api/config").body["actions"] is True
+
+
+def test_a_job_with_an_http_target_shows_it_in_the_list_and_in_its_spec(
+    acting: ConsoleNode,
+) -> None:
+    target = HttpTarget("https://hooks.example.com/x", headers={"X-Team": "ops"}, timeout=5)
+    with Client(acting.target) as client:
+        job_id = client.submit(
+            name="hooked", every=timedelta(hours=1), http=target, payload=b"body"
+        ).job_id
+    job = call(f"{acting.url}/api/jobs/{job_id}").body
+    assert job["handler"] == "http" and job["payload"]["text"] == "body"
+    assert job["http"] == {
+        "url": "https://hooks.example.com/x",
+        "method": "POST",
+        "headers": {"X-Team": "ops"},
+        "timeout": 5.0,
+        "signing_secret": None,
+        "retry_4xx": False,
+        "follow_redirects": False,
+    }
+    rows = call(f"{acting.url}/api/jobs?name=hooked").body["jobs"]
+    assert [(r["job_id"], r["http_url"]) for r in rows] == [
+        (str(job_id), "https://hooks.example.com/x")
+    ]
 
 
 def test_with_actions_on_a_dead_letter_is_listed_and_redriven_as_a_new_attempt(

@@ -23,12 +23,14 @@ import pytest
 from testkit.procs import wait_for
 from tests.ops._node import scrape
 from tests.outbox._relay import RelayingNode
-from wheel import outbox
-from wheel.client import Client, JobRequest
+from wheel import http_targets, outbox
+from wheel.client import Client, HttpTarget, JobRequest
+from wheel.engine.spec import JobSpec, Once
 from wheel.errors import InvalidArgument, NotFound
 from wheel.node import NodeConfig
 from wheel.node._outbox import LANES
 from wheel.node._values import DAY_MS
+from wheel.rpc.v1 import jobs_pb2
 
 pytestmark = [pytest.mark.postgres]
 
@@ -304,6 +306,38 @@ def test_a_row_the_node_refuses_fails_with_the_field_named_and_the_rest_go_on(
     bad = outbox.fate(conn, bad_id)
     assert (bad.state, bad.error_code) == ("failed", "InvalidArgument")
     assert (bad.error or "").startswith("spec:")
+
+
+def test_a_row_with_an_http_target_becomes_its_job_and_a_bad_target_fails_named(
+    conn: psycopg.Connection[Any], client: Client
+) -> None:
+    name = unique("hooked")
+    target = HttpTarget("https://hooks.example.com/x", method="put", headers={"X-A": "1"})
+    good = outbox.submit(conn, name=name, http=target, payload=b"body", at=timedelta(hours=1))
+    # Another language's SDK writes the spec's JSON itself: the relay checks
+    # its target as the node's API would.
+    call = http_targets.call_payload(jobs_pb2.HttpTarget(url="http://h/", method="FETCH"), b"")
+    spec = JobSpec(name=unique("raw"), handler="http", schedule=Once(at_ms=1), payload=call)
+    (bad_id,) = conn.execute(
+        "INSERT INTO wheel_outbox (tenant, idempotency_key, spec) VALUES ('default', %s, %s)"
+        " RETURNING id",
+        (unique("k"), spec.to_json()),
+    ).fetchone() or (0,)
+    conn.commit()
+    fate = fate_of(conn, good, "the row with a target to become a job")
+    assert fate.state == "done" and fate.job_id is not None, fate.error
+    got = client.get(fate.job_id)
+    assert (got.handler, got.payload) == ("http", b"body")
+    assert got.http == HttpTarget("https://hooks.example.com/x", method="PUT", headers={"X-A": "1"})
+
+    def bad_fate() -> outbox.OutboxFate | None:
+        f = outbox.fate(conn, bad_id)
+        conn.commit()
+        return None if f.state == "pending" else f
+
+    bad = wait_for(bad_fate, 10, "the row with a bad target to fail")
+    assert (bad.state, bad.error_code) == ("failed", "InvalidArgument")
+    assert (bad.error or "").startswith("spec.http.method:")
 
 
 def test_a_bad_request_is_refused_in_the_callers_transaction_naming_the_keyword(

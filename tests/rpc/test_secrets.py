@@ -81,19 +81,11 @@ def admin_stub(server: SecretsServer) -> Iterator[admin_service_pb2_grpc.AdminSe
 
 
 def http_job(api: Any, secret: str, body: bytes = b'{"order": 7}', **kw: Any) -> int:
-    """A job of an HTTP target (handler "http", its payload an HttpCall)
-    firing now."""
-    call = jobs_pb2.HttpCall(
-        target=jobs_pb2.HttpTarget(url="http://127.0.0.1:9/hook", signing_secret=secret),
-        body=body,
-    )
-    msg = spec(
-        name=f"hook-{secret}",
-        handler="http",
-        payload=call.SerializeToString(),
-        schedule=once(now_ms()),
-        **kw,
-    )
+    """A job of an HTTP target signed by ``secret`` firing now (its runs'
+    payload an HttpCall)."""
+    msg = spec(name=f"hook-{secret}", payload=body, schedule=once(now_ms()), **kw)
+    msg.handler = ""
+    msg.http.CopyFrom(jobs_pb2.HttpTarget(url="http://127.0.0.1:9/hook", signing_secret=secret))
     return int(submit(api, msg).job.job_id)
 
 
@@ -317,13 +309,27 @@ def test_a_rotated_secret_signs_with_both_versions(
         worker.close()
 
 
-def test_an_unknown_secret_gives_a_sign_error_naming_it(server: SecretsServer, api: _Jobs) -> None:
-    job_id = http_job(api, "never-set")
-    worker = RawWorker(server.target, "w1", capacity=4)
+def test_a_submit_naming_no_secret_of_its_tenant_is_refused(
+    server: SecretsServer, api: _Jobs
+) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        http_job(api, "never-set")
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "spec.http.signing_secret" in str(info.value.details())
+
+
+def test_a_secret_deleted_under_its_job_gives_a_sign_error_naming_it(
+    server: SecretsServer, admin_stub: admin_service_pb2_grpc.AdminServiceStub, api: _Jobs
+) -> None:
+    admin_stub.SetSecret(admin.SetSecretRequest(name="short-lived", generate=True))
+    worker = RawWorker(server.target, "w1", capacity=0)
     try:
+        job_id = http_job(api, "short-lived")
+        admin_stub.DeleteSecret(admin.DeleteSecretRequest(name="short-lived"))
+        worker.send(wpb.WorkerMessage(credit=wpb.Credit(add=4)))
         a = assignment_of(worker, job_id)
         assert not a.signed_headers
-        assert "'never-set'" in a.sign_error and "unknown" in a.sign_error
+        assert "'short-lived'" in a.sign_error and "unknown" in a.sign_error
     finally:
         worker.close()
 
@@ -333,9 +339,12 @@ def test_a_secret_set_after_a_miss_signs_the_next_hand_out(
 ) -> None:
     """The node's cache is read again after a local change: a job that could
     not sign signs once its secret exists."""
-    first = http_job(api, "late")
-    worker = RawWorker(server.target, "w1", capacity=4)
+    admin_stub.SetSecret(admin.SetSecretRequest(name="late", generate=True))
+    worker = RawWorker(server.target, "w1", capacity=0)
     try:
+        first = http_job(api, "late")
+        admin_stub.DeleteSecret(admin.DeleteSecretRequest(name="late"))
+        worker.send(wpb.WorkerMessage(credit=wpb.Credit(add=4)))
         assert assignment_of(worker, first).sign_error
         secret = admin_stub.SetSecret(admin.SetSecretRequest(name="late", generate=True)).value
         second = http_job(api, "late")

@@ -24,6 +24,7 @@ from wheel.client import (
     DstFold,
     DstGap,
     Every,
+    HttpTarget,
     Job,
     JobArgs,
     Overlap,
@@ -292,7 +293,6 @@ def submit_args(
     now = now or datetime.now(UTC)
     args: JobArgs = {
         "name": ns.name,
-        "handler": ns.handler,
         "tz": ns.tz,
         "dst_gap": ns.dst_gap,
         "dst_fold": ns.dst_fold,
@@ -325,7 +325,96 @@ def submit_args(
         args["start"] = now + start if isinstance(start, timedelta) else start
     if ns.jitter:
         args["jitter"] = parse_duration(ns.jitter, "jitter")
+    target = http_target(vars(ns))
+    if target is None:
+        if not ns.handler:
+            raise InvalidArgument("handler", "is required (or --http-url, an HTTP target)")
+        args["handler"] = ns.handler
+    elif ns.handler not in (None, "", "http"):
+        raise InvalidArgument("handler", "give --handler or --http-url, not both")
+    else:
+        args["http"] = target
     return args
+
+
+# The flags of an HTTP target (``http_target`` reads them), by dest.
+HTTP_FLAGS = (
+    "http_url",
+    "http_method",
+    "http_header",
+    "http_timeout",
+    "signing_secret",
+    "http_retry_4xx",
+    "http_no_retry_4xx",
+    "http_follow_redirects",
+    "http_no_follow_redirects",
+)
+
+
+def http_target(given: dict[str, Any], current: HttpTarget | None = None) -> HttpTarget | None:
+    """The HTTP target of the flags ``given`` (a namespace's ``vars``), those
+    absent or None taken from ``current`` (an update's job), else their
+    defaults; None when no target is given and there is none."""
+    flags = {k: v for k, v in given.items() if k in HTTP_FLAGS and v not in (None, False)}
+    if not flags:
+        return current
+    url = flags.get("http_url") or (current.url if current is not None else None)
+    if not url:
+        named = ", ".join("--" + k.replace("_", "-") for k in flags)
+        raise InvalidArgument("http_url", f"is required with {named}")
+    headers: Any = current.headers if current is not None else {}
+    if "http_header" in flags:
+        headers = [_header(h) for h in flags["http_header"]]
+    timeout = current.timeout if current is not None else None
+    if "http_timeout" in flags:
+        timeout = parse_duration(flags["http_timeout"], "http_timeout")
+    return HttpTarget(
+        url,
+        method=flags.get("http_method") or (current.method if current is not None else "POST"),
+        headers=headers,
+        timeout=timeout or timedelta(seconds=30),
+        signing_secret=flags.get("signing_secret")
+        or (current.signing_secret if current is not None else None),
+        retry_4xx=_turned(flags, "http_retry_4xx", "http_no_retry_4xx", current, "retry_4xx"),
+        follow_redirects=_turned(
+            flags, "http_follow_redirects", "http_no_follow_redirects", current, "follow_redirects"
+        ),
+    )
+
+
+def _header(text: object) -> tuple[str, str]:
+    """A ``--http-header`` value, ``"Name: value"``."""
+    if not isinstance(text, str):
+        raise InvalidArgument("http_header", f'expected "Name: value", got {text!r}')
+    name, colon, value = text.partition(":")
+    if not colon or not name.strip():
+        raise InvalidArgument("http_header", f'{text[:100]!r} is not "Name: value"')
+    return name.strip(), value.strip()
+
+
+def _turned(
+    flags: dict[str, Any], on: str, off: str, current: HttpTarget | None, field: str
+) -> bool:
+    if flags.get(on) and flags.get(off):
+        raise InvalidArgument(off, f"give --{on.replace('_', '-')} or --{off.replace('_', '-')}")
+    if flags.get(on) or flags.get(off):
+        return bool(flags.get(on))
+    return bool(getattr(current, field)) if current is not None else False
+
+
+def http_json(target: HttpTarget | None) -> dict[str, Any] | None:
+    """A job's HTTP target as ``--json`` prints it (None: a Python handler's)."""
+    if target is None:
+        return None
+    return {
+        "url": target.url,
+        "method": target.method,
+        "headers": dict(target.headers),
+        "timeout_ms": round(target.timeout.total_seconds() * 1000),
+        "signing_secret": target.signing_secret or "",
+        "retry_4xx": target.retry_4xx,
+        "follow_redirects": target.follow_redirects,
+    }
 
 
 def job_payload(ns: argparse.Namespace, *, files: bool = True) -> Any:
@@ -406,6 +495,7 @@ def job_json(job: Job) -> dict[str, Any]:
         **policies_json(job),
         "payload": payload,
         "payload_encoding": encoding,
+        "http": http_json(job.http),
         "next_fire_ms": epoch_ms(job.next_fire) if job.next_fire else 0,
         "updated_at_ms": epoch_ms(job.updated_at),
     }
@@ -448,7 +538,46 @@ def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
     return [
         p.add_argument("--name", required=True, help="the job's name (need not be unique)"),
         p.add_argument(
-            "--handler", required=True, help="the handler a worker runs, by its registered name"
+            "--handler",
+            help="the handler a worker runs, by its registered name (required without --http-url)",
+        ),
+        p.add_argument(
+            "--http-url",
+            help="an HTTP target instead of a handler: each run is one request to this http or"
+            " https URL, made by a `wheelctl worker --http`; the payload is its body",
+        ),
+        p.add_argument(
+            "--http-method",
+            help="the target's method: GET, POST (the default), PUT, PATCH, DELETE, HEAD, OPTIONS",
+        ),
+        p.add_argument(
+            "--http-header",
+            action="append",
+            metavar="'NAME: VALUE'",
+            help="a header of the target's requests (again for more; on update, the headers"
+            " given replace them all)",
+        ),
+        p.add_argument(
+            "--http-timeout",
+            help="the target's request timeout, e.g. 10s (30s; at most the job's --timeout)",
+        ),
+        p.add_argument(
+            "--signing-secret",
+            help="the name of a secret of the job's tenant (`wheelctl secret`) that signs each"
+            " request of the target (Standard Webhooks)",
+        ),
+        *_switch(
+            p,
+            (
+                "--http-retry-4xx",
+                "retry a 4xx of the target like a 5xx (else it fails the run for good)",
+            ),
+            ("--http-no-retry-4xx", "a 4xx but 408 and 429 fails the run for good (the default)"),
+        ),
+        *_switch(
+            p,
+            ("--http-follow-redirects", "follow the target's redirects"),
+            ("--http-no-follow-redirects", "a 3xx fails the run, naming its Location (default)"),
         ),
         p.add_argument(
             "--at", help=f"one-shot: +5s (from now), epoch ms, or ISO 8601; {ZONELESS_UTC}"

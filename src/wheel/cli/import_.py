@@ -26,6 +26,13 @@ answers a key it already holds, with the same body, with the job it made
 numbers; and a line with a relative time sends another time, that is another
 body, on each run: its key then answers "used with a different request".
 
+A job with an HTTP target takes an ``http`` object instead of a handler:
+``{"name": "ping", "cron": "*/5 * * * *", "http": {"url":
+"https://example.com/hook", "method": "POST", "headers": {"X-Team": "ops"},
+"timeout": "10s", "signing_secret": "hooks", "retry_4xx": false,
+"follow_redirects": false}, "payload": {"id": 7}}`` (the payload is the
+request's body); the target's flags as keys (``http_url``...) work too.
+
 A bad line (not JSON, an unknown key, a bad value, a request the node
 refuses) is reported with its number and reason and holds back no other. A
 call that fails as a whole with UNAVAILABLE or DEADLINE_EXCEEDED is sent again
@@ -129,7 +136,7 @@ class LineParser:
             raise WheelError(f"not a JSON object but {_json_type(line)}")
         values = dict(self._defaults)
         given: dict[str, str] = {}
-        for key, value in line.items():
+        for key, value in _flat(line).items():
             action = self._flags.get(key.replace("-", "_"))
             if action is None:
                 raise InvalidArgument(key, "is not an option of wheelctl submit")
@@ -146,8 +153,54 @@ class LineParser:
         return JobRequest(**args)
 
 
+# The keys of a line's ``http`` object, and the flag each stands for.
+_HTTP_KEYS = {
+    "url": "http_url",
+    "method": "http_method",
+    "headers": "http_header",
+    "timeout": "http_timeout",
+    "signing_secret": "signing_secret",
+    "retry_4xx": "http_retry_4xx",
+    "follow_redirects": "http_follow_redirects",
+}
+
+
+def _flat(line: dict[str, Any]) -> dict[str, Any]:
+    """A line with its ``http`` object (``{"url": ..., "method": ...,
+    "headers": {...}, "timeout": "10s", "signing_secret": ...}``) spelled as
+    the target's own flags (``http_url``...)."""
+    target = line.get("http")
+    if "http" not in line or target is None:
+        return {k: v for k, v in line.items() if k != "http"}
+    if not isinstance(target, dict):
+        raise InvalidArgument("http", f"expected an object, got {_json_type(target)}")
+    out = {k: v for k, v in line.items() if k != "http"}
+    for key, value in target.items():
+        flag = _HTTP_KEYS.get(key)
+        if flag is None:
+            raise InvalidArgument(f"http.{key}", f"is not one of {', '.join(_HTTP_KEYS)}")
+        if flag in out:
+            raise InvalidArgument(f"http.{key}", f"is the same option as {flag}")
+        out[flag] = value
+    return out
+
+
+def _headers(value: object) -> list[str]:
+    """A line's headers: ``{"Name": "value"}``, ``["Name: value", ...]`` or
+    one ``"Name: value"``, as ``--http-header`` values."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [f"{k}: {v}" for k, v in value.items()]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise InvalidArgument("http_header", "expected an object of names and values")
+
+
 def _flag_value(action: argparse.Action, key: str, value: object) -> object:
     """What the flag would hold had ``value`` been given on the command line."""
+    if action.dest == "http_header":
+        return _headers(value)
     if action.nargs == 0:  # a switch: --fixed-delay, --at-most-once
         if not isinstance(value, bool):
             raise InvalidArgument(key, f"expected true or false, got {_json_type(value)}")

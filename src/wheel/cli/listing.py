@@ -140,6 +140,24 @@ def _schedule_text(job: Job) -> str:
     return f"once at {fmt_time(s.time)}"
 
 
+def _target_lines(job: Job) -> list[str]:
+    """A job's HTTP target, for ``job_text`` (none for a Python handler)."""
+    t = job.http
+    if t is None:
+        return []
+    lines = [
+        f"  http        {t.method} {t.url}",
+        f"              timeout {fmt_duration(t.timeout)}",
+    ]
+    lines[-1] += f", signed with secret {t.signing_secret}" if t.signing_secret else ", unsigned"
+    if t.retry_4xx:
+        lines[-1] += ", 4xx retried"
+    if t.follow_redirects:
+        lines[-1] += ", redirects followed"
+    lines.extend(f"              {name}: {value}" for name, value in t.headers.items())
+    return lines
+
+
 def job_text(job: Job) -> list[str]:
     """``wheelctl job ID``'s lines: the spec, the state, the next fires in
     UTC (and in a cron's zone), the last runs."""
@@ -155,6 +173,7 @@ def job_text(job: Job) -> list[str]:
         f"job {job.job_id}: {job.name}",
         f"  state       {job.state}",
         f"  handler     {job.handler}   pool {job.pool}   tenant {job.tenant}",
+        *_target_lines(job),
         f"  schedule    {_schedule_text(job)}",
         f"  jitter      {fmt_duration(job.jitter)}",
         f"  catch-up    {c.mode.value}, window {window}, at most {c.max_count}",

@@ -21,6 +21,11 @@ makes a schedule of that kind from the flags given. A catch-up or overlap
 flag replaces the whole policy (its other flags at submit's defaults).
 ``--at-most-once``/``--idempotent`` and ``--fixed-delay``/``--fixed-rate``
 turn a switch on and off.
+
+The ``--http-*`` flags and ``--signing-secret`` change those parts of the
+job's HTTP target, the others kept (``--http-header`` replaces every
+header); given to a job with a Python handler, they move it onto a target
+(``--http-url`` then required). ``--handler`` moves a job off its target.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any, cast
 from wheel.cli._common import (
     BACKOFF_FLAGS,
     EPOCH,
+    HTTP_FLAGS,
     ZONELESS_JOB,
     ZONELESS_UTC,
     add_job_flags,
@@ -40,6 +46,7 @@ from wheel.cli._common import (
     epoch_ms,
     fmt_time,
     fmt_zoned,
+    http_target,
     job_json,
     job_payload,
     parse_duration,
@@ -190,14 +197,19 @@ def cmd_update(ns: argparse.Namespace) -> int:
             zone = _zone(tz) if tz is not None else _schedule_zone(client.get(ns.job_id).schedule)
         args = update_args(ns, ns.submit_defaults, zone)
         if_version = None
-        if any(k in args for parts in _SCHEDULE_PARTS.values() for k in parts):
+        http_given = any(flag in vars(ns) for flag in HTTP_FLAGS)
+        if http_given or any(k in args for parts in _SCHEDULE_PARTS.values() for k in parts):
             # Read the schedule and change the parts given, on the condition
             # that nobody updates the job meanwhile: its newest version read
             # first, then the schedule, so an update between the two fails
             # the condition too, and nothing is overwritten unseen.
             newest = next(iter(client.job_updates(ns.job_id, page_size=1)), None)
             if_version = 0 if newest is None else newest.version
-            args = with_schedule(args, client.get(ns.job_id).schedule)
+            job = client.get(ns.job_id)
+            args = with_schedule(args, job.schedule)
+            if http_given:
+                # The target's flags given change those parts, the rest kept.
+                args["http"] = http_target(vars(ns), job.http)
         job = client.update(
             ns.job_id, idempotency_key=getattr(ns, "key", None), if_version=if_version, **args
         )
@@ -244,8 +256,8 @@ def cmd_updates(ns: argparse.Namespace) -> int:
 # ``job_json``'s keys an update may change; the payload is not among them
 # (a recorded update keeps no payloads: ``payload_changed`` says it changed).
 _SPEC_FIELDS = (
-    "name", "handler", "pool", "schedule", "catch_up", "overlap", "retry", "timeout_ms",
-    "jitter_ms", "at_most_once",
+    "name", "handler", "http", "pool", "schedule", "catch_up", "overlap", "retry",
+    "timeout_ms", "jitter_ms", "at_most_once",
 )  # fmt: skip
 
 

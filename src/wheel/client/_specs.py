@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any, TypedDict
 
+from wheel import http_targets
 from wheel.client._time import Duration, When, as_duration, duration, millis, time_ms, utc
 from wheel.client._values import (
     At,
@@ -29,6 +30,7 @@ from wheel.client._values import (
     DstFold,
     DstGap,
     Every,
+    HttpTarget,
     Overlap,
     OverlapPolicy,
     Retry,
@@ -37,17 +39,20 @@ from wheel.client._values import (
 )
 from wheel.engine import spec as engine
 from wheel.errors import InvalidArgument
+from wheel.rpc.v1 import jobs_pb2
 
 __all__ = [
     "JobArgs",
     "JobRequest",
     "Payload",
     "catch_up_of",
+    "http_of",
     "job_spec",
     "overlap_of",
     "request_of",
     "retry_of",
     "schedule_of",
+    "wire_target",
 ]
 
 # Bytes as they are, text as UTF-8, anything else as compact JSON with sorted
@@ -71,13 +76,15 @@ class JobRequest:
     sent; give a time where a retry must be idempotent). Times are ``datetime``
     values (naive means UTC) or epoch seconds; durations are ``timedelta``
     values or seconds. ``catch_up``, ``overlap`` and ``retry`` take their
-    policy value, or a mode, a policy name and a number of attempts. A request
-    is checked when it is made: a bad one raises ``InvalidArgument`` naming
-    the keyword.
+    policy value, or a mode, a policy name and a number of attempts. Give
+    ``handler`` (a Python handler's name) or ``http`` (an ``HttpTarget``, whose
+    request's body is ``payload``). A request is checked when it is made: a
+    bad one raises ``InvalidArgument`` naming the keyword.
     """
 
     name: str
-    handler: str
+    # The handler a worker runs; none with ``http`` (which implies "http").
+    handler: str = ""
     cron: str | None = None
     every: Duration | None = None
     at: When | timedelta | None = None
@@ -87,6 +94,8 @@ class JobRequest:
     start: When | None = None
     fixed_delay: bool = False
     payload: Payload = b""
+    # An HTTP target instead of a handler; ``payload`` is then its body.
+    http: HttpTarget | None = None
     catch_up: CatchUp | str = _CATCH_UP
     overlap: Overlap | str = _OVERLAP
     retry: Retry | int = _RETRY
@@ -109,13 +118,15 @@ class _RequiredJobArgs(TypedDict):
     # annotation (``from __future__ import annotations``) is not seen at run
     # time by Python 3.11's TypedDict.
     name: str
-    handler: str
 
 
 class JobArgs(_RequiredJobArgs, total=False):
     """The keywords of ``Client.submit``, or one item of ``submit_many``: the
-    fields of ``JobRequest``, which documents them."""
+    fields of ``JobRequest``, which documents them (``handler`` or ``http``
+    is required)."""
 
+    handler: str
+    http: HttpTarget | None
     cron: str | None
     every: Duration | None
     at: When | timedelta | None
@@ -144,6 +155,9 @@ class UpdateArgs(TypedDict, total=False):
 
     name: str
     handler: str
+    # A target replaces the job's (or moves a job with a Python handler onto
+    # it); None moves a job off its target, with ``handler`` given too.
+    http: HttpTarget | None
     cron: str | None
     every: Duration | None
     at: When | timedelta | None
@@ -174,9 +188,10 @@ def request_of(item: JobRequest | Mapping[str, Any]) -> JobRequest:
     for key in item:
         if key not in known:
             raise InvalidArgument(str(key), "is not a field of a job to submit")
-    for key in ("name", "handler"):
-        if key not in item:
-            raise InvalidArgument(key, "is required")
+    if "name" not in item:
+        raise InvalidArgument("name", "is required")
+    if "handler" not in item and item.get("http") is None:
+        raise InvalidArgument("handler", "is required (or http, an HTTP target)")
     return JobRequest(**item)
 
 
@@ -184,13 +199,23 @@ def job_spec(request: JobRequest, *, now_ms: int) -> engine.JobSpec:
     """The engine's spec for a request; ``now_ms`` resolves an ``at`` given as
     a ``timedelta``. Raises ``InvalidArgument`` naming the keyword."""
     r = request
+    handler, payload = _text(r.handler, "handler"), payload_bytes(r.payload)
+    if r.http is not None:
+        if handler not in ("", http_targets.HANDLER):
+            raise InvalidArgument("handler", "give handler= or http=, not both")
+        handler = http_targets.HANDLER
+        payload = http_targets.call_payload(wire_target(r.http), payload)
+    elif not handler:
+        raise InvalidArgument("handler", "is required (or http=, an HTTP target)")
+    elif handler == http_targets.HANDLER:
+        raise InvalidArgument("handler", f"{handler!r} is reserved for HTTP targets: give http=")
     return engine.JobSpec(
         name=_text(r.name, "name"),
-        handler=_text(r.handler, "handler"),
+        handler=handler,
         schedule=_schedule(r, now_ms),
         tenant=_text(r.tenant, "tenant"),
         pool=_text(r.pool, "pool"),
-        payload=payload_bytes(r.payload),
+        payload=payload,
         jitter_ms=_duration_ms(r.jitter, "jitter", False),
         catch_up=_engine_catch_up(_catch_up(r.catch_up)),
         overlap=_engine_overlap(_overlap(r.overlap)),
@@ -201,6 +226,21 @@ def job_spec(request: JobRequest, *, now_ms: int) -> engine.JobSpec:
             if _flag(r.at_most_once, "at_most_once")
             else engine.SideEffect.IDEMPOTENT
         ),
+    )
+
+
+def wire_target(target: object) -> jobs_pb2.HttpTarget:
+    """The protobuf spelling of a client's ``HttpTarget``."""
+    if not isinstance(target, HttpTarget):
+        raise InvalidArgument("http", f"expected an HttpTarget, got {type(target).__name__}")
+    return jobs_pb2.HttpTarget(
+        url=target.url,
+        method=target.method,
+        headers=[jobs_pb2.HttpHeader(name=k, value=v) for k, v in target.headers.items()],
+        timeout_ms=millis(target.timeout),
+        signing_secret=target.signing_secret or "",
+        retry_4xx=target.retry_4xx,
+        follow_redirects=target.follow_redirects,
     )
 
 
@@ -360,6 +400,22 @@ def schedule_of(schedule: engine.Schedule) -> Schedule:
         period=timedelta(milliseconds=schedule.period_ms),
         start=utc(schedule.start_at_ms),
         fixed_delay=schedule.mode is engine.IntervalMode.FIXED_DELAY,
+    )
+
+
+def http_of(spec: engine.JobSpec) -> HttpTarget | None:
+    """A job's HTTP target as the client's value (None: a Python handler's)."""
+    t = http_targets.target_of(spec)
+    if t is None:
+        return None
+    return HttpTarget(
+        t.url,
+        method=t.method,
+        headers=[(h.name, h.value) for h in t.headers],
+        timeout=timedelta(milliseconds=t.timeout_ms or http_targets.DEFAULT_TIMEOUT_MS),
+        signing_secret=t.signing_secret or None,
+        retry_4xx=t.retry_4xx,
+        follow_redirects=t.follow_redirects,
     )
 
 

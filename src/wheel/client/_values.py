@@ -12,6 +12,7 @@ keep ``timedelta``, and refuse at once what the wire could not carry.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -31,6 +32,7 @@ __all__ = [
     "DstFold",
     "DstGap",
     "Every",
+    "HttpTarget",
     "Job",
     "JobState",
     "JobUpdate",
@@ -300,6 +302,66 @@ class Retry:
         object.__setattr__(self, "multiplier", float(multiplier))
 
 
+@dataclass(frozen=True, slots=True, init=False)
+class HttpTarget:
+    """An HTTP target: each run of the job is one request to ``url``, made by
+    a worker running the built-in executor (``wheelctl worker --http``); the
+    job's payload is the request's body. ``headers``: a mapping or (name,
+    value) pairs; ``timeout``: a ``timedelta`` or seconds (never longer than
+    the job's timeout: the node cuts it to that); ``signing_secret``: the name
+    of a secret of the job's tenant that signs every request (Standard
+    Webhooks). A 4xx but 408 and 429 fails the run for good unless
+    ``retry_4xx``; a 3xx fails it unless ``follow_redirects``. The node checks
+    the rest (scheme, host, header names...) and names the field it refuses."""
+
+    url: str
+    method: str
+    headers: dict[str, str]
+    timeout: timedelta
+    signing_secret: str | None
+    retry_4xx: bool
+    follow_redirects: bool
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        method: str = "POST",
+        headers: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+        timeout: Duration = timedelta(seconds=30),
+        signing_secret: str | None = None,
+        retry_4xx: bool = False,
+        follow_redirects: bool = False,
+    ) -> None:
+        for name, value in (("url", url), ("method", method)):
+            if not isinstance(value, str):
+                raise InvalidArgument(f"http.{name}", f"expected a string, got {value!r}")
+        if signing_secret is not None and not isinstance(signing_secret, str):
+            raise InvalidArgument(
+                "http.signing_secret", f"expected a string, got {signing_secret!r}"
+            )
+        for name, flag in (("retry_4xx", retry_4xx), ("follow_redirects", follow_redirects)):
+            if not isinstance(flag, bool):
+                raise InvalidArgument(f"http.{name}", f"expected True or False, got {flag!r}")
+        pairs = headers.items() if isinstance(headers, Mapping) else headers
+        kept: dict[str, str] = {}
+        for pair in pairs:
+            if (
+                not isinstance(pair, tuple)
+                or len(pair) != 2
+                or not all(isinstance(p, str) for p in pair)
+            ):
+                raise InvalidArgument("http.headers", f"expected names and values, got {pair!r}")
+            kept[pair[0]] = pair[1]
+        object.__setattr__(self, "url", url)
+        object.__setattr__(self, "method", method.upper() or "POST")
+        object.__setattr__(self, "headers", kept)
+        object.__setattr__(self, "timeout", duration(timeout, "http.timeout", positive=True))
+        object.__setattr__(self, "signing_secret", signing_secret or None)
+        object.__setattr__(self, "retry_4xx", retry_4xx)
+        object.__setattr__(self, "follow_redirects", follow_redirects)
+
+
 # -- what calls return -----------------------------------------------------------------
 
 
@@ -352,6 +414,8 @@ class Job:
     timeout: timedelta
     jitter: timedelta
     at_most_once: bool
+    # Its HTTP target (handler "http"; ``payload`` is the request's body).
+    http: HttpTarget | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,11 +18,13 @@ from typing import Any, Generic, TypeVar
 import grpc  # type: ignore[import-untyped, unused-ignore]
 from google.protobuf.descriptor import FieldDescriptor
 
+from wheel import http_targets
 from wheel.client._specs import (
     JobArgs,
     JobRequest,
     UpdateArgs,
     catch_up_of,
+    http_of,
     job_spec,
     overlap_of,
     request_of,
@@ -236,7 +238,9 @@ def submit_many_results(
             out.append(job_of(msg, created=created))
             continue
         # A lean answer: the spec is the one sent, an interval sent without a
-        # start beginning at its first fire.
+        # start beginning at its first fire, a target as the node keeps it
+        # (its method upper-cased, its timeout resolved).
+        spec = http_targets.stored_spec(spec, check_secret=False)
         s = spec.schedule
         if isinstance(s, Interval) and not s.start_at_ms and msg.next_fire_ms:
             spec = replace(spec, schedule=replace(s, start_at_ms=msg.next_fire_ms))
@@ -249,6 +253,7 @@ _UPDATE_FIELDS = {
     "name": "name",
     "handler": "handler",
     "payload": "payload",
+    "http": "http",
     **dict.fromkeys(
         ("cron", "every", "at", "tz", "dst_gap", "dst_fold", "start", "fixed_delay"), "schedule"
     ),
@@ -275,6 +280,8 @@ def update_request(
             raise InvalidArgument(str(key), "is not a field of a job to update")
     named = sorted({_UPDATE_FIELDS[k] for k in changes})
     args: dict[str, Any] = {"name": "-", "handler": "-", **changes}
+    if args.get("http") is not None and "handler" not in changes:
+        args["handler"] = ""  # a target implies its handler
     if "schedule" not in named:
         args["every"] = timedelta(minutes=1)  # stands in for the schedule kept
     spec = job_spec(JobRequest(**args), now_ms=time.time_ns() // 1_000_000)
@@ -505,7 +512,8 @@ def job_from(spec: JobSpec, msg: jobs_pb2.Job, *, created: bool = False) -> Job:
         pool=spec.pool,
         state=JobState(state),
         schedule=schedule_of(spec.schedule),
-        payload=spec.payload,
+        payload=http_targets.body_of(spec),
+        http=http_of(spec),
         next_fire=utc_or_none(msg.next_fire_ms),
         next_fires=[utc(ms) for ms in msg.next_fires_ms],
         created_at=utc(msg.created_at_ms),

@@ -73,6 +73,8 @@ def job_row(job: Job) -> dict[str, Any]:
         "tenant": job.tenant,
         "state": job.state.value,
         "handler": job.handler,
+        # An HTTP target's URL (handler "http"), else null.
+        "http_url": job.http.url if job.http is not None else None,
         "pool": job.pool,
         "schedule": schedule_text(job.schedule),
         "next_fire": jsonable(job.next_fire),

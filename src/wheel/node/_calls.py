@@ -169,6 +169,17 @@ class NodeCalls:
     async def delete_secret(self, tenant: str, name: str) -> int:
         return await self._secrets.delete(tenant, name)
 
+    def knows_secret(self, tenant: str, name: str) -> bool:
+        """Whether ``tenant`` has a signing secret ``name``, as this node's
+        cache holds the store's (``learn_secrets`` reads it again first)."""
+        return self._secrets.knows(tenant, name)
+
+    async def learn_secrets(self, wanted: Iterable[tuple[str, str]]) -> None:
+        """Read the secrets again if the cache lacks one of ``wanted``
+        (tenant, name): one made through another node a moment ago is then
+        known to a submit that names it."""
+        await self._secrets.learn(wanted)
+
     def signed_headers(
         self, tenant: str, name: str, msg_id: str, body: bytes
     ) -> list[tuple[str, str]]:

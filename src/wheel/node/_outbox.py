@@ -56,6 +56,7 @@ from prometheus_client import Counter
 from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict
 
+from wheel import http_targets
 from wheel._retry import Backoff
 from wheel.engine.records import JobRecord
 from wheel.engine.spec import JobSpec
@@ -474,8 +475,13 @@ class _Lane(_Connected):
             raise StoreUnavailable(f"outbox claim: {exc}") from exc
         out: list[Claimed] = []
         for row_id, key, text, digest in rows:
+            spec: JobSpec | WheelError
             try:
-                spec: JobSpec | WheelError = JobSpec.from_json(text)
+                # A row written by another language's SDK: its HTTP target
+                # is checked here, as a submit's is by the node's API.
+                spec = http_targets.stored_spec(JobSpec.from_json(text))
+            except InvalidArgument as exc:
+                spec = exc
             except (ValueError, KeyError, TypeError) as exc:
                 spec = InvalidArgument("spec", f"not a job spec ({type(exc).__name__}: {exc})")
             out.append((row_id, key, spec, digest))

@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from wheel import webhooks
 from wheel.errors import StoreError
@@ -153,6 +153,21 @@ class Secrets:
                 why = f"signing secret {name!r} of tenant {tenant!r} is unknown on this node"
             raise SignError(why)
         return webhooks.signed_headers(keys, msg_id, now // 1000, body)
+
+    def knows(self, tenant: str, name: str) -> bool:
+        """The secret is in the store as last read (signing or not here)."""
+        return (tenant, name) in self._keys or (tenant, name) in self._broken
+
+    async def learn(self, wanted: Iterable[tuple[str, str]]) -> None:
+        """Read the store again when one of ``wanted`` is not known (once,
+        sharing a read already under way)."""
+        if all(self.knows(t, n) for t, n in wanted):
+            return
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.get_running_loop().create_task(
+                self._refresh_logged(), name="wheel-secrets-learn"
+            )
+        await asyncio.shield(self._refreshing)
 
     def _refresh_soon(self) -> None:
         if self._refreshing is not None and not self._refreshing.done():

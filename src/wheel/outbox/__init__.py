@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
+from wheel import http_targets
 from wheel.client._specs import JobArgs, JobRequest, job_spec, request_of
 from wheel.errors import InvalidArgument, NotFound
 from wheel.rpc import convert
@@ -117,6 +118,8 @@ def row_of(
     # The body hash a node gives a Client.submit of this request: the same key
     # and request through either path name one job.
     wire = convert.spec_to_proto(spec).SerializeToString(deterministic=True)
+    # An HTTP target checked and kept as the node keeps a submitted one.
+    spec = http_targets.stored_spec(spec)
     key = request.idempotency_key or generated_key()
     if not isinstance(key, str) or len(key) > MAX_IDEMPOTENCY_KEY:
         raise InvalidArgument(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Iterable
 from typing import Any, cast
 
 import grpc
@@ -105,6 +106,7 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
             if over is not None:
                 raise over
             try:
+                await self.node.learn_secrets(_secrets_named([mine]))
                 response = await self._submit_one(mine)
             finally:
                 self.node.submits_done(tenant)
@@ -137,6 +139,9 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
                     mine.append(self.guard.own_submit(principal, item))
                 except WheelError as exc:
                     mine.append(exc)
+            await self.node.learn_secrets(
+                _secrets_named(m for m in mine if not isinstance(m, WheelError))
+            )
             verdicts = iter(
                 await self.node.admit_submits(
                     [m.spec.tenant or "default" for m in mine if not isinstance(m, WheelError)]
@@ -212,7 +217,9 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
         if not request.HasField("spec"):
             raise InvalidArgument("spec", "is required")
         _idempotency_key(request.idempotency_key)
-        spec = convert.spec_from_proto(request.spec, now_ms=now, sent=True)
+        spec = convert.spec_from_proto(
+            request.spec, now_ms=now, sent=True, secret_known=self.node.knows_secret
+        )
         digest = None
         if request.idempotency_key:
             # The request as sent decides "same body" for a retry, not the spec
@@ -488,3 +495,14 @@ def _runs_token(token: str) -> tuple[int | None, int | None]:
     if (before_run or 0) < 0 or (before_missed or 0) < 0:
         raise InvalidArgument("page_token", "is not a token this server issued")
     return before_run, before_missed
+
+
+def _secrets_named(
+    requests: Iterable[job_service_pb2.SubmitJobRequest],
+) -> set[tuple[str, str]]:
+    """The (tenant, signing secret) pairs the submits' HTTP targets name."""
+    return {
+        (r.spec.tenant or "default", r.spec.http.signing_secret)
+        for r in requests
+        if r.spec.HasField("http") and r.spec.http.signing_secret
+    }

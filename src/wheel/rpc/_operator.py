@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
+from wheel import http_targets
 from wheel.engine.driver import preview_fires
 from wheel.engine.records import JobChange
 from wheel.engine.spec import JobSpec
@@ -27,6 +28,7 @@ UPDATABLE = (
     "name",
     "handler",
     "payload",
+    "http",
     "schedule",
     "jitter_ms",
     "catch_up",
@@ -72,7 +74,17 @@ class OperatorCalls:
             record = self.guard.check_job(principal, await self.node.get_job(job_id))
             # Validated here as well as on the owner: a bad spec is refused
             # by the node it was sent to, before any forward.
-            spec = _merged(record.spec, request.spec, fields, self.node.now_ms())
+            if "http" in fields and request.spec.http.signing_secret:
+                await self.node.learn_secrets(
+                    [(record.spec.tenant, request.spec.http.signing_secret)]
+                )
+            spec = _merged(
+                record.spec,
+                request.spec,
+                fields,
+                self.node.now_ms(),
+                secret_known=self.node.knows_secret,
+            )
             # Into a pool its tenant may use, as a submit.
             probe = jobs_pb2.JobSpec(tenant=spec.tenant, pool=spec.pool)
             self.guard.own_submit(principal, job_service_pb2.SubmitJobRequest(spec=probe))
@@ -201,12 +213,19 @@ class OperatorCalls:
         self.guard.check_job(await self.guard.principal(context), await self.node.get_job(job_id))
 
 
-def _merged(old: JobSpec, new: jobs_pb2.JobSpec, fields: list[str], now_ms: int) -> JobSpec:
+def _merged(
+    old: JobSpec,
+    new: jobs_pb2.JobSpec,
+    fields: list[str],
+    now_ms: int,
+    *,
+    secret_known: http_targets.SecretKnown | None = None,
+) -> JobSpec:
     """``old`` with the fields named taken from ``new``, validated (a bad
     field is named as in a submit: ``spec.schedule.cron.expr``...)."""
     merged = convert.spec_to_proto(old)
     for name in fields:
-        if name in ("schedule", "catch_up", "overlap", "retry"):
+        if name in ("schedule", "catch_up", "overlap", "retry", "http"):
             if new.HasField(name):
                 getattr(merged, name).CopyFrom(getattr(new, name))
             else:
@@ -214,8 +233,25 @@ def _merged(old: JobSpec, new: jobs_pb2.JobSpec, fields: list[str], now_ms: int)
         else:
             setattr(merged, name, getattr(new, name))
     merged.tenant = old.tenant
+    # Between an HTTP target and a Python handler (UpdateJobRequest's rules):
+    # a handler named moves the job off its target, a target named moves it
+    # onto one. The payload (the body) stays unless it is named too.
+    if "handler" in fields and merged.handler not in ("", http_targets.HANDLER):
+        if "http" not in fields:
+            merged.ClearField("http")
+    elif "http" in fields and merged.HasField("http"):
+        merged.handler = http_targets.HANDLER
     # A schedule kept is taken as stored; one sent is checked as a submit's.
-    return convert.spec_from_proto(merged, now_ms=now_ms, sent="schedule" in fields)
+    # The target is checked either way (the job's timeout bounds it), its
+    # signing secret only when the target is sent.
+    return convert.spec_from_proto(
+        merged,
+        now_ms=now_ms,
+        sent="schedule" in fields,
+        target_sent=True,
+        secret_sent="http" in fields,
+        secret_known=secret_known,
+    )
 
 
 def change_to_proto(change: JobChange) -> job_service_pb2.JobUpdate:
@@ -223,8 +259,8 @@ def change_to_proto(change: JobChange) -> job_service_pb2.JobUpdate:
         job_id=change.job_id,
         version=change.version,
         updated_at_ms=change.updated_at_ms,
-        old_spec=convert.spec_to_proto(change.old_spec),
-        new_spec=convert.spec_to_proto(change.new_spec),
+        old_spec=convert.spec_to_proto(http_targets.history_spec(change.old_spec)),
+        new_spec=convert.spec_to_proto(http_targets.history_spec(change.new_spec)),
         payload_changed=change.payload_changed,
         updated_by=change.updated_by,
         idempotency_key=change.idempotency_key or "",

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from wheel import http_targets
 from wheel.engine.model import JobState, RunState, idempotency_key
 from wheel.engine.records import ExecutionRecord, JobRecord, MissedFire
 from wheel.engine.spec import (
@@ -158,20 +159,59 @@ def _or(value: _E, zero: _E, default: _E) -> _E:
 # -- specs ----------------------------------------------------------------------
 
 
-def spec_from_proto(msg: jobs_pb2.JobSpec, *, now_ms: int, sent: bool = False) -> JobSpec:
+def spec_from_proto(
+    msg: jobs_pb2.JobSpec,
+    *,
+    now_ms: int,
+    sent: bool = False,
+    target_sent: bool | None = None,
+    secret_sent: bool | None = None,
+    secret_known: http_targets.SecretKnown | None = None,
+) -> JobSpec:
     """A validated ``JobSpec`` from a ``jobs_pb2.JobSpec``, with the proto's defaults.
 
     ``now_ms`` anchors an interval whose ``start_at_ms`` is 0 (first fire at
     now + period). Raises ``InvalidArgument`` naming the first bad field.
     ``sent``: a spec a caller sent (a submit, an update, a preview), whose
     time zone must be an IANA name (``_iana_zone``); a spec read back is
-    taken as the node stored it.
+    taken as the node stored it. ``target_sent`` (default: ``sent``): its
+    HTTP target is checked as ``wheel.http_targets`` says, and a handler
+    "http" without one refused; ``secret_sent`` (default: ``target_sent``):
+    its signing secret is checked too, against ``secret_known`` when given.
+    A job with a target has handler "http" and the ``HttpCall`` of its
+    target and body as its payload.
     """
+    tenant = msg.tenant or "default"
+    timeout_ms = _or(msg.timeout_ms, 0, 300_000)
+    handler, payload = msg.handler, bytes(msg.payload)
+    check = sent if target_sent is None else target_sent
+    if msg.HasField("http"):
+        if handler not in ("", http_targets.HANDLER):
+            raise InvalidArgument(
+                "spec.handler",
+                f"a job with an HTTP target (spec.http) has handler {http_targets.HANDLER!r}"
+                f" or none, not {handler[:200]!r}",
+            )
+        target = msg.http
+        if check:
+            target = http_targets.normalised_target(
+                target,
+                tenant=tenant,
+                job_timeout_ms=max(timeout_ms, 1),
+                check_secret=check if secret_sent is None else secret_sent,
+                secret_known=secret_known,
+            )
+        handler, payload = http_targets.HANDLER, http_targets.call_payload(target, payload)
+    elif check and handler == http_targets.HANDLER:
+        raise InvalidArgument(
+            "spec.handler",
+            f"{http_targets.HANDLER!r} is reserved for jobs with an HTTP target (spec.http)",
+        )
     spec = JobSpec(
         name=msg.name,
-        handler=msg.handler,
-        tenant=msg.tenant or "default",
-        payload=bytes(msg.payload),
+        handler=handler,
+        tenant=tenant,
+        payload=payload,
         schedule=_schedule_from_proto(msg, now_ms, sent),
         jitter_ms=msg.jitter_ms,
         catch_up=CatchUp(
@@ -190,7 +230,7 @@ def spec_from_proto(msg: jobs_pb2.JobSpec, *, now_ms: int, sent: bool = False) -
             max_backoff_ms=_or(msg.retry.max_backoff_ms, 0, 300_000),
             multiplier=_or(msg.retry.multiplier, 0.0, 2.0),
         ),
-        timeout_ms=_or(msg.timeout_ms, 0, 300_000),
+        timeout_ms=timeout_ms,
         side_effect=_enum(_SIDE_EFFECT, msg.side_effect, "spec.side_effect"),
         pool=msg.pool or "default",
     )
@@ -236,12 +276,14 @@ def _iana_zone(name: str) -> str:
 
 
 def spec_to_proto(spec: JobSpec) -> jobs_pb2.JobSpec:
-    """The ``jobs_pb2.JobSpec`` for a spec, every enum spelled out explicitly."""
+    """The ``jobs_pb2.JobSpec`` for a spec, every enum spelled out explicitly;
+    a job with an HTTP target shows it as ``http``, its body as ``payload``."""
+    call = http_targets.call_of(spec.payload) if spec.handler == http_targets.HANDLER else None
     msg = jobs_pb2.JobSpec(
         name=spec.name,
         tenant=spec.tenant,
         handler=spec.handler,
-        payload=spec.payload,
+        payload=spec.payload if call is None else call.body,
         jitter_ms=spec.jitter_ms,
         timeout_ms=spec.timeout_ms,
         side_effect=_SIDE_EFFECT_TO[spec.side_effect],
@@ -263,6 +305,8 @@ def spec_to_proto(spec: JobSpec) -> jobs_pb2.JobSpec:
             multiplier=spec.retry.multiplier,
         ),
     )
+    if call is not None:
+        msg.http.CopyFrom(call.target)
     s = spec.schedule
     if isinstance(s, Once):
         msg.schedule.once.at_ms = s.at_ms

@@ -16,6 +16,7 @@ from wheel.engine.profiles import Profile, split_spec
 from wheel.engine.records import JobChange, SpecUpdate, Updated
 from wheel.engine.spec import JobSpec
 from wheel.errors import AlreadyExists, FailedPrecondition
+from wheel.http_targets import body_of, history_spec
 from wheel.store._shared import (
     RUN_COLUMNS_E,
     Executor,
@@ -174,9 +175,9 @@ def update_job(
         job_id=job_id,
         version=version,
         updated_at_ms=update.updated_at_ms,
-        old_spec=replace(before.spec, payload=b""),
-        new_spec=replace(spec, payload=b""),
-        payload_changed=before.spec.payload != spec.payload,
+        old_spec=history_spec(before.spec),
+        new_spec=history_spec(spec),
+        payload_changed=body_of(before.spec) != body_of(spec),
         updated_by=update.updated_by,
         idempotency_key=key,
     )
@@ -186,8 +187,8 @@ def update_job(
             job_id,
             version,
             update.updated_at_ms,
-            spec_text(before.spec),
-            new_text,
+            change.old_spec.to_json(),
+            change.new_spec.to_json(),
             change.payload_changed,
             update.updated_by,
             key,

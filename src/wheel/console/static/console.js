@@ -133,6 +133,16 @@ function spec(job) {
   if (job.schedule_kind === "cron") {
     rows.splice(7, 0, ["DST", `gap: ${job.schedule.dst_gap}, fold: ${job.schedule.dst_fold}`]);
   }
+  if (job.http) {
+    const t = job.http;
+    const headers = Object.entries(t.headers).map(([k, v]) => `${k}: ${v}`).join("\n");
+    rows.splice(5, 0,
+      ["http target", `${t.method} ${t.url}`],
+      ["http", `timeout ${t.timeout} s, ` +
+        (t.signing_secret ? `signed with secret ${t.signing_secret}` : "unsigned") +
+        (t.retry_4xx ? ", 4xx retried" : "") + (t.follow_redirects ? ", redirects followed" : "")]);
+    if (headers) rows.splice(7, 0, ["http headers", el("pre", {}, headers)]);
+  }
   const dl = $("#job-spec");
   dl.replaceChildren();
   for (const [k, v] of rows) dl.append(el("dt", {}, k), el("dd", {}, v));
