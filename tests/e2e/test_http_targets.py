@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from standardwebhooks.webhooks import Webhook
 
 from testkit.procs import WorkerProc, wait_for, wheelctl
 from testkit.webhook_receiver import Received, Receiver, Reply
@@ -50,6 +51,8 @@ class Env:
         self.answers: list[tuple[str, str]] = []
         self.jobs: list[int] = []
         self.secret = ""
+        # Values of later versions (rotations), for the same check.
+        self.rotated: list[str] = []
         self.receiver = Receiver()
 
     @property
@@ -252,6 +255,24 @@ def test_a_target_on_loopback_is_refused_by_a_worker_not_allowed_private_targets
     assert env.receiver.requests("/private") == []
 
 
+def test_a_rotated_secret_signs_with_the_old_and_the_new_version_during_the_overlap(
+    env: Env,
+) -> None:
+    printed = env.ctl("secret", "rotate", SECRET, "--generate", keep=False)
+    (new,) = re.findall(r"whsec_[A-Za-z0-9+/=]+", printed)
+    assert new != env.secret
+    env.rotated.append(new)
+    env.submit("/rotated")
+    r = one_request(env, "/rotated")
+    assert len(r.headers["webhook-signature"].split(" ")) == 2
+    # Each version alone verifies it: a receiver may move to the new one at
+    # any time in the overlap.
+    for secret in (env.secret, new):
+        Webhook(secret).verify(r.body, r.headers, json_parse=False)
+    versions = [s["version"] for s in json.loads(env.ctl("secret", "list", "--json"))]
+    assert sorted(versions) == [1, 2]
+
+
 def test_the_secrets_value_is_in_no_log_listing_or_console_answer(env: Env) -> None:
     """Last: it reads what the tests before it left."""
     if not env.jobs:
@@ -275,9 +296,10 @@ def test_the_secrets_value_is_in_no_log_listing_or_console_answer(env: Env) -> N
     assert any(p.name.startswith("server-") for p in logs) and any(
         p.name == "http-1.log" for p in logs
     )
-    key = env.secret.removeprefix("whsec_")
+    values = [env.secret, *env.rotated]
     for where, text in [*env.answers, *((str(p), p.read_text(errors="replace")) for p in logs)]:
-        assert env.secret not in text and key not in text, where
+        for value in values:
+            assert value not in text and value.removeprefix("whsec_") not in text, where
     # The signatures the receiver checked were made with it all along.
     assert env.receiver.tally.verified > 0
     assert env.receiver.tally.bad_signatures == 0
