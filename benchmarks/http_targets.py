@@ -464,6 +464,12 @@ def report(cfg: Config, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         ratio = http["cpu_s_per_1k"] / noop["cpu_s_per_1k"] if noop["cpu_s_per_1k"] else None
         out["cpu_ratio_vs_noop"] = None if ratio is None else round(ratio, 3)
     out["cpu_counts"] = CPU_COUNTS
+    out["phases"] = (
+        "one after the other, each on a fresh node (same flags) with one worker process (same"
+        " capacity) and the same jobs, schedule and bodies; http: wheelctl worker --http"
+        " --allow-private-targets to a receiver process verifying every signature, lag at its"
+        " arrival; noop: wheelctl worker _noop_handler:noop, lag at the handler"
+    )
     out["duration_s"] = cfg.duration_s
     out["capacity"] = cfg.capacity
     out["store"] = (
