@@ -1,7 +1,7 @@
 """``wheelctl``: run a node or a worker, and talk to a running node.
 
 wheelctl serve  [--data-dir DIR] [--listen HOST:PORT] [--store URL] ...   (see wheel.cli.serve)
-wheelctl worker [--target HOST:PORT[,HOST:PORT...]]... [--capacity N] module:function ...
+wheelctl worker [--target HOST:PORT[,HOST:PORT...]]... [--capacity N] [--http] module:function ...
 wheelctl submit --name N --handler H (--at WHEN | --cron EXPR | --every DURATION) ...
 wheelctl submit --name N --http-url URL [--http-method M] [--http-header "K: V"]...
                 [--payload BODY] [--signing-secret NAME] [--http-timeout 10s] --cron ...
@@ -60,10 +60,12 @@ from wheel.tls import (
 def cmd_worker(ns: argparse.Namespace) -> int:
     from wheel.worker import load_handlers, run_worker
 
-    if not ns.handlers:
+    if not ns.handlers and not ns.http:
         raise InvalidArgument(
-            "handlers", "give at least one module:function, module:worker or module"
+            "handlers", "give at least one module:function, module:worker or module, or --http"
         )
+    if ns.allow_private_targets and not ns.http:
+        raise InvalidArgument("allow_private_targets", "--allow-private-targets needs --http")
     # Modules are looked for in the working directory first, as uvicorn and
     # celery do (a console script's sys.path does not have it).
     if os.getcwd() not in sys.path and "" not in sys.path:
@@ -86,6 +88,8 @@ def cmd_worker(ns: argparse.Namespace) -> int:
         metrics_listen=ns.metrics_listen,
         security=client_security(ns),
         token=ns.token,
+        http=ns.http,
+        allow_private_targets=ns.allow_private_targets,
     )
     return 0
 
@@ -167,6 +171,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-listen",
         metavar="HOST:PORT",
         help="serve the worker's Prometheus metrics at http://HOST:PORT/metrics (default: off)",
+    )
+    w.add_argument(
+        "--http",
+        action="store_true",
+        help="run the built-in HTTP executor (handler 'http'): send the requests of jobs with an"
+        " HTTP target, alone or beside the handlers given",
+    )
+    w.add_argument(
+        "--allow-private-targets",
+        action="store_true",
+        help="with --http: send to loopback, private and link-local addresses too (refused"
+        " otherwise, after DNS resolution)",
     )
     add_token_flag(w)
     _add_log_format(w)

@@ -425,7 +425,7 @@ class Link:
             for i in range(0, len(done), MAX_ITEMS_PER_MESSAGE):
                 msg = pb.WorkerMessage()
                 add = msg.complete.completions.add
-                for run_id, fence, outcome, error, job_id, ran_ms in done[
+                for run_id, fence, outcome, error, job_id, ran_ms, result, retry_after in done[
                     i : i + MAX_ITEMS_PER_MESSAGE
                 ]:
                     add(
@@ -435,6 +435,8 @@ class Link:
                         error=error,
                         job_id=job_id,
                         ran_ms=ran_ms,
+                        result_json=result,
+                        retry_after_ms=retry_after,
                     )
                 out.append(msg)
         if self.heartbeat_due:

@@ -25,9 +25,12 @@ def run_worker(
     metrics_listen: str | None = None,
     security: ChannelSecurity | None = None,
     token: str | None = None,
+    http: bool = False,
+    allow_private_targets: bool = False,
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (drain gracefully; a second signal stops
-    now): ``Worker.run``'s own signal handling."""
+    now): ``Worker.run``'s own signal handling. ``http``: the built-in HTTP
+    executor too (``Worker``'s ``http`` and ``allow_private_targets``)."""
     worker = Worker(
         target,
         worker_id=worker_id,
@@ -36,6 +39,8 @@ def run_worker(
         metrics_listen=metrics_listen,
         security=security,
         token=token,
+        http=http,
+        allow_private_targets=allow_private_targets,
     )
     for name, fn in handlers.items():
         worker.register(name, fn)

@@ -19,6 +19,7 @@ import contextvars
 import dis
 import heapq
 import inspect
+import json
 import logging
 import math
 import queue
@@ -27,7 +28,7 @@ import time
 import traceback
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from wheel.logs import ids, redact
 from wheel.rpc.v1 import worker_service_pb2 as pb
@@ -40,7 +41,18 @@ from wheel.worker._api import (
     current_run,
 )
 
+if TYPE_CHECKING:
+    from wheel.worker._http import Finish
+
 log = logging.getLogger("wheel.worker")
+
+
+class HttpRunner(Protocol):
+    """The built-in ``http`` handler (``wheel.worker._http.HttpExecutor``):
+    it sends a run's request and calls ``done(run, finish)`` once, later,
+    with how the run ended."""
+
+    def start(self, run: Run, done: Callable[[Run, Finish], object]) -> None: ...
 
 
 class Holder(Protocol):
@@ -57,6 +69,8 @@ class Holder(Protocol):
 MAX_ERROR_CHARS = 4_000
 # Of which the exception's message takes at most this many.
 MAX_MESSAGE_CHARS = 1_000
+# A run's result (``Completion.result_json``), as UTF-8 bytes, at most.
+MAX_RESULT_BYTES = 65_536
 
 # Run states, local to this process.
 QUEUED = 0  # held, waiting for a free handler slot
@@ -74,21 +88,33 @@ ABANDONED = pb.OUTCOME_ABANDONED
 SYNC = 0  # a plain function: in a thread of the pool
 TASK = 1  # a coroutine function: a task of its own
 INLINE = 2  # a coroutine function that cannot suspend: run to its end at once
+HTTP = 3  # the built-in ``http`` handler: a task sending the run's request
 
-# A completion on its way: run id, fence, outcome, error, job id, and how long
-# its handler ran in ms (0: it never started). A tuple, not an object: one is
-# made for every run, and it only travels to a message.
-Done = tuple[int, int, "pb.Outcome", str, int, int]
+# A completion on its way: run id, fence, outcome, error, job id, how long
+# its handler ran in ms (0: it never started), its result (JSON object text,
+# "" for none) and the least wait before a retry in ms. A tuple, not an
+# object: one is made for every run, and it only travels to a message.
+Done = tuple[int, int, "pb.Outcome", str, int, int, str, int]
 
 
 class Run:
     """One held run: its context, its handler, its state, and the link of the
     node it reports to (None while it has none: see the worker's strays)."""
 
-    __slots__ = ("acked", "ctx", "fn", "link", "mode", "started", "state", "task")
+    __slots__ = ("acked", "assignment", "ctx", "fn", "link", "mode", "started", "state", "task")
 
-    def __init__(self, link: Holder, ctx: RunContext, fn: Handler | None, mode: int) -> None:
+    def __init__(
+        self,
+        link: Holder,
+        ctx: RunContext,
+        fn: Handler | None,
+        mode: int,
+        assignment: pb.Assignment | None = None,
+    ) -> None:
         self.link: Holder | None = link
+        # What the node handed out, kept for a run of the ``http`` handler
+        # (its signed headers); None for the rest.
+        self.assignment = assignment
         self.ctx = ctx
         self.fn = fn
         self.mode = mode
@@ -103,10 +129,38 @@ class Run:
         ctx = self.ctx
         return pb.RunRef(run_id=ctx.run_id, fence=ctx.fence, job_id=ctx.job_id)
 
-    def done(self, outcome: pb.Outcome, error: str) -> Done:
+    def done(
+        self, outcome: pb.Outcome, error: str, result: str = "", retry_after_ms: int = 0
+    ) -> Done:
         ctx = self.ctx
         ran_ms = int((time.perf_counter() - self.started) * 1000) if self.started else 0
-        return (ctx.run_id, ctx.fence, outcome, error, ctx.job_id, ran_ms)
+        return (ctx.run_id, ctx.fence, outcome, error, ctx.job_id, ran_ms, result, retry_after_ms)
+
+
+class BadResult(Permanent):
+    """A handler returned what a run cannot keep: not JSON, or too large."""
+
+
+def result_of(value: Any) -> str:
+    """A handler's return value as a run's result, ``{"value": ...}``; raises
+    ``BadResult`` for a value that is not JSON-serialisable or whose result
+    is over ``MAX_RESULT_BYTES``. A handler that returns one is wrong, and
+    would be on every attempt: its run fails for good (the effect it had is
+    not repeated by a retry)."""
+    try:
+        text = json.dumps({"value": value}, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise BadResult(
+            f"the handler returned a {type(value).__name__} a run cannot keep as its result"
+            f" (not JSON-serialisable: {_message(exc)[:200]}); return None or a JSON value"
+        ) from None
+    # ensure_ascii (the default): the length is the bytes' too.
+    if len(text) > MAX_RESULT_BYTES:
+        raise BadResult(
+            f"the handler returned a {type(value).__name__} of {len(text)} bytes as JSON;"
+            f" a run keeps at most {MAX_RESULT_BYTES}"
+        )
+    return text
 
 
 def outcome_of(exc: BaseException) -> tuple[pb.Outcome, str]:
@@ -196,8 +250,8 @@ def mode_of(fn: Callable[..., Any]) -> int:
     return INLINE
 
 
-async def _await(aw: Any) -> None:
-    await aw
+async def _await(aw: Any) -> Any:
+    return await aw
 
 
 class Runner:
@@ -208,11 +262,15 @@ class Runner:
         self,
         capacity: int,
         stats: WorkerStats,
-        report: Callable[[Run, pb.Outcome, str], None],
+        report: Callable[[Run, pb.Outcome, str, str, int], None],
         *,
         worker_id: str = "",
+        http: HttpRunner | None = None,
     ) -> None:
+        """``report(run, outcome, error, result, retry_after_ms)`` gets each
+        outcome; ``http`` runs the runs of mode HTTP."""
         self.capacity = capacity
+        self.http = http
         self.stats = stats
         self._report = report
         self.worker_id = worker_id
@@ -229,7 +287,7 @@ class Runner:
         self._deadline_seq = 0
         self._deadline_at = math.inf
         self._deadline_timer: asyncio.TimerHandle | None = None
-        self._results: collections.deque[tuple[Run, pb.Outcome, str, BaseException | None]] = (
+        self._results: collections.deque[tuple[Run, pb.Outcome, str, BaseException | None, str]] = (
             collections.deque()
         )
         self._results_lock = threading.Lock()
@@ -258,6 +316,11 @@ class Runner:
         if run.mode == INLINE:
             self._run_inline(run)
             return
+        if run.mode == HTTP:
+            # Its request's own timeout ends no later than the run's: no watch.
+            assert self.http is not None
+            self.http.start(run, self._http_done)
+            return
         if run.ctx.deadline != math.inf:
             self._watch_deadline(run)
         if run.mode == TASK:
@@ -278,10 +341,12 @@ class Runner:
 
     async def _run_async(self, run: Run) -> None:
         assert run.fn is not None
-        outcome, error, failure = SUCCEEDED, "", None
+        outcome, error, failure, result = SUCCEEDED, "", None, ""
         token = current_run.set(run.ctx)  # in the task's own context
         try:
-            await run.fn(run.ctx)
+            value = await run.fn(run.ctx)
+            if value is not None:
+                result = result_of(value)
         except asyncio.CancelledError:
             # Ours (revoke, timeout, hand-back, stop) unless the run is still live.
             outcome, error = RETRYABLE, "handler was cancelled"
@@ -291,7 +356,13 @@ class Runner:
         finally:
             current_run.reset(token)
             self.active -= 1
-        self._finish(run, outcome, error, failure)
+        self._finish(run, outcome, error, failure, result)
+        self.admit()
+
+    def _http_done(self, run: Run, finish: Finish) -> None:
+        self.active -= 1
+        outcome, error, result, retry_after_ms = finish
+        self._finish(run, outcome, error, None, result, retry_after_ms)
         self.admit()
 
     def _run_inline(self, run: Run) -> None:
@@ -299,15 +370,16 @@ class Runner:
         context as a task would have (what it sets does not leak out). No
         timeout is watched: nothing could stop a step that never yields."""
         assert run.fn is not None
-        outcome, error, failure = SUCCEEDED, "", None
+        outcome, error, failure, result = SUCCEEDED, "", None, ""
         try:
             coro = run.fn(run.ctx)
             context = contextvars.copy_context()
             context.run(current_run.set, run.ctx)
             try:
                 context.run(coro.send, None)
-            except StopIteration:
-                pass
+            except StopIteration as stop:
+                if stop.value is not None:
+                    result = result_of(stop.value)
             else:  # pragma: no cover - mode_of said it cannot yield
                 coro.close()
                 raise RuntimeError("handler suspended although its code has no await")
@@ -316,32 +388,34 @@ class Runner:
             failure = exc
         finally:
             self.active -= 1
-        self._finish(run, outcome, error, failure)
+        self._finish(run, outcome, error, failure, result)
 
     def _thread_main(self) -> None:
         while True:
             run = self._jobs.get()
             if run is None:
                 return
-            outcome, error, failure = SUCCEEDED, "", None
+            outcome, error, failure, result = SUCCEEDED, "", None, ""
             if run.state != RUNNING:
                 outcome, error = RETRYABLE, "aborted before it started"
             else:
                 assert run.fn is not None
                 token = current_run.set(run.ctx)
                 try:
-                    result = run.fn(run.ctx)
-                    if inspect.isawaitable(result):
+                    value = run.fn(run.ctx)
+                    if inspect.isawaitable(value):
                         # A sync-looking callable that returned an awaitable:
                         # run it on the loop, this thread waits for it.
                         assert self._loop is not None
-                        asyncio.run_coroutine_threadsafe(_await(result), self._loop).result()
+                        value = asyncio.run_coroutine_threadsafe(_await(value), self._loop).result()
+                    if value is not None:
+                        result = result_of(value)
                 except BaseException as exc:
                     outcome, error = outcome_of(exc)
                     failure = exc
                 finally:
                     current_run.reset(token)
-            self._results.append((run, outcome, error, failure))
+            self._results.append((run, outcome, error, failure, result))
             with self._results_lock:
                 if self._results_scheduled:
                     continue
@@ -356,14 +430,20 @@ class Runner:
             self._results_scheduled = False
         results = self._results
         while results:
-            run, outcome, error, failure = results.popleft()
+            run, outcome, error, failure, result = results.popleft()
             self._sync_inflight -= 1
             self.active -= 1
-            self._finish(run, outcome, error, failure)
+            self._finish(run, outcome, error, failure, result)
         self.admit()
 
     def _finish(
-        self, run: Run, outcome: pb.Outcome, error: str, failure: BaseException | None = None
+        self,
+        run: Run,
+        outcome: pb.Outcome,
+        error: str,
+        failure: BaseException | None = None,
+        result: str = "",
+        retry_after_ms: int = 0,
     ) -> None:
         if run.state != RUNNING:
             return  # superseded, timed out or handed back meanwhile: discard
@@ -371,11 +451,11 @@ class Runner:
         succeeded = outcome == SUCCEEDED
         if succeeded:
             self.stats.succeeded += 1
-        elif failure is None or isinstance(failure, Retryable):
+        elif (failure is None and outcome != FAILED) or isinstance(failure, Retryable):
             # A Retryable is raised on purpose and says why: one line.
             self.stats.failed += 1
             self._log(run, logging.INFO, "failed", error)
-        elif isinstance(failure, Permanent):
+        elif failure is None or isinstance(failure, Permanent):
             self.stats.failed += 1
             self._log(run, logging.WARNING, "failed for good", error)
         else:
@@ -384,7 +464,7 @@ class Runner:
             self._log(run, logging.WARNING, "failed", error.partition("\n")[0], failure)
         if self.observe is not None:
             self.observe(run.ctx.handler, succeeded, time.perf_counter() - run.started)
-        self._report(run, outcome, error)
+        self._report(run, outcome, error, result, retry_after_ms)
 
     def _log(
         self,
@@ -454,7 +534,7 @@ class Runner:
         self._log(run, logging.WARNING, f"timed out after {run.ctx.timeout_ms} ms")
         if self.observe is not None:
             self.observe(run.ctx.handler, False, time.perf_counter() - run.started)
-        self._report(run, RETRYABLE, f"timed out after {run.ctx.timeout_ms} ms")
+        self._report(run, RETRYABLE, f"timed out after {run.ctx.timeout_ms} ms", "", 0)
         if run.task is not None:
             run.task.cancel()
 
@@ -479,7 +559,7 @@ class Runner:
             return
         run.state = DONE
         self.stats.handed_back += 1
-        self._report(run, HANDED_BACK, why)
+        self._report(run, HANDED_BACK, why, "", 0)
 
     def hand_back_waiting(self, why: str) -> None:
         """Hand back every run still waiting for a slot (a drain began)."""
@@ -502,7 +582,7 @@ class Runner:
         self._log(run, logging.WARNING, "abandoned: the worker stopped before the handler ended")
         if run.task is not None:
             run.task.cancel()
-        self._report(run, ABANDONED, "worker stopped before the handler finished")
+        self._report(run, ABANDONED, "worker stopped before the handler finished", "", 0)
 
     async def stop(self, runs: list[Run]) -> None:
         """The worker is stopping: ``runs`` are aborted without a word to any

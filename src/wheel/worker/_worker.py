@@ -92,9 +92,11 @@ from wheel.worker._api import (
 )
 from wheel.worker._cluster import View, view_of
 from wheel.worker._credit import Credits
+from wheel.worker._http import HANDLER as HTTP_HANDLER
+from wheel.worker._http import HttpExecutor
 from wheel.worker._link import DEFAULT_LEASE_S, Link
 from wheel.worker._metrics import WorkerMetrics
-from wheel.worker._runs import SYNC, Done, Run, Runner, mode_of
+from wheel.worker._runs import HTTP, SYNC, Done, Run, Runner, mode_of
 from wheel.worker._signals import drain_on_signals
 
 __all__ = [
@@ -120,6 +122,10 @@ MEMBERSHIP_MIN_INTERVAL_S = 0.2
 
 # The wait before try ``retries + 1`` to place a stray (rule 6).
 REHOME_BACKOFF = Backoff(initial=REHOME_RETRY_S, max=REHOME_RETRY_MAX_S)
+
+
+def _sent_by_the_executor(ctx: RunContext) -> None:  # pragma: no cover - never called
+    raise RuntimeError("a run of the http handler goes to the HTTP executor")
 
 
 class _Stray:
@@ -178,9 +184,15 @@ class Worker:
         security: ChannelSecurity | None = None,
         interceptors: Sequence[Any] = (),
         token: str | None = None,
+        http: bool = False,
+        allow_private_targets: bool = False,
     ) -> None:
-        """``metrics_listen`` ("HOST:PORT", port 0 for any free one): serve the
-        worker's Prometheus metrics at ``/metrics`` there while it runs
+        """``http``: run the built-in handler ``http`` too, which sends the
+        requests of jobs with an HTTP target (``wheel.worker._http``); with
+        ``allow_private_targets`` it sends them to loopback, private and
+        link-local addresses as well (refused otherwise). ``metrics_listen``
+        ("HOST:PORT", port 0 for any free one): serve the worker's Prometheus
+        metrics at ``/metrics`` there while it runs
         (``metrics_port`` is the port bound). ``security``: TLS for the
         streams, as ``Client``'s (None: ``WHEEL_TLS_*`` from the environment);
         ``interceptors``: ``grpc.aio`` client interceptors on every channel.
@@ -205,7 +217,13 @@ class Worker:
         self.reconnect = Backoff(initial=reconnect_initial, max=reconnect_max, jitter=Jitter.EQUAL)
         self.stats = WorkerStats()
         self._handlers: dict[str, tuple[Handler, int]] = {}
-        self._runner = Runner(capacity, self.stats, self._report, worker_id=self.worker_id)
+        self._http = HttpExecutor(allow_private=allow_private_targets) if http else None
+        if self._http is not None:
+            # Its runs never call this: the runner hands them to the executor.
+            self._handlers[HTTP_HANDLER] = (_sent_by_the_executor, HTTP)
+        self._runner = Runner(
+            capacity, self.stats, self._report, worker_id=self.worker_id, http=self._http
+        )
         self.metrics: WorkerMetrics | None = None
         self._metrics_listen = metrics_listen
         self._metrics_server: MetricsServer | None = None
@@ -249,6 +267,12 @@ class Worker:
     def register(self, name: str, fn: Callable[[RunContext], Any]) -> None:
         if not name:
             raise InvalidArgument("handler", "a handler name must not be empty")
+        if name == HTTP_HANDLER:
+            raise InvalidArgument(
+                "handler",
+                f"{name!r} is the built-in HTTP executor's name: give Worker(http=True)"
+                " (wheelctl worker --http) instead",
+            )
         if name in self._handlers:
             raise InvalidArgument("handler", f"{name!r} is already registered")
         self._handlers[name] = (fn, mode_of(fn))
@@ -264,8 +288,8 @@ class Worker:
 
     @property
     def handlers(self) -> dict[str, Callable[[RunContext], Any]]:
-        """The registered handlers by name (a copy)."""
-        return {name: fn for name, (fn, _) in self._handlers.items()}
+        """The registered handlers by name (a copy; not the built-in ``http``)."""
+        return {name: fn for name, (fn, mode) in self._handlers.items() if mode != HTTP}
 
     @property
     def connected(self) -> int:
@@ -344,6 +368,8 @@ class Worker:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._abort_all()
+            if self._http is not None:
+                self._http.close()
 
     def stop(self) -> None:
         """Stop now: streams close, async handlers are cancelled, nothing more is sent.
@@ -448,7 +474,12 @@ class Worker:
                 now + timeout_ms / 1000 if timeout_ms > 0 else math.inf,
             )
             entry = handlers.get(name)
-            run = Run(link, ctx, entry[0] if entry else None, entry[1] if entry else SYNC)
+            if entry is None:
+                run = Run(link, ctx, None, SYNC)
+            elif entry[1] == HTTP:
+                run = Run(link, ctx, None, HTTP, a)
+            else:
+                run = Run(link, ctx, entry[0], entry[1])
             held[run_id] = run
             taken.append(run)
             if refusing:
@@ -469,9 +500,11 @@ class Worker:
                 link.defer_ack(run, now)
         self.credits.assigned(link)
 
-    def _report(self, run: Run, outcome: pb.Outcome, error: str) -> None:
+    def _report(
+        self, run: Run, outcome: pb.Outcome, error: str, result: str, retry_after_ms: int
+    ) -> None:
         """A run's outcome, to the node it reports to now (or kept as a stray)."""
-        done = run.done(outcome, error)
+        done = run.done(outcome, error, result, retry_after_ms)
         if run.link is not None:
             run.link.complete(done)
             return
@@ -737,7 +770,7 @@ class Worker:
                 del link.held[run.ctx.run_id]
                 self._rehome_run(run, owner)
         pending = [*link.completions, *(d for d, _ in link.unconfirmed.values())]
-        for run_id, fence, _, _, job_id, _ in pending:
+        for run_id, fence, _, _, job_id, *_ in pending:
             owner = view.owner_of(job_id)
             if owner and owner != link.node_id:
                 done = link.take_completion(run_id, fence)

@@ -1,0 +1,764 @@
+"""The built-in handler ``http``: each run of a job with an HTTP target is one
+request to its URL (``wheelctl worker --http``, ``Worker(http=True)``).
+
+A run's payload is a serialized ``HttpCall`` (the target and the body). The
+node signed the request when it handed the run out: the assignment's
+``signed_headers`` go out as they are, so the worker never holds a secret;
+an assignment with ``sign_error`` is not sent at all (retryable). Each
+request carries the job's headers, ``Idempotency-Key`` (the fire's key, the
+same on each attempt), ``Wheel-Fence``, ``Wheel-Attempt`` and
+``Wheel-Scheduled-For``.
+
+Outcomes by status (``outcome_of_status``): 2xx succeeded; 408, 429 and 5xx
+retryable, a ``Retry-After`` giving the least wait before the next attempt;
+any other 4xx failed for good unless the target says ``retry_4xx``; a 3xx
+failed for good naming its Location unless the target follows redirects (at
+most ``MAX_REDIRECTS``, each hop's address checked again, 303 becoming GET).
+No response: a connection error or a timeout is retryable.
+
+Safe by default: the host's addresses are resolved here and one that is
+loopback, private, link-local (the cloud metadata address too), shared,
+multicast, reserved or unspecified is refused (failed for good) unless the
+worker allows private targets; the connection goes to the checked address
+itself, never to a second resolution of the name. At most ``BODY_LIMIT``
+bytes of a response are read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import email.utils
+import ipaddress
+import json
+import math
+import socket
+import time
+import urllib.parse
+from collections.abc import Callable
+from http import HTTPStatus
+from typing import TYPE_CHECKING
+
+from google.protobuf.message import DecodeError
+
+import wheel
+from wheel.rpc.v1 import jobs_pb2
+from wheel.rpc.v1 import worker_service_pb2 as pb
+from wheel.worker._httpclient import BadResponse, Connection, Disconnected, Pool, Response
+
+if TYPE_CHECKING:
+    from wheel.worker._runs import Run
+
+__all__ = [
+    "BODY_LIMIT",
+    "EXCERPT_BYTES",
+    "HANDLER",
+    "MAX_REDIRECTS",
+    "Finish",
+    "HttpExecutor",
+    "outcome_of_status",
+    "refusal",
+    "retry_after_ms",
+]
+
+HANDLER = "http"
+DEFAULT_TIMEOUT_MS = 30_000
+# What is read of a response at most; what a run's result keeps of it.
+BODY_LIMIT = 65_536
+EXCERPT_BYTES = 4_096
+MAX_REDIRECTS = 5
+MAX_URL_CHARS = 2_048
+# A Retry-After beyond this is taken as this (the node still waits at least
+# its own backoff).
+MAX_RETRY_AFTER_MS = 24 * 3600 * 1000
+USER_AGENT = f"wheel/{wheel.__version__}"
+# The response headers a run's result keeps.
+KEPT_HEADERS = frozenset(
+    ("content-type", "content-length", "retry-after", "location", "x-request-id", "request-id")
+)
+# Of each, at most this much: a result stays far below its 64 KiB.
+MAX_KEPT_HEADER_CHARS = 1_000
+# Headers the executor sets itself: a job's own are dropped.
+OWN_HEADERS = frozenset(
+    (
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "idempotency-key",
+        "wheel-fence",
+        "wheel-attempt",
+        "wheel-scheduled-for",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+    )
+)
+RETRYABLE_4XX = frozenset((408, 429))
+REDIRECTS = frozenset((301, 302, 303, 307, 308))
+_URL_SAFE = "/?#[]@!$&'()*+,;=:%~"
+PRIVATE_HINT = "run the worker with --allow-private-targets"
+# Parsed targets by payload: a job's runs share one.
+TARGET_CACHE_SIZE = 1_024
+
+SUCCEEDED = pb.OUTCOME_SUCCEEDED
+FAILED = pb.OUTCOME_FAILED
+RETRYABLE = pb.OUTCOME_RETRYABLE
+
+# How a run ended: outcome, error, result (JSON object text), retry_after_ms.
+Finish = tuple["pb.Outcome", str, str, int]
+# Called once when a run's request ended.
+Done = Callable[["Run", Finish], object]
+
+
+class BadTarget(Exception):
+    """A payload that is no usable HTTP target: the run fails for good."""
+
+
+class Refused(Exception):
+    """The target's address is not allowed: the run fails for good."""
+
+
+class NoConnection(Exception):
+    """No connection could be made (resolution or connect failed): retryable."""
+
+
+class _Early(Exception):
+    """A run ended before any request was sent."""
+
+    def __init__(self, outcome: pb.Outcome, error: str) -> None:
+        super().__init__(error)
+        self.outcome = outcome
+        self.error = error
+
+    def finish(self, started: float) -> Finish:
+        return self.outcome, self.error, _error_result(self.error, started), 0
+
+
+class _Target:
+    """A target ready to send: where to connect, and the request's fixed part."""
+
+    __slots__ = (
+        "body",
+        "follow",
+        "head",
+        "head_only",
+        "headers",
+        "host",
+        "ip",
+        "key",
+        "method",
+        "port",
+        "retry_4xx",
+        "tail",
+        "timeout_s",
+        "url",
+    )
+
+    def __init__(
+        self,
+        url: str,
+        method: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        timeout_ms: int,
+        retry_4xx: bool,
+        follow: bool,
+    ) -> None:
+        if len(url) > MAX_URL_CHARS:
+            raise BadTarget(f"url: {len(url)} characters, over {MAX_URL_CHARS}")
+        try:
+            parts = urllib.parse.urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise BadTarget(f"url: {exc}") from None
+        scheme = parts.scheme.lower()
+        if scheme not in ("http", "https"):
+            raise BadTarget(f"url: scheme {scheme or '(none)'!r}; give http or https")
+        host = parts.hostname or ""
+        if not host:
+            raise BadTarget(f"url: {url[:100]!r} has no host")
+        if parts.username is not None or parts.password is not None:
+            raise BadTarget("url: credentials in the URL; send them in a header instead")
+        if not host.isascii():
+            try:
+                host = host.encode("idna").decode("ascii")
+            except UnicodeError:
+                raise BadTarget(f"url: host {host!r} is not a valid name") from None
+        default_port = 443 if scheme == "https" else 80
+        port = port or default_port
+        try:
+            ip: str | None = str(ipaddress.ip_address(host))
+        except ValueError:
+            ip = None
+        host_header = f"[{host}]" if ip is not None and ":" in host else host
+        if port != default_port:
+            host_header += f":{port}"
+        target = parts.path or "/"
+        if parts.query:
+            target += "?" + parts.query
+        # Spaces, controls and non-ASCII are percent-encoded; escapes given stay.
+        target = urllib.parse.quote(target, safe=_URL_SAFE)
+        method = (method or "POST").upper()
+        if not method.isalpha() or not method.isascii():
+            raise BadTarget(f"method: {method[:20]!r} is not an HTTP method")
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {host_header}"]
+        own_agent = False
+        for name, value in headers:
+            lower = name.lower()
+            if lower in OWN_HEADERS:
+                continue
+            if (
+                not name
+                or any(c in name for c in ":\r\n\0 \t")
+                or any(c in value for c in "\r\n\0")
+            ):
+                raise BadTarget(f"headers: {name[:40]!r} is not a valid header")
+            own_agent = own_agent or lower == "user-agent"
+            lines.append(f"{name}: {value}")
+        if not own_agent:
+            lines.append(f"User-Agent: {USER_AGENT}")
+        self.url = url
+        self.method = method
+        self.headers = headers
+        self.body = body
+        self.host = host
+        self.ip = ip
+        self.port = port
+        self.key = (scheme, host, port)
+        self.head_only = method == "HEAD"
+        # GET and HEAD without a body say nothing of one.
+        length = (
+            "" if method in ("GET", "HEAD") and not body else f"Content-Length: {len(body)}\r\n"
+        )
+        self.head = ("\r\n".join(lines) + "\r\n").encode("utf-8")
+        # What follows the run's own lines: the length, the blank line, the body.
+        self.tail = (length + "\r\n").encode("ascii") + body
+        self.timeout_s = (timeout_ms or DEFAULT_TIMEOUT_MS) / 1000
+        self.retry_4xx = retry_4xx
+        self.follow = follow
+
+    @classmethod
+    def of_call(cls, call: jobs_pb2.HttpCall) -> _Target:
+        t = call.target
+        if not t.url:
+            raise BadTarget("the run's payload has no HTTP target (url is empty)")
+        return cls(
+            t.url,
+            t.method,
+            [(h.name, h.value) for h in t.headers],
+            call.body,
+            t.timeout_ms,
+            t.retry_4xx,
+            t.follow_redirects,
+        )
+
+    def request(self, lines: bytes) -> bytes:
+        """The whole request, with a run's own header ``lines``."""
+        return self.head + lines + self.tail
+
+    def redirected(self, location: str, status: int) -> _Target:
+        url = urllib.parse.urljoin(self.url, location)
+        get = status == 303 and self.method != "HEAD"
+        return _Target(
+            url,
+            "GET" if get else self.method,
+            self.headers,
+            b"" if get else self.body,
+            int(self.timeout_s * 1000),
+            self.retry_4xx,
+            self.follow,
+        )
+
+
+def refusal(address: str) -> str | None:
+    """Why ``address`` is no target without --allow-private-targets (None: it
+    is a public unicast address)."""
+    ip = ipaddress.ip_address(address.partition("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_unspecified:
+        return "an unspecified"
+    if ip.is_loopback:
+        return "a loopback"
+    if ip.is_link_local:
+        return "a link-local"
+    if ip.is_multicast:
+        return "a multicast"
+    if isinstance(ip, ipaddress.IPv4Address) and ip in _SHARED:
+        return "a shared (carrier-grade NAT)"
+    if ip.is_reserved:
+        return "a reserved"
+    if ip.is_private:
+        return "a private"
+    if not ip.is_global:
+        return "a non-public"
+    return None
+
+
+_SHARED = ipaddress.IPv4Network("100.64.0.0/10")
+
+
+def outcome_of_status(status: int, retry_4xx: bool) -> pb.Outcome:
+    if 200 <= status < 300:
+        return SUCCEEDED
+    if status >= 500 or status in RETRYABLE_4XX:
+        return RETRYABLE
+    if 400 <= status < 500:
+        return RETRYABLE if retry_4xx else FAILED
+    if 300 <= status < 400:
+        return FAILED
+    return RETRYABLE  # 1xx as a final answer, or beyond 599: the server misbehaves
+
+
+def retry_after_ms(value: str | None, now_s: float) -> int:
+    """A ``Retry-After`` (RFC 9110: delta-seconds or an HTTP-date) in ms from
+    ``now_s`` (Unix seconds); 0 if absent, unreadable or past."""
+    if not value:
+        return 0
+    value = value.strip()
+    if value.isdigit():
+        ms = int(value) * 1000
+    else:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return 0
+        if when.tzinfo is None:  # "-0000": UTC by the RFC
+            return 0
+        ms = int((when.timestamp() - now_s) * 1000)
+    return max(0, min(ms, MAX_RETRY_AFTER_MS))
+
+
+def _scheduled_for(ms: int) -> str:
+    """RFC 3339 UTC with milliseconds, e.g. 2026-12-06T12:00:00.000Z."""
+    s, frac = divmod(ms, 1000)
+    global _last_second, _last_second_text
+    if s != _last_second:
+        # Runs come due together: one formatting per second, not per run.
+        _last_second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(s))
+        _last_second = s
+    return f"{_last_second_text}.{frac:03d}Z"
+
+
+_last_second = -1
+_last_second_text = ""
+_json_str = json.encoder.encode_basestring_ascii
+
+
+def _dump(obj: object) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def _error_result(error: str, started: float) -> str:
+    return _dump({"error": error, "duration_ms": _ms_since(started)})
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 1)
+
+
+def _expire(waiter: asyncio.Future[Response]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+class HttpExecutor:
+    """Sends runs' requests through one pool of kept-alive connections."""
+
+    def __init__(self, *, allow_private: bool = False, body_limit: int = BODY_LIMIT) -> None:
+        self.allow_private = allow_private
+        self.pool = Pool(body_limit)
+        self.deadlines = _Deadlines()
+        self._targets: dict[bytes, _Target] = {}
+
+    def close(self) -> None:
+        self.deadlines.close()
+        self.pool.close()
+
+    def _target(self, payload: bytes) -> _Target:
+        target = self._targets.get(payload)
+        if target is not None:
+            return target
+        try:
+            call = jobs_pb2.HttpCall.FromString(payload)
+        except DecodeError:
+            raise BadTarget("the run's payload is not an HttpCall (no HTTP target)") from None
+        target = _Target.of_call(call)
+        if len(self._targets) >= TARGET_CACHE_SIZE:
+            self._targets.clear()
+        self._targets[payload] = target
+        return target
+
+    def _prepare(self, run: Run) -> tuple[_Target, bytes, float]:
+        """The run's target, the request's lines of this run, and its timeout
+        in seconds; raises ``_Early`` for a run that is not sent at all."""
+        ctx = run.ctx
+        a = run.assignment
+        if a is not None and a.sign_error:
+            error = f"not sent: the request could not be signed: {a.sign_error}"
+            raise _Early(RETRYABLE, error)
+        try:
+            target = self._target(ctx.payload)
+        except BadTarget as exc:
+            raise _Early(FAILED, f"bad HTTP target: {exc}") from None
+        timeout = max(0.0, min(target.timeout_s, ctx.deadline - time.monotonic()))
+        lines = (
+            f"Idempotency-Key: {ctx.idempotency_key}\r\nWheel-Fence: {ctx.fence}\r\n"
+            f"Wheel-Attempt: {ctx.attempt}\r\n"
+            f"Wheel-Scheduled-For: {_scheduled_for(ctx.scheduled_for_ms)}\r\n"
+        )
+        if a is not None and a.signed_headers:
+            lines += "".join([f"{h.name}: {h.value}\r\n" for h in a.signed_headers])
+        return target, lines.encode("utf-8"), timeout
+
+    def start(self, run: Run, done: Done) -> None:
+        """Send ``run``'s request; ``done(run, finish)`` is called once when it
+        ended, always later than this call. The common case, a kept-alive
+        connection to the host at hand, costs no task and no future: the
+        connection's callback ends the run. Opening a connection (resolve,
+        check, connect) and following redirects run as a task (``run.task``,
+        which the runner may cancel)."""
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        try:
+            target, lines, timeout = self._prepare(run)
+        except _Early as early:
+            loop.call_soon(done, run, early.finish(started))
+            return
+        conn = None if target.follow else self.pool.take(target.key)
+        if conn is None:
+            run.task = loop.create_task(
+                self._later(run, done, target, lines, timeout, started, fresh=False)
+            )
+            return
+        _Exchange(self, run, done, target, lines, timeout, started).send(conn)
+
+    async def _later(
+        self,
+        run: Run,
+        done: Done,
+        target: _Target,
+        lines: bytes,
+        timeout: float,
+        started: float,
+        *,
+        fresh: bool,
+    ) -> None:
+        finish: Finish = (RETRYABLE, "request was cancelled", "", 0)
+        try:
+            finish = await self._exchange(target, lines, timeout, started, fresh=fresh)
+        finally:
+            done(run, finish)
+
+    async def execute(self, run: Run) -> Finish:
+        """One attempt as a coroutine: the request, and how the run ended."""
+        started = time.perf_counter()
+        try:
+            target, lines, timeout = self._prepare(run)
+        except _Early as early:
+            return early.finish(started)
+        return await self._exchange(target, lines, timeout, started, fresh=False)
+
+    async def _exchange(
+        self, target: _Target, lines: bytes, timeout: float, started: float, *, fresh: bool
+    ) -> Finish:
+        deadline = asyncio.get_running_loop().time() + timeout
+        hops = 0
+        try:
+            while True:
+                data = target.request(lines)
+                resp = await self._send(target, data, deadline, fresh=fresh)
+                status = resp.status
+                if status in REDIRECTS and target.follow and hops < MAX_REDIRECTS:
+                    location = resp.header("location")
+                    if location:
+                        hops += 1
+                        target = target.redirected(location, status)
+                        continue
+                break
+        except _FAILURES as exc:
+            return self._failure(exc, target, timeout, started)
+        return self._finish(resp, target, started, hops)
+
+    @staticmethod
+    def _failure(exc: Exception, target: _Target, timeout: float, started: float) -> Finish:
+        """How a request that got no (whole) response ended."""
+        outcome = RETRYABLE
+        if isinstance(exc, BadTarget):
+            outcome, error = FAILED, f"bad redirect: {exc}"
+        elif isinstance(exc, Refused):
+            outcome, error = FAILED, str(exc)
+        elif isinstance(exc, TimeoutError):
+            error = f"timed out after {timeout:.1f} s"
+        elif isinstance(exc, NoConnection):
+            error = str(exc)
+        else:
+            error = f"{target.host}:{target.port}: {exc}"
+        return outcome, error, _error_result(error, started), 0
+
+    def _finish(self, resp: Response, target: _Target, started: float, hops: int) -> Finish:
+        status = resp.status
+        outcome = outcome_of_status(status, target.retry_4xx)
+        body = resp.body
+        # The result's JSON written out directly: it is made for every run,
+        # and json.dumps of the dict costs several times this.
+        kept = ",".join(
+            [
+                f"{_json_str(k)}:{_json_str(v[:MAX_KEPT_HEADER_CHARS])}"
+                for k, v in resp.headers
+                if k in KEPT_HEADERS
+            ]
+        )
+        excerpt = _json_str(body[:EXCERPT_BYTES].decode("utf-8", errors="replace"))
+        result = (
+            f'{{"http_status":{status},"duration_ms":{_ms_since(started)},'
+            f'"response_headers":{{{kept}}},"response_excerpt":{excerpt}'
+        )
+        if len(body) > EXCERPT_BYTES or resp.truncated:
+            result += ',"excerpt_truncated":true'
+        if hops:
+            result += f',"redirects":{hops},"url":{_json_str(target.url)}'
+        result += "}"
+        if outcome == SUCCEEDED:
+            return outcome, "", result, 0
+        reason = resp.reason[:100] or _phrase(status)
+        error = f"HTTP {status} {reason}".rstrip()
+        wait = 0
+        if 300 <= status < 400:
+            location = resp.header("location")
+            if location:
+                error += f": redirected to {location[:500]}"
+                if target.follow:
+                    error += f" (after {MAX_REDIRECTS} redirects)"
+                else:
+                    error += " (the job does not follow redirects)"
+        elif outcome == RETRYABLE:
+            wait = retry_after_ms(resp.header("retry-after"), time.time())
+            if wait:
+                error += f" (Retry-After {wait / 1000:g} s)"
+        return outcome, error, result, wait
+
+    async def _send(
+        self, target: _Target, data: bytes, deadline: float, *, fresh: bool
+    ) -> Response:
+        """One request on a kept-alive connection (unless ``fresh``) or a new one."""
+        pool = self.pool
+        conn = None if fresh else pool.take(target.key)
+        reused = conn is not None
+        if conn is None:
+            conn = await self._open(target, deadline)
+        try:
+            return await self._fetch(conn, data, target.head_only, deadline)
+        except Disconnected as exc:
+            if not reused or exc.any_bytes:
+                raise
+        # A kept-alive connection the server closed while it was idle: once
+        # more on a new one.
+        conn = await self._open(target, deadline)
+        return await self._fetch(conn, data, target.head_only, deadline)
+
+    async def _fetch(
+        self, conn: Connection, data: bytes, head_only: bool, deadline: float
+    ) -> Response:
+        waiter = conn.fetch(data, head_only)
+        timer = conn.loop.call_at(deadline, _expire, waiter)
+        try:
+            return await waiter
+        except BaseException:
+            conn.abandon()
+            raise
+        finally:
+            timer.cancel()
+            self.pool.put(conn)
+
+    async def _open(self, target: _Target, deadline: float) -> Connection:
+        """A new connection to a checked address of ``target``'s host."""
+        loop = asyncio.get_running_loop()
+        host, port = target.host, target.port
+        if target.ip is not None:
+            addresses = [target.ip]
+        else:
+            try:
+                infos = await asyncio.wait_for(
+                    loop.getaddrinfo(host, port, type=socket.SOCK_STREAM),
+                    max(0.0, deadline - loop.time()),
+                )
+            except socket.gaierror as exc:
+                raise NoConnection(f"cannot resolve {host}: {exc.strerror or exc}") from None
+            addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        if not self.allow_private:
+            allowed = [addr for addr in addresses if refusal(addr) is None]
+            if not allowed:
+                first = addresses[0]
+                what = refusal(first)
+                if target.ip is not None:
+                    raise Refused(f"refused: {host} is {what} address; {PRIVATE_HINT}")
+                raise Refused(
+                    f"refused: {host} resolves to {first}, {what} address; {PRIVATE_HINT}"
+                )
+            addresses = allowed
+        last: OSError | None = None
+        for addr in addresses:
+            try:
+                return await self.pool.connect(target.key, addr, max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                raise
+            except OSError as exc:
+                last = exc
+                shown = f"[{addr}]" if ":" in addr else addr
+                where = f"{shown}:{port}"
+        assert last is not None
+        if isinstance(last, ConnectionRefusedError):
+            raise NoConnection(f"connect to {where} refused")
+        raise NoConnection(f"connect to {where} failed: {last.strerror or last}")
+
+
+_FAILURES = (BadTarget, Refused, TimeoutError, NoConnection, Disconnected, BadResponse)
+
+
+class _Exchange:
+    """One request on a kept-alive connection, ended by the connection's
+    callback or by its deadline (``HttpExecutor.start``)."""
+
+    __slots__ = (
+        "conn",
+        "deadline",
+        "done",
+        "executor",
+        "lines",
+        "run",
+        "started",
+        "target",
+        "timeout",
+    )
+
+    def __init__(
+        self,
+        executor: HttpExecutor,
+        run: Run,
+        done: Done,
+        target: _Target,
+        lines: bytes,
+        timeout: float,
+        started: float,
+    ) -> None:
+        self.executor = executor
+        self.run: Run | None = run
+        self.done = done
+        self.target = target
+        self.lines = lines
+        self.timeout = timeout
+        self.started = started
+
+    def send(self, conn: Connection) -> None:
+        self.conn = conn
+        conn.request(self.target.request(self.lines), self.target.head_only, self.on_response)
+        self.deadline = conn.loop.time() + self.timeout
+        self.executor.deadlines.add(self)
+
+    def on_response(self, resp: Response | None, exc: Exception | None) -> None:
+        run = self.run
+        if run is None:
+            return
+        self.run = None  # ended: its deadline passes unheeded
+        executor = self.executor
+        executor.deadlines.trim(self.timeout)
+        executor.pool.put(self.conn)
+        if resp is not None:
+            finish = executor._finish(resp, self.target, self.started, 0)
+        elif isinstance(exc, Disconnected) and not exc.any_bytes:
+            # Closed while idle, just as the request went: once more on a new
+            # connection, in what is left of the timeout.
+            left = max(0.0, self.timeout - (time.perf_counter() - self.started))
+            run.task = self.conn.loop.create_task(
+                executor._later(
+                    run, self.done, self.target, self.lines, left, self.started, fresh=True
+                )
+            )
+            return
+        else:
+            assert exc is not None
+            finish = executor._failure(exc, self.target, self.timeout, self.started)
+        self.done(run, finish)
+
+    def expire(self) -> None:
+        run = self.run
+        if run is None:
+            return
+        self.run = None
+        self.conn.abandon()
+        self.executor.pool.put(self.conn)
+        self.done(
+            run, self.executor._failure(TimeoutError(), self.target, self.timeout, self.started)
+        )
+
+
+class _Deadlines:
+    """When requests time out, with one loop timer for all of them.
+
+    Requests with the same timeout reach their deadlines in the order they
+    were sent, so each timeout keeps a FIFO queue and only the queues' heads
+    are ever looked at: adding is O(1), and there are no timer handles to
+    make and cancel per request (which would also pile up, cancelled, in
+    the loop's heap for as long as the timeout). A request that ends leaves
+    its queue once every request sent before it has ended too; until then it
+    stays, without its run.
+    """
+
+    def __init__(self) -> None:
+        self._queues: dict[float, collections.deque[_Exchange]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = math.inf
+
+    def add(self, exchange: _Exchange) -> None:
+        queue = self._queues.get(exchange.timeout)
+        if queue is None:
+            queue = self._queues[exchange.timeout] = collections.deque()
+        queue.append(exchange)
+        if exchange.deadline < self._at:
+            self._arm(exchange.conn.loop, exchange.deadline)
+
+    def trim(self, timeout: float) -> None:
+        """Drop the ended requests at the head of ``timeout``'s queue:
+        answered mostly in the order sent, requests leave it as they end."""
+        queue = self._queues.get(timeout)
+        while queue and queue[0].run is None:
+            queue.popleft()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._at = at
+        self._timer = loop.call_at(at, self._due, loop)
+
+    def _due(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        self._at = math.inf
+        now = loop.time()
+        expired = []
+        earliest = math.inf
+        for queue in self._queues.values():
+            while queue and (queue[0].run is None or queue[0].deadline <= now):
+                exchange = queue.popleft()
+                if exchange.run is not None:
+                    expired.append(exchange)
+            if queue:
+                earliest = min(earliest, queue[0].deadline)
+        if earliest < math.inf:
+            self._arm(loop, earliest)
+        for exchange in expired:
+            exchange.expire()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._queues.clear()
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
