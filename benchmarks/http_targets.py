@@ -13,10 +13,13 @@ second over ``--duration`` seconds.
 
 - ``http``: each job has an HTTP target signed with a secret the node made
   (``SetSecret``, generated), run by ``wheelctl worker --http
-  --allow-private-targets``. The receiver is an aiohttp server in a process
-  of its own (``testkit/webhook_receiver.py``), keep-alive, answering 200;
-  it verifies each request with the ``standardwebhooks`` library and keeps
-  the time it arrived, its ``Wheel-Scheduled-For`` and its ``webhook-id``.
+  --allow-private-targets``. The receiver is a process of its own
+  (``testkit/webhook_receiver.py``), keep-alive, answering 200; it verifies
+  each request with the ``standardwebhooks`` library and keeps the time it
+  arrived, its ``Wheel-Scheduled-For`` and its ``webhook-id``. It serves
+  with a lean HTTP/1.1 protocol of its own: aiohttp's server (``--receiver
+  aiohttp``) cost twice the CPU a request and was the run's bottleneck on
+  two cores, so its lag was measured instead of wheel's.
 - ``noop``: the same jobs with a Python handler that does nothing
   (``_noop_handler.py``) instead of the target, and the same body as payload.
 
@@ -82,6 +85,7 @@ class Config:
     http_timeout_ms: int
     serve_args: tuple[str, ...]
     store: str  # "default" (wheel's own) | "normal" (SQLite synchronous=NORMAL)
+    receiver: str  # the receiver's server: "lean" | "aiohttp"
 
 
 @dataclass(slots=True, kw_only=True)
@@ -185,17 +189,14 @@ def start_node(tmp: Path, cfg: Config) -> ServerProc:
     return node
 
 
-def start_receiver(tmp: Path, secret: str) -> tuple[subprocess.Popen[str], int]:
+def start_receiver(tmp: Path, secret: str, server: str) -> tuple[subprocess.Popen[str], int]:
     secret_file = tmp / "receiver.secret"
     secret_file.touch(mode=0o600)
     secret_file.write_text(secret)
+    cmd = [sys.executable, "-m", "testkit.webhook_receiver", "--secret-file", str(secret_file)]
     with open(tmp / "receiver.log", "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "testkit.webhook_receiver", "--secret-file", str(secret_file)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
+            [*cmd, "--server", server], cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True
         )
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -214,7 +215,7 @@ def prepare(name: str, cfg: Config, root: Path) -> Phase:
         capacity = ("--capacity", str(cfg.capacity))
         if name == "http":
             secret = make_secret(phase.node.target)
-            phase.receiver, phase.receiver_port = start_receiver(tmp, secret)
+            phase.receiver, phase.receiver_port = start_receiver(tmp, secret, cfg.receiver)
             phase.worker = WorkerProc(
                 phase.node.target,
                 tmp / "out",
@@ -429,6 +430,13 @@ def main(argv: list[str] | None = None) -> int:
         help="SQLite at wheel's default durability, or synchronous=NORMAL (as dispatch.py's)",
     )
     p.add_argument("--serve-args", default="", help="extra flags for wheelctl serve (both)")
+    p.add_argument(
+        "--receiver",
+        choices=["lean", "aiohttp"],
+        default="lean",
+        help="the receiver's HTTP server: lean (its own protocol, about half aiohttp's CPU a\n"
+        "request: see testkit/webhook_receiver.py) or aiohttp's",
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.rate, args.duration, args.drain = 50.0, 2.0, 5.0
@@ -438,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(
         rate=args.rate, duration_s=args.duration, drain_s=args.drain, capacity=args.capacity,
         body_bytes=args.body_bytes, http_timeout_ms=args.http_timeout,
-        serve_args=tuple(shlex.split(args.serve_args)), store=args.store,
+        serve_args=tuple(shlex.split(args.serve_args)), store=args.store, receiver=args.receiver,
     )  # fmt: skip
     tmp = Path(tempfile.mkdtemp(prefix="wheel-bench-http-"))
     try:
@@ -475,6 +483,7 @@ def report(cfg: Config, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out["store"] = (
         "SQLite synchronous=NORMAL" if cfg.store == "normal" else "SQLite, wheel's default"
     )
+    out["receiver"] = f"{cfg.receiver} HTTP/1.1 server, verifying with standardwebhooks"
     out.update(results)
     return out
 

@@ -6,6 +6,7 @@ pinned here against requests made over a real socket."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -92,12 +93,14 @@ def test_a_path_answers_as_scripted_then_200_and_a_hold_waits_for_release() -> N
         assert post(rx.url("/held"), body, {})[0] == 200
 
 
-def test_as_a_process_it_prints_its_port_and_keeps_a_tally(tmp_path: Path) -> None:
+@pytest.mark.parametrize("server", ["lean", "aiohttp"])
+def test_as_a_process_it_prints_its_port_and_keeps_a_tally(tmp_path: Path, server: str) -> None:
     secret = webhooks.new_secret()
     key = webhooks.parse_secret(secret)
     (tmp_path / "s").write_text(secret)
+    cmd = [sys.executable, "-m", "testkit.webhook_receiver", "--secret-file", str(tmp_path / "s")]
     with subprocess.Popen(
-        [sys.executable, "-m", "testkit.webhook_receiver", "--secret-file", str(tmp_path / "s")],
+        [*cmd, "--server", server],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -117,3 +120,43 @@ def test_as_a_process_it_prints_its_port_and_keeps_a_tally(tmp_path: Path) -> No
         "requests": 4, "verified": 3, "bad_signatures": 1, "duplicates": 1,
     }  # fmt: skip
     assert [r[0] for r in tally["records"]] == [1, 2, 2]
+
+
+def test_the_lean_server_answers_requests_in_order_on_one_connection_and_refuses_chunks() -> None:
+    secret = webhooks.new_secret()
+    key = webhooks.parse_secret(secret)
+    rx = Receiver([secret])
+
+    def request(i: int) -> bytes:
+        body = json.dumps({"fire": i}).encode()
+        head = "".join(f"{k}: {v}\r\n" for k, v in signed([key], f"p{i}", body).items())
+        return f"POST /p HTTP/1.1\r\nContent-Length: {len(body)}\r\n{head}\r\n".encode() + body
+
+    async def exchange() -> tuple[bytes, bytes]:
+        server = await rx.serve_lean()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", rx.port)
+            # Three requests in one write, the last split across two.
+            data = request(1) + request(2) + request(3)
+            writer.write(data[:-5])
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(data[-5:])
+            answers = b""
+            while answers.count(b"HTTP/1.1 200 OK") < 3:
+                answers += await asyncio.wait_for(reader.read(65536), 5)
+            writer.write(
+                b"POST /p HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n"
+            )
+            refused = await asyncio.wait_for(reader.read(), 5)  # to its close
+            writer.close()
+            return answers, refused
+        finally:
+            server.close()
+
+    answers, refused = asyncio.run(exchange())
+    assert answers.count(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") == 3
+    assert refused.startswith(b"HTTP/1.1 400 Bad Request") and b"Connection: close" in refused
+    assert [fire for fire, _, _ in rx.tally.records] == [1, 2, 3]
+    assert (rx.tally.verified, rx.tally.bad_signatures) == (3, 0)
+    assert len(rx.tally.peers) == 1
