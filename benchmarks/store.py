@@ -2,6 +2,7 @@
 
     python benchmarks/store.py --backend sqlite --batch 1000 --json out.json
     python benchmarks/store.py --backend postgres --batch 1,100,1000
+    python benchmarks/store.py --backend sqlite --batch 1000 --result-bytes 200
 
 Loads realistic interval jobs (100k by default), then claims one fire of each
 job per round (insert execution + schedule CAS, the dispatch hot path) in
@@ -9,6 +10,8 @@ batches of N, and completes the claimed runs in batches of N. Both go through
 ``write_batch`` as an owner of all 256 shards writes them, with its epochs, so
 the store's epoch check is part of what is measured. The baseline
 is batch size 1 measured in the same run; ``speedup_vs_batch1`` is the ratio.
+With ``--result-bytes N`` every completion carries a run result (a JSON
+object of N bytes), as an HTTP target's or a handler's run does.
 PostgreSQL runs in its own schema of the ``test`` database, dropped afterwards.
 """
 
@@ -63,6 +66,7 @@ def measure(
     batch: int,
     fires: int,
     round_no: int,
+    result: str | None = None,
 ) -> dict[str, Any]:
     """Claim the next fire of ``fires`` jobs in batches of ``batch``, then
     complete the runs, as an owner holding ``epochs``; ``next_fire`` tracks
@@ -100,6 +104,7 @@ def measure(
             state=RunState.SUCCEEDED,
             finished_at_ms=o.claim.scheduled_for + 1000,
             worker_id="w1",
+            result=result,
         )
         for o in outcomes
         if o.run_id is not None
@@ -131,7 +136,16 @@ def main(argv: list[str] | None = None) -> int:
         "--synchronous", default="full", help="SQLite synchronous pragma (full, normal)"
     )
     parser.add_argument("--dsn", default=PG_DSN)
+    parser.add_argument(
+        "--result-bytes",
+        type=int,
+        default=0,
+        help="each completion carries a result of about this many bytes (0: none)",
+    )
     args = parser.parse_args(argv)
+    run_result = None
+    if args.result_bytes > 0:
+        run_result = '{"value": "' + "x" * max(args.result_bytes - 13, 0) + '"}'
     batches = [int(b) for b in args.batch.split(",") if b.strip()]
 
     with tempfile.TemporaryDirectory(prefix="wheel-bench-") as tmp:
@@ -162,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             for round_no, batch in enumerate(sorted(batches)):
                 # Batch 1 pays one commit (fsync) per fire: measure fewer fires.
                 fires = min(len(ids), 2_000 if batch == 1 else max(20_000, batch * 100))
-                runs.append(measure(store, epochs, next_fire, batch, fires, round_no))
+                runs.append(measure(store, epochs, next_fire, batch, fires, round_no, run_result))
         finally:
             store.close()
             if schema:
@@ -182,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "backend": args.backend,
         "jobs": args.jobs,
+        "result_bytes": len(run_result) if run_result else 0,
         "jobs_loaded_per_s": round(args.jobs / load_s),
         **top,
         "runs": runs,

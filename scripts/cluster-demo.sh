@@ -69,12 +69,15 @@ echo "== etcd on 127.0.0.1:$client_port, PostgreSQL schema $schema, logs in $tmp
 
 targets=()
 node_pids=()
+# One secrets key for the three: any of them signs a secret made through another.
+head -c 32 /dev/urandom | base64 >"$tmp/secrets.key"
 for i in 1 2 3; do
   port=$(free_port)
   targets+=("127.0.0.1:$port")
   "$wheelctl" serve --cluster "etcd://127.0.0.1:$client_port/demo" --store "$store" \
     --node-id "node-$i" --listen "127.0.0.1:$port" --lease-ttl "$ttl" \
-    --data-dir "$tmp/node-$i" --no-checkpoint >"$tmp/node-$i.log" 2>&1 &
+    --data-dir "$tmp/node-$i" --no-checkpoint --secrets-key-file "$tmp/secrets.key" \
+    >"$tmp/node-$i.log" 2>&1 &
   pids+=($!); node_pids+=($!)
 done
 for t in "${targets[@]}"; do

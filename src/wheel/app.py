@@ -411,6 +411,12 @@ def _secrets_key(config: AppConfig) -> SecretsKey | None:
         key = SecretsKey.load(config.secrets_key_file)
     elif config.data_dir is not None:
         key = SecretsKey.load_or_create(config.data_dir / KEY_FILE)
+        if config.cluster is not None:
+            log.warning(
+                "no --secrets-key-file: this member seals signing secrets with its own key"
+                " (%s), which the other members cannot open; give every member the same file",
+                config.data_dir / KEY_FILE,
+            )
     else:
         return None
     log.info("signing secrets are sealed with secrets key %s", key.key_id)

@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 
 from google.protobuf.message import DecodeError
 
+from wheel.engine.model import HTTP_HANDLER
 from wheel.engine.spec import JobSpec
 from wheel.errors import InvalidArgument
 from wheel.rpc.v1 import jobs_pb2
@@ -61,7 +62,7 @@ __all__ = [
 ]
 
 # The handler of every job with an HTTP target: no Python handler may take it.
-HANDLER = "http"
+HANDLER = HTTP_HANDLER
 DEFAULT_TIMEOUT_MS = 30_000
 MAX_URL_LEN = 2048
 MAX_HEADERS = 64

@@ -398,3 +398,57 @@ def test_the_docs_scope_table_names_each_job_call_with_the_scope_it_needs() -> N
             method.name
         )
     assert listed == needed
+
+
+def test_get_run_shows_a_tenant_its_own_runs_and_no_other_tenants(
+    server: AuthServer, stubs: Stubs, tokens: Tokens, ids: dict[str, int]
+) -> None:
+    assert server.node is not None
+    store = server.node.store
+    runs: dict[str, int] = {}
+    for tenant in ("acme", "beta"):
+        claim = FireClaim(
+            job_id=ids[tenant], scheduled_for=1_000, attempt=0, fence=1, dispatched_at_ms=1_000,
+            advance=False,
+        )  # fmt: skip
+        [won] = store.claim_fires([claim])
+        assert won.run_id is not None
+        store.complete_runs(
+            [
+                Completion(
+                    run_id=won.run_id,
+                    fence=1,
+                    state=RunState.SUCCEEDED,
+                    finished_at_ms=2_000,
+                    result=f'{{"value": "{tenant}"}}',
+                )
+            ]
+        )
+        runs[tenant] = won.run_id
+
+    def get(token: str, run_id: int) -> jobs_pb2.Run:
+        return stubs.jobs.GetRun(  # type: ignore[no-any-return]
+            job_service_pb2.GetRunRequest(run_id=run_id), metadata=md(token), timeout=10
+        )
+
+    mine = get(tokens.acme_read, runs["acme"])
+    assert (mine.run_id, mine.job_id, mine.result_json) == (
+        runs["acme"],
+        ids["acme"],
+        '{"value": "acme"}',
+    )
+    assert get(tokens.operator, runs["beta"]).result_json == '{"value": "beta"}'
+    # Another tenant's run is as absent as one that never was, in the same words.
+    for token, run_id in ((tokens.beta_rw, runs["acme"]), (tokens.acme_rw, 987_654_321)):
+        with pytest.raises(grpc.RpcError) as info:
+            get(token, run_id)
+        assert info.value.code() == NOT_FOUND
+        assert info.value.details() == f"run {run_id} does not exist"
+    for name in ("acme_worker",):
+        with pytest.raises(grpc.RpcError) as info:
+            get(getattr(tokens, name), runs["acme"])
+        assert info.value.code() == DENIED
+    with pytest.raises(grpc.RpcError) as info:
+        get(tokens.acme_read, 0)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith("run_id:")

@@ -241,7 +241,9 @@ def test_wheelctl_talks_to_a_node_through_the_client(
         assert [(r["run_id"] > 0, r["attempt"]) for r in runs] == [(True, 1)]
         assert set(runs[0]) == {"run_id", "scheduled_for_ms", "attempt", "state", "fence",
                                 "worker_id", "error", "missed_reason", "dispatched_at_ms",
-                                "started_at_ms", "finished_at_ms", "duration_ms"}  # fmt: skip
+                                "started_at_ms", "finished_at_ms", "duration_ms",
+                                "result"}  # fmt: skip
+        assert runs[0]["result"] is None  # a run in flight left none yet
         assert main(["status", *target]) == 0
         status = capsys.readouterr().out
         assert status.startswith("node node-1: 2 jobs") and "workers: 0, capacity 0" in status

@@ -126,6 +126,7 @@ def test_backfill_and_dead_letters_through_wheelctl(
         )
         assert {r["scheduled_for_ms"] for r in letters} == set(back["scheduled_for_ms"])
         assert all(r["state"] == "dead_lettered" and r["error"] for r in letters)
+        assert all(r["result"] is None for r in letters)  # a raise leaves no result
         everyone = {r["run_id"] for r in run(capsys, server, "dlq", "list")}
         assert {r["run_id"] for r in letters} <= everyone
         one = run(capsys, server, "dlq", "redrive", job_id, "--run", str(letters[0]["run_id"]))

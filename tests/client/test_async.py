@@ -94,6 +94,21 @@ async def flow(target: str) -> None:
         assert [(m.state, m.missed_reason) for m in missed] == [
             (RunState.MISSED, MissedReason.SKIPPED)
         ]
+        for _ in range(200):  # the trigger's run, claimed with no worker to take it
+            held = await collect(client.runs(trig.job_id, states=[RunState.DISPATCHED]))
+            if held:
+                break
+            await asyncio.sleep(0.05)
+        [run] = held
+        one = await client.get_run(run.run_id)
+        assert (one.run_id, one.job_id, one.state, one.result) == (
+            run.run_id,
+            every.job_id,
+            RunState.DISPATCHED,
+            None,
+        )
+        with pytest.raises(NotFound):
+            await client.get_run(987_654_321)
 
         status = await client.status(include_shards=True)
         assert status.node_id == "node-1" and len(status.shards) == 256

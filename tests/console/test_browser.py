@@ -6,6 +6,7 @@ job's page is kept as docs/console.png (docs/operating.md shows it)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from datetime import timedelta
@@ -17,7 +18,9 @@ import pytest
 from testkit.procs import WorkerProc, wait_for
 from testkit.services import service_missing
 from tests.console.http import ConsoleNode, call
+from tests.rpc.test_protocol_abuse import RawWorker, accepted_for
 from wheel.client import Client
+from wheel.rpc.v1 import worker_service_pb2 as pb
 
 pytestmark = pytest.mark.slow
 
@@ -188,4 +191,52 @@ def test_with_actions_on_the_page_pauses_and_resumes_a_job(browser: Any, tmp_pat
             assert client.get(job.job_id).state == "active"
         page.close()
     finally:
+        node.stop()
+
+
+def test_a_runs_result_shows_as_text_summed_up_and_whole_on_expand(
+    browser: Any, tmp_path: Path
+) -> None:
+    """The result is the endpoint's data: markup in it is shown, never run."""
+    node = ConsoleNode(tmp_path / "data")
+    node.start()
+    worker = None
+    try:
+        with Client(node.target) as client:
+            job = client.submit(name="with-result", handler="h", at=timedelta(0), pool="res")
+        worker = RawWorker(node.target, "w-res", pool="res")
+        a = worker.expect("assignments").assignments.assignments[0]
+        excerpt = '<img src=x onerror="document.body.dataset.owned=1"><b>hi</b>'
+        result = json.dumps({"http_status": 201, "duration_ms": 7, "response_excerpt": excerpt})
+        worker.send(
+            pb.WorkerMessage(
+                complete=pb.Complete(
+                    completions=[
+                        pb.Completion(
+                            run_id=a.run_id,
+                            fence=a.fence,
+                            outcome=pb.OUTCOME_SUCCEEDED,
+                            result_json=result,
+                        )
+                    ]
+                )
+            )
+        )
+        worker.expect("results", where=accepted_for(a.run_id))
+        with Client(node.target) as client:
+            wait_for(lambda: client.get_run(a.run_id).result, 10, "the run's result")
+        page = browser.new_page(viewport={"width": 1360, "height": 900})
+        page.goto(f"{node.url}/#/job/{job.job_id}")
+        page.wait_for_selector(f'body[data-loaded="#/job/{job.job_id}"]')
+        cell = page.locator('#runs tr[data-state="succeeded"] td.result')
+        assert cell.locator("summary").inner_text() == "http 201 7ms"
+        assert json.loads(cell.get_attribute("title") or "")["response_excerpt"] == excerpt
+        cell.locator("summary").click()
+        assert json.loads(cell.locator("pre").inner_text())["response_excerpt"] == excerpt
+        assert cell.locator("img, b").count() == 0
+        assert page.evaluate("document.body.dataset.owned") is None
+        page.close()
+    finally:
+        if worker is not None:
+            worker.close()
         node.stop()

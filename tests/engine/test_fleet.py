@@ -41,6 +41,17 @@ def test_a_route_is_served_by_its_pool_and_handler_or_by_a_worker_of_any_handler
     assert fleet.serving(("default", "other")) == [anyone]
 
 
+def test_an_http_target_goes_only_to_a_worker_that_names_the_http_handler() -> None:
+    fleet = Fleet()
+    route = ("default", "http")
+    anyone = fleet.hello("any", 1, frozenset({"default"}), frozenset())
+    assert fleet.serving(route) == [] and not anyone.serves(route)
+    assert not fleet.serves_with_credit(route)
+    executor = fleet.hello("exec", 1, frozenset({"default"}), frozenset({"http", "h"}))
+    assert fleet.serving(route) == [executor] and executor.serves(route)
+    assert fleet.serving(ROUTE) == [anyone, executor]
+
+
 def test_a_worker_that_handed_a_run_back_is_not_its_server_until_its_refusal_runs_out() -> None:
     fleet = Fleet()
     w1 = fleet.hello("w1", 1, frozenset({"default"}), frozenset())

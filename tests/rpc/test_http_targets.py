@@ -233,7 +233,7 @@ def test_a_run_hands_the_call_out_as_its_payload_and_the_job_works_as_any_other(
         job_service_pb2.PreviewScheduleRequest(job_id=job_id, count=3), timeout=10
     )
     assert len(preview.fires_ms) == 3 and preview.fires_ms[1] - preview.fires_ms[0] == 3_600_000
-    worker = RawWorker(api.server.target, "raw-http", capacity=4)
+    worker = RawWorker(api.server.target, "raw-http", capacity=4, handlers=["http"])
     try:
         trig = api.jobs.TriggerJob(job_service_pb2.JobRef(job_id=job_id), timeout=10)
         got = worker.expect("assignments", where=lambda m: len(m.assignments.assignments) > 0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +52,24 @@ class RawWorker:
     """One Connect stream driven by hand: every message is the test's choice."""
 
     def __init__(
-        self, target: str, worker_id: str, *, capacity: int = 1, pool: str = "default"
+        self,
+        target: str,
+        worker_id: str,
+        *,
+        capacity: int = 1,
+        pool: str = "default",
+        handlers: Sequence[str] = (),
     ) -> None:
         self.channel = grpc.insecure_channel(target)
         self._out: queue.Queue[pb.WorkerMessage | None] = queue.Queue()
         self.inbox: queue.Queue[pb.ServerMessage | BaseException] = queue.Queue()
         self.seen: list[pb.ServerMessage] = []
         self._out.put(
-            pb.WorkerMessage(hello=pb.Hello(worker_id=worker_id, capacity=capacity, pools=[pool]))
+            pb.WorkerMessage(
+                hello=pb.Hello(
+                    worker_id=worker_id, capacity=capacity, pools=[pool], handlers=handlers
+                )
+            )
         )
         self.call = pb_grpc.WorkerServiceStub(self.channel).Connect(iter(self._out.get, None))
         self._reader = threading.Thread(target=self._read, daemon=True)

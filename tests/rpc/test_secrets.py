@@ -275,7 +275,7 @@ def test_a_hand_out_is_signed_and_verifies_with_the_reference_library(
         admin.SetSecretRequest(name="hook", generate=True), timeout=10
     ).value
     job_id = http_job(api, "hook")
-    worker = RawWorker(server.target, "w1", capacity=4)
+    worker = RawWorker(server.target, "w1", capacity=4, handlers=["http"])
     try:
         a = assignment_of(worker, job_id)
         headers = headers_of(a)
@@ -298,7 +298,7 @@ def test_a_rotated_secret_signs_with_both_versions(
     old = admin_stub.SetSecret(admin.SetSecretRequest(name="hook", generate=True), timeout=10)
     new = admin_stub.RotateSecret(admin.RotateSecretRequest(name="hook", generate=True))
     job_id = http_job(api, "hook")
-    worker = RawWorker(server.target, "w1", capacity=4)
+    worker = RawWorker(server.target, "w1", capacity=4, handlers=["http"])
     try:
         a = assignment_of(worker, job_id)
         headers = headers_of(a)
@@ -322,7 +322,7 @@ def test_a_secret_deleted_under_its_job_gives_a_sign_error_naming_it(
     server: SecretsServer, admin_stub: admin_service_pb2_grpc.AdminServiceStub, api: _Jobs
 ) -> None:
     admin_stub.SetSecret(admin.SetSecretRequest(name="short-lived", generate=True))
-    worker = RawWorker(server.target, "w1", capacity=0)
+    worker = RawWorker(server.target, "w1", capacity=0, handlers=["http"])
     try:
         job_id = http_job(api, "short-lived")
         admin_stub.DeleteSecret(admin.DeleteSecretRequest(name="short-lived"))
@@ -340,7 +340,7 @@ def test_a_secret_set_after_a_miss_signs_the_next_hand_out(
     """The node's cache is read again after a local change: a job that could
     not sign signs once its secret exists."""
     admin_stub.SetSecret(admin.SetSecretRequest(name="late", generate=True))
-    worker = RawWorker(server.target, "w1", capacity=0)
+    worker = RawWorker(server.target, "w1", capacity=0, handlers=["http"])
     try:
         first = http_job(api, "late")
         admin_stub.DeleteSecret(admin.DeleteSecretRequest(name="late"))
@@ -360,7 +360,7 @@ def test_every_attempt_of_a_fire_carries_its_id_and_its_own_timestamp(
     secret = admin_stub.SetSecret(admin.SetSecretRequest(name="hook", generate=True)).value
     retry = jobs_pb2.RetryPolicy(max_attempts=3, initial_backoff_ms=1_500, multiplier=1.0)
     job_id = http_job(api, "hook", retry=retry)
-    worker = RawWorker(server.target, "w1", capacity=4)
+    worker = RawWorker(server.target, "w1", capacity=4, handlers=["http"])
     try:
         first = assignment_of(worker, job_id)
         worker.send(ack((first.run_id, first.fence)))
@@ -399,7 +399,7 @@ def test_a_node_with_another_key_reports_it_and_does_not_sign(
         first.stop()
     second = SecretsServer(data, key_file=key_b).start()
     jobs = _Jobs(second.target)
-    worker = RawWorker(second.target, "w1", capacity=4)
+    worker = RawWorker(second.target, "w1", capacity=4, handlers=["http"])
     try:
         for _ in range(2):
             a = assignment_of(worker, http_job(jobs, "hook"))
@@ -454,7 +454,7 @@ def test_a_secret_value_is_absent_from_logs_listings_metrics_and_the_store(
         assert main(["secret", "delete", "given", *target]) == 0
         assert main(["secret", "delete", "given", *target]) == 1
         job_id = http_job(jobs, "hook")
-        worker = RawWorker(server.target, "w1", capacity=4)
+        worker = RawWorker(server.target, "w1", capacity=4, handlers=["http"])
         try:
             a = assignment_of(worker, job_id)
             Webhook(rotated).verify(body_of(a), headers_of(a))

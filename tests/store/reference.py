@@ -106,6 +106,7 @@ class ExecRow:
     started_at_ms: int | None = None
     finished_at_ms: int | None = None
     error: str | None = None
+    result: str | None = None
 
     def record(self) -> ExecutionRecord:
         return ExecutionRecord(
@@ -120,6 +121,7 @@ class ExecRow:
             started_at_ms=self.started_at_ms,
             finished_at_ms=self.finished_at_ms,
             error=self.error,
+            result=self.result,
         )
 
 
@@ -556,6 +558,7 @@ class ReferenceStore:
             )
             if ok and ex is not None:
                 ex.state, ex.finished_at_ms, ex.error = c.state, c.finished_at_ms, c.error
+                ex.result = c.result
                 if c.worker_id is not None:
                     ex.worker_id = c.worker_id
                 job = self.jobs.get(ex.job_id)

@@ -76,29 +76,33 @@ def api(tmp_path: Path) -> Iterator[Api]:
         server.stop()
 
 
+def http_spec(target: jobs_pb2.HttpTarget, body: bytes) -> jobs_pb2.JobSpec:
+    """A one-shot calling ``target`` now, retried twice after 100 ms or so."""
+    msg = spec(
+        name="hook",
+        payload=body,
+        schedule=once(now_ms()),
+        retry=jobs_pb2.RetryPolicy(
+            max_attempts=3, initial_backoff_ms=100, max_backoff_ms=200, multiplier=2
+        ),
+    )
+    msg.handler = ""
+    msg.http.CopyFrom(target)
+    return msg
+
+
 def test_an_http_job_through_a_node_is_retried_after_a_503_and_then_succeeds(
     api: Api, flaky: tuple[str, list[dict[str, str]]]
 ) -> None:
     url, seen = flaky
-    call = jobs_pb2.HttpCall(
-        target=jobs_pb2.HttpTarget(
-            url=url, headers=[jobs_pb2.HttpHeader(name="X-Team", value="blue")]
-        ),
-        body=b'{"report": 1}',
+    target = jobs_pb2.HttpTarget(
+        url=url, headers=[jobs_pb2.HttpHeader(name="X-Team", value="blue")]
     )
     options = {"http": True, "allow_private_targets": True}
     with WorkerThread(api.server.target, "w-http", options=options):
         job_id = submit(
             api,
-            spec(
-                name="hook",
-                handler="http",
-                payload=call.SerializeToString(),
-                schedule=once(now_ms()),
-                retry=jobs_pb2.RetryPolicy(
-                    max_attempts=3, initial_backoff_ms=100, max_backoff_ms=200, multiplier=2
-                ),
-            ),
+            http_spec(target, b'{"report": 1}'),
         ).job.job_id
 
         def succeeded() -> list[jobs_pb2.Run] | None:
@@ -155,19 +159,7 @@ def test_a_worker_killed_mid_request_leaves_a_second_attempt_with_a_higher_fence
                 [sys.executable, "-m", "wheel", *worker, "--target", server.target]
             )
             url = f"http://127.0.0.1:{http.server_address[1]}/hook"
-            call = jobs_pb2.HttpCall(target=jobs_pb2.HttpTarget(url=url), body=b"{}")
-            job_id = submit(
-                api,
-                spec(
-                    name="hook",
-                    handler="http",
-                    payload=call.SerializeToString(),
-                    schedule=once(now_ms()),
-                    retry=jobs_pb2.RetryPolicy(
-                        max_attempts=3, initial_backoff_ms=100, max_backoff_ms=200, multiplier=2
-                    ),
-                ),
-            ).job.job_id
+            job_id = submit(api, http_spec(jobs_pb2.HttpTarget(url=url), b"{}")).job.job_id
             wait_for(lambda: seen, 20, "the first request")
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)

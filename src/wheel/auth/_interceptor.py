@@ -43,6 +43,7 @@ SCOPE_OF: dict[str, str] = {
             "GetJob",
             "ListJobs",
             "ListRuns",
+            "GetRun",
             "ListJobUpdates",
             "PreviewSchedule",
             "ListDeadLetters",

@@ -1,9 +1,11 @@
 """``wheelctl``'s views of jobs and runs: ``jobs`` (filtered, with a header),
-``job ID`` (one job in full) and ``runs ID`` (newest first, paged).
+``job ID`` (one job in full), ``runs ID`` (newest first, paged) and ``run
+RUN_ID`` (one run in full, its result pretty-printed).
 
 wheelctl jobs [--state STATE] [--name PREFIX] [--tenant T] [--json]
 wheelctl job JOB_ID [--runs N] [--json]
 wheelctl runs JOB_ID [--limit N | --all] [--state STATE ...] [--json]
+wheelctl run RUN_ID [--json]
 
 Every time printed is UTC in ISO 8601 with its ``Z``
 (``2026-12-06T17:00:00.000Z``); ``job`` shows a cron's next fires in the
@@ -34,6 +36,8 @@ from wheel.client import Cron, Every, Job, JobState, Run, RunState
 DEFAULT_RUNS_LIMIT = 50
 # The widest a time printed is: 2026-12-06T17:00:00.000Z.
 _TIME = 24
+# A run's result in the runs table: ``http 503 12ms``, or its value cut.
+_RESULT = 24
 
 JOB_HEADER = f"{'JOB ID':>20}  {'STATE':<9}  {'NAME':<24}  {'NEXT FIRE':<{_TIME + 5}}  HANDLER"
 
@@ -60,7 +64,8 @@ def cmd_jobs(ns: argparse.Namespace) -> int:
 
 def run_json(r: Run) -> dict[str, Any]:
     """A run as ``runs --json`` and ``job --json`` print it; times in epoch
-    milliseconds (0: not yet, or never), ``duration_ms`` null until it ends."""
+    milliseconds (0: not yet, or never), ``duration_ms`` null until it ends,
+    ``result`` the object the run left (null: none)."""
     duration = run_duration(r)
     return {
         "run_id": r.run_id,
@@ -75,6 +80,7 @@ def run_json(r: Run) -> dict[str, Any]:
         "started_at_ms": epoch_ms(r.started_at) if r.started_at else 0,
         "finished_at_ms": epoch_ms(r.finished_at) if r.finished_at else 0,
         "duration_ms": None if duration is None else round(duration.total_seconds() * 1000),
+        "result": r.result,
     }
 
 
@@ -89,7 +95,8 @@ def run_duration(r: Run) -> timedelta | None:
 
 RUN_HEADER = (
     f"{'SCHEDULED FOR':<{_TIME}}  {'ATTEMPT':>7}  {'STATE':<13}  {'STARTED':<{_TIME}}  "
-    f"{'FINISHED':<{_TIME}}  {'DURATION':>8}  {'RUN':<10}  {'WORKER':<20}  ERROR / MISSED REASON"
+    f"{'FINISHED':<{_TIME}}  {'DURATION':>8}  {'RUN':<10}  {'WORKER':<20}  {'RESULT':<{_RESULT}}"
+    "  ERROR / MISSED REASON"
 )
 
 
@@ -101,7 +108,7 @@ def run_line(r: Run) -> str:
         f"{fmt_time(r.scheduled_for):<{_TIME}}  {r.attempt:>7}  {r.state:<13}  "
         f"{fmt_time(r.started_at or r.dispatched_at):<{_TIME}}  {fmt_time(r.finished_at):<{_TIME}}"
         f"  {fmt_duration(run_duration(r)):>8}  {r.run_id or '-':<10}  {r.worker_id or '-':<20}"
-        f"  {detail or ''}"
+        f"  {r.result_summary(_RESULT) or '-':<{_RESULT}}  {detail or ''}"
     ).rstrip()
 
 
@@ -127,6 +134,53 @@ def cmd_runs(ns: argparse.Namespace) -> int:
             f"wheelctl: the newest {limit} shown; --limit N or --all for more",
             file=sys.stderr,
         )
+    return 0
+
+
+def run_text(r: Run) -> list[str]:
+    """``wheelctl run RUN_ID``'s lines: every field of the run, and its
+    result pretty-printed."""
+    duration = run_duration(r)
+    lines = [
+        f"run {r.run_id} of job {r.job_id}",
+        f"  state           {r.state}",
+        f"  scheduled for   {fmt_time(r.scheduled_for)}",
+        f"  attempt         {r.attempt}   fence {r.fence}",
+        f"  worker          {r.worker_id or '-'}",
+        f"  dispatched      {fmt_time(r.dispatched_at)}",
+        f"  started         {fmt_time(r.started_at)}",
+        f"  finished        {fmt_time(r.finished_at)}",
+        f"  duration        {fmt_duration(duration) if duration is not None else '-'}",
+        f"  idempotency key {r.idempotency_key}",
+    ]
+    if r.error:
+        first, *rest = r.error.splitlines() or [""]
+        lines.append(f"  error           {first}")
+        lines.extend(f"                  {x}" for x in rest)
+    if r.result is None:
+        lines.append("result: none")
+    else:
+        lines.append("result:")
+        pretty = json.dumps(r.result, indent=2, ensure_ascii=False, sort_keys=True)
+        lines.extend("  " + x for x in pretty.splitlines())
+    return lines
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    with command_client(ns) as client:
+        run = client.get_run(ns.run_id)
+    if ns.json:
+        print(
+            json.dumps(
+                {
+                    **run_json(run),
+                    "job_id": run.job_id,
+                    "idempotency_key": run.idempotency_key,
+                }
+            )
+        )
+        return 0
+    print("\n".join(run_text(run)))
     return 0
 
 
@@ -230,7 +284,7 @@ def _count(most: int) -> Any:
 
 
 def register(sub: Any, target: str, target_help: str) -> None:
-    """Add ``jobs``, ``job`` and ``runs``."""
+    """Add ``jobs``, ``job``, ``runs`` and ``run``."""
 
     def common(p: argparse.ArgumentParser, json_help: str) -> None:
         p.add_argument("--target", default=target, help=target_help)
@@ -285,3 +339,13 @@ def register(sub: Any, target: str, target_help: str) -> None:
         help="only runs in this state (missed: the missed fires); again for more states",
     )
     r.set_defaults(fn=cmd_runs)
+
+    one_run = sub.add_parser(
+        "run",
+        help="one run in full: its times, worker, error and result",
+        description="One run (one attempt of one fire) in full, its result pretty-printed."
+        " Times are UTC (Z).",
+    )
+    one_run.add_argument("run_id", type=int, help="the run's id (the RUN column of runs)")
+    common(one_run, "the run as JSON (the keys of runs --json, and job_id, idempotency_key)")
+    one_run.set_defaults(fn=cmd_run)

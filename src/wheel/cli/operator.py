@@ -350,6 +350,7 @@ def _run_json(r: Run) -> dict[str, Any]:
         "worker_id": r.worker_id or "",
         "finished_at_ms": epoch_ms(r.finished_at) if r.finished_at else 0,
         "error": r.error or "",
+        "result": r.result,
     }
 
 

@@ -253,6 +253,10 @@ class AsyncClient:
         """See ``Client.runs``; ``async for run in client.runs(job_id): ...``."""
         return self._pages(lambda n: n.jobs.ListRuns, _wire.run_pages(job_id, states, page_size))
 
+    async def get_run(self, run_id: int) -> Run:
+        """See ``Client.get_run``."""
+        return _wire.run_of(await self._call(lambda n: n.jobs.GetRun, _wire.run_ref(run_id)))
+
     async def runs_page(
         self,
         job_id: int,

@@ -263,6 +263,11 @@ class Client:
         ``states`` keeps only those states (``RunState.MISSED`` for missed fires)."""
         return self._pages(lambda n: n.jobs.ListRuns, _wire.run_pages(job_id, states, page_size))
 
+    def get_run(self, run_id: int) -> Run:
+        """One run whole, its ``result`` included (``NotFound`` for an
+        unknown run, and for another tenant's)."""
+        return _wire.run_of(self._call(lambda n: n.jobs.GetRun, _wire.run_ref(run_id)))
+
     def runs_page(
         self,
         job_id: int,

@@ -16,12 +16,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from wheel.client._time import Duration, duration
 from wheel.engine import spec as _engine
 from wheel.engine.model import shard_of
 from wheel.errors import InvalidArgument
+from wheel.runresult import summary
 
 __all__ = [
     "At",
@@ -370,7 +371,10 @@ class Run:
     """One execution (one attempt of one fire), or a missed fire: ``run_id`` 0,
     state ``missed``, ``missed_reason`` set and ``finished_at`` when the miss
     was recorded. ``idempotency_key`` is the same on every attempt of a fire.
-    ``attempt`` counts from 1 (0 for a missed fire, which ran no attempt)."""
+    ``attempt`` counts from 1 (0 for a missed fire, which ran no attempt).
+    ``result`` is what the run left, None for none: an HTTP target's
+    ``http_status``, ``duration_ms``, ``response_headers`` and
+    ``response_excerpt`` (or ``error``), a Python handler's ``value``."""
 
     run_id: int
     job_id: int
@@ -385,6 +389,13 @@ class Run:
     error: str | None
     missed_reason: MissedReason | None
     idempotency_key: str
+    result: dict[str, Any] | None = None
+
+    def result_summary(self, width: int = 40) -> str:
+        """The result in a few words for a table: ``http 503 12ms`` for an
+        HTTP target, the value (cut to ``width``) for a handler; empty for
+        none."""
+        return summary(self.result, width)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

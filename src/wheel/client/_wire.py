@@ -73,6 +73,7 @@ from wheel.rpc import convert
 from wheel.rpc.v1 import admin_service_pb2 as admin
 from wheel.rpc.v1 import cluster_pb2, jobs_pb2
 from wheel.rpc.v1 import job_service_pb2 as js
+from wheel.runresult import parse_result
 
 _T = TypeVar("_T")
 
@@ -394,6 +395,10 @@ def job_ref(job_id: int) -> js.JobRef:
     return build(js.JobRef, job_id=job_id)
 
 
+def run_ref(run_id: int) -> js.GetRunRequest:
+    return build(js.GetRunRequest, run_id=run_id)
+
+
 def get_request(job_id: int, next_fires: int, recent_runs: int) -> js.GetJobRequest:
     return build(js.GetJobRequest, job_id=job_id, next_fires=next_fires, recent_runs=recent_runs)
 
@@ -545,6 +550,7 @@ def run_of(msg: jobs_pb2.Run) -> Run:
         error=msg.error or None,
         missed_reason=MissedReason(msg.missed_reason) if msg.missed_reason else None,
         idempotency_key=msg.idempotency_key,
+        result=parse_result(msg.result_json),
     )
 
 

@@ -17,6 +17,8 @@ from wheel.client import At, Cron, Every, Job, Run
 
 # The longest payload text a job's JSON carries.
 PAYLOAD_PREVIEW = 1024
+# The longest a run's result is in its table's cell (the whole on expand).
+RESULT_SUMMARY = 60
 
 
 def jsonable(value: Any) -> Any:
@@ -93,8 +95,11 @@ def job_detail(job: Job) -> dict[str, Any]:
 
 
 def run_row(run: Run) -> dict[str, Any]:
+    """A run as the tables show it; ``result`` is what the run left (an
+    object, or null) and ``result_summary`` it in a few words."""
     out = dict(jsonable(run))
     out["run_id"] = str(run.run_id)
     out["job_id"] = str(run.job_id)
     out["fence"] = str(run.fence)
+    out["result_summary"] = run.result_summary(RESULT_SUMMARY)
     return out

@@ -597,8 +597,18 @@ class Driver:
         completions: Sequence[tuple[int, int, Outcome, str]],
         now_ms: int,
         ran_ms: Mapping[int, int] | None = None,
+        results: Mapping[int, str] | None = None,
+        retry_after_ms: Mapping[int, int] | None = None,
     ) -> None:
-        self.owner.worker_complete(worker_id, completions, now_ms, self.acts, ran_ms=ran_ms)
+        self.owner.worker_complete(
+            worker_id,
+            completions,
+            now_ms,
+            self.acts,
+            ran_ms=ran_ms,
+            results=results,
+            retry_after_ms=retry_after_ms,
+        )
 
     def worker_credit(self, worker_id: str, add: int, now_ms: int, *, seq: int = 0) -> None:
         self.owner.worker_credit(worker_id, add, now_ms, self.acts, seq=seq)

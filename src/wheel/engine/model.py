@@ -7,6 +7,10 @@ from __future__ import annotations
 from enum import StrEnum
 
 SHARD_COUNT = 256
+# The built-in handler of jobs with an HTTP target (``wheel.http_targets``):
+# only a worker that names it among its handlers (``wheelctl worker --http``)
+# takes its runs, never one that takes any handler.
+HTTP_HANDLER = "http"
 
 
 class JobState(StrEnum):

@@ -219,6 +219,10 @@ class NodeCalls:
             after_name=after_name,
         )
 
+    async def get_run(self, run_id: int) -> ExecutionRecord:
+        """Raises ``NotFound``."""
+        return await self._reads.get_run(run_id)
+
     async def list_runs(
         self, job_id: int, *, before_run_id: int | None = None, limit: int
     ) -> list[ExecutionRecord]:

@@ -751,8 +751,15 @@ class Node(NodeCalls):
         worker_id: str,
         completions: Sequence[tuple[int, int, Outcome, str]],
         ran_ms: Mapping[int, int] | None = None,
+        results: Mapping[int, str] | None = None,
+        retry_after_ms: Mapping[int, int] | None = None,
     ) -> None:
-        self._the_driver().worker_complete(worker_id, completions, self.clock.now_ms(), ran_ms)
+        """Completions from a worker's stream; ``ran_ms``, ``results`` (a JSON
+        object each) and ``retry_after_ms`` by run id, only for runs that
+        have one."""
+        self._the_driver().worker_complete(
+            worker_id, completions, self.clock.now_ms(), ran_ms, results, retry_after_ms
+        )
         self.wake()
 
     def worker_credit(self, worker_id: str, add: int, seq: int = 0) -> None:

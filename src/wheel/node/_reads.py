@@ -73,6 +73,10 @@ class Reads:
             )
         )
 
+    async def get_run(self, run_id: int) -> ExecutionRecord:
+        """One run, its result included (raises ``NotFound``)."""
+        return await self._in_thread(self._store.get_run, run_id)
+
     async def list_runs(
         self, job_id: int, *, before_run_id: int | None = None, limit: int
     ) -> list[ExecutionRecord]:

@@ -19,6 +19,7 @@ from wheel.engine.spec import DEFAULT_LIMITS, no_nul
 from wheel.errors import (
     InvalidArgument,
     LimitExceeded,
+    NotFound,
     NotOwner,
     ResourceExhausted,
     WheelError,
@@ -426,6 +427,26 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
             states = _proto_states(wanted)
             out = [p for p in page if p.state in states]
             return job_service_pb2.ListRunsResponse(runs=out, next_page_token=token)
+
+        return await _call(context, work())
+
+    async def GetRun(
+        self, request: job_service_pb2.GetRunRequest, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.Run:
+        async def work() -> jobs_pb2.Run:
+            if request.run_id <= 0:
+                raise InvalidArgument("run_id", "must be a positive run id")
+            node = self.node
+            principal = await self.guard.principal(context)
+            run = await node.get_run(request.run_id)
+            if principal is not None and not principal.operator:
+                try:
+                    # As ListRuns: NOT_FOUND for another tenant's, in the
+                    # same words as for a run that does not exist.
+                    self.guard.check_job(principal, await node.get_job(run.job_id))
+                except NotFound:
+                    raise NotFound(f"run {request.run_id} does not exist") from None
+            return convert.run_to_proto(run)
 
         return await _call(context, work())
 

@@ -13,6 +13,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from wheel.auth import Authenticator, Principal
+from wheel.engine.model import HTTP_HANDLER
 from wheel.engine.owner import Actions, CompletionResult, Outcome
 from wheel.engine.spec import DEFAULT_LIMITS
 from wheel.errors import StoreError, Unauthenticated
@@ -31,11 +32,10 @@ from wheel.rpc.v1 import (
     worker_service_pb2,
     worker_service_pb2_grpc,
 )
+from wheel.runresult import checked_result, clamp_retry_after
 
 log = logging.getLogger("wheel.rpc")
 
-# The built-in handler of HTTP targets: its runs' payload is an HttpCall.
-HTTP_HANDLER = "http"
 # Signs one attempt: (tenant, secret name, webhook id, body) -> its Standard
 # Webhooks headers, or ``SignError`` (``Node.signed_headers``).
 Signer = Callable[[str, str, str, bytes], list[tuple[str, str]]]
@@ -142,6 +142,8 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                 elif kind == "complete":
                     done = []
                     ran_ms: dict[int, int] = {}
+                    results: dict[int, str] = {}
+                    retry_after_ms: dict[int, int] = {}
                     for c in self._here(session, msg.complete.completions, full=True):
                         if c.outcome not in _OUTCOMES:
                             _protocol_error(
@@ -154,8 +156,12 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                         done.append((c.run_id, c.fence, _OUTCOMES[c.outcome], c.error[:4000]))
                         if c.ran_ms > 0:
                             ran_ms[c.run_id] = c.ran_ms
+                        if c.result_json:
+                            results[c.run_id] = checked_result(c.result_json)
+                        if c.retry_after_ms > 0:
+                            retry_after_ms[c.run_id] = clamp_retry_after(c.retry_after_ms)
                     if done:
-                        node.worker_complete(wid, done, ran_ms)
+                        node.worker_complete(wid, done, ran_ms, results, retry_after_ms)
                 elif kind == "credit":
                     held = node.worker_capacity(wid)
                     if held is None or not 0 <= held + msg.credit.add <= MAX_CAPACITY:

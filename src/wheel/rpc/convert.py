@@ -418,6 +418,7 @@ def run_to_proto(record: ExecutionRecord) -> jobs_pb2.Run:
         finished_at_ms=record.finished_at_ms or 0,
         error=record.error or "",
         idempotency_key=idempotency_key(record.job_id, record.scheduled_for),
+        result_json=record.result or "",
     )
 
 

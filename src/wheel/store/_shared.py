@@ -64,7 +64,7 @@ TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_RUN_STATE
 JOB_FROM = "jobs AS j JOIN job_specs AS s ON s.job_id = j.job_id"
 RUN_COLUMNS = (
     "run_id, job_id, scheduled_for, attempt, state, fence, worker_id,"
-    " dispatched_at_ms, started_at_ms, finished_at_ms, error"
+    " dispatched_at_ms, started_at_ms, finished_at_ms, error, result"
 )
 # The same, qualified for "executions AS e" in a join.
 RUN_COLUMNS_E = ", ".join("e." + c.strip() for c in RUN_COLUMNS.split(","))
@@ -219,7 +219,8 @@ def run_from_row(row: Row) -> ExecutionRecord:
         started_at_ms=row[8],
         finished_at_ms=row[9],
         error=row[10],
-        payload=payload_of(row[11], row[12]) if len(row) > 11 else b"",
+        result=row[11],
+        payload=payload_of(row[12], row[13]) if len(row) > 12 else b"",
     )
 
 

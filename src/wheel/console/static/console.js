@@ -148,6 +148,15 @@ function spec(job) {
   for (const [k, v] of rows) dl.append(el("dt", {}, k), el("dd", {}, v));
 }
 
+function resultCell(r) {
+  // The result is the endpoint's or the handler's data: text only, like
+  // everything else; in full (pretty-printed) on expand and as the title.
+  if (!r.result) return el("td", { class: "result" }, "–");
+  const full = JSON.stringify(r.result, null, 2);
+  return el("td", { class: "result", title: full },
+    el("details", {}, el("summary", {}, r.result_summary), el("pre", {}, full)));
+}
+
 function runRow(r) {
   const detail = r.missed_reason || r.error || "";
   const cls = r.state === "missed" ? "missed" : (r.error ? "bad" : "");
@@ -160,6 +169,7 @@ function runRow(r) {
     el("td", {}, r.worker_id || "–"),
     el("td", {}, when(r.started_at)),
     el("td", {}, when(r.finished_at)),
+    resultCell(r),
     el("td", { class: "detail" }, r.missed_reason ? "missed: " + detail : detail));
 }
 
@@ -168,7 +178,7 @@ async function loadRuns(jobId, more) {
   if (more && state.runsToken) q.set("page_token", state.runsToken);
   const data = await api(`/api/jobs/${jobId}/runs?` + q.toString());
   const tbody = $("#runs tbody");
-  if (!more) fill(tbody, [], "no runs yet", 9);
+  if (!more) fill(tbody, [], "no runs yet", 10);
   if (data.runs.length && tbody.querySelector("tr.empty")) tbody.replaceChildren();
   for (const r of data.runs) tbody.append(runRow(r));
   state.runsToken = data.next_page_token;

@@ -530,8 +530,20 @@ class Owner:
         acts: Actions,
         *,
         ran_ms: Mapping[int, int] | None = None,
+        results: Mapping[int, str] | None = None,
+        retry_after_ms: Mapping[int, int] | None = None,
     ) -> None:
-        self.streams.worker_complete(worker_id, completions, now_ms, acts, ran_ms=ran_ms)
+        """``ran_ms``, ``results`` and ``retry_after_ms``: by run id, see
+        ``WorkerStreams.worker_complete``."""
+        self.streams.worker_complete(
+            worker_id,
+            completions,
+            now_ms,
+            acts,
+            ran_ms=ran_ms,
+            results=results,
+            retry_after_ms=retry_after_ms,
+        )
 
     # -- shards gained and lost (``ShardMoves``) -----------------------------------
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from wheel.engine.model import HTTP_HANDLER
 from wheel.engine.owner._values import Route
 
 
@@ -65,7 +66,7 @@ class _Worker:
         return self.capacity - len(self.held) - self.reserved
 
     def serves(self, route: Route) -> bool:
-        return route[0] in self.pools and (not self.handlers or route[1] in self.handlers)
+        return route[0] in self.pools and _takes(self.handlers, route[1])
 
 
 class Fleet:
@@ -140,7 +141,7 @@ class Fleet:
         return [
             w
             for w in self._workers.values()
-            if pool in w.pools and (not w.handlers or handler in w.handlers) and w.free > 0
+            if pool in w.pools and _takes(w.handlers, handler) and w.free > 0
         ]
 
     def server_for(
@@ -162,3 +163,12 @@ class Fleet:
         capacity = sum(w.capacity for w in self._workers.values())
         held = sum(len(w.held) for w in self._workers.values())
         return capacity == 0 or held / capacity > threshold
+
+
+def _takes(handlers: frozenset[str], handler: str) -> bool:
+    """Whether a worker of ``handlers`` (empty: any) takes ``handler``'s
+    runs: an HTTP target's only where named, since a worker that takes any
+    handler runs Python code and cannot call an endpoint."""
+    if handlers:
+        return handler in handlers
+    return handler != HTTP_HANDLER

@@ -99,11 +99,15 @@ class RunEndings:
         *,
         reply_to: str | None = None,
         started_at_ms: int | None = None,
+        result: str | None = None,
+        retry_after_ms: int = 0,
     ) -> None:
         """Send a terminal state to the store; follow-ups wait for its answer.
         ``started_at_ms``: the run's start, for the store to keep if it has
-        none (a run completed before it was acked)."""
-        self.runs.ending(run, state, reply_to)
+        none (a run completed before it was acked); ``result``: what the run
+        left (a JSON object), kept with it; ``retry_after_ms``: the least
+        wait before its retry, if it gets one."""
+        self.runs.ending(run, state, reply_to, retry_after_ms)
         if run.worker_id is not None:
             w = self.workers.get(run.worker_id)
             if w is not None:
@@ -121,6 +125,7 @@ class RunEndings:
                 # moves only a one-shot whose schedule is over).
                 job_state=None if job is None or job.spec.recurring else one_shot_end(state),
                 started_at_ms=started_at_ms,
+                result=result,
             )
         )
         if job is not None:
@@ -228,11 +233,16 @@ class RunEndings:
         self.book.sync_schedule(job, now_ms, acts)
 
     def _schedule_retry(self, job: _Job, run: _Run, now_ms: int) -> None:
-        delay = retry_delay_ms(
-            job.spec.retry,
-            failed_attempt=run.attempt,
-            job_id=job.job_id,
-            scheduled_for=run.scheduled_for,
+        """The next attempt, after the job's backoff or the wait the failed
+        attempt asked for (a Retry-After), whichever is longer."""
+        delay = max(
+            retry_delay_ms(
+                job.spec.retry,
+                failed_attempt=run.attempt,
+                job_id=job.job_id,
+                scheduled_for=run.scheduled_for,
+            ),
+            run.retry_after,
         )
         self.redos.retry_at(Redo(job.job_id, run.scheduled_for, run.attempt + 1), now_ms + delay)
 

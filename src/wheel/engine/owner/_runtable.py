@@ -75,6 +75,7 @@ class _Run:
         "phase",
         "refused",
         "reply_to",
+        "retry_after",
         "run_id",
         "scheduled_for",
         "timed",
@@ -117,10 +118,12 @@ class _Run:
         # retry (its wait is its backoff), nor a run handed back and out again.
         self.timed = False
         # Set when it goes ENDING (``RunTable.ending``), read only after: the
-        # terminal state sent to the store, and the worker to answer once the
-        # store applied it (None: nobody asked).
+        # terminal state sent to the store, the worker to answer once the
+        # store applied it (None: nobody asked), and the least wait before a
+        # retry its worker asked for (an HTTP target's Retry-After; 0: none).
         self.end_state: RunState
         self.reply_to: str | None
+        self.retry_after: int
 
 
 def set_phase(run: _Run, to: Phase) -> None:
@@ -184,12 +187,14 @@ class RunTable:
         restored from the store (DISPATCHED or RUNNING, armed)."""
         self._runs[run.run_id] = run
 
-    def ending(self, run: _Run, state: RunState, reply_to: str | None) -> None:
+    def ending(
+        self, run: _Run, state: RunState, reply_to: str | None, retry_after: int = 0
+    ) -> None:
         """The run's terminal state is on its way to the store: its lease
         and timeout end (invariant 4)."""
         set_phase(run, Phase.ENDING)
         self.disarm(run)
-        run.end_state, run.reply_to = state, reply_to
+        run.end_state, run.reply_to, run.retry_after = state, reply_to, retry_after
         self._ending[run.run_id] = run
 
     def ended(self, run_id: int) -> _Run | None:

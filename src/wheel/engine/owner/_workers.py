@@ -218,10 +218,16 @@ class WorkerStreams:
         acts: Actions,
         *,
         ran_ms: Mapping[int, int] | None = None,
+        results: Mapping[int, str] | None = None,
+        retry_after_ms: Mapping[int, int] | None = None,
     ) -> None:
         """``ran_ms``: how long each run's handler ran, by run id, as its
         worker measured it. A run never acked (it ended before its ack was
-        due) has no start recorded: it gets ``now_ms`` less that."""
+        due) has no start recorded: it gets ``now_ms`` less that.
+        ``results``: what runs left (a JSON object each), kept with the runs
+        that end here; ``retry_after_ms``: the least wait before the retry of
+        a retryable failure (its backoff applies if longer). Both by run id,
+        holding only the runs that have one."""
         self._heard_from(worker_id)
         for run_id, fence, outcome, error in completions:
             run = self.runs.get(run_id)
@@ -256,6 +262,7 @@ class WorkerStreams:
             # The start of a run that ran, if none was recorded (the store
             # keeps one it has).
             started = now_ms - min(max(ran_ms.get(run_id, 0) if ran_ms else 0, 0), now_ms)
+            result = results.get(run_id) if results else None
             if outcome is Outcome.SUCCEEDED:
                 self.ends.end_run(
                     run,
@@ -265,6 +272,7 @@ class WorkerStreams:
                     now_ms,
                     reply_to=worker_id,
                     started_at_ms=started,
+                    result=result,
                 )
             elif outcome is Outcome.HANDED_BACK:
                 self.ends.take_back(run, now_ms)
@@ -288,6 +296,8 @@ class WorkerStreams:
                     now_ms,
                     reply_to=worker_id,
                     started_at_ms=started,
+                    result=result,
+                    retry_after_ms=retry_after_ms.get(run_id, 0) if retry_after_ms else 0,
                 )
             else:
                 self.ends.end_run(
@@ -298,4 +308,5 @@ class WorkerStreams:
                     now_ms,
                     reply_to=worker_id,
                     started_at_ms=started,
+                    result=result,
                 )

@@ -206,16 +206,17 @@ def complete(
 
     def write(part: Sequence[Completion]) -> tuple[list[bool], list[int]]:
         first = first_per_key([(c.run_id, c.fence) for c in part])
-        params = sql.completion_arrays(first, [part[i] for i in first])
+        firsts = [part[i] for i in first]
+        params = sql.completion_arrays(first, firsts)
+        update = sql.COMPLETE_SQL
+        unmatched: tuple[str, ...] = ("error", "worker")
+        if any(c.result is not None for c in firsts):
+            # Only a batch with a result sends the array (most have none).
+            update = sql.COMPLETE_WITH_RESULTS_SQL
+            params = sql.with_results(params, firsts)
+            unmatched = ("error", "worker", "result")
         applied, jobs = _fenced_update(
-            conn,
-            sql.COMPLETE_SQL,
-            sql.RECOGNISE_COMPLETIONS_SQL,
-            params,
-            first,
-            len(part),
-            "error",
-            "worker",
+            conn, update, sql.RECOGNISE_COMPLETIONS_SQL, params, first, len(part), *unmatched
         )
         ends = [c for c, ok in zip(part, applied, strict=True) if ok and c.job_state is not None]
         if ends:

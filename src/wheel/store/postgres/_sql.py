@@ -186,6 +186,13 @@ def completion_arrays(idx: Sequence[int], completions: Sequence[Completion]) -> 
     }
 
 
+def with_results(params: dict[str, Any], completions: Sequence[Completion]) -> dict[str, Any]:
+    """``completion_arrays`` and the completions' results, for
+    ``COMPLETE_WITH_RESULTS_SQL``."""
+    params["result"] = Texts([c.result for c in completions])
+    return params
+
+
 # Completions that end a one-shot's fire (``Completion.job_state``): each
 # run's job, if its schedule is over, takes the state that says how (a
 # cancelled or paused job keeps its own). Completions of recurring jobs
@@ -232,15 +239,25 @@ SELECT t.idx, e.job_id
 # ``state || ''`` keeps the planner off the partial in-flight index, which it
 # otherwise scanned whole (every in-flight run) and hashed for a 1000-row batch;
 # the state test is written as ``<> ALL`` (see ``none_of``).
-COMPLETE_SQL = f"""
+
+
+def _complete_sql(result: bool) -> str:
+    """The fenced terminal transition of a batch of completions; ``result``:
+    it also writes each run's result (a batch without any takes the form
+    that sends and writes none)."""
+    set_result, result_array, result_column = (
+        (", result = t.result", ", %(result)b::text[]", ", result") if result else ("", "", "")
+    )
+    return f"""
 UPDATE executions AS e
    SET state = t.state, finished_at_ms = t.finished_at_ms, error = t.error,
        worker_id = coalesce(t.worker_id, e.worker_id),
-       started_at_ms = coalesce(e.started_at_ms, t.started_at_ms)
+       started_at_ms = coalesce(e.started_at_ms, t.started_at_ms){set_result}
   FROM unnest(%(idx)b::int4[], %(run)b::int8[], %(fence)b::int8[], %(state)b::text[],
               %(finished)b::int8[], %(error)b::text[], %(worker)b::text[],
-              %(started)b::int8[])
-       AS t(idx, run_id, fence, state, finished_at_ms, error, worker_id, started_at_ms)
+              %(started)b::int8[]{result_array})
+       AS t(idx, run_id, fence, state, finished_at_ms, error, worker_id,
+            started_at_ms{result_column})
  WHERE e.run_id = ANY(%(run)b::int8[]) AND e.run_id = t.run_id AND e.fence = t.fence
    AND e.state || '' <> {NOT_INFLIGHT}
    AND NOT EXISTS (SELECT 1 FROM executions AS newer
@@ -248,6 +265,10 @@ UPDATE executions AS e
                       AND newer.fence > e.fence)
 RETURNING t.idx, e.job_id
 """
+
+
+COMPLETE_SQL = _complete_sql(result=False)
+COMPLETE_WITH_RESULTS_SQL = _complete_sql(result=True)
 
 RECOGNISE_COMPLETIONS_SQL = """
 SELECT t.idx, e.job_id

@@ -134,22 +134,28 @@ def mark_running(cur: sqlite3.Cursor, starts: Sequence[RunStart]) -> list[bool]:
 
 
 def complete(cur: sqlite3.Cursor, completions: Sequence[Completion]) -> list[bool]:
+    rows: list[tuple[Any, ...]] = [
+        (
+            c.state.value,
+            c.finished_at_ms,
+            c.error,
+            c.worker_id,
+            c.run_id,
+            c.fence,
+            c.started_at_ms,
+        )
+        for c in completions
+    ]
+    form = sql.COMPLETE
+    if any(c.result is not None for c in completions):
+        # Only a batch with a result binds the column (most have none).
+        form = sql.COMPLETE_WITH_RESULTS
+        rows = [(*row, c.result) for row, c in zip(rows, completions, strict=True)]
     applied = _fenced_update(
         cur,
-        sql.COMPLETE,
+        form,
         sql.RECOGNISE_COMPLETIONS,
-        [
-            (
-                c.state.value,
-                c.finished_at_ms,
-                c.error,
-                c.worker_id,
-                c.run_id,
-                c.fence,
-                c.started_at_ms,
-            )
-            for c in completions
-        ],
+        rows,
         lambda i: (
             completions[i].run_id,
             completions[i].fence,

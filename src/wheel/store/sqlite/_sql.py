@@ -94,18 +94,29 @@ MARK_RUNNING = SetStatement(
     " AND executions.fence = t.column4 AND +executions.state = 'dispatched'",
     "(?, ?, ?, ?)",
 )
-COMPLETE = SetStatement(
-    "UPDATE executions SET state = t.column1, finished_at_ms = t.column2, error = t.column3,"
-    " worker_id = coalesce(t.column4, executions.worker_id),"
-    " started_at_ms = coalesce(executions.started_at_ms, t.column7)"
-    " FROM (VALUES {rows}) AS t WHERE executions.run_id = t.column5"
-    f" AND executions.fence = t.column6 AND +executions.state IN {INFLIGHT_SQL}"
-    " AND NOT EXISTS (SELECT 1 FROM executions AS newer"
-    "  WHERE newer.job_id = executions.job_id"
-    "  AND newer.scheduled_for = executions.scheduled_for"
-    "  AND newer.fence > executions.fence)",
-    "(?, ?, ?, ?, ?, ?, ?)",
-)
+
+
+def _complete(result: bool) -> SetStatement:
+    """The fenced terminal transition of a batch of completions; ``result``:
+    its rows carry an eighth column, the run's result (a batch without any
+    takes the form that binds and writes none)."""
+    return SetStatement(
+        "UPDATE executions SET state = t.column1, finished_at_ms = t.column2, error = t.column3,"
+        " worker_id = coalesce(t.column4, executions.worker_id),"
+        " started_at_ms = coalesce(executions.started_at_ms, t.column7)"
+        + (", result = t.column8" if result else "")
+        + " FROM (VALUES {rows}) AS t WHERE executions.run_id = t.column5"
+        f" AND executions.fence = t.column6 AND +executions.state IN {INFLIGHT_SQL}"
+        " AND NOT EXISTS (SELECT 1 FROM executions AS newer"
+        "  WHERE newer.job_id = executions.job_id"
+        "  AND newer.scheduled_for = executions.scheduled_for"
+        "  AND newer.fence > executions.fence)",
+        "(?, ?, ?, ?, ?, ?, ?, ?)" if result else "(?, ?, ?, ?, ?, ?, ?)",
+    )
+
+
+COMPLETE = _complete(result=False)
+COMPLETE_WITH_RESULTS = _complete(result=True)
 
 # A completion that ends a one-shot's fire (``Completion.job_state``): its
 # job, if its schedule is over, takes the state that says how (a cancelled
