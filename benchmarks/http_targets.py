@@ -347,6 +347,9 @@ def run_phase(name: str, cfg: Config, root: Path) -> dict[str, Any]:
         phase.stop()
     if isinstance(evidence, NoopEvidence):
         records = evidence.records()  # what the worker flushed as it stopped
+    if os.environ.get("WHEEL_BENCH_KEEP"):
+        # Every arrival (fire, scheduled, received, received), to look into a tail.
+        np.save(phase.tmp / "records.npy", records)
     a = h.analyse(workload, records, job_index=job_index if name == "noop" else None, end_ms=end_ms)
     per_k = 1000 / a.dispatched if a.dispatched else float("nan")
     node_cpu = cpu1[pids[0]] - cpu0[pids[0]]
