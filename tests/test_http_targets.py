@@ -40,24 +40,28 @@ def test_the_url_length_limit_is_2048_characters_inclusive() -> None:
         normal(jobs_pb2.HttpTarget(url=url + "a"))
 
 
-def test_the_signing_secret_hook_is_asked_with_the_tenant(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_signing_secret_is_asked_of_secret_known_with_the_tenant() -> None:
     asked: list[tuple[str, str]] = []
 
-    def check(tenant: str, name: str) -> None:
+    def known(tenant: str, name: str) -> bool:
         asked.append((tenant, name))
-        raise InvalidArgument("spec.http.signing_secret", f"no secret {name!r}")
+        return name == "there"
 
-    monkeypatch.setattr(http_targets, "check_signing_secret", check)
-    with pytest.raises(InvalidArgument, match="no secret 'missing'"):
-        http_targets.normalised_target(
-            jobs_pb2.HttpTarget(url="http://h/", signing_secret="missing"),
+    def target(secret: str) -> jobs_pb2.HttpTarget:
+        return http_targets.normalised_target(
+            jobs_pb2.HttpTarget(url="http://h/", signing_secret=secret),
             tenant="acme",
             job_timeout_ms=1_000,
+            secret_known=known,
         )
-    assert asked == [("acme", "missing")]
+
+    with pytest.raises(InvalidArgument, match="tenant 'acme' has no signing secret 'missing'"):
+        target("missing")
+    assert target("there").signing_secret == "there"
+    assert asked == [("acme", "missing"), ("acme", "there")]
     # Unsigned targets ask nothing.
     normal(jobs_pb2.HttpTarget(url="http://h/"))
-    assert len(asked) == 1
+    assert len(asked) == 2
 
 
 def _spec(**kw: object) -> JobSpec:

