@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -446,12 +447,43 @@ def fill_history(url: str, rows: int) -> None:
     )
 
 
-def submit_workload(target: str, workload: h.Workload) -> dict[int, int]:
+def bench_spec(j: h.WorkloadJob) -> Any:
+    """The ``JobSpec`` (proto) of one workload job: handler ``bench``, its
+    schedule, and terms under which every fire runs however late."""
+    from wheel.rpc.v1 import jobs_pb2
+
+    if j.period_ms:
+        schedule = jobs_pb2.Schedule(
+            interval=jobs_pb2.IntervalSchedule(
+                period_ms=j.period_ms,
+                mode=jobs_pb2.INTERVAL_MODE_FIXED_RATE,
+                start_at_ms=j.first_ms,
+            )
+        )
+    else:
+        schedule = jobs_pb2.Schedule(once=jobs_pb2.OnceSchedule(at_ms=j.first_ms))
+    return jobs_pb2.JobSpec(
+        name=f"bench-{j.index}",
+        handler="bench",
+        schedule=schedule,
+        # Every fire must run however late (no catch-up drops, no overlap
+        # skips): the same at-least-once terms the baselines are held to.
+        catch_up=jobs_pb2.CatchUp(
+            mode=jobs_pb2.CATCH_UP_MODE_RUN_ALL, window_ms=0, max_count=100_000
+        ),
+        overlap=jobs_pb2.Overlap(policy=jobs_pb2.OVERLAP_POLICY_ALLOW, max_concurrent=1000),
+    )
+
+
+def submit_workload(
+    target: str, workload: h.Workload, spec_of: Callable[[h.WorkloadJob], Any] = bench_spec
+) -> dict[int, int]:
     """Submit every job of ``workload`` through the node at ``target`` (bulk
-    SubmitJobs); the server's job id -> the workload's job index."""
+    SubmitJobs), each as ``spec_of`` makes it; the server's job id -> the
+    workload's job index."""
     import grpc
 
-    from wheel.rpc.v1 import job_service_pb2, job_service_pb2_grpc, jobs_pb2
+    from wheel.rpc.v1 import job_service_pb2, job_service_pb2_grpc
 
     index: dict[int, int] = {}
     options = [("grpc.max_send_message_length", 64 << 20)]
@@ -477,28 +509,7 @@ def submit_workload(target: str, workload: h.Workload) -> dict[int, int]:
                     index[int(r.response.job.job_id)] = i
 
         for j in workload.jobs:
-            if j.period_ms:
-                schedule = jobs_pb2.Schedule(
-                    interval=jobs_pb2.IntervalSchedule(
-                        period_ms=j.period_ms,
-                        mode=jobs_pb2.INTERVAL_MODE_FIXED_RATE,
-                        start_at_ms=j.first_ms,
-                    )
-                )
-            else:
-                schedule = jobs_pb2.Schedule(once=jobs_pb2.OnceSchedule(at_ms=j.first_ms))
-            spec = jobs_pb2.JobSpec(
-                name=f"bench-{j.index}",
-                handler="bench",
-                schedule=schedule,
-                # Every fire must run however late (no catch-up drops, no overlap
-                # skips): the same at-least-once terms the baselines are held to.
-                catch_up=jobs_pb2.CatchUp(
-                    mode=jobs_pb2.CATCH_UP_MODE_RUN_ALL, window_ms=0, max_count=100_000
-                ),
-                overlap=jobs_pb2.Overlap(policy=jobs_pb2.OVERLAP_POLICY_ALLOW, max_concurrent=1000),
-            )
-            req = job_service_pb2.SubmitJobRequest(spec=spec, idempotency_key=f"b{j.index}")
+            req = job_service_pb2.SubmitJobRequest(spec=spec_of(j), idempotency_key=f"b{j.index}")
             chunk.append((j.index, req))
             if len(chunk) >= 2_000:
                 send()

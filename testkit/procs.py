@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,33 +110,55 @@ class ServerProc:
 
 
 class WorkerProc:
-    def __init__(self, target: str, out: Path, worker_id: str, *handlers: str) -> None:
-        env = dict(
+    """`wheelctl worker` in a subprocess, its output in ``{worker_id}.log`` beside
+    ``out``. ``handlers`` default to ``e2e_handlers:record``, unless ``flags``
+    (more `wheelctl worker` flags) give ``--http``: the built-in HTTP executor
+    needs no module. ``env``: more environment; ``cwd``: where it runs (a
+    handler module there is found)."""
+
+    def __init__(
+        self,
+        target: str,
+        out: Path,
+        worker_id: str,
+        *handlers: str,
+        flags: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        full_env = dict(
             os.environ, WHEEL_E2E_OUT=str(out), WHEEL_E2E_WORKER=worker_id, PYTHONPATH=str(HERE)
         )
-        with open(out.parent / f"{worker_id}.log", "wb") as log:
-            self.proc = self._spawn(target, worker_id, handlers, env, log)
+        full_env.update(env or {})
+        if not handlers and "--http" not in flags:
+            handlers = ("e2e_handlers:record",)
+        self.log_path = out.parent / f"{worker_id}.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = self._spawn(target, worker_id, (*handlers, *flags), full_env, log, cwd)
 
     @staticmethod
     def _spawn(
-        target: str, worker_id: str, handlers: tuple[str, ...], env: dict[str, str], log: Any
+        target: str,
+        worker_id: str,
+        args: tuple[str, ...],
+        env: dict[str, str],
+        log: Any,
+        cwd: Path | None = None,
     ) -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "wheel", "worker", "--target", target]
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "wheel",
-                "worker",
-                "--target",
-                target,
-                "--worker-id",
-                worker_id,
-                *(handlers or ("e2e_handlers:record",)),
-            ],
+            [*cmd, "--worker-id", worker_id, *args],
             env=env,
             stderr=log,
             stdout=log,
+            cwd=cwd,
         )
+
+    def connected(self) -> bool:
+        """Whether its log says it holds a stream to a node (it exited: an error)."""
+        if self.proc.poll() is not None:
+            raise AssertionError(f"worker exited with {self.proc.returncode}; see {self.log_path}")
+        return b"connected to" in self.log_path.read_bytes()
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
