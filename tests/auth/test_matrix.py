@@ -20,6 +20,7 @@ from wheel.rpc.v1 import (
     node_service_pb2,
     worker_service_pb2,
 )
+from wheel.store.base import Store
 
 OK = grpc.StatusCode.OK
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
@@ -342,19 +343,7 @@ def test_a_tenant_lists_only_its_own_dead_letters(
 ) -> None:
     assert server.node is not None
     store = server.node.store
-    dead: dict[str, int] = {}
-    for tenant in ("acme", "beta"):
-        claim = FireClaim(
-            job_id=ids[tenant], scheduled_for=1_000, attempt=0, fence=1, dispatched_at_ms=1_000,
-            advance=False,
-        )  # fmt: skip
-        [won] = store.claim_fires([claim])
-        assert won.run_id is not None
-        done = Completion(
-            run_id=won.run_id, fence=1, state=RunState.DEAD_LETTERED, finished_at_ms=2_000
-        )
-        store.complete_runs([done])
-        dead[tenant] = won.run_id
+    dead = {t: _ended_run(store, ids[t], RunState.DEAD_LETTERED) for t in ("acme", "beta")}
 
     def listed(token: str, job_id: int = 0) -> set[int]:
         resp = stubs.jobs.ListDeadLetters(
@@ -405,26 +394,10 @@ def test_get_run_shows_a_tenant_its_own_runs_and_no_other_tenants(
 ) -> None:
     assert server.node is not None
     store = server.node.store
-    runs: dict[str, int] = {}
-    for tenant in ("acme", "beta"):
-        claim = FireClaim(
-            job_id=ids[tenant], scheduled_for=1_000, attempt=0, fence=1, dispatched_at_ms=1_000,
-            advance=False,
-        )  # fmt: skip
-        [won] = store.claim_fires([claim])
-        assert won.run_id is not None
-        store.complete_runs(
-            [
-                Completion(
-                    run_id=won.run_id,
-                    fence=1,
-                    state=RunState.SUCCEEDED,
-                    finished_at_ms=2_000,
-                    result=f'{{"value": "{tenant}"}}',
-                )
-            ]
-        )
-        runs[tenant] = won.run_id
+    runs = {
+        t: _ended_run(store, ids[t], RunState.SUCCEEDED, result=f'{{"value": "{t}"}}')
+        for t in ("acme", "beta")
+    }
 
     def get(token: str, run_id: int) -> jobs_pb2.Run:
         return stubs.jobs.GetRun(  # type: ignore[no-any-return]
@@ -452,3 +425,17 @@ def test_get_run_shows_a_tenant_its_own_runs_and_no_other_tenants(
         get(tokens.acme_read, 0)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details().startswith("run_id:")
+
+
+def _ended_run(store: Store, job_id: int, state: RunState, result: str | None = None) -> int:
+    """A run of the job's fire at 1,000, claimed and ended in ``state``
+    straight in the store: its id."""
+    claim = FireClaim(
+        job_id=job_id, scheduled_for=1_000, attempt=0, fence=1, dispatched_at_ms=1_000,
+        advance=False,
+    )  # fmt: skip
+    [won] = store.claim_fires([claim])
+    assert won.run_id is not None
+    done = Completion(run_id=won.run_id, fence=1, state=state, finished_at_ms=2_000, result=result)
+    store.complete_runs([done])
+    return won.run_id
