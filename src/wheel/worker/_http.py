@@ -23,8 +23,8 @@ worker allows private targets; the connection goes to the checked address
 itself, never to a second resolution of the name. At most ``BODY_LIMIT``
 bytes of a response are read.
 
-Cheap per run: a job's target is parsed once (the request line and its fixed
-headers kept as bytes, by payload), connections are kept alive and at most
+Cheap per run: a target is parsed once (the request line and its fixed
+headers kept as bytes, by the serialized target), connections are kept alive and at most
 ``connections_per_origin`` are open to one (scheme, host, port) (requests
 beyond wait their turn, their timeout running), and a host's resolved
 addresses are kept ``ADDRESS_TTL_S`` for the connections opened meanwhile.
@@ -111,7 +111,7 @@ RETRYABLE_4XX = frozenset((408, 429))
 REDIRECTS = frozenset((301, 302, 303, 307, 308))
 _URL_SAFE = "/?#[]@!$&'()*+,;=:%~"
 PRIVATE_HINT = "run the worker with --allow-private-targets"
-# Parsed targets by payload: a job's runs share one.
+# Parsed targets by their serialized HttpTarget: runs of one target share one.
 TARGET_CACHE_SIZE = 1_024
 # How long a host's resolved addresses are used for new connections, and for
 # how many hosts at most.
@@ -167,6 +167,7 @@ class _Target:
         "method",
         "port",
         "retry_4xx",
+        "sized",
         "tail",
         "timeout_s",
         "url",
@@ -245,15 +246,29 @@ class _Target:
         self.key = (scheme, host, port)
         self.head_only = method == "HEAD"
         # GET and HEAD without a body say nothing of one.
-        length = (
-            "" if method in ("GET", "HEAD") and not body else f"Content-Length: {len(body)}\r\n"
-        )
+        self.sized = method not in ("GET", "HEAD")
         self.head = ("\r\n".join(lines) + "\r\n").encode("utf-8")
-        # What follows the run's own lines: the length, the blank line, the body.
-        self.tail = (length + "\r\n").encode("ascii") + body
+        self.tail = self._tail(body)
         self.timeout_s = (timeout_ms or DEFAULT_TIMEOUT_MS) / 1000
         self.retry_4xx = retry_4xx
         self.follow = follow
+
+    def _tail(self, body: bytes) -> bytes:
+        """What follows the run's own lines: the length, the blank line, the body."""
+        if body or self.sized:
+            return b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+        return b"\r\n"
+
+    def with_body(self, body: bytes) -> _Target:
+        """This target with ``body``: what was parsed and checked is shared."""
+        if body == self.body:
+            return self
+        other = _Target.__new__(_Target)
+        for name in _Target.__slots__:
+            setattr(other, name, getattr(self, name))
+        other.body = body
+        other.tail = self._tail(body)
+        return other
 
     @classmethod
     def of_call(cls, call: jobs_pb2.HttpCall) -> _Target:
@@ -403,18 +418,20 @@ class HttpExecutor:
         self.pool.close()
 
     def _target(self, payload: bytes) -> _Target:
-        target = self._targets.get(payload)
-        if target is not None:
-            return target
+        """The run's target, parsed once per distinct target (runs of many
+        jobs may share one, each with a body of its own)."""
         try:
             call = jobs_pb2.HttpCall.FromString(payload)
         except DecodeError:
             raise BadTarget("the run's payload is not an HttpCall (no HTTP target)") from None
-        target = _Target.of_call(call)
-        if len(self._targets) >= TARGET_CACHE_SIZE:
-            self._targets.clear()
-        self._targets[payload] = target
-        return target
+        key = call.target.SerializeToString(deterministic=True)
+        target = self._targets.get(key)
+        if target is None:
+            target = _Target.of_call(call)
+            if len(self._targets) >= TARGET_CACHE_SIZE:
+                self._targets.clear()
+            self._targets[key] = target
+        return target.with_body(call.body)
 
     def _prepare(self, run: Run) -> tuple[_Target, bytes, float]:
         """The run's target, the request's lines of this run, and its timeout
