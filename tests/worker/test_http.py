@@ -530,6 +530,24 @@ def test_requests_in_flight_at_once_each_get_a_connection() -> None:
     scenario(go)
 
 
+def test_runs_of_one_target_with_bodies_of_their_own_share_its_parsing() -> None:
+    async def go() -> None:
+        async with receiver() as rec, executor() as ex:
+            for body in (b"one", b"", b"three", b"one"):
+                c, _ = await ex.run(call(rec.url + "/ok", body=body, headers={"X-Job": "a"}))
+                assert c.outcome == pb.OUTCOME_SUCCEEDED
+            c, _ = await ex.run(call(rec.url + "/ok", body=b"get", method="GET"))
+            assert c.outcome == pb.OUTCOME_SUCCEEDED
+            assert ex.worker._http is not None
+            parsed = len(ex.worker._http._targets)
+        assert [s.body for s in rec.seen] == [b"one", b"", b"three", b"one", b"get"]
+        assert [s.headers.get("Content-Length") for s in rec.seen] == ["3", "0", "5", "3", "3"]
+        assert all(s.headers["X-Job"] == "a" for s in rec.seen[:4])
+        assert parsed == 2
+
+    scenario(go)
+
+
 def test_requests_beyond_the_connection_cap_wait_their_turn_and_all_complete() -> None:
     async def go() -> None:
         in_flight = 0

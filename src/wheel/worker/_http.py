@@ -264,8 +264,19 @@ class _Target:
         if body == self.body:
             return self
         other = _Target.__new__(_Target)
-        for name in _Target.__slots__:
-            setattr(other, name, getattr(self, name))
+        other.url = self.url
+        other.method = self.method
+        other.headers = self.headers
+        other.host = self.host
+        other.ip = self.ip
+        other.port = self.port
+        other.key = self.key
+        other.head_only = self.head_only
+        other.sized = self.sized
+        other.head = self.head
+        other.timeout_s = self.timeout_s
+        other.retry_4xx = self.retry_4xx
+        other.follow = self.follow
         other.body = body
         other.tail = self._tail(body)
         return other
