@@ -50,7 +50,7 @@ ACK_DELAY_S = 0.1
 # Longest completions alone wait for more to share their message, and how many
 # end the wait. A few ms against a lease of seconds; the node reads a message
 # per batch, so fewer, fuller batches cost it less per run.
-COALESCE_S = 0.003
+COALESCE_S = 0.005
 COALESCE_MAX = 256
 DEFAULT_HEARTBEAT_S = 1.0
 DEFAULT_LEASE_S = 60.0
