@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -126,9 +127,17 @@ class Executor:
 
 
 @contextlib.asynccontextmanager
-async def executor(*, allow_private: bool = True, capacity: int = 64) -> AsyncIterator[Executor]:
+async def executor(
+    *, allow_private: bool = True, capacity: int = 64, connections: int = 64
+) -> AsyncIterator[Executor]:
     async with node() as (svc, target):
-        w = Worker(target, http=True, allow_private_targets=allow_private, capacity=capacity)
+        w = Worker(
+            target,
+            http=True,
+            allow_private_targets=allow_private,
+            capacity=capacity,
+            http_connections_per_origin=connections,
+        )
         async with running(w):
             conn, hello = await svc.accept()
             assert list(hello.handlers) == ["http"]
@@ -517,6 +526,114 @@ def test_requests_in_flight_at_once_each_get_a_connection() -> None:
             done = await asyncio.gather(*runs)
         assert all(c.outcome == pb.OUTCOME_SUCCEEDED for c, _ in done)
         assert len({s.peer for s in rec.seen}) == 10
+
+    scenario(go)
+
+
+def test_runs_of_one_target_with_bodies_of_their_own_share_its_parsing() -> None:
+    async def go() -> None:
+        async with receiver() as rec, executor() as ex:
+            for body in (b"one", b"", b"three", b"one"):
+                c, _ = await ex.run(call(rec.url + "/ok", body=body, headers={"X-Job": "a"}))
+                assert c.outcome == pb.OUTCOME_SUCCEEDED
+            c, _ = await ex.run(call(rec.url + "/ok", body=b"get", method="GET"))
+            assert c.outcome == pb.OUTCOME_SUCCEEDED
+            assert ex.worker._http is not None
+            parsed = len(ex.worker._http._targets)
+        assert [s.body for s in rec.seen] == [b"one", b"", b"three", b"one", b"get"]
+        assert [s.headers.get("Content-Length") for s in rec.seen] == ["3", "0", "5", "3", "3"]
+        assert all(s.headers["X-Job"] == "a" for s in rec.seen[:4])
+        assert parsed == 2
+
+    scenario(go)
+
+
+def test_requests_beyond_the_connection_cap_wait_their_turn_and_all_complete() -> None:
+    async def go() -> None:
+        in_flight = 0
+        most = 0
+        arrived = 0
+        release = asyncio.Event()
+
+        async def slow(request: web.Request) -> web.StreamResponse:
+            nonlocal in_flight, most, arrived
+            in_flight += 1
+            arrived += 1
+            most = max(most, in_flight)
+            try:
+                await release.wait()
+                await asyncio.sleep(0.01)
+            finally:
+                in_flight -= 1
+            return web.Response(text="done")
+
+        async with receiver() as rec, executor(capacity=32, connections=3) as ex:
+            url = rec.on("/slow", slow)
+            runs = [asyncio.create_task(ex.run(call(url))) for _ in range(20)]
+            async with asyncio.timeout(5):
+                while arrived < 3:
+                    await asyncio.sleep(0.01)
+            # The rest wait for a connection rather than open one of their own.
+            await asyncio.sleep(0.2)
+            assert arrived == 3
+            release.set()
+            done = await asyncio.gather(*runs)
+            assert ex.worker._http is not None
+            pool = ex.worker._http.pool
+            opened = pool.opened
+            assert pool.open_count(("http", "127.0.0.1", int(rec.url.rsplit(":", 1)[1]))) <= 3
+        assert all(c.outcome == pb.OUTCOME_SUCCEEDED for c, _ in done), [c.error for c, _ in done]
+        assert len(rec.seen) == 20
+        assert most == 3
+        assert opened == 3
+        assert len({s.peer for s in rec.seen}) == 3
+
+    scenario(go)
+
+
+def test_a_request_waiting_for_a_connection_times_out_within_its_own_timeout() -> None:
+    async def go() -> None:
+        release = asyncio.Event()
+
+        async def hang(request: web.Request) -> web.StreamResponse:
+            await release.wait()
+            return web.Response(text="late")
+
+        async with receiver() as rec, executor(connections=1) as ex:
+            url = rec.on("/hang", hang)
+            held = asyncio.create_task(ex.run(call(url, timeout_ms=10_000), timeout=15))
+            async with asyncio.timeout(5):
+                while not rec.seen:
+                    await asyncio.sleep(0.01)
+            t0 = time.monotonic()
+            c, _ = await ex.run(call(rec.url + "/ok", timeout_ms=300))
+            waited = time.monotonic() - t0
+            assert c.outcome == pb.OUTCOME_RETRYABLE
+            assert "timed out after 0.3 s" in c.error
+            assert 0.25 <= waited < 3.0
+            # The connection, freed, serves the next request.
+            release.set()
+            first, _ = await held
+            assert first.outcome == pb.OUTCOME_SUCCEEDED
+            c, _ = await ex.run(call(rec.url + "/ok"))
+            assert c.outcome == pb.OUTCOME_SUCCEEDED
+        assert [s.path for s in rec.seen] == ["/hang", "/ok"]
+
+    scenario(go)
+
+
+def test_a_connection_that_failed_to_open_gives_its_room_back() -> None:
+    async def go() -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        async with executor(connections=1) as ex:
+            for _ in range(3):
+                c, _ = await ex.run(call(f"http://127.0.0.1:{port}/x", timeout_ms=2_000))
+                assert c.outcome == pb.OUTCOME_RETRYABLE
+                assert "refused" in c.error
+            assert ex.worker._http is not None
+            assert ex.worker._http.pool.open_count(("http", "127.0.0.1", port)) == 0
 
     scenario(go)
 

@@ -222,6 +222,48 @@ def test_completions_are_batched_into_few_messages() -> None:
     scenario(go)
 
 
+def test_completions_a_few_loop_turns_apart_share_one_complete_message() -> None:
+    async def go() -> None:
+        async with node() as (svc, target):
+            w = Worker(target, capacity=64)
+
+            @w.handler()
+            async def turns(ctx: RunContext) -> None:
+                # Run i ends i loop turns after it started: apart, but within
+                # far less than the coalescing window.
+                for _ in range(ctx.run_id):
+                    await asyncio.sleep(0)
+
+            async with running(w):
+                conn, _ = await svc.accept()
+                assign(conn, *[assignment(i, "turns") for i in range(1, 21)])
+                done = await conn.completed(20)
+        assert all(c.outcome == pb.OUTCOME_SUCCEEDED for c in done.values())
+        sizes = [len(m.completions) for m in conn.sent("complete")]
+        assert sum(sizes) == 20
+        assert max(sizes) >= 10, sizes
+
+    scenario(go)
+
+
+def test_a_completion_alone_still_goes_out_promptly() -> None:
+    async def go() -> None:
+        async with node() as (svc, target):
+            w = Worker(target, capacity=64)
+            w.register("noop", lambda ctx: None)
+            async with running(w):
+                conn, _ = await svc.accept()
+                assign(conn, assignment(1, "noop"))
+                await conn.completed(1)
+                # A completion alone still goes out promptly.
+                t0 = time.monotonic()
+                assign(conn, assignment(2, "noop"))
+                await conn.completed(2, timeout=1.0)
+                assert time.monotonic() - t0 < 0.5
+
+    scenario(go)
+
+
 # -- superseded runs -------------------------------------------------------------------
 
 

@@ -22,6 +22,12 @@ multicast, reserved or unspecified is refused (failed for good) unless the
 worker allows private targets; the connection goes to the checked address
 itself, never to a second resolution of the name. At most ``BODY_LIMIT``
 bytes of a response are read.
+
+Cheap per run: a target is parsed once (the request line and its fixed
+headers kept as bytes, by the serialized target), connections are kept alive and at most
+``connections_per_origin`` are open to one (scheme, host, port) (requests
+beyond wait their turn, their timeout running), and a host's resolved
+addresses are kept ``ADDRESS_TTL_S`` for the connections opened meanwhile.
 """
 
 from __future__ import annotations
@@ -44,7 +50,14 @@ from google.protobuf.message import DecodeError
 import wheel
 from wheel.rpc.v1 import jobs_pb2
 from wheel.rpc.v1 import worker_service_pb2 as pb
-from wheel.worker._httpclient import BadResponse, Connection, Disconnected, Pool, Response
+from wheel.worker._httpclient import (
+    DEFAULT_CONNECTIONS_PER_ORIGIN,
+    BadResponse,
+    Connection,
+    Disconnected,
+    Pool,
+    Response,
+)
 
 if TYPE_CHECKING:
     from wheel.worker._runs import Run
@@ -98,8 +111,12 @@ RETRYABLE_4XX = frozenset((408, 429))
 REDIRECTS = frozenset((301, 302, 303, 307, 308))
 _URL_SAFE = "/?#[]@!$&'()*+,;=:%~"
 PRIVATE_HINT = "run the worker with --allow-private-targets"
-# Parsed targets by payload: a job's runs share one.
+# Parsed targets by their serialized HttpTarget: runs of one target share one.
 TARGET_CACHE_SIZE = 1_024
+# How long a host's resolved addresses are used for new connections, and for
+# how many hosts at most.
+ADDRESS_TTL_S = 30.0
+ADDRESS_CACHE_SIZE = 1_024
 
 SUCCEEDED = pb.OUTCOME_SUCCEEDED
 FAILED = pb.OUTCOME_FAILED
@@ -150,6 +167,7 @@ class _Target:
         "method",
         "port",
         "retry_4xx",
+        "sized",
         "tail",
         "timeout_s",
         "url",
@@ -228,15 +246,40 @@ class _Target:
         self.key = (scheme, host, port)
         self.head_only = method == "HEAD"
         # GET and HEAD without a body say nothing of one.
-        length = (
-            "" if method in ("GET", "HEAD") and not body else f"Content-Length: {len(body)}\r\n"
-        )
+        self.sized = method not in ("GET", "HEAD")
         self.head = ("\r\n".join(lines) + "\r\n").encode("utf-8")
-        # What follows the run's own lines: the length, the blank line, the body.
-        self.tail = (length + "\r\n").encode("ascii") + body
+        self.tail = self._tail(body)
         self.timeout_s = (timeout_ms or DEFAULT_TIMEOUT_MS) / 1000
         self.retry_4xx = retry_4xx
         self.follow = follow
+
+    def _tail(self, body: bytes) -> bytes:
+        """What follows the run's own lines: the length, the blank line, the body."""
+        if body or self.sized:
+            return b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+        return b"\r\n"
+
+    def with_body(self, body: bytes) -> _Target:
+        """This target with ``body``: what was parsed and checked is shared."""
+        if body == self.body:
+            return self
+        other = _Target.__new__(_Target)
+        other.url = self.url
+        other.method = self.method
+        other.headers = self.headers
+        other.host = self.host
+        other.ip = self.ip
+        other.port = self.port
+        other.key = self.key
+        other.head_only = self.head_only
+        other.sized = self.sized
+        other.head = self.head
+        other.timeout_s = self.timeout_s
+        other.retry_4xx = self.retry_4xx
+        other.follow = self.follow
+        other.body = body
+        other.tail = self._tail(body)
+        return other
 
     @classmethod
     def of_call(cls, call: jobs_pb2.HttpCall) -> _Target:
@@ -364,31 +407,42 @@ def _expire(waiter: asyncio.Future[Response]) -> None:
 
 
 class HttpExecutor:
-    """Sends runs' requests through one pool of kept-alive connections."""
+    """Sends runs' requests through one pool of kept-alive connections, at
+    most ``connections_per_origin`` open to each (scheme, host, port)."""
 
-    def __init__(self, *, allow_private: bool = False, body_limit: int = BODY_LIMIT) -> None:
+    def __init__(
+        self,
+        *,
+        allow_private: bool = False,
+        body_limit: int = BODY_LIMIT,
+        connections_per_origin: int = DEFAULT_CONNECTIONS_PER_ORIGIN,
+    ) -> None:
         self.allow_private = allow_private
-        self.pool = Pool(body_limit)
+        self.pool = Pool(body_limit, limit=connections_per_origin)
         self.deadlines = _Deadlines()
         self._targets: dict[bytes, _Target] = {}
+        # (host, port) -> (time.monotonic() until which they hold, addresses).
+        self._addresses: dict[tuple[str, int], tuple[float, list[str]]] = {}
 
     def close(self) -> None:
         self.deadlines.close()
         self.pool.close()
 
     def _target(self, payload: bytes) -> _Target:
-        target = self._targets.get(payload)
-        if target is not None:
-            return target
+        """The run's target, parsed once per distinct target (runs of many
+        jobs may share one, each with a body of its own)."""
         try:
             call = jobs_pb2.HttpCall.FromString(payload)
         except DecodeError:
             raise BadTarget("the run's payload is not an HttpCall (no HTTP target)") from None
-        target = _Target.of_call(call)
-        if len(self._targets) >= TARGET_CACHE_SIZE:
-            self._targets.clear()
-        self._targets[payload] = target
-        return target
+        key = call.target.SerializeToString(deterministic=True)
+        target = self._targets.get(key)
+        if target is None:
+            target = _Target.of_call(call)
+            if len(self._targets) >= TARGET_CACHE_SIZE:
+                self._targets.clear()
+            self._targets[key] = target
+        return target.with_body(call.body)
 
     def _prepare(self, run: Run) -> tuple[_Target, bytes, float]:
         """The run's target, the request's lines of this run, and its timeout
@@ -416,9 +470,10 @@ class HttpExecutor:
         """Send ``run``'s request; ``done(run, finish)`` is called once when it
         ended, always later than this call. The common case, a kept-alive
         connection to the host at hand, costs no task and no future: the
-        connection's callback ends the run. Opening a connection (resolve,
-        check, connect) and following redirects run as a task (``run.task``,
-        which the runner may cancel)."""
+        connection's callback ends the run; so does waiting for one when the
+        host has all the connections it may have. Opening a connection
+        (resolve, check, connect) and following redirects run as a task
+        (``run.task``, which the runner may cancel)."""
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         try:
@@ -426,13 +481,49 @@ class HttpExecutor:
         except _Early as early:
             loop.call_soon(done, run, early.finish(started))
             return
-        conn = None if target.follow else self.pool.take(target.key)
-        if conn is None:
-            run.task = loop.create_task(
-                self._later(run, done, target, lines, timeout, started, fresh=False)
-            )
+        pool = self.pool
+        if target.follow:
+            self.later(run, done, target, lines, timeout, started, fresh=False)
             return
-        _Exchange(self, run, done, target, lines, timeout, started).send(conn)
+        conn = pool.take(target.key)
+        if conn is not None:
+            _Exchange(self, run, done, target, lines, timeout, started).send(conn)
+        elif pool.room(target.key):
+            self.later(run, done, target, lines, timeout, started, fresh=False, room=True)
+        else:
+            _Exchange(self, run, done, target, lines, timeout, started).wait()
+
+    def later(
+        self,
+        run: Run,
+        done: Done,
+        target: _Target,
+        lines: bytes,
+        timeout: float,
+        started: float,
+        *,
+        fresh: bool,
+        room: bool = False,
+    ) -> None:
+        """The request as a task (``run.task``): ``done`` is called once
+        however it ends, also if it is cancelled before it began (and the
+        room counted for it, if ``room``, is given back then)."""
+        entered: list[bool] = []
+        task = asyncio.get_running_loop().create_task(
+            self._later(
+                run, done, target, lines, timeout, started, fresh=fresh, room=room, entered=entered
+            )
+        )
+        run.task = task
+
+        def unentered(_: asyncio.Task[None]) -> None:
+            if entered:
+                return
+            if room:
+                self.pool.unopened(target.key)
+            done(run, _CANCELLED)
+
+        task.add_done_callback(unentered)
 
     async def _later(
         self,
@@ -444,10 +535,13 @@ class HttpExecutor:
         started: float,
         *,
         fresh: bool,
+        room: bool,
+        entered: list[bool],
     ) -> None:
-        finish: Finish = (RETRYABLE, "request was cancelled", "", 0)
+        entered.append(True)
+        finish: Finish = _CANCELLED
         try:
-            finish = await self._exchange(target, lines, timeout, started, fresh=fresh)
+            finish = await self._exchange(target, lines, timeout, started, fresh=fresh, room=room)
         finally:
             done(run, finish)
 
@@ -461,14 +555,24 @@ class HttpExecutor:
         return await self._exchange(target, lines, timeout, started, fresh=False)
 
     async def _exchange(
-        self, target: _Target, lines: bytes, timeout: float, started: float, *, fresh: bool
+        self,
+        target: _Target,
+        lines: bytes,
+        timeout: float,
+        started: float,
+        *,
+        fresh: bool,
+        room: bool = False,
     ) -> Finish:
+        """The request (and the redirects it follows); ``room``: a connection
+        to ``target``'s origin is counted for it already, to be opened."""
         deadline = asyncio.get_running_loop().time() + timeout
         hops = 0
         try:
             while True:
                 data = target.request(lines)
-                resp = await self._send(target, data, deadline, fresh=fresh)
+                resp = await self._send(target, data, deadline, fresh=fresh, room=room)
+                room = False
                 status = resp.status
                 if status in REDIRECTS and target.follow and hops < MAX_REDIRECTS:
                     location = resp.header("location")
@@ -540,23 +644,36 @@ class HttpExecutor:
         return outcome, error, result, wait
 
     async def _send(
-        self, target: _Target, data: bytes, deadline: float, *, fresh: bool
+        self, target: _Target, data: bytes, deadline: float, *, fresh: bool, room: bool
     ) -> Response:
-        """One request on a kept-alive connection (unless ``fresh``) or a new one."""
-        pool = self.pool
-        conn = None if fresh else pool.take(target.key)
-        reused = conn is not None
-        if conn is None:
-            conn = await self._open(target, deadline)
+        """One request on a kept-alive connection (unless ``fresh``: not an
+        idle one), a new one, or the next one free; ``room``: a new one,
+        counted already."""
+        if room:
+            conn, reused = await self._open(target, deadline), False
+        else:
+            conn, reused = await self._connection(target, deadline, idle=not fresh)
         try:
             return await self._fetch(conn, data, target.head_only, deadline)
         except Disconnected as exc:
             if not reused or exc.any_bytes:
                 raise
         # A kept-alive connection the server closed while it was idle: once
-        # more on a new one.
-        conn = await self._open(target, deadline)
+        # more on another, not an idle one (it may have closed those too).
+        conn, _ = await self._connection(target, deadline, idle=False)
         return await self._fetch(conn, data, target.head_only, deadline)
+
+    async def _connection(
+        self, target: _Target, deadline: float, *, idle: bool
+    ) -> tuple[Connection, bool]:
+        """A connection for ``target`` and whether it served a request
+        before: an idle one (if ``idle``), a new one if its origin has room,
+        else the next one put back or room freed, waiting for it until
+        ``deadline`` at most."""
+        conn = await self.pool.acquire(target.key, deadline, idle=idle)
+        if conn is not None:
+            return conn, True
+        return await self._open(target, deadline), False
 
     async def _fetch(
         self, conn: Connection, data: bytes, head_only: bool, deadline: float
@@ -573,20 +690,41 @@ class HttpExecutor:
             self.pool.put(conn)
 
     async def _open(self, target: _Target, deadline: float) -> Connection:
-        """A new connection to a checked address of ``target``'s host."""
-        loop = asyncio.get_running_loop()
+        """A new connection to a checked address of ``target``'s host, in
+        the room its origin counted for it: given back if none is made."""
+        try:
+            return await self._connect(target, deadline)
+        except BaseException:
+            self.pool.unopened(target.key)
+            raise
+
+    async def _resolve(self, target: _Target, deadline: float) -> list[str]:
+        """``target``'s host's addresses, resolved again after ``ADDRESS_TTL_S``."""
         host, port = target.host, target.port
         if target.ip is not None:
-            addresses = [target.ip]
-        else:
-            try:
-                infos = await asyncio.wait_for(
-                    loop.getaddrinfo(host, port, type=socket.SOCK_STREAM),
-                    max(0.0, deadline - loop.time()),
-                )
-            except socket.gaierror as exc:
-                raise NoConnection(f"cannot resolve {host}: {exc.strerror or exc}") from None
-            addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+            return [target.ip]
+        now = time.monotonic()
+        known = self._addresses.get((host, port))
+        if known is not None and known[0] > now:
+            return known[1]
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await asyncio.wait_for(
+                loop.getaddrinfo(host, port, type=socket.SOCK_STREAM),
+                max(0.0, deadline - loop.time()),
+            )
+        except socket.gaierror as exc:
+            raise NoConnection(f"cannot resolve {host}: {exc.strerror or exc}") from None
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        if len(self._addresses) >= ADDRESS_CACHE_SIZE:
+            self._addresses.clear()
+        self._addresses[(host, port)] = (now + ADDRESS_TTL_S, addresses)
+        return addresses
+
+    async def _connect(self, target: _Target, deadline: float) -> Connection:
+        loop = asyncio.get_running_loop()
+        host, port = target.host, target.port
+        addresses = await self._resolve(target, deadline)
         if not self.allow_private:
             allowed = [addr for addr in addresses if refusal(addr) is None]
             if not allowed:
@@ -614,12 +752,16 @@ class HttpExecutor:
         raise NoConnection(f"connect to {where} failed: {last.strerror or last}")
 
 
+_CANCELLED: Finish = (RETRYABLE, "request was cancelled", "", 0)
 _FAILURES = (BadTarget, Refused, TimeoutError, NoConnection, Disconnected, BadResponse)
 
 
 class _Exchange:
     """One request on a kept-alive connection, ended by the connection's
-    callback or by its deadline (``HttpExecutor.start``)."""
+    callback or by its deadline (``HttpExecutor.start``). One whose origin
+    has all its connections busy waits in the pool's queue (``wait``), its
+    deadline running: it is sent on the first connection put back, or opens
+    one (as a task) when room is freed."""
 
     __slots__ = (
         "conn",
@@ -650,12 +792,43 @@ class _Exchange:
         self.lines = lines
         self.timeout = timeout
         self.started = started
+        self.conn: Connection | None = None
 
     def send(self, conn: Connection) -> None:
+        self.deadline = conn.loop.time() + self.timeout
+        self._write(conn)
+        self.executor.deadlines.add(self, conn.loop)
+
+    def _write(self, conn: Connection) -> None:
         self.conn = conn
         conn.request(self.target.request(self.lines), self.target.head_only, self.on_response)
-        self.deadline = conn.loop.time() + self.timeout
-        self.executor.deadlines.add(self)
+
+    def wait(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.deadline = loop.time() + self.timeout
+        self.executor.deadlines.add(self, loop)
+        self.executor.pool.wait(self.target.key, self)
+
+    # -- as a Waiter of the pool -----------------------------------------------------
+
+    @property
+    def live(self) -> bool:
+        return self.run is not None
+
+    def granted(self, conn: Connection | None) -> None:
+        run = self.run
+        assert run is not None
+        if conn is not None:
+            self._write(conn)
+            return
+        # Room for a new connection: opened by a task, in what is left of the
+        # timeout; the deadline queue lets this one go.
+        self.run = None
+        executor = self.executor
+        left = max(0.0, self.timeout - (time.perf_counter() - self.started))
+        executor.later(
+            run, self.done, self.target, self.lines, left, self.started, fresh=False, room=True
+        )
 
     def on_response(self, resp: Response | None, exc: Exception | None) -> None:
         run = self.run
@@ -663,19 +836,17 @@ class _Exchange:
             return
         self.run = None  # ended: its deadline passes unheeded
         executor = self.executor
+        conn = self.conn
+        assert conn is not None
         executor.deadlines.trim(self.timeout)
-        executor.pool.put(self.conn)
+        executor.pool.put(conn)
         if resp is not None:
             finish = executor._finish(resp, self.target, self.started, 0)
         elif isinstance(exc, Disconnected) and not exc.any_bytes:
             # Closed while idle, just as the request went: once more on a new
             # connection, in what is left of the timeout.
             left = max(0.0, self.timeout - (time.perf_counter() - self.started))
-            run.task = self.conn.loop.create_task(
-                executor._later(
-                    run, self.done, self.target, self.lines, left, self.started, fresh=True
-                )
-            )
+            executor.later(run, self.done, self.target, self.lines, left, self.started, fresh=True)
             return
         else:
             assert exc is not None
@@ -687,8 +858,11 @@ class _Exchange:
         if run is None:
             return
         self.run = None
-        self.conn.abandon()
-        self.executor.pool.put(self.conn)
+        conn = self.conn
+        if conn is not None:
+            conn.abandon()
+            self.executor.pool.put(conn)
+        # else it was still waiting for a connection: the pool skips it now
         self.done(
             run, self.executor._failure(TimeoutError(), self.target, self.timeout, self.started)
         )
@@ -711,13 +885,13 @@ class _Deadlines:
         self._timer: asyncio.TimerHandle | None = None
         self._at = math.inf
 
-    def add(self, exchange: _Exchange) -> None:
+    def add(self, exchange: _Exchange, loop: asyncio.AbstractEventLoop) -> None:
         queue = self._queues.get(exchange.timeout)
         if queue is None:
             queue = self._queues[exchange.timeout] = collections.deque()
         queue.append(exchange)
         if exchange.deadline < self._at:
-            self._arm(exchange.conn.loop, exchange.deadline)
+            self._arm(loop, exchange.deadline)
 
     def trim(self, timeout: float) -> None:
         """Drop the ended requests at the head of ``timeout``'s queue:

@@ -1,7 +1,9 @@
 """A lean HTTP/1.1 client on ``asyncio.Protocol``, for the HTTP executor.
 
 One request at a time per connection, connections kept alive and pooled per
-(scheme, host, port). It reads the status line and headers (at most
+(scheme, host, port), at most ``limit`` of them open per (scheme, host, port):
+a request that finds none idle and no room for another waits its turn (FIFO)
+for the next one put back or closed. It reads the status line and headers (at most
 ``MAX_HEAD_BYTES`` and ``MAX_HEADERS``), then a body framed by
 Content-Length, chunked transfer coding or the connection's close, keeping
 at most ``body_limit`` bytes of it: past that the response ends there and
@@ -23,7 +25,7 @@ import collections
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = [
     "MAX_HEADERS",
@@ -34,6 +36,7 @@ __all__ = [
     "OnResponse",
     "Pool",
     "Response",
+    "Waiter",
 ]
 
 MAX_HEAD_BYTES = 65_536
@@ -41,8 +44,8 @@ MAX_HEADERS = 100
 # An idle connection older than this is closed instead of reused (servers
 # commonly close theirs after 5 to 75 s; the race is kept rare).
 IDLE_S = 4.0
-# Idle connections kept per (scheme, host, port).
-MAX_IDLE_PER_KEY = 512
+# Connections open at once per (scheme, host, port), busy or idle, by default.
+DEFAULT_CONNECTIONS_PER_ORIGIN = 64
 
 # Parser states.
 _HEAD = 0
@@ -98,12 +101,20 @@ class Response:
 class Connection(asyncio.Protocol):
     """One connection: send a request, get its response (``request``)."""
 
-    def __init__(self, key: tuple[str, str, int], body_limit: int) -> None:
+    def __init__(
+        self,
+        key: tuple[str, str, int],
+        body_limit: int,
+        on_gone: Callable[[Connection], object] | None = None,
+    ) -> None:
         self.key = key
         self.body_limit = body_limit
         self.transport: asyncio.Transport | None = None
         self.loop = asyncio.get_running_loop()
         self.closed = False
+        # Told once when the connection closed, however it closed: its pool's
+        # count of open connections.
+        self.on_gone = on_gone
         self.idle_since = 0.0
         self._on_response: OnResponse | None = None
         self._buf = bytearray()
@@ -143,7 +154,7 @@ class Connection(asyncio.Protocol):
         return None  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
+        self._gone()
         if self._state == _TO_CLOSE:
             self._end(False)
         elif self._on_response is not None:
@@ -180,16 +191,23 @@ class Connection(asyncio.Protocol):
         return waiter
 
     def close(self) -> None:
-        self.closed = True
+        self._gone()
         if self.transport is not None:
             self.transport.abort() if self._on_response is not None else self.transport.close()
+
+    def _gone(self) -> None:
+        self.closed = True
+        on_gone = self.on_gone
+        if on_gone is not None:
+            self.on_gone = None
+            on_gone(self)
 
     def abandon(self) -> None:
         """The caller stopped waiting (timeout, cancel): the connection's
         state is unknown, so it is closed; its callback is not called."""
         self._on_response = None
         self._state = _DONE
-        self.closed = True
+        self._gone()
         if self.transport is not None:
             self.transport.abort()
 
@@ -372,13 +390,59 @@ class Connection(asyncio.Protocol):
             on_response(None, exc)
 
 
-class Pool:
-    """Idle connections by (scheme, host, port), reused newest first."""
+class Waiter(Protocol):
+    """A request waiting for a connection (``Pool.wait``): ``granted`` is
+    called once with a connection handed over, or with None when there is
+    room to open one (the room is counted for it). One that stopped waiting
+    (its timeout) says so with ``live`` False and is skipped."""
 
-    def __init__(self, body_limit: int, *, ssl_context: ssl.SSLContext | None = None) -> None:
+    @property
+    def live(self) -> bool: ...
+
+    def granted(self, conn: Connection | None) -> None: ...
+
+
+class _FutureWaiter:
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[Connection | None]) -> None:
+        self.future = future
+
+    @property
+    def live(self) -> bool:
+        return not self.future.done()
+
+    def granted(self, conn: Connection | None) -> None:
+        self.future.set_result(conn)
+
+
+class Pool:
+    """Connections by (scheme, host, port): idle ones reused newest first, at
+    most ``limit`` open per key (busy, idle or being opened), and the
+    requests waiting for one, first come first served.
+
+    The count per key goes up when a connection is to be opened (``room`` or
+    a ``Waiter`` granted None) and down when one closes, however it closed,
+    or when opening one failed (``unopened``). A connection put back goes to
+    the first live waiter of its key before it may idle; room freed goes to
+    the first live waiter too, so a new request never overtakes a waiting one.
+    """
+
+    def __init__(
+        self,
+        body_limit: int,
+        *,
+        limit: int = DEFAULT_CONNECTIONS_PER_ORIGIN,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        if limit < 1:
+            raise ValueError(f"limit: {limit}; give at least 1 connection per origin")
         self.body_limit = body_limit
+        self.limit = limit
         self._ssl = ssl_context
         self._idle: dict[tuple[str, str, int], collections.deque[Connection]] = {}
+        self._open: dict[tuple[str, str, int], int] = {}
+        self._waiters: dict[tuple[str, str, int], collections.deque[Waiter]] = {}
         # Taken and not put back yet: closed with the pool.
         self.busy: set[Connection] = set()
         self.opened = 0
@@ -387,6 +451,10 @@ class Pool:
         if self._ssl is None:
             self._ssl = ssl.create_default_context()
         return self._ssl
+
+    def open_count(self, key: tuple[str, str, int]) -> int:
+        """Connections to ``key`` open or being opened."""
+        return self._open.get(key, 0)
 
     def take(self, key: tuple[str, str, int]) -> Connection | None:
         """An idle connection to ``key`` still open, or None."""
@@ -408,21 +476,109 @@ class Pool:
             return conn
         return None
 
+    def room(self, key: tuple[str, str, int]) -> bool:
+        """Whether a connection to ``key`` may be opened now (nobody waits for
+        one and the key is under its limit); if so it is counted from now."""
+        queue = self._waiters.get(key)
+        if queue:
+            # Ones that stopped waiting hold no place.
+            while queue and not queue[0].live:
+                queue.popleft()
+            if queue:
+                return False
+        if self._open.get(key, 0) >= self.limit:
+            return False
+        self._open[key] = self._open.get(key, 0) + 1
+        return True
+
+    def wait(self, key: tuple[str, str, int], waiter: Waiter) -> None:
+        """Queue ``waiter`` for the next connection or room for ``key``."""
+        queue = self._waiters.get(key)
+        if queue is None:
+            queue = self._waiters[key] = collections.deque()
+        queue.append(waiter)
+
+    async def acquire(
+        self, key: tuple[str, str, int], deadline: float, *, idle: bool = True
+    ) -> Connection | None:
+        """An idle connection (if ``idle``), or None with room counted to
+        open one, or else the next connection put back or room freed,
+        waiting until loop time ``deadline`` at most (then ``TimeoutError``)."""
+        conn = self.take(key) if idle else None
+        if conn is not None:
+            return conn
+        if self.room(key):
+            return None
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Connection | None] = loop.create_future()
+        self.wait(key, _FutureWaiter(future))
+        timer = loop.call_at(deadline, _expire, future)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                # Granted just as it was cancelled: not to be lost.
+                self._regrant(key, future.result())
+            raise
+        finally:
+            timer.cancel()
+
+    def _regrant(self, key: tuple[str, str, int], conn: Connection | None) -> None:
+        if conn is not None:
+            self.put(conn)
+        else:
+            self.unopened(key)
+
+    def unopened(self, key: tuple[str, str, int]) -> None:
+        """Room counted for ``key`` went unused (opening failed)."""
+        self._open[key] -= 1
+        self._next_room(key)
+
+    def _next_waiter(self, key: tuple[str, str, int]) -> Waiter | None:
+        queue = self._waiters.get(key)
+        while queue:
+            waiter = queue.popleft()
+            if waiter.live:
+                return waiter
+        if queue is not None:
+            del self._waiters[key]
+        return None
+
+    def _next_room(self, key: tuple[str, str, int]) -> None:
+        if self._open.get(key, 0) >= self.limit:
+            return
+        waiter = self._next_waiter(key)
+        if waiter is not None:
+            self._open[key] += 1
+            waiter.granted(None)
+
+    def _gone(self, conn: Connection) -> None:
+        self.busy.discard(conn)
+        self._open[conn.key] -= 1
+        self._next_room(conn.key)
+
     def put(self, conn: Connection) -> None:
-        """Back from a request: kept for the next one if it is still open."""
+        """Back from a request: to the first waiter, else kept for the next
+        request if it is still open."""
         self.busy.discard(conn)
         if conn.closed:
+            return
+        waiter = self._next_waiter(conn.key)
+        if waiter is not None:
+            self.busy.add(conn)
+            waiter.granted(conn)
             return
         conn.idle_since = time.monotonic()
         idle = self._idle.get(conn.key)
         if idle is None:
             idle = self._idle[conn.key] = collections.deque()
-        if len(idle) >= MAX_IDLE_PER_KEY:
-            idle.popleft().close()
         idle.append(conn)
 
     async def connect(self, key: tuple[str, str, int], address: str, timeout: float) -> Connection:
-        """A new connection to ``address`` (already resolved and checked) for ``key``."""
+        """A new connection to ``address`` (already resolved and checked) for
+        ``key``, in room counted for it (``room``, ``acquire``): if this
+        raises, the caller tries another address in that room or gives it
+        back (``unopened``)."""
         scheme, host, port = key
         loop = asyncio.get_running_loop()
         limit = self.body_limit
@@ -438,11 +594,17 @@ class Pool:
             ),
             timeout,
         )
+        if conn.closed:
+            raise ConnectionResetError("the connection closed as soon as it was made")
+        # Counted from here by its closing; until here by the caller, who
+        # gives the room back (``unopened``) if no connection came of it.
+        conn.on_gone = self._gone
         self.opened += 1
         self.busy.add(conn)
         return conn
 
     def close(self) -> None:
+        self._waiters.clear()
         for idle in self._idle.values():
             while idle:
                 idle.pop().close()
@@ -450,3 +612,8 @@ class Pool:
         for conn in list(self.busy):
             conn.abandon()
         self.busy.clear()
+
+
+def _expire(future: asyncio.Future[Connection | None]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())

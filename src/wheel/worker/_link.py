@@ -8,6 +8,12 @@ the completions its node has not confirmed; the worker moves both between
 links when a shard moves. It also carries its share of the worker's capacity
 (``wheel.worker._credit``): the credit its node has now, sent as Hello's
 capacity and then as Credit ahead of everything else in a batch.
+
+Completions alone are coalesced: when nothing but completions is due, the
+writer waits up to ``COALESCE_S`` for more (or until ``COALESCE_MAX`` are
+pending) so that its node reads one Complete message of many rather than many
+of a few. Anything else due (an ack, a heartbeat, credit, a drain) ends the
+wait at once and goes out with them.
 """
 
 from __future__ import annotations
@@ -41,6 +47,11 @@ log = logging.getLogger("wheel.worker")
 MAX_ITEMS_PER_MESSAGE = 1_000
 # Longest an ack waits for the run's completion to make it unneeded (rule 1).
 ACK_DELAY_S = 0.1
+# Longest completions alone wait for more to share their message, and how many
+# end the wait. A few ms against a lease of seconds; the node reads a message
+# per batch, so fewer, fuller batches cost it less per run.
+COALESCE_S = 0.005
+COALESCE_MAX = 256
 DEFAULT_HEARTBEAT_S = 1.0
 DEFAULT_LEASE_S = 60.0
 # A node that does not answer Hello within this is treated as down.
@@ -119,6 +130,8 @@ class Link:
         # Sent but not yet answered in Results; re-sent after a reconnect.
         self.unconfirmed: dict[int, tuple[Done, float]] = {}
         self.heartbeat_due = False
+        # The writer is gathering completions (COALESCE_S): one more does not wake it.
+        self.coalescing = False
         self.drain_requested = False
         self.drain_sent = False
         self.connected = False
@@ -202,8 +215,10 @@ class Link:
 
     def complete(self, done: Done) -> None:
         self.held.pop(done[0], None)
-        self.completions.append(done)
-        self.wake.set()
+        completions = self.completions
+        completions.append(done)
+        if not self.coalescing or len(completions) >= COALESCE_MAX:
+            self.wake.set()
 
     def adopt(self, run: Run) -> None:
         """Report ``run`` here from now on: acked at once if no link acked it
@@ -401,8 +416,28 @@ class Link:
             self.wake.clear()
             # Let the rest of this loop turn land in the same batch (rule 1).
             await asyncio.sleep(0)
+            if self._completions_only():
+                # What woke the writer is known to be completions: from here
+                # on only news (or COALESCE_MAX of them) ends the wait.
+                self.wake.clear()
+                self.coalescing = True
+                try:
+                    await asyncio.wait_for(self.wake.wait(), COALESCE_S)
+                except TimeoutError:
+                    pass
+                finally:
+                    self.coalescing = False
+                self.wake.clear()
             for msg in self._take():
                 await call.write(msg)
+
+    def _completions_only(self) -> bool:
+        """Only completions are due, fewer than ``COALESCE_MAX``: worth a wait."""
+        return (
+            0 < len(self.completions) < COALESCE_MAX
+            and not (self.acks or self.heartbeat_due or self.credit_add or self.credit_seq)
+            and not (self.drain_requested and not self.drain_sent)
+        )
 
     def _take(self) -> list[pb.WorkerMessage]:
         out: list[pb.WorkerMessage] = []

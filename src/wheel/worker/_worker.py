@@ -94,6 +94,7 @@ from wheel.worker._cluster import View, view_of
 from wheel.worker._credit import Credits
 from wheel.worker._http import HANDLER as HTTP_HANDLER
 from wheel.worker._http import HttpExecutor
+from wheel.worker._httpclient import DEFAULT_CONNECTIONS_PER_ORIGIN
 from wheel.worker._link import DEFAULT_LEASE_S, Link
 from wheel.worker._metrics import WorkerMetrics
 from wheel.worker._runs import HTTP, SYNC, Done, Run, Runner, mode_of
@@ -186,11 +187,14 @@ class Worker:
         token: str | None = None,
         http: bool = False,
         allow_private_targets: bool = False,
+        http_connections_per_origin: int = DEFAULT_CONNECTIONS_PER_ORIGIN,
     ) -> None:
         """``http``: run the built-in handler ``http`` too, which sends the
         requests of jobs with an HTTP target (``wheel.worker._http``); with
         ``allow_private_targets`` it sends them to loopback, private and
-        link-local addresses as well (refused otherwise). ``metrics_listen``
+        link-local addresses as well (refused otherwise); it keeps at most
+        ``http_connections_per_origin`` connections open to one (scheme,
+        host, port), the requests beyond waiting for one. ``metrics_listen``
         ("HOST:PORT", port 0 for any free one): serve the worker's Prometheus
         metrics at ``/metrics`` there while it runs
         (``metrics_port`` is the port bound). ``security``: TLS for the
@@ -201,6 +205,10 @@ class Worker:
         self.call_metadata = call_metadata(token)
         if capacity < 1:
             raise InvalidArgument("capacity", f"{capacity} is below 1")
+        if http_connections_per_origin < 1:
+            raise InvalidArgument(
+                "http_connections_per_origin", f"{http_connections_per_origin} is below 1"
+            )
         if target is None:
             target = os.environ.get("WHEEL_TARGET") or DEFAULT_TARGET
         seeds = targets_of(target)
@@ -217,7 +225,14 @@ class Worker:
         self.reconnect = Backoff(initial=reconnect_initial, max=reconnect_max, jitter=Jitter.EQUAL)
         self.stats = WorkerStats()
         self._handlers: dict[str, tuple[Handler, int]] = {}
-        self._http = HttpExecutor(allow_private=allow_private_targets) if http else None
+        self._http = (
+            HttpExecutor(
+                allow_private=allow_private_targets,
+                connections_per_origin=http_connections_per_origin,
+            )
+            if http
+            else None
+        )
         if self._http is not None:
             # Its runs never call this: the runner hands them to the executor.
             self._handlers[HTTP_HANDLER] = (_sent_by_the_executor, HTTP)
