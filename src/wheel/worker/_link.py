@@ -49,8 +49,9 @@ MAX_ITEMS_PER_MESSAGE = 1_000
 ACK_DELAY_S = 0.1
 # Longest completions alone wait for more to share their message, and how many
 # end the wait. A few ms against a lease of seconds; the node reads a message
-# per batch, so fewer, fuller batches cost it less per run.
-COALESCE_S = 0.005
+# per batch, so fewer, fuller batches cost it less per run: at 2,000 HTTP runs/s,
+# 54 a message at 10 ms against 9 with none (a no-op handler's come 60 at once).
+COALESCE_S = 0.010
 COALESCE_MAX = 256
 DEFAULT_HEARTBEAT_S = 1.0
 DEFAULT_LEASE_S = 60.0
