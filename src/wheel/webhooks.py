@@ -77,8 +77,7 @@ def sign(keys: Sequence[bytes], msg_id: str, timestamp_s: int, body: bytes) -> s
     signed = b"%s.%d.%s" % (msg_id.encode(), timestamp_s, body)
     # hmac.digest: OpenSSL's one-shot HMAC, a third cheaper than hmac.new.
     return " ".join(
-        "v1," + base64.b64encode(hmac.digest(key, signed, "sha256")).decode("ascii")
-        for key in keys
+        "v1," + base64.b64encode(hmac.digest(key, signed, "sha256")).decode("ascii") for key in keys
     )
 
 
