@@ -10,13 +10,42 @@ unversioned view naming only itself: there is nothing to follow, and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import grpc
+
+from wheel._retry import Backoff
 from wheel.engine.model import SHARD_COUNT, shard_of
-from wheel.rpc.v1 import cluster_pb2
+from wheel.rpc.v1 import admin_service_pb2, admin_service_pb2_grpc, cluster_pb2
 
-__all__ = ["View", "view_of"]
+if TYPE_CHECKING:
+    from wheel.worker._runs import Done, Run
+
+__all__ = [
+    "BOUNCE_WINDOW_S",
+    "MEMBERSHIP_MIN_INTERVAL_S",
+    "REHOME_BACKOFF",
+    "Stray",
+    "View",
+    "fetch_membership",
+    "view_of",
+]
+
+log = logging.getLogger("wheel.worker")
+
+# Rule 6: how soon a stray is tried again, and the most it waits.
+REHOME_RETRY_S = 0.2
+REHOME_RETRY_MAX_S = 2.0
+# A run moved again this soon after its last move is bouncing: it backs off.
+BOUNCE_WINDOW_S = 5.0
+# GetMembership: its deadline, and the least time between two asks.
+MEMBERSHIP_TIMEOUT_S = 2.0
+MEMBERSHIP_MIN_INTERVAL_S = 0.2
+# The wait before try ``retries + 1`` to place a stray (rule 6).
+REHOME_BACKOFF = Backoff(initial=REHOME_RETRY_S, max=REHOME_RETRY_MAX_S)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,3 +85,57 @@ def view_of(msg: cluster_pb2.Membership) -> View | None:
         # A malformed list routes nothing rather than misroute by position.
         owners = ("",) * SHARD_COUNT
     return View(version=msg.version, members=members, shard_owners=owners)
+
+
+class Stray:
+    """A run, or the completion of one, with no node to report to yet: its
+    shard moved and its owner is not known or not connected (rule 6)."""
+
+    __slots__ = (
+        "disowned",
+        "disowned_in",
+        "done",
+        "due",
+        "hint",
+        "job_id",
+        "run",
+        "since",
+        "tries",
+    )
+
+    def __init__(self, job_id: int, now: float) -> None:
+        self.job_id = job_id
+        self.run: Run | None = None
+        self.done: Done | None = None
+        # The owner a node named for it ("" if none was named).
+        self.hint = ""
+        # The node that answered ``moved`` for it, and the view version then:
+        # not its home, whatever that view says, until a newer view.
+        self.disowned = ""
+        self.disowned_in = 0
+        self.tries = 0
+        self.due = now
+        self.since = now
+
+
+async def fetch_membership(
+    channel: grpc.aio.Channel | None, target: str, metadata: Sequence[tuple[str, str]] | None
+) -> cluster_pb2.Membership | None:
+    """The cluster as the node at ``channel`` sees it (GetMembership); None
+    when it did not answer in time or the channel closed under the call."""
+    if channel is None:
+        return None
+    try:
+        stub = admin_service_pb2_grpc.AdminServiceStub(channel)
+        msg: cluster_pb2.Membership = await stub.GetMembership(
+            admin_service_pb2.GetMembershipRequest(),
+            timeout=MEMBERSHIP_TIMEOUT_S,
+            metadata=metadata,
+        )
+    except grpc.RpcError as exc:  # grpc.aio's AioRpcError is one
+        log.debug("GetMembership on %s failed: %s", target, exc)
+        return None
+    except Exception:  # the channel closed under the call
+        log.debug("GetMembership on %s failed", target, exc_info=True)
+        return None
+    return msg

@@ -42,7 +42,7 @@ from wheel.worker._api import (
 )
 
 if TYPE_CHECKING:
-    from wheel.worker._http import Finish
+    from wheel.worker._httptarget import Finish
 
 log = logging.getLogger("wheel.worker")
 

@@ -70,15 +70,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import grpc  # type: ignore[import-untyped, unused-ignore]
-
 from wheel._retry import Backoff, Jitter
 from wheel.auth import call_metadata
 from wheel.client._wire import DEFAULT_TARGET
 from wheel.errors import InvalidArgument
 from wheel.metrics import MetricsServer, parse_listen
 from wheel.rpc.targets import targets_of
-from wheel.rpc.v1 import admin_service_pb2, admin_service_pb2_grpc, cluster_pb2
+from wheel.rpc.v1 import cluster_pb2
 from wheel.rpc.v1 import worker_service_pb2 as pb
 from wheel.tls import ChannelSecurity
 from wheel.worker._api import (
@@ -90,7 +88,15 @@ from wheel.worker._api import (
     install_log_filter,
     run_context,
 )
-from wheel.worker._cluster import View, view_of
+from wheel.worker._cluster import (
+    BOUNCE_WINDOW_S,
+    MEMBERSHIP_MIN_INTERVAL_S,
+    REHOME_BACKOFF,
+    Stray,
+    View,
+    fetch_membership,
+    view_of,
+)
 from wheel.worker._credit import Credits
 from wheel.worker._http import HANDLER as HTTP_HANDLER
 from wheel.worker._http import HttpExecutor
@@ -112,52 +118,9 @@ log = logging.getLogger("wheel.worker")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Rule 6: how soon a stray is tried again, and the most it waits.
-REHOME_RETRY_S = 0.2
-REHOME_RETRY_MAX_S = 2.0
-# A run moved again this soon after its last move is bouncing: it backs off.
-BOUNCE_WINDOW_S = 5.0
-# GetMembership: its deadline, and the least time between two asks.
-MEMBERSHIP_TIMEOUT_S = 2.0
-MEMBERSHIP_MIN_INTERVAL_S = 0.2
-
-# The wait before try ``retries + 1`` to place a stray (rule 6).
-REHOME_BACKOFF = Backoff(initial=REHOME_RETRY_S, max=REHOME_RETRY_MAX_S)
-
 
 def _sent_by_the_executor(ctx: RunContext) -> None:  # pragma: no cover - never called
     raise RuntimeError("a run of the http handler goes to the HTTP executor")
-
-
-class _Stray:
-    """A run, or the completion of one, with no node to report to yet: its
-    shard moved and its owner is not known or not connected (rule 6)."""
-
-    __slots__ = (
-        "disowned",
-        "disowned_in",
-        "done",
-        "due",
-        "hint",
-        "job_id",
-        "run",
-        "since",
-        "tries",
-    )
-
-    def __init__(self, job_id: int, now: float) -> None:
-        self.job_id = job_id
-        self.run: Run | None = None
-        self.done: Done | None = None
-        # The owner a node named for it ("" if none was named).
-        self.hint = ""
-        # The node that answered ``moved`` for it, and the view version then:
-        # not its home, whatever that view says, until a newer view.
-        self.disowned = ""
-        self.disowned_in = 0
-        self.tries = 0
-        self.due = now
-        self.since = now
 
 
 class Worker:
@@ -258,7 +221,7 @@ class Worker:
         self._started = False
         # Rules 6 and 7.
         self._view: View | None = None
-        self._strays: dict[int, _Stray] = {}
+        self._strays: dict[int, Stray] = {}
         self._stray_timer: asyncio.TimerHandle | None = None
         self._stray_at = math.inf
         self._bounces: dict[int, tuple[int, float]] = {}
@@ -611,7 +574,7 @@ class Worker:
         now = time.monotonic()
         stray = self._strays.get(run_id)
         if stray is None:
-            stray = self._strays[run_id] = _Stray(job_id, now)
+            stray = self._strays[run_id] = Stray(job_id, now)
         if run is not None:
             stray.run = run
         if done is not None:
@@ -637,7 +600,7 @@ class Worker:
             return REHOME_BACKOFF.delay(count - 1)
         return 0.0 if count == 1 else REHOME_BACKOFF.delay(count - 2)
 
-    def _home_for(self, stray: _Stray) -> Link | None:
+    def _home_for(self, stray: Stray) -> Link | None:
         """The connected link of the node the stray should report to: the owner
         a node named, else its shard's owner in the newest view; never the node
         that disowned it, unless a newer view gives it the shard again."""
@@ -652,7 +615,7 @@ class Worker:
                 return link
         return None
 
-    def _place(self, run_id: int, stray: _Stray, now: float) -> bool:
+    def _place(self, run_id: int, stray: Stray, now: float) -> bool:
         home = self._home_for(stray)
         if home is None:
             stray.tries += 1
@@ -824,18 +787,8 @@ class Worker:
 
     async def _fetch_membership(self, link: Link) -> None:
         try:
-            stub = admin_service_pb2_grpc.AdminServiceStub(link.channel)
-            msg = await stub.GetMembership(
-                admin_service_pb2.GetMembershipRequest(),
-                timeout=MEMBERSHIP_TIMEOUT_S,
-                metadata=self.call_metadata,
-            )
-        except grpc.RpcError as exc:  # grpc.aio's AioRpcError is one
-            log.debug("GetMembership on %s failed: %s", link.target, exc)
-            return
-        except Exception:  # the channel closed under the call
-            log.debug("GetMembership on %s failed", link.target, exc_info=True)
-            return
+            msg = await fetch_membership(link.channel, link.target, self.call_metadata)
         finally:
             self._refresh = None
-        self.on_membership(msg)
+        if msg is not None:
+            self.on_membership(msg)
