@@ -27,13 +27,36 @@ log = logging.getLogger("wheel.rpc")
 MAX_IN_FLIGHT_LISTED = 1000
 
 
-class AdminServicer(TenancyAdmin, SecretsAdmin, admin_service_pb2_grpc.AdminServiceServicer):
+class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
     def __init__(self, node: Node, guard: Guard | None = None, peers: Peers | None = None) -> None:
         """``peers``: how to reach the other members, for the calls that
         answer for the whole cluster (``ListInFlight``)."""
         self.node = node
         self.guard = guard or Guard(None)
         self.peers = peers
+        self.secrets = SecretsAdmin(node, self.guard)
+
+    # -- signing secrets (wheel.rpc._secrets) -------------------------------------------
+
+    async def SetSecret(
+        self, request: admin_service_pb2.SetSecretRequest, context: grpc.aio.ServicerContext
+    ) -> admin_service_pb2.SetSecretResponse:
+        return await self.secrets.SetSecret(request, context)
+
+    async def RotateSecret(
+        self, request: admin_service_pb2.RotateSecretRequest, context: grpc.aio.ServicerContext
+    ) -> admin_service_pb2.SetSecretResponse:
+        return await self.secrets.RotateSecret(request, context)
+
+    async def ListSecrets(
+        self, request: admin_service_pb2.ListSecretsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_service_pb2.ListSecretsResponse:
+        return await self.secrets.ListSecrets(request, context)
+
+    async def DeleteSecret(
+        self, request: admin_service_pb2.DeleteSecretRequest, context: grpc.aio.ServicerContext
+    ) -> admin_service_pb2.DeleteSecretResponse:
+        return await self.secrets.DeleteSecret(request, context)
 
     async def GetClusterStatus(
         self,

@@ -78,10 +78,11 @@ def _new_key(generate: bool, value: bytes) -> tuple[bytes, str]:
 
 
 class SecretsAdmin:
-    """Mixed into ``AdminServicer``."""
+    """The signing secrets' calls, which ``AdminServicer`` hands on."""
 
-    node: Node
-    guard: Guard
+    def __init__(self, node: Node, guard: Guard) -> None:
+        self.node = node
+        self.guard = guard
 
     async def SetSecret(
         self, request: pb.SetSecretRequest, context: grpc.aio.ServicerContext
