@@ -16,6 +16,7 @@ from http import HTTPStatus
 import wheel
 from wheel.rpc.v1 import jobs_pb2
 from wheel.rpc.v1 import worker_service_pb2 as pb
+from wheel.runresult import MAX_RETRY_AFTER_MS
 
 HANDLER = "http"
 DEFAULT_TIMEOUT_MS = 30_000
@@ -24,9 +25,6 @@ BODY_LIMIT = 65_536
 EXCERPT_BYTES = 4_096
 MAX_REDIRECTS = 5
 MAX_URL_CHARS = 2_048
-# A Retry-After beyond this is taken as this (the node still waits at least
-# its own backoff).
-MAX_RETRY_AFTER_MS = 24 * 3600 * 1000
 USER_AGENT = f"wheel/{wheel.__version__}"
 # The response headers a run's result keeps.
 KEPT_HEADERS = frozenset(

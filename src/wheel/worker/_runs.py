@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from wheel.logs import ids, redact
 from wheel.rpc.v1 import worker_service_pb2 as pb
+from wheel.runresult import MAX_RESULT_BYTES
 from wheel.worker._api import (
     Handler,
     Permanent,
@@ -69,8 +70,6 @@ class Holder(Protocol):
 MAX_ERROR_CHARS = 4_000
 # Of which the exception's message takes at most this many.
 MAX_MESSAGE_CHARS = 1_000
-# A run's result (``Completion.result_json``), as UTF-8 bytes, at most.
-MAX_RESULT_BYTES = 65_536
 
 # Run states, local to this process.
 QUEUED = 0  # held, waiting for a free handler slot
