@@ -1187,7 +1187,17 @@ def test_cancel_pause_resume_trigger_backfill_and_runs(api: Api) -> None:
             job_service_pb2.BackfillJobRequest(job_id=job, from_ms=start, to_ms=t), timeout=10
         )
         assert again.scheduled == 0 and again.skipped_existing == len(expected)
-        runs = all_runs(api, job)
+        # A handler's return is seen here before its completion reaches the
+        # store (a worker sends completions a few ms later, batched).
+        runs = wait_for(
+            lambda: (
+                (rs := all_runs(api, job))
+                and all(RUN_STATE[r.state] == "succeeded" for r in rs if r.run_id)
+                and rs
+            ),
+            10,
+            "every run to be recorded succeeded",
+        )
         assert sorted(r.scheduled_for_ms for r in runs if r.run_id) == sorted(
             {sf for _, sf, _ in ran}
         )
