@@ -29,6 +29,14 @@ def slow(ctx: RunContext) -> None:
     record(ctx)
 
 
+def record_payload(ctx: RunContext) -> None:
+    """Append the payload the handler got to WHEEL_E2E_OUT + '.payloads', one
+    JSON line a run (its text, as the handler sees it)."""
+    line = json.dumps({"job": ctx.job_id, "payload": ctx.payload.decode("utf-8", "replace")})
+    with open(os.environ["WHEEL_E2E_OUT"] + ".payloads", "a") as f:
+        f.write(line + "\n")
+
+
 def record_where(ctx: RunContext) -> None:
     """Append the run with the handler it was sent for and the worker that ran
     it (WHEEL_E2E_WORKER) to WHEEL_E2E_OUT + '.where', one JSON line each."""

@@ -21,13 +21,15 @@ from wheel.engine import spec as engine
 from wheel.rpc.v1 import jobs_pb2
 
 # Where a type in the public surface may come from (``wheel.tls._security``: the
-# channel security every SDK shares).
+# channel security every SDK shares; ``wheel.codec``: the payload codec the
+# client, the worker and the outbox share).
 ALLOWED_MODULES = {
     "builtins",
     "datetime",
     "typing",
     "collections.abc",
     "types",
+    "wheel.codec",
     "wheel.errors",
     "wheel.tls._security",
 }

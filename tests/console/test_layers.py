@@ -11,7 +11,7 @@ from pathlib import Path
 import wheel.console
 
 CONSOLE = Path(wheel.console.__file__).resolve().parent
-ALLOWED = frozenset({"wheel.client", "wheel.errors", "wheel.tls", "wheel.metrics"})
+ALLOWED = frozenset({"wheel.client", "wheel.codec", "wheel.errors", "wheel.tls", "wheel.metrics"})
 
 
 def wheel_imports(source: str) -> set[str]:

@@ -38,6 +38,8 @@ from wheel.cli._common import (
 )
 from wheel.cli.admin import add_token_flag
 from wheel.cli.admin import register as register_admin
+from wheel.cli.codec import add_codec_flag, codec_of
+from wheel.cli.codec import register as register_codec
 from wheel.cli.import_ import register as register_import
 from wheel.cli.listing import job_line
 from wheel.cli.listing import register as register_listing
@@ -90,6 +92,7 @@ def cmd_worker(ns: argparse.Namespace) -> int:
         token=ns.token,
         http=ns.http,
         allow_private_targets=ns.allow_private_targets,
+        codec=codec_of(ns),
     )
     return 0
 
@@ -185,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         " otherwise, after DNS resolution)",
     )
     add_token_flag(w)
+    add_codec_flag(w)
     _add_log_format(w)
     w.set_defaults(fn=cmd_worker)
 
@@ -192,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--target", default=target, help=target_help)
     add_token_flag(sb)
     add_job_flags(sb)
+    add_codec_flag(sb)
     sb.add_argument("--json", action="store_true", help="the answer as JSON: job_id, created")
     sb.set_defaults(fn=cmd_submit)
 
@@ -248,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--data-dir", help="default: a temporary directory")
     d.set_defaults(fn=cmd_demo)
     cli_outbox.add_parser(sub)
+    register_codec(sub)
     for name, command in sub.choices.items():
         if name not in ("serve", "demo", "outbox"):
             add_client_flags(command)

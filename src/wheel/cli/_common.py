@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from wheel.cli.codec import codec_of
 from wheel.client import (
     CatchUp,
     CatchUpMode,
@@ -100,7 +101,7 @@ def epoch_ms(t: datetime) -> int:
 
 
 def command_client(ns: argparse.Namespace) -> Client:
-    return Client(ns.target, security=client_security(ns), token=ns.token)
+    return Client(ns.target, security=client_security(ns), token=ns.token, codec=codec_of(ns))
 
 
 # -- parsing -------------------------------------------------------------------------

@@ -63,6 +63,7 @@ from typing import IO, Any, TextIO
 from wheel._retry import Backoff, Jitter
 from wheel.cli._common import add_job_flags, parse_duration, submit_args
 from wheel.cli.admin import add_token_flag
+from wheel.cli.codec import add_codec_flag, codec_of
 from wheel.client import Client, Job, JobRequest
 from wheel.errors import InvalidArgument, WheelError
 from wheel.tls import client_security
@@ -673,7 +674,13 @@ def cmd_import(ns: argparse.Namespace) -> int:
             source=source, total_bytes=size, err=sys.stderr, tty=sys.stderr.isatty(), errors=errors
         )
         client = stack.enter_context(
-            Client(ns.target, timeout=ns.call_timeout, security=client_security(ns), token=ns.token)
+            Client(
+                ns.target,
+                timeout=ns.call_timeout,
+                security=client_security(ns),
+                token=ns.token,
+                codec=codec_of(ns),
+            )
         )
         report.start()
         try:
@@ -737,6 +744,7 @@ def register(sub: Any, target: str, target_help: str) -> None:
     p.add_argument("file", metavar="FILE", help="JSON Lines, one job a line; - reads stdin")
     p.add_argument("--target", default=target, help=target_help)
     add_token_flag(p)
+    add_codec_flag(p)
     p.add_argument(
         "--batch",
         type=_count(1, MAX_BATCH),

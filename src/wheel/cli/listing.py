@@ -31,6 +31,7 @@ from wheel.cli._common import (
 )
 from wheel.cli.admin import add_token_flag
 from wheel.client import Cron, Every, Job, JobState, Run, RunState
+from wheel.codec import describe as described
 
 # ``runs`` without --limit or --all: the newest this many.
 DEFAULT_RUNS_LIMIT = 50
@@ -216,12 +217,15 @@ def job_text(job: Job) -> list[str]:
     """``wheelctl job ID``'s lines: the spec, the state, the next fires in
     UTC (and in a cron's zone), the last runs."""
     c, o, r = job.catch_up, job.overlap, job.retry
+    sealed = described(job.payload)
     try:
         payload = job.payload.decode("utf-8")
         shown = payload if len(payload) <= 200 else payload[:200] + "..."
         payload_text = f"{len(job.payload)} bytes: {shown}" if job.payload else "none"
     except UnicodeDecodeError:
         payload_text = f"{len(job.payload)} bytes, not UTF-8 text"
+    if sealed is not None:  # and this command was given no key file that opens it
+        payload_text = f"{len(job.payload)} bytes, {sealed}"
     window = "any" if c.window is None else fmt_duration(c.window)
     lines = [
         f"job {job.job_id}: {job.name}",

@@ -54,6 +54,7 @@ from wheel.cli._common import (
     retry_of,
 )
 from wheel.cli.admin import add_token_flag
+from wheel.cli.codec import add_codec_flag
 from wheel.cli.listing import job_line
 from wheel.client import (
     CatchUp,
@@ -410,6 +411,7 @@ def register(sub: Any, target: str, target_help: str) -> None:
     common(up, "the job as JSON")
     actions = add_job_flags(up)
     defaults = _optional(actions)
+    add_codec_flag(up)
     for action in actions:  # the job exists: its zone is the one a zoneless time is in
         action.help = (action.help or "").replace(ZONELESS_UTC, ZONELESS_JOB)
     up.set_defaults(fn=cmd_update, submit_defaults=defaults)

@@ -48,6 +48,7 @@ from wheel.client._values import (
     Status,
     Trigger,
 )
+from wheel.codec import PayloadCodec
 from wheel.errors import WheelError
 from wheel.rpc.targets import targets_of
 from wheel.rpc.v1 import admin_service_pb2 as admin_pb
@@ -92,8 +93,11 @@ class AsyncClient:
         security: ChannelSecurity | None = None,
         interceptors: Sequence[Any] = (),
         token: str | None = None,
+        codec: PayloadCodec | None = None,
     ) -> None:
         self.targets = tuple(targets_of(target))
+        # Encodes the payloads it sends and decodes those it reads (wheel.codec).
+        self.codec = codec
         if security is None:
             security = ChannelSecurity.from_env()
         # Sent with every call: ``token``, else $WHEEL_TOKEN (none: no auth).
@@ -182,13 +186,13 @@ class AsyncClient:
 
     async def submit(self, **job: Unpack[JobArgs]) -> Job:
         """See ``Client.submit``."""
-        request, generated = _wire.submit_request(JobRequest(**job))
+        request, generated = _wire.submit_request(JobRequest(**job), self.codec)
         resp = await self._call(lambda n: n.jobs.SubmitJob, request)
-        return _wire.job_of(resp.job, created=resp.created or generated)
+        return _wire.job_of(resp.job, created=resp.created or generated, codec=self.codec)
 
     async def submit_many(self, jobs: Iterable[JobRequest | JobArgs]) -> list[Job | WheelError]:
         """See ``Client.submit_many``."""
-        submits = _wire.submit_many_request(jobs)
+        submits = _wire.submit_many_request(jobs, self.codec)
         request = submits.request
         resp = await self._call(lambda n: n.jobs.SubmitJobs, request) if request.jobs else None
         return _wire.submit_many_results(submits, resp)
@@ -196,7 +200,7 @@ class AsyncClient:
     async def get(self, job_id: int, *, next_fires: int = 5, recent_runs: int = 10) -> Job:
         """See ``Client.get``."""
         request = _wire.get_request(job_id, next_fires, recent_runs)
-        return _wire.job_of(await self._call(lambda n: n.jobs.GetJob, request))
+        return _wire.job_of(await self._call(lambda n: n.jobs.GetJob, request), codec=self.codec)
 
     def jobs(
         self,
@@ -226,15 +230,21 @@ class AsyncClient:
 
     async def cancel(self, job_id: int) -> Job:
         """See ``Client.cancel``."""
-        return _wire.job_of(await self._call(lambda n: n.jobs.CancelJob, _wire.job_ref(job_id)))
+        return _wire.job_of(
+            await self._call(lambda n: n.jobs.CancelJob, _wire.job_ref(job_id)), codec=self.codec
+        )
 
     async def pause(self, job_id: int) -> Job:
         """See ``Client.pause``."""
-        return _wire.job_of(await self._call(lambda n: n.jobs.PauseJob, _wire.job_ref(job_id)))
+        return _wire.job_of(
+            await self._call(lambda n: n.jobs.PauseJob, _wire.job_ref(job_id)), codec=self.codec
+        )
 
     async def resume(self, job_id: int) -> Job:
         """See ``Client.resume``."""
-        return _wire.job_of(await self._call(lambda n: n.jobs.ResumeJob, _wire.job_ref(job_id)))
+        return _wire.job_of(
+            await self._call(lambda n: n.jobs.ResumeJob, _wire.job_ref(job_id)), codec=self.codec
+        )
 
     async def trigger(self, job_id: int) -> Trigger:
         """See ``Client.trigger``."""
@@ -287,11 +297,11 @@ class AsyncClient:
         applies only if the job's newest update is still that version (0:
         never updated; ``job_updates`` gives it), else ``FailedPrecondition``
         and nothing changes."""
-        request = _wire.update_request(job_id, idempotency_key, changes)
+        request = _wire.update_request(job_id, idempotency_key, changes, self.codec)
         if if_version is not None:
             request.if_version = if_version
         resp = await self._call(lambda n: n.jobs.UpdateJob, request)
-        return _wire.job_of(resp.job)
+        return _wire.job_of(resp.job, codec=self.codec)
 
     def job_updates(self, job_id: int, *, page_size: int = 100) -> AsyncIterator[JobUpdate]:
         """A job's recorded spec updates, newest first."""

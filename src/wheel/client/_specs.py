@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from typing import Any, TypedDict
 
@@ -37,6 +37,7 @@ from wheel.client._values import (
     Schedule,
     choice,
 )
+from wheel.codec import CodecError, PayloadCodec
 from wheel.engine import spec as engine
 from wheel.errors import InvalidArgument
 from wheel.rpc.v1 import jobs_pb2
@@ -286,6 +287,27 @@ def _duration_ms(value: object, field: str, positive: bool) -> int:
 @functools.lru_cache(maxsize=256, typed=True)  # typed: True is not 1 here
 def _cached_ms(value: object, field: str, positive: bool) -> int:
     return millis(duration(value, field, positive=positive))
+
+
+def encoded(request: JobRequest, codec: PayloadCodec | None) -> JobRequest:
+    """The request with its payload encoded by ``codec`` (``wheel.codec``);
+    as it is without a codec, and for an HTTP target, whose body the node
+    signs and the endpoint reads as given."""
+    if codec is None or request.http is not None:
+        return request
+    return replace(request, payload=codec.encode(payload_bytes(request.payload)))
+
+
+def opened(spec: engine.JobSpec, codec: PayloadCodec | None) -> bytes:
+    """A stored job's payload (an HTTP target's body) for the application:
+    decoded by ``codec`` where it can, else as stored."""
+    body = http_targets.body_of(spec)
+    if codec is None or spec.handler == http_targets.HANDLER:
+        return body
+    try:
+        return codec.decode(body)
+    except CodecError:
+        return body
 
 
 def payload_bytes(value: object) -> bytes:

@@ -41,6 +41,7 @@ from wheel.client._values import (
     Status,
     Trigger,
 )
+from wheel.codec import PayloadCodec
 from wheel.errors import WheelError
 from wheel.rpc.targets import targets_of
 from wheel.rpc.v1 import admin_service_pb2 as admin_pb
@@ -95,8 +96,11 @@ class Client:
         security: ChannelSecurity | None = None,
         interceptors: Sequence[Any] = (),
         token: str | None = None,
+        codec: PayloadCodec | None = None,
     ) -> None:
         self.targets = tuple(targets_of(target))
+        # Encodes the payloads it sends and decodes those it reads (wheel.codec).
+        self.codec = codec
         if security is None:
             security = ChannelSecurity.from_env()
         # Sent with every call: ``token``, else $WHEEL_TOKEN (none: no auth).
@@ -185,15 +189,15 @@ class Client:
         """Submit a job (the keywords are ``JobRequest``'s) and return it as the
         node stored it; ``created`` is False when an earlier submit with the
         same ``idempotency_key`` made it."""
-        request, generated = _wire.submit_request(JobRequest(**job))
+        request, generated = _wire.submit_request(JobRequest(**job), self.codec)
         resp = self._call(lambda n: n.jobs.SubmitJob, request)
         # A key of this call's own: whatever job it names, this call made it.
-        return _wire.job_of(resp.job, created=resp.created or generated)
+        return _wire.job_of(resp.job, created=resp.created or generated, codec=self.codec)
 
     def submit_many(self, jobs: Iterable[JobRequest | JobArgs]) -> list[Job | WheelError]:
         """Submit many jobs in one call and one store transaction (at most
         10,000): each item's ``Job``, or the error of that item alone."""
-        submits = _wire.submit_many_request(jobs)
+        submits = _wire.submit_many_request(jobs, self.codec)
         request = submits.request
         resp = self._call(lambda n: n.jobs.SubmitJobs, request) if request.jobs else None
         return _wire.submit_many_results(submits, resp)
@@ -202,7 +206,7 @@ class Client:
         """A job with its next ``next_fires`` fires and ``recent_runs`` latest runs
         (each at most 100)."""
         request = _wire.get_request(job_id, next_fires, recent_runs)
-        return _wire.job_of(self._call(lambda n: n.jobs.GetJob, request))
+        return _wire.job_of(self._call(lambda n: n.jobs.GetJob, request), codec=self.codec)
 
     def jobs(
         self,
@@ -234,15 +238,21 @@ class Client:
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a job; a run in flight is revoked. Cancelling again is a no-op."""
-        return _wire.job_of(self._call(lambda n: n.jobs.CancelJob, _wire.job_ref(job_id)))
+        return _wire.job_of(
+            self._call(lambda n: n.jobs.CancelJob, _wire.job_ref(job_id)), codec=self.codec
+        )
 
     def pause(self, job_id: int) -> Job:
         """Pause a job: fires that come due are recorded as missed (``paused``)."""
-        return _wire.job_of(self._call(lambda n: n.jobs.PauseJob, _wire.job_ref(job_id)))
+        return _wire.job_of(
+            self._call(lambda n: n.jobs.PauseJob, _wire.job_ref(job_id)), codec=self.codec
+        )
 
     def resume(self, job_id: int) -> Job:
         """Resume a paused job from now, without a burst of the fires it missed."""
-        return _wire.job_of(self._call(lambda n: n.jobs.ResumeJob, _wire.job_ref(job_id)))
+        return _wire.job_of(
+            self._call(lambda n: n.jobs.ResumeJob, _wire.job_ref(job_id)), codec=self.codec
+        )
 
     def trigger(self, job_id: int) -> Trigger:
         """Run a job now, out of band, as a fire of its own. Not idempotent: it
@@ -298,11 +308,11 @@ class Client:
         applies only if the job's newest update is still that version (0:
         never updated; ``job_updates`` gives it), else ``FailedPrecondition``
         and nothing changes."""
-        request = _wire.update_request(job_id, idempotency_key, changes)
+        request = _wire.update_request(job_id, idempotency_key, changes, self.codec)
         if if_version is not None:
             request.if_version = if_version
         resp = self._call(lambda n: n.jobs.UpdateJob, request)
-        return _wire.job_of(resp.job)
+        return _wire.job_of(resp.job, codec=self.codec)
 
     def job_updates(self, job_id: int, *, page_size: int = 100) -> Iterator[JobUpdate]:
         """A job's recorded spec updates, newest first."""

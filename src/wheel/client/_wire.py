@@ -24,8 +24,10 @@ from wheel.client._specs import (
     JobRequest,
     UpdateArgs,
     catch_up_of,
+    encoded,
     http_of,
     job_spec,
+    opened,
     overlap_of,
     request_of,
     retry_of,
@@ -57,6 +59,7 @@ from wheel.client._values import (
     WorkerStatus,
     choice,
 )
+from wheel.codec import PayloadCodec
 from wheel.engine import model
 from wheel.engine.spec import Interval, JobSpec, SideEffect
 from wheel.errors import (
@@ -158,14 +161,17 @@ def error_of(code: Any, details: str) -> WheelError:
 # -- requests ---------------------------------------------------------------------
 
 
-def submit_request(request: JobRequest) -> tuple[js.SubmitJobRequest, bool]:
+def submit_request(
+    request: JobRequest, codec: PayloadCodec | None = None
+) -> tuple[js.SubmitJobRequest, bool]:
     """The request, and whether its idempotency key was generated here.
 
     A submit without a key gets one of its own, so that the same request sent
     again (to another node, or after an answer that was lost) finds the job
     the first attempt made instead of making a second. Built once per call:
-    every attempt sends the same bytes, so the node sees the same body."""
-    _, msg, generated = _submit(request)
+    every attempt sends the same bytes, so the node sees the same body.
+    ``codec``: the payload is encoded (``wheel.codec``) before it is sent."""
+    _, msg, generated = _submit(encoded(request, codec))
     return msg, generated
 
 
@@ -197,13 +203,18 @@ class Submits:
     generated: list[bool]
     # The spec each good item sent: the node's lean answer leaves it out.
     specs: list[JobSpec | None]
+    codec: PayloadCodec | None = None
 
 
-def submit_many_request(jobs: Iterable[JobRequest | JobArgs]) -> Submits:
-    out = Submits(request=js.SubmitJobsRequest(lean=True), refused=[], generated=[], specs=[])
+def submit_many_request(
+    jobs: Iterable[JobRequest | JobArgs], codec: PayloadCodec | None = None
+) -> Submits:
+    out = Submits(
+        request=js.SubmitJobsRequest(lean=True), refused=[], generated=[], specs=[], codec=codec
+    )
     for item in jobs:
         try:
-            spec, request, generated = _submit(request_of(item))
+            spec, request, generated = _submit(encoded(request_of(item), codec))
         except WheelError as exc:
             out.refused.append(exc)
             out.generated.append(False)
@@ -236,7 +247,7 @@ def submit_many_results(
             continue
         msg, created = r.response.job, r.response.created or generated
         if msg.HasField("spec") or spec is None:
-            out.append(job_of(msg, created=created))
+            out.append(job_of(msg, created=created, codec=submits.codec))
             continue
         # A lean answer: the spec is the one sent, an interval sent without a
         # start beginning at its first fire, a target as the node keeps it
@@ -245,7 +256,7 @@ def submit_many_results(
         s = spec.schedule
         if isinstance(s, Interval) and not s.start_at_ms and msg.next_fire_ms:
             spec = replace(spec, schedule=replace(s, start_at_ms=msg.next_fire_ms))
-        out.append(job_from(spec, msg, created=created))
+        out.append(job_from(spec, msg, created=created, codec=submits.codec))
     return out
 
 
@@ -269,7 +280,7 @@ _UPDATE_FIELDS = {
 
 
 def update_request(
-    job_id: int, idempotency_key: str | None, changes: UpdateArgs
+    job_id: int, idempotency_key: str | None, changes: UpdateArgs, codec: PayloadCodec | None = None
 ) -> js.UpdateJobRequest:
     """The request for ``Client.update``: the fields named, checked here as
     a submit's are (naming the keyword), under a key of its own unless one
@@ -285,7 +296,7 @@ def update_request(
         args["handler"] = ""  # a target implies its handler
     if "schedule" not in named:
         args["every"] = timedelta(minutes=1)  # stands in for the schedule kept
-    spec = job_spec(JobRequest(**args), now_ms=time.time_ns() // 1_000_000)
+    spec = job_spec(encoded(JobRequest(**args), codec), now_ms=time.time_ns() // 1_000_000)
     return build(
         js.UpdateJobRequest,
         job_id=job_id,
@@ -499,13 +510,16 @@ def run_pages(job_id: int, states: Iterable[RunState | str], page_size: int) -> 
 # -- responses --------------------------------------------------------------------
 
 
-def job_of(msg: jobs_pb2.Job, *, created: bool = False) -> Job:
+def job_of(msg: jobs_pb2.Job, *, created: bool = False, codec: PayloadCodec | None = None) -> Job:
     """A ``Job`` from its message; ``created`` comes from a submit's answer."""
-    return job_from(convert.spec_from_proto(msg.spec, now_ms=0), msg, created=created)
+    return job_from(convert.spec_from_proto(msg.spec, now_ms=0), msg, created=created, codec=codec)
 
 
-def job_from(spec: JobSpec, msg: jobs_pb2.Job, *, created: bool = False) -> Job:
-    """A ``Job`` from its spec and the rest of its message."""
+def job_from(
+    spec: JobSpec, msg: jobs_pb2.Job, *, created: bool = False, codec: PayloadCodec | None = None
+) -> Job:
+    """A ``Job`` from its spec and the rest of its message; ``codec``: its
+    payload decoded (left as it is where the codec cannot open it)."""
     state = convert.job_state_from_proto(msg.state)
     if state is None:
         raise WheelError(f"the node sent job {msg.job_id} without a state")
@@ -517,7 +531,7 @@ def job_from(spec: JobSpec, msg: jobs_pb2.Job, *, created: bool = False) -> Job:
         pool=spec.pool,
         state=JobState(state),
         schedule=schedule_of(spec.schedule),
-        payload=http_targets.body_of(spec),
+        payload=opened(spec, codec),
         http=http_of(spec),
         next_fire=utc_or_none(msg.next_fire_ms),
         next_fires=[utc(ms) for ms in msg.next_fires_ms],

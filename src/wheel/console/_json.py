@@ -14,6 +14,7 @@ from enum import Enum
 from typing import Any
 
 from wheel.client import At, Cron, Every, Job, Run
+from wheel.codec import envelope_key
 
 # The longest payload text a job's JSON carries.
 PAYLOAD_PREVIEW = 1024
@@ -50,11 +51,21 @@ def iso_utc(value: datetime) -> str:
 
 
 def payload_json(payload: bytes) -> dict[str, Any]:
+    """Its size and its first kilobyte if UTF-8 text; an encrypted one
+    (``wheel.codec``) only its size and key: ``encrypted`` is the key's id."""
+    sealed = envelope_key(payload)
+    if sealed is not None:
+        return {"size": len(payload), "text": None, "truncated": False, "encrypted": sealed}
     try:
         text: str | None = payload[:PAYLOAD_PREVIEW].decode("utf-8")
     except UnicodeDecodeError:
         text = None  # binary, or a character cut at the preview's end
-    return {"size": len(payload), "text": text, "truncated": len(payload) > PAYLOAD_PREVIEW}
+    return {
+        "size": len(payload),
+        "text": text,
+        "truncated": len(payload) > PAYLOAD_PREVIEW,
+        "encrypted": None,
+    }
 
 
 def schedule_text(schedule: Cron | Every | At) -> str:

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 from wheel import http_targets
-from wheel.client._specs import JobArgs, JobRequest, job_spec, request_of
+from wheel.client._specs import JobArgs, JobRequest, encoded, job_spec, request_of
+from wheel.codec import PayloadCodec
 from wheel.errors import InvalidArgument, NotFound
 from wheel.rpc import convert
 from wheel.rpc._common import MAX_IDEMPOTENCY_KEY
@@ -105,13 +106,17 @@ def generated_key() -> str:
 
 
 def row_of(
-    job: JobRequest | Mapping[str, Any], *, now_ms: int | None = None
+    job: JobRequest | Mapping[str, Any],
+    *,
+    now_ms: int | None = None,
+    codec: PayloadCodec | None = None,
 ) -> tuple[str, str, str, str]:
     """(tenant, idempotency key, spec JSON, body hash) of a request, checked the way
     ``Client.submit`` and the node check it: a bad one raises
     ``InvalidArgument`` naming the keyword, here, in the caller's
-    transaction, not later in the row."""
-    request = request_of(job)
+    transaction, not later in the row. ``codec``: the payload encoded
+    (``wheel.codec``), so the row holds what a ``Client(codec=...)`` sends."""
+    request = encoded(request_of(job), codec)
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     spec = job_spec(request, now_ms=now)
     spec.validate()
@@ -210,17 +215,24 @@ def _named(row: tuple[str, str, str, str]) -> dict[str, str]:
 
 
 @overload
-def submit(conn: AsyncConn, **job: Unpack[JobArgs]) -> Awaitable[OutboxEntry]: ...
+def submit(
+    conn: AsyncConn, *, codec: PayloadCodec | None = None, **job: Unpack[JobArgs]
+) -> Awaitable[OutboxEntry]: ...
 
 
 @overload
-def submit(conn: SyncConn, **job: Unpack[JobArgs]) -> OutboxEntry: ...
+def submit(
+    conn: SyncConn, *, codec: PayloadCodec | None = None, **job: Unpack[JobArgs]
+) -> OutboxEntry: ...
 
 
-def submit(conn: Any, **job: Unpack[JobArgs]) -> OutboxEntry | Awaitable[OutboxEntry]:
+def submit(
+    conn: Any, *, codec: PayloadCodec | None = None, **job: Unpack[JobArgs]
+) -> OutboxEntry | Awaitable[OutboxEntry]:
     """Insert a submit request in ``conn``'s transaction (see the module
-    docstring); the entry names the row and the job's idempotency key."""
-    row = row_of(job)
+    docstring); the entry names the row and the job's idempotency key.
+    ``codec`` (``wheel.codec``): the payload is encoded before it is kept."""
+    row = row_of(job, codec=codec)
     return _run(
         conn,
         [(_INSERT, _named(row))],
@@ -230,23 +242,32 @@ def submit(conn: Any, **job: Unpack[JobArgs]) -> OutboxEntry | Awaitable[OutboxE
 
 @overload
 def submit_many(
-    conn: AsyncConn, jobs: Iterable[JobRequest | JobArgs | Mapping[str, Any]]
+    conn: AsyncConn,
+    jobs: Iterable[JobRequest | JobArgs | Mapping[str, Any]],
+    *,
+    codec: PayloadCodec | None = None,
 ) -> Awaitable[list[OutboxEntry]]: ...
 
 
 @overload
 def submit_many(
-    conn: SyncConn, jobs: Iterable[JobRequest | JobArgs | Mapping[str, Any]]
+    conn: SyncConn,
+    jobs: Iterable[JobRequest | JobArgs | Mapping[str, Any]],
+    *,
+    codec: PayloadCodec | None = None,
 ) -> list[OutboxEntry]: ...
 
 
 def submit_many(
-    conn: Any, jobs: Iterable[JobRequest | JobArgs | Mapping[str, Any]]
+    conn: Any,
+    jobs: Iterable[JobRequest | JobArgs | Mapping[str, Any]],
+    *,
+    codec: PayloadCodec | None = None,
 ) -> list[OutboxEntry] | Awaitable[list[OutboxEntry]]:
     """``submit`` of each job, in one round trip on psycopg (a pipelined
     ``executemany``): all in the caller's transaction, or, if one request is
     bad, none (the ``InvalidArgument`` is raised before anything is sent)."""
-    rows = [row_of(job) for job in jobs]
+    rows = [row_of(job, codec=codec) for job in jobs]
     kind = _kind(conn)
 
     def entries(ids: Iterable[int]) -> list[OutboxEntry]:

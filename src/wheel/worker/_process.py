@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from wheel.codec import PayloadCodec
 from wheel.tls import ChannelSecurity
 from wheel.worker._api import RunContext
 from wheel.worker._worker import Worker
@@ -27,10 +28,12 @@ def run_worker(
     token: str | None = None,
     http: bool = False,
     allow_private_targets: bool = False,
+    codec: PayloadCodec | None = None,
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (drain gracefully; a second signal stops
     now): ``Worker.run``'s own signal handling. ``http``: the built-in HTTP
-    executor too (``Worker``'s ``http`` and ``allow_private_targets``)."""
+    executor too (``Worker``'s ``http`` and ``allow_private_targets``);
+    ``codec``: ``Worker``'s, payloads decoded for the handlers."""
     worker = Worker(
         target,
         worker_id=worker_id,
@@ -41,6 +44,7 @@ def run_worker(
         token=token,
         http=http,
         allow_private_targets=allow_private_targets,
+        codec=codec,
     )
     for name, fn in handlers.items():
         worker.register(name, fn)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from wheel.codec import CodecError, PayloadCodec
 from wheel.logs import ids, redact
 from wheel.rpc.v1 import worker_service_pb2 as pb
 from wheel.runresult import MAX_RESULT_BYTES
@@ -600,3 +601,26 @@ class Runner:
             await asyncio.wait(tasks, timeout=1.0)
         for _ in self._threads:
             self._jobs.put(None)
+
+
+def decoded(
+    codec: PayloadCodec, payload: bytes, entry: tuple[Handler, int]
+) -> tuple[bytes, tuple[Handler, int]]:
+    """A run's payload through the worker's codec, and its handler entry;
+    or, when the codec cannot decode it, the payload as it came and an entry
+    (``INLINE``) that fails the run in the handler's place with the codec's
+    error: retryable, since a worker holding the key may take the retry."""
+    try:
+        return codec.decode(payload), entry
+    except CodecError as exc:
+        message = str(exc)
+
+    async def undecodable(ctx: RunContext) -> None:
+        raise Retryable(message)
+
+    return payload, (undecodable, INLINE)
+
+
+def sent_by_the_executor(ctx: RunContext) -> None:  # pragma: no cover - never called
+    """The ``http`` handler's entry: its runs go to the executor instead."""
+    raise RuntimeError("a run of the http handler goes to the HTTP executor")

@@ -73,6 +73,7 @@ from typing import Any, TypeVar
 from wheel._retry import Backoff, Jitter
 from wheel.auth import call_metadata
 from wheel.client._wire import DEFAULT_TARGET
+from wheel.codec import PayloadCodec
 from wheel.errors import InvalidArgument
 from wheel.metrics import MetricsServer, parse_listen
 from wheel.rpc.targets import targets_of
@@ -103,7 +104,7 @@ from wheel.worker._http import HttpExecutor
 from wheel.worker._httpclient import DEFAULT_CONNECTIONS_PER_ORIGIN
 from wheel.worker._link import DEFAULT_LEASE_S, Link
 from wheel.worker._metrics import WorkerMetrics
-from wheel.worker._runs import HTTP, SYNC, Done, Run, Runner, mode_of
+from wheel.worker._runs import HTTP, SYNC, Done, Run, Runner, decoded, mode_of, sent_by_the_executor
 from wheel.worker._signals import drain_on_signals
 
 __all__ = [
@@ -117,10 +118,6 @@ __all__ = [
 log = logging.getLogger("wheel.worker")
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _sent_by_the_executor(ctx: RunContext) -> None:  # pragma: no cover - never called
-    raise RuntimeError("a run of the http handler goes to the HTTP executor")
 
 
 class Worker:
@@ -151,6 +148,7 @@ class Worker:
         http: bool = False,
         allow_private_targets: bool = False,
         http_connections_per_origin: int = DEFAULT_CONNECTIONS_PER_ORIGIN,
+        codec: PayloadCodec | None = None,
     ) -> None:
         """``http``: run the built-in handler ``http`` too, which sends the
         requests of jobs with an HTTP target (``wheel.worker._http``); with
@@ -164,8 +162,11 @@ class Worker:
         streams, as ``Client``'s (None: ``WHEEL_TLS_*`` from the environment);
         ``interceptors``: ``grpc.aio`` client interceptors on every channel.
         ``token`` (else $WHEEL_TOKEN): the bearer token of a node run with
-        ``--auth``, a worker token bound to ``worker_id`` and ``pools``."""
+        ``--auth``, a worker token bound to ``worker_id`` and ``pools``.
+        ``codec`` (``wheel.codec``) decodes each payload for the handler (one
+        it cannot decode fails the run as retryable, naming the key)."""
         self.call_metadata = call_metadata(token)
+        self.codec = codec
         if capacity < 1:
             raise InvalidArgument("capacity", f"{capacity} is below 1")
         if http_connections_per_origin < 1:
@@ -198,7 +199,7 @@ class Worker:
         )
         if self._http is not None:
             # Its runs never call this: the runner hands them to the executor.
-            self._handlers[HTTP_HANDLER] = (_sent_by_the_executor, HTTP)
+            self._handlers[HTTP_HANDLER] = (sent_by_the_executor, HTTP)
         self._runner = Runner(
             capacity, self.stats, self._report, worker_id=self.worker_id, http=self._http
         )
@@ -438,12 +439,16 @@ class Worker:
                 runner.abort(old)
             name = a.handler
             timeout_ms = a.timeout_ms
+            entry = handlers.get(name)
+            payload = a.payload
+            if self.codec is not None and entry is not None and name != HTTP_HANDLER:
+                payload, entry = decoded(self.codec, payload, entry)
             ctx = run_context(
                 run_id,
                 a.job_id,
                 name,
                 a.tenant,
-                a.payload,
+                payload,
                 a.idempotency_key,
                 fence,
                 a.attempt,
@@ -451,7 +456,6 @@ class Worker:
                 timeout_ms,
                 now + timeout_ms / 1000 if timeout_ms > 0 else math.inf,
             )
-            entry = handlers.get(name)
             if entry is None:
                 run = Run(link, ctx, None, SYNC)
             elif entry[1] == HTTP:

@@ -128,7 +128,9 @@ function spec(job) {
     ["payload", job.payload.size === 0 ? el("span", { class: "muted" }, "none")
       : job.payload.text !== null
         ? el("pre", {}, job.payload.text + (job.payload.truncated ? "…" : ""))
-        : `${job.payload.size} bytes (binary)`],
+        : job.payload.encrypted
+          ? `encrypted, key ${job.payload.encrypted} (${job.payload.size} bytes)`
+          : `${job.payload.size} bytes (binary)`],
   ];
   if (job.schedule_kind === "cron") {
     rows.splice(7, 0, ["DST", `gap: ${job.schedule.dst_gap}, fold: ${job.schedule.dst_fold}`]);
