@@ -189,6 +189,13 @@ def test_with_actions_on_the_page_pauses_and_resumes_a_job(browser: Any, tmp_pat
         page.wait_for_selector('#job-actions button[data-action="pause"]')
         with Client(node.target) as client:
             assert client.get(job.job_id).state == "active"
+        # The console's own actions are in the audit trail, with the job linked.
+        page.goto(f"{node.url}/#/audit")
+        page.wait_for_selector('body[data-loaded="#/audit"]')
+        actions = page.locator("#audit tbody tr td:nth-child(2)").all_inner_texts()
+        assert actions[:2] == ["ResumeJob", "PauseJob"], actions
+        assert page.locator(f'#audit a[href="#/job/{job.job_id}"]').count() == 2
+        assert '"state":"paused"' in page.inner_text("#audit tbody")
         page.close()
     finally:
         node.stop()

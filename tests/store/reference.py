@@ -33,6 +33,7 @@ from wheel.store._updates import check_version
 from wheel.store.base import (
     SHARD_COUNT,
     TERMINAL_RUN_STATES,
+    AuditEntry,
     BatchOutcome,
     Changes,
     ClaimOutcome,
@@ -171,6 +172,7 @@ class ReferenceStore:
         self.tokens: dict[str, TokenRecord] = {}
         self.quotas: dict[str, TenantQuota] = {}
         self.secrets: dict[tuple[str, str], list[SecretRecord]] = {}
+        self.audit: list[AuditEntry] = []
         # Each job's recorded updates in version order, and its update keys.
         self.updates: dict[int, list[JobChange]] = defaultdict(list)
         self.update_keys: dict[tuple[int, str], tuple[str, int]] = {}  # -> (digest, version)
@@ -356,6 +358,34 @@ class ReferenceStore:
 
     def delete_secret(self, tenant: str, name: str) -> int:
         return len(self.secrets.pop((tenant, name), []))
+
+    def record_audit(self, entries: Sequence[AuditEntry]) -> None:
+        for e in entries:
+            self.audit.append(replace(e, entry_id=len(self.audit) + 1))
+
+    def list_audit(
+        self,
+        *,
+        since_ms: int | None = None,
+        job_id: int | None = None,
+        tenant: str | None = None,
+        before_id: int | None = None,
+        limit: int = 100,
+    ) -> list[AuditEntry]:
+        return [
+            e
+            for e in reversed(self.audit)
+            if (since_ms is None or e.at_ms >= since_ms)
+            and (job_id is None or e.job_id == job_id)
+            and (tenant is None or e.tenant == tenant)
+            and (before_id is None or e.entry_id < before_id)
+        ][: max(1, limit)]
+
+    def purge_audit(self, before_ms: int) -> int:
+        kept = [e for e in self.audit if e.at_ms >= before_ms]
+        gone = len(self.audit) - len(kept)
+        self.audit = kept
+        return gone
 
     def set_job_state(
         self, job_id: int, state: JobState, *, next_run_at: int | None, now_ms: int

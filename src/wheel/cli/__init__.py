@@ -38,6 +38,7 @@ from wheel.cli._common import (
 )
 from wheel.cli.admin import add_token_flag
 from wheel.cli.admin import register as register_admin
+from wheel.cli.audit import register as register_audit
 from wheel.cli.codec import add_codec_flag, codec_of
 from wheel.cli.codec import register as register_codec
 from wheel.cli.import_ import register as register_import
@@ -254,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_demo)
     cli_outbox.add_parser(sub)
     register_codec(sub)
+    register_audit(sub, target, target_help)
     for name, command in sub.choices.items():
         if name not in ("serve", "demo", "outbox"):
             add_client_flags(command)

@@ -4,8 +4,10 @@ tenant`` and ``wheelctl secret``)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from wheel.client._time import utc, utc_or_none
 from wheel.rpc.v1 import admin_service_pb2 as admin
@@ -36,6 +38,50 @@ class TenantQuota:
     submits_per_s: float | None = None
     fires_per_s: float | None = None
     max_in_flight: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuditEntry:
+    """One administrative change from the audit trail: when, who (``token
+    ID`` with auth on, else empty), for which tenant, from which address,
+    which call (``action``) on what (``target``, and ``job_id`` where a
+    job's), and what it changed (``details``)."""
+
+    entry_id: int
+    at: datetime
+    actor: str
+    tenant: str
+    address: str
+    action: str
+    target: str
+    job_id: int | None
+    details: dict[str, Any]
+
+
+def audit_of(msg: admin.AuditEntry) -> AuditEntry:
+    return AuditEntry(
+        entry_id=msg.entry_id,
+        at=utc(msg.at_ms),
+        actor=msg.actor,
+        tenant=msg.tenant,
+        address=msg.address,
+        action=msg.action,
+        target=msg.target,
+        job_id=msg.job_id or None,
+        details=json.loads(msg.details_json or "{}"),
+    )
+
+
+def audit_request(
+    since_ms: int, job_id: int | None, tenant: str, page_size: int, page_token: str
+) -> admin.ListAuditRequest:
+    return admin.ListAuditRequest(
+        since_ms=since_ms,
+        job_id=job_id or 0,
+        tenant=tenant,
+        page_size=page_size,
+        page_token=page_token,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2_grpc  # type: ignore[import-untyped, unuse
 
 from wheel.auth import call_metadata
 from wheel.client import _admin, _wire
-from wheel.client._admin import Secret, TenantQuota, Token
+from wheel.client._admin import AuditEntry, Secret, TenantQuota, Token
 from wheel.client._nodes import (
     CHANNEL_OPTIONS,
     CONNECT_TIMEOUT_S,
@@ -23,7 +23,7 @@ from wheel.client._nodes import (
     connected,
 )
 from wheel.client._specs import JobArgs, JobRequest, UpdateArgs
-from wheel.client._time import Duration, When, utc
+from wheel.client._time import Duration, When, time_ms, utc
 from wheel.client._values import (
     Alerts,
     Backfill,
@@ -499,6 +499,33 @@ class Client:
         request = admin_pb.ListSecretsRequest(tenant=tenant)
         resp = self._call(lambda n: n.admin.ListSecrets, request)
         return [_admin.secret_of(m) for m in resp.secrets]
+
+    def audit(
+        self,
+        *,
+        since: When | None = None,
+        job_id: int | None = None,
+        tenant: str = "",
+        limit: int = 100,
+        before_id: int | None = None,
+    ) -> list[AuditEntry]:
+        """The audit trail, newest first: administrative changes (pause,
+        update, redrive, tokens, quotas, secrets...) at or after ``since``, of
+        ``job_id``, of ``tenant`` (an operator's token; a tenant's sees its
+        own), at most ``limit`` of them, with ids below ``before_id`` (the
+        last ``entry_id`` of a page, for the next)."""
+        since_ms = 0 if since is None else time_ms(since, "since")
+        out: list[AuditEntry] = []
+        token = "" if before_id is None else str(before_id)
+        while len(out) < limit:
+            size = min(1000, limit - len(out))
+            request = _admin.audit_request(since_ms, job_id, tenant, size, token)
+            resp = self._call(lambda n: n.admin.ListAudit, request)
+            out.extend(_admin.audit_of(m) for m in resp.entries)
+            token = resp.next_page_token
+            if not token:
+                break
+        return out
 
     def delete_secret(self, name: str, *, tenant: str = "") -> int:
         """Delete every version of the secret: how many (0: none such). Runs

@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from wheel.client import AsyncClient, JobState, RunState
-from wheel.console._json import job_detail, job_row, jsonable, run_row
+from wheel.console._json import audit_row, job_detail, job_row, jsonable, run_row
 from wheel.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -151,6 +151,7 @@ class Console:
                 get("/api/workers", self._workers),
                 get("/api/cluster", self._cluster),
                 get("/api/lag", self._lag),
+                get("/api/audit", self._audit),
             ]
         )
         app.on_cleanup.append(self._close)
@@ -304,6 +305,19 @@ class Console:
 
     async def _job_dead_letters(self, request: web.Request) -> web.StreamResponse:
         return await self._dead_page(request, _job_id(request))
+
+    async def _audit(self, request: web.Request) -> web.StreamResponse:
+        """A page of the audit trail, newest first (an operator's token)."""
+        q = request.query
+        size = _int(q, "page_size", DEFAULT_PAGE, 1, MAX_PAGE)
+        before = _int(q, "page_token", 0, 0, 2**62)
+        entries = await self.client(request).audit(before_id=before or None, limit=size)
+        return web.json_response(
+            {
+                "entries": [audit_row(e) for e in entries],
+                "next_page_token": str(entries[-1].entry_id) if len(entries) == size else "",
+            }
+        )
 
     async def _dead_letters(self, request: web.Request) -> web.StreamResponse:
         return await self._dead_page(request, None)

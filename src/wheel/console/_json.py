@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
 
-from wheel.client import At, Cron, Every, Job, Run
+from wheel.client import At, AuditEntry, Cron, Every, Job, Run
 from wheel.codec import envelope_key
 
 # The longest payload text a job's JSON carries.
@@ -103,6 +103,14 @@ def job_detail(job: Job) -> dict[str, Any]:
     out["schedule_text"] = schedule_text(job.schedule)
     out["schedule_kind"] = type(job.schedule).__name__.lower()
     return dict(out)
+
+
+def audit_row(e: AuditEntry) -> dict[str, Any]:
+    """An audit entry as the console's table shows it (ids as strings)."""
+    out = dict(jsonable(e))
+    out["entry_id"] = str(e.entry_id)
+    out["job_id"] = None if e.job_id is None else str(e.job_id)
+    return out
 
 
 def run_row(run: Run) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from wheel.engine.records import (
 )
 from wheel.engine.spec import JobSpec
 from wheel.errors import ResourceExhausted, WheelError
+from wheel.node._audit import Audit
 from wheel.node._jobs import Jobs
 from wheel.node._membership import ClusterView
 from wheel.node._reads import Reads
@@ -28,7 +29,7 @@ from wheel.node._secrets import Secrets
 from wheel.node._tenancy import Tenancy
 from wheel.node._updates import Redriven, Updates
 from wheel.node._values import InFlightRun, Membership, NodeStatus
-from wheel.store.base import SecretRecord, TenantQuota, TokenRecord
+from wheel.store.base import AuditEntry, SecretRecord, TenantQuota, TokenRecord
 
 
 class NodeCalls:
@@ -43,6 +44,7 @@ class NodeCalls:
         secrets: Secrets,
         reads: Reads,
         view: ClusterView,
+        audit: Audit,
     ) -> None:
         self._jobs = jobs
         self._updates = updates
@@ -50,6 +52,7 @@ class NodeCalls:
         self._secrets = secrets
         self._reads = reads
         self._view = view
+        self._audit = audit
 
     # -- jobs (wheel.node._jobs, wheel.node._updates) ----------------------------
 
@@ -123,6 +126,26 @@ class NodeCalls:
         self, job_id: int, run_id: int | None = None, *, before_run_id: int | None = None
     ) -> Redriven:
         return await self._updates.redrive(job_id, run_id, before_run_id=before_run_id)
+
+    # -- the audit trail (wheel.node._audit) ---------------------------------------
+
+    async def record_audit(self, entries: Sequence[AuditEntry]) -> bool:
+        """Append to the audit trail (False: the store refused; logged)."""
+        return await self._audit.record(entries)
+
+    async def list_audit(
+        self,
+        *,
+        since_ms: int | None = None,
+        job_id: int | None = None,
+        tenant: str | None = None,
+        before_id: int | None = None,
+        limit: int = 100,
+    ) -> list[AuditEntry]:
+        """The audit trail, newest first (see ``AuditStore.list_audit``)."""
+        return await self._audit.list(
+            since_ms=since_ms, job_id=job_id, tenant=tenant, before_id=before_id, limit=limit
+        )
 
     # -- tenants (wheel.node._tenancy) -------------------------------------------
 

@@ -46,6 +46,7 @@ from wheel.engine.profiles import Profile
 from wheel.errors import FailedPrecondition
 from wheel.logs import ids
 from wheel.metrics import LagMinute
+from wheel.node._audit import Audit
 from wheel.node._batches import Batches, StoreWriter, Write
 from wheel.node._calls import NodeCalls
 from wheel.node._changes import ChangeFeed
@@ -220,6 +221,7 @@ class Node(NodeCalls):
             secrets=secrets,
             reads=reads,
             view=view,
+            audit=Audit(store, self.clock, in_thread=self._api),
         )
 
     # -- life cycle -------------------------------------------------------------

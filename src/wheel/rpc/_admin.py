@@ -8,8 +8,11 @@ from collections import Counter
 
 import grpc
 
+from wheel.errors import InvalidArgument
 from wheel.node import Node
+from wheel.rpc._common import _call, _page_size
 from wheel.rpc._guard import Guard
+from wheel.rpc._operator import _token
 from wheel.rpc._peers import Peers, forwarded_by
 from wheel.rpc._secrets import SecretsAdmin
 from wheel.rpc._tenancy import TenancyAdmin
@@ -20,6 +23,7 @@ from wheel.rpc.v1 import (
     admin_service_pb2_grpc,
     cluster_pb2,
 )
+from wheel.store.base import AuditEntry
 
 log = logging.getLogger("wheel.rpc")
 
@@ -57,6 +61,33 @@ class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
         self, request: admin_service_pb2.DeleteSecretRequest, context: grpc.aio.ServicerContext
     ) -> admin_service_pb2.DeleteSecretResponse:
         return await self.secrets.DeleteSecret(request, context)
+
+    # -- the audit trail (wheel.rpc._audit writes it) ----------------------------------
+
+    async def ListAudit(
+        self, request: admin_service_pb2.ListAuditRequest, context: grpc.aio.ServicerContext
+    ) -> admin_service_pb2.ListAuditResponse:
+        async def work() -> admin_service_pb2.ListAuditResponse:
+            tenant = Guard.list_tenant(await self.guard.principal(context), request.tenant)
+            if request.since_ms < 0:
+                raise InvalidArgument("since_ms", f"{request.since_ms} is negative")
+            if request.job_id < 0:
+                raise InvalidArgument("job_id", f"{request.job_id} is negative")
+            size = _page_size(request.page_size)
+            entries = await self.node.list_audit(
+                since_ms=request.since_ms or None,
+                job_id=request.job_id or None,
+                tenant=tenant,
+                before_id=_token(request.page_token),
+                limit=size,
+            )
+            more = len(entries) == size
+            return admin_service_pb2.ListAuditResponse(
+                entries=[audit_to_proto(e) for e in entries],
+                next_page_token=str(entries[-1].entry_id) if more else "",
+            )
+
+        return await _call(context, work())
 
     async def GetClusterStatus(
         self,
@@ -212,3 +243,17 @@ class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
                 worker_id=alert.worker or "",
             )
         return out
+
+
+def audit_to_proto(e: AuditEntry) -> admin_service_pb2.AuditEntry:
+    return admin_service_pb2.AuditEntry(
+        entry_id=e.entry_id,
+        at_ms=e.at_ms,
+        actor=e.actor,
+        tenant=e.tenant,
+        address=e.address,
+        action=e.action,
+        target=e.target,
+        job_id=e.job_id or 0,
+        details_json=e.details,
+    )

@@ -17,6 +17,7 @@ from wheel.auth import DEFAULT_RECHECK_S, Authenticator, AuthInterceptor
 from wheel.errors import InvalidArgument
 from wheel.node import Health, Node
 from wheel.rpc._admin import AdminServicer
+from wheel.rpc._audit import AuditInterceptor
 from wheel.rpc._common import MAX_MESSAGE_BYTES, status_of
 from wheel.rpc._decode import DecodeInterceptor
 from wheel.rpc._guard import Guard
@@ -132,6 +133,8 @@ async def bind(
         interceptors.append(AuthInterceptor(authenticator))
     # Innermost: the credential is judged before the request's bytes.
     interceptors.append(DecodeInterceptor())
+    # Administrative changes that answered OK go to the audit trail.
+    interceptors.append(AuditInterceptor(node, authenticator))
     guard = Guard(authenticator)
     server = grpc.aio.server(options=options, interceptors=interceptors)
     node.message_sink = functools.partial(send_actions, sign=node.signed_headers)

@@ -184,6 +184,28 @@ class SecretRecord:
         return self.retires_at_ms is None or self.retires_at_ms > now_ms
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuditEntry:
+    """One administrative change as the audit trail keeps it: when (epoch
+    ms), who (``actor``: ``token ID`` with auth on, else empty), for which
+    tenant (the change's, or the caller's where the change is not a
+    tenant's), from which address, what (``action``: the API call, such as
+    ``PauseJob``), on what (``job_id`` where a job, ``target`` a short
+    name: ``job 12``, ``token t_ab12``, ``secret stripe``), and the change's
+    details as a JSON object (never a secret's value). ``entry_id`` is the
+    store's, 0 before it is written."""
+
+    at_ms: int
+    actor: str
+    tenant: str
+    address: str
+    action: str
+    target: str
+    details: str = "{}"
+    job_id: int | None = None
+    entry_id: int = 0
+
+
 # Seals a secret's new key for the version the store gives it (the version
 # is part of what the seal binds): the key id and the ciphertext.
 Seal = Callable[[int], tuple[str, bytes]]
@@ -317,6 +339,29 @@ class SecretStore(Protocol):
     def delete_secret(self, tenant: str, name: str) -> int:
         """Delete every version of the secret; how many versions it removed
         (0: there was no such secret)."""
+
+
+class AuditStore(Protocol):
+    """The audit trail: administrative changes, newest first, kept until
+    the retention policy's horizon."""
+
+    def record_audit(self, entries: Sequence[AuditEntry]) -> None:
+        """Append the entries (their ``entry_id`` is ignored)."""
+
+    def list_audit(
+        self,
+        *,
+        since_ms: int | None = None,
+        job_id: int | None = None,
+        tenant: str | None = None,
+        before_id: int | None = None,
+        limit: int = 100,
+    ) -> list[AuditEntry]:
+        """Newest first: those at or after ``since_ms``, of ``job_id``, of
+        ``tenant``, with an id below ``before_id`` (a page's continuation)."""
+
+    def purge_audit(self, before_ms: int) -> int:
+        """Delete the entries older than the cutoff; how many went."""
 
 
 class KindWrites(Protocol):
@@ -566,7 +611,14 @@ class HistoryStore(Protocol):
 
 
 class Store(
-    JobStore, TenancyStore, SecretStore, DispatchStore, OwnershipStore, HistoryStore, Protocol
+    JobStore,
+    TenancyStore,
+    SecretStore,
+    AuditStore,
+    DispatchStore,
+    OwnershipStore,
+    HistoryStore,
+    Protocol,
 ):
     """The record of truth: every role in one. Blocking calls: the node runs
     them off the event loop. A caller that needs one role takes that

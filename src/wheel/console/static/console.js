@@ -358,6 +358,23 @@ async function loadLag() {
   fill($("#lag tbody"), rows, "no runs handed out in the last hour", 5);
 }
 
+async function loadAudit(pageToken) {
+  const q = new URLSearchParams();
+  if (pageToken) q.set("page_token", pageToken);
+  const data = await api("/api/audit?" + q.toString());
+  const rows = data.entries.map((e) =>
+    el("tr", { "data-entry": e.entry_id },
+      el("td", {}, when(e.at)), el("td", {}, e.action),
+      el("td", {}, e.job_id ? el("a", { href: "#/job/" + e.job_id }, e.target) : e.target),
+      el("td", {}, e.tenant), el("td", {}, e.actor || "–"), el("td", {}, e.address),
+      el("td", {}, el("code", {}, JSON.stringify(e.details)))));
+  const body = $("#audit tbody");
+  if (pageToken) for (const r of rows) body.append(r);
+  else fill(body, rows, "no administrative changes recorded", 7);
+  state.auditToken = data.next_page_token;
+  $("#audit-more").disabled = !data.next_page_token;
+}
+
 // -- routing --------------------------------------------------------------------------
 
 function show(view, tab) {
@@ -375,6 +392,7 @@ async function route() {
     else if (view === "runtime") { show("runtime", view); await loadRuntime(); }
     else if (view === "cluster") { show("cluster", view); await loadCluster(); }
     else if (view === "lag") { show("lag", view); await loadLag(); }
+    else if (view === "audit") { show("audit", view); await loadAudit(""); }
     else { show("jobs", "jobs"); await loadJobs(""); }
     showError("");
     document.body.dataset.loaded = hash;
@@ -417,6 +435,9 @@ async function start() {
   });
   $("#dead-more").addEventListener("click", () => {
     loadDead(state.deadToken).catch((e) => showError(e.message));
+  });
+  $("#audit-more").addEventListener("click", () => {
+    loadAudit(state.auditToken).catch((e) => showError(e.message));
   });
   $("#runs-more").addEventListener("click", () => {
     loadRuns(state.jobId, true).catch((e) => showError(e.message));

@@ -8,6 +8,50 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class AuditEntry(_message.Message):
+    __slots__ = ("entry_id", "at_ms", "actor", "tenant", "address", "action", "target", "job_id", "details_json")
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_JSON_FIELD_NUMBER: _ClassVar[int]
+    entry_id: int
+    at_ms: int
+    actor: str
+    tenant: str
+    address: str
+    action: str
+    target: str
+    job_id: int
+    details_json: str
+    def __init__(self, entry_id: _Optional[int] = ..., at_ms: _Optional[int] = ..., actor: _Optional[str] = ..., tenant: _Optional[str] = ..., address: _Optional[str] = ..., action: _Optional[str] = ..., target: _Optional[str] = ..., job_id: _Optional[int] = ..., details_json: _Optional[str] = ...) -> None: ...
+
+class ListAuditRequest(_message.Message):
+    __slots__ = ("since_ms", "job_id", "tenant", "page_size", "page_token")
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    since_ms: int
+    job_id: int
+    tenant: str
+    page_size: int
+    page_token: str
+    def __init__(self, since_ms: _Optional[int] = ..., job_id: _Optional[int] = ..., tenant: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListAuditResponse(_message.Message):
+    __slots__ = ("entries", "next_page_token")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[AuditEntry]
+    next_page_token: str
+    def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
 class SetSecretRequest(_message.Message):
     __slots__ = ("tenant", "name", "generate", "value")
     TENANT_FIELD_NUMBER: _ClassVar[int]

@@ -106,6 +106,11 @@ class AdminServiceStub:
                 request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretRequest.SerializeToString,
                 response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretResponse.FromString,
                 _registered_method=True)
+        self.ListAudit = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/ListAudit',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAuditRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAuditResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -218,6 +223,14 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAudit(self, request, context):
+        """The audit trail: administrative changes made through the API, newest
+        first (scope admin; a tenant's admin token sees its own tenant's).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -290,6 +303,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DeleteSecret,
                     request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretRequest.FromString,
                     response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretResponse.SerializeToString,
+            ),
+            'ListAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAudit,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAuditRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAuditResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -670,6 +688,33 @@ class AdminService:
             '/wheel.rpc.v1.AdminService/DeleteSecret',
             wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretRequest.SerializeToString,
             wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/ListAudit',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAuditRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAuditResponse.FromString,
             options,
             channel_credentials,
             insecure,
