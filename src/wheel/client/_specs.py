@@ -103,6 +103,8 @@ class JobRequest:
     timeout: Duration = timedelta(milliseconds=_SPEC.timeout_ms)
     at_most_once: bool = False
     pool: str = _SPEC.pool
+    # 0 (runs first) to 9 (runs last) when the pool's workers are short.
+    priority: int = _SPEC.priority
     tenant: str = _SPEC.tenant
     # The same key and body return the job the first submit made (``created``
     # False); the same key with another body is ``AlreadyExists``.
@@ -143,6 +145,7 @@ class JobArgs(_RequiredJobArgs, total=False):
     timeout: Duration
     at_most_once: bool
     pool: str
+    priority: int
     tenant: str
     idempotency_key: str | None
 
@@ -174,6 +177,7 @@ class UpdateArgs(TypedDict, total=False):
     timeout: Duration
     at_most_once: bool
     pool: str
+    priority: int
 
 
 # -- client -> engine -------------------------------------------------------------
@@ -226,6 +230,7 @@ def job_spec(request: JobRequest, *, now_ms: int) -> engine.JobSpec:
             if _flag(r.at_most_once, "at_most_once")
             else engine.SideEffect.IDEMPOTENT
         ),
+        priority=_priority(r.priority),
     )
 
 
@@ -373,6 +378,14 @@ def _retry(value: object) -> Retry:
 def _text(value: object, field: str) -> str:
     if not isinstance(value, str):
         raise InvalidArgument(field, f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _priority(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument("priority", f"expected a whole number 0..9, got {value!r}")
+    if not engine.MIN_PRIORITY <= value <= engine.MAX_PRIORITY:
+        raise InvalidArgument("priority", f"{value} is outside [0, 9]")
     return value
 
 
