@@ -89,6 +89,18 @@ def test_no_item_waits_past_the_aging_bound_under_a_stream_of_priority_zero() ->
     assert out_at - T <= 9 * AGING + SEC
 
 
+def test_a_pop_below_a_level_takes_only_the_better_priorities() -> None:
+    q: RankedQueue[int] = RankedQueue(AGING)
+    q.push("t", 1, 9, T)
+    q.push("t", 2, 2, T)
+    q.push("t", 3, 0, T)
+    assert (q.best_level(), q.count_below(5)) == (0, 2)
+    # The priority-9 item has aged past them both, and is still left out.
+    assert q.pop(3, T + 100 * AGING, below=5) == [3, 2]
+    assert (q.best_level(), q.count_below(5), len(q)) == (9, 0, 1)
+    assert q.pop(1, T, below=5) == []
+
+
 def test_tenants_stay_fair_within_a_level_and_a_held_back_one_keeps_its_items() -> None:
     q: RankedQueue[int] = RankedQueue(AGING)
     for i in range(3):
@@ -214,3 +226,57 @@ def test_an_update_of_priority_moves_the_queued_work_to_its_new_level() -> None:
     n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.acts)
     [b] = n.complete(a).assignments["w1"]
     assert b.job_id == late
+
+
+def test_runs_handed_back_wait_for_another_worker_in_priority_order() -> None:
+    n = Node()
+    n.hello(capacity=2)
+    jobs = _due_together(n, [9, 0], T + MIN)
+    acts = n.step(T + MIN)
+    by_job = {a.job_id: a for a in acts.assignments["w1"]}
+    assert set(by_job) == set(jobs)
+    late, urgent = sorted(jobs, key=lambda j: -jobs[j])
+    # The priority-9 run comes back first: the priority-0 one still goes first.
+    n.complete(by_job[late], Outcome.HANDED_BACK)
+    n.complete(by_job[urgent], Outcome.HANDED_BACK)
+    n.hello("w2", capacity=1)
+    [first] = n.step().assignments["w2"]
+    assert first.job_id == urgent
+
+
+def test_a_lost_runs_redispatch_keeps_its_jobs_priority() -> None:
+    n = Node()
+    n.hello(capacity=1)
+    urgent = n.submit(spec(name="urgent", schedule=Once(at_ms=T + MIN), priority=0))
+    [a] = n.step(T + MIN).assignments["w1"]
+    assert a.job_id == urgent
+    n.silent.add("w1")  # never acks: its grace lease lapses
+    jobs = _due_together(n, [9, 9, 9], T + MIN)
+    acts = n.step(T + MIN + n.config.grace_lease_ms + SEC)
+    assert acts.revokes["w1"][0].run_id == a.run_id
+    n.hello("w2", capacity=1)
+    [b] = n.step().assignments["w2"]
+    assert (b.job_id, b.attempt) == (urgent, 1)
+    assert b.job_id not in jobs
+
+
+def test_overdue_work_of_a_better_priority_goes_before_fresh_fires() -> None:
+    # Overdue work waits behind fresh fires of its priority and worse ones
+    # of a better priority; a late priority-0 fire goes ahead of fresh
+    # priority-9 fires (inside the overdue budget).
+    n = Node()
+    n.hello(capacity=1)
+    blocker = n.submit(spec(name="blocker", schedule=Once(at_ms=T + MIN)))
+    [a] = n.step(T + MIN).assignments["w1"]
+    assert a.job_id == blocker
+    n.owner.worker_ack("w1", [(a.run_id, a.fence)], n.now, n.acts)
+    late = n.submit(spec(name="late", schedule=Once(at_ms=T), priority=0))
+    plain = n.submit(spec(name="plain", schedule=Once(at_ms=T), priority=5))
+    n.step(T + MIN + 10 * SEC)  # queued overdue: ten seconds and more late
+    fresh = _due_together(n, [9, 9, 5], T + MIN + 10 * SEC)
+    n.step()
+    [b] = n.complete(a).assignments["w1"]
+    assert b.job_id == late
+    n.owner.worker_ack("w1", [(b.run_id, b.fence)], n.now, n.acts)
+    [c] = n.complete(b).assignments["w1"]
+    assert fresh.get(c.job_id) == 5 and c.job_id != plain  # fresh first at equal priority

@@ -80,14 +80,17 @@ class RankedQueue(Generic[T]):
         self._level(priority).push_front(tenant, (now_ms, item))
         self._len += 1
 
-    def pop(self, n: int, now_ms: int, allow: dict[str, int] | None = None) -> list[T]:
+    def pop(
+        self, n: int, now_ms: int, allow: dict[str, int] | None = None, below: int = LEVELS
+    ) -> list[T]:
         """Up to ``n`` items, best effective priority first (``allow`` as for
-        ``FairQueue.pop``: tenants held back keep their items, in order)."""
+        ``FairQueue.pop``: tenants held back keep their items, in order;
+        ``below``: only items of a priority below it)."""
         if self._len == 0 or n <= 0:
             return []
         only: FairQueue[tuple[int, T]] | None = None
         several = False
-        for q in self._levels:
+        for q in self._levels[:below]:
             if q is not None and q:
                 if only is not None:
                     several = True
@@ -101,6 +104,7 @@ class RankedQueue(Generic[T]):
             return [item for _, item in got]
         out: list[T] = []
         passed: set[int] = set()  # levels whose every tenant is held back
+        passed.update(range(below, LEVELS))
         while len(out) < n:
             level = self._best(now_ms, passed)
             if level < 0:
@@ -143,6 +147,17 @@ class RankedQueue(Generic[T]):
                 for tenant in q.tenants():
                     seen[tenant] = None
         return list(seen)
+
+    def best_level(self) -> int:
+        """The best priority with items queued (``LEVELS``: none)."""
+        for level, q in enumerate(self._levels):
+            if q is not None and q:
+                return level
+        return LEVELS
+
+    def count_below(self, level: int) -> int:
+        """How many items of a priority below ``level`` are queued."""
+        return sum(len(q) for q in self._levels[:level] if q is not None)
 
     def levels(self) -> list[int]:
         """How many items wait at each priority level."""

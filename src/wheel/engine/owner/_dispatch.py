@@ -290,12 +290,19 @@ class Dispatcher:
             if capacity <= 0:
                 continue
             # Fresh fires first, by priority and fair across tenants within
-            # a priority; overdue work gets what
-            # they leave (tenants held back by a quota leave some), inside
-            # the overdue budget.
+            # a priority; overdue work gets what they leave (tenants held
+            # back by a quota leave some), inside the overdue budget. Except
+            # overdue work of a better priority than any fresh fire's (a
+            # priority-0 job's retry or lost run among priority-9 fires):
+            # it goes first, inside the budget all the same.
             picked: list[tuple[int, bool]] = []
+            if over and fresh and over.best_level() < fresh.best_level():
+                top = fresh.best_level()
+                n = self._overdue_bucket.take(min(capacity, over.count_below(top)), now_ms)
+                picked.extend((j, True) for j in over.pop(n, now_ms, allow, below=top))
             if fresh:
-                picked.extend((j, False) for j in fresh.pop(capacity, now_ms, allow))
+                room = capacity - len(picked)
+                picked.extend((j, False) for j in fresh.pop(room, now_ms, allow))
             if over:
                 split = split_capacity(
                     capacity=capacity,
