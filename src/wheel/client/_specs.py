@@ -78,8 +78,10 @@ class JobRequest:
     values or seconds. ``catch_up``, ``overlap`` and ``retry`` take their
     policy value, or a mode, a policy name and a number of attempts. Give
     ``handler`` (a Python handler's name) or ``http`` (an ``HttpTarget``, whose
-    request's body is ``payload``). A request is checked when it is made: a
-    bad one raises ``InvalidArgument`` naming the keyword.
+    request's body is ``payload``). ``priority``, 0 (first) to 9 (last),
+    default 5, orders the due runs of a pool whose workers are short. A
+    request is checked when it is made: a bad one raises ``InvalidArgument``
+    naming the keyword.
     """
 
     name: str
