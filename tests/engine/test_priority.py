@@ -280,3 +280,12 @@ def test_overdue_work_of_a_better_priority_goes_before_fresh_fires() -> None:
     n.owner.worker_ack("w1", [(b.run_id, b.fence)], n.now, n.acts)
     [c] = n.complete(b).assignments["w1"]
     assert fresh.get(c.job_id) == 5 and c.job_id != plain  # fresh first at equal priority
+
+
+def test_a_restart_keeps_the_order_its_jobs_priorities_give() -> None:
+    n = Node()
+    jobs = _due_together(n, [9, 5, 0], T + MIN)
+    n.restart()  # the owner's memory gone: priorities come back with the profiles
+    n.hello(capacity=1)
+    order = _serve_one_at_a_time(n, T + MIN, len(jobs))
+    assert [jobs[j] for j in order] == [0, 5, 9]
