@@ -37,6 +37,35 @@ def record_payload(ctx: RunContext) -> None:
         f.write(line + "\n")
 
 
+def started(ctx: RunContext) -> None:
+    """Append the run's payload (text), when it was due and when it started
+    (this host's wall clock, ms) to WHEEL_E2E_OUT + '.started', one JSON
+    line each, then sleep WHEEL_E2E_RUN_S seconds (default 0.1): a run that
+    holds its worker's slot a while."""
+    start_ms = time.time_ns() // 1_000_000
+    line = json.dumps(
+        {
+            "payload": ctx.payload.decode(),
+            "job": ctx.job_id,
+            "attempt": ctx.attempt,
+            "scheduled_for_ms": ctx.scheduled_for_ms,
+            "started_ms": start_ms,
+        }
+    )
+    _append(".started", line)
+    time.sleep(float(os.environ.get("WHEEL_E2E_RUN_S", "0.1")))
+
+
+def starts(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The runs ``started`` wrote for this output file, in the order they started."""
+    try:
+        with open(f"{os.fspath(out)}.started") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+    return sorted(rows, key=lambda r: r["started_ms"])
+
+
 def record_where(ctx: RunContext) -> None:
     """Append the run with the handler it was sent for and the worker that ran
     it (WHEEL_E2E_WORKER) to WHEEL_E2E_OUT + '.where', one JSON line each."""

@@ -18,7 +18,7 @@ I64 = 2**63 - 1
 # Every top-level JobSpec field UpdateJob may name (and one it may not).
 UPDATABLE = (
     "name", "handler", "payload", "schedule", "jitter_ms", "catch_up", "overlap", "retry",
-    "timeout_ms", "side_effect", "pool",
+    "timeout_ms", "side_effect", "pool", "priority",
 )  # fmt: skip
 
 
@@ -154,6 +154,8 @@ def valid_specs(draw: st.DrawFn) -> jobs_pb2.JobSpec:
     )
     msg.schedule.CopyFrom(draw(valid_schedules()))
     if draw(st.booleans()):
+        msg.priority = draw(st.integers(0, 9))  # unset: 5
+    if draw(st.booleans()):
         msg.catch_up.CopyFrom(
             jobs_pb2.CatchUp(
                 mode=draw(known(4)),
@@ -226,6 +228,7 @@ def corruptions() -> st.SearchStrategy[Any]:
         edges(0, L.max_timeout_ms).map(lambda v: _set("retry.initial_backoff_ms", v)),
         edges(0, L.max_timeout_ms).map(lambda v: _set("retry.max_backoff_ms", v)),
         MULTIPLIERS.map(lambda v: _set("retry.multiplier", v)),
+        edges(0, 9, **i32).map(lambda v: _set("priority", v)),
     )
 
 

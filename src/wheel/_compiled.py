@@ -35,6 +35,7 @@ MODULES: tuple[str, ...] = (
     "wheel.engine.records",
     "wheel.engine.timerwheel",
     "wheel.engine.fairness",
+    "wheel.engine.priority",
     "wheel.engine.policy",
     "wheel.engine.schedule",
     "wheel.engine.profiles",

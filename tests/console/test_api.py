@@ -49,7 +49,9 @@ def acme_jobs(node: ConsoleNode, tokens: dict[str, str]) -> dict[str, int]:
     out: dict[str, int] = {}
     with Client(node.target, token=tokens["acme"]) as client:
         for name in names:
-            out[name] = client.submit(name=name, handler="h", every=timedelta(hours=1)).job_id
+            priority = 0 if name == "report" else 5
+            every = timedelta(hours=1)
+            out[name] = client.submit(name=name, handler="h", every=every, priority=priority).job_id
         client.pause(out["batch-2"])
     with Client(node.target, token=tokens["globex"]) as client:
         out["globex"] = client.submit(name="batch-9", handler="h", every=timedelta(hours=1)).job_id
@@ -138,6 +140,17 @@ def test_a_job_shows_its_spec_and_next_fires(
     for t in [*job["next_fires"], job["created_at"], job["updated_at"]]:
         utc = datetime.fromtimestamp(t["ms"] / 1000, UTC)
         assert t["iso"] == utc.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def test_a_jobs_priority_is_in_its_spec_and_its_list_row(
+    node: ConsoleNode, tokens: dict[str, str], acme_jobs: dict[str, int]
+) -> None:
+    report = call(f"{node.url}/api/jobs/{acme_jobs['report']}", token=tokens["acme"]).body
+    assert report["priority"] == 0
+    rows = {r["name"]: r for r in jobs(node, tokens["acme"], name="report").body["jobs"]}
+    assert rows["report"]["priority"] == 0
+    [batch] = jobs(node, tokens["acme"], name="batch-1").body["jobs"]
+    assert batch["priority"] == 5
 
 
 def test_actions_on_a_read_only_console_are_refused_with_403_and_change_nothing(

@@ -4,9 +4,9 @@ back gets its next token. Rule numbers are the module's."""
 
 from __future__ import annotations
 
-from wheel.engine.fairness import FairQueue
 from wheel.engine.owner import TenantLimit
 from wheel.engine.owner._tenants import Tenants
+from wheel.engine.priority import RankedQueue
 
 T = 1_000_000
 
@@ -46,10 +46,10 @@ def test_what_a_tenant_took_costs_its_tokens_and_one_left_without_waits_rule_2()
     assert tenants.allowance(T, {}) == {"a": 0}
     wake = tenants.wake(T)
     assert wake is not None and T < wake <= T + 1_000
-    q: FairQueue[int] = FairQueue()
-    q.push("a", 1)
+    q: RankedQueue[int] = RankedQueue(10_000)
+    q.push("a", 1, 5, T)
     assert not tenants.has_unblocked(q)
-    q.push("b", 2)
+    q.push("b", 2, 0, T)
     assert tenants.has_unblocked(q)
 
 

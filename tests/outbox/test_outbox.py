@@ -94,6 +94,23 @@ def test_a_committed_submit_becomes_one_job_whose_id_the_row_records(
     assert jobs_named(client, name) == [fate.job_id]
 
 
+def test_a_rows_priority_becomes_its_jobs_and_the_default_leaves_the_row_as_it_was(
+    conn: psycopg.Connection[Any], client: Client
+) -> None:
+    name = unique("urgent")
+    with conn.transaction():
+        entry = outbox.submit(conn, **job(name, priority=0))
+    fate = fate_of(conn, entry, "the row to become a job")
+    assert fate.job_id is not None and client.get(fate.job_id).priority == 0
+    # Priority 5 said or not: the same spec JSON and body hash as before.
+    plain = job("plain", at=1_900_000_000.0, idempotency_key="k")
+    assert outbox.row_of(plain) == outbox.row_of({**plain, "priority": 5})
+    assert "priority" not in outbox.row_of(plain)[2]
+    with pytest.raises(InvalidArgument) as err:
+        outbox.row_of({**plain, "priority": 10})
+    assert err.value.field == "priority"
+
+
 def test_a_rolled_back_submit_leaves_no_row_and_makes_no_job(
     live: RelayingNode, conn: psycopg.Connection[Any], client: Client
 ) -> None:

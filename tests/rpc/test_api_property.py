@@ -84,6 +84,8 @@ def _defaults(sent: jobs_pb2.JobSpec, *, tenant: str | None = None) -> jobs_pb2.
     out.retry.initial_backoff_ms = sent.retry.initial_backoff_ms or 1_000
     out.retry.max_backoff_ms = sent.retry.max_backoff_ms or 300_000
     out.retry.multiplier = sent.retry.multiplier or 2.0
+    if out.HasField("priority") and out.priority == 5:
+        out.ClearField("priority")  # the default, read back unset
     kind = out.schedule.WhichOneof("kind")
     if kind == "cron":
         c = out.schedule.cron
@@ -258,7 +260,11 @@ def test_update_job_answers_documented_codes_and_reads_back_what_it_took(
             for name in UPDATABLE:
                 if name not in named:
                     source = getattr(before.spec, name)
-                    if hasattr(source, "CopyFrom"):
+                    if name == "priority":  # optional: kept set or unset
+                        expected.ClearField("priority")
+                        if before.spec.HasField("priority"):
+                            expected.priority = source
+                    elif hasattr(source, "CopyFrom"):
                         getattr(expected, name).CopyFrom(source)
                     else:
                         setattr(expected, name, source)

@@ -127,6 +127,24 @@ def test_submit_then_get_round_trips_the_job(store: Store) -> None:
     assert store.get_job(job.job_id) == job
 
 
+def test_a_jobs_priority_round_trips_by_its_spec_and_its_packed_profile(store: Store) -> None:
+    new = interval_job("urgent")
+    urgent = replace(new, spec=replace(new.spec, priority=0))
+    job, _ = store.submit_job(urgent)
+    plain, _ = store.submit_job(interval_job("plain"))
+    assert store.get_job(job.job_id).spec.priority == 0
+    assert store.get_job(plain.job_id).spec.priority == 5
+    load = store.load_shards(range(SHARD_COUNT), packed=True)
+    rows = load.packed
+    assert rows is not None
+    by_job = dict(zip(rows.job_id.tolist(), rows.profile_id.tolist(), strict=True))
+    priorities = {
+        job_id: template_of_body(load.profiles[int(profile)]).priority
+        for job_id, profile in by_job.items()
+    }
+    assert priorities == {job.job_id: 0, plain.job_id: 5}
+
+
 def test_job_ids_are_unique_positive_and_spread_over_shards(store: Store) -> None:
     ids = [store.submit_job(interval_job(f"j{i}"))[0].job_id for i in range(40)]
     assert len(set(ids)) == 40

@@ -301,6 +301,7 @@ def submit_args(
         "payload": job_payload(ns, files=files),
         "tenant": ns.tenant,
         "pool": ns.pool,
+        "priority": ns.priority,
         "catch_up": CatchUp(
             mode=ns.catch_up,
             window=parse_duration(ns.catch_up_window, "catch_up_window")
@@ -529,6 +530,7 @@ def policies_json(job: Job) -> dict[str, Any]:
         "timeout_ms": ms(job.timeout),
         "jitter_ms": ms(job.jitter),
         "at_most_once": job.at_most_once,
+        "priority": job.priority,
     }
 
 
@@ -627,6 +629,13 @@ def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
         p.add_argument("--tenant", default="default", help="the tenant the job belongs to"),
         p.add_argument("--pool", default="default", help="the worker pool whose workers run it"),
         p.add_argument(
+            "--priority",
+            type=priority_arg,
+            default=5,
+            help="0 (runs first) to 9 (runs last) when the pool's workers are short (5); a"
+            " waiting run gains a level every --priority-aging of the node (10s)",
+        ),
+        p.add_argument(
             "--key",
             "--idempotency-key",
             dest="key",
@@ -685,6 +694,17 @@ def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
             ("--idempotent", "a lost run is run again (the default)"),
         ),
     ]
+
+
+def priority_arg(text: str) -> int:
+    """--priority: a whole number 0..9."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value <= 9:
+        raise argparse.ArgumentTypeError(f"must be 0 to 9, got {text}")
+    return value
 
 
 def _multiplier(text: str) -> float:

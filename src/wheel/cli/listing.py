@@ -231,6 +231,7 @@ def job_text(job: Job) -> list[str]:
         f"job {job.job_id}: {job.name}",
         f"  state       {job.state}",
         f"  handler     {job.handler}   pool {job.pool}   tenant {job.tenant}",
+        f"  priority    {job.priority}",
         *_target_lines(job),
         f"  schedule    {_schedule_text(job)}",
         f"  jitter      {fmt_duration(job.jitter)}",

@@ -129,6 +129,8 @@ def update_args(
         args["jitter"] = parse_duration(given["jitter"], "jitter")
     if "timeout" in given:
         args["timeout"] = parse_duration(given["timeout"], "timeout")
+    if "priority" in given:
+        args["priority"] = given["priority"]
     if any(f in given for f in ("max_attempts", *BACKOFF_FLAGS)):
         args["retry"] = retry_of(ns, defaults)
 
@@ -258,7 +260,7 @@ def cmd_updates(ns: argparse.Namespace) -> int:
 # (a recorded update keeps no payloads: ``payload_changed`` says it changed).
 _SPEC_FIELDS = (
     "name", "handler", "http", "pool", "schedule", "catch_up", "overlap", "retry",
-    "timeout_ms", "jitter_ms", "at_most_once",
+    "timeout_ms", "jitter_ms", "at_most_once", "priority",
 )  # fmt: skip
 
 

@@ -105,6 +105,14 @@ def add_serve_parser(sub: Any) -> None:
         help="a fire this late counts as catch-up work",
     )
     s.add_argument(
+        "--priority-aging",
+        dest="priority_aging_ms",
+        type=_aging_ms,
+        help="a run waiting for a worker of its pool gains a priority level every this long,"
+        " e.g. 10s (the default): a priority-9 run ranks with priority 0 after 9 times it;"
+        " 0: no aging (strict priority)",
+    )
+    s.add_argument(
         "--group-commit-ms",
         type=_ms,
         help="under load, at most one store batch per this many ms (0: no holding back);"
@@ -217,6 +225,16 @@ def add_serve_parser(sub: Any) -> None:
     s.set_defaults(fn=cmd_serve)
 
 
+def _aging_ms(text: str) -> int:
+    """``--priority-aging``: a duration (``10s``, ``500ms``) or 0, in ms."""
+    if text.strip() in ("0", "off"):
+        return 0
+    try:
+        return round(parse_duration(text, "priority_aging").total_seconds() * 1000)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _interval_floor_ms(text: str) -> int:
     """``--min-interval``: a duration (``1s``, ``250ms``) or 0, in ms."""
     if text.strip() in ("0", "off"):
@@ -250,7 +268,10 @@ def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
     from wheel.node import NodeConfig
 
     # A flag not given is None: the configuration's own default holds.
-    owner = {f: getattr(ns, f) for f in ("lease_ms", "grace_lease_ms", "overdue_after_ms")}
+    owner = {
+        f: getattr(ns, f)
+        for f in ("lease_ms", "grace_lease_ms", "overdue_after_ms", "priority_aging_ms")
+    }
     node = {
         f: getattr(ns, f)
         for f in ("group_commit_ms", "group_commit_light_ms", "tick_ms", "min_interval")

@@ -79,8 +79,10 @@ class JobRequest:
     values or seconds. ``catch_up``, ``overlap`` and ``retry`` take their
     policy value, or a mode, a policy name and a number of attempts. Give
     ``handler`` (a Python handler's name) or ``http`` (an ``HttpTarget``, whose
-    request's body is ``payload``). A request is checked when it is made: a
-    bad one raises ``InvalidArgument`` naming the keyword.
+    request's body is ``payload``). ``priority``, 0 (first) to 9 (last),
+    default 5, orders the due runs of a pool whose workers are short. A
+    request is checked when it is made: a bad one raises ``InvalidArgument``
+    naming the keyword.
     """
 
     name: str
@@ -104,6 +106,8 @@ class JobRequest:
     timeout: Duration = timedelta(milliseconds=_SPEC.timeout_ms)
     at_most_once: bool = False
     pool: str = _SPEC.pool
+    # 0 (runs first) to 9 (runs last) when the pool's workers are short.
+    priority: int = _SPEC.priority
     tenant: str = _SPEC.tenant
     # The same key and body return the job the first submit made (``created``
     # False); the same key with another body is ``AlreadyExists``.
@@ -144,6 +148,7 @@ class JobArgs(_RequiredJobArgs, total=False):
     timeout: Duration
     at_most_once: bool
     pool: str
+    priority: int
     tenant: str
     idempotency_key: str | None
 
@@ -175,6 +180,7 @@ class UpdateArgs(TypedDict, total=False):
     timeout: Duration
     at_most_once: bool
     pool: str
+    priority: int
 
 
 # -- client -> engine -------------------------------------------------------------
@@ -227,6 +233,7 @@ def job_spec(request: JobRequest, *, now_ms: int) -> engine.JobSpec:
             if _flag(r.at_most_once, "at_most_once")
             else engine.SideEffect.IDEMPOTENT
         ),
+        priority=_priority(r.priority),
     )
 
 
@@ -395,6 +402,14 @@ def _retry(value: object) -> Retry:
 def _text(value: object, field: str) -> str:
     if not isinstance(value, str):
         raise InvalidArgument(field, f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _priority(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument("priority", f"expected a whole number 0..9, got {value!r}")
+    if not engine.MIN_PRIORITY <= value <= engine.MAX_PRIORITY:
+        raise InvalidArgument("priority", f"{value} is outside [0, 9]")
     return value
 
 

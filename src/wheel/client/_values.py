@@ -427,6 +427,8 @@ class Job:
     at_most_once: bool
     # Its HTTP target (handler "http"; ``payload`` is the request's body).
     http: HttpTarget | None = None
+    # 0 (runs first) to 9 (runs last) when its pool's workers are short.
+    priority: int = 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -276,6 +276,7 @@ _UPDATE_FIELDS = {
     "timeout": "timeout_ms",
     "at_most_once": "side_effect",
     "pool": "pool",
+    "priority": "priority",
 }
 
 
@@ -546,6 +547,7 @@ def job_from(
         timeout=timedelta(milliseconds=spec.timeout_ms),
         jitter=timedelta(milliseconds=spec.jitter_ms),
         at_most_once=spec.side_effect is SideEffect.AT_MOST_ONCE,
+        priority=spec.priority,
     )
 
 

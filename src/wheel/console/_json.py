@@ -89,6 +89,7 @@ def job_row(job: Job) -> dict[str, Any]:
         # An HTTP target's URL (handler "http"), else null.
         "http_url": job.http.url if job.http is not None else None,
         "pool": job.pool,
+        "priority": job.priority,
         "schedule": schedule_text(job.schedule),
         "next_fire": jsonable(job.next_fire),
     }

@@ -253,6 +253,10 @@ class FairQueue(Generic[T]):
         """Tenants with pending items, in turn order."""
         return list(self._active)
 
+    def heads(self) -> list[T]:
+        """Each tenant's first item, in turn order."""
+        return [self._queues[t][0] for t in self._active]
+
     def discard(self, predicate: Callable[[T], bool], tenant: str | None = None) -> int:
         """Remove every item matching ``predicate`` (e.g. fires of a cancelled
         job); returns how many went. O(items scanned): pass ``tenant`` to scan

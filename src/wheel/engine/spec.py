@@ -129,6 +129,9 @@ class Limits:
 
 DEFAULT_LIMITS = Limits()
 
+# Priorities run from 0 (first) to 9 (last); unset is the middle.
+MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 9, 5
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobSpec:
@@ -144,6 +147,9 @@ class JobSpec:
     timeout_ms: int = 300_000
     side_effect: SideEffect = SideEffect.IDEMPOTENT
     pool: str = "default"
+    # Dispatch order when workers are short: 0 goes first, 9 last
+    # (``wheel.engine.priority``); 5 is the default, so both ways are open.
+    priority: int = DEFAULT_PRIORITY
     # Its JSON once written or read: a spec is serialized for the store, the
     # idempotency digest and the checkpoint, and must not pay for it thrice.
     _json: str | None = field(default=None, init=False, repr=False, compare=False, hash=False)
@@ -165,6 +171,7 @@ class JobSpec:
             )
         _bounded("spec.jitter_ms", self.jitter_ms, 0, limits.max_jitter_ms)
         _bounded("spec.timeout_ms", self.timeout_ms, 1, limits.max_timeout_ms)
+        _bounded("spec.priority", self.priority, MIN_PRIORITY, MAX_PRIORITY)
         r = self.retry
         _bounded("spec.retry.max_attempts", r.max_attempts, 1, limits.max_attempts)
         _bounded("spec.retry.initial_backoff_ms", r.initial_backoff_ms, 0, limits.max_timeout_ms)
@@ -219,7 +226,7 @@ class JobSpec:
                 "mode": s.mode.value,
                 "start_at_ms": s.start_at_ms,
             }
-        return {
+        d: dict[str, Any] = {
             "name": self.name,
             "handler": self.handler,
             "tenant": self.tenant,
@@ -246,6 +253,11 @@ class JobSpec:
             "side_effect": self.side_effect.value,
             "pool": self.pool,
         }
+        if self.priority != DEFAULT_PRIORITY:
+            # Only when set: a job of the default priority keeps the JSON (and
+            # the profile id and idempotency digest) it had before priorities.
+            d["priority"] = self.priority
+        return d
 
     def to_json(self) -> str:
         text = self._json
@@ -298,6 +310,7 @@ class JobSpec:
             timeout_ms=int(d["timeout_ms"]),
             side_effect=SideEffect(d["side_effect"]),
             pool=d["pool"],
+            priority=int(d.get("priority", DEFAULT_PRIORITY)),
         )
 
     @classmethod

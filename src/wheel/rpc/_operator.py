@@ -37,6 +37,7 @@ UPDATABLE = (
     "timeout_ms",
     "side_effect",
     "pool",
+    "priority",
 )
 MAX_PREVIEW = 1000
 # Preview from at most this far ahead of now (a year of 2100 is a typo).
@@ -230,6 +231,12 @@ def _merged(
                 getattr(merged, name).CopyFrom(getattr(new, name))
             else:
                 merged.ClearField(name)
+        elif name == "priority":
+            # Unset (not 0) when not sent: the default, 5.
+            if new.HasField("priority"):
+                merged.priority = new.priority
+            else:
+                merged.ClearField("priority")
         else:
             setattr(merged, name, getattr(new, name))
     merged.tenant = old.tenant

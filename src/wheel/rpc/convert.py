@@ -32,6 +32,7 @@ from wheel import http_targets
 from wheel.engine.model import JobState, RunState, idempotency_key
 from wheel.engine.records import ExecutionRecord, JobRecord, MissedFire
 from wheel.engine.spec import (
+    DEFAULT_PRIORITY,
     CatchUp,
     CatchUpMode,
     Cron,
@@ -60,6 +61,7 @@ __all__ = [
     "job_state_to_proto",
     "job_to_proto",
     "missed_to_proto",
+    "priority_of",
     "run_filter_from_proto",
     "run_state_from_proto",
     "run_state_to_proto",
@@ -233,9 +235,15 @@ def spec_from_proto(
         timeout_ms=timeout_ms,
         side_effect=_enum(_SIDE_EFFECT, msg.side_effect, "spec.side_effect"),
         pool=msg.pool or "default",
+        priority=priority_of(msg),
     )
     spec.validate()
     return spec
+
+
+def priority_of(msg: jobs_pb2.JobSpec) -> int:
+    """A spec message's priority: unset is the default (5), not 0."""
+    return msg.priority if msg.HasField("priority") else DEFAULT_PRIORITY
 
 
 def _schedule_from_proto(msg: jobs_pb2.JobSpec, now_ms: int, sent: bool) -> Schedule:
@@ -325,6 +333,10 @@ def spec_to_proto(spec: JobSpec) -> jobs_pb2.JobSpec:
                 period_ms=s.period_ms, mode=_INTERVAL_MODE_TO[s.mode], start_at_ms=s.start_at_ms
             )
         )
+    if spec.priority != DEFAULT_PRIORITY:
+        # Left unset at the default: a spec's wire bytes (the body hash of an
+        # idempotent submit) stay what they were before priorities.
+        msg.priority = spec.priority
     return msg
 
 

@@ -114,7 +114,8 @@ async function loadJobs(pageToken) {
 function spec(job) {
   const rows = [
     ["id", job.job_id], ["name", job.name], ["tenant", job.tenant], ["state", stateTag(job.state)],
-    ["handler", job.handler], ["pool", job.pool], ["schedule", job.schedule_text],
+    ["handler", job.handler], ["pool", job.pool], ["priority", job.priority],
+    ["schedule", job.schedule_text],
     ["shard", job.shard],
     ["catch-up", `${job.catch_up.mode}, window ${job.catch_up.window ?? "none"}` +
       (job.catch_up.window !== null ? " s" : "") + `, max ${job.catch_up.max_count}`],

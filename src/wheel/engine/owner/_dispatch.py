@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from wheel.engine.fairness import FairQueue, TokenBucket, split_capacity
+from wheel.engine.fairness import TokenBucket, split_capacity
 from wheel.engine.model import AlertKind, shard_of
 from wheel.engine.owner._claims import Claims, _Pending
 from wheel.engine.owner._fleet import Fleet, _Worker
@@ -31,10 +31,12 @@ from wheel.engine.owner._values import (
     Route,
     Unserved,
 )
+from wheel.engine.priority import RankedQueue
 from wheel.engine.records import (
     ClaimOutcome,
     FireClaim,
 )
+from wheel.engine.spec import DEFAULT_PRIORITY
 from wheel.engine.timerwheel import TimerWheel
 
 if TYPE_CHECKING:
@@ -103,10 +105,11 @@ class Dispatcher:
         self.redos = redos
         self.stats = stats
         # Queued work by route: jobs with a fresh fire, jobs with overdue
-        # work (fair across tenants), and claimed runs that wait for a worker
-        # (theirs went away, or it handed them back).
-        self.fresh: dict[Route, FairQueue[int]] = {}
-        self.overdue: dict[Route, FairQueue[int]] = {}
+        # work (by priority with aging, fair across tenants within a level:
+        # wheel.engine.priority), and claimed runs that wait for a worker
+        # (theirs went away, or it handed them back; by priority).
+        self.fresh: dict[Route, RankedQueue[int]] = {}
+        self.overdue: dict[Route, RankedQueue[int]] = {}
         self.ready: dict[Route, deque[int]] = {}
         # Routes with work and no connected worker serving them: since when,
         # and whether the alert went out.
@@ -199,11 +202,12 @@ class Dispatcher:
         queues = self.overdue if overdue else self.fresh
         q = queues.get(route)
         if q is None:
-            q = queues[route] = FairQueue()
+            q = queues[route] = RankedQueue(self.config.priority_aging_ms)
+        spec = job.spec
         if front and not overdue:
-            q.push_front(job.spec.tenant, job.job_id)
+            q.push_front(spec.tenant, job.job_id, spec.priority, now_ms)
         else:
-            q.push(job.spec.tenant, job.job_id)
+            q.push(spec.tenant, job.job_id, spec.priority, now_ms)
 
     def unqueue(self, job: _Job) -> None:
         """Take ``job`` out of its route's queues at once (cancelled, paused,
@@ -285,12 +289,20 @@ class Dispatcher:
             capacity = min(budget, sum(w.free for w in workers))
             if capacity <= 0:
                 continue
-            # Fresh fires first, fair across tenants; overdue work gets what
-            # they leave (tenants held back by a quota leave some), inside
-            # the overdue budget.
+            # Fresh fires first, by priority and fair across tenants within
+            # a priority; overdue work gets what they leave (tenants held
+            # back by a quota leave some), inside the overdue budget. Except
+            # overdue work of a better priority than any fresh fire's (a
+            # priority-0 job's retry or lost run among priority-9 fires):
+            # it goes first, inside the budget all the same.
             picked: list[tuple[int, bool]] = []
+            if over and fresh and over.best_level() < fresh.best_level():
+                top = fresh.best_level()
+                n = self._overdue_bucket.take(min(capacity, over.count_below(top)), now_ms)
+                picked.extend((j, True) for j in over.pop(n, now_ms, allow, below=top))
             if fresh:
-                picked.extend((j, False) for j in fresh.pop(capacity, allow))
+                room = capacity - len(picked)
+                picked.extend((j, False) for j in fresh.pop(room, now_ms, allow))
             if over:
                 split = split_capacity(
                     capacity=capacity,
@@ -300,7 +312,7 @@ class Dispatcher:
                 )
                 if split.overdue:
                     n = self._overdue_bucket.take(split.overdue, now_ms)
-                    picked.extend((j, True) for j in over.pop(n, allow))
+                    picked.extend((j, True) for j in over.pop(n, now_ms, allow))
             budget -= len(picked)
             self._claim(picked, workers, now_ms, acts)
         if allow is not None and before is not None:
@@ -516,8 +528,25 @@ class Dispatcher:
         return claiming
 
     def wait_ready(self, run: _Run, job: _Job | None) -> None:
+        """Queue a claimed run for a worker of its route: behind the runs of
+        its priority and better, ahead of worse ones (a run's priority is
+        its job's; these runs were claimed already, so they have no aging:
+        each came out of a ranked queue once)."""
         route = job.route if job is not None else ("default", "")
-        self.ready.setdefault(route, deque()).append(run.run_id)
+        q = self.ready.setdefault(route, deque())
+        priority = job.spec.priority if job is not None else DEFAULT_PRIORITY
+        at = len(q)
+        while at and self._priority_of(q[at - 1]) > priority:
+            at -= 1
+        if at == len(q):
+            q.append(run.run_id)  # the common case: no worse run waits
+        else:
+            q.insert(at, run.run_id)
+
+    def _priority_of(self, run_id: int) -> int:
+        run = self.runs.get(run_id)
+        job = None if run is None else self.jobs.get(run.job_id) or self.book.job(run.job_id)
+        return DEFAULT_PRIORITY if job is None else job.spec.priority
 
     def _assign_ready(self, now_ms: int, acts: Actions) -> list[Route]:
         """Hand out claimed runs that wait for a worker, in order per route,

@@ -192,9 +192,12 @@ class JobBook(_Shelf):
             )
             self.keep_job(job)
         elif job.profile != prof or job.param != param:
-            if (template.pool, template.handler) != job.route:
-                # Queued under its old route: queued again under the new one
-                # once the row is applied (below).
+            if (template.pool, template.handler) != job.route or (
+                template.priority != job.spec.priority
+            ):
+                # Queued under its old route or priority: queued again under
+                # the new ones once the row is applied (below); its wait
+                # counts from then.
                 self.dispatcher.unqueue(job)
                 rerouted = True
             job.spec = template

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from wheel.engine.fairness import FairQueue, TokenBucket
+from wheel.engine.fairness import TokenBucket
 from wheel.engine.owner._values import TenantLimit
+from wheel.engine.priority import RankedQueue
 
 # An allowance without a limit.
 _UNLIMITED = 1 << 62
@@ -157,7 +158,7 @@ class Tenants:
     def any_blocked(self) -> bool:
         return bool(self._blocked)
 
-    def has_unblocked(self, q: FairQueue[int]) -> bool:
+    def has_unblocked(self, q: RankedQueue[int]) -> bool:
         """Some tenant queued in ``q`` was not held back by the last dispatch."""
         blocked = self._blocked
         return not blocked or any(t not in blocked for t in q.tenants())

@@ -121,6 +121,10 @@ class OwnerConfig:
     # unless its next fire is due within this long: jobs that fire often stay
     # awake, the millions that fire daily cost a row each.
     keep_awake_ms: int = 60_000
+    # Work waiting for a worker moves up one priority level for every this
+    # long it has waited (wheel.engine.priority): a priority-9 run ranks with
+    # priority 0 after 9 x this. 0: no aging (strict priority).
+    priority_aging_ms: int = 10_000
 
     @property
     def heartbeat_interval_ms(self) -> int:
