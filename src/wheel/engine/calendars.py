@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
 from typing import Any
@@ -27,6 +27,7 @@ from wheel.errors import InvalidArgument, LimitExceeded
 __all__ = [
     "WEEKDAYS",
     "Calendar",
+    "CalendarBook",
     "CalendarDays",
     "parse_calendar",
 ]
@@ -129,6 +130,59 @@ class CalendarDays:
             f"CalendarDays(dates={len(self._dates)}, ranges={len(self._range_starts)}, "
             f"weekdays={sorted(self._weekdays)})"
         )
+
+
+class CalendarBook:
+    """The calendars an owner knows, by tenant and name, each held once, and
+    the days of each set of names its jobs skip, made once per set and
+    shared by every job of it."""
+
+    __slots__ = ("_calendars", "_unions")
+
+    def __init__(self) -> None:
+        self._calendars: dict[tuple[str, str], Calendar] = {}
+        self._unions: dict[tuple[str, tuple[str, ...]], CalendarDays | None] = {}
+
+    def __len__(self) -> int:
+        return len(self._calendars)
+
+    def get(self, tenant: str, name: str) -> Calendar | None:
+        return self._calendars.get((tenant, name))
+
+    def put(self, tenant: str, name: str, calendar: Calendar | None) -> bool:
+        """Take a calendar as it is now (None: deleted); whether that changed
+        what the book held."""
+        key = (tenant, name)
+        if self._calendars.get(key) == calendar:
+            return False
+        if calendar is None:
+            del self._calendars[key]
+        else:
+            self._calendars[key] = calendar
+        self._unions = {
+            k: v for k, v in self._unions.items() if not (k[0] == tenant and name in k[1])
+        }
+        return True
+
+    def replace_all(self, calendars: Mapping[tuple[str, str], Calendar]) -> list[tuple[str, str]]:
+        """Take every calendar as the store has them now; the ones that
+        changed (added, changed or gone)."""
+        changed = [k for k, c in calendars.items() if self._calendars.get(k) != c]
+        changed += [k for k in self._calendars if k not in calendars]
+        for tenant, name in changed:
+            self.put(tenant, name, calendars.get((tenant, name)))
+        return changed
+
+    def days_for(self, tenant: str, names: tuple[str, ...]) -> CalendarDays | None:
+        """The days a job of ``tenant`` skipping ``names`` does not fire on
+        (None: none; a name the book does not know skips no day)."""
+        key = (tenant, names)
+        if key in self._unions:
+            return self._unions[key]
+        held = [c for c in (self._calendars.get((tenant, n)) for n in names) if c is not None]
+        days = CalendarDays.of(held) if held else None
+        self._unions[key] = days
+        return days
 
 
 def _merge(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
