@@ -34,6 +34,7 @@ from wheel.store.base import (
     SHARD_COUNT,
     TERMINAL_RUN_STATES,
     BatchOutcome,
+    CalendarRecord,
     Changes,
     ClaimOutcome,
     Completion,
@@ -171,6 +172,7 @@ class ReferenceStore:
         self.tokens: dict[str, TokenRecord] = {}
         self.quotas: dict[str, TenantQuota] = {}
         self.secrets: dict[tuple[str, str], list[SecretRecord]] = {}
+        self.calendars: dict[tuple[str, str], CalendarRecord] = {}
         # Each job's recorded updates in version order, and its update keys.
         self.updates: dict[int, list[JobChange]] = defaultdict(list)
         self.update_keys: dict[tuple[int, str], tuple[str, int]] = {}  # -> (digest, version)
@@ -356,6 +358,29 @@ class ReferenceStore:
 
     def delete_secret(self, tenant: str, name: str) -> int:
         return len(self.secrets.pop((tenant, name), []))
+
+    def set_calendar(self, tenant: str, name: str, body: str, now_ms: int) -> CalendarRecord:
+        old = self.calendars.get((tenant, name))
+        new = CalendarRecord(
+            tenant=tenant,
+            name=name,
+            body=body,
+            version=1 if old is None else old.version + 1,
+            updated_at_ms=now_ms,
+        )
+        self.calendars[(tenant, name)] = new
+        return new
+
+    def get_calendar(self, tenant: str, name: str) -> CalendarRecord | None:
+        return self.calendars.get((tenant, name))
+
+    def list_calendars(self, tenant: str | None = None) -> list[CalendarRecord]:
+        return [
+            self.calendars[k] for k in sorted(self.calendars) if tenant is None or k[0] == tenant
+        ]
+
+    def delete_calendar(self, tenant: str, name: str) -> bool:
+        return self.calendars.pop((tenant, name), None) is not None
 
     def set_job_state(
         self, job_id: int, state: JobState, *, next_run_at: int | None, now_ms: int

@@ -138,6 +138,22 @@ def _results_and_secrets(integer: str, text: str, blob: str) -> list[str]:
     ]
 
 
+def _calendars(integer: str, text: str) -> list[str]:
+    """Migration 18 in a backend's types: calendars, the days jobs skip, by
+    tenant and name; ``body`` holds the days as JSON, ``version`` counts
+    the calendar's changes."""
+    return [
+        f"""CREATE TABLE calendars (
+            tenant     {text}    NOT NULL,
+            name       {text}    NOT NULL,
+            body       {text}    NOT NULL,
+            version    {integer} NOT NULL,
+            updated_at {integer} NOT NULL,
+            PRIMARY KEY (tenant, name)
+        )""",
+    ]
+
+
 SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
     (
         1,
@@ -319,6 +335,7 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
         ],
     ),
     (16, _results_and_secrets("INTEGER", "TEXT", "BLOB")),
+    (18, _calendars("INTEGER", "TEXT")),
 ]
 
 
@@ -504,4 +521,5 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
     ),
     (15, []),  # SQLite's jobs_owned dropped: PostgreSQL keeps its shard indexes
     (16, _results_and_secrets("bigint", "text", "bytea")),
+    (18, _calendars("bigint", "text")),
 ]

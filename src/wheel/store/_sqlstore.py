@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from wheel.errors import InvalidArgument, NotFound, WheelError
+from wheel.store._calendars import CalendarsSQL
 from wheel.store._schema import RETRY_WHERE
 from wheel.store._secrets import SecretsSQL
 from wheel.store._shared import (
@@ -34,6 +35,7 @@ from wheel.store._shared import (
 from wheel.store._tenancy import TenancySQL
 from wheel.store._updates import UpdateSQL, dead_letters, list_updates, update_job
 from wheel.store.base import (
+    CalendarRecord,
     Changes,
     ExecutionRecord,
     JobChange,
@@ -72,6 +74,24 @@ class SQLStore(TenancySQL, SecretsSQL):
     @property
     def _param(self) -> str:  # type: ignore[override]
         return self._queries.dialect.param
+
+    # -- calendars (``CalendarsSQL``) ------------------------------------------
+
+    @property
+    def _calendars(self) -> CalendarsSQL:
+        return CalendarsSQL(self._read, self._write, self._param)
+
+    def set_calendar(self, tenant: str, name: str, body: str, now_ms: int) -> CalendarRecord:
+        return self._calendars.set(tenant, name, body, now_ms)
+
+    def get_calendar(self, tenant: str, name: str) -> CalendarRecord | None:
+        return self._calendars.get(tenant, name)
+
+    def list_calendars(self, tenant: str | None = None) -> list[CalendarRecord]:
+        return self._calendars.list(tenant)
+
+    def delete_calendar(self, tenant: str, name: str) -> bool:
+        return self._calendars.delete(tenant, name)
 
     # -- lifecycle ------------------------------------------------------------
 

@@ -83,6 +83,8 @@ __all__ = [
     "SHARD_COUNT",
     "TERMINAL_RUN_STATES",
     "BatchOutcome",
+    "CalendarRecord",
+    "CalendarStore",
     "Changes",
     "ClaimOutcome",
     "Completion",
@@ -182,6 +184,19 @@ class SecretRecord:
 
     def signing(self, now_ms: int) -> bool:
         return self.retires_at_ms is None or self.retires_at_ms > now_ms
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CalendarRecord:
+    """A calendar as the store keeps it: its days as JSON (``body``, what
+    ``wheel.engine.calendars.Calendar.to_json`` writes), a version that
+    counts its changes from 1, and when it last changed (epoch ms)."""
+
+    tenant: str
+    name: str
+    body: str
+    version: int
+    updated_at_ms: int
 
 
 # Seals a secret's new key for the version the store gives it (the version
@@ -317,6 +332,22 @@ class SecretStore(Protocol):
     def delete_secret(self, tenant: str, name: str) -> int:
         """Delete every version of the secret; how many versions it removed
         (0: there was no such secret)."""
+
+
+class CalendarStore(Protocol):
+    """Calendars (days jobs skip), by tenant and name."""
+
+    def set_calendar(self, tenant: str, name: str, body: str, now_ms: int) -> CalendarRecord:
+        """Create the calendar (version 1) or replace its days (the version
+        after the one it had)."""
+
+    def get_calendar(self, tenant: str, name: str) -> CalendarRecord | None: ...
+
+    def list_calendars(self, tenant: str | None = None) -> list[CalendarRecord]:
+        """Every calendar of ``tenant`` (None: of every tenant), by tenant and name."""
+
+    def delete_calendar(self, tenant: str, name: str) -> bool:
+        """Delete the calendar; whether there was one."""
 
 
 class KindWrites(Protocol):
@@ -566,7 +597,14 @@ class HistoryStore(Protocol):
 
 
 class Store(
-    JobStore, TenancyStore, SecretStore, DispatchStore, OwnershipStore, HistoryStore, Protocol
+    JobStore,
+    TenancyStore,
+    SecretStore,
+    CalendarStore,
+    DispatchStore,
+    OwnershipStore,
+    HistoryStore,
+    Protocol,
 ):
     """The record of truth: every role in one. Blocking calls: the node runs
     them off the event loop. A caller that needs one role takes that
