@@ -36,6 +36,7 @@ import heapq
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from wheel.engine.calendars import Calendar, CalendarDays
 from wheel.engine.jobtable import Columns
 from wheel.engine.model import SCHEDULE_OVER, JobState, shard_of
 from wheel.engine.owner import (
@@ -60,7 +61,7 @@ from wheel.engine.records import (
     SpecUpdate,
     WriteBatch,
 )
-from wheel.engine.schedule import compile_schedule
+from wheel.engine.schedule import compile_schedule, with_calendars
 from wheel.engine.spec import DEFAULT_LIMITS, Cron, Interval, IntervalMode, JobSpec, Once
 from wheel.errors import FailedPrecondition, LimitExceeded
 
@@ -72,6 +73,7 @@ __all__ = [
     "StateChange",
     "first_fire",
     "next_fires_of",
+    "preview",
     "preview_fires",
 ]
 
@@ -126,16 +128,28 @@ def preview_fires(spec: JobSpec, after_ms: int, count: int) -> list[int]:
     """The next ``count`` nominal fires of ``spec``'s schedule strictly after
     ``after_ms``, as the owner computes them (its time zone, DST gap and fold
     policies): what PreviewSchedule shows."""
-    compiled = compile_schedule(spec.schedule, jitter_ms=0, job_id=0)
+    return preview(spec, after_ms, count)[0]
+
+
+def preview(
+    spec: JobSpec, after_ms: int, count: int, days: CalendarDays | None = None
+) -> tuple[list[int], list[int]]:
+    """``preview_fires`` skipping ``days`` (the job's calendars' days), and
+    the first fire of each skipped day on the way (recorded missed, reason
+    calendar, by the owner)."""
+    compiled = with_calendars(
+        compile_schedule(spec.schedule, jitter_ms=0, job_id=0), spec.schedule, days
+    )
     out: list[int] = []
+    skipped: list[int] = []
     at = after_ms
-    while len(out) < count:
+    while len(out) < count and len(skipped) < 10 * count:
         nxt = compiled.next_fire(at)
         if nxt is None:
             break
-        out.append(nxt)
+        (skipped if compiled.skips(nxt) else out).append(nxt)
         at = nxt
-    return out
+    return out, skipped
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -626,6 +640,11 @@ class Driver:
 
     def set_tenant_limits(self, limits: Mapping[str, TenantLimit], now_ms: int) -> None:
         self.owner.set_tenant_limits(limits, now_ms)
+
+    def set_calendars(self, calendars: Mapping[tuple[str, str], Calendar], now_ms: int) -> int:
+        """Every calendar as the store has them: the jobs skipping one that
+        changed are re-armed (how many moved)."""
+        return self.owner.set_calendars(calendars, now_ms, self.acts)
 
     # -- the checkpoint's view ----------------------------------------------------
 

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Iterable, Sequence
 
 from wheel.coord.base import Member
+from wheel.engine.calendars import Calendar, CalendarDays
 from wheel.engine.model import JobState
 from wheel.engine.records import (
     ExecutionRecord,
@@ -21,6 +22,7 @@ from wheel.engine.records import (
 )
 from wheel.engine.spec import JobSpec
 from wheel.errors import ResourceExhausted, WheelError
+from wheel.node._calendars import Calendars
 from wheel.node._jobs import Jobs
 from wheel.node._membership import ClusterView
 from wheel.node._reads import Reads
@@ -28,7 +30,7 @@ from wheel.node._secrets import Secrets
 from wheel.node._tenancy import Tenancy
 from wheel.node._updates import Redriven, Updates
 from wheel.node._values import InFlightRun, Membership, NodeStatus
-from wheel.store.base import SecretRecord, TenantQuota, TokenRecord
+from wheel.store.base import CalendarRecord, SecretRecord, TenantQuota, TokenRecord
 
 
 class NodeCalls:
@@ -41,6 +43,7 @@ class NodeCalls:
         updates: Updates,
         tenancy: Tenancy,
         secrets: Secrets,
+        calendars: Calendars,
         reads: Reads,
         view: ClusterView,
     ) -> None:
@@ -48,6 +51,7 @@ class NodeCalls:
         self._updates = updates
         self._tenancy = tenancy
         self._secrets = secrets
+        self._calendars = calendars
         self._reads = reads
         self._view = view
 
@@ -179,6 +183,32 @@ class NodeCalls:
         (tenant, name): one made through another node a moment ago is then
         known to a submit that names it."""
         await self._secrets.learn(wanted)
+
+    # -- calendars (wheel.node._calendars) ----------------------------------------
+
+    async def set_calendar(self, tenant: str, name: str, calendar: Calendar) -> CalendarRecord:
+        return await self._calendars.set(tenant, name, calendar)
+
+    async def get_calendar(self, tenant: str, name: str) -> CalendarRecord | None:
+        return await self._calendars.get(tenant, name)
+
+    async def list_calendars(self, tenant: str | None) -> list[CalendarRecord]:
+        return await self._calendars.list(tenant)
+
+    async def delete_calendar(self, tenant: str, name: str) -> bool:
+        return await self._calendars.delete(tenant, name)
+
+    def knows_calendar(self, tenant: str, name: str) -> bool:
+        """Whether ``tenant`` has a calendar ``name``, as this node last read
+        the store (``learn_calendars`` reads it again first)."""
+        return self._calendars.knows(tenant, name)
+
+    async def learn_calendars(self, wanted: Iterable[tuple[str, str]]) -> None:
+        await self._calendars.learn(wanted)
+
+    def calendar_days(self, tenant: str, names: Sequence[str]) -> CalendarDays | None:
+        """The days a job of ``tenant`` skipping ``names`` does not fire on."""
+        return self._calendars.days(tenant, names)
 
     def signed_headers(
         self, tenant: str, name: str, msg_id: str, body: bytes

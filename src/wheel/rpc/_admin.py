@@ -9,6 +9,7 @@ from collections import Counter
 import grpc
 
 from wheel.node import Node
+from wheel.rpc._calendars import CalendarsAdmin
 from wheel.rpc._guard import Guard
 from wheel.rpc._peers import Peers, forwarded_by
 from wheel.rpc._secrets import SecretsAdmin
@@ -35,6 +36,7 @@ class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
         self.guard = guard or Guard(None)
         self.peers = peers
         self.secrets = SecretsAdmin(node, self.guard)
+        self.calendars = CalendarsAdmin(node, self.guard)
 
     # -- signing secrets (wheel.rpc._secrets) -------------------------------------------
 
@@ -57,6 +59,28 @@ class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
         self, request: admin_service_pb2.DeleteSecretRequest, context: grpc.aio.ServicerContext
     ) -> admin_service_pb2.DeleteSecretResponse:
         return await self.secrets.DeleteSecret(request, context)
+
+    # -- calendars (wheel.rpc._calendars) -------------------------------------------------
+
+    async def SetCalendar(
+        self, request: admin_service_pb2.SetCalendarRequest, context: grpc.aio.ServicerContext
+    ) -> admin_service_pb2.Calendar:
+        return await self.calendars.SetCalendar(request, context)
+
+    async def GetCalendar(
+        self, request: admin_service_pb2.GetCalendarRequest, context: grpc.aio.ServicerContext
+    ) -> admin_service_pb2.Calendar:
+        return await self.calendars.GetCalendar(request, context)
+
+    async def ListCalendars(
+        self, request: admin_service_pb2.ListCalendarsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_service_pb2.ListCalendarsResponse:
+        return await self.calendars.ListCalendars(request, context)
+
+    async def DeleteCalendar(
+        self, request: admin_service_pb2.DeleteCalendarRequest, context: grpc.aio.ServicerContext
+    ) -> admin_service_pb2.DeleteCalendarResponse:
+        return await self.calendars.DeleteCalendar(request, context)
 
     async def GetClusterStatus(
         self,
