@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any, TypedDict
@@ -104,6 +104,9 @@ class JobRequest:
     at_most_once: bool = False
     pool: str = _SPEC.pool
     tenant: str = _SPEC.tenant
+    # Calendars of the tenant whose days the job does not fire on (each
+    # such fire is recorded missed, reason "calendar").
+    skip_calendars: Sequence[str] = ()
     # The same key and body return the job the first submit made (``created``
     # False); the same key with another body is ``AlreadyExists``.
     idempotency_key: str | None = None
@@ -144,6 +147,7 @@ class JobArgs(_RequiredJobArgs, total=False):
     at_most_once: bool
     pool: str
     tenant: str
+    skip_calendars: Sequence[str]
     idempotency_key: str | None
 
 
@@ -174,6 +178,7 @@ class UpdateArgs(TypedDict, total=False):
     timeout: Duration
     at_most_once: bool
     pool: str
+    skip_calendars: Sequence[str]
 
 
 # -- client -> engine -------------------------------------------------------------
@@ -226,7 +231,17 @@ def job_spec(request: JobRequest, *, now_ms: int) -> engine.JobSpec:
             if _flag(r.at_most_once, "at_most_once")
             else engine.SideEffect.IDEMPOTENT
         ),
+        skip_calendars=_names(r.skip_calendars, "skip_calendars"),
     )
+
+
+def _names(value: object, field: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Sequence | tuple | list):
+        raise InvalidArgument(field, "must be a list of names")
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"{field}[{i}]", "must be a non-empty name")
+    return tuple(value)
 
 
 def wire_target(target: object) -> jobs_pb2.HttpTarget:

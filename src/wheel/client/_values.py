@@ -428,6 +428,8 @@ class Job:
     at_most_once: bool
     # Its HTTP target (handler "http"; ``payload`` is the request's body).
     http: HttpTarget | None = None
+    # Calendars whose days it does not fire on.
+    skip_calendars: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -265,6 +265,7 @@ _UPDATE_FIELDS = {
     "timeout": "timeout_ms",
     "at_most_once": "side_effect",
     "pool": "pool",
+    "skip_calendars": "skip_calendars",
 }
 
 
@@ -532,6 +533,7 @@ def job_from(spec: JobSpec, msg: jobs_pb2.Job, *, created: bool = False) -> Job:
         timeout=timedelta(milliseconds=spec.timeout_ms),
         jitter=timedelta(milliseconds=spec.jitter_ms),
         at_most_once=spec.side_effect is SideEffect.AT_MOST_ONCE,
+        skip_calendars=spec.skip_calendars,
     )
 
 
