@@ -311,6 +311,7 @@ def submit_args(
         "retry": retry_of(ns, {}),
         "timeout": parse_duration(ns.timeout, "timeout"),
         "at_most_once": _on(ns, "at_most_once", "idempotent"),
+        "skip_calendars": calendars_of(ns.skip_calendar),
         "idempotency_key": ns.key or None,
     }
     if ns.at:
@@ -528,7 +529,14 @@ def policies_json(job: Job) -> dict[str, Any]:
         "timeout_ms": ms(job.timeout),
         "jitter_ms": ms(job.jitter),
         "at_most_once": job.at_most_once,
+        "skip_calendars": list(job.skip_calendars),
     }
+
+
+def calendars_of(given: list[str] | None) -> list[str]:
+    """The calendars of ``--skip-calendar`` (given again for more; an empty
+    one names none, so that an update can clear them)."""
+    return [name for name in given or () if name]
 
 
 def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -625,6 +633,16 @@ def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
         ),
         p.add_argument("--tenant", default="default", help="the tenant the job belongs to"),
         p.add_argument("--pool", default="default", help="the worker pool whose workers run it"),
+        p.add_argument(
+            "--skip-calendar",
+            "--skip-calendars",
+            dest="skip_calendar",
+            action="append",
+            metavar="NAME",
+            help="do not fire on the days of this calendar of the tenant (wheelctl calendar"
+            " set); each such fire is recorded missed, reason calendar. Again for more; on"
+            " update, the calendars given replace them all ('' for none)",
+        ),
         p.add_argument(
             "--key",
             "--idempotency-key",

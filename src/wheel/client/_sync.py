@@ -321,11 +321,13 @@ class Client:
         start: When | None = None,
         start_from: When | None = None,
         count: int = 10,
+        skip_calendars: Sequence[str] = (),
     ) -> list[datetime]:
         """The next ``count`` fire times (at most 1000) at or after
         ``start_from`` (default now) of a job, or of a schedule given as to
         ``submit``, as the scheduler computes them (time zone, DST gap and
-        fold policies)."""
+        fold policies), skipping the days of ``skip_calendars`` (a job skips its
+        own)."""
         schedule = {
             k: v
             for k, v in (
@@ -336,7 +338,7 @@ class Client:
         }  # fmt: skip
         if job_id is not None:
             schedule = {k: v for k, v in schedule.items() if k in ("cron", "every", "at", "start")}
-        request = _wire.preview_request(job_id, schedule, start_from, count)
+        request = _wire.preview_request(job_id, schedule, start_from, count, skip_calendars)
         resp = self._call(lambda n: n.jobs.PreviewSchedule, request)
         return [utc(ms) for ms in resp.fires_ms]
 

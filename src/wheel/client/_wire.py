@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
@@ -326,6 +326,7 @@ def preview_request(
     schedule: Mapping[str, Any],
     start_from: When | None,
     count: int,
+    skip_calendars: Sequence[str] = (),
 ) -> js.PreviewScheduleRequest:
     """``Client.preview``'s request: a job's schedule, or one given by the
     schedule keywords of a submit (``cron=``, ``tz=``, ``every=``...)."""
@@ -333,6 +334,8 @@ def preview_request(
     if job_id is not None:
         if schedule:
             raise InvalidArgument("job_id", "give a job or a schedule, not both")
+        if skip_calendars:
+            raise InvalidArgument("skip_calendars", "a job's preview skips its own calendars")
         return build(js.PreviewScheduleRequest, job_id=job_id, from_ms=from_ms, count=count)
     spec = job_spec(
         JobRequest(name="-", handler="-", **schedule), now_ms=time.time_ns() // 1_000_000
@@ -342,6 +345,7 @@ def preview_request(
         schedule=convert.spec_to_proto(spec).schedule,
         from_ms=from_ms,
         count=count,
+        skip_calendars=list(skip_calendars),
     )
 
 
