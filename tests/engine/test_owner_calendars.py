@@ -119,3 +119,22 @@ def test_a_restart_keeps_skipping_once_the_calendars_are_back() -> None:
     _run_until(n, FRI + DAY + MIN, every=HOUR)
     assert _fires(n, j) == [FRI + DAY, FRI + DAY + MIN]
     assert n.missed(j) == {FRI + 8 * HOUR: MissedReason.CALENDAR}
+
+
+def test_a_job_s_next_fires_leave_out_its_skipped_days() -> None:
+    n = _node(FRI + 23 * HOUR)
+    n.owner.set_calendar("default", "wk", WEEKEND, n.now, n.acts)
+    j = n.submit(spec(schedule=Cron(expr="0 12 * * *"), skip_calendars=("wk",)))
+    n.step()
+    # Saturday's noon is armed (it stands for the day), but never shown.
+    assert n.owner.next_fires(j, 3) == [FRI + 3 * DAY + 12 * HOUR, FRI + 4 * DAY + 12 * HOUR,
+                                        FRI + 5 * DAY + 12 * HOUR]  # fmt: skip
+
+
+def test_a_skipped_day_s_fire_due_at_a_pause_is_recorded_as_the_calendar_s() -> None:
+    n = _node()
+    n.owner.set_calendar("default", "hol", FRIDAY, n.now, n.acts)
+    j = n.submit(spec(schedule=Interval(period_ms=MIN), skip_calendars=("hol",)), next_run_at=FRI)
+    n.owner.cancel_job(j, n.acts, n.now)
+    n.step()
+    assert n.missed(j) == {FRI: MissedReason.CALENDAR}

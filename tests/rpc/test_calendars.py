@@ -5,14 +5,14 @@ and a preview that skips their days."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from tests.rpc.test_api import every, spec, submit
+from tests.rpc.test_api import cron, every, spec, submit
 from tests.rpc.test_secrets import SecretsServer, _Jobs
 from wheel.auth import JOBS_READ, JOBS_WRITE
 from wheel.rpc.v1 import admin_service_pb2 as admin
@@ -217,3 +217,18 @@ def test_preview_skips_the_calendar_days_and_shows_each_skipped_day(
     with pytest.raises(grpc.RpcError) as info:
         api.jobs.PreviewSchedule(request, timeout=10)
     assert str(info.value.details()).startswith("spec.skip_calendars[1]:")
+
+
+def test_a_job_s_next_fires_leave_out_its_skipped_days(
+    admin_stub: admin_service_pb2_grpc.AdminServiceStub, api: Any
+) -> None:
+    today = datetime.now(UTC).date()
+    skipped = {str(today), str(today + timedelta(days=1))}
+    _set(admin_stub, "soon", dates=sorted(skipped))
+    msg = _skipping(["soon"])
+    msg.schedule.CopyFrom(cron("0 12 * * *"))
+    made = submit(api, msg).job
+    read = api.jobs.GetJob(job_service_pb2.GetJobRequest(job_id=made.job_id), timeout=10)
+    for job in (made, read):
+        days = [str(datetime.fromtimestamp(ms / 1000, UTC).date()) for ms in job.next_fires_ms]
+        assert len(days) == 5 and not skipped & set(days), days

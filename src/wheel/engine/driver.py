@@ -108,20 +108,16 @@ def _first_cron_fire(schedule: Cron, now_ms: int) -> int | None:
     return compile_schedule(schedule).next_fire(now_ms - 1)
 
 
-def next_fires_of(record: JobRecord, count: int) -> list[int]:
+def next_fires_of(record: JobRecord, count: int, days: CalendarDays | None = None) -> list[int]:
     """The next ``count`` fires of a job as its schedule computes them from
-    the store's ``next_run_at`` (the owner's memory is elsewhere)."""
+    the store's ``next_run_at`` (the owner's memory is elsewhere), none on
+    ``days`` (those of the calendars it skips)."""
     fire = record.next_run_at
     if fire is None or record.state is not JobState.ACTIVE:
         return []
-    compiled = compile_schedule(record.spec.schedule, jitter_ms=0, job_id=record.job_id)
-    out = [fire]
-    while len(out) < count:
-        nxt = compiled.next_fire(out[-1])
-        if nxt is None:
-            break
-        out.append(nxt)
-    return out
+    schedule = record.spec.schedule
+    compiled = compile_schedule(schedule, jitter_ms=0, job_id=record.job_id)
+    return with_calendars(compiled, schedule, days).upcoming(fire, count)
 
 
 def preview_fires(spec: JobSpec, after_ms: int, count: int) -> list[int]:

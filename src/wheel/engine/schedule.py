@@ -163,6 +163,19 @@ class CompiledSchedule:
         """The fire the schedule moves on to after a skipped one."""
         return self.next_fire(fire_ms)
 
+    def upcoming(self, first: int | None, count: int) -> list[int]:
+        """``first`` and the fires after it, at most ``count``, those on a
+        skipped calendar day left out (what a job's next fires show)."""
+        out: list[int] = []
+        at = first
+        for _ in range(count + _MAX_SKIPPED_DAYS):
+            if at is None or len(out) >= count:
+                break
+            if not self.skips(at):
+                out.append(at)
+            at = self.next_fire(at)
+        return out
+
     def jittered(self, fire_ms: int) -> int:
         """When the fire at nominal ``fire_ms`` is due: ``fire_ms`` plus a jitter in
         ``[0, jitter_ms]`` derived from ``(job_id, fire_ms)`` only (the same in every

@@ -83,7 +83,10 @@ class NodeCalls:
         return await self._jobs.backfill(job_id, fires)
 
     def next_fires(self, job_id: int, count: int, record: JobRecord | None = None) -> list[int]:
-        return self._jobs.next_fires(job_id, count, record)
+        days = None
+        if record is not None and record.spec.skip_calendars:
+            days = self._calendars.days(record.spec.tenant, record.spec.skip_calendars)
+        return self._jobs.next_fires(job_id, count, record, days)
 
     async def update_job(
         self,

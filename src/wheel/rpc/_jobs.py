@@ -239,11 +239,20 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
             spec, request.idempotency_key or None, body_hash=digest, now_ms=now
         )
 
+    def _first_fires(self, record: JobRecord) -> list[int]:
+        spec = record.spec
+        days = (
+            self.node.calendar_days(spec.tenant, spec.skip_calendars)
+            if spec.skip_calendars
+            else None
+        )
+        return next_fires_of(record, 5, days)
+
     def _submitted(self, record: JobRecord, created: bool) -> job_service_pb2.SubmitJobResponse:
         # Its fires as its schedule computes them from the stored first one:
         # asking the owner would wake a job that has just gone to rest.
         return job_service_pb2.SubmitJobResponse(
-            job=convert.job_to_proto(record, next_fires_ms=next_fires_of(record, 5)),
+            job=convert.job_to_proto(record, next_fires_ms=self._first_fires(record)),
             created=created,
         )
 

@@ -421,7 +421,8 @@ class JobBook(_Shelf):
         job.due = deque(d for d in job.due if _retry(d))
         job.buffered.clear()
         job.next_fire = None
-        self._miss(job, [(f, reason) for f in fires], now_ms, acts)
+        skips, calendar = job.compiled.skips, MissedReason.CALENDAR  # a skipped day's armed fire
+        self._miss(job, [(f, calendar if skips(f) else reason) for f in fires], now_ms, acts)
         self.flush_skipped(job, None, now_ms, acts)
 
     def record_paused_fires(
@@ -754,15 +755,7 @@ class JobBook(_Shelf):
 
     def next_fires(self, job_id: int, count: int) -> list[int]:
         job = self.job(job_id)
-        if job is None or job.next_fire is None:
-            return []
-        out = [job.next_fire]
-        while len(out) < count:
-            nxt = job.compiled.next_fire(out[-1])
-            if nxt is None:
-                break
-            out.append(nxt)
-        return out
+        return [] if job is None else job.compiled.upcoming(job.next_fire, count)
 
 
 def _rests_as(
