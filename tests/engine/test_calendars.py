@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.strategies import CALENDAR_CRONS, CALENDAR_ZONES, calendar_days
 from wheel.engine.calendars import Calendar, CalendarDays, parse_calendar
 from wheel.engine.profiles import split_spec
 from wheel.engine.schedule import compile_schedule, with_calendars
@@ -142,29 +143,8 @@ def test_every_weekday_skipped_never_fires() -> None:
     assert marker is not None and compiled.skips(marker)
 
 
-_ZONES = st.sampled_from(["UTC", "Europe/Paris", "America/New_York", "Asia/Kolkata"])
-_EXPRS = st.sampled_from(["*/7 * * * *", "0 */3 * * *", "30 2 * * *", "0 0 * * 1-5", "15 1 1 * *"])
-
-
-@st.composite
-def _days(draw: st.DrawFn) -> tuple[Calendar, CalendarDays]:
-    base = date(2026, 12, 1).toordinal()
-    picked = draw(st.sets(st.integers(0, 40), max_size=12))
-    spans = draw(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 4)), max_size=3))
-    weekdays = draw(st.sets(st.sampled_from(["mon", "wed", "sat", "sun"]), max_size=2))
-    dates = [date.fromordinal(base + d).isoformat() for d in picked]
-    ranges = [
-        (date.fromordinal(base + a).isoformat(), date.fromordinal(base + a + n).isoformat())
-        for a, n in spans
-    ]
-    if not dates and not ranges and not weekdays:
-        dates = [date.fromordinal(base + 3).isoformat()]
-    cal = parse_calendar(dates, ranges, sorted(weekdays))
-    return cal, cal.days()
-
-
 @settings(max_examples=60, deadline=None)
-@given(expr=_EXPRS, zone=_ZONES, cal=_days())
+@given(expr=CALENDAR_CRONS, zone=CALENDAR_ZONES, cal=calendar_days())
 def test_fires_with_a_calendar_are_fires_without_less_its_days(
     expr: str, zone: str, cal: tuple[Calendar, CalendarDays]
 ) -> None:
@@ -197,7 +177,7 @@ def test_fires_with_a_calendar_are_fires_without_less_its_days(
 @settings(max_examples=40, deadline=None)
 @given(
     period_s=st.sampled_from([1, 7, 3600, 5400, 86_400, 90_000]),
-    cal=_days(),
+    cal=calendar_days(),
 )
 def test_interval_fires_skip_utc_days(period_s: int, cal: tuple[Calendar, CalendarDays]) -> None:
     _, days = cal
