@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 import time
+from datetime import date
 from typing import Any
 
 from hypothesis import strategies as st
 
+from wheel.engine.calendars import Calendar, CalendarDays, parse_calendar
 from wheel.engine.spec import DEFAULT_LIMITS as L
 from wheel.rpc._common import MAX_IDEMPOTENCY_KEY
 from wheel.rpc.v1 import job_service_pb2, jobs_pb2
@@ -271,3 +273,30 @@ def proto_copy(msg: Any) -> Any:
     out = type(msg)()
     out.CopyFrom(msg)
     return out
+
+
+# -- calendars --------------------------------------------------------------------
+
+CALENDAR_ZONES = st.sampled_from(["UTC", "Europe/Paris", "America/New_York", "Asia/Kolkata"])
+CALENDAR_CRONS = st.sampled_from(
+    ["*/7 * * * *", "0 */3 * * *", "30 2 * * *", "0 0 * * 1-5", "15 1 1 * *"]
+)
+
+
+@st.composite
+def calendar_days(draw: st.DrawFn) -> tuple[Calendar, CalendarDays]:
+    """A calendar of a few dates, ranges and weekdays around December 2026,
+    and its days."""
+    base = date(2026, 12, 1).toordinal()
+    picked = draw(st.sets(st.integers(0, 40), max_size=12))
+    spans = draw(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 4)), max_size=3))
+    weekdays = draw(st.sets(st.sampled_from(["mon", "wed", "sat", "sun"]), max_size=2))
+    dates = [date.fromordinal(base + d).isoformat() for d in picked]
+    ranges = [
+        (date.fromordinal(base + a).isoformat(), date.fromordinal(base + a + n).isoformat())
+        for a, n in spans
+    ]
+    if not dates and not ranges and not weekdays:
+        dates = [date.fromordinal(base + 3).isoformat()]
+    cal = parse_calendar(dates, ranges, sorted(weekdays))
+    return cal, cal.days()

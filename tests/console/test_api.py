@@ -342,3 +342,18 @@ def test_the_sync_client_pages_searches_and_reads_the_node_panels(
         assert (held.runs, held.total) == ([], 0)
         with pytest.raises(InvalidArgument, match="limit"):
             client.in_flight(limit=5_000)
+
+
+def test_a_job_shows_the_calendars_it_skips(node: ConsoleNode, tokens: dict[str, str]) -> None:
+    with Client(node.target, token=tokens["acme"]) as client:
+        client.set_calendar("weekend", weekdays=["sat", "sun"])
+        job_id = client.submit(
+            name="weekdays", handler="h", cron="0 9 * * *", skip_calendars=["weekend"]
+        ).job_id
+    answer = call(f"{node.url}/api/jobs/{job_id}?next_fires=5", token=tokens["acme"])
+    assert answer.status == 200, answer.body
+    assert answer.body["skip_calendars"] == ["weekend"]
+    days = [
+        datetime.fromtimestamp(f["ms"] / 1000, UTC).weekday() for f in answer.body["next_fires"]
+    ]
+    assert len(days) == 5 and not {5, 6} & set(days)

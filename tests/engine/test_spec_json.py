@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from wheel.engine.profiles import profile_of, split_spec
 from wheel.engine.spec import (
     CatchUp,
     CatchUpMode,
@@ -35,6 +36,12 @@ SPECS = [
         pool="gpu",
     ),
     JobSpec(name="every", handler="h", schedule=Interval(period_ms=2_000, start_at_ms=5)),
+    JobSpec(
+        name="skips",
+        handler="h",
+        schedule=Interval(period_ms=2_000, start_at_ms=5),
+        skip_calendars=("holidays", "weekend"),
+    ),
 ]
 
 
@@ -61,3 +68,12 @@ def test_a_spec_read_from_json_keeps_the_text_it_came_from() -> None:
     read = JobSpec.from_json(text + " ")  # stored text need not be byte-equal
     assert read == spec and read is not spec
     assert read.to_json() == text + " "
+
+
+def test_a_profile_writes_each_job_s_json_as_the_spec_does() -> None:
+    for spec in SPECS:
+        template, param = split_spec(spec)
+        assert (
+            profile_of(template).spec_json(spec.name, param)
+            == dataclasses.replace(spec, payload=b"").to_json()
+        )

@@ -35,6 +35,7 @@ from wheel.store.base import (
     TERMINAL_RUN_STATES,
     AuditEntry,
     BatchOutcome,
+    CalendarRecord,
     Changes,
     ClaimOutcome,
     Completion,
@@ -173,6 +174,7 @@ class ReferenceStore:
         self.quotas: dict[str, TenantQuota] = {}
         self.secrets: dict[tuple[str, str], list[SecretRecord]] = {}
         self.audit: list[AuditEntry] = []
+        self.calendars: dict[tuple[str, str], CalendarRecord] = {}
         # Each job's recorded updates in version order, and its update keys.
         self.updates: dict[int, list[JobChange]] = defaultdict(list)
         self.update_keys: dict[tuple[int, str], tuple[str, int]] = {}  # -> (digest, version)
@@ -386,6 +388,29 @@ class ReferenceStore:
         gone = len(self.audit) - len(kept)
         self.audit = kept
         return gone
+
+    def set_calendar(self, tenant: str, name: str, body: str, now_ms: int) -> CalendarRecord:
+        old = self.calendars.get((tenant, name))
+        new = CalendarRecord(
+            tenant=tenant,
+            name=name,
+            body=body,
+            version=1 if old is None else old.version + 1,
+            updated_at_ms=now_ms,
+        )
+        self.calendars[(tenant, name)] = new
+        return new
+
+    def get_calendar(self, tenant: str, name: str) -> CalendarRecord | None:
+        return self.calendars.get((tenant, name))
+
+    def list_calendars(self, tenant: str | None = None) -> list[CalendarRecord]:
+        return [
+            self.calendars[k] for k in sorted(self.calendars) if tenant is None or k[0] == tenant
+        ]
+
+    def delete_calendar(self, tenant: str, name: str) -> bool:
+        return self.calendars.pop((tenant, name), None) is not None
 
     def set_job_state(
         self, job_id: int, state: JobState, *, next_run_at: int | None, now_ms: int

@@ -52,6 +52,9 @@ SCOPE_OF: dict[str, str] = {
     # A tenant's credential manages its own tenant's signing secrets.
     **{_ADMIN + m: JOBS_WRITE for m in ("SetSecret", "RotateSecret", "DeleteSecret")},
     _ADMIN + "ListSecrets": JOBS_READ,
+    # And its own tenant's calendars.
+    **{_ADMIN + m: JOBS_WRITE for m in ("SetCalendar", "DeleteCalendar")},
+    **{_ADMIN + m: JOBS_READ for m in ("GetCalendar", "ListCalendars")},
     "/wheel.rpc.v1.WorkerService/Connect": WORKER,
     _ADMIN + "GetMembership": ANY_SCOPE,
     # Calls between members carry the credential of the call that caused them.

@@ -13,6 +13,7 @@ wheelctl update JOB_ID ... | updates JOB_ID | backfill JOB_ID --from --to | prev
 wheelctl dlq list|redrive ...   (see wheel.cli.operator)
 wheelctl token create|list|revoke ... | tenant set|list ...   (see wheel.cli.admin)
 wheelctl secret set|list|rotate|delete ...   (signing secrets; see wheel.cli.secret)
+wheelctl calendar set|list|show|delete ...   (days jobs skip; see wheel.cli.calendar)
 wheelctl outbox init|status --dsn DSN   (the transactional submit's table; see wheel.cli.outbox)
 """
 
@@ -39,6 +40,7 @@ from wheel.cli._common import (
 from wheel.cli.admin import add_token_flag
 from wheel.cli.admin import register as register_admin
 from wheel.cli.audit import register as register_audit
+from wheel.cli.calendar import register as register_calendar
 from wheel.cli.codec import add_codec_flag, codec_of
 from wheel.cli.codec import register as register_codec
 from wheel.cli.import_ import register as register_import
@@ -245,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_admin(sub, target, target_help)
     register_secret(sub, target, target_help)
+    register_calendar(sub, target, target_help)
     register_import(sub, target, target_help)
     register_operator(sub, target, target_help)
 

@@ -313,6 +313,7 @@ def submit_args(
         "retry": retry_of(ns, {}),
         "timeout": parse_duration(ns.timeout, "timeout"),
         "at_most_once": _on(ns, "at_most_once", "idempotent"),
+        "skip_calendars": calendars_of(ns.skip_calendar),
         "idempotency_key": ns.key or None,
     }
     if ns.at:
@@ -531,7 +532,14 @@ def policies_json(job: Job) -> dict[str, Any]:
         "jitter_ms": ms(job.jitter),
         "at_most_once": job.at_most_once,
         "priority": job.priority,
+        "skip_calendars": list(job.skip_calendars),
     }
+
+
+def calendars_of(given: list[str] | None) -> list[str]:
+    """The calendars of ``--skip-calendar`` (given again for more; an empty
+    one names none, so that an update can clear them)."""
+    return [name for name in given or () if name]
 
 
 def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -634,6 +642,16 @@ def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
             default=5,
             help="0 (runs first) to 9 (runs last) when the pool's workers are short (5); a"
             " waiting run gains a level every --priority-aging of the node (10s)",
+        ),
+        p.add_argument(
+            "--skip-calendar",
+            "--skip-calendars",
+            dest="skip_calendar",
+            action="append",
+            metavar="NAME",
+            help="do not fire on the days of this calendar of the tenant (wheelctl calendar"
+            " set); each such fire is recorded missed, reason calendar. Again for more; on"
+            " update, the calendars given replace them all ('' for none)",
         ),
         p.add_argument(
             "--key",

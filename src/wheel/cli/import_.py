@@ -32,6 +32,9 @@ A job with an HTTP target takes an ``http`` object instead of a handler:
 "timeout": "10s", "signing_secret": "hooks", "retry_4xx": false,
 "follow_redirects": false}, "payload": {"id": 7}}`` (the payload is the
 request's body); the target's flags as keys (``http_url``...) work too.
+``skip_calendars`` (or ``skip_calendar``) takes a calendar's name or an
+array of them: ``{"name": "r", "handler": "h", "cron": "0 9 * * *",
+"skip_calendars": ["holidays", "weekend"]}``.
 
 A bad line (not JSON, an unknown key, a bad value, a request the node
 refuses) is reported with its number and reason and holds back no other. A
@@ -198,10 +201,21 @@ def _headers(value: object) -> list[str]:
     raise InvalidArgument("http_header", "expected an object of names and values")
 
 
+def _names(key: str, value: object) -> list[str]:
+    """A line's calendars: ``["holidays", ...]`` or one ``"holidays"``."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise InvalidArgument(key, "expected a calendar's name or an array of them")
+
+
 def _flag_value(action: argparse.Action, key: str, value: object) -> object:
     """What the flag would hold had ``value`` been given on the command line."""
     if action.dest == "http_header":
         return _headers(value)
+    if action.dest == "skip_calendar":
+        return _names(key, value)
     if action.nargs == 0:  # a switch: --fixed-delay, --at-most-once
         if not isinstance(value, bool):
             raise InvalidArgument(key, f"expected true or false, got {_json_type(value)}")

@@ -241,6 +241,11 @@ def job_text(job: Job) -> list[str]:
         f" x{r.multiplier:g} up to {fmt_duration(r.max_backoff)}, full jitter",
         f"  timeout     {fmt_duration(job.timeout)}",
         f"  side effect {'at most once' if job.at_most_once else 'idempotent'}",
+        *(
+            [f"  skips       {', '.join(job.skip_calendars)} (calendars)"]
+            if job.skip_calendars
+            else []
+        ),
         f"  payload     {payload_text}",
         f"  created     {fmt_time(job.created_at)}   updated {fmt_time(job.updated_at)}",
     ]

@@ -42,6 +42,7 @@ from wheel.cli._common import (
     ZONELESS_JOB,
     ZONELESS_UTC,
     add_job_flags,
+    calendars_of,
     command_client,
     epoch_ms,
     fmt_time,
@@ -125,6 +126,8 @@ def update_args(
         args["every"] = parse_duration(given["every"], "every")
     if "start" in given:
         args["start"] = _when(given["start"], "start", now, zone)
+    if "skip_calendar" in given:
+        args["skip_calendars"] = calendars_of(given["skip_calendar"])
     if "jitter" in given:
         args["jitter"] = parse_duration(given["jitter"], "jitter")
     if "timeout" in given:
@@ -261,6 +264,7 @@ def cmd_updates(ns: argparse.Namespace) -> int:
 _SPEC_FIELDS = (
     "name", "handler", "http", "pool", "schedule", "catch_up", "overlap", "retry",
     "timeout_ms", "jitter_ms", "at_most_once", "priority",
+    "timeout_ms", "jitter_ms", "at_most_once", "skip_calendars",
 )  # fmt: skip
 
 
@@ -320,6 +324,7 @@ def cmd_preview(ns: argparse.Namespace) -> int:
                 start=_when(ns.start, "start", now) if ns.start else None,
                 start_from=start_from,
                 count=ns.count,
+                skip_calendars=calendars_of(ns.skip_calendar),
             )
     if ns.json:
         print(json.dumps([{"fire_ms": epoch_ms(t), "utc": t.isoformat()} for t in fires]))
@@ -468,6 +473,13 @@ def register(sub: Any, target: str, target_help: str) -> None:
         " without a zone is a wall time in the schedule's zone (--tz, or the job's)",
     )
     pv.add_argument("--count", type=int, default=10, help="how many (at most 1000)")
+    pv.add_argument(
+        "--skip-calendar",
+        action="append",
+        metavar="NAME",
+        help="with a schedule: skip the days of this calendar of yours (again for more);"
+        " a --job skips its own",
+    )
     pv.set_defaults(fn=cmd_preview)
 
     dq = sub.add_parser("dlq", help="dead-lettered runs: list, redrive")

@@ -25,7 +25,7 @@ with Client("127.0.0.1:50051") as client:
 ``timedelta``); every failure is a ``wheel.errors.WheelError``.
 """
 
-from wheel.client._admin import AuditEntry, Secret, TenantQuota, Token
+from wheel.client._admin import AuditEntry, Calendar, Secret, TenantQuota, Token
 from wheel.client._async import AsyncClient
 from wheel.client._specs import JobArgs, JobRequest, Payload, UpdateArgs
 from wheel.client._sync import Client
@@ -79,6 +79,7 @@ __all__ = [
     "At",
     "AuditEntry",
     "Backfill",
+    "Calendar",
     "CatchUp",
     "CatchUpMode",
     "ChannelSecurity",

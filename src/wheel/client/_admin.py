@@ -1,12 +1,13 @@
-"""Requests and answers of AdminService's token, tenant-quota and
-signing-secret calls, for ``Client`` (``wheelctl token``, ``wheelctl
-tenant`` and ``wheelctl secret``)."""
+"""Requests and answers of AdminService's token, tenant-quota,
+signing-secret and calendar calls, for ``Client`` (``wheelctl token``,
+``wheelctl tenant``, ``wheelctl secret`` and ``wheelctl calendar``)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 
 from wheel.client._time import utc, utc_or_none
@@ -106,6 +107,55 @@ def secret_of(msg: admin.SecretInfo) -> Secret:
         created_at=utc(msg.created_at_ms),
         retires_at=utc_or_none(msg.retires_at_ms),
         key_id=msg.key_id,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calendar:
+    """Days that jobs naming the calendar (``skip_calendars``) do not fire
+    on: dates and inclusive ranges (each ``YYYY-MM-DD``, a job's local date)
+    and weekdays (``mon`` .. ``sun``). ``version`` counts its changes."""
+
+    tenant: str
+    name: str
+    dates: tuple[str, ...] = ()
+    ranges: tuple[tuple[str, str], ...] = ()
+    weekdays: tuple[str, ...] = ()
+    version: int = 0
+    updated_at: datetime | None = None
+
+
+def calendar_of(msg: admin.Calendar) -> Calendar:
+    return Calendar(
+        tenant=msg.tenant,
+        name=msg.name,
+        dates=tuple(msg.dates),
+        ranges=tuple((r.from_date, r.to_date) for r in msg.ranges),
+        weekdays=tuple(msg.weekdays),
+        version=msg.version,
+        updated_at=utc_or_none(msg.updated_ms),
+    )
+
+
+def _day(value: date | str) -> str:
+    return value.isoformat() if isinstance(value, date) else str(value)
+
+
+def set_calendar_request(
+    name: str,
+    tenant: str,
+    dates: Iterable[date | str],
+    ranges: Iterable[tuple[date | str, date | str]],
+    weekdays: Iterable[str],
+) -> admin.SetCalendarRequest:
+    return admin.SetCalendarRequest(
+        calendar=admin.Calendar(
+            tenant=tenant,
+            name=name,
+            dates=[_day(d) for d in dates],
+            ranges=[admin.DateRange(from_date=_day(a), to_date=_day(b)) for a, b in ranges],
+            weekdays=list(weekdays),
+        )
     )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from typing import Any, TypedDict
@@ -109,6 +109,9 @@ class JobRequest:
     # 0 (runs first) to 9 (runs last) when the pool's workers are short.
     priority: int = _SPEC.priority
     tenant: str = _SPEC.tenant
+    # Calendars of the tenant whose days the job does not fire on (each
+    # such fire is recorded missed, reason "calendar").
+    skip_calendars: Sequence[str] = ()
     # The same key and body return the job the first submit made (``created``
     # False); the same key with another body is ``AlreadyExists``.
     idempotency_key: str | None = None
@@ -150,6 +153,7 @@ class JobArgs(_RequiredJobArgs, total=False):
     pool: str
     priority: int
     tenant: str
+    skip_calendars: Sequence[str]
     idempotency_key: str | None
 
 
@@ -181,6 +185,7 @@ class UpdateArgs(TypedDict, total=False):
     at_most_once: bool
     pool: str
     priority: int
+    skip_calendars: Sequence[str]
 
 
 # -- client -> engine -------------------------------------------------------------
@@ -234,7 +239,17 @@ def job_spec(request: JobRequest, *, now_ms: int) -> engine.JobSpec:
             else engine.SideEffect.IDEMPOTENT
         ),
         priority=_priority(r.priority),
+        skip_calendars=_names(r.skip_calendars, "skip_calendars"),
     )
+
+
+def _names(value: object, field: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Sequence | tuple | list):
+        raise InvalidArgument(field, "must be a list of names")
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"{field}[{i}]", "must be a non-empty name")
+    return tuple(value)
 
 
 def wire_target(target: object) -> jobs_pb2.HttpTarget:

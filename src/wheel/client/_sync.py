@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2_grpc  # type: ignore[import-untyped, unuse
 
 from wheel.auth import call_metadata
 from wheel.client import _admin, _wire
-from wheel.client._admin import AuditEntry, Secret, TenantQuota, Token
+from wheel.client._admin import AuditEntry, Calendar, Secret, TenantQuota, Token
 from wheel.client._nodes import (
     CHANNEL_OPTIONS,
     CONNECT_TIMEOUT_S,
@@ -331,11 +331,13 @@ class Client:
         start: When | None = None,
         start_from: When | None = None,
         count: int = 10,
+        skip_calendars: Sequence[str] = (),
     ) -> list[datetime]:
         """The next ``count`` fire times (at most 1000) at or after
         ``start_from`` (default now) of a job, or of a schedule given as to
         ``submit``, as the scheduler computes them (time zone, DST gap and
-        fold policies)."""
+        fold policies), skipping the days of ``skip_calendars`` (a job skips its
+        own)."""
         schedule = {
             k: v
             for k, v in (
@@ -346,7 +348,7 @@ class Client:
         }  # fmt: skip
         if job_id is not None:
             schedule = {k: v for k, v in schedule.items() if k in ("cron", "every", "at", "start")}
-        request = _wire.preview_request(job_id, schedule, start_from, count)
+        request = _wire.preview_request(job_id, schedule, start_from, count, skip_calendars)
         resp = self._call(lambda n: n.jobs.PreviewSchedule, request)
         return [utc(ms) for ms in resp.fires_ms]
 
@@ -533,3 +535,41 @@ class Client:
         request = admin_pb.DeleteSecretRequest(tenant=tenant, name=name)
         resp = self._call(lambda n: n.admin.DeleteSecret, request)
         return int(resp.deleted)
+
+    # -- calendars (scope jobs:write; reading jobs:read) ---------------------------
+
+    def set_calendar(
+        self,
+        name: str,
+        *,
+        tenant: str = "",
+        dates: Iterable[date | str] = (),
+        ranges: Iterable[tuple[date | str, date | str]] = (),
+        weekdays: Iterable[str] = (),
+    ) -> Calendar:
+        """Create the calendar ``name`` of ``tenant`` (empty: the caller's) or
+        replace its days: dates and inclusive ranges (``date`` values or
+        ``YYYY-MM-DD``) and weekdays (``mon`` .. ``sun``). The jobs skipping
+        it are re-armed by the node before it answers."""
+        request = _admin.set_calendar_request(name, tenant, dates, ranges, weekdays)
+        resp = self._call(lambda n: n.admin.SetCalendar, request)
+        return _admin.calendar_of(resp)
+
+    def calendar(self, name: str, *, tenant: str = "") -> Calendar:
+        """The calendar; ``NotFound`` when there is none such."""
+        request = admin_pb.GetCalendarRequest(tenant=tenant, name=name)
+        return _admin.calendar_of(self._call(lambda n: n.admin.GetCalendar, request))
+
+    def calendars(self, tenant: str = "") -> list[Calendar]:
+        """Every calendar (of ``tenant``; empty: every tenant the caller
+        sees), by tenant and name."""
+        request = admin_pb.ListCalendarsRequest(tenant=tenant)
+        resp = self._call(lambda n: n.admin.ListCalendars, request)
+        return [_admin.calendar_of(m) for m in resp.calendars]
+
+    def delete_calendar(self, name: str, *, tenant: str = "") -> bool:
+        """Delete the calendar (False: there was none). Jobs naming it fire
+        on every day from then on."""
+        request = admin_pb.DeleteCalendarRequest(tenant=tenant, name=name)
+        resp = self._call(lambda n: n.admin.DeleteCalendar, request)
+        return bool(resp.deleted)

@@ -104,6 +104,7 @@ class MissedReason(StrEnum):
     OVERLAP = "overlap"  # came due while a previous run was still going
     DST_GAP = "dst_gap"  # the wall time did not exist and the policy skips it
     CANCELLED = "cancelled"  # queued or buffered when the job was cancelled
+    CALENDAR = "calendar"  # on a day of a calendar the job skips
 
 
 class AlertKind(StrEnum):
@@ -429,6 +430,8 @@ class Job:
     http: HttpTarget | None = None
     # 0 (runs first) to 9 (runs last) when its pool's workers are short.
     priority: int = 5
+    # Calendars whose days it does not fire on.
+    skip_calendars: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

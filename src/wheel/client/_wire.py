@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
@@ -277,6 +277,7 @@ _UPDATE_FIELDS = {
     "at_most_once": "side_effect",
     "pool": "pool",
     "priority": "priority",
+    "skip_calendars": "skip_calendars",
 }
 
 
@@ -337,6 +338,7 @@ def preview_request(
     schedule: Mapping[str, Any],
     start_from: When | None,
     count: int,
+    skip_calendars: Sequence[str] = (),
 ) -> js.PreviewScheduleRequest:
     """``Client.preview``'s request: a job's schedule, or one given by the
     schedule keywords of a submit (``cron=``, ``tz=``, ``every=``...)."""
@@ -344,6 +346,8 @@ def preview_request(
     if job_id is not None:
         if schedule:
             raise InvalidArgument("job_id", "give a job or a schedule, not both")
+        if skip_calendars:
+            raise InvalidArgument("skip_calendars", "a job's preview skips its own calendars")
         return build(js.PreviewScheduleRequest, job_id=job_id, from_ms=from_ms, count=count)
     spec = job_spec(
         JobRequest(name="-", handler="-", **schedule), now_ms=time.time_ns() // 1_000_000
@@ -353,6 +357,7 @@ def preview_request(
         schedule=convert.spec_to_proto(spec).schedule,
         from_ms=from_ms,
         count=count,
+        skip_calendars=list(skip_calendars),
     )
 
 
@@ -548,6 +553,7 @@ def job_from(
         jitter=timedelta(milliseconds=spec.jitter_ms),
         at_most_once=spec.side_effect is SideEffect.AT_MOST_ONCE,
         priority=spec.priority,
+        skip_calendars=spec.skip_calendars,
     )
 
 

@@ -36,6 +36,7 @@ import heapq
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from wheel.engine.calendars import Calendar, CalendarDays
 from wheel.engine.jobtable import Columns
 from wheel.engine.model import SCHEDULE_OVER, JobState, shard_of
 from wheel.engine.owner import (
@@ -60,7 +61,7 @@ from wheel.engine.records import (
     SpecUpdate,
     WriteBatch,
 )
-from wheel.engine.schedule import compile_schedule
+from wheel.engine.schedule import compile_schedule, with_calendars
 from wheel.engine.spec import DEFAULT_LIMITS, Cron, Interval, IntervalMode, JobSpec, Once
 from wheel.errors import FailedPrecondition, LimitExceeded
 
@@ -72,6 +73,7 @@ __all__ = [
     "StateChange",
     "first_fire",
     "next_fires_of",
+    "preview",
     "preview_fires",
 ]
 
@@ -106,36 +108,44 @@ def _first_cron_fire(schedule: Cron, now_ms: int) -> int | None:
     return compile_schedule(schedule).next_fire(now_ms - 1)
 
 
-def next_fires_of(record: JobRecord, count: int) -> list[int]:
+def next_fires_of(record: JobRecord, count: int, days: CalendarDays | None = None) -> list[int]:
     """The next ``count`` fires of a job as its schedule computes them from
-    the store's ``next_run_at`` (the owner's memory is elsewhere)."""
+    the store's ``next_run_at`` (the owner's memory is elsewhere), none on
+    ``days`` (those of the calendars it skips)."""
     fire = record.next_run_at
     if fire is None or record.state is not JobState.ACTIVE:
         return []
-    compiled = compile_schedule(record.spec.schedule, jitter_ms=0, job_id=record.job_id)
-    out = [fire]
-    while len(out) < count:
-        nxt = compiled.next_fire(out[-1])
-        if nxt is None:
-            break
-        out.append(nxt)
-    return out
+    schedule = record.spec.schedule
+    compiled = compile_schedule(schedule, jitter_ms=0, job_id=record.job_id)
+    return with_calendars(compiled, schedule, days).upcoming(fire, count)
 
 
 def preview_fires(spec: JobSpec, after_ms: int, count: int) -> list[int]:
     """The next ``count`` nominal fires of ``spec``'s schedule strictly after
     ``after_ms``, as the owner computes them (its time zone, DST gap and fold
     policies): what PreviewSchedule shows."""
-    compiled = compile_schedule(spec.schedule, jitter_ms=0, job_id=0)
+    return preview(spec, after_ms, count)[0]
+
+
+def preview(
+    spec: JobSpec, after_ms: int, count: int, days: CalendarDays | None = None
+) -> tuple[list[int], list[int]]:
+    """``preview_fires`` skipping ``days`` (the job's calendars' days), and
+    the first fire of each skipped day on the way (recorded missed, reason
+    calendar, by the owner)."""
+    compiled = with_calendars(
+        compile_schedule(spec.schedule, jitter_ms=0, job_id=0), spec.schedule, days
+    )
     out: list[int] = []
+    skipped: list[int] = []
     at = after_ms
-    while len(out) < count:
+    while len(out) < count and len(skipped) < 10 * count:
         nxt = compiled.next_fire(at)
         if nxt is None:
             break
-        out.append(nxt)
+        (skipped if compiled.skips(nxt) else out).append(nxt)
         at = nxt
-    return out
+    return out, skipped
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -626,6 +636,11 @@ class Driver:
 
     def set_tenant_limits(self, limits: Mapping[str, TenantLimit], now_ms: int) -> None:
         self.owner.set_tenant_limits(limits, now_ms)
+
+    def set_calendars(self, calendars: Mapping[tuple[str, str], Calendar], now_ms: int) -> int:
+        """Every calendar as the store has them: the jobs skipping one that
+        changed are re-armed (how many moved)."""
+        return self.owner.set_calendars(calendars, now_ms, self.acts)
 
     # -- the checkpoint's view ----------------------------------------------------
 

@@ -306,6 +306,17 @@ class ShardJobs:
         flags = np.frombuffer(self.flags, dtype=np.uint8)
         return _ints(ids[(flags & GONE) == 0])
 
+    def ids_of_profiles(self, profiles: Sequence[int]) -> list[int]:
+        """The jobs (awake or at rest, not gone) of any of these profiles."""
+        if not self.ids or not profiles:
+            return []
+        prof = np.frombuffer(self.prof, dtype=np.int32)
+        flags = np.frombuffer(self.flags, dtype=np.uint8)
+        ids = np.frombuffer(self.ids, dtype=np.int64)
+        return _ints(
+            ids[np.isin(prof, np.asarray(profiles, dtype=np.int32)) & ((flags & GONE) == 0)]
+        )
+
     def awake_ids(self) -> list[int]:
         if not self.ids:
             return []

@@ -71,6 +71,7 @@ class MissedReason(StrEnum):
     OVERLAP = "overlap"  # came due while a previous run was still going
     DST_GAP = "dst_gap"  # wall time did not exist and the policy skips it
     CANCELLED = "cancelled"  # queued or buffered when the job was cancelled
+    CALENDAR = "calendar"  # on a day of a calendar the job skips
 
 
 class AlertKind(StrEnum):

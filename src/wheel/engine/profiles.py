@@ -131,6 +131,7 @@ def split_spec(spec: JobSpec) -> tuple[JobSpec, int]:
         side_effect=spec.side_effect,
         pool=spec.pool,
         priority=spec.priority,
+        skip_calendars=spec.skip_calendars,
     )
     return template, param
 

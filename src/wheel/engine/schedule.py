@@ -57,6 +57,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
 
+from wheel.engine.calendars import CalendarDays
 from wheel.engine.spec import Cron, DstFold, DstGap, Interval, IntervalMode, Once, Schedule
 from wheel.errors import InvalidArgument
 
@@ -64,6 +65,7 @@ __all__ = [
     "CompiledSchedule",
     "SkippedFire",
     "compile_schedule",
+    "with_calendars",
 ]
 
 _MASK64 = (1 << 64) - 1
@@ -151,6 +153,28 @@ class CompiledSchedule:
         """Cron wall times skipped by ``DstGap.SKIP`` whose ``at_ms`` is in
         ``(after_ms, until_ms]``, ascending, at most ``limit``; empty otherwise."""
         return []
+
+    def skips(self, fire_ms: int) -> bool:
+        """Whether the fire falls on a day of a calendar the job skips: it is
+        recorded missed (reason ``calendar``), not run."""
+        return False
+
+    def after_skip(self, fire_ms: int) -> int | None:
+        """The fire the schedule moves on to after a skipped one."""
+        return self.next_fire(fire_ms)
+
+    def upcoming(self, first: int | None, count: int) -> list[int]:
+        """``first`` and the fires after it, at most ``count``, those on a
+        skipped calendar day left out (what a job's next fires show)."""
+        out: list[int] = []
+        at = first
+        for _ in range(count + _MAX_SKIPPED_DAYS):
+            if at is None or len(out) >= count:
+                break
+            if not self.skips(at):
+                out.append(at)
+            at = self.next_fire(at)
+        return out
 
     def jittered(self, fire_ms: int) -> int:
         """When the fire at nominal ``fire_ms`` is due: ``fire_ms`` plus a jitter in
@@ -596,3 +620,111 @@ def compile_schedule(
             ) from e
         return _CronSchedule(expr, zone, gap, fold, jitter_ms=jitter, job_id=job_id)
     raise InvalidArgument("spec.schedule", "one of once, cron or interval is required")
+
+
+# -- calendars -------------------------------------------------------------------------
+
+_UNIX_DAY = 719_163  # date(1970, 1, 1).toordinal()
+_DAY_MS = 86_400_000
+# A schedule whose fires all fall on skipped days for this many days in a row
+# has none left (a calendar of every weekday, or a range of a decade).
+_MAX_SKIPPED_DAYS = 3_700
+
+
+class _CalendarSchedule(CompiledSchedule):
+    """A schedule that does not fire on the days of its calendars (local
+    dates in ``zone``).
+
+    ``next_fire`` jumps over skipped days, but answers the *first* fire of
+    each skipped day (the day's marker): the owner arms it like any fire,
+    finds it ``skips``, records it missed (reason ``calendar``) and moves on
+    past the day (``next_fire`` of a skipped fire that is not its day's
+    first jumps to the next day). So a skipped day costs one timer and one
+    missed record however often the job fires: a job firing every second
+    through a skipped weekend records two, not 172,800. Whatever fire of a
+    skipped day reaches the owner (a first fire computed without the
+    calendar, a re-arm at noon) is recorded the same way.
+    """
+
+    __slots__ = ("_days", "_inner", "_zone")
+
+    def __init__(self, inner: CompiledSchedule, days: CalendarDays, zone: ZoneInfo | None) -> None:
+        super().__init__(jitter_ms=inner.jitter_ms, job_id=inner._job_id)
+        self._inner = inner
+        self._days = days
+        self._zone = zone
+
+    def __repr__(self) -> str:
+        return f"{self._inner!r} skipping {self._days!r}"
+
+    def day_of(self, at_ms: int) -> int:
+        """The local date (an ordinal) of an instant."""
+        if self._zone is None:
+            return at_ms // _DAY_MS + _UNIX_DAY
+        return datetime.fromtimestamp(at_ms // 1000, tz=self._zone).toordinal()
+
+    def day_start(self, day: int) -> int:
+        """The first instant (ms) of a local date: midnight, or where a DST
+        gap at midnight ends (fold=0 reads a gap's wall time with the offset
+        before it, which is that instant; and a repeated midnight's first
+        occurrence)."""
+        if self._zone is None:
+            return (day - _UNIX_DAY) * _DAY_MS
+        d = datetime.fromordinal(day).replace(tzinfo=self._zone)
+        return int(d.timestamp()) * 1000
+
+    def skips(self, fire_ms: int) -> bool:
+        return self._days.holds(self.day_of(fire_ms))
+
+    def next_fire(self, after_ms: int) -> int | None:
+        inner = self._inner
+        f = inner.next_fire(after_ms)
+        for _ in range(_MAX_SKIPPED_DAYS):
+            if f is None:
+                return None
+            day = self.day_of(f)
+            if not self._days.holds(day):
+                return f
+            if inner.next_fire(self.day_start(day) - 1) == f:
+                return f  # the skipped day's marker
+            f = inner.next_fire(max(f, self.day_start(day + 1) - 1))
+        return None
+
+    def next_after_completion(self, completed_at_ms: int) -> int | None:
+        return self._inner.next_after_completion(completed_at_ms)
+
+    def after_skip(self, fire_ms: int) -> int | None:
+        """The next fire after a skipped one; a fixed_delay schedule, which
+        no completion moves on, counts its period from the end of the
+        skipped day."""
+        if not self.completion_driven:
+            return self.next_fire(fire_ms)
+        return self._inner.next_after_completion(self.day_start(self.day_of(fire_ms) + 1))
+
+    def skipped_between(
+        self, after_ms: int, until_ms: int, limit: int = 10_000
+    ) -> list[SkippedFire]:
+        return self._inner.skipped_between(after_ms, until_ms, limit)
+
+
+class _CalendarDelaySchedule(_CalendarSchedule):
+    """A fixed_delay schedule skipping its calendars' days."""
+
+    __slots__ = ()
+    completion_driven = True
+
+
+def with_calendars(
+    compiled: CompiledSchedule, schedule: Schedule, days: CalendarDays | None
+) -> CompiledSchedule:
+    """``compiled`` skipping the days of ``days`` (local dates in the cron's
+    time zone; UTC for the others), or ``compiled`` itself when no day is
+    skipped."""
+    if days is None or days.empty():
+        return compiled
+    zone = _zone(schedule.time_zone) if isinstance(schedule, Cron) else None
+    if zone is not None and zone.key == "UTC":
+        zone = None
+    if compiled.completion_driven:
+        return _CalendarDelaySchedule(compiled, days, zone)
+    return _CalendarSchedule(compiled, days, zone)

@@ -125,6 +125,8 @@ class Limits:
     max_horizon_ms: int = 10 * 366 * 24 * 3600 * 1000
     max_catch_up_count: int = 100_000
     max_backfill_fires: int = 10_000
+    max_skip_calendars: int = 16
+    max_calendar_name_len: int = 200
 
 
 DEFAULT_LIMITS = Limits()
@@ -150,6 +152,8 @@ class JobSpec:
     # Dispatch order when workers are short: 0 goes first, 9 last
     # (``wheel.engine.priority``); 5 is the default, so both ways are open.
     priority: int = DEFAULT_PRIORITY
+    # Calendars (of the job's tenant) whose days the job does not fire on.
+    skip_calendars: tuple[str, ...] = ()
     # Its JSON once written or read: a spec is serialized for the store, the
     # idempotency digest and the checkpoint, and must not pay for it thrice.
     _json: str | None = field(default=None, init=False, repr=False, compare=False, hash=False)
@@ -190,6 +194,7 @@ class JobSpec:
         o = self.overlap
         _bounded("spec.overlap.max_concurrent", o.max_concurrent, 1, 10_000)
         _bounded("spec.overlap.max_buffered", o.max_buffered, 1, 100_000)
+        _skip_calendars(self.skip_calendars, limits)
         s = self.schedule
         if isinstance(s, Once):
             _bounded("spec.schedule.once.at_ms", s.at_ms, 0, 2**53)
@@ -257,6 +262,10 @@ class JobSpec:
             # Only when set: a job of the default priority keeps the JSON (and
             # the profile id and idempotency digest) it had before priorities.
             d["priority"] = self.priority
+        if self.skip_calendars:
+            # Only when set: the JSON (and so the profile ids and idempotency
+            # digests) of jobs without calendars stays what it was.
+            d["skip_calendars"] = list(self.skip_calendars)
         return d
 
     def to_json(self) -> str:
@@ -311,6 +320,7 @@ class JobSpec:
             side_effect=SideEffect(d["side_effect"]),
             pool=d["pool"],
             priority=int(d.get("priority", DEFAULT_PRIORITY)),
+            skip_calendars=tuple(d.get("skip_calendars", ())),
         )
 
     @classmethod
@@ -319,6 +329,21 @@ class JobSpec:
         spec = cls.from_dict(json.loads(text))
         object.__setattr__(spec, "_json", text)
         return spec
+
+
+def _skip_calendars(names: tuple[str, ...], limits: Limits) -> None:
+    if len(names) > limits.max_skip_calendars:
+        raise LimitExceeded(
+            "spec.skip_calendars",
+            f"{len(names)} calendars is over the limit of {limits.max_skip_calendars}",
+        )
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        field_name = f"spec.skip_calendars[{i}]"
+        _text(field_name, name, limits.max_calendar_name_len)
+        if name in seen:
+            raise InvalidArgument(field_name, f"{name!r} is named twice")
+        seen.add(name)
 
 
 def _text(name: str, value: str, limit: int) -> None:

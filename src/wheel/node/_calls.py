@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Iterable, Sequence
 
 from wheel.coord.base import Member
+from wheel.engine.calendars import Calendar, CalendarDays
 from wheel.engine.model import JobState
 from wheel.engine.records import (
     ExecutionRecord,
@@ -22,6 +23,7 @@ from wheel.engine.records import (
 from wheel.engine.spec import JobSpec
 from wheel.errors import ResourceExhausted, WheelError
 from wheel.node._audit import Audit
+from wheel.node._calendars import Calendars
 from wheel.node._jobs import Jobs
 from wheel.node._membership import ClusterView
 from wheel.node._reads import Reads
@@ -29,7 +31,7 @@ from wheel.node._secrets import Secrets
 from wheel.node._tenancy import Tenancy
 from wheel.node._updates import Redriven, Updates
 from wheel.node._values import InFlightRun, Membership, NodeStatus
-from wheel.store.base import AuditEntry, SecretRecord, TenantQuota, TokenRecord
+from wheel.store.base import AuditEntry, CalendarRecord, SecretRecord, TenantQuota, TokenRecord
 
 
 class NodeCalls:
@@ -42,6 +44,7 @@ class NodeCalls:
         updates: Updates,
         tenancy: Tenancy,
         secrets: Secrets,
+        calendars: Calendars,
         reads: Reads,
         view: ClusterView,
         audit: Audit,
@@ -50,6 +53,7 @@ class NodeCalls:
         self._updates = updates
         self._tenancy = tenancy
         self._secrets = secrets
+        self._calendars = calendars
         self._reads = reads
         self._view = view
         self._audit = audit
@@ -82,7 +86,10 @@ class NodeCalls:
         return await self._jobs.backfill(job_id, fires)
 
     def next_fires(self, job_id: int, count: int, record: JobRecord | None = None) -> list[int]:
-        return self._jobs.next_fires(job_id, count, record)
+        days = None
+        if record is not None and record.spec.skip_calendars:
+            days = self._calendars.days(record.spec.tenant, record.spec.skip_calendars)
+        return self._jobs.next_fires(job_id, count, record, days)
 
     async def update_job(
         self,
@@ -202,6 +209,32 @@ class NodeCalls:
         (tenant, name): one made through another node a moment ago is then
         known to a submit that names it."""
         await self._secrets.learn(wanted)
+
+    # -- calendars (wheel.node._calendars) ----------------------------------------
+
+    async def set_calendar(self, tenant: str, name: str, calendar: Calendar) -> CalendarRecord:
+        return await self._calendars.set(tenant, name, calendar)
+
+    async def get_calendar(self, tenant: str, name: str) -> CalendarRecord | None:
+        return await self._calendars.get(tenant, name)
+
+    async def list_calendars(self, tenant: str | None) -> list[CalendarRecord]:
+        return await self._calendars.list(tenant)
+
+    async def delete_calendar(self, tenant: str, name: str) -> bool:
+        return await self._calendars.delete(tenant, name)
+
+    def knows_calendar(self, tenant: str, name: str) -> bool:
+        """Whether ``tenant`` has a calendar ``name``, as this node last read
+        the store (``learn_calendars`` reads it again first)."""
+        return self._calendars.knows(tenant, name)
+
+    async def learn_calendars(self, wanted: Iterable[tuple[str, str]]) -> None:
+        await self._calendars.learn(wanted)
+
+    def calendar_days(self, tenant: str, names: Sequence[str]) -> CalendarDays | None:
+        """The days a job of ``tenant`` skipping ``names`` does not fire on."""
+        return self._calendars.days(tenant, names)
 
     def signed_headers(
         self, tenant: str, name: str, msg_id: str, body: bytes

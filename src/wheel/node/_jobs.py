@@ -10,6 +10,7 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 
+from wheel.engine.calendars import CalendarDays
 from wheel.engine.driver import Driver, next_fires_of
 from wheel.engine.model import JobState
 from wheel.engine.records import JobRecord, NewJob
@@ -174,10 +175,17 @@ class Jobs:
         self._wake()
         await waiter
 
-    def next_fires(self, job_id: int, count: int, record: JobRecord | None = None) -> list[int]:
+    def next_fires(
+        self,
+        job_id: int,
+        count: int,
+        record: JobRecord | None = None,
+        days: CalendarDays | None = None,
+    ) -> list[int]:
         """The job's next fires: as its owner has them armed, or, for a job
-        held by another node, as its schedule computes them from ``record``."""
+        held by another node, as its schedule computes them from ``record``
+        (skipping ``days``, its calendars')."""
         driver = self._driver()
         if driver.owns(job_id) or record is None:
             return driver.next_fires(job_id, count)
-        return next_fires_of(record, count)
+        return next_fires_of(record, count, days)

@@ -48,6 +48,7 @@ from wheel.logs import ids
 from wheel.metrics import LagMinute
 from wheel.node._audit import Audit
 from wheel.node._batches import Batches, StoreWriter, Write
+from wheel.node._calendars import Calendars
 from wheel.node._calls import NodeCalls
 from wheel.node._changes import ChangeFeed
 from wheel.node._checkpointing import Checkpointing
@@ -196,6 +197,9 @@ class Node(NodeCalls):
         secrets = Secrets(
             store, self.clock, secrets_key or SecretsKey.generate(), in_thread=self._api
         )
+        calendars = Calendars(
+            store, self.clock, in_thread=self._api, driver=lambda: self._driver, wake=self.wake
+        )
         reads = Reads(
             self.config,
             store,
@@ -219,6 +223,7 @@ class Node(NodeCalls):
             updates=updates,
             tenancy=tenancy,
             secrets=secrets,
+            calendars=calendars,
             reads=reads,
             view=view,
             audit=Audit(store, self.clock, in_thread=self._api),
@@ -248,6 +253,7 @@ class Node(NodeCalls):
             )
         )
         driver = self._driver = Driver(restored.owner, restored.actions)
+        await self._calendars.refresh()  # before a fire of a skipped day comes due
         self._moves.began_dispatching(driver.shards())
         trim_heap()
         self._changes.watermark = restored.watermark
@@ -274,6 +280,7 @@ class Node(NodeCalls):
         self._ops.start()
         self._tenancy.start()
         self._secrets.start()
+        self._calendars.start()
 
     async def _anchor_clock(self) -> None:
         """Read the store's clock and run on it: fires come due by the record
@@ -305,6 +312,7 @@ class Node(NodeCalls):
                 )
         checkpointing.start_log()
         self._driver = Driver(Owner(now_ms=self.clock.now_ms(), config=self.config.owner))
+        await self._calendars.refresh()  # before the first shard is gained
         self._changes.watermark = (await self._api(self.store.load_shards, [])).watermark
         self._ownership = ShardOwnership(self, coordinator)
         self._task = asyncio.create_task(self._loop(), name="wheel-dispatch")
@@ -320,6 +328,7 @@ class Node(NodeCalls):
         self._ops.start()
         self._tenancy.start()
         self._secrets.start()
+        self._calendars.start()
 
     # -- shards gained and lost (see wheel.node._cluster) -------------------------
 
@@ -423,6 +432,7 @@ class Node(NodeCalls):
         self._stopping = True
         await self._tenancy.stop()
         await self._secrets.stop()
+        await self._calendars.stop()
         await self._ops.stop()
         self._wake.set()
         if self._task is not None:

@@ -10,6 +10,7 @@ import grpc
 
 from wheel.errors import InvalidArgument
 from wheel.node import Node
+from wheel.rpc._calendars import CalendarsAdmin
 from wheel.rpc._common import _call, _page_size
 from wheel.rpc._guard import Guard
 from wheel.rpc._operator import _token
@@ -39,6 +40,7 @@ class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
         self.guard = guard or Guard(None)
         self.peers = peers
         self.secrets = SecretsAdmin(node, self.guard)
+        self.calendars = CalendarsAdmin(node, self.guard)
 
     # -- signing secrets (wheel.rpc._secrets) -------------------------------------------
 
@@ -88,6 +90,28 @@ class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
             )
 
         return await _call(context, work())
+
+    # -- calendars (wheel.rpc._calendars) -------------------------------------------------
+
+    async def SetCalendar(
+        self, request: admin_service_pb2.SetCalendarRequest, context: grpc.aio.ServicerContext
+    ) -> admin_service_pb2.Calendar:
+        return await self.calendars.SetCalendar(request, context)
+
+    async def GetCalendar(
+        self, request: admin_service_pb2.GetCalendarRequest, context: grpc.aio.ServicerContext
+    ) -> admin_service_pb2.Calendar:
+        return await self.calendars.GetCalendar(request, context)
+
+    async def ListCalendars(
+        self, request: admin_service_pb2.ListCalendarsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_service_pb2.ListCalendarsResponse:
+        return await self.calendars.ListCalendars(request, context)
+
+    async def DeleteCalendar(
+        self, request: admin_service_pb2.DeleteCalendarRequest, context: grpc.aio.ServicerContext
+    ) -> admin_service_pb2.DeleteCalendarResponse:
+        return await self.calendars.DeleteCalendar(request, context)
 
     async def GetClusterStatus(
         self,

@@ -108,6 +108,7 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
                 raise over
             try:
                 await self.node.learn_secrets(_secrets_named([mine]))
+                await self.node.learn_calendars(_calendars_named([mine]))
                 response = await self._submit_one(mine)
             finally:
                 self.node.submits_done(tenant)
@@ -142,6 +143,9 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
                     mine.append(exc)
             await self.node.learn_secrets(
                 _secrets_named(m for m in mine if not isinstance(m, WheelError))
+            )
+            await self.node.learn_calendars(
+                _calendars_named(m for m in mine if not isinstance(m, WheelError))
             )
             verdicts = iter(
                 await self.node.admit_submits(
@@ -219,7 +223,11 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
             raise InvalidArgument("spec", "is required")
         _idempotency_key(request.idempotency_key)
         spec = convert.spec_from_proto(
-            request.spec, now_ms=now, sent=True, secret_known=self.node.knows_secret
+            request.spec,
+            now_ms=now,
+            sent=True,
+            secret_known=self.node.knows_secret,
+            calendar_known=self.node.knows_calendar,
         )
         digest = None
         if request.idempotency_key:
@@ -231,11 +239,20 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
             spec, request.idempotency_key or None, body_hash=digest, now_ms=now
         )
 
+    def _first_fires(self, record: JobRecord) -> list[int]:
+        spec = record.spec
+        days = (
+            self.node.calendar_days(spec.tenant, spec.skip_calendars)
+            if spec.skip_calendars
+            else None
+        )
+        return next_fires_of(record, 5, days)
+
     def _submitted(self, record: JobRecord, created: bool) -> job_service_pb2.SubmitJobResponse:
         # Its fires as its schedule computes them from the stored first one:
         # asking the owner would wake a job that has just gone to rest.
         return job_service_pb2.SubmitJobResponse(
-            job=convert.job_to_proto(record, next_fires_ms=next_fires_of(record, 5)),
+            job=convert.job_to_proto(record, next_fires_ms=self._first_fires(record)),
             created=created,
         )
 
@@ -527,3 +544,10 @@ def _secrets_named(
         for r in requests
         if r.spec.HasField("http") and r.spec.http.signing_secret
     }
+
+
+def _calendars_named(
+    requests: Iterable[job_service_pb2.SubmitJobRequest],
+) -> set[tuple[str, str]]:
+    """The (tenant, calendar) pairs the submits skip."""
+    return {(r.spec.tenant or "default", n) for r in requests for n in r.spec.skip_calendars}

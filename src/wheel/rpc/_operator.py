@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 import grpc
 
 from wheel import http_targets
-from wheel.engine.driver import preview_fires
+from wheel.engine.driver import preview
 from wheel.engine.records import JobChange
 from wheel.engine.spec import JobSpec
 from wheel.errors import InvalidArgument
@@ -38,6 +38,7 @@ UPDATABLE = (
     "side_effect",
     "pool",
     "priority",
+    "skip_calendars",
 )
 MAX_PREVIEW = 1000
 # Preview from at most this far ahead of now (a year of 2100 is a typo).
@@ -79,12 +80,17 @@ class OperatorCalls:
                 await self.node.learn_secrets(
                     [(record.spec.tenant, request.spec.http.signing_secret)]
                 )
+            if "skip_calendars" in fields:
+                await self.node.learn_calendars(
+                    [(record.spec.tenant, n) for n in request.spec.skip_calendars]
+                )
             spec = _merged(
                 record.spec,
                 request.spec,
                 fields,
                 self.node.now_ms(),
                 secret_known=self.node.knows_secret,
+                calendar_known=self.node.knows_calendar,
             )
             # Into a pool its tenant may use, as a submit.
             probe = jobs_pb2.JobSpec(tenant=spec.tenant, pool=spec.pool)
@@ -152,11 +158,21 @@ class OperatorCalls:
             elif source == "schedule":
                 msg = jobs_pb2.JobSpec(name="preview", handler="preview")
                 msg.schedule.CopyFrom(request.schedule)
-                spec = convert.spec_from_proto(msg, now_ms=now, sent=True)
+                msg.skip_calendars.extend(request.skip_calendars)
+                principal = await self.guard.principal(context)
+                if principal is not None and not principal.operator:
+                    msg.tenant = principal.tenant
+                await self.node.learn_calendars(
+                    [(msg.tenant or "default", n) for n in msg.skip_calendars]
+                )
+                spec = convert.spec_from_proto(
+                    msg, now_ms=now, sent=True, calendar_known=self.node.knows_calendar
+                )
             else:
                 raise InvalidArgument("source", "give a schedule or a job_id")
-            fires = preview_fires(spec, after, request.count or 10)
-            return job_service_pb2.PreviewScheduleResponse(fires_ms=fires)
+            days = self.node.calendar_days(spec.tenant, spec.skip_calendars)
+            fires, skipped = preview(spec, after, request.count or 10, days)
+            return job_service_pb2.PreviewScheduleResponse(fires_ms=fires, skipped_ms=skipped)
 
         return await _call(context, work())
 
@@ -221,12 +237,16 @@ def _merged(
     now_ms: int,
     *,
     secret_known: http_targets.SecretKnown | None = None,
+    calendar_known: convert.CalendarKnown | None = None,
 ) -> JobSpec:
     """``old`` with the fields named taken from ``new``, validated (a bad
     field is named as in a submit: ``spec.schedule.cron.expr``...)."""
     merged = convert.spec_to_proto(old)
     for name in fields:
-        if name in ("schedule", "catch_up", "overlap", "retry", "http"):
+        if name == "skip_calendars":
+            del merged.skip_calendars[:]
+            merged.skip_calendars.extend(new.skip_calendars)
+        elif name in ("schedule", "catch_up", "overlap", "retry", "http"):
             if new.HasField(name):
                 getattr(merged, name).CopyFrom(getattr(new, name))
             else:
@@ -258,6 +278,7 @@ def _merged(
         target_sent=True,
         secret_sent="http" in fields,
         secret_known=secret_known,
+        calendar_known=calendar_known if "skip_calendars" in fields else None,
     )
 
 

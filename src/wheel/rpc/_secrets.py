@@ -15,6 +15,7 @@ import grpc
 
 from wheel import webhooks
 from wheel.auth import OPERATOR, Principal
+from wheel.engine.spec import no_nul
 from wheel.errors import InvalidArgument, PermissionDenied
 from wheel.node import Node
 from wheel.rpc._common import _call
@@ -22,7 +23,7 @@ from wheel.rpc._guard import Guard
 from wheel.rpc.v1 import admin_service_pb2 as pb
 from wheel.store.base import SecretRecord
 
-__all__ = ["MAX_OVERLAP_MS", "SecretsAdmin", "secret_info"]
+__all__ = ["MAX_OVERLAP_MS", "SecretsAdmin", "secret_info", "tenant_of"]
 
 NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 MAX_TENANT = 100
@@ -47,17 +48,23 @@ def _name(name: str) -> str:
 
 
 def _tenant(principal: Principal | None, requested: str) -> str:
+    return tenant_of(principal, requested, "tenant")
+
+
+def tenant_of(principal: Principal | None, requested: str, field: str) -> str:
     """The tenant a call acts on: the request's for an operator (or without
-    auth), the credential's own for a tenant (naming another is refused)."""
+    auth), the credential's own for a tenant (naming another is refused);
+    ``field`` names the request's tenant in an error."""
     if principal is None or principal.operator:
         tenant = requested or "default"
         if len(tenant) > MAX_TENANT or tenant == OPERATOR:
-            raise InvalidArgument(
-                "tenant", f"must be a tenant name of 1 to {MAX_TENANT} characters"
-            )
+            raise InvalidArgument(field, f"must be a tenant name of 1 to {MAX_TENANT} characters")
+        no_nul(field, tenant)
         return tenant
     if requested and requested != principal.tenant:
-        raise PermissionDenied(f"tenant: this credential acts for tenant {principal.tenant!r} only")
+        raise PermissionDenied(
+            f"{field}: this credential acts for tenant {principal.tenant!r} only"
+        )
     return principal.tenant
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import zoneinfo
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -161,6 +161,10 @@ def _or(value: _E, zero: _E, default: _E) -> _E:
 # -- specs ----------------------------------------------------------------------
 
 
+# Whether a tenant has a calendar of that name (the node's ``knows_calendar``).
+CalendarKnown = Callable[[str, str], bool]
+
+
 def spec_from_proto(
     msg: jobs_pb2.JobSpec,
     *,
@@ -169,6 +173,7 @@ def spec_from_proto(
     target_sent: bool | None = None,
     secret_sent: bool | None = None,
     secret_known: http_targets.SecretKnown | None = None,
+    calendar_known: CalendarKnown | None = None,
 ) -> JobSpec:
     """A validated ``JobSpec`` from a ``jobs_pb2.JobSpec``, with the proto's defaults.
 
@@ -181,7 +186,8 @@ def spec_from_proto(
     "http" without one refused; ``secret_sent`` (default: ``target_sent``):
     its signing secret is checked too, against ``secret_known`` when given.
     A job with a target has handler "http" and the ``HttpCall`` of its
-    target and body as its payload.
+    target and body as its payload. ``calendar_known``: each calendar it
+    skips must be one of its tenant's (the node's cache of the store's).
     """
     tenant = msg.tenant or "default"
     timeout_ms = _or(msg.timeout_ms, 0, 300_000)
@@ -236,8 +242,16 @@ def spec_from_proto(
         side_effect=_enum(_SIDE_EFFECT, msg.side_effect, "spec.side_effect"),
         pool=msg.pool or "default",
         priority=priority_of(msg),
+        skip_calendars=tuple(msg.skip_calendars),
     )
     spec.validate()
+    if calendar_known is not None:
+        for i, name in enumerate(spec.skip_calendars):
+            if not calendar_known(tenant, name):
+                raise InvalidArgument(
+                    f"spec.skip_calendars[{i}]",
+                    f"tenant {tenant!r} has no calendar {name!r} (wheelctl calendar set)",
+                )
     return spec
 
 
@@ -296,6 +310,7 @@ def spec_to_proto(spec: JobSpec) -> jobs_pb2.JobSpec:
         timeout_ms=spec.timeout_ms,
         side_effect=_SIDE_EFFECT_TO[spec.side_effect],
         pool=spec.pool,
+        skip_calendars=spec.skip_calendars,
         catch_up=jobs_pb2.CatchUp(
             mode=_CATCH_UP_MODE_TO[spec.catch_up.mode],
             window_ms=spec.catch_up.window_ms or 0,

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from wheel.errors import InvalidArgument, NotFound, WheelError
 from wheel.store._audit import AuditSQL
+from wheel.store._calendars import CalendarsSQL
 from wheel.store._schema import RETRY_WHERE
 from wheel.store._secrets import SecretsSQL
 from wheel.store._shared import (
@@ -35,6 +36,7 @@ from wheel.store._shared import (
 from wheel.store._tenancy import TenancySQL
 from wheel.store._updates import UpdateSQL, dead_letters, list_updates, update_job
 from wheel.store.base import (
+    CalendarRecord,
     Changes,
     ExecutionRecord,
     JobChange,
@@ -73,6 +75,24 @@ class SQLStore(TenancySQL, SecretsSQL, AuditSQL):
     @property
     def _param(self) -> str:  # type: ignore[override]
         return self._queries.dialect.param
+
+    # -- calendars (``CalendarsSQL``) ------------------------------------------
+
+    @property
+    def _calendars(self) -> CalendarsSQL:
+        return CalendarsSQL(self._read, self._write, self._param)
+
+    def set_calendar(self, tenant: str, name: str, body: str, now_ms: int) -> CalendarRecord:
+        return self._calendars.set(tenant, name, body, now_ms)
+
+    def get_calendar(self, tenant: str, name: str) -> CalendarRecord | None:
+        return self._calendars.get(tenant, name)
+
+    def list_calendars(self, tenant: str | None = None) -> list[CalendarRecord]:
+        return self._calendars.list(tenant)
+
+    def delete_calendar(self, tenant: str, name: str) -> bool:
+        return self._calendars.delete(tenant, name)
 
     # -- lifecycle ------------------------------------------------------------
 

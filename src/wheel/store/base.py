@@ -83,6 +83,8 @@ __all__ = [
     "SHARD_COUNT",
     "TERMINAL_RUN_STATES",
     "BatchOutcome",
+    "CalendarRecord",
+    "CalendarStore",
     "Changes",
     "ClaimOutcome",
     "Completion",
@@ -204,6 +206,19 @@ class AuditEntry:
     details: str = "{}"
     job_id: int | None = None
     entry_id: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CalendarRecord:
+    """A calendar as the store keeps it: its days as JSON (``body``, what
+    ``wheel.engine.calendars.Calendar.to_json`` writes), a version that
+    counts its changes from 1, and when it last changed (epoch ms)."""
+
+    tenant: str
+    name: str
+    body: str
+    version: int
+    updated_at_ms: int
 
 
 # Seals a secret's new key for the version the store gives it (the version
@@ -362,6 +377,22 @@ class AuditStore(Protocol):
 
     def purge_audit(self, before_ms: int) -> int:
         """Delete the entries older than the cutoff; how many went."""
+
+
+class CalendarStore(Protocol):
+    """Calendars (days jobs skip), by tenant and name."""
+
+    def set_calendar(self, tenant: str, name: str, body: str, now_ms: int) -> CalendarRecord:
+        """Create the calendar (version 1) or replace its days (the version
+        after the one it had)."""
+
+    def get_calendar(self, tenant: str, name: str) -> CalendarRecord | None: ...
+
+    def list_calendars(self, tenant: str | None = None) -> list[CalendarRecord]:
+        """Every calendar of ``tenant`` (None: of every tenant), by tenant and name."""
+
+    def delete_calendar(self, tenant: str, name: str) -> bool:
+        """Delete the calendar; whether there was one."""
 
 
 class KindWrites(Protocol):
@@ -615,6 +646,7 @@ class Store(
     TenancyStore,
     SecretStore,
     AuditStore,
+    CalendarStore,
     DispatchStore,
     OwnershipStore,
     HistoryStore,

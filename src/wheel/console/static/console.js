@@ -146,6 +146,9 @@ function spec(job) {
         (t.retry_4xx ? ", 4xx retried" : "") + (t.follow_redirects ? ", redirects followed" : "")]);
     if (headers) rows.splice(7, 0, ["http headers", el("pre", {}, headers)]);
   }
+  if (job.skip_calendars && job.skip_calendars.length) {
+    rows.push(["skips", `the days of ${job.skip_calendars.join(", ")} (calendars)`]);
+  }
   const dl = $("#job-spec");
   dl.replaceChildren();
   for (const [k, v] of rows) dl.append(el("dt", {}, k), el("dd", {}, v));

@@ -81,8 +81,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
+from wheel.engine.calendars import Calendar
 from wheel.engine.jobtable import Columns
 from wheel.engine.model import JobState
+from wheel.engine.owner._calendars import put_calendar, put_calendars
 from wheel.engine.owner._claims import Claims
 from wheel.engine.owner._dispatch import Dispatcher
 from wheel.engine.owner._fleet import Fleet
@@ -578,6 +580,22 @@ class Owner:
                     job = self.book.jobs.get(run.job_id) or self.book.job(run.job_id)
                     if job is not None and job.spec.tenant in counted:
                         self.tenants.hold(run.run_id, job.spec.tenant)
+
+    def set_calendar(
+        self, tenant: str, name: str, calendar: Calendar | None, now_ms: int, acts: Actions
+    ) -> int:
+        """A calendar as it is now (None: deleted): the jobs skipping it are
+        compiled again and re-armed where their next fire moved (how many)."""
+        return put_calendar(self.book, tenant, name, calendar, now_ms, acts)
+
+    def set_calendars(
+        self, calendars: Mapping[tuple[str, str], Calendar], now_ms: int, acts: Actions
+    ) -> int:
+        """Every calendar as the store has them (a load, a refresh)."""
+        return put_calendars(self.book, calendars, now_ms, acts)
+
+    def calendar_count(self) -> int:
+        return len(self.book.calendars)
 
     def tenant_limits(self) -> dict[str, TenantLimit]:
         return dict(self.tenants.limits)

@@ -330,6 +330,26 @@ class JobBook(_Shelf):
             job.moved_past = -1  # the store's answer to this owner's own change
         self.upsert_job(record, now_ms, acts)
 
+    def rearm_for_calendar(self, job: _Job, now_ms: int, acts: Actions) -> bool:
+        """A calendar the job skips changed: its schedule compiled again, and
+        armed earlier where a day it skipped is a day it fires on now. (A
+        day it skips now needs nothing: its armed fire, the schedule's next,
+        is found skipped when it comes due. One already due comes due as it
+        is; a fixed_delay's next fire is its completion's.) Whether the
+        armed fire moved."""
+        job.compiled = compiled = self.compile_spec(job.job_id, job.spec, job.param)
+        armed = job.next_fire
+        self.settling.add(job.job_id)
+        if job.paused or armed is None or armed <= now_ms or compiled.completion_driven:
+            return False
+        nxt = compiled.next_fire(now_ms)
+        if nxt is None or nxt >= armed:
+            return False
+        job.moved_past = -1  # the store's next_run_at moves back, by this owner
+        self._arm(job, nxt)
+        self.sync_schedule(job, now_ms, acts)
+        return True
+
     def cancel_job(self, job_id: int, acts: Actions, now_ms: int | None = None) -> None:
         job = self.job(job_id)
         if job is not None:
@@ -404,7 +424,8 @@ class JobBook(_Shelf):
         job.due = deque(d for d in job.due if _retry(d))
         job.buffered.clear()
         job.next_fire = None
-        self._miss(job, [(f, reason) for f in fires], now_ms, acts)
+        skips, calendar = job.compiled.skips, MissedReason.CALENDAR  # a skipped day's armed fire
+        self._miss(job, [(f, calendar if skips(f) else reason) for f in fires], now_ms, acts)
         self.flush_skipped(job, None, now_ms, acts)
 
     def record_paused_fires(
@@ -417,7 +438,8 @@ class JobBook(_Shelf):
         fires = job.compiled.fires_between(
             paused_from_ms, resumed_at_ms, self.config.max_missed_listed
         )
-        self._miss(job, [(f, MissedReason.PAUSED) for f in fires], resumed_at_ms, acts)
+        skips, calendar, paused = job.compiled.skips, MissedReason.CALENDAR, MissedReason.PAUSED
+        self._miss(job, [(f, calendar if skips(f) else paused) for f in fires], resumed_at_ms, acts)
         self._record_gap_skips(job, paused_from_ms, resumed_at_ms + 1, resumed_at_ms, acts)
 
     def _miss(
@@ -518,6 +540,14 @@ class JobBook(_Shelf):
             job.skipped.append(fire)
             job.next_fire = None
             return
+        if compiled.skips(fire):
+            # On a day of a calendar the job skips: recorded, not run, and the
+            # schedule moves past the day (``with_calendars``).
+            self._miss(job, [(fire, MissedReason.CALENDAR)], now_ms, acts)
+            self._arm(job, compiled.after_skip(fire))
+            self.sync_schedule(job, now_ms, acts)
+            self.settling.add(job.job_id)
+            return
         nxt = None if compiled.completion_driven else compiled.next_fire(fire)
         # Late relative to when the fire was due: its jittered time, not its
         # nominal one (a jitter is a delay the job asked for, not lateness).
@@ -538,7 +568,7 @@ class JobBook(_Shelf):
                     more = compiled.fires_between(held, now_ms, chunk)
                     if not more:
                         break
-                    self._miss(job, stream.feed([held, *more[:-1]]).missed, now_ms, acts)
+                    self._feed(job, stream, [held, *more[:-1]], now_ms, acts)
                     held, count = more[-1], count + len(more)
                     if len(more) < chunk:
                         break
@@ -546,10 +576,10 @@ class JobBook(_Shelf):
                     nxt = held
                     count -= 1  # not due yet: it fires later
                 else:
-                    self._miss(job, stream.feed([held]).missed, now_ms, acts)
+                    self._feed(job, stream, [held], now_ms, acts)
                     nxt = compiled.next_fire(held)
             else:
-                self._miss(job, stream.feed([held]).missed, now_ms, acts)
+                self._feed(job, stream, [held], now_ms, acts)
             plan = stream.finish()
             self.stats.fires += count - 1  # each fire of the catch-up, run or missed
             if plan.alert:
@@ -584,6 +614,17 @@ class JobBook(_Shelf):
             self._admit(job, fire, now_ms, overdue=False, acts=acts)
         self.sync_schedule(job, now_ms, acts)
         self.settling.add(job.job_id)
+
+    def _feed(
+        self, job: _Job, stream: CatchUpStream, fires: list[int], now_ms: int, acts: Actions
+    ) -> None:
+        """Overdue fires to the catch-up plan, but those on a skipped
+        calendar day: missed (calendar), whatever the plan would make of them."""
+        if job.spec.skip_calendars:
+            skips = job.compiled.skips
+            self._miss(job, [(f, MissedReason.CALENDAR) for f in fires if skips(f)], now_ms, acts)
+            fires = [f for f in fires if not skips(f)]
+        self._miss(job, stream.feed(fires).missed, now_ms, acts)
 
     def _record_gap_skips(
         self,
@@ -717,15 +758,7 @@ class JobBook(_Shelf):
 
     def next_fires(self, job_id: int, count: int) -> list[int]:
         job = self.job(job_id)
-        if job is None or job.next_fire is None:
-            return []
-        out = [job.next_fire]
-        while len(out) < count:
-            nxt = job.compiled.next_fire(out[-1])
-            if nxt is None:
-                break
-            out.append(nxt)
-        return out
+        return [] if job is None else job.compiled.upcoming(job.next_fire, count)
 
 
 def _rests_as(

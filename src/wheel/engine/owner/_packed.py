@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from wheel.engine.calendars import CalendarBook
 from wheel.engine.jobtable import (
     AWAKE,
     GONE,
@@ -53,7 +54,7 @@ from wheel.engine.owner._shardmap import ShardMap, _Shard
 from wheel.engine.owner._state import _Job
 from wheel.engine.owner._values import FIRE, OwnerConfig, PackedJob
 from wheel.engine.profiles import Profile, Profiles, schedule_of
-from wheel.engine.schedule import CompiledSchedule, compile_schedule
+from wheel.engine.schedule import CompiledSchedule, compile_schedule, with_calendars
 from wheel.engine.spec import JobSpec
 from wheel.engine.timerwheel import TimerWheel
 
@@ -68,6 +69,7 @@ class _Shelf:
     __slots__ = (
         "_holds",
         "armed_until",
+        "calendars",
         "config",
         "dirty",
         "jobs",
@@ -88,6 +90,8 @@ class _Shelf:
         # rest as packed rows in their shard's table.
         self.jobs: dict[int, _Job] = {}
         self.profiles = Profiles()
+        # The calendars jobs skip, by tenant and name (``Owner.set_calendar``).
+        self.calendars = CalendarBook()
         # Jobs at rest due before ``armed_until`` have their FIRE timer in
         # the wheel; none of the others is due before ``next_unarmed``.
         self.armed_until = now_ms
@@ -164,7 +168,12 @@ class _Shelf:
         return job
 
     def compile_spec(self, job_id: int, spec: JobSpec, param: int) -> CompiledSchedule:
-        return compile_schedule(schedule_of(spec, param), jitter_ms=spec.jitter_ms, job_id=job_id)
+        schedule = schedule_of(spec, param)
+        compiled = compile_schedule(schedule, jitter_ms=spec.jitter_ms, job_id=job_id)
+        if spec.skip_calendars:
+            days = self.calendars.days_for(spec.tenant, spec.skip_calendars)
+            compiled = with_calendars(compiled, schedule, days)
+        return compiled
 
     # -- what the owner holds ---------------------------------------------------------
 

@@ -52,6 +52,72 @@ class ListAuditResponse(_message.Message):
     next_page_token: str
     def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
+class DateRange(_message.Message):
+    __slots__ = ("from_date", "to_date")
+    FROM_DATE_FIELD_NUMBER: _ClassVar[int]
+    TO_DATE_FIELD_NUMBER: _ClassVar[int]
+    from_date: str
+    to_date: str
+    def __init__(self, from_date: _Optional[str] = ..., to_date: _Optional[str] = ...) -> None: ...
+
+class Calendar(_message.Message):
+    __slots__ = ("tenant", "name", "dates", "ranges", "weekdays", "version", "updated_ms")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DATES_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    WEEKDAYS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_MS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    name: str
+    dates: _containers.RepeatedScalarFieldContainer[str]
+    ranges: _containers.RepeatedCompositeFieldContainer[DateRange]
+    weekdays: _containers.RepeatedScalarFieldContainer[str]
+    version: int
+    updated_ms: int
+    def __init__(self, tenant: _Optional[str] = ..., name: _Optional[str] = ..., dates: _Optional[_Iterable[str]] = ..., ranges: _Optional[_Iterable[_Union[DateRange, _Mapping]]] = ..., weekdays: _Optional[_Iterable[str]] = ..., version: _Optional[int] = ..., updated_ms: _Optional[int] = ...) -> None: ...
+
+class SetCalendarRequest(_message.Message):
+    __slots__ = ("calendar",)
+    CALENDAR_FIELD_NUMBER: _ClassVar[int]
+    calendar: Calendar
+    def __init__(self, calendar: _Optional[_Union[Calendar, _Mapping]] = ...) -> None: ...
+
+class GetCalendarRequest(_message.Message):
+    __slots__ = ("tenant", "name")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    name: str
+    def __init__(self, tenant: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class ListCalendarsRequest(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+
+class ListCalendarsResponse(_message.Message):
+    __slots__ = ("calendars",)
+    CALENDARS_FIELD_NUMBER: _ClassVar[int]
+    calendars: _containers.RepeatedCompositeFieldContainer[Calendar]
+    def __init__(self, calendars: _Optional[_Iterable[_Union[Calendar, _Mapping]]] = ...) -> None: ...
+
+class DeleteCalendarRequest(_message.Message):
+    __slots__ = ("tenant", "name")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    name: str
+    def __init__(self, tenant: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class DeleteCalendarResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
 class SetSecretRequest(_message.Message):
     __slots__ = ("tenant", "name", "generate", "value")
     TENANT_FIELD_NUMBER: _ClassVar[int]

@@ -106,6 +106,26 @@ class AdminServiceStub:
                 request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretRequest.SerializeToString,
                 response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretResponse.FromString,
                 _registered_method=True)
+        self.SetCalendar = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/SetCalendar',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetCalendarRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.Calendar.FromString,
+                _registered_method=True)
+        self.GetCalendar = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/GetCalendar',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.GetCalendarRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.Calendar.FromString,
+                _registered_method=True)
+        self.ListCalendars = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/ListCalendars',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListCalendarsRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListCalendarsResponse.FromString,
+                _registered_method=True)
+        self.DeleteCalendar = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/DeleteCalendar',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteCalendarRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteCalendarResponse.FromString,
+                _registered_method=True)
         self.ListAudit = channel.unary_unary(
                 '/wheel.rpc.v1.AdminService/ListAudit',
                 request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAuditRequest.SerializeToString,
@@ -223,6 +243,35 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetCalendar(self, request, context):
+        """Calendars: days that jobs naming them in JobSpec.skip_calendars do not
+        fire on. Scoped like the secrets: a tenant's token manages its own
+        tenant's (scope jobs:write; reading jobs:read); an operator any
+        tenant's. Changing or deleting one re-arms the jobs that skip it.
+        Creates the calendar (version 1) or replaces its days.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCalendar(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCalendars(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteCalendar(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListAudit(self, request, context):
         """The audit trail: administrative changes made through the API, newest
         first (scope admin; a tenant's admin token sees its own tenant's).
@@ -303,6 +352,26 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DeleteSecret,
                     request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretRequest.FromString,
                     response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretResponse.SerializeToString,
+            ),
+            'SetCalendar': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCalendar,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetCalendarRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.Calendar.SerializeToString,
+            ),
+            'GetCalendar': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCalendar,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.GetCalendarRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.Calendar.SerializeToString,
+            ),
+            'ListCalendars': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCalendars,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListCalendarsRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListCalendarsResponse.SerializeToString,
+            ),
+            'DeleteCalendar': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteCalendar,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteCalendarRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteCalendarResponse.SerializeToString,
             ),
             'ListAudit': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAudit,
@@ -688,6 +757,114 @@ class AdminService:
             '/wheel.rpc.v1.AdminService/DeleteSecret',
             wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretRequest.SerializeToString,
             wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCalendar(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/SetCalendar',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetCalendarRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.Calendar.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCalendar(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/GetCalendar',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.GetCalendarRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.Calendar.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCalendars(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/ListCalendars',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListCalendarsRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListCalendarsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteCalendar(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/DeleteCalendar',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteCalendarRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteCalendarResponse.FromString,
             options,
             channel_credentials,
             insecure,

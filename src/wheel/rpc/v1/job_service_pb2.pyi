@@ -205,22 +205,26 @@ class ListJobUpdatesResponse(_message.Message):
     def __init__(self, updates: _Optional[_Iterable[_Union[JobUpdate, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class PreviewScheduleRequest(_message.Message):
-    __slots__ = ("schedule", "job_id", "from_ms", "count")
+    __slots__ = ("schedule", "job_id", "from_ms", "count", "skip_calendars")
     SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_MS_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
+    SKIP_CALENDARS_FIELD_NUMBER: _ClassVar[int]
     schedule: _jobs_pb2.Schedule
     job_id: int
     from_ms: int
     count: int
-    def __init__(self, schedule: _Optional[_Union[_jobs_pb2.Schedule, _Mapping]] = ..., job_id: _Optional[int] = ..., from_ms: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+    skip_calendars: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, schedule: _Optional[_Union[_jobs_pb2.Schedule, _Mapping]] = ..., job_id: _Optional[int] = ..., from_ms: _Optional[int] = ..., count: _Optional[int] = ..., skip_calendars: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PreviewScheduleResponse(_message.Message):
-    __slots__ = ("fires_ms",)
+    __slots__ = ("fires_ms", "skipped_ms")
     FIRES_MS_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_MS_FIELD_NUMBER: _ClassVar[int]
     fires_ms: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, fires_ms: _Optional[_Iterable[int]] = ...) -> None: ...
+    skipped_ms: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, fires_ms: _Optional[_Iterable[int]] = ..., skipped_ms: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ListDeadLettersRequest(_message.Message):
     __slots__ = ("job_id", "page_size", "page_token")
