@@ -5,7 +5,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/.venv"
-extras="${WHEEL_EXTRAS:-dev,bench}"
+extras="${WHEEL_EXTRAS:-dev,bench,otel}"
 py="${PYTHON:-python3}"
 
 if ! "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then

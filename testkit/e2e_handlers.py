@@ -29,6 +29,17 @@ def slow(ctx: RunContext) -> None:
     record(ctx)
 
 
+def traced(ctx: RunContext) -> None:
+    """A handler with a span of its own (under the run's, when tracing): its
+    first attempt hangs (a test kills its worker), later ones return."""
+    from opentelemetry import trace
+
+    with trace.get_tracer("e2e").start_as_current_span("handler-work") as span:
+        span.set_attribute("wheel.attempt", ctx.attempt)
+        if ctx.attempt == 1:
+            time.sleep(60)
+
+
 def record_payload(ctx: RunContext) -> None:
     """Append the payload the handler got to WHEEL_E2E_OUT + '.payloads', one
     JSON line a run (its text, as the handler sees it)."""

@@ -174,6 +174,7 @@ class ReferenceStore:
         self.quotas: dict[str, TenantQuota] = {}
         self.secrets: dict[tuple[str, str], list[SecretRecord]] = {}
         self.audit: list[AuditEntry] = []
+        self.traces: dict[int, str] = {}
         self.calendars: dict[tuple[str, str], CalendarRecord] = {}
         # Each job's recorded updates in version order, and its update keys.
         self.updates: dict[int, list[JobChange]] = defaultdict(list)
@@ -382,6 +383,12 @@ class ReferenceStore:
             and (tenant is None or e.tenant == tenant)
             and (before_id is None or e.entry_id < before_id)
         ][: max(1, limit)]
+
+    def record_job_traces(self, traces: Sequence[tuple[int, str]], now_ms: int) -> None:
+        self.traces.update(traces)
+
+    def job_traces(self, job_ids: Sequence[int]) -> dict[int, str]:
+        return {j: self.traces[j] for j in job_ids if j in self.traces}
 
     def purge_audit(self, before_ms: int) -> int:
         kept = [e for e in self.audit if e.at_ms >= before_ms]

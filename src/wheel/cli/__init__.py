@@ -27,6 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from wheel import tracing
 from wheel.cli import outbox as cli_outbox
 from wheel.cli._common import (
     Parser,
@@ -270,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(
         getattr(ns, "log_format", "text"), level=logging.DEBUG if ns.verbose else logging.INFO
     )
+    if ns.command in ("serve", "worker"):  # traces as OTEL_* say (wheel.tracing)
+        tracing.configure(f"wheel-{'node' if ns.command == 'serve' else 'worker'}")
     try:
         code: int = ns.fn(ns)
         sys.stdout.flush()

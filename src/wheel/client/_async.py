@@ -28,6 +28,7 @@ from wheel.client._nodes import (
     Resend,
     Tries,
     connected,
+    traced,
 )
 from wheel.client._specs import JobArgs, JobRequest, UpdateArgs
 from wheel.client._time import Duration, When, time_ms, utc
@@ -141,7 +142,7 @@ class AsyncClient:
             if failure is None:
                 try:
                     response = await method(node)(
-                        request, timeout=remaining, metadata=self._metadata
+                        request, timeout=remaining, metadata=traced(self._metadata)
                     )
                 except grpc.RpcError as exc:  # grpc.aio's AioRpcError is one
                     failure = _wire.error_from_rpc(exc)

@@ -27,6 +27,7 @@ import grpc  # type: ignore[import-untyped, unused-ignore]
 from grpc_health.v1 import health_pb2  # type: ignore[import-untyped, unused-ignore]
 
 from wheel._retry import Backoff
+from wheel.tracing import current_traceparent
 
 # The backoff between two rounds over every address: doubling, capped.
 RETRY_INITIAL_S = 0.05
@@ -100,3 +101,11 @@ def connected(exc: grpc.RpcError) -> bool:
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.DEADLINE_EXCEEDED,
     )
+
+
+def traced(metadata: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """A call's metadata with the current span's ``traceparent`` (W3C), when
+    the application traces (``wheel.tracing``): the node's span of the call
+    is then its child."""
+    parent = current_traceparent()
+    return (*metadata, ("traceparent", parent)) if parent else metadata

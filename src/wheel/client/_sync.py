@@ -21,6 +21,7 @@ from wheel.client._nodes import (
     Resend,
     Tries,
     connected,
+    traced,
 )
 from wheel.client._specs import JobArgs, JobRequest, UpdateArgs
 from wheel.client._time import Duration, When, time_ms, utc
@@ -144,7 +145,9 @@ class Client:
                 failure = self._probe(node, min(remaining, CONNECT_TIMEOUT_S))
             if failure is None:
                 try:
-                    response = method(node)(request, timeout=remaining, metadata=self._metadata)
+                    response = method(node)(
+                        request, timeout=remaining, metadata=traced(self._metadata)
+                    )
                 except grpc.RpcError as exc:
                     failure = _wire.error_from_rpc(exc)
                     failure.__cause__ = exc

@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError
 
 from wheel.auth import Authenticator, Principal
 from wheel.engine.model import HTTP_HANDLER
-from wheel.engine.owner import Actions, CompletionResult, Outcome
+from wheel.engine.owner import Actions, Assignment, CompletionResult, Outcome
 from wheel.engine.spec import DEFAULT_LIMITS
 from wheel.errors import StoreError, Unauthenticated
 from wheel.node import Membership, MovedRun, Node, SignError, WorkerSession
@@ -315,11 +315,17 @@ def _protocol_error(session: WorkerSession, code: str, message: str, run_id: int
 RESULTS_HOLD_S = 0.06
 
 
-def send_actions(session: WorkerSession, acts: Actions, sign: Signer | None = None) -> None:
+def send_actions(
+    session: WorkerSession,
+    acts: Actions,
+    sign: Signer | None = None,
+    trace: Callable[[Assignment], str] | None = None,
+) -> None:
     """One message per worker per loop iteration (batching): its assignments
     carry the answers to its completions; revokes go on their own. With
     ``sign``, each run of an HTTP target with a signing secret is signed as
-    it is handed out (``sign_http``)."""
+    it is handed out (``sign_http``); with ``trace`` (tracing on), each
+    carries its dispatch span's ``traceparent``."""
     wid = session.worker_id
     put = session.outbox.put_nowait
     results = acts.results.get(wid)
@@ -360,6 +366,8 @@ def send_actions(session: WorkerSession, acts: Actions, sign: Signer | None = No
             )
             if a.handler == HTTP_HANDLER and sign is not None:
                 sign_http(out, sign)
+            if trace is not None:
+                out.traceparent = trace(a)
         if results or rejected or credited:
             _fill_results(msg.assignments.results, results or (), rejected or (), credited)
         put(msg)

@@ -13,6 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from wheel import tracing
 from wheel.auth import DEFAULT_RECHECK_S, Authenticator, AuthInterceptor
 from wheel.errors import InvalidArgument
 from wheel.node import Health, Node
@@ -25,6 +26,7 @@ from wheel.rpc._health import statuses
 from wheel.rpc._jobs import JobServicer
 from wheel.rpc._nodes import NodeServicer
 from wheel.rpc._peers import Peers
+from wheel.rpc._tracing import DispatchTraces, TracingInterceptor
 from wheel.rpc._workers import WorkerServicer, send_actions, send_membership, send_moved
 from wheel.rpc.v1 import (
     admin_service_pb2,
@@ -128,6 +130,10 @@ async def bind(
     ]
     authenticator = None
     interceptors: list[grpc.aio.ServerInterceptor] = []
+    # Outermost, with tracing on: each call's span covers its refusals too.
+    traces = DispatchTraces(node) if tracing.is_on() else None
+    if traces is not None:
+        interceptors.append(TracingInterceptor(node, traces))
     if auth:
         authenticator = Authenticator(node.get_token, now_ms=node.now_ms, recheck_s=recheck_s)
         interceptors.append(AuthInterceptor(authenticator))
@@ -137,7 +143,11 @@ async def bind(
     interceptors.append(AuditInterceptor(node, authenticator))
     guard = Guard(authenticator)
     server = grpc.aio.server(options=options, interceptors=interceptors)
-    node.message_sink = functools.partial(send_actions, sign=node.signed_headers)
+    node.message_sink = functools.partial(
+        send_actions,
+        sign=node.signed_headers,
+        trace=None if traces is None else traces.handed_out,
+    )
     node.membership_sink = send_membership
     node.moved_sink = send_moved
     peers = Peers(node.config.node_id, peer_security)

@@ -34,6 +34,7 @@ from wheel.store._shared import (
     valid_shards,
 )
 from wheel.store._tenancy import TenancySQL
+from wheel.store._traces import TracesSQL
 from wheel.store._updates import UpdateSQL, dead_letters, list_updates, update_job
 from wheel.store.base import (
     CalendarRecord,
@@ -54,7 +55,7 @@ from wheel.store.base import (
 T = TypeVar("T")
 
 
-class SQLStore(TenancySQL, SecretsSQL, AuditSQL):
+class SQLStore(TenancySQL, SecretsSQL, AuditSQL, TracesSQL):
     """The part of ``Store`` that reads the same in both SQL backends."""
 
     _queries: Queries

@@ -395,6 +395,17 @@ class CalendarStore(Protocol):
         """Delete the calendar; whether there was one."""
 
 
+class TraceStore(Protocol):
+    """The trace context of the API call that last submitted or updated each
+    job (``wheel.tracing``; written only with tracing on)."""
+
+    def record_job_traces(self, traces: Sequence[tuple[int, str]], now_ms: int) -> None:
+        """Set each (job id, traceparent), replacing the one before."""
+
+    def job_traces(self, job_ids: Sequence[int]) -> dict[int, str]:
+        """The traceparent of each of ``job_ids`` that has one."""
+
+
 class KindWrites(Protocol):
     """The owner's writes one kind at a time, each in one transaction, or
     all inside the one transaction of a batch (``write_in_order``)."""
@@ -647,6 +658,7 @@ class Store(
     SecretStore,
     AuditStore,
     CalendarStore,
+    TraceStore,
     DispatchStore,
     OwnershipStore,
     HistoryStore,

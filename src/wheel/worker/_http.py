@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 from google.protobuf.message import DecodeError
 
 from wheel.rpc.v1 import jobs_pb2
+from wheel.worker import _tracing as spans
 from wheel.worker._httpclient import (
     DEFAULT_CONNECTIONS_PER_ORIGIN,
     BadResponse,
@@ -164,6 +165,8 @@ class HttpExecutor:
         )
         if a is not None and a.signed_headers:
             lines += "".join([f"{h.name}: {h.value}\r\n" for h in a.signed_headers])
+        if run.span is not None:
+            lines += f"traceparent: {spans.header(run)}\r\n"
         return target, lines.encode("utf-8"), timeout
 
     def start(self, run: Run, done: Done) -> None:

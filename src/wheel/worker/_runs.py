@@ -34,6 +34,7 @@ from wheel.codec import CodecError, PayloadCodec
 from wheel.logs import ids, redact
 from wheel.rpc.v1 import worker_service_pb2 as pb
 from wheel.runresult import MAX_RESULT_BYTES
+from wheel.worker import _tracing as spans
 from wheel.worker._api import (
     Handler,
     Permanent,
@@ -101,7 +102,18 @@ class Run:
     """One held run: its context, its handler, its state, and the link of the
     node it reports to (None while it has none: see the worker's strays)."""
 
-    __slots__ = ("acked", "assignment", "ctx", "fn", "link", "mode", "started", "state", "task")
+    __slots__ = (
+        "acked",
+        "assignment",
+        "ctx",
+        "fn",
+        "link",
+        "mode",
+        "span",
+        "started",
+        "state",
+        "task",
+    )
 
     def __init__(
         self,
@@ -124,6 +136,8 @@ class Run:
         self.acked = False
         # time.perf_counter() when its handler started.
         self.started = 0.0
+        # Its span while it runs, with tracing on (wheel.worker._tracing).
+        self.span: Any = None
 
     def ref(self) -> pb.RunRef:
         ctx = self.ctx
@@ -343,6 +357,7 @@ class Runner:
         assert run.fn is not None
         outcome, error, failure, result = SUCCEEDED, "", None, ""
         token = current_run.set(run.ctx)  # in the task's own context
+        traced = spans.attach(run)
         try:
             value = await run.fn(run.ctx)
             if value is not None:
@@ -354,6 +369,7 @@ class Runner:
             outcome, error = outcome_of(exc)
             failure = exc
         finally:
+            spans.detach(traced)
             current_run.reset(token)
             self.active -= 1
         self._finish(run, outcome, error, failure, result)
@@ -375,6 +391,7 @@ class Runner:
             coro = run.fn(run.ctx)
             context = contextvars.copy_context()
             context.run(current_run.set, run.ctx)
+            context.run(spans.attach, run)
             try:
                 context.run(coro.send, None)
             except StopIteration as stop:
@@ -401,6 +418,7 @@ class Runner:
             else:
                 assert run.fn is not None
                 token = current_run.set(run.ctx)
+                traced = spans.attach(run)
                 try:
                     value = run.fn(run.ctx)
                     if inspect.isawaitable(value):
@@ -414,6 +432,7 @@ class Runner:
                     outcome, error = outcome_of(exc)
                     failure = exc
                 finally:
+                    spans.detach(traced)
                     current_run.reset(token)
             self._results.append((run, outcome, error, failure, result))
             with self._results_lock:
@@ -449,6 +468,7 @@ class Runner:
             return  # superseded, timed out or handed back meanwhile: discard
         run.state = DONE
         succeeded = outcome == SUCCEEDED
+        spans.end(run, succeeded, error)
         if succeeded:
             self.stats.succeeded += 1
         elif (failure is None and outcome != FAILED) or isinstance(failure, Retryable):
@@ -529,6 +549,7 @@ class Runner:
         if run.state != RUNNING:
             return
         run.state = DONE
+        spans.end(run, False, "timed out")
         self.stats.timed_out += 1
         self.stats.failed += 1
         self._log(run, logging.WARNING, f"timed out after {run.ctx.timeout_ms} ms")
@@ -546,6 +567,7 @@ class Runner:
         if run.state in (DONE, ABORTED):
             return False
         run.state = ABORTED
+        spans.end(run, False, "superseded")
         self.stats.revoked += 1
         self._log(run, logging.INFO, "superseded: aborted, not completed")
         if run.task is not None:
@@ -558,6 +580,7 @@ class Runner:
         if run.state != QUEUED:
             return
         run.state = DONE
+        spans.end(run, False, why)
         self.stats.handed_back += 1
         self._report(run, HANDED_BACK, why, "", 0)
 
@@ -578,6 +601,7 @@ class Runner:
         if run.state in (DONE, ABORTED):
             return
         run.state = DONE
+        spans.end(run, False, "abandoned")
         self.stats.abandoned += 1
         self._log(run, logging.WARNING, "abandoned: the worker stopped before the handler ended")
         if run.task is not None:

@@ -80,6 +80,7 @@ from wheel.rpc.targets import targets_of
 from wheel.rpc.v1 import cluster_pb2
 from wheel.rpc.v1 import worker_service_pb2 as pb
 from wheel.tls import ChannelSecurity
+from wheel.worker import _tracing as spans
 from wheel.worker._api import (
     Handler,
     Permanent,
@@ -463,6 +464,7 @@ class Worker:
             else:
                 run = Run(link, ctx, entry[0], entry[1])
             held[run_id] = run
+            spans.begin(run, a.traceparent, self.worker_id)
             taken.append(run)
             if refusing:
                 runner.hand_back(run, "worker is draining")

@@ -274,7 +274,7 @@ class AdminServiceServicer:
 
     def ListAudit(self, request, context):
         """The audit trail: administrative changes made through the API, newest
-        first (scope admin; a tenant's admin token sees its own tenant's).
+        first (an operator's token: scope admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -157,7 +157,7 @@ class Welcome(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., grace_lease_ms: _Optional[int] = ..., lease_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., membership: _Optional[_Union[_cluster_pb2.Membership, _Mapping]] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("run_id", "job_id", "handler", "scheduled_for_ms", "attempt", "fence", "idempotency_key", "payload", "lease_ms", "timeout_ms", "tenant", "signed_headers", "sign_error")
+    __slots__ = ("run_id", "job_id", "handler", "scheduled_for_ms", "attempt", "fence", "idempotency_key", "payload", "lease_ms", "timeout_ms", "tenant", "signed_headers", "sign_error", "traceparent")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     HANDLER_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +171,7 @@ class Assignment(_message.Message):
     TENANT_FIELD_NUMBER: _ClassVar[int]
     SIGNED_HEADERS_FIELD_NUMBER: _ClassVar[int]
     SIGN_ERROR_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     run_id: int
     job_id: int
     handler: str
@@ -184,7 +185,8 @@ class Assignment(_message.Message):
     tenant: str
     signed_headers: _containers.RepeatedCompositeFieldContainer[_jobs_pb2.HttpHeader]
     sign_error: str
-    def __init__(self, run_id: _Optional[int] = ..., job_id: _Optional[int] = ..., handler: _Optional[str] = ..., scheduled_for_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., fence: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., payload: _Optional[bytes] = ..., lease_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., tenant: _Optional[str] = ..., signed_headers: _Optional[_Iterable[_Union[_jobs_pb2.HttpHeader, _Mapping]]] = ..., sign_error: _Optional[str] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, run_id: _Optional[int] = ..., job_id: _Optional[int] = ..., handler: _Optional[str] = ..., scheduled_for_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., fence: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., payload: _Optional[bytes] = ..., lease_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., tenant: _Optional[str] = ..., signed_headers: _Optional[_Iterable[_Union[_jobs_pb2.HttpHeader, _Mapping]]] = ..., sign_error: _Optional[str] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class Assignments(_message.Message):
     __slots__ = ("assignments", "results")
