@@ -29,6 +29,7 @@ from wheel.node._membership import ClusterView
 from wheel.node._reads import Reads
 from wheel.node._secrets import Secrets
 from wheel.node._tenancy import Tenancy
+from wheel.node._traces import JobTraces
 from wheel.node._updates import Redriven, Updates
 from wheel.node._values import InFlightRun, Membership, NodeStatus
 from wheel.store.base import AuditEntry, CalendarRecord, SecretRecord, TenantQuota, TokenRecord
@@ -48,6 +49,7 @@ class NodeCalls:
         reads: Reads,
         view: ClusterView,
         audit: Audit,
+        traces: JobTraces,
     ) -> None:
         self._jobs = jobs
         self._updates = updates
@@ -57,6 +59,7 @@ class NodeCalls:
         self._reads = reads
         self._view = view
         self._audit = audit
+        self._traces = traces
 
     # -- jobs (wheel.node._jobs, wheel.node._updates) ----------------------------
 
@@ -153,6 +156,16 @@ class NodeCalls:
         return await self._audit.list(
             since_ms=since_ms, job_id=job_id, tenant=tenant, before_id=before_id, limit=limit
         )
+
+    # -- trace contexts of jobs (wheel.node._traces) ----------------------------
+
+    async def record_job_traces(self, traces: Sequence[tuple[int, str]]) -> None:
+        """Keep each job's (job id, traceparent) with it, replacing the last."""
+        await self._traces.record(traces)
+
+    async def job_traces(self, job_ids: Sequence[int]) -> dict[int, str]:
+        """The traceparent kept with each of ``job_ids`` that has one."""
+        return await self._traces.read(job_ids)
 
     # -- tenants (wheel.node._tenancy) -------------------------------------------
 

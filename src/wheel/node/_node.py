@@ -62,6 +62,7 @@ from wheel.node._reads import Reads
 from wheel.node._secrets import Secrets
 from wheel.node._secrets_key import SecretsKey
 from wheel.node._tenancy import Tenancy
+from wheel.node._traces import JobTraces
 from wheel.node._updates import Updates
 from wheel.node._values import (
     Clock,
@@ -227,6 +228,7 @@ class Node(NodeCalls):
             reads=reads,
             view=view,
             audit=Audit(store, self.clock, in_thread=self._api),
+            traces=JobTraces(store, self.clock, in_thread=self._api),
         )
 
     # -- life cycle -------------------------------------------------------------

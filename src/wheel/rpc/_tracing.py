@@ -117,9 +117,8 @@ class DispatchTraces:
         """Store each job's context (and keep it here for its fires)."""
         for job_id, traceparent in traces:
             self._keep(job_id, traceparent)
-        store = self.node.store
         try:
-            await asyncio.to_thread(store.record_job_traces, traces, self.node.now_ms())
+            await self.node.record_job_traces(traces)
         except Exception as exc:  # tracing never fails a call
             log.warning(
                 "tracing: could not store the trace context of %d jobs: %s", len(traces), exc
@@ -174,7 +173,7 @@ class DispatchTraces:
         unknown = sorted({a.job_id for a, _ in batch if a.job_id not in self._jobs})
         if unknown:
             try:
-                found = await asyncio.to_thread(self.node.store.job_traces, unknown)
+                found = await self.node.job_traces(unknown)
             except Exception as exc:
                 log.warning("tracing: could not read jobs' trace contexts: %s", exc)
                 found = {}
