@@ -14,11 +14,18 @@ from __future__ import annotations
 import re
 import shlex
 import socket
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Unit", "read_environment_file"]
+__all__ = [
+    "Unit",
+    "allowed_syscalls",
+    "read_environment_file",
+    "strace_summary_calls",
+    "syscall_groups",
+]
 
 _SPECIFIER = re.compile(r"%(.)")
 _WHOLE_VAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -158,3 +165,56 @@ def read_environment_file(text: str) -> dict[str, str]:
             raise ValueError(f"line {n}: quotes around part of a value are not read here")
         env[name] = value
     return env
+
+
+def syscall_groups(analyze: str) -> dict[str, list[str]]:
+    """The system call groups of this machine's systemd (``@system-service``
+    and the others), from ``systemd-analyze syscall-filter``: each group's
+    members, system calls and groups."""
+    out = subprocess.run(
+        [analyze, "syscall-filter"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    groups: dict[str, list[str]] = {}
+    members: list[str] = []
+    for line in out.splitlines():
+        if line.startswith("@"):
+            members = groups.setdefault(line.split()[0], [])
+        elif line.startswith(" ") and line.strip() and not line.strip().startswith("#"):
+            members.append(line.strip())
+    return groups
+
+
+def allowed_syscalls(unit: Unit, groups: Mapping[str, list[str]]) -> frozenset[str]:
+    """The system calls ``unit``'s ``SystemCallFilter=`` settings allow: an
+    allow list, then what a ``~`` setting takes out of it, in order."""
+
+    def expand(name: str) -> set[str]:
+        if not name.startswith("@"):
+            return {name}
+        return set().union(*(expand(m) for m in groups[name]))
+
+    allowed: set[str] | None = None
+    for value in unit.all("SystemCallFilter"):
+        deny = value.startswith("~")
+        names = set().union(*(expand(w) for w in value.removeprefix("~").split()))
+        if allowed is None:
+            if deny:
+                raise ValueError(f"{unit.name}: a deny list alone is not read here")
+            allowed = names
+        elif deny:
+            allowed -= names
+        else:
+            allowed |= names
+    if allowed is None:
+        raise ValueError(f"{unit.name}: no SystemCallFilter=")
+    return frozenset(allowed)
+
+
+def strace_summary_calls(summary: str) -> set[str]:
+    """The system calls ``strace -c`` counted (its table's last column)."""
+    calls: set[str] = set()
+    for line in summary.splitlines():
+        words = line.split()
+        if len(words) >= 5 and words[0][0].isdigit() and words[-1] != "total":
+            calls.add(words[-1])
+    return calls
