@@ -140,6 +140,11 @@ else:
             build_data["pure_python"] = False
             build_data["infer_tag"] = True
 
+        def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
+            # The extensions are in the wheel now: the output directory
+            # (dist/) keeps the artifacts alone.
+            shutil.rmtree(Path(self.directory) / "mypyc-out", ignore_errors=True)
+
 
 def main() -> int:
     if "--clean" in sys.argv:

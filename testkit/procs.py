@@ -54,11 +54,14 @@ class ServerProc:
         args: tuple[str, ...] = (),
         security: ChannelSecurity | None = None,
         python: str = sys.executable,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         """``python``: the interpreter to run ``-m wheel`` with (another
-        environment's, to run an installed package)."""
+        environment's, to run an installed package); ``env``: its whole
+        environment (default: this process's)."""
         self.data_dir = data_dir
         self.python = python
+        self.environ = env
         # How the test reaches it (the node's own TLS flags are in ``args``).
         self.security = security
         self.port = free_port()
@@ -80,7 +83,7 @@ class ServerProc:
         self.starts += 1
         with open(self.data_dir.parent / f"server-{self.starts}.log", "wb") as log:
             self.proc = subprocess.Popen(
-                [self.python, "-m", "wheel", *args], stderr=log, stdout=log
+                [self.python, "-m", "wheel", *args], stderr=log, stdout=log, env=self.environ
             )
         wait_for(self.healthy, 30, "the node to serve")
 

@@ -1,37 +1,57 @@
-"""The package as a user gets it: the wheel built from this tree (its hot
-modules compiled, as the build hook does), installed into a fresh virtualenv
-without the dev extras, runs ``wheelctl --version``, the demo and the web
-console. An editable checkout with the dev extras hides what only the dev
-extras bring (``mypy_extensions`` came with mypy, and the compiled owner
-modules once imported it: the owner's parts are plain classes now, and the
-installed package must run without it)."""
+"""The package as a user gets it (built and installed in conftest.py): the
+sdist carries what a build needs and nothing of a checkout's debris, the
+wheel built from it the compiled modules, the console files and the
+generated protobuf modules; installed into a fresh virtualenv without the
+dev extras it runs ``wheelctl --version``, the demo and the web console. An
+editable checkout with the dev extras hides what only the dev extras bring
+(``mypy_extensions`` came with mypy, and the compiled owner modules once
+imported it: the owner's parts are plain classes now, and the installed
+package must run without it)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
-import sys
+import tarfile
 import tomllib
 import urllib.request
-import venv
 import zipfile
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from testkit.procs import ServerProc
 from testkit.services import free_port
+from tests.installed.conftest import Installed, check, clean_env
 from wheel._compiled import MODULES
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 # What only the dev extras install: none of it may be in the user's venv.
 DEV_ONLY = ("mypy", "mypy_extensions", "pytest", "hypothesis", "ruff", "grpcio-tools", "wheel")
+# What a build from the sdist needs, and what its reader expects.
+SDIST_FILES = (
+    "PKG-INFO",
+    "pyproject.toml",
+    "hatch_build.py",
+    "README.md",
+    "LICENSE",
+    "CHANGELOG.md",
+    "requirements/lock.txt",
+    "src/wheel/__init__.py",
+    "src/wheel/_compiled.py",
+    "src/wheel/console/static/index.html",
+    "src/wheel/console/static/console.js",
+    "src/wheel/console/static/console.css",
+    "ops/systemd/wheel-node.service",
+    "ops/systemd/wheel-worker@.service",
+)
+SDIST_TREES = ("src/wheel/", "proto/", "docs/", "ops/", "requirements/")
+# A checkout's debris: caches, venvs, compiled extensions, build output.
+DEBRIS = ("__pycache__", ".pyc", ".so", "venv", "_cache", ".hypothesis", "_compiled.json", "dist/")
 
 
 def compiler() -> bool:
@@ -39,59 +59,36 @@ def compiler() -> bool:
     return bool(shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc"))
 
 
-@dataclass(frozen=True)
-class Installed:
-    wheel: Path
-    venv: Path
-    # Where its commands run: not this checkout, whose files must not be found.
-    cwd: Path
-
-    @property
-    def python(self) -> str:
-        return str(self.venv / "bin" / "python")
-
-    def run(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "WHEEL_PURE_PYTHON")}
-        return subprocess.run(
-            argv, cwd=self.cwd, env=env, capture_output=True, text=True, timeout=timeout
-        )
-
-
-def _check(proc: subprocess.CompletedProcess[str], what: str) -> None:
-    assert proc.returncode == 0, f"{what} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-
-
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
-    """One build and one install for the module's tests (the compile alone
-    takes a minute or more)."""
-    tmp = tmp_path_factory.mktemp("installed")
-    dist = tmp / "dist"
-    # pip builds it as a user's `python -m build` would: in an isolated
-    # environment holding only [build-system] requires (hatchling needs no
-    # PyPA `wheel`, so none comes near this project's own venv).
-    build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    _check(build, "building the wheel")
-    (whl,) = dist.glob("wheel_scheduler-*.whl")
-    env = tmp / "venv"
-    venv.EnvBuilder(with_pip=True).create(env)
-    cwd = tmp / "cwd"
-    cwd.mkdir()
-    pkg = Installed(wheel=whl, venv=env, cwd=cwd)
-    # The versions this project is tested with, from the same index as ever.
-    _check(
-        pkg.run(
-            pkg.python, "-m", "pip", "install", "-q", "-c", str(ROOT / "requirements" / "lock.txt"),
-            str(whl), timeout=600,
-        ),
-        "installing the wheel",
+def tracked(*paths: str) -> list[str]:
+    """The checkout's files under ``paths`` as git knows them."""
+    out = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "--", *paths],
+        capture_output=True, text=True, check=True, timeout=30,
     )  # fmt: skip
-    yield pkg
+    return out.stdout.split()
+
+
+def test_python_m_build_makes_the_sdist_then_the_wheel_from_it(installed: Installed) -> None:
+    assert installed.sdist.name == f"wheel_scheduler-{VERSION}.tar.gz"
+    assert "Building wheel from sdist" in installed.build_log, installed.build_log
+    # Nothing else in dist/: the compile step cleans up after itself.
+    assert sorted(installed.sdist.parent.iterdir()) == sorted([installed.sdist, installed.wheel])
+
+
+def test_the_sdist_holds_what_a_build_needs_and_no_debris(installed: Installed) -> None:
+    prefix = f"wheel_scheduler-{VERSION}/"
+    with tarfile.open(installed.sdist) as tar:
+        names = [m.name.removeprefix(prefix) for m in tar.getmembers() if m.isfile()]
+    for name in SDIST_FILES:
+        assert name in names, name
+    if (ROOT / ".git").exists():
+        # The contract and the generated modules, the docs and the ops files.
+        for name in tracked("proto", "src/wheel", "docs", "ops"):
+            assert name in names, name
+    loose = [n for n in names if "/" in n and not n.startswith(SDIST_TREES)]
+    assert loose == [], "files outside what the sdist carries"
+    assert [n for n in names if any(d in n for d in DEBRIS)] == []
+    assert not [n for n in names if n.startswith(("tests/", "benchmarks/", ".venv/"))]
 
 
 def test_the_wheel_holds_the_compiled_modules_and_the_console_files(
@@ -100,6 +97,10 @@ def test_the_wheel_holds_the_compiled_modules_and_the_console_files(
     names = zipfile.ZipFile(installed.wheel).namelist()
     for asset in ("index.html", "console.js", "console.css"):
         assert f"wheel/console/static/{asset}" in names
+    for proto in (ROOT / "proto" / "wheel" / "rpc" / "v1").glob("*.proto"):
+        for generated in ("_pb2.py", "_pb2_grpc.py"):
+            assert f"wheel/rpc/v1/{proto.stem}{generated}" in names
+    assert f"wheel_scheduler-{VERSION}.dist-info/licenses/LICENSE" in names
     if not compiler():
         pytest.skip("no C compiler: the build keeps the hot modules pure Python")
     for module in MODULES:
@@ -112,8 +113,8 @@ def test_the_wheel_holds_the_compiled_modules_and_the_console_files(
 def test_wheelctl_version_prints_the_installed_distributions_version(
     installed: Installed,
 ) -> None:
-    out = installed.run(str(installed.venv / "bin" / "wheelctl"), "--version")
-    _check(out, "wheelctl --version")
+    out = installed.run(installed.wheelctl, "--version")
+    check(out, "wheelctl --version")
     assert out.stdout.strip() == f"wheelctl {VERSION}"
 
 
@@ -136,18 +137,18 @@ for info in pkgutil.walk_packages(wheel.__path__, "wheel."):
 print(sum(compiled(sys.modules[m]) for m in MODULES))
 """
     out = installed.run(installed.python, "-c", script)
-    _check(out, "importing every module")
+    check(out, "importing every module")
     if compiler():
         assert int(out.stdout.strip()) == len(MODULES)
 
 
 def test_the_demo_runs_from_the_installed_package(installed: Installed) -> None:
     out = installed.run(
-        str(installed.venv / "bin" / "wheelctl"),
+        installed.wheelctl,
         "demo", "--duration", "5", "--port", str(free_port()),
         timeout=90,
     )  # fmt: skip
-    _check(out, "wheelctl demo")
+    check(out, "wheelctl demo")
     assert "-> succeeded" in out.stdout, out.stdout
     assert "== done:" in out.stdout
 
@@ -158,7 +159,12 @@ def test_the_console_serves_its_page_and_static_files_from_the_installed_package
     data = tmp_path / "data"
     data.mkdir()
     http = free_port()
-    node = ServerProc(data, args=("--http-listen", f"127.0.0.1:{http}"), python=installed.python)
+    node = ServerProc(
+        data,
+        args=("--http-listen", f"127.0.0.1:{http}"),
+        python=installed.python,
+        env=clean_env(),  # the installed package's modules, not the checkout's
+    )
     node.start()
     try:
         static = ROOT / "src" / "wheel" / "console" / "static"
