@@ -86,6 +86,8 @@ class Config:
     serve_args: tuple[str, ...]
     store: str  # "default" (wheel's own) | "normal" (SQLite synchronous=NORMAL)
     receiver: str  # the receiver's server: "lean" | "aiohttp"
+    # More environment for the node and the worker (benchmarks/tracing.py's OTEL_*).
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(slots=True, kw_only=True)
@@ -184,7 +186,8 @@ def start_node(tmp: Path, cfg: Config) -> ServerProc:
     data = tmp / "data"
     data.mkdir(parents=True)
     store = f"sqlite:///{data / 'wheel.db'}?synchronous=normal" if cfg.store == "normal" else None
-    node = ServerProc(data, store=store, args=cfg.serve_args)
+    env = {**os.environ, **dict(cfg.env)} if cfg.env else None
+    node = ServerProc(data, store=store, args=cfg.serve_args, env=env)
     node.start()
     return node
 
@@ -221,6 +224,7 @@ def prepare(name: str, cfg: Config, root: Path) -> Phase:
                 tmp / "out",
                 "http-bench",
                 flags=("--http", "--allow-private-targets", *capacity),
+                env=dict(cfg.env),
             )
         else:
             phase.records = tmp / "noop.rec"
@@ -230,7 +234,11 @@ def prepare(name: str, cfg: Config, root: Path) -> Phase:
                 "noop-bench",
                 "_noop_handler:noop",
                 flags=capacity,
-                env={"WHEEL_BENCH_RECORDS": str(phase.records), "PYTHONPATH": str(HERE)},
+                env={
+                    "WHEEL_BENCH_RECORDS": str(phase.records),
+                    "PYTHONPATH": str(HERE),
+                    **dict(cfg.env),
+                },
                 cwd=HERE,
             )
         wait_for(phase.worker.connected, 30, f"the {name} worker to connect")

@@ -1,0 +1,100 @@
+"""What tracing costs: the CPU per fire of a node and a worker with
+OpenTelemetry tracing on (every span made and handed to an exporter that
+sends nothing, ``OTEL_TRACES_EXPORTER=null``) against the same with tracing
+off, in one run.
+
+    python benchmarks/tracing.py --rate 2000 --duration 20 --json out.json
+    python benchmarks/tracing.py --smoke --json out.json
+
+Two phases of ``http_targets.py``'s ``noop`` phase, one after the other, each
+on a fresh node with one worker and the same jobs: one-shot jobs of a Python
+no-op handler coming due at ``--rate`` per second over ``--duration``
+seconds. ``off`` runs the node and the worker as they are; ``on`` runs them
+with ``OTEL_TRACES_EXPORTER=null``: a server span of each API call (the bulk
+submits before the window), a ``dispatch`` span of each fire on the node
+and a ``run`` span on the worker. CPU is utime + stime of the node and the
+worker over the measured window, per 1,000 fires delivered (see
+``http_targets.py``); ``cpu_ratio_traced`` is ``on``'s over ``off``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _report
+from http_targets import Config, run_phase
+
+TRACED = (("OTEL_TRACES_EXPORTER", "null"),)
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--rate", type=float, default=2000.0, help="fires per second coming due")
+    p.add_argument("--duration", type=float, default=20.0, help="measured window, seconds")
+    p.add_argument("--drain", type=float, default=5.0, help="seconds after the window")
+    p.add_argument("--capacity", type=int, default=1000, help="the worker's --capacity")
+    p.add_argument("--json", type=Path, help="write the result here")
+    p.add_argument(
+        "--smoke", action="store_true", help="a quick run: --rate 50 --duration 2 --drain 5"
+    )
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.rate, args.duration, args.drain = 50.0, 2.0, 5.0
+    cfg = Config(
+        rate=args.rate, duration_s=args.duration, drain_s=args.drain, capacity=args.capacity,
+        body_bytes=256, http_timeout_ms=10_000, serve_args=(), store="default", receiver="lean",
+    )  # fmt: skip
+    tmp = Path(tempfile.mkdtemp(prefix="wheel-bench-tracing-"))
+    try:
+        results: dict[str, dict[str, Any]] = {}
+        for name, phase_cfg in (("off", cfg), ("on", replace(cfg, env=TRACED))):
+            (tmp / name).mkdir()
+            results[name] = run_phase("noop", phase_cfg, tmp / name)
+    finally:
+        if os.environ.get("WHEEL_BENCH_KEEP"):
+            print(f"kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    _report.emit(report(cfg, results), args.json)
+    return 0
+
+
+def report(cfg: Config, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    off, on = results["off"], results["on"]
+    ratio = on["cpu_s_per_1k"] / off["cpu_s_per_1k"] if off["cpu_s_per_1k"] else None
+    return {
+        "offered_per_s": cfg.rate,
+        "cpu_s_per_1k_off": off["cpu_s_per_1k"],
+        "cpu_s_per_1k_on": on["cpu_s_per_1k"],
+        "cpu_ratio_traced": None if ratio is None else round(ratio, 3),
+        "lag_p99_ms_off": off["lag_p99_ms"],
+        "lag_p99_ms_on": on["lag_p99_ms"],
+        "lost": off["lost"] + on["lost"],
+        "duplicates": off["duplicates"] + on["duplicates"],
+        "cpu_counts": (
+            "utime+stime of the node (wheelctl serve) and the worker (wheelctl worker) over the"
+            " measured window, per 1,000 fires delivered"
+        ),
+        "phases": (
+            "off, then on (OTEL_TRACES_EXPORTER=null in the node's and the worker's environment),"
+            " each on a fresh node with one worker and the same one-shot no-op jobs"
+        ),
+        "duration_s": cfg.duration_s,
+        "off": off,
+        "on": on,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
