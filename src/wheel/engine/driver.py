@@ -60,9 +60,9 @@ from wheel.engine.records import (
     SpecUpdate,
     WriteBatch,
 )
-from wheel.engine.schedule import compile_schedule
+from wheel.engine.schedule import compile_schedule, compile_spec
 from wheel.engine.spec import DEFAULT_LIMITS, Cron, Interval, IntervalMode, JobSpec, Once
-from wheel.errors import FailedPrecondition, LimitExceeded
+from wheel.errors import FailedPrecondition, InvalidArgument, LimitExceeded
 
 __all__ = [
     "Census",
@@ -86,7 +86,11 @@ _HORIZON_FIELD = {
 def first_fire(job_id: int, spec: JobSpec, now_ms: int) -> int | None:
     """The first fire a job submitted at ``now_ms`` owes (the first one at or
     after it: fires before the submit are not owed). Validates the schedule
-    (cron syntax, time zone) on the way."""
+    (cron syntax, time zone) on the way. A bounded schedule's first fire is
+    its first one at or after ``active_from_ms`` too, and none past
+    ``active_until_ms``."""
+    if spec.active_from_ms or spec.active_until_ms:
+        return compile_spec(spec, job_id=job_id).next_fire(now_ms - 1)
     s = spec.schedule
     if isinstance(s, Cron):
         # The nominal fire depends on the schedule and the time alone: the
@@ -101,6 +105,30 @@ def first_fire(job_id: int, spec: JobSpec, now_ms: int) -> int | None:
     return compiled.next_fire(now_ms - 1)
 
 
+def with_last_fire(spec: JobSpec, owed_from_ms: int) -> JobSpec:
+    """``spec`` with the last fire its ``max_fires`` leaves it
+    (``JobSpec.last_fire_ms``): its ``max_fires``-th fire at or after
+    ``owed_from_ms`` (the job's submit: fires before it are not owed) within
+    its active range; 0 where the range ends first or there is no
+    ``max_fires``. Every fire of the schedule in between counts, run or
+    recorded missed, so the job has exactly ``max_fires`` fire records."""
+    last = 0
+    if spec.max_fires:
+        compiled = compile_schedule(
+            spec.schedule,
+            active_from_ms=spec.active_from_ms,
+            active_until_ms=spec.active_until_ms,
+        )
+        fires = compiled.fires_between(owed_from_ms - 1, _NEVER_MS, spec.max_fires)
+        if len(fires) == spec.max_fires:
+            last = fires[-1]
+    return spec if spec.last_fire_ms == last else replace(spec, last_fire_ms=last)
+
+
+# Far enough ahead that no schedule's fire is after it.
+_NEVER_MS = 2**53
+
+
 @functools.lru_cache(maxsize=1024)
 def _first_cron_fire(schedule: Cron, now_ms: int) -> int | None:
     return compile_schedule(schedule).next_fire(now_ms - 1)
@@ -112,7 +140,7 @@ def next_fires_of(record: JobRecord, count: int) -> list[int]:
     fire = record.next_run_at
     if fire is None or record.state is not JobState.ACTIVE:
         return []
-    compiled = compile_schedule(record.spec.schedule, jitter_ms=0, job_id=record.job_id)
+    compiled = compile_spec(record.spec, job_id=record.job_id, jitter=False)
     out = [fire]
     while len(out) < count:
         nxt = compiled.next_fire(out[-1])
@@ -126,7 +154,9 @@ def preview_fires(spec: JobSpec, after_ms: int, count: int) -> list[int]:
     """The next ``count`` nominal fires of ``spec``'s schedule strictly after
     ``after_ms``, as the owner computes them (its time zone, DST gap and fold
     policies): what PreviewSchedule shows."""
-    compiled = compile_schedule(spec.schedule, jitter_ms=0, job_id=0)
+    compiled = compile_spec(spec, jitter=False)
+    if spec.max_fires:
+        count = min(count, spec.max_fires)
     out: list[int] = []
     at = after_ms
     while len(out) < count:
@@ -359,8 +389,14 @@ class Driver:
         one-shot submitted late is due now, not never: its catch-up policy
         decides whether it runs or is recorded missed. A first fire further
         ahead than the horizon is a mistake (seconds for milliseconds, a wrong
-        year), not a job to keep: ``LimitExceeded``."""
+        year), not a job to keep: ``LimitExceeded``. A bounded schedule with
+        no fire left in its bounds is refused: ``InvalidArgument``."""
+        spec = with_last_fire(spec, now_ms)
         first = first_fire(0, spec, now_ms)
+        if first is None and spec.bounded:
+            raise InvalidArgument(
+                "spec.active_until_ms", "no fire of the schedule is left before it"
+            )
         if first is None and isinstance(spec.schedule, Once):
             first = spec.schedule.at_ms
         limit = DEFAULT_LIMITS.max_horizon_ms
@@ -416,6 +452,9 @@ class Driver:
         if state is JobState.ACTIVE:
             # Resume from now: fires missed while paused are recorded, not run.
             next_run = first_fire(record.job_id, record.spec, now_ms + 1)
+            if next_run is None and record.spec.bounded:
+                # Its bounds passed while it was paused: its schedule is over.
+                return StateChange(state=JobState.COMPLETED)
         return StateChange(state=state, next_run_at=next_run)
 
     def state_changed(
@@ -458,7 +497,10 @@ class Driver:
         if record.state is JobState.CANCELLED:
             raise FailedPrecondition(f"job {record.job_id} is cancelled")
         spec = replace(spec, tenant=record.spec.tenant)
-        if record.state in SCHEDULE_OVER and spec.schedule != record.spec.schedule:
+        spec = self._last_fire_of_update(record, spec)
+        if record.state in SCHEDULE_OVER and (
+            spec.schedule != record.spec.schedule or _bounds(spec) != _bounds(record.spec)
+        ):
             # A finished one-shot's payload and policies may change (to fix
             # what its dead letters need before a redrive); its schedule is over.
             raise FailedPrecondition(
@@ -471,6 +513,11 @@ class Driver:
         nxt = self._first_of_update(record.job_id, spec, now_ms + 1)
         if not active:
             nxt = None
+        elif nxt is None and spec.bounded:
+            raise InvalidArgument(
+                "spec.max_fires" if spec.last_fire_ms else "spec.active_until_ms",
+                "no fire of the schedule is left in the new bounds",
+            )
         hold = None
         if active and self.owner.owns(record.job_id):
             # Fires due by now come due (and are claimed, workers willing)
@@ -493,6 +540,16 @@ class Driver:
             param=param,
         )
         return update, hold
+
+    @staticmethod
+    def _last_fire_of_update(record: JobRecord, spec: JobSpec) -> JobSpec:
+        """``spec`` with its last fire (``with_last_fire``): the stored one
+        while the schedule and its bounds stay, else counted again over the
+        new schedule from the job's submit, as if it had always had it."""
+        old = record.spec
+        if spec.schedule == old.schedule and _bounds(spec) == _bounds(old):
+            return replace(spec, last_fire_ms=old.last_fire_ms)
+        return with_last_fire(spec, record.created_at_ms)
 
     def _first_of_update(self, job_id: int, spec: JobSpec, from_ms: int) -> int | None:
         first = first_fire(job_id, spec, from_ms)
@@ -700,3 +757,7 @@ class Driver:
             )
             for run in (runs[i] for i in heapq.nsmallest(max(0, limit), runs))
         ], len(runs)
+
+
+def _bounds(spec: JobSpec) -> tuple[int, int, int]:
+    return (spec.active_from_ms, spec.active_until_ms, spec.max_fires)

@@ -6,7 +6,8 @@ A job's spec splits in three:
 - its **profile**: everything that decides how it runs -- the schedule's
   shape (a cron expression with its zone and DST policies, an interval's
   period and mode, or "once"), handler, pool, tenant, jitter, and the
-  catch-up, overlap, retry, timeout and side-effect policies. Ten million
+  catch-up, overlap, retry, timeout and side-effect policies, and the
+  schedule's bounds (active from, active until, max fires). Ten million
   jobs typically share a handful of these.
 - its **schedule parameter**: the one instant of the schedule that is the
   job's own (a one-shot's ``at``, an interval's ``start_at``; 0 for cron).
@@ -129,6 +130,10 @@ def split_spec(spec: JobSpec) -> tuple[JobSpec, int]:
         timeout_ms=spec.timeout_ms,
         side_effect=spec.side_effect,
         pool=spec.pool,
+        active_from_ms=spec.active_from_ms,
+        active_until_ms=spec.active_until_ms,
+        max_fires=spec.max_fires,
+        last_fire_ms=spec.last_fire_ms,
     )
     return template, param
 

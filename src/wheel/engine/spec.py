@@ -125,6 +125,8 @@ class Limits:
     max_horizon_ms: int = 10 * 366 * 24 * 3600 * 1000
     max_catch_up_count: int = 100_000
     max_backfill_fires: int = 10_000
+    # A bounded schedule's last fire is found by counting its fires.
+    max_fires: int = 100_000
 
 
 DEFAULT_LIMITS = Limits()
@@ -144,6 +146,18 @@ class JobSpec:
     timeout_ms: int = 300_000
     side_effect: SideEffect = SideEffect.IDEMPOTENT
     pool: str = "default"
+    # Bounds of a recurring schedule (0: none each): no fire before
+    # ``active_from_ms``, none after ``active_until_ms``, and at most
+    # ``max_fires`` fires owed (run or recorded missed).
+    active_from_ms: int = 0
+    active_until_ms: int = 0
+    max_fires: int = 0
+    # The nominal time of the last fire ``max_fires`` leaves the job (0:
+    # none): its ``max_fires``-th fire counted from its first owed one,
+    # fixed when the job is stored (``wheel.engine.driver.with_last_fire``).
+    # Kept in the store's JSON and the profile, never on the wire: fires of a
+    # schedule known ahead are counted once, not per claim.
+    last_fire_ms: int = 0
     # Its JSON once written or read: a spec is serialized for the store, the
     # idempotency digest and the checkpoint, and must not pay for it thrice.
     _json: str | None = field(default=None, init=False, repr=False, compare=False, hash=False)
@@ -151,6 +165,26 @@ class JobSpec:
     @property
     def recurring(self) -> bool:
         return not isinstance(self.schedule, Once)
+
+    @property
+    def schedule_ends(self) -> bool:
+        """Whether the job's schedule can end, after which the job completes
+        when its last fire's run has (the store's ``one_shot`` column): a
+        one-shot's, or a bounded recurring one's."""
+        return not self.recurring or self.bounded
+
+    @property
+    def ends_at_ms(self) -> int:
+        """The last instant a fire may have (0: none): ``active_until_ms``
+        or the last fire ``max_fires`` leaves, whichever is first."""
+        ends = [t for t in (self.active_until_ms, self.last_fire_ms) if t > 0]
+        return min(ends) if ends else 0
+
+    @property
+    def bounded(self) -> bool:
+        """Whether bounds may end the schedule (``active_until_ms`` or
+        ``max_fires``): the job then completes like a one-shot."""
+        return self.active_until_ms > 0 or self.max_fires > 0
 
     def validate(self, limits: Limits = DEFAULT_LIMITS) -> None:
         """Raise ``InvalidArgument`` naming the first bad field."""
@@ -196,6 +230,30 @@ class JobSpec:
                 raise LimitExceeded("spec.schedule.cron.expr", "longer than 200 characters")
         else:  # pragma: no cover - the type admits nothing else
             raise InvalidArgument("spec.schedule", "one of once, cron or interval is required")
+        self._validate_bounds(limits)
+
+    def _validate_bounds(self, limits: Limits) -> None:
+        for name, value, high in (
+            ("spec.active_from_ms", self.active_from_ms, 2**53),
+            ("spec.active_until_ms", self.active_until_ms, 2**53),
+            ("spec.max_fires", self.max_fires, limits.max_fires),
+        ):
+            _bounded(name, value, 0, high)
+            if value and not self.recurring:
+                raise InvalidArgument(name, "applies to recurring schedules only, not once")
+        both = self.active_from_ms > 0 and self.active_until_ms > 0
+        if both and self.active_until_ms <= self.active_from_ms:
+            raise InvalidArgument(
+                "spec.active_until_ms",
+                f"{self.active_until_ms} must be after spec.active_from_ms {self.active_from_ms}",
+            )
+        s = self.schedule
+        if self.max_fires and isinstance(s, Interval) and s.mode is IntervalMode.FIXED_DELAY:
+            # Its fires are not known ahead (each counts from a completion).
+            raise InvalidArgument(
+                "spec.max_fires",
+                "does not apply to fixed_delay intervals; bound one with spec.active_until_ms",
+            )
 
     # -- JSON, as the store keeps it ------------------------------------------------
 
@@ -245,7 +303,18 @@ class JobSpec:
             "timeout_ms": self.timeout_ms,
             "side_effect": self.side_effect.value,
             "pool": self.pool,
+            # Only where set: the JSON (and with it the profile ids and
+            # idempotency digests) of unbounded jobs stays as it was.
+            **{k: v for k, v in self._bounds() if v},
         }
+
+    def _bounds(self) -> tuple[tuple[str, int], ...]:
+        return (
+            ("active_from_ms", self.active_from_ms),
+            ("active_until_ms", self.active_until_ms),
+            ("max_fires", self.max_fires),
+            ("last_fire_ms", self.last_fire_ms),
+        )
 
     def to_json(self) -> str:
         text = self._json
@@ -298,6 +367,10 @@ class JobSpec:
             timeout_ms=int(d["timeout_ms"]),
             side_effect=SideEffect(d["side_effect"]),
             pool=d["pool"],
+            active_from_ms=int(d.get("active_from_ms", 0)),
+            active_until_ms=int(d.get("active_until_ms", 0)),
+            max_fires=int(d.get("max_fires", 0)),
+            last_fire_ms=int(d.get("last_fire_ms", 0)),
         )
 
     @classmethod

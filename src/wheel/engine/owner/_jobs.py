@@ -653,9 +653,11 @@ class JobBook(_Shelf):
         if target is None and job.compiled.completion_driven and job.inflight > 0:
             return  # fixed_delay: the run's completion sets the next fire
         if job.store_next != target and job.store_next is not None:
-            if target is None and not job.compiled.completion_driven:
+            if target is None and not job.compiled.completion_driven and not job.spec.recurring:
                 # A one-shot whose only fire was skipped: a claim-less advance
                 # must not complete the job; leave it for the catch-up record.
+                # (A bounded schedule's last fire skipped ends it: the store
+                # completes the job once no run of it is in flight.)
                 return
             acts.advances.append(
                 ScheduleAdvance(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from wheel.store._schema import INFLIGHT_SQL
 from wheel.store._shared import JOB_INSERT_COLUMNS, Dialect, Queries
 from wheel.store.base import (
     SHARD_COUNT,
@@ -135,9 +136,18 @@ SELECT t.idx, e.run_id,
   JOIN jobs AS j ON j.job_id = t.job_id
 """
 
-ADVANCE_SQL = """
+# A bounded schedule moved to no next fire is over (its ``one_shot`` says
+# its schedule can end; a one-shot's is never moved so): the job is running
+# while a run of it is in flight, else completed.
+ADVANCE_SQL = f"""
 UPDATE jobs AS j
    SET next_run_at = t.new_next, updated_at_ms = greatest(j.updated_at_ms, %(now)s),
+       state = CASE WHEN t.new_next IS NULL AND j.one_shot AND j.state = 'active'
+                    THEN CASE WHEN EXISTS (SELECT 1 FROM executions AS e
+                                            WHERE e.job_id = j.job_id
+                                              AND e.state IN {INFLIGHT_SQL})
+                              THEN 'running' ELSE 'completed' END
+                    ELSE j.state END,
        move_xid = pg_current_xact_id()
   FROM unnest(%(idx)b::int4[], %(job)b::int8[], %(exp)b::int8[], %(new)b::int8[])
        AS t(idx, job_id, expected, new_next)
