@@ -268,3 +268,14 @@ def proto_copy(msg: Any) -> Any:
     out = type(msg)()
     out.CopyFrom(msg)
     return out
+
+
+@st.composite
+def schedule_bounds(draw: st.DrawFn, start: int) -> tuple[int, int, int]:
+    """Bounds of a recurring schedule around ``start`` (ms): active from,
+    active until and max fires, each unset (0) or set."""
+    day = 86_400_000
+    low = draw(st.one_of(st.just(0), st.integers(start - day, start + 2 * day)))
+    high = draw(st.one_of(st.just(0), st.integers(max(low, start) + 1, start + 4 * day)))
+    fires = draw(st.one_of(st.just(0), st.integers(1, 50)))
+    return low, high, fires

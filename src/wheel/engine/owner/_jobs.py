@@ -664,6 +664,7 @@ class JobBook(_Shelf):
                     job_id=job.job_id,
                     expected_next_run_at=job.store_next,
                     new_next_run_at=target,
+                    ends=target is None and job.spec.bounded,
                 )
             )
             if target is not None:

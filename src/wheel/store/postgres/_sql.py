@@ -136,21 +136,21 @@ SELECT t.idx, e.run_id,
   JOIN jobs AS j ON j.job_id = t.job_id
 """
 
-# A bounded schedule moved to no next fire is over (its ``one_shot`` says
-# its schedule can end; a one-shot's is never moved so): the job is running
-# while a run of it is in flight, else completed.
+# An advance that ends a bounded schedule (``ScheduleAdvance.ends``): its
+# active job is running while a run of it is in flight, else completed.
 ADVANCE_SQL = f"""
 UPDATE jobs AS j
    SET next_run_at = t.new_next, updated_at_ms = greatest(j.updated_at_ms, %(now)s),
-       state = CASE WHEN t.new_next IS NULL AND j.one_shot AND j.state = 'active'
+       state = CASE WHEN t.ends AND t.new_next IS NULL AND j.state = 'active'
                     THEN CASE WHEN EXISTS (SELECT 1 FROM executions AS e
                                             WHERE e.job_id = j.job_id
                                               AND e.state IN {INFLIGHT_SQL})
                               THEN 'running' ELSE 'completed' END
                     ELSE j.state END,
        move_xid = pg_current_xact_id()
-  FROM unnest(%(idx)b::int4[], %(job)b::int8[], %(exp)b::int8[], %(new)b::int8[])
-       AS t(idx, job_id, expected, new_next)
+  FROM unnest(%(idx)b::int4[], %(job)b::int8[], %(exp)b::int8[], %(new)b::int8[],
+              %(ends)b::bool[])
+       AS t(idx, job_id, expected, new_next, ends)
  WHERE j.job_id = t.job_id AND j.next_run_at IS NOT DISTINCT FROM t.expected
 RETURNING t.idx
 """
