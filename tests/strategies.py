@@ -18,7 +18,7 @@ I64 = 2**63 - 1
 # Every top-level JobSpec field UpdateJob may name (and one it may not).
 UPDATABLE = (
     "name", "handler", "payload", "schedule", "jitter_ms", "catch_up", "overlap", "retry",
-    "timeout_ms", "side_effect", "pool",
+    "timeout_ms", "side_effect", "pool", "active_from_ms", "active_until_ms", "max_fires",
 )  # fmt: skip
 
 

@@ -308,18 +308,23 @@ class AsyncClient:
         dst_gap: DstGap | str = DstGap.FIRE_AT_TRANSITION,
         dst_fold: DstFold | str = DstFold.FIRST,
         start: When | None = None,
+        active_from: When | None = None,
+        active_until: When | None = None,
+        max_fires: int | None = None,
         start_from: When | None = None,
         count: int = 10,
     ) -> list[datetime]:
         """The next ``count`` fire times (at most 1000) at or after
         ``start_from`` (default now) of a job, or of a schedule given as to
         ``submit``, as the scheduler computes them (time zone, DST gap and
-        fold policies)."""
+        fold policies, the bounds ``active_from``, ``active_until`` and
+        ``max_fires``)."""
         schedule = {
             k: v
             for k, v in (
                 ("cron", cron), ("every", every), ("at", at), ("tz", tz), ("dst_gap", dst_gap),
-                ("dst_fold", dst_fold), ("start", start),
+                ("dst_fold", dst_fold), ("start", start), ("active_from", active_from),
+                ("active_until", active_until), ("max_fires", max_fires),
             )
             if v is not None
         }  # fmt: skip

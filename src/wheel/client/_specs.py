@@ -78,8 +78,11 @@ class JobRequest:
     values or seconds. ``catch_up``, ``overlap`` and ``retry`` take their
     policy value, or a mode, a policy name and a number of attempts. Give
     ``handler`` (a Python handler's name) or ``http`` (an ``HttpTarget``, whose
-    request's body is ``payload``). A request is checked when it is made: a
-    bad one raises ``InvalidArgument`` naming the keyword.
+    request's body is ``payload``). A recurring schedule may be bounded: no
+    fire before ``active_from``, none after ``active_until``, at most
+    ``max_fires`` fires (run or recorded missed); the job completes once its
+    bound is reached. A request is checked when it is made: a bad one raises
+    ``InvalidArgument`` naming the keyword.
     """
 
     name: str
@@ -107,6 +110,10 @@ class JobRequest:
     # The same key and body return the job the first submit made (``created``
     # False); the same key with another body is ``AlreadyExists``.
     idempotency_key: str | None = None
+    # Bounds of a recurring schedule (None, 0: none).
+    active_from: When | None = None
+    active_until: When | None = None
+    max_fires: int = 0
 
     def __post_init__(self) -> None:
         # Refuse a bad request where it is made, not later where it is sent.
@@ -145,6 +152,9 @@ class JobArgs(_RequiredJobArgs, total=False):
     pool: str
     tenant: str
     idempotency_key: str | None
+    active_from: When | None
+    active_until: When | None
+    max_fires: int
 
 
 class UpdateArgs(TypedDict, total=False):
@@ -174,6 +184,10 @@ class UpdateArgs(TypedDict, total=False):
     timeout: Duration
     at_most_once: bool
     pool: str
+    # None clears a bound (0 for max_fires).
+    active_from: When | None
+    active_until: When | None
+    max_fires: int
 
 
 # -- client -> engine -------------------------------------------------------------
@@ -226,7 +240,25 @@ def job_spec(request: JobRequest, *, now_ms: int) -> engine.JobSpec:
             if _flag(r.at_most_once, "at_most_once")
             else engine.SideEffect.IDEMPOTENT
         ),
+        active_from_ms=_bound_ms(r.active_from, "active_from"),
+        active_until_ms=_bound_ms(r.active_until, "active_until"),
+        max_fires=_count(r.max_fires, "max_fires"),
     )
+
+
+def _bound_ms(value: When | None, field: str) -> int:
+    if value is None:
+        return 0
+    ms = time_ms(value, field)
+    if ms <= 0:
+        raise InvalidArgument(field, "must be after the epoch")
+    return ms
+
+
+def _count(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(field, f"expected a number >= 0, got {value!r}")
+    return value
 
 
 def wire_target(target: object) -> jobs_pb2.HttpTarget:

@@ -427,6 +427,11 @@ class Job:
     at_most_once: bool
     # Its HTTP target (handler "http"; ``payload`` is the request's body).
     http: HttpTarget | None = None
+    # Bounds of its schedule (None, 0: none): no fire before ``active_from``,
+    # none after ``active_until``, at most ``max_fires`` fires.
+    active_from: datetime | None = None
+    active_until: datetime | None = None
+    max_fires: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -265,6 +265,9 @@ _UPDATE_FIELDS = {
     "timeout": "timeout_ms",
     "at_most_once": "side_effect",
     "pool": "pool",
+    "active_from": "active_from_ms",
+    "active_until": "active_until_ms",
+    "max_fires": "max_fires",
 }
 
 
@@ -327,7 +330,8 @@ def preview_request(
     count: int,
 ) -> js.PreviewScheduleRequest:
     """``Client.preview``'s request: a job's schedule, or one given by the
-    schedule keywords of a submit (``cron=``, ``tz=``, ``every=``...)."""
+    schedule keywords of a submit (``cron=``, ``tz=``, ``every=``...), with
+    its bounds (``active_from=``, ``active_until=``, ``max_fires=``)."""
     from_ms = 0 if start_from is None else time_ms(start_from, "start_from")
     if job_id is not None:
         if schedule:
@@ -336,12 +340,16 @@ def preview_request(
     spec = job_spec(
         JobRequest(name="-", handler="-", **schedule), now_ms=time.time_ns() // 1_000_000
     )
-    return build(
-        js.PreviewScheduleRequest,
-        schedule=convert.spec_to_proto(spec).schedule,
-        from_ms=from_ms,
-        count=count,
-    )
+    msg = convert.spec_to_proto(spec)
+    if spec.bounded or spec.active_from_ms:
+        bounds = jobs_pb2.JobSpec(
+            schedule=msg.schedule,
+            active_from_ms=spec.active_from_ms,
+            active_until_ms=spec.active_until_ms,
+            max_fires=spec.max_fires,
+        )
+        return build(js.PreviewScheduleRequest, spec=bounds, from_ms=from_ms, count=count)
+    return build(js.PreviewScheduleRequest, schedule=msg.schedule, from_ms=from_ms, count=count)
 
 
 def dead_letter_pages(job_id: int | None, page_size: int) -> Pages[Run]:
@@ -532,6 +540,9 @@ def job_from(spec: JobSpec, msg: jobs_pb2.Job, *, created: bool = False) -> Job:
         timeout=timedelta(milliseconds=spec.timeout_ms),
         jitter=timedelta(milliseconds=spec.jitter_ms),
         at_most_once=spec.side_effect is SideEffect.AT_MOST_ONCE,
+        active_from=utc_or_none(spec.active_from_ms),
+        active_until=utc_or_none(spec.active_until_ms),
+        max_fires=spec.max_fires,
     )
 
 

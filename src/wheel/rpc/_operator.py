@@ -37,6 +37,9 @@ UPDATABLE = (
     "timeout_ms",
     "side_effect",
     "pool",
+    "active_from_ms",
+    "active_until_ms",
+    "max_fires",
 )
 MAX_PREVIEW = 1000
 # Preview from at most this far ahead of now (a year of 2100 is a typo).
@@ -152,8 +155,14 @@ class OperatorCalls:
                 msg = jobs_pb2.JobSpec(name="preview", handler="preview")
                 msg.schedule.CopyFrom(request.schedule)
                 spec = convert.spec_from_proto(msg, now_ms=now, sent=True)
+            elif source == "spec":
+                msg = jobs_pb2.JobSpec(name="preview", handler="preview")
+                msg.MergeFrom(request.spec)
+                msg.ClearField("http")
+                msg.handler = msg.handler if msg.handler not in ("", "http") else "preview"
+                spec = convert.spec_from_proto(msg, now_ms=now, sent=True)
             else:
-                raise InvalidArgument("source", "give a schedule or a job_id")
+                raise InvalidArgument("source", "give a schedule, a spec or a job_id")
             fires = preview_fires(spec, after, request.count or 10)
             return job_service_pb2.PreviewScheduleResponse(fires_ms=fires)
 
