@@ -230,6 +230,21 @@ def test_a_fixed_delay_job_completes_when_its_until_passes() -> None:
     assert n.store.jobs[j].state is JobState.COMPLETED
 
 
+def test_a_fixed_delay_job_whose_next_fire_after_a_long_run_is_past_its_until_completes() -> None:
+    n = Node()
+    n.hello()
+    shape = Interval(period_ms=MIN, mode=IntervalMode.FIXED_DELAY, start_at_ms=T + MIN)
+    j = n.submit(spec(schedule=shape, active_until_ms=T + 2 * MIN + 30 * SEC))
+    [c] = n.step(T + MIN).claims
+    assert c.new_next_run_at == T + 2 * MIN  # provisional: a period after the fire
+    a = _assignment(n, c.fence)
+    n.step(T + 2 * MIN)
+    acts = n.complete(a)  # the next fire would be at T + 3 min, past the bound
+    assert [x.ends for x in acts.advances] == [True]
+    assert n.store.jobs[j].state is JobState.COMPLETED
+    assert j not in n.owner.jobs and not n.step(T + DAY).claims
+
+
 def test_a_paused_job_resumed_after_its_bound_is_completed() -> None:
     n = Node()
     j = n.submit(spec(active_until_ms=T + 5 * MIN))

@@ -695,10 +695,16 @@ class JobBook(_Shelf):
 
     def run_finished(self, job: _Job, now_ms: int, acts: Actions) -> None:
         job.inflight -= 1
+        ended = False
         if job.compiled.completion_driven and not job.paused and job.next_fire is None:
             nxt = job.compiled.next_after_completion(now_ms)
             if job.inflight == 0 and nxt is not None:
                 self._arm(job, nxt)
+                self.sync_schedule(job, now_ms, acts)
+            elif job.inflight == 0 and job.spec.bounded:
+                # Its next fire would be past its bound: the schedule is over
+                # (the advance that says so completes the job in the store).
+                ended = True
                 self.sync_schedule(job, now_ms, acts)
         if job.buffered and not job.paused and job.inflight + len(job.due) < job.limit:
             job.due.append((job.buffered.popleft(), 0, True))
@@ -707,7 +713,7 @@ class JobBook(_Shelf):
             job.inflight <= 0
             and job.next_fire is None
             and not job.due
-            and (job.cancelled or not (job.paused or job.compiled.completion_driven))
+            and (job.cancelled or ended or not (job.paused or job.compiled.completion_driven))
         ):
             # Its schedule is over (a one-shot's fire ran): it leaves.
             self.wheel.cancel((job.job_id << 2) | FIRE)
