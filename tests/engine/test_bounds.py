@@ -286,3 +286,20 @@ def test_an_update_counts_max_fires_from_the_submit_over_the_new_schedule() -> N
     assert update.spec.last_fire_ms == T + 19 * MIN
     same, _ = n.driver.update(record, replace(record.spec, last_fire_ms=0), T + 30 * SEC)
     assert same.spec.last_fire_ms == T + 10 * MIN
+
+
+def test_a_restart_while_the_last_fire_runs_still_completes_the_job_when_it_ends() -> None:
+    n = Node()
+    n.hello()
+    j = n.submit(spec(max_fires=2))
+    assert _run_fires(n, j, T + MIN) == [T + MIN]
+    [c] = n.step(T + 2 * MIN).claims
+    assert n.store.jobs[j].state is JobState.RUNNING
+    n.restart()
+    n.hello()
+    acts = n.step(T + 2 * MIN + 10 * SEC)  # the run, adopted, is given out again or kept
+    mine = [a for a in acts.assignments.get("w1", []) if a.job_id == j]
+    a = mine[0] if mine else _assignment(n, c.fence)
+    n.complete(a)
+    assert n.store.jobs[j].state is JobState.COMPLETED
+    assert not n.step(T + DAY).claims
