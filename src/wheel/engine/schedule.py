@@ -502,8 +502,8 @@ class _CronSchedule(CompiledSchedule):
 class _BoundedSchedule(CompiledSchedule):
     """A schedule cut to its active range: the fires of ``inner`` at or after
     ``from_ms`` and at or before ``until_ms`` (0: no bound), the same
-    instants with the same jitter as unbounded. Only ``next_fire`` and the
-    ranges are cut; a job's ``max_fires`` is counted by its owner."""
+    instants with the same jitter as unbounded. A job's ``max_fires`` cuts
+    it too, as the last fire it leaves (``JobSpec.ends_at_ms``)."""
 
     __slots__ = ("_from_ms", "_inner", "_until_ms")
 
