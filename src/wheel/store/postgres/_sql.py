@@ -81,6 +81,9 @@ NOT_DISPATCHED = none_of(set(RunState) - {RunState.DISPATCHED})
 # for 1000-row inserts into executions), and the CTE's joins that match
 # winners to their claims another 1.5-2 us a claim (14.9 against 13.2 us of
 # PostgreSQL CPU a claim, 1000-claim batches over 100,000 jobs).
+# A claim that leaves no next fire to a job whose schedule can end
+# (``one_shot``: a one-shot, or a bounded recurring schedule, see
+# ``JobSpec.schedule_ends``) makes it running until its fire ends.
 CLAIM_INPUT = """
     SELECT * FROM unnest(%(idx)b::int4[], %(job)b::int8[], %(sf)b::int8[], %(att)b::int4[],
                          %(fence)b::int8[], %(disp)b::int8[], %(adv)b::bool[],

@@ -78,8 +78,10 @@ ADVANCE_CAS = SetStatement(
     " WHERE jobs.job_id = t.column4 AND +jobs.next_run_at IS t.column5",
     "(?, ?, ?, ?, ?)",
 )
-# For batches with a claim that ends its schedule: a one-shot whose next fire
-# is None becomes running (until its fire ends: ``END_ONE_SHOT``).
+# For batches with a claim that ends its schedule: a job whose schedule can
+# end (``one_shot``: a one-shot, or a bounded recurring schedule, see
+# ``JobSpec.schedule_ends``) whose next fire is None becomes running (until
+# its fire ends: ``END_ONE_SHOT``).
 CLAIM_CAS_END = SetStatement(
     "UPDATE jobs SET next_run_at = t.column1,"
     " state = CASE WHEN t.column1 IS NULL AND one_shot = 1 AND state = 'active'"
