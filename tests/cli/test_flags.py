@@ -251,5 +251,9 @@ def test_bounds_flags_read_a_zoneless_date_in_a_crons_zone_and_clear_with_none(
     err = refused(capsys, server, "submit", "--name", "o", "--handler", "h", "--at", "+1h",
                   "--max-fires", "3")  # fmt: skip
     assert "spec.max_fires" in err
+    fires = run(capsys, server, "preview", "--every", "1h", "--start", f"{day}T00:00",
+                "--active-from", f"{day}T05:30", "--max-fires", "3")  # fmt: skip
+    hours = [datetime.fromisoformat(f"{day}T0{h}:00").replace(tzinfo=UTC) for h in (6, 7, 8)]
+    assert [f["fire_ms"] for f in fires] == [int(t.timestamp() * 1000) for t in hours]
     shown = main(["job", str(every["job_id"]), "--target", server.target])
     assert shown == 0 and "bounds      from" in capsys.readouterr().out
