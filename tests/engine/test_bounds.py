@@ -303,3 +303,19 @@ def test_a_restart_while_the_last_fire_runs_still_completes_the_job_when_it_ends
     n.complete(a)
     assert n.store.jobs[j].state is JobState.COMPLETED
     assert not n.step(T + DAY).claims
+
+
+def test_a_job_completes_when_its_last_run_in_flight_ends_not_before() -> None:
+    """With overlap allow, the last fire's run may end before an earlier
+    one's: the job completes when the later of them ends."""
+    n = Node()
+    n.hello()
+    j = n.submit(spec(max_fires=2, overlap=Overlap(policy=OverlapPolicy.ALLOW, max_concurrent=2)))
+    [c1] = n.step(T + MIN).claims
+    a1 = _assignment(n, c1.fence)
+    [c2] = n.step(T + 2 * MIN).claims
+    assert c2.new_next_run_at is None
+    n.complete(_assignment(n, c2.fence))
+    assert n.store.jobs[j].state is JobState.RUNNING
+    n.complete(a1)
+    assert n.store.jobs[j].state is JobState.COMPLETED

@@ -46,8 +46,17 @@ _HOLDING = (OverlapPolicy.SKIP, OverlapPolicy.ALLOW)
 
 def schedule_over(job: _Job) -> bool:
     """A bounded recurring job whose schedule the store has over (its last
-    fire claimed: no next fire): the end of a run of it may complete it."""
-    return job.spec.bounded and job.store_next is None and not job.paused
+    fire claimed: no next fire), of which the run ending is the last one in
+    flight (an earlier fire's run may outlast the last fire's): that run's
+    end, for good, completes it."""
+    return (
+        job.spec.bounded
+        and job.store_next is None
+        and not job.paused
+        and job.inflight - job.ending <= 1
+        and not job.due
+        and not job.buffered
+    )
 
 
 def _note(what: str, run: _Run) -> RunNote:
