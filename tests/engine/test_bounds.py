@@ -274,18 +274,33 @@ def test_a_submit_with_no_fire_left_in_its_bounds_is_refused() -> None:
 
 
 def test_an_update_counts_max_fires_from_the_submit_over_the_new_schedule() -> None:
-    n = Node()
-    j = n.submit(spec(max_fires=10))
+    n = Node(now=T + 30 * SEC)
+    j = n.submit(spec(schedule=Cron(expr="*/5 * * * *"), max_fires=3))
     record = n.store.get_job(j)
-    assert record.spec.last_fire_ms == T + 10 * MIN
+    assert record.spec.last_fire_ms == T + 15 * MIN  # :05, :10, :15 (T is on the hour)
     update, _ = n.driver.update(
-        record,
-        replace(record.spec, schedule=Interval(period_ms=2 * MIN, start_at_ms=T + MIN)),
-        T + 30 * SEC,
+        record, replace(record.spec, schedule=Cron(expr="*/10 * * * *")), T + MIN
     )
-    assert update.spec.last_fire_ms == T + 19 * MIN
-    same, _ = n.driver.update(record, replace(record.spec, last_fire_ms=0), T + 30 * SEC)
-    assert same.spec.last_fire_ms == T + 10 * MIN
+    assert update.spec.last_fire_ms == T + 30 * MIN  # from the submit, as if always so
+    same, _ = n.driver.update(record, replace(record.spec, last_fire_ms=0), T + MIN)
+    assert same.spec.last_fire_ms == T + 15 * MIN
+
+
+def test_a_fixed_rate_job_s_last_fire_comes_from_its_start_so_its_jobs_share_a_profile() -> None:
+    n = Node()
+    a = n.driver.new_job(spec(max_fires=10), None, T)
+    b = n.driver.new_job(
+        spec(schedule=Interval(period_ms=MIN, start_at_ms=T + 7 * MIN), max_fires=10), None, T
+    )
+    assert a.spec.last_fire_ms == b.spec.last_fire_ms == 0
+    assert a.profile == b.profile
+    assert a.spec.ends_at_ms() == T + 10 * MIN and b.spec.ends_at_ms() == T + 16 * MIN
+    # A start in the past: fires before the submit are not owed, so the last
+    # one is counted and kept.
+    late = n.driver.new_job(
+        spec(schedule=Interval(period_ms=MIN, start_at_ms=T - 30 * MIN), max_fires=2), None, T
+    )
+    assert late.spec.last_fire_ms == T + MIN
 
 
 def test_a_restart_while_the_last_fire_runs_still_completes_the_job_when_it_ends() -> None:

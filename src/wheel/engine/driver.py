@@ -109,19 +109,28 @@ def with_last_fire(spec: JobSpec, owed_from_ms: int) -> JobSpec:
     """``spec`` with the last fire its ``max_fires`` leaves it
     (``JobSpec.last_fire_ms``): its ``max_fires``-th fire at or after
     ``owed_from_ms`` (the job's submit: fires before it are not owed) within
-    its active range; 0 where the range ends first or there is no
-    ``max_fires``. Every fire of the schedule in between counts, run or
-    recorded missed, so the job has exactly ``max_fires`` fire records."""
+    its active range (the range's last where it ends first); 0 where there
+    is no ``max_fires``. Every fire of the schedule in between counts, run or
+    recorded missed, so the job has exactly ``max_fires`` fire records. A
+    fixed-rate interval starting at or after ``owed_from_ms`` needs none:
+    its start and period say its last fire, and its jobs share a profile
+    (``JobSpec.ends_at_ms``)."""
     last = 0
-    if spec.max_fires:
+    s = spec.schedule
+    grid = (
+        isinstance(s, Interval)
+        and s.mode is IntervalMode.FIXED_RATE
+        and s.start_at_ms >= owed_from_ms
+    )
+    if spec.max_fires and not grid:
         compiled = compile_schedule(
             spec.schedule,
             active_from_ms=spec.active_from_ms,
             active_until_ms=spec.active_until_ms,
         )
         fires = compiled.fires_between(owed_from_ms - 1, _NEVER_MS, spec.max_fires)
-        if len(fires) == spec.max_fires:
-            last = fires[-1]
+        # Fewer where the range ends first: its last (none: before any).
+        last = fires[-1] if fires else max(1, owed_from_ms - 1)
     return spec if spec.last_fire_ms == last else replace(spec, last_fire_ms=last)
 
 

@@ -661,7 +661,7 @@ def compile_spec(spec: JobSpec, *, job_id: int = 0, jitter: bool = True) -> Comp
         jitter_ms=spec.jitter_ms if jitter else 0,
         job_id=job_id,
         active_from_ms=spec.active_from_ms,
-        active_until_ms=spec.ends_at_ms,
+        active_until_ms=spec.ends_at_ms(),
     )
 
 

@@ -153,10 +153,12 @@ class JobSpec:
     active_until_ms: int = 0
     max_fires: int = 0
     # The nominal time of the last fire ``max_fires`` leaves the job (0:
-    # none): its ``max_fires``-th fire counted from its first owed one,
-    # fixed when the job is stored (``wheel.engine.driver.with_last_fire``).
-    # Kept in the store's JSON and the profile, never on the wire: fires of a
-    # schedule known ahead are counted once, not per claim.
+    # none, or a fixed-rate interval's that every fire from its start is
+    # owed of, whose last fire its start and period say): its
+    # ``max_fires``-th fire counted from its first owed one, fixed when the
+    # job is stored (``wheel.engine.driver.with_last_fire``). Kept in the
+    # store's JSON and the profile, never on the wire: fires of a schedule
+    # known ahead are counted once, not per claim.
     last_fire_ms: int = 0
     # Its JSON once written or read: a spec is serialized for the store, the
     # idempotency digest and the checkpoint, and must not pay for it thrice.
@@ -173,12 +175,31 @@ class JobSpec:
         one-shot's, or a bounded recurring one's."""
         return not self.recurring or self.bounded
 
-    @property
-    def ends_at_ms(self) -> int:
-        """The last instant a fire may have (0: none): ``active_until_ms``
-        or the last fire ``max_fires`` leaves, whichever is first."""
-        ends = [t for t in (self.active_until_ms, self.last_fire_ms) if t > 0]
+    def ends_at_ms(self, schedule: Schedule | None = None) -> int:
+        """The last instant a fire of ``schedule`` (default: the spec's own;
+        a profile's template is given its job's) may have (0: none):
+        ``active_until_ms`` or the last fire ``max_fires`` leaves, whichever
+        is first."""
+        s = self.schedule if schedule is None else schedule
+        last = self.last_fire_ms
+        if (
+            self.max_fires
+            and not last
+            and isinstance(s, Interval)
+            and s.mode is IntervalMode.FIXED_RATE
+        ):
+            last = self.last_fire_of_grid(s)
+        ends = [t for t in (self.active_until_ms, last) if t > 0]
         return min(ends) if ends else 0
+
+    def last_fire_of_grid(self, s: Interval) -> int:
+        """A fixed-rate interval's ``max_fires``-th fire from its start (or
+        its first in the active range), every one of them owed."""
+        first = s.start_at_ms
+        if first < self.active_from_ms:
+            steps = -(-(self.active_from_ms - first) // s.period_ms)
+            first += steps * s.period_ms
+        return first + (self.max_fires - 1) * s.period_ms
 
     @property
     def bounded(self) -> bool:

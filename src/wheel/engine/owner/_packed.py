@@ -164,12 +164,13 @@ class _Shelf:
         return job
 
     def compile_spec(self, job_id: int, spec: JobSpec, param: int) -> CompiledSchedule:
+        schedule = schedule_of(spec, param)
         return compile_schedule(
-            schedule_of(spec, param),
+            schedule,
             jitter_ms=spec.jitter_ms,
             job_id=job_id,
             active_from_ms=spec.active_from_ms,
-            active_until_ms=spec.ends_at_ms,
+            active_until_ms=spec.ends_at_ms(schedule),
         )
 
     # -- what the owner holds ---------------------------------------------------------
