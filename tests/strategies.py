@@ -20,7 +20,8 @@ I64 = 2**63 - 1
 # Every top-level JobSpec field UpdateJob may name (and one it may not).
 UPDATABLE = (
     "name", "handler", "payload", "schedule", "jitter_ms", "catch_up", "overlap", "retry",
-    "timeout_ms", "side_effect", "pool", "priority",
+    "timeout_ms", "side_effect", "pool", "priority", "active_from_ms", "active_until_ms",
+    "max_fires",
 )  # fmt: skip
 
 
@@ -300,3 +301,14 @@ def calendar_days(draw: st.DrawFn) -> tuple[Calendar, CalendarDays]:
         dates = [date.fromordinal(base + 3).isoformat()]
     cal = parse_calendar(dates, ranges, sorted(weekdays))
     return cal, cal.days()
+
+
+@st.composite
+def schedule_bounds(draw: st.DrawFn, start: int) -> tuple[int, int, int]:
+    """Bounds of a recurring schedule around ``start`` (ms): active from,
+    active until and max fires, each unset (0) or set."""
+    day = 86_400_000
+    low = draw(st.one_of(st.just(0), st.integers(start - day, start + 2 * day)))
+    high = draw(st.one_of(st.just(0), st.integers(max(low, start) + 1, start + 4 * day)))
+    fires = draw(st.one_of(st.just(0), st.integers(1, 50)))
+    return low, high, fires

@@ -286,3 +286,42 @@ def test_only_shards_the_snapshot_wrote_are_restorable_and_the_log_moves_them_on
     apply_records(state, encode_held([a]) + encode_watermark(180))
     assert state.restorable() == {a: 180}
     assert state.as_of[b] == 140  # held in the log, but never whole
+
+
+def test_a_bounded_job_restored_from_a_snapshot_keeps_its_bounds(tmp_path: Path) -> None:
+    owner = Owner(now_ms=T0)
+    owner.add_shards(dict.fromkeys(range(SHARD_COUNT), 1), ShardContents(), T0, Actions())
+    spec = JobSpec(
+        name="bounded",
+        handler="h",
+        schedule=Interval(period_ms=60_000, start_at_ms=T0 + 60_000),
+        active_from_ms=T0 + 3 * 60_000,
+        max_fires=4,
+        last_fire_ms=T0 + 6 * 60_000,
+    )
+    record = JobRecord(
+        job_id=7,
+        shard=shard_of(7),
+        spec=spec,
+        state=JobState.ACTIVE,
+        next_run_at=T0 + 3 * 60_000,
+        created_at_ms=T0,
+        updated_at_ms=T0,
+    )
+    owner.upsert_job(record, T0, Actions())
+    fires = [T0 + k * 60_000 for k in (3, 4, 5, 6)]
+    assert owner.next_fires(7, 10) == fires
+    cp = Checkpoint.open(tmp_path / "cp", IDENT)
+    try:
+        cp.write_snapshot(_snapshot(owner, 3), cp.last_seq())
+        restored = restored_rows(recover_state(cp.recover()))
+    finally:
+        cp.close()
+    again = Owner(now_ms=T0)
+    again.add_shards(
+        dict.fromkeys(range(SHARD_COUNT), 2),
+        ShardContents(packed=restored.packed, profiles=restored.profiles),
+        T0,
+        Actions(),
+    )
+    assert again.next_fires(7, 10) == fires

@@ -47,7 +47,7 @@ def test_every_flag_and_argument_of_every_command_has_help() -> None:
 
 
 def test_every_flag_taking_a_time_says_how_a_time_without_a_zone_is_read() -> None:
-    times = {"--at", "--start", "--from", "--to"}
+    times = {"--at", "--start", "--from", "--to", "--active-from", "--active-until"}
     for path, action in _options(build_parser(), "wheelctl"):
         if times & set(action.option_strings):
             assert "without a zone" in (action.help or ""), (path, action.option_strings)
@@ -218,3 +218,42 @@ def test_a_time_without_a_zone_is_utc_or_the_jobs_zone(
     moved = run(capsys, server, "update", str(tokyo["job_id"]), "--at", f"{day}T09:00")
     tokyo_nine = datetime.fromisoformat(f"{day}T09:00").replace(tzinfo=ZoneInfo("Asia/Tokyo"))
     assert moved["schedule"]["at_ms"] == int(tokyo_nine.timestamp() * 1000)
+
+
+def test_bounds_flags_read_a_zoneless_date_in_a_crons_zone_and_clear_with_none(
+    server: InProcessServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    day = (datetime.now(UTC) + timedelta(days=3)).date().isoformat()
+    tokyo = run(capsys, server, "submit", "--name", "b", "--handler", "h", "--cron", "0 2 * * *",
+                "--tz", "Asia/Tokyo", "--active-until", day, "--max-fires", "2")  # fmt: skip
+    jobs = {j["job_id"]: j for j in run(capsys, server, "jobs")}
+    midnight = datetime.fromisoformat(day).replace(tzinfo=ZoneInfo("Asia/Tokyo"))
+    tokyo = jobs[tokyo["job_id"]]
+    assert tokyo["active_until_ms"] == int(midnight.timestamp() * 1000)
+    assert tokyo["max_fires"] == 2
+    every = run(capsys, server, "submit", "--name", "e", "--handler", "h", "--every", "1h",
+                "--active-from", f"{day}T06:00")  # fmt: skip
+    six = datetime.fromisoformat(f"{day}T06:00").replace(tzinfo=UTC)
+    every = {j["job_id"]: j for j in run(capsys, server, "jobs")}[every["job_id"]]
+    assert every["active_from_ms"] == int(six.timestamp() * 1000)
+    assert every["schedule"]["start_ms"] == every["active_from_ms"]  # starts with its range
+    cleared = run(capsys, server, "update", str(tokyo["job_id"]), "--active-until", "none",
+                  "--max-fires", "0")  # fmt: skip
+    assert (cleared["active_until_ms"], cleared["max_fires"]) == (0, 0)
+    lines = tmp_path / "bounded.jsonl"
+    lines.write_text(
+        json.dumps({"name": "imp-b", "handler": "h", "every": "1m", "max_fires": 4}) + "\n"
+    )
+    assert main(["import", str(lines), "--target", server.target]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    [imported] = [j for j in run(capsys, server, "jobs") if j["name"] == "imp-b"]
+    assert imported["max_fires"] == 4
+    err = refused(capsys, server, "submit", "--name", "o", "--handler", "h", "--at", "+1h",
+                  "--max-fires", "3")  # fmt: skip
+    assert "spec.max_fires" in err
+    fires = run(capsys, server, "preview", "--every", "1h", "--start", f"{day}T00:00",
+                "--active-from", f"{day}T05:30", "--max-fires", "3")  # fmt: skip
+    hours = [datetime.fromisoformat(f"{day}T0{h}:00").replace(tzinfo=UTC) for h in (6, 7, 8)]
+    assert [f["fire_ms"] for f in fires] == [int(t.timestamp() * 1000) for t in hours]
+    shown = main(["job", str(every["job_id"]), "--target", server.target])
+    assert shown == 0 and "bounds      from" in capsys.readouterr().out

@@ -91,7 +91,8 @@ class Node:
     def submit(self, s: JobSpec, *, next_run_at: int | None = None) -> int:
         first = next_run_at
         if first is None:
-            first = self.driver.new_job(s, None, self.now).next_run_at
+            new = self.driver.new_job(s, None, self.now)
+            s, first = new.spec, new.next_run_at  # as the node stores it
         record = self.store.submit_job(s, self.now, first)
         self.driver.submitted(record, self.now)
         return record.job_id

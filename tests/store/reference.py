@@ -548,13 +548,14 @@ class ReferenceStore:
         return out
 
     def _claim_moves(self, c: FireClaim, move: int) -> bool:
-        """A claim's schedule compare-and-swap (a one-shot's last ends the job)."""
+        """A claim's schedule compare-and-swap (a one-shot's, or a bounded
+        schedule's, last ends the job)."""
         if not self._cas(c.job_id, c.expected_next_run_at, c.new_next_run_at, "claim", move):
             return False
         self.last_change = move
         row = self.jobs[c.job_id]
         row.updated_at_ms = max(row.updated_at_ms, c.dispatched_at_ms)
-        if c.new_next_run_at is None and not row.spec.recurring and row.state is JobState.ACTIVE:
+        if c.new_next_run_at is None and row.spec.schedule_ends and row.state is JobState.ACTIVE:
             row.state = JobState.RUNNING
         return True
 
@@ -579,6 +580,12 @@ class ReferenceStore:
                 self.last_change = move
                 row = self.jobs[a.job_id]
                 row.updated_at_ms = max(row.updated_at_ms, self.now_ms)
+                if a.ends and a.new_next_run_at is None and row.state is JobState.ACTIVE:
+                    # A bounded schedule moved past its last fire is over.
+                    inflight = any(
+                        e.job_id == a.job_id and e.state in INFLIGHT for e in self.execs.values()
+                    )
+                    row.state = JobState.RUNNING if inflight else JobState.COMPLETED
             out.append(ok)
         return out
 

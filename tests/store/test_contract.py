@@ -447,6 +447,42 @@ def test_advance_schedules_is_a_cas_that_never_completes_a_job(store: Store) -> 
     assert (after.state, after.next_run_at) == (JobState.ACTIVE, None)
 
 
+def _bounded(store: Store, next_run_at: int) -> JobRecord:
+    new = interval_job(next_run_at=next_run_at)
+    spec = replace(new.spec, active_until_ms=next_run_at)
+    job, _ = store.submit_job(replace(new, spec=spec))
+    return job
+
+
+def test_a_bounded_schedule_s_last_claim_runs_the_job_until_its_run_ends(store: Store) -> None:
+    job = _bounded(store, 60_000)
+    [out] = store.claim_fires([claim(job.job_id, 60_000, fence=1, expected=60_000, new=None)])
+    assert out.run_id is not None and out.advanced
+    assert store.get_job(job.job_id).state is JobState.RUNNING
+    store.complete_runs([replace(done(out.run_id, 1), job_state=JobState.COMPLETED)])
+    after = store.get_job(job.job_id)
+    assert (after.state, after.next_run_at) == (JobState.COMPLETED, None)
+
+
+def test_an_advance_that_ends_a_bounded_schedule_completes_its_job(store: Store) -> None:
+    """Its last fire recorded missed: completed at once with no run in
+    flight, running while one is (its end completes it)."""
+    idle, busy = _bounded(store, 60_000), _bounded(store, 60_000)
+    [out] = store.claim_fires([claim(busy.job_id, 30_000, fence=1, advance=False)])
+    assert out.run_id is not None
+    ends = [
+        ScheduleAdvance(
+            job_id=j.job_id, expected_next_run_at=60_000, new_next_run_at=None, ends=True
+        )
+        for j in (idle, busy)
+    ]
+    assert store.advance_schedules(ends) == [True, True]
+    assert store.get_job(idle.job_id).state is JobState.COMPLETED
+    assert store.get_job(busy.job_id).state is JobState.RUNNING
+    store.complete_runs([replace(done(out.run_id, 1), job_state=JobState.COMPLETED)])
+    assert store.get_job(busy.job_id).state is JobState.COMPLETED
+
+
 # -- running and completion ---------------------------------------------------------
 
 

@@ -13,8 +13,9 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from wheel.cli.codec import codec_of
 from wheel.client import (
@@ -282,6 +283,26 @@ def parse_when(text: str, field: str) -> datetime | timedelta:
         raise InvalidArgument(field, f"{text!r} is not +DURATION, epoch ms or ISO 8601") from None
 
 
+def bound_time(text: str, field: str, now: datetime, zone: tzinfo | None) -> datetime:
+    """A bound of a schedule (``--active-from``, ``--active-until``): as
+    ``parse_when`` reads it (``+DURATION`` from ``now``), a time without a
+    zone being a wall time in ``zone`` (a cron's) or UTC."""
+    when = parse_when(text, field)
+    if isinstance(when, timedelta):
+        return now + when
+    if when.tzinfo is None:
+        return when.replace(tzinfo=zone or UTC)
+    return when
+
+
+def _cron_zone(name: str) -> tzinfo | None:
+    """A cron's zone; None for a bad name, which the node refuses naming it."""
+    try:
+        return ZoneInfo(name)
+    except (ValueError, KeyError, OSError):  # ZoneInfoNotFoundError is a KeyError
+        return None
+
+
 def submit_args(
     ns: argparse.Namespace, now: datetime | None = None, *, files: bool = True
 ) -> JobArgs:
@@ -328,6 +349,13 @@ def submit_args(
         args["start"] = now + start if isinstance(start, timedelta) else start
     if ns.jitter:
         args["jitter"] = parse_duration(ns.jitter, "jitter")
+    for flag in ("active_from", "active_until"):
+        text = getattr(ns, flag, None)
+        if text:
+            zone = _cron_zone(ns.tz) if ns.cron else None
+            args[flag] = bound_time(text, flag, now, zone)
+    if getattr(ns, "max_fires", None):
+        args["max_fires"] = ns.max_fires
     target = http_target(vars(ns))
     if target is None:
         if not ns.handler:
@@ -499,6 +527,9 @@ def job_json(job: Job) -> dict[str, Any]:
         "payload": payload,
         "payload_encoding": encoding,
         "http": http_json(job.http),
+        "active_from_ms": epoch_ms(job.active_from) if job.active_from else 0,
+        "active_until_ms": epoch_ms(job.active_until) if job.active_until else 0,
+        "max_fires": job.max_fires,
         "next_fire_ms": epoch_ms(job.next_fire) if job.next_fire else 0,
         "updated_at_ms": epoch_ms(job.updated_at),
     }
@@ -622,6 +653,25 @@ def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
         ),
         p.add_argument(
             "--jitter", help="delay each fire by up to this much, e.g. 10s (never past the next)"
+        ),
+        p.add_argument(
+            "--active-from",
+            metavar="DATE",
+            help="a recurring job fires at or after this only: RFC 3339 or"
+            f" YYYY-MM-DD[THH:MM[:SS]], +DURATION or epoch ms; {ZONELESS_JOB}",
+        ),
+        p.add_argument(
+            "--active-until",
+            metavar="DATE",
+            help="a recurring job fires at or before this only, then completes once its last"
+            f" run ended (as --active-from; 'none' clears it on update); {ZONELESS_JOB}",
+        ),
+        p.add_argument(
+            "--max-fires",
+            metavar="N",
+            type=int,
+            help="a recurring job's fires, run or recorded missed, at most; then it completes"
+            " once its last run ended (0: no limit; not with --fixed-delay)",
         ),
         p.add_argument(
             "--payload",

@@ -213,6 +213,18 @@ def _target_lines(job: Job) -> list[str]:
     return lines
 
 
+def _bounds_lines(job: Job) -> list[str]:
+    """The bounds of a job's schedule, where it has any."""
+    parts = []
+    if job.active_from is not None:
+        parts.append(f"from {fmt_time(job.active_from)}")
+    if job.active_until is not None:
+        parts.append(f"until {fmt_time(job.active_until)}")
+    if job.max_fires:
+        parts.append(f"at most {job.max_fires} fires")
+    return [f"  bounds      {', '.join(parts)}"] if parts else []
+
+
 def job_text(job: Job) -> list[str]:
     """``wheelctl job ID``'s lines: the spec, the state, the next fires in
     UTC (and in a cron's zone), the last runs."""
@@ -234,6 +246,7 @@ def job_text(job: Job) -> list[str]:
         f"  priority    {job.priority}",
         *_target_lines(job),
         f"  schedule    {_schedule_text(job)}",
+        *_bounds_lines(job),
         f"  jitter      {fmt_duration(job.jitter)}",
         f"  catch-up    {c.mode.value}, window {window}, at most {c.max_count}",
         f"  overlap     {o.policy.value}, max concurrent {o.max_concurrent}",

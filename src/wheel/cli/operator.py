@@ -42,6 +42,7 @@ from wheel.cli._common import (
     ZONELESS_JOB,
     ZONELESS_UTC,
     add_job_flags,
+    bound_time,
     calendars_of,
     command_client,
     epoch_ms,
@@ -136,6 +137,14 @@ def update_args(
         args["priority"] = given["priority"]
     if any(f in given for f in ("max_attempts", *BACKOFF_FLAGS)):
         args["retry"] = retry_of(ns, defaults)
+    for flag in ("active_from", "active_until"):
+        if flag in given:
+            text = given[flag].strip()
+            cleared = text.lower() in ("", "none")
+            when = None if cleared else bound_time(text, flag, now, zone)
+            args[flag] = when  # type: ignore[literal-required]
+    if "max_fires" in given:
+        args["max_fires"] = given["max_fires"]
 
     def part(flag: str) -> Any:
         return given.get(flag, defaults[flag])
@@ -198,7 +207,8 @@ def cmd_update(ns: argparse.Namespace) -> int:
         raise InvalidArgument("flags", "give at least one of submit's job flags to change")
     with command_client(ns) as client:
         zone = None
-        if _zoneless(getattr(ns, "at", None)) or _zoneless(getattr(ns, "start", None)):
+        timed = ("at", "start", "active_from", "active_until")
+        if any(_zoneless(getattr(ns, flag, None)) for flag in timed):
             tz = getattr(ns, "tz", None)
             zone = _zone(tz) if tz is not None else _schedule_zone(client.get(ns.job_id).schedule)
         args = update_args(ns, ns.submit_defaults, zone)
@@ -263,8 +273,8 @@ def cmd_updates(ns: argparse.Namespace) -> int:
 # (a recorded update keeps no payloads: ``payload_changed`` says it changed).
 _SPEC_FIELDS = (
     "name", "handler", "http", "pool", "schedule", "catch_up", "overlap", "retry",
-    "timeout_ms", "jitter_ms", "at_most_once", "priority",
-    "timeout_ms", "jitter_ms", "at_most_once", "skip_calendars",
+    "timeout_ms", "jitter_ms", "at_most_once", "priority", "skip_calendars", "active_from_ms",
+    "active_until_ms", "max_fires",
 )  # fmt: skip
 
 
@@ -322,6 +332,13 @@ def cmd_preview(ns: argparse.Namespace) -> int:
                 dst_gap=ns.dst_gap,
                 dst_fold=ns.dst_fold,
                 start=_when(ns.start, "start", now) if ns.start else None,
+                active_from=bound_time(ns.active_from, "active_from", now, zone)
+                if ns.active_from
+                else None,
+                active_until=bound_time(ns.active_until, "active_until", now, zone)
+                if ns.active_until
+                else None,
+                max_fires=ns.max_fires or None,
                 start_from=start_from,
                 count=ns.count,
                 skip_calendars=calendars_of(ns.skip_calendar),
@@ -466,6 +483,18 @@ def register(sub: Any, target: str, target_help: str) -> None:
         "--start", help=f"first fire of an interval: +5s, epoch ms or ISO 8601; {ZONELESS_UTC}"
     )
     pv.add_argument("--at", help=f"a one-shot's time: +5s, epoch ms or ISO 8601; {ZONELESS_UTC}")
+    pv.add_argument(
+        "--active-from",
+        metavar="DATE",
+        help="as submit's: no fire before this (RFC 3339 or YYYY-MM-DD[THH:MM[:SS]]);"
+        f" {ZONELESS_JOB}",
+    )
+    pv.add_argument(
+        "--active-until",
+        metavar="DATE",
+        help=f"as submit's: no fire after this; {ZONELESS_JOB}",
+    )
+    pv.add_argument("--max-fires", metavar="N", type=int, help="as submit's: at most N fires")
     pv.add_argument(
         "--from",
         dest="from_",

@@ -81,8 +81,11 @@ class JobRequest:
     ``handler`` (a Python handler's name) or ``http`` (an ``HttpTarget``, whose
     request's body is ``payload``). ``priority``, 0 (first) to 9 (last),
     default 5, orders the due runs of a pool whose workers are short. A
-    request is checked when it is made: a bad one raises ``InvalidArgument``
-    naming the keyword.
+    recurring schedule may be bounded: no fire before ``active_from``, none
+    after ``active_until``, at most ``max_fires`` fires (run or recorded
+    missed); the job completes once its bound is reached. A request is
+    checked when it is made: a bad one raises ``InvalidArgument`` naming the
+    keyword.
     """
 
     name: str
@@ -115,6 +118,10 @@ class JobRequest:
     # The same key and body return the job the first submit made (``created``
     # False); the same key with another body is ``AlreadyExists``.
     idempotency_key: str | None = None
+    # Bounds of a recurring schedule (None, 0: none).
+    active_from: When | None = None
+    active_until: When | None = None
+    max_fires: int = 0
 
     def __post_init__(self) -> None:
         # Refuse a bad request where it is made, not later where it is sent.
@@ -155,6 +162,9 @@ class JobArgs(_RequiredJobArgs, total=False):
     tenant: str
     skip_calendars: Sequence[str]
     idempotency_key: str | None
+    active_from: When | None
+    active_until: When | None
+    max_fires: int
 
 
 class UpdateArgs(TypedDict, total=False):
@@ -186,6 +196,10 @@ class UpdateArgs(TypedDict, total=False):
     pool: str
     priority: int
     skip_calendars: Sequence[str]
+    # None clears a bound (0 for max_fires).
+    active_from: When | None
+    active_until: When | None
+    max_fires: int
 
 
 # -- client -> engine -------------------------------------------------------------
@@ -240,6 +254,9 @@ def job_spec(request: JobRequest, *, now_ms: int) -> engine.JobSpec:
         ),
         priority=_priority(r.priority),
         skip_calendars=_names(r.skip_calendars, "skip_calendars"),
+        active_from_ms=_bound_ms(r.active_from, "active_from"),
+        active_until_ms=_bound_ms(r.active_until, "active_until"),
+        max_fires=_count(r.max_fires, "max_fires"),
     )
 
 
@@ -250,6 +267,21 @@ def _names(value: object, field: str) -> tuple[str, ...]:
         if not isinstance(name, str) or not name:
             raise InvalidArgument(f"{field}[{i}]", "must be a non-empty name")
     return tuple(value)
+
+
+def _bound_ms(value: When | None, field: str) -> int:
+    if value is None:
+        return 0
+    ms = time_ms(value, field)
+    if ms <= 0:
+        raise InvalidArgument(field, "must be after the epoch")
+    return ms
+
+
+def _count(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(field, f"expected a number >= 0, got {value!r}")
+    return value
 
 
 def wire_target(target: object) -> jobs_pb2.HttpTarget:

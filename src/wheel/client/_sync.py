@@ -332,6 +332,9 @@ class Client:
         dst_gap: DstGap | str = DstGap.FIRE_AT_TRANSITION,
         dst_fold: DstFold | str = DstFold.FIRST,
         start: When | None = None,
+        active_from: When | None = None,
+        active_until: When | None = None,
+        max_fires: int | None = None,
         start_from: When | None = None,
         count: int = 10,
         skip_calendars: Sequence[str] = (),
@@ -339,13 +342,15 @@ class Client:
         """The next ``count`` fire times (at most 1000) at or after
         ``start_from`` (default now) of a job, or of a schedule given as to
         ``submit``, as the scheduler computes them (time zone, DST gap and
-        fold policies), skipping the days of ``skip_calendars`` (a job skips its
-        own)."""
+        fold policies, the bounds ``active_from``, ``active_until`` and
+        ``max_fires``), skipping the days of ``skip_calendars`` (a job skips
+        its own)."""
         schedule = {
             k: v
             for k, v in (
                 ("cron", cron), ("every", every), ("at", at), ("tz", tz), ("dst_gap", dst_gap),
-                ("dst_fold", dst_fold), ("start", start),
+                ("dst_fold", dst_fold), ("start", start), ("active_from", active_from),
+                ("active_until", active_until), ("max_fires", max_fires),
             )
             if v is not None
         }  # fmt: skip

@@ -432,6 +432,11 @@ class Job:
     priority: int = 5
     # Calendars whose days it does not fire on.
     skip_calendars: tuple[str, ...] = ()
+    # Bounds of its schedule (None, 0: none): no fire before ``active_from``,
+    # none after ``active_until``, at most ``max_fires`` fires.
+    active_from: datetime | None = None
+    active_until: datetime | None = None
+    max_fires: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -278,6 +278,9 @@ _UPDATE_FIELDS = {
     "pool": "pool",
     "priority": "priority",
     "skip_calendars": "skip_calendars",
+    "active_from": "active_from_ms",
+    "active_until": "active_until_ms",
+    "max_fires": "max_fires",
 }
 
 
@@ -341,7 +344,8 @@ def preview_request(
     skip_calendars: Sequence[str] = (),
 ) -> js.PreviewScheduleRequest:
     """``Client.preview``'s request: a job's schedule, or one given by the
-    schedule keywords of a submit (``cron=``, ``tz=``, ``every=``...)."""
+    schedule keywords of a submit (``cron=``, ``tz=``, ``every=``...), with
+    its bounds (``active_from=``, ``active_until=``, ``max_fires=``)."""
     from_ms = 0 if start_from is None else time_ms(start_from, "start_from")
     if job_id is not None:
         if schedule:
@@ -352,9 +356,24 @@ def preview_request(
     spec = job_spec(
         JobRequest(name="-", handler="-", **schedule), now_ms=time.time_ns() // 1_000_000
     )
+    msg = convert.spec_to_proto(spec)
+    if spec.bounded or spec.active_from_ms:
+        bounds = jobs_pb2.JobSpec(
+            schedule=msg.schedule,
+            active_from_ms=spec.active_from_ms,
+            active_until_ms=spec.active_until_ms,
+            max_fires=spec.max_fires,
+        )
+        return build(
+            js.PreviewScheduleRequest,
+            spec=bounds,
+            from_ms=from_ms,
+            count=count,
+            skip_calendars=list(skip_calendars),
+        )
     return build(
         js.PreviewScheduleRequest,
-        schedule=convert.spec_to_proto(spec).schedule,
+        schedule=msg.schedule,
         from_ms=from_ms,
         count=count,
         skip_calendars=list(skip_calendars),
@@ -554,6 +573,9 @@ def job_from(
         at_most_once=spec.side_effect is SideEffect.AT_MOST_ONCE,
         priority=spec.priority,
         skip_calendars=spec.skip_calendars,
+        active_from=utc_or_none(spec.active_from_ms),
+        active_until=utc_or_none(spec.active_until_ms),
+        max_fires=spec.max_fires,
     )
 
 

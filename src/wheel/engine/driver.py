@@ -61,9 +61,9 @@ from wheel.engine.records import (
     SpecUpdate,
     WriteBatch,
 )
-from wheel.engine.schedule import compile_schedule, with_calendars
+from wheel.engine.schedule import compile_schedule, compile_spec, with_calendars
 from wheel.engine.spec import DEFAULT_LIMITS, Cron, Interval, IntervalMode, JobSpec, Once
-from wheel.errors import FailedPrecondition, LimitExceeded
+from wheel.errors import FailedPrecondition, InvalidArgument, LimitExceeded
 
 __all__ = [
     "Census",
@@ -88,7 +88,11 @@ _HORIZON_FIELD = {
 def first_fire(job_id: int, spec: JobSpec, now_ms: int) -> int | None:
     """The first fire a job submitted at ``now_ms`` owes (the first one at or
     after it: fires before the submit are not owed). Validates the schedule
-    (cron syntax, time zone) on the way."""
+    (cron syntax, time zone) on the way. A bounded schedule's first fire is
+    its first one at or after ``active_from_ms`` too, and none past
+    ``active_until_ms``."""
+    if spec.active_from_ms or spec.active_until_ms:
+        return compile_spec(spec, job_id=job_id).next_fire(now_ms - 1)
     s = spec.schedule
     if isinstance(s, Cron):
         # The nominal fire depends on the schedule and the time alone: the
@@ -103,6 +107,39 @@ def first_fire(job_id: int, spec: JobSpec, now_ms: int) -> int | None:
     return compiled.next_fire(now_ms - 1)
 
 
+def with_last_fire(spec: JobSpec, owed_from_ms: int) -> JobSpec:
+    """``spec`` with the last fire its ``max_fires`` leaves it
+    (``JobSpec.last_fire_ms``): its ``max_fires``-th fire at or after
+    ``owed_from_ms`` (the job's submit: fires before it are not owed) within
+    its active range (the range's last where it ends first); 0 where there
+    is no ``max_fires``. Every fire of the schedule in between counts, run or
+    recorded missed, so the job has exactly ``max_fires`` fire records. A
+    fixed-rate interval starting at or after ``owed_from_ms`` needs none:
+    its start and period say its last fire, and its jobs share a profile
+    (``JobSpec.ends_at_ms``)."""
+    last = 0
+    s = spec.schedule
+    grid = (
+        isinstance(s, Interval)
+        and s.mode is IntervalMode.FIXED_RATE
+        and s.start_at_ms >= owed_from_ms
+    )
+    if spec.max_fires and not grid:
+        compiled = compile_schedule(
+            spec.schedule,
+            active_from_ms=spec.active_from_ms,
+            active_until_ms=spec.active_until_ms,
+        )
+        fires = compiled.fires_between(owed_from_ms - 1, _NEVER_MS, spec.max_fires)
+        # Fewer where the range ends first: its last (none: before any).
+        last = fires[-1] if fires else max(1, owed_from_ms - 1)
+    return spec if spec.last_fire_ms == last else replace(spec, last_fire_ms=last)
+
+
+# Far enough ahead that no schedule's fire is after it.
+_NEVER_MS = 2**53
+
+
 @functools.lru_cache(maxsize=1024)
 def _first_cron_fire(schedule: Cron, now_ms: int) -> int | None:
     return compile_schedule(schedule).next_fire(now_ms - 1)
@@ -115,9 +152,8 @@ def next_fires_of(record: JobRecord, count: int, days: CalendarDays | None = Non
     fire = record.next_run_at
     if fire is None or record.state is not JobState.ACTIVE:
         return []
-    schedule = record.spec.schedule
-    compiled = compile_schedule(schedule, jitter_ms=0, job_id=record.job_id)
-    return with_calendars(compiled, schedule, days).upcoming(fire, count)
+    compiled = compile_spec(record.spec, job_id=record.job_id, jitter=False)
+    return with_calendars(compiled, record.spec.schedule, days).upcoming(fire, count)
 
 
 def preview_fires(spec: JobSpec, after_ms: int, count: int) -> list[int]:
@@ -132,10 +168,10 @@ def preview(
 ) -> tuple[list[int], list[int]]:
     """``preview_fires`` skipping ``days`` (the job's calendars' days), and
     the first fire of each skipped day on the way (recorded missed, reason
-    calendar, by the owner)."""
-    compiled = with_calendars(
-        compile_schedule(spec.schedule, jitter_ms=0, job_id=0), spec.schedule, days
-    )
+    calendar, by the owner); a bounded schedule's fires end at its bounds."""
+    compiled = with_calendars(compile_spec(spec, jitter=False), spec.schedule, days)
+    if spec.max_fires:
+        count = min(count, spec.max_fires)
     out: list[int] = []
     skipped: list[int] = []
     at = after_ms
@@ -369,8 +405,14 @@ class Driver:
         one-shot submitted late is due now, not never: its catch-up policy
         decides whether it runs or is recorded missed. A first fire further
         ahead than the horizon is a mistake (seconds for milliseconds, a wrong
-        year), not a job to keep: ``LimitExceeded``."""
+        year), not a job to keep: ``LimitExceeded``. A bounded schedule with
+        no fire left in its bounds is refused: ``InvalidArgument``."""
+        spec = with_last_fire(spec, now_ms)
         first = first_fire(0, spec, now_ms)
+        if first is None and spec.bounded:
+            raise InvalidArgument(
+                "spec.active_until_ms", "no fire of the schedule is left before it"
+            )
         if first is None and isinstance(spec.schedule, Once):
             first = spec.schedule.at_ms
         limit = DEFAULT_LIMITS.max_horizon_ms
@@ -426,6 +468,9 @@ class Driver:
         if state is JobState.ACTIVE:
             # Resume from now: fires missed while paused are recorded, not run.
             next_run = first_fire(record.job_id, record.spec, now_ms + 1)
+            if next_run is None and record.spec.bounded:
+                # Its bounds passed while it was paused: its schedule is over.
+                return StateChange(state=JobState.COMPLETED)
         return StateChange(state=state, next_run_at=next_run)
 
     def state_changed(
@@ -468,7 +513,10 @@ class Driver:
         if record.state is JobState.CANCELLED:
             raise FailedPrecondition(f"job {record.job_id} is cancelled")
         spec = replace(spec, tenant=record.spec.tenant)
-        if record.state in SCHEDULE_OVER and spec.schedule != record.spec.schedule:
+        spec = self._last_fire_of_update(record, spec)
+        if record.state in SCHEDULE_OVER and (
+            spec.schedule != record.spec.schedule or _bounds(spec) != _bounds(record.spec)
+        ):
             # A finished one-shot's payload and policies may change (to fix
             # what its dead letters need before a redrive); its schedule is over.
             raise FailedPrecondition(
@@ -481,6 +529,11 @@ class Driver:
         nxt = self._first_of_update(record.job_id, spec, now_ms + 1)
         if not active:
             nxt = None
+        elif nxt is None and spec.bounded:
+            raise InvalidArgument(
+                "spec.max_fires" if spec.last_fire_ms else "spec.active_until_ms",
+                "no fire of the schedule is left in the new bounds",
+            )
         hold = None
         if active and self.owner.owns(record.job_id):
             # Fires due by now come due (and are claimed, workers willing)
@@ -503,6 +556,16 @@ class Driver:
             param=param,
         )
         return update, hold
+
+    @staticmethod
+    def _last_fire_of_update(record: JobRecord, spec: JobSpec) -> JobSpec:
+        """``spec`` with its last fire (``with_last_fire``): the stored one
+        while the schedule and its bounds stay, else counted again over the
+        new schedule from the job's submit, as if it had always had it."""
+        old = record.spec
+        if spec.schedule == old.schedule and _bounds(spec) == _bounds(old):
+            return replace(spec, last_fire_ms=old.last_fire_ms)
+        return with_last_fire(spec, record.created_at_ms)
 
     def _first_of_update(self, job_id: int, spec: JobSpec, from_ms: int) -> int | None:
         first = first_fire(job_id, spec, from_ms)
@@ -715,3 +778,7 @@ class Driver:
             )
             for run in (runs[i] for i in heapq.nsmallest(max(0, limit), runs))
         ], len(runs)
+
+
+def _bounds(spec: JobSpec) -> tuple[int, int, int]:
+    return (spec.active_from_ms, spec.active_until_ms, spec.max_fires)

@@ -6,8 +6,9 @@ A job's spec splits in three:
 - its **profile**: everything that decides how it runs -- the schedule's
   shape (a cron expression with its zone and DST policies, an interval's
   period and mode, or "once"), handler, pool, tenant, jitter, and the
-  catch-up, overlap, retry, timeout and side-effect policies, and its
-  priority. Ten million
+  catch-up, overlap, retry, timeout and side-effect policies, its
+  priority, and the schedule's bounds (active from, active until, max
+  fires). Ten million
   jobs typically share a handful of these.
 - its **schedule parameter**: the one instant of the schedule that is the
   job's own (a one-shot's ``at``, an interval's ``start_at``; 0 for cron).
@@ -132,6 +133,10 @@ def split_spec(spec: JobSpec) -> tuple[JobSpec, int]:
         pool=spec.pool,
         priority=spec.priority,
         skip_calendars=spec.skip_calendars,
+        active_from_ms=spec.active_from_ms,
+        active_until_ms=spec.active_until_ms,
+        max_fires=spec.max_fires,
+        last_fire_ms=spec.last_fire_ms,
     )
     return template, param
 

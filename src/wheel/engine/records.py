@@ -188,18 +188,28 @@ class FireClaim:
 @dataclass(frozen=True, slots=True, kw_only=True, init=False)
 class ScheduleAdvance:
     """Move a schedule without running a fire (a fire skipped by the overlap
-    policy, or fixed_delay's next fire after a completion): compare-and-swap."""
+    policy, or fixed_delay's next fire after a completion): compare-and-swap.
+    ``ends``: a bounded schedule is over (``new_next_run_at`` is None): an
+    active job becomes running while a run of it is in flight, else
+    completed."""
 
     job_id: int
     expected_next_run_at: int | None
     new_next_run_at: int | None
+    ends: bool
 
     def __init__(
-        self, *, job_id: int, expected_next_run_at: int | None, new_next_run_at: int | None
+        self,
+        *,
+        job_id: int,
+        expected_next_run_at: int | None,
+        new_next_run_at: int | None,
+        ends: bool = False,
     ) -> None:
         object.__setattr__(self, "job_id", job_id)
         object.__setattr__(self, "expected_next_run_at", expected_next_run_at)
         object.__setattr__(self, "new_next_run_at", new_next_run_at)
+        object.__setattr__(self, "ends", ends)
 
 
 @dataclass(slots=True, kw_only=True, init=False)

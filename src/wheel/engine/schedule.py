@@ -58,13 +58,23 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
 
 from wheel.engine.calendars import CalendarDays
-from wheel.engine.spec import Cron, DstFold, DstGap, Interval, IntervalMode, Once, Schedule
+from wheel.engine.spec import (
+    Cron,
+    DstFold,
+    DstGap,
+    Interval,
+    IntervalMode,
+    JobSpec,
+    Once,
+    Schedule,
+)
 from wheel.errors import InvalidArgument
 
 __all__ = [
     "CompiledSchedule",
     "SkippedFire",
     "compile_schedule",
+    "compile_spec",
     "with_calendars",
 ]
 
@@ -510,6 +520,72 @@ class _CronSchedule(CompiledSchedule):
         return out
 
 
+# -- bounds ----------------------------------------------------------------------------
+
+
+class _BoundedSchedule(CompiledSchedule):
+    """A schedule cut to its active range: the fires of ``inner`` at or after
+    ``from_ms`` and at or before ``until_ms`` (0: no bound), the same
+    instants with the same jitter as unbounded. A job's ``max_fires`` cuts
+    it too, as the last fire it leaves (``JobSpec.ends_at_ms``)."""
+
+    __slots__ = ("_from_ms", "_inner", "_until_ms")
+
+    def __init__(self, inner: CompiledSchedule, from_ms: int, until_ms: int) -> None:
+        super().__init__(jitter_ms=inner.jitter_ms, job_id=inner._job_id)
+        self._inner = inner
+        self._from_ms = from_ms
+        self._until_ms = until_ms
+
+    def _after(self, after_ms: int) -> int:
+        return max(after_ms, self._from_ms - 1)
+
+    def _until(self, until_ms: int) -> int:
+        return min(until_ms, self._until_ms) if self._until_ms else until_ms
+
+    def _cut(self, fire: int | None) -> int | None:
+        if fire is None or (self._until_ms and fire > self._until_ms):
+            return None
+        return fire
+
+    def next_fire(self, after_ms: int) -> int | None:
+        return self._cut(self._inner.next_fire(self._after(after_ms)))
+
+    def next_after_completion(self, completed_at_ms: int) -> int | None:
+        fire = self._inner.next_after_completion(completed_at_ms)
+        return self._cut(None if fire is None else max(fire, self._from_ms))
+
+    def fires_between(self, after_ms: int, until_ms: int, limit: int) -> list[int]:
+        return self._inner.fires_between(self._after(after_ms), self._until(until_ms), limit)
+
+    def count_between(self, after_ms: int, until_ms: int, cap: int) -> int:
+        return self._inner.count_between(self._after(after_ms), self._until(until_ms), cap)
+
+    def skipped_between(
+        self, after_ms: int, until_ms: int, limit: int = 10_000
+    ) -> list[SkippedFire]:
+        return self._inner.skipped_between(self._after(after_ms), self._until(until_ms), limit)
+
+    def jittered(self, fire_ms: int) -> int:
+        # As unbounded: a bound never moves a fire that it keeps.
+        return self._inner.jittered(fire_ms)
+
+    def __repr__(self) -> str:
+        return f"{self._inner!r}[{self._from_ms}, {self._until_ms or 'inf'}]"
+
+
+class _BoundedDelaySchedule(_BoundedSchedule):
+    """A bounded fixed_delay schedule (its next fire counts from a completion)."""
+
+    __slots__ = ()
+    completion_driven = True
+
+    def next_fire(self, after_ms: int) -> int | None:
+        # The first fire, at its start or at the start of the range.
+        fire = self._inner.next_fire(after_ms)
+        return self._cut(None if fire is None else max(fire, self._from_ms))
+
+
 # -- compiling -------------------------------------------------------------------------
 
 
@@ -575,9 +651,16 @@ def _int_field(field: str, value: Any, low: int) -> int:
 
 
 def compile_schedule(
-    schedule: Schedule, *, jitter_ms: int = 0, job_id: int = 0
+    schedule: Schedule,
+    *,
+    jitter_ms: int = 0,
+    job_id: int = 0,
+    active_from_ms: int = 0,
+    active_until_ms: int = 0,
 ) -> CompiledSchedule:
-    """Validate a schedule and return its compiled form.
+    """Validate a schedule and return its compiled form, cut to its active
+    range ``[active_from_ms, active_until_ms]`` where one is given (0: no
+    bound on that side).
 
     Raises ``InvalidArgument`` naming the field: ``spec.schedule.cron.expr``,
     ``spec.schedule.cron.time_zone``, ``spec.schedule.cron.dst_gap``,
@@ -586,6 +669,27 @@ def compile_schedule(
     ``spec.schedule.once.at_ms`` or ``spec.jitter_ms``. ``job_id`` seeds the
     per-fire jitter.
     """
+    compiled = _compile(schedule, jitter_ms=jitter_ms, job_id=job_id)
+    if not active_from_ms and not active_until_ms:
+        return compiled
+    if compiled.completion_driven:
+        return _BoundedDelaySchedule(compiled, active_from_ms, active_until_ms)
+    return _BoundedSchedule(compiled, active_from_ms, active_until_ms)
+
+
+def compile_spec(spec: JobSpec, *, job_id: int = 0, jitter: bool = True) -> CompiledSchedule:
+    """The compiled schedule of a job's spec, its bounds included
+    (``jitter=False``: nominal fires only, as previews show them)."""
+    return compile_schedule(
+        spec.schedule,
+        jitter_ms=spec.jitter_ms if jitter else 0,
+        job_id=job_id,
+        active_from_ms=spec.active_from_ms,
+        active_until_ms=spec.ends_at_ms(),
+    )
+
+
+def _compile(schedule: Schedule, *, jitter_ms: int, job_id: int) -> CompiledSchedule:
     jitter = _int_field("spec.jitter_ms", jitter_ms, 0)
     if isinstance(schedule, Once):
         at = _int_field("spec.schedule.once.at_ms", schedule.at_ms, 0)

@@ -127,6 +127,8 @@ class Limits:
     max_backfill_fires: int = 10_000
     max_skip_calendars: int = 16
     max_calendar_name_len: int = 200
+    # A bounded schedule's last fire is found by counting its fires.
+    max_fires: int = 100_000
 
 
 DEFAULT_LIMITS = Limits()
@@ -154,6 +156,20 @@ class JobSpec:
     priority: int = DEFAULT_PRIORITY
     # Calendars (of the job's tenant) whose days the job does not fire on.
     skip_calendars: tuple[str, ...] = ()
+    # Bounds of a recurring schedule (0: none each): no fire before
+    # ``active_from_ms``, none after ``active_until_ms``, and at most
+    # ``max_fires`` fires owed (run or recorded missed).
+    active_from_ms: int = 0
+    active_until_ms: int = 0
+    max_fires: int = 0
+    # The nominal time of the last fire ``max_fires`` leaves the job (0:
+    # none, or a fixed-rate interval's that every fire from its start is
+    # owed of, whose last fire its start and period say): its
+    # ``max_fires``-th fire counted from its first owed one, fixed when the
+    # job is stored (``wheel.engine.driver.with_last_fire``). Kept in the
+    # store's JSON and the profile, never on the wire: fires of a schedule
+    # known ahead are counted once, not per claim.
+    last_fire_ms: int = 0
     # Its JSON once written or read: a spec is serialized for the store, the
     # idempotency digest and the checkpoint, and must not pay for it thrice.
     _json: str | None = field(default=None, init=False, repr=False, compare=False, hash=False)
@@ -161,6 +177,45 @@ class JobSpec:
     @property
     def recurring(self) -> bool:
         return not isinstance(self.schedule, Once)
+
+    @property
+    def schedule_ends(self) -> bool:
+        """Whether the job's schedule can end, after which the job completes
+        when its last fire's run has (the store's ``one_shot`` column): a
+        one-shot's, or a bounded recurring one's."""
+        return not self.recurring or self.bounded
+
+    def ends_at_ms(self, schedule: Schedule | None = None) -> int:
+        """The last instant a fire of ``schedule`` (default: the spec's own;
+        a profile's template is given its job's) may have (0: none):
+        ``active_until_ms`` or the last fire ``max_fires`` leaves, whichever
+        is first."""
+        s = self.schedule if schedule is None else schedule
+        last = self.last_fire_ms
+        if (
+            self.max_fires
+            and not last
+            and isinstance(s, Interval)
+            and s.mode is IntervalMode.FIXED_RATE
+        ):
+            last = self.last_fire_of_grid(s)
+        ends = [t for t in (self.active_until_ms, last) if t > 0]
+        return min(ends) if ends else 0
+
+    def last_fire_of_grid(self, s: Interval) -> int:
+        """A fixed-rate interval's ``max_fires``-th fire from its start (or
+        its first in the active range), every one of them owed."""
+        first = s.start_at_ms
+        if first < self.active_from_ms:
+            steps = -(-(self.active_from_ms - first) // s.period_ms)
+            first += steps * s.period_ms
+        return first + (self.max_fires - 1) * s.period_ms
+
+    @property
+    def bounded(self) -> bool:
+        """Whether bounds may end the schedule (``active_until_ms`` or
+        ``max_fires``): the job then completes like a one-shot."""
+        return self.active_until_ms > 0 or self.max_fires > 0
 
     def validate(self, limits: Limits = DEFAULT_LIMITS) -> None:
         """Raise ``InvalidArgument`` naming the first bad field."""
@@ -208,6 +263,30 @@ class JobSpec:
                 raise LimitExceeded("spec.schedule.cron.expr", "longer than 200 characters")
         else:  # pragma: no cover - the type admits nothing else
             raise InvalidArgument("spec.schedule", "one of once, cron or interval is required")
+        self._validate_bounds(limits)
+
+    def _validate_bounds(self, limits: Limits) -> None:
+        for name, value, high in (
+            ("spec.active_from_ms", self.active_from_ms, 2**53),
+            ("spec.active_until_ms", self.active_until_ms, 2**53),
+            ("spec.max_fires", self.max_fires, limits.max_fires),
+        ):
+            _bounded(name, value, 0, high)
+            if value and not self.recurring:
+                raise InvalidArgument(name, "applies to recurring schedules only, not once")
+        both = self.active_from_ms > 0 and self.active_until_ms > 0
+        if both and self.active_until_ms <= self.active_from_ms:
+            raise InvalidArgument(
+                "spec.active_until_ms",
+                f"{self.active_until_ms} must be after spec.active_from_ms {self.active_from_ms}",
+            )
+        s = self.schedule
+        if self.max_fires and isinstance(s, Interval) and s.mode is IntervalMode.FIXED_DELAY:
+            # Its fires are not known ahead (each counts from a completion).
+            raise InvalidArgument(
+                "spec.max_fires",
+                "does not apply to fixed_delay intervals; bound one with spec.active_until_ms",
+            )
 
     # -- JSON, as the store keeps it ------------------------------------------------
 
@@ -257,6 +336,9 @@ class JobSpec:
             "timeout_ms": self.timeout_ms,
             "side_effect": self.side_effect.value,
             "pool": self.pool,
+            # Only where set: the JSON (and with it the profile ids and
+            # idempotency digests) of unbounded jobs stays as it was.
+            **{k: v for k, v in self._bounds() if v},
         }
         if self.priority != DEFAULT_PRIORITY:
             # Only when set: a job of the default priority keeps the JSON (and
@@ -267,6 +349,14 @@ class JobSpec:
             # digests) of jobs without calendars stays what it was.
             d["skip_calendars"] = list(self.skip_calendars)
         return d
+
+    def _bounds(self) -> tuple[tuple[str, int], ...]:
+        return (
+            ("active_from_ms", self.active_from_ms),
+            ("active_until_ms", self.active_until_ms),
+            ("max_fires", self.max_fires),
+            ("last_fire_ms", self.last_fire_ms),
+        )
 
     def to_json(self) -> str:
         text = self._json
@@ -321,6 +411,10 @@ class JobSpec:
             pool=d["pool"],
             priority=int(d.get("priority", DEFAULT_PRIORITY)),
             skip_calendars=tuple(d.get("skip_calendars", ())),
+            active_from_ms=int(d.get("active_from_ms", 0)),
+            active_until_ms=int(d.get("active_until_ms", 0)),
+            max_fires=int(d.get("max_fires", 0)),
+            last_fire_ms=int(d.get("last_fire_ms", 0)),
         )
 
     @classmethod

@@ -14,7 +14,7 @@ import grpc
 from wheel.engine.driver import next_fires_of
 from wheel.engine.model import JobState
 from wheel.engine.records import JobRecord
-from wheel.engine.schedule import compile_schedule
+from wheel.engine.schedule import compile_spec
 from wheel.engine.spec import DEFAULT_LIMITS, no_nul
 from wheel.errors import (
     InvalidArgument,
@@ -378,9 +378,8 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
             record = self.guard.check_job(
                 await self.guard.principal(context), await self.node.get_job(job_id)
             )
-            compiled = compile_schedule(
-                record.spec.schedule, jitter_ms=record.spec.jitter_ms, job_id=job_id
-            )
+            # Inside the job's bounds only: a fire outside them does not exist.
+            compiled = compile_spec(record.spec, job_id=job_id)
             cap = DEFAULT_LIMITS.max_backfill_fires
             fires = compiled.fires_between(request.from_ms - 1, request.to_ms - 1, cap + 1)
             if len(fires) > cap:

@@ -39,6 +39,9 @@ UPDATABLE = (
     "pool",
     "priority",
     "skip_calendars",
+    "active_from_ms",
+    "active_until_ms",
+    "max_fires",
 )
 MAX_PREVIEW = 1000
 # Preview from at most this far ahead of now (a year of 2100 is a typo).
@@ -155,10 +158,17 @@ class OperatorCalls:
                     await self.guard.principal(context), await self.node.get_job(job_id)
                 )
                 spec = record.spec
-            elif source == "schedule":
+            elif source in ("schedule", "spec"):
                 msg = jobs_pb2.JobSpec(name="preview", handler="preview")
-                msg.schedule.CopyFrom(request.schedule)
-                msg.skip_calendars.extend(request.skip_calendars)
+                if source == "schedule":
+                    msg.schedule.CopyFrom(request.schedule)
+                else:  # a schedule with its bounds
+                    msg.MergeFrom(request.spec)
+                    msg.ClearField("http")
+                    msg.handler = msg.handler if msg.handler not in ("", "http") else "preview"
+                for name in request.skip_calendars:
+                    if name not in msg.skip_calendars:
+                        msg.skip_calendars.append(name)
                 principal = await self.guard.principal(context)
                 if principal is not None and not principal.operator:
                     msg.tenant = principal.tenant
@@ -169,7 +179,7 @@ class OperatorCalls:
                     msg, now_ms=now, sent=True, calendar_known=self.node.knows_calendar
                 )
             else:
-                raise InvalidArgument("source", "give a schedule or a job_id")
+                raise InvalidArgument("source", "give a schedule, a spec or a job_id")
             days = self.node.calendar_days(spec.tenant, spec.skip_calendars)
             fires, skipped = preview(spec, after, request.count or 10, days)
             return job_service_pb2.PreviewScheduleResponse(fires_ms=fires, skipped_ms=skipped)

@@ -243,6 +243,9 @@ def spec_from_proto(
         pool=msg.pool or "default",
         priority=priority_of(msg),
         skip_calendars=tuple(msg.skip_calendars),
+        active_from_ms=msg.active_from_ms,
+        active_until_ms=msg.active_until_ms,
+        max_fires=msg.max_fires,
     )
     spec.validate()
     if calendar_known is not None:
@@ -274,10 +277,13 @@ def _schedule_from_proto(msg: jobs_pb2.JobSpec, now_ms: int, sent: bool) -> Sche
         )
     if kind == "interval":
         i = msg.schedule.interval
+        # No start given: the first fire a period from now, or at the start
+        # of the active range if that is later.
+        start = i.start_at_ms or max(now_ms + i.period_ms, msg.active_from_ms)
         return Interval(
             period_ms=i.period_ms,
             mode=_enum(_INTERVAL_MODE, i.mode, "spec.schedule.interval.mode"),
-            start_at_ms=i.start_at_ms or now_ms + i.period_ms,
+            start_at_ms=start,
         )
     raise InvalidArgument("spec.schedule", "one of once, cron or interval is required")
 
@@ -311,6 +317,9 @@ def spec_to_proto(spec: JobSpec) -> jobs_pb2.JobSpec:
         side_effect=_SIDE_EFFECT_TO[spec.side_effect],
         pool=spec.pool,
         skip_calendars=spec.skip_calendars,
+        active_from_ms=spec.active_from_ms,
+        active_until_ms=spec.active_until_ms,
+        max_fires=spec.max_fires,
         catch_up=jobs_pb2.CatchUp(
             mode=_CATCH_UP_MODE_TO[spec.catch_up.mode],
             window_ms=spec.catch_up.window_ms or 0,

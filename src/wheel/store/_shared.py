@@ -110,7 +110,7 @@ def new_job_row(job_id: int, new: NewJob) -> tuple[Any, ...]:
         spec.name,
         "active",
         new.next_run_at,
-        not spec.recurring,
+        spec.schedule_ends,
         new.idempotency_key,
         new.created_at_ms,
         new.created_at_ms,

@@ -160,7 +160,7 @@ def update_job(
         (
             spec.name,
             update.next_run_at,
-            not spec.recurring,
+            spec.schedule_ends,
             profile.profile_id,
             param,
             bool(spec.payload),

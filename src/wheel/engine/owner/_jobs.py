@@ -697,15 +697,18 @@ class JobBook(_Shelf):
         if target is None and job.compiled.completion_driven and job.inflight > 0:
             return  # fixed_delay: the run's completion sets the next fire
         if job.store_next != target and job.store_next is not None:
-            if target is None and not job.compiled.completion_driven:
+            if target is None and not job.compiled.completion_driven and not job.spec.recurring:
                 # A one-shot whose only fire was skipped: a claim-less advance
                 # must not complete the job; leave it for the catch-up record.
+                # (A bounded schedule's last fire skipped ends it: the store
+                # completes the job once no run of it is in flight.)
                 return
             acts.advances.append(
                 ScheduleAdvance(
                     job_id=job.job_id,
                     expected_next_run_at=job.store_next,
                     new_next_run_at=target,
+                    ends=target is None and job.spec.bounded,
                 )
             )
             if target is not None:
@@ -736,10 +739,16 @@ class JobBook(_Shelf):
 
     def run_finished(self, job: _Job, now_ms: int, acts: Actions) -> None:
         job.inflight -= 1
+        ended = False
         if job.compiled.completion_driven and not job.paused and job.next_fire is None:
             nxt = job.compiled.next_after_completion(now_ms)
             if job.inflight == 0 and nxt is not None:
                 self._arm(job, nxt)
+                self.sync_schedule(job, now_ms, acts)
+            elif job.inflight == 0 and job.spec.bounded:
+                # Its next fire would be past its bound: the schedule is over
+                # (the advance that says so completes the job in the store).
+                ended = True
                 self.sync_schedule(job, now_ms, acts)
         if job.buffered and not job.paused and job.inflight + len(job.due) < job.limit:
             job.due.append((job.buffered.popleft(), 0, True))
@@ -748,7 +757,7 @@ class JobBook(_Shelf):
             job.inflight <= 0
             and job.next_fire is None
             and not job.due
-            and (job.cancelled or not (job.paused or job.compiled.completion_driven))
+            and (job.cancelled or ended or not (job.paused or job.compiled.completion_driven))
         ):
             # Its schedule is over (a one-shot's fire ran): it leaves.
             self.wheel.cancel((job.job_id << 2) | FIRE)

@@ -169,7 +169,13 @@ class _Shelf:
 
     def compile_spec(self, job_id: int, spec: JobSpec, param: int) -> CompiledSchedule:
         schedule = schedule_of(spec, param)
-        compiled = compile_schedule(schedule, jitter_ms=spec.jitter_ms, job_id=job_id)
+        compiled = compile_schedule(
+            schedule,
+            jitter_ms=spec.jitter_ms,
+            job_id=job_id,
+            active_from_ms=spec.active_from_ms,
+            active_until_ms=spec.ends_at_ms(schedule),
+        )
         if spec.skip_calendars:
             days = self.calendars.days_for(spec.tenant, spec.skip_calendars)
             compiled = with_calendars(compiled, schedule, days)

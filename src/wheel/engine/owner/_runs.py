@@ -8,7 +8,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from wheel.engine.model import AlertKind, RunState, one_shot_end
+from wheel.engine.model import AlertKind, JobState, RunState, one_shot_end
 from wheel.engine.owner._fleet import Fleet
 from wheel.engine.owner._redos import Redo, Redos
 from wheel.engine.owner._runtable import RunTable, _Run, set_phase
@@ -42,6 +42,21 @@ log = logging.getLogger("wheel.owner")
 # Overlap policies that buffer nothing of their own: a fire they would skip
 # is held only while the run in its way is ending (``_Job.ending``).
 _HOLDING = (OverlapPolicy.SKIP, OverlapPolicy.ALLOW)
+
+
+def schedule_over(job: _Job) -> bool:
+    """A bounded recurring job whose schedule the store has over (its last
+    fire claimed: no next fire), of which the run ending is the last one in
+    flight (an earlier fire's run may outlast the last fire's): that run's
+    end, for good, completes it."""
+    return (
+        job.spec.bounded
+        and job.store_next is None
+        and not job.paused
+        and job.inflight - job.ending <= 1
+        and not job.due
+        and not job.buffered
+    )
 
 
 def _note(what: str, run: _Run) -> RunNote:
@@ -113,6 +128,13 @@ class RunEndings:
             if w is not None:
                 w.held.discard(run.run_id)
         job = self.book.jobs.get(run.job_id)
+        job_state = None
+        if job is not None and (not job.spec.recurring or schedule_over(job)):
+            job_state = one_shot_end(state)
+            if job_state is not None and job.spec.recurring:
+                # A bounded schedule's last fire ended for good: the job is
+                # completed, whatever its runs' outcomes (each keeps its own).
+                job_state = JobState.COMPLETED
         acts.completions.append(
             Completion(
                 run_id=run.run_id,
@@ -122,8 +144,8 @@ class RunEndings:
                 error=error,
                 worker_id=run.worker_id,
                 # A one-shot's state tells how its fire ended (the store
-                # moves only a one-shot whose schedule is over).
-                job_state=None if job is None or job.spec.recurring else one_shot_end(state),
+                # moves only a job whose schedule is over).
+                job_state=job_state,
                 started_at_ms=started_at_ms,
                 result=result,
             )

@@ -205,18 +205,20 @@ class ListJobUpdatesResponse(_message.Message):
     def __init__(self, updates: _Optional[_Iterable[_Union[JobUpdate, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class PreviewScheduleRequest(_message.Message):
-    __slots__ = ("schedule", "job_id", "from_ms", "count", "skip_calendars")
+    __slots__ = ("schedule", "job_id", "spec", "from_ms", "count", "skip_calendars")
     SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
     FROM_MS_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     SKIP_CALENDARS_FIELD_NUMBER: _ClassVar[int]
     schedule: _jobs_pb2.Schedule
     job_id: int
+    spec: _jobs_pb2.JobSpec
     from_ms: int
     count: int
     skip_calendars: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, schedule: _Optional[_Union[_jobs_pb2.Schedule, _Mapping]] = ..., job_id: _Optional[int] = ..., from_ms: _Optional[int] = ..., count: _Optional[int] = ..., skip_calendars: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, schedule: _Optional[_Union[_jobs_pb2.Schedule, _Mapping]] = ..., job_id: _Optional[int] = ..., spec: _Optional[_Union[_jobs_pb2.JobSpec, _Mapping]] = ..., from_ms: _Optional[int] = ..., count: _Optional[int] = ..., skip_calendars: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PreviewScheduleResponse(_message.Message):
     __slots__ = ("fires_ms", "skipped_ms")

@@ -65,7 +65,7 @@ def submit_many(conn: Conn, news: Sequence[NewJob]) -> list[Submitted | WheelErr
                 Texts([n.spec.tenant for n in fresh_news]),
                 Texts([n.spec.name for n in fresh_news]),
                 Int8s([n.next_run_at for n in fresh_news]),
-                Bools([not n.spec.recurring for n in fresh_news]),
+                Bools([n.spec.schedule_ends for n in fresh_news]),
                 Texts([n.idempotency_key for n in fresh_news]),
                 Int8s([n.created_at_ms for n in fresh_news]),
                 Int8s([p.profile_id for p, _ in packed]),

@@ -32,7 +32,7 @@ from wheel.store._fence import (
 from wheel.store._shared import first_per_key
 from wheel.store.base import Completion, FireClaim, MissedFire, RunStart, ScheduleAdvance
 from wheel.store.postgres import _sql as sql
-from wheel.store.postgres._arrays import Int4s, Int8s
+from wheel.store.postgres._arrays import Bools, Int4s, Int8s
 from wheel.store.postgres._db import Attempt, Conn
 
 W = TypeVar("W")
@@ -176,6 +176,7 @@ def _advance(conn: Conn, advances: Sequence[ScheduleAdvance], now_ms: int) -> li
                     "job": Int8s([a.job_id for a in part]),
                     "exp": Int8s([a.expected_next_run_at for a in part]),
                     "new": Int8s([a.new_next_run_at for a in part]),
+                    "ends": Bools([a.ends for a in part]),
                 },
             )
             for (i,) in cur:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from wheel.store._schema import INFLIGHT_SQL
 from wheel.store._shared import JOB_INSERT_COLUMNS, Dialect, Queries
 from wheel.store.base import (
     SHARD_COUNT,
@@ -80,6 +81,9 @@ NOT_DISPATCHED = none_of(set(RunState) - {RunState.DISPATCHED})
 # for 1000-row inserts into executions), and the CTE's joins that match
 # winners to their claims another 1.5-2 us a claim (14.9 against 13.2 us of
 # PostgreSQL CPU a claim, 1000-claim batches over 100,000 jobs).
+# A claim that leaves no next fire to a job whose schedule can end
+# (``one_shot``: a one-shot, or a bounded recurring schedule, see
+# ``JobSpec.schedule_ends``) makes it running until its fire ends.
 CLAIM_INPUT = """
     SELECT * FROM unnest(%(idx)b::int4[], %(job)b::int8[], %(sf)b::int8[], %(att)b::int4[],
                          %(fence)b::int8[], %(disp)b::int8[], %(adv)b::bool[],
@@ -135,12 +139,21 @@ SELECT t.idx, e.run_id,
   JOIN jobs AS j ON j.job_id = t.job_id
 """
 
-ADVANCE_SQL = """
+# An advance that ends a bounded schedule (``ScheduleAdvance.ends``): its
+# active job is running while a run of it is in flight, else completed.
+ADVANCE_SQL = f"""
 UPDATE jobs AS j
    SET next_run_at = t.new_next, updated_at_ms = greatest(j.updated_at_ms, %(now)s),
+       state = CASE WHEN t.ends AND t.new_next IS NULL AND j.state = 'active'
+                    THEN CASE WHEN EXISTS (SELECT 1 FROM executions AS e
+                                            WHERE e.job_id = j.job_id
+                                              AND e.state IN {INFLIGHT_SQL})
+                              THEN 'running' ELSE 'completed' END
+                    ELSE j.state END,
        move_xid = pg_current_xact_id()
-  FROM unnest(%(idx)b::int4[], %(job)b::int8[], %(exp)b::int8[], %(new)b::int8[])
-       AS t(idx, job_id, expected, new_next)
+  FROM unnest(%(idx)b::int4[], %(job)b::int8[], %(exp)b::int8[], %(new)b::int8[],
+              %(ends)b::bool[])
+       AS t(idx, job_id, expected, new_next, ends)
  WHERE j.job_id = t.job_id AND j.next_run_at IS NOT DISTINCT FROM t.expected
 RETURNING t.idx
 """

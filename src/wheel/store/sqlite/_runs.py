@@ -120,6 +120,10 @@ def advance(cur: sqlite3.Cursor, advances: Sequence[ScheduleAdvance], now_ms: in
     rows: list[tuple[Any, ...]] = [
         (a.new_next_run_at, now_ms, change, a.job_id, a.expected_next_run_at) for a in advances
     ]
+    if any(a.ends for a in advances):
+        # The statement that may set state (``ScheduleAdvance.ends``).
+        ends = [(*row, a.ends) for row, a in zip(rows, advances, strict=True)]
+        return apply_each(cur, sql.ADVANCE_CAS_END, ends)
     return apply_each(cur, sql.ADVANCE_CAS, rows)
 
 

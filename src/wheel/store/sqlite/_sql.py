@@ -78,8 +78,10 @@ ADVANCE_CAS = SetStatement(
     " WHERE jobs.job_id = t.column4 AND +jobs.next_run_at IS t.column5",
     "(?, ?, ?, ?, ?)",
 )
-# For batches with a claim that ends its schedule: a one-shot whose next fire
-# is None becomes running (until its fire ends: ``END_ONE_SHOT``).
+# For batches with a claim that ends its schedule: a job whose schedule can
+# end (``one_shot``: a one-shot, or a bounded recurring schedule, see
+# ``JobSpec.schedule_ends``) whose next fire is None becomes running (until
+# its fire ends: ``END_ONE_SHOT``).
 CLAIM_CAS_END = SetStatement(
     "UPDATE jobs SET next_run_at = t.column1,"
     " state = CASE WHEN t.column1 IS NULL AND one_shot = 1 AND state = 'active'"
@@ -87,6 +89,18 @@ CLAIM_CAS_END = SetStatement(
     " updated_at_ms = max(updated_at_ms, t.column2), move_seq = t.column3"
     " FROM (VALUES {rows}) AS t WHERE jobs.job_id = t.column4 AND +jobs.next_run_at IS t.column5",
     "(?, ?, ?, ?, ?)",
+)
+# For batches with an advance that ends a bounded schedule
+# (``ScheduleAdvance.ends``): its active job is running while a run of it is
+# in flight, else completed.
+ADVANCE_CAS_END = SetStatement(
+    "UPDATE jobs SET next_run_at = t.column1,"
+    " state = CASE WHEN t.column6 = 1 AND t.column1 IS NULL AND state = 'active'"
+    " THEN CASE WHEN EXISTS (SELECT 1 FROM executions AS e WHERE e.job_id = jobs.job_id"
+    f" AND e.state IN {INFLIGHT_SQL}) THEN 'running' ELSE 'completed' END ELSE state END,"
+    " updated_at_ms = max(updated_at_ms, t.column2), move_seq = t.column3"
+    " FROM (VALUES {rows}) AS t WHERE jobs.job_id = t.column4 AND +jobs.next_run_at IS t.column5",
+    "(?, ?, ?, ?, ?, ?)",
 )
 MARK_RUNNING = SetStatement(
     "UPDATE executions SET state = 'running', worker_id = t.column1, started_at_ms = t.column2"
