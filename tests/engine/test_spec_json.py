@@ -18,6 +18,7 @@ from wheel.engine.spec import (
     Retry,
     SideEffect,
 )
+from wheel.errors import InvalidArgument
 
 SPECS = [
     JobSpec(name="once", handler="h", schedule=Once(at_ms=1_800_000_000_000), payload=b"\x00\xff"),
@@ -35,6 +36,7 @@ SPECS = [
         pool="gpu",
     ),
     JobSpec(name="every", handler="h", schedule=Interval(period_ms=2_000, start_at_ms=5)),
+    JobSpec(name="keyed", handler="h", schedule=Once(at_ms=5), concurrency_key="db.main"),
 ]
 
 
@@ -61,3 +63,22 @@ def test_a_spec_read_from_json_keeps_the_text_it_came_from() -> None:
     read = JobSpec.from_json(text + " ")  # stored text need not be byte-equal
     assert read == spec and read is not spec
     assert read.to_json() == text + " "
+
+
+def test_a_spec_without_a_concurrency_key_keeps_the_json_it_always_had() -> None:
+    spec = JobSpec(name="every", handler="h", schedule=Interval(period_ms=2_000, start_at_ms=5))
+    assert "concurrency_key" not in spec.to_json()
+    keyed = dataclasses.replace(spec, concurrency_key="db")
+    assert json.loads(keyed.to_json())["concurrency_key"] == "db"
+    assert JobSpec.from_json(keyed.to_json()).concurrency_key == "db"
+
+
+def test_a_concurrency_key_is_text_without_whitespace() -> None:
+    spec = JobSpec(name="n", handler="h", schedule=Once(at_ms=5))
+    for bad in ("a b", "x" * 101, "nul\0"):
+        try:
+            dataclasses.replace(spec, concurrency_key=bad).validate()
+        except InvalidArgument as exc:
+            assert "spec.concurrency_key" in str(exc)
+        else:  # pragma: no cover - the assertion's message
+            raise AssertionError(f"{bad!r} was accepted")

@@ -117,6 +117,7 @@ class Limits:
     max_handler_len: int = 200
     max_tenant_len: int = 100
     max_pool_len: int = 100
+    max_concurrency_key_len: int = 100
     max_payload_bytes: int = 256 * 1024
     max_timeout_ms: int = 7 * 24 * 3600 * 1000
     max_attempts: int = 100
@@ -144,6 +145,10 @@ class JobSpec:
     timeout_ms: int = 300_000
     side_effect: SideEffect = SideEffect.IDEMPOTENT
     pool: str = "default"
+    # The limit the job's runs count against (``wheel.store._limits``); "":
+    # none. Written to JSON only when set, so a spec without one keeps the
+    # JSON, profile id and digests it always had.
+    concurrency_key: str = ""
     # Its JSON once written or read: a spec is serialized for the store, the
     # idempotency digest and the checkpoint, and must not pay for it thrice.
     _json: str | None = field(default=None, init=False, repr=False, compare=False, hash=False)
@@ -158,6 +163,8 @@ class JobSpec:
         _text("spec.handler", self.handler, limits.max_handler_len)
         _text("spec.tenant", self.tenant, limits.max_tenant_len)
         _text("spec.pool", self.pool, limits.max_pool_len)
+        if self.concurrency_key:
+            limit_key("spec.concurrency_key", self.concurrency_key, limits)
         if len(self.payload) > limits.max_payload_bytes:
             raise LimitExceeded(
                 "spec.payload",
@@ -219,7 +226,7 @@ class JobSpec:
                 "mode": s.mode.value,
                 "start_at_ms": s.start_at_ms,
             }
-        return {
+        d: dict[str, Any] = {
             "name": self.name,
             "handler": self.handler,
             "tenant": self.tenant,
@@ -246,6 +253,9 @@ class JobSpec:
             "side_effect": self.side_effect.value,
             "pool": self.pool,
         }
+        if self.concurrency_key:
+            d["concurrency_key"] = self.concurrency_key
+        return d
 
     def to_json(self) -> str:
         text = self._json
@@ -298,6 +308,7 @@ class JobSpec:
             timeout_ms=int(d["timeout_ms"]),
             side_effect=SideEffect(d["side_effect"]),
             pool=d["pool"],
+            concurrency_key=d.get("concurrency_key", ""),
         )
 
     @classmethod
@@ -306,6 +317,14 @@ class JobSpec:
         spec = cls.from_dict(json.loads(text))
         object.__setattr__(spec, "_json", text)
         return spec
+
+
+def limit_key(name: str, value: str, limits: Limits = DEFAULT_LIMITS) -> None:
+    """A concurrency key's text rules (a pool name's, and no whitespace:
+    the CLI and the console show keys bare)."""
+    _text(name, value, limits.max_concurrency_key_len)
+    if any(ch.isspace() for ch in value):
+        raise InvalidArgument(name, "must not contain whitespace")
 
 
 def _text(name: str, value: str, limit: int) -> None:

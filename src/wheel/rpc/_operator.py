@@ -37,6 +37,7 @@ UPDATABLE = (
     "timeout_ms",
     "side_effect",
     "pool",
+    "concurrency_key",
 )
 MAX_PREVIEW = 1000
 # Preview from at most this far ahead of now (a year of 2100 is a typo).

@@ -233,6 +233,7 @@ def spec_from_proto(
         timeout_ms=timeout_ms,
         side_effect=_enum(_SIDE_EFFECT, msg.side_effect, "spec.side_effect"),
         pool=msg.pool or "default",
+        concurrency_key=msg.concurrency_key,
     )
     spec.validate()
     return spec
@@ -288,6 +289,7 @@ def spec_to_proto(spec: JobSpec) -> jobs_pb2.JobSpec:
         timeout_ms=spec.timeout_ms,
         side_effect=_SIDE_EFFECT_TO[spec.side_effect],
         pool=spec.pool,
+        concurrency_key=spec.concurrency_key,
         catch_up=jobs_pb2.CatchUp(
             mode=_CATCH_UP_MODE_TO[spec.catch_up.mode],
             window_ms=spec.catch_up.window_ms or 0,

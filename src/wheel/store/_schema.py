@@ -138,6 +138,61 @@ def _results_and_secrets(integer: str, text: str, blob: str) -> list[str]:
     ]
 
 
+def _limits(integer: str, text: str) -> list[str]:
+    """Migration 20 in a backend's types: concurrency keys and rate limits
+    (``wheel.store._limits``), one row per tenant and key, each its key's
+    arbiter; and each run's key, NULL for a job without one (set by the
+    claim that took the run's permit, read by the trigger that gives it
+    back)."""
+    return [
+        f"""CREATE TABLE limits (
+            tenant          {text}    NOT NULL,
+            concurrency_key {text}    NOT NULL,
+            max_concurrent  {integer} NOT NULL,
+            rate            {integer} NOT NULL,
+            rate_period_ms  {integer} NOT NULL,
+            burst           {integer} NOT NULL,
+            in_flight       {integer} NOT NULL,
+            tokens_milli    {integer} NOT NULL,
+            refilled_at_ms  {integer} NOT NULL,
+            updated_at_ms   {integer} NOT NULL,
+            PRIMARY KEY (tenant, concurrency_key)
+        )""",
+        f"ALTER TABLE executions ADD COLUMN concurrency_key {text}",
+    ]
+
+
+# A keyed run leaving dispatched/running gives its permit back in the
+# transaction that moves it, whichever write does (a completion, the reaper's
+# lost, a timeout, a cancel, a dead letter, or a delete): the trigger is the
+# one place, so no path can forget it. Its WHEN clause is all a run without
+# a key pays. The limit's tenant is the run's job's.
+RELEASE_WHEN = (
+    f"OLD.concurrency_key IS NOT NULL AND OLD.state IN {INFLIGHT_SQL}"
+    f" AND NEW.state NOT IN {INFLIGHT_SQL}"
+)
+RELEASE_DELETED_WHEN = f"OLD.concurrency_key IS NOT NULL AND OLD.state IN {INFLIGHT_SQL}"
+_RELEASE = (
+    "UPDATE limits SET in_flight = {greatest}(in_flight - 1, 0)"
+    " WHERE tenant = (SELECT j.tenant FROM jobs AS j WHERE j.job_id = OLD.job_id)"
+    " AND concurrency_key = OLD.concurrency_key"
+)
+SQLITE_LIMIT_TRIGGERS = [
+    "CREATE TRIGGER executions_release_permit AFTER UPDATE OF state ON executions"
+    f" WHEN {RELEASE_WHEN} BEGIN {_RELEASE.format(greatest='max')}; END",
+    "CREATE TRIGGER executions_release_deleted AFTER DELETE ON executions"
+    f" WHEN {RELEASE_DELETED_WHEN} BEGIN {_RELEASE.format(greatest='max')}; END",
+]
+PG_LIMIT_TRIGGERS = [
+    "CREATE FUNCTION wheel_release_permit() RETURNS trigger LANGUAGE plpgsql AS $$"
+    f" BEGIN {_RELEASE.format(greatest='greatest')}; RETURN NULL; END $$",
+    "CREATE TRIGGER executions_release_permit AFTER UPDATE OF state ON executions"
+    f" FOR EACH ROW WHEN ({RELEASE_WHEN}) EXECUTE FUNCTION wheel_release_permit()",
+    "CREATE TRIGGER executions_release_deleted AFTER DELETE ON executions"
+    f" FOR EACH ROW WHEN ({RELEASE_DELETED_WHEN}) EXECUTE FUNCTION wheel_release_permit()",
+]
+
+
 SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
     (
         1,
@@ -319,6 +374,7 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
         ],
     ),
     (16, _results_and_secrets("INTEGER", "TEXT", "BLOB")),
+    (20, _limits("INTEGER", "TEXT") + SQLITE_LIMIT_TRIGGERS),
 ]
 
 
@@ -504,4 +560,5 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
     ),
     (15, []),  # SQLite's jobs_owned dropped: PostgreSQL keeps its shard indexes
     (16, _results_and_secrets("bigint", "text", "bytea")),
+    (20, _limits("bigint", "text") + PG_LIMIT_TRIGGERS),
 ]

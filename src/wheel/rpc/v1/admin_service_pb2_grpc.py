@@ -106,6 +106,21 @@ class AdminServiceStub:
                 request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretRequest.SerializeToString,
                 response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretResponse.FromString,
                 _registered_method=True)
+        self.SetLimit = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/SetLimit',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetLimitRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.LimitInfo.FromString,
+                _registered_method=True)
+        self.ListLimits = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/ListLimits',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListLimitsRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListLimitsResponse.FromString,
+                _registered_method=True)
+        self.DeleteLimit = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/DeleteLimit',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteLimitRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteLimitResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -218,6 +233,30 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetLimit(self, request, context):
+        """Concurrency keys and rate limits that jobs join with
+        JobSpec.concurrency_key, held across the whole cluster. Scopes as for
+        secrets. SetLimit creates the key's limit or replaces it (its runs in
+        flight are counted again from the store's runs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListLimits(self, request, context):
+        """Each key with its limits, its runs in flight and those waiting for a
+        permit on this node (waiting on another node: ask that node).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteLimit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -290,6 +329,21 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DeleteSecret,
                     request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretRequest.FromString,
                     response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretResponse.SerializeToString,
+            ),
+            'SetLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetLimit,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetLimitRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.LimitInfo.SerializeToString,
+            ),
+            'ListLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLimits,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListLimitsRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListLimitsResponse.SerializeToString,
+            ),
+            'DeleteLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteLimit,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteLimitRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteLimitResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -670,6 +724,87 @@ class AdminService:
             '/wheel.rpc.v1.AdminService/DeleteSecret',
             wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretRequest.SerializeToString,
             wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/SetLimit',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetLimitRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.LimitInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/ListLimits',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListLimitsRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListLimitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/DeleteLimit',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteLimitRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteLimitResponse.FromString,
             options,
             channel_credentials,
             insecure,

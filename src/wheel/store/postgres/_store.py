@@ -67,6 +67,7 @@ class PostgresStore(SQLStore):
     _migration_lock = "SELECT pg_advisory_xact_lock(hashtext('wheel.migrate:' || current_schema()))"
     # Two writers of one secret: the second waits, then sees the first's version.
     _secret_lock = "SELECT pg_advisory_xact_lock(hashtext('wheel.secret:' || %s))"
+    _limit_lock = " FOR UPDATE"
 
     def __init__(
         self,
@@ -241,11 +242,11 @@ class PostgresStore(SQLStore):
     ) -> tuple[list[ClaimOutcome], set[int]]:
         if not claims:
             return [], set()
-        run_ids, advanced, refused = self._db.run(
+        run_ids, advanced, refused, waiting = self._db.run(
             lambda conn, attempt: _runs.claim(conn, attempt, claims, held), idempotent=True
         )
         outcomes = [
-            ClaimOutcome(claim=c, run_id=run_ids[i], advanced=advanced[i])
+            ClaimOutcome(claim=c, run_id=run_ids[i], advanced=advanced[i], waiting=i in waiting)
             for i, c in enumerate(claims)
         ]
         if any(c.payload for c in claims):
