@@ -129,6 +129,7 @@ def split_spec(spec: JobSpec) -> tuple[JobSpec, int]:
         timeout_ms=spec.timeout_ms,
         side_effect=spec.side_effect,
         pool=spec.pool,
+        concurrency_key=spec.concurrency_key,
     )
     return template, param
 
