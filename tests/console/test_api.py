@@ -329,3 +329,22 @@ def test_the_sync_client_pages_searches_and_reads_the_node_panels(
         assert (held.runs, held.total) == ([], 0)
         with pytest.raises(InvalidArgument, match="limit"):
             client.in_flight(limit=5_000)
+
+
+def test_limits_show_each_tenant_its_own_keys_with_runs_in_flight_and_waiting(
+    node: ConsoleNode, tokens: dict[str, str]
+) -> None:
+    with Client(node.target, token=tokens["acme"]) as client:
+        client.set_limit("db", max_concurrent=2, rate=5)
+    with Client(node.target, token=tokens["globex"]) as client:
+        client.set_limit("api", max_concurrent=1)
+    answer = call(f"{node.url}/api/limits", token=tokens["acme"])
+    assert answer.status == 200
+    assert answer.body["limits"] == [
+        {
+            "tenant": "acme", "key": "db", "max_concurrent": 2, "rate": 5,
+            "rate_period_ms": 1000, "burst": 5, "in_flight": 0, "waiting": 0,
+        }
+    ]  # fmt: skip
+    every = call(f"{node.url}/api/limits", token=tokens["admin"]).body["limits"]
+    assert [(x["tenant"], x["key"]) for x in every] == [("acme", "db"), ("globex", "api")]

@@ -52,6 +52,9 @@ SCOPE_OF: dict[str, str] = {
     # A tenant's credential manages its own tenant's signing secrets.
     **{_ADMIN + m: JOBS_WRITE for m in ("SetSecret", "RotateSecret", "DeleteSecret")},
     _ADMIN + "ListSecrets": JOBS_READ,
+    # ... and its concurrency keys' limits.
+    **{_ADMIN + m: JOBS_WRITE for m in ("SetLimit", "DeleteLimit")},
+    _ADMIN + "ListLimits": JOBS_READ,
     "/wheel.rpc.v1.WorkerService/Connect": WORKER,
     _ADMIN + "GetMembership": ANY_SCOPE,
     # Calls between members carry the credential of the call that caused them.

@@ -13,6 +13,7 @@ wheelctl update JOB_ID ... | updates JOB_ID | backfill JOB_ID --from --to | prev
 wheelctl dlq list|redrive ...   (see wheel.cli.operator)
 wheelctl token create|list|revoke ... | tenant set|list ...   (see wheel.cli.admin)
 wheelctl secret set|list|rotate|delete ...   (signing secrets; see wheel.cli.secret)
+wheelctl limit set|list|delete ...   (concurrency keys and rate limits; see wheel.cli.limit)
 wheelctl outbox init|status --dsn DSN   (the transactional submit's table; see wheel.cli.outbox)
 """
 
@@ -39,6 +40,7 @@ from wheel.cli._common import (
 from wheel.cli.admin import add_token_flag
 from wheel.cli.admin import register as register_admin
 from wheel.cli.import_ import register as register_import
+from wheel.cli.limit import register as register_limit
 from wheel.cli.listing import job_line
 from wheel.cli.listing import register as register_listing
 from wheel.cli.operator import register as register_operator
@@ -239,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_admin(sub, target, target_help)
     register_secret(sub, target, target_help)
+    register_limit(sub, target, target_help)
     register_import(sub, target, target_help)
     register_operator(sub, target, target_help)
 

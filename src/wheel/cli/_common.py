@@ -300,6 +300,7 @@ def submit_args(
         "payload": job_payload(ns, files=files),
         "tenant": ns.tenant,
         "pool": ns.pool,
+        "concurrency_key": ns.concurrency_key,
         "catch_up": CatchUp(
             mode=ns.catch_up,
             window=parse_duration(ns.catch_up_window, "catch_up_window")
@@ -490,6 +491,7 @@ def job_json(job: Job) -> dict[str, Any]:
         "tenant": job.tenant,
         "handler": job.handler,
         "pool": job.pool,
+        "concurrency_key": job.concurrency_key,
         "state": job.state.value,
         "schedule": schedule_json(job.schedule),
         **policies_json(job),
@@ -625,6 +627,13 @@ def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
         ),
         p.add_argument("--tenant", default="default", help="the tenant the job belongs to"),
         p.add_argument("--pool", default="default", help="the worker pool whose workers run it"),
+        p.add_argument(
+            "--concurrency-key",
+            default="",
+            metavar="KEY",
+            help="a concurrency key of the job's tenant (`wheelctl limit set`): its runs count"
+            " against the key's limits across the cluster, and wait for a permit",
+        ),
         p.add_argument(
             "--key",
             "--idempotency-key",

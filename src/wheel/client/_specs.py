@@ -104,6 +104,8 @@ class JobRequest:
     at_most_once: bool = False
     pool: str = _SPEC.pool
     tenant: str = _SPEC.tenant
+    # The limit its runs count against (``Client.set_limit``; "": none).
+    concurrency_key: str = ""
     # The same key and body return the job the first submit made (``created``
     # False); the same key with another body is ``AlreadyExists``.
     idempotency_key: str | None = None
@@ -145,6 +147,7 @@ class JobArgs(_RequiredJobArgs, total=False):
     pool: str
     tenant: str
     idempotency_key: str | None
+    concurrency_key: str
 
 
 class UpdateArgs(TypedDict, total=False):
@@ -174,6 +177,7 @@ class UpdateArgs(TypedDict, total=False):
     timeout: Duration
     at_most_once: bool
     pool: str
+    concurrency_key: str
 
 
 # -- client -> engine -------------------------------------------------------------
@@ -215,6 +219,7 @@ def job_spec(request: JobRequest, *, now_ms: int) -> engine.JobSpec:
         schedule=_schedule(r, now_ms),
         tenant=_text(r.tenant, "tenant"),
         pool=_text(r.pool, "pool"),
+        concurrency_key=_text(r.concurrency_key, "concurrency_key"),
         payload=payload,
         jitter_ms=_duration_ms(r.jitter, "jitter", False),
         catch_up=_engine_catch_up(_catch_up(r.catch_up)),

@@ -427,6 +427,8 @@ class Job:
     at_most_once: bool
     # Its HTTP target (handler "http"; ``payload`` is the request's body).
     http: HttpTarget | None = None
+    # The concurrency key whose limit its runs count against ("": none).
+    concurrency_key: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -265,6 +265,7 @@ _UPDATE_FIELDS = {
     "timeout": "timeout_ms",
     "at_most_once": "side_effect",
     "pool": "pool",
+    "concurrency_key": "concurrency_key",
 }
 
 
@@ -515,6 +516,7 @@ def job_from(spec: JobSpec, msg: jobs_pb2.Job, *, created: bool = False) -> Job:
         handler=spec.handler,
         tenant=spec.tenant,
         pool=spec.pool,
+        concurrency_key=spec.concurrency_key,
         state=JobState(state),
         schedule=schedule_of(spec.schedule),
         payload=http_targets.body_of(spec),
