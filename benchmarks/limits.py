@@ -176,7 +176,7 @@ def unresolved(dsn: str, jobs: dict[int, int], period: int, t0_ms: int, t1_ms: i
     with psycopg.connect(dsn) as conn:
         ran = set(conn.execute("SELECT job_id, scheduled_for FROM executions").fetchall())
         ran |= set(conn.execute("SELECT job_id, scheduled_for FROM missed_fires").fetchall())
-        owed_from = dict(
+        owed_from: dict[int, int | None] = dict(
             conn.execute(
                 "SELECT job_id, next_run_at FROM jobs WHERE job_id = ANY(%s)", (list(jobs),)
             ).fetchall()
