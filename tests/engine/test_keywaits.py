@@ -10,7 +10,7 @@ from __future__ import annotations
 from tests.engine.sim import MIN
 from tests.engine.test_owner import Node, T, spec
 from wheel.engine.model import RunState
-from wheel.engine.owner import Actions, Assignment, OwnerConfig
+from wheel.engine.owner import Actions, Assignment, Outcome, OwnerConfig
 from wheel.engine.owner._claims import _Pending
 from wheel.engine.owner._keywaits import KeyWaits
 from wheel.engine.records import FireClaim
@@ -124,3 +124,22 @@ def test_waits_go_out_by_fire_per_key_and_a_kick_sends_only_its_key() -> None:
     assert waits.waiting() == {("t", "b"): 1}
     assert [p.claim.job_id for p in waits.take(POLL)] == [3]
     assert not waits and waits.next_wake() is None
+
+
+def test_the_waiting_claim_rides_in_the_batch_that_ends_the_run_of_its_key() -> None:
+    n, [a, b] = keyed_node(1, 2)
+    [first] = handed(n.step(T + MIN))
+    waiting = b if first.job_id == a else a
+    n.owner.worker_ack("w1", [(first.run_id, first.fence)], n.now, n.acts)
+    n.step()
+    n.owner.worker_complete(
+        "w1", [(first.run_id, first.fence, Outcome.SUCCEEDED, "")], n.now, n.acts
+    )
+    n.driver.advance(n.now)
+    batch = n.driver.take_batch()
+    assert [c.run_id for c in batch.completions] == [first.run_id]
+    assert [c.job_id for c in batch.claims] == [waiting]
+    # Written in that order, the end gives the permit back before the claim asks.
+    n.store.now_ms = n.now
+    n.driver.apply(n.store.write_batch(batch), n.now)
+    assert [a.job_id for a in handed(n.driver.take_messages())] == [waiting]

@@ -271,6 +271,8 @@ class Dispatcher:
         starved: list[Route] = []  # routes with work and no worker with credit
         if self.ready:
             starved.extend(self._assign_ready(now_ms, acts))
+        if self.keywaits and acts.completions:
+            self._kick_ending(acts)
         if self.keywaits.due(now_ms):
             self._claim_again(now_ms, acts)
         budget = self.config.max_claim_batch - len(self.claims)
@@ -524,6 +526,15 @@ class Dispatcher:
                 # with no lease and no timeout running until one gets it.
                 set_phase(run, Phase.READY)
                 self.wait_ready(run, job)
+
+    def _kick_ending(self, acts: Actions) -> None:
+        """Runs of keys with waiting claims end in the coming store batch:
+        those claims go in it too, after the ends (``_keywaits``)."""
+        for c in acts.completions:
+            run = self.runs.get(c.run_id)
+            job = None if run is None else self.jobs.get(run.job_id) or self.book.job(run.job_id)
+            if job is not None and job.spec.concurrency_key:
+                self.keywaits.kick(job.spec.tenant, job.spec.concurrency_key)
 
     def _claim_again(self, now_ms: int, acts: Actions) -> None:
         """Send the claims waiting for a permit again (``_keywaits``), each

@@ -8,7 +8,10 @@ claim is in a store batch, so a fire that waits is never claimed twice,
 never lost, and never recorded missed for waiting. It is kept here with the
 worker credit it had reserved given back, and sent again:
 
-- when a run of the key ends on this owner (``kick``), and
+- when a run of the key ends on this owner (``kick``): in the store batch
+  that writes its end (on SQLite in the same transaction, after it, so the
+  permit it gives back is there to take), and again once the store has
+  answered that end, and
 - every ``limit_poll_ms`` while anything waits: runs of the key on other
   nodes end without telling this one. All the keys' claims go out in the
   same store batch: one store round per poll for every waiting key.
@@ -73,18 +76,21 @@ class KeyWaits:
         )
 
     def kick(self, tenant: str, key: str) -> None:
-        """A run of the key ended here: its waiting claims go out at once."""
-        if (tenant, key) in self._by_key:
-            self._kicked.add((tenant, key))
+        """A run of the key ended here: its waiting claims go out at once,
+        and those parked before the next ``take`` too (a claim of the key
+        may be answered waiting in the very batch that ended the run)."""
+        self._kicked.add((tenant, key))
 
     def due(self, now_ms: int) -> bool:
-        return bool(self._kicked) or (bool(self._by_key) and now_ms >= self._next_poll)
+        if not self._by_key:
+            return False
+        return now_ms >= self._next_poll or any(k in self._by_key for k in self._kicked)
 
     def next_wake(self) -> int | None:
         """When the waiting claims go out again (None: nothing waits)."""
         if not self._by_key:
             return None
-        return 0 if self._kicked else self._next_poll
+        return 0 if any(k in self._by_key for k in self._kicked) else self._next_poll
 
     def take(self, now_ms: int) -> list[Parked]:
         """The claims to send again now (the kicked keys', or every key's at

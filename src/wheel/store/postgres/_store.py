@@ -205,7 +205,10 @@ class PostgresStore(SQLStore):
         read as not applied)."""
         held = None if batch.epochs is None else self._held(batch.epochs)
         rest = batch.claims or batch.advances or batch.missed or batch.starts
-        if not (batch.completions and rest):
+        # Keyed claims (``wheel.store._limits``) may wait for the permits the
+        # batch's own completions give back: then the completions commit
+        # first, as on SQLite, and the claims find them.
+        if not (batch.completions and rest) or _keyed(batch.claims):
             completed, refused = self._complete(batch.completions, held)
             claimed, more = self._write_rest(batch, held)
         else:
@@ -324,3 +327,7 @@ class PostgresStore(SQLStore):
         # Transactions below the snapshot's xmin have all ended (see _feed).
         cur.execute(_feed.ONE_SNAPSHOT)
         return watermark, max(watermark, _feed.safe_xid(cur))
+
+
+def _keyed(claims: Sequence[FireClaim]) -> bool:
+    return any(c.concurrency_key for c in claims)
