@@ -22,7 +22,10 @@ figure but ``lost`` comes from those records alone. JSON keys:
 - ``throughput_ratio``: runs/s of ``free`` over runs/s of ``plain`` in the
   window: what a key that does not bind costs the same workload, same run;
 - ``kills``: owner SIGKILLs performed, spread over the window, each node
-  started again after its shards moved;
+  started again after its shards moved; ``worker_kills`` (``--worker-kills``):
+  worker SIGKILLs, each worker started again at once (its runs ended with it,
+  as the observer counts them; wheel holds their permits until their leases
+  lapse);
 - ``lost``: fires due in the window (less ``--grace-s`` at its end) that the
   store no longer owes (before the job's ``next_run_at``) with neither a run
   nor a missed record (a fire still waiting for a permit is owed, not lost);
@@ -78,17 +81,27 @@ class Record:
     end: float
 
 
-def read_records(path: Path) -> list[Record]:
+def read_records(path: Path, killed: dict[int, float], stopped: float) -> list[Record]:
+    """The runs as their handlers recorded them; a run started and never
+    ended ended when its worker was killed (``killed``: pid -> when), or at
+    ``stopped`` when its worker ran on to the end."""
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
         return []
-    out = []
+    starts: dict[int, dict[str, Any]] = {}
+    ends: dict[int, float] = {}
     for line in lines:
         if line.strip():
             d = json.loads(line)
-            out.append(Record(d["job"], d["run"], d["fire"], d["start"], d["end"]))
-    return out
+            if d["kind"] == "start":
+                starts[d["run"]] = d
+            else:
+                ends[d["run"]] = d["t"]
+    return [
+        Record(d["job"], run, d["fire"], d["t"], ends.get(run, killed.get(d["pid"], stopped)))
+        for run, d in starts.items()
+    ]
 
 
 def overlap_curve(records: list[Record]) -> list[tuple[float, int]]:
@@ -234,7 +247,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     records = tmp / "runs.jsonl"
     workers: list[subprocess.Popen[bytes]] = []
     groups: dict[str, list[int]] = {}
-    kills = 0
+    kills = worker_kills = 0
+    killed: dict[int, float] = {}
     try:
         cluster.start()
         with Client(cluster.targets, timeout=10.0) as client:
@@ -251,18 +265,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             first_ms = int(time.time() * 1000) + 3_000
             groups, firsts = submit_groups(client, args, first_ms)
         env = dict(os.environ, WHEEL_BENCH_RECORDS=str(records))
-        for i in range(args.workers):
+
+        def worker(i: int) -> subprocess.Popen[bytes]:
             cmd = [PY, "-m", "wheel", "worker", "--target", ",".join(cluster.targets)]
             cmd += ["--worker-id", f"limits-w{i + 1}", "--capacity", str(args.capacity)]
             cmd += ["_limits_handler:hold"]
-            with open(tmp / f"worker{i + 1}.log", "wb") as log:
-                workers.append(subprocess.Popen(cmd, cwd=HERE, env=env, stdout=log, stderr=log))
+            with open(tmp / f"worker{i + 1}.log", "ab") as log:
+                return subprocess.Popen(cmd, cwd=HERE, env=env, stdout=log, stderr=log)
+
+        workers = [worker(i) for i in range(args.workers)]
         t0 = first_ms / 1000 + args.warmup_s
         t1 = t0 + args.duration
         time.sleep(max(0.0, t0 - time.time()))
-        # Kills spread over the window, each of a node that owns bound jobs.
-        for k in range(args.kills):
-            time.sleep(max(0.0, t0 + (k + 1) * args.duration / (args.kills + 1) - time.time()))
+        # Owner kills spread over the window, each of a node that owns bound
+        # jobs; worker kills spread likewise, half a step apart from them.
+        events = [
+            (t0 + (k + 1) * args.duration / (args.kills + 1), "owner") for k in range(args.kills)
+        ]
+        step = args.duration / (args.worker_kills + 1)
+        events += [(t0 + (k + 0.5) * step, "worker") for k in range(args.worker_kills)]
+        for at, kind in sorted(events):
+            time.sleep(max(0.0, at - time.time()))
+            if kind == "worker":
+                i = worker_kills % len(workers)
+                workers[i].kill()
+                killed[workers[i].pid] = time.time()
+                workers[i].wait(10)
+                worker_kills += 1
+                workers[i] = worker(i)
+                print(
+                    f"worker kill {worker_kills}: limits-w{i + 1} killed and back", file=sys.stderr
+                )
+                continue
+            k = kills
             held = cluster.held(cluster.nodes)
             owners = [
                 n for n in cluster.nodes
@@ -277,6 +312,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cluster.wait_settled(cluster.nodes, 60)
             print(f"kill {kills}: {victim.node_id} killed and back", file=sys.stderr)
         time.sleep(max(0.0, t1 - time.time()) + args.drain_s)
+        stopped = time.time()
         lost = unresolved(
             schema.dsn, firsts, args.period_ms, round(t0 * 1000), round((t1 - args.grace_s) * 1000)
         )
@@ -286,7 +322,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stop_all(workers)
         cluster.stop()
         schema.drop()
-    got = read_records(records)
+    got = read_records(records, killed, stopped)
     of = {g: set(ids) for g, ids in groups.items()}
     by = {g: [r for r in got if r.job in ids] for g, ids in of.items()}
     bound = overlap_curve(by["bound"])
@@ -307,6 +343,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "throughput_ratio": round(in_window["free"] / max(1, in_window["plain"]), 3),
         "runs_per_s": {g: round(n / args.duration, 2) for g, n in in_window.items()},
         "kills": kills,
+        "worker_kills": worker_kills,
         "lost": lost,
         "duplicates": sum(n - 1 for n in fires.values() if n > 1),
         "missed": missed,
@@ -330,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--period-ms", type=int, default=1000, help="each job's period")
     p.add_argument("--duration", type=float, default=30.0, help="the measured window, s")
     p.add_argument("--kills", type=int, default=0, help="owner SIGKILLs over the window")
+    p.add_argument("--worker-kills", type=int, default=0, help="worker SIGKILLs over the window")
     p.add_argument("--rate", help="a fourth group, rated, with this rate: N/s or N/m")
     p.add_argument("--burst", type=int, default=0, help="rated's burst (default: its N)")
     p.add_argument("--warmup-s", type=float, default=3.0, help="after the first fire")

@@ -1,5 +1,6 @@
 """Smoke test of the limits benchmark: a real three-node cluster, a key that
-binds, one that does not and one rated, an owner SIGKILLed and restarted.
+binds, one that does not and one rated, an owner and a worker SIGKILLed and
+restarted.
 It pins the JSON keys the issue names and the limits themselves: never more
 in flight than the key allows by the handlers' own records, nothing lost."""
 
@@ -19,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LIMITS = ROOT / "benchmarks" / "limits.py"
 KEYS = {
     "nodes", "jobs", "max_concurrent", "run_ms", "period_ms", "duration_s", "demand",
-    "max_in_flight_observed", "utilization", "throughput_ratio", "runs_per_s", "kills", "lost",
-    "duplicates", "missed", "rate_max_starts_1s", "rate_starts_per_s", "rate_max_claims_1s",
+    "max_in_flight_observed", "utilization", "throughput_ratio", "runs_per_s", "kills",
+    "worker_kills", "lost", "duplicates", "missed", "rate_max_starts_1s", "rate_starts_per_s",
+    "rate_max_claims_1s",
 }  # fmt: skip
 
 
@@ -34,14 +36,15 @@ def test_a_kill_under_a_binding_key_keeps_the_limit_and_loses_nothing(
     # its own etcd and schema.
     out = tmp_path / "limits.json"
     cmd = [sys.executable, str(LIMITS), "--nodes", "3", "--jobs", "12", "--max-concurrent", "3"]
-    cmd += ["--run-ms", "300", "--duration", "8", "--kills", "1", "--rate", "4/s"]
+    cmd += ["--run-ms", "300", "--duration", "8", "--kills", "1", "--worker-kills", "1"]
+    cmd += ["--rate", "4/s"]
     cmd += ["--burst", "2", "--pg-dsn", PG_DSN, "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert set(result) == KEYS
     assert json.loads(proc.stdout) == result  # printed as well as written
-    assert result["kills"] == 1
+    assert (result["kills"], result["worker_kills"]) == (1, 1)
     assert 0 < result["max_in_flight_observed"] <= 3
     assert result["lost"] == 0
     assert result["utilization"] > 0.5
