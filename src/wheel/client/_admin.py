@@ -155,7 +155,7 @@ class Limit:
     no such limit) and at most ``rate`` starts per ``per`` with ``burst`` at
     once (``rate`` None: no rate limit). ``in_flight``: its runs dispatched
     or running now, cluster-wide; ``waiting``: fires waiting for a permit on
-    the node that answered."""
+    every member that answered."""
 
     tenant: str
     key: str

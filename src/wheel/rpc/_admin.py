@@ -36,7 +36,7 @@ class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
         self.guard = guard or Guard(None)
         self.peers = peers
         self.secrets = SecretsAdmin(node, self.guard)
-        self.limits = LimitsAdmin(node, self.guard)
+        self.limits = LimitsAdmin(node, self.guard, peers)
 
     # -- concurrency keys and rate limits (wheel.rpc._limits) ---------------------------
 

@@ -5,6 +5,8 @@ without ``--auth`` the request's tenant stands ("default" when empty)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Iterable
 
 import grpc
@@ -15,12 +17,15 @@ from wheel.node import Node
 from wheel.node._limits import LimitView
 from wheel.rpc._common import _call
 from wheel.rpc._guard import Guard
+from wheel.rpc._peers import Peers, forwarded_by
 from wheel.rpc._secrets import request_tenant
 from wheel.rpc.v1 import admin_service_pb2 as pb
 from wheel.rpc.v1 import jobs_pb2
 from wheel.store.base import LimitRecord
 
 __all__ = ["LimitsAdmin", "check_key", "keys_known", "limit_info"]
+
+log = logging.getLogger("wheel.rpc")
 
 
 async def keys_known(node: Node, specs: Iterable[jobs_pb2.JobSpec]) -> set[tuple[str, str]]:
@@ -59,9 +64,12 @@ def limit_info(view: LimitView) -> pb.LimitInfo:
 class LimitsAdmin:
     """The limits' calls, which ``AdminServicer`` hands on."""
 
-    def __init__(self, node: Node, guard: Guard) -> None:
+    def __init__(self, node: Node, guard: Guard, peers: Peers | None = None) -> None:
+        """``peers``: how to reach the other members, whose waiting fires
+        ``ListLimits`` adds up."""
         self.node = node
         self.guard = guard
+        self.peers = peers
 
     async def SetLimit(
         self, request: pb.SetLimitRequest, context: grpc.aio.ServicerContext
@@ -88,9 +96,38 @@ class LimitsAdmin:
         async def work() -> pb.ListLimitsResponse:
             tenant = Guard.list_tenant(await self.guard.principal(context), request.tenant)
             views = await self.node.list_limits(tenant)
-            return pb.ListLimitsResponse(limits=[limit_info(v) for v in views])
+            out = pb.ListLimitsResponse(limits=[limit_info(v) for v in views])
+            await self._add_waiting_elsewhere(request, out, context)
+            return out
 
         return await _call(context, work())
+
+    async def _add_waiting_elsewhere(
+        self,
+        request: pb.ListLimitsRequest,
+        out: pb.ListLimitsResponse,
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        """Each key's fires waiting on the other members too: a fire waits on
+        the owner of its job's shard. A member that does not answer adds
+        nothing (logged)."""
+        me = self.node.config.node_id
+        others = [m for m in self.node.members() if m.node_id != me and m.address]
+        if self.peers is None or not others or forwarded_by(context) is not None:
+            return
+        answers = await asyncio.gather(
+            *(self.peers.ask_admin(m.address, "ListLimits", request, context) for m in others),
+            return_exceptions=True,
+        )
+        here = {(x.tenant, x.key): x for x in out.limits}
+        for member, answer in zip(others, answers, strict=True):
+            if isinstance(answer, BaseException):
+                log.warning("limits of %s: %r", member.node_id, answer)
+                continue
+            for x in answer.limits:
+                mine = here.get((x.tenant, x.key))
+                if mine is not None:
+                    mine.waiting += x.waiting
 
     async def DeleteLimit(
         self, request: pb.DeleteLimitRequest, context: grpc.aio.ServicerContext

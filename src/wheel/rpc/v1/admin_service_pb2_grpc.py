@@ -244,8 +244,8 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListLimits(self, request, context):
-        """Each key with its limits, its runs in flight and those waiting for a
-        permit on this node (waiting on another node: ask that node).
+        """Each key with its limits, its runs in flight and the fires waiting for
+        a permit, on every member (each member asked answers for itself).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
