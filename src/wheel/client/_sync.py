@@ -519,7 +519,7 @@ class Client:
 
     def limits(self, tenant: str = "") -> list[Limit]:
         """Every limit (of ``tenant``; empty: every tenant the caller sees)
-        with its runs in flight, and the fires waiting on the node asked."""
+        with its runs in flight, and the fires waiting on every member."""
         request = admin_pb.ListLimitsRequest(tenant=tenant)
         resp = self._call(lambda n: n.admin.ListLimits, request)
         return [_admin.limit_of(m) for m in resp.limits]

@@ -367,7 +367,7 @@ class Console:
 
     async def _limits(self, request: web.Request) -> web.StreamResponse:
         """The concurrency keys the token sees: their limits, runs in flight
-        across the cluster and fires waiting for a permit on this node."""
+        and fires waiting for a permit, across the cluster."""
         limits = await self.client(request).limits()
         return web.json_response(
             {
