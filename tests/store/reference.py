@@ -21,6 +21,7 @@ from typing import NamedTuple, overload
 
 import numpy as np
 
+from tests.store.reference_limits import RefLimits
 from wheel.engine.jobtable import NO_FIRE
 from wheel.engine.model import SCHEDULE_OVER
 from wheel.engine.profiles import profile_of, split_spec
@@ -28,8 +29,6 @@ from wheel.engine.spec import JobSpec
 from wheel.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, WheelError
 from wheel.store import base as store_base
 from wheel.store._fence import stale_shards, write_checked
-from wheel.store._limits import MILLI, free_permits, refilled
-from wheel.store._limits import _Row as LimitRow
 from wheel.store._shared import body_hash
 from wheel.store._updates import check_version
 from wheel.store.base import (
@@ -176,7 +175,7 @@ class ReferenceStore:
         self.tokens: dict[str, TokenRecord] = {}
         self.quotas: dict[str, TenantQuota] = {}
         self.secrets: dict[tuple[str, str], list[SecretRecord]] = {}
-        self.limits: dict[tuple[str, str], tuple[LimitRecord, LimitRow]] = {}
+        self.limits = RefLimits(self._in_flight)
         # Each job's recorded updates in version order, and its update keys.
         self.updates: dict[int, list[JobChange]] = defaultdict(list)
         self.update_keys: dict[tuple[int, str], tuple[str, int]] = {}  # -> (digest, version)
@@ -449,28 +448,22 @@ class ReferenceStore:
         row.move = move
         return True
 
-    # -- executions ---------------------------------------------------------------
-
-    # -- limits -------------------------------------------------------------------
+    # -- limits (``tests.store.reference_limits``) -------------------------------
 
     def set_limit(self, limit: LimitRecord, now_ms: int) -> LimitRecord:
-        k = (limit.tenant, limit.key)
-        burst = limit.burst or limit.rate
-        old = self.limits.get(k)
-        tokens = burst * MILLI if old is None else min(old[1].tokens_milli, burst * MILLI)
-        row = LimitRow(
-            limit.max_concurrent,
-            limit.rate,
-            limit.rate_period_ms or 1000,
-            burst,
-            self._in_flight(k),
-            tokens,
-            now_ms,
-        )
-        self.limits[k] = (replace(limit, updated_at_ms=now_ms), row)
-        return self._limit(k, now_ms)
+        return self.limits.put(limit, now_ms)
+
+    def list_limits(self, tenant: str | None = None, now_ms: int = 0) -> list[LimitRecord]:
+        return self.limits.read(tenant, now_ms)
+
+    def delete_limit(self, tenant: str, key: str) -> int:
+        return self.limits.delete(tenant, key)
+
+    def recount_limits(self) -> int:
+        return self.limits.recount()
 
     def _in_flight(self, k: tuple[str, str]) -> int:
+        """The runs of key ``k`` (tenant, key) dispatched or running."""
         return sum(
             1
             for ex in self.execs.values()
@@ -480,68 +473,13 @@ class ReferenceStore:
             and self.jobs[ex.job_id].spec.tenant == k[0]
         )
 
-    def _limit(self, k: tuple[str, str], now_ms: int) -> LimitRecord:
-        rec, row = self.limits[k]
-        tokens = refilled(row, now_ms)[0] if row.rate > 0 and now_ms else row.tokens_milli
-        return replace(
-            rec,
-            max_concurrent=row.max_concurrent,
-            rate=row.rate,
-            rate_period_ms=row.rate_period_ms,
-            burst=row.burst,
-            in_flight=row.in_flight,
-            tokens=tokens / MILLI,
-        )
-
-    def list_limits(self, tenant: str | None = None, now_ms: int = 0) -> list[LimitRecord]:
-        return [self._limit(k, now_ms) for k in sorted(self.limits) if tenant in (None, k[0])]
-
-    def delete_limit(self, tenant: str, key: str) -> int:
-        return 1 if self.limits.pop((tenant, key), None) is not None else 0
-
-    def recount_limits(self) -> int:
-        changed = 0
-        for k, (_, row) in self.limits.items():
-            n = self._in_flight(k)
-            if row.in_flight != n:
-                row.in_flight = n
-                changed += 1
-        return changed
-
-    def _permits(self, claims: Sequence[FireClaim]) -> set[int]:
-        """The indexes of the claims that wait for a permit."""
-        asked: dict[tuple[str, str], list[int]] = defaultdict(list)
-        for i, c in enumerate(claims):
-            if c.concurrency_key and (c.tenant, c.concurrency_key) in self.limits:
-                asked[(c.tenant, c.concurrency_key)].append(i)
-        waiting: set[int] = set()
-        for k, idx in asked.items():
-            waiting.update(idx[free_permits(self.limits[k][1], self.now_ms) :])
-        return waiting
-
-    def _take_permit(self, c: FireClaim) -> None:
-        limit = self.limits.get((c.tenant, c.concurrency_key))
-        if limit is not None:
-            row = limit[1]
-            row.in_flight += 1
-            if row.rate > 0:
-                tokens, row.refilled_at_ms = refilled(row, self.now_ms)
-                row.tokens_milli = tokens - MILLI
-
-    def _give_permit(self, ex: ExecRow) -> None:
-        job = self.jobs.get(ex.job_id)
-        if ex.concurrency_key is None or job is None:
-            return
-        limit = self.limits.get((job.spec.tenant, ex.concurrency_key))
-        if limit is not None:
-            limit[1].in_flight = max(0, limit[1].in_flight - 1)
-
     # -- executions ---------------------------------------------------------------
 
     def claim_fires(self, claims: Sequence[FireClaim]) -> list[ClaimOutcome]:
         out: list[ClaimOutcome] = []
         move = self.last_change + 1  # the write's marker, taken if a schedule moves
-        waiting = self._permits(claims) if any(c.concurrency_key for c in claims) else ()
+        keyed = any(c.concurrency_key for c in claims)
+        waiting = self.limits.waiting(claims, self.now_ms) if keyed else set()
         for i, c in enumerate(claims):
             if i in waiting:
                 out.append(ClaimOutcome(claim=c, run_id=None, advanced=False, waiting=True))
@@ -576,7 +514,7 @@ class ReferenceStore:
                 concurrency_key=c.concurrency_key or None,
             )
             if c.concurrency_key:
-                self._take_permit(c)
+                self.limits.take(c.tenant, c.concurrency_key, self.now_ms)
             self.fire_fences[(c.job_id, c.scheduled_for)].append(c.fence)
             self.seq += 1
             self.claims_log.append(LoggedClaim(self.now_ms, self.seq, c, run_id))
@@ -657,7 +595,9 @@ class ReferenceStore:
                 and max(self.fire_fences[(ex.job_id, ex.scheduled_for)]) <= c.fence
             )
             if ok and ex is not None:
-                self._give_permit(ex)
+                job = self.jobs.get(ex.job_id)
+                if ex.concurrency_key is not None and job is not None:
+                    self.limits.give(job.spec.tenant, ex.concurrency_key)
                 ex.state, ex.finished_at_ms, ex.error = c.state, c.finished_at_ms, c.error
                 ex.result = c.result
                 if c.worker_id is not None:
