@@ -76,6 +76,11 @@ def _submit_request(*flags: str) -> JobRequest:
              "--idempotency-key", "k2"],
         ),
         (
+            {"name": "n", "handler": "h", "every": "1m", "concurrency_key": "db", "key": "k4"},
+            ["--name", "n", "--handler", "h", "--every", "1m", "--concurrency-key", "db",
+             "--key", "k4"],
+        ),
+        (
             {"name": "n", "handler": "h", "at": "+1h", "catch-up": "run_all", "catch_up_max": 7,
              "key": "k3"},
             ["--name", "n", "--handler", "h", "--at", "+1h", "--catch-up", "run_all",
@@ -87,6 +92,7 @@ def test_a_line_is_the_request_wheelctl_submit_makes_of_the_same_options(
     line: dict[str, Any], flags: list[str]
 ) -> None:
     assert _request(line) == _submit_request(*flags)
+    assert _request(line).concurrency_key == line.get("concurrency_key", "")
 
 
 def test_a_line_without_a_key_gets_one_from_its_number_and_its_text() -> None:

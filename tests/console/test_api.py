@@ -357,3 +357,22 @@ def test_a_job_shows_the_calendars_it_skips(node: ConsoleNode, tokens: dict[str,
         datetime.fromtimestamp(f["ms"] / 1000, UTC).weekday() for f in answer.body["next_fires"]
     ]
     assert len(days) == 5 and not {5, 6} & set(days)
+
+
+def test_limits_show_each_tenant_its_own_keys_with_runs_in_flight_and_waiting(
+    node: ConsoleNode, tokens: dict[str, str]
+) -> None:
+    with Client(node.target, token=tokens["acme"]) as client:
+        client.set_limit("db", max_concurrent=2, rate=5)
+    with Client(node.target, token=tokens["globex"]) as client:
+        client.set_limit("api", max_concurrent=1)
+    answer = call(f"{node.url}/api/limits", token=tokens["acme"])
+    assert answer.status == 200
+    assert answer.body["limits"] == [
+        {
+            "tenant": "acme", "key": "db", "max_concurrent": 2, "rate": 5,
+            "rate_period_ms": 1000, "burst": 5, "in_flight": 0, "waiting": 0,
+        }
+    ]  # fmt: skip
+    every = call(f"{node.url}/api/limits", token=tokens["admin"]).body["limits"]
+    assert [(x["tenant"], x["key"]) for x in every] == [("acme", "db"), ("globex", "api")]

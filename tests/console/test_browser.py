@@ -150,12 +150,17 @@ def test_the_console_shows_a_jobs_runs_and_missed_fires_and_hides_it_from_other_
         assert "console-overlap" not in other.inner_text("main")
         other.close()
 
-        # The operator's view: the worker with its handlers, its run in flight.
+        # The operator's view: the worker with its handlers, its run in flight,
+        # and the concurrency keys.
+        with Client(node.target, token=admin) as client:
+            client.set_limit("console-db", tenant="acme", max_concurrent=4)
         ops = sign_in(browser, node.url, admin)
         ops.goto(f"{node.url}/#/runtime")
         ops.wait_for_selector('body[data-loaded="#/runtime"]')
         workers = ops.inner_text("#workers tbody")
         assert "console-w" in workers and "e2e_handlers" not in workers
+        limits = ops.inner_text("#limits tbody")
+        assert "console-db" in limits and "acme" in limits
         held = call(f"{node.url}/api/in-flight", token=admin).body
         assert held["total"] == len(held["runs"]) <= 1
         assert all(r["job_id"] == str(job.job_id) for r in held["runs"])

@@ -19,6 +19,7 @@ from wheel.engine.spec import (
     Retry,
     SideEffect,
 )
+from wheel.errors import InvalidArgument
 
 SPECS = [
     JobSpec(name="once", handler="h", schedule=Once(at_ms=1_800_000_000_000), payload=b"\x00\xff"),
@@ -42,6 +43,7 @@ SPECS = [
         schedule=Interval(period_ms=2_000, start_at_ms=5),
         skip_calendars=("holidays", "weekend"),
     ),
+    JobSpec(name="keyed", handler="h", schedule=Once(at_ms=5), concurrency_key="db.main"),
 ]
 
 
@@ -77,3 +79,22 @@ def test_a_profile_writes_each_job_s_json_as_the_spec_does() -> None:
             profile_of(template).spec_json(spec.name, param)
             == dataclasses.replace(spec, payload=b"").to_json()
         )
+
+
+def test_a_spec_without_a_concurrency_key_keeps_the_json_it_always_had() -> None:
+    spec = JobSpec(name="every", handler="h", schedule=Interval(period_ms=2_000, start_at_ms=5))
+    assert "concurrency_key" not in spec.to_json()
+    keyed = dataclasses.replace(spec, concurrency_key="db")
+    assert json.loads(keyed.to_json())["concurrency_key"] == "db"
+    assert JobSpec.from_json(keyed.to_json()).concurrency_key == "db"
+
+
+def test_a_concurrency_key_is_text_without_whitespace() -> None:
+    spec = JobSpec(name="n", handler="h", schedule=Once(at_ms=5))
+    for bad in ("a b", "x" * 101, "nul\0"):
+        try:
+            dataclasses.replace(spec, concurrency_key=bad).validate()
+        except InvalidArgument as exc:
+            assert "spec.concurrency_key" in str(exc)
+        else:  # pragma: no cover - the assertion's message
+            raise AssertionError(f"{bad!r} was accepted")

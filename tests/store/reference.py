@@ -21,6 +21,7 @@ from typing import NamedTuple, overload
 
 import numpy as np
 
+from tests.store.reference_limits import RefLimits
 from wheel.engine.jobtable import NO_FIRE
 from wheel.engine.model import SCHEDULE_OVER
 from wheel.engine.profiles import profile_of, split_spec
@@ -45,6 +46,7 @@ from wheel.store.base import (
     JobChange,
     JobRecord,
     JobState,
+    LimitRecord,
     MissedFire,
     NewJob,
     PackedRows,
@@ -109,6 +111,8 @@ class ExecRow:
     finished_at_ms: int | None = None
     error: str | None = None
     result: str | None = None
+    # The concurrency key whose permit the run holds while in flight.
+    concurrency_key: str | None = None
 
     def record(self) -> ExecutionRecord:
         return ExecutionRecord(
@@ -176,6 +180,7 @@ class ReferenceStore:
         self.audit: list[AuditEntry] = []
         self.traces: dict[int, str] = {}
         self.calendars: dict[tuple[str, str], CalendarRecord] = {}
+        self.limits = RefLimits(self._in_flight)
         # Each job's recorded updates in version order, and its update keys.
         self.updates: dict[int, list[JobChange]] = defaultdict(list)
         self.update_keys: dict[tuple[int, str], tuple[str, int]] = {}  # -> (digest, version)
@@ -505,12 +510,42 @@ class ReferenceStore:
         row.move = move
         return True
 
+    # -- limits (``tests.store.reference_limits``) -------------------------------
+
+    def set_limit(self, limit: LimitRecord, now_ms: int) -> LimitRecord:
+        return self.limits.put(limit, now_ms)
+
+    def list_limits(self, tenant: str | None = None, now_ms: int = 0) -> list[LimitRecord]:
+        return self.limits.read(tenant, now_ms)
+
+    def delete_limit(self, tenant: str, key: str) -> int:
+        return self.limits.delete(tenant, key)
+
+    def recount_limits(self) -> int:
+        return self.limits.recount()
+
+    def _in_flight(self, k: tuple[str, str]) -> int:
+        """The runs of key ``k`` (tenant, key) dispatched or running."""
+        return sum(
+            1
+            for ex in self.execs.values()
+            if ex.state in INFLIGHT
+            and ex.concurrency_key == k[1]
+            and ex.job_id in self.jobs
+            and self.jobs[ex.job_id].spec.tenant == k[0]
+        )
+
     # -- executions ---------------------------------------------------------------
 
     def claim_fires(self, claims: Sequence[FireClaim]) -> list[ClaimOutcome]:
         out: list[ClaimOutcome] = []
         move = self.last_change + 1  # the write's marker, taken if a schedule moves
-        for c in claims:
+        keyed = any(c.concurrency_key for c in claims)
+        waiting = self.limits.waiting(claims, self.now_ms) if keyed else set()
+        for i, c in enumerate(claims):
+            if i in waiting:
+                out.append(ClaimOutcome(claim=c, run_id=None, advanced=False, waiting=True))
+                continue
             key = (c.job_id, c.scheduled_for, c.attempt)
             held = self.by_attempt.get(key)
             if held is not None:
@@ -538,7 +573,10 @@ class ReferenceStore:
                 c.fence,
                 None,
                 c.dispatched_at_ms,
+                concurrency_key=c.concurrency_key or None,
             )
+            if c.concurrency_key:
+                self.limits.take(c.tenant, c.concurrency_key, self.now_ms)
             self.fire_fences[(c.job_id, c.scheduled_for)].append(c.fence)
             self.seq += 1
             self.claims_log.append(LoggedClaim(self.now_ms, self.seq, c, run_id))
@@ -626,6 +664,9 @@ class ReferenceStore:
                 and max(self.fire_fences[(ex.job_id, ex.scheduled_for)]) <= c.fence
             )
             if ok and ex is not None:
+                job = self.jobs.get(ex.job_id)
+                if ex.concurrency_key is not None and job is not None:
+                    self.limits.give(job.spec.tenant, ex.concurrency_key)
                 ex.state, ex.finished_at_ms, ex.error = c.state, c.finished_at_ms, c.error
                 ex.result = c.result
                 if c.worker_id is not None:

@@ -79,7 +79,11 @@ def test_a_batch_is_a_few_statements_however_many_rows(sqlite_store: SQLiteStore
     ]
     assert all(c.applied for c in store.complete_runs(completions))
     store._db.conn.set_trace_callback(None)
-    writes = [" ".join(s.split()[0:3]) for s in statements if s.startswith(("INSERT", "UPDATE"))]
+    # The trace shows each row's run of a trigger (schema 20's permit
+    # release) as its statement's text again, right after it: a repeat is
+    # that statement still. Pieces of one batch differ in size, so text.
+    ran = [s for i, s in enumerate(statements) if i == 0 or s != statements[i - 1]]
+    writes = [" ".join(s.split()[0:3]) for s in ran if s.startswith(("INSERT", "UPDATE"))]
     pieces = {n: len(list(sq.pieces([()] * n))) for n in (100, 300)}
     assert pieces == {100: 3, 300: 4}  # 64 + 32 + 4; 256 + 32 + 8 + 4
     assert writes == [

@@ -55,6 +55,9 @@ SCOPE_OF: dict[str, str] = {
     # And its own tenant's calendars.
     **{_ADMIN + m: JOBS_WRITE for m in ("SetCalendar", "DeleteCalendar")},
     **{_ADMIN + m: JOBS_READ for m in ("GetCalendar", "ListCalendars")},
+    # ... and its concurrency keys' limits.
+    **{_ADMIN + m: JOBS_WRITE for m in ("SetLimit", "DeleteLimit")},
+    _ADMIN + "ListLimits": JOBS_READ,
     "/wheel.rpc.v1.WorkerService/Connect": WORKER,
     _ADMIN + "GetMembership": ANY_SCOPE,
     # Calls between members carry the credential of the call that caused them.

@@ -14,6 +14,7 @@ wheelctl dlq list|redrive ...   (see wheel.cli.operator)
 wheelctl token create|list|revoke ... | tenant set|list ...   (see wheel.cli.admin)
 wheelctl secret set|list|rotate|delete ...   (signing secrets; see wheel.cli.secret)
 wheelctl calendar set|list|show|delete ...   (days jobs skip; see wheel.cli.calendar)
+wheelctl limit set|list|delete ...   (concurrency keys and rate limits; see wheel.cli.limit)
 wheelctl outbox init|status --dsn DSN   (the transactional submit's table; see wheel.cli.outbox)
 """
 
@@ -45,6 +46,7 @@ from wheel.cli.calendar import register as register_calendar
 from wheel.cli.codec import add_codec_flag, codec_of
 from wheel.cli.codec import register as register_codec
 from wheel.cli.import_ import register as register_import
+from wheel.cli.limit import register as register_limit
 from wheel.cli.listing import job_line
 from wheel.cli.listing import register as register_listing
 from wheel.cli.operator import register as register_operator
@@ -249,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_admin(sub, target, target_help)
     register_secret(sub, target, target_help)
     register_calendar(sub, target, target_help)
+    register_limit(sub, target, target_help)
     register_import(sub, target, target_help)
     register_operator(sub, target, target_help)
 

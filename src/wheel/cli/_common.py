@@ -323,6 +323,7 @@ def submit_args(
         "tenant": ns.tenant,
         "pool": ns.pool,
         "priority": ns.priority,
+        "concurrency_key": ns.concurrency_key,
         "catch_up": CatchUp(
             mode=ns.catch_up,
             window=parse_duration(ns.catch_up_window, "catch_up_window")
@@ -521,6 +522,7 @@ def job_json(job: Job) -> dict[str, Any]:
         "tenant": job.tenant,
         "handler": job.handler,
         "pool": job.pool,
+        "concurrency_key": job.concurrency_key,
         "state": job.state.value,
         "schedule": schedule_json(job.schedule),
         **policies_json(job),
@@ -702,6 +704,13 @@ def add_job_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
             help="do not fire on the days of this calendar of the tenant (wheelctl calendar"
             " set); each such fire is recorded missed, reason calendar. Again for more; on"
             " update, the calendars given replace them all ('' for none)",
+        ),
+        p.add_argument(
+            "--concurrency-key",
+            default="",
+            metavar="KEY",
+            help="a concurrency key of the job's tenant (`wheelctl limit set`): its runs count"
+            " against the key's limits across the cluster, and wait for a permit",
         ),
         p.add_argument(
             "--key",

@@ -113,7 +113,7 @@ def update_args(
     given = vars(ns)
     now = datetime.now(UTC)
     args: UpdateArgs = {}
-    for flag in ("name", "handler", "pool", "tz", "dst_gap", "dst_fold", "cron"):
+    for flag in ("name", "handler", "pool", "concurrency_key", "tz", "dst_gap", "dst_fold", "cron"):
         if flag in given:
             args[flag] = given[flag]
     if "payload" in given or "payload_json" in given:
@@ -272,9 +272,9 @@ def cmd_updates(ns: argparse.Namespace) -> int:
 # ``job_json``'s keys an update may change; the payload is not among them
 # (a recorded update keeps no payloads: ``payload_changed`` says it changed).
 _SPEC_FIELDS = (
-    "name", "handler", "http", "pool", "schedule", "catch_up", "overlap", "retry",
-    "timeout_ms", "jitter_ms", "at_most_once", "priority", "skip_calendars", "active_from_ms",
-    "active_until_ms", "max_fires",
+    "name", "handler", "http", "pool", "concurrency_key", "schedule", "catch_up", "overlap",
+    "retry", "timeout_ms", "jitter_ms", "at_most_once", "priority", "skip_calendars",
+    "active_from_ms", "active_until_ms", "max_fires",
 )  # fmt: skip
 
 

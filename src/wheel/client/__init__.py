@@ -25,7 +25,7 @@ with Client("127.0.0.1:50051") as client:
 ``timedelta``); every failure is a ``wheel.errors.WheelError``.
 """
 
-from wheel.client._admin import AuditEntry, Calendar, Secret, TenantQuota, Token
+from wheel.client._admin import AuditEntry, Calendar, Limit, Secret, TenantQuota, Token
 from wheel.client._async import AsyncClient
 from wheel.client._specs import JobArgs, JobRequest, Payload, UpdateArgs
 from wheel.client._sync import Client
@@ -98,6 +98,7 @@ __all__ = [
     "JobState",
     "JobUpdate",
     "LagMinute",
+    "Limit",
     "Member",
     "Membership",
     "MissedReason",

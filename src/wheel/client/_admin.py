@@ -1,6 +1,7 @@
 """Requests and answers of AdminService's token, tenant-quota,
-signing-secret and calendar calls, for ``Client`` (``wheelctl token``,
-``wheelctl tenant``, ``wheelctl secret`` and ``wheelctl calendar``)."""
+signing-secret, calendar and limit calls, for ``Client`` (``wheelctl
+token``, ``wheelctl tenant``, ``wheelctl secret``, ``wheelctl calendar`` and
+``wheelctl limit``)."""
 
 from __future__ import annotations
 
@@ -241,4 +242,54 @@ def quota_of(msg: admin.TenantQuota) -> TenantQuota:
         submits_per_s=msg.submits_per_s if msg.HasField("submits_per_s") else None,
         fires_per_s=msg.fires_per_s if msg.HasField("fires_per_s") else None,
         max_in_flight=msg.max_in_flight if msg.HasField("max_in_flight") else None,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limit:
+    """A concurrency key's limits as a node lists them: at most
+    ``max_concurrent`` runs of its jobs in flight across the cluster (None:
+    no such limit) and at most ``rate`` starts per ``per`` with ``burst`` at
+    once (``rate`` None: no rate limit). ``in_flight``: its runs dispatched
+    or running now, cluster-wide; ``waiting``: fires waiting for a permit on
+    every member that answered."""
+
+    tenant: str
+    key: str
+    max_concurrent: int | None = None
+    rate: int | None = None
+    per: timedelta = timedelta(seconds=1)
+    burst: int | None = None
+    in_flight: int = 0
+    waiting: int = 0
+
+
+def limit_of(msg: admin.LimitInfo) -> Limit:
+    return Limit(
+        tenant=msg.tenant,
+        key=msg.key,
+        max_concurrent=msg.max_concurrent or None,
+        rate=msg.rate or None,
+        per=timedelta(milliseconds=msg.rate_period_ms or 1000),
+        burst=msg.burst or None,
+        in_flight=msg.in_flight,
+        waiting=msg.waiting,
+    )
+
+
+def set_limit_request(
+    key: str,
+    tenant: str,
+    max_concurrent: int | None,
+    rate: int | None,
+    per: timedelta,
+    burst: int | None,
+) -> admin.SetLimitRequest:
+    return admin.SetLimitRequest(
+        tenant=tenant,
+        key=key,
+        max_concurrent=max_concurrent or 0,
+        rate=rate or 0,
+        rate_period_ms=round(per.total_seconds() * 1000),
+        burst=burst or 0,
     )

@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2_grpc  # type: ignore[import-untyped, unuse
 
 from wheel.auth import call_metadata
 from wheel.client import _admin, _wire
-from wheel.client._admin import AuditEntry, Calendar, Secret, TenantQuota, Token
+from wheel.client._admin import AuditEntry, Calendar, Limit, Secret, TenantQuota, Token
 from wheel.client._nodes import (
     CHANNEL_OPTIONS,
     CONNECT_TIMEOUT_S,
@@ -552,3 +552,29 @@ class AsyncClient:
         request = admin_pb.DeleteCalendarRequest(tenant=tenant, name=name)
         resp = await self._call(lambda n: n.admin.DeleteCalendar, request)
         return bool(resp.deleted)
+
+    async def set_limit(
+        self,
+        key: str,
+        *,
+        tenant: str = "",
+        max_concurrent: int | None = None,
+        rate: int | None = None,
+        per: timedelta = timedelta(seconds=1),
+        burst: int | None = None,
+    ) -> Limit:
+        """See ``Client.set_limit``."""
+        request = _admin.set_limit_request(key, tenant, max_concurrent, rate, per, burst)
+        return _admin.limit_of(await self._call(lambda n: n.admin.SetLimit, request))
+
+    async def limits(self, tenant: str = "") -> list[Limit]:
+        """See ``Client.limits``."""
+        request = admin_pb.ListLimitsRequest(tenant=tenant)
+        resp = await self._call(lambda n: n.admin.ListLimits, request)
+        return [_admin.limit_of(m) for m in resp.limits]
+
+    async def delete_limit(self, key: str, *, tenant: str = "") -> int:
+        """See ``Client.delete_limit``."""
+        request = admin_pb.DeleteLimitRequest(tenant=tenant, key=key)
+        resp = await self._call(lambda n: n.admin.DeleteLimit, request)
+        return int(resp.deleted)

@@ -115,6 +115,8 @@ class JobRequest:
     # Calendars of the tenant whose days the job does not fire on (each
     # such fire is recorded missed, reason "calendar").
     skip_calendars: Sequence[str] = ()
+    # The limit its runs count against (``Client.set_limit``; "": none).
+    concurrency_key: str = ""
     # The same key and body return the job the first submit made (``created``
     # False); the same key with another body is ``AlreadyExists``.
     idempotency_key: str | None = None
@@ -165,6 +167,7 @@ class JobArgs(_RequiredJobArgs, total=False):
     active_from: When | None
     active_until: When | None
     max_fires: int
+    concurrency_key: str
 
 
 class UpdateArgs(TypedDict, total=False):
@@ -200,6 +203,7 @@ class UpdateArgs(TypedDict, total=False):
     active_from: When | None
     active_until: When | None
     max_fires: int
+    concurrency_key: str
 
 
 # -- client -> engine -------------------------------------------------------------
@@ -241,6 +245,7 @@ def job_spec(request: JobRequest, *, now_ms: int) -> engine.JobSpec:
         schedule=_schedule(r, now_ms),
         tenant=_text(r.tenant, "tenant"),
         pool=_text(r.pool, "pool"),
+        concurrency_key=_text(r.concurrency_key, "concurrency_key"),
         payload=payload,
         jitter_ms=_duration_ms(r.jitter, "jitter", False),
         catch_up=_engine_catch_up(_catch_up(r.catch_up)),

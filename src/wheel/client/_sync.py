@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2_grpc  # type: ignore[import-untyped, unuse
 
 from wheel.auth import call_metadata
 from wheel.client import _admin, _wire
-from wheel.client._admin import AuditEntry, Calendar, Secret, TenantQuota, Token
+from wheel.client._admin import AuditEntry, Calendar, Limit, Secret, TenantQuota, Token
 from wheel.client._nodes import (
     CHANNEL_OPTIONS,
     CONNECT_TIMEOUT_S,
@@ -581,3 +581,37 @@ class Client:
         request = admin_pb.DeleteCalendarRequest(tenant=tenant, name=name)
         resp = self._call(lambda n: n.admin.DeleteCalendar, request)
         return bool(resp.deleted)
+
+    # -- concurrency keys and rate limits (scope jobs:write; listing jobs:read) ----
+
+    def set_limit(
+        self,
+        key: str,
+        *,
+        tenant: str = "",
+        max_concurrent: int | None = None,
+        rate: int | None = None,
+        per: timedelta = timedelta(seconds=1),
+        burst: int | None = None,
+    ) -> Limit:
+        """Create or replace the limit of concurrency key ``key`` (of
+        ``tenant``; empty: the caller's): at most ``max_concurrent`` runs of
+        its jobs in flight across the cluster, and/or at most ``rate``
+        starts per ``per`` (a second or a minute) with ``burst`` at once
+        (default: ``rate``). Jobs join it with ``concurrency_key=key``."""
+        request = _admin.set_limit_request(key, tenant, max_concurrent, rate, per, burst)
+        return _admin.limit_of(self._call(lambda n: n.admin.SetLimit, request))
+
+    def limits(self, tenant: str = "") -> list[Limit]:
+        """Every limit (of ``tenant``; empty: every tenant the caller sees)
+        with its runs in flight, and the fires waiting on every member."""
+        request = admin_pb.ListLimitsRequest(tenant=tenant)
+        resp = self._call(lambda n: n.admin.ListLimits, request)
+        return [_admin.limit_of(m) for m in resp.limits]
+
+    def delete_limit(self, key: str, *, tenant: str = "") -> int:
+        """Delete the key's limit: 1, or 0 when there was none. Its jobs keep
+        the key and run unlimited until a limit is set again."""
+        request = admin_pb.DeleteLimitRequest(tenant=tenant, key=key)
+        resp = self._call(lambda n: n.admin.DeleteLimit, request)
+        return int(resp.deleted)

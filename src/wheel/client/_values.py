@@ -437,6 +437,8 @@ class Job:
     active_from: datetime | None = None
     active_until: datetime | None = None
     max_fires: int = 0
+    # The concurrency key whose limit its runs count against ("": none).
+    concurrency_key: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

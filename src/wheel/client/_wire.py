@@ -281,6 +281,7 @@ _UPDATE_FIELDS = {
     "active_from": "active_from_ms",
     "active_until": "active_until_ms",
     "max_fires": "max_fires",
+    "concurrency_key": "concurrency_key",
 }
 
 
@@ -554,6 +555,7 @@ def job_from(
         handler=spec.handler,
         tenant=spec.tenant,
         pool=spec.pool,
+        concurrency_key=spec.concurrency_key,
         state=JobState(state),
         schedule=schedule_of(spec.schedule),
         payload=opened(spec, codec),

@@ -149,6 +149,7 @@ class Console:
                 get("/api/dead-letters", self._dead_letters),
                 get("/api/in-flight", self._in_flight),
                 get("/api/workers", self._workers),
+                get("/api/limits", self._limits),
                 get("/api/cluster", self._cluster),
                 get("/api/lag", self._lag),
                 get("/api/audit", self._audit),
@@ -375,6 +376,28 @@ class Console:
                 "node_id": status.node_id,
                 "workers": jsonable(status.worker_list),
                 "unserved": jsonable(status.unserved),
+            }
+        )
+
+    async def _limits(self, request: web.Request) -> web.StreamResponse:
+        """The concurrency keys the token sees: their limits, runs in flight
+        and fires waiting for a permit, across the cluster."""
+        limits = await self.client(request).limits()
+        return web.json_response(
+            {
+                "limits": [
+                    {
+                        "tenant": x.tenant,
+                        "key": x.key,
+                        "max_concurrent": x.max_concurrent or 0,
+                        "rate": x.rate or 0,
+                        "rate_period_ms": int(x.per.total_seconds() * 1000) if x.rate else 0,
+                        "burst": x.burst or 0,
+                        "in_flight": x.in_flight,
+                        "waiting": x.waiting,
+                    }
+                    for x in limits
+                ]
             }
         )
 

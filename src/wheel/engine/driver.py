@@ -746,6 +746,11 @@ class Driver:
     def unserved_alert_ms(self) -> int:
         return self.owner.config.unserved_alert_ms
 
+    def limit_waiting(self) -> dict[tuple[str, str], int]:
+        """Claims waiting for a permit of their concurrency key, by (tenant,
+        key)."""
+        return self.owner.limit_waiting()
+
     def census(self) -> Census:
         owner = self.owner
         fresh, overdue = owner.backlog()

@@ -137,6 +137,7 @@ def split_spec(spec: JobSpec) -> tuple[JobSpec, int]:
         active_until_ms=spec.active_until_ms,
         max_fires=spec.max_fires,
         last_fire_ms=spec.last_fire_ms,
+        concurrency_key=spec.concurrency_key,
     )
     return template, param
 

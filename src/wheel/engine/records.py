@@ -160,6 +160,12 @@ class FireClaim:
     # Read the job's payload with the claim (owners keep no payloads): the
     # won claim's ``ClaimOutcome.payload``. False: the job has none.
     payload: bool
+    # The job's concurrency key and tenant (``JobSpec.concurrency_key``):
+    # the claim takes a permit of that limit in its own transaction, or
+    # waits (``ClaimOutcome.waiting``). "": the job has none, and its claim
+    # costs the store nothing more.
+    concurrency_key: str
+    tenant: str
 
     def __init__(
         self,
@@ -173,6 +179,8 @@ class FireClaim:
         expected_next_run_at: int | None = None,
         new_next_run_at: int | None = None,
         payload: bool = False,
+        concurrency_key: str = "",
+        tenant: str = "",
     ) -> None:
         self.job_id = job_id
         self.scheduled_for = scheduled_for
@@ -183,6 +191,8 @@ class FireClaim:
         self.expected_next_run_at = expected_next_run_at
         self.new_next_run_at = new_next_run_at
         self.payload = payload
+        self.concurrency_key = concurrency_key
+        self.tenant = tenant
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, init=False)
@@ -215,18 +225,30 @@ class ScheduleAdvance:
 @dataclass(slots=True, kw_only=True, init=False)
 class ClaimOutcome:
     claim: FireClaim
-    run_id: int | None  # None: another claim already holds this (fire, attempt)
+    # None: another claim already holds this (fire, attempt), or ``waiting``.
+    run_id: int | None
     advanced: bool  # the schedule CAS applied
     # The job's payload, read with a won claim that asked for it.
     payload: bytes
+    # Waiting for a permit of its concurrency key: nothing was written for
+    # it (no run, no schedule move); the fire is still owed, to be claimed
+    # again once a permit may be free.
+    waiting: bool
 
     def __init__(
-        self, *, claim: FireClaim, run_id: int | None, advanced: bool, payload: bytes = b""
+        self,
+        *,
+        claim: FireClaim,
+        run_id: int | None,
+        advanced: bool,
+        payload: bytes = b"",
+        waiting: bool = False,
     ) -> None:
         self.claim = claim
         self.run_id = run_id
         self.advanced = advanced
         self.payload = payload
+        self.waiting = waiting
 
 
 @dataclass(slots=True, kw_only=True, init=False)

@@ -117,6 +117,7 @@ class Limits:
     max_handler_len: int = 200
     max_tenant_len: int = 100
     max_pool_len: int = 100
+    max_concurrency_key_len: int = 100
     max_payload_bytes: int = 256 * 1024
     max_timeout_ms: int = 7 * 24 * 3600 * 1000
     max_attempts: int = 100
@@ -170,6 +171,10 @@ class JobSpec:
     # store's JSON and the profile, never on the wire: fires of a schedule
     # known ahead are counted once, not per claim.
     last_fire_ms: int = 0
+    # The limit the job's runs count against (``wheel.store._limits``); "":
+    # none. Written to JSON only when set, so a spec without one keeps the
+    # JSON, profile id and digests it always had.
+    concurrency_key: str = ""
     # Its JSON once written or read: a spec is serialized for the store, the
     # idempotency digest and the checkpoint, and must not pay for it thrice.
     _json: str | None = field(default=None, init=False, repr=False, compare=False, hash=False)
@@ -223,6 +228,8 @@ class JobSpec:
         _text("spec.handler", self.handler, limits.max_handler_len)
         _text("spec.tenant", self.tenant, limits.max_tenant_len)
         _text("spec.pool", self.pool, limits.max_pool_len)
+        if self.concurrency_key:
+            limit_key("spec.concurrency_key", self.concurrency_key, limits)
         if len(self.payload) > limits.max_payload_bytes:
             raise LimitExceeded(
                 "spec.payload",
@@ -348,6 +355,8 @@ class JobSpec:
             # Only when set: the JSON (and so the profile ids and idempotency
             # digests) of jobs without calendars stays what it was.
             d["skip_calendars"] = list(self.skip_calendars)
+        if self.concurrency_key:
+            d["concurrency_key"] = self.concurrency_key
         return d
 
     def _bounds(self) -> tuple[tuple[str, int], ...]:
@@ -415,6 +424,7 @@ class JobSpec:
             active_until_ms=int(d.get("active_until_ms", 0)),
             max_fires=int(d.get("max_fires", 0)),
             last_fire_ms=int(d.get("last_fire_ms", 0)),
+            concurrency_key=d.get("concurrency_key", ""),
         )
 
     @classmethod
@@ -438,6 +448,14 @@ def _skip_calendars(names: tuple[str, ...], limits: Limits) -> None:
         if name in seen:
             raise InvalidArgument(field_name, f"{name!r} is named twice")
         seen.add(name)
+
+
+def limit_key(name: str, value: str, limits: Limits = DEFAULT_LIMITS) -> None:
+    """A concurrency key's text rules (a pool name's, and no whitespace:
+    the CLI and the console show keys bare)."""
+    _text(name, value, limits.max_concurrency_key_len)
+    if any(ch.isspace() for ch in value):
+        raise InvalidArgument(name, "must not contain whitespace")
 
 
 def _text(name: str, value: str, limit: int) -> None:

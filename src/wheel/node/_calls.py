@@ -25,6 +25,7 @@ from wheel.errors import ResourceExhausted, WheelError
 from wheel.node._audit import Audit
 from wheel.node._calendars import Calendars
 from wheel.node._jobs import Jobs
+from wheel.node._limits import Limits, LimitView
 from wheel.node._membership import ClusterView
 from wheel.node._reads import Reads
 from wheel.node._secrets import Secrets
@@ -32,7 +33,14 @@ from wheel.node._tenancy import Tenancy
 from wheel.node._traces import JobTraces
 from wheel.node._updates import Redriven, Updates
 from wheel.node._values import InFlightRun, Membership, NodeStatus
-from wheel.store.base import AuditEntry, CalendarRecord, SecretRecord, TenantQuota, TokenRecord
+from wheel.store.base import (
+    AuditEntry,
+    CalendarRecord,
+    LimitRecord,
+    SecretRecord,
+    TenantQuota,
+    TokenRecord,
+)
 
 
 class NodeCalls:
@@ -46,6 +54,7 @@ class NodeCalls:
         tenancy: Tenancy,
         secrets: Secrets,
         calendars: Calendars,
+        limits: Limits,
         reads: Reads,
         view: ClusterView,
         audit: Audit,
@@ -56,6 +65,7 @@ class NodeCalls:
         self._tenancy = tenancy
         self._secrets = secrets
         self._calendars = calendars
+        self._limits = limits
         self._reads = reads
         self._view = view
         self._audit = audit
@@ -254,6 +264,32 @@ class NodeCalls:
     ) -> list[tuple[str, str]]:
         """A hand-out's Standard Webhooks headers (``SignError``)."""
         return self._secrets.signed_headers(tenant, name, msg_id, body)
+
+    # -- concurrency keys and rate limits (wheel.node._limits) ---------------------
+
+    async def set_limit(self, limit: LimitRecord) -> LimitView:
+        return await self._limits.put(limit)
+
+    async def list_limits(self, tenant: str | None) -> list[LimitView]:
+        """Every limit of ``tenant`` (None: of all), with the claims of its
+        key waiting here."""
+        return await self._limits.read(tenant)
+
+    async def delete_limit(self, tenant: str, key: str) -> int:
+        return await self._limits.delete(tenant, key)
+
+    async def known_limits(self, wanted: set[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Of ``wanted`` (tenant, key), those with a limit defined."""
+        return await self._limits.known(wanted)
+
+    def limit_waiting(self) -> dict[tuple[str, str], int]:
+        """Claims waiting for a permit here, by (tenant, key)."""
+        return self._limits.waiting()
+
+    def limit_census(self) -> tuple[list[LimitRecord], dict[tuple[str, str], int]]:
+        """The limits as this node last read them (about every second), and
+        the claims of each key waiting here."""
+        return self._limits.census()
 
     async def admit_submits(self, tenants: Sequence[str]) -> list[ResourceExhausted | None]:
         """For each submit (by its tenant, in order): None when it may go on,

@@ -39,6 +39,7 @@ from prometheus_client.registry import Collector
 from wheel.engine.model import AlertKind, MissedReason, RunState
 from wheel.metrics import BatchedHistogram
 from wheel.node._values import Health, NodeStatus
+from wheel.store.base import LimitRecord
 
 # Dispatch lag buckets (ms): 1 s is a bound, so the objective "p99 <= 1 s" is
 # exact on the histogram (``histogram_quantile`` interpolates between bounds).
@@ -61,6 +62,8 @@ STORE_BATCH_BUCKETS_S = (
 )
 # Event-loop stalls (s): how much later than asked a 10 ms timer ran.
 LOOP_STALL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# Waits for a permit of a concurrency key (s).
+LIMIT_WAIT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 # What ``wheel_store_errors_total{op}`` counts.
 STORE_OPS = ("batch", "probe", "changes", "purge")
 
@@ -80,6 +83,8 @@ class MetricsSource(Protocol):
 
     def loop_stall_max_s(self) -> float: ...
 
+    def limit_census(self) -> tuple[list[LimitRecord], dict[tuple[str, str], int]]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class NodeMetrics:
@@ -92,6 +97,7 @@ class NodeMetrics:
     alerts: Counter
     purged_rows: Counter
     purge_passes: Counter
+    limit_wait_seconds: Histogram
 
     @classmethod
     def create(cls, source: MetricsSource) -> NodeMetrics:
@@ -137,6 +143,13 @@ class NodeMetrics:
             purge_passes=Counter(
                 "wheel_retention_passes_total",
                 "Retention passes run to their end.",
+                registry=registry,
+            ),
+            limit_wait_seconds=Histogram(
+                "wheel_limit_wait_seconds",
+                "How long fires waited for a permit of their concurrency key before their"
+                " claim was won (only fires that waited).",
+                buckets=LIMIT_WAIT_BUCKETS_S,
                 registry=registry,
             ),
         )
@@ -293,6 +306,28 @@ class NodeCollector(Collector):
             "1 while the node holds a shard it may dispatch.",
             int(health.dispatching),
         )
+        yield from _limits(*node.limit_census())
+
+
+def _limits(limits: list[LimitRecord], waiting: Mapping[tuple[str, str], int]) -> Iterator[Metric]:
+    in_flight = GaugeMetricFamily(
+        "wheel_limit_in_flight",
+        "Runs of a concurrency key dispatched or running across the cluster (as the"
+        " node last read the store, about every second).",
+        labels=["tenant", "key"],
+    )
+    for r in limits:
+        in_flight.add_metric([r.tenant, r.key], r.in_flight)
+    yield in_flight
+    waits = GaugeMetricFamily(
+        "wheel_limit_waiting",
+        "Fires waiting on this node for a permit of their concurrency key.",
+        labels=["tenant", "key"],
+    )
+    keys = {(r.tenant, r.key) for r in limits} | set(waiting)
+    for tenant, key in sorted(keys):
+        waits.add_metric([tenant, key], waiting.get((tenant, key), 0))
+    yield waits
 
 
 def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:

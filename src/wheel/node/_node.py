@@ -54,6 +54,7 @@ from wheel.node._changes import ChangeFeed
 from wheel.node._checkpointing import Checkpointing
 from wheel.node._cluster import ShardOwnership
 from wheel.node._jobs import Jobs
+from wheel.node._limits import Limits
 from wheel.node._membership import ClusterView
 from wheel.node._metrics import NodeMetrics
 from wheel.node._moving import Moves
@@ -201,6 +202,7 @@ class Node(NodeCalls):
         calendars = Calendars(
             store, self.clock, in_thread=self._api, driver=lambda: self._driver, wake=self.wake
         )
+        limits = Limits(store, self.clock, in_thread=self._api, driver=lambda: self._driver)
         reads = Reads(
             self.config,
             store,
@@ -225,6 +227,7 @@ class Node(NodeCalls):
             tenancy=tenancy,
             secrets=secrets,
             calendars=calendars,
+            limits=limits,
             reads=reads,
             view=view,
             audit=Audit(store, self.clock, in_thread=self._api),
@@ -235,6 +238,7 @@ class Node(NodeCalls):
 
     async def start(self) -> None:
         await self._api(self.store.migrate)
+        await self._limits.repair()
         await self._anchor_clock()
         if self.coordinator is not None:
             await self._start_in_cluster(self.coordinator)
@@ -283,6 +287,7 @@ class Node(NodeCalls):
         self._tenancy.start()
         self._secrets.start()
         self._calendars.start()
+        self._limits.start()
 
     async def _anchor_clock(self) -> None:
         """Read the store's clock and run on it: fires come due by the record
@@ -331,6 +336,7 @@ class Node(NodeCalls):
         self._tenancy.start()
         self._secrets.start()
         self._calendars.start()
+        self._limits.start()
 
     # -- shards gained and lost (see wheel.node._cluster) -------------------------
 
@@ -435,6 +441,7 @@ class Node(NodeCalls):
         await self._tenancy.stop()
         await self._secrets.stop()
         await self._calendars.stop()
+        await self._limits.stop()
         await self._ops.stop()
         self._wake.set()
         if self._task is not None:
@@ -694,6 +701,8 @@ class Node(NodeCalls):
         if acts.alerts:
             for alert in acts.alerts:
                 self._ops.raise_alert(alert)
+        for waited in acts.limit_waits:
+            self.metrics.limit_wait_seconds.observe(waited / 1000)
         lags = acts.lags
         if lags:
             self._reads.lagged(lags)

@@ -13,6 +13,7 @@ from wheel.node import Node
 from wheel.rpc._calendars import CalendarsAdmin
 from wheel.rpc._common import _call, _page_size
 from wheel.rpc._guard import Guard
+from wheel.rpc._limits import LimitsAdmin
 from wheel.rpc._operator import _token
 from wheel.rpc._peers import Peers, forwarded_by
 from wheel.rpc._secrets import SecretsAdmin
@@ -41,6 +42,24 @@ class AdminServicer(TenancyAdmin, admin_service_pb2_grpc.AdminServiceServicer):
         self.peers = peers
         self.secrets = SecretsAdmin(node, self.guard)
         self.calendars = CalendarsAdmin(node, self.guard)
+        self.limits = LimitsAdmin(node, self.guard, peers)
+
+    # -- concurrency keys and rate limits (wheel.rpc._limits) ---------------------------
+
+    async def SetLimit(
+        self, request: admin_service_pb2.SetLimitRequest, context: grpc.aio.ServicerContext
+    ) -> admin_service_pb2.LimitInfo:
+        return await self.limits.SetLimit(request, context)
+
+    async def ListLimits(
+        self, request: admin_service_pb2.ListLimitsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_service_pb2.ListLimitsResponse:
+        return await self.limits.ListLimits(request, context)
+
+    async def DeleteLimit(
+        self, request: admin_service_pb2.DeleteLimitRequest, context: grpc.aio.ServicerContext
+    ) -> admin_service_pb2.DeleteLimitResponse:
+        return await self.limits.DeleteLimit(request, context)
 
     # -- signing secrets (wheel.rpc._secrets) -------------------------------------------
 

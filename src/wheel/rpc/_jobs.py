@@ -37,6 +37,7 @@ from wheel.rpc._common import (
     status_of,
 )
 from wheel.rpc._guard import Guard
+from wheel.rpc._limits import check_key, keys_known
 from wheel.rpc._operator import OperatorCalls
 from wheel.rpc._peers import Peers, credential, forwarded_by
 from wheel.rpc.v1 import (
@@ -109,7 +110,8 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
             try:
                 await self.node.learn_secrets(_secrets_named([mine]))
                 await self.node.learn_calendars(_calendars_named([mine]))
-                response = await self._submit_one(mine)
+                known = await keys_known(self.node, [mine.spec])
+                response = await self._submit_one(mine, known)
             finally:
                 self.node.submits_done(tenant)
             if response.created:
@@ -147,6 +149,9 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
             await self.node.learn_calendars(
                 _calendars_named(m for m in mine if not isinstance(m, WheelError))
             )
+            known = await keys_known(
+                self.node, (m.spec for m in mine if not isinstance(m, WheelError))
+            )
             verdicts = iter(
                 await self.node.admit_submits(
                     [m.spec.tenant or "default" for m in mine if not isinstance(m, WheelError)]
@@ -171,7 +176,7 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
                         continue
                     admitted.append(item.spec.tenant or "default")
                     try:
-                        pending.append(self._queue_submit(item, now))
+                        pending.append(self._queue_submit(item, now, known))
                     except WheelError as exc:
                         pending.append(exc)
                 for entry in pending:
@@ -207,18 +212,19 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
         return await _call(context, work())
 
     async def _submit_one(
-        self, request: job_service_pb2.SubmitJobRequest
+        self, request: job_service_pb2.SubmitJobRequest, known: set[tuple[str, str]]
     ) -> job_service_pb2.SubmitJobResponse:
-        result = await self._queue_submit(request, self.node.now_ms())
+        result = await self._queue_submit(request, self.node.now_ms(), known)
         if isinstance(result, WheelError):
             raise result
         return self._submitted(*result)
 
     def _queue_submit(
-        self, request: job_service_pb2.SubmitJobRequest, now: int
+        self, request: job_service_pb2.SubmitJobRequest, now: int, known: set[tuple[str, str]]
     ) -> asyncio.Future[tuple[JobRecord, bool] | WheelError]:
         """Validate one submit and queue it for the node's next group commit
-        (``now``: the request's time; a bulk submit's jobs share it)."""
+        (``now``: the request's time; a bulk submit's jobs share it;
+        ``known``: the concurrency keys with a limit, of those named)."""
         if not request.HasField("spec"):
             raise InvalidArgument("spec", "is required")
         _idempotency_key(request.idempotency_key)
@@ -229,6 +235,7 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
             secret_known=self.node.knows_secret,
             calendar_known=self.node.knows_calendar,
         )
+        check_key(spec, known)
         digest = None
         if request.idempotency_key:
             # The request as sent decides "same body" for a retry, not the spec

@@ -18,6 +18,7 @@ from wheel.errors import InvalidArgument
 from wheel.rpc import convert
 from wheel.rpc._common import _call, _idempotency_key, _job_id, _page_size
 from wheel.rpc._guard import Guard
+from wheel.rpc._limits import check_key, keys_known
 from wheel.rpc.v1 import job_service_pb2, jobs_pb2
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ UPDATABLE = (
     "active_from_ms",
     "active_until_ms",
     "max_fires",
+    "concurrency_key",
 )
 MAX_PREVIEW = 1000
 # Preview from at most this far ahead of now (a year of 2100 is a typo).
@@ -95,6 +97,10 @@ class OperatorCalls:
                 secret_known=self.node.knows_secret,
                 calendar_known=self.node.knows_calendar,
             )
+            if "concurrency_key" in fields and spec.concurrency_key:
+                # A key named must have a limit, as on a submit; one the job
+                # keeps may have lost its limit since (it runs unlimited).
+                check_key(spec, await keys_known(self.node, [convert.spec_to_proto(spec)]))
             # Into a pool its tenant may use, as a submit.
             probe = jobs_pb2.JobSpec(tenant=spec.tenant, pool=spec.pool)
             self.guard.own_submit(principal, job_service_pb2.SubmitJobRequest(spec=probe))

@@ -23,7 +23,7 @@ from wheel.rpc._guard import Guard
 from wheel.rpc.v1 import admin_service_pb2 as pb
 from wheel.store.base import SecretRecord
 
-__all__ = ["MAX_OVERLAP_MS", "SecretsAdmin", "secret_info", "tenant_of"]
+__all__ = ["MAX_OVERLAP_MS", "SecretsAdmin", "request_tenant", "secret_info", "tenant_of"]
 
 NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 MAX_TENANT = 100
@@ -47,7 +47,8 @@ def _name(name: str) -> str:
     return name
 
 
-def _tenant(principal: Principal | None, requested: str) -> str:
+def request_tenant(principal: Principal | None, requested: str) -> str:
+    """``tenant_of`` a request whose tenant field is ``tenant``."""
     return tenant_of(principal, requested, "tenant")
 
 
@@ -95,7 +96,7 @@ class SecretsAdmin:
         self, request: pb.SetSecretRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetSecretResponse:
         async def work() -> pb.SetSecretResponse:
-            tenant = _tenant(await self.guard.principal(context), request.tenant)
+            tenant = request_tenant(await self.guard.principal(context), request.tenant)
             name = _name(request.name)
             key, shown = _new_key(request.generate, request.value)
             record = await self.node.set_secret(tenant, name, key)
@@ -107,7 +108,7 @@ class SecretsAdmin:
         self, request: pb.RotateSecretRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetSecretResponse:
         async def work() -> pb.SetSecretResponse:
-            tenant = _tenant(await self.guard.principal(context), request.tenant)
+            tenant = request_tenant(await self.guard.principal(context), request.tenant)
             name = _name(request.name)
             if not 0 <= request.overlap_ms <= MAX_OVERLAP_MS:
                 raise InvalidArgument(
@@ -133,7 +134,7 @@ class SecretsAdmin:
         self, request: pb.DeleteSecretRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteSecretResponse:
         async def work() -> pb.DeleteSecretResponse:
-            tenant = _tenant(await self.guard.principal(context), request.tenant)
+            tenant = request_tenant(await self.guard.principal(context), request.tenant)
             name = _name(request.name)
             return pb.DeleteSecretResponse(deleted=await self.node.delete_secret(tenant, name))
 

@@ -246,6 +246,7 @@ def spec_from_proto(
         active_from_ms=msg.active_from_ms,
         active_until_ms=msg.active_until_ms,
         max_fires=msg.max_fires,
+        concurrency_key=msg.concurrency_key,
     )
     spec.validate()
     if calendar_known is not None:
@@ -320,6 +321,7 @@ def spec_to_proto(spec: JobSpec) -> jobs_pb2.JobSpec:
         active_from_ms=spec.active_from_ms,
         active_until_ms=spec.active_until_ms,
         max_fires=spec.max_fires,
+        concurrency_key=spec.concurrency_key,
         catch_up=jobs_pb2.CatchUp(
             mode=_CATCH_UP_MODE_TO[spec.catch_up.mode],
             window_ms=spec.catch_up.window_ms or 0,

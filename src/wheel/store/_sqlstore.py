@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from wheel.errors import InvalidArgument, NotFound, WheelError
 from wheel.store._audit import AuditSQL
 from wheel.store._calendars import CalendarsSQL
+from wheel.store._limits import LimitsSQL
 from wheel.store._schema import RETRY_WHERE
 from wheel.store._secrets import SecretsSQL
 from wheel.store._shared import (
@@ -43,6 +44,7 @@ from wheel.store.base import (
     JobChange,
     JobRecord,
     JobState,
+    LimitRecord,
     MissedFire,
     NewJob,
     RowChanges,
@@ -66,6 +68,9 @@ class SQLStore(TenancySQL, SecretsSQL, AuditSQL, TracesSQL):
     _migration_lock: str | None = None
     # An index hint for ``retry_candidates`` (follows "executions AS e").
     _retry_index = ""
+    # Follows a SELECT of limit rows to lock them to the transaction's end
+    # ("": the backend's writers are serialized anyway).
+    _limit_lock = ""
 
     def _read(self, fn: Callable[[Executor], T]) -> T:
         raise NotImplementedError
@@ -111,6 +116,24 @@ class SQLStore(TenancySQL, SecretsSQL, AuditSQL, TracesSQL):
     def schema_version(self) -> int:
         row = self._read(lambda cur: cur.execute(self._queries.schema_version).fetchone())
         return int(row[0]) if row is not None and row[0] is not None else 0
+
+    # -- limits ---------------------------------------------------------------
+
+    @functools.cached_property
+    def _limits(self) -> LimitsSQL:
+        return LimitsSQL(self._read, self._write, self._param, self._limit_lock)
+
+    def set_limit(self, limit: LimitRecord, now_ms: int) -> LimitRecord:
+        return self._limits.set_limit(limit, now_ms)
+
+    def list_limits(self, tenant: str | None = None, now_ms: int = 0) -> list[LimitRecord]:
+        return self._limits.list_limits(tenant, now_ms)
+
+    def delete_limit(self, tenant: str, key: str) -> int:
+        return self._limits.delete_limit(tenant, key)
+
+    def recount_limits(self) -> int:
+        return self._limits.recount_limits()
 
     # -- jobs -----------------------------------------------------------------
 

@@ -1,10 +1,11 @@
 """The record of truth: the ``Store`` protocol, two backends (SQLite, PostgreSQL).
 
-``Store`` is six roles in one, each a protocol of its own that a caller
+``Store`` is seven roles in one, each a protocol of its own that a caller
 needing only it can take: ``JobStore`` (jobs through the API),
 ``TenancyStore`` (tokens and quotas), ``SecretStore`` (the signing secrets
-of HTTP targets), ``DispatchStore`` (the owner's claims, completions and
-batches), ``OwnershipStore`` (epochs, fences, shard loads and the change
+of HTTP targets), ``LimitStore`` (concurrency keys and rate limits),
+``DispatchStore`` (the owner's claims, completions and batches),
+``OwnershipStore`` (epochs, fences, shard loads and the change
 feed) and ``HistoryStore`` (runs, missed fires, retention).
 
 The store holds job definitions, schedule state (``next_run_at``) and every
@@ -37,6 +38,11 @@ against an in-memory reference model of this protocol too):
 7. An owner's batch carries the epochs it holds its shards under, and the
    store refuses, in the write's own transaction, every write of a shard
    from an epoch older than the shard's (seed C4; see ``write_batch``).
+8. A claim of a job with a concurrency key takes a permit of its limit in
+   the claim's own transaction, or is answered ``waiting`` with nothing
+   written; every transition of a keyed run out of dispatched/running gives
+   its permit back in its own transaction. A limit's ``in_flight`` is the
+   count of its runs in flight in the store (``wheel.store._limits``).
 
 All times are integer milliseconds since the Unix epoch; ids are 64-bit ints.
 """
@@ -99,6 +105,8 @@ __all__ = [
     "JobState",
     "JobStore",
     "KindWrites",
+    "LimitRecord",
+    "LimitStore",
     "MissedFire",
     "MissedReason",
     "NewJob",
@@ -219,6 +227,25 @@ class CalendarRecord:
     body: str
     version: int
     updated_at_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LimitRecord:
+    """A concurrency key's limits and its permits as the store keeps them
+    (``wheel.store._limits``): at most ``max_concurrent`` runs in flight
+    (0: no such limit) and at most ``rate`` starts per ``rate_period_ms``
+    with ``burst`` at once (``rate`` 0: no rate limit). ``in_flight``: its
+    runs dispatched or running now; ``tokens``: starts the bucket holds now."""
+
+    tenant: str
+    key: str
+    max_concurrent: int = 0
+    rate: int = 0
+    rate_period_ms: int = 1000
+    burst: int = 0
+    in_flight: int = 0
+    tokens: float = 0.0
+    updated_at_ms: int = 0
 
 
 # Seals a secret's new key for the version the store gives it (the version
@@ -404,6 +431,30 @@ class TraceStore(Protocol):
 
     def job_traces(self, job_ids: Sequence[int]) -> dict[int, str]:
         """The traceparent of each of ``job_ids`` that has one."""
+
+
+class LimitStore(Protocol):
+    """Concurrency keys and rate limits, by tenant and key. The permits
+    themselves are taken by claims and given back by run endings
+    (rule 8); these calls manage the limits."""
+
+    def set_limit(self, limit: LimitRecord, now_ms: int) -> LimitRecord:
+        """Create the key's limit or replace its limits (``in_flight`` and
+        ``tokens`` of ``limit`` are ignored): its runs in flight are counted
+        again from the runs, and a new bucket starts full."""
+
+    def list_limits(self, tenant: str | None = None, now_ms: int = 0) -> list[LimitRecord]:
+        """Every limit of ``tenant`` (None: of every tenant), by tenant and
+        key; ``tokens`` as refilled up to ``now_ms``."""
+
+    def delete_limit(self, tenant: str, key: str) -> int:
+        """1 when the limit was there, else 0. Its jobs keep their key and
+        run unlimited; a limit set again counts their runs in flight."""
+
+    def recount_limits(self) -> int:
+        """Count every limit's runs in flight again from the runs (a repair
+        a node runs as it starts, so that no drift stays); how many limits
+        it changed."""
 
 
 class KindWrites(Protocol):
@@ -659,6 +710,7 @@ class Store(
     AuditStore,
     CalendarStore,
     TraceStore,
+    LimitStore,
     DispatchStore,
     OwnershipStore,
     HistoryStore,

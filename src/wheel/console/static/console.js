@@ -262,7 +262,8 @@ async function loadDead(pageToken) {
 }
 
 async function loadRuntime() {
-  const [held, workers] = await Promise.all([api("/api/in-flight"), api("/api/workers")]);
+  const [held, workers, limits] = await Promise.all(
+    [api("/api/in-flight"), api("/api/workers"), api("/api/limits")]);
   const missing = held.unreachable.length ? `; not answering: ${held.unreachable.join(", ")}` : "";
   $("#inflight-total").textContent = `(${held.total} held in all${missing})`;
   fill($("#inflight tbody"), held.runs.map((r) =>
@@ -283,6 +284,12 @@ async function loadRuntime() {
   fill($("#unserved tbody"), workers.unserved.map((u) =>
     el("tr", {}, el("td", {}, u.pool), el("td", {}, u.handler),
       el("td", { class: "num" }, u.waiting))), "none", 3);
+  fill($("#limits tbody"), limits.limits.map((x) =>
+    el("tr", {}, el("td", {}, x.tenant), el("td", {}, x.key),
+      el("td", { class: "num" }, x.max_concurrent || "–"),
+      el("td", {}, x.rate ? `${x.rate}/${x.rate_period_ms === 1000 ? "s" : "min"} (burst ${x.burst})` : "–"),
+      el("td", { class: "num" }, x.in_flight), el("td", { class: "num" }, x.waiting))),
+  "no limits", 6);
 }
 
 const PALETTE = ["#2357c6", "#23803a", "#a86400", "#7b3fb3", "#0f7c8c", "#b3261e", "#5c6b1f", "#c2418a"];

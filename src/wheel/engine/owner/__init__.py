@@ -29,7 +29,9 @@ called through its methods:
 - ``shard_map`` (``_shardmap``): the shards held, their epochs, fence
   counters and tables of jobs; ``workers`` (``_fleet``): the connected
   workers, their credit and the runs they hold; ``claims`` (``_claims``):
-  claims on their way to the store; ``redos`` (``_redos``): retries waiting
+  claims on their way to the store; ``keywaits`` (``_keywaits``, held by
+  the dispatcher): claims waiting for a permit of their concurrency key;
+  ``redos`` (``_redos``): retries waiting
   out their backoff and lost runs' fires waiting for the reaper;
   ``tenants`` (``_tenants``): the tenant limits.
 
@@ -360,6 +362,11 @@ class Owner:
     def unserved(self) -> list[Unserved]:
         """Work waiting because no connected worker serves its route."""
         return self.dispatcher.unserved()
+
+    def limit_waiting(self) -> dict[tuple[str, str], int]:
+        """Claims waiting for a permit of their concurrency key, by (tenant,
+        key) (``_keywaits``)."""
+        return self.dispatcher.keywaits.waiting()
 
     def backlog(self) -> tuple[int, int]:
         """Queued work: (fresh fires and claimed runs waiting, overdue fires)."""

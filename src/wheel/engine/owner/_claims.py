@@ -35,6 +35,8 @@ class _Pending:
     overdue: bool
     # Its run's hand-out counts as dispatch lag (``_Run.timed``).
     timed: bool
+    # When it first waited for a permit of its concurrency key (-1: never).
+    waited_since: int
 
     def __init__(
         self,
@@ -55,6 +57,7 @@ class _Pending:
         self.ahead = ahead
         self.overdue = overdue
         self.timed = timed
+        self.waited_since = -1
 
 
 class Claims:

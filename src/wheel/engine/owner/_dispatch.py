@@ -13,6 +13,7 @@ from wheel.engine.fairness import TokenBucket, split_capacity
 from wheel.engine.model import AlertKind, shard_of
 from wheel.engine.owner._claims import Claims, _Pending
 from wheel.engine.owner._fleet import Fleet, _Worker
+from wheel.engine.owner._keywaits import KeyWaits
 from wheel.engine.owner._redos import Redos
 from wheel.engine.owner._runtable import RunTable, _Run, set_phase
 from wheel.engine.owner._shardmap import ShardMap
@@ -65,6 +66,7 @@ class Dispatcher:
         "config",
         "fresh",
         "jobs",
+        "keywaits",
         "overdue",
         "ready",
         "redos",
@@ -92,6 +94,7 @@ class Dispatcher:
         redos: Redos,
         stats: OwnerStats,
         now_ms: int,
+        keywaits: KeyWaits | None = None,
     ) -> None:
         self.book = book
         self.jobs = book.jobs  # the book's awake jobs (the same dict)
@@ -104,6 +107,8 @@ class Dispatcher:
         self.shard_map = shard_map
         self.redos = redos
         self.stats = stats
+        # Claims waiting for a permit of their concurrency key (``_keywaits``).
+        self.keywaits = keywaits if keywaits is not None else KeyWaits(config.limit_poll_ms)
         # Queued work by route: jobs with a fresh fire, jobs with overdue
         # work (by priority with aging, fair across tenants within a level:
         # wheel.engine.priority), and claimed runs that wait for a worker
@@ -144,6 +149,8 @@ class Dispatcher:
                 waits.append(self.redos.next_token_ms(now))
         if self.tenants.any_blocked():
             waits.append(self.tenants.wake(self.wheel.now))
+        if self.keywaits and self.workers.any_free():
+            waits.append(self.keywaits.next_wake())
         return min((w for w in waits if w is not None), default=None)
 
     def has_dispatchable_work(self) -> bool:
@@ -161,6 +168,8 @@ class Dispatcher:
                 return True
         if len(self.claims) >= self.config.max_claim_batch:
             return False
+        if self.keywaits.due(now):
+            return True
         if any(
             q and self.workers.serves_with_credit(route) and self.tenants.has_unblocked(q)
             for route, q in self.fresh.items()
@@ -266,6 +275,10 @@ class Dispatcher:
         starved: list[Route] = []  # routes with work and no worker with credit
         if self.ready:
             starved.extend(self._assign_ready(now_ms, acts))
+        if self.keywaits and acts.completions:
+            self._kick_ending(acts)
+        if self.keywaits.due(now_ms):
+            self._claim_again(now_ms, acts)
         budget = self.config.max_claim_batch - len(self.claims)
         # Limited tenants' allowances (wheel.engine.owner._tenants), counted
         # down by the pops of every route.
@@ -427,6 +440,8 @@ class Dispatcher:
                     expected_next_run_at=expected,
                     new_next_run_at=new,
                     payload=job.has_payload,
+                    concurrency_key=job.spec.concurrency_key,
+                    tenant=job.spec.tenant if job.spec.concurrency_key else "",
                 )
             )
             self.claims.sent(_Pending(job_id, fire, attempt, fence, worker.worker_id))
@@ -472,6 +487,18 @@ class Dispatcher:
             worker = self.workers.get(pend.worker_id) if pend.worker_id else None
             if worker is not None:
                 worker.reserved -= 1
+            if out.waiting:
+                # No permit of its key: still on its way for the job, kept
+                # without a worker until it is sent again (``_keywaits``).
+                stats.claims_won -= 1
+                pend.worker_id = None
+                since = None if pend.waited_since < 0 else pend.waited_since
+                if since is None:
+                    pend.waited_since = now_ms
+                self.keywaits.park(c, pend, now_ms, since)
+                continue
+            if pend.waited_since >= 0 and out.run_id is not None:
+                acts.limit_waits.append(now_ms - pend.waited_since)
             job = self.jobs.get(c.job_id) or self.book.job(c.job_id)
             if c.advance and job is not None:
                 job.advancing -= 1
@@ -511,6 +538,48 @@ class Dispatcher:
                 # with no lease and no timeout running until one gets it.
                 set_phase(run, Phase.READY)
                 self.wait_ready(run, job)
+
+    def _kick_ending(self, acts: Actions) -> None:
+        """Runs of keys with waiting claims end in the coming store batch:
+        those claims go in it too, after the ends (``_keywaits``)."""
+        for c in acts.completions:
+            run = self.runs.get(c.run_id)
+            job = None if run is None else self.jobs.get(run.job_id) or self.book.job(run.job_id)
+            if job is not None and job.spec.concurrency_key:
+                self.keywaits.kick(job.spec.tenant, job.spec.concurrency_key)
+
+    def _claim_again(self, now_ms: int, acts: Actions) -> None:
+        """Send the claims waiting for a permit again (``_keywaits``), each
+        with a worker of its route that has credit, as a fresh claim would
+        take one; one with no such worker now waits for the next poll. A
+        claim whose job is gone, paused, or no longer has the key is given
+        up as a claim lost: the job reads its row again (nothing of it was
+        written) and arms what the store says."""
+        budget = self.config.max_claim_batch - len(self.claims)
+        for parked in self.keywaits.take(now_ms):
+            c, pend = parked.claim, parked.pend
+            job = self.jobs.get(c.job_id) or self.book.job(c.job_id)
+            if (
+                job is None
+                or job.paused
+                or job.cancelled
+                or job.spec.concurrency_key != c.concurrency_key
+            ):
+                self.claims.sent(pend)
+                self.on_claimed([ClaimOutcome(claim=c, run_id=None, advanced=False)], now_ms, acts)
+                continue
+            if not pend.ahead:
+                workers = [w for w in self.workers.serving(job.route) if w.free > 0]
+                if budget <= 0 or not workers:
+                    self.keywaits.park(c, pend, now_ms, pend.waited_since)
+                    continue
+                worker = self._take_server(workers)
+                worker.reserved += 1
+                pend.worker_id = worker.worker_id
+            budget -= 1
+            c.dispatched_at_ms = now_ms
+            acts.claims.append(c)
+            self.claims.sent(pend)
 
     def _claiming(self) -> dict[str, int]:
         """Claims on their way to the store by tenant (those a dispatch made:

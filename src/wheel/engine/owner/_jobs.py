@@ -492,6 +492,8 @@ class JobBook(_Shelf):
                     dispatched_at_ms=now_ms,
                     advance=False,
                     payload=job.has_payload,
+                    concurrency_key=job.spec.concurrency_key,
+                    tenant=job.spec.tenant if job.spec.concurrency_key else "",
                 )
             )
             self.claims.sent(

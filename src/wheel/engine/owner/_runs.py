@@ -202,6 +202,10 @@ class RunEndings:
             job = self.book.jobs.get(run.job_id) or self.book.job(run.job_id)
             if job is None:
                 continue
+            if job.spec.concurrency_key:
+                # Its permit is back in the store: this owner's waiting
+                # claims of the key ask for it now, not at the next poll.
+                self.dispatcher.keywaits.kick(job.spec.tenant, job.spec.concurrency_key)
             job.ending = max(0, job.ending - 1)
             if run.held_out:
                 job.running -= 1

@@ -288,6 +288,8 @@ class ShardMoves:
             if worker is not None:
                 worker.reserved -= 1
         self.redos.drop(lambda j: shard_of(j) in lost)
+        # Claims waiting for a permit hold no worker credit: they just go.
+        self.dispatcher.keywaits.drop(lambda j: shard_of(j) in lost)
         later = self.book.later.claims
         if later:
             self.book.later.claims = [c for c in later if shard_of(c.job_id) not in lost]

@@ -125,6 +125,10 @@ class OwnerConfig:
     # long it has waited (wheel.engine.priority): a priority-9 run ranks with
     # priority 0 after 9 x this. 0: no aging (strict priority).
     priority_aging_ms: int = 10_000
+    # Claims waiting for a permit of their concurrency key are sent again
+    # this often while any wait (``_keywaits``), and at once when a run of
+    # their key ends on this owner.
+    limit_poll_ms: int = 20
 
     @property
     def heartbeat_interval_ms(self) -> int:
@@ -259,6 +263,9 @@ class Actions:
     notes: list[RunNote] = field(default_factory=list)
     # Dispatch lag samples (ms) of runs handed out.
     lags: list[int] = field(default_factory=list)
+    # How long (ms) each claim won after waiting for a permit of its
+    # concurrency key had waited.
+    limit_waits: list[int] = field(default_factory=list)
 
     def store_work(self) -> bool:
         return bool(self.completions or self.missed or self.advances or self.claims or self.starts)
@@ -288,10 +295,12 @@ class Actions:
             alerts=self.alerts,
             notes=self.notes,
             lags=self.lags,
+            limit_waits=self.limit_waits,
         )
         self.assignments, self.revokes, self.results = {}, {}, {}
         self.rejected_renewals, self.violations, self.credited = {}, {}, {}
         self.alerts, self.notes, self.lags = [], [], []
+        self.limit_waits = []
         return out
 
 

@@ -499,3 +499,65 @@ class ListInFlightResponse(_message.Message):
     total: int
     unreachable: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, runs: _Optional[_Iterable[_Union[InFlightRun, _Mapping]]] = ..., total: _Optional[int] = ..., unreachable: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SetLimitRequest(_message.Message):
+    __slots__ = ("tenant", "key", "max_concurrent", "rate", "rate_period_ms", "burst")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    RATE_PERIOD_MS_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    key: str
+    max_concurrent: int
+    rate: int
+    rate_period_ms: int
+    burst: int
+    def __init__(self, tenant: _Optional[str] = ..., key: _Optional[str] = ..., max_concurrent: _Optional[int] = ..., rate: _Optional[int] = ..., rate_period_ms: _Optional[int] = ..., burst: _Optional[int] = ...) -> None: ...
+
+class LimitInfo(_message.Message):
+    __slots__ = ("tenant", "key", "max_concurrent", "rate", "rate_period_ms", "burst", "in_flight", "waiting")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    RATE_PERIOD_MS_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    key: str
+    max_concurrent: int
+    rate: int
+    rate_period_ms: int
+    burst: int
+    in_flight: int
+    waiting: int
+    def __init__(self, tenant: _Optional[str] = ..., key: _Optional[str] = ..., max_concurrent: _Optional[int] = ..., rate: _Optional[int] = ..., rate_period_ms: _Optional[int] = ..., burst: _Optional[int] = ..., in_flight: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...
+
+class ListLimitsRequest(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+
+class ListLimitsResponse(_message.Message):
+    __slots__ = ("limits",)
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    limits: _containers.RepeatedCompositeFieldContainer[LimitInfo]
+    def __init__(self, limits: _Optional[_Iterable[_Union[LimitInfo, _Mapping]]] = ...) -> None: ...
+
+class DeleteLimitRequest(_message.Message):
+    __slots__ = ("tenant", "key")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    key: str
+    def __init__(self, tenant: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
+
+class DeleteLimitResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: int
+    def __init__(self, deleted: _Optional[int] = ...) -> None: ...

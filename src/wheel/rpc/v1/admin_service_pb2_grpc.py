@@ -126,6 +126,21 @@ class AdminServiceStub:
                 request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteCalendarRequest.SerializeToString,
                 response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteCalendarResponse.FromString,
                 _registered_method=True)
+        self.SetLimit = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/SetLimit',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetLimitRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.LimitInfo.FromString,
+                _registered_method=True)
+        self.ListLimits = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/ListLimits',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListLimitsRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListLimitsResponse.FromString,
+                _registered_method=True)
+        self.DeleteLimit = channel.unary_unary(
+                '/wheel.rpc.v1.AdminService/DeleteLimit',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteLimitRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteLimitResponse.FromString,
+                _registered_method=True)
         self.ListAudit = channel.unary_unary(
                 '/wheel.rpc.v1.AdminService/ListAudit',
                 request_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListAuditRequest.SerializeToString,
@@ -272,6 +287,30 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetLimit(self, request, context):
+        """Concurrency keys and rate limits that jobs join with
+        JobSpec.concurrency_key, held across the whole cluster. Scopes as for
+        secrets. SetLimit creates the key's limit or replaces it (its runs in
+        flight are counted again from the store's runs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListLimits(self, request, context):
+        """Each key with its limits, its runs in flight and the fires waiting for
+        a permit, on every member (each member asked answers for itself).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteLimit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListAudit(self, request, context):
         """The audit trail: administrative changes made through the API, newest
         first (an operator's token: scope admin).
@@ -372,6 +411,21 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DeleteCalendar,
                     request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteCalendarRequest.FromString,
                     response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteCalendarResponse.SerializeToString,
+            ),
+            'SetLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetLimit,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetLimitRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.LimitInfo.SerializeToString,
+            ),
+            'ListLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLimits,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListLimitsRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListLimitsResponse.SerializeToString,
+            ),
+            'DeleteLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteLimit,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteLimitRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteLimitResponse.SerializeToString,
             ),
             'ListAudit': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAudit,
@@ -865,6 +919,87 @@ class AdminService:
             '/wheel.rpc.v1.AdminService/DeleteCalendar',
             wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteCalendarRequest.SerializeToString,
             wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteCalendarResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/SetLimit',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.SetLimitRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.LimitInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/ListLimits',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListLimitsRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.ListLimitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.AdminService/DeleteLimit',
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteLimitRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_admin__service__pb2.DeleteLimitResponse.FromString,
             options,
             channel_credentials,
             insecure,

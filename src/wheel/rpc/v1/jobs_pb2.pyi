@@ -215,7 +215,7 @@ class HttpCall(_message.Message):
     def __init__(self, target: _Optional[_Union[HttpTarget, _Mapping]] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "tenant", "handler", "payload", "schedule", "jitter_ms", "catch_up", "overlap", "retry", "timeout_ms", "side_effect", "pool", "http", "priority", "skip_calendars", "active_from_ms", "active_until_ms", "max_fires")
+    __slots__ = ("name", "tenant", "handler", "payload", "schedule", "jitter_ms", "catch_up", "overlap", "retry", "timeout_ms", "side_effect", "pool", "http", "priority", "skip_calendars", "active_from_ms", "active_until_ms", "max_fires", "concurrency_key")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     HANDLER_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +234,7 @@ class JobSpec(_message.Message):
     ACTIVE_FROM_MS_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_FIRES_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     name: str
     tenant: str
     handler: str
@@ -252,7 +253,8 @@ class JobSpec(_message.Message):
     active_from_ms: int
     active_until_ms: int
     max_fires: int
-    def __init__(self, name: _Optional[str] = ..., tenant: _Optional[str] = ..., handler: _Optional[str] = ..., payload: _Optional[bytes] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., jitter_ms: _Optional[int] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., overlap: _Optional[_Union[Overlap, _Mapping]] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., side_effect: _Optional[_Union[SideEffect, str]] = ..., pool: _Optional[str] = ..., http: _Optional[_Union[HttpTarget, _Mapping]] = ..., priority: _Optional[int] = ..., skip_calendars: _Optional[_Iterable[str]] = ..., active_from_ms: _Optional[int] = ..., active_until_ms: _Optional[int] = ..., max_fires: _Optional[int] = ...) -> None: ...
+    concurrency_key: str
+    def __init__(self, name: _Optional[str] = ..., tenant: _Optional[str] = ..., handler: _Optional[str] = ..., payload: _Optional[bytes] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., jitter_ms: _Optional[int] = ..., catch_up: _Optional[_Union[CatchUp, _Mapping]] = ..., overlap: _Optional[_Union[Overlap, _Mapping]] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., side_effect: _Optional[_Union[SideEffect, str]] = ..., pool: _Optional[str] = ..., http: _Optional[_Union[HttpTarget, _Mapping]] = ..., priority: _Optional[int] = ..., skip_calendars: _Optional[_Iterable[str]] = ..., active_from_ms: _Optional[int] = ..., active_until_ms: _Optional[int] = ..., max_fires: _Optional[int] = ..., concurrency_key: _Optional[str] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ("run_id", "job_id", "scheduled_for_ms", "attempt", "state", "fence", "worker_id", "dispatched_at_ms", "started_at_ms", "finished_at_ms", "error", "missed_reason", "idempotency_key", "result_json")

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import psycopg.errors
 
 from wheel.engine.model import shard_of
+from wheel.store import _limits
 from wheel.store._fence import (
     holds_every_shard,
     job_shards,
@@ -29,7 +30,7 @@ from wheel.store._fence import (
     spread,
     stale_shards,
 )
-from wheel.store._shared import first_per_key
+from wheel.store._shared import first_per_key, wall_ms
 from wheel.store.base import Completion, FireClaim, MissedFire, RunStart, ScheduleAdvance
 from wheel.store.postgres import _sql as sql
 from wheel.store.postgres._arrays import Bools, Int4s, Int8s
@@ -88,15 +89,19 @@ def _rounds(job_ids: Sequence[int]) -> list[list[int]]:
 
 def claim(
     conn: Conn, attempt: Attempt, claims: Sequence[FireClaim], held: Held | None
-) -> tuple[list[int | None], list[bool], set[int]]:
-    """Each claim's run id (None: lost or refused), whether it moved its
-    schedule, and the refused shards."""
+) -> tuple[list[int | None], list[bool], set[int], set[int]]:
+    """Each claim's run id (None: lost, refused or waiting), whether it moved
+    its schedule, the refused shards, and the indexes of the claims waiting
+    for a permit of their concurrency key (``wheel.store._limits``)."""
     plain = not attempt.after_unknown_commit
+    now = wall_ms()
     while True:
         keep, refused = _check_jobs(conn, held, [c.job_id for c in claims])
         part = claims if keep is None else [claims[i] for i in keep]
+        permits = _limits.take(conn, sql.DIALECT, part, now, " FOR UPDATE") if part else None
+        sub = part if permits is None else [part[i] for i in permits.write]
         try:
-            run_ids, advanced = _claim(conn, part, plain=plain) if part else ([], [])
+            run_ids, advanced, new = _claim(conn, sub, plain=plain) if sub else ([], [], [])
         except psycopg.errors.UniqueViolation:
             if not plain:
                 raise
@@ -105,18 +110,27 @@ def claim(
             conn.rollback()
             plain = False
             continue
+        waiting: list[int] = []
+        if permits is not None:
+            _limits.settle(conn, sql.DIALECT, permits, sub, new, now)
+            run_ids = spread(part, permits.write, run_ids, lambda _: None)
+            advanced = spread(part, permits.write, advanced, lambda _: False)
+            waiting = permits.waiting
         if keep is None:
-            return run_ids, advanced, refused
+            return run_ids, advanced, refused, set(waiting)
         return (
             spread(claims, keep, run_ids, lambda _: None),
             spread(claims, keep, advanced, lambda _: False),
             refused,
+            {keep[i] for i in waiting},
         )
 
 
 def _claim(
     conn: Conn, claims: Sequence[FireClaim], *, plain: bool
-) -> tuple[list[int | None], list[bool]]:
+) -> tuple[list[int | None], list[bool], list[int | None]]:
+    """Each claim's run id and schedule move, and the run it inserted (None:
+    lost, or found as this writer's own earlier commit)."""
     rounds = _rounds([c.job_id for c in claims])
     n = len(claims)
     run_ids: list[int | None] = [None] * n
@@ -138,6 +152,7 @@ def _claim(
                 for i, run_id, moved in cur:
                     run_ids[i] = run_id
                     advanced[i] = moved
+        new = list(run_ids)
         if not plain:
             # A claim that lost to a row with its own fence lost to our own
             # earlier commit. It is ours.
@@ -148,7 +163,7 @@ def _claim(
                 for i, run_id, moved in cur:
                     run_ids[i] = run_id
                     advanced[i] = bool(moved) and claims[i].advance
-    return run_ids, advanced
+    return run_ids, advanced, new
 
 
 def advance(

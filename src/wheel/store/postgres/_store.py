@@ -67,6 +67,7 @@ class PostgresStore(SQLStore):
     _migration_lock = "SELECT pg_advisory_xact_lock(hashtext('wheel.migrate:' || current_schema()))"
     # Two writers of one secret: the second waits, then sees the first's version.
     _secret_lock = "SELECT pg_advisory_xact_lock(hashtext('wheel.secret:' || %s))"
+    _limit_lock = " FOR UPDATE"
 
     def __init__(
         self,
@@ -204,7 +205,10 @@ class PostgresStore(SQLStore):
         read as not applied)."""
         held = None if batch.epochs is None else self._held(batch.epochs)
         rest = batch.claims or batch.advances or batch.missed or batch.starts
-        if not (batch.completions and rest):
+        # Keyed claims (``wheel.store._limits``) may wait for the permits the
+        # batch's own completions give back: then the completions commit
+        # first, as on SQLite, and the claims find them.
+        if not (batch.completions and rest) or _keyed(batch.claims):
             completed, refused = self._complete(batch.completions, held)
             claimed, more = self._write_rest(batch, held)
         else:
@@ -241,11 +245,11 @@ class PostgresStore(SQLStore):
     ) -> tuple[list[ClaimOutcome], set[int]]:
         if not claims:
             return [], set()
-        run_ids, advanced, refused = self._db.run(
+        run_ids, advanced, refused, waiting = self._db.run(
             lambda conn, attempt: _runs.claim(conn, attempt, claims, held), idempotent=True
         )
         outcomes = [
-            ClaimOutcome(claim=c, run_id=run_ids[i], advanced=advanced[i])
+            ClaimOutcome(claim=c, run_id=run_ids[i], advanced=advanced[i], waiting=i in waiting)
             for i, c in enumerate(claims)
         ]
         if any(c.payload for c in claims):
@@ -323,3 +327,7 @@ class PostgresStore(SQLStore):
         # Transactions below the snapshot's xmin have all ended (see _feed).
         cur.execute(_feed.ONE_SNAPSHOT)
         return watermark, max(watermark, _feed.safe_xid(cur))
+
+
+def _keyed(claims: Sequence[FireClaim]) -> bool:
+    return any(c.concurrency_key for c in claims)

@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from wheel.store import _fence
+from wheel.store import _fence, _limits
 from wheel.store._shared import check_terminal, first_per_key, read_payloads, wall_ms
 from wheel.store.base import (
     ClaimOutcome,
@@ -57,6 +57,26 @@ def apply_each(
 
 
 def claim(cur: sqlite3.Cursor, claims: Sequence[FireClaim]) -> list[ClaimOutcome]:
+    """The batch's claims; those of keyed jobs take their permits first
+    (``wheel.store._limits``), and those that get none come back waiting."""
+    now = wall_ms()
+    permits = _limits.take(cur, sql.DIALECT, claims, now, "")
+    if permits is None:
+        return _claim(cur, claims)[0]
+    part = [claims[i] for i in permits.write]
+    won, inserted = _claim(cur, part) if part else ([], [])
+    _limits.settle(cur, sql.DIALECT, permits, part, inserted, now)
+    out = [ClaimOutcome(claim=c, run_id=None, advanced=False, waiting=True) for c in claims]
+    for i, outcome in zip(permits.write, won, strict=True):
+        out[i] = outcome
+    return out
+
+
+def _claim(
+    cur: sqlite3.Cursor, claims: Sequence[FireClaim]
+) -> tuple[list[ClaimOutcome], list[int | None]]:
+    """The claims' outcomes, and the run each inserted (None: lost, or found
+    as this writer's own earlier commit)."""
     n = len(claims)
     base = bump(cur, "run_id", n)
     inserted = sql.execute_rows(
@@ -97,6 +117,7 @@ def claim(cur: sqlite3.Cursor, claims: Sequence[FireClaim]) -> list[ClaimOutcome
         applied = apply_each(cur, sql.CLAIM_CAS_END if ending else sql.ADVANCE_CAS, rows)
         for i, ok in zip(cas_idx, applied, strict=True):
             advanced[i] = ok
+    new = list(run_ids)
     if inserted < n:
         # A claim that lost to a row with its own fence lost to our own
         # earlier commit. It is ours.
@@ -112,7 +133,7 @@ def claim(cur: sqlite3.Cursor, claims: Sequence[FireClaim]) -> list[ClaimOutcome
         ClaimOutcome(claim=c, run_id=run_ids[i], advanced=advanced[i]) for i, c in enumerate(claims)
     ]
     read_payloads(cur, sql.QUERIES, out)
-    return out
+    return out, new
 
 
 def advance(cur: sqlite3.Cursor, advances: Sequence[ScheduleAdvance], now_ms: int) -> list[bool]:

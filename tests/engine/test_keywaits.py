@@ -1,0 +1,145 @@
+"""The owner with concurrency keys: claims the store answers ``waiting`` stay
+owed, go out again when a run of the key ends here or at the next poll, and
+leave with their job (invariants of ``wheel.engine.owner._keywaits``).
+
+Driven like ``wheel.node`` does, against the reference store, whose limits
+follow the store contract (tests/store/test_contract_limits.py)."""
+
+from __future__ import annotations
+
+from tests.engine.sim import MIN
+from tests.engine.test_owner import Node, T, spec
+from wheel.engine.model import RunState
+from wheel.engine.owner import Actions, Assignment, Outcome, OwnerConfig
+from wheel.engine.owner._claims import _Pending
+from wheel.engine.owner._keywaits import KeyWaits
+from wheel.engine.records import FireClaim
+from wheel.store.base import LimitRecord
+
+POLL = 20
+
+
+def keyed_node(max_concurrent: int, jobs: int, *, key: str = "db") -> tuple[Node, list[int]]:
+    n = Node(OwnerConfig(limit_poll_ms=POLL))
+    n.store.set_limit(LimitRecord(tenant="default", key=key, max_concurrent=max_concurrent), n.now)
+    n.hello(capacity=50)
+    ids = [n.submit(spec(name=f"j{i}", concurrency_key=key)) for i in range(jobs)]
+    return n, ids
+
+
+def handed(acts: Actions) -> list[Assignment]:
+    return [a for batch in acts.assignments.values() for a in batch]
+
+
+def in_flight(n: Node, key: str = "db") -> int:
+    [limit] = [x for x in n.store.list_limits("default") if x.key == key]
+    return limit.in_flight
+
+
+def test_claims_past_the_limit_wait_without_a_run_or_a_missed_record() -> None:
+    n, ids = keyed_node(2, 3)
+    acts = n.step(T + MIN)
+    assert len(handed(acts)) == 2
+    assert in_flight(n) == 2
+    waiting = [j for j in ids if not n.execs(j)]
+    assert len(waiting) == 1
+    assert n.missed(waiting[0]) == {}
+    # Its fire is still the store's next one: a restart would arm it again.
+    assert n.store.jobs[waiting[0]].next_run_at == T + MIN
+    assert n.driver.limit_waiting() == {("default", "db"): 1}
+
+
+def test_a_run_of_the_key_ending_here_sends_the_waiting_claim_at_once() -> None:
+    n, _ = keyed_node(1, 2)
+    [first] = handed(n.step(T + MIN))
+    n.now += 5_000
+    [second] = handed(n.complete(first))
+    assert second.job_id != first.job_id and second.scheduled_for == T + MIN
+    assert n.driver.limit_waiting() == {}
+    # Its lag counts the wait: it is a fire handed out late.
+    assert max(n.lags) >= 5_000
+
+
+def test_a_permit_freed_elsewhere_is_found_by_the_next_poll() -> None:
+    n, [j] = keyed_node(1, 1)
+    n.store.limits[("default", "db")][1].in_flight = 1  # held by another node
+    assert handed(n.step(T + MIN)) == []
+    n.store.limits[("default", "db")][1].in_flight = 0  # its run ended there
+    assert handed(n.step(T + MIN + POLL - 1)) == []
+    # The owner asks to wake for the poll, and the poll claims it.
+    assert n.driver.next_deadline() <= T + MIN + POLL  # type: ignore[operator]
+    [a] = handed(n.step(T + MIN + POLL))
+    assert a.job_id == j
+    assert n.execs(j) == [(T + MIN, 0, RunState.DISPATCHED)]
+
+
+def test_a_cancelled_job_gives_its_waiting_claim_up() -> None:
+    n, [held, other] = keyed_node(1, 2)
+    [a] = handed(n.step(T + MIN))
+    waiting = other if a.job_id == held else held
+    n.owner.cancel_job(waiting, n.acts, n.now)
+    n.step(n.now + POLL)
+    n.complete(a)
+    n.step(n.now + 10 * POLL)
+    assert n.execs(waiting) == []
+    assert n.driver.limit_waiting() == {}
+
+
+def test_a_waiting_fire_survives_a_restart_and_runs_once() -> None:
+    n, [held, other] = keyed_node(1, 2)
+    [a] = handed(n.step(T + MIN))
+    waiting = other if a.job_id == held else held
+    n.restart()
+    n.hello(capacity=50)
+    n.step(n.now + POLL)
+    # The run of the first life keeps its permit until the reaper ends it.
+    assert n.execs(waiting) == []
+    n.store.limits[("default", "db")][1].in_flight = 0  # its run ended (lost, reaped)
+    n.step(n.now + 2 * POLL)
+    assert [(f, s) for f, _, s in n.execs(waiting)] == [(T + MIN, RunState.DISPATCHED)]
+
+
+def test_waits_go_out_by_fire_per_key_and_a_kick_sends_only_its_key() -> None:
+    waits = KeyWaits(POLL)
+
+    def park(job: int, fire: int, key: str) -> None:
+        c = FireClaim(
+            job_id=job,
+            scheduled_for=fire,
+            attempt=0,
+            fence=job,
+            dispatched_at_ms=0,
+            concurrency_key=key,
+            tenant="t",
+        )
+        waits.park(c, _Pending(job, fire, 0, job, None), 0, None)
+
+    park(1, 300, "a")
+    park(2, 100, "a")
+    park(3, 200, "b")
+    assert not waits.due(POLL - 1)
+    waits.kick("t", "a")
+    assert waits.due(1)
+    assert [p.claim.job_id for p in waits.take(1)] == [2, 1]
+    assert waits.waiting() == {("t", "b"): 1}
+    assert [p.claim.job_id for p in waits.take(POLL)] == [3]
+    assert not waits and waits.next_wake() is None
+
+
+def test_the_waiting_claim_rides_in_the_batch_that_ends_the_run_of_its_key() -> None:
+    n, [a, b] = keyed_node(1, 2)
+    [first] = handed(n.step(T + MIN))
+    waiting = b if first.job_id == a else a
+    n.owner.worker_ack("w1", [(first.run_id, first.fence)], n.now, n.acts)
+    n.step()
+    n.owner.worker_complete(
+        "w1", [(first.run_id, first.fence, Outcome.SUCCEEDED, "")], n.now, n.acts
+    )
+    n.driver.advance(n.now)
+    batch = n.driver.take_batch()
+    assert [c.run_id for c in batch.completions] == [first.run_id]
+    assert [c.job_id for c in batch.claims] == [waiting]
+    # Written in that order, the end gives the permit back before the claim asks.
+    n.store.now_ms = n.now
+    n.driver.apply(n.store.write_batch(batch), n.now)
+    assert [a.job_id for a in handed(n.driver.take_messages())] == [waiting]

@@ -1,0 +1,143 @@
+"""Concurrency keys over real gRPC on a node's process: AdminService's
+limit calls (bad values named), a submit naming a key without a limit
+refused, and runs of a key held to its limit on a raw worker stream, the
+one waiting handed out once the other ends."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import prometheus_client
+import pytest
+
+from testkit.procs import wait_for
+from tests.rpc.test_api import Api, InProcessServer, connect, now_ms, once, spec, submit
+from tests.rpc.test_protocol_abuse import RawWorker, ack, complete
+from wheel.cli import main
+from wheel.rpc.v1 import admin_service_pb2 as admin
+from wheel.rpc.v1 import job_service_pb2
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[Api]:
+    server = InProcessServer(tmp_path).start()
+    try:
+        with connect(server) as a:
+            yield a
+    finally:
+        server.stop()
+
+
+def set_limit(api: Api, key: str, **kw: int) -> admin.LimitInfo:
+    request = admin.SetLimitRequest(key=key)
+    for name, value in kw.items():
+        setattr(request, name, value)
+    return api.admin.SetLimit(request, timeout=10)  # type: ignore[no-any-return]
+
+
+def limits(api: Api) -> dict[str, admin.LimitInfo]:
+    resp = api.admin.ListLimits(admin.ListLimitsRequest(), timeout=10)
+    return {x.key: x for x in resp.limits}
+
+
+def refused(call: object, field: str) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        call()  # type: ignore[operator]
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert field in (info.value.details() or "")
+
+
+def test_set_list_and_delete_a_limit(api: Api) -> None:
+    made = set_limit(api, "db", max_concurrent=3, rate=10, rate_period_ms=60_000)
+    assert (made.tenant, made.key, made.max_concurrent, made.rate, made.burst) == (
+        "default", "db", 3, 10, 10,
+    )  # fmt: skip
+    assert made.rate_period_ms == 60_000 and made.in_flight == 0
+    assert list(limits(api)) == ["db"]
+    gone = api.admin.DeleteLimit(admin.DeleteLimitRequest(key="db"), timeout=10)
+    assert gone.deleted == 1
+    assert limits(api) == {}
+
+
+def test_bad_limits_are_invalid_argument_naming_the_field(api: Api) -> None:
+    refused(lambda: set_limit(api, "db", max_concurrent=-1), "max_concurrent")
+    refused(lambda: set_limit(api, "db"), "max_concurrent")
+    refused(lambda: set_limit(api, "db", rate=5, rate_period_ms=5_000), "rate_period_ms")
+    refused(lambda: set_limit(api, "db", max_concurrent=1, burst=4), "burst")
+    refused(lambda: set_limit(api, "a key", max_concurrent=1), "key")
+
+
+def test_a_job_may_name_only_a_key_with_a_limit(api: Api) -> None:
+    refused(lambda: submit(api, spec(concurrency_key="db")), "spec.concurrency_key")
+    set_limit(api, "db", max_concurrent=1)
+    job = submit(api, spec(concurrency_key="db")).job
+    assert job.spec.concurrency_key == "db"
+    other = submit(api, spec(name="plain")).job
+    update = job_service_pb2.UpdateJobRequest(
+        job_id=other.job_id, spec=spec(concurrency_key="nope"), fields=["concurrency_key"]
+    )
+    refused(lambda: api.jobs.UpdateJob(update, timeout=10), "spec.concurrency_key")
+    update.spec.concurrency_key = "db"
+    assert api.jobs.UpdateJob(update, timeout=10).job.spec.concurrency_key == "db"
+
+
+def test_runs_of_a_key_wait_for_a_permit_and_go_when_one_ends(api: Api) -> None:
+    set_limit(api, "db", max_concurrent=1)
+    worker = RawWorker(api.server.target, "w1", capacity=5)
+    try:
+        due = now_ms() + 300
+        for name in ("a", "b"):
+            submit(api, spec(name=name, schedule=once(due), concurrency_key="db"))
+        [first] = worker.expect("assignments").assignments.assignments
+        worker.send(ack((first.run_id, first.fence)))
+        seen = limits(api)["db"]
+        assert (seen.in_flight, seen.waiting) == (1, 1)
+        worker.send(complete(first.run_id, first.fence))
+        [second] = worker.expect("assignments", timeout=10).assignments.assignments
+        assert second.job_id != first.job_id
+        assert limits(api)["db"].waiting == 0
+        assert "wheel_limit_wait_seconds_count 1.0" in scrape(api)
+        wait_for(
+            lambda: 'wheel_limit_in_flight{key="db",tenant="default"} 1.0' in scrape(api),
+            10,
+            "the metrics to read the limit again",
+        )
+        assert 'wheel_limit_waiting{key="db",tenant="default"} 0.0' in scrape(api)
+    finally:
+        worker.close()
+
+
+def scrape(api: Api) -> str:
+    assert api.server.node is not None
+    return prometheus_client.generate_latest(api.server.node.metrics.registry).decode()
+
+
+def test_wheelctl_limit_set_list_delete_and_submit_with_a_key(
+    api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = ["--target", api.server.target]
+    assert main(["limit", "set", "db", "--max-concurrent", "2", "--rate", "5/s", *target]) == 0
+    assert "db" in capsys.readouterr().out
+    assert main(["limit", "set", "api", "--rate", "30/m", "--burst", "3", *target]) == 0
+    capsys.readouterr()
+    assert main(["limit", "list", "--json", *target]) == 0
+    listed = {x["key"]: x for x in json.loads(capsys.readouterr().out)}
+    assert listed["db"] == {
+        "tenant": "default", "key": "db", "max_concurrent": 2, "rate": 5,
+        "rate_period_ms": 1000, "burst": 5, "in_flight": 0, "waiting": 0,
+    }  # fmt: skip
+    assert (listed["api"]["rate_period_ms"], listed["api"]["burst"]) == (60_000, 3)
+    args = ["submit", "--name", "n", "--handler", "h", "--at", "+1h", "--json", *target]
+    assert main([*args, "--concurrency-key", "db"]) == 0
+    job_id = str(json.loads(capsys.readouterr().out)["job_id"])
+    assert main(["job", job_id, "--json", *target]) == 0
+    assert json.loads(capsys.readouterr().out)["concurrency_key"] == "db"
+    assert main(["update", job_id, "--concurrency-key", "api", "--json", *target]) == 0
+    assert json.loads(capsys.readouterr().out)["concurrency_key"] == "api"
+    assert main(["limit", "set", "db", "--rate", "five", *target]) != 0
+    assert "rate" in capsys.readouterr().err
+    assert main(["limit", "delete", "db", *target]) == 0
+    assert main(["limit", "delete", "db", *target]) == 1
