@@ -54,13 +54,15 @@ def test_every_administrative_change_is_listed_with_who_and_from_where(
     )  # fmt: skip
     value = next(w for w in secret.split() if w.startswith("whsec_"))
     ok("tenant", "set", "acme", "--max-jobs", "10", "--target", target, token=admin)
+    ok("calendar", "set", "holidays", "--date", "2026-12-25", "--target", target, token=acme)
+    ok("limit", "set", "db", "--max-concurrent", "2", "--target", target, token=acme)
     ok("cancel", str(job), "--target", target, token=acme)
     ok("token", "revoke", acme_id, "--target", target, token=admin)
 
     entries = audit(target, admin)
     assert [e["action"] for e in entries] == [
-        "RevokeToken", "CancelJob", "SetTenantQuota", "SetSecret", "UpdateJob",
-        "ResumeJob", "PauseJob", "CreateToken",
+        "RevokeToken", "CancelJob", "SetLimit", "SetCalendar", "SetTenantQuota", "SetSecret",
+        "UpdateJob", "ResumeJob", "PauseJob", "CreateToken",
     ]  # fmt: skip
     by = {e["action"]: e for e in entries}
     admin_id = admin.split("_")[1]
@@ -82,6 +84,14 @@ def test_every_administrative_change_is_listed_with_who_and_from_where(
     assert by["SetSecret"]["target"] == "secret stripe"
     assert by["SetSecret"]["details"] == {"generated": True, "version": 1}
     assert by["SetTenantQuota"]["details"]["max_jobs"] == 10
+    assert (by["SetLimit"]["target"], by["SetLimit"]["details"]["max_concurrent"]) == (
+        "limit db",
+        2,
+    )
+    assert (by["SetCalendar"]["target"], by["SetCalendar"]["tenant"]) == (
+        "calendar holidays",
+        "acme",
+    )
     # Never a secret's value nor a token's secret, in any form.
     text = ok("audit", "--target", target, token=admin)
     raw = json.dumps(entries)

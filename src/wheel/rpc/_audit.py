@@ -116,6 +116,34 @@ def _delete_secret(request: admin.DeleteSecretRequest, resp: admin.DeleteSecretR
     return request.tenant, f"secret {request.name}", None, {"versions_deleted": resp.deleted}
 
 
+def _set_calendar(request: admin.SetCalendarRequest, resp: admin.Calendar) -> Change:
+    details: dict[str, Any] = {
+        "version": resp.version,
+        "dates": len(resp.dates),
+        "ranges": len(resp.ranges),
+        "weekdays": list(resp.weekdays),
+    }
+    return resp.tenant, f"calendar {resp.name}", None, details
+
+
+def _delete_calendar(request: admin.DeleteCalendarRequest, resp: Any) -> Change:
+    return request.tenant, f"calendar {request.name}", None, {"deleted": bool(resp.deleted)}
+
+
+def _set_limit(request: admin.SetLimitRequest, resp: admin.LimitInfo) -> Change:
+    details = {
+        "max_concurrent": resp.max_concurrent,
+        "rate": resp.rate,
+        "rate_period_ms": resp.rate_period_ms,
+        "burst": resp.burst,
+    }
+    return resp.tenant, f"limit {resp.key}", None, details
+
+
+def _delete_limit(request: admin.DeleteLimitRequest, resp: admin.DeleteLimitResponse) -> Change:
+    return request.tenant, f"limit {request.key}", None, {"deleted": resp.deleted}
+
+
 AUDITED: dict[str, Describe] = {
     _JOBS + "CancelJob": _job_state,
     _JOBS + "PauseJob": _job_state,
@@ -130,6 +158,10 @@ AUDITED: dict[str, Describe] = {
     _ADMIN + "SetSecret": _set_secret,
     _ADMIN + "RotateSecret": _set_secret,
     _ADMIN + "DeleteSecret": _delete_secret,
+    _ADMIN + "SetCalendar": _set_calendar,
+    _ADMIN + "DeleteCalendar": _delete_calendar,
+    _ADMIN + "SetLimit": _set_limit,
+    _ADMIN + "DeleteLimit": _delete_limit,
 }
 
 

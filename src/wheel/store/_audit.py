@@ -4,13 +4,11 @@ The statements are the same on both backends but for the parameter marker."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
-from wheel.store._shared import Executor
+from wheel.store._shared import Executor, Transaction
 from wheel.store.base import AuditEntry
-
-T = TypeVar("T")
 
 AUDIT_COLUMNS = "entry_id, at_ms, actor, tenant, address, action, target, job_id, details"
 
@@ -30,15 +28,15 @@ def audit_from_row(row: Sequence[Any]) -> AuditEntry:
 
 
 class AuditSQL:
-    """The audit part of ``SQLStore`` (``_param``: the parameter marker)."""
+    """The audit calls of ``SQLStore``: ``read`` and ``write`` run a
+    function in one transaction; ``param`` is the backend's parameter marker."""
 
-    _param: str
+    __slots__ = ("_param", "_read", "_write")
 
-    def _read(self, fn: Callable[[Executor], T]) -> T:
-        raise NotImplementedError
-
-    def _write(self, fn: Callable[[Executor], T]) -> T:
-        raise NotImplementedError
+    def __init__(self, read: Transaction, write: Transaction, param: str) -> None:
+        self._read = read
+        self._write = write
+        self._param = param
 
     def record_audit(self, entries: Sequence[AuditEntry]) -> None:
         if not entries:
@@ -89,7 +87,8 @@ class AuditSQL:
             rows = cur.execute(sql, (*args, max(1, limit))).fetchall()
             return [audit_from_row(r) for r in rows]
 
-        return self._read(op)
+        entries: list[AuditEntry] = self._read(op)
+        return entries
 
     def purge_audit(self, before_ms: int) -> int:
         p = self._param
@@ -98,4 +97,5 @@ class AuditSQL:
             deleted = cur.execute(f"DELETE FROM audit_log WHERE at_ms < {p}", (before_ms,))
             return max(0, int(deleted.rowcount))
 
-        return self._write(op)
+        gone: int = self._write(op)
+        return gone

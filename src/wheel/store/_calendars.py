@@ -5,17 +5,13 @@ own read and write transactions, which the part is given."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
-from wheel.store._shared import Executor
+from wheel.store._shared import Transaction
 from wheel.store.base import CalendarRecord
 
-T = TypeVar("T")
-
 _COLUMNS = "tenant, name, body, version, updated_at"
-
-Transaction = Callable[[Callable[[Executor], Any]], Any]
 
 
 def _record(row: Sequence[Any]) -> CalendarRecord:

@@ -57,6 +57,11 @@ class Executor(Protocol):
     def execute(self, sql: str, params: Any = ..., /) -> Cursor: ...
 
 
+# Runs a function in one read or write transaction (a backend's ``_read`` or
+# ``_write``), for the parts a store is composed of.
+Transaction = Callable[[Callable[[Executor], Any]], Any]
+
+
 TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_RUN_STATES)) + ")"
 
 # -- rows ------------------------------------------------------------------------------

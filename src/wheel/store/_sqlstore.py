@@ -38,6 +38,7 @@ from wheel.store._tenancy import TenancySQL
 from wheel.store._traces import TracesSQL
 from wheel.store._updates import UpdateSQL, dead_letters, list_updates, update_job
 from wheel.store.base import (
+    AuditEntry,
     CalendarRecord,
     Changes,
     ExecutionRecord,
@@ -57,7 +58,7 @@ from wheel.store.base import (
 T = TypeVar("T")
 
 
-class SQLStore(TenancySQL, SecretsSQL, AuditSQL, TracesSQL):
+class SQLStore(TenancySQL, SecretsSQL):
     """The part of ``Store`` that reads the same in both SQL backends."""
 
     _queries: Queries
@@ -99,6 +100,41 @@ class SQLStore(TenancySQL, SecretsSQL, AuditSQL, TracesSQL):
 
     def delete_calendar(self, tenant: str, name: str) -> bool:
         return self._calendars.delete(tenant, name)
+
+    # -- the audit trail (``AuditSQL``) and jobs' trace contexts (``TracesSQL``) --
+
+    @property
+    def _audit(self) -> AuditSQL:
+        return AuditSQL(self._read, self._write, self._param)
+
+    def record_audit(self, entries: Sequence[AuditEntry]) -> None:
+        self._audit.record_audit(entries)
+
+    def list_audit(
+        self,
+        *,
+        since_ms: int | None = None,
+        job_id: int | None = None,
+        tenant: str | None = None,
+        before_id: int | None = None,
+        limit: int = 100,
+    ) -> list[AuditEntry]:
+        return self._audit.list_audit(
+            since_ms=since_ms, job_id=job_id, tenant=tenant, before_id=before_id, limit=limit
+        )
+
+    def purge_audit(self, before_ms: int) -> int:
+        return self._audit.purge_audit(before_ms)
+
+    @property
+    def _traces(self) -> TracesSQL:
+        return TracesSQL(self._read, self._write, self._param)
+
+    def record_job_traces(self, traces: Sequence[tuple[int, str]], now_ms: int) -> None:
+        self._traces.record_job_traces(traces, now_ms)
+
+    def job_traces(self, job_ids: Sequence[int]) -> dict[int, str]:
+        return self._traces.job_traces(job_ids)
 
     # -- lifecycle ------------------------------------------------------------
 

@@ -4,24 +4,21 @@ dispatch tracer (``wheel.rpc._tracing``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
-from wheel.store._shared import Executor
-
-T = TypeVar("T")
+from wheel.store._shared import Executor, Transaction
 
 
 class TracesSQL:
-    """The job-traces part of ``SQLStore`` (``_param``: the parameter marker)."""
+    """The job-traces calls of ``SQLStore``: ``read`` and ``write`` run a
+    function in one transaction; ``param`` is the backend's parameter marker."""
 
-    _param: str
+    __slots__ = ("_param", "_read", "_write")
 
-    def _read(self, fn: Callable[[Executor], T]) -> T:
-        raise NotImplementedError
-
-    def _write(self, fn: Callable[[Executor], T]) -> T:
-        raise NotImplementedError
+    def __init__(self, read: Transaction, write: Transaction, param: str) -> None:
+        self._read = read
+        self._write = write
+        self._param = param
 
     def record_job_traces(self, traces: Sequence[tuple[int, str]], now_ms: int) -> None:
         if not traces:
@@ -57,4 +54,5 @@ class TracesSQL:
                 out.update((int(r[0]), str(r[1])) for r in rows)
             return out
 
-        return self._read(op)
+        found: dict[int, str] = self._read(op)
+        return found
