@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from wheel.errors import InvalidArgument, NotFound, WheelError
 from wheel.store._audit import AuditSQL
+from wheel.store._overview import OverviewSQL
 from wheel.store._schema import RETRY_WHERE
 from wheel.store._secrets import SecretsSQL
 from wheel.store._shared import (
@@ -52,7 +53,7 @@ from wheel.store.base import (
 T = TypeVar("T")
 
 
-class SQLStore(TenancySQL, SecretsSQL, AuditSQL):
+class SQLStore(TenancySQL, SecretsSQL, AuditSQL, OverviewSQL):
     """The part of ``Store`` that reads the same in both SQL backends."""
 
     _queries: Queries
