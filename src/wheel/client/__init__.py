@@ -27,6 +27,7 @@ with Client("127.0.0.1:50051") as client:
 
 from wheel.client._admin import AuditEntry, Secret, TenantQuota, Token
 from wheel.client._async import AsyncClient
+from wheel.client._overview import JobHistory, OutcomeBucket, RecentRun, RunOverview
 from wheel.client._specs import JobArgs, JobRequest, Payload, UpdateArgs
 from wheel.client._sync import Client
 from wheel.client._time import Duration, When
@@ -93,6 +94,7 @@ __all__ = [
     "InFlightRun",
     "Job",
     "JobArgs",
+    "JobHistory",
     "JobRequest",
     "JobState",
     "JobUpdate",
@@ -101,12 +103,15 @@ __all__ = [
     "Membership",
     "MissedReason",
     "NodeStatus",
+    "OutcomeBucket",
     "Overlap",
     "OverlapPolicy",
     "Page",
     "Payload",
+    "RecentRun",
     "Retry",
     "Run",
+    "RunOverview",
     "RunState",
     "Schedule",
     "Secret",

@@ -1,7 +1,8 @@
 """The calls a node answers for the rpc layer, the console and the outbox
 relay, each passed to the part of the node that answers it: the job API
 (``Jobs``, ``Updates``), tenancy (``Tenancy``), signing secrets
-(``Secrets``), reads (``Reads``) and the cluster's view (``ClusterView``).
+(``Secrets``), reads (``Reads``), the console's aggregates
+(``Overview``) and the cluster's view (``ClusterView``).
 ``Node`` builds the parts and hands them here; nothing here holds state of
 its own."""
 
@@ -11,7 +12,7 @@ import asyncio
 from collections.abc import Iterable, Sequence
 
 from wheel.coord.base import Member
-from wheel.engine.model import JobState
+from wheel.engine.model import JobState, RunState
 from wheel.engine.records import (
     ExecutionRecord,
     JobChange,
@@ -24,12 +25,13 @@ from wheel.errors import ResourceExhausted, WheelError
 from wheel.node._audit import Audit
 from wheel.node._jobs import Jobs
 from wheel.node._membership import ClusterView
+from wheel.node._overview import JobHistory, Overview, RunOverview
 from wheel.node._reads import Reads
 from wheel.node._secrets import Secrets
 from wheel.node._tenancy import Tenancy
 from wheel.node._updates import Redriven, Updates
 from wheel.node._values import InFlightRun, Membership, NodeStatus
-from wheel.store.base import AuditEntry, SecretRecord, TenantQuota, TokenRecord
+from wheel.store.base import AuditEntry, FeedRun, SecretRecord, TenantQuota, TokenRecord
 
 
 class NodeCalls:
@@ -45,6 +47,7 @@ class NodeCalls:
         reads: Reads,
         view: ClusterView,
         audit: Audit,
+        overview: Overview,
     ) -> None:
         self._jobs = jobs
         self._updates = updates
@@ -53,6 +56,7 @@ class NodeCalls:
         self._reads = reads
         self._view = view
         self._audit = audit
+        self._overview = overview
 
     # -- jobs (wheel.node._jobs, wheel.node._updates) ----------------------------
 
@@ -271,6 +275,41 @@ class NodeCalls:
             runs=runs,
             missed=missed,
         )
+
+    # -- the console's aggregates (wheel.node._overview) ---------------------------
+
+    async def run_overview(
+        self, *, tenant: str | None, window_ms: int, bucket_ms: int
+    ) -> RunOverview:
+        """Jobs by state and runs by bucket and outcome over the window
+        ending now (``tenant=None``: every tenant's)."""
+        return await self._overview.run_overview(
+            tenant=tenant, window_ms=window_ms, bucket_ms=bucket_ms
+        )
+
+    async def recent_runs(
+        self,
+        *,
+        tenant: str | None,
+        outcome: RunState | None,
+        handler: str | None,
+        job_name: str | None,
+        before_run_id: int | None,
+        limit: int,
+    ) -> list[FeedRun]:
+        """Runs of every job, newest first (see ``OverviewStore.recent_runs``)."""
+        return await self._overview.recent_runs(
+            tenant=tenant,
+            outcome=outcome,
+            handler=handler,
+            job_name=job_name,
+            before_run_id=before_run_id,
+            limit=limit,
+        )
+
+    async def job_history(self, job_id: int, *, fires: int, window_ms: int) -> JobHistory:
+        """A job's last ``fires`` fires and its runs ended over the window."""
+        return await self._overview.job_history(job_id, fires=fires, window_ms=window_ms)
 
     def status(self, *, percentiles: bool = True) -> NodeStatus:
         """The node's view of itself (see ``Reads.status``)."""
