@@ -112,7 +112,8 @@ class Console:
     at once (401), and the page asks for one. ``actions``: whether the
     console may change anything. ``security``: how the console's channel to
     the node is secured (the node's own channels to its peers: a reload that
-    replaces it makes new channels).
+    replaces it makes new channels). ``lag_objective_ms``: the node's
+    dispatch lag objective, drawn on the lag charts.
     """
 
     def __init__(
@@ -123,8 +124,10 @@ class Console:
         actions: bool,
         security: ChannelSecurity | LiveChannelSecurity | None = None,
         node_id: str = "",
+        lag_objective_ms: int = 0,
     ) -> None:
         self.target = target
+        self.lag_objective_ms = lag_objective_ms
         self.auth = auth
         self.actions = actions
         self.node_id = node_id
@@ -259,7 +262,13 @@ class Console:
 
     async def _config(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(
-            {"auth": self.auth, "actions": self.actions, "node_id": self.node_id}
+            {
+                "auth": self.auth,
+                "actions": self.actions,
+                "node_id": self.node_id,
+                # The dispatch lag objective the node checks (0: unknown).
+                "lag_objective_ms": self.lag_objective_ms,
+            }
         )
 
     # -- jobs -------------------------------------------------------------------------------
@@ -474,7 +483,13 @@ class Console:
 ASSETS = {
     "index.html": "text/html",
     "console.js": "text/javascript",
+    "glance.js": "text/javascript",
     "console.css": "text/css",
+    # uPlot 1.6.32 (MIT), from the npm registry's tarball, unchanged: its
+    # dist/uPlot.iife.min.js and dist/uPlot.min.css, and its LICENSE.
+    "uPlot.iife.min.js": "text/javascript",
+    "uPlot.min.css": "text/css",
+    "uPlot.LICENSE.txt": "text/plain",
 }
 
 
