@@ -12,6 +12,7 @@ from wheel.store._overview import MISSED, merge_fires, stats_of
 from wheel.store._shared import prefix_end
 from wheel.store.base import (
     ExecutionRecord,
+    FeedPage,
     FeedRun,
     FireMark,
     JobState,
@@ -91,17 +92,22 @@ class OverviewModel:
         job_name: str | None = None,
         before_run_id: int | None = None,
         limit: int = 50,
-    ) -> list[FeedRun]:
+        scan: int = 20_000,
+    ) -> FeedPage:
+        if not self._execs:
+            return FeedPage(runs=[], next_before=None)
+        top = max(self._execs) + 1 if before_run_id is None else before_run_id
+        floor = max(0, top - max(1, scan))
+        size = max(1, limit)
         out = []
         for run_id in sorted(self._execs, reverse=True):
             e = self._execs[run_id]
             job = self._jobs.get(e.job_id)
-            if job is None:
+            if job is None or not floor <= run_id < top:
                 continue
             spec = job.spec
             if (
-                (before_run_id is not None and run_id >= before_run_id)
-                or (outcome is not None and e.state is not outcome)
+                (outcome is not None and e.state is not outcome)
                 or (tenant is not None and spec.tenant != tenant)
                 or (handler is not None and spec.handler != handler)
                 or (job_name and not job_name <= spec.name < prefix_end(job_name))
@@ -112,9 +118,10 @@ class OverviewModel:
                     run=e.record(), tenant=spec.tenant, job_name=spec.name, handler=spec.handler
                 )
             )
-            if len(out) >= max(1, limit):
-                break
-        return out
+            if len(out) >= size:
+                return FeedPage(runs=out, next_before=run_id)
+        older = [i for i in self._execs if i < floor]
+        return FeedPage(runs=out, next_before=max(older) + 1 if older else None)
 
     def recent_fires(self, job_id: int, limit: int = 100) -> list[FireMark]:
         latest: dict[int, _Run] = {}

@@ -6,6 +6,7 @@ fires and its run statistics, each for every tenant or for one."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from tests.store.conftest import interval_job
 from wheel.engine.records import Completion, FireClaim, RunStart
@@ -132,26 +133,59 @@ def test_the_feed_pages_newest_first_and_filters(store: Store) -> None:
         ids.append(run)
     in_flight = fire(store, c, 10 * MINUTE)
 
-    feed = store.recent_runs(limit=3)
+    first = store.recent_runs(limit=3)
+    feed = first.runs
     assert [f.run.run_id for f in feed] == [in_flight, ids[3], ids[2]]
+    assert first.next_before == ids[2]
     assert (feed[1].tenant, feed[1].job_name, feed[1].handler) == (
         "acme",
         "nightly-report",
         "reports.build",
     )
     assert feed[1].run.error == "boom 3" and feed[1].run.state is RunState.FAILED
-    rest = store.recent_runs(before_run_id=feed[-1].run.run_id)
-    assert [f.run.run_id for f in rest] == [ids[1], ids[0]]
+    rest = store.recent_runs(before_run_id=first.next_before)
+    assert [f.run.run_id for f in rest.runs] == [ids[1], ids[0]]
+    assert rest.next_before is None
 
-    failed = store.recent_runs(outcome=RunState.FAILED)
-    assert [f.run.run_id for f in failed] == [ids[3], ids[2], ids[1]]
-    assert [f.run.run_id for f in store.recent_runs(tenant="globex")] == [in_flight, ids[1]]
-    assert [f.run.run_id for f in store.recent_runs(handler="mail.send")] == [in_flight, ids[1]]
-    by_name = store.recent_runs(job_name="nightly")
-    assert [f.run.run_id for f in by_name] == [ids[3], ids[0]]
-    both = store.recent_runs(tenant="acme", outcome=RunState.FAILED, job_name="hourly")
-    assert [f.run.run_id for f in both] == [ids[2]]
-    assert store.recent_runs(tenant="globex", handler="reports.build") == []
+    def listed(**filters: Any) -> list[int]:
+        return [f.run.run_id for f in store.recent_runs(**filters).runs]
+
+    assert listed(outcome=RunState.FAILED) == [ids[3], ids[2], ids[1]]
+    assert listed(tenant="globex") == [in_flight, ids[1]]
+    assert listed(handler="mail.send") == [in_flight, ids[1]]
+    assert listed(job_name="nightly") == [ids[3], ids[0]]
+    assert listed(tenant="acme", outcome=RunState.FAILED, job_name="hourly") == [ids[2]]
+    assert listed(tenant="globex", handler="reports.build") == []
+
+
+def test_a_feed_page_reads_a_bounded_range_of_runs_and_says_where_to_go_on(
+    store: Store,
+) -> None:
+    a, _, c = two_tenants(store)
+    ids = [fire(store, a if k != 1 else c, (k + 1) * MINUTE) for k in range(6)]
+    assert ids == sorted(ids)
+    # Two run ids a call: globex's one run is further back than that.
+    page = store.recent_runs(tenant="globex", scan=2)
+    assert (page.runs, page.next_before) == ([], ids[3] + 1)
+    seen: list[int] = []
+    token = None
+    for _ in range(10):
+        page = store.recent_runs(tenant="globex", scan=2, before_run_id=token)
+        seen += [f.run.run_id for f in page.runs]
+        token = page.next_before
+        if token is None:
+            break
+    assert seen == [ids[1]] and token is None
+    # Every run, two at a time: each page full, in order, to the oldest.
+    seen, token = [], None
+    for _ in range(10):
+        page = store.recent_runs(scan=2, limit=2, before_run_id=token)
+        seen += [f.run.run_id for f in page.runs]
+        token = page.next_before
+        if token is None:
+            break
+    assert seen == sorted(ids, reverse=True)
+    assert store.recent_runs(before_run_id=ids[0]).runs == []
 
 
 def test_a_jobs_last_fires_show_each_fires_latest_attempt_and_the_missed(store: Store) -> None:

@@ -31,7 +31,7 @@ from wheel.node._secrets import Secrets
 from wheel.node._tenancy import Tenancy
 from wheel.node._updates import Redriven, Updates
 from wheel.node._values import InFlightRun, Membership, NodeStatus
-from wheel.store.base import AuditEntry, FeedRun, SecretRecord, TenantQuota, TokenRecord
+from wheel.store.base import AuditEntry, FeedPage, SecretRecord, TenantQuota, TokenRecord
 
 
 class NodeCalls:
@@ -296,7 +296,7 @@ class NodeCalls:
         job_name: str | None,
         before_run_id: int | None,
         limit: int,
-    ) -> list[FeedRun]:
+    ) -> FeedPage:
         """Runs of every job, newest first (see ``OverviewStore.recent_runs``)."""
         return await self._overview.recent_runs(
             tenant=tenant,

@@ -132,7 +132,7 @@ class OverviewCalls:
         async def work() -> pb.ListRecentRunsResponse:
             tenant = Guard.list_tenant(await self.guard.principal(context), request.tenant)
             size = _page_size(request.page_size) if request.page_size else FEED_PAGE
-            runs = await self.node.recent_runs(
+            page = await self.node.recent_runs(
                 tenant=tenant,
                 outcome=_outcome(request.outcome),
                 handler=_filter(request.handler, "handler"),
@@ -148,9 +148,9 @@ class OverviewCalls:
                         job_name=r.job_name,
                         handler=r.handler,
                     )
-                    for r in runs
+                    for r in page.runs
                 ],
-                next_page_token=str(runs[-1].run.run_id) if len(runs) == size else "",
+                next_page_token="" if page.next_before is None else str(page.next_before),
             )
 
         return await _call(context, work())

@@ -21,7 +21,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from wheel.store._shared import RUN_COLUMNS_E, Executor, Queries, prefix_end, run_from_row
-from wheel.store.base import FeedRun, FireMark, JobState, OutcomeCount, RunState, RunStats
+from wheel.store.base import (
+    FeedPage,
+    FeedRun,
+    FireMark,
+    JobState,
+    OutcomeCount,
+    RunState,
+    RunStats,
+)
 
 T = TypeVar("T")
 
@@ -55,6 +63,46 @@ def merge_fires(runs: Sequence[FireMark], missed: Sequence[FireMark], limit: int
     return [by_fire[f] for f in sorted(by_fire, reverse=True)[: max(0, limit)]]
 
 
+def outcome_sql(p: str, *, tenant: bool) -> tuple[str, str]:
+    """``outcome_counts``' two statements with the parameter marker ``p``:
+    runs that ended in one bucket by state (parameters: its start and end,
+    and the tenant if ``tenant``), and missed fires by bucket (the width
+    twice, the start, and the tenant).
+
+    Runs are counted a bucket at a time: SQLite groups by sorting, and
+    sorting the states of one bucket's runs is cheap where sorting a day's
+    runs by bucket and state cost more than reading them (measured with
+    143,000 runs in a day: 56 ms in one statement, 23 ms a bucket at a
+    time)."""
+    join, where = "", ""
+    if tenant:
+        # CROSS JOIN: SQLite then reads the window's range first and looks
+        # each row's job up (by its rules it went through the tenant's jobs
+        # and read every run of each, however old); PostgreSQL plans it as
+        # any inner join.
+        join, where = " CROSS JOIN jobs AS j", f" AND j.job_id = x.job_id AND j.tenant = {p}"
+    runs = (
+        f"SELECT x.state, count(*) FROM executions AS x{join}"
+        f" WHERE x.finished_at_ms >= {p} AND x.finished_at_ms < {p}{where} GROUP BY x.state"
+    )
+    missed = (
+        f"SELECT (x.recorded_at_ms / {p}) * {p}, count(*) FROM missed_fires AS x{join}"
+        f" WHERE x.recorded_at_ms >= {p}{where} GROUP BY 1"
+    )
+    return runs, missed
+
+
+def next_start(
+    cur: Executor, below: str, runs: Sequence[FeedRun], size: int, floor: int
+) -> int | None:
+    """Where the feed's next page starts: below the last run of a full page,
+    else below the range just read, skipping ids no run has (purged)."""
+    if len(runs) == size:
+        return runs[-1].run.run_id
+    row = cur.execute(below, (floor,)).fetchone()
+    return None if row is None or row[0] is None else int(row[0]) + 1
+
+
 class OverviewSQL:
     """The overview part of ``SQLStore``."""
 
@@ -75,29 +123,31 @@ class OverviewSQL:
     def outcome_counts(
         self, *, since_ms: int, bucket_ms: int, tenant: str | None = None
     ) -> list[OutcomeCount]:
-        p = self._queries.dialect.param
         width = max(1, bucket_ms)
-        join, where, args = "", "", list[int | str]([width, width, since_ms])
-        if tenant is not None:
-            join, where = " JOIN jobs AS j ON j.job_id = x.job_id", f" AND j.tenant = {p}"
-            args.append(tenant)
-        runs = (
-            f"SELECT (x.finished_at_ms / {p}) * {p}, x.state, count(*) FROM executions AS x{join}"
-            f" WHERE x.finished_at_ms >= {p}{where} GROUP BY 1, 2"
-        )
-        missed = (
-            f"SELECT (x.recorded_at_ms / {p}) * {p}, count(*) FROM missed_fires AS x{join}"
-            f" WHERE x.recorded_at_ms >= {p}{where} GROUP BY 1"
+        runs, missed = outcome_sql(self._queries.dialect.param, tenant=tenant is not None)
+        mine: tuple[str, ...] = () if tenant is None else (tenant,)
+        p = self._queries.dialect.param
+        newest = (
+            f"SELECT finished_at_ms FROM executions WHERE finished_at_ms >= {p}"
+            " ORDER BY finished_at_ms DESC LIMIT 1"
         )
 
         def op(cur: Executor) -> list[OutcomeCount]:
-            got = [
-                OutcomeCount(bucket_ms=int(b), outcome=str(s), count=int(n))
-                for b, s, n in cur.execute(runs, args).fetchall()
-            ]
+            # Every bucket up to the newest run's end (a bucket past it is empty).
+            last = cur.execute(newest, (since_ms,)).fetchone()
+            end = since_ms if last is None or last[0] is None else int(last[0]) + 1
+            got = []
+            start = since_ms
+            while start < end:
+                edge = (start // width + 1) * width  # the bucket's end
+                got += [
+                    OutcomeCount(bucket_ms=start // width * width, outcome=str(s), count=int(n))
+                    for s, n in cur.execute(runs, (start, edge, *mine)).fetchall()
+                ]
+                start = edge
             got += [
                 OutcomeCount(bucket_ms=int(b), outcome=MISSED, count=int(n))
-                for b, n in cur.execute(missed, args).fetchall()
+                for b, n in cur.execute(missed, (width, width, since_ms, *mine)).fetchall()
             ]
             return sorted(got, key=lambda c: (c.bucket_ms, c.outcome))
 
@@ -112,13 +162,17 @@ class OverviewSQL:
         job_name: str | None = None,
         before_run_id: int | None = None,
         limit: int = 50,
-    ) -> list[FeedRun]:
+        scan: int = 20_000,
+    ) -> FeedPage:
         d = self._queries.dialect
         p = d.param
-        where: list[str] = []
+        # Runs with ids in [floor, top): a range of the primary key, read
+        # newest first; each run's job is looked up by its id (CROSS JOIN:
+        # SQLite would otherwise go through a tenant's or a name's jobs and
+        # sort every run of theirs, however old).
+        where = [f"e.run_id < {p}", f"e.run_id >= {p}"]
         args: list[Any] = []
         for clause, value in (
-            (f"e.run_id < {p}", before_run_id),
             (f"e.state = {p}", None if outcome is None else outcome.value),
             (f"j.tenant = {p}", tenant),
             (f"{d.spec_handler} = {p}", handler),
@@ -131,18 +185,27 @@ class OverviewSQL:
             args += [job_name, prefix_end(job_name)]
         sql = (
             f"SELECT {RUN_COLUMNS_E}, j.tenant, j.name, {d.spec_handler} FROM executions AS e"
-            " JOIN jobs AS j ON j.job_id = e.job_id JOIN job_specs AS s ON s.job_id = e.job_id"
+            " CROSS JOIN jobs AS j CROSS JOIN job_specs AS s"
+            " WHERE j.job_id = e.job_id AND s.job_id = e.job_id AND "
+            + " AND ".join(where)
+            + f" ORDER BY e.run_id DESC LIMIT {p}"
         )
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += f" ORDER BY e.run_id DESC LIMIT {p}"
-        args.append(max(1, limit))
+        below = f"SELECT max(run_id) FROM executions WHERE run_id < {p}"
+        size = max(1, limit)
 
-        def op(cur: Executor) -> list[FeedRun]:
-            return [
+        def op(cur: Executor) -> FeedPage:
+            top = before_run_id
+            if top is None:
+                newest = cur.execute("SELECT max(run_id) FROM executions").fetchone()
+                if newest is None or newest[0] is None:
+                    return FeedPage(runs=[], next_before=None)
+                top = int(newest[0]) + 1
+            floor = max(0, top - max(1, scan))
+            runs = [
                 FeedRun(run=run_from_row(r[:12]), tenant=r[12], job_name=r[13], handler=r[14])
-                for r in cur.execute(sql, args).fetchall()
+                for r in cur.execute(sql, (top, floor, *args, size)).fetchall()
             ]
+            return FeedPage(runs=runs, next_before=next_start(cur, below, runs, size, floor))
 
         return self._read(op)
 

@@ -90,6 +90,7 @@ __all__ = [
     "CompletionOutcome",
     "DispatchStore",
     "ExecutionRecord",
+    "FeedPage",
     "FeedRun",
     "FireClaim",
     "FireMark",
@@ -237,6 +238,17 @@ class FeedRun:
     tenant: str
     job_name: str
     handler: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FeedPage:
+    """A page of the feed: its runs, newest first, and where the next page
+    starts (``next_before``, a run id to pass as ``before_run_id``; None:
+    no run is older). A page looks at a bounded range of run ids, so it may
+    hold fewer runs than asked (even none) while older ones remain."""
+
+    runs: list[FeedRun]
+    next_before: int | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -441,9 +453,12 @@ class OverviewStore(Protocol):
         job_name: str | None = None,
         before_run_id: int | None = None,
         limit: int = 50,
-    ) -> list[FeedRun]:
-        """Runs of every job, newest first (by run id), with these filters;
-        ``before_run_id`` pages."""
+        scan: int = 20_000,
+    ) -> FeedPage:
+        """Runs of every job, newest first (by run id), with these filters:
+        at most ``limit`` of those among the ``scan`` run ids below
+        ``before_run_id`` (None: below every run), so that a rare filter
+        costs a bounded read, never the whole history."""
 
     def recent_fires(self, job_id: int, limit: int = 100) -> list[FireMark]:
         """The job's last ``limit`` fires, newest first: each fire's latest

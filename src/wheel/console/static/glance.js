@@ -229,6 +229,9 @@ async function loadFeed(more) {
   for (const r of data.runs) tbody.append(feedRow(r));
   glance.feedToken = data.next_page_token;
   $("#feed-more").disabled = !data.next_page_token;
+  // A call reads a bounded range of runs: a short page may have older ones.
+  $("#feed-note").textContent = data.next_page_token && data.runs.length < 50
+    ? "fewer matches among the runs read this time: older runs may match too" : "";
 }
 
 // -- a job's history at a glance ------------------------------------------------------

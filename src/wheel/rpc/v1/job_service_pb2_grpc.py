@@ -264,7 +264,9 @@ class JobServiceServicer:
 
     def ListRecentRuns(self, request, context):
         """Runs of every job the caller sees, newest first (by run id), filtered
-        by outcome, tenant, handler and job name prefix.
+        by outcome, tenant, handler and job name prefix. A call looks at most
+        20,000 run ids back, so a page may hold fewer runs than asked (even
+        none) while older ones remain: follow next_page_token until it is empty.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
