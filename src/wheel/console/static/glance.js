@@ -14,7 +14,9 @@ const OUTCOMES = [
 const COLOUR = Object.fromEntries(OUTCOMES);
 // The overview and the feed refresh this often while the tab is visible.
 const REFRESH_MS = 5000;
-const glance = { window: "hour", feedToken: "", charts: {}, timer: null, refreshes: 0, paused: 0 };
+const glance = {
+  window: "hour", feedToken: "", charts: {}, timer: null, refreshes: 0, paused: 0, generation: 0,
+};
 
 // -- time zones -----------------------------------------------------------------------
 
@@ -260,8 +262,11 @@ async function loadHistory(jobId) {
 function refreshing(view) {
   clearTimeout(glance.timer);
   glance.timer = null;
+  // A refresh still running when the page moves on must not start another.
+  const generation = ++glance.generation;
   if (view !== "overview" && view !== "runs") return;
   const tick = async () => {
+    if (generation !== glance.generation) return;
     if (document.visibilityState !== "visible") {
       // Hidden: nothing asked until the tab shows again (visibilitychange).
       glance.paused += 1;
@@ -276,7 +281,7 @@ function refreshing(view) {
     } catch (e) {
       showError(e.message);
     }
-    glance.timer = setTimeout(tick, REFRESH_MS);
+    if (generation === glance.generation) glance.timer = setTimeout(tick, REFRESH_MS);
   };
   glance.timer = setTimeout(tick, REFRESH_MS);
   glance.resume = () => {
