@@ -327,6 +327,7 @@ async def _start(config: AppConfig, hooks: Hooks, parts: _Parts, announce: Annou
                 actions=config.console_actions,
                 security=console_security(security, live_peers),
                 node_id=config.node.node_id,
+                lag_objective_ms=config.node.lag_slo_ms,
             )
         )
         listen = config.http_listen

@@ -7,8 +7,6 @@ job's page is kept as docs/console.png (docs/operating.md shows it)."""
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -16,7 +14,6 @@ from typing import Any
 import pytest
 
 from testkit.procs import WorkerProc, wait_for
-from testkit.services import service_missing
 from tests.console.http import ConsoleNode, call
 from tests.rpc.test_protocol_abuse import RawWorker, accepted_for
 from wheel.client import Client
@@ -24,43 +21,18 @@ from wheel.rpc.v1 import worker_service_pb2 as pb
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = "/usr/bin/chromium"
-# No network of its own, nothing downloaded, no GPU: what a test machine has.
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "console.png"
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists() or shutil.which("chromium") is None:
-        service_missing("Debian's chromium (scripts/test.sh installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
-def sign_in(browser: Any, url: str, token: str) -> Any:
-    """A new tab (its own sessionStorage) signed in with ``token``."""
-    page = browser.new_page(viewport={"width": 1360, "height": 900})
+def sign_in(browser: Any, url: str, token: str, **context: Any) -> Any:
+    """A new tab (its own sessionStorage) signed in with ``token``, on the
+    overview (the landing page); ``context``: Playwright's page options."""
+    page = browser.new_page(viewport={"width": 1360, "height": 900}, **context)
     page.goto(url + "/")
     page.wait_for_selector("#signin:not([hidden])")
     page.fill("#token", token)
     page.click("#signin-form button")
-    page.wait_for_selector('body[data-loaded="#/jobs"]')
+    page.wait_for_selector('body[data-loaded="#/overview"]')
     return page
 
 
@@ -113,6 +85,8 @@ def test_the_console_shows_a_jobs_runs_and_missed_fires_and_hides_it_from_other_
             )
 
         page = sign_in(browser, node.url, acme)
+        page.goto(f"{node.url}/#/jobs")
+        page.wait_for_selector('body[data-loaded="#/jobs"]')
         row = page.locator(f'#jobs tr[data-job="{job.job_id}"]')
         assert "console-overlap" in row.inner_text()
         assert "acme" in row.inner_text()
@@ -142,6 +116,8 @@ def test_the_console_shows_a_jobs_runs_and_missed_fires_and_hides_it_from_other_
 
         # Another tenant: the job is not in its list, and not found by id.
         other = sign_in(browser, node.url, globex)
+        other.goto(f"{node.url}/#/jobs")
+        other.wait_for_selector('body[data-loaded="#/jobs"]')
         assert other.locator("#jobs tr[data-job]").count() == 0
         assert "no jobs match" in other.inner_text("#jobs tbody")
         other.goto(f"{node.url}/#/job/{job.job_id}")

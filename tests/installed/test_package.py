@@ -31,6 +31,16 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 # What only the dev extras install: none of it may be in the user's venv.
+# The console's static files, the page first (uPlot's vendored beside them).
+ASSETS = (
+    "index.html",
+    "console.js",
+    "glance.js",
+    "console.css",
+    "uPlot.iife.min.js",
+    "uPlot.min.css",
+    "uPlot.LICENSE.txt",
+)
 DEV_ONLY = ("mypy", "mypy_extensions", "pytest", "hypothesis", "ruff", "grpcio-tools", "wheel")
 # What a build from the sdist needs, and what its reader expects.
 SDIST_FILES = (
@@ -95,7 +105,7 @@ def test_the_wheel_holds_the_compiled_modules_and_the_console_files(
     installed: Installed,
 ) -> None:
     names = zipfile.ZipFile(installed.wheel).namelist()
-    for asset in ("index.html", "console.js", "console.css"):
+    for asset in ASSETS:
         assert f"wheel/console/static/{asset}" in names
     for proto in (ROOT / "proto" / "wheel" / "rpc" / "v1").glob("*.proto"):
         for generated in ("_pb2.py", "_pb2_grpc.py"):
@@ -171,7 +181,7 @@ def test_the_console_serves_its_page_and_static_files_from_the_installed_package
         with urllib.request.urlopen(f"http://127.0.0.1:{http}/", timeout=10) as page:
             assert page.status == 200
             assert page.read() == (static / "index.html").read_bytes()
-        for asset in ("console.js", "console.css"):
+        for asset in ASSETS[1:]:
             url = f"http://127.0.0.1:{http}/static/{asset}"
             with urllib.request.urlopen(url, timeout=10) as resp:
                 assert resp.status == 200

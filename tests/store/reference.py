@@ -22,6 +22,7 @@ from typing import NamedTuple, overload
 import numpy as np
 
 from tests.store.reference_limits import RefLimits
+from tests.store.reference_overview import OverviewModel
 from wheel.engine.jobtable import NO_FIRE
 from wheel.engine.model import SCHEDULE_OVER
 from wheel.engine.profiles import profile_of, split_spec
@@ -192,6 +193,13 @@ class ReferenceStore:
         self.claims_log: list[LoggedClaim] = []
         self.applied: list[AppliedCompletion] = []
         self.moves: list[ScheduleMove] = []
+        # The console's aggregates, read off the dicts above.
+        self.overview = OverviewModel(self.jobs, self.execs, self.missed)
+        self.count_jobs_by_state = self.overview.count_jobs_by_state
+        self.outcome_counts = self.overview.outcome_counts
+        self.recent_runs = self.overview.recent_runs
+        self.recent_fires = self.overview.recent_fires
+        self.run_stats = self.overview.run_stats
 
     def migrate(self) -> None:
         pass

@@ -47,6 +47,9 @@ SCOPE_OF: dict[str, str] = {
             "ListJobUpdates",
             "PreviewSchedule",
             "ListDeadLetters",
+            "GetRunOverview",
+            "ListRecentRuns",
+            "GetJobHistory",
         )
     },
     # A tenant's credential manages its own tenant's signing secrets.

@@ -147,9 +147,10 @@ def add_serve_parser(sub: Any) -> None:
     s.add_argument(
         "--http-listen",
         metavar="HOST:PORT",
-        help="serve the web console at http://HOST:PORT/ (https with --tls-cert): jobs, runs,"
-        " missed fires, dead letters, workers, shards and lag, through this node's API with"
-        " the browser's token (default: off)",
+        help="serve the web console at http://HOST:PORT/ (https with --tls-cert): an overview"
+        " (jobs by state, runs by outcome, lag, workers, shards, alerts), recent runs across"
+        " jobs, jobs, runs, missed fires, dead letters, workers, shards and lag, through this"
+        " node's API with the browser's token (default: off)",
     )
     s.add_argument(
         "--console-actions",

@@ -27,6 +27,7 @@ with Client("127.0.0.1:50051") as client:
 
 from wheel.client._admin import AuditEntry, Calendar, Limit, Secret, TenantQuota, Token
 from wheel.client._async import AsyncClient
+from wheel.client._overview import JobHistory, OutcomeBucket, RecentRun, RunOverview
 from wheel.client._specs import JobArgs, JobRequest, Payload, UpdateArgs
 from wheel.client._sync import Client
 from wheel.client._time import Duration, When
@@ -94,6 +95,7 @@ __all__ = [
     "InFlightRun",
     "Job",
     "JobArgs",
+    "JobHistory",
     "JobRequest",
     "JobState",
     "JobUpdate",
@@ -103,12 +105,15 @@ __all__ = [
     "Membership",
     "MissedReason",
     "NodeStatus",
+    "OutcomeBucket",
     "Overlap",
     "OverlapPolicy",
     "Page",
     "Payload",
+    "RecentRun",
     "Retry",
     "Run",
+    "RunOverview",
     "RunState",
     "Schedule",
     "Secret",

@@ -19,7 +19,7 @@ import grpc.aio  # type: ignore[import-untyped, unused-ignore]
 from grpc_health.v1 import health_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
 
 from wheel.auth import call_metadata
-from wheel.client import _admin, _wire
+from wheel.client import _admin, _overview, _wire
 from wheel.client._admin import AuditEntry, Calendar, Limit, Secret, TenantQuota, Token
 from wheel.client._nodes import (
     CHANNEL_OPTIONS,
@@ -30,6 +30,7 @@ from wheel.client._nodes import (
     connected,
     traced,
 )
+from wheel.client._overview import JobHistory, RecentRun, RunOverview
 from wheel.client._specs import JobArgs, JobRequest, UpdateArgs
 from wheel.client._time import Duration, When, time_ms, utc
 from wheel.client._values import (
@@ -378,6 +379,47 @@ class AsyncClient:
             token = resp.next_page_token
             if not token:
                 return runs
+
+    # -- at a glance (scope jobs:read) ------------------------------------------
+
+    async def run_overview(
+        self,
+        *,
+        tenant: str = "",
+        window: Duration | None = None,
+        bucket: Duration | None = None,
+    ) -> RunOverview:
+        """See ``Client.run_overview``."""
+        request = _overview.overview_request(tenant, window, bucket)
+        return _overview.overview_of(await self._call(lambda n: n.jobs.GetRunOverview, request))
+
+    async def recent_runs_page(
+        self,
+        *,
+        tenant: str = "",
+        outcome: RunState | str | None = None,
+        handler: str = "",
+        job_name: str = "",
+        page_size: int = 50,
+        page_token: str = "",
+    ) -> Page[RecentRun]:
+        """See ``Client.recent_runs_page``."""
+        request = _overview.recent_runs_request(
+            tenant=tenant,
+            outcome=outcome,
+            handler=handler,
+            job_name=job_name,
+            page_size=page_size,
+            page_token=page_token,
+        )
+        return _overview.recent_runs_of(await self._call(lambda n: n.jobs.ListRecentRuns, request))
+
+    async def job_history(
+        self, job_id: int, *, fires: int = 100, window: Duration | None = None
+    ) -> JobHistory:
+        """See ``Client.job_history``."""
+        request = _overview.history_request(job_id, fires, window)
+        return _overview.history_of(await self._call(lambda n: n.jobs.GetJobHistory, request))
 
     # -- admin -----------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import grpc  # type: ignore[import-untyped, unused-ignore]
 from grpc_health.v1 import health_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
 
 from wheel.auth import call_metadata
-from wheel.client import _admin, _wire
+from wheel.client import _admin, _overview, _wire
 from wheel.client._admin import AuditEntry, Calendar, Limit, Secret, TenantQuota, Token
 from wheel.client._nodes import (
     CHANNEL_OPTIONS,
@@ -23,6 +23,7 @@ from wheel.client._nodes import (
     connected,
     traced,
 )
+from wheel.client._overview import JobHistory, RecentRun, RunOverview
 from wheel.client._specs import JobArgs, JobRequest, UpdateArgs
 from wheel.client._time import Duration, When, time_ms, utc
 from wheel.client._values import (
@@ -392,6 +393,54 @@ class Client:
             token = resp.next_page_token
             if not token:
                 return runs
+
+    # -- at a glance (scope jobs:read) ------------------------------------------
+
+    def run_overview(
+        self,
+        *,
+        tenant: str = "",
+        window: Duration | None = None,
+        bucket: Duration | None = None,
+    ) -> RunOverview:
+        """Jobs by state, and runs that ended over the last ``window`` (None:
+        an hour; at most 7 days) in buckets of ``bucket`` (None: a minute) by
+        outcome, missed fires included: of every job the caller sees, or of
+        ``tenant``'s (a tenant's token: its own always)."""
+        request = _overview.overview_request(tenant, window, bucket)
+        return _overview.overview_of(self._call(lambda n: n.jobs.GetRunOverview, request))
+
+    def recent_runs_page(
+        self,
+        *,
+        tenant: str = "",
+        outcome: RunState | str | None = None,
+        handler: str = "",
+        job_name: str = "",
+        page_size: int = 50,
+        page_token: str = "",
+    ) -> Page[RecentRun]:
+        """A page of the runs of every job the caller sees, newest first,
+        with their jobs' tenant, name and handler; filtered by outcome (a
+        run state), tenant, exact handler and job name prefix."""
+        request = _overview.recent_runs_request(
+            tenant=tenant,
+            outcome=outcome,
+            handler=handler,
+            job_name=job_name,
+            page_size=page_size,
+            page_token=page_token,
+        )
+        return _overview.recent_runs_of(self._call(lambda n: n.jobs.ListRecentRuns, request))
+
+    def job_history(
+        self, job_id: int, *, fires: int = 100, window: Duration | None = None
+    ) -> JobHistory:
+        """A job's last ``fires`` fires (at most 1,000; each fire's latest
+        attempt, and the missed ones), and its runs that ended over the
+        last ``window`` (None: a day): count, successes, p50 and p99."""
+        request = _overview.history_request(job_id, fires, window)
+        return _overview.history_of(self._call(lambda n: n.jobs.GetJobHistory, request))
 
     # -- admin -----------------------------------------------------------------
 

@@ -524,7 +524,7 @@ def job_pages(
 def run_pages(job_id: int, states: Iterable[RunState | str], page_size: int) -> Pages[Run]:
     if isinstance(states, str):  # one state, not its letters
         states = (states,)
-    wanted = [_run_state_to_proto(choice(RunState, s, "states")) for s in states]
+    wanted = [run_state_to_proto(choice(RunState, s, "states")) for s in states]
     return Pages(
         request=lambda token: build(
             js.ListRunsRequest, job_id=job_id, page_size=page_size, page_token=token, states=wanted
@@ -587,7 +587,7 @@ def run_of(msg: jobs_pb2.Run) -> Run:
         job_id=msg.job_id,
         scheduled_for=utc(msg.scheduled_for_ms),
         attempt=msg.attempt,
-        state=_run_state_of(msg.state),
+        state=run_state_of(msg.state),
         fence=msg.fence,
         worker_id=msg.worker_id or None,
         dispatched_at=utc_or_none(msg.dispatched_at_ms),
@@ -714,13 +714,13 @@ def membership_of(msg: cluster_pb2.Membership) -> Membership:
 # -- run states: convert's table for executions, plus the missed fires ------------------
 
 
-def _run_state_of(value: int) -> RunState:
+def run_state_of(value: int) -> RunState:
     if value == jobs_pb2.RUN_STATE_MISSED:
         return RunState.MISSED
     return RunState(convert.run_state_from_proto(value))
 
 
-def _run_state_to_proto(state: RunState) -> jobs_pb2.RunState:
+def run_state_to_proto(state: RunState) -> jobs_pb2.RunState:
     if state is RunState.MISSED:
         return jobs_pb2.RUN_STATE_MISSED
     return convert.run_state_to_proto(model.RunState(state))

@@ -21,7 +21,7 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
 
@@ -29,6 +29,7 @@ from aiohttp import web
 
 from wheel.client import AsyncClient, JobState, RunState
 from wheel.console._json import audit_row, job_detail, job_row, jsonable, run_row
+from wheel.console._overview import alerts_json, feed_row, history_json, overview_json
 from wheel.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -54,6 +55,13 @@ DEFAULT_PAGE = 50
 NEXT_FIRES = 10
 MAX_NEXT_FIRES = 100
 MS = timedelta(milliseconds=1)
+# The overview's windows: how far back, and the width of a bar.
+WINDOWS = {
+    "hour": (timedelta(hours=1), timedelta(minutes=1)),
+    "day": (timedelta(days=1), timedelta(minutes=15)),
+}
+# Alerts the overview reads back (the last hour's, the newest of them).
+ALERTS_SHOWN = 100
 # The pause, resume, trigger and cancel actions, by path word.
 JOB_ACTIONS = ("pause", "resume", "trigger", "cancel")
 
@@ -104,7 +112,8 @@ class Console:
     at once (401), and the page asks for one. ``actions``: whether the
     console may change anything. ``security``: how the console's channel to
     the node is secured (the node's own channels to its peers: a reload that
-    replaces it makes new channels).
+    replaces it makes new channels). ``lag_objective_ms``: the node's
+    dispatch lag objective, drawn on the lag charts.
     """
 
     def __init__(
@@ -115,8 +124,10 @@ class Console:
         actions: bool,
         security: ChannelSecurity | LiveChannelSecurity | None = None,
         node_id: str = "",
+        lag_objective_ms: int = 0,
     ) -> None:
         self.target = target
+        self.lag_objective_ms = lag_objective_ms
         self.auth = auth
         self.actions = actions
         self.node_id = node_id
@@ -153,6 +164,10 @@ class Console:
                 get("/api/cluster", self._cluster),
                 get("/api/lag", self._lag),
                 get("/api/audit", self._audit),
+                get("/api/overview", self._overview),
+                get("/api/runs", self._recent_runs),
+                get("/api/jobs/{job_id}/history", self._history),
+                get("/api/alerts", self._alerts),
             ]
         )
         app.on_cleanup.append(self._close)
@@ -248,7 +263,13 @@ class Console:
 
     async def _config(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(
-            {"auth": self.auth, "actions": self.actions, "node_id": self.node_id}
+            {
+                "auth": self.auth,
+                "actions": self.actions,
+                "node_id": self.node_id,
+                # The dispatch lag objective the node checks (0: unknown).
+                "lag_objective_ms": self.lag_objective_ms,
+            }
         )
 
     # -- jobs -------------------------------------------------------------------------------
@@ -301,6 +322,55 @@ class Console:
             return web.json_response({"trigger": jsonable(await client.trigger(job_id))})
         job = await getattr(client, action)(job_id)
         return web.json_response(job_detail(job))
+
+    # -- at a glance ------------------------------------------------------------------------
+
+    async def _overview(self, request: web.Request) -> web.StreamResponse:
+        """Jobs by state and runs by bar and outcome over the last hour (a
+        bar a minute) or day (a bar each 15 minutes), of every job the
+        token sees (a tenant's token: its own tenant's)."""
+        q = request.query
+        name = q.get("window") or "hour"
+        if name not in WINDOWS:
+            raise InvalidArgument("window", f"{name!r} is none of {sorted(WINDOWS)}")
+        window, bucket = WINDOWS[name]
+        got = await self.client(request).run_overview(
+            tenant=q.get("tenant", ""), window=window, bucket=bucket
+        )
+        return web.json_response(overview_json(got, name))
+
+    async def _recent_runs(self, request: web.Request) -> web.StreamResponse:
+        """A page of the runs of every job the token sees, newest first."""
+        q = request.query
+        outcome = q.get("outcome") or None
+        if outcome is not None and outcome not in {r.value for r in RunState}:
+            raise InvalidArgument(
+                "outcome", f"{outcome!r} is none of {[r.value for r in RunState]}"
+            )
+        page = await self.client(request).recent_runs_page(
+            tenant=q.get("tenant", ""),
+            outcome=outcome,
+            handler=q.get("handler", ""),
+            job_name=q.get("job", ""),
+            page_size=_int(q, "page_size", DEFAULT_PAGE, 1, MAX_PAGE),
+            page_token=q.get("page_token", ""),
+        )
+        return web.json_response(
+            {"runs": [feed_row(r) for r in page.items], "next_page_token": page.next_page_token}
+        )
+
+    async def _history(self, request: web.Request) -> web.StreamResponse:
+        """A job's last fires and its last day's success rate and durations."""
+        fires = _int(request.query, "fires", 100, 1, 1000)
+        got = await self.client(request).job_history(_job_id(request), fires=fires)
+        return web.json_response(history_json(got))
+
+    async def _alerts(self, request: web.Request) -> web.StreamResponse:
+        """The node's alerts of the last hour, newest first, and those firing
+        now with when each last was raised (an operator's token)."""
+        since = datetime.now(UTC) - timedelta(hours=1)
+        got = await self.client(request).alerts(since=since, limit=ALERTS_SHOWN)
+        return web.json_response(alerts_json(got))
 
     # -- dead letters -----------------------------------------------------------------------
 
@@ -436,7 +506,13 @@ class Console:
 ASSETS = {
     "index.html": "text/html",
     "console.js": "text/javascript",
+    "glance.js": "text/javascript",
     "console.css": "text/css",
+    # uPlot 1.6.32 (MIT), from the npm registry's tarball, unchanged: its
+    # dist/uPlot.iife.min.js and dist/uPlot.min.css, and its LICENSE.
+    "uPlot.iife.min.js": "text/javascript",
+    "uPlot.min.css": "text/css",
+    "uPlot.LICENSE.txt": "text/plain",
 }
 
 

@@ -1,7 +1,8 @@
 """The calls a node answers for the rpc layer, the console and the outbox
 relay, each passed to the part of the node that answers it: the job API
 (``Jobs``, ``Updates``), tenancy (``Tenancy``), signing secrets
-(``Secrets``), reads (``Reads``) and the cluster's view (``ClusterView``).
+(``Secrets``), reads (``Reads``), the console's aggregates
+(``Overview``) and the cluster's view (``ClusterView``).
 ``Node`` builds the parts and hands them here; nothing here holds state of
 its own."""
 
@@ -12,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from wheel.coord.base import Member
 from wheel.engine.calendars import Calendar, CalendarDays
-from wheel.engine.model import JobState
+from wheel.engine.model import JobState, RunState
 from wheel.engine.records import (
     ExecutionRecord,
     JobChange,
@@ -27,6 +28,7 @@ from wheel.node._calendars import Calendars
 from wheel.node._jobs import Jobs
 from wheel.node._limits import Limits, LimitView
 from wheel.node._membership import ClusterView
+from wheel.node._overview import JobHistory, Overview, RunOverview
 from wheel.node._reads import Reads
 from wheel.node._secrets import Secrets
 from wheel.node._tenancy import Tenancy
@@ -36,6 +38,7 @@ from wheel.node._values import InFlightRun, Membership, NodeStatus
 from wheel.store.base import (
     AuditEntry,
     CalendarRecord,
+    FeedPage,
     LimitRecord,
     SecretRecord,
     TenantQuota,
@@ -59,6 +62,7 @@ class NodeCalls:
         view: ClusterView,
         audit: Audit,
         traces: JobTraces,
+        overview: Overview,
     ) -> None:
         self._jobs = jobs
         self._updates = updates
@@ -70,6 +74,7 @@ class NodeCalls:
         self._view = view
         self._audit = audit
         self._traces = traces
+        self._overview = overview
 
     # -- jobs (wheel.node._jobs, wheel.node._updates) ----------------------------
 
@@ -353,6 +358,41 @@ class NodeCalls:
             runs=runs,
             missed=missed,
         )
+
+    # -- the console's aggregates (wheel.node._overview) ---------------------------
+
+    async def run_overview(
+        self, *, tenant: str | None, window_ms: int, bucket_ms: int
+    ) -> RunOverview:
+        """Jobs by state and runs by bucket and outcome over the window
+        ending now (``tenant=None``: every tenant's)."""
+        return await self._overview.run_overview(
+            tenant=tenant, window_ms=window_ms, bucket_ms=bucket_ms
+        )
+
+    async def recent_runs(
+        self,
+        *,
+        tenant: str | None,
+        outcome: RunState | None,
+        handler: str | None,
+        job_name: str | None,
+        before_run_id: int | None,
+        limit: int,
+    ) -> FeedPage:
+        """Runs of every job, newest first (see ``OverviewStore.recent_runs``)."""
+        return await self._overview.recent_runs(
+            tenant=tenant,
+            outcome=outcome,
+            handler=handler,
+            job_name=job_name,
+            before_run_id=before_run_id,
+            limit=limit,
+        )
+
+    async def job_history(self, job_id: int, *, fires: int, window_ms: int) -> JobHistory:
+        """A job's last ``fires`` fires and its runs ended over the window."""
+        return await self._overview.job_history(job_id, fires=fires, window_ms=window_ms)
 
     def status(self, *, percentiles: bool = True) -> NodeStatus:
         """The node's view of itself (see ``Reads.status``)."""

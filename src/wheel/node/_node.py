@@ -59,6 +59,7 @@ from wheel.node._membership import ClusterView
 from wheel.node._metrics import NodeMetrics
 from wheel.node._moving import Moves
 from wheel.node._ops import HealthListener, Ops
+from wheel.node._overview import Overview
 from wheel.node._reads import Reads
 from wheel.node._secrets import Secrets
 from wheel.node._secrets_key import SecretsKey
@@ -232,6 +233,7 @@ class Node(NodeCalls):
             view=view,
             audit=Audit(store, self.clock, in_thread=self._api),
             traces=JobTraces(store, self.clock, in_thread=self._api),
+            overview=Overview(store, self.clock, in_thread=self._api),
         )
 
     # -- life cycle -------------------------------------------------------------

@@ -39,6 +39,7 @@ from wheel.rpc._common import (
 from wheel.rpc._guard import Guard
 from wheel.rpc._limits import check_key, keys_known
 from wheel.rpc._operator import OperatorCalls
+from wheel.rpc._overview import OverviewCalls
 from wheel.rpc._peers import Peers, credential, forwarded_by
 from wheel.rpc.v1 import (
     job_service_pb2,
@@ -73,6 +74,24 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
         # all at once, with the longest loop stall 78 ms instead of 148 and
         # 30% less heap left behind.
         self._bulk = asyncio.Semaphore(BULK_AT_ONCE)
+        self.overview = OverviewCalls(node, self.guard)
+
+    # -- the console's overview (wheel.rpc._overview) -------------------------------
+
+    async def GetRunOverview(
+        self, request: job_service_pb2.GetRunOverviewRequest, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.RunOverview:
+        return await self.overview.GetRunOverview(request, context)
+
+    async def ListRecentRuns(
+        self, request: job_service_pb2.ListRecentRunsRequest, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.ListRecentRunsResponse:
+        return await self.overview.ListRecentRuns(request, context)
+
+    async def GetJobHistory(
+        self, request: job_service_pb2.GetJobHistoryRequest, context: grpc.aio.ServicerContext
+    ) -> job_service_pb2.JobHistory:
+        return await self.overview.GetJobHistory(request, context)
 
     async def _visible(self, job_id: int, context: grpc.aio.ServicerContext) -> None:
         """NOT_FOUND for a job the caller's tenant may not see (a read of the

@@ -284,6 +284,8 @@ class Dialect:
     # kept off ``jobs_state`` (it read a state's every job and sorted them);
     # PostgreSQL plans by its statistics.
     state_beside: str = "j.state"
+    # The handler of the spec ``s`` (``job_specs AS s``), read from its JSON.
+    spec_handler: str = "json_extract(s.spec, '$.handler')"
 
 
 class Queries:

@@ -18,6 +18,7 @@ from wheel.errors import InvalidArgument, NotFound, WheelError
 from wheel.store._audit import AuditSQL
 from wheel.store._calendars import CalendarsSQL
 from wheel.store._limits import LimitsSQL
+from wheel.store._overview import OverviewSQL
 from wheel.store._schema import RETRY_WHERE
 from wheel.store._secrets import SecretsSQL
 from wheel.store._shared import (
@@ -58,7 +59,7 @@ from wheel.store.base import (
 T = TypeVar("T")
 
 
-class SQLStore(TenancySQL, SecretsSQL):
+class SQLStore(TenancySQL, SecretsSQL, OverviewSQL):
     """The part of ``Store`` that reads the same in both SQL backends."""
 
     _queries: Queries

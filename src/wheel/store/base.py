@@ -1,12 +1,14 @@
 """The record of truth: the ``Store`` protocol, two backends (SQLite, PostgreSQL).
 
-``Store`` is seven roles in one, each a protocol of its own that a caller
+``Store`` is made of roles, each a protocol of its own that a caller
 needing only it can take: ``JobStore`` (jobs through the API),
 ``TenancyStore`` (tokens and quotas), ``SecretStore`` (the signing secrets
-of HTTP targets), ``LimitStore`` (concurrency keys and rate limits),
-``DispatchStore`` (the owner's claims, completions and batches),
-``OwnershipStore`` (epochs, fences, shard loads and the change
-feed) and ``HistoryStore`` (runs, missed fires, retention).
+of HTTP targets), ``AuditStore`` (the audit trail), ``CalendarStore`` (days
+jobs skip), ``TraceStore`` (jobs' trace contexts), ``LimitStore``
+(concurrency keys and rate limits), ``DispatchStore`` (the owner's claims,
+completions and batches), ``OwnershipStore`` (epochs, fences, shard loads
+and the change feed), ``HistoryStore`` (runs, missed fires, retention) and
+``OverviewStore`` (the console's aggregates over jobs and runs).
 
 The store holds job definitions, schedule state (``next_run_at``) and every
 execution. The shard owner keeps its fast state in memory and in the LMDB
@@ -97,7 +99,10 @@ __all__ = [
     "CompletionOutcome",
     "DispatchStore",
     "ExecutionRecord",
+    "FeedPage",
+    "FeedRun",
     "FireClaim",
+    "FireMark",
     "HistoryStore",
     "JobChange",
     "JobRecord",
@@ -110,11 +115,14 @@ __all__ = [
     "MissedFire",
     "MissedReason",
     "NewJob",
+    "OutcomeCount",
+    "OverviewStore",
     "OwnershipStore",
     "PackedRows",
     "RowChanges",
     "RunStart",
     "RunState",
+    "RunStats",
     "ScheduleAdvance",
     "Seal",
     "SecretRecord",
@@ -251,6 +259,64 @@ class LimitRecord:
 # Seals a secret's new key for the version the store gives it (the version
 # is part of what the seal binds): the key id and the ciphertext.
 Seal = Callable[[int], tuple[str, bytes]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutcomeCount:
+    """How many runs ended with one outcome (or fires were recorded missed)
+    in one time bucket: ``bucket_ms`` is the bucket's start, a multiple of
+    its width; ``outcome`` a terminal ``RunState`` value or ``"missed"``."""
+
+    bucket_ms: int
+    outcome: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FeedRun:
+    """A run as the feed of recent runs across jobs shows it: with the
+    tenant, name and handler of its job."""
+
+    run: ExecutionRecord
+    tenant: str
+    job_name: str
+    handler: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FeedPage:
+    """A page of the feed: its runs, newest first, and where the next page
+    starts (``next_before``, a run id to pass as ``before_run_id``; None:
+    no run is older). A page looks at a bounded range of run ids, so it may
+    hold fewer runs than asked (even none) while older ones remain."""
+
+    runs: list[FeedRun]
+    next_before: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FireMark:
+    """One fire of a job as its history strip shows it: the latest attempt's
+    run state, or ``"missed"`` with the reason as ``detail`` (a run's
+    ``detail`` is its error, if any)."""
+
+    scheduled_for: int
+    outcome: str
+    attempt: int
+    run_id: int | None
+    detail: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStats:
+    """A job's runs that ended in a window: how many, how many succeeded,
+    and the 50th and 99th percentile of their durations (None: no run with
+    a known start ended)."""
+
+    runs: int
+    succeeded: int
+    p50_ms: int | None
+    p99_ms: int | None
 
 
 class Changes(NamedTuple):
@@ -455,6 +521,45 @@ class LimitStore(Protocol):
         """Count every limit's runs in flight again from the runs (a repair
         a node runs as it starts, so that no drift stays); how many limits
         it changed."""
+
+
+class OverviewStore(Protocol):
+    """Aggregates for the console's overview, the feed of recent runs and a
+    job's history at a glance; each reads a range of an index, not every run
+    (``tenant=None``: every tenant's)."""
+
+    def count_jobs_by_state(self, tenant: str | None = None) -> dict[JobState, int]:
+        """Jobs in each state (states with none are left out)."""
+
+    def outcome_counts(
+        self, *, since_ms: int, bucket_ms: int, tenant: str | None = None
+    ) -> list[OutcomeCount]:
+        """Runs that ended at or after ``since_ms`` by bucket of their end and
+        by state, and fires recorded missed since then as ``"missed"``;
+        ordered by bucket, then outcome."""
+
+    def recent_runs(
+        self,
+        *,
+        tenant: str | None = None,
+        outcome: RunState | None = None,
+        handler: str | None = None,
+        job_name: str | None = None,
+        before_run_id: int | None = None,
+        limit: int = 50,
+        scan: int = 20_000,
+    ) -> FeedPage:
+        """Runs of every job, newest first (by run id), with these filters:
+        at most ``limit`` of those among the ``scan`` run ids below
+        ``before_run_id`` (None: below every run), so that a rare filter
+        costs a bounded read, never the whole history."""
+
+    def recent_fires(self, job_id: int, limit: int = 100) -> list[FireMark]:
+        """The job's last ``limit`` fires, newest first: each fire's latest
+        attempt, and the fires recorded missed."""
+
+    def run_stats(self, job_id: int, since_ms: int) -> RunStats:
+        """The job's runs that ended at or after ``since_ms``."""
 
 
 class KindWrites(Protocol):
@@ -711,6 +816,7 @@ class Store(
     CalendarStore,
     TraceStore,
     LimitStore,
+    OverviewStore,
     DispatchStore,
     OwnershipStore,
     HistoryStore,

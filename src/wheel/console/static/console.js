@@ -4,8 +4,11 @@
 "use strict";
 
 const TOKEN_KEY = "wheel.token";
+const ZONE_KEY = "wheel.zone";
 const state = {
   config: null, jobsToken: "", jobsPages: [], runsToken: "", deadToken: "", jobId: null,
+  // Times in UTC, or in the browser's zone ("local"); every time shown carries it.
+  zone: localStorage.getItem(ZONE_KEY) === "local" ? "local" : "UTC",
 };
 
 // -- small helpers --------------------------------------------------------------------
@@ -34,10 +37,19 @@ function fill(tbody, rows, empty, columns) {
   for (const r of rows) tbody.append(r);
 }
 
+function pad(n, width) { return String(n).padStart(width || 2, "0"); }
+
 function when(t) {
   if (!t) return "–";
-  // The one form of a time, the JSON API's own: ISO 8601, UTC, Z, milliseconds.
-  return new Date(t.ms).toISOString();
+  // The one form of a time, the JSON API's own: ISO 8601 with milliseconds,
+  // in UTC (Z) or in the browser's zone with its offset (+01:00).
+  const d = new Date(t.ms);
+  if (state.zone !== "local") return d.toISOString();
+  const off = -d.getTimezoneOffset();
+  const sign = off < 0 ? "-" : "+";
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}` +
+    `T${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}` +
+    `${sign}${pad(Math.floor(Math.abs(off) / 60))}:${pad(Math.abs(off) % 60)}`;
 }
 
 function stateTag(s) { return el("span", { class: "state " + s }, s); }
@@ -239,7 +251,7 @@ async function loadJob(jobId) {
         onclick: () => act(`/api/jobs/${jobId}/${v}`) }, v[0].toUpperCase() + v.slice(1)));
     }
   }
-  await Promise.all([loadRuns(jobId, false), loadJobDead(jobId)]);
+  await Promise.all([loadRuns(jobId, false), loadJobDead(jobId), loadHistory(jobId)]);
 }
 
 // -- dead letters, runtime, cluster, lag ----------------------------------------------
@@ -318,50 +330,9 @@ async function loadCluster() {
     el("span", {}, el("i", { style: "background:" + col }), n)));
 }
 
-function lagChart(minutes) {
-  const W = 720, H = 200, P = 30;
-  const ns = "http://www.w3.org/2000/svg";
-  const svg = document.createElementNS(ns, "svg");
-  svg.setAttribute("width", W); svg.setAttribute("height", H);
-  svg.setAttribute("role", "img");
-  const top = Math.max(1, ...minutes.map((m) => Math.max(m.p99_ms, m.max_ms)));
-  const x = (i) => P + (i * (W - 2 * P)) / Math.max(1, minutes.length - 1);
-  const y = (v) => H - P - (v / top) * (H - 2 * P);
-  const line = (key, colour) => {
-    const pts = minutes.map((m, i) => (m.count ? `${x(i)},${y(m[key])}` : null)).filter(Boolean);
-    const p = document.createElementNS(ns, "polyline");
-    p.setAttribute("points", pts.join(" ")); p.setAttribute("fill", "none");
-    p.setAttribute("stroke", colour); p.setAttribute("stroke-width", "2");
-    svg.append(p);
-    minutes.forEach((m, i) => {
-      if (!m.count) return;
-      const dot = document.createElementNS(ns, "circle");  // a lone minute shows too
-      dot.setAttribute("cx", x(i)); dot.setAttribute("cy", y(m[key]));
-      dot.setAttribute("r", "3"); dot.setAttribute("fill", colour);
-      svg.append(dot);
-    });
-  };
-  for (const [label, at] of [["an hour ago", P], ["now", W - P - 20]]) {
-    const t = document.createElementNS(ns, "text");
-    t.setAttribute("x", at); t.setAttribute("y", H - 8);
-    t.textContent = label;
-    svg.append(t);
-  }
-  const axis = document.createElementNS(ns, "text");
-  axis.setAttribute("x", 4); axis.setAttribute("y", P - 8);
-  axis.textContent = `${top.toFixed(0)} ms`;
-  svg.append(axis);
-  line("max_ms", "#b3261e"); line("p99_ms", "#a86400"); line("p50_ms", "#2357c6");
-  const legend = document.createElementNS(ns, "text");
-  legend.setAttribute("x", W - 260); legend.setAttribute("y", P - 8);
-  legend.textContent = "blue p50 · orange p99 · red max";
-  svg.append(legend);
-  return svg;
-}
-
 async function loadLag() {
   const data = await api("/api/lag");
-  $("#lag-chart").replaceChildren(lagChart(data.minutes));
+  lagChartPlot($("#lag-chart"), data.minutes, state.config.lag_objective_ms);
   const rows = data.minutes.filter((m) => m.count).reverse().map((m) =>
     el("tr", {}, el("td", {}, when(m.minute)), el("td", { class: "num" }, m.count),
       el("td", { class: "num" }, m.p50_ms), el("td", { class: "num" }, m.p99_ms),
@@ -394,17 +365,20 @@ function show(view, tab) {
 }
 
 async function route() {
-  const hash = location.hash || "#/jobs";
+  const hash = location.hash || "#/overview";
   const [, view, arg] = hash.split("/");
   $("#signin").hidden = true;
+  refreshing(view);
   try {
     if (view === "job" && arg) { show("job", "jobs"); await loadJob(arg); }
+    else if (view === "jobs") { show("jobs", "jobs"); await loadJobs(""); }
+    else if (view === "runs") { show("runs", "runs"); await loadFeed(false); }
     else if (view === "dead-letters") { show("dead-letters", view); await loadDead(""); }
     else if (view === "runtime") { show("runtime", view); await loadRuntime(); }
     else if (view === "cluster") { show("cluster", view); await loadCluster(); }
     else if (view === "lag") { show("lag", view); await loadLag(); }
     else if (view === "audit") { show("audit", view); await loadAudit(""); }
-    else { show("jobs", "jobs"); await loadJobs(""); }
+    else { show("overview", "overview"); await loadOverview(); }
     showError("");
     document.body.dataset.loaded = hash;
   } catch (e) {
@@ -420,6 +394,15 @@ async function start() {
   mode.textContent = state.config.actions ? "actions on" : "read-only";
   mode.classList.toggle("act", state.config.actions);
   $("#sign-out").hidden = !state.config.auth;
+  const zone = $("#zone");
+  zone.options[1].textContent = `local (${Intl.DateTimeFormat().resolvedOptions().timeZone})`;
+  zone.value = state.zone;
+  zone.addEventListener("change", () => {
+    state.zone = zone.value;
+    localStorage.setItem(ZONE_KEY, state.zone);
+    route();
+  });
+  startGlance();
   $("#sign-out").addEventListener("click", () => {
     sessionStorage.removeItem(TOKEN_KEY);
     askToken("");

@@ -263,3 +263,107 @@ class RedriveDeadLettersResponse(_message.Message):
     runs: _containers.RepeatedCompositeFieldContainer[_jobs_pb2.Run]
     next_page_token: str
     def __init__(self, runs: _Optional[_Iterable[_Union[_jobs_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class GetRunOverviewRequest(_message.Message):
+    __slots__ = ("tenant", "window_ms", "bucket_ms")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_MS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    window_ms: int
+    bucket_ms: int
+    def __init__(self, tenant: _Optional[str] = ..., window_ms: _Optional[int] = ..., bucket_ms: _Optional[int] = ...) -> None: ...
+
+class JobStateCount(_message.Message):
+    __slots__ = ("state", "count")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    state: _jobs_pb2.JobState
+    count: int
+    def __init__(self, state: _Optional[_Union[_jobs_pb2.JobState, str]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class OutcomeCount(_message.Message):
+    __slots__ = ("bucket_ms", "outcome", "count")
+    BUCKET_MS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    bucket_ms: int
+    outcome: _jobs_pb2.RunState
+    count: int
+    def __init__(self, bucket_ms: _Optional[int] = ..., outcome: _Optional[_Union[_jobs_pb2.RunState, str]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class RunOverview(_message.Message):
+    __slots__ = ("jobs", "runs", "since_ms", "bucket_ms", "now_ms")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_MS_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobStateCount]
+    runs: _containers.RepeatedCompositeFieldContainer[OutcomeCount]
+    since_ms: int
+    bucket_ms: int
+    now_ms: int
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobStateCount, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[OutcomeCount, _Mapping]]] = ..., since_ms: _Optional[int] = ..., bucket_ms: _Optional[int] = ..., now_ms: _Optional[int] = ...) -> None: ...
+
+class ListRecentRunsRequest(_message.Message):
+    __slots__ = ("tenant", "outcome", "handler", "job_name", "page_size", "page_token")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_FIELD_NUMBER: _ClassVar[int]
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    outcome: _jobs_pb2.RunState
+    handler: str
+    job_name: str
+    page_size: int
+    page_token: str
+    def __init__(self, tenant: _Optional[str] = ..., outcome: _Optional[_Union[_jobs_pb2.RunState, str]] = ..., handler: _Optional[str] = ..., job_name: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class RecentRun(_message.Message):
+    __slots__ = ("run", "tenant", "job_name", "handler")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_FIELD_NUMBER: _ClassVar[int]
+    run: _jobs_pb2.Run
+    tenant: str
+    job_name: str
+    handler: str
+    def __init__(self, run: _Optional[_Union[_jobs_pb2.Run, _Mapping]] = ..., tenant: _Optional[str] = ..., job_name: _Optional[str] = ..., handler: _Optional[str] = ...) -> None: ...
+
+class ListRecentRunsResponse(_message.Message):
+    __slots__ = ("runs", "next_page_token")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[RecentRun]
+    next_page_token: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[RecentRun, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class GetJobHistoryRequest(_message.Message):
+    __slots__ = ("job_id", "fires", "window_ms")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRES_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    fires: int
+    window_ms: int
+    def __init__(self, job_id: _Optional[int] = ..., fires: _Optional[int] = ..., window_ms: _Optional[int] = ...) -> None: ...
+
+class JobHistory(_message.Message):
+    __slots__ = ("fires", "runs", "succeeded", "p50_ms", "p99_ms", "since_ms")
+    FIRES_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    P50_MS_FIELD_NUMBER: _ClassVar[int]
+    P99_MS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    fires: _containers.RepeatedCompositeFieldContainer[_jobs_pb2.Run]
+    runs: int
+    succeeded: int
+    p50_ms: int
+    p99_ms: int
+    since_ms: int
+    def __init__(self, fires: _Optional[_Iterable[_Union[_jobs_pb2.Run, _Mapping]]] = ..., runs: _Optional[int] = ..., succeeded: _Optional[int] = ..., p50_ms: _Optional[int] = ..., p99_ms: _Optional[int] = ..., since_ms: _Optional[int] = ...) -> None: ...

@@ -116,6 +116,21 @@ class JobServiceStub:
                 request_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.RedriveDeadLettersRequest.SerializeToString,
                 response_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.RedriveDeadLettersResponse.FromString,
                 _registered_method=True)
+        self.GetRunOverview = channel.unary_unary(
+                '/wheel.rpc.v1.JobService/GetRunOverview',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.GetRunOverviewRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.RunOverview.FromString,
+                _registered_method=True)
+        self.ListRecentRuns = channel.unary_unary(
+                '/wheel.rpc.v1.JobService/ListRecentRuns',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRecentRunsRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRecentRunsResponse.FromString,
+                _registered_method=True)
+        self.GetJobHistory = channel.unary_unary(
+                '/wheel.rpc.v1.JobService/GetJobHistory',
+                request_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.GetJobHistoryRequest.SerializeToString,
+                response_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.JobHistory.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -238,6 +253,33 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetRunOverview(self, request, context):
+        """At a glance, for the jobs the caller sees: jobs by state, and runs
+        ended (and fires missed) over a window ending now, by time bucket and
+        outcome. Computed by the store from its indexes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRecentRuns(self, request, context):
+        """Runs of every job the caller sees, newest first (by run id), filtered
+        by outcome, tenant, handler and job name prefix. A call looks at most
+        20,000 run ids back, so a page may hold fewer runs than asked (even
+        none) while older ones remain: follow next_page_token until it is empty.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJobHistory(self, request, context):
+        """A job's history at a glance: its last fires (each fire's latest
+        attempt, and the missed ones) and its runs ended over a window.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -320,6 +362,21 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.RedriveDeadLetters,
                     request_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.RedriveDeadLettersRequest.FromString,
                     response_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.RedriveDeadLettersResponse.SerializeToString,
+            ),
+            'GetRunOverview': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRunOverview,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.GetRunOverviewRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.RunOverview.SerializeToString,
+            ),
+            'ListRecentRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRecentRuns,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRecentRunsRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRecentRunsResponse.SerializeToString,
+            ),
+            'GetJobHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobHistory,
+                    request_deserializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.GetJobHistoryRequest.FromString,
+                    response_serializer=wheel_dot_rpc_dot_v1_dot_job__service__pb2.JobHistory.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -754,6 +811,87 @@ class JobService:
             '/wheel.rpc.v1.JobService/RedriveDeadLetters',
             wheel_dot_rpc_dot_v1_dot_job__service__pb2.RedriveDeadLettersRequest.SerializeToString,
             wheel_dot_rpc_dot_v1_dot_job__service__pb2.RedriveDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRunOverview(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.JobService/GetRunOverview',
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.GetRunOverviewRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.RunOverview.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRecentRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.JobService/ListRecentRuns',
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRecentRunsRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.ListRecentRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wheel.rpc.v1.JobService/GetJobHistory',
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.GetJobHistoryRequest.SerializeToString,
+            wheel_dot_rpc_dot_v1_dot_job__service__pb2.JobHistory.FromString,
             options,
             channel_credentials,
             insecure,

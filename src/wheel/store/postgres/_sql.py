@@ -40,6 +40,7 @@ DIALECT = Dialect(
     markers=lambda markers: [str(m) for m in markers],
     as_int="{expr}::text::int8",
     name_order='j.name COLLATE "C"',
+    spec_handler="(s.spec::jsonb ->> 'handler')",
 )
 QUERIES = Queries(DIALECT)
 
