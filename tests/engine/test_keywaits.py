@@ -143,3 +143,50 @@ def test_the_waiting_claim_rides_in_the_batch_that_ends_the_run_of_its_key() -> 
     n.store.now_ms = n.now
     n.driver.apply(n.store.write_batch(batch), n.now)
     assert [a.job_id for a in handed(n.driver.take_messages())] == [waiting]
+
+
+def test_waits_go_out_by_priority_then_fire_and_a_long_wait_ages_up() -> None:
+    aging = 1_000
+    waits = KeyWaits(POLL, aging)
+
+    def park(job: int, fire: int, priority: int, since: int) -> None:
+        c = FireClaim(
+            job_id=job,
+            scheduled_for=fire,
+            attempt=0,
+            fence=job,
+            dispatched_at_ms=0,
+            concurrency_key="k",
+            tenant="t",
+        )
+        waits.park(c, _Pending(job, fire, 0, job, None), since, since, priority)
+
+    park(1, 100, 9, 0)
+    park(2, 300, 0, 0)
+    park(3, 200, 5, 0)
+    park(4, 150, 0, 0)
+    # Fresh: by priority, then by fire.
+    assert [p.claim.job_id for p in waits.take(POLL)] == [4, 2, 3, 1]
+    # Job 1 (priority 9) has waited 9 periods: it ranks 0, and its fire is
+    # the oldest; job 5 (priority 0) just came.
+    park(1, 100, 9, 0)
+    park(5, 400, 0, 9 * aging)
+    assert [p.claim.job_id for p in waits.take(9 * aging + POLL)] == [1, 5]
+    # One priority alone: by fire, as before priorities.
+    park(6, 500, 5, 0)
+    park(7, 450, 5, 0)
+    assert [p.claim.job_id for p in waits.take(20 * aging)] == [7, 6]
+
+
+def test_a_freed_permit_goes_to_the_waiting_fire_of_the_better_priority() -> None:
+    n = Node(OwnerConfig(limit_poll_ms=POLL))
+    n.store.set_limit(LimitRecord(tenant="default", key="db", max_concurrent=1), n.now)
+    n.hello(capacity=50)
+    holder = n.submit(spec(name="holder", concurrency_key="db", priority=5))
+    [first] = handed(n.step(T + MIN))
+    assert first.job_id == holder
+    low = n.submit(spec(name="low", concurrency_key="db", priority=9))
+    high = n.submit(spec(name="high", concurrency_key="db", priority=0))
+    assert handed(n.step(T + 2 * MIN)) == []  # both wait for the one permit
+    [nxt] = handed(n.complete(first))
+    assert nxt.job_id == high, (nxt.job_id, low, high)

@@ -108,7 +108,11 @@ class Dispatcher:
         self.redos = redos
         self.stats = stats
         # Claims waiting for a permit of their concurrency key (``_keywaits``).
-        self.keywaits = keywaits if keywaits is not None else KeyWaits(config.limit_poll_ms)
+        self.keywaits = (
+            keywaits
+            if keywaits is not None
+            else KeyWaits(config.limit_poll_ms, config.priority_aging_ms)
+        )
         # Queued work by route: jobs with a fresh fire, jobs with overdue
         # work (by priority with aging, fair across tenants within a level:
         # wheel.engine.priority), and claimed runs that wait for a worker
@@ -495,7 +499,9 @@ class Dispatcher:
                 since = None if pend.waited_since < 0 else pend.waited_since
                 if since is None:
                     pend.waited_since = now_ms
-                self.keywaits.park(c, pend, now_ms, since)
+                waiting = self.jobs.get(c.job_id) or self.book.job(c.job_id)
+                rank = waiting.spec.priority if waiting is not None else 5
+                self.keywaits.park(c, pend, now_ms, since, rank)
                 continue
             if pend.waited_since >= 0 and out.run_id is not None:
                 acts.limit_waits.append(now_ms - pend.waited_since)
@@ -571,7 +577,7 @@ class Dispatcher:
             if not pend.ahead:
                 workers = [w for w in self.workers.serving(job.route) if w.free > 0]
                 if budget <= 0 or not workers:
-                    self.keywaits.park(c, pend, now_ms, pend.waited_since)
+                    self.keywaits.park(c, pend, now_ms, pend.waited_since, parked.priority)
                     continue
                 worker = self._take_server(workers)
                 worker.reserved += 1

@@ -20,9 +20,14 @@ Invariants (tests in tests/engine/test_keywaits.py):
 
 1. A claim parked here is in no other part's keeping (not in ``Claims``):
    it is sent again at most once per poll or kick, and taken out once.
-2. Per key, claims go out again in the order of their fires (the oldest
-   first), so the oldest waiting fire gets the next permit this owner asks
-   for.
+2. Per key, claims go out again in the order of their jobs' effective
+   priority, then of their fires (the oldest first), so the best-ranked
+   waiting fire gets the next permit this owner asks for. A claim's
+   effective priority is its job's, one level better for every
+   ``aging_ms`` it has waited (``wheel.engine.priority``'s rule, the same
+   as a route's queue): a priority-9 fire ranks with priority 0 after nine
+   periods, so none waits past them for its rank. All of one priority: by
+   fire alone, as before priorities.
 """
 
 from __future__ import annotations
@@ -39,21 +44,25 @@ Key = tuple[str, str]  # (tenant, concurrency key)
 
 @dataclass(slots=True, order=True)
 class Parked:
-    """A claim waiting for a permit, ordered by its fire."""
+    """A claim waiting for a permit, ordered by its fire (``take`` ranks by
+    priority first)."""
 
     scheduled_for: int
     since_ms: int
     claim: FireClaim = field(compare=False)
     pend: _Pending = field(compare=False)
+    priority: int = field(default=5, compare=False)
 
 
 class KeyWaits:
     """The waiting claims by key, and when they go out again."""
 
-    __slots__ = ("_by_key", "_kicked", "_next_poll", "poll_ms")
+    __slots__ = ("_by_key", "_kicked", "_next_poll", "aging_ms", "poll_ms")
 
-    def __init__(self, poll_ms: int) -> None:
+    def __init__(self, poll_ms: int, aging_ms: int = 10_000) -> None:
         self.poll_ms = max(1, poll_ms)
+        # A waiting claim ranks one priority level better per this long (0: never).
+        self.aging_ms = aging_ms
         self._by_key: dict[Key, list[Parked]] = {}
         self._kicked: set[Key] = set()
         self._next_poll = 0
@@ -64,15 +73,28 @@ class KeyWaits:
     def __bool__(self) -> bool:
         return bool(self._by_key)
 
-    def park(self, claim: FireClaim, pend: _Pending, now_ms: int, since_ms: int | None) -> None:
+    def park(
+        self,
+        claim: FireClaim,
+        pend: _Pending,
+        now_ms: int,
+        since_ms: int | None,
+        priority: int = 5,
+    ) -> None:
         """The store answered ``claim`` waiting (invariant 1); ``since_ms``:
-        when it first waited (None: now)."""
+        when it first waited (None: now); ``priority``: its job's."""
         key = (claim.tenant, claim.concurrency_key)
         if key not in self._by_key and not self._by_key:
             self._next_poll = now_ms + self.poll_ms
         bisect.insort(
             self._by_key.setdefault(key, []),
-            Parked(claim.scheduled_for, now_ms if since_ms is None else since_ms, claim, pend),
+            Parked(
+                claim.scheduled_for,
+                now_ms if since_ms is None else since_ms,
+                claim,
+                pend,
+                priority,
+            ),
         )
 
     def kick(self, tenant: str, key: str) -> None:
@@ -104,8 +126,18 @@ class KeyWaits:
         self._kicked.clear()
         out: list[Parked] = []
         for k in keys:
-            out.extend(self._by_key.pop(k))
+            q = self._by_key.pop(k)
+            first = q[0].priority
+            if any(p.priority != first for p in q):
+                q.sort(key=lambda p: (self._rank(p, now_ms), p.scheduled_for))
+            out.extend(q)
         return out
+
+    def _rank(self, p: Parked, now_ms: int) -> int:
+        """``p``'s effective priority now (invariant 2)."""
+        if self.aging_ms <= 0:
+            return p.priority
+        return max(0, p.priority - (now_ms - p.since_ms) // self.aging_ms)
 
     def drop(self, gone: Callable[[int], bool]) -> list[Parked]:
         """Take out the claims of the jobs ``gone`` names (a hand-over)."""
