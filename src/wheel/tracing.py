@@ -5,10 +5,10 @@ which ``wheelctl serve`` and ``wheelctl worker`` call at start): an
 exporter named by ``OTEL_TRACES_EXPORTER`` (``otlp``, ``console``, or
 ``null``, which keeps every span and sends none, for measuring what tracing
 costs), ``otlp`` by default once an ``OTEL_EXPORTER_OTLP_*ENDPOINT`` is set;
-``OTEL_SDK_DISABLED=true`` turns it off. The SDK and the OTLP exporter are
-the ``otel`` extra (``pip install wheel-scheduler[otel]``); only the API is
-a dependency. An application that sets up its own SDK calls
-``install(provider)`` instead.
+the sampler by ``OTEL_TRACES_SAMPLER``; ``OTEL_SDK_DISABLED=true`` turns it
+off. The SDK and the OTLP exporter are the ``otel`` extra (``pip install
+wheel-scheduler[otel]``); only the API is a dependency. An application that
+sets up its own SDK calls ``install(provider)`` instead.
 
 What is traced:
 
@@ -27,38 +27,38 @@ What is traced:
 
 The ids of a fire's spans are derived, not stored (``fire_trace_id``,
 ``dispatch_span_id``, ``run_span_id``): any node hands out any attempt of
-any fire, after a failover too, and the spans still join up. The span ids
-are given to the SDK through ``FireIds``, the id generator ``configure``
-and ``install`` put in place.
+any fire, after a failover too, and the spans still join up. A fire's spans
+are made as finished spans (``emit``: the SDK's ``ReadableSpan``) and handed
+to the provider's span processors and so to its exporter, as the SDK's own
+would be, without the SDK's per-span bookkeeping: a fire's two spans cost a
+few microseconds, where the SDK's tracer takes some thirty a span. The
+provider's sampler decides, at the ``dispatch``; the worker follows the
+decision the ``traceparent`` carries.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import hashlib
 import logging
 import os
-import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
 __all__ = [
-    "FireIds",
     "configure",
     "current_traceparent",
     "dispatch_span_id",
+    "emit",
     "fire_trace_id",
-    "forced_ids",
     "install",
     "is_on",
-    "link_to",
+    "parse_traceparent",
     "remote_context",
     "run_span_id",
+    "sampled",
     "span_context",
     "traceparent",
     "tracer",
@@ -66,16 +66,40 @@ __all__ = [
 
 log = logging.getLogger("wheel.tracing")
 
-_ON = False
-# (trace id or 0, span id): the ids the next span the SDK makes takes.
-_FORCED: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
-    "wheel_forced_span_ids", default=None
-)
+SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
+
+
+class _Sink:
+    """Where finished spans go: the provider's span processors, with the
+    provider's resource and sampler (and the SDK's types, imported once)."""
+
+    __slots__ = ("error", "keep", "processor", "readable", "resource", "sampler", "scope", "unset")
+
+    def __init__(self, provider: Any) -> None:
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.sdk.trace.sampling import Decision
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+        from opentelemetry.trace import Status, StatusCode
+
+        # The SDK's own list of the provider's processors (it has no public
+        # name): what a span the SDK's tracer ends is handed to.
+        self.processor = provider._active_span_processor
+        self.resource = provider.resource
+        self.sampler = provider.sampler
+        self.scope = InstrumentationScope("wheel")
+        self.readable = ReadableSpan
+        self.keep = Decision.RECORD_AND_SAMPLE
+        self.unset = Status(StatusCode.UNSET)
+        self.error: Callable[[str], Any] = lambda text: Status(StatusCode.ERROR, text)
+
+
+_SINK: _Sink | None = None
 
 
 def is_on() -> bool:
     """Whether wheel makes spans in this process."""
-    return _ON
+    return _SINK is not None
 
 
 def tracer() -> trace.Tracer:
@@ -104,18 +128,26 @@ def run_span_id(key: str, attempt: int) -> int:
 
 
 def span_context(trace_id: int, span_id: int, *, remote: bool = True) -> SpanContext:
-    return SpanContext(
-        trace_id, span_id, is_remote=remote, trace_flags=TraceFlags(TraceFlags.SAMPLED)
-    )
+    return SpanContext(trace_id, span_id, is_remote=remote, trace_flags=SAMPLED)
 
 
-def link_to(trace_id: int, span_id: int) -> Link:
-    return Link(span_context(trace_id, span_id))
+def traceparent(trace_id: int, span_id: int, sampled: bool = True) -> str:
+    """The W3C ``traceparent`` of a span."""
+    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
 
 
-def traceparent(trace_id: int, span_id: int) -> str:
-    """The W3C ``traceparent`` of a sampled span."""
-    return f"00-{trace_id:032x}-{span_id:016x}-01"
+def parse_traceparent(value: str) -> SpanContext | None:
+    """The span context of a W3C ``traceparent`` (version 00), or None."""
+    if len(value) != 55 or value[2] != "-" or value[35] != "-" or value[52] != "-":
+        return None
+    try:
+        trace_id, span_id = int(value[3:35], 16), int(value[36:52], 16)
+        flags = int(value[53:55], 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id or value[:2] == "ff":
+        return None
+    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags & 1))
 
 
 def current_traceparent() -> str:
@@ -125,93 +157,73 @@ def current_traceparent() -> str:
     return carrier.get("traceparent", "")
 
 
-def remote_context(value: str | Mapping[str, str]) -> otel_context.Context:
+def remote_context(value: str | Mapping[str, str]) -> Any:
     """A context whose current span is the remote parent ``value`` names (a
     ``traceparent``, or a carrier of headers or gRPC metadata)."""
     carrier = {"traceparent": value} if isinstance(value, str) else dict(value)
     return propagate.extract(carrier)
 
 
-def parse_traceparent(value: str) -> SpanContext | None:
-    """The span context of a ``traceparent``, or None if it is not one."""
-    span = trace.get_current_span(remote_context(value))
-    ctx = span.get_span_context()
-    return ctx if ctx.is_valid else None
+# -- a fire's spans ----------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def forced_ids(trace_id: int, span_id: int) -> Iterator[None]:
-    """The next span made in this block takes these ids (trace id 0: its
-    parent's) where ``FireIds`` generates them."""
-    token = _FORCED.set((trace_id, span_id))
-    try:
-        yield
-    finally:
-        _FORCED.reset(token)
+def sampled(trace_id: int, name: str, links: Sequence[Link]) -> bool:
+    """Whether the provider's sampler keeps a fire's root span."""
+    sink = _SINK
+    if sink is None:
+        return False
+    result = sink.sampler.should_sample(None, trace_id, name, SpanKind.PRODUCER, None, links)
+    return bool(result.decision is sink.keep)
 
 
-def start_span(
+def emit(
     name: str,
     *,
     trace_id: int,
     span_id: int,
-    parent: SpanContext | None = None,
+    start_ns: int,
+    end_ns: int,
+    attributes: Mapping[str, Any],
+    parent_span_id: int = 0,
     links: Sequence[Link] = (),
-    attributes: Mapping[str, Any] | None = None,
-    start_ns: int | None = None,
     kind: SpanKind = SpanKind.INTERNAL,
-) -> trace.Span:
-    """A span with the given ids: a root of ``trace_id``, or the child of
-    ``parent`` (which must be of the same trace)."""
-    ctx = (
-        trace.set_span_in_context(NonRecordingSpan(parent))
-        if parent is not None
-        else otel_context.Context()
-    )
-    with forced_ids(trace_id, span_id):
-        return tracer().start_span(
-            name,
-            context=ctx,
-            kind=kind,
-            links=links,
+    error: str = "",
+) -> None:
+    """Hand a finished span with these ids to the provider's processors."""
+    sink = _SINK
+    if sink is None:
+        return
+    sink.processor.on_end(
+        sink.readable(
+            name=name,
+            context=SpanContext(trace_id, span_id, is_remote=False, trace_flags=SAMPLED),
+            parent=(
+                SpanContext(trace_id, parent_span_id, is_remote=True, trace_flags=SAMPLED)
+                if parent_span_id
+                else None
+            ),
+            resource=sink.resource,
             attributes=attributes,
+            links=links,
+            kind=kind,
+            status=sink.error(error) if error else sink.unset,
             start_time=start_ns,
+            end_time=max(start_ns, end_ns),
+            instrumentation_scope=sink.scope,
         )
+    )
 
 
 # -- the SDK ---------------------------------------------------------------------------
 
 
-class FireIds:
-    """The SDK's id generator: random ids, but those ``forced_ids`` gives."""
-
-    def __init__(self) -> None:
-        self._random = random.Random()
-
-    def generate_span_id(self) -> int:
-        forced = _FORCED.get()
-        if forced is not None:
-            return forced[1]
-        return self._random.getrandbits(64) or 1
-
-    def is_trace_id_random(self) -> bool:
-        # A fire's trace id is derived from its key, not drawn at random.
-        return False
-
-    def generate_trace_id(self) -> int:
-        forced = _FORCED.get()
-        if forced is not None and forced[0]:
-            return forced[0]
-        return self._random.getrandbits(128) or 1
-
-
 def install(provider: Any) -> None:
     """Trace with ``provider`` (an SDK ``TracerProvider`` the application
-    made): wheel's ids are put in place and it becomes the global one."""
-    global _ON
-    provider.id_generator = FireIds()
+    made): it becomes the global one, and a fire's spans go to its span
+    processors."""
+    global _SINK
     trace.set_tracer_provider(provider)
-    _ON = True
+    _SINK = _Sink(provider)
 
 
 def configure(service_name: str, env: Mapping[str, str] | None = None) -> bool:

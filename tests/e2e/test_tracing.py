@@ -10,12 +10,16 @@ attempt's."""
 from __future__ import annotations
 
 import http.server
+import json
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
+import psycopg
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -23,8 +27,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from testkit.otlp_receiver import OtlpReceiver
 from testkit.procs import ServerProc, WorkerProc, runs_of, wait_for
-from wheel import tracing
+from wheel import outbox, tracing
 from wheel.client import Client, HttpTarget
+from wheel.engine.model import idempotency_key
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +75,7 @@ def test_one_fires_spans_join_up_across_processes_and_a_worker_sigkill(
         assert (submit.trace_id, submit.parent_span_id) == (app_ctx.trace_id, app_ctx.span_id)
 
         d1 = receiver.wait("dispatch", **{"wheel.job_id": job.job_id, "wheel.attempt": 1})
-        key = d1.attributes["wheel.idempotency_key"]
+        key = idempotency_key(job.job_id, d1.attributes["wheel.scheduled_for_ms"])
         assert d1.trace_id == tracing.fire_trace_id(key) != app_ctx.trace_id
         assert d1.span_id == tracing.dispatch_span_id(key, 1) and d1.parent_span_id == 0
         assert (submit.trace_id, submit.span_id) in d1.links
@@ -137,10 +142,66 @@ def test_an_http_targets_request_carries_its_run_spans_traceparent(
         seen = wait_for(lambda: list(hook.seen), 30, "the request")  # type: ignore[attr-defined]
         run = receiver.wait("run", **{"wheel.job_id": job.job_id})
         assert seen == [tracing.traceparent(run.trace_id, run.span_id)]
-        key = run.attributes["wheel.idempotency_key"]
+        fire = receiver.wait("dispatch", **{"wheel.job_id": job.job_id})
+        key = idempotency_key(job.job_id, fire.attributes["wheel.scheduled_for_ms"])
         assert run.span_id == tracing.run_span_id(key, 1)
     finally:
         worker.stop()
         node.stop()
         hook.shutdown()
         hook.server_close()
+
+
+APP = """
+import json, sys
+from datetime import timedelta
+
+import psycopg
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from wheel import outbox, tracing
+
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+tracing.install(provider)
+with provider.get_tracer("app").start_as_current_span("place-order") as span:
+    with psycopg.connect(sys.argv[1]) as conn:
+        entry = outbox.submit(conn, name="via-outbox", handler="record", at=timedelta(0))
+        conn.commit()
+ctx = span.get_span_context()
+print(json.dumps({"trace_id": ctx.trace_id, "span_id": ctx.span_id, "row": entry.id}))
+"""
+
+
+@pytest.mark.postgres
+def test_a_job_submitted_through_the_outbox_links_its_fires_to_the_applications_span(
+    receiver: OtlpReceiver, tmp_path: Path, pg_dsn: str
+) -> None:
+    node = ServerProc(tmp_path / "data", store=pg_dsn)
+    node.start()
+    worker = WorkerProc(node.target, tmp_path / "out", "w-outbox")
+    try:
+        wait_for(worker.connected, 30, "the worker to connect")
+        # The application: its own process, its own SDK, a span around the
+        # transaction that inserts the row.
+        done = subprocess.run(
+            [sys.executable, "-c", APP, pg_dsn], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        app = json.loads(done.stdout)
+        with psycopg.connect(pg_dsn) as conn:
+
+            def job_id() -> int | None:
+                fate = outbox.fate(conn, app["row"])
+                conn.commit()
+                return fate.job_id
+
+            job = wait_for(job_id, 30, "the row to become a job")
+        dispatch = receiver.wait("dispatch", timeout=30, **{"wheel.job_id": job})
+        assert (app["trace_id"], app["span_id"]) in dispatch.links
+        assert dispatch.trace_id != app["trace_id"]  # the fire's own trace
+    finally:
+        worker.stop()
+        node.stop()

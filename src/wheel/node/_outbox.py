@@ -56,7 +56,7 @@ from prometheus_client import Counter
 from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict
 
-from wheel import http_targets
+from wheel import http_targets, tracing
 from wheel._retry import Backoff
 from wheel.engine.records import JobRecord
 from wheel.engine.spec import JobSpec
@@ -94,8 +94,9 @@ PERMANENT: tuple[type[WheelError], ...] = (
     NotFound,
     PermissionDenied,
 )
-# A claimed row: id, idempotency key, its spec (or why it is none), body hash.
-Claimed = tuple[int, str, JobSpec | WheelError, str | None]
+# A claimed row: id, idempotency key, its spec (or why it is none), body
+# hash, and the trace context of the application's span ("": none).
+Claimed = tuple[int, str, JobSpec | WheelError, str | None, str]
 # Queued submits between two yields to the loop.
 YIELD_EVERY = 250
 
@@ -368,14 +369,14 @@ class OutboxRelay:
 
     async def _submit(self, claimed: Sequence[Claimed]) -> list[RowFate]:
         node = self.node
-        tenants = [spec.tenant for _, _, spec, _ in claimed if isinstance(spec, JobSpec)]
+        tenants = [spec.tenant for _, _, spec, _, _ in claimed if isinstance(spec, JobSpec)]
         verdicts = iter(await node.admit_submits(tenants))
         fates: list[RowFate] = []
         waiting: list[tuple[int, asyncio.Future[tuple[JobRecord, bool] | WheelError]]] = []
         admitted: list[str] = []
         now = node.now_ms()
         try:
-            for n, (row_id, key, spec, digest) in enumerate(claimed):
+            for n, (row_id, key, spec, digest, _) in enumerate(claimed):
                 if n % YIELD_EVERY == YIELD_EVERY - 1:
                     await asyncio.sleep(0)
                 if not isinstance(spec, JobSpec):
@@ -404,7 +405,19 @@ class OutboxRelay:
                     fates.append(RowFate(id=row_id, state="done", job_id=result[0].job_id))
         finally:
             node.submits_done(admitted)
+        await self._link_traces(claimed, fates)
         return fates
+
+    async def _link_traces(self, claimed: Sequence[Claimed], fates: Sequence[RowFate]) -> None:
+        """With tracing on, each job a traced row made keeps the row's trace
+        context, as a traced submit's keeps its call's (``wheel.tracing``):
+        the job's fires link to the application's span."""
+        if not tracing.is_on():
+            return
+        traced = {row_id: tp for row_id, _, _, _, tp in claimed if tp}
+        made = [(f.job_id, traced[f.id]) for f in fates if f.job_id is not None and f.id in traced]
+        if made:
+            await self.node.record_job_traces(made)
 
 
 class _Connected:
@@ -414,6 +427,9 @@ class _Connected:
     def __init__(self, relay: OutboxRelay) -> None:
         self.relay = relay
         self._conn: psycopg.Connection[Any] | None = None
+        # The claim's statement for the table this connection finds (with
+        # its rows' trace context where the table has the column).
+        self._claim_sql = ""
 
     def connection(self) -> psycopg.Connection[Any]:
         conn = self._conn
@@ -428,6 +444,7 @@ class _Connected:
             with contextlib.suppress(psycopg.Error):
                 self._conn.close()
             self._conn = None
+        self._claim_sql = ""  # the table may be another (or altered) next time
 
 
 class _Purger(_Connected):
@@ -467,14 +484,18 @@ class _Lane(_Connected):
     def claim(self) -> list[Claimed]:
         try:
             conn = self.connection()
-            rows = conn.execute(sql.CLAIM, (self.relay.batch_rows,)).fetchall()
+            if not self._claim_sql:
+                has = conn.execute(sql.HAS_TRACE_COLUMN).fetchone()
+                trace = "traceparent" if has and has[0] else "NULL"
+                self._claim_sql = sql.CLAIM.format(trace=trace)
+            rows = conn.execute(self._claim_sql, (self.relay.batch_rows,)).fetchall()
             if not rows:
                 conn.rollback()  # no transaction left open between polls
         except psycopg.Error as exc:
             self.close()
             raise StoreUnavailable(f"outbox claim: {exc}") from exc
         out: list[Claimed] = []
-        for row_id, key, text, digest in rows:
+        for row_id, key, text, digest, traceparent in rows:
             spec: JobSpec | WheelError
             try:
                 # A row written by another language's SDK: its HTTP target
@@ -484,7 +505,7 @@ class _Lane(_Connected):
                 spec = exc
             except (ValueError, KeyError, TypeError) as exc:
                 spec = InvalidArgument("spec", f"not a job spec ({type(exc).__name__}: {exc})")
-            out.append((row_id, key, spec, digest))
+            out.append((row_id, key, spec, digest, traceparent or ""))
         return out
 
     def record(self, fates: Sequence[RowFate]) -> None:

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
-from wheel import http_targets
+from wheel import http_targets, tracing
 from wheel.client._specs import JobArgs, JobRequest, encoded, job_spec, request_of
 from wheel.codec import PayloadCodec
 from wheel.errors import InvalidArgument, NotFound
@@ -139,6 +139,11 @@ _INSERT = (
     "INSERT INTO wheel_outbox (tenant, idempotency_key, spec, body_hash)"
     " VALUES (%(tenant)s, %(key)s, %(spec)s, %(hash)s) RETURNING id"
 )
+# With the application's trace context (``_traced``).
+_INSERT_TRACED = (
+    "INSERT INTO wheel_outbox (tenant, idempotency_key, spec, body_hash, traceparent)"
+    " VALUES (%(tenant)s, %(key)s, %(spec)s, %(hash)s, %(trace)s) RETURNING id"
+)
 _FATE = (
     "SELECT id, state, job_id, error_code, error, attempts, relayed_by FROM wheel_outbox"
     " WHERE id = %(id)s"
@@ -209,9 +214,19 @@ def _run(
     return run()
 
 
-def _named(row: tuple[str, str, str, str]) -> dict[str, str]:
+def _named(row: tuple[str, str, str, str], trace: str = "") -> dict[str, str]:
     tenant, key, spec, digest = row
-    return {"tenant": tenant, "key": key, "spec": spec, "hash": digest}
+    named = {"tenant": tenant, "key": key, "spec": spec, "hash": digest}
+    if trace:
+        named["trace"] = trace
+    return named
+
+
+def _traced() -> str:
+    """The current span's ``traceparent`` when the application traces with
+    wheel (``wheel.tracing.install``): a row keeps it, so the job's fires
+    link to the span that submitted it in the application's transaction."""
+    return tracing.current_traceparent() if tracing.is_on() else ""
 
 
 @overload
@@ -233,9 +248,10 @@ def submit(
     docstring); the entry names the row and the job's idempotency key.
     ``codec`` (``wheel.codec``): the payload is encoded before it is kept."""
     row = row_of(job, codec=codec)
+    trace = _traced()
     return _run(
         conn,
-        [(_INSERT, _named(row))],
+        [(_INSERT_TRACED if trace else _INSERT, _named(row, trace))],
         lambda out: OutboxEntry(id=int(out[0][0][0]), idempotency_key=row[1]),
     )
 
@@ -269,6 +285,9 @@ def submit_many(
     bad, none (the ``InvalidArgument`` is raised before anything is sent)."""
     rows = [row_of(job, codec=codec) for job in jobs]
     kind = _kind(conn)
+    trace = _traced()
+    insert_sql = sql.INSERT_TRACED if trace else sql.INSERT
+    params = [(*r, trace) for r in rows] if trace else rows
 
     def entries(ids: Iterable[int]) -> list[OutboxEntry]:
         return [OutboxEntry(id=i, idempotency_key=r[1]) for i, r in zip(ids, rows, strict=True)]
@@ -277,21 +296,24 @@ def submit_many(
 
         async def insert() -> list[OutboxEntry]:
             async with conn.cursor() as cur:
-                await cur.executemany(sql.INSERT, rows, returning=True)
+                await cur.executemany(insert_sql, params, returning=True)
                 return entries(await _ids(cur))
 
         return insert()
     if kind == _PSYCOPG:
         with conn.cursor() as cur:
-            cur.executemany(sql.INSERT, rows, returning=True)
+            cur.executemany(insert_sql, params, returning=True)
             ids = []
             while True:
                 ids.append(cur.fetchone()[0])
                 if not cur.nextset():
                     break
             return entries(ids)
+    statement = _INSERT_TRACED if trace else _INSERT
     return _run(
-        conn, [(_INSERT, _named(r)) for r in rows], lambda out: entries(int(o[0][0]) for o in out)
+        conn,
+        [(statement, _named(r, trace)) for r in rows],
+        lambda out: entries(int(o[0][0]) for o in out),
     )
 
 

@@ -109,7 +109,7 @@ class DispatchTraces:
     def __init__(self, node: Node) -> None:
         self.node = node
         self._jobs: collections.OrderedDict[int, str] = collections.OrderedDict()
-        self._queue: list[tuple[Assignment, int]] = []
+        self._queue: list[tuple[Assignment, int, int, int]] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -135,7 +135,12 @@ class DispatchTraces:
         """The ``traceparent`` of the attempt's dispatch span, which is made
         soon after (on the event loop, per hand-out)."""
         key = a.idempotency_key
-        self._queue.append((a, time.time_ns()))
+        attempt = wire_attempt(a.attempt)  # 1 for a fire's first, as workers see it
+        trace_id = tracing.fire_trace_id(key)
+        span_id = tracing.dispatch_span_id(key, attempt)
+        if not tracing.sampled(trace_id, "dispatch", ()):
+            return tracing.traceparent(trace_id, span_id, sampled=False)
+        self._queue.append((a, time.time_ns(), trace_id, span_id))
         if self._task is None:
             self._wake = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(
@@ -144,9 +149,7 @@ class DispatchTraces:
             self.node.on_stop(self.close)
         if len(self._queue) == 1 and self._wake is not None:
             self._wake.set()
-        return tracing.traceparent(
-            tracing.fire_trace_id(key), tracing.dispatch_span_id(key, wire_attempt(a.attempt))
-        )
+        return tracing.traceparent(trace_id, span_id)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -170,7 +173,7 @@ class DispatchTraces:
         batch, self._queue = self._queue, []
         if not batch:
             return
-        unknown = sorted({a.job_id for a, _ in batch if a.job_id not in self._jobs})
+        unknown = sorted({a.job_id for a, *_ in batch if a.job_id not in self._jobs})
         if unknown:
             try:
                 found = await self.node.job_traces(unknown)
@@ -179,13 +182,12 @@ class DispatchTraces:
                 found = {}
             for job_id in unknown:
                 self._keep(job_id, found.get(job_id, ""))
-        for a, at_ns in batch:
-            self._span(a, at_ns)
+        for a, at_ns, trace_id, span_id in batch:
+            self._span(a, at_ns, trace_id, span_id)
 
-    def _span(self, a: Assignment, at_ns: int) -> None:
+    def _span(self, a: Assignment, at_ns: int, trace_id: int, span_id: int) -> None:
         key = a.idempotency_key
-        attempt = wire_attempt(a.attempt)  # 1 for a fire's first, as workers see it
-        trace_id = tracing.fire_trace_id(key)
+        attempt = wire_attempt(a.attempt)
         links: list[Link] = []
         submitted = tracing.parse_traceparent(self._jobs.get(a.job_id, ""))
         if submitted is not None:
@@ -193,24 +195,22 @@ class DispatchTraces:
         if attempt > 1:
             first = tracing.span_context(trace_id, tracing.dispatch_span_id(key, 1))
             links.append(Link(first, {"wheel.link": "first_attempt"}))
-        span = tracing.start_span(
+        scheduled_ns = a.scheduled_for * 1_000_000
+        tracing.emit(
             "dispatch",
             trace_id=trace_id,
-            span_id=tracing.dispatch_span_id(key, attempt),
+            span_id=span_id,
             links=links,
-            start_ns=a.scheduled_for * 1_000_000 if attempt == 1 else at_ns,
+            # A fire's first hand-out spans its lag; a retry's is a moment.
+            start_ns=scheduled_ns if attempt == 1 else at_ns,
+            end_ns=max(at_ns, scheduled_ns),
             kind=SpanKind.PRODUCER,
             attributes={
                 "wheel.job_id": a.job_id,
-                "wheel.run_id": a.run_id,
-                "wheel.tenant": a.tenant,
-                "wheel.handler": a.handler,
                 "wheel.shard": shard_of(a.job_id),
                 "wheel.fence": a.fence,
                 "wheel.attempt": attempt,
                 "wheel.scheduled_for_ms": a.scheduled_for,
                 "wheel.dispatched_at_ms": at_ns // 1_000_000,
-                "wheel.idempotency_key": key,
             },
         )
-        span.end(end_time=max(at_ns, a.scheduled_for * 1_000_000))

@@ -26,7 +26,9 @@ __all__ = [
     "DDL_1",
     "FAILED",
     "HAS_SETTLED_INDEX",
+    "HAS_TRACE_COLUMN",
     "INSERT",
+    "INSERT_TRACED",
     "NOTIFY_FUNCTION",
     "PURGE",
     "RECORD",
@@ -34,6 +36,7 @@ __all__ = [
     "STATES",
     "STATUS",
     "TABLE_CHANNEL",
+    "TRACE_COLUMN",
 ]
 
 # The notification channel of the schema ``{schema}`` (a SQL expression),
@@ -118,18 +121,37 @@ SETTLED_INDEX = (
     " WHERE state <> 'pending'"
 )
 
+# The W3C trace context of the span a row was inserted under, when the
+# application traces (``wheel.tracing``): the job's fires link to it.
+# Migration 24 of wheel's own store; ``wheelctl outbox init`` run again adds
+# it to a table made before (until then a traced insert is refused by the
+# database, and the relay reads no context: ``HAS_TRACE_COLUMN``).
+TRACE_COLUMN = "ALTER TABLE wheel_outbox ADD COLUMN IF NOT EXISTS traceparent text"
+
 # The DDL as migration 11 of wheel's own store ran it, never to change (a
 # released migration; migration 12 replaces the function, 14 adds
 # ``SETTLED_INDEX``).
 DDL_1: list[str] = [*_TABLE, _NOTIFY_FUNCTION_1, _TRIGGER]
 # The DDL now, all of it idempotent: ``wheelctl outbox init`` run again on a
 # table made before brings its trigger's function and its indexes up to date.
-DDL: list[str] = [*_TABLE, SETTLED_INDEX, NOTIFY_FUNCTION, _TRIGGER]
+DDL: list[str] = [*_TABLE, SETTLED_INDEX, TRACE_COLUMN, NOTIFY_FUNCTION, _TRIGGER]
 
 INSERT = (
     "INSERT INTO wheel_outbox (tenant, idempotency_key, spec, body_hash)"
     " VALUES (%s, %s, %s, %s) RETURNING id"
 )
+
+INSERT_TRACED = (
+    "INSERT INTO wheel_outbox (tenant, idempotency_key, spec, body_hash, traceparent)"
+    " VALUES (%s, %s, %s, %s, %s) RETURNING id"
+)
+
+# Whether the table the search_path finds has ``TRACE_COLUMN``.
+HAS_TRACE_COLUMN = """
+SELECT EXISTS (
+  SELECT 1 FROM pg_attribute
+   WHERE attrelid = to_regclass('wheel_outbox') AND attname = 'traceparent' AND NOT attisdropped)
+"""
 
 # The channel of the table the search_path finds, to listen on (no row: no
 # table).
@@ -142,8 +164,8 @@ TABLE_CHANNEL = (
 # Fewest pick-ups, then oldest, first; rows another relay holds are passed
 # over, not waited for.
 CLAIM = (
-    "SELECT id, idempotency_key, spec, body_hash FROM wheel_outbox WHERE state = 'pending'"
-    " ORDER BY attempts, id LIMIT %s FOR UPDATE SKIP LOCKED"
+    "SELECT id, idempotency_key, spec, body_hash, {trace} FROM wheel_outbox"
+    " WHERE state = 'pending' ORDER BY attempts, id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
 
 # Each claimed row's fate, in the claim's transaction.
