@@ -74,7 +74,17 @@ class _Sink:
     """Where finished spans go: the provider's span processors, with the
     provider's resource and sampler (and the SDK's types, imported once)."""
 
-    __slots__ = ("error", "keep", "processor", "readable", "resource", "sampler", "scope", "unset")
+    __slots__ = (
+        "always",
+        "error",
+        "keep",
+        "processor",
+        "readable",
+        "resource",
+        "sampler",
+        "scope",
+        "unset",
+    )
 
     def __init__(self, provider: Any) -> None:
         from opentelemetry.sdk.trace import ReadableSpan
@@ -87,6 +97,14 @@ class _Sink:
         self.processor = provider._active_span_processor
         self.resource = provider.resource
         self.sampler = provider.sampler
+        # The default sampler (parent-based, always on) keeps every root: no
+        # need to ask it for each fire.
+        self.always = self.sampler.get_description() in (
+            "AlwaysOnSampler",
+            "ParentBased{root:AlwaysOnSampler,remoteParentSampled:AlwaysOnSampler,"
+            "remoteParentNotSampled:AlwaysOffSampler,localParentSampled:AlwaysOnSampler,"
+            "localParentNotSampled:AlwaysOffSampler}",
+        )
         self.scope = InstrumentationScope("wheel")
         self.readable = ReadableSpan
         self.keep = Decision.RECORD_AND_SAMPLE
@@ -172,6 +190,8 @@ def sampled(trace_id: int, name: str, links: Sequence[Link]) -> bool:
     sink = _SINK
     if sink is None:
         return False
+    if sink.always:
+        return True
     result = sink.sampler.should_sample(None, trace_id, name, SpanKind.PRODUCER, None, links)
     return bool(result.decision is sink.keep)
 

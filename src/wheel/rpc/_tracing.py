@@ -108,7 +108,9 @@ class DispatchTraces:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self._jobs: collections.OrderedDict[int, str] = collections.OrderedDict()
+        # Each job's link to the span that submitted or last updated it
+        # (None: it has none), made once for all its fires.
+        self._jobs: collections.OrderedDict[int, Link | None] = collections.OrderedDict()
         self._queue: list[tuple[Assignment, int, int, int]] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -126,7 +128,8 @@ class DispatchTraces:
 
     def _keep(self, job_id: int, traceparent: str) -> None:
         jobs = self._jobs
-        jobs[job_id] = traceparent
+        submitted = tracing.parse_traceparent(traceparent)
+        jobs[job_id] = None if submitted is None else Link(submitted, {"wheel.link": "submitted"})
         jobs.move_to_end(job_id)
         while len(jobs) > CACHED_JOBS:
             jobs.popitem(last=False)
@@ -189,9 +192,9 @@ class DispatchTraces:
         key = a.idempotency_key
         attempt = wire_attempt(a.attempt)
         links: list[Link] = []
-        submitted = tracing.parse_traceparent(self._jobs.get(a.job_id, ""))
+        submitted = self._jobs.get(a.job_id)
         if submitted is not None:
-            links.append(Link(submitted, {"wheel.link": "submitted"}))
+            links.append(submitted)
         if attempt > 1:
             first = tracing.span_context(trace_id, tracing.dispatch_span_id(key, 1))
             links.append(Link(first, {"wheel.link": "first_attempt"}))
