@@ -37,6 +37,7 @@ MODULES: tuple[str, ...] = (
     "wheel.engine.fairness",
     "wheel.engine.priority",
     "wheel.engine.policy",
+    "wheel.engine.cronwall",
     "wheel.engine.schedule",
     "wheel.engine.profiles",
     "wheel.engine.jobtable",

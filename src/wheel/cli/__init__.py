@@ -33,12 +33,12 @@ from wheel.cli import outbox as cli_outbox
 from wheel.cli._common import (
     Parser,
     _add_log_format,
-    add_job_flags,
     command_client,
     fmt_time,
     submit_args,
     version,
 )
+from wheel.cli._jobflags import add_job_flags
 from wheel.cli.admin import add_token_flag
 from wheel.cli.admin import register as register_admin
 from wheel.cli.audit import register as register_audit

@@ -64,7 +64,8 @@ from datetime import UTC, datetime
 from typing import IO, Any, TextIO
 
 from wheel._retry import Backoff, Jitter
-from wheel.cli._common import add_job_flags, parse_duration, submit_args
+from wheel.cli._common import parse_duration, submit_args
+from wheel.cli._jobflags import add_job_flags
 from wheel.cli.admin import add_token_flag
 from wheel.cli.codec import add_codec_flag, codec_of
 from wheel.client import Client, Job, JobRequest

@@ -41,7 +41,6 @@ from wheel.cli._common import (
     HTTP_FLAGS,
     ZONELESS_JOB,
     ZONELESS_UTC,
-    add_job_flags,
     bound_time,
     calendars_of,
     command_client,
@@ -55,6 +54,7 @@ from wheel.cli._common import (
     parse_when,
     retry_of,
 )
+from wheel.cli._jobflags import add_job_flags
 from wheel.cli.admin import add_token_flag
 from wheel.cli.codec import add_codec_flag
 from wheel.cli.listing import job_line

@@ -48,16 +48,24 @@ from __future__ import annotations
 
 import functools
 import heapq
-import re
 from collections.abc import Generator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
 
 from wheel.engine.calendars import CalendarDays
+from wheel.engine.cronwall import (
+    RANDOM_OR_HASHED,
+    borrow_croniter,
+    offset_at,
+    return_croniter,
+    transition,
+    wall_iso,
+    wall_offsets,
+)
 from wheel.engine.spec import (
     Cron,
     DstFold,
@@ -298,66 +306,6 @@ class _FixedDelaySchedule(CompiledSchedule):
 
 # -- cron ------------------------------------------------------------------------------
 
-# croniter instances are a few kilobytes and slow to parse (~60 us), so one per
-# distinct expression is kept here, not one per job. An instance is taken out
-# while in use and put back after, so two callers never share one at a time.
-_CRONITERS: dict[str, Any] = {}
-_CRONITERS_MAX = 4096
-
-_RANDOM_OR_HASHED = re.compile(r"^[hr](\(\d+-\d+\))?(/\d+)?$", re.IGNORECASE)
-
-
-def _borrow_croniter(expr: str) -> Any:
-    it = _CRONITERS.pop(expr, None)
-    if it is None:
-        it = croniter(expr, 0.0, ret_type=float, second_at_beginning=True)
-    return it
-
-
-def _return_croniter(expr: str, it: Any) -> None:
-    if len(_CRONITERS) >= _CRONITERS_MAX:
-        _CRONITERS.clear()
-    _CRONITERS[expr] = it
-
-
-def _offset_at(zone: ZoneInfo, instant_s: int) -> int:
-    """The zone's UTC offset in seconds at an instant."""
-    off = datetime.fromtimestamp(instant_s, tz=zone).utcoffset()
-    assert off is not None
-    return off // timedelta(seconds=1)
-
-
-def _wall_offsets(zone: ZoneInfo, wall_s: int) -> tuple[int, int]:
-    """Offsets (seconds) of a wall time read with fold=0 and fold=1 (PEP 495).
-
-    Equal: the wall time exists once. fold=0 smaller: a gap (fold=0 takes the
-    offset before the transition, fold=1 the one after). fold=0 larger: a fold,
-    fold=0 being the first occurrence.
-    """
-    local = (_EPOCH + timedelta(seconds=wall_s)).replace(tzinfo=zone)
-    o0 = local.utcoffset()
-    o1 = local.replace(fold=1).utcoffset()
-    assert o0 is not None and o1 is not None
-    second = timedelta(seconds=1)
-    return o0 // second, o1 // second
-
-
-def _transition(zone: ZoneInfo, lo_s: int, hi_s: int) -> int:
-    """The first instant in ``(lo_s, hi_s]`` with the offset in force at ``hi_s``
-    (the offset at ``lo_s`` differs): where a DST gap ends."""
-    target = _offset_at(zone, hi_s)
-    while hi_s - lo_s > 1:
-        mid = (lo_s + hi_s) // 2
-        if _offset_at(zone, mid) == target:
-            hi_s = mid
-        else:
-            lo_s = mid
-    return hi_s
-
-
-def _wall_iso(wall_s: int) -> str:
-    return (_EPOCH + timedelta(seconds=wall_s)).isoformat()
-
 
 class _CronSchedule(CompiledSchedule):
     __slots__ = ("_expr", "_fold_both", "_gap_skip", "_memo", "_zone")
@@ -405,9 +353,9 @@ class _CronSchedule(CompiledSchedule):
             return
         # Start low enough to see wall times earlier than wall(t) whose second
         # occurrence (a fold within the lookahead) is still after t.
-        min_off = min(_offset_at(zone, t), _offset_at(zone, t + _FOLD_LOOKAHEAD_S))
+        min_off = min(offset_at(zone, t), offset_at(zone, t + _FOLD_LOOKAHEAD_S))
         wall = t + min_off
-        it = _borrow_croniter(self._expr)
+        it = borrow_croniter(self._expr)
         heap: list[tuple[int, int, int]] = []
         last_fire = t
         progress_wall = wall
@@ -421,14 +369,14 @@ class _CronSchedule(CompiledSchedule):
                     break
                 if w - progress_wall > _GIVE_UP_S:
                     break
-                o0, o1 = _wall_offsets(zone, w)
+                o0, o1 = wall_offsets(zone, w)
                 if o0 == o1:
                     first = w - o0
                     heapq.heappush(heap, (first, _FIRE, w))
                 elif o0 < o1:  # gap: w does not exist
                     # Wall times [T + o0, T + o1) are missing; one search per gap.
                     if not gap_start <= w < gap_end:
-                        gap_t = _transition(zone, w - o1, w - o0)
+                        gap_t = transition(zone, w - o1, w - o0)
                         gap_start, gap_end = gap_t + o0, gap_t + o1
                     first = gap_t
                     if not self._gap_skip:
@@ -463,7 +411,7 @@ class _CronSchedule(CompiledSchedule):
                     last_fire = ev[0]
                 yield ev
         finally:
-            _return_croniter(self._expr, it)
+            return_croniter(self._expr, it)
 
     def next_fire(self, after_ms: int) -> int | None:
         memo = self._memo
@@ -512,7 +460,7 @@ class _CronSchedule(CompiledSchedule):
                 if at > until_ms:
                     break
                 if kind == _SKIP:
-                    out.append(SkippedFire(at_ms=at, wall_time=_wall_iso(wall_s)))
+                    out.append(SkippedFire(at_ms=at, wall_time=wall_iso(wall_s)))
                     if len(out) >= limit:
                         break
         finally:
@@ -612,7 +560,7 @@ def _valid_cron_expr(expr: str) -> str:
         )
     for part in parts:
         for item in part.split(","):
-            if _RANDOM_OR_HASHED.match(item):
+            if RANDOM_OR_HASHED.match(item):
                 raise InvalidArgument(
                     field,
                     f"{item!r}: hashed (H) and random (R) fields are not supported, a schedule "

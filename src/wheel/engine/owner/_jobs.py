@@ -192,12 +192,10 @@ class JobBook(_Shelf):
             )
             self.keep_job(job)
         elif job.profile != prof or job.param != param:
-            if (template.pool, template.handler) != job.route or (
-                template.priority != job.spec.priority
-            ):
+            moved = (template.pool, template.handler) != job.route
+            if moved or template.priority != job.spec.priority:
                 # Queued under its old route or priority: queued again under
-                # the new ones once the row is applied (below); its wait
-                # counts from then.
+                # the new ones once the row is applied (below), waiting anew.
                 self.dispatcher.unqueue(job)
                 rerouted = True
             job.spec = template
@@ -332,10 +330,8 @@ class JobBook(_Shelf):
 
     def rearm_for_calendar(self, job: _Job, now_ms: int, acts: Actions) -> bool:
         """A calendar the job skips changed: its schedule compiled again, and
-        armed earlier where a day it skipped is a day it fires on now. (A
-        day it skips now needs nothing: its armed fire, the schedule's next,
-        is found skipped when it comes due. One already due comes due as it
-        is; a fixed_delay's next fire is its completion's.) Whether the
+        armed earlier where a day it skipped is one it fires on now (a day
+        it skips now is found skipped when its fire comes due). Whether the
         armed fire moved."""
         job.compiled = compiled = self.compile_spec(job.job_id, job.spec, job.param)
         armed = job.next_fire
@@ -543,8 +539,7 @@ class JobBook(_Shelf):
             job.next_fire = None
             return
         if compiled.skips(fire):
-            # On a day of a calendar the job skips: recorded, not run, and the
-            # schedule moves past the day (``with_calendars``).
+            # A day of a calendar it skips: recorded, not run (``with_calendars``).
             self._miss(job, [(fire, MissedReason.CALENDAR)], now_ms, acts)
             self._arm(job, compiled.after_skip(fire))
             self.sync_schedule(job, now_ms, acts)
