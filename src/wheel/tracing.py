@@ -127,22 +127,30 @@ def tracer() -> trace.Tracer:
 # -- ids of a fire's spans -------------------------------------------------------------
 
 
-def _h(*parts: object, bits: int) -> int:
-    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=bits // 8)
-    return int.from_bytes(digest.digest(), "big") or 1
+_M64 = (1 << 64) - 1
 
 
 def fire_trace_id(key: str) -> int:
     """The trace of a fire (``key``: its idempotency key)."""
-    return _h("trace", key, bits=128)
+    digest = hashlib.blake2b(key.encode(), digest_size=16, person=b"wheel-fire")
+    return int.from_bytes(digest.digest(), "big") or 1
+
+
+def _span_id(key: str, attempt: int, salt: int) -> int:
+    # splitmix64 of the fire's trace id, the attempt and the kind of span:
+    # distinct spans of a fire get distinct ids, and any process derives them.
+    x = (fire_trace_id(key) ^ (attempt * 0x9E3779B97F4A7C15) ^ salt) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return (x ^ (x >> 31)) or 1
 
 
 def dispatch_span_id(key: str, attempt: int) -> int:
-    return _h("dispatch", key, attempt, bits=64)
+    return _span_id(key, attempt, 0xD15BA7C4)
 
 
 def run_span_id(key: str, attempt: int) -> int:
-    return _h("run", key, attempt, bits=64)
+    return _span_id(key, attempt, 0x52554E00)
 
 
 def span_context(trace_id: int, span_id: int, *, remote: bool = True) -> SpanContext:
