@@ -15,10 +15,10 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from wheel.auth import ADMIN, JOBS_READ, JOBS_WRITE, OPERATOR, SCOPES, TOKEN_ENV, mint
 from wheel.cli._common import fmt_time
@@ -33,12 +33,36 @@ log = logging.getLogger("wheel")
 INIT_ADMIN_SCOPES = (JOBS_READ, JOBS_WRITE, ADMIN)
 UNLIMITED = "unlimited"
 
+T = TypeVar("T")
+
 
 def add_token_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--token",
         help=f"bearer token for a node run with --auth (default: ${TOKEN_ENV})",
     )
+
+
+def add_scope_flags(p: argparse.ArgumentParser, target: str, target_help: str, whose: str) -> None:
+    """``--target``, ``--token`` and ``--tenant`` of a command on a tenant's
+    own things (secrets, calendars, limits)."""
+    p.add_argument("--target", default=target, help=target_help)
+    add_token_flag(p)
+    p.add_argument(
+        "--tenant", default="", help=f"whose {whose} (default: the token's tenant, or default)"
+    )
+
+
+def print_listing(
+    items: Sequence[T], as_json: bool, to_json: Callable[[T], Any], to_line: Callable[[T], str]
+) -> int:
+    """A listing command's output: a JSON array, or a line an item."""
+    if as_json:
+        print(json.dumps([to_json(x) for x in items]))
+    else:
+        for x in items:
+            print(to_line(x))
+    return 0
 
 
 def add_auth_flags(s: argparse.ArgumentParser, seconds: Callable[[str], float]) -> None:

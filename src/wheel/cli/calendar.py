@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 from wheel.cli._common import command_client, fmt_time
+from wheel.cli.admin import print_listing
 from wheel.client import Calendar
 from wheel.errors import InvalidArgument
 
@@ -90,12 +91,7 @@ def cmd_calendar_set(ns: argparse.Namespace) -> int:
 def cmd_calendar_list(ns: argparse.Namespace) -> int:
     with command_client(ns) as client:
         calendars = client.calendars(ns.tenant)
-    if ns.json:
-        print(json.dumps([calendar_json(c) for c in calendars]))
-        return 0
-    for c in calendars:
-        print(calendar_line(c))
-    return 0
+    return print_listing(calendars, ns.json, calendar_json, calendar_line)
 
 
 def cmd_calendar_show(ns: argparse.Namespace) -> int:
@@ -125,14 +121,10 @@ def cmd_calendar_delete(ns: argparse.Namespace) -> int:
 
 def register(sub: Any, target: str, target_help: str) -> None:
     """Add ``calendar`` to wheelctl's subcommands."""
-    from wheel.cli.admin import add_token_flag
+    from wheel.cli.admin import add_scope_flags
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--target", default=target, help=target_help)
-        add_token_flag(p)
-        p.add_argument(
-            "--tenant", default="", help="whose calendar (default: the token's tenant, or default)"
-        )
+        add_scope_flags(p, target, target_help, "calendar")
 
     cc = sub.add_parser(
         "calendar", help="days that jobs skip (--skip-calendar): set, list, show, delete"

@@ -10,13 +10,13 @@ wheelctl limit delete KEY [--tenant T]
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from datetime import timedelta
 from typing import Any
 
 from wheel.cli._common import command_client
+from wheel.cli.admin import print_listing
 from wheel.client import Limit
 from wheel.errors import InvalidArgument
 
@@ -83,12 +83,7 @@ def cmd_limit_set(ns: argparse.Namespace) -> int:
 def cmd_limit_list(ns: argparse.Namespace) -> int:
     with command_client(ns) as client:
         limits = client.limits(ns.tenant)
-    if ns.json:
-        print(json.dumps([limit_json(x) for x in limits]))
-        return 0
-    for x in limits:
-        print(limit_line(x))
-    return 0
+    return print_listing(limits, ns.json, limit_json, limit_line)
 
 
 def cmd_limit_delete(ns: argparse.Namespace) -> int:
@@ -103,14 +98,10 @@ def cmd_limit_delete(ns: argparse.Namespace) -> int:
 
 def register(sub: Any, target: str, target_help: str) -> None:
     """Add ``limit`` to wheelctl's subcommands."""
-    from wheel.cli.admin import add_token_flag
+    from wheel.cli.admin import add_scope_flags
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--target", default=target, help=target_help)
-        add_token_flag(p)
-        p.add_argument(
-            "--tenant", default="", help="whose limit (default: the token's tenant, or default)"
-        )
+        add_scope_flags(p, target, target_help, "limit")
 
     lc = sub.add_parser("limit", help="concurrency keys and rate limits held across the cluster")
     lcs = lc.add_subparsers(dest="limit_command", required=True)

@@ -14,12 +14,12 @@ prints carries a value.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from wheel.cli._common import command_client, fmt_time, parse_duration
+from wheel.cli.admin import print_listing
 from wheel.client import Secret
 from wheel.errors import InvalidArgument
 
@@ -102,12 +102,7 @@ def cmd_secret_rotate(ns: argparse.Namespace) -> int:
 def cmd_secret_list(ns: argparse.Namespace) -> int:
     with command_client(ns) as client:
         secrets = client.secrets(ns.tenant)
-    if ns.json:
-        print(json.dumps([secret_json(s) for s in secrets]))
-        return 0
-    for s in secrets:
-        print(secret_line(s))
-    return 0
+    return print_listing(secrets, ns.json, secret_json, secret_line)
 
 
 def cmd_secret_delete(ns: argparse.Namespace) -> int:
@@ -122,14 +117,10 @@ def cmd_secret_delete(ns: argparse.Namespace) -> int:
 
 def register(sub: Any, target: str, target_help: str) -> None:
     """Add ``secret`` to wheelctl's subcommands."""
-    from wheel.cli.admin import add_token_flag
+    from wheel.cli.admin import add_scope_flags
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--target", default=target, help=target_help)
-        add_token_flag(p)
-        p.add_argument(
-            "--tenant", default="", help="whose secret (default: the token's tenant, or default)"
-        )
+        add_scope_flags(p, target, target_help, "secret")
 
     sc = sub.add_parser("secret", help="signing secrets of HTTP targets (never shown but once)")
     scs = sc.add_subparsers(dest="secret_command", required=True)

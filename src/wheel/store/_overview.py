@@ -17,10 +17,17 @@ statistics read the job's range of ``(job_id, scheduled_for, attempt)``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from wheel.store._shared import RUN_COLUMNS_E, Executor, Queries, prefix_end, run_from_row
+from wheel.store._shared import (
+    RUN_COLUMNS_E,
+    Executor,
+    Queries,
+    Transaction,
+    prefix_end,
+    run_from_row,
+)
 from wheel.store.base import (
     FeedPage,
     FeedRun,
@@ -104,12 +111,14 @@ def next_start(
 
 
 class OverviewSQL:
-    """The overview part of ``SQLStore``."""
+    """The overview calls of ``SQLStore``: ``read`` runs a function in one
+    read transaction; ``queries`` are the backend's."""
 
-    _queries: Queries
+    __slots__ = ("_queries", "_read")
 
-    def _read(self, fn: Callable[[Executor], T]) -> T:
-        raise NotImplementedError
+    def __init__(self, read: Transaction, queries: Queries) -> None:
+        self._read = read
+        self._queries = queries
 
     def count_jobs_by_state(self, tenant: str | None = None) -> dict[JobState, int]:
         p = self._queries.dialect.param
@@ -151,7 +160,8 @@ class OverviewSQL:
             ]
             return sorted(got, key=lambda c: (c.bucket_ms, c.outcome))
 
-        return self._read(op)
+        got: list[OutcomeCount] = self._read(op)
+        return got
 
     def recent_runs(
         self,
@@ -207,7 +217,8 @@ class OverviewSQL:
             ]
             return FeedPage(runs=runs, next_before=next_start(cur, below, runs, size, floor))
 
-        return self._read(op)
+        got: FeedPage = self._read(op)
+        return got
 
     def recent_fires(self, job_id: int, limit: int = 100) -> list[FireMark]:
         p = self._queries.dialect.param
@@ -234,7 +245,8 @@ class OverviewSQL:
             ]
             return merge_fires(ran, skipped, n)
 
-        return self._read(op)
+        got: list[FireMark] = self._read(op)
+        return got
 
     def run_stats(self, job_id: int, since_ms: int) -> RunStats:
         p = self._queries.dialect.param

@@ -43,13 +43,18 @@ from wheel.store.base import (
     CalendarRecord,
     Changes,
     ExecutionRecord,
+    FeedPage,
+    FireMark,
     JobChange,
     JobRecord,
     JobState,
     LimitRecord,
     MissedFire,
     NewJob,
+    OutcomeCount,
     RowChanges,
+    RunState,
+    RunStats,
     ShardLoad,
     SpecUpdate,
     Submitted,
@@ -59,7 +64,7 @@ from wheel.store.base import (
 T = TypeVar("T")
 
 
-class SQLStore(TenancySQL, SecretsSQL, OverviewSQL):
+class SQLStore(TenancySQL, SecretsSQL):
     """The part of ``Store`` that reads the same in both SQL backends."""
 
     _queries: Queries
@@ -136,6 +141,47 @@ class SQLStore(TenancySQL, SecretsSQL, OverviewSQL):
 
     def job_traces(self, job_ids: Sequence[int]) -> dict[int, str]:
         return self._traces.job_traces(job_ids)
+
+    # -- the console's aggregates (``OverviewSQL``) -----------------------------
+
+    @property
+    def _overview(self) -> OverviewSQL:
+        return OverviewSQL(self._read, self._queries)
+
+    def count_jobs_by_state(self, tenant: str | None = None) -> dict[JobState, int]:
+        return self._overview.count_jobs_by_state(tenant)
+
+    def outcome_counts(
+        self, *, since_ms: int, bucket_ms: int, tenant: str | None = None
+    ) -> list[OutcomeCount]:
+        return self._overview.outcome_counts(since_ms=since_ms, bucket_ms=bucket_ms, tenant=tenant)
+
+    def recent_runs(
+        self,
+        *,
+        tenant: str | None = None,
+        outcome: RunState | None = None,
+        handler: str | None = None,
+        job_name: str | None = None,
+        before_run_id: int | None = None,
+        limit: int = 50,
+        scan: int = 20_000,
+    ) -> FeedPage:
+        return self._overview.recent_runs(
+            tenant=tenant,
+            outcome=outcome,
+            handler=handler,
+            job_name=job_name,
+            before_run_id=before_run_id,
+            limit=limit,
+            scan=scan,
+        )
+
+    def recent_fires(self, job_id: int, limit: int = 100) -> list[FireMark]:
+        return self._overview.recent_fires(job_id, limit)
+
+    def run_stats(self, job_id: int, since_ms: int) -> RunStats:
+        return self._overview.run_stats(job_id, since_ms)
 
     # -- lifecycle ------------------------------------------------------------
 

@@ -9,16 +9,24 @@ is handed to the SDK finished, when the run ends (``tracing.emit``)."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, SpanKind
 
 from wheel import tracing
+from wheel.worker._api import RunContext
 
-if TYPE_CHECKING:
-    from wheel.worker._runs import Run
+
+class Run(Protocol):
+    """What a run's span needs of it (``wheel.worker._runs.Run``)."""
+
+    span: Any
+
+    @property
+    def ctx(self) -> RunContext: ...
+
 
 __all__ = ["RunSpan", "attach", "begin", "detach", "end", "header"]
 

@@ -8,7 +8,7 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from wheel.engine.jobtable import NEVER, NO_FIRE, PAUSED, PAYLOAD, ShardJobs
 from wheel.engine.model import SCHEDULE_OVER, AlertKind, JobState, MissedReason, RunState
@@ -18,6 +18,7 @@ from wheel.engine.owner._redos import Redos
 from wheel.engine.owner._runtable import RunTable, _Run
 from wheel.engine.owner._shardmap import ShardMap
 from wheel.engine.owner._state import (
+    Queues,
     _Job,
     _limit,
     _moves,
@@ -42,9 +43,6 @@ from wheel.engine.records import (
 )
 from wheel.engine.spec import Cron, DstGap, JobSpec, OverlapPolicy
 from wheel.engine.timerwheel import TimerWheel
-
-if TYPE_CHECKING:
-    from wheel.engine.owner._dispatch import Dispatcher
 
 log = logging.getLogger("wheel.owner")
 
@@ -91,7 +89,7 @@ class JobBook(_Shelf):
 
     __slots__ = ("claims", "dispatcher", "ends", "later", "redos", "runs", "stats")
 
-    dispatcher: Dispatcher
+    dispatcher: Queues
     ends: RunEnds
 
     def __init__(

@@ -6,7 +6,7 @@ modules (see ``wheel.engine.owner``).
 from __future__ import annotations
 
 from collections import deque
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from wheel.engine.model import shard_of
 from wheel.engine.owner._values import Route
@@ -136,3 +136,14 @@ def _fence_mismatch(given: int, current: int) -> str:
     if given < current:
         return f"stale fence {given}: the run's fence is now {current}"
     return f"fence {given} does not match the run's fence {current}"
+
+
+class Queues(Protocol):
+    """What the job book asks of the dispatcher (``_dispatch.Dispatcher``):
+    queue a job's due work, take it out, queue its next piece."""
+
+    def enqueue(self, job: _Job, now_ms: int, *, overdue: bool, front: bool = False) -> None: ...
+
+    def unqueue(self, job: _Job) -> None: ...
+
+    def requeue_job(self, job: _Job, now_ms: int) -> None: ...
