@@ -151,15 +151,20 @@ class Relay:
 
     def restore(self) -> None:
         listener = socket.create_server(("127.0.0.1", self.port), reuse_port=False)
-        self._listener = listener
+        with self._lock:
+            self._listener = listener
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
 
     def cut(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.close()
         with self._lock:
+            listener, self._listener = self._listener, None
             socks, self._socks = self._socks, []
+        if listener is not None:
+            # shutdown wakes an accept() blocked on it: close alone leaves
+            # the socket listening until that accept returns.
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
         for sock in socks:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -179,7 +184,16 @@ class Relay:
                 down.close()
                 continue
             with self._lock:
-                self._socks += [down, up]
+                # A connection accepted just as the relay was cut must not
+                # outlive the cut (a pool reconnecting then kept a working
+                # connection, and the store never looked unreachable).
+                alive = self._listener is listener
+                if alive:
+                    self._socks += [down, up]
+            if not alive:
+                down.close()
+                up.close()
+                return
             for a, b in ((down, up), (up, down)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 

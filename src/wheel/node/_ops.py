@@ -238,7 +238,10 @@ class Ops:
         if health == was:
             return
         self._reported = health
-        if was is not None and health.store != was.store:
+        # The first report compares with a store that answered (the node
+        # started on it): a store lost before this node's first look at it
+        # still raises its alert, as the health service already says so.
+        if health.store != (was is None or was.store):
             if health.store:
                 log.info("the store answers again")
             else:
