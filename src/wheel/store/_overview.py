@@ -2,7 +2,15 @@
 state, runs per time bucket by outcome, the feed of recent runs across jobs,
 a job's last fires and its run statistics.
 
-Runs by when they ended read ``executions_finished`` (schema 22), keyed by
+Runs and missed fires by bucket add up the minutes' counts of
+``run_minutes`` (schema 25, ``wheel.store._rollup``), which the writes that
+end runs and record missed fires keep: a day costs its 1,440 minutes (times
+the tenants and outcomes in them), however many runs ended in it. Only
+what the minutes cannot give is read from the runs themselves: a bucket
+width that is not a whole number of minutes, and the part of a minute a
+window starts in (the node starts windows on a bucket's edge, so never).
+
+Those runs by when they ended read ``executions_finished`` (schema 22), keyed by
 ``(finished_at_ms, state, job_id)`` where ``finished_at_ms`` is set. A claim
 inserts a run without an end, so it writes nothing to that index; the
 completion sets the end and the terminal state together, once, and adds one
@@ -20,6 +28,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from wheel.store._rollup import MINUTE_MS, counts_sql
 from wheel.store._shared import (
     RUN_COLUMNS_E,
     Executor,
@@ -99,6 +108,18 @@ def outcome_sql(p: str, *, tenant: bool) -> tuple[str, str]:
     return runs, missed
 
 
+def missed_between_sql(p: str, *, tenant: bool) -> str:
+    """Fires recorded missed in a range of time (parameters: its start and
+    end, and the tenant if ``tenant``)."""
+    join, where = "", ""
+    if tenant:
+        join, where = " CROSS JOIN jobs AS j", f" AND j.job_id = x.job_id AND j.tenant = {p}"
+    return (
+        f"SELECT count(*) FROM missed_fires AS x{join}"
+        f" WHERE x.recorded_at_ms >= {p} AND x.recorded_at_ms < {p}{where}"
+    )
+
+
 def next_start(
     cur: Executor, below: str, runs: Sequence[FeedRun], size: int, floor: int
 ) -> int | None:
@@ -133,6 +154,41 @@ class OverviewSQL:
         self, *, since_ms: int, bucket_ms: int, tenant: str | None = None
     ) -> list[OutcomeCount]:
         width = max(1, bucket_ms)
+        if width % MINUTE_MS:
+            return self._counted_from_runs(since_ms, width, tenant)
+        p = self._queries.dialect.param
+        mine: tuple[str, ...] = () if tenant is None else (tenant,)
+        rolled = counts_sql(p, tenant=tenant is not None)
+        runs, _ = outcome_sql(p, tenant=tenant is not None)
+        missed = missed_between_sql(p, tenant=tenant is not None)
+        first = -(-since_ms // MINUTE_MS) * MINUTE_MS  # the first whole minute
+
+        def op(cur: Executor) -> list[OutcomeCount]:
+            counts: dict[tuple[int, str], int] = {}
+            if since_ms < first:  # the rest of the minute the window starts in
+                bucket = since_ms // width * width
+                part = cur.execute(runs, (since_ms, first, *mine)).fetchall()
+                [(n_missed,)] = cur.execute(missed, (since_ms, first, *mine)).fetchall()
+                for outcome, n in [*part, (MISSED, n_missed)]:
+                    if n:
+                        counts[bucket, str(outcome)] = int(n)
+            for bucket, outcome, n in cur.execute(rolled, (width, width, first, *mine)).fetchall():
+                key = (int(bucket), str(outcome))
+                counts[key] = counts.get(key, 0) + int(n)
+            return [
+                OutcomeCount(bucket_ms=b, outcome=o, count=n)
+                for (b, o), n in sorted(counts.items())
+                if n
+            ]
+
+        got: list[OutcomeCount] = self._read(op)
+        return got
+
+    def _counted_from_runs(
+        self, since_ms: int, width: int, tenant: str | None
+    ) -> list[OutcomeCount]:
+        """``outcome_counts`` read from the runs and missed fires themselves,
+        a bucket at a time (for widths the minutes do not divide)."""
         runs, missed = outcome_sql(self._queries.dialect.param, tenant=tenant is not None)
         mine: tuple[str, ...] = () if tenant is None else (tenant,)
         p = self._queries.dialect.param
