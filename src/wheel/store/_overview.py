@@ -120,6 +120,16 @@ def missed_between_sql(p: str, *, tenant: bool) -> str:
     )
 
 
+def run_stats_sql(p: str) -> str:
+    """A job's runs that ended since a time (parameters: the job, the time):
+    a range of that job's ``(job_id, scheduled_for, attempt)``, never the
+    runs of every job that ended since."""
+    return (
+        "SELECT state, finished_at_ms - started_at_ms FROM executions"
+        f" WHERE job_id = {p} AND finished_at_ms >= {p}"
+    )
+
+
 def next_start(
     cur: Executor, below: str, runs: Sequence[FeedRun], size: int, floor: int
 ) -> int | None:
@@ -305,10 +315,6 @@ class OverviewSQL:
         return got
 
     def run_stats(self, job_id: int, since_ms: int) -> RunStats:
-        p = self._queries.dialect.param
-        sql = (
-            "SELECT state, finished_at_ms - started_at_ms FROM executions"
-            f" WHERE job_id = {p} AND finished_at_ms >= {p}"
-        )
+        sql = run_stats_sql(self._queries.dialect.param)
         rows = self._read(lambda cur: cur.execute(sql, (job_id, since_ms)).fetchall())
         return stats_of([(str(s), None if d is None else int(d)) for s, d in rows])
