@@ -163,6 +163,18 @@ def test_the_feed_pages_newest_first_and_filters(store: Store) -> None:
     assert listed(tenant="globex", handler="reports.build") == []
 
 
+@pytest.mark.parametrize("handler", ["rapports.générer", 'say "hi"\\now', "h"])
+def test_the_feed_finds_a_handler_whatever_characters_it_holds(store: Store, handler: str) -> None:
+    """The handler filter searches the spec's text before reading its JSON:
+    escaped characters and letters outside ASCII are found as written."""
+    a, _, c = two_tenants(store)
+    job = interval_job("odd-handler")
+    d, _ = store.submit_job(replace(job, spec=replace(job.spec, handler=handler)))
+    ran = [fire(store, job_id, MINUTE) for job_id in (a, d.job_id, c)]
+    assert [f.run.run_id for f in store.recent_runs(handler=handler).runs] == [ran[1]]
+    assert [f.handler for f in store.recent_runs(handler=handler).runs] == [handler]
+
+
 def test_a_feed_page_reads_a_bounded_range_of_runs_and_says_where_to_go_on(
     store: Store,
 ) -> None:

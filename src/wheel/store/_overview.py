@@ -24,6 +24,7 @@ statistics read the job's range of ``(job_id, scheduled_for, attempt)``.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -128,6 +129,12 @@ def run_stats_sql(p: str) -> str:
         "SELECT state, finished_at_ms - started_at_ms FROM executions"
         f" WHERE job_id = {p} AND finished_at_ms >= {p}"
     )
+
+
+def handler_text(handler: str) -> str:
+    """The text a spec's JSON holds for ``handler`` (sorted keys, no spaces,
+    escaped as ``json.dumps`` escapes: ``JobSpec.to_json``)."""
+    return '"handler":' + json.dumps(handler)
 
 
 def next_start(
@@ -248,14 +255,22 @@ class OverviewSQL:
         # sort every run of theirs, however old).
         where = [f"e.run_id < {p}", f"e.run_id >= {p}"]
         args: list[Any] = []
-        for clause, value in (
-            (f"e.state = {p}", None if outcome is None else outcome.value),
-            (f"j.tenant = {p}", tenant),
-            (f"{d.spec_handler} = {p}", handler),
+        for clause, values in (
+            (f"e.state = {p}", None if outcome is None else (outcome.value,)),
+            (f"j.tenant = {p}", None if tenant is None else (tenant,)),
+            # The spec's text holds the handler as the spec's JSON writes it
+            # (``JobSpec.to_json``): searched for first, it leaves out the
+            # other handlers' runs before their specs' JSON is parsed (on
+            # a loaded machine PostgreSQL's parse cost 44 µs a run: 900 ms
+            # for a page that reads 20,000 runs).
+            (
+                f"{d.spec_holds} AND {d.spec_handler} = {p}",
+                None if handler is None else (handler_text(handler), handler),
+            ),
         ):
-            if value is not None:
+            if values is not None:
                 where.append(clause)
-                args.append(value)
+                args += values
         if job_name:
             where.append(f"{d.name_order} >= {p} AND {d.name_order} < {p}")
             args += [job_name, prefix_end(job_name)]

@@ -43,6 +43,7 @@ DIALECT = Dialect(
     as_int="{expr}::text::int8",
     name_order='j.name COLLATE "C"',
     spec_handler="(s.spec::jsonb ->> 'handler')",
+    spec_holds="strpos(s.spec, %s) > 0",
 )
 QUERIES = Queries(DIALECT)
 
