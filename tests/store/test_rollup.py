@@ -1,11 +1,13 @@
 """The minutes' counts of runs and missed fires (``wheel.store._rollup``) on
 both SQL stores: migration 25 fills them from the runs and missed fires a
-store kept before it, retention drops the minutes it passes, and SQLite
-reads a window's minutes through the table's key."""
+store kept before it, retention drops the minutes it passes, two
+PostgreSQL writers on one slot count every run once, and SQLite reads a
+window's minutes through the table's key."""
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -144,3 +146,57 @@ def test_sqlite_reads_a_windows_minutes_through_the_key(tmp_path: Path) -> None:
             assert "SEARCH run_minutes USING PRIMARY KEY (minute_ms>?)" in plan, plan
     finally:
         con.close()
+
+
+@pytest.mark.postgres
+def test_two_postgresql_writers_on_one_slot_count_every_run_once(pg_dsn: str) -> None:
+    """Two stores (two nodes) that picked the same slot end runs of the same
+    minutes and tenants at once, in batches whose rows come in different
+    orders: each adds to the same rows in key order, so neither deadlocks,
+    and every run is counted once."""
+    stores = [PostgresStore(pg_dsn), PostgresStore(pg_dsn)]
+    try:
+        stores[0].migrate()
+        for s in stores:
+            s._slot = 3
+        tenants = ["acme", "globex", "initech"]
+        jobs = [
+            stores[0].submit_job(interval_job(f"j{k}", tenant=tenants[k % 3]))[0].job_id
+            for k in range(6)
+        ]
+        claims = [claim(jobs[k % 6], (k + 1) * 1_000, advance=False) for k in range(1_200)]
+        runs = [o.run_id or 0 for o in stores[0].claim_fires(claims)]
+        ends = [
+            Completion(
+                run_id=r,
+                fence=1,
+                state=(RunState.SUCCEEDED, RunState.FAILED)[k % 7 == 0],
+                finished_at_ms=(k * 7_919) % (5 * MINUTE),
+            )
+            for k, r in enumerate(runs)
+        ]
+        halves = [ends[0::2], ends[1::2][::-1]]  # the second in the other order
+        errors: list[BaseException] = []
+
+        def write(store: PostgresStore, part: list[Completion]) -> None:
+            try:
+                for i in range(0, len(part), 40):
+                    assert all(o.applied for o in store.complete_runs(part[i : i + 40]))
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=write, args=(s, half))
+            for s, half in zip(stores, halves, strict=True)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors and not any(t.is_alive() for t in threads)
+        assert rows(stores[0], ROLLED) == rows(stores[0], DIRECT)
+        got = stores[1].outcome_counts(since_ms=0, bucket_ms=MINUTE)
+        assert sum(c.count for c in got) == len(runs)
+    finally:
+        for s in stores:
+            s.close()
