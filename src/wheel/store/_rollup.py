@@ -15,9 +15,11 @@ that outcome (or how many fires were recorded missed in it). The rules:
 3. A batch adds one row per (minute, tenant, outcome) it touches, not one
    per run: the counts are grouped in the statement, in key order, so two
    writers adding to the same rows lock them in one order.
-4. ``slot`` spreads concurrent writers: each store (so each node) writes
-   its own slot, so owners on PostgreSQL do not wait on each other's rows;
-   a reader adds the slots up. SQLite has one writer and one slot.
+4. ``slot`` spreads concurrent writers: a PostgreSQL store (so a node)
+   picks one of ``SLOTS`` at random as it opens and writes only that one,
+   so owners seldom wait on each other's rows (two on one slot wait, in
+   key order, and count alike); a reader adds the slots up. SQLite has one
+   writer and one slot, 0, as the migration's counts have.
 5. Nothing else changes a row but retention, which drops whole minutes
    older than its cutoff (``purge_sql``).
 
