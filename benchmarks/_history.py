@@ -1,8 +1,9 @@
-"""Rows straight into a SQLite store, the fast way: ``jobs`` jobs through
-the store's own batch submit (in this process, no node), then ``runs``
-ended runs and a few missed fires inserted in one transaction each, spread
-over the last ``days`` days. What ``console.py --runs`` measures the
-overview's calls against.
+"""Rows straight into a store, the fast way: ``jobs`` jobs through the
+store's own batch submit (in this process, no node), then ``runs`` ended
+runs and a few missed fires inserted in one transaction (SQLite) or copied
+(PostgreSQL), spread over the last ``days`` days, and their minutes counted
+as migration 25 counts a store's rows. What ``console.py --runs`` measures
+the overview's calls against.
 
 Each job gets ``runs // jobs`` runs, evenly apart; run ids grow with time as
 a node's would. Outcomes: 1 in 50 failed, 1 in 100 timed out, 1 in 200
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from wheel.engine.spec import Interval, JobSpec
+from wheel.store._rollup import backfill
 from wheel.store.base import NewJob
 from wheel.store.open import open_store
 
@@ -38,12 +40,13 @@ def outcome(i: int) -> tuple[str, str | None]:
     return "succeeded", None
 
 
-def load_history(db: Path, *, jobs: int, runs: int, days: float) -> dict[str, float]:
-    """Fill the SQLite store at ``db``; seconds each part took."""
+def load_history(url: str, *, jobs: int, runs: int, days: float) -> dict[str, float]:
+    """Fill the store at ``url`` (``sqlite:///...`` or ``postgresql://...``);
+    seconds each part took."""
     now = int(time.time() * 1000)
     took: dict[str, float] = {}
     started = time.perf_counter()
-    store = open_store(f"sqlite:///{db}")
+    store = open_store(url)
     try:
         for first in range(0, jobs, BATCH):
             news = [
@@ -68,47 +71,87 @@ def load_history(db: Path, *, jobs: int, runs: int, days: float) -> dict[str, fl
     took["jobs_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
+    span = int(days * 24 * HOUR_MS)
+    first_ms = now - span
+    if url.startswith("sqlite:///"):
+        _fill_sqlite(Path(url.removeprefix("sqlite:///")), runs, first_ms, span)
+    else:
+        _fill_postgres(url, runs, first_ms, span)
+    took["runs_s"] = time.perf_counter() - started
+    return took
+
+
+def _runs(ids: list[int], runs: int, first_ms: int, span: int) -> Iterator[tuple[object, ...]]:
+    for i in range(runs):
+        job_id = ids[i % len(ids)]
+        fire = first_ms + (i * span) // runs
+        state, error = outcome(i)
+        took_ms = 20 + (i * 7919) % 3000
+        yield (
+            i + 1, job_id, fire, 0, state, i + 1, "w-1",
+            fire + 3, fire + 5, fire + 5 + took_ms, error,
+        )  # fmt: skip
+
+
+def _missed(ids: list[int], runs: int, first_ms: int, span: int) -> Iterator[tuple[int, int, int]]:
+    for i in range(0, runs, 50):
+        at = first_ms + (i * span) // runs
+        yield ids[i % len(ids)], at + 1, at
+
+
+RUN_COLUMNS = (
+    "run_id, job_id, scheduled_for, attempt, state, fence,"
+    " worker_id, dispatched_at_ms, started_at_ms, finished_at_ms, error"
+)
+
+
+def _fill_sqlite(db: Path, runs: int, first_ms: int, span: int) -> None:
     con = sqlite3.connect(db, isolation_level=None)
     try:
         ids = [r[0] for r in con.execute("SELECT job_id FROM jobs ORDER BY job_id")]
-        span = int(days * 24 * HOUR_MS)
-        first_ms = now - span
-
-        def rows() -> Iterator[tuple[object, ...]]:
-            for i in range(runs):
-                job_id = ids[i % len(ids)]
-                fire = first_ms + (i * span) // runs
-                state, error = outcome(i)
-                took_ms = 20 + (i * 7919) % 3000
-                yield (
-                    i + 1, job_id, fire, 0, state, i + 1, "w-1",
-                    fire + 3, fire + 5, fire + 5 + took_ms, error,
-                )  # fmt: skip
-
         con.execute("BEGIN")
         con.executemany(
-            "INSERT INTO executions (run_id, job_id, scheduled_for, attempt, state, fence,"
-            " worker_id, dispatched_at_ms, started_at_ms, finished_at_ms, error)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            rows(),
+            f"INSERT INTO executions ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            _runs(ids, runs, first_ms, span),
         )
         con.execute("UPDATE counters SET value = ? WHERE name = 'run_id'", (runs,))
         con.executemany(
             "INSERT INTO missed_fires (job_id, scheduled_for, reason, recorded_at_ms)"
             " VALUES (?, ?, 'overlap', ?)",
-            (
-                (
-                    ids[i % len(ids)],
-                    first_ms + (i * span) // runs + 1,
-                    first_ms + (i * span) // runs,
-                )
-                for i in range(0, runs, 50)
-            ),
+            _missed(ids, runs, first_ms, span),
         )
+        # The rows went in beside the store's writes: their minutes are
+        # counted as migration 25 counts what a store kept before it.
+        con.execute("DELETE FROM run_minutes")
+        for statement in backfill():
+            con.execute(statement)
         # No ANALYZE: a node's store runs without statistics, so its plans
         # are measured as they are.
         con.execute("COMMIT")
     finally:
         con.close()
-    took["runs_s"] = time.perf_counter() - started
-    return took
+
+
+def _fill_postgres(url: str, runs: int, first_ms: int, span: int) -> None:
+    import psycopg
+
+    with psycopg.connect(url) as con:
+        ids = [r[0] for r in con.execute("SELECT job_id FROM jobs ORDER BY job_id")]
+        with con.cursor() as cur:
+            with cur.copy(f"COPY executions ({RUN_COLUMNS}) FROM STDIN") as copy:
+                for row in _runs(ids, runs, first_ms, span):
+                    copy.write_row(row)
+            with cur.copy(
+                "COPY missed_fires (job_id, scheduled_for, reason, recorded_at_ms) FROM STDIN"
+            ) as copy:
+                for job_id, fire, at in _missed(ids, runs, first_ms, span):
+                    copy.write_row((job_id, fire, "overlap", at))
+            ids_of_runs = "pg_get_serial_sequence('executions', 'run_id')"
+            cur.execute(f"SELECT setval({ids_of_runs}, %s)", (runs,))
+            cur.execute("DELETE FROM run_minutes")
+            for statement in backfill():
+                cur.execute(statement)
+        con.commit()
+        # Statistics, as autovacuum gathers them after a load this size.
+        con.execute("ANALYZE")
+        con.commit()

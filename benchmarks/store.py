@@ -12,6 +12,8 @@ the store's epoch check is part of what is measured. The baseline
 is batch size 1 measured in the same run; ``speedup_vs_batch1`` is the ratio.
 With ``--result-bytes N`` every completion carries a run result (a JSON
 object of N bytes), as an HTTP target's or a handler's run does.
+``completion_cpu_us`` is this process's CPU a completion: on SQLite the
+whole write, steadier than the rate when the machine is busy.
 PostgreSQL runs in its own schema of the ``test`` database, dropped afterwards.
 """
 
@@ -111,11 +113,13 @@ def measure(
     ]
     chunks_c = [completions[k : k + batch] for k in range(0, len(completions), batch)]
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     applied = 0
     for chunk_c in chunks_c:
         done = store.write_batch(WriteBatch(completions=chunk_c, epochs=epochs))
         applied += sum(r.applied for r in done.completions)
     complete_s = time.perf_counter() - t0
+    complete_cpu_s = time.process_time() - cpu0
     if applied != len(completions):
         raise SystemExit(f"benchmark invariant broken: {applied=} of {len(completions)}")
     return {
@@ -123,6 +127,10 @@ def measure(
         "fires": len(claims),
         "claims_per_s": round(len(claims) / claim_s),
         "completions_per_s": round(len(completions) / complete_s),
+        # This process's CPU a completion (SQLite's whole write; on
+        # PostgreSQL the client's part only): steadier than the rate on a
+        # busy machine.
+        "completion_cpu_us": round(complete_cpu_s / len(completions) * 1e6, 2),
     }
 
 

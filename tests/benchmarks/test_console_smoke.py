@@ -1,7 +1,7 @@
 """Smoke test of the console benchmark at a small scale, with jobs and runs
-loaded straight into SQLite: every call answers, the overview's calls are
-among them, and the JSON has the keys the benchmark has always had plus
-each call's p99."""
+loaded straight into SQLite (and into PostgreSQL, all in one day): every
+call answers, the overview's calls are among them, and the JSON has the
+keys the benchmark has always had plus each call's p99 and first call."""
 
 from __future__ import annotations
 
@@ -34,3 +34,18 @@ def test_the_console_benchmark_times_the_overview_calls_over_loaded_runs(tmp_pat
     for row in calls.values():
         assert row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
     assert calls["overview, hour"]["grpc_p99_ms"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_the_console_benchmark_loads_a_dense_day_into_postgresql(tmp_path: Path) -> None:
+    out = tmp_path / "console.json"
+    cmd = [sys.executable, str(BENCH), "--store", "postgres", "--dense-day"]
+    cmd += ["--jobs", "500", "--runs", "5000", "--repeat", "3", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert (result["store"], result["runs"], result["dense_day"]) == ("postgresql", 5000, True)
+    calls = result["endpoints"]
+    assert calls.keys() >= OVERVIEW
+    assert result["worst_first_ms"] == max(row["first_ms"] for row in calls.values())

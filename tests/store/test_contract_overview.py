@@ -5,14 +5,19 @@ fires and its run statistics, each for every tenant or for one."""
 
 from __future__ import annotations
 
+import random
+from collections import Counter
 from dataclasses import replace
 from typing import Any
+
+import pytest
 
 from tests.store.conftest import interval_job
 from wheel.engine.records import Completion, FireClaim, RunStart
 from wheel.store.base import JobState, MissedFire, MissedReason, RunState, Store
 
 MINUTE = 60_000
+MISSED_OUTCOME = "missed"
 
 
 def fire(store: Store, job_id: int, at: int, *, attempt: int = 0) -> int:
@@ -158,6 +163,18 @@ def test_the_feed_pages_newest_first_and_filters(store: Store) -> None:
     assert listed(tenant="globex", handler="reports.build") == []
 
 
+@pytest.mark.parametrize("handler", ["rapports.générer", 'say "hi"\\now', "h"])
+def test_the_feed_finds_a_handler_whatever_characters_it_holds(store: Store, handler: str) -> None:
+    """The handler filter searches the spec's text before reading its JSON:
+    escaped characters and letters outside ASCII are found as written."""
+    a, _, c = two_tenants(store)
+    job = interval_job("odd-handler")
+    d, _ = store.submit_job(replace(job, spec=replace(job.spec, handler=handler)))
+    ran = [fire(store, job_id, MINUTE) for job_id in (a, d.job_id, c)]
+    assert [f.run.run_id for f in store.recent_runs(handler=handler).runs] == [ran[1]]
+    assert [f.handler for f in store.recent_runs(handler=handler).runs] == [handler]
+
+
 def test_a_feed_page_reads_a_bounded_range_of_runs_and_says_where_to_go_on(
     store: Store,
 ) -> None:
@@ -224,3 +241,89 @@ def test_run_stats_count_a_jobs_runs_that_ended_in_the_window(store: Store) -> N
     assert (later.runs, later.succeeded, later.p50_ms, later.p99_ms) == (10, 9, 95, 100)
     none = store.run_stats(a, since_ms=10**9)
     assert (none.runs, none.succeeded, none.p50_ms, none.p99_ms) == (0, 0, None, None)
+
+
+ENDINGS = [RunState.SUCCEEDED] * 6 + [
+    RunState.FAILED,
+    RunState.TIMED_OUT,
+    RunState.LOST,
+    RunState.DEAD_LETTERED,
+]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_counts_agree_with_a_count_of_the_runs_however_they_were_written(
+    store: Store, seed: int
+) -> None:
+    """Runs of three tenants end in batches over 40 minutes (some ended
+    twice: the second is recognised, not counted again; some never), and
+    fires are recorded missed (some twice); every window, width and tenant
+    counts what a count over the runs and missed fires finds."""
+    rng = random.Random(seed)
+    tenants = ["acme", "globex", "initech"]
+    jobs = [
+        (store.submit_job(interval_job(f"job-{k}", tenant=tenants[k % 3]))[0].job_id, k % 3)
+        for k in range(9)
+    ]
+    t0 = 1_000 * MINUTE
+    claims = [
+        FireClaim(
+            job_id=jobs[k % 9][0],
+            scheduled_for=t0 + k * 1_000,
+            attempt=0,
+            fence=1,
+            dispatched_at_ms=t0 + k * 1_000,
+            advance=False,
+            expected_next_run_at=None,
+            new_next_run_at=None,
+        )
+        for k in range(300)
+    ]
+    runs = [out.run_id or 0 for out in store.claim_fires(claims)]
+    assert 0 not in runs
+    ended: list[tuple[int, str, int]] = []  # (tenant, outcome, end)
+    todo = list(range(len(runs)))
+    rng.shuffle(todo)
+    sent: list[Completion] = []
+    while todo:
+        batch = [todo.pop() for _ in range(min(len(todo), rng.randint(1, 40)))]
+        completions = []
+        for i in batch:
+            if rng.random() < 0.1:
+                continue  # still in flight: never counted
+            state = rng.choice(ENDINGS)
+            at = t0 + rng.randrange(40 * MINUTE)
+            completions.append(
+                Completion(run_id=runs[i], fence=1, state=state, finished_at_ms=at, worker_id="w")
+            )
+            ended.append((i % 9 % 3, state.value, at))
+        again = rng.sample(sent, min(len(sent), rng.randint(0, 3)))  # already ended
+        outs = store.complete_runs([*completions, *again])
+        assert all(o.applied for o in outs)
+        sent += completions
+    skipped: list[tuple[int, str, int]] = []
+    for k in range(60):
+        job_id, tenant = jobs[k % 9]
+        at = t0 + rng.randrange(40 * MINUTE)
+        fires = [MissedFire(job_id=job_id, scheduled_for=k, reason=MissedReason.OVERLAP,
+                            recorded_at_ms=at)]  # fmt: skip
+        store.record_missed(fires * rng.randint(1, 2))
+        store.record_missed(fires)  # recorded already: not counted again
+        skipped.append((tenant, MISSED_OUTCOME, at))
+
+    def expected(since: int, width: int, tenant: int | None) -> list[tuple[int, str, int]]:
+        counted = Counter(
+            (at // width * width, outcome)
+            for t, outcome, at in ended + skipped
+            if at >= since and tenant in (None, t)
+        )
+        return sorted((b, o, n) for (b, o), n in counted.items())
+
+    for width in (MINUTE, 15 * MINUTE, 60 * MINUTE, 90_000):
+        for since in (t0, t0 + 7 * MINUTE, t0 + 7 * MINUTE + 12_345, 0):
+            for whose in (None, 0, 2):
+                name = None if whose is None else tenants[whose]
+                got = store.outcome_counts(since_ms=since, bucket_ms=width, tenant=name)
+                assert [(g.bucket_ms, g.outcome, g.count) for g in got] == expected(
+                    since, width, whose
+                ), (width, since, whose)

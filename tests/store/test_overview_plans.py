@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from wheel.store._overview import outcome_sql
+from wheel.store._overview import outcome_sql, run_stats_sql
 from wheel.store.sqlite import SQLiteStore
 
 
@@ -37,3 +37,10 @@ def test_the_counts_read_index_ranges_and_scan_no_table(tmp_path: Path, tenant: 
     skipped = plan(db, missed, [60_000, 60_000, 1_000, *tenants])
     assert "INDEX missed_fires_recorded (recorded_at_ms>?)" in skipped, skipped
     assert "SCAN x" not in ran + skipped and "SCAN j" not in ran + skipped
+
+
+def test_a_jobs_day_reads_that_jobs_runs_not_the_days(tmp_path: Path) -> None:
+    db = tmp_path / "plans.db"
+    SQLiteStore(db).migrate()
+    found = plan(db, run_stats_sql("?"), [7, 60_000])
+    assert found == "SEARCH executions USING INDEX sqlite_autoindex_executions_1 (job_id=?)", found

@@ -1,7 +1,8 @@
-"""PostgreSQL plans of the overview's counts and feed: with 20,000 ended
-runs (and statistics, as autovacuum keeps them), a bucket's runs are read
-through ``executions_finished``, the feed through the primary key, and no
-plan scans the executions table whole."""
+"""PostgreSQL plans of the overview's counts, feed and a job's day: with
+20,000 ended runs (and statistics, as autovacuum keeps them), a bucket's
+runs are read through ``executions_finished``, the feed through the primary
+key, a job's day through that job's runs, and no plan scans the executions
+table whole."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from tests.store.conftest import interval_job
 from tests.store.test_contract import claim
-from wheel.store._overview import outcome_sql
+from wheel.store._overview import outcome_sql, run_stats_sql
 from wheel.store.base import Completion, RunState
 from wheel.store.postgres import PostgresStore
 
@@ -90,3 +91,11 @@ def test_the_feed_reads_runs_by_id_and_jobs_by_key(store: PostgresStore) -> None
     assert {r.tenant for r in page.runs} == {"t1"}
     ids = [r.run.run_id for r in page.runs]
     assert ids == sorted(ids, reverse=True)
+
+
+def test_a_jobs_day_reads_that_jobs_runs_not_the_days(store: PostgresStore) -> None:
+    job_id = store.recent_runs(limit=1).runs[0].run.job_id
+    found = scans(store, run_stats_sql("%s"), (job_id, 0))
+    indexes = {name for kind, name in found if "Index" in kind}
+    assert indexes == {"executions_fire_attempt"}, found
+    assert ("Seq Scan", "executions") not in found, found

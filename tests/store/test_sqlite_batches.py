@@ -93,6 +93,7 @@ def test_a_batch_is_a_few_statements_however_many_rows(sqlite_store: SQLiteStore
         *["UPDATE jobs SET"] * pieces[300],
         *["UPDATE executions SET"] * pieces[100],  # 100 starts
         *["UPDATE executions SET"] * pieces[300],  # 300 completions
+        "INSERT INTO run_minutes",  # their minutes' counts: one statement
     ]
     assert {store.get_job(j.job_id).next_run_at for j in jobs} == {120_000}
     assert {store.get_run(r).state for r in runs} == {RunState.SUCCEEDED}

@@ -2,7 +2,15 @@
 state, runs per time bucket by outcome, the feed of recent runs across jobs,
 a job's last fires and its run statistics.
 
-Runs by when they ended read ``executions_finished`` (schema 22), keyed by
+Runs and missed fires by bucket add up the minutes' counts of
+``run_minutes`` (schema 25, ``wheel.store._rollup``), which the writes that
+end runs and record missed fires keep: a day costs its 1,440 minutes (times
+the tenants and outcomes in them), however many runs ended in it. Only
+what the minutes cannot give is read from the runs themselves: a bucket
+width that is not a whole number of minutes, and the part of a minute a
+window starts in (the node starts windows on a bucket's edge, so never).
+
+Those runs by when they ended read ``executions_finished`` (schema 22), keyed by
 ``(finished_at_ms, state, job_id)`` where ``finished_at_ms`` is set. A claim
 inserts a run without an end, so it writes nothing to that index; the
 completion sets the end and the terminal state together, once, and adds one
@@ -16,10 +24,12 @@ statistics read the job's range of ``(job_id, scheduled_for, attempt)``.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from wheel.store._rollup import MINUTE_MS, counts_sql
 from wheel.store._shared import (
     RUN_COLUMNS_E,
     Executor,
@@ -99,6 +109,34 @@ def outcome_sql(p: str, *, tenant: bool) -> tuple[str, str]:
     return runs, missed
 
 
+def missed_between_sql(p: str, *, tenant: bool) -> str:
+    """Fires recorded missed in a range of time (parameters: its start and
+    end, and the tenant if ``tenant``)."""
+    join, where = "", ""
+    if tenant:
+        join, where = " CROSS JOIN jobs AS j", f" AND j.job_id = x.job_id AND j.tenant = {p}"
+    return (
+        f"SELECT count(*) FROM missed_fires AS x{join}"
+        f" WHERE x.recorded_at_ms >= {p} AND x.recorded_at_ms < {p}{where}"
+    )
+
+
+def run_stats_sql(p: str) -> str:
+    """A job's runs that ended since a time (parameters: the job, the time):
+    a range of that job's ``(job_id, scheduled_for, attempt)``, never the
+    runs of every job that ended since."""
+    return (
+        "SELECT state, finished_at_ms - started_at_ms FROM executions"
+        f" WHERE job_id = {p} AND finished_at_ms >= {p}"
+    )
+
+
+def handler_text(handler: str) -> str:
+    """The text a spec's JSON holds for ``handler`` (sorted keys, no spaces,
+    escaped as ``json.dumps`` escapes: ``JobSpec.to_json``)."""
+    return '"handler":' + json.dumps(handler)
+
+
 def next_start(
     cur: Executor, below: str, runs: Sequence[FeedRun], size: int, floor: int
 ) -> int | None:
@@ -133,6 +171,41 @@ class OverviewSQL:
         self, *, since_ms: int, bucket_ms: int, tenant: str | None = None
     ) -> list[OutcomeCount]:
         width = max(1, bucket_ms)
+        if width % MINUTE_MS:
+            return self._counted_from_runs(since_ms, width, tenant)
+        p = self._queries.dialect.param
+        mine: tuple[str, ...] = () if tenant is None else (tenant,)
+        rolled = counts_sql(p, tenant=tenant is not None)
+        runs, _ = outcome_sql(p, tenant=tenant is not None)
+        missed = missed_between_sql(p, tenant=tenant is not None)
+        first = -(-since_ms // MINUTE_MS) * MINUTE_MS  # the first whole minute
+
+        def op(cur: Executor) -> list[OutcomeCount]:
+            counts: dict[tuple[int, str], int] = {}
+            if since_ms < first:  # the rest of the minute the window starts in
+                bucket = since_ms // width * width
+                part = cur.execute(runs, (since_ms, first, *mine)).fetchall()
+                [(n_missed,)] = cur.execute(missed, (since_ms, first, *mine)).fetchall()
+                for outcome, n in [*part, (MISSED, n_missed)]:
+                    if n:
+                        counts[bucket, str(outcome)] = int(n)
+            for bucket, outcome, n in cur.execute(rolled, (width, width, first, *mine)).fetchall():
+                key = (int(bucket), str(outcome))
+                counts[key] = counts.get(key, 0) + int(n)
+            return [
+                OutcomeCount(bucket_ms=b, outcome=o, count=n)
+                for (b, o), n in sorted(counts.items())
+                if n
+            ]
+
+        got: list[OutcomeCount] = self._read(op)
+        return got
+
+    def _counted_from_runs(
+        self, since_ms: int, width: int, tenant: str | None
+    ) -> list[OutcomeCount]:
+        """``outcome_counts`` read from the runs and missed fires themselves,
+        a bucket at a time (for widths the minutes do not divide)."""
         runs, missed = outcome_sql(self._queries.dialect.param, tenant=tenant is not None)
         mine: tuple[str, ...] = () if tenant is None else (tenant,)
         p = self._queries.dialect.param
@@ -182,21 +255,33 @@ class OverviewSQL:
         # sort every run of theirs, however old).
         where = [f"e.run_id < {p}", f"e.run_id >= {p}"]
         args: list[Any] = []
-        for clause, value in (
-            (f"e.state = {p}", None if outcome is None else outcome.value),
-            (f"j.tenant = {p}", tenant),
-            (f"{d.spec_handler} = {p}", handler),
+        for clause, values in (
+            (f"e.state = {p}", None if outcome is None else (outcome.value,)),
+            (f"j.tenant = {p}", None if tenant is None else (tenant,)),
+            # The run's spec, by its job's id, in a subquery of its own:
+            # PostgreSQL plans no join from it, so it cannot go through a
+            # handler's every job and their runs (it did: 260 ms a page
+            # with a million runs). The spec's text holds the handler as
+            # the spec's JSON writes it (``JobSpec.to_json``): searched for
+            # first, it leaves out the other handlers' runs before their
+            # specs' JSON is parsed.
+            (
+                f"(SELECT {d.spec_handler} FROM job_specs AS s"
+                f" WHERE s.job_id = e.job_id AND {d.spec_holds}) = {p}",
+                None if handler is None else (handler_text(handler), handler),
+            ),
         ):
-            if value is not None:
+            if values is not None:
                 where.append(clause)
-                args.append(value)
+                args += values
         if job_name:
             where.append(f"{d.name_order} >= {p} AND {d.name_order} < {p}")
             args += [job_name, prefix_end(job_name)]
         sql = (
-            f"SELECT {RUN_COLUMNS_E}, j.tenant, j.name, {d.spec_handler} FROM executions AS e"
-            " CROSS JOIN jobs AS j CROSS JOIN job_specs AS s"
-            " WHERE j.job_id = e.job_id AND s.job_id = e.job_id AND "
+            f"SELECT {RUN_COLUMNS_E}, j.tenant, j.name,"
+            f" (SELECT {d.spec_handler} FROM job_specs AS s WHERE s.job_id = e.job_id)"
+            " FROM executions AS e CROSS JOIN jobs AS j"
+            " WHERE j.job_id = e.job_id AND "
             + " AND ".join(where)
             + f" ORDER BY e.run_id DESC LIMIT {p}"
         )
@@ -249,10 +334,6 @@ class OverviewSQL:
         return got
 
     def run_stats(self, job_id: int, since_ms: int) -> RunStats:
-        p = self._queries.dialect.param
-        sql = (
-            "SELECT state, finished_at_ms - started_at_ms FROM executions"
-            f" WHERE job_id = {p} AND finished_at_ms >= {p}"
-        )
+        sql = run_stats_sql(self._queries.dialect.param)
         rows = self._read(lambda cur: cur.execute(sql, (job_id, since_ms)).fetchall())
         return stats_of([(str(s), None if d is None else int(d)) for s, d in rows])

@@ -15,6 +15,7 @@ guarantee ``UNIQUE (job_id, scheduled_for, attempt)``.
 
 from __future__ import annotations
 
+from wheel.store import _rollup
 from wheel.store.outbox_sql import DDL_1 as OUTBOX_DDL_1
 from wheel.store.outbox_sql import NOTIFY_FUNCTION as OUTBOX_NOTIFY_FUNCTION
 from wheel.store.outbox_sql import SETTLED_INDEX as OUTBOX_SETTLED_INDEX
@@ -449,6 +450,9 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
     (22, OVERVIEW_INDEXES),
     (23, _job_traces("INTEGER", "TEXT")),
     (24, []),  # the outbox's trace context: PostgreSQL's alone
+    # Runs and missed fires counted by minute, tenant and outcome
+    # (wheel.store._rollup), filled from the rows already kept.
+    (25, _rollup.migration("INTEGER", " WITHOUT ROWID")),
 ]
 
 
@@ -641,4 +645,5 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
     (23, _job_traces("bigint", "text")),
     # The trace context an application's span gave an outbox row.
     (24, [OUTBOX_TRACE_COLUMN]),
+    (25, _rollup.migration("bigint", "")),
 ]

@@ -286,6 +286,9 @@ class Dialect:
     state_beside: str = "j.state"
     # The handler of the spec ``s`` (``job_specs AS s``), read from its JSON.
     spec_handler: str = "json_extract(s.spec, '$.handler')"
+    # The spec ``s``'s text holds a parameter's text (a test as cheap as a
+    # search of the bytes, where reading the JSON parses it).
+    spec_holds: str = "instr(s.spec, ?) > 0"
 
 
 class Queries:

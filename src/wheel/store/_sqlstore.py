@@ -19,6 +19,7 @@ from wheel.store._audit import AuditSQL
 from wheel.store._calendars import CalendarsSQL
 from wheel.store._limits import LimitsSQL
 from wheel.store._overview import OverviewSQL
+from wheel.store._rollup import MINUTE_MS, purge_sql
 from wheel.store._schema import RETRY_WHERE
 from wheel.store._secrets import SecretsSQL
 from wheel.store._shared import (
@@ -476,7 +477,10 @@ class SQLStore(TenancySQL, SecretsSQL):
 
     def purge_steps(self, finished_before_ms: int, batch: int = 1_000) -> Iterator[int]:
         """One key range of ``batch`` rows per step, executions first, then
-        missed fires; each range is one transaction."""
+        missed fires; each range is one transaction. After the last, the
+        counts of the minutes wholly before the cutoff go too (``_rollup``:
+        a few rows a minute, one transaction), not counted in the steps,
+        which count runs and missed fires."""
         batch = max(1, batch)
         for bound, delete in self._queries.purges:
             low: int | None = 0
@@ -484,6 +488,9 @@ class SQLStore(TenancySQL, SecretsSQL):
                 step = functools.partial(purge_range, bound, delete, low, batch, finished_before_ms)
                 deleted, low = self._write(step)
                 yield deleted
+        minutes = purge_sql(self._queries.dialect.param)
+        before = finished_before_ms // MINUTE_MS * MINUTE_MS
+        self._write(lambda cur: cur.execute(minutes, (before,)))
 
     def ping(self) -> None:
         self._read(lambda cur: cur.execute("SELECT 1").fetchone())

@@ -215,22 +215,23 @@ def mark_running(
 
 
 def complete(
-    conn: Conn, completions: Sequence[Completion], held: Held | None
+    conn: Conn, completions: Sequence[Completion], held: Held | None, slot: int
 ) -> tuple[list[bool], set[int]]:
-    """Fenced terminal transitions for the first of each (run, fence); and
-    the refused shards."""
+    """Fenced terminal transitions for the first of each (run, fence), the
+    runs they end counted in the store's ``slot`` of their minutes; and the
+    refused shards."""
 
     def write(part: Sequence[Completion]) -> tuple[list[bool], list[int]]:
         first = first_per_key([(c.run_id, c.fence) for c in part])
         firsts = [part[i] for i in first]
-        params = sql.completion_arrays(first, firsts)
+        params = sql.completion_arrays(first, firsts, slot)
         update = sql.COMPLETE_SQL
-        unmatched: tuple[str, ...] = ("error", "worker")
+        unmatched: tuple[str, ...] = ("error", "worker", "slot")
         if any(c.result is not None for c in firsts):
             # Only a batch with a result sends the array (most have none).
             update = sql.COMPLETE_WITH_RESULTS_SQL
             params = sql.with_results(params, firsts)
-            unmatched = ("error", "worker", "result")
+            unmatched = ("error", "worker", "slot", "result")
         applied, jobs = _fenced_update(
             conn, update, sql.RECOGNISE_COMPLETIONS_SQL, params, first, len(part), *unmatched
         )
@@ -305,10 +306,13 @@ def _fenced_update(
     return applied, jobs
 
 
-def record_missed(conn: Conn, missed: Sequence[MissedFire], held: Held | None) -> set[int]:
-    """Missed fires, once each; returns the refused shards."""
+def record_missed(
+    conn: Conn, missed: Sequence[MissedFire], held: Held | None, slot: int
+) -> set[int]:
+    """Missed fires, once each, counted in the store's ``slot`` of their
+    minutes; returns the refused shards."""
     keep, refused = _check_jobs(conn, held, [m.job_id for m in missed])
     part = missed if keep is None else [missed[i] for i in keep]
     if part:
-        conn.execute(sql.RECORD_MISSED_SQL, sql.missed_arrays(part))
+        conn.execute(sql.RECORD_MISSED_SQL, (*sql.missed_arrays(part), slot))
     return refused

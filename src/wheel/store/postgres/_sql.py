@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from wheel.store._rollup import ADD as ADD_COUNTS
+from wheel.store._rollup import MINUTE_MS
 from wheel.store._schema import INFLIGHT_SQL
 from wheel.store._shared import JOB_INSERT_COLUMNS, Dialect, Queries
 from wheel.store.base import (
@@ -41,6 +43,7 @@ DIALECT = Dialect(
     as_int="{expr}::text::int8",
     name_order='j.name COLLATE "C"',
     spec_handler="(s.spec::jsonb ->> 'handler')",
+    spec_holds="strpos(s.spec, %s) > 0",
 )
 QUERIES = Queries(DIALECT)
 
@@ -186,9 +189,13 @@ def start_arrays(idx: Sequence[int], starts: Sequence[RunStart]) -> dict[str, An
     }
 
 
-def completion_arrays(idx: Sequence[int], completions: Sequence[Completion]) -> dict[str, Any]:
-    """Completions as the column arrays the completion statements unnest."""
+def completion_arrays(
+    idx: Sequence[int], completions: Sequence[Completion], slot: int = 0
+) -> dict[str, Any]:
+    """Completions as the column arrays the completion statements unnest,
+    and the store's ``slot`` of the minutes' counts (``_rollup``)."""
     return {
+        "slot": slot,
         "idx": Int4s(idx),
         "run": Int8s([c.run_id for c in completions]),
         "fence": Int8s([c.fence for c in completions]),
@@ -258,11 +265,13 @@ SELECT t.idx, e.job_id
 def _complete_sql(result: bool) -> str:
     """The fenced terminal transition of a batch of completions; ``result``:
     it also writes each run's result (a batch without any takes the form
-    that sends and writes none)."""
+    that sends and writes none). The runs it ends are counted in the same
+    statement, in the store's ``slot`` of their minutes (``_rollup``)."""
     set_result, result_array, result_column = (
         (", result = t.result", ", %(result)b::text[]", ", result") if result else ("", "", "")
     )
     return f"""
+WITH ended AS (
 UPDATE executions AS e
    SET state = t.state, finished_at_ms = t.finished_at_ms, error = t.error,
        worker_id = coalesce(t.worker_id, e.worker_id),
@@ -277,7 +286,15 @@ UPDATE executions AS e
    AND NOT EXISTS (SELECT 1 FROM executions AS newer
                     WHERE newer.job_id = e.job_id AND newer.scheduled_for = e.scheduled_for
                       AND newer.fence > e.fence)
-RETURNING t.idx, e.job_id
+RETURNING t.idx, e.job_id, e.state, e.finished_at_ms
+), counted AS (
+INSERT INTO run_minutes (minute_ms, tenant, outcome, slot, runs)
+SELECT (d.finished_at_ms / {MINUTE_MS}) * {MINUTE_MS}, j.tenant, d.state, %(slot)s::int8, count(*)
+  FROM ended AS d JOIN jobs AS j ON j.job_id = d.job_id
+ GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+{ADD_COUNTS}
+)
+SELECT idx, job_id FROM ended
 """
 
 
@@ -364,10 +381,20 @@ def shard_mask(shards: Collection[int]) -> bytes:
 JOB_IDS_SQL = "SELECT run_id, job_id FROM executions WHERE run_id = ANY(%(run)b::int8[])"
 
 
-RECORD_MISSED_SQL = """
+# Missed fires, once each (parameters: their arrays, then the store's
+# slot), and the minutes' counts of those this insert recorded.
+RECORD_MISSED_SQL = f"""
+WITH recorded AS (
 INSERT INTO missed_fires (job_id, scheduled_for, reason, recorded_at_ms)
 SELECT * FROM unnest(%b::int8[], %b::int8[], %b::text[], %b::int8[])
     ON CONFLICT (job_id, scheduled_for) DO NOTHING
+RETURNING job_id, recorded_at_ms
+)
+INSERT INTO run_minutes (minute_ms, tenant, outcome, slot, runs)
+SELECT (m.recorded_at_ms / {MINUTE_MS}) * {MINUTE_MS}, j.tenant, 'missed', %s::int8, count(*)
+  FROM recorded AS m JOIN jobs AS j ON j.job_id = m.job_id
+ GROUP BY 1, 2 ORDER BY 1, 2
+{ADD_COUNTS}
 """
 
 

@@ -4,11 +4,13 @@ allows."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from wheel.errors import WheelError
+from wheel.store import _rollup
 from wheel.store._schema import PG_MIGRATIONS
 from wheel.store._shared import (
     Executor,
@@ -91,6 +93,8 @@ class PostgresStore(SQLStore):
         # of their own, while the calling thread commits the rest.
         self._side = ThreadPoolExecutor(1, thread_name_prefix="wheel-store-side")
         self._last_held: _runs.Held | None = None
+        # This store's row of each minute's counts (``wheel.store._rollup``).
+        self._slot = secrets.randbelow(_rollup.SLOTS)
 
     def clock_ms(self) -> int:
         row = self._read(
@@ -291,7 +295,7 @@ class PostgresStore(SQLStore):
             return [], set()
         check_terminal(completions)
         applied, refused = self._db.run(
-            lambda conn, _: _runs.complete(conn, completions, held), idempotent=True
+            lambda conn, _: _runs.complete(conn, completions, held, self._slot), idempotent=True
         )
         outcomes = [
             CompletionOutcome(run_id=c.run_id, applied=applied[i])
@@ -306,7 +310,7 @@ class PostgresStore(SQLStore):
         if not missed:
             return set()
         return self._db.run(
-            lambda conn, _: _runs.record_missed(conn, missed, held), idempotent=True
+            lambda conn, _: _runs.record_missed(conn, missed, held, self._slot), idempotent=True
         )
 
     # -- ownership ------------------------------------------------------------

@@ -155,7 +155,7 @@ def mark_running(cur: sqlite3.Cursor, starts: Sequence[RunStart]) -> list[bool]:
         sql.RECOGNISE_STARTS,
         [(s.worker_id, s.started_at_ms, s.run_id, s.fence) for s in starts],
         lambda i: (starts[i].run_id, starts[i].fence, starts[i].worker_id),
-    )
+    )[0]
 
 
 def complete(cur: sqlite3.Cursor, completions: Sequence[Completion]) -> list[bool]:
@@ -176,7 +176,7 @@ def complete(cur: sqlite3.Cursor, completions: Sequence[Completion]) -> list[boo
         # Only a batch with a result binds the column (most have none).
         form = sql.COMPLETE_WITH_RESULTS
         rows = [(*row, c.result) for row, c in zip(rows, completions, strict=True)]
-    applied = _fenced_update(
+    applied, changed = _fenced_update(
         cur,
         form,
         sql.RECOGNISE_COMPLETIONS,
@@ -188,6 +188,9 @@ def complete(cur: sqlite3.Cursor, completions: Sequence[Completion]) -> list[boo
             completions[i].finished_at_ms,
         ),
     )
+    ended = [c.run_id for c, ok in zip(completions, changed, strict=True) if ok]
+    if ended:
+        cur.execute(sql.ADD_ENDED, (0, sql.DIALECT.ints(ended)))
     ends = [
         (c.job_state.value, c.finished_at_ms, c.run_id)
         for c, ok in zip(completions, applied, strict=True)
@@ -204,27 +207,33 @@ def _fenced_update(
     recognise: sql.SetStatement,
     rows: list[tuple[Any, ...]],
     leaves: Callable[[int], tuple[Any, ...]],
-) -> list[bool]:
+) -> tuple[list[bool], list[bool]]:
     """Apply ``update`` to each row in order. The first write of each (run,
     fence) that did not apply but finds its run exactly as it would have
     left it is applied all the same: ``leaves(i)`` is what ``recognise``
     matches row i on (run, fence, then what the write leaves). Only a batch
-    with a row that did not apply pays for that."""
-    applied = apply_each(cur, update, rows)
+    with a row that did not apply pays for that. Returns what applied, and
+    what this write changed (not what it recognised)."""
+    changed = apply_each(cur, update, rows)
+    applied = list(changed)
     if not all(applied):
         keys = [leaves(i) for i in range(len(rows))]
         first = first_per_key([(k[0], k[1]) for k in keys])
         todo = [(i, *keys[i]) for i in first if not applied[i]]
         for (i,) in sql.select_rows(cur, recognise, todo):
             applied[i] = True
-    return applied
+    return applied, changed
 
 
 def record_missed(cur: sqlite3.Cursor, missed: Sequence[MissedFire]) -> None:
+    """Missed fires, once each, and their minutes' counts (``_rollup``)."""
+    row = cur.execute(sql.LAST_MISSED).fetchone()
     cur.executemany(
         sql.RECORD_MISSED,
         [(m.job_id, m.scheduled_for, m.reason.value, m.recorded_at_ms) for m in missed],
     )
+    if cur.rowcount:
+        cur.execute(sql.ADD_MISSED, (0, row[0]))
 
 
 def stale_shards(cur: sqlite3.Cursor, epochs: Mapping[int, int]) -> set[int]:

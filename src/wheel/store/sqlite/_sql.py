@@ -9,6 +9,7 @@ import sqlite3
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any, NamedTuple
 
+from wheel.store import _rollup
 from wheel.store._schema import INFLIGHT_SQL
 from wheel.store._shared import JOB_INSERT_COLUMNS, Dialect, Queries
 
@@ -236,5 +237,11 @@ RECORD_MISSED = (
     "INSERT INTO missed_fires (job_id, scheduled_for, reason, recorded_at_ms)"
     " VALUES (?, ?, ?, ?) ON CONFLICT (job_id, scheduled_for) DO NOTHING"
 )
+# The minutes' counts (``wheel.store._rollup``): of the runs a batch ended
+# (parameters: slot 0, their ids), and of the fires it recorded missed,
+# those after the last missed fire before it (slot 0, that id).
+ADD_ENDED = _rollup.add_ended("?", DIALECT.in_ints)
+ADD_MISSED = _rollup.add_missed("?")
+LAST_MISSED = "SELECT coalesce(max(id), 0) FROM missed_fires"
 # The last change number handed out.
 LAST_CHANGE = "SELECT value FROM counters WHERE name = 'change_seq'"
