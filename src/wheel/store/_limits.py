@@ -12,16 +12,22 @@ run for a batch without keyed claims.
 Invariants (tests in tests/store/test_contract_limits.py):
 
 1. ``in_flight`` of a key equals the number of its runs dispatched or
-   running in the store, in every committed state: the claim that inserts a
-   keyed run adds it in the same transaction, and the trigger of schema 20
-   (``wheel.store._schema.RELEASE_WHEN``) takes it off in the transaction
-   that moves the run out of dispatched/running, whatever write that is
-   (completion, lost, timed out, cancelled, dead-lettered, deleted).
+   running in the store that carry the key, in every committed state: the
+   claim that inserts a keyed run adds it in the same transaction, and the
+   trigger of schema 20 (``wheel.store._schema.RELEASE_WHEN``) takes it off
+   in the transaction that moves the run out of dispatched/running, whatever
+   write that is (completion, lost, timed out, cancelled, dead-lettered,
+   deleted), or ``release_returned`` does, in the transaction that takes
+   the key off a run still in flight whose handler returned (its worker
+   says so, under the run's fence, while its completion cannot reach its
+   owner): the run's end then gives nothing back twice.
 2. A claim never makes ``in_flight`` exceed ``max_concurrent``: permits are
    granted under the row's lock (PostgreSQL: ``FOR UPDATE``; SQLite: the one
    writer) as ``min(asked, max_concurrent - in_flight)``.
-3. A run of an owner that died keeps its permit until a new owner's reaper
-   ends it in the store (it may still be running on a worker: it must count).
+3. A run of an owner that died keeps its permit until a new owner ends it
+   in the store (it may still be running on a worker: it must count), or
+   until its worker reports that its handler returned (``release_returned``):
+   then nothing of it runs any more, whoever owns it.
 4. Starts of a rate-limited key take a token each from a bucket refilled by
    elapsed time, ``tokens = min(burst, tokens + elapsed * rate / period)``;
    none is granted without a whole token.
@@ -289,6 +295,50 @@ class LimitsSQL:
         p = self._param
         sql = f"DELETE FROM limits WHERE tenant = {p} AND concurrency_key = {p}"
         return int(self._write(lambda cur: cur.execute(sql, (tenant, key)).rowcount))
+
+    def release_returned(self, worker_id: str, runs: Sequence[tuple[int, int]]) -> int:
+        """Give back the permits of ``runs`` (run id, fence) whose handlers
+        returned on ``worker_id`` (invariants 1 and 3): of each run still in
+        flight under that fence, acked by that worker or by none, the key is
+        taken off and its limit's ``in_flight`` lowered, in one transaction;
+        how many permits came back. The run's end later finds no key and
+        gives nothing back again."""
+        p = self._param
+        find = (
+            "SELECT e.concurrency_key, j.tenant FROM executions AS e"
+            " JOIN jobs AS j ON j.job_id = e.job_id"
+            f" WHERE e.run_id = {p} AND e.fence = {p} AND e.state IN {INFLIGHT_SQL}"
+            f" AND e.concurrency_key IS NOT NULL AND (e.worker_id IS NULL OR e.worker_id = {p})"
+        )
+        # Checked again as the row is written: a run ended meanwhile is left.
+        take_key = (
+            f"UPDATE executions SET concurrency_key = NULL WHERE run_id = {p} AND fence = {p}"
+            f" AND state IN {INFLIGHT_SQL} AND concurrency_key = {p}"
+            f" AND (worker_id IS NULL OR worker_id = {p})"
+        )
+
+        def op(cur: Executor) -> int:
+            given: dict[tuple[str, str], int] = {}
+            # The runs' rows first (in run order), then the limits' rows (in key
+            # order): the order a completion's trigger takes them in.
+            for run_id, fence in sorted(set(runs)):
+                row = cur.execute(find, (run_id, fence, worker_id)).fetchone()
+                if row is None:
+                    continue
+                done = cur.execute(take_key, (run_id, fence, row[0], worker_id))
+                if done.rowcount == 1:
+                    k = (str(row[1]), str(row[0]))
+                    given[k] = given.get(k, 0) + 1
+            for (tenant, key), n in sorted(given.items()):
+                cur.execute(
+                    f"UPDATE limits SET in_flight = CASE WHEN in_flight > {p}"
+                    f" THEN in_flight - {p} ELSE 0 END"
+                    f" WHERE tenant = {p} AND concurrency_key = {p}",
+                    (n, n, tenant, key),
+                )
+            return sum(given.values())
+
+        return int(self._write(op)) if runs else 0
 
     def recount_limits(self) -> int:
         def op(cur: Executor) -> int:
