@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -159,6 +160,38 @@ def test_only_the_run_in_flight_under_its_fence_and_worker_gives_back(store: Sto
     assert given == 0 and in_flight(store) == 2
     assert store.release_returned("w2", [(acked, 5)]) == 1
     assert in_flight(store) == 1
+
+
+def test_a_run_another_writer_holds_is_left_to_it_without_waiting(
+    backend: str, store: Store, store_url: str
+) -> None:
+    if backend != "postgres":
+        pytest.skip("only PostgreSQL has writers that lock rows one by one")
+    store.set_limit(LimitRecord(tenant="acme", key="db", max_concurrent=2), 1_000)
+    [job] = jobs(store, 1)
+    [won] = store.claim_fires([keyed_claim(job, 60_000, fence=5)])
+    assert won.run_id is not None
+    other = open_store(store_url)
+    held, done = threading.Event(), threading.Event()
+
+    def hold(cur: Any) -> None:
+        # Another writer (its owner ending it, say) has the run's row.
+        cur.execute("SELECT 1 FROM executions WHERE run_id = %s FOR UPDATE", (won.run_id,))
+        held.set()
+        done.wait(10)
+
+    writer = threading.Thread(target=other._write, args=(hold,))  # type: ignore[attr-defined]
+    writer.start()
+    try:
+        assert held.wait(10)
+        assert store.release_returned("w1", [(won.run_id, 5)]) == 0
+        assert not done.is_set()  # answered while the other still held it
+    finally:
+        done.set()
+        writer.join(10)
+        other.close()
+    assert in_flight(store) == 1
+    assert store.release_returned("w1", [(won.run_id, 5)]) == 1
 
 
 def test_a_claim_written_again_counts_its_permit_once(store: Store) -> None:

@@ -310,24 +310,38 @@ class LimitsSQL:
             f" WHERE e.run_id = {p} AND e.fence = {p} AND e.state IN {INFLIGHT_SQL}"
             f" AND e.concurrency_key IS NOT NULL AND (e.worker_id IS NULL OR e.worker_id = {p})"
         )
-        # Checked again as the row is written: a run ended meanwhile is left.
         take_key = (
             f"UPDATE executions SET concurrency_key = NULL WHERE run_id = {p} AND fence = {p}"
             f" AND state IN {INFLIGHT_SQL} AND concurrency_key = {p}"
             f" AND (worker_id IS NULL OR worker_id = {p})"
         )
+        lock_limit = (
+            f"SELECT 1 FROM limits WHERE tenant = {p} AND concurrency_key = {p}{self._lock}"
+        )
+        # Where rows are locked one by one (PostgreSQL), a run's row locked by
+        # another writer is left alone: that writer is ending the run or
+        # moving it, and this one must not wait for it while holding a
+        # limit's row, which the run's end takes too (a deadlock).
+        skip = f" {self._lock.strip()} SKIP LOCKED" if self._lock else ""
+        lock_run = f"SELECT 1 FROM executions WHERE run_id = {p}{skip}"
 
         def op(cur: Executor) -> int:
-            given: dict[tuple[str, str], int] = {}
-            # The runs' rows first (in run order), then the limits' rows (in key
-            # order): the order a completion's trigger takes them in.
+            found: dict[tuple[int, int], tuple[str, str]] = {}
             for run_id, fence in sorted(set(runs)):
                 row = cur.execute(find, (run_id, fence, worker_id)).fetchone()
-                if row is None:
+                if row is not None:
+                    found[(run_id, fence)] = (str(row[1]), str(row[0]))
+            # The limits' rows first, in key order as a claim takes them, then
+            # the runs' rows, never waiting for one (above).
+            for tenant, key in sorted(set(found.values())):
+                cur.execute(lock_limit, (tenant, key))
+            given: dict[tuple[str, str], int] = {}
+            for (run_id, fence), k in sorted(found.items()):
+                if skip and cur.execute(lock_run, (run_id,)).fetchone() is None:
                     continue
-                done = cur.execute(take_key, (run_id, fence, row[0], worker_id))
+                # Checked again as the row is written: a run ended meanwhile is left.
+                done = cur.execute(take_key, (run_id, fence, k[1], worker_id))
                 if done.rowcount == 1:
-                    k = (str(row[1]), str(row[0]))
                     given[k] = given.get(k, 0) + 1
             for (tenant, key), n in sorted(given.items()):
                 cur.execute(
