@@ -33,6 +33,14 @@ figure but ``lost`` comes from those records alone. JSON keys:
   (at-least-once after a kill: a run whose completion died with its owner);
 - ``missed``: fires of ``bound`` recorded missed (overlap: a fire of a job
   whose previous fire still waits or runs is skipped, its policy's default);
+- ``permits``: where the permits' time in the window went, as shares of
+  ``max_concurrent`` permits over it, from the store's runs of ``bound``
+  (claimed, ended, and whether a worker gave the permit back first) set
+  beside the handlers' records: ``held``, of which ``before_start`` (claimed,
+  its handler not started yet), ``after_end`` (its handler ended, its end not
+  in the store yet) and ``after_end_late`` (of that, a second or more late:
+  an owner SIGKILLed); ``free``: held by no run. ``held - before_start -
+  after_end`` is ``utilization``, give or take what the clocks disagree;
 - ``rate_max_starts_1s``, ``rate_starts_per_s`` (with ``--rate``): the most
   starts of ``rated`` in any one-second window, and its starts a second over
   the window; ``rate_max_claims_1s``: the most claims of its runs (each took
