@@ -110,13 +110,13 @@ class RefLimits:
         self,
         runs: Mapping[int, _Run],
         tenants: Mapping[int, str],
-        worker_id: str,
+        whose: Collection[str | None],
         returned: Sequence[tuple[int, int]],
         in_flight: Collection[Any],
     ) -> int:
         """``Store.release_returned``: the runs still in flight under their
-        fence, acked by ``worker_id`` or by none, lose their key and give
-        its permit back."""
+        fence, acked by one of ``whose`` (None: by no worker yet), lose their
+        key and give its permit back."""
         given = 0
         for run_id, fence in set(returned):
             ex = runs.get(run_id)
@@ -125,7 +125,7 @@ class RefLimits:
                 or ex.fence != fence
                 or ex.state not in in_flight
                 or ex.concurrency_key is None
-                or ex.worker_id not in (None, worker_id)
+                or ex.worker_id not in whose
                 or ex.job_id not in tenants
             ):
                 continue

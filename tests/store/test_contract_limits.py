@@ -158,8 +158,12 @@ def test_only_the_run_in_flight_under_its_fence_and_worker_gives_back(store: Sto
     assert in_flight(store) == 2
     given = store.release_returned("w1", [(acked, 5), (ended, 5), (other, 4), (other + 1_000, 5)])
     assert given == 0 and in_flight(store) == 2
-    assert store.release_returned("w2", [(acked, 5)]) == 1
+    assert store.release_returned("w2", [(acked, 5)], acked_only=True) == 1
     assert in_flight(store) == 1
+    # A run no worker acked yet: any worker's word, unless only acked runs count.
+    assert store.release_returned("w2", [(other, 5)], acked_only=True) == 0
+    assert store.release_returned("w2", [(other, 5)]) == 1
+    assert in_flight(store) == 0
 
 
 def test_a_run_another_writer_holds_is_left_to_it_without_waiting(

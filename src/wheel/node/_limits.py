@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -95,18 +96,22 @@ class Limits:
         if changed:
             log.warning("%d concurrency limits counted again from the runs in flight", changed)
 
-    def release_returned(self, worker_id: str, runs: Sequence[tuple[int, int]]) -> None:
+    def release_returned(
+        self, worker_id: str, runs: Sequence[tuple[int, int]], *, acked_only: bool
+    ) -> None:
         """Give back, in the background, the permits of ``runs`` (run id,
         fence) whose handlers returned on ``worker_id``, still in flight in
-        the store (``LimitStore.release_returned``). Nobody waits for it: a
-        store that refuses leaves those permits to the runs' ends."""
-        task = asyncio.create_task(self._release(worker_id, list(runs)))
+        the store (``LimitStore.release_returned``; ``acked_only``: only runs
+        the store knows this worker holds). Nobody waits for it: a store
+        that refuses leaves those permits to the runs' ends."""
+        task = asyncio.create_task(self._release(worker_id, list(runs), acked_only))
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
 
-    async def _release(self, worker_id: str, runs: list[tuple[int, int]]) -> None:
+    async def _release(self, worker_id: str, runs: list[tuple[int, int]], acked: bool) -> None:
+        release = functools.partial(self._store.release_returned, acked_only=acked)
         try:
-            given = await self._in_thread(self._store.release_returned, worker_id, runs)
+            given = await self._in_thread(release, worker_id, runs)
         except Exception as exc:
             log.info("permits of %d returned runs left to their ends: %s", len(runs), exc)
             return

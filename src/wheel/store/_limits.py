@@ -296,24 +296,30 @@ class LimitsSQL:
         sql = f"DELETE FROM limits WHERE tenant = {p} AND concurrency_key = {p}"
         return int(self._write(lambda cur: cur.execute(sql, (tenant, key)).rowcount))
 
-    def release_returned(self, worker_id: str, runs: Sequence[tuple[int, int]]) -> int:
+    def release_returned(
+        self, worker_id: str, runs: Sequence[tuple[int, int]], *, acked_only: bool = False
+    ) -> int:
         """Give back the permits of ``runs`` (run id, fence) whose handlers
         returned on ``worker_id`` (invariants 1 and 3): of each run still in
-        flight under that fence, acked by that worker or by none, the key is
-        taken off and its limit's ``in_flight`` lowered, in one transaction;
-        how many permits came back. The run's end later finds no key and
-        gives nothing back again."""
+        flight under that fence, acked by that worker (or by none, unless
+        ``acked_only``), the key is taken off and its limit's ``in_flight``
+        lowered, in one transaction; how many permits came back. The run's
+        end later finds no key and gives nothing back again."""
         p = self._param
+        # The worker's run: acked by it (or by none yet, unless ``acked_only``).
+        whose = f"executions.worker_id = {p}"
+        if not acked_only:
+            whose = f"(executions.worker_id IS NULL OR {whose})"
         find = (
-            "SELECT e.concurrency_key, j.tenant FROM executions AS e"
-            " JOIN jobs AS j ON j.job_id = e.job_id"
-            f" WHERE e.run_id = {p} AND e.fence = {p} AND e.state IN {INFLIGHT_SQL}"
-            f" AND e.concurrency_key IS NOT NULL AND (e.worker_id IS NULL OR e.worker_id = {p})"
+            "SELECT executions.concurrency_key, jobs.tenant FROM executions"
+            " JOIN jobs ON jobs.job_id = executions.job_id"
+            f" WHERE executions.run_id = {p} AND executions.fence = {p}"
+            f" AND executions.state IN {INFLIGHT_SQL}"
+            f" AND executions.concurrency_key IS NOT NULL AND {whose}"
         )
         take_key = (
             f"UPDATE executions SET concurrency_key = NULL WHERE run_id = {p} AND fence = {p}"
-            f" AND state IN {INFLIGHT_SQL} AND concurrency_key = {p}"
-            f" AND (worker_id IS NULL OR worker_id = {p})"
+            f" AND state IN {INFLIGHT_SQL} AND concurrency_key = {p} AND {whose}"
         )
         lock_limit = (
             f"SELECT 1 FROM limits WHERE tenant = {p} AND concurrency_key = {p}{self._lock}"
