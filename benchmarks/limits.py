@@ -33,6 +33,14 @@ figure but ``lost`` comes from those records alone. JSON keys:
   (at-least-once after a kill: a run whose completion died with its owner);
 - ``missed``: fires of ``bound`` recorded missed (overlap: a fire of a job
   whose previous fire still waits or runs is skipped, its policy's default);
+- ``permits``: where the permits' time in the window went, as shares of
+  ``max_concurrent`` permits over it, from the store's runs of ``bound``
+  (claimed, ended, and whether a worker gave the permit back first) set
+  beside the handlers' records: ``held``, of which ``before_start`` (claimed,
+  its handler not started yet), ``after_end`` (its handler ended, its end not
+  in the store yet) and ``after_end_late`` (of that, a second or more late:
+  an owner SIGKILLed); ``free``: held by no run. ``held - before_start -
+  after_end`` is ``utilization``, give or take what the clocks disagree;
 - ``rate_max_starts_1s``, ``rate_starts_per_s`` (with ``--rate``): the most
   starts of ``rated`` in any one-second window, and its starts a second over
   the window; ``rate_max_claims_1s``: the most claims of its runs (each took
@@ -216,6 +224,75 @@ def dispatch_times(dsn: str, jobs: list[int]) -> list[float]:
     return [int(r[0]) / 1000 for r in rows]
 
 
+def permit_spans(dsn: str, jobs: list[int]) -> dict[int, tuple[float, float | None, bool]]:
+    """Each run of ``jobs``: when it took its permit (claimed), when the
+    store ended it (None: still in flight), s, and whether its worker gave
+    the permit back before that (its key taken off: its handler returned
+    while its owner could not be told). Read from the store, to set beside
+    the handlers' own records: where the permits' time went that no handler
+    used."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT run_id, dispatched_at_ms, finished_at_ms, concurrency_key IS NULL"
+            " FROM executions WHERE job_id = ANY(%s)",
+            (jobs,),
+        ).fetchall()
+    return {
+        int(run): (int(at) / 1000, None if end is None else int(end) / 1000, bool(early))
+        for run, at, end, early in rows
+    }
+
+
+def permit_figures(
+    spans: dict[int, tuple[float, float | None, bool]],
+    records: list[Record],
+    n: int,
+    t0: float,
+    t1: float,
+    stopped: float,
+) -> dict[str, float]:
+    """Where the permits' time in [t0, t1] went, each a share of ``n``
+    permits over the window: ``held`` (a run had it: claimed, not yet ended
+    in the store), of which ``before_start`` (claimed, its handler not yet
+    started) and ``after_end`` (its handler ended, the store not yet told,
+    or it never ran), and of that ``after_end_late`` (by runs whose end
+    reached the store more than a second after their handler's, or that
+    never ran: an owner SIGKILLed, a lease lapsing); the rest was ``free``
+    (no run had it, between an end and the next claim). A permit its worker
+    gave back early is counted to its handler's end (the store does not
+    time that release)."""
+
+    def clip(a: float, b: float) -> float:
+        return max(0.0, min(b, t1) - max(a, t0))
+
+    ran = {r.run: r for r in records}
+    held = before = after = late = 0.0
+    for run, (at, end, early) in spans.items():
+        r = ran.get(run)
+        until = stopped if end is None else end
+        if early and r is not None:
+            until = min(until, r.end)  # given back about then: not timed, counted to it
+        held += clip(at, until)
+        if r is None:
+            after += clip(at, until)
+            late += clip(at, until)
+            continue
+        before += clip(at, min(r.start, until))
+        after += clip(max(r.end, at), until)
+        if until - r.end > 1.0:
+            late += clip(max(r.end, at), until)
+    whole = n * (t1 - t0)
+    return {
+        "held": round(held / whole, 3),
+        "before_start": round(before / whole, 3),
+        "after_end": round(after / whole, 3),
+        "after_end_late": round(late / whole, 3),
+        "free": round(1 - held / whole, 3),
+    }
+
+
 def missed_of(dsn: str, jobs: list[int]) -> int:
     import psycopg
 
@@ -317,6 +394,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             schema.dsn, firsts, args.period_ms, round(t0 * 1000), round((t1 - args.grace_s) * 1000)
         )
         missed = missed_of(schema.dsn, groups["bound"])
+        spans = permit_spans(schema.dsn, groups["bound"])
         claimed = dispatch_times(schema.dsn, groups.get("rated", []))
     finally:
         stop_all(workers)
@@ -347,6 +425,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "lost": lost,
         "duplicates": sum(n - 1 for n in fires.values() if n > 1),
         "missed": missed,
+        "permits": permit_figures(spans, by["bound"], args.max_concurrent, t0, t1, stopped),
     }
     if args.rate:
         starts = [r.start for r in by["rated"]]

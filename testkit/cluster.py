@@ -44,7 +44,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 
 from testkit.procs import HERE as E2E_DIR
-from testkit.procs import ServerProc, wait_for
+from testkit.procs import ServerProc, handlers_path, wait_for
 from testkit.services import EtcdServer
 from wheel.client import ChannelSecurity, Client, JobRequest, Status
 from wheel.engine.model import SHARD_COUNT
@@ -183,7 +183,10 @@ class ClusterWorker:
         self.worker_id = worker_id
         self.log_path = out.parent / f"{worker_id}.log"
         self.env = dict(
-            os.environ, WHEEL_E2E_OUT=str(out), WHEEL_E2E_WORKER=worker_id, PYTHONPATH=str(E2E_DIR)
+            os.environ,
+            WHEEL_E2E_OUT=str(out),
+            WHEEL_E2E_WORKER=worker_id,
+            PYTHONPATH=handlers_path(E2E_DIR),
         )
         self.env.update(env or {})
         self.cmd = [sys.executable, "-m", "e2e_handlers", "--worker-id", worker_id]

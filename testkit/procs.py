@@ -21,6 +21,13 @@ from wheel.tls import ChannelSecurity, make_channel
 HERE = Path(__file__).resolve().parent
 
 
+def handlers_path(folder: Path) -> str:
+    """A worker process's PYTHONPATH: ``folder`` (its handler modules) first,
+    then this process's own, so that a worker runs the same sources as the
+    test and its nodes (a checkout's, when it is on this process's path)."""
+    return os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def wheelctl(
     *args: str, check: bool = True, timeout: float = 30
 ) -> subprocess.CompletedProcess[str]:
@@ -130,7 +137,10 @@ class WorkerProc:
         cwd: Path | None = None,
     ) -> None:
         full_env = dict(
-            os.environ, WHEEL_E2E_OUT=str(out), WHEEL_E2E_WORKER=worker_id, PYTHONPATH=str(HERE)
+            os.environ,
+            WHEEL_E2E_OUT=str(out),
+            WHEEL_E2E_WORKER=worker_id,
+            PYTHONPATH=handlers_path(HERE),
         )
         full_env.update(env or {})
         if not handlers and "--http" not in flags:

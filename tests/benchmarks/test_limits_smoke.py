@@ -22,7 +22,7 @@ KEYS = {
     "nodes", "jobs", "max_concurrent", "run_ms", "period_ms", "duration_s", "demand",
     "max_in_flight_observed", "utilization", "throughput_ratio", "runs_per_s", "kills",
     "worker_kills", "lost", "duplicates", "missed", "rate_max_starts_1s", "rate_starts_per_s",
-    "rate_max_claims_1s",
+    "rate_max_claims_1s", "permits",
 }  # fmt: skip
 
 
@@ -50,6 +50,9 @@ def test_a_kill_under_a_binding_key_keeps_the_limit_and_loses_nothing(
     # Figures, not targets, at this size and under a kill (a loaded machine
     # moves them: benchmarks/README.md has the measured ones): in range.
     assert 0 < result["utilization"] <= 1
+    permits = result["permits"]
+    assert set(permits) == {"held", "before_start", "after_end", "after_end_late", "free"}
+    assert 0 <= permits["after_end_late"] <= permits["after_end"] <= permits["held"]
     assert result["throughput_ratio"] > 0
     # No one-second window holds more claims (tokens taken) than the rate
     # and the burst.

@@ -128,3 +128,88 @@ def test_a_key_holds_its_limit_across_nodes_and_an_owner_s_sigkill(cluster: Clus
     # Every job ran, on every owner it had.
     ran = {e.job_id for e in cluster.truth.executions() if e.state == "succeeded"}
     assert set(jobs) <= ran
+
+
+def test_a_run_that_returns_while_its_owner_is_dead_gives_its_permit_back_at_once(
+    cluster: Cluster,
+) -> None:
+    """Two permits: a short run on one node and a long one on another hold
+    them, a third fire waits. The short run's owner is SIGKILLed while it
+    runs; when its handler returns, its worker cannot tell its owner, and
+    another node gives its permit back at once. The waiting fire starts
+    before the dead owner's run is ended in the store (by the shard's next
+    owner, which gives nothing back again), and no more than two runs of
+    the key ever overlap."""
+    client = Client(cluster.targets, timeout=5.0)
+    try:
+        client.set_limit("pair", max_concurrent=2)
+        later = utc(now_ms() + 3_600_000)
+        kinds = {"short": 2.0, "long": 60.0, "tiny": 0.3}
+        made = {
+            kind: [
+                client.submit(
+                    name=f"{kind}-{i}",
+                    handler=HANDLER,
+                    at=later,
+                    payload=json.dumps({"sleep_s": sleep}).encode(),
+                    concurrency_key="pair",
+                ).job_id
+                for i in range(9)
+            ]
+            for kind, sleep in kinds.items()
+        }
+        held = cluster.ownership().held
+
+        def owner(job: int) -> str:
+            return next(n for n, shards in held.items() if shard_of(job) in shards)
+
+        short, victim_id, long_, tiny = next(
+            (s, owner(s), lj, t)
+            for s in made["short"]
+            for lj in made["long"]
+            for t in made["tiny"]
+            if owner(s) != owner(lj) and owner(s) != owner(t)
+        )
+        victim = cluster.node(victim_id)
+        client.trigger(long_)
+        client.trigger(short)
+
+        def started(job: int) -> list[dict[str, Any]]:
+            return [e for e in events(cluster.out) if e["job"] == job and e["event"] == "start"]
+
+        wait_for(lambda: started(short) and started(long_), 20, "both runs to start", 0.1)
+        client.trigger(tiny)
+        wait_for(lambda: waiting_of(client, "pair") == 1, 10, "the third fire to wait", 0.1)
+        victim.kill()
+        wait_for(lambda: started(tiny), 20, "the waiting fire to start", 0.1)
+        live = [n for n in cluster.nodes if n is not victim]
+        cluster.wait_whole(live=live, timeout=TTL_S + 10)
+
+        def ended_in_store() -> list[Any]:
+            return [
+                e
+                for e in cluster.truth.executions()
+                if e.job_id == short and e.state not in ("dispatched", "running")
+            ]
+
+        wait_for(ended_in_store, 30, "the dead owner's run to end in the store", 0.2)
+        [run] = ended_in_store()
+        [short_start] = started(short)
+        assert run.run_id == short_start["run"] and run.state == "succeeded"
+        # The waiting fire went before the shard's next owner ended the run.
+        assert started(tiny)[0]["t"] * 1000 < run.finished_at_ms
+        # Only the long run holds a permit now: nothing was given back twice.
+        [limit] = [x for x in client.limits() if x.key == "pair"]
+        assert limit.in_flight == 1
+    finally:
+        client.close()
+    ours = {e.run_id for e in cluster.truth.executions() if e.job_id in (short, long_, tiny)}
+    most, _ = max_overlap(events(cluster.out), ours)
+    assert most <= 2
+    assert [e for e in events(cluster.out) if e["job"] == short and e["event"] == "start"] == [
+        short_start
+    ]
+
+
+def waiting_of(client: Client, key: str) -> int:
+    return sum(x.waiting for x in client.limits() if x.key == key)

@@ -15,10 +15,11 @@ import pytest
 
 from testkit.procs import wait_for
 from tests.rpc.test_api import Api, InProcessServer, connect, now_ms, once, spec, submit
-from tests.rpc.test_protocol_abuse import RawWorker, ack, complete
+from tests.rpc.test_protocol_abuse import RawWorker, ack, complete, states
 from wheel.cli import main
 from wheel.rpc.v1 import admin_service_pb2 as admin
 from wheel.rpc.v1 import job_service_pb2
+from wheel.rpc.v1 import worker_service_pb2 as pb
 
 
 @pytest.fixture
@@ -108,6 +109,41 @@ def test_runs_of_a_key_wait_for_a_permit_and_go_when_one_ends(api: Api) -> None:
         assert 'wheel_limit_waiting{key="db",tenant="default"} 0.0' in scrape(api)
     finally:
         worker.close()
+
+
+def test_a_returned_run_s_permit_goes_back_and_the_waiting_fire_goes_out(api: Api) -> None:
+    """A worker's ``Returned`` (its handler returned, its own node's stream
+    down; here any node will do, so this one): the permit comes back at
+    once, the waiting fire goes out while the first run is still in flight,
+    and that run's completion later gives nothing back twice. (Which runs
+    may be given back, by fence and worker: the store's contract tests.)"""
+    set_limit(api, "db", max_concurrent=1)
+    worker = RawWorker(api.server.target, "w1", capacity=5)
+    try:
+        due = now_ms() + 300
+        for name in ("a", "b"):
+            submit(api, spec(name=name, schedule=once(due), concurrency_key="db"))
+        [first] = worker.expect("assignments").assignments.assignments
+        worker.send(ack((first.run_id, first.fence)))
+        wait_for(lambda: states(api, first.job_id) == [(1, "running")], 10, "the ack's start")
+        worker.send(returned((first.run_id, first.fence)))
+        [second] = worker.expect("assignments", timeout=10).assignments.assignments
+        assert second.job_id != first.job_id
+        assert states(api, first.job_id) == [(1, "running")]
+        assert limits(api)["db"].in_flight == 1  # the second run's
+        worker.send(complete(first.run_id, first.fence))
+        wait_for(lambda: states(api, first.job_id) == [(1, "succeeded")], 10, "the first's end")
+        assert limits(api)["db"].in_flight == 1
+        worker.send(complete(second.run_id, second.fence))
+        wait_for(lambda: limits(api)["db"].in_flight == 0, 10, "the second's permit back")
+    finally:
+        worker.close()
+
+
+def returned(*refs: tuple[int, int]) -> pb.WorkerMessage:
+    return pb.WorkerMessage(
+        returned=pb.Returned(runs=[pb.RunRef(run_id=r, fence=f) for r, f in refs])
+    )
 
 
 def scrape(api: Api) -> str:

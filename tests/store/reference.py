@@ -532,6 +532,13 @@ class ReferenceStore:
     def recount_limits(self) -> int:
         return self.limits.recount()
 
+    def release_returned(
+        self, worker_id: str, runs: Sequence[tuple[int, int]], *, acked_only: bool = False
+    ) -> int:
+        tenants = {j: row.spec.tenant for j, row in self.jobs.items()}
+        whose = (worker_id,) if acked_only else (None, worker_id)
+        return self.limits.release(self.execs, tenants, whose, runs, INFLIGHT)
+
     def _in_flight(self, k: tuple[str, str]) -> int:
         """The runs of key ``k`` (tenant, key) dispatched or running."""
         return sum(

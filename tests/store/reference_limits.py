@@ -5,14 +5,27 @@ bucket arithmetic (``wheel.store._limits``)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
+from typing import Any, Protocol
 
 from wheel.store._limits import MILLI, free_permits, refilled
 from wheel.store._limits import _Row as LimitRow
 from wheel.store.base import FireClaim, LimitRecord
 
 Key = tuple[str, str]  # (tenant, concurrency key)
+
+
+class _Run(Protocol):
+    """What ``RefLimits.release`` reads and writes of a run's row."""
+
+    job_id: int
+    fence: int
+    worker_id: str | None
+    concurrency_key: str | None
+
+    @property
+    def state(self) -> Any: ...
 
 
 class RefLimits:
@@ -92,3 +105,31 @@ class RefLimits:
         limit = self.rows.get((tenant, key))
         if limit is not None:
             limit[1].in_flight = max(0, limit[1].in_flight - 1)
+
+    def release(
+        self,
+        runs: Mapping[int, _Run],
+        tenants: Mapping[int, str],
+        whose: Collection[str | None],
+        returned: Sequence[tuple[int, int]],
+        in_flight: Collection[Any],
+    ) -> int:
+        """``Store.release_returned``: the runs still in flight under their
+        fence, acked by one of ``whose`` (None: by no worker yet), lose their
+        key and give its permit back."""
+        given = 0
+        for run_id, fence in set(returned):
+            ex = runs.get(run_id)
+            if (
+                ex is None
+                or ex.fence != fence
+                or ex.state not in in_flight
+                or ex.concurrency_key is None
+                or ex.worker_id not in whose
+                or ex.job_id not in tenants
+            ):
+                continue
+            self.give(tenants[ex.job_id], ex.concurrency_key)
+            ex.concurrency_key = None
+            given += 1
+        return given

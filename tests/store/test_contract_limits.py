@@ -7,13 +7,21 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 from tests.store.conftest import interval_job
 from tests.store.reference import ReferenceStore
 from wheel.engine.model import RunState
-from wheel.store.base import ClaimOutcome, Completion, FireClaim, LimitRecord, Store
+from wheel.store.base import (
+    ClaimOutcome,
+    Completion,
+    FireClaim,
+    LimitRecord,
+    RunStart,
+    Store,
+)
 from wheel.store.open import open_store
 
 HOUR_MS = 3_600_000
@@ -113,6 +121,81 @@ def test_a_superseded_completion_gives_nothing_back(store: Store) -> None:
     )
     assert not stale.applied
     assert in_flight(store) == 1
+
+
+def test_a_returned_handler_gives_its_permit_back_once(store: Store) -> None:
+    store.set_limit(LimitRecord(tenant="acme", key="db", max_concurrent=1), 1_000)
+    first, second = jobs(store, 2)
+    [won] = store.claim_fires([keyed_claim(first, 60_000, fence=5)])
+    assert won.run_id is not None
+    # Its worker says its handler returned, its owner has not heard yet.
+    assert store.release_returned("w1", [(won.run_id, 5), (won.run_id, 5)]) == 1
+    assert in_flight(store) == 0
+    assert store.release_returned("w1", [(won.run_id, 5)]) == 0
+    [now] = store.claim_fires([keyed_claim(second, 60_000)])
+    assert now.run_id is not None
+    assert in_flight(store) == 1
+    # The run is still in flight: its end, when its owner writes it, gives
+    # nothing back a second time.
+    [run] = store.list_runs(first)
+    assert run.state is RunState.DISPATCHED
+    end(store, [won], RunState.SUCCEEDED)
+    assert in_flight(store) == 1
+    assert store.recount_limits() == 0
+
+
+def test_only_the_run_in_flight_under_its_fence_and_worker_gives_back(store: Store) -> None:
+    store.set_limit(LimitRecord(tenant="acme", key="db", max_concurrent=3), 1_000)
+    ids = jobs(store, 3)
+    outs = store.claim_fires([keyed_claim(j, 60_000, fence=5) for j in ids])
+    runs = [o.run_id for o in outs]
+    assert None not in runs
+    acked, ended, other = (r for r in runs if r is not None)
+    assert store.mark_running(
+        [RunStart(run_id=acked, fence=5, worker_id="w2", started_at_ms=61_000)]
+    ) == [True]
+    end(store, outs[1:2], RunState.SUCCEEDED)
+    assert in_flight(store) == 2
+    given = store.release_returned("w1", [(acked, 5), (ended, 5), (other, 4), (other + 1_000, 5)])
+    assert given == 0 and in_flight(store) == 2
+    assert store.release_returned("w2", [(acked, 5)], acked_only=True) == 1
+    assert in_flight(store) == 1
+    # A run no worker acked yet: any worker's word, unless only acked runs count.
+    assert store.release_returned("w2", [(other, 5)], acked_only=True) == 0
+    assert store.release_returned("w2", [(other, 5)]) == 1
+    assert in_flight(store) == 0
+
+
+def test_a_run_another_writer_holds_is_left_to_it_without_waiting(
+    backend: str, store: Store, store_url: str
+) -> None:
+    if backend != "postgres":
+        pytest.skip("only PostgreSQL has writers that lock rows one by one")
+    store.set_limit(LimitRecord(tenant="acme", key="db", max_concurrent=2), 1_000)
+    [job] = jobs(store, 1)
+    [won] = store.claim_fires([keyed_claim(job, 60_000, fence=5)])
+    assert won.run_id is not None
+    other = open_store(store_url)
+    held, done = threading.Event(), threading.Event()
+
+    def hold(cur: Any) -> None:
+        # Another writer (its owner ending it, say) has the run's row.
+        cur.execute("SELECT 1 FROM executions WHERE run_id = %s FOR UPDATE", (won.run_id,))
+        held.set()
+        done.wait(10)
+
+    writer = threading.Thread(target=other._write, args=(hold,))  # type: ignore[attr-defined]
+    writer.start()
+    try:
+        assert held.wait(10)
+        assert store.release_returned("w1", [(won.run_id, 5)]) == 0
+        assert not done.is_set()  # answered while the other still held it
+    finally:
+        done.set()
+        writer.join(10)
+        other.close()
+    assert in_flight(store) == 1
+    assert store.release_returned("w1", [(won.run_id, 5)]) == 1
 
 
 def test_a_claim_written_again_counts_its_permit_once(store: Store) -> None:

@@ -26,7 +26,7 @@ from tests.worker.scripted import (
 from wheel.engine.model import SHARD_COUNT
 from wheel.rpc.v1 import cluster_pb2
 from wheel.rpc.v1 import worker_service_pb2 as pb
-from wheel.worker import RunContext, Worker
+from wheel.worker import Retryable, RunContext, Worker
 
 
 class Slow:
@@ -290,6 +290,50 @@ def test_runs_on_a_node_whose_stream_is_down_go_where_a_newer_view_puts_their_sh
                 assert slow.cancelled == set()
 
     scenario(go)
+
+
+def test_handlers_that_return_while_their_node_is_down_are_told_to_another_node() -> None:
+    async def go() -> None:
+        async with nodes("a", "b") as [(a, ta), (b, tb)]:
+            view = membership(1, {"a": ta, "b": tb}, "a")
+            w, slow = worker(ta)
+            w.register("flaky", flaky)
+            async with running(w):
+                conn_a, _ = await a.accept(heartbeat_ms=5_000, membership=view)
+                conn_b, _ = await b.accept(heartbeat_ms=5_000, membership=view)
+                assign(conn_a, assignment(4, "slow"), assignment(5, "slow"))
+                await conn_a.expect("ack")
+                conn_a.drop()  # and a never answers the worker's Hello again
+                await until(lambda: w.connected == 1)
+                assign(conn_b, assignment(6, "slow"))
+                await conn_b.expect("ack")
+                slow.release.set()
+                await until(lambda: returned(conn_b) == {(4, 1004), (5, 1005)})
+                # b's own run went to b as a completion, and only there.
+                assert set(await conn_b.completed(1)) == {6}
+                assert returned(conn_b) == {(4, 1004), (5, 1005)}
+                # A retryable failure may be a timeout whose handler still runs:
+                # never told, whether its node is down (7) or up (8).
+                conn_a2, _ = await a.accept(heartbeat_ms=5_000, membership=view)
+                assign(conn_a2, assignment(7, "flaky"))
+                await until(lambda: {4, 5, 7} <= set(conn_a2.completions()))
+                conn_a2.drop()
+                assign(conn_b, assignment(8, "flaky"))
+                await until(lambda: 8 in conn_b.completions())
+                # (6 may be told now: a, down again, was its node by the view.)
+                told = {run for run, _ in returned(conn_b)}
+                assert {4, 5} <= told and not {7, 8} & told
+
+    scenario(go)
+
+
+def flaky(ctx: RunContext) -> None:
+    raise Retryable("try again")
+
+
+def returned(conn: Conn) -> set[tuple[int, int]]:
+    """The runs ``conn``'s worker said returned (``Returned``) so far."""
+    return {(r.run_id, r.fence) for m in conn.sent("returned") for r in m.runs}
 
 
 # -- what still holds across links -----------------------------------------------------

@@ -287,6 +287,14 @@ class NodeCalls:
         """Of ``wanted`` (tenant, key), those with a limit defined."""
         return await self._limits.known(wanted)
 
+    def release_returned(
+        self, worker_id: str, runs: Sequence[tuple[int, int]], *, acked_only: bool = False
+    ) -> None:
+        """Give back the permits of runs whose handlers returned on
+        ``worker_id`` while their completions cannot reach their owner; in
+        the background, answering nothing (``Limits.release_returned``)."""
+        self._limits.release_returned(worker_id, runs, acked_only=acked_only)
+
     def limit_waiting(self) -> dict[tuple[str, str], int]:
         """Claims waiting for a permit here, by (tenant, key)."""
         return self._limits.waiting()

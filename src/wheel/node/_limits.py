@@ -4,15 +4,19 @@ every limit's count as the node starts.
 
 The permits themselves never pass through here: a claim takes them in the
 store (``wheel.store._limits``) and the owner keeps the claims that wait
-(``wheel.engine.owner._keywaits``); this part only reads how many wait here.
+(``wheel.engine.owner._keywaits``); this part only reads how many wait here,
+and writes the one early release a worker can ask of any node: the permits
+of runs whose handlers returned while their owner cannot be told
+(``release_returned``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from wheel.engine.driver import Driver
@@ -58,11 +62,14 @@ class Limits:
         # The limits as last read (every ``REFRESH_S``), for the metrics.
         self._seen: list[LimitRecord] = []
         self._task: asyncio.Task[None] | None = None
+        self._releases: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._watch(), name="wheel-limits")
 
     async def stop(self) -> None:
+        for release in list(self._releases):
+            release.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -88,6 +95,32 @@ class Limits:
         changed = await self._in_thread(self._store.recount_limits)
         if changed:
             log.warning("%d concurrency limits counted again from the runs in flight", changed)
+
+    def release_returned(
+        self, worker_id: str, runs: Sequence[tuple[int, int]], *, acked_only: bool
+    ) -> None:
+        """Give back, in the background, the permits of ``runs`` (run id,
+        fence) whose handlers returned on ``worker_id``, still in flight in
+        the store (``LimitStore.release_returned``; ``acked_only``: only runs
+        the store knows this worker holds). Nobody waits for it: a store
+        that refuses leaves those permits to the runs' ends."""
+        task = asyncio.create_task(self._release(worker_id, list(runs), acked_only))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release(self, worker_id: str, runs: list[tuple[int, int]], acked: bool) -> None:
+        release = functools.partial(self._store.release_returned, acked_only=acked)
+        try:
+            given = await self._in_thread(release, worker_id, runs)
+        except Exception as exc:
+            log.info("permits of %d returned runs left to their ends: %s", len(runs), exc)
+            return
+        if given:
+            log.info(
+                "gave back %d permits of runs that returned on %s, their owner not told yet",
+                given,
+                worker_id,
+            )
 
     async def put(self, limit: LimitRecord) -> LimitView:
         """Create or replace a limit (checked here, naming the field)."""

@@ -176,6 +176,15 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                         node.worker_credit(wid, msg.credit.add, msg.credit.seq)
                 elif kind == "drain":
                     node.worker_drain(wid)
+                elif kind == "returned":
+                    # Any node, the runs' owner or not: the store checks each
+                    # run. With credentials, only runs acked by this worker:
+                    # another's run not acked yet is not its to give back.
+                    node.release_returned(
+                        wid,
+                        [(r.run_id, r.fence) for r in msg.returned.runs],
+                        acked_only=self.guard.auth is not None,
+                    )
                 else:
                     _protocol_error(
                         session, "INVALID_ARGUMENT", f"unexpected message {kind!r} after hello", 0

@@ -12,16 +12,22 @@ run for a batch without keyed claims.
 Invariants (tests in tests/store/test_contract_limits.py):
 
 1. ``in_flight`` of a key equals the number of its runs dispatched or
-   running in the store, in every committed state: the claim that inserts a
-   keyed run adds it in the same transaction, and the trigger of schema 20
-   (``wheel.store._schema.RELEASE_WHEN``) takes it off in the transaction
-   that moves the run out of dispatched/running, whatever write that is
-   (completion, lost, timed out, cancelled, dead-lettered, deleted).
+   running in the store that carry the key, in every committed state: the
+   claim that inserts a keyed run adds it in the same transaction, and the
+   trigger of schema 20 (``wheel.store._schema.RELEASE_WHEN``) takes it off
+   in the transaction that moves the run out of dispatched/running, whatever
+   write that is (completion, lost, timed out, cancelled, dead-lettered,
+   deleted), or ``release_returned`` does, in the transaction that takes
+   the key off a run still in flight whose handler returned (its worker
+   says so, under the run's fence, while its completion cannot reach its
+   owner): the run's end then gives nothing back twice.
 2. A claim never makes ``in_flight`` exceed ``max_concurrent``: permits are
    granted under the row's lock (PostgreSQL: ``FOR UPDATE``; SQLite: the one
    writer) as ``min(asked, max_concurrent - in_flight)``.
-3. A run of an owner that died keeps its permit until a new owner's reaper
-   ends it in the store (it may still be running on a worker: it must count).
+3. A run of an owner that died keeps its permit until a new owner ends it
+   in the store (it may still be running on a worker: it must count), or
+   until its worker reports that its handler returned (``release_returned``):
+   then nothing of it runs any more, whoever owns it.
 4. Starts of a rate-limited key take a token each from a bucket refilled by
    elapsed time, ``tokens = min(burst, tokens + elapsed * rate / period)``;
    none is granted without a whole token.
@@ -289,6 +295,70 @@ class LimitsSQL:
         p = self._param
         sql = f"DELETE FROM limits WHERE tenant = {p} AND concurrency_key = {p}"
         return int(self._write(lambda cur: cur.execute(sql, (tenant, key)).rowcount))
+
+    def release_returned(
+        self, worker_id: str, runs: Sequence[tuple[int, int]], *, acked_only: bool = False
+    ) -> int:
+        """Give back the permits of ``runs`` (run id, fence) whose handlers
+        returned on ``worker_id`` (invariants 1 and 3): of each run still in
+        flight under that fence, acked by that worker (or by none, unless
+        ``acked_only``), the key is taken off and its limit's ``in_flight``
+        lowered, in one transaction; how many permits came back. The run's
+        end later finds no key and gives nothing back again."""
+        p = self._param
+        # The worker's run: acked by it (or by none yet, unless ``acked_only``).
+        whose = f"executions.worker_id = {p}"
+        if not acked_only:
+            whose = f"(executions.worker_id IS NULL OR {whose})"
+        find = (
+            "SELECT executions.concurrency_key, jobs.tenant FROM executions"
+            " JOIN jobs ON jobs.job_id = executions.job_id"
+            f" WHERE executions.run_id = {p} AND executions.fence = {p}"
+            f" AND executions.state IN {INFLIGHT_SQL}"
+            f" AND executions.concurrency_key IS NOT NULL AND {whose}"
+        )
+        take_key = (
+            f"UPDATE executions SET concurrency_key = NULL WHERE run_id = {p} AND fence = {p}"
+            f" AND state IN {INFLIGHT_SQL} AND concurrency_key = {p} AND {whose}"
+        )
+        lock_limit = (
+            f"SELECT 1 FROM limits WHERE tenant = {p} AND concurrency_key = {p}{self._lock}"
+        )
+        # Where rows are locked one by one (PostgreSQL), a run's row locked by
+        # another writer is left alone: that writer is ending the run or
+        # moving it, and this one must not wait for it while holding a
+        # limit's row, which the run's end takes too (a deadlock).
+        skip = f" {self._lock.strip()} SKIP LOCKED" if self._lock else ""
+        lock_run = f"SELECT 1 FROM executions WHERE run_id = {p}{skip}"
+
+        def op(cur: Executor) -> int:
+            found: dict[tuple[int, int], tuple[str, str]] = {}
+            for run_id, fence in sorted(set(runs)):
+                row = cur.execute(find, (run_id, fence, worker_id)).fetchone()
+                if row is not None:
+                    found[(run_id, fence)] = (str(row[1]), str(row[0]))
+            # The limits' rows first, in key order as a claim takes them, then
+            # the runs' rows, never waiting for one (above).
+            for tenant, key in sorted(set(found.values())):
+                cur.execute(lock_limit, (tenant, key))
+            given: dict[tuple[str, str], int] = {}
+            for (run_id, fence), k in sorted(found.items()):
+                if skip and cur.execute(lock_run, (run_id,)).fetchone() is None:
+                    continue
+                # Checked again as the row is written: a run ended meanwhile is left.
+                done = cur.execute(take_key, (run_id, fence, k[1], worker_id))
+                if done.rowcount == 1:
+                    given[k] = given.get(k, 0) + 1
+            for (tenant, key), n in sorted(given.items()):
+                cur.execute(
+                    f"UPDATE limits SET in_flight = CASE WHEN in_flight > {p}"
+                    f" THEN in_flight - {p} ELSE 0 END"
+                    f" WHERE tenant = {p} AND concurrency_key = {p}",
+                    (n, n, tenant, key),
+                )
+            return sum(given.values())
+
+        return int(self._write(op)) if runs else 0
 
     def recount_limits(self) -> int:
         def op(cur: Executor) -> int:

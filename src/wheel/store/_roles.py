@@ -215,6 +215,16 @@ class LimitStore(Protocol):
         a node runs as it starts, so that no drift stays); how many limits
         it changed."""
 
+    def release_returned(
+        self, worker_id: str, runs: Sequence[tuple[int, int]], *, acked_only: bool = False
+    ) -> int:
+        """Give back the permits of ``runs`` (run id, fence) whose handlers
+        returned on ``worker_id``, though their completions have not reached
+        their owner: each run still in flight under that fence and acked by
+        that worker (or by none yet, unless ``acked_only``) loses its key and
+        its limit a run in flight, in one transaction; its end gives nothing
+        back again. How many permits came back."""
+
 
 class OverviewStore(Protocol):
     """Aggregates for the console's overview, the feed of recent runs and a

@@ -219,6 +219,11 @@ class SQLStore(TenancySQL, SecretsSQL):
     def recount_limits(self) -> int:
         return self._limits.recount_limits()
 
+    def release_returned(
+        self, worker_id: str, runs: Sequence[tuple[int, int]], *, acked_only: bool = False
+    ) -> int:
+        return self._limits.release_returned(worker_id, runs, acked_only=acked_only)
+
     # -- jobs -----------------------------------------------------------------
 
     def submit_jobs(self, news: Sequence[NewJob]) -> list[Submitted | WheelError]:

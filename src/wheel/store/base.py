@@ -43,8 +43,10 @@ against an in-memory reference model of this protocol too):
 8. A claim of a job with a concurrency key takes a permit of its limit in
    the claim's own transaction, or is answered ``waiting`` with nothing
    written; every transition of a keyed run out of dispatched/running gives
-   its permit back in its own transaction. A limit's ``in_flight`` is the
-   count of its runs in flight in the store (``wheel.store._limits``).
+   its permit back in its own transaction, unless its worker gave it back
+   earlier (``release_returned``: its handler returned). A limit's
+   ``in_flight`` is the count of its runs in flight in the store that still
+   carry its key (``wheel.store._limits``).
 
 All times are integer milliseconds since the Unix epoch; ids are 64-bit ints.
 """

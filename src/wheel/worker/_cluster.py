@@ -11,6 +11,7 @@ unversioned view naming only itself: there is nothing to follow, and
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ __all__ = [
     "BOUNCE_WINDOW_S",
     "MEMBERSHIP_MIN_INTERVAL_S",
     "REHOME_BACKOFF",
+    "Bounces",
     "Stray",
     "View",
     "fetch_membership",
@@ -46,6 +48,30 @@ MEMBERSHIP_TIMEOUT_S = 2.0
 MEMBERSHIP_MIN_INTERVAL_S = 0.2
 # The wait before try ``retries + 1`` to place a stray (rule 6).
 REHOME_BACKOFF = Backoff(initial=REHOME_RETRY_S, max=REHOME_RETRY_MAX_S)
+
+
+class Bounces:
+    """Runs moved lately (rule 6), to tell a run bouncing between nodes."""
+
+    __slots__ = ("_limit", "_moves")
+
+    def __init__(self) -> None:
+        self._moves: dict[int, tuple[int, float]] = {}  # run id -> (moves, last)
+        self._limit = 4096
+
+    def delay(self, run_id: int, now: float, wait: bool) -> float:
+        """How long a run moved now waits before it is placed: none for a
+        first move, backing off for one within ``BOUNCE_WINDOW_S`` of its
+        last (or for every one that must ``wait``)."""
+        count, last = self._moves.get(run_id, (0, -math.inf))
+        count = count + 1 if now - last < BOUNCE_WINDOW_S else 1
+        self._moves[run_id] = (count, now)
+        if len(self._moves) > self._limit:
+            self._moves = {k: v for k, v in self._moves.items() if now - v[1] < BOUNCE_WINDOW_S}
+            self._limit = max(4096, 2 * len(self._moves))
+        if wait:
+            return REHOME_BACKOFF.delay(count - 1)
+        return 0.0 if count == 1 else REHOME_BACKOFF.delay(count - 2)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -57,6 +57,10 @@ DEFAULT_HEARTBEAT_S = 1.0
 DEFAULT_LEASE_S = 60.0
 # A node that does not answer Hello within this is treated as down.
 WELCOME_TIMEOUT_S = 10.0
+# Outcomes of a handler that returned (``Returned``): a retryable failure may
+# be a timeout, which leaves a sync handler's thread running; a hand-back never
+# started its handler, and an abandoned run's may still run.
+RETURNED = (pb.OUTCOME_SUCCEEDED, pb.OUTCOME_FAILED)
 
 
 class LinkHost(Protocol):
@@ -130,6 +134,9 @@ class Link:
         self.completions: list[Done] = []
         # Sent but not yet answered in Results; re-sent after a reconnect.
         self.unconfirmed: dict[int, tuple[Done, float]] = {}
+        # Runs whose handlers returned while their own node's stream was
+        # down, for this link's node to give their permits back (``Returned``).
+        self.returned: list[pb.RunRef] = []
         self.heartbeat_due = False
         # The writer is gathering completions (COALESCE_S): one more does not wake it.
         self.coalescing = False
@@ -437,6 +444,7 @@ class Link:
         return (
             0 < len(self.completions) < COALESCE_MAX
             and not (self.acks or self.heartbeat_due or self.credit_add or self.credit_seq)
+            and not self.returned
             and not (self.drain_requested and not self.drain_sent)
         )
 
@@ -475,6 +483,9 @@ class Link:
                         retry_after_ms=retry_after,
                     )
                 out.append(msg)
+        if self.returned:
+            refs, self.returned = self.returned, []
+            out.append(pb.WorkerMessage(returned=pb.Returned(runs=refs)))
         if self.heartbeat_due:
             self.heartbeat_due = False
             refs = [r.ref() for r in self.held.values()]
@@ -495,3 +506,18 @@ class Link:
             stale = [rid for rid, (_, sent) in self.unconfirmed.items() if sent < horizon]
             for rid in stale:
                 del self.unconfirmed[rid]
+
+
+def carry_returned(links: Sequence[Link], done: Sequence[Done]) -> bool:
+    """Give the runs of ``done`` whose handlers returned to the first
+    connected link of ``links``, whose node gives their permits back at once
+    (``Returned``): their completions cannot reach their own node now, which
+    may be dead, and their permits would wait for its shards' next owner.
+    False: none to give, or no link to take them."""
+    refs = [pb.RunRef(run_id=d[0], fence=d[1], job_id=d[4]) for d in done if d[2] in RETURNED]
+    link = next((k for k in links if k.connected and not k.closed), None)
+    if not refs or link is None:
+        return False
+    link.returned.extend(refs)
+    link.wake.set()
+    return True

@@ -28,7 +28,8 @@ Rules this module keeps:
 4. A lost stream does not stop handlers: their leases may still be valid.
    The link reconnects with backoff and jitter, says Hello again, reports the
    runs it still holds in a heartbeat and re-sends completions the server had
-   not confirmed. The server decides what is still valid.
+   not confirmed. The server decides what is still valid. Meanwhile another
+   node gives back the permits of those runs whose handlers returned.
 5. All run state is mutated on the event loop thread. Sync handlers run in a
    pool of at most ``capacity`` threads and hand their results back in
    batches (one loop wake-up per batch, not per run).
@@ -91,9 +92,9 @@ from wheel.worker._api import (
     run_context,
 )
 from wheel.worker._cluster import (
-    BOUNCE_WINDOW_S,
     MEMBERSHIP_MIN_INTERVAL_S,
     REHOME_BACKOFF,
+    Bounces,
     Stray,
     View,
     fetch_membership,
@@ -103,7 +104,7 @@ from wheel.worker._credit import Credits
 from wheel.worker._http import HANDLER as HTTP_HANDLER
 from wheel.worker._http import HttpExecutor
 from wheel.worker._httpclient import DEFAULT_CONNECTIONS_PER_ORIGIN
-from wheel.worker._link import DEFAULT_LEASE_S, Link
+from wheel.worker._link import DEFAULT_LEASE_S, Link, carry_returned
 from wheel.worker._metrics import WorkerMetrics
 from wheel.worker._runs import HTTP, SYNC, Done, Run, Runner, decoded, mode_of, sent_by_the_executor
 from wheel.worker._signals import drain_on_signals
@@ -226,8 +227,7 @@ class Worker:
         self._strays: dict[int, Stray] = {}
         self._stray_timer: asyncio.TimerHandle | None = None
         self._stray_at = math.inf
-        self._bounces: dict[int, tuple[int, float]] = {}
-        self._bounces_limit = 4096
+        self._bounces = Bounces()
         self._refresh: asyncio.Task[None] | None = None
         self._refreshed_at = -math.inf
         # Drains begun by a signal (``run``'s ``handle_signals``).
@@ -491,14 +491,23 @@ class Worker:
         done = run.done(outcome, error, result, retry_after_ms)
         if run.link is not None:
             run.link.complete(done)
+            if isinstance(run.link, Link) and not run.link.connected:
+                self._stuck(run.link, [done])
             return
         stray = self._strays.get(run.ctx.run_id)
         if stray is None or stray.run is not run:
             return  # not held any more: nothing to tell
         stray.run = None
         stray.done = done
-        self._place(run.ctx.run_id, stray, time.monotonic())
+        if not self._place(run.ctx.run_id, stray, time.monotonic()):
+            self._stuck(None, [done])
         self._arm_strays()
+
+    def _stuck(self, link: Link | None, done: Sequence[Done]) -> None:
+        """Completions that cannot reach their node now (``link``'s stream is
+        down, or no home for a stray): another node gives back the permits
+        of those whose handlers returned (``carry_returned``)."""
+        carry_returned([k for k in self._links if k is not link], done)
 
     def _find(self, run_id: int, link: Link) -> Run | None:
         """The run held as ``run_id``: reported to ``link`` first, then a stray,
@@ -589,22 +598,11 @@ class Worker:
         if disowned:
             stray.disowned = disowned
             stray.disowned_in = self._view.version if self._view else 0
-        delay = self._bounce_delay(run_id, now, wait)
+        delay = self._bounces.delay(run_id, now, wait)
         stray.due = now + delay
         if delay == 0:
             self._place(run_id, stray, now)
         self._arm_strays()
-
-    def _bounce_delay(self, run_id: int, now: float, wait: bool) -> float:
-        count, last = self._bounces.get(run_id, (0, -math.inf))
-        count = count + 1 if now - last < BOUNCE_WINDOW_S else 1
-        self._bounces[run_id] = (count, now)
-        if len(self._bounces) > self._bounces_limit:
-            self._bounces = {k: v for k, v in self._bounces.items() if now - v[1] < BOUNCE_WINDOW_S}
-            self._bounces_limit = max(4096, 2 * len(self._bounces))
-        if wait:
-            return REHOME_BACKOFF.delay(count - 1)
-        return 0.0 if count == 1 else REHOME_BACKOFF.delay(count - 2)
 
     def _home_for(self, stray: Stray) -> Link | None:
         """The connected link of the node the stray should report to: the owner
@@ -741,6 +739,7 @@ class Worker:
     def on_link_down(self, link: Link) -> None:
         if self._view is not None:
             self._leave(link, self._view)
+        self._stuck(link, [*link.completions, *(d for d, _ in link.unconfirmed.values())])
 
     def _leave(self, link: Link, view: View, *, runs: bool = True) -> None:
         """Re-home what reports to ``link`` (its completions not confirmed,

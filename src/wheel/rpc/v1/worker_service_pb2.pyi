@@ -39,20 +39,22 @@ REVOKE_REASON_CANCELLED: RevokeReason
 REVOKE_REASON_LEASE_EXPIRED: RevokeReason
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("hello", "ack", "heartbeat", "complete", "credit", "drain")
+    __slots__ = ("hello", "ack", "heartbeat", "complete", "credit", "drain", "returned")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
+    RETURNED_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     ack: Ack
     heartbeat: Heartbeat
     complete: Complete
     credit: Credit
     drain: Drain
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ...) -> None: ...
+    returned: Returned
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., returned: _Optional[_Union[Returned, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("worker_id", "capacity", "pools", "handlers")
@@ -125,6 +127,12 @@ class Credit(_message.Message):
 class Drain(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class Returned(_message.Message):
+    __slots__ = ("runs",)
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[RunRef]
+    def __init__(self, runs: _Optional[_Iterable[_Union[RunRef, _Mapping]]] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
     __slots__ = ("welcome", "assignments", "revokes", "results", "error", "membership")
