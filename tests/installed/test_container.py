@@ -4,7 +4,9 @@ ops/container/compose.yaml starts etcd, PostgreSQL, three nodes, two
 workers and Prometheus with podman-compose. The three nodes join one
 cluster and share its shards, each node's health check passes, a job
 submitted through node-1's published port runs on a worker container, and
-Prometheus scrapes every node and worker with the shipped alert rules.
+Prometheus scrapes every node and worker with the shipped alert rules. A
+node container stopped with the image's SIGTERM hands its shards to the
+other two and exits 0.
 
 Opt-in with ``WHEEL_CONTAINER_TEST=1`` (then podman and podman-compose must
 be installed, and root may run containers): building the images takes
@@ -185,3 +187,25 @@ def test_prometheus_scrapes_every_node_and_worker_with_the_alert_rules(
     groups = get("rules")["groups"]
     alerts = {r["name"] for g in groups for r in g["rules"] if r["type"] == "alerting"}
     assert "WheelDispatchLagSLOBreached" in alerts
+
+
+def test_a_node_container_stopped_hands_its_shards_over_and_exits_0(
+    installed: Installed, cluster: Cluster
+) -> None:
+    podman, _ = engine()
+    # The image's STOPSIGNAL, SIGTERM: a planned hand-over, well within 45 s.
+    run(podman, "stop", "-t", "45", cluster.container("node-3"), what="podman stop", timeout=60)
+    argv = [podman, "inspect", "--format", "{{.State.ExitCode}}", cluster.container("node-3")]
+    assert run(*argv, what="podman inspect").strip() == "0"
+
+    def two_members() -> dict[str, Any] | None:
+        status: dict[str, Any] = wheelctl(installed, cluster, "status")
+        owned = {n["node_id"]: n["shards_owned"] for n in status["nodes"]}
+        return status if set(owned) == {"node-1", "node-2"} and sum(owned.values()) == 256 else None
+
+    wait_for(two_members, 60, "node-1 and node-2 to hold every shard", 1)
+    logs = subprocess.run(
+        [podman, "logs", cluster.container("node-3")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30,
+    ).stdout  # fmt: skip
+    assert "handed over" in logs, logs
