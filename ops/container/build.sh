@@ -44,6 +44,10 @@ say() { echo "build.sh: $*" >&2; }
 # The base: debootstrap's minimal bookworm with the security and point
 # release updates applied, and no service started by a package's install.
 if [ "${REBUILD_BASE:-0}" = 1 ] || ! "$engine" image inspect "$base" >/dev/null 2>&1; then
+  if [ "$(id -u)" != 0 ] || ! command -v debootstrap >/dev/null 2>&1; then
+    say "making $base needs root and debootstrap (apt-get install debootstrap)"
+    exit 1
+  fi
   say "making $base with debootstrap from $mirror ..."
   rootfs="$work/rootfs"
   debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >"$work/debootstrap.log" 2>&1 \
