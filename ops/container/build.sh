@@ -109,7 +109,15 @@ build() {  # build TAG CONTEXT [more podman build arguments]
   "$engine" build -q "${format[@]}" --build-arg "BASE=$base" -t "$tag" "$@" "$dir" >/dev/null
 }
 
-build "localhost/wheel-scheduler:$version" "$context" -t localhost/wheel-scheduler:latest
+# The image a rebuild replaces is removed, unless a container still uses it:
+# each new wheel would otherwise leave one behind.
+image=localhost/wheel-scheduler:$version
+old=$("$engine" image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
+build "$image" "$context" -t localhost/wheel-scheduler:latest
+new=$("$engine" image inspect --format '{{.Id}}' "$image")
+if [ -n "$old" ] && [ "$old" != "$new" ]; then
+  "$engine" rmi "$old" >/dev/null 2>&1 || true
+fi
 cp -r "$here/etcd" "$here/postgres" "$here/prometheus" "$work/"
 cp "$root/ops/prometheus/alerts.yml" "$work/prometheus/"
 for part in etcd postgres prometheus; do
