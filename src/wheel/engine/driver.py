@@ -6,8 +6,8 @@ engine tests (a simulated clock and an in-memory store) -- so that there is
 one copy of it:
 
 1. ``advance(now)``: due timers fire and work is claimed (``Owner.advance``);
-2. ``take_batch()``: the store writes accumulated since the last batch, as
-   ONE ``WriteBatch`` in the order the owner requires;
+2. ``take_batch()``: the writes accumulated since the last batch, as ONE
+   ``WriteBatch`` in the owner's order (a burst's claims first: ``take_claims``);
 3. the shell writes the batch (on a thread, in order with the batches before
    it) and hands the store's answer to ``apply(outcome, now)``, which
    produces assignments and results;
@@ -270,6 +270,17 @@ class Driver:
             starts=starts,
             epochs=self.owner.shards(),
         )
+
+    def take_claims(self, limit: int) -> WriteBatch | None:
+        """A burst's first ``limit`` claims alone, the rest left for the next
+        batches, while more than ``limit`` wait; None when they fit one batch
+        (or ``limit`` is 0): ``take_batch`` takes them with everything else."""
+        acts = self.acts
+        if not limit or len(acts.claims) <= limit:
+            return None
+        claims, acts.claims = acts.claims[:limit], acts.claims[limit:]
+        self.owner.batch_taken()
+        return WriteBatch(claims=claims, epochs=self.owner.shards())
 
     def sent_runs(self, shards: Collection[int]) -> set[int]:
         """The runs of ``shards`` a worker was sent: handed out, their
