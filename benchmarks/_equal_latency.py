@@ -6,8 +6,11 @@ A run's total is its CPU per 1,000 fires on the node (or poller), its
 workers and the database's backends. The poller's p99 grows with its
 interval, about one for one; when none of the intervals asked for lands
 within ``TOLERANCE`` of wheel's p99, ``next_poll_interval`` picks one more to
-try, between the two that straddle it or one interval's worth of lag
-beyond the nearest."""
+try, between the two that straddle it, or beyond the shortest (longest) by
+what its p99 is over (under) -- at most halving (doubling) it, and never
+below ``MIN_INTERVAL_MS``: on a loaded machine a short interval's p99 can
+come out above a longer one's, and a poller polling every millisecond
+takes the machine's CPU and measures nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from typing import Any
 TOLERANCE = 0.10  # the poller's p99 within 10% of wheel's
 MATCH_STEPS = 4  # at most this many more poller runs aiming at wheel's p99
 TARGETS = {"sqlite": 0.7, "postgres": 0.5}
+MIN_INTERVAL_MS = 5
 
 
 def total_cpu(run: dict[str, Any]) -> float:
@@ -42,11 +46,13 @@ def next_poll_interval(target_p99: float, polls: list[dict[str, Any]]) -> int | 
         guess = lo["poll_interval_ms"] + share * (hi["poll_interval_ms"] - lo["poll_interval_ms"])
     elif above:  # every interval too slow: shorten the shortest by what it is over
         first = above[0]
-        guess = first["poll_interval_ms"] - (first["lag_p99_ms"] - target_p99)
+        over = first["lag_p99_ms"] - target_p99
+        guess = max(first["poll_interval_ms"] / 2, first["poll_interval_ms"] - over)
     else:  # every interval too quick: lengthen the longest by what it is under
         last = below[-1]
-        guess = last["poll_interval_ms"] + (target_p99 - last["lag_p99_ms"])
-    interval = max(1, round(float(guess)))
+        under = target_p99 - last["lag_p99_ms"]
+        guess = min(last["poll_interval_ms"] * 2, last["poll_interval_ms"] + under)
+    interval = max(MIN_INTERVAL_MS, round(float(guess)))
     if any(r["poll_interval_ms"] == interval for r in polls):
         return None
     return interval

@@ -67,13 +67,19 @@ def test_the_next_poll_interval_aims_at_wheels_p99_from_the_runs_either_side() -
     # Straddled: between 25 ms (p99 30) and 100 ms (p99 130), a p99 of 40
     # lies a tenth of the way.
     assert eq.next_poll_interval(40, [run(25, 30), run(100, 130)]) == 32
-    # Every interval too slow: shorten the shortest by what it is over.
-    assert eq.next_poll_interval(40, [run(100, 130), run(500, 540)]) == 10
-    # Every interval too quick: lengthen the longest by what it is under.
-    assert eq.next_poll_interval(40, [run(5, 12)]) == 33
+    # Every interval too slow: shorten the shortest by what it is over, at
+    # most by half.
+    assert eq.next_poll_interval(40, [run(100, 130), run(500, 540)]) == 50
+    assert eq.next_poll_interval(40, [run(30, 45), run(500, 540)]) == 25
+    assert eq.next_poll_interval(40, [run(8, 60)]) == 5  # never below 5 ms
+    # Every interval too quick: lengthen the longest by what it is under, at
+    # most doubling it.
+    assert eq.next_poll_interval(40, [run(20, 32)]) == 28
+    assert eq.next_poll_interval(40, [run(5, 12)]) == 10
     # One within 10% already, or the guess was run: nothing more to try.
     assert eq.next_poll_interval(40, [run(25, 43), run(500, 540)]) is None
-    assert eq.next_poll_interval(40, [run(100, 130), run(1, 60)]) is None  # none shorter
+    # Never below 5 ms (a poller at 1 ms takes the machine).
+    assert eq.next_poll_interval(40, [run(100, 130), run(5, 60)]) is None
     assert eq.next_poll_interval(40, []) is None
 
 
