@@ -1,12 +1,13 @@
 """A burst's claims taken in parts (``Driver.take_claims``): each part is a
-batch of claims alone, the rest waits for the batches after it, and every
-fire is claimed and handed out once whatever the parts."""
+batch with the first claims and whatever else waits, the rest of the claims
+wait for the batches after it, and every fire is claimed and handed out
+once whatever the parts."""
 
 from __future__ import annotations
 
 from tests.engine.sim import MIN, RefStore
 from wheel.engine.driver import Driver
-from wheel.engine.owner import Owner, OwnerConfig
+from wheel.engine.owner import Outcome, Owner, OwnerConfig
 from wheel.engine.spec import JobSpec, Once
 
 T = 1_800_000_000_000
@@ -27,7 +28,7 @@ def burst(count: int) -> tuple[Driver, RefStore]:
     return driver, store
 
 
-def test_a_burst_goes_in_parts_of_claims_alone_and_the_rest_with_everything_else() -> None:
+def test_a_burst_goes_in_parts_and_every_fire_is_handed_out_once() -> None:
     driver, store = burst(5)
     first = driver.take_claims(2)
     second = driver.take_claims(2)
@@ -55,3 +56,20 @@ def test_no_limit_or_a_burst_that_fits_leaves_every_claim_to_the_one_batch() -> 
     assert driver.take_claims(0) is None
     assert driver.take_claims(3) is None
     assert len(driver.take_batch().claims) == 3
+
+
+def test_completions_ride_with_a_part_and_never_wait_behind_a_backlog() -> None:
+    """Under a backlog every batch is a part: one that left the completions
+    out would hold the workers' runs (and their credit) until it cleared."""
+    driver, store = burst(5)
+    first = driver.take_claims(2)
+    assert first is not None
+    driver.apply(store.write_batch(first), T + MIN, first.epochs)
+    done = driver.take_messages().assignments["w1"][0]
+    driver.owner.worker_complete(
+        "w1", [(done.run_id, done.fence, Outcome.SUCCEEDED, "")], T + MIN, driver.acts
+    )
+    second = driver.take_claims(2)
+    assert second is not None
+    assert len(second.claims) == 2
+    assert [c.run_id for c in second.completions] == [done.run_id]

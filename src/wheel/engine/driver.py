@@ -272,15 +272,15 @@ class Driver:
         )
 
     def take_claims(self, limit: int) -> WriteBatch | None:
-        """A burst's first ``limit`` claims alone, the rest left for the next
-        batches, while more than ``limit`` wait; None when they fit one batch
-        (or ``limit`` is 0): ``take_batch`` takes them with everything else."""
+        """``take_batch`` with only the first ``limit`` claims while more wait
+        (a burst; the rest go in the next batches); None when they fit one."""
         acts = self.acts
         if not limit or len(acts.claims) <= limit:
             return None
-        claims, acts.claims = acts.claims[:limit], acts.claims[limit:]
-        self.owner.batch_taken()
-        return WriteBatch(claims=claims, epochs=self.owner.shards())
+        rest, acts.claims = acts.claims[limit:], acts.claims[:limit]
+        batch = self.take_batch()
+        acts.claims = rest
+        return batch
 
     def sent_runs(self, shards: Collection[int]) -> set[int]:
         """The runs of ``shards`` a worker was sent: handed out, their

@@ -208,11 +208,12 @@ class NodeConfig:
     # 35 ms at 30, 0.086 and 41 ms at 35: 30 keeps the p99 well inside 50 ms.
     tick_ms: int = 30
     # A burst's claims go to the store this many a batch (0: all in one):
-    # with more waiting, a batch takes this many claims and nothing else,
-    # goes without the group commit's wait, and the next part follows as
-    # soon as the store thread has room, so the store commits one part
-    # while the loop hands out the runs of the one before. One batch of a
-    # whole burst made every run wait for the commit of them all.
+    # with more waiting, a batch takes this many claims (and the other
+    # writes: completions never wait behind a backlog of claims), goes
+    # without the group commit's wait, and the next part follows as soon as
+    # the store thread has room, so the store commits one part while the
+    # loop hands out the runs of the one before. One batch of a whole burst
+    # made every run wait for the commit of them all.
     burst_batch_claims: int = 500
     # Health: how often it is worked out, and how long the store may go
     # without a committed batch before a probe (SELECT 1) asks it; a probe
