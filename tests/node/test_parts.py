@@ -148,7 +148,8 @@ async def burst_parts(tmp_path: Path) -> None:
         waiter = batches.commit_waiter()
         batches.send_parts(writer, take, 500)
         # Two on their way at most: the third waits for room, and says so.
-        assert (len(parts), limits, batches.parting) == (1, [500, 500], True)
+        # Each part takes twice the claims of the one before.
+        assert (len(parts), limits, batches.parting) == (1, [500, 1_000], True)
         assert not batches.may_send(1_000) and batches.writing()
         # No group commit's wait after a part, and no call answered by one.
         assert batches.next_batch_ms == 0 and batches.has_waiters()
@@ -158,13 +159,17 @@ async def burst_parts(tmp_path: Path) -> None:
         answer.release()
         assert not waiter.done()
         batches.send_parts(writer, take, 500)
-        assert not parts and batches.parting
+        assert not parts and batches.parting and limits[2:] == [2_000]
         while batches.next_answer() is None:
             woken.clear()
             await asyncio.wait_for(woken.wait(), 10)
-        # Nothing left: the batch with everything else (and the waiter) goes.
+        # Nothing left: the batch with everything else (and the waiter) goes;
+        # the next burst starts again at the first part's size.
         batches.send_parts(writer, take, 500)
-        assert not batches.parting
+        assert not batches.parting and limits[3:] == [4_000]
+        parts.append(WriteBatch())
+        batches.send_parts(writer, take, 500)
+        assert limits[4:] == [500]
         batches.send(writer, WriteBatch(), [], 1_000)
         assert not batches.has_waiters()
         await batches.drain()

@@ -20,11 +20,11 @@ from tests.rpc.test_api import (
 )
 from wheel.worker import RunContext
 
-# A tick long enough that parts waiting for the next one (two at a time:
-# three ticks for six parts) show whatever the machine's load.
+# A tick long enough that a part waiting for the next one shows whatever
+# the machine's load.
 TICK_MS = 1_000
 FIRES = 48
-PART = 8  # claims a batch: six parts, two on their way at a time
+PART = 8  # the first part's claims: parts of 8, 16 and 24, two on their way at a time
 
 
 def test_a_burst_goes_in_parts_back_to_back_and_every_fire_arrives_once(tmp_path: Path) -> None:
@@ -58,6 +58,6 @@ def test_a_burst_goes_in_parts_back_to_back_and_every_fire_arrives_once(tmp_path
     finally:
         server.stop()
     assert set(arrived.values()) == {1}
-    # The parts after the first two went as answers made room, not a tick
-    # apart (that took two ticks more).
+    # The part after the first two went as an answer made room, not a tick
+    # later.
     assert all(0 <= lag < TICK_MS + stall_ms for lag in lags), (sorted(lags)[::8], stall_ms)

@@ -135,8 +135,9 @@ def add_serve_parser(sub: Any) -> None:
         "--burst-batch-claims",
         type=_claims,
         metavar="N",
-        help="more fires than this due at once go to the store in batches of this many,"
-        " each handed out as soon as it is stored (default 500; 0: one batch)",
+        help="more fires than this due at once go to the store in parts, the first of this"
+        " many claims and each next twice the last, each handed out as soon as it is"
+        " stored (default 0: one batch)",
     )
     s.add_argument(
         "--min-interval",
