@@ -74,6 +74,13 @@ class Workload:
             jobs=tuple(jobs),
         )
 
+    @staticmethod
+    def burst(*, count: int, at_ms: int) -> Workload:
+        """``count`` one-shots all due at ``at_ms``; the window is that one
+        millisecond (its rate: the count over a second)."""
+        jobs = tuple(WorkloadJob(index=i + 1, first_ms=at_ms, period_ms=0) for i in range(count))
+        return Workload(rate=float(count), start_ms=at_ms, end_ms=at_ms + 1, period_ms=0, jobs=jobs)
+
     def fires(self) -> tuple[np.ndarray, np.ndarray]:
         """(job index, scheduled ms) of every fire due inside the window."""
         idx: list[np.ndarray] = []

@@ -70,7 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import _report
 import psycopg
-from dispatch import DEFAULT_PG, PgSchema
+from _drivers import DEFAULT_PG, PgSchema
 
 from testkit.cluster import GRACE_MS, LEASE_MS, Cluster, ClusterNode, utc
 from testkit.e2e_handlers import effects as read_effects

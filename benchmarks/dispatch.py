@@ -36,523 +36,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
-import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _equal_latency as eq
 import _harness as h
 import _report
-from _cluster import LocalCluster
-
-HERE = Path(__file__).resolve().parent
-PY = sys.executable
-DEFAULT_PG = os.environ.get("WHEEL_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-SYSTEMS = ("wheel", "wheel-durable", "poll", "apscheduler")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunConfig:
-    """What one measured run needs besides the system and the rate."""
-
-    store: str  # sqlite | postgres
-    workers: int
-    duration_s: float
-    drain_s: float
-    recurring_fraction: float
-    period_s: float
-    poll_limit: int
-    pg_dsn: str
-    wheelctl: str
-    capacity: int
-    serve_args: str = ""
-    # wheel: nodes of the cluster (1: one node, no etcd).
-    nodes: int = 1
-    # wheel cluster: each node's etcd lease, s.
-    ttl_s: int = 5
-    # wheel, one node: finished runs 40 days old put in the store first.
-    history: int = 0
-
-
-def _wait_line(proc: subprocess.Popen[str], prefix: str, timeout_s: float = 60) -> str:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"process exited before {prefix!r} (rc={proc.poll()})")
-        if line.startswith(prefix):
-            return line.strip()
-    raise RuntimeError(f"timed out waiting for {prefix!r}")
-
-
-def _stop(procs: list[subprocess.Popen[Any]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
-class PgSchema:
-    """Our own schema in the benchmark database, dropped afterwards."""
-
-    def __init__(self, dsn: str, tag: str) -> None:
-        import psycopg
-
-        self.admin = psycopg.connect(dsn, autocommit=True)
-        self.name = f"wheel_bench_{secrets.token_hex(5)}"
-        self.tag = tag
-        self.admin.execute(f'CREATE SCHEMA "{self.name}"')
-        sep = "&" if "?" in dsn else "?"
-        self.dsn = f"{dsn}{sep}options=-csearch_path%3D{self.name}&application_name={tag}"
-
-    def backend_pids(self) -> list[int]:
-        rows = self.admin.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (self.tag,)
-        ).fetchall()
-        return [int(r[0]) for r in rows]
-
-    def drop(self) -> None:
-        self.admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE application_name = %s AND pid <> pg_backend_pid()",
-            (self.tag,),
-        )
-        self.admin.execute(f'DROP SCHEMA "{self.name}" CASCADE')
-        self.admin.close()
-
-
-class Driver(Protocol):
-    """One system under test: prepare the store, submit, launch, stop."""
-
-    name: str
-    submit_rate_hint: float  # jobs/s, to choose how far ahead the first fire lies
-
-    def prepare(self) -> None: ...
-    def submit(self, workload: h.Workload) -> dict[int, int] | None: ...
-    def launch(self) -> list[int]: ...
-    def stop(self) -> None: ...
-    def teardown(self) -> None: ...
-
-
-class _QueueDriver:
-    """poll and apscheduler: a scheduler process feeding K queue workers."""
-
-    name = ""
-    submit_rate_hint = 20_000.0
-
-    def __init__(self, cfg: RunConfig, tmp: Path, records: list[Path]) -> None:
-        self.cfg = cfg
-        self.tmp = tmp
-        self.records = records
-        self.procs: list[subprocess.Popen[Any]] = []
-        self.schema: PgSchema | None = None
-        self.url = ""
-
-    def prepare(self) -> None:
-        if self.cfg.store == "postgres":
-            self.schema = PgSchema(self.cfg.pg_dsn, f"wheel-bench-{secrets.token_hex(4)}")
-            self.url = self.schema.dsn
-        else:
-            self.url = f"sqlite:///{self.tmp / 'store.db'}"
-
-    def scheduler_cmd(self) -> list[str]:
-        raise NotImplementedError
-
-    def launch(self) -> list[int]:
-        # The scheduler's own log (APScheduler complains loudly once the workers hang
-        # up at the end) goes to a file kept with the run's other artefacts.
-        log = open(self.tmp / "scheduler.log", "wb")  # noqa: SIM115
-        sched = subprocess.Popen(
-            self.scheduler_cmd(), stdout=subprocess.PIPE, stderr=log, text=True, cwd=HERE
-        )
-        self.procs.append(sched)
-        port = int(_wait_line(sched, "PORT").split()[1])
-        for path in self.records:
-            cmd = [PY, str(HERE / "bench_worker.py"), "--system", self.name]
-            cmd += ["--connect", f"127.0.0.1:{port}", "--out", str(path), "--store", self.url]
-            self.procs.append(subprocess.Popen(cmd, cwd=HERE))
-        _wait_line(sched, "READY")
-        return [p.pid for p in self.procs]
-
-    def db_pids(self) -> list[int]:
-        return self.schema.backend_pids() if self.schema else []
-
-    def stop(self) -> None:
-        _stop(self.procs[1:])  # workers first: they flush their records
-        _stop(self.procs[:1])
-
-    def teardown(self) -> None:
-        if self.schema is not None:
-            self.schema.drop()
-
-
-class PollDriver(_QueueDriver):
-    name = "poll"
-    submit_rate_hint = 40_000.0
-
-    def prepare(self) -> None:
-        import poll_scheduler
-
-        super().prepare()
-        poll_scheduler.create_schema(self.url)
-
-    def submit(self, workload: h.Workload) -> dict[int, int] | None:
-        import poll_scheduler
-
-        poll_scheduler.submit(self.url, workload)
-        return None
-
-    def scheduler_cmd(self) -> list[str]:
-        return [
-            PY, str(HERE / "poll_scheduler.py"), "--store", self.url,
-            "--workers", str(self.cfg.workers), "--limit", str(self.cfg.poll_limit),
-        ]  # fmt: skip
-
-
-class ApsDriver(_QueueDriver):
-    name = "apscheduler"
-    submit_rate_hint = 4_000.0
-
-    def submit(self, workload: h.Workload) -> dict[int, int] | None:
-        import apscheduler_baseline
-
-        apscheduler_baseline.submit(self.url, workload)
-        return None
-
-    def scheduler_cmd(self) -> list[str]:
-        return [
-            PY, str(HERE / "apscheduler_baseline.py"), "--store", self.url,
-            "--workers", str(self.cfg.workers),
-        ]  # fmt: skip
-
-
-class WheelDriver:
-    """``wheelctl serve`` (or a cluster of ``--nodes`` of them) with K
-    ``wheel.worker.Worker`` processes; jobs over raw gRPC stubs."""
-
-    name = "wheel"
-    submit_rate_hint = 4_000.0
-
-    def __init__(self, cfg: RunConfig, tmp: Path, records: list[Path]) -> None:
-        self.cfg = cfg
-        self.tmp = tmp
-        self.records = records
-        self.procs: list[subprocess.Popen[Any]] = []
-        self.schema: PgSchema | None = None
-        self.cluster: LocalCluster | None = None
-        self.target = ""
-        # The first this many of ``launch``'s pids are nodes; the rest workers.
-        self.server_count = 1
-        # The node's /metrics, served when it has history to purge.
-        self.metrics = ""
-        # SQLite at wheel's default durability (synchronous=FULL), not the
-        # poll baseline's NORMAL; PostgreSQL is the same for both.
-        self.durable = False
-
-    def purged(self) -> float | None:
-        """The rows the node's retention deleted so far (None: no history)."""
-        if not self.metrics:
-            return None
-        import urllib.request
-
-        from prometheus_client.parser import text_string_to_metric_families
-
-        with urllib.request.urlopen(self.metrics, timeout=5) as resp:
-            text = resp.read().decode()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == "wheel_retention_purged_rows_total":
-                    return float(sample.value)
-        return 0.0
-
-    def prepare(self) -> None:
-        if self.cfg.nodes > 1:
-            self._prepare_cluster()
-            return
-        import grpc
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-        data = self.tmp / "wheel"
-        data.mkdir()
-        if self.cfg.store == "postgres":
-            self.schema = PgSchema(self.cfg.pg_dsn, f"wheel-bench-{secrets.token_hex(4)}")
-            store = self.schema.dsn
-        else:
-            # The durability the poll baseline runs at (see poll_scheduler.py):
-            # commits survive a process crash, the WAL is fsynced at checkpoints.
-            # ``wheel-durable``: wheel's own default, every commit fsynced.
-            store = f"sqlite:///{data / 'wheel.db'}"
-            if not self.durable:
-                store += "?synchronous=normal"
-        port = _free_port()
-        self.target = f"127.0.0.1:{port}"
-        cmd = [self.cfg.wheelctl, "serve", "--data-dir", str(data), "--listen", self.target]
-        cmd += ["--store", store, *shlex.split(self.cfg.serve_args)]
-        if self.cfg.history:
-            fill_history(store, self.cfg.history)
-            self.metrics = f"http://127.0.0.1:{_free_port()}/metrics"
-            cmd += ["--metrics-listen", self.metrics.removeprefix("http://").split("/")[0]]
-        log = open(self.tmp / "wheel-serve.log", "wb")  # noqa: SIM115
-        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + 30
-        with grpc.insecure_channel(self.target) as ch:
-            stub = health_pb2_grpc.HealthStub(ch)
-            while True:
-                if self.procs[0].poll() is not None:
-                    raise RuntimeError(f"wheelctl serve exited; see {self.tmp}/wheel-serve.log")
-                try:
-                    resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                    if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                        break
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("wheelctl serve did not become SERVING in 30 s")
-                time.sleep(0.2)
-        self._start_workers([self.target])
-
-    def _prepare_cluster(self) -> None:
-        """etcd and ``nodes`` members on one PostgreSQL schema; jobs go in
-        through the first node, workers hold a stream to each."""
-        if self.cfg.store != "postgres":
-            raise SystemExit("--nodes above 1 needs --store postgres: a cluster shares PostgreSQL")
-        self.schema = PgSchema(self.cfg.pg_dsn, f"wheel-bench-{secrets.token_hex(4)}")
-        self.cluster = LocalCluster(
-            self.tmp / "wheel",
-            self.schema.dsn,
-            size=self.cfg.nodes,
-            ttl_s=self.cfg.ttl_s,
-            wheelctl=self.cfg.wheelctl,
-            serve_args=self.cfg.serve_args,
-        )
-        self.cluster.start()
-        self.procs += [n.proc for n in self.cluster.nodes if n.proc is not None]
-        self.server_count = len(self.cluster.nodes)
-        self.target = self.cluster.targets[0]
-        self._start_workers(self.cluster.targets)
-
-    def _start_workers(self, targets: list[str]) -> None:
-        """Workers connect before anything is due."""
-        for path in self.records:
-            cmd = [PY, str(HERE / "bench_worker.py"), "--system", "wheel"]
-            cmd += ["--connect", ",".join(targets), "--out", str(path)]
-            cmd += ["--capacity", str(self.cfg.capacity)]
-            self.procs.append(subprocess.Popen(cmd, cwd=HERE))
-
-    def submit(self, workload: h.Workload) -> dict[int, int] | None:
-        return submit_workload(self.target, workload)
-
-    def launch(self) -> list[int]:
-        time.sleep(0.5)
-        return [p.pid for p in self.procs]
-
-    def db_pids(self) -> list[int]:
-        return self.schema.backend_pids() if self.schema else []
-
-    def stop(self) -> None:
-        _stop(self.procs[self.server_count :])
-        _stop(self.procs[: self.server_count])
-        if self.cluster is not None:
-            self.cluster.stop()
-
-    def teardown(self) -> None:
-        if self.schema is not None:
-            self.schema.drop()
-
-
-HISTORY_AGE_MS = 40 * 86_400_000
-HISTORY_RUNS_PER_JOB = 10_000
-
-
-def fill_history(url: str, rows: int) -> None:
-    """``rows`` finished runs and ``rows // 5`` missed fires, 40 days old, on
-    cancelled jobs of their own (nothing of them is armed), written through
-    the store's own calls, ``HISTORY_RUNS_PER_JOB`` a transaction."""
-    from wheel.engine.model import JobState, MissedReason, RunState
-    from wheel.engine.records import Completion, FireClaim, MissedFire, NewJob
-    from wheel.engine.spec import Interval, JobSpec
-    from wheel.store.open import open_store
-
-    t0 = time.monotonic()
-    old = h.now_ms() - HISTORY_AGE_MS
-    store = open_store(url)
-    try:
-        done = 0
-        while done < rows:
-            n = min(HISTORY_RUNS_PER_JOB, rows - done)
-            spec = JobSpec(
-                name=f"history-{done}", handler="bench", schedule=Interval(period_ms=1_000)
-            )
-            job, _ = store.submit_job(NewJob(spec=spec, created_at_ms=old, next_run_at=None))
-            store.set_job_state(job.job_id, JobState.CANCELLED, next_run_at=None, now_ms=old)
-            claims = [
-                FireClaim(
-                    job_id=job.job_id,
-                    scheduled_for=old + i * 1_000,
-                    attempt=0,
-                    fence=i + 1,
-                    dispatched_at_ms=old + i * 1_000,
-                    advance=False,
-                )
-                for i in range(n)
-            ]
-            outs = store.claim_fires(claims)
-            store.complete_runs(
-                [
-                    Completion(
-                        run_id=o.run_id,
-                        fence=c.fence,
-                        state=RunState.SUCCEEDED,
-                        finished_at_ms=c.scheduled_for + 50,
-                        worker_id="history",
-                    )
-                    for o, c in zip(outs, claims, strict=True)
-                    if o.run_id is not None
-                ]
-            )
-            store.record_missed(
-                [
-                    MissedFire(
-                        job_id=job.job_id,
-                        scheduled_for=c.scheduled_for + 500,
-                        reason=MissedReason.OVERLAP,
-                        recorded_at_ms=c.scheduled_for + 500,
-                    )
-                    for c in claims[::5]
-                ]
-            )
-            done += n
-    finally:
-        store.close()
-    print(
-        f"history: {rows} finished runs and {rows // 5} missed fires in"
-        f" {time.monotonic() - t0:.1f}s",
-        file=sys.stderr,
-    )
-
-
-def bench_spec(j: h.WorkloadJob) -> Any:
-    """The ``JobSpec`` (proto) of one workload job: handler ``bench``, its
-    schedule, and terms under which every fire runs however late."""
-    from wheel.rpc.v1 import jobs_pb2
-
-    if j.period_ms:
-        schedule = jobs_pb2.Schedule(
-            interval=jobs_pb2.IntervalSchedule(
-                period_ms=j.period_ms,
-                mode=jobs_pb2.INTERVAL_MODE_FIXED_RATE,
-                start_at_ms=j.first_ms,
-            )
-        )
-    else:
-        schedule = jobs_pb2.Schedule(once=jobs_pb2.OnceSchedule(at_ms=j.first_ms))
-    return jobs_pb2.JobSpec(
-        name=f"bench-{j.index}",
-        handler="bench",
-        schedule=schedule,
-        # Every fire must run however late (no catch-up drops, no overlap
-        # skips): the same at-least-once terms the baselines are held to.
-        catch_up=jobs_pb2.CatchUp(
-            mode=jobs_pb2.CATCH_UP_MODE_RUN_ALL, window_ms=0, max_count=100_000
-        ),
-        overlap=jobs_pb2.Overlap(policy=jobs_pb2.OVERLAP_POLICY_ALLOW, max_concurrent=1000),
-    )
-
-
-def submit_workload(
-    target: str, workload: h.Workload, spec_of: Callable[[h.WorkloadJob], Any] = bench_spec
-) -> dict[int, int]:
-    """Submit every job of ``workload`` through the node at ``target`` (bulk
-    SubmitJobs), each as ``spec_of`` makes it; the server's job id -> the
-    workload's job index."""
-    import grpc
-
-    from wheel.rpc.v1 import job_service_pb2, job_service_pb2_grpc
-
-    index: dict[int, int] = {}
-    options = [("grpc.max_send_message_length", 64 << 20)]
-    with grpc.insecure_channel(target, options=options) as ch:
-        stub = job_service_pb2_grpc.JobServiceStub(ch)
-        pending: list[tuple[list[int], Any]] = []
-        chunk: list[tuple[int, Any]] = []
-
-        def send() -> None:
-            # Bulk submission (SubmitJobs): one call and one store
-            # transaction per few thousand jobs.
-            if chunk:
-                req = job_service_pb2.SubmitJobsRequest(jobs=[r for _, r in chunk])
-                pending.append(([i for i, _ in chunk], stub.SubmitJobs.future(req, timeout=120)))
-                chunk.clear()
-
-        def drain(keep: int) -> None:
-            while len(pending) > keep:
-                ids, fut = pending.pop(0)
-                for i, r in zip(ids, fut.result().results, strict=True):
-                    if r.error_code:
-                        raise RuntimeError(f"submit failed: {r.error_code} {r.error_message}")
-                    index[int(r.response.job.job_id)] = i
-
-        for j in workload.jobs:
-            req = job_service_pb2.SubmitJobRequest(spec=spec_of(j), idempotency_key=f"b{j.index}")
-            chunk.append((j.index, req))
-            if len(chunk) >= 2_000:
-                send()
-                drain(4)
-        send()
-        drain(0)
-    return index
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class DurableWheelDriver(WheelDriver):
-    """wheel at its own default durability: on SQLite every commit fsynced
-    (``synchronous=FULL``), as the checkpoint's log is in both."""
-
-    name = "wheel-durable"
-
-    def __init__(self, cfg: RunConfig, tmp: Path, records: list[Path]) -> None:
-        super().__init__(cfg, tmp, records)
-        self.durable = True
-
-
-DRIVERS: dict[str, type[Any]] = {
-    "wheel": WheelDriver,
-    "wheel-durable": DurableWheelDriver,
-    "poll": PollDriver,
-    "apscheduler": ApsDriver,
-}
-
-# What each row's durability is (RESULTS.md says it per row).
-DURABILITY = {
-    ("wheel", "sqlite"): "SQLite synchronous=NORMAL (as poll), checkpoint fsync per batch",
-    ("wheel-durable", "sqlite"): "wheel's default: SQLite synchronous=FULL, checkpoint fsync",
-    ("poll", "sqlite"): "SQLite synchronous=NORMAL",
-    ("apscheduler", "sqlite"): "SQLite (SQLAlchemy defaults)",
-}
-
+from _drivers import DEFAULT_PG, DRIVERS, DURABILITY, HERE, PY, SYSTEMS, RunConfig
+from _results_page import write_equal_latency, write_results
 
 # Jobs/s each system's submission reached in this process: the next run's
 # lead time (how far ahead the first fire lies) follows the machine, not a hint.
@@ -572,6 +70,18 @@ def run_once(
     return out
 
 
+def workload_of(rate: float, cfg: RunConfig, *, start_ms: int) -> h.Workload:
+    """The run's jobs: ``cfg.burst`` one-shots due at ``start_ms``, or else
+    the mix of one-shots and interval jobs that brings ``rate`` fires a
+    second over the window."""
+    if cfg.burst:
+        return h.Workload.burst(count=cfg.burst, at_ms=start_ms)
+    return h.Workload.build(
+        rate=rate, duration_s=cfg.duration_s, start_ms=start_ms,
+        recurring_fraction=cfg.recurring_fraction, period_s=cfg.period_s,
+    )  # fmt: skip
+
+
 def _run_once(
     system: str, rate: float, cfg: RunConfig, *, label: str = ""
 ) -> tuple[dict[str, Any], h.Workload, h.Analysis]:
@@ -580,16 +90,10 @@ def _run_once(
     driver = DRIVERS[system](cfg, tmp, records)
     try:
         driver.prepare()
-        probe = h.Workload.build(
-            rate=rate, duration_s=cfg.duration_s, start_ms=0,
-            recurring_fraction=cfg.recurring_fraction, period_s=cfg.period_s,
-        )  # fmt: skip
+        probe = workload_of(rate, cfg, start_ms=0)
         submit_rate = min(driver.submit_rate_hint, _SUBMIT_RATES.get(system, float("inf")))
         lead_ms = 3000 + round(1500 * len(probe.jobs) / submit_rate)
-        workload = h.Workload.build(
-            rate=rate, duration_s=cfg.duration_s, start_ms=h.now_ms() + lead_ms,
-            recurring_fraction=cfg.recurring_fraction, period_s=cfg.period_s,
-        )  # fmt: skip
+        workload = workload_of(rate, cfg, start_ms=h.now_ms() + lead_ms)
         submit_t0 = time.monotonic()
         job_index = driver.submit(workload)
         submitted_per_s = len(workload.jobs) / max(1e-9, time.monotonic() - submit_t0)
@@ -669,8 +173,10 @@ def _run_once(
     }
     if system == "poll":
         result["poll_limit"] = cfg.poll_limit
+        result["poll_interval_ms"] = cfg.poll_interval_ms
     if system.startswith("wheel"):
         result["nodes"] = cfg.nodes
+        result["tick_ms"] = default_tick_ms() if cfg.tick_ms is None else cfg.tick_ms
     result["durability"] = DURABILITY.get((system, cfg.store), "PostgreSQL synchronous_commit=on")
     if purged0 is not None and purged1 is not None:
         result["history_rows"] = cfg.history + cfg.history // 5
@@ -770,95 +276,6 @@ def find_max(
     return out
 
 
-def write_results(
-    path: Path, argv: list[str], side: list[dict[str, Any]], maxes: list[dict[str, Any]],
-    plots: list[Path],
-) -> None:  # fmt: skip
-    """RESULTS.md: the regenerating command, then the tables."""
-    cmd = "python benchmarks/dispatch.py " + shlex.join(argv)
-    lines = [
-        "# wheel dispatch benchmark results",
-        "",
-        "Regenerate everything on this page (tables and plots) with ONE command:",
-        "",
-        "```",
-        cmd,
-        "```",
-        "",
-        f"Machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}. "
-        "Lag = time a worker received the run minus its scheduled time, over EVERY intended "
-        "fire: fires never dispatched by the end of the window + drain are `lost` and enter "
-        "the percentiles with their censored lag (run end minus scheduled time). CPU = "
-        "utime+stime from /proc of the scheduler/server and worker processes over the "
-        "measured window; `db cpu` adds the PostgreSQL backends serving them. "
-        "The poll baseline uses LIMIT 10,000 per poll (re-polls at once on a full batch).",
-        "On SQLite, `wheel` and `poll` both run `synchronous=NORMAL` in WAL mode (a commit"
-        " survives a process crash, not a power loss); `wheel-durable` is wheel at its own"
-        " default, `synchronous=FULL` (every commit fsynced); the `durability` column says each"
-        " row's. wheel's checkpoint log is fsynced per batch in both.",
-        "",
-    ]
-    cols = [
-        ("system", "system"), ("store", "store"), ("rate", "offered/s"),
-        ("dispatched_per_s", "dispatched/s"), ("completed_per_s", "completed/s"),
-        ("lag_p50_ms", "p50 ms"), ("lag_p99_ms", "p99 ms"), ("lag_p999_ms", "p99.9 ms"),
-        ("lag_max_ms", "max ms"), ("cpu_s_per_1k", "cpu s/1k"),
-        ("db_cpu_s_per_1k", "db cpu s/1k"), ("lost", "lost"), ("duplicates", "dup"),
-        ("durability", "durability"),
-    ]  # fmt: skip
-
-    def table(rows: list[dict[str, Any]], extra: list[tuple[str, str]]) -> list[str]:
-        cs = extra + cols
-        out = ["| " + " | ".join(c[1] for c in cs) + " |", "|" + "---|" * len(cs)]
-        for r in rows:
-            cells = []
-            for k, _ in cs:
-                v = r.get(k, "-")
-                cells.append(h.fmt_num(v) if isinstance(v, float | int) and k != "rate" else str(v))
-            out.append("| " + " | ".join(cells) + " |")
-        return out
-
-    if side:
-        lines += ["## Side by side at a fixed offered rate", ""]
-        lines += table(side, [])
-        lines.append("")
-    if maxes:
-        lines += [
-            "## Highest sustained rate (p99 lag <= 1 s, nothing lost)",
-            "",
-            "`--find-max`: short steps per rate, doubling then bisecting, bounded time. "
-            "The columns after the first show the step at that rate.",
-            "",
-        ]
-        lines += table(
-            maxes,
-            [
-                ("max_sustained_per_s", "max sustained/s"),
-                ("max_p99_100ms_per_s", "max step with p99 <= 100 ms"),
-            ],
-        )
-        lines.append("")
-        lines += ["Steps:", ""]
-        for m in maxes:
-            steps = ", ".join(
-                f"{s['rate']:g}/s p99={s['lag_p99_ms']:.0f}ms{'' if s['ok'] else ' FAIL'}"
-                for s in m.get("find_max_steps", [])
-            )
-            floor = " (no step failed within the time bound: a lower bound)"
-            lines.append(
-                f"- {m['system']}/{m['store']}: {steps}"
-                + (floor if m.get("max_is_lower_bound") else "")
-            )
-        lines.append("")
-    if plots:
-        lines += ["## Plots", ""]
-        for p in plots:
-            rel = os.path.relpath(p, path.parent)
-            lines.append(f"![{p.stem}]({rel})")
-        lines.append("")
-    path.write_text("\n".join(lines))
-
-
 def plots_dir(results: Path | None, plots: Path | None) -> Path:
     """Where the PNGs go: as told, else beside the results page they belong
     to, else the untracked output folder (a one-off run must not leave files
@@ -894,6 +311,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recurring-fraction", type=float, default=0.5)
     p.add_argument("--period", type=float, default=2.0, help="interval jobs' period, s")
     p.add_argument("--poll-limit", type=int, default=10_000, help="poll: LIMIT per claim")
+    p.add_argument(
+        "--poll-interval-ms",
+        default="500",
+        help="poll: ms between polls (the seed's 500 by default); comma-separated: one run each",
+    )
+    p.add_argument(
+        "--tick-ms",
+        default="",
+        help="wheel: the node's tick, ms (default: the node's own); comma-separated: one run each",
+    )
+    p.add_argument(
+        "--equal-latency",
+        action="store_true",
+        help="wheel at each tick and poll at each interval, then more poll runs aiming at the\n"
+        "p99 of wheel at its default tick; the JSON gains equal_latency_cpu_ratio per store\n"
+        "and --results writes only the page's equal-latency section",
+    )
     p.add_argument("--pg-dsn", default=DEFAULT_PG)
     p.add_argument("--wheelctl", default=str(Path(PY).parent / "wheelctl"))
     # The baselines' workers take whatever their queue frames carry. A wheel
@@ -930,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
     args.plots = plots_dir(args.results, args.plots)
+    ticks = _ints(p, args.tick_ms, "--tick-ms", least=0)
+    intervals = _ints(p, args.poll_interval_ms, "--poll-interval-ms", least=1) or [500]
 
     systems = [s.strip() for s in args.system.split(",") if s.strip()]
     stores = [s.strip() for s in args.store.split(",") if s.strip()]
@@ -943,25 +379,39 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--nodes must be at least 1")
     if args.nodes > 1 and any(s.startswith("wheel") for s in systems) and stores != ["postgres"]:
         p.error("--nodes above 1 runs wheel on PostgreSQL only: give --store postgres")
+    if args.equal_latency:
+        if not {"wheel", "poll"} <= set(systems) or args.find_max:
+            p.error("--equal-latency compares --system wheel,poll, without --find-max")
+        if ticks and default_tick_ms() not in ticks:
+            p.error(f"--equal-latency needs wheel at its default tick: add {default_tick_ms()}")
+        args.no_plots = True  # the main part's plots stay as they are
 
     side: list[dict[str, Any]] = []
     maxes: list[dict[str, Any]] = []
     plots: list[Path] = []
+    figures: dict[str, dict[str, Any]] = {}
     for store in stores:
         cfg = RunConfig(
             store=store, workers=args.workers, duration_s=args.duration, drain_s=args.drain,
             recurring_fraction=args.recurring_fraction, period_s=args.period,
             poll_limit=args.poll_limit, pg_dsn=args.pg_dsn, wheelctl=args.wheelctl,
             capacity=args.capacity, serve_args=args.serve_args, nodes=args.nodes,
-            ttl_s=args.ttl, history=args.history,
+            ttl_s=args.ttl, history=args.history, tick_ms=ticks[0] if ticks else None,
+            poll_interval_ms=intervals[0],
         )  # fmt: skip
         if not args.find_max or args.results:
             runs: list[tuple[str, h.Workload, h.Analysis]] = []
             for system in systems:
-                res, w, a = run_once(system, args.rate, cfg)
-                side.append(res)
-                runs.append((system, w, a))
-                print(json.dumps(res), file=sys.stderr)
+                for variant in _variants(system, ticks, intervals):
+                    vcfg = RunConfig(**{**_fields(cfg), **variant})
+                    res, w, a = run_once(system, args.rate, vcfg)
+                    side.append(res)
+                    runs.append((" ".join([system, *(f"{v}ms" for v in variant.values())]), w, a))
+                    print(json.dumps(res), file=sys.stderr)
+            if args.equal_latency:
+                figures[store] = match_poll(side, cfg, args.rate)
+                for r in side:
+                    r["total_cpu_s_per_1k"] = round(eq.total_cpu(r), 4)
             if not args.no_plots:
                 plots += h.plot_results(runs, args.plots, f"{store}_{args.rate:g}")
         if args.find_max:
@@ -978,13 +428,74 @@ def main(argv: list[str] | None = None) -> int:
     out: Any = maxes if args.find_max else side
     if len(out) == 1:
         out = out[0]
+    if args.equal_latency:
+        out = {
+            "runs": side,
+            "equal_latency_cpu_ratio": {s: f["cpu_ratio"] for s, f in figures.items()},
+            "equal_latency": figures,
+        }
     # The results page first: it is what a long run is for. Output folders
     # may not exist yet on a fresh checkout (benchmarks/out is not tracked).
     if args.results:
         args.results.parent.mkdir(parents=True, exist_ok=True)
-        write_results(args.results, argv, side, maxes, plots)
+        if args.equal_latency:
+            write_equal_latency(args.results, argv, side, figures)
+        else:
+            write_results(args.results, argv, side, maxes, plots)
     _report.emit(out, args.json)
     return 0
+
+
+def default_tick_ms() -> int:
+    """The node's tick when ``--tick-ms`` is not given."""
+    from wheel.node import NodeConfig
+
+    return NodeConfig().tick_ms
+
+
+def _ints(p: argparse.ArgumentParser, text: str, flag: str, *, least: int) -> list[int]:
+    """A comma-separated list of whole numbers of at least ``least``."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        p.error(f"{flag}: comma-separated whole numbers, not {text!r}")
+    if any(v < least for v in values):
+        p.error(f"{flag}: each at least {least}")
+    return values
+
+
+def _variants(system: str, ticks: list[int], intervals: list[int]) -> list[dict[str, int]]:
+    """The settings ``system`` runs at: each tick for wheel, each interval
+    for the poller, none for the others."""
+    if system.startswith("wheel") and ticks:
+        return [{"tick_ms": t} for t in ticks]
+    if system == "poll":
+        return [{"poll_interval_ms": i} for i in intervals]
+    return [{}]
+
+
+def match_poll(side: list[dict[str, Any]], cfg: RunConfig, rate: float) -> dict[str, Any]:
+    """More poller runs on ``cfg.store``, each at the interval that should put
+    its p99 on wheel's at its default tick, until one lands within 10% of it
+    (at most ``eq.MATCH_STEPS``); then the figure for the store."""
+    tick = default_tick_ms()
+    wheel = [
+        r for r in side
+        if r["store"] == cfg.store and r["system"] == "wheel" and r["tick_ms"] == tick
+    ]  # fmt: skip
+    for _ in range(eq.MATCH_STEPS if wheel else 0):
+        polls = [r for r in side if r["store"] == cfg.store and r["system"] == "poll"]
+        interval = eq.next_poll_interval(wheel[0]["lag_p99_ms"], polls)
+        if interval is None:
+            break
+        at = RunConfig(**{**_fields(cfg), "poll_interval_ms": interval})
+        res, _, _ = run_once("poll", rate, at)
+        res["matched"] = True
+        side.append(res)
+        print(json.dumps(res), file=sys.stderr)
+    fig = eq.figure(side, cfg.store, tick)
+    assert fig is not None  # wheel and poll both ran on this store
+    return fig
 
 
 def _fields(cfg: RunConfig) -> dict[str, Any]:

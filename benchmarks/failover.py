@@ -70,7 +70,7 @@ import _harness as h
 import _report
 import numpy as np
 from _cluster import LocalCluster, Node, stop_all
-from dispatch import DEFAULT_PG, HERE, PY, PgSchema, submit_workload
+from _drivers import DEFAULT_PG, HERE, PY, PgSchema, submit_workload
 
 from wheel.client import Client, JobRequest
 from wheel.engine.model import shard_of

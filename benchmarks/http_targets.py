@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import _harness as h
 import _report
-from dispatch import WheelDriver, bench_spec, submit_workload
+from _drivers import WheelDriver, bench_spec, submit_workload
 
 from testkit.procs import ServerProc, WorkerProc, wait_for
 from testkit.webhook_receiver import fetch_tally

@@ -52,8 +52,8 @@ from typing import Any
 import _report
 import numpy as np
 from _cluster import Etcd, free_port, stop_all, wait_until
+from _drivers import DEFAULT_PG, HERE, PY, PgSchema
 from _harness import RecordReader
-from dispatch import DEFAULT_PG, HERE, PY, PgSchema
 
 from wheel.client import Client
 from wheel.client._specs import JobRequest, job_spec

@@ -304,7 +304,7 @@ def missed_of(dsn: str, jobs: list[int]) -> int:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from dispatch import PgSchema
+    from _drivers import PgSchema
 
     # The nodes and workers run the sources beside this file.
     os.environ["PYTHONPATH"] = os.pathsep.join(

@@ -50,7 +50,7 @@ import _report
 import numpy as np
 import psycopg
 from _cluster import free_port, stop_all, wait_until
-from dispatch import DEFAULT_PG, PY, PgSchema
+from _drivers import DEFAULT_PG, PY, PgSchema
 
 from wheel import outbox
 from wheel.client import Client, JobRequest

@@ -1,7 +1,8 @@
 """The design wheel replaces: the polling scheduler of the seed (sections 4 and 6,
 with revisions R1, R2 and R4), written from its SQL.
 
-Every 500 ms the scheduler, owning all 256 shards, runs one claim transaction:
+Every 500 ms (``--poll-interval-ms``; the seed's interval is the default) the
+scheduler, owning all 256 shards, runs one claim transaction:
 
     BEGIN;
     SELECT job_id, schedule, next_run_at, max_attempts, timeout_s FROM jobs
@@ -46,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import Dispatcher, Workload, now_ms
 
-POLL_INTERVAL_S = 0.5
+POLL_INTERVAL_MS = 500  # the seed's
 DEFAULT_LIMIT = 10_000
 REAP_LIMIT = 100  # the seed's reaper batch (critique C2)
 GRACE_S = 5  # R1: dispatch grace before a worker's claim
@@ -402,8 +403,9 @@ def _on_term(signum: int, frame: Any) -> None:
     _stop = True
 
 
-def serve(url: str, workers: int, limit: int) -> None:
-    """The scheduler process: accept the workers' queue connections, then poll."""
+def serve(url: str, workers: int, limit: int, interval_ms: int = POLL_INTERVAL_MS) -> None:
+    """The scheduler process: accept the workers' queue connections, then
+    poll every ``interval_ms``."""
     signal.signal(signal.SIGTERM, _on_term)
     dispatcher = Dispatcher(workers)
     print(f"PORT {dispatcher.port}", flush=True)
@@ -419,7 +421,7 @@ def serve(url: str, workers: int, limit: int) -> None:
         dispatcher.send(poller.reap())
         if full:
             continue  # a full batch: more is due right now
-        next_poll += POLL_INTERVAL_S
+        next_poll += interval_ms / 1000
         delay = next_poll - time.monotonic()
         if delay > 0:
             time.sleep(delay)
@@ -433,8 +435,16 @@ def main() -> None:
     p.add_argument("--store", required=True, help="sqlite:///PATH or a postgresql:// DSN")
     p.add_argument("--workers", type=int, required=True)
     p.add_argument("--limit", type=int, default=DEFAULT_LIMIT)
+    p.add_argument(
+        "--poll-interval-ms",
+        type=int,
+        default=POLL_INTERVAL_MS,
+        help="ms from one poll's start to the next (default: the seed's %(default)s)",
+    )
     args = p.parse_args()
-    serve(args.store, args.workers, args.limit)
+    if args.poll_interval_ms < 1:
+        p.error("--poll-interval-ms must be at least 1")
+    serve(args.store, args.workers, args.limit, args.poll_interval_ms)
 
 
 if __name__ == "__main__":

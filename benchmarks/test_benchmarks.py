@@ -9,7 +9,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import _equal_latency as eq
 import _harness as h
+import _results_page as page_
 import dispatch
 import numpy as np
 
@@ -56,3 +58,85 @@ def test_plots_go_beside_the_results_page_or_out_of_the_tracked_tree(tmp_path: P
     )
     assert ignored.returncode == 0
     assert dispatch.plots_dir(page, tmp_path) == tmp_path
+
+
+def test_the_next_poll_interval_aims_at_wheels_p99_from_the_runs_either_side() -> None:
+    def run(interval: int, p99: float) -> dict[str, Any]:
+        return {"poll_interval_ms": interval, "lag_p99_ms": p99}
+
+    # Straddled: between 25 ms (p99 30) and 100 ms (p99 130), a p99 of 40
+    # lies a tenth of the way.
+    assert eq.next_poll_interval(40, [run(25, 30), run(100, 130)]) == 32
+    # Every interval too slow: shorten the shortest by what it is over, at
+    # most by half.
+    assert eq.next_poll_interval(40, [run(100, 130), run(500, 540)]) == 50
+    assert eq.next_poll_interval(40, [run(30, 45), run(500, 540)]) == 25
+    assert eq.next_poll_interval(40, [run(8, 60)]) == 5  # never below 5 ms
+    # Every interval too quick: lengthen the longest by what it is under, at
+    # most doubling it.
+    assert eq.next_poll_interval(40, [run(20, 32)]) == 28
+    assert eq.next_poll_interval(40, [run(5, 12)]) == 10
+    # One within 10% already, or the guess was run: nothing more to try.
+    assert eq.next_poll_interval(40, [run(25, 43), run(500, 540)]) is None
+    # Never below 5 ms (a poller at 1 ms takes the machine).
+    assert eq.next_poll_interval(40, [run(100, 130), run(5, 60)]) is None
+    assert eq.next_poll_interval(40, []) is None
+
+
+def test_the_equal_latency_ratio_takes_the_poll_run_nearest_wheels_p99() -> None:
+    def run(system: str, p99: float, cpu: float, db: float, **kw: int) -> dict[str, Any]:
+        return {"system": system, "store": "postgres", "lag_p99_ms": p99,
+                "cpu_s_per_1k": cpu, "db_cpu_s_per_1k": db, **kw}  # fmt: skip
+
+    runs = [
+        run("wheel", 40, 0.1, 0.1, tick_ms=30),
+        run("wheel", 280, 0.05, 0.05, tick_ms=250),
+        run("poll", 35, 0.2, 0.2, poll_interval_ms=25),
+        run("poll", 150, 0.1, 0.2, poll_interval_ms=100),
+    ]
+    fig = eq.figure(runs, "postgres", 30)
+    assert fig is not None
+    assert (fig["poll_interval_ms"], fig["within_10pct"]) == (25, False)  # 35 is 12.5% off
+    assert fig["cpu_ratio"] == 0.5  # 0.2 over 0.4, the database's CPU included
+    assert fig["target"] == 0.5
+    assert eq.figure(runs, "sqlite", 30) is None  # nothing ran there
+
+
+def test_the_equal_latency_section_is_replaced_and_the_rest_of_the_page_kept(
+    tmp_path: Path,
+) -> None:
+    page = tmp_path / "RESULTS.md"
+    side = [{"system": "wheel", "store": "sqlite", "rate": 2000.0, "lag_p99_ms": 35.0}]
+    page_.write_results(page, ["--rate", "2000"], side, [], [])
+    main = page.read_text()
+    runs = [
+        {"system": "wheel", "store": "sqlite", "tick_ms": 30, "lag_p50_ms": 20.0,
+         "lag_p99_ms": 35.0, "cpu_s_per_1k": 0.1, "db_cpu_s_per_1k": 0.0},
+        {"system": "poll", "store": "sqlite", "poll_interval_ms": 25, "lag_p50_ms": 15.0,
+         "lag_p99_ms": 37.0, "cpu_s_per_1k": 0.2, "db_cpu_s_per_1k": 0.0, "matched": True},
+    ]  # fmt: skip
+    fig = eq.figure(runs, "sqlite", 30)
+    assert fig is not None
+    page_.write_equal_latency(page, ["--equal-latency", "--tick-ms", "30"], runs, {"sqlite": fig})
+    first = page.read_text()
+    assert first.startswith(main.rstrip("\n"))
+    assert "dispatch.py --equal-latency --tick-ms 30" in first
+    assert "| sqlite | poll | interval 25 ms (matched) |" in first
+    assert "`equal_latency_cpu_ratio` 0.50 (target <= 0.7: met)" in first
+    # Again: the section replaced, not added; the main part written again
+    # keeps it.
+    page_.write_equal_latency(page, ["--equal-latency", "--tick-ms", "30,250"], runs, {})
+    assert page.read_text().count(page_.SECTION_BEGIN) == 1
+    assert "--tick-ms 30,250" in page.read_text()
+    page_.write_results(page, ["--rate", "1000"], side, [], [])
+    again = page.read_text()
+    assert "--rate 1000" in again and "--tick-ms 30,250" in again
+    assert again.count(page_.SECTION_END) == 1
+
+
+def test_a_burst_is_every_one_shot_due_at_the_same_instant() -> None:
+    w = h.Workload.burst(count=5, at_ms=1_000)
+    job, sched = w.fires()
+    assert sorted(job.tolist()) == [1, 2, 3, 4, 5]
+    assert set(sched.tolist()) == {1_000}
+    assert (w.start_ms, w.end_ms) == (1_000, 1_001)

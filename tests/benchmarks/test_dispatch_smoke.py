@@ -103,3 +103,35 @@ def test_find_max_reports_the_highest_sustained_rate_and_its_steps(tmp_path: Pat
     assert result["max_is_lower_bound"]
     tight = [s["rate"] for s in steps if s["ok"] and s["lag_p99_ms"] <= 100]
     assert result["max_p99_100ms_per_s"] == max(tight, default=0.0)
+
+
+@pytest.mark.slow
+def test_equal_latency_runs_each_tick_and_interval_and_gives_the_cpu_ratio(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "equal.json"
+    page = tmp_path / "RESULTS.md"
+    cmd = [sys.executable, str(DISPATCH), "--system", "wheel,poll", "--store", "sqlite"]
+    cmd += ["--workers", "1", "--rate", "50", "--duration", "2", "--drain", "3"]
+    cmd += ["--tick-ms", "30", "--poll-interval-ms", "20,200", "--equal-latency"]
+    cmd += ["--results", str(page), "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    runs = result["runs"]
+    for r in runs:
+        assert_sound(r, r["system"], "sqlite")
+        assert r["total_cpu_s_per_1k"] >= r["cpu_s_per_1k"]
+    assert [r["tick_ms"] for r in runs if r["system"] == "wheel"] == [30]
+    polls = [r for r in runs if r["system"] == "poll"]
+    assert [r["poll_interval_ms"] for r in polls][:2] == [20, 200]
+    assert len(polls) <= 2 + 4  # at most four more, aiming at wheel's p99
+    # The interval shows in the lag: the next poll is what a fire waits for.
+    assert polls[1]["lag_p99_ms"] > polls[0]["lag_p99_ms"]
+    fig = result["equal_latency"]["sqlite"]
+    assert fig["wheel_tick_ms"] == 30
+    assert fig["poll_interval_ms"] in [r["poll_interval_ms"] for r in polls]
+    assert result["equal_latency_cpu_ratio"] == {"sqlite": fig["cpu_ratio"]}
+    assert fig["cpu_ratio"] >= 0
+    text = page.read_text()
+    assert "## Equal latency" in text and "--equal-latency" in text

@@ -39,12 +39,14 @@ def test_serve_flags_become_the_node_config(tmp_path: Path) -> None:
             "serve",
             "--group-commit-ms", "0",
             "--group-commit-light-ms", "0",
+            "--burst-batch-claims", "250",
             "--lease-ms", "9000",
             "--node-id", "n7",
         ]
     )  # fmt: skip
     config = serve_config(ns, tmp_path)
     assert config.group_commit_ms == config.group_commit_light_ms == 0
+    assert config.burst_batch_claims == 250  # a burst's first part
     assert (config.owner.lease_ms, config.node_id) == (9000, "n7")
     assert config.checkpoint_dir == str(tmp_path / "checkpoint")
 
@@ -53,6 +55,7 @@ def test_serve_defaults_are_the_node_defaults(tmp_path: Path) -> None:
     config = serve_config(build_parser().parse_args(["serve", "--no-checkpoint"]), tmp_path)
     assert config.group_commit_ms == NodeConfig().group_commit_ms == 20
     assert config.group_commit_light_ms == NodeConfig().group_commit_light_ms == 5
+    assert config.burst_batch_claims == NodeConfig().burst_batch_claims == 0  # one batch
     assert config.checkpoint_dir is None
 
 

@@ -117,3 +117,63 @@ async def commit_waiter_answered(tmp_path: Path) -> None:
     finally:
         thread.shutdown(wait=True)
         store.close()
+
+
+def test_a_bursts_parts_go_while_the_store_thread_has_room_and_wait_for_no_commit(
+    tmp_path: Path,
+) -> None:
+    asyncio.run(burst_parts(tmp_path))
+
+
+async def burst_parts(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'wheel.db'}")
+    thread = ThreadPoolExecutor(1)
+    woken = asyncio.Event()
+    try:
+        batches = Batches(NodeConfig(group_commit_ms=20), thread, wake=woken.set)
+        writer = StoreWriter(
+            store,
+            checkpoint_log=None,
+            committed=lambda seconds: None,
+            failed=lambda exc: None,
+            stopping=lambda: False,
+        )
+        parts = [WriteBatch(), WriteBatch(), WriteBatch()]
+        limits: list[int] = []
+
+        def take(limit: int) -> WriteBatch | None:
+            limits.append(limit)
+            return parts.pop(0) if parts else None
+
+        waiter = batches.commit_waiter()
+        batches.send_parts(writer, take, 500)
+        # Two on their way at most: the third waits for room, and says so.
+        # Each part takes twice the claims of the one before.
+        assert (len(parts), limits, batches.parting) == (1, [500, 1_000], True)
+        assert not batches.may_send(1_000) and batches.writing()
+        # No group commit's wait after a part, and no call answered by one.
+        assert batches.next_batch_ms == 0 and batches.has_waiters()
+        while (answer := batches.next_answer()) is None:
+            woken.clear()
+            await asyncio.wait_for(woken.wait(), 10)
+        answer.release()
+        assert not waiter.done()
+        batches.send_parts(writer, take, 500)
+        assert not parts and batches.parting and limits[2:] == [2_000]
+        while batches.next_answer() is None:
+            woken.clear()
+            await asyncio.wait_for(woken.wait(), 10)
+        # Nothing left: the batch with everything else (and the waiter) goes;
+        # the next burst starts again at the first part's size.
+        batches.send_parts(writer, take, 500)
+        assert not batches.parting and limits[3:] == [4_000]
+        parts.append(WriteBatch())
+        batches.send_parts(writer, take, 500)
+        assert limits[4:] == [500]
+        batches.send(writer, WriteBatch(), [], 1_000)
+        assert not batches.has_waiters()
+        await batches.drain()
+        assert waiter.done()
+    finally:
+        thread.shutdown(wait=True)
+        store.close()

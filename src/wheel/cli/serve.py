@@ -132,6 +132,14 @@ def add_serve_parser(sub: Any) -> None:
         " round at every timer); a fire after a quiet spell goes at once",
     )
     s.add_argument(
+        "--burst-batch-claims",
+        type=_claims,
+        metavar="N",
+        help="more fires than this due at once go to the store in parts, the first of this"
+        " many claims and each next twice the last, each handed out as soon as it is"
+        " stored (default 0: one batch)",
+    )
+    s.add_argument(
         "--min-interval",
         type=_interval_floor_ms,
         metavar="DURATION",
@@ -262,6 +270,13 @@ def parse_cluster_url(url: str) -> tuple[list[str], str]:
     return endpoints, name
 
 
+def _claims(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is a negative number of claims")
+    return value
+
+
 def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
     """The node's configuration from ``wheelctl serve``'s flags."""
     from wheel.checkpoint import Durability
@@ -275,7 +290,13 @@ def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
     }
     node = {
         f: getattr(ns, f)
-        for f in ("group_commit_ms", "group_commit_light_ms", "tick_ms", "min_interval")
+        for f in (
+            "group_commit_ms",
+            "group_commit_light_ms",
+            "tick_ms",
+            "burst_batch_claims",
+            "min_interval",
+        )
     }
     node["min_interval_ms"] = node.pop("min_interval")
     return NodeConfig(

@@ -6,8 +6,8 @@ engine tests (a simulated clock and an in-memory store) -- so that there is
 one copy of it:
 
 1. ``advance(now)``: due timers fire and work is claimed (``Owner.advance``);
-2. ``take_batch()``: the store writes accumulated since the last batch, as
-   ONE ``WriteBatch`` in the order the owner requires;
+2. ``take_batch()``: the writes accumulated since the last batch, as ONE
+   ``WriteBatch`` in the owner's order (a burst's claims first: ``take_claims``);
 3. the shell writes the batch (on a thread, in order with the batches before
    it) and hands the store's answer to ``apply(outcome, now)``, which
    produces assignments and results;
@@ -270,6 +270,17 @@ class Driver:
             starts=starts,
             epochs=self.owner.shards(),
         )
+
+    def take_claims(self, limit: int) -> WriteBatch | None:
+        """``take_batch`` with only the first ``limit`` claims while more wait
+        (a burst; the rest go in the next batches); None when they fit one."""
+        acts = self.acts
+        if not limit or len(acts.claims) <= limit:
+            return None
+        rest, acts.claims = acts.claims[limit:], acts.claims[:limit]
+        batch = self.take_batch()
+        acts.claims = rest
+        return batch
 
     def sent_runs(self, shards: Collection[int]) -> set[int]:
         """The runs of ``shards`` a worker was sent: handed out, their

@@ -129,6 +129,11 @@ class Batches:
         self.next_batch_ms = 0
         # API calls waiting for the next batch's commit.
         self._waiters: list[asyncio.Future[None]] = []
+        # A burst's parts stopped for room (``send_parts``): the rest goes
+        # as soon as an answer makes room, not at the next tick; the next
+        # part takes this many claims.
+        self.parting = False
+        self._part_claims = 0
 
     def commit_waiter(self) -> asyncio.Future[None]:
         """Done once the next batch commits (woken by the loop's wake)."""
@@ -163,6 +168,34 @@ class Batches:
             Answer(future=future, epochs=batch.epochs, waiters=self._waiters, writes=writes)
         )
         self._waiters = []
+
+    def send_parts(
+        self, write: Write, take: Callable[[int], WriteBatch | None], limit: int
+    ) -> None:
+        """A burst's claims in parts (``take``: ``Driver.take_claims``), to the
+        store thread while it has room: each part is handed out as soon as
+        it is stored, while the store commits the next, instead of every run
+        of the burst waiting for the commit of them all. The first part
+        takes ``limit`` claims and each next one twice the last: a burst's
+        first runs go early, and a backlog (a node behind) soon goes in
+        batches as large as before, each commit carrying many claims. A part
+        has no checkpoint records and answers no call waiting for a commit
+        (those go with the batch that takes the rest: never ahead of the
+        store), and no group commit's wait follows it (the claims after it
+        are due already)."""
+        size = self._part_claims or limit
+        while self.has_room():
+            part = take(size)
+            if part is None:
+                self.parting = False
+                self._part_claims = 0
+                return
+            future = asyncio.get_running_loop().run_in_executor(self._store_thread, write, part, [])
+            future.add_done_callback(lambda _: self._wake())
+            self._pending.append(Answer(future=future, epochs=part.epochs, waiters=[], writes=True))
+            size *= 2
+        self.parting = True
+        self._part_claims = size
 
     def writing(self) -> bool:
         """A batch on its way writes to the store."""

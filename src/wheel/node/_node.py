@@ -580,6 +580,8 @@ class Node(NodeCalls):
                     # what a submit changed to the checkpoint.
                     tick_at = now
             self._take_answers(driver)
+            if early and self._batches.parting:  # a burst's next part: an answer made room
+                self._send_batch(driver, write, now)
             self._quiet_if_lapsed()  # and before a hand-out leaves
             self._publish(driver, driver.take_messages())
             await self._follow(driver)
@@ -591,13 +593,13 @@ class Node(NodeCalls):
     def _send_batch(self, driver: Driver, write: Write, now: int) -> None:
         """Group commit: a batch of the store writes and checkpoint records
         so far, once the store thread has room and the last batch's wait is
-        over."""
+        over; a burst's claims ahead of it in parts (``Batches.send_parts``)."""
         if not self._batches.may_send(now):
             return
-        # Checked again right before writing: a pause between the round's
-        # check and here must not let a claim out either.
+        # Again right before writing: a pause since the round's check lets no claim out.
         self._quiet_if_lapsed()
-        formed = self._form_batch(driver)
+        self._batches.send_parts(write, driver.take_claims, self.config.burst_batch_claims)
+        formed = self._form_batch(driver) if self._batches.may_send(now) else None
         if formed is not None:
             self._batches.send(write, *formed, now)
 

@@ -207,6 +207,20 @@ class NodeConfig:
     # 1,000 fires and p99 lag: 0.105-0.110 and 24 ms at 20, 0.086-0.095 and
     # 35 ms at 30, 0.086 and 41 ms at 35: 30 keeps the p99 well inside 50 ms.
     tick_ms: int = 30
+    # A burst's first part of claims (0, the default: a burst in one
+    # batch): with more waiting, a batch takes this many claims (and the
+    # other writes: completions never wait behind a backlog of claims),
+    # goes without the group commit's wait, and the next part, twice as
+    # large, follows as soon as the store thread has room, so the store
+    # commits one part while the loop hands out the runs of the one before.
+    # Measured with 2,000 one-shots due at once on two shared cores
+    # (benchmarks/README.md, "Bursts"): at 500 the p50 came down on a
+    # loaded machine, but on a quieter one the p99 did not (SQLite 108 ms
+    # against 71 in one batch, PostgreSQL 124 against 124): the store's
+    # time per claim, which the last part waits for, is the bound, and a
+    # part's commit and the loop's work beside it cost what the overlap
+    # saves. So it is off until that time per claim comes down.
+    burst_batch_claims: int = 0
     # Health: how often it is worked out, and how long the store may go
     # without a committed batch before a probe (SELECT 1) asks it; a probe
     # that has not answered within its timeout counts as failed.
