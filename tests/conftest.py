@@ -44,6 +44,33 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``WHEEL_TEST_SHARD=I/N`` keeps the I-th of N shards of what the
+    markers selected (scripts/test.sh runs the real-process tests as shards
+    side by side: they mostly wait on leases and restarts). A file's tests
+    stay together; files go to the shard with the fewest tests so far,
+    largest first."""
+    shard = os.environ.get("WHEEL_TEST_SHARD")
+    if not shard:
+        return
+    index, _, count = shard.partition("/")
+    mine, shards = int(index), int(count)
+    by_file: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    loads = [0] * shards
+    kept: set[str] = set()
+    for path, tests in sorted(by_file.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        target = loads.index(min(loads))
+        loads[target] += len(tests)
+        if target == mine:
+            kept.add(path)
+    deselected = [i for i in items if i.nodeid.split("::", 1)[0] not in kept]
+    items[:] = [i for i in items if i.nodeid.split("::", 1)[0] in kept]
+    config.hook.pytest_deselected(items=deselected)
+
+
 def epoch_ms(t: datetime) -> int:
     """Milliseconds since the epoch of a time the client returned (whole
     milliseconds, so the round trip through a float is exact)."""
