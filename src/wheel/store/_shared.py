@@ -592,6 +592,25 @@ def check_importable(news: Sequence[NewJob]) -> None:
         raise InvalidArgument("idempotency_key", "import_jobs does not take keys")
 
 
+class RunWrite(Protocol):
+    """A write about one run with its fence (a start, a completion)."""
+
+    @property
+    def run_id(self) -> int: ...
+    @property
+    def fence(self) -> int: ...
+
+
+def first_per_run(writes: Sequence[RunWrite]) -> list[int]:
+    """``first_per_key`` of the writes' (run, fence): every index when no
+    run repeats, as in nearly every batch, found without building a key a
+    write."""
+    run_ids = {w.run_id for w in writes}
+    if len(run_ids) == len(writes):
+        return list(range(len(writes)))
+    return first_per_key([(w.run_id, w.fence) for w in writes])
+
+
 def first_per_key(keys: Sequence[tuple[int, int]]) -> list[int]:
     """Indexes of the first occurrence of each (run, fence): a repeat in one
     batch is reported as not applied (the first one took the transition)."""

@@ -30,7 +30,7 @@ from wheel.store._fence import (
     spread,
     stale_shards,
 )
-from wheel.store._shared import first_per_key, wall_ms
+from wheel.store._shared import first_per_run, wall_ms
 from wheel.store.base import Completion, FireClaim, MissedFire, RunStart, ScheduleAdvance
 from wheel.store.postgres import _sql as sql
 from wheel.store.postgres._arrays import Bools, Int4s, Int8s
@@ -206,8 +206,10 @@ def mark_running(
     refused shards."""
 
     def write(part: Sequence[RunStart]) -> tuple[list[bool], list[int]]:
-        first = first_per_key([(s.run_id, s.fence) for s in part])
-        params = sql.start_arrays(first, [part[i] for i in first])
+        first = first_per_run(part)
+        params = sql.start_arrays(
+            first, part if len(first) == len(part) else [part[i] for i in first]
+        )
         update, recognise = sql.MARK_RUNNING_SQL, sql.RECOGNISE_STARTS_SQL
         return _fenced_update(conn, update, recognise, params, first, len(part), "started")
 
@@ -222,8 +224,8 @@ def complete(
     refused shards."""
 
     def write(part: Sequence[Completion]) -> tuple[list[bool], list[int]]:
-        first = first_per_key([(c.run_id, c.fence) for c in part])
-        firsts = [part[i] for i in first]
+        first = first_per_run(part)
+        firsts = part if len(first) == len(part) else [part[i] for i in first]
         params = sql.completion_arrays(first, firsts, slot)
         update = sql.COMPLETE_SQL
         unmatched: tuple[str, ...] = ("error", "worker", "slot")
