@@ -15,10 +15,14 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+import wheel
 from testkit.services import free_port
 from wheel.tls import ChannelSecurity, make_channel
 
 HERE = Path(__file__).resolve().parent
+# Where this process's wheel comes from: a worker runs the same (a checkout's
+# own sources, not the ones an editable install points at).
+WHEEL_ROOT = Path(wheel.__file__).resolve().parents[1]
 
 
 def wheelctl(
@@ -130,7 +134,10 @@ class WorkerProc:
         cwd: Path | None = None,
     ) -> None:
         full_env = dict(
-            os.environ, WHEEL_E2E_OUT=str(out), WHEEL_E2E_WORKER=worker_id, PYTHONPATH=str(HERE)
+            os.environ,
+            WHEEL_E2E_OUT=str(out),
+            WHEEL_E2E_WORKER=worker_id,
+            PYTHONPATH=os.pathsep.join((str(HERE), str(WHEEL_ROOT))),
         )
         full_env.update(env or {})
         if not handlers and "--http" not in flags:
