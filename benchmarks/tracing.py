@@ -20,8 +20,10 @@ worker over the measured window, per 1,000 fires delivered (see
 On a machine that other work shares, a phase's CPU per fire moves with the
 load around it. ``--rounds N`` measures N pairs of phases, in the order off,
 on, on, off, off, on... (a drift of the load weighs on both alike), and
-reports each pair's ratio (``cpu_ratio_traced_rounds``) and their median
-(``cpu_ratio_traced``; ``off`` and ``on`` are that pair's phases).
+reports each pair's ratio (``cpu_ratio_traced_rounds``) and the median of
+the pairs whose phases delivered every fire once with the window unhurt by
+the submission (``rounds_whole``): ``cpu_ratio_traced``, and that pair's
+phases as ``off`` and ``on``.
 """
 
 from __future__ import annotations
@@ -88,11 +90,22 @@ def _ratio(results: dict[str, dict[str, Any]]) -> float | None:
     return round(on / off, 3) if off else None
 
 
+def _whole(results: dict[str, dict[str, Any]]) -> bool:
+    """Whether both phases delivered every fire once, the window unhurt by
+    the submission (a phase that fell behind measures something else)."""
+    return all(
+        not phase["lost"] and not phase["duplicates"] and not phase.get("setup_overran_ms")
+        for phase in results.values()
+    )
+
+
 def report(cfg: Config, rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     ratios = [_ratio(results) for results in rounds]
-    # The pair whose ratio is the median (the lower of the middle two).
-    ranked = sorted(range(len(rounds)), key=lambda i: ratios[i] or 0.0)
-    middle = ranked[(len(rounds) - 1) // 2]
+    # The pair whose ratio is the median (the higher of the middle two) of
+    # the whole pairs, or of all when none is.
+    whole = [i for i, results in enumerate(rounds) if _whole(results)] or list(range(len(rounds)))
+    ranked = sorted(whole, key=lambda i: ratios[i] or 0.0)
+    middle = ranked[len(ranked) // 2]
     off, on = rounds[middle]["off"], rounds[middle]["on"]
     return {
         "offered_per_s": cfg.rate,
@@ -100,6 +113,7 @@ def report(cfg: Config, rounds: list[dict[str, dict[str, Any]]]) -> dict[str, An
         "cpu_s_per_1k_on": on["cpu_s_per_1k"],
         "cpu_ratio_traced": ratios[middle],
         "cpu_ratio_traced_rounds": ratios,
+        "rounds_whole": [_whole(results) for results in rounds],
         "lag_p99_ms_off": off["lag_p99_ms"],
         "lag_p99_ms_on": on["lag_p99_ms"],
         "lost": sum(phase["lost"] for results in rounds for phase in results.values()),
