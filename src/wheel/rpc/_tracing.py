@@ -116,6 +116,8 @@ class DispatchTraces:
         self._queue: list[tuple[Assignment, int, int, int]] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        # The provider's sampler keeps every fire: no need to ask it.
+        self._always = tracing.always_sampled()
 
     async def remember(self, traces: list[tuple[int, str]]) -> None:
         """Store each job's context (and keep it here for its fires)."""
@@ -142,7 +144,7 @@ class DispatchTraces:
         attempt = wire_attempt(a.attempt)  # 1 for a fire's first, as workers see it
         trace_id = tracing.fire_trace_id(a.idempotency_key)
         span_id = tracing.dispatch_span_of(trace_id, attempt)
-        if not tracing.sampled(trace_id, "dispatch", ()):
+        if not self._always and not tracing.sampled(trace_id, "dispatch", ()):
             return tracing.traceparent(trace_id, span_id, sampled=False)
         queue = self._queue
         queue.append((a, time.time_ns(), trace_id, span_id))
