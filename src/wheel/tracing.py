@@ -27,13 +27,16 @@ What is traced:
 
 The ids of a fire's spans are derived, not stored (``fire_trace_id``,
 ``dispatch_span_id``, ``run_span_id``): any node hands out any attempt of
-any fire, after a failover too, and the spans still join up. A fire's spans
-are made as finished spans (``emit``: the SDK's ``ReadableSpan``) and handed
-to the provider's span processors and so to its exporter, as the SDK's own
-would be, without the SDK's per-span bookkeeping: a fire's two spans cost a
-few microseconds, where the SDK's tracer takes some thirty a span. The
-provider's sampler decides, at the ``dispatch``; the worker follows the
-decision the ``traceparent`` carries.
+any fire, after a failover too, and the spans still join up; a worker reads
+its run span's id from the ``traceparent`` (its dispatch's, bits flipped).
+A fire's spans are made as finished spans (``finished``: the SDK's
+``ReadableSpan``, its fields set directly while they are the ones this SDK
+has) and handed in batches (``emit``) to the provider's span processors and
+so to its exporter, as the SDK's own would be, without the SDK's per-span
+bookkeeping; a ``BatchSpanProcessor`` takes a batch into its queue at once.
+A fire's two spans cost a few microseconds, where the SDK's tracer takes
+some thirty a span. The provider's sampler decides, at the ``dispatch``;
+the worker follows the decision the ``traceparent`` carries.
 """
 
 from __future__ import annotations
