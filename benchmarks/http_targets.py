@@ -59,7 +59,7 @@ import _harness as h
 import _report
 from _drivers import WheelDriver, bench_spec, submit_workload
 
-from testkit.procs import ServerProc, WorkerProc, wait_for
+from testkit.procs import WHEEL_ROOT, ServerProc, WorkerProc, wait_for
 from testkit.webhook_receiver import fetch_tally
 from wheel.rpc.v1 import jobs_pb2
 
@@ -236,7 +236,8 @@ def prepare(name: str, cfg: Config, root: Path) -> Phase:
                 flags=capacity,
                 env={
                     "WHEEL_BENCH_RECORDS": str(phase.records),
-                    "PYTHONPATH": str(HERE),
+                    # The handler's folder, and the wheel this benchmark runs.
+                    "PYTHONPATH": os.pathsep.join((str(HERE), str(WHEEL_ROOT))),
                     **dict(cfg.env),
                 },
                 cwd=HERE,

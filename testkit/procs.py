@@ -15,17 +15,23 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+import wheel
 from testkit.services import free_port
 from wheel.tls import ChannelSecurity, make_channel
 
 HERE = Path(__file__).resolve().parent
+# Where this process's wheel comes from: a worker runs the same (a checkout's
+# own sources, not the ones an editable install points at).
+WHEEL_ROOT = Path(wheel.__file__).resolve().parents[1]
 
 
 def handlers_path(folder: Path) -> str:
     """A worker process's PYTHONPATH: ``folder`` (its handler modules) first,
-    then this process's own, so that a worker runs the same sources as the
-    test and its nodes (a checkout's, when it is on this process's path)."""
-    return os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+    then this process's wheel and path, so that a worker runs the same
+    sources as the test and its nodes (a checkout's, not the ones an
+    editable install points at)."""
+    paths = (str(folder), str(WHEEL_ROOT), os.environ.get("PYTHONPATH", ""))
+    return os.pathsep.join(p for p in paths if p)
 
 
 def wheelctl(

@@ -42,6 +42,8 @@ _JOBS = "/wheel.rpc.v1.JobService/"
 CACHED_JOBS = 100_000
 # How long a hand-out's span waits to be made, at most (seconds).
 FLUSH_S = 0.2
+_SUBMITTED = {"wheel.link": "submitted"}
+_FIRST_ATTEMPT = {"wheel.link": "first_attempt"}
 
 
 def _made_or_changed(method: str, response: Any) -> list[int]:
@@ -108,12 +110,14 @@ class DispatchTraces:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        # Each job's link to the span that submitted or last updated it
-        # (None: it has none), made once for all its fires.
-        self._jobs: collections.OrderedDict[int, Link | None] = collections.OrderedDict()
+        # Each job's links to the span that submitted or last updated it
+        # (none when it has none), made once for all its fires.
+        self._jobs: collections.OrderedDict[int, tuple[Link, ...]] = collections.OrderedDict()
         self._queue: list[tuple[Assignment, int, int, int]] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        # The provider's sampler keeps every fire: no need to ask it.
+        self._always = tracing.always_sampled()
 
     async def remember(self, traces: list[tuple[int, str]]) -> None:
         """Store each job's context (and keep it here for its fires)."""
@@ -129,7 +133,7 @@ class DispatchTraces:
     def _keep(self, job_id: int, traceparent: str) -> None:
         jobs = self._jobs
         submitted = tracing.parse_traceparent(traceparent)
-        jobs[job_id] = None if submitted is None else Link(submitted, {"wheel.link": "submitted"})
+        jobs[job_id] = () if submitted is None else (Link(submitted, _SUBMITTED),)
         jobs.move_to_end(job_id)
         while len(jobs) > CACHED_JOBS:
             jobs.popitem(last=False)
@@ -137,20 +141,21 @@ class DispatchTraces:
     def handed_out(self, a: Assignment) -> str:
         """The ``traceparent`` of the attempt's dispatch span, which is made
         soon after (on the event loop, per hand-out)."""
-        key = a.idempotency_key
         attempt = wire_attempt(a.attempt)  # 1 for a fire's first, as workers see it
-        trace_id = tracing.fire_trace_id(key)
-        span_id = tracing.dispatch_span_id(key, attempt)
-        if not tracing.sampled(trace_id, "dispatch", ()):
+        trace_id = tracing.fire_trace_id(a.idempotency_key)
+        span_id = tracing.dispatch_span_of(trace_id, attempt)
+        if not self._always and not tracing.sampled(trace_id, "dispatch", ()):
             return tracing.traceparent(trace_id, span_id, sampled=False)
-        self._queue.append((a, time.time_ns(), trace_id, span_id))
-        if self._task is None:
-            self._wake = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name="wheel-dispatch-traces"
-            )
-            self.node.on_stop(self.close)
-        if len(self._queue) == 1 and self._wake is not None:
+        queue = self._queue
+        queue.append((a, time.time_ns(), trace_id, span_id))
+        if len(queue) == 1:
+            if self._task is None:
+                self._wake = asyncio.Event()
+                self._task = asyncio.get_running_loop().create_task(
+                    self._run(), name="wheel-dispatch-traces"
+                )
+                self.node.on_stop(self.close)
+            assert self._wake is not None
             self._wake.set()
         return tracing.traceparent(trace_id, span_id)
 
@@ -176,7 +181,8 @@ class DispatchTraces:
         batch, self._queue = self._queue, []
         if not batch:
             return
-        unknown = sorted({a.job_id for a, *_ in batch if a.job_id not in self._jobs})
+        jobs = self._jobs
+        unknown = sorted({a.job_id for a, *_ in batch if a.job_id not in jobs})
         if unknown:
             try:
                 found = await self.node.job_traces(unknown)
@@ -185,35 +191,36 @@ class DispatchTraces:
                 found = {}
             for job_id in unknown:
                 self._keep(job_id, found.get(job_id, ""))
+        span = tracing.finished
+        spans = []
         for a, at_ns, trace_id, span_id in batch:
-            self._span(a, at_ns, trace_id, span_id)
-
-    def _span(self, a: Assignment, at_ns: int, trace_id: int, span_id: int) -> None:
-        key = a.idempotency_key
-        attempt = wire_attempt(a.attempt)
-        links: list[Link] = []
-        submitted = self._jobs.get(a.job_id)
-        if submitted is not None:
-            links.append(submitted)
-        if attempt > 1:
-            first = tracing.span_context(trace_id, tracing.dispatch_span_id(key, 1))
-            links.append(Link(first, {"wheel.link": "first_attempt"}))
-        scheduled_ns = a.scheduled_for * 1_000_000
-        tracing.emit(
-            "dispatch",
-            trace_id=trace_id,
-            span_id=span_id,
-            links=links,
-            # A fire's first hand-out spans its lag; a retry's is a moment.
-            start_ns=scheduled_ns if attempt == 1 else at_ns,
-            end_ns=max(at_ns, scheduled_ns),
-            kind=SpanKind.PRODUCER,
-            attributes={
-                "wheel.job_id": a.job_id,
-                "wheel.shard": shard_of(a.job_id),
-                "wheel.fence": a.fence,
-                "wheel.attempt": attempt,
-                "wheel.scheduled_for_ms": a.scheduled_for,
-                "wheel.dispatched_at_ms": at_ns // 1_000_000,
-            },
-        )
+            job_id = a.job_id
+            attempt = wire_attempt(a.attempt)
+            links = jobs.get(job_id, ())
+            if attempt > 1:
+                first = tracing.dispatch_span_of(trace_id, 1)
+                links = (*links, Link(tracing.span_context(trace_id, first), _FIRST_ATTEMPT))
+            scheduled_for = a.scheduled_for
+            scheduled_ns = scheduled_for * 1_000_000
+            spans.append(
+                span(
+                    "dispatch",
+                    trace_id,
+                    span_id,
+                    0,
+                    # A fire's first hand-out spans its lag; a retry's is a moment.
+                    scheduled_ns if attempt == 1 else at_ns,
+                    max(at_ns, scheduled_ns),
+                    SpanKind.PRODUCER,
+                    {
+                        "wheel.job_id": job_id,
+                        "wheel.shard": shard_of(job_id),
+                        "wheel.fence": a.fence,
+                        "wheel.attempt": attempt,
+                        "wheel.scheduled_for_ms": scheduled_for,
+                        "wheel.dispatched_at_ms": at_ns // 1_000_000,
+                    },
+                    links,
+                )
+            )
+        tracing.emit(spans)

@@ -306,6 +306,8 @@ class Runner:
         )
         self._results_lock = threading.Lock()
         self._results_scheduled = False
+        # Run spans that ended, on their way to the SDK (tracing on).
+        self._ended = spans.Ended()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -468,7 +470,7 @@ class Runner:
             return  # superseded, timed out or handed back meanwhile: discard
         run.state = DONE
         succeeded = outcome == SUCCEEDED
-        spans.end(run, succeeded, error)
+        spans.end(run, self._ended, succeeded, error)
         if succeeded:
             self.stats.succeeded += 1
         elif (failure is None and outcome != FAILED) or isinstance(failure, Retryable):
@@ -549,7 +551,7 @@ class Runner:
         if run.state != RUNNING:
             return
         run.state = DONE
-        spans.end(run, False, "timed out")
+        spans.end(run, self._ended, False, "timed out")
         self.stats.timed_out += 1
         self.stats.failed += 1
         self._log(run, logging.WARNING, f"timed out after {run.ctx.timeout_ms} ms")
@@ -567,7 +569,7 @@ class Runner:
         if run.state in (DONE, ABORTED):
             return False
         run.state = ABORTED
-        spans.end(run, False, "superseded")
+        spans.end(run, self._ended, False, "superseded")
         self.stats.revoked += 1
         self._log(run, logging.INFO, "superseded: aborted, not completed")
         if run.task is not None:
@@ -580,7 +582,7 @@ class Runner:
         if run.state != QUEUED:
             return
         run.state = DONE
-        spans.end(run, False, why)
+        spans.end(run, self._ended, False, why)
         self.stats.handed_back += 1
         self._report(run, HANDED_BACK, why, "", 0)
 
@@ -601,7 +603,7 @@ class Runner:
         if run.state in (DONE, ABORTED):
             return
         run.state = DONE
-        spans.end(run, False, "abandoned")
+        spans.end(run, self._ended, False, "abandoned")
         self.stats.abandoned += 1
         self._log(run, logging.WARNING, "abandoned: the worker stopped before the handler ended")
         if run.task is not None:

@@ -4,10 +4,16 @@ the attempt's ``dispatch`` span, current while the handler runs so that the
 handler's own spans nest under it, and sent on as an HTTP target's
 ``traceparent``. A retry's ``run`` links to the first attempt's. Its ids
 are derived from the fire's key and the attempt, like the node's; the span
-is handed to the SDK finished, when the run ends (``tracing.emit``)."""
+is handed to the SDK finished, when the run ends (``tracing.emit``), with
+the others that ended in the same turn of the event loop.
+
+While the run runs, its span is only what a handler's spans need of their
+parent, its context (``RunSpan``, a non-recording span): what the SDK's span
+would record is kept until the end, when the finished span is made."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Protocol
 
@@ -28,17 +34,19 @@ class Run(Protocol):
     def ctx(self) -> RunContext: ...
 
 
-__all__ = ["RunSpan", "attach", "begin", "detach", "end", "header"]
+__all__ = ["Ended", "RunSpan", "attach", "begin", "detach", "end", "header"]
+
+_FIRST_ATTEMPT = {"wheel.link": "first_attempt"}
 
 
-class RunSpan:
-    """A run's span while it runs: its ids, parent, start and worker."""
-
-    __slots__ = ("parent", "span_id", "start_ns", "trace_id", "worker_id")
+class RunSpan(NonRecordingSpan):
+    """A run's span while it runs: the current span of its handler (its
+    context), and its parent, start and worker for the finished span."""
 
     def __init__(
         self, trace_id: int, span_id: int, parent: int, start_ns: int, worker_id: str
     ) -> None:
+        super().__init__(tracing.span_context(trace_id, span_id, remote=False))
         self.trace_id = trace_id
         self.span_id = span_id
         self.parent = parent
@@ -46,18 +54,39 @@ class RunSpan:
         self.worker_id = worker_id
 
 
+class Ended:
+    """The run spans finished in one turn of the event loop, handed to the
+    SDK together at its end (a batch costs its processors about what one
+    span does)."""
+
+    def __init__(self) -> None:
+        self._spans: list[Any] = []
+
+    def add(self, span: Any) -> None:
+        self._spans.append(span)
+        if len(self._spans) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self.emit)
+            except RuntimeError:  # no loop runs (any more): now
+                self.emit()
+
+    def emit(self) -> None:
+        spans, self._spans = self._spans, []
+        tracing.emit(spans)
+
+
 def begin(run: Run, traceparent: str, worker_id: str) -> None:
     """Start ``run``'s span (when this worker traces and its node sampled it)."""
     if not traceparent or not tracing.is_on():
         return
-    parent = tracing.parse_traceparent(traceparent)
-    if parent is None or not parent.trace_flags.sampled:
+    parent = tracing.parse_ids(traceparent)
+    if parent is None or not parent[2]:
         return
-    ctx = run.ctx
+    trace_id, dispatch_span_id, _ = parent
     run.span = RunSpan(
-        parent.trace_id,
-        tracing.run_span_id(ctx.idempotency_key, ctx.attempt),
-        parent.span_id,
+        trace_id,
+        tracing.run_span_of(dispatch_span_id),
+        dispatch_span_id,
         time.time_ns(),
         worker_id,
     )
@@ -68,8 +97,7 @@ def attach(run: Run) -> Any:
     span = run.span
     if span is None:
         return None
-    current = NonRecordingSpan(tracing.span_context(span.trace_id, span.span_id, remote=False))
-    return otel_context.attach(trace.set_span_in_context(current))
+    return otel_context.attach(trace.set_span_in_context(span))
 
 
 def detach(token: Any) -> None:
@@ -77,35 +105,38 @@ def detach(token: Any) -> None:
         otel_context.detach(token)
 
 
-def end(run: Run, ok: bool, error: str = "") -> None:
+def end(run: Run, ended: Ended, ok: bool, error: str = "") -> None:
+    """End ``run``'s span (when it has one): finished, to ``ended``."""
     span: RunSpan | None = run.span
     if span is None:
         return
     run.span = None
     ctx = run.ctx
-    links = []
-    if ctx.attempt > 1:
-        first = tracing.run_span_id(ctx.idempotency_key, 1)
-        links.append(
-            Link(tracing.span_context(span.trace_id, first), {"wheel.link": "first_attempt"})
-        )
-    tracing.emit(
+    attempt = ctx.attempt
+    trace_id = span.trace_id
+    links: tuple[Link, ...] = ()
+    if attempt > 1:
+        first = tracing.run_span_of(tracing.dispatch_span_of(trace_id, 1))
+        links = (Link(tracing.span_context(trace_id, first), _FIRST_ATTEMPT),)
+    finished = tracing.finished(
         "run",
-        trace_id=span.trace_id,
-        span_id=span.span_id,
-        parent_span_id=span.parent,
-        links=links,
-        start_ns=span.start_ns,
-        end_ns=time.time_ns(),
-        kind=SpanKind.CONSUMER,
-        attributes={
+        trace_id,
+        span.span_id,
+        span.parent,
+        span.start_ns,
+        time.time_ns(),
+        SpanKind.CONSUMER,
+        {
             "wheel.job_id": ctx.job_id,
             "wheel.run_id": ctx.run_id,
-            "wheel.attempt": ctx.attempt,
+            "wheel.attempt": attempt,
             "wheel.worker_id": span.worker_id,
         },
-        error="" if ok else (error.partition("\n")[0][:200] or "failed"),
+        links,
+        "" if ok else (error.partition("\n")[0][:200] or "failed"),
     )
+    if finished is not None:
+        ended.add(finished)
 
 
 def header(run: Run) -> str:
