@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from wheel.engine import model
 from wheel.engine.model import shard_of
 from wheel.engine.owner import COUNTER_BITS, COUNTER_MASK
 from wheel.engine.owner._shardmap import ShardMap
@@ -65,6 +66,7 @@ def test_a_job_s_shard_is_the_top_byte_of_its_fibonacci_hash(job_id: int) -> Non
 
 
 def test_the_shard_of_sequential_and_edge_ids_never_moved() -> None:
+    assert model._F0 | model._F1 << 21 | model._F2 << 42 == model._FIB  # the limbs
     edges = [(1 << k) + d for k in range(64) for d in (-1, 0, 1)]
     for job_id in [*range(100_000), *edges, (1 << 63) - 1]:
         assert shard_of(job_id) == _fibonacci_shard(job_id), job_id

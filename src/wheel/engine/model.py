@@ -5,6 +5,7 @@ above it."""
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Final
 
 SHARD_COUNT = 256
 # The built-in handler of jobs with an HTTP target (``wheel.http_targets``):
@@ -101,9 +102,12 @@ CONDITION_ALERTS = frozenset(
 
 # Fibonacci hashing's multiplier (2^64 / the golden ratio), and in 21-bit
 # limbs for ``shard_of``.
-_FIB = 0x9E3779B97F4A7C15
-_M21 = (1 << 21) - 1
-_F0, _F1, _F2 = _FIB & _M21, (_FIB >> 21) & _M21, _FIB >> 42
+# (Final: compiled, each is a constant, not a lookup in the module's dict.)
+_FIB: Final = 0x9E3779B97F4A7C15
+_M21: Final = 0x1FFFFF
+_F0: Final = 0x0A7C15  # _FIB & _M21
+_F1: Final = 0x0DCBFA  # (_FIB >> 21) & _M21
+_F2: Final = 0x278DDE  # _FIB >> 42
 
 
 def shard_of(job_id: int) -> int:
@@ -115,7 +119,7 @@ def shard_of(job_id: int) -> int:
     # products stay machine-sized: with S = t0 + t1 2^21 + t2 2^42 + t3 2^63
     # (mod 2^64), bits 42..63 of S are t2 + (t3 & 1) 2^21 plus the carries
     # out of the two low terms, and the shard is their bits 14..21.
-    if not 0 <= job_id < 1 << 63:
+    if job_id < 0 or job_id >> 63:
         return ((job_id * _FIB) >> 56) & 0xFF
     a0, a1, a2 = job_id & _M21, (job_id >> 21) & _M21, job_id >> 42
     t1 = a0 * _F1 + a1 * _F0
