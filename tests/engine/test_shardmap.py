@@ -5,7 +5,10 @@ module's."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from wheel.engine import model
 from wheel.engine.model import shard_of
 from wheel.engine.owner import COUNTER_BITS, COUNTER_MASK
 from wheel.engine.owner._shardmap import ShardMap
@@ -49,3 +52,21 @@ def test_a_job_is_owned_and_tabled_by_its_shard() -> None:
     assert shards.owns(job) and shards.table_of(job) is shards[shard_of(job)].table
     shards.remove([shard_of(job)])
     assert not shards.owns(job) and shards.table_of(job) is None and not shards
+
+
+def _fibonacci_shard(job_id: int) -> int:
+    """The shard function as first written: the one every store's rows and
+    every cluster's ownership were placed by."""
+    return ((job_id * 0x9E3779B97F4A7C15) >> 56) & 0xFF
+
+
+@given(st.integers(min_value=-(1 << 70), max_value=1 << 70))
+def test_a_job_s_shard_is_the_top_byte_of_its_fibonacci_hash(job_id: int) -> None:
+    assert shard_of(job_id) == _fibonacci_shard(job_id)
+
+
+def test_the_shard_of_sequential_and_edge_ids_never_moved() -> None:
+    assert model._F0 | model._F1 << 21 | model._F2 << 42 == model._FIB  # the limbs
+    edges = [(1 << k) + d for k in range(64) for d in (-1, 0, 1)]
+    for job_id in [*range(100_000), *edges, (1 << 63) - 1]:
+        assert shard_of(job_id) == _fibonacci_shard(job_id), job_id

@@ -59,6 +59,7 @@ class RawWorker:
         capacity: int = 1,
         pool: str = "default",
         handlers: Sequence[str] = (),
+        columns: bool = False,
     ) -> None:
         self.channel = grpc.insecure_channel(target)
         self._out: queue.Queue[pb.WorkerMessage | None] = queue.Queue()
@@ -67,7 +68,11 @@ class RawWorker:
         self._out.put(
             pb.WorkerMessage(
                 hello=pb.Hello(
-                    worker_id=worker_id, capacity=capacity, pools=[pool], handlers=handlers
+                    worker_id=worker_id,
+                    capacity=capacity,
+                    pools=[pool],
+                    handlers=handlers,
+                    columns=columns,
                 )
             )
         )

@@ -204,8 +204,12 @@ class JobSpec:
             and s.mode is IntervalMode.FIXED_RATE
         ):
             last = self.last_fire_of_grid(s)
-        ends = [t for t in (self.active_until_ms, last) if t > 0]
-        return min(ends) if ends else 0
+        # The smaller of the two that are set (asked at every wake of a job:
+        # no list built for it).
+        until = self.active_until_ms
+        if last > 0 and (until <= 0 or last < until):
+            return last
+        return until if until > 0 else 0
 
     def last_fire_of_grid(self, s: Interval) -> int:
         """A fixed-rate interval's ``max_fires``-th fire from its start (or

@@ -253,10 +253,12 @@ class WorkerSession:
     """One worker stream: the node writes server messages into ``outbox``.
     ``held``: answers to its completions, all accepted, that wait to ride
     with its next assignments (``wheel.rpc._workers.send_actions``);
-    ``held_timer`` sends them alone if none come first."""
+    ``held_timer`` sends them alone if none come first. ``columns``: the
+    worker reads its runs as columns (``Hello.columns``)."""
 
     def __init__(self, worker_id: str) -> None:
         self.worker_id = worker_id
+        self.columns = False
         self.outbox: asyncio.Queue[object] = asyncio.Queue()
         self.closed = False
         self.held: list[CompletionResult] = []

@@ -33,6 +33,7 @@ from wheel.logs import ids
 from wheel.rpc.v1 import worker_service_pb2 as pb
 from wheel.rpc.v1 import worker_service_pb2_grpc as pb_grpc
 from wheel.tls import make_channel
+from wheel.worker._columns import complete_message
 from wheel.worker._runs import Done, Run
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ class LinkHost(Protocol):
     def on_link_up(self, link: Link) -> None: ...
     def on_link_down(self, link: Link) -> None: ...
     def refresh_membership(self) -> None: ...
-    def on_assignments(self, link: Link, assignments: Sequence[pb.Assignment]) -> None: ...
+    def on_assignments(self, link: Link, assignments: pb.Assignments) -> None: ...
     def supersede(self, link: Link, run_id: int, fence: int) -> None: ...
     def on_membership(self, msg: cluster_pb2.Membership) -> None: ...
     def on_moved(self, link: Link, moved: Sequence[pb.MovedRun]) -> None: ...
@@ -317,6 +318,7 @@ class Link:
                             capacity=self.credits.hello_capacity(self),
                             pools=list(w.pools),
                             handlers=w.handler_names,
+                            columns=True,
                         )
                     )
                 )
@@ -379,7 +381,7 @@ class Link:
         kind = msg.WhichOneof("kind")
         w = self.host
         if kind == "assignments":
-            w.on_assignments(self, msg.assignments.assignments)
+            w.on_assignments(self, msg.assignments)
             if msg.assignments.HasField("results"):
                 self._on_results(msg.assignments.results)
         elif kind == "revokes":
@@ -466,23 +468,9 @@ class Link:
             now = time.monotonic()
             for c in done:
                 self.unconfirmed[c[0]] = (c, now)
+            columns = self._welcome.columns
             for i in range(0, len(done), MAX_ITEMS_PER_MESSAGE):
-                msg = pb.WorkerMessage()
-                add = msg.complete.completions.add
-                for run_id, fence, outcome, error, job_id, ran_ms, result, retry_after in done[
-                    i : i + MAX_ITEMS_PER_MESSAGE
-                ]:
-                    add(
-                        run_id=run_id,
-                        fence=fence,
-                        outcome=outcome,
-                        error=error,
-                        job_id=job_id,
-                        ran_ms=ran_ms,
-                        result_json=result,
-                        retry_after_ms=retry_after,
-                    )
-                out.append(msg)
+                out.append(complete_message(done[i : i + MAX_ITEMS_PER_MESSAGE], columns))
         if self.returned:
             refs, self.returned = self.returned, []
             out.append(pb.WorkerMessage(returned=pb.Returned(runs=refs)))

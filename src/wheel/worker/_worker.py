@@ -100,6 +100,7 @@ from wheel.worker._cluster import (
     fetch_membership,
     view_of,
 )
+from wheel.worker._columns import handed_out, run_count
 from wheel.worker._credit import Credits
 from wheel.worker._http import HANDLER as HTTP_HANDLER
 from wheel.worker._http import HttpExecutor
@@ -411,7 +412,7 @@ class Worker:
 
     # -- runs: assignment, outcome, supersession -------------------------------------------
 
-    def on_assignments(self, link: Link, assignments: Sequence[pb.Assignment]) -> None:
+    def on_assignments(self, link: Link, assignments: pb.Assignments) -> None:
         now = time.monotonic()
         runner = self._runner
         handlers = self._handlers
@@ -420,10 +421,11 @@ class Worker:
         look_further = bool(self._strays) or len(self._links) > 1
         refusing = self._draining or self._closing
         taken: list[Run] = []
-        self.stats.received += len(assignments)
-        for a in assignments:
-            run_id = a.run_id
-            fence = a.fence
+        self.stats.received += run_count(assignments)
+        for handed in handed_out(assignments):
+            run_id, job_id, name, tenant, payload, key, fence, attempt, at, timeout_ms, tp, a = (
+                handed
+            )
             old = held.get(run_id)
             if old is None and look_further:
                 old = self._find(run_id, link)
@@ -438,24 +440,12 @@ class Worker:
                     continue
                 self._forget(old)  # a newer fence supersedes what we hold
                 runner.abort(old)
-            name = a.handler
-            timeout_ms = a.timeout_ms
             entry = handlers.get(name)
-            payload = a.payload
             if self.codec is not None and entry is not None and name != HTTP_HANDLER:
                 payload, entry = decoded(self.codec, payload, entry)
+            deadline = now + timeout_ms / 1000 if timeout_ms > 0 else math.inf
             ctx = run_context(
-                run_id,
-                a.job_id,
-                name,
-                a.tenant,
-                payload,
-                a.idempotency_key,
-                fence,
-                a.attempt,
-                a.scheduled_for_ms,
-                timeout_ms,
-                now + timeout_ms / 1000 if timeout_ms > 0 else math.inf,
+                run_id, job_id, name, tenant, payload, key, fence, attempt, at, timeout_ms, deadline
             )
             if entry is None:
                 run = Run(link, ctx, None, SYNC)
@@ -464,7 +454,7 @@ class Worker:
             else:
                 run = Run(link, ctx, entry[0], entry[1])
             held[run_id] = run
-            spans.begin(run, a.traceparent, self.worker_id)
+            spans.begin(run, tp, self.worker_id)
             taken.append(run)
             if refusing:
                 runner.hand_back(run, "worker is draining")

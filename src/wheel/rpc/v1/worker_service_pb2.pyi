@@ -57,16 +57,18 @@ class WorkerMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., returned: _Optional[_Union[Returned, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("worker_id", "capacity", "pools", "handlers")
+    __slots__ = ("worker_id", "capacity", "pools", "handlers", "columns")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
     HANDLERS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     capacity: int
     pools: _containers.RepeatedScalarFieldContainer[str]
     handlers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., capacity: _Optional[int] = ..., pools: _Optional[_Iterable[str]] = ..., handlers: _Optional[_Iterable[str]] = ...) -> None: ...
+    columns: bool
+    def __init__(self, worker_id: _Optional[str] = ..., capacity: _Optional[int] = ..., pools: _Optional[_Iterable[str]] = ..., handlers: _Optional[_Iterable[str]] = ..., columns: _Optional[bool] = ...) -> None: ...
 
 class RunRef(_message.Message):
     __slots__ = ("run_id", "fence", "job_id")
@@ -111,10 +113,26 @@ class Completion(_message.Message):
     def __init__(self, run_id: _Optional[int] = ..., fence: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., error: _Optional[str] = ..., job_id: _Optional[int] = ..., result_json: _Optional[str] = ..., retry_after_ms: _Optional[int] = ..., ran_ms: _Optional[int] = ...) -> None: ...
 
 class Complete(_message.Message):
-    __slots__ = ("completions",)
+    __slots__ = ("completions", "columns")
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     completions: _containers.RepeatedCompositeFieldContainer[Completion]
-    def __init__(self, completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ...) -> None: ...
+    columns: CompletionColumns
+    def __init__(self, completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., columns: _Optional[_Union[CompletionColumns, _Mapping]] = ...) -> None: ...
+
+class CompletionColumns(_message.Message):
+    __slots__ = ("run_id", "fence", "job_id", "outcome", "ran_ms")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    RAN_MS_FIELD_NUMBER: _ClassVar[int]
+    run_id: _containers.RepeatedScalarFieldContainer[int]
+    fence: _containers.RepeatedScalarFieldContainer[int]
+    job_id: _containers.RepeatedScalarFieldContainer[int]
+    outcome: _containers.RepeatedScalarFieldContainer[Outcome]
+    ran_ms: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, run_id: _Optional[_Iterable[int]] = ..., fence: _Optional[_Iterable[int]] = ..., job_id: _Optional[_Iterable[int]] = ..., outcome: _Optional[_Iterable[_Union[Outcome, str]]] = ..., ran_ms: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Credit(_message.Message):
     __slots__ = ("add", "seq")
@@ -151,18 +169,20 @@ class ServerMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ..., revokes: _Optional[_Union[Revokes, _Mapping]] = ..., results: _Optional[_Union[Results, _Mapping]] = ..., error: _Optional[_Union[ProtocolError, _Mapping]] = ..., membership: _Optional[_Union[_cluster_pb2.Membership, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("node_id", "grace_lease_ms", "lease_ms", "heartbeat_interval_ms", "membership")
+    __slots__ = ("node_id", "grace_lease_ms", "lease_ms", "heartbeat_interval_ms", "membership", "columns")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GRACE_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     MEMBERSHIP_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     grace_lease_ms: int
     lease_ms: int
     heartbeat_interval_ms: int
     membership: _cluster_pb2.Membership
-    def __init__(self, node_id: _Optional[str] = ..., grace_lease_ms: _Optional[int] = ..., lease_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., membership: _Optional[_Union[_cluster_pb2.Membership, _Mapping]] = ...) -> None: ...
+    columns: bool
+    def __init__(self, node_id: _Optional[str] = ..., grace_lease_ms: _Optional[int] = ..., lease_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., membership: _Optional[_Union[_cluster_pb2.Membership, _Mapping]] = ..., columns: _Optional[bool] = ...) -> None: ...
 
 class Assignment(_message.Message):
     __slots__ = ("run_id", "job_id", "handler", "scheduled_for_ms", "attempt", "fence", "idempotency_key", "payload", "lease_ms", "timeout_ms", "tenant", "signed_headers", "sign_error", "traceparent")
@@ -197,12 +217,40 @@ class Assignment(_message.Message):
     def __init__(self, run_id: _Optional[int] = ..., job_id: _Optional[int] = ..., handler: _Optional[str] = ..., scheduled_for_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., fence: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., payload: _Optional[bytes] = ..., lease_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., tenant: _Optional[str] = ..., signed_headers: _Optional[_Iterable[_Union[_jobs_pb2.HttpHeader, _Mapping]]] = ..., sign_error: _Optional[str] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class Assignments(_message.Message):
-    __slots__ = ("assignments", "results")
+    __slots__ = ("assignments", "results", "columns")
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     assignments: _containers.RepeatedCompositeFieldContainer[Assignment]
     results: Results
-    def __init__(self, assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., results: _Optional[_Union[Results, _Mapping]] = ...) -> None: ...
+    columns: RunColumns
+    def __init__(self, assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., results: _Optional[_Union[Results, _Mapping]] = ..., columns: _Optional[_Union[RunColumns, _Mapping]] = ...) -> None: ...
+
+class RunColumns(_message.Message):
+    __slots__ = ("run_id", "job_id", "handler", "scheduled_for_ms", "attempt", "fence", "idempotency_key", "payload", "lease_ms", "timeout_ms", "tenant")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULED_FOR_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    run_id: _containers.RepeatedScalarFieldContainer[int]
+    job_id: _containers.RepeatedScalarFieldContainer[int]
+    handler: _containers.RepeatedScalarFieldContainer[str]
+    scheduled_for_ms: _containers.RepeatedScalarFieldContainer[int]
+    attempt: _containers.RepeatedScalarFieldContainer[int]
+    fence: _containers.RepeatedScalarFieldContainer[int]
+    idempotency_key: _containers.RepeatedScalarFieldContainer[str]
+    payload: _containers.RepeatedScalarFieldContainer[bytes]
+    lease_ms: _containers.RepeatedScalarFieldContainer[int]
+    timeout_ms: _containers.RepeatedScalarFieldContainer[int]
+    tenant: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[_Iterable[int]] = ..., job_id: _Optional[_Iterable[int]] = ..., handler: _Optional[_Iterable[str]] = ..., scheduled_for_ms: _Optional[_Iterable[int]] = ..., attempt: _Optional[_Iterable[int]] = ..., fence: _Optional[_Iterable[int]] = ..., idempotency_key: _Optional[_Iterable[str]] = ..., payload: _Optional[_Iterable[bytes]] = ..., lease_ms: _Optional[_Iterable[int]] = ..., timeout_ms: _Optional[_Iterable[int]] = ..., tenant: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Revoke(_message.Message):
     __slots__ = ("run_id", "fence", "reason")
