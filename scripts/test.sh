@@ -53,13 +53,15 @@ if [ $# -gt 0 ]; then
 fi
 
 # The whole suite in three parts: the tests of real processes (``slow``:
-# node, worker, etcd processes, mostly waiting out leases and restarts) beside
+# node, worker, etcd processes, mostly waiting out leases and restarts; two
+# shards at once) beside
 # the in-process ones (CPU) and then the engine's again on the pure-Python
 # fallback (the hot modules from their sources, not compiled), then the ones
 # that must run alone (``alone``: the nemesis restarts the PostgreSQL every
 # other test uses).
 inproc=$(mktemp)
-trap 'rm -f "$inproc"' EXIT
+shard=$(mktemp)
+trap 'rm -f "$inproc" "$shard"' EXIT
 in_process() {
   local status=0
   "$py/pytest" -m "not slow and not alone" -p no:cacheprovider || status=$?
@@ -70,8 +72,15 @@ in_process() {
 }
 in_process >"$inproc" 2>&1 &
 inproc_pid=$!
+# The real-process tests as two shards side by side (a file's tests stay
+# together: tests/conftest.py), the second one's output shown after.
+WHEEL_TEST_SHARD=1/2 "$py/pytest" -m "slow and not alone" -p no:cacheprovider >"$shard" 2>&1 &
+shard_pid=$!
 status=0
-"$py/pytest" -m "slow and not alone" -p no:cacheprovider || status=$?
+WHEEL_TEST_SHARD=0/2 "$py/pytest" -m "slow and not alone" -p no:cacheprovider || status=$?
+wait "$shard_pid" || status=$?
+echo "----- the real-process tests' second shard -----"
+cat "$shard"
 wait "$inproc_pid" || status=$?
 echo "----- in-process tests -----"
 cat "$inproc"
