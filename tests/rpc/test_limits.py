@@ -17,6 +17,7 @@ from testkit.procs import wait_for
 from tests.rpc.test_api import Api, InProcessServer, connect, now_ms, once, spec, submit
 from tests.rpc.test_protocol_abuse import RawWorker, ack, complete, states
 from wheel.cli import main
+from wheel.rpc._common import MAX_RETURNED_RUNS
 from wheel.rpc.v1 import admin_service_pb2 as admin
 from wheel.rpc.v1 import job_service_pb2
 from wheel.rpc.v1 import worker_service_pb2 as pb
@@ -136,6 +137,26 @@ def test_a_returned_run_s_permit_goes_back_and_the_waiting_fire_goes_out(api: Ap
         assert limits(api)["db"].in_flight == 1
         worker.send(complete(second.run_id, second.fence))
         wait_for(lambda: limits(api)["db"].in_flight == 0, 10, "the second's permit back")
+    finally:
+        worker.close()
+
+
+def test_a_returned_message_naming_too_many_runs_is_refused_and_the_stream_goes_on(
+    api: Api,
+) -> None:
+    set_limit(api, "db", max_concurrent=1)
+    worker = RawWorker(api.server.target, "w1", capacity=5)
+    try:
+        submit(api, spec(name="a", schedule=once(now_ms() + 300), concurrency_key="db"))
+        [first] = worker.expect("assignments").assignments.assignments
+        worker.send(ack((first.run_id, first.fence)))
+        worker.send(returned(*[(first.run_id, first.fence)] * (MAX_RETURNED_RUNS + 1)))
+        err = worker.expect("error", timeout=10).error
+        assert err.code == "INVALID_ARGUMENT" and err.message.startswith("returned.runs:")
+        assert limits(api)["db"].in_flight == 1  # nothing given back
+        worker.send(complete(first.run_id, first.fence))
+        wait_for(lambda: states(api, first.job_id) == [(1, "succeeded")], 10, "the run's end")
+        wait_for(lambda: limits(api)["db"].in_flight == 0, 10, "its permit back")
     finally:
         worker.close()
 

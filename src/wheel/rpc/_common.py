@@ -40,6 +40,8 @@ MAX_IDEMPOTENCY_KEY = 200
 # payloads of a few kilobytes each (the client splits bigger ones).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_SUBMIT_MANY = 10_000
+# Runs one Returned message may name (each is a look-up in the store).
+MAX_RETURNED_RUNS = 10_000
 # Server messages queued for one worker stream before it is judged not reading.
 MAX_PENDING_MESSAGES = 10_000
 

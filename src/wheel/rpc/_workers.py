@@ -22,6 +22,7 @@ from wheel.rpc._common import (
     MAX_CAPACITY,
     MAX_HANDLERS,
     MAX_PENDING_MESSAGES,
+    MAX_RETURNED_RUNS,
     MAX_WORKER_ID,
 )
 from wheel.rpc._guard import Guard
@@ -180,6 +181,14 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                         node.worker_credit(wid, msg.credit.add, msg.credit.seq)
                 elif kind == "drain":
                     node.worker_drain(wid)
+                elif kind == "returned" and len(msg.returned.runs) > MAX_RETURNED_RUNS:
+                    _protocol_error(
+                        session,
+                        "INVALID_ARGUMENT",
+                        f"returned.runs: {len(msg.returned.runs)} runs is over the limit of"
+                        f" {MAX_RETURNED_RUNS} a message",
+                        0,
+                    )
                 elif kind == "returned":
                     # Any node, the runs' owner or not: the store checks each
                     # run. With credentials, only runs acked by this worker:

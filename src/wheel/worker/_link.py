@@ -473,7 +473,9 @@ class Link:
                 out.append(complete_message(done[i : i + MAX_ITEMS_PER_MESSAGE], columns))
         if self.returned:
             refs, self.returned = self.returned, []
-            out.append(pb.WorkerMessage(returned=pb.Returned(runs=refs)))
+            for i in range(0, len(refs), MAX_ITEMS_PER_MESSAGE):
+                part = refs[i : i + MAX_ITEMS_PER_MESSAGE]
+                out.append(pb.WorkerMessage(returned=pb.Returned(runs=part)))
         if self.heartbeat_due:
             self.heartbeat_due = False
             refs = [r.ref() for r in self.held.values()]
