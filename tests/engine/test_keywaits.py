@@ -190,3 +190,55 @@ def test_a_freed_permit_goes_to_the_waiting_fire_of_the_better_priority() -> Non
     assert handed(n.step(T + 2 * MIN)) == []  # both wait for the one permit
     [nxt] = handed(n.complete(first))
     assert nxt.job_id == high, (nxt.job_id, low, high)
+
+
+def test_a_run_ending_with_claims_of_its_key_waiting_here_is_a_hand_off() -> None:
+    """The owner says a permit is being handed off (the node's loop then
+    writes without waiting for its tick) from the moment it learns a run of
+    a key with claims waiting here ended, until the batch that carries those
+    claims is taken; a run of a key nobody waits for here is no hand-off."""
+    n, [a, b] = keyed_node(1, 2)
+    other = n.submit(spec(name="other", concurrency_key="api"))
+    n.store.set_limit(LimitRecord(tenant="default", key="api", max_concurrent=5), n.now)
+    handed_out = handed(n.step(T + MIN))
+    [first] = [x for x in handed_out if x.job_id in (a, b)]
+    [lone] = [x for x in handed_out if x.job_id == other]
+    waiting = b if first.job_id == a else a
+    assert not n.driver.handing_off()  # a claim waits, but no permit came back
+    for x in (first, lone):
+        n.owner.worker_ack("w1", [(x.run_id, x.fence)], n.now, n.acts)
+    n.step()
+    n.owner.worker_complete("w1", [(lone.run_id, lone.fence, Outcome.SUCCEEDED, "")], n.now, n.acts)
+    assert not n.driver.handing_off()  # nothing waits for "api"
+    n.step()
+    n.owner.worker_complete(
+        "w1", [(first.run_id, first.fence, Outcome.SUCCEEDED, "")], n.now, n.acts
+    )
+    # As the end comes in, before the loop goes round.
+    assert n.driver.handing_off()
+    n.driver.advance(n.now)
+    assert n.driver.handing_off()  # the claim waits for a batch
+    batch = n.driver.take_batch()
+    assert [c.job_id for c in batch.claims] == [waiting]
+    assert not n.driver.handing_off()
+    n.store.now_ms = n.now
+    n.driver.apply(n.store.write_batch(batch), n.now)
+    assert [x.job_id for x in handed(n.driver.take_messages())] == [waiting]
+    assert not n.driver.handing_off()
+
+
+def test_a_hand_off_ends_when_its_claims_cannot_go_out() -> None:
+    """Claims kicked while no worker has credit are parked again: no hand-off
+    is left pending (the loop would go round at every event for nothing)."""
+    n, _ = keyed_node(1, 2)
+    [first] = handed(n.step(T + MIN))
+    n.owner.worker_ack("w1", [(first.run_id, first.fence)], n.now, n.acts)
+    n.step()
+    n.owner.worker_credit("w1", -50, n.now, n.acts)
+    n.owner.worker_complete(
+        "w1", [(first.run_id, first.fence, Outcome.SUCCEEDED, "")], n.now, n.acts
+    )
+    n.driver.advance(n.now)
+    assert n.driver.take_batch().claims == []
+    assert not n.driver.handing_off()
+    assert n.driver.limit_waiting() == {("default", "db"): 1}

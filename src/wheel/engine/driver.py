@@ -370,6 +370,10 @@ class Driver:
     def next_deadline(self) -> int | None:
         return self.owner.next_deadline()
 
+    def handing_off(self) -> bool:
+        """Write without waiting for the tick (``Dispatcher.handing_off``)."""
+        return self.owner.handing_off(bool(self.acts.claims))
+
     def take_messages(self) -> Actions:
         """The messages decided since the last call, for the shell to send:
         hand-outs, revokes, answers, refused renewals, protocol errors and

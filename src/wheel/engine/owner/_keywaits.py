@@ -8,10 +8,12 @@ claim is in a store batch, so a fire that waits is never claimed twice,
 never lost, and never recorded missed for waiting. It is kept here with the
 worker credit it had reserved given back, and sent again:
 
-- when a run of the key ends on this owner (``kick``): in the store batch
-  that writes its end (on SQLite in the same transaction, after it, so the
-  permit it gives back is there to take), and again once the store has
-  answered that end, and
+- when a run of the key ends on this owner (``kick``, as the owner learns
+  of the end): in the store batch that writes its end (on SQLite in the
+  same transaction, after it, so the permit it gives back is there to
+  take), and again once the store has answered that end. Such a hand-off
+  does not wait for the loop's tick (``handing_off``): the permit is idle
+  from the run's end until the batch that takes it again, and
 - every ``limit_poll_ms`` while anything waits: runs of the key on other
   nodes end without telling this one. All the keys' claims go out in the
   same store batch: one store round per poll for every waiting key.
@@ -102,6 +104,11 @@ class KeyWaits:
         and those parked before the next ``take`` too (a claim of the key
         may be answered waiting in the very batch that ended the run)."""
         self._kicked.add((tenant, key))
+
+    def handing_off(self) -> bool:
+        """A key was kicked and has claims waiting: a permit of it is on its
+        way back (or back) and those claims should go out at once."""
+        return bool(self._kicked) and any(k in self._by_key for k in self._kicked)
 
     def due(self, now_ms: int) -> bool:
         if not self._by_key:
