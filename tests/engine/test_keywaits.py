@@ -242,3 +242,21 @@ def test_a_hand_off_ends_when_its_claims_cannot_go_out() -> None:
     assert n.driver.take_batch().claims == []
     assert not n.driver.handing_off()
     assert n.driver.limit_waiting() == {("default", "db"): 1}
+
+
+def test_a_permit_freed_elsewhere_sends_the_claims_of_its_key_at_once() -> None:
+    """The store's notice that a permit of a key came back on another node
+    (``wheel.node._permits``) sends the key's claims waiting here without
+    waiting for the poll, and tells nothing for a key nobody waits for."""
+    n, [j] = keyed_node(1, 1)
+    n.store.limits[("default", "db")][1].in_flight = 1  # held by another node
+    assert handed(n.step(T + MIN)) == []
+    assert not n.driver.permit_freed("default", "api")
+    assert not n.driver.permit_freed("other", "db")
+    assert not n.driver.handing_off()
+    n.store.limits[("default", "db")][1].in_flight = 0  # its run ended there
+    assert n.driver.permit_freed("default", "db")
+    assert n.driver.handing_off()
+    [a] = handed(n.step(T + MIN + 1))  # long before the poll
+    assert a.job_id == j
+    assert not n.driver.handing_off()

@@ -539,6 +539,11 @@ class Node(NodeCalls):
     def wake(self) -> None:
         self._wake.set()
 
+    def permit_freed(self, tenant: str, key: str) -> None:
+        """A permit of the key came back in the store (``wheel.node._permits``)."""
+        if self._driver is not None and self._driver.permit_freed(tenant, key):
+            self.wake()
+
     # -- the dispatch loop ------------------------------------------------------
 
     async def _loop(self) -> None:

@@ -14,9 +14,13 @@ worker credit it had reserved given back, and sent again:
   take), and again once the store has answered that end. Such a hand-off
   does not wait for the loop's tick (``handing_off``): the permit is idle
   from the run's end until the batch that takes it again, and
+- when the store says a permit of the key came back elsewhere (``freed``:
+  on PostgreSQL a release at the limit notifies every node at its commit,
+  ``wheel.node._permits``), at once too, and
 - every ``limit_poll_ms`` while anything waits: runs of the key on other
-  nodes end without telling this one. All the keys' claims go out in the
-  same store batch: one store round per poll for every waiting key.
+  nodes end without telling this one (or their notice was lost). All the
+  keys' claims go out in the same store batch: one store round per poll for
+  every waiting key.
 
 Invariants (tests in tests/engine/test_keywaits.py):
 
@@ -104,6 +108,16 @@ class KeyWaits:
         and those parked before the next ``take`` too (a claim of the key
         may be answered waiting in the very batch that ended the run)."""
         self._kicked.add((tenant, key))
+
+    def freed(self, tenant: str, key: str) -> bool:
+        """A permit of the key came back in the store (another node's run
+        ended): its claims waiting here go out at once, like a ``kick``;
+        whether any wait (a key nobody waits for here is not kicked)."""
+        k = (tenant, key)
+        if k not in self._by_key:
+            return False
+        self._kicked.add(k)
+        return True
 
     def handing_off(self) -> bool:
         """A key was kicked and has claims waiting: a permit of it is on its
