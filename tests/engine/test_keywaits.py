@@ -260,3 +260,25 @@ def test_a_permit_freed_elsewhere_sends_the_claims_of_its_key_at_once() -> None:
     [a] = handed(n.step(T + MIN + 1))  # long before the poll
     assert a.job_id == j
     assert not n.driver.handing_off()
+
+
+def test_a_kick_after_the_store_answered_an_end_is_no_hand_off() -> None:
+    """Only a permit on its way back (a run ending here) or back elsewhere
+    skips the loop's tick; the kick once the store answered an end sends
+    the claims still waiting at the next round, as a poll does."""
+    waits = KeyWaits(POLL)
+    c = FireClaim(
+        job_id=1, scheduled_for=100, attempt=0, fence=1, dispatched_at_ms=0,
+        concurrency_key="k", tenant="t",
+    )  # fmt: skip
+    waits.park(c, _Pending(1, 100, 0, 1, None), 0, None)
+    waits.kick("t", "k")
+    assert waits.due(1) and not waits.handing_off()
+    waits.hand_off("t", "other")
+    assert not waits.handing_off()  # nothing waits for it here
+    waits.hand_off("t", "k")
+    assert waits.handing_off()
+    [p] = waits.take(1)
+    assert not waits.handing_off()
+    waits.park(p.claim, p.pend, 1, 0)
+    assert waits.freed("t", "k") and waits.handing_off()

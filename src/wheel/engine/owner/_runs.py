@@ -156,7 +156,7 @@ class RunEndings:
                 # Its permit comes back with this end: this owner's claims
                 # waiting for the key go in the same store batch, and that
                 # batch does not wait for the loop's tick (``_keywaits``).
-                self.dispatcher.keywaits.kick(job.spec.tenant, job.spec.concurrency_key)
+                self.dispatcher.keywaits.hand_off(job.spec.tenant, job.spec.concurrency_key)
 
     def take_back(self, run: _Run, now_ms: int) -> None:
         """A worker gives back a run it never started: it goes to another
