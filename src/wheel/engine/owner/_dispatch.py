@@ -461,11 +461,11 @@ class Dispatcher:
         waiting here ended, or one came back elsewhere (they go out in the
         next round: ``KeyWaits.handing_off``), or claims sent again for such
         a hand-off wait for a store batch (``claims``: the actions hold
-        claims for one). The node's loop
-        then goes round and writes without waiting for its tick: a permit
-        is idle from a run's end until a batch takes it again, and its
-        limit binds (claims wait), so every millisecond of that is lost to
-        the key's runs. Never true while no claim waits for a permit."""
+        claims for one). The node's loop then goes round and writes without
+        waiting for its tick: a permit is idle from a run's end until a
+        batch takes it again, and its limit binds (claims wait), so every
+        millisecond of that is lost to the key's runs. Never true while no
+        claim waits for a permit."""
         return (self._resent and claims) or self.keywaits.handing_off()
 
     def batch_taken(self) -> None:
