@@ -101,9 +101,10 @@ def other_tasks() -> set[asyncio.Task[object]]:
     return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
 
 
-# The parts a node with the console and metrics starts (no relay: SQLite;
-# no TLS to reload), and the ones with something to stop, in stop order.
-STARTED = [p for p in PARTS if p not in ("relay", "tls-reload")]
+# The parts a node with the console and metrics starts (no relay and no
+# permit listener: SQLite; no TLS to reload), and the ones with something to
+# stop, in stop order.
+STARTED = [p for p in PARTS if p not in ("relay", "permits", "tls-reload")]
 STOPPED = ["leave", "console", "metrics", "server", "node", "store", "lock"]
 
 

@@ -93,6 +93,7 @@ PARTS = (
     "serving",
     "leave",
     "relay",
+    "permits",
     "tls-reload",
 )
 
@@ -246,7 +247,7 @@ class _Parts:
 async def _start(config: AppConfig, hooks: Hooks, parts: _Parts, announce: Announce) -> App:
     from wheel.node import Node
     from wheel.rpc.server import bind
-    from wheel.store.open import open_store
+    from wheel.store.open import libpq_dsn, open_store
 
     parts.before("lock")
     for lock in _locks(config):
@@ -367,6 +368,17 @@ async def _start(config: AppConfig, hooks: Hooks, parts: _Parts, announce: Annou
         relay.start()
         parts.on_exit("relay", relay.stop)
         log.info("relaying the outbox at %s", _safe_dsn(config.outbox_dsn))
+
+    if (permits_dsn := libpq_dsn(config.store_url)) is not None:
+        # Permits freed on other nodes, heard at once (PostgreSQL alone).
+        from wheel.node._permits import PermitListener
+
+        parts.before("permits")
+        permits = PermitListener(
+            permits_dsn, node.permit_freed, name=f"wheel-{config.node.node_id}-permits"
+        )
+        permits.start()
+        parts.on_exit("permits", permits.stop)
 
     reloader = None
     if config.tls_reload is not None and config.tls_reload.paths:

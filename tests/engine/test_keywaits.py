@@ -190,3 +190,95 @@ def test_a_freed_permit_goes_to_the_waiting_fire_of_the_better_priority() -> Non
     assert handed(n.step(T + 2 * MIN)) == []  # both wait for the one permit
     [nxt] = handed(n.complete(first))
     assert nxt.job_id == high, (nxt.job_id, low, high)
+
+
+def test_a_run_ending_with_claims_of_its_key_waiting_here_is_a_hand_off() -> None:
+    """The owner says a permit is being handed off (the node's loop then
+    writes without waiting for its tick) from the moment it learns a run of
+    a key with claims waiting here ended, until the batch that carries those
+    claims is taken; a run of a key nobody waits for here is no hand-off."""
+    n, [a, b] = keyed_node(1, 2)
+    other = n.submit(spec(name="other", concurrency_key="api"))
+    n.store.set_limit(LimitRecord(tenant="default", key="api", max_concurrent=5), n.now)
+    handed_out = handed(n.step(T + MIN))
+    [first] = [x for x in handed_out if x.job_id in (a, b)]
+    [lone] = [x for x in handed_out if x.job_id == other]
+    waiting = b if first.job_id == a else a
+    assert not n.driver.handing_off()  # a claim waits, but no permit came back
+    for x in (first, lone):
+        n.owner.worker_ack("w1", [(x.run_id, x.fence)], n.now, n.acts)
+    n.step()
+    n.owner.worker_complete("w1", [(lone.run_id, lone.fence, Outcome.SUCCEEDED, "")], n.now, n.acts)
+    assert not n.driver.handing_off()  # nothing waits for "api"
+    n.step()
+    n.owner.worker_complete(
+        "w1", [(first.run_id, first.fence, Outcome.SUCCEEDED, "")], n.now, n.acts
+    )
+    # As the end comes in, before the loop goes round.
+    assert n.driver.handing_off()
+    n.driver.advance(n.now)
+    assert n.driver.handing_off()  # the claim waits for a batch
+    batch = n.driver.take_batch()
+    assert [c.job_id for c in batch.claims] == [waiting]
+    assert not n.driver.handing_off()
+    n.store.now_ms = n.now
+    n.driver.apply(n.store.write_batch(batch), n.now)
+    assert [x.job_id for x in handed(n.driver.take_messages())] == [waiting]
+    assert not n.driver.handing_off()
+
+
+def test_a_hand_off_ends_when_its_claims_cannot_go_out() -> None:
+    """Claims kicked while no worker has credit are parked again: no hand-off
+    is left pending (the loop would go round at every event for nothing)."""
+    n, _ = keyed_node(1, 2)
+    [first] = handed(n.step(T + MIN))
+    n.owner.worker_ack("w1", [(first.run_id, first.fence)], n.now, n.acts)
+    n.step()
+    n.owner.worker_credit("w1", -50, n.now, n.acts)
+    n.owner.worker_complete(
+        "w1", [(first.run_id, first.fence, Outcome.SUCCEEDED, "")], n.now, n.acts
+    )
+    n.driver.advance(n.now)
+    assert n.driver.take_batch().claims == []
+    assert not n.driver.handing_off()
+    assert n.driver.limit_waiting() == {("default", "db"): 1}
+
+
+def test_a_permit_freed_elsewhere_sends_the_claims_of_its_key_at_once() -> None:
+    """The store's notice that a permit of a key came back on another node
+    (``wheel.node._permits``) sends the key's claims waiting here without
+    waiting for the poll, and tells nothing for a key nobody waits for."""
+    n, [j] = keyed_node(1, 1)
+    n.store.limits[("default", "db")][1].in_flight = 1  # held by another node
+    assert handed(n.step(T + MIN)) == []
+    assert not n.driver.permit_freed("default", "api")
+    assert not n.driver.permit_freed("other", "db")
+    assert not n.driver.handing_off()
+    n.store.limits[("default", "db")][1].in_flight = 0  # its run ended there
+    assert n.driver.permit_freed("default", "db")
+    assert n.driver.handing_off()
+    [a] = handed(n.step(T + MIN + 1))  # long before the poll
+    assert a.job_id == j
+    assert not n.driver.handing_off()
+
+
+def test_a_kick_after_the_store_answered_an_end_is_no_hand_off() -> None:
+    """Only a permit on its way back (a run ending here) or back elsewhere
+    skips the loop's tick; the kick once the store answered an end sends
+    the claims still waiting at the next round, as a poll does."""
+    waits = KeyWaits(POLL)
+    c = FireClaim(
+        job_id=1, scheduled_for=100, attempt=0, fence=1, dispatched_at_ms=0,
+        concurrency_key="k", tenant="t",
+    )  # fmt: skip
+    waits.park(c, _Pending(1, 100, 0, 1, None), 0, None)
+    waits.kick("t", "k")
+    assert waits.due(1) and not waits.handing_off()
+    waits.hand_off("t", "other")
+    assert not waits.handing_off()  # nothing waits for it here
+    waits.hand_off("t", "k")
+    assert waits.handing_off()
+    [p] = waits.take(1)
+    assert not waits.handing_off()
+    waits.park(p.claim, p.pend, 1, 0)
+    assert waits.freed("t", "k") and waits.handing_off()

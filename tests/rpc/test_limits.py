@@ -5,7 +5,9 @@ one waiting handed out once the other ends."""
 
 from __future__ import annotations
 
+import functools
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from testkit.procs import wait_for
 from tests.rpc.test_api import Api, InProcessServer, connect, now_ms, once, spec, submit
 from tests.rpc.test_protocol_abuse import RawWorker, ack, complete, states
 from wheel.cli import main
+from wheel.engine.owner import OwnerConfig
 from wheel.rpc._common import MAX_RETURNED_RUNS
 from wheel.rpc.v1 import admin_service_pb2 as admin
 from wheel.rpc.v1 import job_service_pb2
@@ -159,6 +162,55 @@ def test_a_returned_message_naming_too_many_runs_is_refused_and_the_stream_goes_
         wait_for(lambda: limits(api)["db"].in_flight == 0, 10, "its permit back")
     finally:
         worker.close()
+
+
+HAND_OFF_TICK_MS = 1_000
+
+
+def test_a_permit_freed_here_goes_to_the_run_waiting_here_without_waiting_for_the_tick(
+    tmp_path: Path,
+) -> None:
+    """The loop goes round at most once a tick while work keeps coming; a
+    run of a key ending while a claim of that key waits here is not held to
+    it: the permit would be idle until the next tick. Each run's end below
+    comes right after a round that wrote (its start), so the tick has most
+    of its second to go, and the next run must go out long before that.
+    (The poll is a minute: only the end's hand-off can send the claim.)"""
+    server = InProcessServer(
+        tmp_path, OwnerConfig(limit_poll_ms=60_000), tick_ms=HAND_OFF_TICK_MS
+    ).start()
+    assert server.node is not None
+    worker = None
+    try:
+        with connect(server) as api:
+            set_limit(api, "db", max_concurrent=1)
+            due = now_ms() + 500
+            jobs = {
+                submit(api, spec(name=n, schedule=once(due), concurrency_key="db")).job.job_id
+                for n in ("a", "b", "c")
+            }
+            worker = RawWorker(server.target, "w1", capacity=5)
+            [run] = worker.expect("assignments").assignments.assignments
+            seen = {run.job_id}
+            waits: list[float] = []
+            for _ in range(2):
+                worker.send(ack((run.run_id, run.fence)))
+                started = functools.partial(
+                    lambda j: states(api, j) == [(1, "running")], run.job_id
+                )
+                wait_for(started, 10, "the ack's start", interval=0.01)
+                t0 = time.monotonic()
+                worker.send(complete(run.run_id, run.fence))
+                [run] = worker.expect("assignments", timeout=10).assignments.assignments
+                waits.append(time.monotonic() - t0)
+                seen.add(run.job_id)
+            stall_s = server.node.loop_stall_max_s()
+        assert seen == jobs
+        assert all(w < HAND_OFF_TICK_MS / 3000 + stall_s for w in waits), (waits, stall_s)
+    finally:
+        if worker is not None:
+            worker.close()
+        server.stop()
 
 
 def returned(*refs: tuple[int, int]) -> pb.WorkerMessage:

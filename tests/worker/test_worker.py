@@ -24,6 +24,7 @@ import grpc
 import grpc.aio
 import pytest
 
+import wheel.worker._link
 from tests.worker.scripted import (
     ScriptedNode,
     assign,
@@ -242,6 +243,44 @@ def test_completions_a_few_loop_turns_apart_share_one_complete_message() -> None
         sizes = [len(m.completions) for m in conn.sent("complete")]
         assert sum(sizes) == 20
         assert max(sizes) >= 10, sizes
+
+    scenario(go)
+
+
+def test_a_completion_after_a_quiet_spell_does_not_wait_to_be_coalesced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a coalescing window of seconds, a lone completion still reaches
+    its node at once (nothing came just before it: none would share its
+    message), and completions that keep coming still share messages."""
+    # Nothing else due ends a wait early: no heartbeat meanwhile, and the
+    # run's ack is held for half a second (a tenth of the grace lease).
+    monkeypatch.setattr(wheel.worker._link, "COALESCE_S", 2.0)
+    monkeypatch.setattr(wheel.worker._link, "ACK_DELAY_S", 10.0)
+
+    async def go() -> None:
+        async with node() as (svc, target):
+            w = Worker(target, capacity=64)
+            w.register("noop", lambda ctx: None)
+
+            @w.handler()
+            async def turns(ctx: RunContext) -> None:
+                for _ in range(ctx.run_id):
+                    await asyncio.sleep(0)
+
+            async with running(w):
+                conn, _ = await svc.accept(heartbeat_ms=30_000)
+                for i in (1, 2):
+                    t0 = time.monotonic()
+                    assign(conn, assignment(i, "noop"))
+                    await conn.completed(i, timeout=5.0)
+                    assert time.monotonic() - t0 < 0.25
+                    await asyncio.sleep(2.1)  # a quiet spell
+                assign(conn, *[assignment(i, "turns") for i in range(3, 23)])
+                await conn.completed(22, timeout=10.0)
+        sizes = [len(m.completions) for m in conn.sent("complete")]
+        assert sizes[:2] == [1, 1] and sum(sizes) == 22, sizes
+        assert max(sizes[2:]) >= 10, sizes
 
     scenario(go)
 

@@ -370,6 +370,13 @@ class Driver:
     def next_deadline(self) -> int | None:
         return self.owner.next_deadline()
 
+    def permit_freed(self, tenant: str, key: str) -> bool:
+        return self.owner.permit_freed(tenant, key)
+
+    def handing_off(self) -> bool:
+        """Write without waiting for the tick (``Dispatcher.handing_off``)."""
+        return self.owner.handing_off(bool(self.acts.claims))
+
     def take_messages(self) -> Actions:
         """The messages decided since the last call, for the shell to send:
         hand-outs, revokes, answers, refused renewals, protocol errors and

@@ -539,6 +539,11 @@ class Node(NodeCalls):
     def wake(self) -> None:
         self._wake.set()
 
+    def permit_freed(self, tenant: str, key: str) -> None:
+        """A permit of the key came back in the store (``wheel.node._permits``)."""
+        if self._driver is not None and self._driver.permit_freed(tenant, key):
+            self.wake()
+
     # -- the dispatch loop ------------------------------------------------------
 
     async def _loop(self) -> None:
@@ -586,7 +591,7 @@ class Node(NodeCalls):
             self._publish(driver, driver.take_messages())
             await self._follow(driver)
             early = await self._sleep_until(
-                self._next_wake(driver), tick_at + tick, self._batches.answered
+                self._next_wake(driver), tick_at + tick, self._batches.answered, driver.handing_off
             )
         await self._batches.drain()
 
@@ -671,14 +676,20 @@ class Node(NodeCalls):
         return driver.take_batch(), records
 
     async def _sleep_until(
-        self, deadline: int | None, tick: int, answered: Callable[[], bool]
+        self,
+        deadline: int | None,
+        tick: int,
+        answered: Callable[[], bool],
+        handing_off: Callable[[], bool],
     ) -> bool:
         """Sleep until ``deadline`` (a timer, the group commit) or an event,
         but not past ``max_idle_s`` and not before ``tick`` (the next round's
         earliest start) unless a store batch's answer came: True then, and
-        the round that follows only applies it and hands its runs out."""
+        the round that follows only applies it and hands its runs out. A
+        permit handed to claims waiting here (``handing_off``) does not wait
+        for the tick either: it is idle until a batch takes it again."""
         clock = self.clock
-        if deadline is not None:
+        if deadline is not None and not handing_off():
             deadline = max(deadline, tick)
         timeout = self.config.max_idle_s
         if deadline is not None:
@@ -694,6 +705,8 @@ class Node(NodeCalls):
                 return False
             if answered():
                 return True
+            if handing_off():
+                return False  # a run of a key with claims waiting here ended
             # A worker's message, a submit: the next tick takes it.
             wake.clear()
             timeout = (tick - now) / 1000

@@ -261,6 +261,29 @@ PG_LIMIT_TRIGGERS = [
 ]
 
 
+# Schema 26 (PostgreSQL alone): a release that takes a key off its limit
+# (``in_flight`` was at ``max_concurrent`` or past it: claims of other nodes
+# may be waiting for the permit) notifies ``PERMITS_CHANNEL`` at commit, with
+# the schema, tenant and key as a JSON array; the nodes LISTEN and send the
+# key's waiting claims at once instead of at their next poll
+# (``wheel.node._permits``). A release under a limit that does not bind
+# notifies nothing.
+PERMITS_CHANNEL = "wheel_permits"
+PG_NOTIFYING_RELEASE = [
+    "CREATE OR REPLACE FUNCTION wheel_release_permit() RETURNS trigger LANGUAGE plpgsql AS $$"
+    " DECLARE t text; n bigint; m bigint;"
+    " BEGIN"
+    " SELECT j.tenant INTO t FROM jobs AS j WHERE j.job_id = OLD.job_id;"
+    " UPDATE limits SET in_flight = greatest(in_flight - 1, 0)"
+    " WHERE tenant = t AND concurrency_key = OLD.concurrency_key"
+    " RETURNING in_flight, max_concurrent INTO n, m;"
+    " IF m > 0 AND n + 1 >= m THEN"
+    f" PERFORM pg_notify('{PERMITS_CHANNEL}',"
+    " json_build_array(current_schema(), t, OLD.concurrency_key)::text);"
+    " END IF;"
+    " RETURN NULL; END $$",
+]
+
 SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
     (
         1,
@@ -453,6 +476,7 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
     # Runs and missed fires counted by minute, tenant and outcome
     # (wheel.store._rollup), filled from the rows already kept.
     (25, _rollup.migration("INTEGER", " WITHOUT ROWID")),
+    (26, []),  # a release notifies the other nodes: PostgreSQL's alone
 ]
 
 
@@ -646,4 +670,5 @@ PG_MIGRATIONS: list[tuple[int, list[str]]] = [
     # The trace context an application's span gave an outbox row.
     (24, [OUTBOX_TRACE_COLUMN]),
     (25, _rollup.migration("bigint", "")),
+    (26, PG_NOTIFYING_RELEASE),
 ]

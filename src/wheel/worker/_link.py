@@ -9,11 +9,15 @@ links when a shard moves. It also carries its share of the worker's capacity
 (``wheel.worker._credit``): the credit its node has now, sent as Hello's
 capacity and then as Credit ahead of everything else in a batch.
 
-Completions alone are coalesced: when nothing but completions is due, the
-writer waits up to ``COALESCE_S`` for more (or until ``COALESCE_MAX`` are
-pending) so that its node reads one Complete message of many rather than many
-of a few. Anything else due (an ack, a heartbeat, credit, a drain) ends the
-wait at once and goes out with them.
+Completions alone are coalesced while they keep coming: when nothing but
+completions is due and the last Complete message went out less than
+``COALESCE_S`` ago, the writer waits up to ``COALESCE_S`` for more (or until
+``COALESCE_MAX`` are pending) so that its node reads one Complete message of
+many rather than many of a few. A completion after a quiet spell goes at
+once: nothing would have shared its message, and its node learns of the
+end (a permit of its concurrency key free again, its job's next run due)
+that much sooner. Anything else due (an ack, a heartbeat, credit, a drain)
+ends the wait at once and goes out with them.
 """
 
 from __future__ import annotations
@@ -141,6 +145,8 @@ class Link:
         self.heartbeat_due = False
         # The writer is gathering completions (COALESCE_S): one more does not wake it.
         self.coalescing = False
+        # time.monotonic() when the last Complete message was sent.
+        self.completed_at = -math.inf
         self.drain_requested = False
         self.drain_sent = False
         self.connected = False
@@ -442,9 +448,11 @@ class Link:
                 await call.write(msg)
 
     def _completions_only(self) -> bool:
-        """Only completions are due, fewer than ``COALESCE_MAX``: worth a wait."""
+        """Only completions are due, fewer than ``COALESCE_MAX``, and others
+        came just before them: worth a wait."""
         return (
             0 < len(self.completions) < COALESCE_MAX
+            and time.monotonic() - self.completed_at < COALESCE_S
             and not (self.acks or self.heartbeat_due or self.credit_add or self.credit_seq)
             and not self.returned
             and not (self.drain_requested and not self.drain_sent)
@@ -465,7 +473,7 @@ class Link:
                 out.append(pb.WorkerMessage(ack=pb.Ack(runs=acks[i : i + MAX_ITEMS_PER_MESSAGE])))
         if self.completions:
             done, self.completions = self.completions, []
-            now = time.monotonic()
+            now = self.completed_at = time.monotonic()
             for c in done:
                 self.unconfirmed[c[0]] = (c, now)
             columns = self._welcome.columns

@@ -355,6 +355,17 @@ class Owner:
         """The store's answer to a claim batch."""
         self.dispatcher.on_claimed(outcomes, now_ms, acts)
 
+    def permit_freed(self, tenant: str, key: str) -> bool:
+        """A permit of the key came back in the store: its claims waiting
+        here go out at once (``KeyWaits.freed``); whether any wait."""
+        return self.dispatcher.keywaits.freed(tenant, key)
+
+    def handing_off(self, claims: bool) -> bool:
+        """A permit of a concurrency key is being handed to claims waiting
+        here; ``claims``: claims wait for a store batch
+        (``Dispatcher.handing_off``)."""
+        return self.dispatcher.handing_off(claims)
+
     def batch_taken(self) -> None:
         """The claims made so far went into one store batch."""
         self.dispatcher.batch_taken()

@@ -61,6 +61,7 @@ class Dispatcher:
         "_given",
         "_next_worker",
         "_overdue_bucket",
+        "_resent",
         "book",
         "claims",
         "config",
@@ -128,6 +129,9 @@ class Dispatcher:
         self._next_worker = 0
         self._given = 0  # runs in a row the worker at _next_worker got
         self._overdue_bucket = TokenBucket(rate, max(1.0, rate * config.overdue_burst_s), now_ms)
+        # Claims that waited for a permit were sent again since the last
+        # store batch took claims (``handing_off``).
+        self._resent = False
 
     def next_wake(self) -> int | None:
         """When budgeted work (overdue fires, expired leases to re-dispatch)
@@ -282,7 +286,7 @@ class Dispatcher:
         if self.keywaits and acts.completions:
             self._kick_ending(acts)
         if self.keywaits.due(now_ms):
-            self._claim_again(now_ms, acts)
+            self._claim_again(now_ms, acts, handing=self.keywaits.handing_off())
         budget = self.config.max_claim_batch - len(self.claims)
         # Limited tenants' allowances (wheel.engine.owner._tenants), counted
         # down by the pops of every route.
@@ -452,11 +456,24 @@ class Dispatcher:
             if job.due and job.inflight < job.limit:
                 self.enqueue(job, now_ms, overdue=overdue)
 
+    def handing_off(self, claims: bool) -> bool:
+        """A permit's hand-off is under way here: a run of a key with claims
+        waiting here ended, or one came back elsewhere (they go out in the
+        next round: ``KeyWaits.handing_off``), or claims sent again for such
+        a hand-off wait for a store batch (``claims``: the actions hold
+        claims for one). The node's loop then goes round and writes without
+        waiting for its tick: a permit is idle from a run's end until a
+        batch takes it again, and its limit binds (claims wait), so every
+        millisecond of that is lost to the key's runs. Never true while no
+        claim waits for a permit."""
+        return (self._resent and claims) or self.keywaits.handing_off()
+
     def batch_taken(self) -> None:
         """The claims made so far went into one store batch: the next
         batch's runs start at the next worker. A batch's runs then go out in
         one message (while they fit a chunk), not a part to each worker, and
         over batches every worker gets its share."""
+        self._resent = False
         if self._given:
             self._given = self.config.hand_out_chunk  # its first run moves on
 
@@ -554,13 +571,14 @@ class Dispatcher:
             if job is not None and job.spec.concurrency_key:
                 self.keywaits.kick(job.spec.tenant, job.spec.concurrency_key)
 
-    def _claim_again(self, now_ms: int, acts: Actions) -> None:
+    def _claim_again(self, now_ms: int, acts: Actions, *, handing: bool = False) -> None:
         """Send the claims waiting for a permit again (``_keywaits``), each
         with a worker of its route that has credit, as a fresh claim would
         take one; one with no such worker now waits for the next poll. A
         claim whose job is gone, paused, or no longer has the key is given
         up as a claim lost: the job reads its row again (nothing of it was
-        written) and arms what the store says."""
+        written) and arms what the store says. ``handing``: a permit is being
+        handed off to them (``handing_off``)."""
         budget = self.config.max_claim_batch - len(self.claims)
         for parked in self.keywaits.take(now_ms):
             c, pend = parked.claim, parked.pend
@@ -586,6 +604,7 @@ class Dispatcher:
             c.dispatched_at_ms = now_ms
             acts.claims.append(c)
             self.claims.sent(pend)
+            self._resent = self._resent or handing
 
     def _claiming(self) -> dict[str, int]:
         """Claims on their way to the store by tenant (those a dispatch made:

@@ -8,13 +8,19 @@ claim is in a store batch, so a fire that waits is never claimed twice,
 never lost, and never recorded missed for waiting. It is kept here with the
 worker credit it had reserved given back, and sent again:
 
-- when a run of the key ends on this owner (``kick``): in the store batch
-  that writes its end (on SQLite in the same transaction, after it, so the
-  permit it gives back is there to take), and again once the store has
-  answered that end, and
+- when a run of the key ends on this owner (``hand_off``, as the owner
+  learns of the end): in the store batch that writes its end (on SQLite in
+  the same transaction, after it, so the permit it gives back is there to
+  take), and again once the store has answered that end (``kick``). The
+  hand-off does not wait for the loop's tick (``handing_off``): the permit
+  is idle from the run's end until the batch that takes it again, and
+- when the store says a permit of the key came back elsewhere (``freed``:
+  on PostgreSQL a release at the limit notifies every node at its commit,
+  ``wheel.node._permits``), at once too, and
 - every ``limit_poll_ms`` while anything waits: runs of the key on other
-  nodes end without telling this one. All the keys' claims go out in the
-  same store batch: one store round per poll for every waiting key.
+  nodes end without telling this one (or their notice was lost). All the
+  keys' claims go out in the same store batch: one store round per poll for
+  every waiting key.
 
 Invariants (tests in tests/engine/test_keywaits.py):
 
@@ -57,7 +63,7 @@ class Parked:
 class KeyWaits:
     """The waiting claims by key, and when they go out again."""
 
-    __slots__ = ("_by_key", "_kicked", "_next_poll", "aging_ms", "poll_ms")
+    __slots__ = ("_by_key", "_handing", "_kicked", "_next_poll", "aging_ms", "poll_ms")
 
     def __init__(self, poll_ms: int, aging_ms: int = 10_000) -> None:
         self.poll_ms = max(1, poll_ms)
@@ -65,6 +71,8 @@ class KeyWaits:
         self.aging_ms = aging_ms
         self._by_key: dict[Key, list[Parked]] = {}
         self._kicked: set[Key] = set()
+        # Of those, the keys whose permit is being handed off (``handing_off``).
+        self._handing: set[Key] = set()
         self._next_poll = 0
 
     def __len__(self) -> int:
@@ -103,6 +111,31 @@ class KeyWaits:
         may be answered waiting in the very batch that ended the run)."""
         self._kicked.add((tenant, key))
 
+    def hand_off(self, tenant: str, key: str) -> None:
+        """A run of the key is ending here (its end is on its way to the
+        store): a ``kick`` that should not wait for the loop's tick."""
+        self._kicked.add((tenant, key))
+        self._handing.add((tenant, key))
+
+    def freed(self, tenant: str, key: str) -> bool:
+        """A permit of the key came back in the store (another node's run
+        ended): its claims waiting here go out at once, like a ``kick``;
+        whether any wait (a key nobody waits for here is not kicked)."""
+        k = (tenant, key)
+        if k not in self._by_key:
+            return False
+        self._kicked.add(k)
+        self._handing.add(k)
+        return True
+
+    def handing_off(self) -> bool:
+        """A permit of a key with claims waiting here is on its way back (a
+        run ending here: ``hand_off``) or back (elsewhere: ``freed``): those
+        claims should go out at once. A ``kick`` once the store answered an
+        end here is no hand-off: the permit went to the claims that rode
+        with the end, and those still waiting go at the next round."""
+        return bool(self._handing) and any(k in self._by_key for k in self._handing)
+
     def due(self, now_ms: int) -> bool:
         if not self._by_key:
             return False
@@ -124,6 +157,7 @@ class KeyWaits:
         else:
             keys = [k for k in self._kicked if k in self._by_key]
         self._kicked.clear()
+        self._handing.clear()
         out: list[Parked] = []
         for k in keys:
             q = self._by_key.pop(k)
@@ -150,6 +184,7 @@ class KeyWaits:
             else:
                 del self._by_key[k]
                 self._kicked.discard(k)
+                self._handing.discard(k)
         return dropped
 
     def waiting(self) -> dict[Key, int]:

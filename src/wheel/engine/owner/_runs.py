@@ -152,6 +152,11 @@ class RunEndings:
         )
         if job is not None:
             job.ending += 1
+            if job.spec.concurrency_key:
+                # Its permit comes back with this end: this owner's claims
+                # waiting for the key go in the same store batch, and that
+                # batch does not wait for the loop's tick (``_keywaits``).
+                self.dispatcher.keywaits.hand_off(job.spec.tenant, job.spec.concurrency_key)
 
     def take_back(self, run: _Run, now_ms: int) -> None:
         """A worker gives back a run it never started: it goes to another
