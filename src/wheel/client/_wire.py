@@ -199,7 +199,7 @@ class GeneratedKeys:
     """``generated_key`` for a bulk submit: the same 128 random bits a key,
     drawn from the system's source 256 keys at a time rather than once a key."""
 
-    __slots__ = ("_hex", "_at")
+    __slots__ = ("_at", "_hex")
 
     BITS_HEX = 32  # hex digits a key
     AT_ONCE = 256

@@ -7,7 +7,7 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import Any, cast, overload
 
 import grpc
 
@@ -25,6 +25,7 @@ from wheel.errors import (
     WheelError,
 )
 from wheel.node import Node
+from wheel.node._jobs import Submits
 from wheel.rpc import convert
 from wheel.rpc._common import (
     MAX_NEXT_FIRES,
@@ -174,35 +175,35 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
             known = await self.node.known_limits(named.keys) if named.keys else set()
             verdicts = iter(await self.node.admit_submits(named.tenants))
             admitted: list[str] = []
-            pending: list[asyncio.Future[tuple[JobRecord, bool] | WheelError] | WheelError] = []
+            # Each job's error, or None: its outcome is the batch's next.
+            refused: list[WheelError | None] = []
             out = job_service_pb2.SubmitJobsResponse()
             now = self.node.now_ms()
             created: list[int] = []
-            awaited = 0
+            batch = self.node.submit_batch()
             try:
                 for i, item in enumerate(mine):
                     if i % YIELD_EVERY == YIELD_EVERY - 1:
                         await asyncio.sleep(0)
                     if isinstance(item, WheelError):
-                        pending.append(item)
+                        refused.append(item)
                         continue
                     over = next(verdicts)
                     if over is not None:
-                        pending.append(over)
+                        refused.append(over)
                         continue
                     admitted.append(item.spec.tenant or "default")
                     try:
-                        pending.append(self._queue_submit(item, now, known))
+                        self._queue_submit(item, now, known, batch)
                     except WheelError as exc:
-                        pending.append(exc)
-                for entry in pending:
-                    awaited += 1
-                    if awaited % YIELD_EVERY == 0:
+                        refused.append(exc)
+                        continue
+                    refused.append(None)
+                results = iter(await batch.close())
+                for i, error in enumerate(refused):
+                    if i % YIELD_EVERY == YIELD_EVERY - 1:
                         await asyncio.sleep(0)
-                    try:
-                        result = entry if isinstance(entry, WheelError) else await entry
-                    except WheelError as exc:  # the batch's store write failed
-                        result = exc
+                    result = error if error is not None else next(results)
                     if isinstance(result, WheelError):
                         out.results.add(
                             error_code=status_of(result).name, error_message=str(result)
@@ -215,10 +216,8 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
                     if result[1]:
                         created.append(result[0].job_id)
             except BaseException:
-                # Nobody awaits the rest now: their endings are not errors to log.
-                for rest in pending[awaited:]:
-                    if isinstance(rest, asyncio.Future):
-                        rest.add_done_callback(_ignore_outcome)
+                # Nobody awaits the outcomes now: their ending is no error to log.
+                batch.close().add_done_callback(_ignore_outcome)
                 raise
             finally:
                 self.node.submits_done(admitted)
@@ -235,12 +234,32 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
             raise result
         return self._submitted(*result)
 
+    @overload
     def _queue_submit(
         self, request: job_service_pb2.SubmitJobRequest, now: int, known: set[tuple[str, str]]
-    ) -> asyncio.Future[tuple[JobRecord, bool] | WheelError]:
+    ) -> asyncio.Future[tuple[JobRecord, bool] | WheelError]: ...
+
+    @overload
+    def _queue_submit(
+        self,
+        request: job_service_pb2.SubmitJobRequest,
+        now: int,
+        known: set[tuple[str, str]],
+        batch: Submits,
+    ) -> None: ...
+
+    def _queue_submit(
+        self,
+        request: job_service_pb2.SubmitJobRequest,
+        now: int,
+        known: set[tuple[str, str]],
+        batch: Submits | None = None,
+    ) -> asyncio.Future[tuple[JobRecord, bool] | WheelError] | None:
         """Validate one submit and queue it for the node's next group commit
         (``now``: the request's time; a bulk submit's jobs share it;
-        ``known``: the concurrency keys with a limit, of those named)."""
+        ``known``: the concurrency keys with a limit, of those named): the
+        future of its outcome, or with ``batch`` (a bulk submit's) its
+        outcome the batch's next."""
         if not request.HasField("spec"):
             raise InvalidArgument("spec", "is required")
         _idempotency_key(request.idempotency_key)
@@ -258,9 +277,11 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
             # after server-side defaults (an interval's start is now + period).
             wire = request.spec.SerializeToString(deterministic=True)
             digest = hashlib.sha256(wire).hexdigest()
-        return self.node.submit_later(
-            spec, request.idempotency_key or None, body_hash=digest, now_ms=now
-        )
+        key = request.idempotency_key or None
+        if batch is not None:
+            batch.submit(spec, key, body_hash=digest, now_ms=now)
+            return None
+        return self.node.submit_later(spec, key, body_hash=digest, now_ms=now)
 
     def _first_fires(self, record: JobRecord) -> list[int]:
         spec = record.spec
