@@ -62,6 +62,8 @@ from wheel.store._shared import new_job_row, new_profiles, spec_row
 
 ZONES = ("UTC", "America/New_York", "Europe/London", "Asia/Tokyo")
 PROBES = 20
+# Seconds a submit_many call may take, its wait for its turn included.
+SUBMIT_TIMEOUT_S = 120.0
 DAY = timedelta(days=1)
 
 
@@ -278,7 +280,11 @@ def submit_all(
     failures: list[BaseException] = []
 
     def worker(n: int) -> None:
-        with Client(list(targets[n % len(targets) :]) + list(targets[: n % len(targets)])) as c:
+        # A call waits its turn behind the other threads' (a node works on
+        # one bulk submit at a time): on a loaded machine, longer than the
+        # client's default timeout.
+        order = list(targets[n % len(targets) :]) + list(targets[: n % len(targets)])
+        with Client(order, timeout=SUBMIT_TIMEOUT_S) as c:
             while True:
                 with lock:
                     if not work:
