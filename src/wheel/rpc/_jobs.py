@@ -210,7 +210,7 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
                         )
                         continue
                     if request.lean:
-                        out.results.add(response=_lean(*result))
+                        _lean(out.results.add().response, *result)
                     else:
                         out.results.add(response=self._submitted(*result))
                     if result[1]:
@@ -511,20 +511,18 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
         return await _call(context, work())
 
 
-def _lean(record: JobRecord, created: bool) -> job_service_pb2.SubmitJobResponse:
+def _lean(answer: job_service_pb2.SubmitJobResponse, record: JobRecord, created: bool) -> None:
     """A submit's answer without the spec the caller sent, and with its first
-    fire only (``SubmitJobsRequest.lean``)."""
-    return job_service_pb2.SubmitJobResponse(
-        job=jobs_pb2.Job(
-            job_id=record.job_id,
-            state=convert.JOB_STATE_TO_PROTO[record.state],
-            shard=record.shard,
-            created_at_ms=record.created_at_ms,
-            updated_at_ms=record.updated_at_ms,
-            next_fire_ms=record.next_run_at or 0,
-        ),
-        created=created,
-    )
+    fire only (``SubmitJobsRequest.lean``), written into ``answer``: field
+    by field in place costs half what a message made and copied in does."""
+    job = answer.job
+    job.job_id = record.job_id
+    job.state = convert.JOB_STATE_TO_PROTO[record.state]
+    job.shard = record.shard
+    job.created_at_ms = record.created_at_ms
+    job.updated_at_ms = record.updated_at_ms
+    job.next_fire_ms = record.next_run_at or 0
+    answer.created = created
 
 
 def _proto_states(wanted: convert.RunFilter) -> set[int]:
