@@ -31,12 +31,17 @@ checkpoint's, mapped), ``restart_held_s`` (from the restart until the owners
 held every job again), ``loop_stall_ms_max`` (the longest event-loop stall of
 any node, from its ``wheel_loop_stall_max_seconds``), ``probe_fires`` (probe
 fires the worker ran) and ``duplicates`` (of those, fires the worker was
-handed more than once).
+handed more than once); ``node_cpu_us_per_job`` (the nodes' CPU, all
+threads, from the first submit until the owners held every job) and
+``client_cpu_us_per_job`` (this process's, making and sending the requests
+and reading the answers), a job: what other load on the machine moves least.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import signal
 import sqlite3
 import subprocess
@@ -227,6 +232,13 @@ class NodeProc:
         with open(self.dir / f"serve-{self.starts}.log", "wb") as log:
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT)
 
+    def cpu_s(self) -> float:
+        """The process's CPU seconds so far, all threads, user and system."""
+        assert self.proc is not None
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def rss(self) -> tuple[int, int]:
         assert self.proc is not None
         return rss_parts(self.proc.pid)
@@ -323,6 +335,12 @@ def probe_runs(path: Path) -> tuple[int, int, int]:
     return len(counts), int(np.count_nonzero(counts > 1)), int(counts.max())
 
 
+def _own_cpu_s() -> float:
+    """This process's CPU seconds so far, all threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def rss_parts(pid: int) -> tuple[int, int]:
     """A process's resident memory: (all, anonymous: not file pages)."""
     fields = {}
@@ -376,7 +394,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(2)  # the worker connected, fires flowing
         empty = _rss(nodes)
 
+        node_cpu = sum(n.cpu_s() for n in nodes)
+        client_cpu = _own_cpu_s()
         submit_s, errors = submit_all(targets, args.jobs, args.batch, args.threads, now)
+        client_cpu = _own_cpu_s() - client_cpu
         if errors:
             raise RuntimeError(f"{errors} submits came back with an error")
         print(f"submitted {args.jobs} in {submit_s:.1f} s", file=sys.stderr)
@@ -384,6 +405,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         total = args.jobs + PROBES
         wait_until(lambda: held(nodes) == total, args.hold_timeout, "the owners to hold every job")
         held_after_s = time.perf_counter() - answered
+        node_cpu = sum(n.cpu_s() for n in nodes) - node_cpu
         time.sleep(2)
         held_rss = _rss(nodes)
         stall_s = max(n.metric("wheel_loop_stall_max_seconds") for n in nodes)
@@ -431,6 +453,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "loop_stall_ms_max": round(stall_s * 1000, 1),
         "probe_fires": probe_fires,
         "duplicates": duplicates,
+        "node_cpu_us_per_job": round(node_cpu / args.jobs * 1e6, 1),
+        "client_cpu_us_per_job": round(client_cpu / args.jobs * 1e6, 1),
     }
 
 

@@ -34,3 +34,4 @@ def test_an_ingest_stores_every_job_and_says_how_fast_against_the_store(tmp_path
         == pytest.approx(result["submit_per_s"] / result["store_limit_per_s"], rel=0.01)
     )
     assert result["loop_stall_ms_max"] >= 0 and result["restart_held_s"] >= 0
+    assert result["node_cpu_us_per_job"] > 0 and result["client_cpu_us_per_job"] > 0
