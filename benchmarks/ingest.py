@@ -31,12 +31,17 @@ checkpoint's, mapped), ``restart_held_s`` (from the restart until the owners
 held every job again), ``loop_stall_ms_max`` (the longest event-loop stall of
 any node, from its ``wheel_loop_stall_max_seconds``), ``probe_fires`` (probe
 fires the worker ran) and ``duplicates`` (of those, fires the worker was
-handed more than once).
+handed more than once); ``node_cpu_us_per_job`` (the nodes' CPU, all
+threads, from the first submit until the owners held every job) and
+``client_cpu_us_per_job`` (this process's, making and sending the requests
+and reading the answers), a job: what other load on the machine moves least.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import signal
 import sqlite3
 import subprocess
@@ -62,6 +67,8 @@ from wheel.store._shared import new_job_row, new_profiles, spec_row
 
 ZONES = ("UTC", "America/New_York", "Europe/London", "Asia/Tokyo")
 PROBES = 20
+# Seconds a submit_many call may take, its wait for its turn included.
+SUBMIT_TIMEOUT_S = 120.0
 DAY = timedelta(days=1)
 
 
@@ -225,6 +232,13 @@ class NodeProc:
         with open(self.dir / f"serve-{self.starts}.log", "wb") as log:
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT)
 
+    def cpu_s(self) -> float:
+        """The process's CPU seconds so far, all threads, user and system."""
+        assert self.proc is not None
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def rss(self) -> tuple[int, int]:
         assert self.proc is not None
         return rss_parts(self.proc.pid)
@@ -278,7 +292,11 @@ def submit_all(
     failures: list[BaseException] = []
 
     def worker(n: int) -> None:
-        with Client(list(targets[n % len(targets) :]) + list(targets[: n % len(targets)])) as c:
+        # A call waits its turn behind the other threads' (a node works on
+        # one bulk submit at a time): on a loaded machine, longer than the
+        # client's default timeout.
+        order = list(targets[n % len(targets) :]) + list(targets[: n % len(targets)])
+        with Client(order, timeout=SUBMIT_TIMEOUT_S) as c:
             while True:
                 with lock:
                     if not work:
@@ -315,6 +333,12 @@ def probe_runs(path: Path) -> tuple[int, int, int]:
     keys = runs["job"].astype(np.int64) * 1_000_003 + runs["sched"]
     _, counts = np.unique(keys, return_counts=True)
     return len(counts), int(np.count_nonzero(counts > 1)), int(counts.max())
+
+
+def _own_cpu_s() -> float:
+    """This process's CPU seconds so far, all threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def rss_parts(pid: int) -> tuple[int, int]:
@@ -370,7 +394,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(2)  # the worker connected, fires flowing
         empty = _rss(nodes)
 
+        node_cpu = sum(n.cpu_s() for n in nodes)
+        client_cpu = _own_cpu_s()
         submit_s, errors = submit_all(targets, args.jobs, args.batch, args.threads, now)
+        client_cpu = _own_cpu_s() - client_cpu
         if errors:
             raise RuntimeError(f"{errors} submits came back with an error")
         print(f"submitted {args.jobs} in {submit_s:.1f} s", file=sys.stderr)
@@ -378,6 +405,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         total = args.jobs + PROBES
         wait_until(lambda: held(nodes) == total, args.hold_timeout, "the owners to hold every job")
         held_after_s = time.perf_counter() - answered
+        node_cpu = sum(n.cpu_s() for n in nodes) - node_cpu
         time.sleep(2)
         held_rss = _rss(nodes)
         stall_s = max(n.metric("wheel_loop_stall_max_seconds") for n in nodes)
@@ -425,6 +453,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "loop_stall_ms_max": round(stall_s * 1000, 1),
         "probe_fires": probe_fires,
         "duplicates": duplicates,
+        "node_cpu_us_per_job": round(node_cpu / args.jobs * 1e6, 1),
+        "client_cpu_us_per_job": round(client_cpu / args.jobs * 1e6, 1),
     }
 
 

@@ -427,11 +427,27 @@ def _schedule(r: JobRequest, now_ms: int) -> engine.Schedule:
     return engine.Once(at_ms=time_ms(at, "at"))
 
 
+# A policy given by name (or a number of attempts), made once: they are frozen.
+@functools.lru_cache(maxsize=64)
+def _catch_up_named(mode: str) -> CatchUp:
+    return CatchUp(mode=choice(CatchUpMode, mode, "catch_up"))
+
+
+@functools.lru_cache(maxsize=64)
+def _overlap_named(policy: str) -> Overlap:
+    return Overlap(policy=choice(OverlapPolicy, policy, "overlap"))
+
+
+@functools.lru_cache(maxsize=64)
+def _retry_of_attempts(attempts: int) -> Retry:
+    return Retry(max_attempts=attempts)
+
+
 def _catch_up(value: object) -> CatchUp:
     if isinstance(value, CatchUp):
         return value
     if isinstance(value, str):
-        return CatchUp(mode=choice(CatchUpMode, value, "catch_up"))
+        return _catch_up_named(value)
     raise InvalidArgument("catch_up", f"expected a CatchUp or a mode, got {type(value).__name__}")
 
 
@@ -439,7 +455,7 @@ def _overlap(value: object) -> Overlap:
     if isinstance(value, Overlap):
         return value
     if isinstance(value, str):
-        return Overlap(policy=choice(OverlapPolicy, value, "overlap"))
+        return _overlap_named(value)
     raise InvalidArgument("overlap", f"expected an Overlap or a policy, got {type(value).__name__}")
 
 
@@ -447,7 +463,7 @@ def _retry(value: object) -> Retry:
     if isinstance(value, Retry):
         return value
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return Retry(max_attempts=value)
+        return _retry_of_attempts(value)
     raise InvalidArgument("retry", f"expected a Retry or a number of attempts >= 1, got {value!r}")
 
 
@@ -508,17 +524,22 @@ def http_of(spec: engine.JobSpec) -> HttpTarget | None:
     )
 
 
+# A job's policies mostly repeat (a bulk submit's answer holds thousands
+# of jobs with the same ones); they are frozen, so each is made once.
+@functools.lru_cache(maxsize=256)
 def catch_up_of(c: engine.CatchUp) -> CatchUp:
     window = None if c.window_ms is None else timedelta(milliseconds=c.window_ms)
     return CatchUp(mode=CatchUpMode(c.mode), window=window, max_count=c.max_count)
 
 
+@functools.lru_cache(maxsize=256)
 def overlap_of(o: engine.Overlap) -> Overlap:
     return Overlap(
         policy=OverlapPolicy(o.policy), max_concurrent=o.max_concurrent, max_buffered=o.max_buffered
     )
 
 
+@functools.lru_cache(maxsize=256)
 def retry_of(r: engine.Retry) -> Retry:
     return Retry(
         max_attempts=r.max_attempts,

@@ -175,14 +175,17 @@ def submit_request(
     return msg, generated
 
 
-def _submit(request: JobRequest) -> tuple[JobSpec, js.SubmitJobRequest, bool]:
-    """``submit_request``, with the spec it sends."""
+def _submit(
+    request: JobRequest, keys: Callable[[], str] | None = None
+) -> tuple[JobSpec, js.SubmitJobRequest, bool]:
+    """``submit_request``, with the spec it sends (``keys``: where a key
+    comes from when the request has none; ``generated_key`` by default)."""
     # The wall clock resolves an ``at`` given as a ``timedelta`` from now.
     now_ms = time.time_ns() // 1_000_000
     key = request.idempotency_key
     spec = job_spec(request, now_ms=now_ms)
     msg = js.SubmitJobRequest(
-        spec=convert.spec_to_proto(spec), idempotency_key=key or generated_key()
+        spec=convert.spec_to_proto(spec), idempotency_key=key or (keys or generated_key)()
     )
     return spec, msg, not key
 
@@ -190,6 +193,28 @@ def _submit(request: JobRequest) -> tuple[JobSpec, js.SubmitJobRequest, bool]:
 def generated_key() -> str:
     """An idempotency key nobody else will send: 128 random bits."""
     return f"wheel-client-{secrets.token_hex(16)}"
+
+
+class GeneratedKeys:
+    """``generated_key`` for a bulk submit: the same 128 random bits a key,
+    drawn from the system's source 256 keys at a time rather than once a key."""
+
+    __slots__ = ("_at", "_hex")
+
+    BITS_HEX = 32  # hex digits a key
+    AT_ONCE = 256
+
+    def __init__(self) -> None:
+        self._hex = ""
+        self._at = 0
+
+    def __call__(self) -> str:
+        at = self._at
+        if at >= len(self._hex):
+            self._hex = secrets.token_hex(16 * self.AT_ONCE)
+            at = 0
+        self._at = at + self.BITS_HEX
+        return "wheel-client-" + self._hex[at : at + self.BITS_HEX]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -212,9 +237,10 @@ def submit_many_request(
     out = Submits(
         request=js.SubmitJobsRequest(lean=True), refused=[], generated=[], specs=[], codec=codec
     )
+    keys = GeneratedKeys()
     for item in jobs:
         try:
-            spec, request, generated = _submit(encoded(request_of(item), codec))
+            spec, request, generated = _submit(encoded(request_of(item), codec), keys)
         except WheelError as exc:
             out.refused.append(exc)
             out.generated.append(False)

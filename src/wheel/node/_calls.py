@@ -25,7 +25,7 @@ from wheel.engine.spec import JobSpec
 from wheel.errors import ResourceExhausted, WheelError
 from wheel.node._audit import Audit
 from wheel.node._calendars import Calendars
-from wheel.node._jobs import Jobs
+from wheel.node._jobs import Jobs, Submits
 from wheel.node._limits import Limits, LimitView
 from wheel.node._membership import ClusterView
 from wheel.node._overview import JobHistory, Overview, RunOverview
@@ -89,6 +89,11 @@ class NodeCalls:
         """Validate now, then store the job with the other submits waiting
         (see ``Jobs.submit_later``); the future of its outcome."""
         return self._jobs.submit_later(spec, idempotency_key, body_hash=body_hash, now_ms=now_ms)
+
+    def submit_batch(self) -> Submits:
+        """A bulk submit's batch: each job validated and queued as it is
+        given, one future of every outcome (see ``Jobs.submit_batch``)."""
+        return self._jobs.submit_batch()
 
     async def get_job(self, job_id: int) -> JobRecord:
         return await self._jobs.get_job(job_id)

@@ -27,6 +27,71 @@ log = logging.getLogger("wheel.node")
 MAX_SUBMIT_BATCH = 5_000
 
 
+# A submit's outcome: its job and whether the submit created it, or what
+# refused it (a key conflict).
+Outcome = asyncio.Future[tuple[JobRecord, bool] | WheelError]
+
+
+class Submits:
+    """A bulk submit's jobs (``Jobs.submit_batch``): each validated and queued for
+    the node's group commits as it comes (the first are stored while the
+    rest are checked), and their outcomes answered together, in order, by
+    one future once the batch is closed and the last is in: not a future a
+    job. A store write that fails with a ``WheelError`` is the outcome of
+    each job it carried; any other failure fails the future."""
+
+    __slots__ = ("_closed", "_jobs", "_left", "_results", "future")
+
+    def __init__(self, jobs: Jobs) -> None:
+        self._jobs = jobs
+        self.future: asyncio.Future[list[tuple[JobRecord, bool] | WheelError]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._results: list[tuple[JobRecord, bool] | WheelError] = []
+        self._left = 0
+        self._closed = False
+
+    def submit(
+        self,
+        spec: JobSpec,
+        idempotency_key: str | None,
+        *,
+        body_hash: str | None = None,
+        now_ms: int | None = None,
+    ) -> None:
+        """Validate the job now (raising what is wrong with the spec; nothing
+        is queued then) and queue it; its outcome is the next in order."""
+        new = self._jobs.new_submit(spec, idempotency_key, body_hash=body_hash, now_ms=now_ms)
+        self._results.append(_UNSET)
+        self._left += 1
+        self._jobs.queue(new, self, len(self._results) - 1)
+
+    def close(self) -> asyncio.Future[list[tuple[JobRecord, bool] | WheelError]]:
+        """No more jobs: the future of every outcome, in the order submitted."""
+        self._closed = True
+        self._answer()
+        return self.future
+
+    def put(self, index: int, result: tuple[JobRecord, bool] | WheelError) -> None:
+        self._results[index] = result
+        self._left -= 1
+        self._answer()
+
+    def failed(self, index: int, exc: Exception) -> None:
+        """The store write that carried job ``index`` failed."""
+        if isinstance(exc, WheelError):
+            self.put(index, exc)
+        elif not self.future.done():
+            self.future.set_exception(exc)
+
+    def _answer(self) -> None:
+        if self._closed and not self._left and not self.future.done():
+            self.future.set_result(self._results)
+
+
+_UNSET = WheelError("no outcome yet")
+
+
 class Jobs:
     """Submits, reads and state changes of a node's jobs."""
 
@@ -53,8 +118,9 @@ class Jobs:
         # A durable trigger waits for the next batch's commit.
         self._batches = batches
         self._wake = wake
-        self._submits: list[tuple[NewJob, asyncio.Future[tuple[JobRecord, bool] | WheelError]]]
-        self._submits = []
+        # Queued submits, each with where its outcome goes: its own future,
+        # or its place in a batch's (``Submits``).
+        self._submits: list[tuple[NewJob, Outcome | Submits, int]] = []
         self._submit_flusher: asyncio.Task[None] | None = None
 
     def submit_later(
@@ -70,17 +136,36 @@ class Jobs:
         in one transaction (group commit) and scheduled. Returns the future
         of its outcome, a per-job error (a key conflict) included: a batch of
         requests queues all its jobs without a task for each."""
+        new = self.new_submit(spec, idempotency_key, body_hash=body_hash, now_ms=now_ms)
+        future: Outcome = asyncio.get_running_loop().create_future()
+        self.queue(new, future, 0)
+        return future
+
+    def new_submit(
+        self,
+        spec: JobSpec,
+        idempotency_key: str | None,
+        *,
+        body_hash: str | None = None,
+        now_ms: int | None = None,
+    ) -> NewJob:
+        """What a submit stores, validated (raising what is wrong with the
+        spec), to queue."""
         check_interval(spec, self._config.min_interval_ms)
-        driver = self._driver()
         now = self._clock.now_ms() if now_ms is None else now_ms
-        new = driver.new_job(spec, idempotency_key, now, body_hash=body_hash)
-        future: asyncio.Future[tuple[JobRecord, bool] | WheelError] = (
-            asyncio.get_running_loop().create_future()
-        )
-        self._submits.append((new, future))
+        return self._driver().new_job(spec, idempotency_key, now, body_hash=body_hash)
+
+    def submit_batch(self) -> Submits:
+        """A bulk submit's batch: ``submit_later`` of each of its jobs with
+        one future of every outcome (``Submits``)."""
+        return Submits(self)
+
+    def queue(self, new: NewJob, to: Outcome | Submits, index: int) -> None:
+        """Queue a validated submit for the next group commit; its outcome
+        goes to ``to`` (at ``index`` of a batch's)."""
+        self._submits.append((new, to, index))
         if self._submit_flusher is None or self._submit_flusher.done():
             self._submit_flusher = asyncio.create_task(self._flush_submits())
-        return future
 
     async def _flush_submits(self) -> None:
         flushed = 0
@@ -90,17 +175,19 @@ class Jobs:
                 self._submits[MAX_SUBMIT_BATCH:],
             )
             try:
-                results = await self._in_thread(self._store.submit_jobs, [n for n, _ in batch])
+                results = await self._in_thread(self._store.submit_jobs, [n for n, _, _ in batch])
             except Exception as exc:  # every waiter hears of it: none hangs
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
+                for _, to, index in batch:
+                    if isinstance(to, Submits):
+                        to.failed(index, exc)
+                    elif not to.done():
+                        to.set_exception(exc)
                 if not isinstance(exc, WheelError):
                     log.exception("storing %d submits failed", len(batch))
                 continue
             driver, now = self._driver(), self._clock.now_ms()
             markers: set[int] = set()
-            for i, ((new, future), result) in enumerate(zip(batch, results, strict=True)):
+            for i, ((new, to, index), result) in enumerate(zip(batch, results, strict=True)):
                 if i % 250 == 249:
                     await asyncio.sleep(0)  # let the loop in between
                 if not isinstance(result, WheelError) and result.created:
@@ -113,8 +200,10 @@ class Jobs:
                     # Left out of the feed as the node's own, it was never
                     # armed (a state change or update of such a shard is
                     # refused as moving; a submit is not).
-                if not future.done():
-                    future.set_result(result)
+                if isinstance(to, Submits):
+                    to.put(index, result)
+                elif not to.done():
+                    to.set_result(result)
             # Left out of the change feed only now that every job they mark is
             # in the owner: a read meanwhile brings them (applied twice,
             # harmlessly), and a watermark logged past them never comes before
