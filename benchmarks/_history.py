@@ -40,9 +40,12 @@ def outcome(i: int) -> tuple[str, str | None]:
     return "succeeded", None
 
 
-def load_history(url: str, *, jobs: int, runs: int, days: float) -> dict[str, float]:
+def load_history(
+    url: str, *, jobs: int, runs: int, days: float, first_fire_in_ms: int = HOUR_MS
+) -> dict[str, float]:
     """Fill the store at ``url`` (``sqlite:///...`` or ``postgresql://...``);
-    seconds each part took."""
+    seconds each part took. The jobs' next fire is ``first_fire_in_ms``
+    from now (nothing of them fires while measured); no runs: the jobs alone."""
     now = int(time.time() * 1000)
     took: dict[str, float] = {}
     started = time.perf_counter()
@@ -59,7 +62,7 @@ def load_history(url: str, *, jobs: int, runs: int, days: float) -> dict[str, fl
                     ),
                     created_at_ms=now - int(days * 24 * HOUR_MS),
                     # Nothing fires while measured.
-                    next_run_at=now + HOUR_MS,
+                    next_run_at=now + first_fire_in_ms,
                 )
                 for i in range(first, min(jobs, first + BATCH))
             ]
@@ -73,9 +76,10 @@ def load_history(url: str, *, jobs: int, runs: int, days: float) -> dict[str, fl
     started = time.perf_counter()
     span = int(days * 24 * HOUR_MS)
     first_ms = now - span
-    if url.startswith("sqlite:///"):
-        _fill_sqlite(Path(url.removeprefix("sqlite:///")), runs, first_ms, span)
-    else:
+    if runs and url.startswith("sqlite:///"):
+        path = url.removeprefix("sqlite:///").split("?")[0]  # without its options
+        _fill_sqlite(Path(path), runs, first_ms, span)
+    elif runs:
         _fill_postgres(url, runs, first_ms, span)
     took["runs_s"] = time.perf_counter() - started
     return took
