@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import secrets
 import signal
 import sqlite3
 import sys
