@@ -30,7 +30,9 @@ over the runs loaded), ``heap_bytes_per_run`` (the rows alone),
 thousand fires of the node, its workers and the database), ``lag_ratio``,
 ``history_p99_ms`` (the worst p99 of the history calls; each call's own under
 ``history``), ``retention_s`` (the pass, first deletion to the pass's end, as
-the node logs it), ``retention_purged_rows``, ``retention_stall_ms_max`` (the
+the node logs it; null when it had not ended within ``--retention-timeout``,
+``retention_ended`` false, and the rest says what it did by then),
+``retention_purged_rows``, ``retention_rows_per_s``, ``retention_stall_ms_max`` (the
 node's longest event-loop stall while it ran, from
 ``wheel_loop_stall_max_seconds``; when that maximum was set before the pass,
 the top of the highest ``wheel_loop_stall_seconds`` bucket that grew during
@@ -41,7 +43,9 @@ it), ``retention_lag_p99_ms`` (the fires due during the pass), ``rate``,
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
 import signal
 import sqlite3
 import sys
@@ -106,8 +110,8 @@ def table_size(url: str) -> dict[str, int]:
         return {"total": sum(sizes.values()), "heap": sizes.get("executions", 0)}
     import psycopg
 
-    with psycopg.connect(url) as con:
-        row = con.execute(
+    with psycopg.connect(url) as pg:
+        row = pg.execute(
             "SELECT pg_total_relation_size('executions'), pg_relation_size('executions')"
         ).fetchone()
     assert row is not None
@@ -246,17 +250,21 @@ def history_calls(
     return out
 
 
-def poll_metrics(driver: FilledDriver, name: str, timeout_s: float) -> dict[str, float]:
-    """Scrape the node every 0.1 s until ``name`` is above 0; that scrape."""
+def poll_metrics(
+    driver: FilledDriver, name: str, timeout_s: float
+) -> tuple[dict[str, float], bool]:
+    """Scrape the node every 0.1 s until ``name`` is above 0 or ``timeout_s``
+    passed: the last scrape, and whether it was."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
         m = metrics(driver.metrics)
         if m.get(name, 0.0) > 0:
-            return m
+            return m, True
         if driver.procs[0].poll() is not None:
             raise RuntimeError(f"the node exited; see {driver.tmp}")
+        if time.monotonic() > deadline:
+            return m, False
         time.sleep(0.1)
-    raise RuntimeError(f"timed out after {timeout_s} s waiting for {name}")
 
 
 def retention_phase(
@@ -273,13 +281,17 @@ def retention_phase(
                 "the retention pass began before the history calls ended: raise --retention-after"
             )
         # The pass begins: its first deletion.
-        m1 = poll_metrics(driver, "wheel_retention_purged_rows_total", args.retention_after + 120)
+        m1, began_ok = poll_metrics(
+            driver, "wheel_retention_purged_rows_total", args.retention_after + 120
+        )
+        if not began_ok:
+            raise RuntimeError("the node's retention pass did not begin")
         began = time.perf_counter()
         began_ms = h.now_ms()
-        poll_metrics(driver, "wheel_retention_passes_total", args.retention_timeout)
+        # A pass longer than --retention-timeout: what it did by then.
+        m2, ended = poll_metrics(driver, "wheel_retention_passes_total", args.retention_timeout)
         polled_s = time.perf_counter() - began
         ended_ms = h.now_ms()
-        m2 = metrics(driver.metrics)
         stall_s, how = stalled_during(m1, m2)
         reader.poll()
         recs = reader.all()
@@ -294,7 +306,11 @@ def retention_phase(
             "history_p99_ms": max(r["p99_ms"] for r in history.values()),
             "retention_s": float(logged[0][1]) if logged else round(polled_s, 2),
             "retention_s_polled": round(polled_s, 2),
+            "retention_ended": ended,
             "retention_purged_rows": m2.get("wheel_retention_purged_rows_total", 0.0),
+            "retention_rows_per_s": round(
+                m2.get("wheel_retention_purged_rows_total", 0.0) / max(polled_s, 1e-3)
+            ),
             "retention_stall_ms_max": round(stall_s * 1000, 1),
             "retention_stall_from": how,
             "retention_fires": int(due.sum()),
@@ -327,13 +343,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         d = FilledDriver(c, tmp, records, jobs=args.history_jobs, runs=runs, days=args.days)
         return d, c
 
-    d, c = driver("empty", 0)
-    empty = measure(d, args.rate, c, "empty runs table")
-    print(f"empty: {empty}", file=sys.stderr)
-    http = f"http://127.0.0.1:{http_port}"
-    d, c = driver("full", args.runs, f"--http-listen 127.0.0.1:{http_port}")
-    full = measure(d, args.rate, c, f"{args.runs:,} runs", retention_phase(args, http))
-    filled = d.filled
+    try:
+        d, c = driver("empty", 0)
+        empty = measure(d, args.rate, c, "empty runs table")
+        print(f"empty: {empty}", file=sys.stderr)
+        http = f"http://127.0.0.1:{http_port}"
+        d, c = driver("full", args.runs, f"--http-listen 127.0.0.1:{http_port}")
+        full = measure(d, args.rate, c, f"{args.runs:,} runs", retention_phase(args, http))
+        filled = d.filled
+    finally:
+        if not os.environ.get("WHEEL_BENCH_KEEP"):
+            shutil.rmtree(base, ignore_errors=True)
     print(f"full: {full}", file=sys.stderr)
     for name, res in (("empty", empty), ("full", full)):
         if res["purged_in_window"]:
@@ -359,8 +379,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "empty_lag_p99_ms": empty["lag_p99_ms"],
         "lag_ratio": round(full["lag_p99_ms"] / max(1.0, empty["lag_p99_ms"]), 3),
         "history_p99_ms": full["history_p99_ms"],
-        "retention_s": full["retention_s"],
+        "retention_s": full["retention_s"] if full["retention_ended"] else None,
+        "retention_ended": full["retention_ended"],
         "retention_purged_rows": full["retention_purged_rows"],
+        "retention_rows_per_s": full["retention_rows_per_s"],
         "retention_stall_ms_max": full["retention_stall_ms_max"],
         "retention_lag_p99_ms": full["retention_lag_p99_ms"],
         "lost": empty["lost"] + full["lost"],
