@@ -37,8 +37,9 @@ def test_the_runs_benchmark_measures_dispatch_history_and_a_retention_pass(
     assert (result["lost"], result["duplicates"]) == (0, 0)
     # A quarter of 40 days is past the 30 kept: their runs (5,000) and their
     # missed fires (one every 50 runs: 100) went in the node's one pass, and
-    # neither window measured it.
-    assert result["retention_purged_rows"] == 5100
+    # neither window measured it (the horizon moved on a few runs, 173 s
+    # apart, while the node started).
+    assert 5100 <= result["retention_purged_rows"] <= 5110
     assert result["empty"]["purged_in_window"] == result["full"]["purged_in_window"] == 0
     assert result["bytes_per_run"] > result["heap_bytes_per_run"] > 0
     assert result["full"]["history"].keys() >= {"runs JOB_ID", "console job runs"}
