@@ -13,14 +13,15 @@ same ``--history-jobs`` jobs (none of them fires while measured):
    every fire (``dispatch.py``'s harness and figures).
 2. **Full**: ``--runs`` ended runs of those jobs, spread evenly over the last
    ``--days`` days (40: past the node's default 30-day retention), go straight
-   into the store (COPY on PostgreSQL, one transaction on SQLite: the
-   console benchmark's ``_history.py``, per-minute counts included), and the
-   table's size on disk is read. Then the same dispatch as above, and while
-   fires keep coming at the same rate: ``wheelctl runs JOB_ID`` (the gRPC
-   call it makes) and the console's history calls over HTTP, for jobs across
-   the table; then the node's own first retention pass (``--retain 30d``,
-   started ``--retention-after`` seconds after the node, at most 60) runs to
-   its end while dispatch goes on.
+   into the store (COPY on PostgreSQL, one transaction on SQLite: the console
+   benchmark's ``_history.py``, per-minute counts included; 96% succeeded,
+   the rest dead-lettered: nothing owed a retry, as in a store a node has run
+   for a month), and the table's size on disk is read. Then the same dispatch
+   as above, and while fires keep coming at the same rate: ``wheelctl runs
+   JOB_ID`` (the gRPC call it makes) and the console's history calls over
+   HTTP, for jobs across the table; then the node's own first retention pass
+   (``--retain 30d``, started ``--retention-after`` seconds after the node, at
+   most 60) runs to its end while dispatch goes on.
 
 JSON keys: ``runs``, ``store``, ``history_jobs``, ``fill_s``,
 ``fill_runs_per_s``, ``bytes_per_run`` (the table with its indexes, on disk,
@@ -29,16 +30,16 @@ over the runs loaded), ``heap_bytes_per_run`` (the rows alone),
 ``empty_lag_p99_ms``, ``dispatch_cost_ratio`` (full over empty, CPU per
 thousand fires of the node, its workers and the database), ``lag_ratio``,
 ``history_p99_ms`` (the worst p99 of the history calls; each call's own under
-``history``; ``history_during_retention``: the pass began before they
-ended, so they were timed under its load too), ``retention_s`` (the pass, first deletion to the pass's end, as
-the node logs it; null when it had not ended within ``--retention-timeout``,
-``retention_ended`` false, and the rest says what it did by then),
-``retention_purged_rows``, ``retention_rows_per_s``, ``retention_stall_ms_max`` (the
-node's longest event-loop stall while it ran, from
-``wheel_loop_stall_max_seconds``; when that maximum was set before the pass,
-the top of the highest ``wheel_loop_stall_seconds`` bucket that grew during
-it), ``retention_lag_p99_ms`` (the fires due during the pass), ``rate``,
-``lost`` and ``duplicates`` (both windows summed).
+``history``; ``history_during_retention``: the pass began before they ended,
+so they were timed under its load too), ``retention_s`` (the pass, first
+deletion to the pass's end, as the node logs it; null when it had not ended
+within ``--retention-timeout``, ``retention_ended`` false, and the rest says
+what it did by then), ``retention_purged_rows``, ``retention_rows_per_s``,
+``retention_stall_ms_max`` (the node's longest event-loop stall while it ran,
+from ``wheel_loop_stall_max_seconds``; when that maximum was set before the
+pass, the top of the highest ``wheel_loop_stall_seconds`` bucket that grew
+during it), ``retention_lag_p99_ms`` (the fires due during the pass),
+``rate``, ``lost`` and ``duplicates`` (both windows summed).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ import _report
 import numpy as np
 from _cluster import free_port
 from _drivers import DEFAULT_PG, PY, RunConfig, WheelDriver
-from _history import load_history
+from _history import load_history, settled
 from console import get, timed
 
 DAY_MS = 86_400_000
@@ -89,7 +90,7 @@ class FilledDriver(WheelDriver):
     def make_store(self, data: Path) -> str:
         url = super().make_store(data)
         took = load_history(url, jobs=self.jobs, runs=self.runs, days=self.days,
-                            first_fire_in_ms=30 * DAY_MS)  # fmt: skip
+                            first_fire_in_ms=30 * DAY_MS, outcomes=settled)  # fmt: skip
         self.filled = {"fill_s": took["runs_s"], "jobs_s": took["jobs_s"], **table_size(url)}
         return url
 
