@@ -237,6 +237,20 @@ class WheelDriver:
         # SQLite at wheel's default durability (synchronous=FULL), not the
         # poll baseline's NORMAL; PostgreSQL is the same for both.
         self.durable = False
+        # Serve /metrics even without history (``metrics`` says where).
+        self.with_metrics = False
+
+    def make_store(self, data: Path) -> str:
+        """The one node's store: a schema of its own on PostgreSQL, a file
+        in ``data`` on SQLite; its URL. Subclasses fill it first."""
+        if self.cfg.store == "postgres":
+            self.schema = PgSchema(self.cfg.pg_dsn, f"wheel-bench-{secrets.token_hex(4)}")
+            return self.schema.dsn
+        # The durability the poll baseline runs at (see poll_scheduler.py):
+        # commits survive a process crash, the WAL is fsynced at checkpoints.
+        # ``wheel-durable``: wheel's own default, every commit fsynced.
+        store = f"sqlite:///{data / 'wheel.db'}"
+        return store if self.durable else store + "?synchronous=normal"
 
     def serve_args(self) -> str:
         """``--serve-args``, and the tick when one was given."""
@@ -269,22 +283,14 @@ class WheelDriver:
 
         data = self.tmp / "wheel"
         data.mkdir()
-        if self.cfg.store == "postgres":
-            self.schema = PgSchema(self.cfg.pg_dsn, f"wheel-bench-{secrets.token_hex(4)}")
-            store = self.schema.dsn
-        else:
-            # The durability the poll baseline runs at (see poll_scheduler.py):
-            # commits survive a process crash, the WAL is fsynced at checkpoints.
-            # ``wheel-durable``: wheel's own default, every commit fsynced.
-            store = f"sqlite:///{data / 'wheel.db'}"
-            if not self.durable:
-                store += "?synchronous=normal"
+        store = self.make_store(data)
         port = _free_port()
         self.target = f"127.0.0.1:{port}"
         cmd = [self.cfg.wheelctl, "serve", "--data-dir", str(data), "--listen", self.target]
         cmd += ["--store", store, *shlex.split(self.serve_args())]
         if self.cfg.history:
             fill_history(store, self.cfg.history)
+        if self.cfg.history or self.with_metrics:
             self.metrics = f"http://127.0.0.1:{_free_port()}/metrics"
             cmd += ["--metrics-listen", self.metrics.removeprefix("http://").split("/")[0]]
         log = open(self.tmp / "wheel-serve.log", "wb")  # noqa: SIM115

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from wheel.engine.spec import Interval, JobSpec
@@ -26,6 +26,7 @@ from wheel.store.open import open_store
 BATCH = 10_000
 HANDLERS = ("reports.build", "mail.send", "ledger.sync", "cache.warm")
 HOUR_MS = 3_600_000
+Outcomes = Callable[[int], tuple[str, str | None]]
 
 
 def outcome(i: int) -> tuple[str, str | None]:
@@ -40,9 +41,30 @@ def outcome(i: int) -> tuple[str, str | None]:
     return "succeeded", None
 
 
-def load_history(url: str, *, jobs: int, runs: int, days: float) -> dict[str, float]:
+def settled(i: int) -> tuple[str, str | None]:
+    """Outcomes with nothing owed: as ``outcome``, but a fire whose run failed,
+    was lost or timed out has used its attempts up (dead-lettered). A store
+    a node has run for a month holds few runs owed a retry; ``outcome``'s
+    would each be one for a node starting on them."""
+    state, error = outcome(i)
+    if state in ("failed", "lost", "timed_out"):
+        return "dead_lettered", error or state.replace("_", " ")
+    return state, error
+
+
+def load_history(
+    url: str,
+    *,
+    jobs: int,
+    runs: int,
+    days: float,
+    first_fire_in_ms: int = HOUR_MS,
+    outcomes: Outcomes = outcome,
+) -> dict[str, float]:
     """Fill the store at ``url`` (``sqlite:///...`` or ``postgresql://...``);
-    seconds each part took."""
+    seconds each part took. The jobs' next fire is ``first_fire_in_ms``
+    from now (nothing of them fires while measured); no runs: the jobs
+    alone. Run ``i`` ends as ``outcomes(i)`` says."""
     now = int(time.time() * 1000)
     took: dict[str, float] = {}
     started = time.perf_counter()
@@ -59,7 +81,7 @@ def load_history(url: str, *, jobs: int, runs: int, days: float) -> dict[str, fl
                     ),
                     created_at_ms=now - int(days * 24 * HOUR_MS),
                     # Nothing fires while measured.
-                    next_run_at=now + HOUR_MS,
+                    next_run_at=now + first_fire_in_ms,
                 )
                 for i in range(first, min(jobs, first + BATCH))
             ]
@@ -73,19 +95,22 @@ def load_history(url: str, *, jobs: int, runs: int, days: float) -> dict[str, fl
     started = time.perf_counter()
     span = int(days * 24 * HOUR_MS)
     first_ms = now - span
-    if url.startswith("sqlite:///"):
-        _fill_sqlite(Path(url.removeprefix("sqlite:///")), runs, first_ms, span)
-    else:
-        _fill_postgres(url, runs, first_ms, span)
+    if runs and url.startswith("sqlite:///"):
+        path = url.removeprefix("sqlite:///").split("?")[0]  # without its options
+        _fill_sqlite(Path(path), runs, first_ms, span, outcomes)
+    elif runs:
+        _fill_postgres(url, runs, first_ms, span, outcomes)
     took["runs_s"] = time.perf_counter() - started
     return took
 
 
-def _runs(ids: list[int], runs: int, first_ms: int, span: int) -> Iterator[tuple[object, ...]]:
+def _runs(
+    ids: list[int], runs: int, first_ms: int, span: int, outcomes: Outcomes
+) -> Iterator[tuple[object, ...]]:
     for i in range(runs):
         job_id = ids[i % len(ids)]
         fire = first_ms + (i * span) // runs
-        state, error = outcome(i)
+        state, error = outcomes(i)
         took_ms = 20 + (i * 7919) % 3000
         yield (
             i + 1, job_id, fire, 0, state, i + 1, "w-1",
@@ -105,14 +130,14 @@ RUN_COLUMNS = (
 )
 
 
-def _fill_sqlite(db: Path, runs: int, first_ms: int, span: int) -> None:
+def _fill_sqlite(db: Path, runs: int, first_ms: int, span: int, outcomes: Outcomes) -> None:
     con = sqlite3.connect(db, isolation_level=None)
     try:
         ids = [r[0] for r in con.execute("SELECT job_id FROM jobs ORDER BY job_id")]
         con.execute("BEGIN")
         con.executemany(
             f"INSERT INTO executions ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            _runs(ids, runs, first_ms, span),
+            _runs(ids, runs, first_ms, span, outcomes),
         )
         con.execute("UPDATE counters SET value = ? WHERE name = 'run_id'", (runs,))
         con.executemany(
@@ -132,14 +157,14 @@ def _fill_sqlite(db: Path, runs: int, first_ms: int, span: int) -> None:
         con.close()
 
 
-def _fill_postgres(url: str, runs: int, first_ms: int, span: int) -> None:
+def _fill_postgres(url: str, runs: int, first_ms: int, span: int, outcomes: Outcomes) -> None:
     import psycopg
 
     with psycopg.connect(url) as con:
         ids = [r[0] for r in con.execute("SELECT job_id FROM jobs ORDER BY job_id")]
         with con.cursor() as cur:
             with cur.copy(f"COPY executions ({RUN_COLUMNS}) FROM STDIN") as copy:
-                for row in _runs(ids, runs, first_ms, span):
+                for row in _runs(ids, runs, first_ms, span, outcomes):
                     copy.write_row(row)
             with cur.copy(
                 "COPY missed_fires (job_id, scheduled_for, reason, recorded_at_ms) FROM STDIN"

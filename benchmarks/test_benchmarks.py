@@ -14,6 +14,7 @@ import _harness as h
 import _results_page as page_
 import dispatch
 import numpy as np
+import runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,3 +141,20 @@ def test_a_burst_is_every_one_shot_due_at_the_same_instant() -> None:
     assert sorted(job.tolist()) == [1, 2, 3, 4, 5]
     assert set(sched.tolist()) == {1_000}
     assert (w.start_ms, w.end_ms) == (1_000, 1_001)
+
+
+def test_the_stall_during_retention_is_the_new_maximum_or_the_top_of_the_buckets_it_grew() -> None:
+    def scrape(top: float, buckets: dict[str, float]) -> dict[str, float]:
+        out = {"wheel_loop_stall_max_seconds": top}
+        for le, n in buckets.items():
+            out[f"wheel_loop_stall_seconds_bucket{{le={le}}}"] = n
+        return out
+
+    before = scrape(0.3, {"0.01": 5, "0.05": 8, "0.1": 9, "0.5": 10, "+Inf": 10})
+    # The maximum rose during the pass: that is the pass's.
+    assert runs.stalled_during(before, scrape(0.42, {"0.5": 11, "+Inf": 11})) == (0.42, "max")
+    # It did not: the pass's stalls all lie under the first bound that grew
+    # by as many as +Inf did (two stalls, both at or under 50 ms).
+    grown = scrape(0.3, {"0.01": 6, "0.05": 10, "0.1": 11, "0.5": 12, "+Inf": 12})
+    assert runs.stalled_during(before, grown) == (0.05, "bucket")
+    assert runs.stalled_during(before, before) == (0.0, "none")
