@@ -184,9 +184,7 @@ def test_traced_runs_go_as_columns_only_to_a_worker_that_reads_their_traceparent
     send_actions(older, acts, trace=_traceparent)
     [msg] = _sent(older)
     assert not msg.assignments.HasField("columns")
-    assert [a.traceparent for a in msg.assignments.assignments] == [
-        _traceparent(a) for a in runs
-    ]
+    assert [a.traceparent for a in msg.assignments.assignments] == [_traceparent(a) for a in runs]
     # Not tracing: columns without traceparents.
     send_actions(reads, acts)
     [msg] = _sent(reads)

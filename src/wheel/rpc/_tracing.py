@@ -191,8 +191,9 @@ class DispatchTraces:
                 found = {}
             for job_id in unknown:
                 self._keep(job_id, found.get(job_id, ""))
-        span = tracing.finished
-        spans = []
+        rows: list[tracing.Row] = []
+        row = rows.append
+        producer = SpanKind.PRODUCER
         for a, at_ns, trace_id, span_id in batch:
             job_id = a.job_id
             attempt = wire_attempt(a.attempt)
@@ -202,8 +203,8 @@ class DispatchTraces:
                 links = (*links, Link(tracing.span_context(trace_id, first), _FIRST_ATTEMPT))
             scheduled_for = a.scheduled_for
             scheduled_ns = scheduled_for * 1_000_000
-            spans.append(
-                span(
+            row(
+                (
                     "dispatch",
                     trace_id,
                     span_id,
@@ -211,7 +212,7 @@ class DispatchTraces:
                     # A fire's first hand-out spans its lag; a retry's is a moment.
                     scheduled_ns if attempt == 1 else at_ns,
                     max(at_ns, scheduled_ns),
-                    SpanKind.PRODUCER,
+                    producer,
                     {
                         "wheel.job_id": job_id,
                         "wheel.shard": shard_of(job_id),
@@ -221,6 +222,7 @@ class DispatchTraces:
                         "wheel.dispatched_at_ms": at_ns // 1_000_000,
                     },
                     links,
+                    "",
                 )
             )
-        tracing.emit(spans)
+        tracing.emit(tracing.finished_all(rows))

@@ -4,8 +4,8 @@ the attempt's ``dispatch`` span, current while the handler runs so that the
 handler's own spans nest under it, and sent on as an HTTP target's
 ``traceparent``. A retry's ``run`` links to the first attempt's. Its ids
 are derived from the fire's key and the attempt, like the node's; the span
-is handed to the SDK finished, when the run ends (``tracing.emit``), with
-the others that ended in the same turn of the event loop.
+is made finished when the run ends and handed to the SDK (``tracing.emit``)
+with the others that ended in the same turn of the event loop.
 
 While the run runs, its span is only what a handler's spans need of their
 parent, its context (``RunSpan``, a non-recording span): what the SDK's span
@@ -46,7 +46,8 @@ class RunSpan(NonRecordingSpan):
     def __init__(
         self, trace_id: int, span_id: int, parent: int, start_ns: int, worker_id: str
     ) -> None:
-        super().__init__(tracing.span_context(trace_id, span_id, remote=False))
+        # NonRecordingSpan's own __init__ sets nothing else.
+        self._context = tracing.span_context(trace_id, span_id, remote=False)
         self.trace_id = trace_id
         self.span_id = span_id
         self.parent = parent
@@ -55,24 +56,25 @@ class RunSpan(NonRecordingSpan):
 
 
 class Ended:
-    """The run spans finished in one turn of the event loop, handed to the
-    SDK together at its end (a batch costs its processors about what one
-    span does)."""
+    """The run spans finished in one turn of the event loop, made and handed
+    to the SDK together at its end (a batch costs its processors about what
+    one span does, and its spans are made in one loop)."""
 
     def __init__(self) -> None:
-        self._spans: list[Any] = []
+        self._rows: list[tracing.Row] = []
 
-    def add(self, span: Any) -> None:
-        self._spans.append(span)
-        if len(self._spans) == 1:
+    def add(self, row: tracing.Row) -> None:
+        rows = self._rows
+        rows.append(row)
+        if len(rows) == 1:
             try:
                 asyncio.get_running_loop().call_soon(self.emit)
             except RuntimeError:  # no loop runs (any more): now
                 self.emit()
 
     def emit(self) -> None:
-        spans, self._spans = self._spans, []
-        tracing.emit(spans)
+        rows, self._rows = self._rows, []
+        tracing.emit(tracing.finished_all(rows))
 
 
 def begin(run: Run, traceparent: str, worker_id: str) -> None:
@@ -80,9 +82,11 @@ def begin(run: Run, traceparent: str, worker_id: str) -> None:
     if not traceparent or not tracing.is_on():
         return
     parent = tracing.parse_ids(traceparent)
-    if parent is None or not parent[2]:
+    if parent is None:
         return
-    trace_id, dispatch_span_id, _ = parent
+    trace_id, dispatch_span_id, sampled = parent
+    if not sampled:
+        return
     run.span = RunSpan(
         trace_id,
         tracing.run_span_of(dispatch_span_id),
@@ -118,25 +122,25 @@ def end(run: Run, ended: Ended, ok: bool, error: str = "") -> None:
     if attempt > 1:
         first = tracing.run_span_of(tracing.dispatch_span_of(trace_id, 1))
         links = (Link(tracing.span_context(trace_id, first), _FIRST_ATTEMPT),)
-    finished = tracing.finished(
-        "run",
-        trace_id,
-        span.span_id,
-        span.parent,
-        span.start_ns,
-        time.time_ns(),
-        SpanKind.CONSUMER,
-        {
-            "wheel.job_id": ctx.job_id,
-            "wheel.run_id": ctx.run_id,
-            "wheel.attempt": attempt,
-            "wheel.worker_id": span.worker_id,
-        },
-        links,
-        "" if ok else (error.partition("\n")[0][:200] or "failed"),
+    ended.add(
+        (
+            "run",
+            trace_id,
+            span.span_id,
+            span.parent,
+            span.start_ns,
+            time.time_ns(),
+            SpanKind.CONSUMER,
+            {
+                "wheel.job_id": ctx.job_id,
+                "wheel.run_id": ctx.run_id,
+                "wheel.attempt": attempt,
+                "wheel.worker_id": span.worker_id,
+            },
+            links,
+            "" if ok else (error.partition("\n")[0][:200] or "failed"),
+        )
     )
-    if finished is not None:
-        ended.add(finished)
 
 
 def header(run: Run) -> str:
