@@ -138,11 +138,12 @@ class DispatchTraces:
         while len(jobs) > CACHED_JOBS:
             jobs.popitem(last=False)
 
-    def handed_out(self, a: Assignment) -> str:
-        """The ``traceparent`` of the attempt's dispatch span, which is made
-        soon after (on the event loop, per hand-out)."""
+    def handed_out(self, a: Assignment, key: str) -> str:
+        """The ``traceparent`` of the attempt's dispatch span (``key``: the
+        run's idempotency key), which is made soon after (on the event loop,
+        per hand-out)."""
         attempt = wire_attempt(a.attempt)  # 1 for a fire's first, as workers see it
-        trace_id = tracing.fire_trace_id(a.idempotency_key)
+        trace_id = tracing.fire_trace_id(key)
         span_id = tracing.dispatch_span_of(trace_id, attempt)
         if not self._always and not tracing.sampled(trace_id, "dispatch", ()):
             return tracing.traceparent(trace_id, span_id, sampled=False)

@@ -384,13 +384,14 @@ def send_actions(
     session: WorkerSession,
     acts: Actions,
     sign: Signer | None = None,
-    trace: Callable[[Assignment], str] | None = None,
+    trace: Callable[[Assignment, str], str] | None = None,
 ) -> None:
     """One message per worker per loop iteration (batching): its assignments
     carry the answers to its completions; revokes go on their own. With
     ``sign``, each run of an HTTP target with a signing secret is signed as
     it is handed out (``sign_http``); with ``trace`` (tracing on), each
-    carries its dispatch span's ``traceparent``."""
+    carries its dispatch span's ``traceparent`` (``trace(run, its
+    idempotency key)``)."""
     wid = session.worker_id
     put = session.outbox.put_nowait
     results = acts.results.get(wid)
@@ -434,7 +435,7 @@ def send_actions(
             if a.handler == HTTP_HANDLER and sign is not None:
                 sign_http(out, sign)
             if trace is not None:
-                out.traceparent = trace(a)
+                out.traceparent = trace(a, out.idempotency_key)
         if results or rejected or credited:
             _fill_results(msg.assignments.results, results or (), rejected or (), credited)
         put(msg)
@@ -466,7 +467,7 @@ def _fill_columns(
     out: worker_service_pb2.Assignments,
     assignments: Sequence[Assignment],
     sign: Signer | None,
-    trace: Callable[[Assignment], str] | None = None,
+    trace: Callable[[Assignment, str], str] | None = None,
 ) -> list[Assignment]:
     """The runs as ``out.columns``, a list per field extended once (about a
     fifth of a message built per run), with ``trace`` each one's
@@ -495,13 +496,14 @@ def _fill_columns(
         scheduled_for.append(a.scheduled_for)
         attempt.append(wire_attempt(a.attempt))
         fence.append(a.fence)
-        key.append(a.idempotency_key)
+        k = a.idempotency_key
+        key.append(k)
         payload.append(a.payload)
         lease_ms.append(a.lease_ms)
         timeout_ms.append(a.timeout_ms)
         tenant.append(a.tenant)
         if trace is not None:
-            traceparent.append(trace(a))
+            traceparent.append(trace(a, k))
     if run_id:
         cols = out.columns
         cols.run_id.extend(run_id)
