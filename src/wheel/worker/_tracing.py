@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Link, NonRecordingSpan, SpanKind
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind
 
 from wheel import tracing
 from wheel.worker._api import RunContext
@@ -41,18 +41,31 @@ _FIRST_ATTEMPT = {"wheel.link": "first_attempt"}
 
 class RunSpan(NonRecordingSpan):
     """A run's span while it runs: the current span of its handler (its
-    context), and its parent, start and worker for the finished span."""
+    context, made the first time it is asked for: a handler that makes no
+    span and sends no request never does), and its parent, start and worker
+    for the finished span."""
+
+    __slots__ = ("_made", "parent", "span_id", "start_ns", "trace_id", "worker_id")
 
     def __init__(
         self, trace_id: int, span_id: int, parent: int, start_ns: int, worker_id: str
     ) -> None:
-        # NonRecordingSpan's own __init__ sets nothing else.
-        self._context = tracing.span_context(trace_id, span_id, remote=False)
+        # NonRecordingSpan's own __init__ sets only its context (_made).
+        self._made: SpanContext | None = None
         self.trace_id = trace_id
         self.span_id = span_id
         self.parent = parent
         self.start_ns = start_ns
         self.worker_id = worker_id
+
+    def get_span_context(self) -> SpanContext:
+        context = self._made
+        if context is None:
+            context = self._made = tracing.span_context(self.trace_id, self.span_id, remote=False)
+        return context
+
+    def __repr__(self) -> str:
+        return f"RunSpan({self.get_span_context()!r})"
 
 
 class Ended:
