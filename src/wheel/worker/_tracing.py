@@ -4,8 +4,8 @@ the attempt's ``dispatch`` span, current while the handler runs so that the
 handler's own spans nest under it, and sent on as an HTTP target's
 ``traceparent``. A retry's ``run`` links to the first attempt's. Its ids
 are derived from the fire's key and the attempt, like the node's; the span
-is made finished when the run ends and handed to the SDK (``tracing.emit``)
-with the others that ended in the same turn of the event loop.
+is made finished and handed to the SDK (``tracing.emit``) with the others
+that ended within ``EMIT_S`` of it.
 
 While the run runs, its span is only what a handler's spans need of their
 parent, its context (``RunSpan``, a non-recording span): what the SDK's span
@@ -34,9 +34,14 @@ class Run(Protocol):
     def ctx(self) -> RunContext: ...
 
 
-__all__ = ["Ended", "RunSpan", "attach", "begin", "detach", "end", "header"]
+__all__ = ["EMIT_S", "Ended", "RunSpan", "attach", "begin", "detach", "end", "header"]
 
 _FIRST_ATTEMPT = {"wheel.link": "first_attempt"}
+# How long an ended run's span waits for others to be handed over with, at
+# most (seconds): a worker's runs end a few a turn of its loop, and each
+# hand-over costs about what a span does. The SDK's batch processor holds
+# spans for seconds before it exports them.
+EMIT_S = 0.05
 
 
 class RunSpan(NonRecordingSpan):
@@ -69,25 +74,31 @@ class RunSpan(NonRecordingSpan):
 
 
 class Ended:
-    """The run spans finished in one turn of the event loop, made and handed
-    to the SDK together at its end (a batch costs its processors about what
-    one span does, and its spans are made in one loop)."""
+    """The run spans that ended within ``EMIT_S``, made and handed to the
+    SDK together (a batch costs its processors about what one span does,
+    and its spans are made in one loop); ``emit`` hands over at once what
+    waits (the runner does as it stops)."""
 
     def __init__(self) -> None:
         self._rows: list[tracing.Row] = []
+        self._timer: asyncio.TimerHandle | None = None
 
     def add(self, row: tracing.Row) -> None:
         rows = self._rows
         rows.append(row)
         if len(rows) == 1:
             try:
-                asyncio.get_running_loop().call_soon(self.emit)
+                self._timer = asyncio.get_running_loop().call_later(EMIT_S, self.emit)
             except RuntimeError:  # no loop runs (any more): now
                 self.emit()
 
     def emit(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         rows, self._rows = self._rows, []
-        tracing.emit(tracing.finished_all(rows))
+        if rows:
+            tracing.emit(tracing.finished_all(rows))
 
 
 def begin(run: Run, traceparent: str, worker_id: str) -> None:
