@@ -60,6 +60,7 @@ __all__ = [
     "emit",
     "finished",
     "finished_all",
+    "fire_trace",
     "fire_trace_id",
     "install",
     "is_on",
@@ -71,6 +72,7 @@ __all__ = [
     "sampled",
     "span_context",
     "traceparent",
+    "traceparent_of",
     "tracer",
 ]
 
@@ -310,6 +312,19 @@ def fire_trace_id(key: str) -> int:
     return int.from_bytes(digest.digest(), "big") or 1
 
 
+def fire_trace(key: str) -> tuple[int, str]:
+    """The trace of a fire, as ``fire_trace_id`` gives it and as the 32 hex
+    digits a ``traceparent`` carries (``traceparent_of``): the hash's own,
+    not the number formatted again."""
+    digest = _FIRE.copy()
+    digest.update(key.encode())
+    raw = digest.digest()
+    trace_id = int.from_bytes(raw, "big")
+    if not trace_id:
+        return 1, "%032x" % 1  # noqa: UP031
+    return trace_id, raw.hex()
+
+
 def dispatch_span_of(trace_id: int, attempt: int) -> int:
     """The id of a fire's ``dispatch`` span for an attempt (1 for the
     first), from the fire's trace id."""
@@ -342,6 +357,11 @@ def traceparent(trace_id: int, span_id: int, sampled: bool = True) -> str:
     """The W3C ``traceparent`` of a span."""
     # %-formatting: a third of what an f-string's format specs cost.
     return "00-%032x-%016x-%s" % (trace_id, span_id, "01" if sampled else "00")  # noqa: UP031
+
+
+def traceparent_of(trace_hex: str, span_id: int, sampled: bool = True) -> str:
+    """``traceparent`` of a trace id given as its 32 hex digits (``fire_trace``)."""
+    return "00-" + trace_hex + ("-%016x-01" if sampled else "-%016x-00") % span_id
 
 
 def parse_traceparent(value: str) -> SpanContext | None:

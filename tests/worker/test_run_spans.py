@@ -238,3 +238,13 @@ def test_the_spans_of_a_fire_have_ids_of_their_own() -> None:
     assert tracing.run_span_id("7:1000", 3) == tracing.run_span_of(
         tracing.dispatch_span_of(trace_id, 3)
     )
+
+
+def test_a_fires_traceparent_from_its_hash_digits_is_the_one_its_ids_format_to() -> None:
+    for key in ("7:1000", "7:1001", "123456789:1700000000000"):
+        trace_id, digits = tracing.fire_trace(key)
+        assert trace_id == tracing.fire_trace_id(key) and len(digits) == 32
+        for span_id, sampled in ((tracing.dispatch_span_id(key, 1), True), (1, False)):
+            made = tracing.traceparent_of(digits, span_id, sampled)
+            assert made == tracing.traceparent(trace_id, span_id, sampled)
+            assert tracing.parse_ids(made) == (trace_id, span_id, sampled)

@@ -143,10 +143,10 @@ class DispatchTraces:
         run's idempotency key), which is made soon after (on the event loop,
         per hand-out)."""
         attempt = wire_attempt(a.attempt)  # 1 for a fire's first, as workers see it
-        trace_id = tracing.fire_trace_id(key)
+        trace_id, trace_hex = tracing.fire_trace(key)
         span_id = tracing.dispatch_span_of(trace_id, attempt)
         if not self._always and not tracing.sampled(trace_id, "dispatch", ()):
-            return tracing.traceparent(trace_id, span_id, sampled=False)
+            return tracing.traceparent_of(trace_hex, span_id, sampled=False)
         queue = self._queue
         queue.append((a, time.time_ns(), trace_id, span_id))
         if len(queue) == 1:
@@ -158,7 +158,7 @@ class DispatchTraces:
                 self.node.on_stop(self.close)
             assert self._wake is not None
             self._wake.set()
-        return tracing.traceparent(trace_id, span_id)
+        return tracing.traceparent_of(trace_hex, span_id)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -183,7 +183,9 @@ class DispatchTraces:
         if not batch:
             return
         jobs = self._jobs
-        unknown = sorted({a.job_id for a, *_ in batch if a.job_id not in jobs})
+        # (A set of the batch's jobs first: a hand-out's tuple is not
+        # unpacked, nor each job looked up, once a fire.)
+        unknown = sorted(j for j in {item[0].job_id for item in batch} if j not in jobs)
         if unknown:
             try:
                 found = await self.node.job_traces(unknown)
