@@ -160,3 +160,36 @@ def test_held_answers_of_a_stream_that_closed_are_dropped() -> None:
         assert _sent(session) == [] and session.held == []
 
     asyncio.run(go())
+
+
+def _traceparent(a: Assignment, key: str) -> str:
+    assert key == a.idempotency_key
+    return f"00-{a.run_id:032x}-{a.job_id:016x}-01"
+
+
+def test_traced_runs_go_as_columns_only_to_a_worker_that_reads_their_traceparents() -> None:
+    runs = [_assignment(7), _assignment(8)]
+    reads = WorkerSession("w1")
+    reads.columns = reads.traced_columns = True
+    acts = Actions()
+    acts.assignments["w1"] = runs
+    send_actions(reads, acts, trace=_traceparent)
+    [msg] = _sent(reads)
+    cols = msg.assignments.columns
+    assert not msg.assignments.assignments
+    assert list(cols.run_id) == [7, 8]
+    assert list(cols.traceparent) == [_traceparent(a, a.idempotency_key) for a in runs]
+    # A worker that reads columns but not their traceparents: a message each.
+    older = WorkerSession("w1")
+    older.columns = True
+    send_actions(older, acts, trace=_traceparent)
+    [msg] = _sent(older)
+    assert not msg.assignments.HasField("columns")
+    assert [a.traceparent for a in msg.assignments.assignments] == [
+        _traceparent(a, a.idempotency_key) for a in runs
+    ]
+    # Not tracing: columns without traceparents.
+    send_actions(reads, acts)
+    [msg] = _sent(reads)
+    assert list(msg.assignments.columns.run_id) == [7, 8]
+    assert not msg.assignments.columns.traceparent

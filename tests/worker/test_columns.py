@@ -36,6 +36,29 @@ def test_runs_read_alike_from_messages_then_columns_and_an_http_run_keeps_a_mess
     assert http is not None and (http.run_id, http.handler, http.fence) == (3, "http", 6)
 
 
+def test_runs_in_columns_carry_their_traceparents_when_the_node_sends_them() -> None:
+    msg = pb.Assignments()
+    cols = msg.columns
+    for run_id, handler in ((2, "h"), (3, "http")):
+        cols.run_id.append(run_id)
+        cols.job_id.append(run_id * 10)
+        cols.handler.append(handler)
+        cols.tenant.append("t")
+        cols.payload.append(b"q")
+        cols.idempotency_key.append(f"{run_id * 10}:200")
+        cols.fence.append(6)
+        cols.attempt.append(1)
+        cols.scheduled_for_ms.append(200)
+        cols.timeout_ms.append(0)
+        cols.lease_ms.append(500)
+        cols.traceparent.append(f"tp-{run_id}")
+    first, second = handed_out(msg)
+    assert first == (2, 20, "h", "t", b"q", "20:200", 6, 1, 200, 0, "tp-2", None)
+    assert second[10] == "tp-3"
+    http = second[11]
+    assert http is not None and http.traceparent == "tp-3"  # the HTTP executor reads it there
+
+
 def test_completions_go_as_columns_only_to_a_node_that_reads_them() -> None:
     plain = (1, 5, pb.OUTCOME_SUCCEEDED, "", 10, 3, "", 0)
     failed = (2, 6, pb.OUTCOME_RETRYABLE, "boom", 20, 4, "", 0)

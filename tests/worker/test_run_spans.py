@@ -22,7 +22,8 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, StatusCode
 from wheel import tracing
 from wheel.engine.model import idempotency_key
 from wheel.worker import _tracing as spans
-from wheel.worker._api import RunContext, run_context
+from wheel.worker._api import RunContext, WorkerStats, run_context
+from wheel.worker._runs import Runner
 
 
 @pytest.fixture
@@ -156,9 +157,9 @@ def test_a_run_span_is_its_dispatchs_child_and_its_handlers_parent(
     async def ending() -> None:
         ended = spans.Ended()
         spans.end(run, ended, False, "it broke\nat line 3")
-        # Handed over at the end of the loop's turn, with the others ended in it.
+        # Handed over a moment later, with the others ended meanwhile.
         assert run.span is None and len(exported.get_finished_spans()) == 1
-        await asyncio.sleep(0)
+        await _until(lambda: len(exported.get_finished_spans()) == 2)
 
     asyncio.run(ending())
     work, done = exported.get_finished_spans()
@@ -176,6 +177,38 @@ def test_a_run_span_is_its_dispatchs_child_and_its_handlers_parent(
     }  # fmt: skip
     assert work.parent is not None and work.context is not None
     assert (work.parent.span_id, work.context.trace_id) == (done.context.span_id, trace_id)
+
+
+async def _until(done: Any, timeout_s: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not done():
+        assert loop.time() < deadline, "not handed over in time"
+        await asyncio.sleep(0.005)
+
+
+def test_run_spans_that_end_together_are_handed_over_together_and_all_as_the_runner_stops(
+    exported: InMemorySpanExporter,
+) -> None:
+    first, second, last = _run(7, 1), _run(8, 1), _run(9, 1)
+    for run in (first, second, last):
+        key = run.ctx.idempotency_key
+        spans.begin(run, tracing.traceparent(tracing.fire_trace_id(key), 5), "w-1")
+
+    async def ending() -> None:
+        ended = spans.Ended()
+        spans.end(first, ended, True)
+        spans.end(second, ended, True)
+        assert exported.get_finished_spans() == ()  # they wait for more, a moment
+        await _until(lambda: len(exported.get_finished_spans()) == 2)
+        runner = Runner(1, WorkerStats(), lambda *report: None)
+        spans.end(last, runner._ended, True)
+        await runner.stop([])  # stopping: what ended goes now, not a moment later
+        assert len(exported.get_finished_spans()) == 3
+
+    asyncio.run(ending())
+    job_ids = [span.attributes["wheel.job_id"] for span in exported.get_finished_spans()]  # type: ignore[index]
+    assert job_ids == [7, 8, 9]
 
 
 def tracer_of(exported: InMemorySpanExporter) -> Any:
@@ -205,3 +238,13 @@ def test_the_spans_of_a_fire_have_ids_of_their_own() -> None:
     assert tracing.run_span_id("7:1000", 3) == tracing.run_span_of(
         tracing.dispatch_span_of(trace_id, 3)
     )
+
+
+def test_a_fires_traceparent_from_its_hash_digits_is_the_one_its_ids_format_to() -> None:
+    for key in ("7:1000", "7:1001", "123456789:1700000000000"):
+        trace_id, digits = tracing.fire_trace(key)
+        assert trace_id == tracing.fire_trace_id(key) and len(digits) == 32
+        for span_id, sampled in ((tracing.dispatch_span_id(key, 1), True), (1, False)):
+            made = tracing.traceparent_of(digits, span_id, sampled)
+            assert made == tracing.traceparent(trace_id, span_id, sampled)
+            assert tracing.parse_ids(made) == (trace_id, span_id, sampled)

@@ -254,11 +254,13 @@ class WorkerSession:
     ``held``: answers to its completions, all accepted, that wait to ride
     with its next assignments (``wheel.rpc._workers.send_actions``);
     ``held_timer`` sends them alone if none come first. ``columns``: the
-    worker reads its runs as columns (``Hello.columns``)."""
+    worker reads its runs as columns (``Hello.columns``), ``traced_columns``
+    their ``traceparent`` too (``Hello.traced_columns``)."""
 
     def __init__(self, worker_id: str) -> None:
         self.worker_id = worker_id
         self.columns = False
+        self.traced_columns = False
         self.outbox: asyncio.Queue[object] = asyncio.Queue()
         self.closed = False
         self.held: list[CompletionResult] = []

@@ -138,14 +138,15 @@ class DispatchTraces:
         while len(jobs) > CACHED_JOBS:
             jobs.popitem(last=False)
 
-    def handed_out(self, a: Assignment) -> str:
-        """The ``traceparent`` of the attempt's dispatch span, which is made
-        soon after (on the event loop, per hand-out)."""
+    def handed_out(self, a: Assignment, key: str) -> str:
+        """The ``traceparent`` of the attempt's dispatch span (``key``: the
+        run's idempotency key), which is made soon after (on the event loop,
+        per hand-out)."""
         attempt = wire_attempt(a.attempt)  # 1 for a fire's first, as workers see it
-        trace_id = tracing.fire_trace_id(a.idempotency_key)
+        trace_id, trace_hex = tracing.fire_trace(key)
         span_id = tracing.dispatch_span_of(trace_id, attempt)
         if not self._always and not tracing.sampled(trace_id, "dispatch", ()):
-            return tracing.traceparent(trace_id, span_id, sampled=False)
+            return tracing.traceparent_of(trace_hex, span_id, sampled=False)
         queue = self._queue
         queue.append((a, time.time_ns(), trace_id, span_id))
         if len(queue) == 1:
@@ -157,7 +158,7 @@ class DispatchTraces:
                 self.node.on_stop(self.close)
             assert self._wake is not None
             self._wake.set()
-        return tracing.traceparent(trace_id, span_id)
+        return tracing.traceparent_of(trace_hex, span_id)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -182,7 +183,9 @@ class DispatchTraces:
         if not batch:
             return
         jobs = self._jobs
-        unknown = sorted({a.job_id for a, *_ in batch if a.job_id not in jobs})
+        # (A set of the batch's jobs first: a hand-out's tuple is not
+        # unpacked, nor each job looked up, once a fire.)
+        unknown = sorted(j for j in {item[0].job_id for item in batch} if j not in jobs)
         if unknown:
             try:
                 found = await self.node.job_traces(unknown)
@@ -191,8 +194,9 @@ class DispatchTraces:
                 found = {}
             for job_id in unknown:
                 self._keep(job_id, found.get(job_id, ""))
-        span = tracing.finished
-        spans = []
+        rows: list[tracing.Row] = []
+        row = rows.append
+        producer = SpanKind.PRODUCER
         for a, at_ns, trace_id, span_id in batch:
             job_id = a.job_id
             attempt = wire_attempt(a.attempt)
@@ -202,8 +206,8 @@ class DispatchTraces:
                 links = (*links, Link(tracing.span_context(trace_id, first), _FIRST_ATTEMPT))
             scheduled_for = a.scheduled_for
             scheduled_ns = scheduled_for * 1_000_000
-            spans.append(
-                span(
+            row(
+                (
                     "dispatch",
                     trace_id,
                     span_id,
@@ -211,7 +215,7 @@ class DispatchTraces:
                     # A fire's first hand-out spans its lag; a retry's is a moment.
                     scheduled_ns if attempt == 1 else at_ns,
                     max(at_ns, scheduled_ns),
-                    SpanKind.PRODUCER,
+                    producer,
                     {
                         "wheel.job_id": job_id,
                         "wheel.shard": shard_of(job_id),
@@ -221,6 +225,7 @@ class DispatchTraces:
                         "wheel.dispatched_at_ms": at_ns // 1_000_000,
                     },
                     links,
+                    "",
                 )
             )
-        tracing.emit(spans)
+        tracing.emit(tracing.finished_all(rows))

@@ -94,6 +94,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             handlers=list(hello.handlers),
         )
         session.columns = hello.columns
+        session.traced_columns = hello.columns and hello.traced_columns
         cfg = node.config.owner
         yield worker_service_pb2.ServerMessage(
             welcome=worker_service_pb2.Welcome(
@@ -383,13 +384,14 @@ def send_actions(
     session: WorkerSession,
     acts: Actions,
     sign: Signer | None = None,
-    trace: Callable[[Assignment], str] | None = None,
+    trace: Callable[[Assignment, str], str] | None = None,
 ) -> None:
     """One message per worker per loop iteration (batching): its assignments
     carry the answers to its completions; revokes go on their own. With
     ``sign``, each run of an HTTP target with a signing secret is signed as
     it is handed out (``sign_http``); with ``trace`` (tracing on), each
-    carries its dispatch span's ``traceparent``."""
+    carries its dispatch span's ``traceparent`` (``trace(run, its
+    idempotency key)``)."""
     wid = session.worker_id
     put = session.outbox.put_nowait
     results = acts.results.get(wid)
@@ -411,8 +413,8 @@ def send_actions(
         results = _take_held(session) + list(results or ())
     if assignments:
         msg = worker_service_pb2.ServerMessage()
-        if session.columns and trace is None:
-            assignments = _fill_columns(msg.assignments, assignments, sign)
+        if session.columns and (trace is None or session.traced_columns):
+            assignments = _fill_columns(msg.assignments, assignments, sign, trace)
         # add() builds each in place: a message per run built apart and then
         # copied into the list cost twice as much (4.7 against 2.6 us a run).
         add = msg.assignments.assignments.add
@@ -433,7 +435,7 @@ def send_actions(
             if a.handler == HTTP_HANDLER and sign is not None:
                 sign_http(out, sign)
             if trace is not None:
-                out.traceparent = trace(a)
+                out.traceparent = trace(a, out.idempotency_key)
         if results or rejected or credited:
             _fill_results(msg.assignments.results, results or (), rejected or (), credited)
         put(msg)
@@ -462,11 +464,15 @@ def send_actions(
 
 
 def _fill_columns(
-    out: worker_service_pb2.Assignments, assignments: Sequence[Assignment], sign: Signer | None
+    out: worker_service_pb2.Assignments,
+    assignments: Sequence[Assignment],
+    sign: Signer | None,
+    trace: Callable[[Assignment, str], str] | None = None,
 ) -> list[Assignment]:
     """The runs as ``out.columns``, a list per field extended once (about a
-    fifth of a message built per run); returns those that need a message of
-    their own: an HTTP target's run to sign."""
+    fifth of a message built per run), with ``trace`` each one's
+    ``traceparent``; returns those that need a message of their own: an HTTP
+    target's run to sign."""
     run_id: list[int] = []
     job_id: list[int] = []
     handler: list[str] = []
@@ -478,6 +484,7 @@ def _fill_columns(
     lease_ms: list[int] = []
     timeout_ms: list[int] = []
     tenant: list[str] = []
+    traceparent: list[str] = []
     apart: list[Assignment] = []
     for a in assignments:
         if a.handler == HTTP_HANDLER and sign is not None:
@@ -489,11 +496,14 @@ def _fill_columns(
         scheduled_for.append(a.scheduled_for)
         attempt.append(wire_attempt(a.attempt))
         fence.append(a.fence)
-        key.append(a.idempotency_key)
+        k = a.idempotency_key
+        key.append(k)
         payload.append(a.payload)
         lease_ms.append(a.lease_ms)
         timeout_ms.append(a.timeout_ms)
         tenant.append(a.tenant)
+        if trace is not None:
+            traceparent.append(trace(a, k))
     if run_id:
         cols = out.columns
         cols.run_id.extend(run_id)
@@ -507,6 +517,8 @@ def _fill_columns(
         cols.lease_ms.extend(lease_ms)
         cols.timeout_ms.extend(timeout_ms)
         cols.tenant.extend(tenant)
+        if traceparent:
+            cols.traceparent.extend(traceparent)
     return apart
 
 

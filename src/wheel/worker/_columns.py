@@ -4,6 +4,7 @@ read them (``Hello.columns``, ``Welcome.columns``)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 
 from wheel.rpc.v1 import worker_service_pb2 as pb
@@ -36,6 +37,8 @@ def handed_out(msg: pb.Assignments) -> Iterator[Handed]:
     if not msg.HasField("columns"):
         return
     c = msg.columns
+    # A node that traces sends each run's traceparent; one that does not, none.
+    traceparents = c.traceparent or itertools.repeat("", len(c.run_id))
     rows = zip(
         c.run_id,
         c.job_id,
@@ -47,9 +50,10 @@ def handed_out(msg: pb.Assignments) -> Iterator[Handed]:
         c.attempt,
         c.scheduled_for_ms,
         c.timeout_ms,
+        traceparents,
         strict=True,
     )
-    for run_id, job_id, handler, tenant, payload, key, fence, attempt, at, timeout in rows:
+    for run_id, job_id, handler, tenant, payload, key, fence, attempt, at, timeout, tp in rows:
         # A node sends an HTTP target's runs as messages; one that did not
         # gets them rebuilt here, for the HTTP executor that reads them so.
         a = None
@@ -65,8 +69,9 @@ def handed_out(msg: pb.Assignments) -> Iterator[Handed]:
                 attempt=attempt,
                 scheduled_for_ms=at,
                 timeout_ms=timeout,
+                traceparent=tp,
             )
-        yield run_id, job_id, handler, tenant, payload, key, fence, attempt, at, timeout, "", a
+        yield run_id, job_id, handler, tenant, payload, key, fence, attempt, at, timeout, tp, a
 
 
 def run_count(msg: pb.Assignments) -> int:

@@ -325,6 +325,7 @@ class Link:
                             pools=list(w.pools),
                             handlers=w.handler_names,
                             columns=True,
+                            traced_columns=True,
                         )
                     )
                 )

@@ -306,7 +306,8 @@ class Runner:
         )
         self._results_lock = threading.Lock()
         self._results_scheduled = False
-        # Run spans that ended, on their way to the SDK (tracing on).
+        # Run spans that ended, on their way to the SDK (tracing on; handed
+        # over together, the last ones as it stops).
         self._ended = spans.Ended()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -627,6 +628,7 @@ class Runner:
             await asyncio.wait(tasks, timeout=1.0)
         for _ in self._threads:
             self._jobs.put(None)
+        self._ended.emit()  # the spans that ended last, before the loop stops
 
 
 def decoded(

@@ -57,18 +57,20 @@ class WorkerMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., returned: _Optional[_Union[Returned, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("worker_id", "capacity", "pools", "handlers", "columns")
+    __slots__ = ("worker_id", "capacity", "pools", "handlers", "columns", "traced_columns")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
     HANDLERS_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    TRACED_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     capacity: int
     pools: _containers.RepeatedScalarFieldContainer[str]
     handlers: _containers.RepeatedScalarFieldContainer[str]
     columns: bool
-    def __init__(self, worker_id: _Optional[str] = ..., capacity: _Optional[int] = ..., pools: _Optional[_Iterable[str]] = ..., handlers: _Optional[_Iterable[str]] = ..., columns: _Optional[bool] = ...) -> None: ...
+    traced_columns: bool
+    def __init__(self, worker_id: _Optional[str] = ..., capacity: _Optional[int] = ..., pools: _Optional[_Iterable[str]] = ..., handlers: _Optional[_Iterable[str]] = ..., columns: _Optional[bool] = ..., traced_columns: _Optional[bool] = ...) -> None: ...
 
 class RunRef(_message.Message):
     __slots__ = ("run_id", "fence", "job_id")
@@ -227,7 +229,7 @@ class Assignments(_message.Message):
     def __init__(self, assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., results: _Optional[_Union[Results, _Mapping]] = ..., columns: _Optional[_Union[RunColumns, _Mapping]] = ...) -> None: ...
 
 class RunColumns(_message.Message):
-    __slots__ = ("run_id", "job_id", "handler", "scheduled_for_ms", "attempt", "fence", "idempotency_key", "payload", "lease_ms", "timeout_ms", "tenant")
+    __slots__ = ("run_id", "job_id", "handler", "scheduled_for_ms", "attempt", "fence", "idempotency_key", "payload", "lease_ms", "timeout_ms", "tenant", "traceparent")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     HANDLER_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +241,7 @@ class RunColumns(_message.Message):
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     run_id: _containers.RepeatedScalarFieldContainer[int]
     job_id: _containers.RepeatedScalarFieldContainer[int]
     handler: _containers.RepeatedScalarFieldContainer[str]
@@ -250,7 +253,8 @@ class RunColumns(_message.Message):
     lease_ms: _containers.RepeatedScalarFieldContainer[int]
     timeout_ms: _containers.RepeatedScalarFieldContainer[int]
     tenant: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_id: _Optional[_Iterable[int]] = ..., job_id: _Optional[_Iterable[int]] = ..., handler: _Optional[_Iterable[str]] = ..., scheduled_for_ms: _Optional[_Iterable[int]] = ..., attempt: _Optional[_Iterable[int]] = ..., fence: _Optional[_Iterable[int]] = ..., idempotency_key: _Optional[_Iterable[str]] = ..., payload: _Optional[_Iterable[bytes]] = ..., lease_ms: _Optional[_Iterable[int]] = ..., timeout_ms: _Optional[_Iterable[int]] = ..., tenant: _Optional[_Iterable[str]] = ...) -> None: ...
+    traceparent: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[_Iterable[int]] = ..., job_id: _Optional[_Iterable[int]] = ..., handler: _Optional[_Iterable[str]] = ..., scheduled_for_ms: _Optional[_Iterable[int]] = ..., attempt: _Optional[_Iterable[int]] = ..., fence: _Optional[_Iterable[int]] = ..., idempotency_key: _Optional[_Iterable[str]] = ..., payload: _Optional[_Iterable[bytes]] = ..., lease_ms: _Optional[_Iterable[int]] = ..., timeout_ms: _Optional[_Iterable[int]] = ..., tenant: _Optional[_Iterable[str]] = ..., traceparent: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Revoke(_message.Message):
     __slots__ = ("run_id", "fence", "reason")
