@@ -185,12 +185,18 @@ def test_a_console_address_in_use_is_refused_and_leaves_nothing_running(tmp_path
 
 
 def test_a_node_that_cannot_open_its_checkpoint_leaves_nothing_running(tmp_path: Path) -> None:
-    ports, journal = Ports(), Journal()
     (tmp_path / "data").mkdir()
     # A file where the checkpoint's directory should be.
     (tmp_path / "data" / "checkpoint").write_text("not a directory")
-    with pytest.raises((WheelError, OSError)):
-        asyncio.run(_start_and_stop(config(tmp_path, ports), journal))
+    for _ in range(3):
+        ports, journal = Ports(), Journal()
+        with pytest.raises((WheelError, OSError)):
+            asyncio.run(_start_and_stop(config(tmp_path, ports), journal))
+        if journal.started[-1] == "start":
+            break
+        # A listener's free port taken meanwhile by another process (the
+        # suite runs in parallel): not the failure this test is about.
+        assert journal.started[-1] in ("server", "metrics", "console")
     assert journal.started[-1] == "start"
     assert journal.stopped == ["console", "metrics", "server", "node", "store", "lock"]
     assert_nothing_left(tmp_path, ports)
