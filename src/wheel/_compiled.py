@@ -41,6 +41,7 @@ MODULES: tuple[str, ...] = (
     "wheel.engine.schedule",
     "wheel.engine.profiles",
     "wheel.engine.jobtable",
+    "wheel.engine.fires",
     "wheel.engine.owner._values",
     "wheel.engine.owner._runtable",
     "wheel.engine.owner._tenants",

@@ -582,8 +582,9 @@ class Sim:
                 w.connect()
 
     def iterate(self) -> None:
-        """One pass of ``Node._loop`` through the same ``Driver`` (repeated
-        while it leaves work that can go out at once)."""
+        """One pass of the node's dispatch loop (``wheel.node._dispatch``)
+        through the same ``Driver`` (repeated while it leaves work that can
+        go out at once)."""
         for _ in range(1_000):
             driver, store, now = self.driver, self.store, self.now
             if driver is None:
@@ -897,7 +898,7 @@ class Sim:
                 nd = owner.next_deadline()
                 if nd is not None and (t is None or nd < t):
                     t = nd
-                # Node._sleep_until wakes at least every max_idle (0.5 s): work
+                # Dispatch._sleep_until wakes at least every max_idle (0.5 s): work
                 # held back by a token bucket goes out then.
                 if (
                     owner.dispatcher.ready

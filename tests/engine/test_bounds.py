@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tests.engine.sim import HOUR, MIN, SEC
 from tests.engine.test_owner import Node, T, _assignment, spec
 from tests.strategies import schedule_bounds
-from wheel.engine.driver import preview_fires, with_last_fire
+from wheel.engine.fires import preview_fires, with_last_fire
 from wheel.engine.model import JobState, MissedReason
 from wheel.engine.profiles import profile_of, split_spec
 from wheel.engine.schedule import compile_schedule, compile_spec

@@ -26,17 +26,18 @@ The job API's logic is here too, between the shell's store reads and writes:
 what a submit stores (``new_job``), what a pause, resume or cancel writes
 (``state_change``) and what the owner makes of it (``state_changed``),
 triggers and backfills. The shell only moves values between the store, the
-clock and the network.
+clock and the network. When a schedule fires, from a spec or a stored record
+alone, is ``wheel.engine.fires``'s to say.
 """
 
 from __future__ import annotations
 
-import functools
 import heapq
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from wheel.engine.calendars import Calendar, CalendarDays
+from wheel.engine.calendars import Calendar
+from wheel.engine.fires import bounds, first_fire, with_last_fire
 from wheel.engine.jobtable import Columns
 from wheel.engine.model import SCHEDULE_OVER, JobState, shard_of
 from wheel.engine.owner import (
@@ -61,8 +62,7 @@ from wheel.engine.records import (
     SpecUpdate,
     WriteBatch,
 )
-from wheel.engine.schedule import compile_schedule, compile_spec, with_calendars
-from wheel.engine.spec import DEFAULT_LIMITS, Cron, Interval, IntervalMode, JobSpec, Once
+from wheel.engine.spec import DEFAULT_LIMITS, Cron, Interval, JobSpec, Once
 from wheel.errors import FailedPrecondition, InvalidArgument, LimitExceeded
 
 __all__ = [
@@ -71,10 +71,6 @@ __all__ = [
     "FireHold",
     "RunView",
     "StateChange",
-    "first_fire",
-    "next_fires_of",
-    "preview",
-    "preview_fires",
 ]
 
 # The field a schedule's first fire comes from, named when it is too far ahead.
@@ -83,105 +79,6 @@ _HORIZON_FIELD = {
     Interval: "spec.schedule.interval.start_at_ms",
     Cron: "spec.schedule.cron.expr",
 }
-
-
-def first_fire(job_id: int, spec: JobSpec, now_ms: int) -> int | None:
-    """The first fire a job submitted at ``now_ms`` owes (the first one at or
-    after it: fires before the submit are not owed). Validates the schedule
-    (cron syntax, time zone) on the way. A bounded schedule's first fire is
-    its first one at or after ``active_from_ms`` too, and none past
-    ``active_until_ms``."""
-    if spec.active_from_ms or spec.active_until_ms:
-        return compile_spec(spec, job_id=job_id).next_fire(now_ms - 1)
-    s = spec.schedule
-    if isinstance(s, Cron):
-        # The nominal fire depends on the schedule and the time alone: the
-        # jobs of a bulk submit share a few crons and one instant.
-        return _first_cron_fire(s, now_ms)
-    if isinstance(s, Interval) and s.mode is IntervalMode.FIXED_RATE and s.period_ms > 0:
-        # Arithmetic (as _FixedRateSchedule.next_fire), without compiling.
-        if now_ms - 1 < s.start_at_ms:
-            return s.start_at_ms
-        return s.start_at_ms + ((now_ms - 1 - s.start_at_ms) // s.period_ms + 1) * s.period_ms
-    compiled = compile_schedule(s, jitter_ms=spec.jitter_ms, job_id=job_id)
-    return compiled.next_fire(now_ms - 1)
-
-
-def with_last_fire(spec: JobSpec, owed_from_ms: int) -> JobSpec:
-    """``spec`` with the last fire its ``max_fires`` leaves it
-    (``JobSpec.last_fire_ms``): its ``max_fires``-th fire at or after
-    ``owed_from_ms`` (the job's submit: fires before it are not owed) within
-    its active range (the range's last where it ends first); 0 where there
-    is no ``max_fires``. Every fire of the schedule in between counts, run or
-    recorded missed, so the job has exactly ``max_fires`` fire records. A
-    fixed-rate interval starting at or after ``owed_from_ms`` needs none:
-    its start and period say its last fire, and its jobs share a profile
-    (``JobSpec.ends_at_ms``)."""
-    last = 0
-    s = spec.schedule
-    grid = (
-        isinstance(s, Interval)
-        and s.mode is IntervalMode.FIXED_RATE
-        and s.start_at_ms >= owed_from_ms
-    )
-    if spec.max_fires and not grid:
-        compiled = compile_schedule(
-            spec.schedule,
-            active_from_ms=spec.active_from_ms,
-            active_until_ms=spec.active_until_ms,
-        )
-        fires = compiled.fires_between(owed_from_ms - 1, _NEVER_MS, spec.max_fires)
-        # Fewer where the range ends first: its last (none: before any).
-        last = fires[-1] if fires else max(1, owed_from_ms - 1)
-    return spec if spec.last_fire_ms == last else replace(spec, last_fire_ms=last)
-
-
-# Far enough ahead that no schedule's fire is after it.
-_NEVER_MS = 2**53
-
-
-@functools.lru_cache(maxsize=1024)
-def _first_cron_fire(schedule: Cron, now_ms: int) -> int | None:
-    return compile_schedule(schedule).next_fire(now_ms - 1)
-
-
-def next_fires_of(record: JobRecord, count: int, days: CalendarDays | None = None) -> list[int]:
-    """The next ``count`` fires of a job as its schedule computes them from
-    the store's ``next_run_at`` (the owner's memory is elsewhere), none on
-    ``days`` (those of the calendars it skips)."""
-    fire = record.next_run_at
-    if fire is None or record.state is not JobState.ACTIVE:
-        return []
-    compiled = compile_spec(record.spec, job_id=record.job_id, jitter=False)
-    return with_calendars(compiled, record.spec.schedule, days).upcoming(fire, count)
-
-
-def preview_fires(spec: JobSpec, after_ms: int, count: int) -> list[int]:
-    """The next ``count`` nominal fires of ``spec``'s schedule strictly after
-    ``after_ms``, as the owner computes them (its time zone, DST gap and fold
-    policies): what PreviewSchedule shows."""
-    return preview(spec, after_ms, count)[0]
-
-
-def preview(
-    spec: JobSpec, after_ms: int, count: int, days: CalendarDays | None = None
-) -> tuple[list[int], list[int]]:
-    """``preview_fires`` skipping ``days`` (the job's calendars' days), and
-    the first fire of each skipped day on the way (recorded missed, reason
-    calendar, by the owner); a bounded schedule's fires end at its bounds."""
-    compiled = with_calendars(compile_spec(spec, jitter=False), spec.schedule, days)
-    if spec.max_fires:
-        count = min(count, spec.max_fires)
-    out: list[int] = []
-    skipped: list[int] = []
-    at = after_ms
-    while len(out) < count and len(skipped) < 10 * count:
-        nxt = compiled.next_fire(at)
-        if nxt is None:
-            break
-        (skipped if compiled.skips(nxt) else out).append(nxt)
-        at = nxt
-    return out, skipped
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -533,7 +430,7 @@ class Driver:
         spec = replace(spec, tenant=record.spec.tenant)
         spec = self._last_fire_of_update(record, spec)
         if record.state in SCHEDULE_OVER and (
-            spec.schedule != record.spec.schedule or _bounds(spec) != _bounds(record.spec)
+            spec.schedule != record.spec.schedule or bounds(spec) != bounds(record.spec)
         ):
             # A finished one-shot's payload and policies may change (to fix
             # what its dead letters need before a redrive); its schedule is over.
@@ -581,7 +478,7 @@ class Driver:
         while the schedule and its bounds stay, else counted again over the
         new schedule from the job's submit, as if it had always had it."""
         old = record.spec
-        if spec.schedule == old.schedule and _bounds(spec) == _bounds(old):
+        if spec.schedule == old.schedule and bounds(spec) == bounds(old):
             return replace(spec, last_fire_ms=old.last_fire_ms)
         return with_last_fire(spec, record.created_at_ms)
 
@@ -801,7 +698,3 @@ class Driver:
             )
             for run in (runs[i] for i in heapq.nsmallest(max(0, limit), runs))
         ], len(runs)
-
-
-def _bounds(spec: JobSpec) -> tuple[int, int, int]:
-    return (spec.active_from_ms, spec.active_until_ms, spec.max_fires)

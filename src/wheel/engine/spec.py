@@ -167,7 +167,7 @@ class JobSpec:
     # none, or a fixed-rate interval's that every fire from its start is
     # owed of, whose last fire its start and period say): its
     # ``max_fires``-th fire counted from its first owed one, fixed when the
-    # job is stored (``wheel.engine.driver.with_last_fire``). Kept in the
+    # job is stored (``wheel.engine.fires.with_last_fire``). Kept in the
     # store's JSON and the profile, never on the wire: fires of a schedule
     # known ahead are counted once, not per claim.
     last_fire_ms: int = 0

@@ -11,7 +11,8 @@ import logging
 from collections.abc import Callable, Sequence
 
 from wheel.engine.calendars import CalendarDays
-from wheel.engine.driver import Driver, next_fires_of
+from wheel.engine.driver import Driver
+from wheel.engine.fires import next_fires_of
 from wheel.engine.model import JobState
 from wheel.engine.records import JobRecord, NewJob
 from wheel.engine.spec import JobSpec

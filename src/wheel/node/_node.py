@@ -1,34 +1,23 @@
 """The I/O shell of one node: drives the pure shard owner with a clock, the
-record of truth and worker streams.
-
-One asyncio loop iteration (``_loop``):
-
-1. feed the owner ``advance(now)``: due timers fire, work is claimed;
-2. run the accumulated store writes in ONE pass on the store thread, in the
-   order the owner requires (completions, missed, advances, claims, starts);
-3. feed the store's answers back (``on_completed``, ``on_claimed``), which
-   produces assignments and results;
-4. send one message per worker per kind (batched), then sleep until the
-   wheel's next deadline or until an event (a worker message, an API call)
-   wakes the loop.
+record of truth and worker streams; its dispatch loop is ``_dispatch``'s.
 
 Everything that touches the owner runs on the event loop thread, so the owner
 needs no locks, and reaches it through the ``Driver`` alone. Store calls run
 on one dedicated thread for dispatch and a small pool for API reads.
 
 The node is composed of parts that own their state, each given what it uses:
-the batches on their way and the store thread's writer (``_batches``), the
-change feed (``_changes``), the checkpoint and its log (``_checkpointing``),
-shards that move (``_moving``), shard ownership in a cluster (``_cluster``),
-the job API (``_jobs``, ``_updates``), tenancy (``_tenancy``) and signing
-secrets (``_secrets``). ``Node``
-builds them, runs the loop and passes its API calls to them.
+the dispatch loop (``_dispatch``), the batches on their way and the store
+thread's writer (``_batches``), the change feed (``_changes``), the
+checkpoint and its log (``_checkpointing``), shards that move (``_moving``),
+shard ownership in a cluster (``_cluster``), health, alerts and metrics
+(``_ops``), the job API (``_jobs``, ``_updates``), tenancy (``_tenancy``) and
+signing secrets (``_secrets``). ``Node`` builds them, starts the loop and
+passes its API calls to them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
@@ -41,18 +30,18 @@ from wheel.coord.base import Coordinator
 from wheel.engine.driver import Driver
 from wheel.engine.jobtable import Columns
 from wheel.engine.model import SHARD_COUNT, AlertKind
-from wheel.engine.owner import Actions, Outcome, Owner, ShardContents
+from wheel.engine.owner import Outcome, Owner, ShardContents
 from wheel.engine.profiles import Profile
 from wheel.errors import FailedPrecondition
-from wheel.logs import ids
 from wheel.metrics import LagMinute
 from wheel.node._audit import Audit
-from wheel.node._batches import Batches, StoreWriter, Write
+from wheel.node._batches import Batches
 from wheel.node._calendars import Calendars
 from wheel.node._calls import NodeCalls
 from wheel.node._changes import ChangeFeed
 from wheel.node._checkpointing import Checkpointing
 from wheel.node._cluster import ShardOwnership
+from wheel.node._dispatch import Dispatch
 from wheel.node._jobs import Jobs
 from wheel.node._limits import Limits
 from wheel.node._membership import ClusterView
@@ -80,7 +69,7 @@ from wheel.node._values import (
     trim_heap,
 )
 from wheel.recovery import restore_owner
-from wheel.store.base import Store, WriteBatch
+from wheel.store.base import Store
 
 log = logging.getLogger("wheel.node")
 # A host clock further than this off the store's is reported at start.
@@ -129,7 +118,6 @@ class Node(NodeCalls):
         self._wake = Wake()
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="wheel-store")
         self._api_threads = ThreadPoolExecutor(4, thread_name_prefix="wheel-api")
-        self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._changes = ChangeFeed(
             self.config,
@@ -235,6 +223,26 @@ class Node(NodeCalls):
             traces=JobTraces(store, self.clock, in_thread=self._api),
             overview=Overview(store, self.clock, in_thread=self._api),
         )
+        self._dispatch = Dispatch(
+            config=self.config,
+            store=store,
+            clock=self.clock,
+            coordinator=coordinator,
+            driver=self._the_driver,
+            wake=self._wake,
+            batches=self._batches,
+            checkpointing=self._checkpointing,
+            changes=self._changes,
+            moves=self._moves,
+            ops=self._ops,
+            view=view,
+            reads=reads,
+            sessions=self.sessions,
+            sink=lambda: self.message_sink,
+            hand_over=self.hand_over,
+            stopping=lambda: self._stopping,
+            stopped=self.stopped,
+        )
 
     # -- life cycle -------------------------------------------------------------
 
@@ -282,8 +290,7 @@ class Node(NodeCalls):
             restored.source,
             restored.seconds,
         )
-        self._task = asyncio.create_task(self._loop(), name="wheel-dispatch")
-        self._task.add_done_callback(self._loop_done)
+        self._dispatch.start()
         self.ready.set()
         self._ops.start()
         self._tenancy.start()
@@ -324,8 +331,7 @@ class Node(NodeCalls):
         await self._calendars.refresh()  # before the first shard is gained
         self._changes.watermark = (await self._api(self.store.load_shards, [])).watermark
         self._ownership = ShardOwnership(self, coordinator)
-        self._task = asyncio.create_task(self._loop(), name="wheel-dispatch")
-        self._task.add_done_callback(self._loop_done)
+        self._dispatch.start()
         await coordinator.start()
         log.info(
             "node %s joined the cluster: %d shards held, %d being loaded",
@@ -411,11 +417,6 @@ class Node(NodeCalls):
         # and the shards just taken on are to dispatch now.
         asyncio.get_running_loop().run_in_executor(None, trim_heap)
 
-    def _loop_done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.critical("dispatch loop died", exc_info=task.exception())
-        self.stopped.set()
-
     async def leave(self) -> None:
         """In a cluster, before anything else of a stop: let the members
         taking its shards load them, hand every shard over, release them in
@@ -446,9 +447,7 @@ class Node(NodeCalls):
         await self._limits.stop()
         await self._ops.stop()
         self._wake.set()
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._dispatch.join()
         for close in self._closers:
             await close()
         for session in list(self.sessions.values()):
@@ -543,211 +542,6 @@ class Node(NodeCalls):
         """A permit of the key came back in the store (``wheel.node._permits``)."""
         if self._driver is not None and self._driver.permit_freed(tenant, key):
             self.wake()
-
-    # -- the dispatch loop ------------------------------------------------------
-
-    async def _loop(self) -> None:
-        """Round after round until the node stops (see the module docstring):
-        fire what is due, send a batch when the group commit lets it, take
-        in the store's answers, publish what the owner emitted, follow the
-        cluster and the change feed, and sleep until the next deadline or
-        an event. A batch's checkpoint records are appended after its store
-        commit (never ahead of the store) and before the messages its
-        answers produce are sent."""
-        driver = self._the_driver()
-        write = StoreWriter(
-            self.store,
-            checkpoint_log=self._checkpointing.log,
-            committed=self._ops.store_committed,
-            failed=self._ops.store_failed,
-            stopping=lambda: self._stopping,
-        )
-        tick = self.config.tick_ms
-        tick_at = -tick  # when the last round with store work began (clock ms)
-        early = False  # this round only applies a batch's answer (see _sleep_until)
-        while not self._stopping:
-            # Cleared as a round starts, not as its sleep does: whatever
-            # wakes the loop from here on (a batch's answer arriving while
-            # the round awaits the change feed, a submit, a message) is seen
-            # by the sleep that ends this round. Cleared right before the
-            # sleep, such a wake was lost, and a won claim waited up to
-            # ``max_idle_s`` to go out (seen: 505 ms).
-            self._wake.clear()
-            self._quiet_if_lapsed()
-            now = self.clock.now_ms()
-            driver.advance(now)
-            if not early:
-                self._send_batch(driver, write, now)
-                if self._batches.writing() or driver.has_store_work():
-                    # A round with store work starts the tick. One woken by
-                    # a submit or a read, with nothing to write, does not
-                    # hold the next fire back; nor does one that only logs
-                    # what a submit changed to the checkpoint.
-                    tick_at = now
-            self._take_answers(driver)
-            if early and self._batches.parting:  # a burst's next part: an answer made room
-                self._send_batch(driver, write, now)
-            self._quiet_if_lapsed()  # and before a hand-out leaves
-            self._publish(driver, driver.take_messages())
-            await self._follow(driver)
-            early = await self._sleep_until(
-                self._next_wake(driver), tick_at + tick, self._batches.answered, driver.handing_off
-            )
-        await self._batches.drain()
-
-    def _send_batch(self, driver: Driver, write: Write, now: int) -> None:
-        """Group commit: a batch of the store writes and checkpoint records
-        so far, once the store thread has room and the last batch's wait is
-        over; a burst's claims ahead of it in parts (``Batches.send_parts``)."""
-        if not self._batches.may_send(now):
-            return
-        # Again right before writing: a pause since the round's check lets no claim out.
-        self._quiet_if_lapsed()
-        self._batches.send_parts(write, driver.take_claims, self.config.burst_batch_claims)
-        formed = self._form_batch(driver) if self._batches.may_send(now) else None
-        if formed is not None:
-            self._batches.send(write, *formed, now)
-
-    def _take_answers(self, driver: Driver) -> None:
-        """The store's answers to the batches done, in batch order: their
-        checkpoint appends, then the owner's answers (fenced shards handed
-        over), then the calls that waited for their commit."""
-        while (answer := self._batches.next_answer()) is not None:
-            outcome, appended = answer.result()
-            self._checkpointing.appended(appended)
-            held = driver.shards() if outcome.fenced else {}
-            lost = driver.apply(outcome, self.clock.now_ms(), answer.epochs)
-            if lost:
-                self._moves.ended_dispatching({s: held[s] for s in lost})
-            if outcome.fenced:
-                log.warning(
-                    "the store refused writes for %d shards a newer owner holds: %s"
-                    " (%d of them handed over now)",
-                    len(outcome.fenced),
-                    sorted(outcome.fenced)[:16],
-                    len(lost),
-                )
-            answer.release()
-
-    async def _follow(self, driver: Driver) -> None:
-        """The cluster's view pushed to workers, and the change feed read,
-        when due (or at once for jobs whose store row disagrees)."""
-        resync = driver.take_resync()
-        due = self._changes.due()
-        if due and self.coordinator is not None:
-            self._view.push()
-        if resync or due:
-            await self._changes.read(driver, resync)
-
-    def _next_wake(self, driver: Driver) -> int | None:
-        """When the next round is due (clock ms; None: on an event only)."""
-        batches = self._batches
-        deadline = driver.next_deadline()
-        now = self.clock.now_ms()
-        if batches.next_batch_ms > now:
-            # Holding writes for the group commit: wake for it, for the
-            # next timer, or for a message; never spin.
-            if driver.has_store_work() or batches.has_waiters():
-                at = batches.next_batch_ms
-                deadline = at if deadline is None else min(deadline, at)
-        elif batches.has_room() and (batches.has_waiters() or driver.wants_another_pass()):
-            deadline = now  # another round now, or at the next tick
-        if self._changes.due():  # a busy change feed: next page now
-            deadline = now
-        return deadline
-
-    def _quiet_if_lapsed(self) -> None:
-        """Past the local lease deadline (a pause, a partition), hand every
-        shard over at once: nothing more is claimed or handed out until the
-        coordinator rejoins with new epochs and gives shards again."""
-        coordinator = self.coordinator
-        if coordinator is None or time.monotonic() < coordinator.valid_until():
-            return
-        lapsed = list(self._the_driver().shards())
-        if lapsed:
-            log.warning("lease deadline passed: %d shards stop at once", len(lapsed))
-            self.hand_over(lapsed)
-
-    def _form_batch(self, driver: Driver) -> tuple[WriteBatch, list[bytes]] | None:
-        """Take the store writes and the checkpoint records of what changed."""
-        records = self._checkpointing.records(driver)
-        if not driver.has_store_work() and not records and not self._batches.has_waiters():
-            return None
-        return driver.take_batch(), records
-
-    async def _sleep_until(
-        self,
-        deadline: int | None,
-        tick: int,
-        answered: Callable[[], bool],
-        handing_off: Callable[[], bool],
-    ) -> bool:
-        """Sleep until ``deadline`` (a timer, the group commit) or an event,
-        but not past ``max_idle_s`` and not before ``tick`` (the next round's
-        earliest start) unless a store batch's answer came: True then, and
-        the round that follows only applies it and hands its runs out. A
-        permit handed to claims waiting here (``handing_off``) does not wait
-        for the tick either: it is idle until a batch takes it again."""
-        clock = self.clock
-        if deadline is not None and not handing_off():
-            deadline = max(deadline, tick)
-        timeout = self.config.max_idle_s
-        if deadline is not None:
-            timeout = min(timeout, max(0.0, (deadline - clock.now_ms()) / 1000))
-        if timeout <= 0:
-            await asyncio.sleep(0)  # let stream reads and API calls in
-            return False
-        wake = self._wake
-        while True:
-            await wake.wait(timeout)
-            now = clock.now_ms()
-            if now >= tick or self._stopping:
-                return False
-            if answered():
-                return True
-            if handing_off():
-                return False  # a run of a key with claims waiting here ended
-            # A worker's message, a submit: the next tick takes it.
-            wake.clear()
-            timeout = (tick - now) / 1000
-
-    def _publish(self, driver: Driver, acts: Actions) -> None:
-        """Send what the engine said in a round (``Driver.take_messages``
-        took it out): alerts, lag samples, notes and the workers' messages."""
-        self._checkpointing.snapshot_if_due(driver)
-        if acts.alerts:
-            for alert in acts.alerts:
-                self._ops.raise_alert(alert)
-        for waited in acts.limit_waits:
-            self.metrics.limit_wait_seconds.observe(waited / 1000)
-        lags = acts.lags
-        if lags:
-            self._reads.lagged(lags)
-            self.lag_histogram.add(lags)
-        if acts.notes:
-            for note in acts.notes:
-                log.warning(
-                    "run %d of job %d %s (worker %s)",
-                    note.run_id,
-                    note.job_id,
-                    note.what,
-                    note.worker or "-",
-                    extra=ids(
-                        job_id=note.job_id, run_id=note.run_id, fence=note.fence, worker=note.worker
-                    ),
-                )
-        workers = (
-            set(acts.assignments)
-            | set(acts.revokes)
-            | set(acts.results)
-            | set(acts.rejected_renewals)
-            | set(acts.violations)
-            | set(acts.credited)
-        )
-        for worker_id in workers:
-            session = self.sessions.get(worker_id)
-            if session is not None and self.message_sink is not None:
-                self.message_sink(session, acts)
 
     # -- worker streams ---------------------------------------------------------
 

@@ -11,7 +11,7 @@ from typing import Any, cast, overload
 
 import grpc
 
-from wheel.engine.driver import next_fires_of
+from wheel.engine.fires import next_fires_of
 from wheel.engine.model import JobState
 from wheel.engine.records import JobRecord
 from wheel.engine.schedule import compile_spec

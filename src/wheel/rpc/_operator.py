@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 import grpc
 
 from wheel import http_targets
-from wheel.engine.driver import preview
+from wheel.engine.fires import preview
 from wheel.engine.records import JobChange
 from wheel.engine.spec import JobSpec
 from wheel.errors import InvalidArgument
