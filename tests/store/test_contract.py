@@ -1380,6 +1380,52 @@ def test_purge_steps_delete_exactly_what_is_past_the_horizon(store: Store) -> No
     assert {r.state for r in store.list_runs(job.job_id, limit=100)} == {RunState.DISPATCHED}
 
 
+def test_a_purge_pass_takes_the_steps_what_expired_needs_not_what_is_kept(store: Store) -> None:
+    """Expired runs interleaved in run id with kept ones (late finishers and
+    runs in flight): the expired go, the rest stay, and the pass takes as
+    many steps as the expired rows fill, not as the table's rows do."""
+    job, _ = store.submit_job(interval_job())
+    outs = store.claim_fires(
+        [claim(job.job_id, 60_000 * k, fence=k, advance=False) for k in range(1, 121)]
+    )
+    runs = [o.run_id for o in outs]
+    assert all(r is not None for r in runs)
+    expired: list[int] = []
+    completions: list[Completion] = []
+    for k, run in enumerate(runs, start=1):
+        assert run is not None
+        if k % 4 == 1:  # a quarter ends before the cutoff
+            expired.append(run)
+            completions.append(
+                Completion(run_id=run, fence=k, state=RunState.SUCCEEDED, finished_at_ms=1_000 + k)
+            )
+        elif k % 4 != 0:  # half end after it; the last quarter is in flight
+            completions.append(
+                Completion(run_id=run, fence=k, state=RunState.SUCCEEDED, finished_at_ms=9_000 + k)
+            )
+    assert all(o.applied for o in store.complete_runs(completions))
+    store.record_missed(
+        [
+            MissedFire(
+                job_id=job.job_id,
+                scheduled_for=10_000_000 + t,
+                reason=MissedReason.OVERLAP,
+                recorded_at_ms=t,
+            )
+            for t in range(0, 12_000, 200)  # 60, the first 25 before the cutoff
+        ]
+    )
+    steps = list(store.purge_steps(5_000, batch=4))
+    assert sum(steps) == len(expired) + 25
+    # 30 expired runs and 25 missed fires fill 8 and 7 ranges of 4, and each
+    # table may take one more to find its end; a walk of all 120 runs and 60
+    # missed fires took 47.
+    assert len(steps) <= 8 + 7 + 2, steps
+    left = {r.run_id for r in store.list_runs(job.job_id, limit=200)}
+    assert left == set(runs) - set(expired)
+    assert len(store.list_missed(job.job_id, limit=200)) == 35
+
+
 def test_ping_answers_while_the_store_is_there(store: Store) -> None:
     store.ping()
 

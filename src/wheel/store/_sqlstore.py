@@ -476,19 +476,21 @@ class SQLStore(TenancySQL, SecretsSQL):
 
     def purge_history(self, finished_before_ms: int, batch: int = 10_000) -> int:
         """Delete terminal executions and missed records older than the
-        cutoff, a key range of ``batch`` rows at a time, each range in one
-        short transaction so no lock is held for long."""
+        cutoff, a range of ``batch`` of them by end time at a time, each
+        range in one short transaction so no lock is held for long."""
         return sum(self.purge_steps(finished_before_ms, batch))
 
     def purge_steps(self, finished_before_ms: int, batch: int = 1_000) -> Iterator[int]:
-        """One key range of ``batch`` rows per step, executions first, then
-        missed fires; each range is one transaction. After the last, the
-        counts of the minutes wholly before the cutoff go too (``_rollup``:
-        a few rows a minute, one transaction), not counted in the steps,
-        which count runs and missed fires."""
+        """One range of ``batch`` rows by end time per step (by when they
+        were recorded for missed fires), executions first, then missed
+        fires; each range is one transaction. The rows kept are never read,
+        so a pass costs what it deletes, whatever the table holds. After
+        the last, the counts of the minutes wholly before the cutoff go too
+        (``_rollup``: a few rows a minute, one transaction), not counted in
+        the steps, which count runs and missed fires."""
         batch = max(1, batch)
         for bound, delete in self._queries.purges:
-            low: int | None = 0
+            low: int | None = -(2**63)
             while low is not None:
                 step = functools.partial(purge_range, bound, delete, low, batch, finished_before_ms)
                 deleted, low = self._write(step)

@@ -596,8 +596,10 @@ class HistoryStore(Protocol):
 
     def purge_steps(self, finished_before_ms: int, batch: int = 1_000) -> Iterator[int]:
         """``purge_history`` one short transaction at a time: each step deletes
-        what is past the cutoff among at most ``batch`` rows, commits, and
-        yields how many went; the caller paces the steps (the node's
+        what is past the cutoff among ``batch`` rows (with those ending in the
+        same millisecond as the last of them), commits, and yields how many
+        went, the steps as many as what expired needs, however many rows are
+        kept; the caller paces the steps (the node's
         retention sleeps between them). Rows in flight or newer than the
         cutoff are never touched; a generator dropped half-way leaves every
         step it ran committed and the rest for the next pass."""
