@@ -350,15 +350,39 @@ class Queries:
             f" WHERE {d.in_ints.format(expr='job_id', type='int8')}"
         )
         self.get_run = f"SELECT {RUN_COLUMNS} FROM executions WHERE run_id = {p}"
-        self.list_runs = (
-            f"SELECT {RUN_COLUMNS} FROM executions WHERE job_id = {p} AND run_id < {p}"
-            f" ORDER BY run_id DESC LIMIT {p}"
+        # A job's runs newest first, read backwards along the unique key
+        # (job_id, scheduled_for, attempt): a page reads its own rows, not
+        # every run the job has. From the newest (parameters: the job, the
+        # limit); below a run's (fire, attempt) (the job, the fire twice,
+        # the attempt, the limit: the first term bounds the key range, the
+        # second leaves out the fire's later attempts); the cursor run's
+        # place (its id, the job).
+        newest = f" ORDER BY scheduled_for DESC, attempt DESC LIMIT {p}"
+        self.list_runs = f"SELECT {RUN_COLUMNS} FROM executions WHERE job_id = {p}{newest}"
+        self.list_runs_below = (
+            f"SELECT {RUN_COLUMNS} FROM executions WHERE job_id = {p} AND scheduled_for <= {p}"
+            f" AND (scheduled_for < {p} OR attempt < {p}){newest}"
+        )
+        self.run_place = (
+            f"SELECT scheduled_for, attempt FROM executions WHERE run_id = {p} AND job_id = {p}"
+        )
+        # A cursor whose run is gone (retention deleted it while the pages
+        # were read): the runs claimed before it, in the same order
+        # (parameters: the job, the run id, the limit).
+        self.list_runs_claimed_before = (
+            f"SELECT {RUN_COLUMNS} FROM executions WHERE job_id = {p} AND run_id < {p}{newest}"
         )
         self.list_missed = (
             f"SELECT {MISSED_COLUMNS} FROM missed_fires WHERE job_id = {p}"
             f" AND scheduled_for < {p} ORDER BY scheduled_for DESC LIMIT {p}"
         )
         fires_in = d.in_ints.format(expr="scheduled_for", type="int8")
+        # Every attempt of some of a job's fires (parameters: the job, the
+        # fire times), oldest first.
+        self.runs_of_fires = (
+            f"SELECT {RUN_COLUMNS} FROM executions WHERE job_id = {p} AND {fires_in}"
+            " ORDER BY scheduled_for, attempt"
+        )
         # Parameters: the job, its fire times, the job, its fire times.
         self.fires_exist = (
             f"SELECT scheduled_for FROM executions WHERE job_id = {p} AND {fires_in}"

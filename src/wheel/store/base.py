@@ -579,7 +579,15 @@ class HistoryStore(Protocol):
     def list_runs(
         self, job_id: int, *, before_run_id: int | None = None, limit: int = 100
     ) -> list[ExecutionRecord]:
-        """Newest first."""
+        """Newest first: by fire time, then attempt (a retry right after
+        its first attempt, a backfilled old fire at its fire time, not at
+        its claim). ``before_run_id``: the runs after that one of the job
+        in this order (the page below it). A cursor whose run is gone
+        (retention deleted it meanwhile) goes on with the runs claimed
+        before it."""
+
+    def runs_of_fires(self, job_id: int, scheduled_for: Sequence[int]) -> list[ExecutionRecord]:
+        """Every attempt of these fires of the job, by fire time then attempt."""
 
     def list_missed(
         self, job_id: int, *, before_scheduled_for: int | None = None, limit: int = 100
