@@ -98,9 +98,9 @@ def test_trigger_backfill_runs_pause_resume_and_cancel(
         executions = [r for r in runs if r.run_id]
         assert all(isinstance(r, Run) for r in runs)
         assert sorted(r.scheduled_for for r in executions) == sorted(set(ran))
-        assert [r.run_id for r in executions] == sorted(
-            (r.run_id for r in executions), reverse=True
-        )
+        # Newest fire first: the trigger's, then the backfilled ones claimed after it.
+        places = [(r.scheduled_for, r.attempt) for r in executions]
+        assert places == sorted(places, reverse=True)
         for r in executions:
             assert (r.worker_id, r.error, r.missed_reason, r.attempt) == ("w-client", None, None, 1)
             assert r.fence > 0 and r.idempotency_key == f"{job}:{epoch_ms(r.scheduled_for)}"

@@ -1203,9 +1203,10 @@ def test_cancel_pause_resume_trigger_backfill_and_runs(api: Api) -> None:
         )
         assert all(RUN_STATE[r.state] == "succeeded" for r in runs if r.run_id)
         assert all(r.idempotency_key == f"{job}:{r.scheduled_for_ms}" for r in runs)
-        # Newest first (executions in the order they were made), and the
-        # state filter works.
-        assert [r.run_id for r in runs] == sorted((r.run_id for r in runs), reverse=True)
+        # Newest fire first (the trigger's fire, now, before the backfilled
+        # older fires claimed after it), and the state filter works.
+        places = [(r.scheduled_for_ms, r.attempt) for r in runs]
+        assert places == sorted(places, reverse=True)
         assert all_runs(api, job, states=[jobs_pb2.RUN_STATE_FAILED]) == []
         # Paging with a page of 2 yields the same list.
         assert all_runs(api, job, page_size=2) == runs

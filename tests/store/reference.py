@@ -720,12 +720,21 @@ class ReferenceStore:
     def list_runs(
         self, job_id: int, *, before_run_id: int | None = None, limit: int = 100
     ) -> list[ExecutionRecord]:
-        runs = [
-            e.record()
-            for _, e in sorted(self.execs.items(), reverse=True)
-            if e.job_id == job_id and (before_run_id is None or e.run_id < before_run_id)
-        ]
-        return runs[: max(0, limit)]
+        def place(e: ExecRow) -> tuple[int, int]:
+            return e.scheduled_for, e.attempt
+
+        runs = sorted((e for e in self.execs.values() if e.job_id == job_id), key=place)[::-1]
+        cursor = self.execs.get(before_run_id) if before_run_id is not None else None
+        if cursor is not None and cursor.job_id == job_id:
+            runs = [e for e in runs if place(e) < place(cursor)]
+        elif before_run_id is not None:  # gone: the runs claimed before it
+            runs = [e for e in runs if e.run_id < before_run_id]
+        return [e.record() for e in runs[: max(0, limit)]]
+
+    def runs_of_fires(self, job_id: int, scheduled_for: Sequence[int]) -> list[ExecutionRecord]:
+        fires = set(scheduled_for)
+        runs = (e for e in self.execs.values() if e.job_id == job_id and e.scheduled_for in fires)
+        return [e.record() for e in sorted(runs, key=lambda e: (e.scheduled_for, e.attempt))]
 
     def list_missed(
         self, job_id: int, *, before_scheduled_for: int | None = None, limit: int = 100

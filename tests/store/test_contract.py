@@ -593,6 +593,63 @@ def test_get_run_and_list_runs(store: Store) -> None:
         store.get_run(10**12)
 
 
+def test_runs_are_paged_newest_by_fire_then_attempt_across_a_retry_and_a_backfill(
+    store: Store,
+) -> None:
+    """A retry follows its first attempt and a backfilled old fire comes at
+    its fire time, though both were claimed later; pages from a cursor
+    give every run once, in that order."""
+    job, _ = store.submit_job(interval_job())
+
+    def claimed(fire: int, fence: int, attempt: int = 0) -> int:
+        [out] = store.claim_fires(
+            [claim(job.job_id, fire, attempt=attempt, fence=fence, advance=False)]
+        )
+        assert out.run_id is not None
+        return out.run_id
+
+    first = [claimed(60_000 * k, fence=k) for k in range(1, 5)]  # fires 1-4
+    failed = Completion(run_id=first[1], fence=2, state=RunState.FAILED, finished_at_ms=200_000)
+    store.complete_runs([failed])
+    retry = claimed(120_000, fence=5, attempt=1)  # fire 2 again
+    backfilled = claimed(30_000, fence=6)  # older than every fire
+    latest = claimed(300_000, fence=7)  # fire 5
+    newest_first = [latest, first[3], first[2], retry, first[1], first[0], backfilled]
+    assert [r.run_id for r in store.list_runs(job.job_id)] == newest_first
+    pages, before = [], None
+    while True:
+        page = store.list_runs(job.job_id, before_run_id=before, limit=2)
+        if not page:
+            break
+        pages.append([r.run_id for r in page])
+        before = page[-1].run_id
+    assert pages == [newest_first[i : i + 2] for i in range(0, 7, 2)]
+    # A cursor whose run went (retention): the runs claimed before it.
+    store.complete_runs([done(first[2], 3)])  # ended at 99_000
+    assert store.purge_history(100_000) == 1
+    below_gone = store.list_runs(job.job_id, before_run_id=first[2])
+    assert [r.run_id for r in below_gone] == [first[1], first[0]]
+
+
+def test_runs_of_fires_are_every_attempt_of_those_fires_only(store: Store) -> None:
+    job, _ = store.submit_job(interval_job())
+    outs = store.claim_fires(
+        [claim(job.job_id, 60_000 * k, fence=k, advance=False) for k in (1, 2, 3)]
+    )
+    runs = [o.run_id for o in outs]
+    assert runs[1] is not None
+    store.complete_runs([done(runs[1], 2, RunState.FAILED)])
+    [retry] = store.claim_fires([claim(job.job_id, 120_000, attempt=1, fence=4, advance=False)])
+    got = store.runs_of_fires(job.job_id, [180_000, 120_000, 999_000])
+    assert [(r.scheduled_for, r.attempt, r.run_id) for r in got] == [
+        (120_000, 0, runs[1]),
+        (120_000, 1, retry.run_id),
+        (180_000, 0, runs[2]),
+    ]
+    assert store.runs_of_fires(job.job_id, []) == []
+    assert store.runs_of_fires(job.job_id + 1, [120_000]) == []
+
+
 # -- a dispatch-loop batch -----------------------------------------------------------
 
 
@@ -1378,6 +1435,52 @@ def test_purge_steps_delete_exactly_what_is_past_the_horizon(store: Store) -> No
     assert sum(store.purge_steps(cutoff, batch=4)) == 0  # nothing more past it
     assert store.purge_history(2**62) == len(finished) - len(gone_runs) + 20 - len(gone_missed)
     assert {r.state for r in store.list_runs(job.job_id, limit=100)} == {RunState.DISPATCHED}
+
+
+def test_a_purge_pass_takes_the_steps_what_expired_needs_not_what_is_kept(store: Store) -> None:
+    """Expired runs interleaved in run id with kept ones (late finishers and
+    runs in flight): the expired go, the rest stay, and the pass takes as
+    many steps as the expired rows fill, not as the table's rows do."""
+    job, _ = store.submit_job(interval_job())
+    outs = store.claim_fires(
+        [claim(job.job_id, 60_000 * k, fence=k, advance=False) for k in range(1, 121)]
+    )
+    runs = [o.run_id for o in outs]
+    assert all(r is not None for r in runs)
+    expired: list[int] = []
+    completions: list[Completion] = []
+    for k, run in enumerate(runs, start=1):
+        assert run is not None
+        if k % 4 == 1:  # a quarter ends before the cutoff
+            expired.append(run)
+            completions.append(
+                Completion(run_id=run, fence=k, state=RunState.SUCCEEDED, finished_at_ms=1_000 + k)
+            )
+        elif k % 4 != 0:  # half end after it; the last quarter is in flight
+            completions.append(
+                Completion(run_id=run, fence=k, state=RunState.SUCCEEDED, finished_at_ms=9_000 + k)
+            )
+    assert all(o.applied for o in store.complete_runs(completions))
+    store.record_missed(
+        [
+            MissedFire(
+                job_id=job.job_id,
+                scheduled_for=10_000_000 + t,
+                reason=MissedReason.OVERLAP,
+                recorded_at_ms=t,
+            )
+            for t in range(0, 12_000, 200)  # 60, the first 25 before the cutoff
+        ]
+    )
+    steps = list(store.purge_steps(5_000, batch=4))
+    assert sum(steps) == len(expired) + 25
+    # 30 expired runs and 25 missed fires fill 8 and 7 ranges of 4, and each
+    # table may take one more to find its end; a walk of all 120 runs and 60
+    # missed fires took 47.
+    assert len(steps) <= 8 + 7 + 2, steps
+    left = {r.run_id for r in store.list_runs(job.job_id, limit=200)}
+    assert left == set(runs) - set(expired)
+    assert len(store.list_missed(job.job_id, limit=200)) == 35
 
 
 def test_ping_answers_while_the_store_is_there(store: Store) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from tests.store.test_contract import claim
 from wheel.store._schema import DUE_BUCKET_SHIFT, RETRY_WHERE
-from wheel.store.base import Completion, NewJob, RunStart, RunState
+from wheel.store.base import Completion, MissedFire, MissedReason, NewJob, RunStart, RunState
 from wheel.store.postgres import PostgresStore
 from wheel.store.postgres import _sql as pg_sql
 
@@ -300,3 +300,63 @@ def test_dead_letters_are_listed_through_their_index_not_a_scan_of_the_execution
             nodes = plan_nodes(plan[0][0]["Plan"])
             assert ("Seq Scan", "executions") not in nodes, nodes
     assert [r.run_id for r in store.list_dead_letters()] == [r for r, _ in runs[-3:]][::-1]
+
+
+def test_a_page_of_runs_reads_the_jobs_key_backwards_not_every_run_sorted(
+    store: PostgresStore,
+) -> None:
+    runs = batch_runs(store, 20_000)
+    job_id = store.get_run(runs[0][0]).job_id
+    q = pg_sql.QUERIES
+    with store._db.pool.connection() as conn:
+        for statement, params in (
+            (q.list_runs, (job_id, 51)),
+            (q.list_runs_below, (job_id, 60_000, 60_000, 0, 51)),
+        ):
+            plan = conn.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchone()
+            assert plan is not None
+            nodes = plan_nodes(plan[0][0]["Plan"])
+            assert ("Index Scan", "executions_fire_attempt") in nodes, nodes
+            assert not any(kind in ("Sort", "Seq Scan") for kind, _ in nodes), nodes
+
+
+def test_a_retention_range_is_read_and_deleted_through_the_end_time_index(
+    store: PostgresStore,
+) -> None:
+    """One range of expired runs, and of missed fires: read off the index by
+    end (or recording) time, never a scan of the table's kept rows."""
+    runs = batch_runs(store, 20_000)
+    ended = [
+        Completion(run_id=r, fence=f, state=RunState.SUCCEEDED, finished_at_ms=70_000 + i)
+        for i, (r, f) in enumerate(runs)
+    ]
+    store.complete_runs(ended)
+    jobs = [store.get_run(r).job_id for r, _ in runs[:2_000]]
+    store.record_missed(
+        [
+            MissedFire(
+                job_id=job_id,
+                scheduled_for=k,
+                reason=MissedReason.OVERLAP,
+                recorded_at_ms=70_000 + 10 * i + k,
+            )
+            for i, job_id in enumerate(jobs)
+            for k in range(10)
+        ]
+    )
+    q = pg_sql.QUERIES
+    (runs_bound, runs_delete), (missed_bound, missed_delete) = q.purges
+    with store._db.pool.connection() as conn:
+        conn.execute("ANALYZE executions")
+        conn.execute("ANALYZE missed_fires")
+        for statement, params, index in (
+            (runs_bound, (70_000, 90_000, 999), "executions_finished"),
+            (runs_delete, (70_000, 70_999), "executions_finished"),
+            (missed_bound, (70_000, 90_000, 999), "missed_fires_recorded"),
+            (missed_delete, (70_000, 70_999), "missed_fires_recorded"),
+        ):
+            plan = conn.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchone()
+            assert plan is not None
+            nodes = plan_nodes(plan[0][0]["Plan"])
+            assert any(name == index for _, name in nodes), nodes
+            assert not any(kind == "Seq Scan" for kind, _ in nodes), nodes

@@ -86,3 +86,31 @@ def test_the_searches_answer_the_same_pages_through_the_new_indexes(store: SQLit
             )
         got = store.list_jobs(**filters, limit=50)
         assert [j.job_id for j in got] == [j.job_id for j in want[:50]], filters
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "index"),
+    [
+        ("list_runs", (1, 51), "sqlite_autoindex_executions_1 (job_id=?)"),
+        ("list_runs_below", (1, 5, 5, 0, 51), "sqlite_autoindex_executions_1 (job_id=? AND"),
+        ("purges-executions", (0, 5_000, 999), "executions_finished (finished_at_ms>?"),
+        ("purges-missed_fires", (0, 5_000, 999), "missed_fires_recorded (recorded_at_ms>?"),
+    ],
+)
+def test_a_page_of_runs_and_a_retention_range_read_one_index_range(
+    store: SQLiteStore, name: str, params: tuple[int, ...], index: str
+) -> None:
+    """A job's page of runs in page order off its unique key, and a range
+    of retention (the top of the range, then its delete) off the index by
+    end time: neither reads the rows kept nor sorts."""
+    if name.startswith("purges-"):
+        which = 0 if name.endswith("executions") else 1
+        bound, delete = sq.QUERIES.purges[which]
+        statements = [(bound, params), (delete, params[:2])]
+    else:
+        statements = [(getattr(sq.QUERIES, name), params)]
+    for sql, args in statements:
+        plan = [r[3] for r in store._db.conn.execute("EXPLAIN QUERY PLAN " + sql, args)]
+        assert not any("TEMP B-TREE" in step for step in plan), plan
+        [step] = plan
+        assert step.startswith("SEARCH ") and index in step, plan

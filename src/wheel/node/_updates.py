@@ -176,13 +176,11 @@ class Updates:
         fires = sorted((r.scheduled_for, r.attempt + 1) for r in dead)
         self._driver().redrive(record, fires, self._clock.now_ms())
         await self._jobs.committed()
-        # The new attempts are the job's newest runs (with any fire since).
-        recent = await self._in_thread(
-            functools.partial(self._store.list_runs, job_id, limit=len(fires) + 100)
+        # The new attempts, read by their fires: newest first, a job's runs
+        # put an old fire's new attempt below every fire since.
+        tried = await self._in_thread(
+            self._store.runs_of_fires, job_id, [scheduled_for for scheduled_for, _ in fires]
         )
         wanted = set(fires)
-        runs = sorted(
-            (r for r in recent if (r.scheduled_for, r.attempt) in wanted),
-            key=lambda r: r.scheduled_for,
-        )
+        runs = [r for r in tried if (r.scheduled_for, r.attempt) in wanted]
         return Redriven(runs=runs, more_before_run_id=more)

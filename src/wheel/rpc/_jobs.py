@@ -464,7 +464,8 @@ class JobServicer(OperatorCalls, job_service_pb2_grpc.JobServiceServicer):
             )
             # Merge the two newest-first streams without reordering either, so
             # each cursor only ever passes items that were on a page: runs are
-            # paged by run id, missed fires by fire time.
+            # paged by fire time then attempt (the cursor a run's id), missed
+            # fires by fire time.
             page: list[jobs_pb2.Run] = []
             i = j = 0
             while len(page) < size and (i < len(runs) or j < len(missed)):

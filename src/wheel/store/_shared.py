@@ -350,15 +350,39 @@ class Queries:
             f" WHERE {d.in_ints.format(expr='job_id', type='int8')}"
         )
         self.get_run = f"SELECT {RUN_COLUMNS} FROM executions WHERE run_id = {p}"
-        self.list_runs = (
-            f"SELECT {RUN_COLUMNS} FROM executions WHERE job_id = {p} AND run_id < {p}"
-            f" ORDER BY run_id DESC LIMIT {p}"
+        # A job's runs newest first, read backwards along the unique key
+        # (job_id, scheduled_for, attempt): a page reads its own rows, not
+        # every run the job has. From the newest (parameters: the job, the
+        # limit); below a run's (fire, attempt) (the job, the fire twice,
+        # the attempt, the limit: the first term bounds the key range, the
+        # second leaves out the fire's later attempts); the cursor run's
+        # place (its id, the job).
+        newest = f" ORDER BY scheduled_for DESC, attempt DESC LIMIT {p}"
+        self.list_runs = f"SELECT {RUN_COLUMNS} FROM executions WHERE job_id = {p}{newest}"
+        self.list_runs_below = (
+            f"SELECT {RUN_COLUMNS} FROM executions WHERE job_id = {p} AND scheduled_for <= {p}"
+            f" AND (scheduled_for < {p} OR attempt < {p}){newest}"
+        )
+        self.run_place = (
+            f"SELECT scheduled_for, attempt FROM executions WHERE run_id = {p} AND job_id = {p}"
+        )
+        # A cursor whose run is gone (retention deleted it while the pages
+        # were read): the runs claimed before it, in the same order
+        # (parameters: the job, the run id, the limit).
+        self.list_runs_claimed_before = (
+            f"SELECT {RUN_COLUMNS} FROM executions WHERE job_id = {p} AND run_id < {p}{newest}"
         )
         self.list_missed = (
             f"SELECT {MISSED_COLUMNS} FROM missed_fires WHERE job_id = {p}"
             f" AND scheduled_for < {p} ORDER BY scheduled_for DESC LIMIT {p}"
         )
         fires_in = d.in_ints.format(expr="scheduled_for", type="int8")
+        # Every attempt of some of a job's fires (parameters: the job, the
+        # fire times), oldest first.
+        self.runs_of_fires = (
+            f"SELECT {RUN_COLUMNS} FROM executions WHERE job_id = {p} AND {fires_in}"
+            " ORDER BY scheduled_for, attempt"
+        )
         # Parameters: the job, its fire times, the job, its fire times.
         self.fires_exist = (
             f"SELECT scheduled_for FROM executions WHERE job_id = {p} AND {fires_in}"
@@ -418,17 +442,23 @@ class Queries:
             " JOIN job_specs AS s ON s.job_id = e.job_id"
             f" WHERE {INFLIGHT_WHERE} AND {self.shards_in} ORDER BY e.run_id"
         )
-        # Retention, one key range at a time: the top of the next range of
-        # ``batch`` rows (parameters: low, batch - 1), then what goes in it
-        # (low, high, cutoff).
+        # Retention walks what expired and nothing else: ranges of the index
+        # by end time (``executions_finished``, ``missed_fires_recorded``),
+        # oldest first, each from a lower bound just past the range before,
+        # so neither the rows kept nor the index entries of the rows just
+        # deleted (PostgreSQL keeps them until vacuum) are read again. The
+        # top of the next range of ``batch`` entries (parameters: low, the
+        # cutoff, batch - 1), then what goes in it (low, high): only
+        # terminal runs, a run in flight stays however old.
         self.purges = [
             (
-                f"SELECT {key} FROM {table} WHERE {key} > {p} ORDER BY {key} LIMIT 1 OFFSET {p}",
-                f"DELETE FROM {table} WHERE {key} > {p} AND {key} <= {p} AND {cond}",
+                f"SELECT {key} FROM {table} WHERE {key} >= {p} AND {key} < {p}"
+                f" ORDER BY {key} LIMIT 1 OFFSET {p}",
+                f"DELETE FROM {table} WHERE {key} >= {p} AND {key} <= {p}{cond}",
             )
             for table, key, cond in (
-                ("executions", "run_id", f"finished_at_ms < {p} AND state IN {TERMINAL_SQL}"),
-                ("missed_fires", "id", f"recorded_at_ms < {p}"),
+                ("executions", "finished_at_ms", f" AND state IN {TERMINAL_SQL}"),
+                ("missed_fires", "recorded_at_ms", ""),
             )
         ]
 
@@ -707,12 +737,14 @@ def job_rows_of(cur: Executor, q: Queries, found: Sequence[Row]) -> RowChanges:
 def purge_range(
     bound: str, delete: str, low: int, batch: int, cutoff: int, cur: Executor
 ) -> tuple[int, int | None]:
-    """Delete in the range of ``batch`` keys above ``low``: the rows deleted,
-    and the range's top (None: it was the last)."""
-    row = cur.execute(bound, (low, batch - 1)).fetchone()
-    high = int(row[0]) if row is not None else None
-    top = high if high is not None else 2**63 - 1
-    return cur.execute(delete, (low, top, cutoff)).rowcount, high
+    """Delete what expired among the ``batch`` index entries from ``low``
+    up, the range widened to hold every entry of its top's time: the rows
+    deleted, and where the next range starts (None: this was the last)."""
+    row = cur.execute(bound, (low, cutoff, batch - 1)).fetchone()
+    if row is None:
+        return cur.execute(delete, (low, cutoff - 1)).rowcount, None
+    high = int(row[0])
+    return cur.execute(delete, (low, high)).rowcount, high + 1
 
 
 # -- submits -----------------------------------------------------------------------------

@@ -299,10 +299,19 @@ class SQLStore(TenancySQL, SecretsSQL):
     def list_runs(
         self, job_id: int, *, before_run_id: int | None = None, limit: int = 100
     ) -> list[ExecutionRecord]:
-        before = before_run_id if before_run_id is not None else 2**63 - 1
-        params = (job_id, before, max(0, limit))
-        rows = self._read(lambda cur: cur.execute(self._queries.list_runs, params).fetchall())
-        return [run_from_row(r) for r in rows]
+        q, n = self._queries, max(0, limit)
+
+        def read(cur: Executor) -> list[Any]:
+            if before_run_id is None:
+                return cur.execute(q.list_runs, (job_id, n)).fetchall()
+            place = cur.execute(q.run_place, (before_run_id, job_id)).fetchone()
+            if place is None:
+                gone = (job_id, before_run_id, n)
+                return cur.execute(q.list_runs_claimed_before, gone).fetchall()
+            fire, attempt = place
+            return cur.execute(q.list_runs_below, (job_id, fire, fire, attempt, n)).fetchall()
+
+        return [run_from_row(r) for r in self._read(read)]
 
     def list_missed(
         self, job_id: int, *, before_scheduled_for: int | None = None, limit: int = 100
@@ -311,6 +320,13 @@ class SQLStore(TenancySQL, SecretsSQL):
         params = (job_id, before, max(0, limit))
         rows = self._read(lambda cur: cur.execute(self._queries.list_missed, params).fetchall())
         return [missed_from_row(r) for r in rows]
+
+    def runs_of_fires(self, job_id: int, scheduled_for: Sequence[int]) -> list[ExecutionRecord]:
+        if not scheduled_for:
+            return []
+        params = (job_id, self._queries.dialect.ints(scheduled_for))
+        rows = self._read(lambda cur: cur.execute(self._queries.runs_of_fires, params).fetchall())
+        return [run_from_row(r) for r in rows]
 
     def fires_exist(self, job_id: int, scheduled_for: Sequence[int]) -> set[int]:
         if not scheduled_for:
@@ -476,19 +492,21 @@ class SQLStore(TenancySQL, SecretsSQL):
 
     def purge_history(self, finished_before_ms: int, batch: int = 10_000) -> int:
         """Delete terminal executions and missed records older than the
-        cutoff, a key range of ``batch`` rows at a time, each range in one
-        short transaction so no lock is held for long."""
+        cutoff, a range of ``batch`` of them by end time at a time, each
+        range in one short transaction so no lock is held for long."""
         return sum(self.purge_steps(finished_before_ms, batch))
 
     def purge_steps(self, finished_before_ms: int, batch: int = 1_000) -> Iterator[int]:
-        """One key range of ``batch`` rows per step, executions first, then
-        missed fires; each range is one transaction. After the last, the
-        counts of the minutes wholly before the cutoff go too (``_rollup``:
-        a few rows a minute, one transaction), not counted in the steps,
-        which count runs and missed fires."""
+        """One range of ``batch`` rows by end time per step (by when they
+        were recorded for missed fires), executions first, then missed
+        fires; each range is one transaction. The rows kept are never read,
+        so a pass costs what it deletes, whatever the table holds. After
+        the last, the counts of the minutes wholly before the cutoff go too
+        (``_rollup``: a few rows a minute, one transaction), not counted in
+        the steps, which count runs and missed fires."""
         batch = max(1, batch)
         for bound, delete in self._queries.purges:
-            low: int | None = 0
+            low: int | None = -(2**63)
             while low is not None:
                 step = functools.partial(purge_range, bound, delete, low, batch, finished_before_ms)
                 deleted, low = self._write(step)

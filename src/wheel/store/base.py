@@ -579,7 +579,15 @@ class HistoryStore(Protocol):
     def list_runs(
         self, job_id: int, *, before_run_id: int | None = None, limit: int = 100
     ) -> list[ExecutionRecord]:
-        """Newest first."""
+        """Newest first: by fire time, then attempt (a retry right after
+        its first attempt, a backfilled old fire at its fire time, not at
+        its claim). ``before_run_id``: the runs after that one of the job
+        in this order (the page below it). A cursor whose run is gone
+        (retention deleted it meanwhile) goes on with the runs claimed
+        before it."""
+
+    def runs_of_fires(self, job_id: int, scheduled_for: Sequence[int]) -> list[ExecutionRecord]:
+        """Every attempt of these fires of the job, by fire time then attempt."""
 
     def list_missed(
         self, job_id: int, *, before_scheduled_for: int | None = None, limit: int = 100
@@ -596,8 +604,10 @@ class HistoryStore(Protocol):
 
     def purge_steps(self, finished_before_ms: int, batch: int = 1_000) -> Iterator[int]:
         """``purge_history`` one short transaction at a time: each step deletes
-        what is past the cutoff among at most ``batch`` rows, commits, and
-        yields how many went; the caller paces the steps (the node's
+        what is past the cutoff among ``batch`` rows (with those ending in the
+        same millisecond as the last of them), commits, and yields how many
+        went, the steps as many as what expired needs, however many rows are
+        kept; the caller paces the steps (the node's
         retention sleeps between them). Rows in flight or newer than the
         cutoff are never touched; a generator dropped half-way leaves every
         step it ran committed and the rest for the next pass."""
