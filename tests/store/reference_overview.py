@@ -152,7 +152,7 @@ class OverviewModel:
         rows = []
         for e in self._execs.values():
             end = e.finished_at_ms
-            if e.job_id != job_id or end is None or end < since_ms:
+            if e.job_id != job_id or end is None or e.scheduled_for < since_ms:
                 continue
             start = e.started_at_ms
             rows.append((e.state.value, None if start is None else end - start))

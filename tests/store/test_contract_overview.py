@@ -243,6 +243,26 @@ def test_run_stats_count_a_jobs_runs_that_ended_in_the_window(store: Store) -> N
     assert (none.runs, none.succeeded, none.p50_ms, none.p99_ms) == (0, 0, None, None)
 
 
+def test_run_stats_count_the_fires_of_the_window_not_the_runs_that_ended_in_it(
+    store: Store,
+) -> None:
+    """A day's figures are those of the day's fires (a range of the job's
+    fire key): an old fire that ended inside the window is not one of them,
+    a fire of the window counts with every attempt once it ended, and a run
+    still in flight does not count."""
+    a, _, _ = two_tenants(store)
+    old = fire(store, a, MINUTE)  # fired before the window, ended in it
+    end(store, old, RunState.SUCCEEDED, started=MINUTE, finished=100 * MINUTE)
+    first = fire(store, a, 90 * MINUTE)
+    end(store, first, RunState.FAILED, started=90 * MINUTE, finished=90 * MINUTE + 10)
+    retry = fire(store, a, 90 * MINUTE, attempt=1)
+    end(store, retry, RunState.SUCCEEDED, started=91 * MINUTE, finished=91 * MINUTE + 30, fence=2)
+    fire(store, a, 95 * MINUTE)  # in flight
+
+    stats = store.run_stats(a, since_ms=89 * MINUTE)
+    assert (stats.runs, stats.succeeded, stats.p50_ms, stats.p99_ms) == (2, 1, 10, 30)
+
+
 ENDINGS = [RunState.SUCCEEDED] * 6 + [
     RunState.FAILED,
     RunState.TIMED_OUT,

@@ -122,12 +122,15 @@ def missed_between_sql(p: str, *, tenant: bool) -> str:
 
 
 def run_stats_sql(p: str) -> str:
-    """A job's runs that ended since a time (parameters: the job, the time):
-    a range of that job's ``(job_id, scheduled_for, attempt)``, never the
-    runs of every job that ended since."""
+    """The ended runs of a job's fires since a time (parameters: the job,
+    the time): a range of that job's ``(job_id, scheduled_for, attempt)``
+    from the time on, never the job's older runs nor the runs of every job
+    that ended since. By fire time, not end time: a filter on the end read
+    every run the job ever had (3,000 a job at 30 million runs: 100-300 ms
+    a page), where the fires of a day are a range of the key."""
     return (
         "SELECT state, finished_at_ms - started_at_ms FROM executions"
-        f" WHERE job_id = {p} AND finished_at_ms >= {p}"
+        f" WHERE job_id = {p} AND scheduled_for >= {p} AND finished_at_ms IS NOT NULL"
     )
 
 

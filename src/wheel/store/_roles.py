@@ -262,4 +262,5 @@ class OverviewStore(Protocol):
         attempt, and the fires recorded missed."""
 
     def run_stats(self, job_id: int, since_ms: int) -> RunStats:
-        """The job's runs that ended at or after ``since_ms``."""
+        """The job's ended runs of its fires at or after ``since_ms`` (a
+        fire's every attempt; a run still in flight is left out)."""
