@@ -309,6 +309,10 @@ def test_serve_and_worker_take_the_operations_flags(tmp_path: Path) -> None:
     defaults = parse(["serve"])
     assert serve_config(defaults, tmp_path).retain_ms == 30 * DAY_MS == NodeConfig().retain_ms
     assert serve_config(defaults, tmp_path).retention_interval_s == 600.0
+    assert serve_config(defaults, tmp_path).statistics_interval_s == 60.0
+    for flag, seconds in (("5m", 300.0), ("off", 0.0)):
+        told = parse(["serve", "--statistics-interval", flag])
+        assert serve_config(told, tmp_path).statistics_interval_s == seconds
     assert (defaults.metrics_listen, defaults.log_format) == (None, "text")
     assert serve_config(parse(["serve", "--retain", "forever"]), tmp_path).retain_ms is None
     worker = parse(["worker", "m:f", "--metrics-listen", "127.0.0.1:9101", "--log-format", "json"])

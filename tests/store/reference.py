@@ -409,6 +409,9 @@ class ReferenceStore:
         self.audit = kept
         return gone
 
+    def refresh_statistics(self) -> list[tuple[str, int]]:
+        return []
+
     def set_calendar(self, tenant: str, name: str, body: str, now_ms: int) -> CalendarRecord:
         old = self.calendars.get((tenant, name))
         new = CalendarRecord(

@@ -185,6 +185,15 @@ def add_serve_parser(sub: Any) -> None:
         help="how often a retention pass starts (each paces itself to a tenth of the"
         " store's time; default %(default)s)",
     )
+    s.add_argument(
+        "--statistics-interval",
+        type=_seconds_or_off,
+        default="1m",
+        metavar="DURATION",
+        help="how often the node looks for PostgreSQL tables whose planner statistics"
+        " lag far behind their rows (after a bulk load, with autovacuum late or off)"
+        " and analyzes them; off never does (default %(default)s)",
+    )
     add_serve_flags(s)
     cli_outbox.add_serve_flag(s)
     s.add_argument(
@@ -303,6 +312,7 @@ def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
         node_id=ns.node_id,
         retain_ms=ns.retain,
         retention_interval_s=ns.retention_interval,
+        statistics_interval_s=ns.statistics_interval,
         owner=OwnerConfig(**{f: v for f, v in owner.items() if v is not None}),
         checkpoint_dir=None if ns.no_checkpoint else str(data_dir / "checkpoint"),
         checkpoint_durability=Durability(ns.checkpoint_durability),

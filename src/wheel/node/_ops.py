@@ -14,6 +14,10 @@ health, alerts, metrics, and the retention of finished history.
   own, sleeping between them so that a pass takes at most
   ``retention_share`` of the store's time: dispatch batches wait behind one
   small transaction at most.
+- **Statistics**: every ``statistics_interval_s`` the store's statistics of
+  its busiest tables are brought up to date where they lag far behind the
+  rows (``Store.refresh_statistics``), so that a plan made from those of a
+  nearly empty table never reads every job where it wants the few due.
 """
 
 from __future__ import annotations
@@ -103,6 +107,7 @@ class Ops:
         self._ops_tasks = [
             asyncio.create_task(self._watch(), name="wheel-health"),
             asyncio.create_task(self._retain(), name="wheel-retention"),
+            asyncio.create_task(self._keep_statistics(), name="wheel-statistics"),
             asyncio.create_task(self._watch_stalls(), name="wheel-stalls"),
         ]
 
@@ -354,15 +359,43 @@ class Ops:
             return
         await asyncio.sleep(min(config.retention_first_s, config.retention_interval_s))
         while True:
-            driver = self._driver()
-            # One member of a cluster purges (the holder of shard 0): the
-            # tables are the cluster's, not a shard's.
-            if self._coordinator is None or (driver is not None and 0 in driver.shards()):
+            if self._housekeeper():
                 try:
                     await self.purge_history(config.retain_ms)
                 except Exception:  # the next pass tries again
                     log.exception("retention pass failed")
             await asyncio.sleep(config.retention_interval_s)
+
+    def _housekeeper(self) -> bool:
+        """Whether this node does the housekeeping of the tables: the one
+        node, or the member of a cluster that holds shard 0 (the tables are
+        the cluster's, not a shard's)."""
+        driver = self._driver()
+        return self._coordinator is None or (driver is not None and 0 in driver.shards())
+
+    async def _keep_statistics(self) -> None:
+        interval = self._config.statistics_interval_s
+        if interval <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            if not self._housekeeper():
+                continue
+            started = time.perf_counter()
+            try:
+                analyzed = await loop.run_in_executor(
+                    self._purge_thread, self._store.refresh_statistics
+                )
+            except Exception as exc:  # the next round tries again
+                log.warning("refreshing the store's statistics failed: %s", exc)
+                continue
+            if analyzed:
+                log.info(
+                    "statistics of %s brought up to date in %.2fs",
+                    ", ".join(f"{table} ({changed} rows changed)" for table, changed in analyzed),
+                    time.perf_counter() - started,
+                )
 
     async def purge_history(self, retain_ms: int) -> int:
         """One retention pass: delete finished runs and missed-fire records

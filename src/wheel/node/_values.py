@@ -247,6 +247,10 @@ class NodeConfig:
     retention_first_s: float = 60.0
     retention_batch: int = 1_000
     retention_share: float = 0.1
+    # Every this often, the store's statistics of its busiest tables are
+    # brought up to date where they lag far behind (``Store.refresh_statistics``;
+    # 0: never), by one member of a cluster.
+    statistics_interval_s: float = 60.0
 
 
 class WorkerSession:

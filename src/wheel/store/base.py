@@ -640,6 +640,14 @@ class Store(
         """One trivial round trip, not retried (a health probe): raises
         ``StoreUnavailable`` when the store cannot answer now."""
 
+    def refresh_statistics(self) -> list[tuple[str, int]]:
+        """Bring the planner's statistics of the tables the dispatch path
+        reads up to date where they lag far behind the rows (as after a bulk
+        load, on a server whose autovacuum has not come round or is off):
+        ``(table, rows changed since the last analysis)`` of each table
+        analyzed, none when every one was fresh enough. A table another
+        session is analyzing or vacuuming is left for the next call."""
+
 
 def write_in_order(tx: KindWrites, batch: WriteBatch) -> BatchOutcome:
     """``batch`` through the one-kind writes of ``tx``, in ``write_batch``'s

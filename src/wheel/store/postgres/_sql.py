@@ -449,3 +449,13 @@ SET_STATE_SQL = """
 UPDATE jobs SET state = %s, next_run_at = %s, updated_at_ms = %s, change_xid = pg_current_xact_id()
  WHERE job_id = %s
 """
+
+# The tables of the parameter (names) in this schema whose rows changed since
+# their last analysis by more than the second parameter and the third's share
+# of their live rows: (table, rows changed).
+STALE_TABLES = """
+SELECT relname, n_mod_since_analyze FROM pg_stat_user_tables
+WHERE schemaname = current_schema() AND relname = ANY(%s)
+  AND n_mod_since_analyze > %s + %s * n_live_tup
+ORDER BY relname
+"""

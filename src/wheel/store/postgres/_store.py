@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import psycopg
+
 from wheel.errors import WheelError
 from wheel.store import _rollup
 from wheel.store._schema import PG_MIGRATIONS
@@ -57,6 +59,14 @@ PING_TIMEOUT_S = 2.0
 # lasts 2 s at least). Only those transactions: a shard load, for one,
 # parses rows between its statements for longer on a large store.
 IDLE_IN_TRANSACTION_TIMEOUT_MS = 1_000
+
+# ``refresh_statistics``: the tables whose plans the dispatch path and a
+# gain depend on, when their statistics count as stale, and how long an
+# ANALYZE waits for its lock.
+ANALYZED_TABLES = ("jobs", "executions", "missed_fires")
+STALE_MIN_ROWS = 1_000
+STALE_SHARE = 0.1
+ANALYZE_LOCK_WAIT_MS = 200
 
 
 class PostgresStore(SQLStore):
@@ -122,6 +132,32 @@ class PostgresStore(SQLStore):
         for one: the retries every other call makes would hide an outage
         from a health probe for seconds."""
         self._db.ping(PING_TIMEOUT_S)
+
+    def refresh_statistics(self) -> list[tuple[str, int]]:
+        """``ANALYZE`` of each table in ``ANALYZED_TABLES`` whose rows changed
+        since its last analysis by more than ``STALE_MIN_ROWS`` and
+        ``STALE_SHARE`` of its live rows (autovacuum's own rule, with its
+        default share): with statistics of a table that was nearly empty the
+        planner read a gain's few due jobs through the index of every active
+        job (0.6 s at 800,000 jobs, seconds at millions, on the failover's
+        critical path) instead of the due index (0.7 ms)."""
+
+        def refresh(conn: Any, _: Any) -> list[tuple[str, int]]:
+            params = (list(ANALYZED_TABLES), STALE_MIN_ROWS, STALE_SHARE)
+            stale = conn.execute(sql.STALE_TABLES, params).fetchall()
+            done = []
+            for table, changed in stale:
+                try:
+                    with conn.transaction():  # a savepoint: a lock not had ends only this
+                        conn.execute(f"SET LOCAL lock_timeout = {ANALYZE_LOCK_WAIT_MS}")
+                        # One of ANALYZED_TABLES: the query returns no other name.
+                        conn.execute(f"ANALYZE {table}")
+                except psycopg.errors.LockNotAvailable:
+                    continue  # being analyzed or vacuumed by another session
+                done.append((table, int(changed)))
+            return done
+
+        return self._db.run(refresh, idempotent=True)
 
     # -- jobs -----------------------------------------------------------------
 
