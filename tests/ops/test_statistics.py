@@ -12,13 +12,11 @@ import pytest
 
 from tests.ops._node import LiveNode
 from tests.rpc.test_api import wait_for
-from tests.store.conftest import interval_job
+from tests.store.conftest import idle_jobs
 from wheel.node import NodeConfig
 from wheel.store.postgres import PostgresStore
 
 pytestmark = pytest.mark.postgres
-
-DAY_MS = 86_400_000
 
 
 def last_analyzed(dsn: str, table: str) -> float | None:
@@ -38,13 +36,7 @@ def test_a_node_analyzes_the_jobs_table_after_a_bulk_load(pg_dsn: str) -> None:
         assert last_analyzed(pg_dsn, "jobs") is None
         loader = PostgresStore(pg_dsn)
         try:
-            now = int(time.time() * 1000)
-            loader.import_jobs(
-                [
-                    interval_job(f"idle{i}", period_ms=DAY_MS, next_run_at=now + 2 * DAY_MS + i)
-                    for i in range(20_000)
-                ]
-            )
+            loader.import_jobs(idle_jobs(20_000, int(time.time() * 1000)))
         finally:
             loader.close()
         wait_for(lambda: last_analyzed(pg_dsn, "jobs") is not None, 20, "jobs to be analyzed")
@@ -55,13 +47,7 @@ def test_a_node_told_not_to_leaves_the_statistics_to_the_server(pg_dsn: str) -> 
     with LiveNode(pg_dsn, config):
         loader = PostgresStore(pg_dsn)
         try:
-            now = int(time.time() * 1000)
-            loader.import_jobs(
-                [
-                    interval_job(f"idle{i}", period_ms=DAY_MS, next_run_at=now + 2 * DAY_MS + i)
-                    for i in range(5_000)
-                ]
-            )
+            loader.import_jobs(idle_jobs(5_000, int(time.time() * 1000)))
             # The same load is found stale from outside (the server's counts
             # reach its views within ten seconds of a commit), and left so.
             deadline = time.monotonic() + 20

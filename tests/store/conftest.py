@@ -74,6 +74,19 @@ def interval_job(
     )
 
 
+DAY_MS = 86_400_000
+
+
+def idle_jobs(count: int, now_ms: int, *, soon: int = 0) -> list[NewJob]:
+    """``count`` daily jobs first due two days after ``now_ms``, then
+    ``soon`` more due within seconds of it (``soon{i}`` at ``now_ms + i`` s)."""
+    later = [
+        interval_job(f"idle{i}", period_ms=DAY_MS, next_run_at=now_ms + 2 * DAY_MS + i)
+        for i in range(count)
+    ]
+    return later + [interval_job(f"soon{i}", next_run_at=now_ms + 1_000 * i) for i in range(soon)]
+
+
 def once_job(at_ms: int = 50_000, *, tenant: str = "acme") -> NewJob:
     return NewJob(
         spec=JobSpec(name="once", handler="h", tenant=tenant, schedule=Once(at_ms=at_ms)),

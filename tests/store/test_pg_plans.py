@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.store.conftest import idle_jobs
 from tests.store.test_contract import claim
 from wheel.store._schema import DUE_BUCKET_SHIFT, RETRY_WHERE
 from wheel.store.base import Completion, MissedFire, MissedReason, NewJob, RunStart, RunState
@@ -136,15 +137,8 @@ def test_a_gain_due_first_finds_the_jobs_due_soon_through_an_index(store: Postgr
     """The first part of a gain reads a shard's jobs due soon (and those
     with no next fire, or no profile) through indexes: with 20,000 jobs due
     in days it must not read them all."""
-    from tests.store.conftest import interval_job
-
     now = 40 * DAY_MS
-    later = [
-        interval_job(f"idle{i}", period_ms=DAY_MS, next_run_at=now + 2 * DAY_MS + i)
-        for i in range(20_000)
-    ]
-    soon = [interval_job(f"soon{i}", next_run_at=now + 1_000 * i) for i in range(5)]
-    ids = store.import_jobs(later + soon)
+    ids = store.import_jobs(idle_jobs(20_000, now, soon=5))
     with store._db.pool.connection() as conn:
         conn.execute("ANALYZE jobs")
         bound = now + 60_000
@@ -185,15 +179,8 @@ def test_statistics_a_bulk_load_left_behind_are_refreshed_so_a_gain_reads_the_du
     active job (0.6 s at 800,000 jobs). ``refresh_statistics`` analyzes the
     tables whose rows changed by more than a tenth since, and then only,
     after which the gain reads the due index."""
-    from tests.store.conftest import interval_job
-
     now = 40 * DAY_MS
-    later = [
-        interval_job(f"idle{i}", period_ms=DAY_MS, next_run_at=now + 2 * DAY_MS + i)
-        for i in range(20_000)
-    ]
-    soon = [interval_job(f"soon{i}", next_run_at=now + 1_000 * i) for i in range(5)]
-    store.import_jobs(later + soon)
+    store.import_jobs(idle_jobs(20_000, now, soon=5))
     bound, shards = now + 60_000, list(range(0, 256, 3))
     assert any(name == "jobs_state" for _, name in due_plan(store, bound, shards))
 
