@@ -138,7 +138,8 @@ def test_sigkill_restarts_lose_nothing_acknowledged(tmp_path: Path) -> None:
             lost = [f for f in due if f not in seen]
             assert lost == [], (
                 f"job {job_id} ({kind}): fires silently dropped: {lost[:5]}; up to {end_ms},"
-                f" next fire owed {record.next_run_at}, stop began {stopping_ms}"
+                f" next fire owed {record.next_run_at}, stop began {stopping_ms},"
+                f" kills at {[int(t * 1000) for t in kill_times]}"
             )
             if kind == "once" and due:
                 assert any(r.state is RunState.SUCCEEDED for r in runs), f"one-shot {job_id}"
