@@ -124,8 +124,7 @@ def store_limit(
         lite.close()
         db = sqlite3.connect(tmp / "limit.db", isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
-        for made in _made_rows(jobs, batch, now, sqlite=True):
-            rows, specs, keys, profiles = made
+        for rows, specs, keys, profiles in _made_rows(jobs, batch, now, sqlite=True):
             t0 = time.perf_counter()
             db.execute("BEGIN IMMEDIATE")
             db.executemany(sq.INSERT_PROFILE, profiles)
@@ -147,8 +146,7 @@ def store_limit(
             store.migrate()
             store.close()
             with psycopg.connect(scratch.dsn) as conn:
-                for made in _made_rows(jobs, batch, now, sqlite=False):
-                    rows, specs, keys, profiles = made
+                for rows, specs, keys, profiles in _made_rows(jobs, batch, now, sqlite=False):
                     t0 = time.perf_counter()
                     with conn.cursor() as cur:
                         cur.executemany(
