@@ -313,6 +313,10 @@ def test_serve_and_worker_take_the_operations_flags(tmp_path: Path) -> None:
     for flag, seconds in (("5m", 300.0), ("off", 0.0)):
         told = parse(["serve", "--statistics-interval", flag])
         assert serve_config(told, tmp_path).statistics_interval_s == seconds
+    assert serve_config(defaults, tmp_path).trace_stalls_s == 0.0 == NodeConfig().trace_stalls_s
+    for flag, seconds in (("250ms", 0.25), ("off", 0.0)):
+        told = parse(["serve", "--trace-stalls", flag])
+        assert serve_config(told, tmp_path).trace_stalls_s == seconds
     assert (defaults.metrics_listen, defaults.log_format) == (None, "text")
     assert serve_config(parse(["serve", "--retain", "forever"]), tmp_path).retain_ms is None
     worker = parse(["worker", "m:f", "--metrics-listen", "127.0.0.1:9101", "--log-format", "json"])

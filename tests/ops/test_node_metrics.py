@@ -10,6 +10,7 @@ import io
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -247,3 +248,52 @@ def test_a_stalled_loop_shows_in_the_stall_metrics(live: LiveNode, json_log: io.
     assert any(
         str(r["message"]).startswith("the event loop stalled for ") for r in records(json_log)
     )
+    # Traced only when asked (--trace-stalls).
+    assert not any(
+        str(r["message"]).startswith("the event loop stood still") for r in records(json_log)
+    )
+
+
+def hold_the_loop_on_the_cpu(seconds: float) -> None:
+    """Spin until this thread has had ``seconds`` of CPU."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def hold_the_loop_asleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_a_traced_stall_is_logged_with_where_the_loop_stood_and_how_it_spent_the_time(
+    tmp_path: Path, json_log: io.StringIO
+) -> None:
+    config = NodeConfig(retain_ms=None, trace_stalls_s=0.1)
+
+    def traced(culprit: str) -> str:
+        def found() -> str | None:
+            for r in records(json_log):
+                message = str(r["message"])
+                if message.startswith("the event loop stood still") and culprit in message:
+                    return message
+            return None
+
+        wait_for(lambda: found() is not None, 10, f"a stall trace naming {culprit}")
+        message = found()
+        assert message is not None
+        return message
+
+    with LiveNode(f"sqlite:///{tmp_path / 'wheel.db'}", config) as live:
+        live.call(lambda: hold_the_loop_on_the_cpu(0.4))
+        busy = traced("hold_the_loop_on_the_cpu")
+        live.call(lambda: hold_the_loop_asleep(0.4))
+        asleep = traced("hold_the_loop_asleep")
+    assert "test_node_metrics.py" in busy
+    stood = int(re.match(r"the event loop stood still for (\d+) ms", busy)[1])  # type: ignore[index]
+    assert stood >= 350
+    if sys.platform == "linux":  # the kernel's account of the loop thread
+        on_cpu = int(re.search(r"on a CPU (\d+) ms", busy)[1])  # type: ignore[index]
+        assert on_cpu >= 300
+        slept = int(re.search(r"asleep \(the GIL, a lock\) (\d+) ms", asleep)[1])  # type: ignore[index]
+        assert slept >= 300
+        assert int(re.search(r"on a CPU (\d+) ms", asleep)[1]) < 100  # type: ignore[index]

@@ -194,6 +194,15 @@ def add_serve_parser(sub: Any) -> None:
         " lag far behind their rows (after a bulk load, with autovacuum late or off)"
         " and analyzes them; off never does (default %(default)s)",
     )
+    s.add_argument(
+        "--trace-stalls",
+        type=_seconds_or_off,
+        default="off",
+        metavar="DURATION",
+        help="log each stall of the event loop longer than this with where the loop stood"
+        " (its stacks, sampled every 5 ms) and how its thread spent the time: on a CPU,"
+        " waiting for one, or asleep; for finding what holds a node up (default %(default)s)",
+    )
     add_serve_flags(s)
     cli_outbox.add_serve_flag(s)
     s.add_argument(
@@ -313,6 +322,7 @@ def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
         retain_ms=ns.retain,
         retention_interval_s=ns.retention_interval,
         statistics_interval_s=ns.statistics_interval,
+        trace_stalls_s=ns.trace_stalls,
         owner=OwnerConfig(**{f: v for f, v in owner.items() if v is not None}),
         checkpoint_dir=None if ns.no_checkpoint else str(data_dir / "checkpoint"),
         checkpoint_durability=Durability(ns.checkpoint_durability),

@@ -37,6 +37,7 @@ from wheel.errors import StoreError
 from wheel.logs import ids
 from wheel.metrics import BatchedHistogram, LagMinute, LagRing
 from wheel.node._metrics import LAG_BOUNDS_MS, MetricsSource, NodeMetrics
+from wheel.node._stalls import StallTracer
 from wheel.node._values import Clock, Health, NodeConfig, RaisedAlert
 from wheel.store.base import Store
 
@@ -135,10 +136,16 @@ class Ops:
         loop = asyncio.get_running_loop()
         histogram = self.metrics.loop_stall_seconds
         handle: asyncio.TimerHandle | None = None
+        tracer = None
+        if self._config.trace_stalls_s > 0:
+            tracer = StallTracer(self._config.trace_stalls_s)
+            tracer.start()
 
         def tick(asked: float) -> None:
             nonlocal handle
             now = loop.time()
+            if tracer is not None:
+                tracer.beat = now  # the loop's clock is time.monotonic
             late = now - asked
             if late >= STALL_FLOOR_S:
                 histogram.observe(late)
@@ -154,6 +161,8 @@ class Ops:
             await loop.create_future()  # until the node stops (cancelled)
         finally:
             handle.cancel()
+            if tracer is not None:
+                tracer.stop()
 
     def loop_stall_max_s(self) -> float:
         """The longest event-loop stall since the node started (s)."""

@@ -251,6 +251,10 @@ class NodeConfig:
     # brought up to date where they lag far behind (``Store.refresh_statistics``;
     # 0: never), by one member of a cluster.
     statistics_interval_s: float = 60.0
+    # A stall of the event loop longer than this is logged with where the
+    # loop stood and how its thread spent the time (``wheel.node._stalls``;
+    # 0: not traced).
+    trace_stalls_s: float = 0.0
 
 
 class WorkerSession:
