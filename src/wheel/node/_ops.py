@@ -138,14 +138,14 @@ class Ops:
         handle: asyncio.TimerHandle | None = None
         tracer = None
         if self._config.trace_stalls_s > 0:
-            tracer = StallTracer(self._config.trace_stalls_s)
+            tracer = StallTracer(self._config.trace_stalls_s, clock=loop.time)
             tracer.start()
 
         def tick(asked: float) -> None:
             nonlocal handle
             now = loop.time()
             if tracer is not None:
-                tracer.beat = now  # the loop's clock is time.monotonic
+                tracer.beat = now
             late = now - asked
             if late >= STALL_FLOOR_S:
                 histogram.observe(late)

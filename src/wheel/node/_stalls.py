@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from types import FrameType
 
 log = logging.getLogger("wheel.node")
@@ -59,10 +60,12 @@ class StallTracer:
     """Samples the calling thread (the loop's) while ``beat`` is older than
     ``threshold_s``; logs each stall once it is over."""
 
-    def __init__(self, threshold_s: float) -> None:
+    def __init__(self, threshold_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock``: the loop's (``loop.time``), which ``beat`` is read on."""
         self.threshold_s = threshold_s
+        self._clock = clock
         # Set by the loop at every beat (a float assignment is atomic).
-        self.beat = time.monotonic()
+        self.beat = clock()
         self._loop = threading.get_ident()
         self._schedstat = f"/proc/self/task/{threading.get_native_id()}/schedstat"
         self._stop = threading.Event()
@@ -89,9 +92,9 @@ class StallTracer:
         # from before a stall's beginning.
         recent: deque[tuple[float, tuple[int, int] | None]] = deque(maxlen=64)
         stall: _Stall | None = None
-        last = time.monotonic()
+        last = self._clock()
         while not self._stop.wait(SAMPLE_S):
-            now = time.monotonic()
+            now = self._clock()
             recent.append((now, self._sched()))
             beat = self.beat
             if now - beat <= self.threshold_s:
