@@ -26,13 +26,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from wheel.checkpoint.owner_state import OwnerState, recover_state, restored_rows
 from wheel.checkpoint.wal import Checkpoint
-from wheel.engine.jobtable import NEVER, PAUSED, PAYLOAD, Columns, group_by_shard
+from wheel.engine.jobtable import NEVER, PAUSED, PAYLOAD, Columns, ShardJobs, group_by_shard
 from wheel.engine.model import JobState, shard_of
 from wheel.engine.owner import Actions, Owner, OwnerConfig, ShardContents
 from wheel.engine.profiles import Profile, template_of_body
@@ -108,11 +108,16 @@ def restore_owner(
 class Staged:
     """Shards' jobs loaded ahead of their gain, as of ``watermark``: a node
     about to be given shards by a planned move loads them while their owner
-    still serves them; at the switch it reads only what changed since
-    (``staged_contents``)."""
+    still serves them, into the tables its owner will keep; at the switch it
+    reads only what changed since (``staged_contents``), and the owner takes
+    the tables as they are. Staged at ten million jobs, the copy into the
+    owner's tables (and the first touch of the memory it filled) was most of
+    the time the switch held the node's loop."""
 
     shards: frozenset[int]
-    packed: dict[int, Columns]
+    # Shard -> its rows, built into a table (``prof`` numbering ``profiles``);
+    # each is given to an owner once (``staged_contents`` takes it out).
+    tables: dict[int, ShardJobs]
     profiles: list[Profile]
     # Jobs the rows alone do not arm, whole.
     jobs: list[JobRecord]
@@ -121,6 +126,9 @@ class Staged:
     from_checkpoint: bool
     # ``time.monotonic()`` of the load.
     at: float = 0.0
+    # The shards whose contents were given out (each once: an owner keeps
+    # and changes the tables it is given).
+    given: set[int] = field(default_factory=set)
 
 
 def stage_from_store(store: Store, shards: Sequence[int]) -> Staged:
@@ -129,7 +137,7 @@ def stage_from_store(store: Store, shards: Sequence[int]) -> Staged:
     packed, profiles = packed_of_load(load)
     return Staged(
         frozenset(shards),
-        packed,
+        tables_of(packed),
         profiles,
         list(load.jobs),
         load.watermark,
@@ -143,8 +151,20 @@ def stage_from_checkpoint(state: OwnerState, shards: Sequence[int], watermark: i
     (``OwnerState.as_of``)."""
     rows = restored_rows(state, shards)
     return Staged(
-        frozenset(shards), rows.packed, rows.profiles, [], watermark, True, time.monotonic()
+        frozenset(shards),
+        tables_of(rows.packed),
+        rows.profiles,
+        [],
+        watermark,
+        True,
+        time.monotonic(),
     )
+
+
+def tables_of(packed: Mapping[int, Columns]) -> dict[int, ShardJobs]:
+    """Each shard's rows copied into the table an owner keeps
+    (``ShardContents.tables``)."""
+    return {shard: ShardJobs(rows) for shard, rows in packed.items()}
 
 
 def staged_contents(
@@ -164,6 +184,10 @@ def staged_contents(
     the rows cannot say, and every job with a run in flight or a retry owed
     is read again, as it is now."""
     wanted = set(shards)
+    again = sorted(wanted & staged.given)
+    if again:
+        raise ValueError(f"staged shards given out already: {again[:10]}")
+    staged.given |= wanted
     changes: list[RowChanges] = []
     watermark = staged.watermark
     while True:
@@ -173,13 +197,13 @@ def staged_contents(
         watermark = page.watermark
         if done:
             break
-    packed = {s: rows for s, rows in staged.packed.items() if s in wanted}
+    tables = {s: t for s in shards if (t := staged.tables.pop(s, None)) is not None}
     inflight = store.inflight_runs(shards)
     retries = store.retry_candidates(shards)
     bound = now_ms + MOVED_MARGIN_MS
     moved: set[int] = {r.job_id for r in staged.jobs if shard_of(r.job_id) in wanted}
-    for rows in packed.values():
-        moved.update(_ints(rows.ids[rows.nxt <= bound]))
+    for table in tables.values():
+        moved.update(table.ids_due_by(bound))
     moved.update(e.job_id for e in (*inflight, *retries))
     ordered = sorted(moved)
     for at in range(0, len(ordered), CHANGES_PAGE):
@@ -189,7 +213,8 @@ def staged_contents(
     contents = shard_contents(
         store,
         shards,
-        packed=packed,
+        packed={},
+        tables=tables,
         profiles=staged.profiles,
         # A job the changes carry is taken from them, not from the staging.
         jobs=[r for r in staged.jobs if shard_of(r.job_id) in wanted and r.job_id not in changed],
@@ -198,10 +223,6 @@ def staged_contents(
         retries=retries,
     )
     return contents, watermark
-
-
-def _ints(values: np.ndarray) -> list[int]:
-    return [int(v) for v in values.tolist()]
 
 
 def checkpoint_contents(
@@ -271,17 +292,20 @@ def shard_contents(
     shards: Sequence[int],
     *,
     packed: Mapping[int, Columns],
+    tables: Mapping[int, ShardJobs] | None = None,
     profiles: Sequence[Profile],
     jobs: Sequence[JobRecord] = (),
     rows: Sequence[RowChanges] = (),
     inflight: Sequence[ExecutionRecord],
     retries: Sequence[ExecutionRecord] | None = None,
 ) -> ShardContents:
-    """What an owner takes on with ``shards``: the jobs it arms (as packed
-    rows, and as rows or records over them), their runs in flight and
-    pending retries from the store (``retries``: read already), and the
+    """What an owner takes on with ``shards``: the jobs it arms (as tables,
+    ``tables`` and the rows of ``packed`` built into them here, off the
+    owner's loop; and as rows or records over them), their runs in flight
+    and pending retries from the store (``retries``: read already), and the
     jobs those runs and retries belong to that the rest leaves out (whole:
     finished ones to end their runs, scheduled ones to arm)."""
+    tables = {**tables_of(packed), **(tables or {})}
     if retries is None:
         retries = store.retry_candidates(shards)
     inflight = _take_unsent(store, inflight)
@@ -301,7 +325,7 @@ def shard_contents(
         if job_id in over:
             finished.append(over[job_id])
             continue
-        if job_id not in ended and (job_id in latest or _holds(packed, job_id)):
+        if job_id not in ended and (job_id in latest or _holds(tables, job_id)):
             continue
         try:
             record = store.get_job(job_id)
@@ -310,7 +334,7 @@ def shard_contents(
             continue
         (live if record.state in _SCHEDULED else finished).append(record)
     return ShardContents(
-        packed=packed,
+        tables=tables,
         profiles=profiles,
         rows=rows,
         jobs=[*jobs, *live],
@@ -334,12 +358,9 @@ def _take_unsent(store: Store, inflight: Sequence[ExecutionRecord]) -> list[Exec
     ]
 
 
-def _holds(packed: Mapping[int, Columns], job_id: int) -> bool:
-    rows = packed.get(shard_of(job_id))
-    if rows is None or not len(rows):
-        return False
-    i = int(np.searchsorted(rows.ids, job_id))
-    return i < len(rows) and int(rows.ids[i]) == job_id
+def _holds(tables: Mapping[int, ShardJobs], job_id: int) -> bool:
+    table = tables.get(shard_of(job_id))
+    return table is not None and table.locate(job_id) >= 0
 
 
 _SCHEDULED = (JobState.ACTIVE, JobState.PAUSED)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.engine.sim import HOUR, MIN, SEC, RefStore
 from wheel.engine.driver import Driver
-from wheel.engine.jobtable import PAUSED, rows_of
+from wheel.engine.jobtable import PAUSED, ShardJobs, rows_of
 from wheel.engine.model import AlertKind, JobState, MissedReason, RunState, shard_of
 from wheel.engine.owner import (
     COUNTER_BITS,
@@ -1983,6 +1983,51 @@ def test_a_staged_shard_takes_on_what_its_owner_and_the_api_changed_since() -> N
     assert (due, T + MIN + HOUR) in fires  # where the claim moved it
     assert not any(job == paused for job, _ in fires)
     assert (born, T + 2 * HOUR) in fires
+
+
+def test_a_staged_shard_is_given_out_once() -> None:
+    """Its table becomes the owner's, which changes it: a second gain of the
+    same staging is refused, never handed a table already in use."""
+    n = Node()
+    shard = shard_of(n.submit(spec()))
+    staged = stage_from_store(n.store, [shard])
+    contents, _ = staged_contents(n.store, staged, [shard], T)
+    assert sum(len(t) for t in contents.tables.values()) == 1
+    with pytest.raises(ValueError, match="given out already"):
+        staged_contents(n.store, staged, [shard], T)
+
+
+def test_a_shard_taken_on_as_a_table_built_ahead_keeps_each_job_with_its_own_profile() -> None:
+    """A table built before its gain numbers profiles its own way; the owner,
+    which numbered another profile first, renumbers it in place."""
+    n = Node()
+    a = n.submit(spec(handler="a"))
+    b = n.submit(spec(handler="b"))
+    while shard_of(b) == shard_of(a):
+        b = n.submit(spec(handler="b"))
+    images = [n.owner.image_of(j) for j in (a, b)]
+    assert images[0] is not None and images[1] is not None
+    profiles = [n.owner.profile(i.profile_id) for i in images if i is not None]
+    assert profiles[0] is not None and profiles[1] is not None
+    tables = {
+        shard_of(j): ShardJobs(rows_of([j], [i.nxt], [i.due], [i.param], [0], [i.flags]))
+        for j, i in zip((a, b), images, strict=True)
+        if i is not None
+    }
+    owner, acts = Owner(now_ms=n.now, config=n.config), Actions()
+    for j, profile in zip((a, b), profiles, strict=True):
+        assert profile is not None
+        owner.add_shards(
+            {shard_of(j): 1},
+            ShardContents(tables={shard_of(j): tables[shard_of(j)]}, profiles=[profile]),
+            n.now,
+            acts,
+        )
+    assert [tables[shard_of(j)].prof[0] for j in (a, b)] == [0, 1]  # b's renumbered
+    assert [owner.image_of(j).profile_id for j in (a, b)] == [i.profile_id for i in images]  # type: ignore[union-attr]
+    owner.worker_hello("w1", 10, ["default"], n.now, acts)
+    owner.advance(T + MIN, acts)
+    assert {c.job_id for c in acts.claims} == {a, b}
 
 
 def test_an_owner_adds_only_the_shards_it_is_given_and_can_take_more_later() -> None:

@@ -81,6 +81,25 @@ def test_arming_finds_the_rows_due_in_a_stretch_and_the_first_one_after_it() -> 
         assert t.due_from(9_000) == n - 8
 
 
+def test_a_table_is_renumbered_in_place_across_its_slices_and_keeps_only_the_flags_asked() -> None:
+    n = 70_000  # more rows than one slice of the renumbering
+    ids = list(range(1, n + 1))
+    prof = [i % 3 for i in ids]
+    flags = [AWAKE | GONE if i % 5 == 0 else AWAKE for i in ids]
+    t = ShardJobs(rows_of(ids, ids, ids, [0] * n, prof, flags))
+    before = t.prof
+    t.renumber(np.array([2, 0, 1], dtype=np.int32), GONE)
+    assert t.prof is before  # the same column, written over
+    assert list(t.prof) == [(2, 0, 1)[p] for p in prof]
+    assert list(t.flags) == [f & GONE for f in flags]
+    assert len(t) == n - n // 5  # its tombstones still count as gone
+    t.renumber(np.arange(3, dtype=np.int32), GONE)  # the owner's numbers are the table's
+    assert list(t.prof) == [(2, 0, 1)[p] for p in prof]
+    t.put(n + 1, n + 1, n + 1, 0, 0, 0)  # no view of a column is left to keep it from growing
+    assert t.ids_due_by(3) == [1, 2, 3]
+    assert ShardJobs().ids_due_by(NEVER) == []
+
+
 def test_group_by_shard_keeps_the_last_row_of_a_job_and_drops_tombstones() -> None:
     from wheel.engine.jobtable import group_by_shard
     from wheel.engine.model import shard_of

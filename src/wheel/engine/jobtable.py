@@ -47,6 +47,8 @@ NEVER = (1 << 63) - 1
 # Tables this small are scanned by a Python loop: numpy's per-call cost is
 # more than the loop's.
 _SMALL = 64
+# Rows renumbered at a time (``ShardJobs.renumber``).
+_RENUMBER_SLICE = 65_536
 
 PAUSED = 1
 PAYLOAD = 2  # its payload is not empty: the claim that dispatches it reads it
@@ -153,6 +155,25 @@ class ShardJobs:
         # Said, not left to __len__: compiled code tests an Optional of a
         # compiled class without __bool__ for None only (mypyc 2.4).
         return len(self) > 0
+
+    def renumber(self, numbers: npt.NDArray[np.int32], keep: int) -> None:
+        """In place: every row's profile number ``p`` becomes ``numbers[p]``
+        and its flags keep only ``keep``. A table built ahead of its shard's
+        gain (``ShardContents.tables``) is made the owner's this way, with
+        no copy of its columns: the copy, and the first touch of the memory
+        it fills, were done where the table was built."""
+        if not self.ids:
+            return
+        flags = np.frombuffer(self.flags, dtype=np.uint8)
+        np.bitwise_and(flags, keep, out=flags)
+        if bool(np.array_equal(numbers, np.arange(len(numbers), dtype=np.int32))):
+            return  # the owner numbers the profiles as the table does
+        prof = np.frombuffer(self.prof, dtype=np.int32)
+        # In slices: a lookup of the whole column would need a column-sized
+        # temporary, fresh memory to fault in.
+        for at in range(0, len(prof), _RENUMBER_SLICE):
+            part = prof[at : at + _RENUMBER_SLICE]
+            part[:] = numbers[part]
 
     def nbytes(self) -> int:
         return sum(
@@ -293,6 +314,15 @@ class ShardJobs:
             return 0
         due = np.frombuffer(self.due, dtype=np.int64)
         return int(np.count_nonzero((due >= lo) & (due != NEVER)))
+
+    def ids_due_by(self, bound: int) -> list[int]:
+        """Ids of the rows whose next fire as the store has it (``nxt``) is
+        at or before ``bound``."""
+        if not self.ids:
+            return []
+        nxt = np.frombuffer(self.nxt, dtype=np.int64)
+        ids = np.frombuffer(self.ids, dtype=np.int64)
+        return _ints(ids[nxt <= bound])
 
     def armed_before(self, hi: int) -> list[int]:
         """Ids of the jobs at rest due before ``hi`` (whose FIRE timers an

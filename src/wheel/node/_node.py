@@ -408,7 +408,9 @@ class Node(NodeCalls):
             "took on %d shards from %s: %d jobs, %d runs in flight",
             len(epochs),
             how or ("its checkpoint" if from_checkpoint else "the store"),
-            len(contents.jobs) + sum(len(rows) for rows in contents.packed.values()),
+            len(contents.jobs)
+            + sum(len(rows) for rows in contents.packed.values())
+            + sum(len(table) for table in contents.tables.values()),
             len(contents.inflight),
         )
         self._view.push()

@@ -58,6 +58,10 @@ from wheel.engine.schedule import CompiledSchedule, compile_schedule, with_calen
 from wheel.engine.spec import JobSpec
 from wheel.engine.timerwheel import TimerWheel
 
+# The flags a row taken on keeps: rows as a checkpoint or a load gives them
+# are at rest, none awake.
+AT_REST = PAUSED | PAYLOAD | GONE
+
 log = logging.getLogger("wheel.owner")
 
 
@@ -376,7 +380,7 @@ class _Shelf:
             if not len(new):
                 continue
             new.prof = lookup[new.prof]
-            new.flags &= PAUSED | PAYLOAD | GONE
+            new.flags &= AT_REST
             table.extend(new)
             early = new.due < self.armed_until
             if early.any():
@@ -394,10 +398,18 @@ class _Shelf:
         owner numbers): the shard's table, its FIRE timers armed ahead."""
         if len(rows):
             rows.prof = np.asarray(profiles, dtype=np.int32)[rows.prof]
-            # Rows as a checkpoint or a load gives them rest; none is awake.
-            rows.flags &= PAUSED | PAYLOAD | GONE
-        held.table = ShardJobs(rows)
-        ids, deadlines, after = held.table.arm(NO_FIRE + 1, self.armed_until)
+            rows.flags &= AT_REST
+        self._arm_table(held, ShardJobs(rows))
+
+    def take_on_table(self, held: _Shard, table: ShardJobs, profiles: list[int]) -> None:
+        """``take_on_rows`` of rows built into a table already: the table
+        itself becomes the shard's, renumbered in place."""
+        table.renumber(np.asarray(profiles, dtype=np.int32), AT_REST)
+        self._arm_table(held, table)
+
+    def _arm_table(self, held: _Shard, table: ShardJobs) -> None:
+        held.table = table
+        ids, deadlines, after = table.arm(NO_FIRE + 1, self.armed_until)
         if ids:
             self.wheel.add_many([(j << 2) | FIRE for j in ids], deadlines)
         self.next_unarmed = min(self.next_unarmed, after)

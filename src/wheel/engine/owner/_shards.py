@@ -109,6 +109,10 @@ class ShardMoves:
         numbers = [self.book.profiles.add(p) for p in contents.profiles]
         for shard, epoch in epochs.items():
             gained = self.shard_map.add(shard, epoch)
+            table = contents.tables.get(shard)
+            if table is not None:
+                self.book.take_on_table(gained, table, numbers)
+                continue
             rows = contents.packed.get(shard)
             if rows is not None:
                 self.book.take_on_rows(gained, rows, numbers)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import NamedTuple
 
-from wheel.engine.jobtable import Columns
+from wheel.engine.jobtable import Columns, ShardJobs
 from wheel.engine.model import AlertKind, MissedReason, RunState, idempotency_key
 from wheel.engine.profiles import Profile
 from wheel.engine.records import (
@@ -392,14 +392,20 @@ class ShardContents:
 
     ``packed`` are the shards' jobs as packed rows (shard -> columns, see
     ``wheel.engine.jobtable``), their ``prof`` column indexing ``profiles``:
-    taken on at once without an object per job. ``rows`` and ``jobs`` are
-    applied on top: the changes since the packed rows were made.
+    taken on at once without an object per job. ``tables`` are shards' rows
+    as tables built already (numbered the same way), which the owner makes
+    its own in place: built where the contents were read, off the owner's
+    loop and, for a planned move, ahead of the switch; a shard in both is
+    taken from ``tables``. ``rows`` and ``jobs`` are applied on top: the
+    changes since the packed rows were made.
     ``finished`` are jobs whose schedule is over (completed, cancelled) but
     that still have runs in ``inflight`` or retries owed in ``retries``
     (latest attempts that ended failed, lost or timed out with no newer
     attempt)."""
 
     packed: Mapping[int, Columns] = field(default_factory=dict)
+    # Each taken once: the owner keeps it and changes it.
+    tables: Mapping[int, ShardJobs] = field(default_factory=dict)
     profiles: Sequence[Profile] = ()
     # Changes applied on top of ``packed`` (the store wins): as rows, then as
     # records.
