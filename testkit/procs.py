@@ -46,6 +46,15 @@ def wheelctl(
     )
 
 
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a process's log (what it said last)."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return f"(no log at {path})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -103,8 +112,12 @@ class ServerProc:
     def healthy(self) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
+            # The log's end in the failure itself: CI keeps only the last few
+            # runs' temporary directories, and the reason goes with them.
+            log = self.data_dir.parent / f"server-{self.starts}.log"
             raise AssertionError(
-                f"server exited with {self.proc.returncode}; see {self.data_dir.parent}"
+                f"server exited with {self.proc.returncode}; see {self.data_dir.parent};"
+                f" its log ends:\n{log_tail(log)}"
             )
         try:
             with make_channel(self.target, self.security) as ch:
