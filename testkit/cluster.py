@@ -114,7 +114,7 @@ class ClusterNode(ServerProc):
         args = ["serve", "--data-dir", str(self.data_dir), "--listen", self.target]
         args += ["--store", str(self.store), *self.args]
         self.starts += 1
-        with open(self.data_dir.parent / f"server-{self.starts}.log", "wb") as log:
+        with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "wheel", *args],
                 stderr=log,
@@ -137,9 +137,8 @@ class ClusterNode(ServerProc):
     def past_start(self) -> bool:
         """This life of the process has said where it serves (its signal
         handlers are in place by then)."""
-        log = self.data_dir.parent / f"server-{self.starts}.log"
         try:
-            return b"wheel serving on" in log.read_bytes()
+            return b"wheel serving on" in self.log_path.read_bytes()
         except FileNotFoundError:
             return False
 

@@ -97,13 +97,18 @@ class ServerProc:
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def log_path(self) -> Path:
+        """This life's log (stdout and stderr) of the process."""
+        return self.data_dir.parent / f"server-{self.starts}.log"
+
     def start(self) -> None:
         args = ["serve", "--data-dir", str(self.data_dir), "--listen", self.target]
         if self.store:
             args += ["--store", self.store]
         args += self.args
         self.starts += 1
-        with open(self.data_dir.parent / f"server-{self.starts}.log", "wb") as log:
+        with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [self.python, "-m", "wheel", *args], stderr=log, stdout=log, env=self.environ
             )
@@ -114,10 +119,9 @@ class ServerProc:
         if self.proc.poll() is not None:
             # The log's end in the failure itself: CI keeps only the last few
             # runs' temporary directories, and the reason goes with them.
-            log = self.data_dir.parent / f"server-{self.starts}.log"
             raise AssertionError(
                 f"server exited with {self.proc.returncode}; see {self.data_dir.parent};"
-                f" its log ends:\n{log_tail(log)}"
+                f" its log ends:\n{log_tail(self.log_path)}"
             )
         try:
             with make_channel(self.target, self.security) as ch:

@@ -213,7 +213,6 @@ def staged_contents(
     contents = shard_contents(
         store,
         shards,
-        packed={},
         tables=tables,
         profiles=staged.profiles,
         # A job the changes carry is taken from them, not from the staging.
@@ -246,7 +245,12 @@ def load_shard_contents(
     load = store.load_shards(shards, packed=True, due_by=due_by)
     packed, profiles = packed_of_load(load)
     contents = shard_contents(
-        store, shards, packed=packed, profiles=profiles, jobs=load.jobs, inflight=load.inflight
+        store,
+        shards,
+        tables=tables_of(packed),
+        profiles=profiles,
+        jobs=load.jobs,
+        inflight=load.inflight,
     )
     return contents, load.watermark
 
@@ -291,8 +295,7 @@ def shard_contents(
     store: Store,
     shards: Sequence[int],
     *,
-    packed: Mapping[int, Columns],
-    tables: Mapping[int, ShardJobs] | None = None,
+    tables: Mapping[int, ShardJobs],
     profiles: Sequence[Profile],
     jobs: Sequence[JobRecord] = (),
     rows: Sequence[RowChanges] = (),
@@ -300,12 +303,11 @@ def shard_contents(
     retries: Sequence[ExecutionRecord] | None = None,
 ) -> ShardContents:
     """What an owner takes on with ``shards``: the jobs it arms (as tables,
-    ``tables`` and the rows of ``packed`` built into them here, off the
-    owner's loop; and as rows or records over them), their runs in flight
+    built off the owner's loop by the load, ``tables_of``; and as rows or
+    records over them), their runs in flight
     and pending retries from the store (``retries``: read already), and the
     jobs those runs and retries belong to that the rest leaves out (whole:
     finished ones to end their runs, scheduled ones to arm)."""
-    tables = {**tables_of(packed), **(tables or {})}
     if retries is None:
         retries = store.retry_candidates(shards)
     inflight = _take_unsent(store, inflight)
