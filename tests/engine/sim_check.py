@@ -109,20 +109,22 @@ def check(sim: Sim) -> list[Violation]:
                     )
                 )
 
-    # 2. Never early.
-    for _, _, claim, run_id in store.claims_log:
+    # 2. Never early: handed out at the fire's (jittered) time or later,
+    # claimed no earlier than the owner's claim lead before it.
+    lead = sim.config.claim_ahead_ms
+    for logged_at, _, claim, run_id in store.claims_log:
         if run_id is None:
             continue
         job = sim.jobs[claim.job_id]
         due = claim.scheduled_for
         if claim.attempt == 0 and claim.scheduled_for not in job.extra_fires:
             due = job.compiled.jittered(claim.scheduled_for)
-        if claim.dispatched_at_ms < due:
+        if claim.dispatched_at_ms < due or logged_at < due - lead:
             out.append(
                 Violation(
                     "never early",
                     f"job {claim.job_id} fire {claim.scheduled_for} attempt {claim.attempt} "
-                    f"claimed at {claim.dispatched_at_ms}, due {due}",
+                    f"claimed at {logged_at} for {claim.dispatched_at_ms}, due {due}",
                 )
             )
     for t, _, a in sim.history.dispatches:

@@ -105,6 +105,13 @@ def add_serve_parser(sub: Any) -> None:
         help="a fire this late counts as catch-up work",
     )
     s.add_argument(
+        "--claim-ahead-ms",
+        type=_ms,
+        help="claim a fire up to this long before its time (when nothing of its job is"
+        " going on) and hand it out at its time, so the store's commit is not on the way"
+        " (default 100; 0: claim at the due time)",
+    )
+    s.add_argument(
         "--priority-aging",
         dest="priority_aging_ms",
         type=_aging_ms,
@@ -299,13 +306,21 @@ def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
     """The node's configuration from ``wheelctl serve``'s flags."""
     from wheel.checkpoint import Durability
     from wheel.engine.owner import OwnerConfig
-    from wheel.node import NodeConfig
+    from wheel.node import CLAIM_AHEAD_MS, NodeConfig
 
     # A flag not given is None: the configuration's own default holds.
     owner = {
         f: getattr(ns, f)
-        for f in ("lease_ms", "grace_lease_ms", "overdue_after_ms", "priority_aging_ms")
+        for f in (
+            "lease_ms",
+            "grace_lease_ms",
+            "overdue_after_ms",
+            "priority_aging_ms",
+            "claim_ahead_ms",
+        )
     }
+    if owner["claim_ahead_ms"] is None:
+        owner["claim_ahead_ms"] = CLAIM_AHEAD_MS
     node = {
         f: getattr(ns, f)
         for f in (

@@ -141,9 +141,10 @@ class Driver:
 
     # -- the loop -------------------------------------------------------------------
 
-    def advance(self, now_ms: int) -> None:
-        """Fire what is due and hand out what workers can take."""
-        self.owner.advance(now_ms, self.acts)
+    def advance(self, now_ms: int, *, release_held: bool = True) -> None:
+        """Fire what is due and hand out what workers can take (runs claimed
+        ahead whose time has come only with ``release_held``)."""
+        self.owner.advance(now_ms, self.acts, release_held=release_held)
 
     def has_store_work(self) -> bool:
         return self.acts.store_work()

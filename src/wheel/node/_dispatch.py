@@ -163,7 +163,9 @@ class Dispatch:
             self._wake.clear()
             self._quiet_if_lapsed()
             now = self._clock.now_ms()
-            driver.advance(now)
+            # A round that only applies a batch's answer leaves the runs
+            # claimed ahead to the tick's round: a tick's runs in one message.
+            driver.advance(now, release_held=not early)
             if not early:
                 self._send_batch(driver, write, now)
                 if self._batches.writing() or driver.has_store_work():

@@ -45,8 +45,12 @@ Invariants (each has a test in tests/engine/test_owner.py):
 1. No silent drop. Every fire that comes due ends in exactly one of: a claim
    (an execution row), a missed record with its reason, or a buffered entry
    that later ends in one of those.
-2. Never early. A fire is claimed only after a FIRE timer for its (jittered)
-   due time expired; the wheel never fires a timer before its deadline.
+2. Never early. A run is handed out no earlier than its fire's (jittered)
+   due time. A fire is claimed once a FIRE timer for that time expired, or
+   one set ``claim_ahead_ms`` before it when no jitter moves it and nothing
+   of its job is going on (``JobBook.fires_now``); such a run waits in the
+   dispatcher's ``held`` until its time. The wheel never fires a timer
+   before its deadline.
 3. Schedules only move forward, in order. Per job, claims that advance the
    schedule are emitted in fire order, and each carries the owner's belief of
    the store's ``next_run_at`` as the compare-and-swap's expected value
@@ -285,8 +289,11 @@ class Owner:
             workers=self.workers,
         )
 
-    def advance(self, now_ms: int, acts: Actions) -> None:
-        """Fire every timer due at ``now_ms``, then hand out what workers can take."""
+    def advance(self, now_ms: int, acts: Actions, *, release_held: bool = True) -> None:
+        """Fire every timer due at ``now_ms``, then hand out what workers can
+        take. ``release_held``: runs claimed ahead whose time has come go out
+        too (the node's loop leaves them to its tick's round, so that a tick's
+        runs reach a worker in one message, not one a round)."""
         book, ends = self.book, self.ends
         # 1. Claims made with no Actions at hand (a backfill) go out now.
         if book.later.claims:
@@ -304,7 +311,12 @@ class Owner:
             kind, n = tid & 3, tid >> 2
             if kind == FIRE:
                 job = book.jobs.get(n) or book.wake_to_fire(n, now_ms)
-                if job is not None and not job.paused and job.next_fire is not None:
+                if (
+                    job is not None
+                    and not job.paused
+                    and job.next_fire is not None
+                    and book.fires_now(job, now_ms)
+                ):
                     fired += 1
                     book.on_fire(job, now_ms, acts)
             elif kind == LEASE:
@@ -318,7 +330,7 @@ class Owner:
         # 4. Lost runs' fires the reaper may send again, then everything
         #    queued that workers have credit for (the dispatcher).
         ends.run_reaper(now_ms, acts)
-        self.dispatcher.dispatch(now_ms, acts)
+        self.dispatcher.dispatch(now_ms, acts, release_held=release_held)
         # 5. Jobs whose work is over go back to rest as rows (the book).
         if book.settling:
             book.settle(now_ms)

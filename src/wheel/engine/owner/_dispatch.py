@@ -4,6 +4,7 @@ loop must wake next."""
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections import deque
 from collections.abc import Sequence
@@ -66,6 +67,7 @@ class Dispatcher:
         "claims",
         "config",
         "fresh",
+        "held",
         "jobs",
         "keywaits",
         "overdue",
@@ -121,6 +123,10 @@ class Dispatcher:
         self.fresh: dict[Route, RankedQueue[int]] = {}
         self.overdue: dict[Route, RankedQueue[int]] = {}
         self.ready: dict[Route, deque[int]] = {}
+        # Runs claimed ahead of their fire's due time (``claim_ahead_ms``),
+        # READY with no lease, until then: (due, run id, the worker whose
+        # credit the claim reserved and keeps reserved; "" for none).
+        self.held: list[tuple[int, int, str]] = []
         # Routes with work and no connected worker serving them: since when,
         # and whether the alert went out.
         self.unserved_since: dict[Route, int] = {}
@@ -139,6 +145,8 @@ class Dispatcher:
         waking just every ``max_idle`` would deliver a fraction of the
         configured rate (``Owner.next_deadline``)."""
         waits: list[int | None] = []
+        if self.held:
+            waits.append(self.held[0][0])
         if self.unserved_since:
             limit = self.config.unserved_alert_ms
             waits.extend(
@@ -279,7 +287,9 @@ class Dispatcher:
         run = self.runs.get(run_id)
         return run is not None and run.phase is Phase.READY
 
-    def dispatch(self, now_ms: int, acts: Actions) -> None:
+    def dispatch(self, now_ms: int, acts: Actions, *, release_held: bool = False) -> None:
+        if release_held and self.held and self.held[0][0] <= now_ms:
+            self._release_held(now_ms, acts)
         starved: list[Route] = []  # routes with work and no worker with credit
         if self.ready:
             starved.extend(self._assign_ready(now_ms, acts))
@@ -443,7 +453,8 @@ class Dispatcher:
                     scheduled_for=fire,
                     attempt=attempt,
                     fence=fence,
-                    dispatched_at_ms=now_ms,
+                    # Claimed ahead, it is dispatched at its time.
+                    dispatched_at_ms=max(now_ms, fire),
                     advance=advance,
                     expected_next_run_at=expected,
                     new_next_run_at=new,
@@ -551,6 +562,14 @@ class Dispatcher:
                 job.ready.append(Ahead(run.run_id, pend.overdue))
                 self.requeue_job(job, now_ms)
                 continue
+            if c.scheduled_for > now_ms and c.attempt == 0:
+                # Claimed ahead of its time (``claim_ahead_ms``): it waits,
+                # its worker's credit still reserved for it.
+                set_phase(run, Phase.READY)
+                if worker is not None:
+                    worker.reserved += 1
+                self._hold(run, worker.worker_id if worker is not None else "")
+                continue
             # Its slot is free again now that it is not reserved: it goes out
             # if that leaves the worker within its credit, which it may have
             # lowered while the claim was on its way.
@@ -621,11 +640,71 @@ class Dispatcher:
                     claiming[tenant] = claiming.get(tenant, 0) + 1
         return claiming
 
+    def _hold(self, run: _Run, worker_id: str) -> None:
+        """A READY run not due yet waits in ``held`` for its fire's time."""
+        heapq.heappush(self.held, (run.scheduled_for, run.run_id, worker_id))
+
+    def orphan_held(self, worker_id: str) -> None:
+        """The worker went away: the runs held for it are meant for none
+        (its reservations went with it; a worker of that id connecting
+        again starts with none)."""
+        if any(w == worker_id for _, _, w in self.held):
+            self.held = [(t, r, "" if w == worker_id else w) for t, r, w in self.held]
+            heapq.heapify(self.held)
+
+    def _release_held(self, now_ms: int, acts: Actions) -> None:
+        """Runs claimed ahead whose time has come. Their reservations are
+        given back, and the round's runs go to one worker while it has room
+        (the first one's reserved worker): they were claimed in two store
+        batches, each reserved on the worker of its turn, and dealt back to
+        those they reached the workers in two messages a round, not one. A
+        run no worker here can take waits in line for any of its route; one
+        that ended meanwhile (its job cancelled, its shard handed over) is
+        only passed over."""
+        held = self.held
+        due: list[tuple[_Run, _Worker | None]] = []
+        while held and held[0][0] <= now_ms:
+            _, run_id, worker_id = heapq.heappop(held)
+            worker = self.workers.get(worker_id) if worker_id else None
+            if worker is not None:
+                worker.reserved -= 1
+            run = self.runs.get(run_id)
+            if run is not None and run.phase is Phase.READY:
+                due.append((run, worker))
+        last: _Worker | None = None
+        for run, reserved in due:
+            job = self.jobs.get(run.job_id) or self.book.job(run.job_id)
+            if job is not None and job.running >= job.limit:
+                self.wait_ready(run, job)
+                continue
+            route = job.route if job is not None else ("default", "")
+            worker = None
+            refused = run.refused
+            for w in (last, reserved):
+                if (
+                    w is not None
+                    and w.free > 0
+                    and w.serves(route)
+                    and not (refused and refused.get(w.incarnation, 0) > now_ms)
+                ):
+                    worker = w
+                    break
+            if worker is None:
+                self.wait_ready(run, job)
+                continue
+            self.hand_out(run, worker, now_ms, acts)
+            last = worker
+
     def wait_ready(self, run: _Run, job: _Job | None) -> None:
         """Queue a claimed run for a worker of its route: behind the runs of
         its priority and better, ahead of worse ones (a run's priority is
         its job's; these runs were claimed already, so they have no aging:
-        each came out of a ranked queue once)."""
+        each came out of a ranked queue once). A first attempt whose fire is
+        not due yet (claimed ahead, then handed back or over) waits for its
+        time first."""
+        if run.attempt == 0 and run.scheduled_for > self.wheel.now:
+            self._hold(run, "")
+            return
         route = job.route if job is not None else ("default", "")
         q = self.ready.setdefault(route, deque())
         priority = job.spec.priority if job is not None else DEFAULT_PRIORITY

@@ -264,7 +264,34 @@ class JobBook(_Shelf):
         if fire is None:
             self.wheel.cancel(tid)
         else:
-            self.wheel.add(tid, job.compiled.jittered(fire))
+            self.wheel.add(tid, self.fire_timer(job.compiled, fire))
+
+    def fires_now(self, job: _Job, now_ms: int) -> bool:
+        """Whether a job whose FIRE timer went off fires now: at its due
+        time, or ahead of it (``fire_timer``) while nothing of the job is
+        going on and no concurrency key's permit would be held for the lead
+        -- its run is claimed now and handed out at its time. A job busy
+        when its lead begins waits for its time as before: judged then, its
+        overlap policy would skip a fire whose running run ends inside the
+        lead. Not firing now, its timer is armed again for its due time."""
+        fire = job.next_fire
+        assert fire is not None
+        due = job.compiled.jittered(fire)
+        if due <= now_ms:
+            return True
+        if (
+            due == fire
+            and now_ms >= fire - self.config.claim_ahead_ms
+            and job.inflight <= 0
+            and not job.due
+            and not job.buffered
+            and not job.ready
+            and job.ending <= 0
+            and not job.spec.concurrency_key
+        ):
+            return True
+        self.wheel.add((job.job_id << 2) | FIRE, due)
+        return False
 
     # -- spec updates (``Driver.update``) --------------------------------------------
     #

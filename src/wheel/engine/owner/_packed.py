@@ -151,13 +151,14 @@ class _Shelf:
         table.flags[i] = flags | AWAKE
         table.due[i] = NEVER
         if job.next_fire is not None:
-            # Its timer while at rest, if armed, is at ``due``: a row made
-            # from a store row knows only the fire's nominal time, and the
-            # job's jitter (never earlier) moves it now. An awake job's timer
-            # is always in the wheel.
-            jittered = compiled.jittered(job.next_fire)
-            if jittered != due or due >= self.armed_until:
-                self.wheel.add((job_id << 2) | FIRE, jittered)
+            # Its timer while at rest, if armed, is at ``due`` (less the
+            # claim's lead: ``_rest_timer``): a row made from a store row
+            # knows only the fire's nominal time, and the job's jitter (never
+            # earlier) moves it now. An awake job's timer is always in the
+            # wheel.
+            at = self.fire_timer(compiled, job.next_fire)
+            if at != self._rest_timer(due) or due >= self.armed_until:
+                self.wheel.add((job_id << 2) | FIRE, at)
         self.jobs[job_id] = job
         self.settling.add(job_id)
         return job
@@ -167,9 +168,33 @@ class _Shelf:
         armed at the nominal time of a jittered fire is due later (``_wake``
         armed it again for then)."""
         job = self.job(job_id)
-        if job is None or job.next_fire is None or job.compiled.jittered(job.next_fire) > now_ms:
+        if job is None or job.next_fire is None:
+            return None
+        if self.fire_timer(job.compiled, job.next_fire) > now_ms:
             return None
         return job
+
+    def fire_timer(self, compiled: CompiledSchedule, fire: int) -> int:
+        """When a fire's FIRE timer goes off: at its jittered time, or
+        ``claim_ahead_ms`` before it where no jitter moves it (its claim may
+        go ahead: ``JobBook.fires_now``; its run waits for its time in the
+        dispatcher's ``held``)."""
+        at = compiled.jittered(fire)
+        if at == fire:
+            return at - self.config.claim_ahead_ms
+        return at
+
+    def _rest_timer(self, due: int) -> int:
+        """A job at rest's FIRE timer, armed ahead at ``due`` less the
+        claim's lead: a row may hold a jittered time, and a job woken before
+        its time is armed again where its jitter puts it (``_wake``)."""
+        return due - self.config.claim_ahead_ms
+
+    def _add_rest_timers(self, ids: list[int], deadlines: list[int]) -> None:
+        lead = self.config.claim_ahead_ms
+        if lead:
+            deadlines = [d - lead for d in deadlines]
+        self.wheel.add_many([(j << 2) | FIRE for j in ids], deadlines)
 
     def compile_spec(self, job_id: int, spec: JobSpec, param: int) -> CompiledSchedule:
         schedule = schedule_of(spec, param)
@@ -305,7 +330,7 @@ class _Shelf:
         it comes due within the stretch armed already."""
         table.put(job_id, nxt, due, param, prof, flags)
         if due < self.armed_until:
-            self.wheel.add((job_id << 2) | FIRE, due)
+            self.wheel.add((job_id << 2) | FIRE, self._rest_timer(due))
         else:
             self.wheel.cancel((job_id << 2) | FIRE)
             if due < self.next_unarmed:
@@ -343,12 +368,11 @@ class _Shelf:
             return
         lo = self.armed_until
         hi = max(lo, now_ms + ahead + self.config.arm_step_ms)
-        wheel = self.wheel
         first = NEVER
         for held in self.shard_map.values():
             ids, deadlines, after = held.table.arm(lo, hi)
             if ids:
-                wheel.add_many([(j << 2) | FIRE for j in ids], deadlines)
+                self._add_rest_timers(ids, deadlines)
             if after < first:
                 first = after
         self.armed_until = hi
@@ -384,8 +408,8 @@ class _Shelf:
             table.extend(new)
             early = new.due < self.armed_until
             if early.any():
-                ids = [(int(j) << 2) | FIRE for j in new.ids[early]]
-                self.wheel.add_many(ids, [int(d) for d in new.due[early]])
+                ids = [int(j) for j in new.ids[early]]
+                self._add_rest_timers(ids, [int(d) for d in new.due[early]])
             if not early.all():
                 first = int(new.due[~early].min())
                 table.low = min(table.low, first)
@@ -411,7 +435,7 @@ class _Shelf:
         held.table = table
         ids, deadlines, after = table.arm(NO_FIRE + 1, self.armed_until)
         if ids:
-            self.wheel.add_many([(j << 2) | FIRE for j in ids], deadlines)
+            self._add_rest_timers(ids, deadlines)
         self.next_unarmed = min(self.next_unarmed, after)
 
 

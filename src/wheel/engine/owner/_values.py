@@ -129,6 +129,15 @@ class OwnerConfig:
     # this often while any wait (``_keywaits``), and at once when a run of
     # their key ends on this owner.
     limit_poll_ms: int = 20
+    # A fire is claimed up to this long before its due time when nothing of
+    # its job is going on (no run, no queued or buffered fire, no jitter on
+    # this fire, no concurrency key), and handed out at its due time: the
+    # store's commit leaves the path from due time to worker (a burst of
+    # thousands due at one instant waited for its claim's commit). 0: fires
+    # are claimed at their due time. A pause or an update that lands inside
+    # the lead finds the fire claimed already, as a trigger's run: it goes
+    # out; a cancel ends it (cancelled).
+    claim_ahead_ms: int = 0
 
     @property
     def heartbeat_interval_ms(self) -> int:
