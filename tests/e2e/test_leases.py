@@ -363,6 +363,7 @@ def test_one_shots_due_together_are_claimed_ahead_and_start_no_earlier_than_thei
     assert min(started) >= at
     for j in ids:
         [r] = client.runs(j)
+        assert r.dispatched_at is not None
         assert epoch_ms(r.dispatched_at) == epoch_ms(r.scheduled_for) == at
 
 

@@ -109,7 +109,7 @@ def add_serve_parser(sub: Any) -> None:
         type=_ms,
         help="claim a fire up to this long before its time (when nothing of its job is"
         " going on) and hand it out at its time, so the store's commit is not on the way"
-        " (default 100; 0: claim at the due time)",
+        " (default 250; 0: claim at the due time)",
     )
     s.add_argument(
         "--priority-aging",

@@ -161,7 +161,7 @@ def read_store_clock(read: Callable[[], int]) -> tuple[int, int, int]:
 # pause or an update that lands inside the lead (the fire claimed already
 # runs, as a trigger's run does) stays rarer than the races of clocks and
 # networks around any fire's time.
-CLAIM_AHEAD_MS = 100
+CLAIM_AHEAD_MS = 250
 
 
 def _owner_config() -> OwnerConfig:

@@ -654,15 +654,15 @@ class Dispatcher:
 
     def _release_held(self, now_ms: int, acts: Actions) -> None:
         """Runs claimed ahead whose time has come. Their reservations are
-        given back, and the round's runs go to one worker while it has room
-        (the first one's reserved worker): they were claimed in two store
-        batches, each reserved on the worker of its turn, and dealt back to
-        those they reached the workers in two messages a round, not one. A
-        run no worker here can take waits in line for any of its route; one
-        that ended meanwhile (its job cancelled, its shard handed over) is
-        only passed over."""
+        given back first, and the runs dealt as a claim batch's are
+        (``_take_server``: a worker's turn of ``hand_out_chunk`` runs): each
+        dealt back to the worker its claim reserved, a round's runs, claimed
+        in two store batches on two workers' turns, reached the workers in
+        two messages, not one. A run no worker here can take now waits in
+        line for any of its route; one that ended meanwhile (its job
+        cancelled, its shard handed over) is passed over."""
         held = self.held
-        due: list[tuple[_Run, _Worker | None]] = []
+        due: list[_Run] = []
         while held and held[0][0] <= now_ms:
             _, run_id, worker_id = heapq.heappop(held)
             worker = self.workers.get(worker_id) if worker_id else None
@@ -670,30 +670,24 @@ class Dispatcher:
                 worker.reserved -= 1
             run = self.runs.get(run_id)
             if run is not None and run.phase is Phase.READY:
-                due.append((run, worker))
-        last: _Worker | None = None
-        for run, reserved in due:
+                due.append(run)
+        serving: dict[Route, list[_Worker]] = {}  # by route, those with credit left
+        for run in due:
             job = self.jobs.get(run.job_id) or self.book.job(run.job_id)
-            if job is not None and job.running >= job.limit:
-                self.wait_ready(run, job)
-                continue
             route = job.route if job is not None else ("default", "")
-            worker = None
+            workers = serving.get(route)
+            if workers is None:
+                workers = serving[route] = self.workers.serving(route)
             refused = run.refused
-            for w in (last, reserved):
-                if (
-                    w is not None
-                    and w.free > 0
-                    and w.serves(route)
-                    and not (refused and refused.get(w.incarnation, 0) > now_ms)
-                ):
-                    worker = w
-                    break
-            if worker is None:
+            if refused:
+                workers = [w for w in workers if refused.get(w.incarnation, 0) <= now_ms]
+            if not workers or (job is not None and job.running >= job.limit):
                 self.wait_ready(run, job)
                 continue
+            worker = self._take_server(workers)
             self.hand_out(run, worker, now_ms, acts)
-            last = worker
+            if worker.free <= 0:
+                serving[route].remove(worker)
 
     def wait_ready(self, run: _Run, job: _Job | None) -> None:
         """Queue a claimed run for a worker of its route: behind the runs of
