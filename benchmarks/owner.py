@@ -2,6 +2,7 @@
 
     python benchmarks/owner.py                          # 20,000 fires/s for 5 s
     python benchmarks/owner.py --rate 20000 --seconds 5 --json out.json
+    python benchmarks/owner.py --claim-ahead-ms 250   # fires claimed ahead, held until due
 
 What a node's event loop asks of ``wheel.engine.owner.Owner`` for each fire,
 without the store, gRPC or a clock: half the fires from one-shots, half from
@@ -27,7 +28,7 @@ from typing import Any
 import _report
 
 from wheel.engine.model import SHARD_COUNT, JobState, shard_of
-from wheel.engine.owner import Actions, Outcome, Owner
+from wheel.engine.owner import Actions, Outcome, Owner, OwnerConfig
 from wheel.engine.records import ClaimOutcome, CompletionOutcome, JobRecord
 from wheel.engine.spec import Interval, JobSpec, Once
 from wheel.engine.timerwheel import TimerWheel
@@ -35,8 +36,9 @@ from wheel.engine.timerwheel import TimerWheel
 T0 = 1_800_000_000_000
 
 
-def build(rate: int, seconds: int) -> Owner:
-    owner = Owner(epochs=dict.fromkeys(range(SHARD_COUNT), 1), now_ms=T0)
+def build(rate: int, seconds: int, claim_ahead_ms: int = 0) -> Owner:
+    config = OwnerConfig(claim_ahead_ms=claim_ahead_ms)
+    owner = Owner(epochs=dict.fromkeys(range(SHARD_COUNT), 1), now_ms=T0, config=config)
     acts = Actions()
     start = T0 + 1_000
     n_once = rate * seconds // 2
@@ -114,9 +116,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--rate", type=int, default=20_000, help="fires per second")
     p.add_argument("--seconds", type=int, default=5, help="simulated seconds")
+    p.add_argument(
+        "--claim-ahead-ms",
+        type=int,
+        default=0,
+        help="the owner's claim lead (``wheelctl serve --claim-ahead-ms``)",
+    )
     p.add_argument("--json", type=Path, help="also write the JSON here")
     args = p.parse_args()
-    owner = build(args.rate, args.seconds)
+    owner = build(args.rate, args.seconds, args.claim_ahead_ms)
     dispatched, cpu = drive(owner, args.seconds)
     baseline = timer_rounds(dispatched, max(1, args.rate // 1_000))
     per_dispatch = cpu / max(1, dispatched)
@@ -124,6 +132,7 @@ def main() -> int:
     out: dict[str, Any] = {
         "rate": args.rate,
         "seconds": args.seconds,
+        "claim_ahead_ms": args.claim_ahead_ms,
         "dispatched": dispatched,
         "owner_us_per_dispatch": round(per_dispatch * 1e6, 2),
         "timer_round_us": round(per_round * 1e6, 3),

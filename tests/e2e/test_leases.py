@@ -20,12 +20,12 @@ from testkit.e2e_handlers import events
 from testkit.procs import HERE, ServerProc, runs_of, wait_for, wheelctl
 from tests.conftest import epoch_ms, utc_ms
 from wheel.client import Client, JobArgs, JobState, Overlap, OverlapPolicy, Retry
-from wheel.node import CLAIM_AHEAD_MS
 
 pytestmark = pytest.mark.slow
 
 LEASE_MS = 2_000
 GRACE_MS = 1_000
+CLAIM_AHEAD_MS = 250
 
 
 class TunedServer(ServerProc):
@@ -99,7 +99,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TunedServer]:
     # Its jobs fire every few hundred ms: below the node's default minimum.
     srv = TunedServer(
         root / "data", "--lease-ms", str(LEASE_MS), "--grace-lease-ms", str(GRACE_MS),
-        "--min-interval", "100ms",
+        "--min-interval", "100ms", "--claim-ahead-ms", str(CLAIM_AHEAD_MS),
     )  # fmt: skip
     srv.start()
     try:
@@ -377,7 +377,7 @@ def test_pause_then_resume_runs_from_now_without_a_burst(client: Client, workers
     wait_for(lambda: len(of_job(workers.out, job_id, "end")) >= 2, 20, "two runs")
     client.pause(job_id)
     paused_at = now_ms()
-    time.sleep(2.0)  # fires come due while paused
+    time.sleep(2.5)  # fires come due while paused
     resume_sent = now_ms()
     client.resume(job_id)
     wait_for(

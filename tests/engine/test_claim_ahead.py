@@ -8,7 +8,7 @@ from tests.engine.sim import HOUR, MIN, SEC
 from tests.engine.test_owner import Node, T, spec
 from wheel.engine.model import JobState, RunState
 from wheel.engine.owner import OwnerConfig
-from wheel.engine.spec import Interval, Once
+from wheel.engine.spec import Interval, Once, SideEffect
 
 LEAD = 500
 
@@ -148,3 +148,16 @@ def test_without_a_lead_nothing_is_claimed_before_its_time() -> None:
     assert not n.step(T + MIN - 1).claims
     acts = n.step(T + MIN)
     assert acts.claims and acts.assignments["w1"]
+
+
+def test_an_at_most_once_or_keyed_job_is_claimed_at_its_time_not_ahead() -> None:
+    # Lost inside the lead, an at-most-once run claimed ahead would end
+    # unknown, never sent again, though no worker had it; a keyed one would
+    # hold its key's permit for the lead.
+    for s in (spec(side_effect=SideEffect.AT_MOST_ONCE), spec(concurrency_key="k")):
+        n = ahead()
+        n.hello()
+        n.submit(s)
+        assert not n.step(T + MIN - 1).claims
+        acts = n.step(T + MIN)
+        assert acts.claims and [a.scheduled_for for a in acts.assignments["w1"]] == [T + MIN]

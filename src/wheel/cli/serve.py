@@ -108,8 +108,9 @@ def add_serve_parser(sub: Any) -> None:
         "--claim-ahead-ms",
         type=_ms,
         help="claim a fire up to this long before its time (when nothing of its job is"
-        " going on) and hand it out at its time, so the store's commit is not on the way"
-        " (default 250; 0: claim at the due time)",
+        " going on) and hand it out at its time, so the store's commit is not on the way;"
+        " a node lost inside the lead leaves its claimed runs to their grace lease"
+        " (default 0: claim at the due time; 250 takes a burst's commit off its path)",
     )
     s.add_argument(
         "--priority-aging",
@@ -306,7 +307,7 @@ def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
     """The node's configuration from ``wheelctl serve``'s flags."""
     from wheel.checkpoint import Durability
     from wheel.engine.owner import OwnerConfig
-    from wheel.node import CLAIM_AHEAD_MS, NodeConfig
+    from wheel.node import NodeConfig
 
     # A flag not given is None: the configuration's own default holds.
     owner = {
@@ -319,8 +320,6 @@ def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
             "claim_ahead_ms",
         )
     }
-    if owner["claim_ahead_ms"] is None:
-        owner["claim_ahead_ms"] = CLAIM_AHEAD_MS
     node = {
         f: getattr(ns, f)
         for f in (

@@ -7,7 +7,6 @@ from wheel.node._outbox import OutboxRelay
 from wheel.node._secrets import SignError
 from wheel.node._secrets_key import SecretsKey
 from wheel.node._values import (
-    CLAIM_AHEAD_MS,
     Clock,
     Health,
     Membership,
@@ -20,7 +19,6 @@ from wheel.node._values import (
 )
 
 __all__ = [
-    "CLAIM_AHEAD_MS",
     "Clock",
     "Health",
     "Membership",

@@ -153,25 +153,10 @@ def read_store_clock(read: Callable[[], int]) -> tuple[int, int, int]:
     return best
 
 
-# A node's owner claims a fire this long before its time (when nothing of
-# its job is going on: ``OwnerConfig.claim_ahead_ms``) and hands it out at its
-# time. 2,000 one-shots due at one instant on PostgreSQL waited 46-62 ms for
-# their claim's commit (an update of each job row through its indexes) before
-# any went out; a tick (30 ms) and that commit fit well inside 100 ms, and a
-# pause or an update that lands inside the lead (the fire claimed already
-# runs, as a trigger's run does) stays rarer than the races of clocks and
-# networks around any fire's time.
-CLAIM_AHEAD_MS = 250
-
-
-def _owner_config() -> OwnerConfig:
-    return OwnerConfig(claim_ahead_ms=CLAIM_AHEAD_MS)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeConfig:
     node_id: str = "node-1"
-    owner: OwnerConfig = field(default_factory=_owner_config)
+    owner: OwnerConfig = field(default_factory=OwnerConfig)
     # How often to read jobs changed by others (other nodes, direct writes),
     # and at most how many a read takes. A read that comes back at least half
     # full is followed by the next one at once, not a whole interval later:

@@ -653,14 +653,14 @@ class Dispatcher:
             heapq.heapify(self.held)
 
     def _release_held(self, now_ms: int, acts: Actions) -> None:
-        """Runs claimed ahead whose time has come. Their reservations are
-        given back first, and the runs dealt as a claim batch's are
-        (``_take_server``: a worker's turn of ``hand_out_chunk`` runs): each
-        dealt back to the worker its claim reserved, a round's runs, claimed
-        in two store batches on two workers' turns, reached the workers in
-        two messages, not one. A run no worker here can take now waits in
-        line for any of its route; one that ended meanwhile (its job
-        cancelled, its shard handed over) is passed over."""
+        """Runs claimed ahead whose time has come go out. Their
+        reservations are given back first and the runs dealt as a claim
+        batch's are (``_take_server``: a worker's turn of ``hand_out_chunk``
+        runs). Each given to the worker its claim reserved, a round's runs
+        (claimed in two store batches, on two workers' turns) went out in two
+        messages, not one. A run no worker here can take now waits in line
+        for any of its route; one that ended meanwhile (its job cancelled,
+        its shard handed over) is passed over."""
         held = self.held
         due: list[_Run] = []
         while held and held[0][0] <= now_ms:
