@@ -46,15 +46,18 @@ def test_max_fires_and_active_until_end_jobs_that_then_show_completed(tmp_path: 
     try:
         wait_for(worker.connected, 20, "the worker to connect")
         counted = _submit(server.target, "--name", "three", "--every", "300ms", "--max-fires", "3")
-        until_ms = int(time.time() * 1000) + 3_000
         until = _submit(
             server.target, "--name", "until", "--every", "400ms", "--active-until", "+3s"
         )
+        # wheelctl read "+3s" before it answered: its bound is no later than
+        # this (taken before the call, a loaded machine's start-up of the
+        # command was more than the second once allowed for it).
+        until_ms = int(time.time() * 1000) + 3_000
         wait_for(lambda: _completed(server.target, counted, until), 30, "both jobs to complete")
         runs = runs_of(server.target, counted)
         assert len(runs) == 3 and {r["state"] for r in runs} == {"succeeded"}
         fires = _fires(server.target, until)
-        assert fires and max(fires) <= until_ms + 1_000  # +3s was read on the client
+        assert fires and max(fires) <= until_ms
         # Nothing fires any more.
         time.sleep(1.0)
         assert len(runs_of(server.target, counted)) == 3
