@@ -16,6 +16,7 @@ Invariants (tests in tests/engine/test_claims.py):
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -104,3 +105,41 @@ class Claims:
                 del self._pending[key]
                 dropped.append(pend)
         return dropped
+
+
+class Held:
+    """Runs claimed ahead of their fire's due time (``claim_ahead_ms``),
+    answered and waiting READY, with no lease, until that time: by due
+    time, each with the worker whose credit its claim reserved and keeps
+    reserved ("" for none). The dispatcher deals them at their time."""
+
+    __slots__ = ("_heap",)
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, str]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def next_due(self) -> int | None:
+        return self._heap[0][0] if self._heap else None
+
+    def hold(self, due: int, run_id: int, worker_id: str) -> None:
+        heapq.heappush(self._heap, (due, run_id, worker_id))
+
+    def take_due(self, now_ms: int) -> list[tuple[int, str]]:
+        """(run id, reserved worker) of the runs due by ``now_ms``, taken out."""
+        heap = self._heap
+        out: list[tuple[int, str]] = []
+        while heap and heap[0][0] <= now_ms:
+            _, run_id, worker_id = heapq.heappop(heap)
+            out.append((run_id, worker_id))
+        return out
+
+    def orphan(self, worker_id: str) -> None:
+        """The worker went away: the runs held for it are meant for none
+        (its reservations went with it; a worker of that id connecting
+        again starts with none)."""
+        if any(w == worker_id for _, _, w in self._heap):
+            self._heap = [(t, r, "" if w == worker_id else w) for t, r, w in self._heap]
+            heapq.heapify(self._heap)

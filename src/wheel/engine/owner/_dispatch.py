@@ -4,7 +4,6 @@ loop must wake next."""
 
 from __future__ import annotations
 
-import heapq
 import logging
 from collections import deque
 from collections.abc import Sequence
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from wheel.engine.fairness import TokenBucket, split_capacity
 from wheel.engine.model import AlertKind, shard_of
-from wheel.engine.owner._claims import Claims, _Pending
+from wheel.engine.owner._claims import Claims, Held, _Pending
 from wheel.engine.owner._fleet import Fleet, _Worker
 from wheel.engine.owner._keywaits import KeyWaits
 from wheel.engine.owner._redos import Redos
@@ -123,10 +122,8 @@ class Dispatcher:
         self.fresh: dict[Route, RankedQueue[int]] = {}
         self.overdue: dict[Route, RankedQueue[int]] = {}
         self.ready: dict[Route, deque[int]] = {}
-        # Runs claimed ahead of their fire's due time (``claim_ahead_ms``),
-        # READY with no lease, until then: (due, run id, the worker whose
-        # credit the claim reserved and keeps reserved; "" for none).
-        self.held: list[tuple[int, int, str]] = []
+        # Runs claimed ahead of their fire's due time, until then.
+        self.held = Held()
         # Routes with work and no connected worker serving them: since when,
         # and whether the alert went out.
         self.unserved_since: dict[Route, int] = {}
@@ -145,8 +142,7 @@ class Dispatcher:
         waking just every ``max_idle`` would deliver a fraction of the
         configured rate (``Owner.next_deadline``)."""
         waits: list[int | None] = []
-        if self.held:
-            waits.append(self.held[0][0])
+        waits.append(self.held.next_due())
         if self.unserved_since:
             limit = self.config.unserved_alert_ms
             waits.extend(
@@ -288,7 +284,8 @@ class Dispatcher:
         return run is not None and run.phase is Phase.READY
 
     def dispatch(self, now_ms: int, acts: Actions, *, release_held: bool = False) -> None:
-        if release_held and self.held and self.held[0][0] <= now_ms:
+        held_due = self.held.next_due() if release_held else None
+        if held_due is not None and held_due <= now_ms:
             self._release_held(now_ms, acts)
         starved: list[Route] = []  # routes with work and no worker with credit
         if self.ready:
@@ -568,7 +565,8 @@ class Dispatcher:
                 set_phase(run, Phase.READY)
                 if worker is not None:
                     worker.reserved += 1
-                self._hold(run, worker.worker_id if worker is not None else "")
+                reserved = worker.worker_id if worker is not None else ""
+                self.held.hold(c.scheduled_for, run.run_id, reserved)
                 continue
             # Its slot is free again now that it is not reserved: it goes out
             # if that leaves the worker within its credit, which it may have
@@ -640,18 +638,6 @@ class Dispatcher:
                     claiming[tenant] = claiming.get(tenant, 0) + 1
         return claiming
 
-    def _hold(self, run: _Run, worker_id: str) -> None:
-        """A READY run not due yet waits in ``held`` for its fire's time."""
-        heapq.heappush(self.held, (run.scheduled_for, run.run_id, worker_id))
-
-    def orphan_held(self, worker_id: str) -> None:
-        """The worker went away: the runs held for it are meant for none
-        (its reservations went with it; a worker of that id connecting
-        again starts with none)."""
-        if any(w == worker_id for _, _, w in self.held):
-            self.held = [(t, r, "" if w == worker_id else w) for t, r, w in self.held]
-            heapq.heapify(self.held)
-
     def _release_held(self, now_ms: int, acts: Actions) -> None:
         """Runs claimed ahead whose time has come go out. Their
         reservations are given back first and the runs dealt as a claim
@@ -661,10 +647,8 @@ class Dispatcher:
         messages, not one. A run no worker here can take now waits in line
         for any of its route; one that ended meanwhile (its job cancelled,
         its shard handed over) is passed over."""
-        held = self.held
         due: list[_Run] = []
-        while held and held[0][0] <= now_ms:
-            _, run_id, worker_id = heapq.heappop(held)
+        for run_id, worker_id in self.held.take_due(now_ms):
             worker = self.workers.get(worker_id) if worker_id else None
             if worker is not None:
                 worker.reserved -= 1
@@ -697,7 +681,7 @@ class Dispatcher:
         not due yet (claimed ahead, then handed back or over) waits for its
         time first."""
         if run.attempt == 0 and run.scheduled_for > self.wheel.now:
-            self._hold(run, "")
+            self.held.hold(run.scheduled_for, run.run_id, "")
             return
         route = job.route if job is not None else ("default", "")
         q = self.ready.setdefault(route, deque())

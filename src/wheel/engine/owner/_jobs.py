@@ -41,7 +41,7 @@ from wheel.engine.records import (
     MissedFire,
     ScheduleAdvance,
 )
-from wheel.engine.spec import Cron, DstGap, JobSpec, OverlapPolicy, SideEffect
+from wheel.engine.spec import Cron, DstGap, JobSpec, OverlapPolicy
 from wheel.engine.timerwheel import TimerWheel
 
 log = logging.getLogger("wheel.owner")
@@ -265,36 +265,6 @@ class JobBook(_Shelf):
             self.wheel.cancel(tid)
         else:
             self.wheel.add(tid, self.fire_timer(job.compiled, fire))
-
-    def fires_now(self, job: _Job, now_ms: int) -> bool:
-        """Whether a job whose FIRE timer went off fires now: at its due
-        time, or ahead of it (``fire_timer``) while nothing of the job is
-        going on -- its run is claimed now and handed out at its time. Not
-        ahead: a job busy when its lead begins (judged then, its overlap
-        policy would skip a fire whose running run ends inside the lead), a
-        job with a concurrency key (its permit would be held for the lead),
-        and an ``at_most_once`` job (a node lost inside the lead leaves its
-        claimed run ``unknown``, never re-sent, though no worker had it).
-        Not firing now, its timer is armed again for its due time."""
-        fire = job.next_fire
-        assert fire is not None
-        due = job.compiled.jittered(fire)
-        if due <= now_ms:
-            return True
-        if (
-            due == fire
-            and now_ms >= fire - self.config.claim_ahead_ms
-            and job.inflight <= 0
-            and not job.due
-            and not job.buffered
-            and not job.ready
-            and job.ending <= 0
-            and not job.spec.concurrency_key
-            and job.spec.side_effect is not SideEffect.AT_MOST_ONCE
-        ):
-            return True
-        self.wheel.add((job.job_id << 2) | FIRE, due)
-        return False
 
     # -- spec updates (``Driver.update``) --------------------------------------------
     #

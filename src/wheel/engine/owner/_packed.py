@@ -55,7 +55,7 @@ from wheel.engine.owner._state import _Job
 from wheel.engine.owner._values import FIRE, OwnerConfig, PackedJob
 from wheel.engine.profiles import Profile, Profiles, schedule_of
 from wheel.engine.schedule import CompiledSchedule, compile_schedule, with_calendars
-from wheel.engine.spec import JobSpec
+from wheel.engine.spec import JobSpec, SideEffect
 from wheel.engine.timerwheel import TimerWheel
 
 # The flags a row taken on keeps: rows as a checkpoint or a load gives them
@@ -177,12 +177,42 @@ class _Shelf:
     def fire_timer(self, compiled: CompiledSchedule, fire: int) -> int:
         """When a fire's FIRE timer goes off: at its jittered time, or
         ``claim_ahead_ms`` before it where no jitter moves it (its claim may
-        go ahead: ``JobBook.fires_now``; its run waits for its time in the
+        go ahead: ``fires_now``; its run waits for its time in the
         dispatcher's ``held``)."""
         at = compiled.jittered(fire)
         if at == fire:
             return at - self.config.claim_ahead_ms
         return at
+
+    def fires_now(self, job: _Job, now_ms: int) -> bool:
+        """Whether a job whose FIRE timer went off fires now: at its due
+        time, or ahead of it (``fire_timer``) while nothing of the job is
+        going on -- its run is claimed now and handed out at its time. Not
+        ahead: a job busy when its lead begins (judged then, its overlap
+        policy would skip a fire whose running run ends inside the lead), a
+        job with a concurrency key (its permit would be held for the lead),
+        and an ``at_most_once`` job (a node lost inside the lead leaves its
+        claimed run ``unknown``, never re-sent, though no worker had it).
+        Not firing now, its timer is armed again for its due time."""
+        fire = job.next_fire
+        assert fire is not None
+        due = job.compiled.jittered(fire)
+        if due <= now_ms:
+            return True
+        if (
+            due == fire
+            and now_ms >= fire - self.config.claim_ahead_ms
+            and job.inflight <= 0
+            and not job.due
+            and not job.buffered
+            and not job.ready
+            and job.ending <= 0
+            and not job.spec.concurrency_key
+            and job.spec.side_effect is not SideEffect.AT_MOST_ONCE
+        ):
+            return True
+        self.wheel.add((job.job_id << 2) | FIRE, due)
+        return False
 
     def _rest_timer(self, due: int) -> int:
         """A job at rest's FIRE timer, armed ahead at ``due`` less the

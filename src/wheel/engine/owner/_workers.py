@@ -127,7 +127,7 @@ class WorkerStreams:
         if self.workers.gone(worker_id) is None:
             return
         self.claims.orphan(worker_id)
-        self.dispatcher.orphan_held(worker_id)
+        self.dispatcher.held.orphan(worker_id)
 
     def worker_views(self) -> list[WorkerView]:
         return [
