@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import pickle
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -150,6 +151,27 @@ def test_an_at_job_given_a_timedelta_fires_that_long_after_the_submit(client: Cl
     assert at_berlin.next_fire is not None and at_berlin.next_fire.tzinfo is UTC
     epoch = client.submit(name="epoch", handler="h", at=1_956_000_000.5)
     assert epoch.schedule == At(time=utc_ms(1_956_000_000_500))
+
+
+def test_a_request_made_ahead_keeps_a_relative_at_for_its_send_and_a_fixed_one_as_checked(
+    client: Client,
+) -> None:
+    # A request keeps the spec it was checked with, and a bulk submit sends
+    # that one, except where ``at`` is a time from the send: made now and
+    # sent later, it fires an hour after the send, not the making.
+    relative = JobRequest(name="later", handler="h", at=HOUR)
+    fixed = JobRequest(name="fixed", handler="h", at=datetime(2031, 1, 1, tzinfo=UTC))
+    time.sleep(0.2)  # time passing between the making and the send
+    sent = now()
+    later, at_fixed = client.submit_many([relative, fixed])
+    assert isinstance(later, Job) and isinstance(later.schedule, At)
+    assert later.schedule.time >= sent + HOUR - timedelta(milliseconds=1)
+    assert isinstance(at_fixed, Job) and at_fixed.next_fire == datetime(2031, 1, 1, tzinfo=UTC)
+    # The kept spec is no part of the request's value, and a copy that
+    # lost it (pickled) is sent the same.
+    assert fixed == dataclasses.replace(fixed) and "spec" not in repr(fixed)
+    (copied,) = client.submit_many([pickle.loads(pickle.dumps(fixed))])
+    assert isinstance(copied, Job) and copied.next_fire == at_fixed.next_fire
 
 
 def test_an_idempotency_key_returns_the_earlier_job_with_created_false(client: Client) -> None:

@@ -66,8 +66,17 @@ _SPEC = engine.JobSpec(name="", handler="", schedule=engine.Once(at_ms=0))
 _CATCH_UP, _OVERLAP, _RETRY = CatchUp(), Overlap(), Retry()
 
 
+class _Checked:
+    """A request's room for the spec it was checked with, which a submit
+    sends as it is: a bulk submit made each job's spec twice, a third of its
+    client's time. None where ``at`` is a time from the send, resolved then.
+    A slot, not a field: no keyword, no part of the request's value."""
+
+    __slots__ = ("_checked",)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class JobRequest:
+class JobRequest(_Checked):
     """One job to submit: the keywords of ``Client.submit``, as a value.
 
     Give exactly one schedule: ``cron`` (with ``tz``, ``dst_gap`` and
@@ -127,7 +136,9 @@ class JobRequest:
 
     def __post_init__(self) -> None:
         # Refuse a bad request where it is made, not later where it is sent.
-        job_spec(self, now_ms=0)
+        spec = job_spec(self, now_ms=0)
+        # Kept where the send cannot change it (see ``_Checked``).
+        object.__setattr__(self, "_checked", None if isinstance(self.at, timedelta) else spec)
 
 
 class _RequiredJobArgs(TypedDict):
@@ -223,6 +234,13 @@ def request_of(item: JobRequest | Mapping[str, Any]) -> JobRequest:
     if "handler" not in item and item.get("http") is None:
         raise InvalidArgument("handler", "is required (or http, an HTTP target)")
     return JobRequest(**item)
+
+
+def request_spec(request: JobRequest, *, now_ms: int) -> engine.JobSpec:
+    """``job_spec``, made once: the spec the request was checked with where
+    ``now_ms`` does not change it."""
+    made = getattr(request, "_checked", None)  # unset in a copy made by pickling
+    return made if isinstance(made, engine.JobSpec) else job_spec(request, now_ms=now_ms)
 
 
 def job_spec(request: JobRequest, *, now_ms: int) -> engine.JobSpec:

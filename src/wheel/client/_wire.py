@@ -30,6 +30,7 @@ from wheel.client._specs import (
     opened,
     overlap_of,
     request_of,
+    request_spec,
     retry_of,
     schedule_of,
 )
@@ -183,7 +184,7 @@ def _submit(
     # The wall clock resolves an ``at`` given as a ``timedelta`` from now.
     now_ms = time.time_ns() // 1_000_000
     key = request.idempotency_key
-    spec = job_spec(request, now_ms=now_ms)
+    spec = request_spec(request, now_ms=now_ms)
     msg = js.SubmitJobRequest(
         spec=convert.spec_to_proto(spec), idempotency_key=key or (keys or generated_key)()
     )
@@ -328,7 +329,7 @@ def update_request(
         args["handler"] = ""  # a target implies its handler
     if "schedule" not in named:
         args["every"] = timedelta(minutes=1)  # stands in for the schedule kept
-    spec = job_spec(encoded(JobRequest(**args), codec), now_ms=time.time_ns() // 1_000_000)
+    spec = request_spec(encoded(JobRequest(**args), codec), now_ms=time.time_ns() // 1_000_000)
     return build(
         js.UpdateJobRequest,
         job_id=job_id,

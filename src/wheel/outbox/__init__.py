@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 from wheel import http_targets, tracing
-from wheel.client._specs import JobArgs, JobRequest, encoded, job_spec, request_of
+from wheel.client._specs import JobArgs, JobRequest, encoded, request_of, request_spec
 from wheel.codec import PayloadCodec
 from wheel.errors import InvalidArgument, NotFound
 from wheel.rpc import convert
@@ -118,7 +118,7 @@ def row_of(
     (``wheel.codec``), so the row holds what a ``Client(codec=...)`` sends."""
     request = encoded(request_of(job), codec)
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-    spec = job_spec(request, now_ms=now)
+    spec = request_spec(request, now_ms=now)
     spec.validate()
     # The body hash a node gives a Client.submit of this request: the same key
     # and request through either path name one job.
