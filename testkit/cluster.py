@@ -619,10 +619,28 @@ class Cluster:
     def ownership(self, live: Iterable[ClusterNode] | None = None) -> Ownership:
         return ownership_of(self.nodes if live is None else live)
 
-    def wait_settled(self, *, live: Iterable[ClusterNode], timeout: float) -> Ownership:
+    def wait_settled(
+        self,
+        *,
+        live: Iterable[ClusterNode],
+        timeout: float,
+        holding: Mapping[str, Iterable[int]] | None = None,
+    ) -> Ownership:
         """Until the live nodes hold all 256 shards between them and agree on
-        who holds which."""
-        return self._wait(live, timeout, Ownership.settled_on, "to agree on")
+        who holds which; with ``holding``, until also each node named there
+        holds those shards (a node that rejoined agrees with the others on
+        holding none before its shards move back to it)."""
+        if holding is None:
+            return self._wait(live, timeout, Ownership.settled_on, "to agree on")
+        wanted = {node: set(shards) for node, shards in holding.items()}
+
+        def settled_holding(own: Ownership, ids: set[str]) -> bool:
+            return own.settled_on(ids) and all(
+                set(own.held.get(node, {})) == shards for node, shards in wanted.items()
+            )
+
+        what = f"to agree, {sorted(wanted)} holding theirs, on"
+        return self._wait(live, timeout, settled_holding, what)
 
     def wait_whole(self, *, live: Iterable[ClusterNode], timeout: float) -> Ownership:
         """Until the live nodes hold (loaded, dispatching) all 256 shards

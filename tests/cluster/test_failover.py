@@ -168,7 +168,9 @@ def test_a_node_stopped_past_its_ttl_goes_quiet_rejoins_with_new_epochs_and_is_f
 
         # It rejoins: the same shards (same node id) under epochs newer than
         # both its own old ones and the interim owners'.
-        own = cluster.wait_settled(live=cluster.nodes, timeout=TTL_S + 10)
+        own = cluster.wait_settled(
+            live=cluster.nodes, timeout=TTL_S + 10, holding={victim.node_id: held}
+        )
         rejoined = own.held[victim.node_id]
         assert set(rejoined) == set(held)
         for shard, epoch in rejoined.items():

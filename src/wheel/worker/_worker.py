@@ -143,7 +143,7 @@ class Worker:
         capacity: int = 16,
         pools: Sequence[str] = ("default",),
         reconnect_initial: float = 0.1,
-        reconnect_max: float = 10.0,
+        reconnect_max: float = 2.0,
         metrics_listen: str | None = None,
         security: ChannelSecurity | None = None,
         interceptors: Sequence[Any] = (),
@@ -189,6 +189,11 @@ class Worker:
         self.reconnect_initial = reconnect_initial
         self.reconnect_max = reconnect_max
         # Equal jitter: never a thundering herd of workers, never a zero wait.
+        # At most 2 s between tries: a node restarted is back in a second or
+        # three, and the waits, doubling while it was down, added up to their
+        # cap again after it came back (at 10 s a worker returned 6.8 s after
+        # its node, which meanwhile dispatched nothing). A try at a node that
+        # is down costs it nothing; the jitter spreads a fleet's tries.
         self.reconnect = Backoff(initial=reconnect_initial, max=reconnect_max, jitter=Jitter.EQUAL)
         self.stats = WorkerStats()
         self._handlers: dict[str, tuple[Handler, int]] = {}
