@@ -2,7 +2,8 @@
 
     python benchmarks/owner.py                          # 20,000 fires/s for 5 s
     python benchmarks/owner.py --rate 20000 --seconds 5 --json out.json
-    python benchmarks/owner.py --claim-ahead-ms 250   # fires claimed ahead, held until due
+    python benchmarks/owner.py --claim-ahead-ms 250   # a burst's fires claimed ahead (none here)
+    python benchmarks/owner.py --claim-ahead-ms 250 --claim-ahead-min 1  # every fire ahead
 
 What a node's event loop asks of ``wheel.engine.owner.Owner`` for each fire,
 without the store, gRPC or a clock: half the fires from one-shots, half from
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +38,12 @@ from wheel.engine.timerwheel import TimerWheel
 T0 = 1_800_000_000_000
 
 
-def build(rate: int, seconds: int, claim_ahead_ms: int = 0) -> Owner:
+def build(
+    rate: int, seconds: int, claim_ahead_ms: int = 0, claim_ahead_min: int | None = None
+) -> Owner:
     config = OwnerConfig(claim_ahead_ms=claim_ahead_ms)
+    if claim_ahead_min is not None:
+        config = replace(config, claim_ahead_min=claim_ahead_min)
     owner = Owner(epochs=dict.fromkeys(range(SHARD_COUNT), 1), now_ms=T0, config=config)
     acts = Actions()
     start = T0 + 1_000
@@ -122,9 +128,17 @@ def main() -> int:
         default=0,
         help="the owner's claim lead (``wheelctl serve --claim-ahead-ms``)",
     )
+    p.add_argument(
+        "--claim-ahead-min",
+        type=int,
+        default=OwnerConfig().claim_ahead_min,
+        help="fires armed at one instant that make it a burst's, claimed ahead"
+        " (``wheelctl serve --claim-ahead-min``; 1: every fire; this workload"
+        " arms about ten an instant)",
+    )
     p.add_argument("--json", type=Path, help="also write the JSON here")
     args = p.parse_args()
-    owner = build(args.rate, args.seconds, args.claim_ahead_ms)
+    owner = build(args.rate, args.seconds, args.claim_ahead_ms, args.claim_ahead_min)
     dispatched, cpu = drive(owner, args.seconds)
     baseline = timer_rounds(dispatched, max(1, args.rate // 1_000))
     per_dispatch = cpu / max(1, dispatched)
@@ -133,6 +147,7 @@ def main() -> int:
         "rate": args.rate,
         "seconds": args.seconds,
         "claim_ahead_ms": args.claim_ahead_ms,
+        "claim_ahead_min": args.claim_ahead_min,
         "dispatched": dispatched,
         "owner_us_per_dispatch": round(per_dispatch * 1e6, 2),
         "timer_round_us": round(per_round * 1e6, 3),

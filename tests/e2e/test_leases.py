@@ -99,7 +99,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TunedServer]:
     # Its jobs fire every few hundred ms: below the node's default minimum.
     srv = TunedServer(
         root / "data", "--lease-ms", str(LEASE_MS), "--grace-lease-ms", str(GRACE_MS),
-        "--min-interval", "100ms", "--claim-ahead-ms", str(CLAIM_AHEAD_MS),
+        "--min-interval", "100ms",
+        # Every fire claimed ahead, not a burst's only.
+        "--claim-ahead-ms", str(CLAIM_AHEAD_MS), "--claim-ahead-min", "1",
     )  # fmt: skip
     srv.start()
     try:

@@ -14,7 +14,8 @@ LEAD = 500
 
 
 def ahead(**kw: int) -> Node:
-    return Node(OwnerConfig(claim_ahead_ms=LEAD, **kw))
+    """A node whose every fire may go ahead (``claim_ahead_min`` 1)."""
+    return Node(OwnerConfig(**{"claim_ahead_ms": LEAD, "claim_ahead_min": 1, **kw}))
 
 
 def handed(n: Node, to: int, worker: str = "w1") -> list[int]:
@@ -141,8 +142,62 @@ def test_a_run_claimed_ahead_and_adopted_by_a_restarted_owner_still_waits_for_it
     assert n.execs(j) == [(T + MIN, 0, RunState.LOST), (T + MIN, 1, RunState.DISPATCHED)]
 
 
-def test_without_a_lead_nothing_is_claimed_before_its_time() -> None:
+def test_by_default_only_a_burst_is_claimed_ahead() -> None:
+    # The default: a 250 ms lead for an instant at which 64 fires or more
+    # were armed. Jobs at rest are armed a minute ahead, a burst's together.
     n = Node()
+    lead, least = n.config.claim_ahead_ms, n.config.claim_ahead_min
+    assert lead > 0 and least > 1
+    n.hello(capacity=1_000)
+    burst, few = T + 5 * MIN, T + 6 * MIN
+    for _ in range(least):
+        n.submit(spec(schedule=Once(at_ms=burst)))
+    for _ in range(least - 1):
+        n.submit(spec(schedule=Once(at_ms=few)))
+    # A steady stream, one fire an instant, goes at its time.
+    for k in range(200):
+        n.submit(spec(schedule=Once(at_ms=T + 7 * MIN + k)))
+    acts = n.step(burst - lead)
+    assert len(acts.claims) == least and not acts.assignments
+    assert len(handed(n, burst, "w1")) == least
+    assert n.lags == [0] * least
+    assert not n.step(few - 1).claims
+    acts = n.step(few)
+    assert len(acts.claims) == least - 1 and len(acts.assignments["w1"]) == least - 1
+    for k in range(200):
+        assert not n.step(T + 7 * MIN + k - 1).claims
+        [claim] = n.step(T + 7 * MIN + k).claims
+        assert claim.dispatched_at_ms == T + 7 * MIN + k
+
+
+def test_a_burst_armed_one_fire_at_a_time_goes_ahead_from_its_threshold_on() -> None:
+    # Submitted inside the minute armed ahead, each fire is armed as it
+    # comes: the first few of the instant at it, the rest ahead; all of
+    # them reach the worker at the instant, none before. A smaller group
+    # goes at its time whole.
+    n = Node(OwnerConfig(claim_ahead_ms=LEAD, claim_ahead_min=10))
+    n.hello(capacity=100)
+    n.submit(spec(schedule=Once(at_ms=T + 2 * SEC)))
+    n.step(T + SEC)  # the next minute armed ahead
+    at, small = T + 30 * SEC, T + 40 * SEC
+    for _ in range(25):
+        n.submit(spec(schedule=Once(at_ms=at)))
+    for _ in range(9):
+        n.submit(spec(schedule=Once(at_ms=small)))
+    assert len(n.step(T + 2 * SEC).claims) == 1  # the first job's
+    acts = n.step(at - LEAD)
+    assert len(acts.claims) == 16 and not acts.assignments
+    assert handed(n, at - 1) == []
+    acts = n.step(at)
+    assert len(acts.claims) == 9 and len(acts.assignments["w1"]) == 25
+    assert not n.step(small - 1).claims
+    acts = n.step(small)
+    assert len(acts.claims) == 9 and len(acts.assignments["w1"]) == 9
+    assert n.lags[-34:] == [0] * 34
+
+
+def test_without_a_lead_nothing_is_claimed_before_its_time() -> None:
+    n = Node(OwnerConfig(claim_ahead_ms=0))
     n.hello()
     n.submit(spec())
     assert not n.step(T + MIN - 1).claims

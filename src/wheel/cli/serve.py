@@ -107,10 +107,17 @@ def add_serve_parser(sub: Any) -> None:
     s.add_argument(
         "--claim-ahead-ms",
         type=_ms,
-        help="claim a fire up to this long before its time (when nothing of its job is"
-        " going on) and hand it out at its time, so the store's commit is not on the way;"
-        " a node lost inside the lead leaves its claimed runs to their grace lease"
-        " (default 0: claim at the due time; 250 takes a burst's commit off its path)",
+        help="claim a burst's fires up to this long before their time (when nothing of"
+        " their jobs is going on) and hand them out at their time, so the store's commit"
+        " is not on the way; a node lost inside the lead leaves its claimed runs to their"
+        " grace lease (default 250; 0: every fire claimed at its due time)",
+    )
+    s.add_argument(
+        "--claim-ahead-min",
+        type=_claims,
+        metavar="N",
+        help="the fires armed at one instant that make it a burst's, claimed ahead"
+        " (default 64; 1: every fire the lead allows)",
     )
     s.add_argument(
         "--priority-aging",
@@ -318,6 +325,7 @@ def serve_config(ns: argparse.Namespace, data_dir: Path) -> Any:
             "overdue_after_ms",
             "priority_aging_ms",
             "claim_ahead_ms",
+            "claim_ahead_min",
         )
     }
     node = {

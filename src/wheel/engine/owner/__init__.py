@@ -47,8 +47,9 @@ Invariants (each has a test in tests/engine/test_owner.py):
    that later ends in one of those.
 2. Never early. A run is handed out no earlier than its fire's (jittered)
    due time. A fire is claimed once a FIRE timer for that time expired, or
-   one set ``claim_ahead_ms`` before it when no jitter moves it and nothing
-   of its job is going on (``_Shelf.fires_now``); such a run waits in the
+   one set ``claim_ahead_ms`` before it when no jitter moves it, its instant
+   is a burst's (``claim_ahead_min`` fires armed there: ``_Shelf._ahead``)
+   and nothing of its job is going on (``_Shelf.fires_now``); such a run waits in the
    dispatcher's ``held`` until its time. The wheel never fires a timer
    before its deadline.
 3. Schedules only move forward, in order. Per job, claims that advance the

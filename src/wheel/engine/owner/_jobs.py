@@ -158,7 +158,8 @@ class JobBook(_Shelf):
                 paused = state is JobState.PAUSED
                 nxt = NO_FIRE if next_run_at is None else next_run_at
                 flags = (PAUSED if paused else 0) | (PAYLOAD if has_payload else 0)
-                self._park(table, job_id, nxt, NEVER if paused else nxt, param, prof, flags)
+                due = NEVER if paused else nxt
+                self._park(table, job_id, nxt, due, param, prof, flags, new=True)
                 self.dirty.add(job_id)
                 return
         if (
@@ -264,7 +265,7 @@ class JobBook(_Shelf):
         if fire is None:
             self.wheel.cancel(tid)
         else:
-            self.wheel.add(tid, self.fire_timer(job.compiled, fire))
+            self.wheel.add(tid, self.arm_timer(job.compiled, fire))
 
     # -- spec updates (``Driver.update``) --------------------------------------------
     #

@@ -64,6 +64,11 @@ AT_REST = PAUSED | PAYLOAD | GONE
 
 log = logging.getLogger("wheel.owner")
 
+# The instants whose fires are counted (``_Shelf._count``): 2^16 ms slots,
+# 65.5 s, over the minute armed ahead.
+_SLOTS = 1 << 16
+_SLOT_MASK = _SLOTS - 1
+
 
 class _Shelf:
     """The book's shelf: awake jobs by id, jobs at rest as rows of their
@@ -71,7 +76,9 @@ class _Shelf:
     ahead in the wheel. ``JobBook`` (``_jobs``) is the part built on it."""
 
     __slots__ = (
+        "_counts",
         "_holds",
+        "_instants",
         "armed_until",
         "calendars",
         "config",
@@ -107,6 +114,13 @@ class _Shelf:
         self.settling: set[int] = set()
         # Jobs whose packed image changed since ``take_dirty`` (the node logs them).
         self.dirty: set[int] = set()
+        # Fires armed at each instant (``_count``): a slot an instant, by its
+        # low bits, kept for the newest instant that used it; the span of
+        # the slots is over ``arm_ahead_ms``, so the instants armed ahead
+        # rarely share one. Counted only where a lead is for bursts alone.
+        counting = config.claim_ahead_ms > 0 and config.claim_ahead_min > 1
+        self._instants: list[int] = [-1] * (_SLOTS if counting else 0)
+        self._counts: list[int] = [0] * (_SLOTS if counting else 0)
 
     # -- finding and waking jobs ------------------------------------------------------
 
@@ -165,24 +179,63 @@ class _Shelf:
 
     def wake_to_fire(self, job_id: int, now_ms: int) -> _Job | None:
         """A job at rest whose FIRE timer went off, if its fire is due: one
-        armed at the nominal time of a jittered fire is due later (``_wake``
-        armed it again for then)."""
+        armed at the nominal time of a jittered fire is due later (armed
+        again for then: ``_wake`` did where it saw the need, and it is done
+        here in any case, as a timer armed a lead ahead of an instant that
+        is no burst's now would otherwise leave the job without one)."""
         job = self.job(job_id)
         if job is None or job.next_fire is None:
             return None
-        if self.fire_timer(job.compiled, job.next_fire) > now_ms:
+        at = self.fire_timer(job.compiled, job.next_fire)
+        if at > now_ms:
+            self.wheel.add((job_id << 2) | FIRE, at)
             return None
         return job
 
     def fire_timer(self, compiled: CompiledSchedule, fire: int) -> int:
         """When a fire's FIRE timer goes off: at its jittered time, or
-        ``claim_ahead_ms`` before it where no jitter moves it (its claim may
-        go ahead: ``fires_now``; its run waits for its time in the
-        dispatcher's ``held``)."""
+        ``claim_ahead_ms`` before it where no jitter moves it and its
+        instant is a burst's (``_ahead``; its claim may go ahead:
+        ``fires_now``; its run waits for its time in the dispatcher's
+        ``held``). Where the timer would be; ``arm_timer`` arms one."""
         at = compiled.jittered(fire)
-        if at == fire:
+        if at == fire and self._ahead(at):
             return at - self.config.claim_ahead_ms
         return at
+
+    def arm_timer(self, compiled: CompiledSchedule, fire: int) -> int:
+        """``fire_timer`` of a fire being armed, counted at its instant."""
+        at = compiled.jittered(fire)
+        if at == fire:
+            self._count(at)
+            if self._ahead(at):
+                return at - self.config.claim_ahead_ms
+        return at
+
+    def _count(self, at: int) -> None:
+        """One more fire armed at instant ``at`` (where bursts are counted)."""
+        instants = self._instants
+        if instants:
+            slot = at & _SLOT_MASK
+            if instants[slot] == at:
+                self._counts[slot] += 1
+            else:
+                instants[slot] = at
+                self._counts[slot] = 1
+
+    def _ahead(self, at: int) -> bool:
+        """Whether fires at instant ``at`` are claimed ahead: with a lead, at
+        every instant, or where ``claim_ahead_min`` is over one only at a
+        burst's, one at which that many fires were armed (the first few
+        armed are not: a burst's commit is long, a few fires' is short)."""
+        config = self.config
+        if config.claim_ahead_ms <= 0:
+            return False
+        instants = self._instants
+        if not instants:
+            return True
+        slot = at & _SLOT_MASK
+        return instants[slot] == at and self._counts[slot] >= config.claim_ahead_min
 
     def fires_now(self, job: _Job, now_ms: int) -> bool:
         """Whether a job whose FIRE timer went off fires now: at its due
@@ -215,15 +268,20 @@ class _Shelf:
         return False
 
     def _rest_timer(self, due: int) -> int:
-        """A job at rest's FIRE timer, armed ahead at ``due`` less the
-        claim's lead: a row may hold a jittered time, and a job woken before
-        its time is armed again where its jitter puts it (``_wake``)."""
-        return due - self.config.claim_ahead_ms
+        """A job at rest's FIRE timer, armed ahead at ``due`` (less the
+        claim's lead at a burst's instant): a row may hold a jittered time,
+        and a job woken before its time is armed again where its jitter
+        puts it (``_wake``)."""
+        return due - self.config.claim_ahead_ms if self._ahead(due) else due
 
     def _add_rest_timers(self, ids: list[int], deadlines: list[int]) -> None:
+        """Arm jobs at rest; their instants counted first, so that every
+        fire of a burst armed here goes ahead, not only its later ones."""
         lead = self.config.claim_ahead_ms
         if lead:
-            deadlines = [d - lead for d in deadlines]
+            for d in deadlines:
+                self._count(d)
+            deadlines = [d - lead if self._ahead(d) else d for d in deadlines]
         self.wheel.add_many([(j << 2) | FIRE for j in ids], deadlines)
 
     def compile_spec(self, job_id: int, spec: JobSpec, param: int) -> CompiledSchedule:
@@ -354,12 +412,24 @@ class _Shelf:
         self.dirty.add(job.job_id)
 
     def _park(
-        self, table: ShardJobs, job_id: int, nxt: int, due: int, param: int, prof: int, flags: int
+        self,
+        table: ShardJobs,
+        job_id: int,
+        nxt: int,
+        due: int,
+        param: int,
+        prof: int,
+        flags: int,
+        *,
+        new: bool = False,
     ) -> None:
-        """Put a job at rest (a new one, or one going back to rest), armed if
+        """Put a job at rest (a ``new`` one, whose fire counts at its instant,
+        or one going back to rest, counted when it was armed awake), armed if
         it comes due within the stretch armed already."""
         table.put(job_id, nxt, due, param, prof, flags)
         if due < self.armed_until:
+            if new:
+                self._count(due)
             self.wheel.add((job_id << 2) | FIRE, self._rest_timer(due))
         else:
             self.wheel.cancel((job_id << 2) | FIRE)
@@ -399,12 +469,19 @@ class _Shelf:
         lo = self.armed_until
         hi = max(lo, now_ms + ahead + self.config.arm_step_ms)
         first = NEVER
+        # Every shard's first, then armed at once: a burst's fires lie in
+        # many shards, and all of them count before any is armed.
+        all_ids: list[int] = []
+        all_deadlines: list[int] = []
         for held in self.shard_map.values():
             ids, deadlines, after = held.table.arm(lo, hi)
             if ids:
-                self._add_rest_timers(ids, deadlines)
+                all_ids.extend(ids)
+                all_deadlines.extend(deadlines)
             if after < first:
                 first = after
+        if all_ids:
+            self._add_rest_timers(all_ids, all_deadlines)
         self.armed_until = hi
         self.next_unarmed = first
 
