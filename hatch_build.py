@@ -29,6 +29,22 @@ LIST = SRC / "wheel" / "_compiled.py"
 MANIFEST = SRC / "wheel" / "_compiled.json"
 
 
+# The build environment holds the build's requirements alone, not the
+# packages the compiled modules import (psycopg, prometheus_client,
+# cryptography, OpenTelemetry): there their types are unknown (Any), which
+# the strict checks of the project's own type check would refuse. The
+# compile reads the types it can; the type check of the sources
+# (``mypy``, with every package installed) stays strict.
+LENIENT = [
+    "--ignore-missing-imports",
+    "--allow-subclassing-any",
+    "--no-warn-return-any",
+    "--no-warn-unused-ignores",
+    "--allow-untyped-calls",
+    "--allow-untyped-decorators",
+]
+
+
 def modules() -> list[str]:
     """``MODULES`` of wheel/_compiled.py, read without importing wheel."""
     for node in ast.parse(LIST.read_text()).body:
@@ -64,7 +80,7 @@ def compile_to(out: Path) -> list[Path]:
         os.chdir(ROOT)  # mypyc reads [tool.mypy] of pyproject.toml from here
         paths = [str(p.relative_to(ROOT)) for p in sources(names)]
         extensions = mypycify(
-            ["--config-file", "pyproject.toml", *paths],
+            ["--config-file", "pyproject.toml", *LENIENT, *paths],
             opt_level="3",
             target_dir=str(build / "c"),
         )

@@ -153,6 +153,9 @@ class LogRows:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def __bool__(self) -> bool:
+        return bool(self.ids)
+
     def add(self, job_id: int, nxt: int, due: int, param: int, pid: int, flags: int) -> None:
         self.ids.append(job_id)
         self.nxt.append(nxt)

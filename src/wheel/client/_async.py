@@ -31,6 +31,7 @@ from wheel.client._nodes import (
     traced,
 )
 from wheel.client._overview import JobHistory, RecentRun, RunOverview
+from wheel.client._pages import Pages
 from wheel.client._specs import JobArgs, JobRequest, UpdateArgs
 from wheel.client._time import Duration, When, time_ms, utc
 from wheel.client._values import (
@@ -173,7 +174,7 @@ class AsyncClient:
         return None
 
     async def _pages(
-        self, method: Callable[[_Node], Callable[..., Any]], pages: _wire.Pages[_T]
+        self, method: Callable[[_Node], Callable[..., Any]], pages: Pages[_T]
     ) -> AsyncIterator[_T]:
         token = ""
         while True:

@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, TypeVar
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
 from google.protobuf.descriptor import FieldDescriptor
 
 from wheel import http_targets
+from wheel.client._pages import Pages
 from wheel.client._specs import (
     JobArgs,
     JobRequest,
@@ -78,8 +79,6 @@ from wheel.rpc.v1 import admin_service_pb2 as admin
 from wheel.rpc.v1 import cluster_pb2, jobs_pb2
 from wheel.rpc.v1 import job_service_pb2 as js
 from wheel.runresult import parse_result
-
-_T = TypeVar("_T")
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 
@@ -202,8 +201,8 @@ class GeneratedKeys:
 
     __slots__ = ("_at", "_hex")
 
-    BITS_HEX = 32  # hex digits a key
-    AT_ONCE = 256
+    BITS_HEX: Final = 32  # hex digits a key
+    AT_ONCE: Final = 256
 
     def __init__(self) -> None:
         self._hex = ""
@@ -516,15 +515,6 @@ def alerts_of(msg: admin.ListAlertsResponse) -> Alerts:
         ],
         firing=[_alert_kind(k) for k in msg.firing],
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Pages(Generic[_T]):
-    """A list call: the request for a page token, and the items of a response
-    (whose ``next_page_token`` is empty on the last page)."""
-
-    request: Callable[[str], Any]
-    items: Callable[[Any], list[_T]]
 
 
 def job_pages(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import psycopg
 from psycopg import Connection
@@ -29,7 +29,7 @@ T = TypeVar("T")
 # 50 ms doubling up to 1 s, each wait spread over its upper half so that the
 # pool's connections do not come back all at once.
 RETRY_BACKOFF = Backoff(initial=0.07, max=1.35, jitter=Jitter.EQUAL)
-Conn = Connection[tuple[Any, ...]]
+Conn: TypeAlias = Connection[tuple[Any, ...]]
 
 
 class Attempt:
