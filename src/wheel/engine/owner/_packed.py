@@ -166,12 +166,12 @@ class _Shelf:
         table.due[i] = NEVER
         if job.next_fire is not None:
             # Its timer while at rest, if armed, is at ``due`` (less the
-            # claim's lead: ``_rest_timer``): a row made from a store row
+            # claim's lead: ``_led``): a row made from a store row
             # knows only the fire's nominal time, and the job's jitter (never
             # earlier) moves it now. An awake job's timer is always in the
             # wheel.
             at = self.fire_timer(compiled, job.next_fire)
-            if at != self._rest_timer(due) or due >= self.armed_until:
+            if at != self._led(due) or due >= self.armed_until:
                 self.wheel.add((job_id << 2) | FIRE, at)
         self.jobs[job_id] = job
         self.settling.add(job_id)
@@ -199,18 +199,23 @@ class _Shelf:
         ``fires_now``; its run waits for its time in the dispatcher's
         ``held``). Where the timer would be; ``arm_timer`` arms one."""
         at = compiled.jittered(fire)
-        if at == fire and self._ahead(at):
-            return at - self.config.claim_ahead_ms
-        return at
+        return self._led(at) if at == fire else at
 
     def arm_timer(self, compiled: CompiledSchedule, fire: int) -> int:
         """``fire_timer`` of a fire being armed, counted at its instant."""
         at = compiled.jittered(fire)
-        if at == fire:
-            self._count(at)
-            if self._ahead(at):
-                return at - self.config.claim_ahead_ms
-        return at
+        if at != fire:
+            return at
+        self._count(at)
+        return self._led(at)
+
+    def _led(self, at: int) -> int:
+        """A timer for instant ``at``: the claim's lead before it where it
+        is a burst's (``_ahead``), else at it. A job at rest's is armed
+        ahead at its row's ``due``: a row may hold a jittered time, and a
+        job woken before its time is armed again where its jitter puts it
+        (``_wake``)."""
+        return at - self.config.claim_ahead_ms if self._ahead(at) else at
 
     def _count(self, at: int) -> None:
         """One more fire armed at instant ``at`` (where bursts are counted)."""
@@ -267,13 +272,6 @@ class _Shelf:
         self.wheel.add((job.job_id << 2) | FIRE, due)
         return False
 
-    def _rest_timer(self, due: int) -> int:
-        """A job at rest's FIRE timer, armed ahead at ``due`` (less the
-        claim's lead at a burst's instant): a row may hold a jittered time,
-        and a job woken before its time is armed again where its jitter
-        puts it (``_wake``)."""
-        return due - self.config.claim_ahead_ms if self._ahead(due) else due
-
     def _add_rest_timers(self, ids: list[int], deadlines: list[int]) -> None:
         """Arm jobs at rest; their instants counted first, so that every
         fire of a burst armed here goes ahead, not only its later ones."""
@@ -281,7 +279,7 @@ class _Shelf:
         if lead:
             for d in deadlines:
                 self._count(d)
-            deadlines = [d - lead if self._ahead(d) else d for d in deadlines]
+            deadlines = [self._led(d) for d in deadlines]
         self.wheel.add_many([(j << 2) | FIRE for j in ids], deadlines)
 
     def compile_spec(self, job_id: int, spec: JobSpec, param: int) -> CompiledSchedule:
@@ -430,7 +428,7 @@ class _Shelf:
         if due < self.armed_until:
             if new:
                 self._count(due)
-            self.wheel.add((job_id << 2) | FIRE, self._rest_timer(due))
+            self.wheel.add((job_id << 2) | FIRE, self._led(due))
         else:
             self.wheel.cancel((job_id << 2) | FIRE)
             if due < self.next_unarmed:
