@@ -5,6 +5,7 @@ is skipped."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import socket
@@ -27,10 +28,60 @@ def service_missing(what: str) -> None:
     pytest.skip(f"{what} not available")
 
 
+# Ports handed out come from below the kernel's ephemeral range (32768 and
+# up on Linux), which is where ``bind(("", 0))`` and every outgoing
+# connection take theirs: a port asked of the kernel and then closed can be
+# handed to another process's connection, or to another test run's node,
+# before the process it was for binds it. Each process claims a block of
+# ports by an exclusive lock on a file named after the block (released when
+# the process ends, however it ends) and hands its ports out once each, so
+# the test runs side by side never pick the same port.
+PORTS_FROM, PORTS_TO, PORTS_A_BLOCK = 10_000, 32_000, 500
+
+
+class _PortBlocks:
+    def __init__(self) -> None:
+        self._pid = -1
+
+    def _claim(self) -> Iterator[int]:
+        where = Path(tempfile.gettempdir()) / "wheel-test-ports"
+        where.mkdir(exist_ok=True)
+        for start in range(PORTS_FROM, PORTS_TO, PORTS_A_BLOCK):
+            lock = open(where / f"{start}.lock", "wb")  # noqa: SIM115 - held while we live
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            self._locks.append(lock)
+            return iter(range(start, start + PORTS_A_BLOCK))
+        raise RuntimeError(f"every block of test ports in {PORTS_FROM}-{PORTS_TO} is claimed")
+
+    def take(self) -> int:
+        if os.getpid() != self._pid:  # first, or in a forked child: blocks of its own
+            self._pid = os.getpid()
+            self._locks: list[IO[bytes]] = []  # held open: each holds its block
+            self._ports: Iterator[int] = iter(())
+        while True:
+            port = next(self._ports, None)
+            if port is None:
+                self._ports = self._claim()
+                continue
+            with socket.socket() as s:  # something outside the tests may hold it
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            return port
+
+
+_blocks = _PortBlocks()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on, which no other caller in any
+    process (test or benchmark) gets while this one lives."""
+    return _blocks.take()
 
 
 class EtcdServer:

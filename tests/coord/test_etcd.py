@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sys
 import threading
 import time
@@ -19,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testkit.services import EtcdServer, running_etcd
+from testkit.services import EtcdServer, free_port, running_etcd
 from tests.pki import Pair, Pki
 from wheel.coord import (
     MAX_EPOCH,
@@ -72,12 +71,6 @@ def test_assignment_spreads_shards_evenly() -> None:
 
 
 # -- helpers ---------------------------------------------------------------------
-
-
-def unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -525,7 +518,7 @@ def _answers(endpoint: str, client: Pair, ca: Path) -> bool:
 def test_start_fails_with_a_coordination_error_when_etcd_is_unreachable() -> None:
     async def body() -> None:
         coord = EtcdCoordinator(
-            "lonely", "x:1", [f"127.0.0.1:{unused_port()}"], ttl_s=TTL, start_timeout_s=0.5
+            "lonely", "x:1", [f"127.0.0.1:{free_port()}"], ttl_s=TTL, start_timeout_s=0.5
         )
         with pytest.raises(CoordinationError, match="could not join"):
             await coord.start()

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -604,4 +605,42 @@ def test_rows_settled_longer_than_retain_are_purged_in_batches_and_the_rest_kept
         )
         conn.commit()
         assert node.run(node.relay.purge(DAY_MS)) == 0
+        assert conn.execute("SELECT count(*) FROM wheel_outbox").fetchone() == (1,)
+
+
+def test_an_index_dropped_while_a_purge_waits_for_the_table_stops_that_purge(
+    pg_dsn: str,
+) -> None:
+    """A purge asks for the index under the table lock a ``DROP INDEX``
+    waits for: a pass that queued behind an uncommitted drop finds the
+    index gone once the drop commits and deletes nothing (a DELETE planned
+    after the drop would read the whole table to find its rows)."""
+    config = NodeConfig(node_id=unique("outbox-drop"), retain_ms=DAY_MS, retention_first_s=3600)
+    with (
+        RelayingNode(pg_dsn, config) as node,
+        psycopg.connect(pg_dsn) as conn,
+        psycopg.connect(pg_dsn) as dropping,
+    ):
+        conn.execute(
+            "INSERT INTO wheel_outbox (tenant, idempotency_key, spec, state, error_code, error,"
+            " done_at) VALUES ('default', 'bad', '{}', 'failed', 'InvalidArgument', 'spec: bad',"
+            " clock_timestamp() - interval '2 days')"
+        )
+        conn.commit()
+        dropping.execute("DROP INDEX wheel_outbox_settled")
+        with ThreadPoolExecutor(1) as pool:
+            purged = pool.submit(node.run, node.relay.purge(DAY_MS))
+
+            def queued() -> bool:  # the purge, not the relay's claims, which queue too
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_locks AS l JOIN pg_stat_activity AS a USING (pid)"
+                    " WHERE NOT l.granted AND l.relation = 'wheel_outbox'::regclass"
+                    " AND a.query ~ '^\\s*(LOCK|DELETE)'"
+                ).fetchone()
+                conn.commit()
+                return bool(row and row[0])
+
+            wait_for(queued, 10, "the purge to wait for the table the drop holds")
+            dropping.commit()
+            assert purged.result(timeout=10) == 0
         assert conn.execute("SELECT count(*) FROM wheel_outbox").fetchone() == (1,)

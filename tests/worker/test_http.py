@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import pytest
 import standardwebhooks
 from aiohttp import web
 
+from testkit.services import free_port
 from tests.worker.scripted import Conn, assign, assignment, node, running, scenario
 from wheel import webhooks
 from wheel.errors import InvalidArgument
@@ -328,11 +328,7 @@ def test_a_hung_endpoint_times_out_retryable_within_the_targets_timeout() -> Non
 
 def test_a_refused_connection_is_retryable_and_names_the_address() -> None:
     async def go() -> None:
-        import socket
-
-        with socket.socket() as s:  # a port nobody listens on
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()  # a port nobody listens on
         async with executor() as ex:
             c, result = await ex.run(call(f"http://127.0.0.1:{port}/x"))
         assert c.outcome == pb.OUTCOME_RETRYABLE
@@ -624,9 +620,7 @@ def test_a_request_waiting_for_a_connection_times_out_within_its_own_timeout() -
 
 def test_a_connection_that_failed_to_open_gives_its_room_back() -> None:
     async def go() -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         async with executor(connections=1) as ex:
             for _ in range(3):
                 c, _ = await ex.run(call(f"http://127.0.0.1:{port}/x", timeout_ms=2_000))

@@ -13,7 +13,6 @@ import json
 import logging
 import os.path
 import signal
-import socket
 import sys
 import threading
 import time
@@ -25,6 +24,7 @@ import grpc.aio
 import pytest
 
 import wheel.worker._link
+from testkit.services import free_port
 from tests.worker.scripted import (
     ScriptedNode,
     assign,
@@ -566,9 +566,7 @@ def test_unreachable_node_is_retried_until_it_comes_up(unused_port: int) -> None
 
 @pytest.fixture
 def unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
 
 
 def test_protocol_errors_are_logged(caplog: pytest.LogCaptureFixture) -> None:

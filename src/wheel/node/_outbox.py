@@ -284,19 +284,19 @@ class OutboxRelay:
         total = 0
         started = time.perf_counter()
         try:
-            if not await loop.run_in_executor(self._purge_thread, purger.has_index):
-                if not self._no_index_said:
-                    self._no_index_said = True
-                    log.warning(
-                        "wheel_outbox has no index wheel_outbox_settled: settled rows are kept"
-                        " until `wheelctl outbox init --dsn ...` is run again to add it"
-                    )
-                return 0
             while True:
                 at = time.perf_counter()
                 deleted = await loop.run_in_executor(
                     self._purge_thread, purger.delete, retain_ms, batch
                 )
+                if deleted is None:
+                    if not self._no_index_said:
+                        self._no_index_said = True
+                        log.warning(
+                            "wheel_outbox has no index wheel_outbox_settled: settled rows are kept"
+                            " until `wheelctl outbox init --dsn ...` is run again to add it"
+                        )
+                    break
                 total += deleted
                 self._purged.inc(deleted)
                 if deleted < batch:
@@ -450,19 +450,19 @@ class _Connected:
 class _Purger(_Connected):
     """The purge's connection, on the purge's thread, for one pass."""
 
-    def has_index(self) -> bool:
+    def delete(self, retain_ms: int, batch: int) -> int | None:
+        """One batch, in one transaction: ``None`` when the table has no valid
+        index to find the rows by. The transaction holds the table's lock
+        that a ``DROP INDEX`` waits for before it asks, so an index dropped
+        during a pass stops the pass at its next batch, never midway into a
+        read of the whole table."""
         try:
             conn = self.connection()
+            conn.execute(sql.LOCK_FOR_PURGE)
             row = conn.execute(sql.HAS_SETTLED_INDEX).fetchone()
-            conn.rollback()
-        except psycopg.Error as exc:
-            self.close()
-            raise StoreUnavailable(f"outbox purge: {exc}") from exc
-        return bool(row and row[0])
-
-    def delete(self, retain_ms: int, batch: int) -> int:
-        try:
-            conn = self.connection()
+            if not (row and row[0]):
+                conn.rollback()
+                return None
             deleted = conn.execute(sql.PURGE, (retain_ms, batch)).rowcount
             conn.commit()
         except psycopg.Error as exc:

@@ -29,6 +29,7 @@ __all__ = [
     "HAS_TRACE_COLUMN",
     "INSERT",
     "INSERT_TRACED",
+    "LOCK_FOR_PURGE",
     "NOTIFY_FUNCTION",
     "PURGE",
     "RECORD",
@@ -179,13 +180,21 @@ UPDATE wheel_outbox AS o
  WHERE o.id = v.id
 """
 
-# Whether the table the search_path finds has ``SETTLED_INDEX`` (without it
-# a purge would read the whole table: the relay purges nothing then).
+# Whether the table the search_path finds has ``SETTLED_INDEX``, valid (an
+# index a failed or a concurrent build or drop left invalid is one the planner
+# skips): without it a purge would read the whole table, so the relay purges
+# nothing then.
 HAS_SETTLED_INDEX = """
 SELECT EXISTS (
   SELECT 1 FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
-   WHERE i.indrelid = to_regclass('wheel_outbox') AND c.relname = 'wheel_outbox_settled')
+   WHERE i.indrelid = to_regclass('wheel_outbox') AND c.relname = 'wheel_outbox_settled'
+     AND i.indisvalid)
 """
+
+# Taken first in a purge's transaction, before it asks for the index: the
+# lock a DELETE takes anyway, and one that a ``DROP INDEX`` waits for, so the
+# answer holds until the DELETE has run.
+LOCK_FOR_PURGE = "LOCK TABLE wheel_outbox IN ROW EXCLUSIVE MODE"
 
 # Up to a batch of the rows settled (done or failed) more than a number of
 # milliseconds ago, oldest first, through ``SETTLED_INDEX``; rows another
