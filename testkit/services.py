@@ -47,11 +47,13 @@ class _PortBlocks:
         where = Path(tempfile.gettempdir()) / "wheel-test-ports"
         where.mkdir(exist_ok=True)
         for start in range(PORTS_FROM, PORTS_TO, PORTS_A_BLOCK):
-            lock = open(where / f"{start}.lock", "wb")  # noqa: SIM115 - held while we live
+            # A bare descriptor, held open while the process lives: the block
+            # is ours until it ends, however it ends.
+            lock = os.open(where / f"{start}.lock", os.O_WRONLY | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                lock.close()
+                os.close(lock)
                 continue
             self._locks.append(lock)
             return iter(range(start, start + PORTS_A_BLOCK))
@@ -60,7 +62,7 @@ class _PortBlocks:
     def take(self) -> int:
         if os.getpid() != self._pid:  # first, or in a forked child: blocks of its own
             self._pid = os.getpid()
-            self._locks: list[IO[bytes]] = []  # held open: each holds its block
+            self._locks: list[int] = []  # each holds its block
             self._ports: Iterator[int] = iter(())
         while True:
             port = next(self._ports, None)

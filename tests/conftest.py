@@ -49,26 +49,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """``WHEEL_TEST_SHARD=I/N`` keeps the I-th of N shards of what the
     markers selected (scripts/test.sh runs the real-process tests as shards
     side by side: they mostly wait on leases and restarts). A file's tests
-    stay together; files go to the shard with the fewest tests so far,
-    largest first."""
+    stay together (a directory's, where ``SHARD_TOGETHER`` says); they go to
+    the shard with the fewest tests so far, largest first."""
     shard = os.environ.get("WHEEL_TEST_SHARD")
     if not shard:
         return
     index, _, count = shard.partition("/")
     mine, shards = int(index), int(count)
-    by_file: dict[str, list[pytest.Item]] = {}
+    by_group: dict[str, list[pytest.Item]] = {}
     for item in items:
-        by_file.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+        by_group.setdefault(_shard_group(item), []).append(item)
     loads = [0] * shards
     kept: set[str] = set()
-    for path, tests in sorted(by_file.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+    for group, tests in sorted(by_group.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         target = loads.index(min(loads))
         loads[target] += len(tests)
         if target == mine:
-            kept.add(path)
-    deselected = [i for i in items if i.nodeid.split("::", 1)[0] not in kept]
-    items[:] = [i for i in items if i.nodeid.split("::", 1)[0] in kept]
+            kept.add(group)
+    deselected = [i for i in items if _shard_group(i) not in kept]
+    items[:] = [i for i in items if _shard_group(i) in kept]
     config.hook.pytest_deselected(items=deselected)
+
+
+# Directories whose files share a fixture too dear to make twice at once:
+# ``tests/installed`` builds and installs the package (a compile of every
+# compiled module) once for all its files.
+SHARD_TOGETHER = ("tests/installed/",)
+
+
+def _shard_group(item: pytest.Item) -> str:
+    """What stays in one shard: the item's file, or its directory where
+    ``SHARD_TOGETHER`` names it."""
+    path = item.nodeid.split("::", 1)[0]
+    return next((d for d in SHARD_TOGETHER if path.startswith(d)), path)
 
 
 def epoch_ms(t: datetime) -> int:

@@ -65,6 +65,18 @@ def new_venv(path: Path) -> Path:
     return path / "bin" / "python"
 
 
+# The build alone may take its 900 s (below) on a machine busy with the
+# rest of the suite; pytest's timeout of a test counts its fixtures' setup.
+BUILD_TIMEOUT_S = 900
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:  # every test collected, not only this directory's
+        if "installed" in getattr(item, "fixturenames", ()) and item.path.is_relative_to(HERE):
+            item.add_marker(pytest.mark.timeout(BUILD_TIMEOUT_S + 300))
+
+
 @pytest.fixture(scope="package")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     """One build and one install for the package's tests (the compile alone
@@ -85,7 +97,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     run(builder, "-m", "pip", "install", "-q", "-c", LOCK, "build", what="installing build")
     dist = tmp / "dist"
     # No --sdist or --wheel: the sdist, then the wheel built from it.
-    log = run(builder, "-m", "build", "--outdir", dist, ROOT, what="python -m build", timeout=900)
+    log = run(
+        builder, "-m", "build", "--outdir", dist, ROOT, what="python -m build",
+        timeout=BUILD_TIMEOUT_S,
+    )  # fmt: skip
     (sdist,) = dist.glob("wheel_scheduler-*.tar.gz")
     (whl,) = dist.glob("wheel_scheduler-*.whl")
     user = tmp / "venv"
