@@ -21,7 +21,16 @@ from datetime import timedelta
 from typing import Any, TypedDict
 
 from wheel import http_targets
-from wheel.client._time import Duration, When, as_duration, duration, millis, time_ms, utc
+from wheel.client._time import (
+    Duration,
+    When,
+    as_duration,
+    duration,
+    millis,
+    span,
+    time_ms,
+    utc,
+)
 from wheel.client._values import (
     At,
     CatchUp,
@@ -387,6 +396,11 @@ def opened(spec: engine.JobSpec, codec: PayloadCodec | None) -> bytes:
         return body
 
 
+# The same value always makes the same bytes (see ``Payload``); one encoder,
+# not one made per payload.
+_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
 def payload_bytes(value: object) -> bytes:
     """A payload's bytes (see ``Payload``)."""
     if isinstance(value, bytes | bytearray | memoryview):
@@ -394,19 +408,55 @@ def payload_bytes(value: object) -> bytes:
     if isinstance(value, str):
         return value.encode()
     try:
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        text = _JSON.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument("payload", f"not bytes, str or JSON-serializable: {exc}") from None
     return text.encode()
 
 
 def _schedule(r: JobRequest, now_ms: int) -> engine.Schedule:
-    given = [k for k, v in (("cron", r.cron), ("every", r.every), ("at", r.at)) if v is not None]
+    cron, every, at = r.cron, r.every, r.at
+    given = [k for k, v in (("cron", cron), ("every", every), ("at", at)) if v is not None]
     if len(given) != 1:
         got = f" (got {' and '.join(given)})" if given else ""
         raise InvalidArgument("schedule", f"give exactly one of cron=, every= or at={got}")
-    kind = given[0]
     # Options of another kind of schedule would be ignored without a word.
+    if cron is None and (
+        r.tz != "UTC" or r.dst_gap != DstGap.FIRE_AT_TRANSITION or r.dst_fold != DstFold.FIRST
+    ):
+        _misplaced(r, given[0])
+    if every is None and (r.start is not None or r.fixed_delay is not False):
+        _misplaced(r, given[0])
+    if cron is not None:
+        return engine.Cron(
+            expr=_text(cron, "cron"),
+            time_zone=_text(r.tz, "tz"),
+            dst_gap=_engine_dst_gap(r.dst_gap),
+            dst_fold=_engine_dst_fold(r.dst_fold),
+        )
+    if every is not None:
+        start_ms = 0  # the wire's "a period after the node receives it"
+        if r.start is not None:
+            start_ms = time_ms(r.start, "start")
+            if start_ms <= 0:
+                raise InvalidArgument("start", "must be after the epoch")
+        return engine.Interval(
+            period_ms=_duration_ms(every, "every", True),
+            mode=(
+                engine.IntervalMode.FIXED_DELAY
+                if _flag(r.fixed_delay, "fixed_delay")
+                else engine.IntervalMode.FIXED_RATE
+            ),
+            start_at_ms=start_ms,
+        )
+    if isinstance(at, timedelta):
+        return engine.Once(at_ms=now_ms + millis(as_duration(at, "at")))
+    return engine.Once(at_ms=time_ms(at, "at"))
+
+
+def _misplaced(r: JobRequest, kind: str) -> None:
+    """Refuse the first option ``r`` sets that belongs to another kind of
+    schedule than its ``kind``."""
     belongs = {
         "tz": ("cron", r.tz != "UTC"),
         "dst_gap": ("cron", r.dst_gap != DstGap.FIRE_AT_TRANSITION),
@@ -417,32 +467,28 @@ def _schedule(r: JobRequest, now_ms: int) -> engine.Schedule:
     for field, (owner, set_here) in belongs.items():
         if set_here and kind != owner:
             raise InvalidArgument(field, f"goes with {owner}= only, not with {kind}=")
-    if r.cron is not None:
-        return engine.Cron(
-            expr=_text(r.cron, "cron"),
-            time_zone=_text(r.tz, "tz"),
-            dst_gap=engine.DstGap(choice(DstGap, r.dst_gap, "dst_gap")),
-            dst_fold=engine.DstFold(choice(DstFold, r.dst_fold, "dst_fold")),
-        )
-    if r.every is not None:
-        start_ms = 0  # the wire's "a period after the node receives it"
-        if r.start is not None:
-            start_ms = time_ms(r.start, "start")
-            if start_ms <= 0:
-                raise InvalidArgument("start", "must be after the epoch")
-        return engine.Interval(
-            period_ms=millis(duration(r.every, "every", positive=True)),
-            mode=(
-                engine.IntervalMode.FIXED_DELAY
-                if _flag(r.fixed_delay, "fixed_delay")
-                else engine.IntervalMode.FIXED_RATE
-            ),
-            start_at_ms=start_ms,
-        )
-    at = r.at
-    if isinstance(at, timedelta):
-        return engine.Once(at_ms=now_ms + millis(as_duration(at, "at")))
-    return engine.Once(at_ms=time_ms(at, "at"))
+
+
+def _engine_dst_gap(value: object) -> engine.DstGap:
+    if isinstance(value, str):  # a member or its name: hashable, made once
+        return _dst_gap_named(value)
+    return engine.DstGap(choice(DstGap, value, "dst_gap"))
+
+
+def _engine_dst_fold(value: object) -> engine.DstFold:
+    if isinstance(value, str):
+        return _dst_fold_named(value)
+    return engine.DstFold(choice(DstFold, value, "dst_fold"))
+
+
+@functools.lru_cache(maxsize=64)
+def _dst_gap_named(value: str) -> engine.DstGap:
+    return engine.DstGap(choice(DstGap, value, "dst_gap"))
+
+
+@functools.lru_cache(maxsize=64)
+def _dst_fold_named(value: str) -> engine.DstFold:
+    return engine.DstFold(choice(DstFold, value, "dst_fold"))
 
 
 # A policy given by name (or a number of attempts), made once: they are frozen.
@@ -513,16 +559,23 @@ def schedule_of(schedule: engine.Schedule) -> Schedule:
     if isinstance(schedule, engine.Once):
         return At(time=utc(schedule.at_ms))
     if isinstance(schedule, engine.Cron):
-        return Cron(
-            expr=schedule.expr,
-            tz=schedule.time_zone,
-            dst_gap=DstGap(schedule.dst_gap),
-            dst_fold=DstFold(schedule.dst_fold),
-        )
+        return _cron_of(schedule)
     return Every(
-        period=timedelta(milliseconds=schedule.period_ms),
+        period=span(schedule.period_ms),
         start=utc(schedule.start_at_ms),
         fixed_delay=schedule.mode is engine.IntervalMode.FIXED_DELAY,
+    )
+
+
+# Many jobs share a cron schedule (a bulk submit's answer holds thousands):
+# frozen, so each is made once.
+@functools.lru_cache(maxsize=1024)
+def _cron_of(schedule: engine.Cron) -> Cron:
+    return Cron(
+        expr=schedule.expr,
+        tz=schedule.time_zone,
+        dst_gap=DstGap(schedule.dst_gap),
+        dst_fold=DstFold(schedule.dst_fold),
     )
 
 

@@ -9,6 +9,7 @@ and every value the client hands back is an aware UTC ``datetime``.
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime, timedelta
 
 from wheel.errors import InvalidArgument
@@ -25,6 +26,13 @@ _MS = timedelta(milliseconds=1)
 def utc(ms: int) -> datetime:
     """The UTC time ``ms`` milliseconds after the epoch."""
     return EPOCH + timedelta(milliseconds=ms)
+
+
+@functools.lru_cache(maxsize=256)
+def span(ms: int) -> timedelta:
+    """``ms`` milliseconds as a ``timedelta``; made once each, as a job's
+    durations (timeouts, periods, backoffs) are few values repeated."""
+    return timedelta(milliseconds=ms)
 
 
 def utc_or_none(ms: int) -> datetime | None:

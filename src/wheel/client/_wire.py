@@ -35,7 +35,7 @@ from wheel.client._specs import (
     retry_of,
     schedule_of,
 )
-from wheel.client._time import When, time_ms, utc, utc_or_none
+from wheel.client._time import When, span, time_ms, utc, utc_or_none
 from wheel.client._values import (
     Alert,
     AlertKind,
@@ -587,8 +587,8 @@ def job_from(
         catch_up=catch_up_of(spec.catch_up),
         overlap=overlap_of(spec.overlap),
         retry=retry_of(spec.retry),
-        timeout=timedelta(milliseconds=spec.timeout_ms),
-        jitter=timedelta(milliseconds=spec.jitter_ms),
+        timeout=span(spec.timeout_ms),
+        jitter=span(spec.jitter_ms),
         at_most_once=spec.side_effect is SideEffect.AT_MOST_ONCE,
         priority=spec.priority,
         skip_calendars=spec.skip_calendars,
