@@ -81,8 +81,8 @@ _blocks = _PortBlocks()
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on, which no other caller in any
-    process (test or benchmark) gets while this one lives."""
+    """A loopback port nothing listens on, which no other caller of this
+    function, in this process or another, gets while this process lives."""
     return _blocks.take()
 
 
