@@ -41,7 +41,9 @@ PORTS_FROM, PORTS_TO, PORTS_A_BLOCK = 10_000, 32_000, 500
 
 class _PortBlocks:
     def __init__(self) -> None:
-        self._pid = -1
+        self._pid = os.getpid()
+        self._locks: list[int] = []  # each holds its block
+        self._ports: Iterator[int] = iter(())
 
     def _claim(self) -> Iterator[int]:
         where = Path(tempfile.gettempdir()) / "wheel-test-ports"
@@ -60,10 +62,8 @@ class _PortBlocks:
         raise RuntimeError(f"every block of test ports in {PORTS_FROM}-{PORTS_TO} is claimed")
 
     def take(self) -> int:
-        if os.getpid() != self._pid:  # first, or in a forked child: blocks of its own
-            self._pid = os.getpid()
-            self._locks: list[int] = []  # each holds its block
-            self._ports: Iterator[int] = iter(())
+        if os.getpid() != self._pid:  # a forked child: blocks of its own
+            self.__init__()  # type: ignore[misc]
         while True:
             port = next(self._ports, None)
             if port is None:

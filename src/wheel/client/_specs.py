@@ -18,7 +18,8 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import timedelta
-from typing import Any, TypedDict
+from enum import StrEnum
+from typing import Any, TypedDict, TypeVar
 
 from wheel import http_targets
 from wheel.client._time import (
@@ -69,6 +70,8 @@ __all__ = [
 # keys (the same value always makes the same bytes: an idempotent retry of a
 # submit must send the same body).
 Payload = bytes | str | dict[str, Any] | list[Any] | int | float | bool
+
+_Enum = TypeVar("_Enum", bound=StrEnum)
 
 # The engine's defaults for what a spec leaves out.
 _SPEC = engine.JobSpec(name="", handler="", schedule=engine.Once(at_ms=0))
@@ -431,8 +434,8 @@ def _schedule(r: JobRequest, now_ms: int) -> engine.Schedule:
         return engine.Cron(
             expr=_text(cron, "cron"),
             time_zone=_text(r.tz, "tz"),
-            dst_gap=_engine_dst_gap(r.dst_gap),
-            dst_fold=_engine_dst_fold(r.dst_fold),
+            dst_gap=_engine_choice(r.dst_gap, DstGap, engine.DstGap, "dst_gap"),
+            dst_fold=_engine_choice(r.dst_fold, DstFold, engine.DstFold, "dst_fold"),
         )
     if every is not None:
         start_ms = 0  # the wire's "a period after the node receives it"
@@ -469,26 +472,18 @@ def _misplaced(r: JobRequest, kind: str) -> None:
             raise InvalidArgument(field, f"goes with {owner}= only, not with {kind}=")
 
 
-def _engine_dst_gap(value: object) -> engine.DstGap:
-    if isinstance(value, str):  # a member or its name: hashable, made once
-        return _dst_gap_named(value)
-    return engine.DstGap(choice(DstGap, value, "dst_gap"))
-
-
-def _engine_dst_fold(value: object) -> engine.DstFold:
+def _engine_choice(value: object, given: type[StrEnum], to: type[_Enum], field: str) -> _Enum:
+    """``choice`` of ``given`` as the engine's ``to``: made once a name (a
+    member is one too), anything else refused uncached (it may not hash)."""
     if isinstance(value, str):
-        return _dst_fold_named(value)
-    return engine.DstFold(choice(DstFold, value, "dst_fold"))
+        made: _Enum = _engine_named(value, given, to, field)  # the cache's type is not generic
+        return made
+    return to(choice(given, value, field))
 
 
-@functools.lru_cache(maxsize=64)
-def _dst_gap_named(value: str) -> engine.DstGap:
-    return engine.DstGap(choice(DstGap, value, "dst_gap"))
-
-
-@functools.lru_cache(maxsize=64)
-def _dst_fold_named(value: str) -> engine.DstFold:
-    return engine.DstFold(choice(DstFold, value, "dst_fold"))
+@functools.lru_cache(maxsize=128)
+def _engine_named(value: str, given: type[StrEnum], to: type[_Enum], field: str) -> _Enum:
+    return to(choice(given, value, field))
 
 
 # A policy given by name (or a number of attempts), made once: they are frozen.
