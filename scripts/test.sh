@@ -56,33 +56,36 @@ fi
 # node, worker, etcd processes, mostly waiting out leases and restarts; two
 # shards at once) beside
 # the in-process ones (CPU) and then the engine's again on the pure-Python
-# fallback (the hot modules from their sources, not compiled), then the ones
-# that must run alone (``alone``: the nemesis restarts the PostgreSQL every
-# other test uses).
+# fallback (the hot modules from their sources, not compiled), then, one at a
+# time, the ones that must run alone (``alone``: the nemesis restarts the
+# PostgreSQL every other test uses) and those that assert a promise's latency
+# bound (``timed``: a planned move within a second, a failover within the TTL
+# and a second; beside two other test runs on two cores they measure how
+# soon a process gets a core, not the promise).
 inproc=$(mktemp)
 shard=$(mktemp)
 trap 'rm -f "$inproc" "$shard"' EXIT
 in_process() {
   local status=0
-  "$py/pytest" -m "not slow and not alone" -p no:cacheprovider || status=$?
+  "$py/pytest" -m "not slow and not alone and not timed" -p no:cacheprovider || status=$?
   echo "----- the engine on the pure-Python fallback -----"
   WHEEL_PURE_PYTHON=1 "$py/pytest" tests/engine tests/test_compiled.py \
-    -m "not slow and not alone" -p no:cacheprovider || status=$?
+    -m "not slow and not alone and not timed" -p no:cacheprovider || status=$?
   return "$status"
 }
 in_process >"$inproc" 2>&1 &
 inproc_pid=$!
 # The real-process tests as two shards side by side (a file's tests stay
 # together: tests/conftest.py), the second one's output shown after.
-WHEEL_TEST_SHARD=1/2 "$py/pytest" -m "slow and not alone" -p no:cacheprovider >"$shard" 2>&1 &
+WHEEL_TEST_SHARD=1/2 "$py/pytest" -m "slow and not alone and not timed" -p no:cacheprovider >"$shard" 2>&1 &
 shard_pid=$!
 status=0
-WHEEL_TEST_SHARD=0/2 "$py/pytest" -m "slow and not alone" -p no:cacheprovider || status=$?
+WHEEL_TEST_SHARD=0/2 "$py/pytest" -m "slow and not alone and not timed" -p no:cacheprovider || status=$?
 wait "$shard_pid" || status=$?
 echo "----- the real-process tests' second shard -----"
 cat "$shard"
 wait "$inproc_pid" || status=$?
 echo "----- in-process tests -----"
 cat "$inproc"
-"$py/pytest" -m alone -p no:cacheprovider || status=$?
+"$py/pytest" -m "alone or timed" -p no:cacheprovider || status=$?
 exit "$status"

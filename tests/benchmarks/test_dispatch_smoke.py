@@ -106,6 +106,7 @@ def test_find_max_reports_the_highest_sustained_rate_and_its_steps(tmp_path: Pat
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_equal_latency_runs_each_tick_and_interval_and_gives_the_cpu_ratio(
     tmp_path: Path,
 ) -> None:

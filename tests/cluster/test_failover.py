@@ -43,6 +43,7 @@ def _succeeded(runs: dict[int, Execution]) -> set[int]:
     return {run_id for run_id, e in runs.items() if e.state == "succeeded"}
 
 
+@pytest.mark.timed
 def test_a_killed_node_s_shards_move_within_ttl_and_every_fire_still_runs_once(
     cluster: Cluster,
 ) -> None:

@@ -27,7 +27,7 @@ from testkit.cluster import (
 from testkit.procs import wait_for
 from wheel.client import Client, Job, JobRequest
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.etcd]
+pytestmark = [pytest.mark.slow, pytest.mark.timed, pytest.mark.postgres, pytest.mark.etcd]
 
 IDLE_JOBS = 10_000
 # A fire counts as late past this (the bound for a planned move).
