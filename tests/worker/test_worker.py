@@ -701,6 +701,14 @@ def test_registration_rejects_duplicates_and_empty_names() -> None:
         Worker("127.0.0.1:1", capacity=0)
 
 
+@pytest.mark.parametrize("field", ["reconnect_initial", "reconnect_max"])
+@pytest.mark.parametrize("wait", [0.0, -1.0, float("nan")])
+def test_a_reconnect_wait_that_is_not_positive_is_refused_naming_it(field: str, wait: float) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        Worker("127.0.0.1:1", **{field: wait})
+    assert caught.value.field == field
+
+
 def test_load_handler_resolves_module_function_references() -> None:
     expected: list[tuple[str, tuple[str, object]]] = [
         ("json:dumps", ("dumps", json.dumps)),

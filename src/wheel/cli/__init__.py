@@ -33,6 +33,7 @@ from wheel.cli import outbox as cli_outbox
 from wheel.cli._common import (
     Parser,
     _add_log_format,
+    _seconds,
     command_client,
     fmt_time,
     submit_args,
@@ -93,6 +94,7 @@ def cmd_worker(ns: argparse.Namespace) -> int:
         capacity=ns.capacity,
         worker_id=ns.worker_id,
         pools=ns.pool or ["default"],
+        reconnect_max=ns.reconnect_max,
         metrics_listen=ns.metrics_listen,
         security=client_security(ns),
         token=ns.token,
@@ -175,6 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--worker-id", help="this worker's name (default: host and process id)")
     w.add_argument(
         "--pool", action="append", help="a pool to take runs of (default: default); again for more"
+    )
+    w.add_argument(
+        "--reconnect-max",
+        type=_seconds,
+        default="2s",
+        metavar="DURATION",
+        help="the longest wait between tries at a node the worker lost its stream to (the waits"
+        " double from 100ms up to it, with jitter; default %(default)s)",
     )
     w.add_argument(
         "--metrics-listen",

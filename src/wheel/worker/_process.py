@@ -23,6 +23,7 @@ def run_worker(
     worker_id: str | None = None,
     pools: Sequence[str] = ("default",),
     drain_timeout: float = 30.0,
+    reconnect_max: float = 2.0,
     metrics_listen: str | None = None,
     security: ChannelSecurity | None = None,
     token: str | None = None,
@@ -33,12 +34,14 @@ def run_worker(
     """Run a worker until SIGTERM/SIGINT (drain gracefully; a second signal stops
     now): ``Worker.run``'s own signal handling. ``http``: the built-in HTTP
     executor too (``Worker``'s ``http`` and ``allow_private_targets``);
-    ``codec``: ``Worker``'s, payloads decoded for the handlers."""
+    ``codec``: ``Worker``'s, payloads decoded for the handlers;
+    ``reconnect_max``: ``Worker``'s, the longest wait between tries at a node."""
     worker = Worker(
         target,
         worker_id=worker_id,
         capacity=capacity,
         pools=pools,
+        reconnect_max=reconnect_max,
         metrics_listen=metrics_listen,
         security=security,
         token=token,

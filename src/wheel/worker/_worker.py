@@ -172,6 +172,12 @@ class Worker:
         self.codec = codec
         if capacity < 1:
             raise InvalidArgument("capacity", f"{capacity} is below 1")
+        for field, wait in (
+            ("reconnect_initial", reconnect_initial),
+            ("reconnect_max", reconnect_max),
+        ):
+            if not wait > 0:  # NaN too
+                raise InvalidArgument(field, f"{wait} s is not a positive wait")
         if http_connections_per_origin < 1:
             raise InvalidArgument(
                 "http_connections_per_origin", f"{http_connections_per_origin} is below 1"
