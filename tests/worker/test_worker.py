@@ -705,7 +705,8 @@ def test_registration_rejects_duplicates_and_empty_names() -> None:
 @pytest.mark.parametrize("wait", [0.0, -1.0, float("nan")])
 def test_a_reconnect_wait_that_is_not_positive_is_refused_naming_it(field: str, wait: float) -> None:
     with pytest.raises(InvalidArgument) as caught:
-        Worker("127.0.0.1:1", **{field: wait})
+        kw: dict[str, Any] = {field: wait}
+        Worker("127.0.0.1:1", **kw)
     assert caught.value.field == field
 
 
