@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import _harness as h
-from _cluster import LocalCluster
+from _cluster import LocalCluster, free_port
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -284,14 +284,14 @@ class WheelDriver:
         data = self.tmp / "wheel"
         data.mkdir()
         store = self.make_store(data)
-        port = _free_port()
+        port = free_port()
         self.target = f"127.0.0.1:{port}"
         cmd = [self.cfg.wheelctl, "serve", "--data-dir", str(data), "--listen", self.target]
         cmd += ["--store", store, *shlex.split(self.serve_args())]
         if self.cfg.history:
             fill_history(store, self.cfg.history)
         if self.cfg.history or self.with_metrics:
-            self.metrics = f"http://127.0.0.1:{_free_port()}/metrics"
+            self.metrics = f"http://127.0.0.1:{free_port()}/metrics"
             cmd += ["--metrics-listen", self.metrics.removeprefix("http://").split("/")[0]]
         log = open(self.tmp / "wheel-serve.log", "wb")  # noqa: SIM115
         self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
@@ -502,14 +502,6 @@ def submit_workload(
         send()
         drain(0)
     return index
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class DurableWheelDriver(WheelDriver):

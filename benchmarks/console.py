@@ -30,7 +30,6 @@ import contextlib
 import json
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from _cluster import free_port
 from _history import load_history
 
 from wheel.client import Client, JobRequest
@@ -52,12 +52,6 @@ BATCH = 10_000
 MINUTE = timedelta(minutes=1)
 HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def timed(fn: Callable[[], Any], repeat: int) -> dict[str, float]:
