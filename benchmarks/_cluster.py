@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-# The repository's test kit, for its ports: each from a block this process
-# holds, away from the kernel's ephemeral range, where a port handed out
-# closed can be taken by any outgoing connection before the node binds it
-# (and where the tests run beside a benchmark keep none of theirs).
+# The test kit's ports: each from a block this process holds, below the
+# kernel's ephemeral range (where a port handed out closed can be taken by an
+# outgoing connection before the node binds it); the tests take theirs from
+# the same blocks, so a benchmark run beside them never gets one of theirs.
 if str(Path(__file__).resolve().parents[1]) not in sys.path:
     sys.path.append(str(Path(__file__).resolve().parents[1]))
 from testkit.services import free_port
