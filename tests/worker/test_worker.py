@@ -703,7 +703,9 @@ def test_registration_rejects_duplicates_and_empty_names() -> None:
 
 @pytest.mark.parametrize("field", ["reconnect_initial", "reconnect_max"])
 @pytest.mark.parametrize("wait", [0.0, -1.0, float("nan")])
-def test_a_reconnect_wait_that_is_not_positive_is_refused_naming_it(field: str, wait: float) -> None:
+def test_a_reconnect_wait_that_is_not_positive_is_refused_naming_it(
+    field: str, wait: float
+) -> None:
     with pytest.raises(InvalidArgument) as caught:
         kw: dict[str, Any] = {field: wait}
         Worker("127.0.0.1:1", **kw)
