@@ -60,8 +60,9 @@ fi
 # time, the ones that must run alone (``alone``: the nemesis restarts the
 # PostgreSQL every other test uses) and those that assert a promise's latency
 # bound (``timed``: a planned move within a second, a failover within the TTL
-# and a second; beside two other test runs on two cores they measure how
-# soon a process gets a core, not the promise).
+# and a second, a lone fire within a third of a tick; beside two other test
+# runs on two cores they measure how soon a thread gets a core, not the
+# promise).
 inproc=$(mktemp)
 shard=$(mktemp)
 trap 'rm -f "$inproc" "$shard"' EXIT

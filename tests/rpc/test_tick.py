@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.rpc.test_api import (
     InProcessServer,
     WorkerThread,
@@ -20,6 +22,9 @@ from tests.rpc.test_api import (
     wait_for,
 )
 from wheel.worker import RunContext
+
+# Each test bounds a fire's lag (scripts/test.sh runs them with no other test beside them).
+pytestmark = pytest.mark.timed
 
 TICK_MS = 300
 FIRES = 12
