@@ -41,6 +41,10 @@ PORTS_FROM, PORTS_TO, PORTS_A_BLOCK = 10_000, 32_000, 500
 
 class _PortBlocks:
     def __init__(self) -> None:
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """No block yet, for this process (a forked child claims its own)."""
         self._pid = os.getpid()
         self._locks: list[int] = []  # each holds its block
         self._ports: Iterator[int] = iter(())
@@ -62,8 +66,8 @@ class _PortBlocks:
         raise RuntimeError(f"every block of test ports in {PORTS_FROM}-{PORTS_TO} is claimed")
 
     def take(self) -> int:
-        if os.getpid() != self._pid:  # a forked child: blocks of its own
-            self.__init__()  # type: ignore[misc]
+        if os.getpid() != self._pid:
+            self._fresh()
         while True:
             port = next(self._ports, None)
             if port is None:
